@@ -1,0 +1,46 @@
+# equishard — every target installs what it needs first (a .venv, torch==2.13.0 when
+# no torch is importable, then this package in editable mode with its dev extra).
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.equishard-installed
+OUT    ?= build/demo
+SAMPLES ?= 1000
+SEED   ?= 0
+WORKERS ?= 2
+
+.PHONY: install shards test test-all bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "torch==2.13.0"
+	$(BIN)/python -m pip install -e ".[dev]"
+	@touch $(STAMP)
+
+# The whole pipeline on the embedded demo set.
+shards: $(STAMP)
+	$(BIN)/equishard demo $(OUT)/raw --samples $(SAMPLES) --seed $(SEED)
+	$(BIN)/equishard prep $(OUT)/raw/demo.jsonl --image-root $(OUT)/raw \
+		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy internvl \
+		--workers $(WORKERS) -o $(OUT)/cost.parquet
+
+# Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py --out BENCHMARKS.md
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf build .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +

@@ -1,0 +1,28 @@
+"""dataprep: read VLM datasets and measure every sample's vision and text cost."""
+
+from dataprep.cost_table import COST_SCHEMA, ERRORS_SCHEMA, errors_path, read_cost_table, table_metadata
+from dataprep.demo import make_demo
+from dataprep.errors import DataprepError, ErrorRateExceeded, SampleRejected
+from dataprep.merge import merge_cost_tables
+from dataprep.prep import PrepConfig, PrepResult, run_prep
+from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, parse_vision_policy
+
+__all__ = [
+    "COST_SCHEMA",
+    "ERRORS_SCHEMA",
+    "DataprepError",
+    "ErrorRateExceeded",
+    "FixedPolicy",
+    "InternVLPolicy",
+    "PrepConfig",
+    "PrepResult",
+    "Qwen2VLPolicy",
+    "SampleRejected",
+    "errors_path",
+    "make_demo",
+    "merge_cost_tables",
+    "parse_vision_policy",
+    "read_cost_table",
+    "run_prep",
+    "table_metadata",
+]

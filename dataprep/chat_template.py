@@ -1,0 +1,97 @@
+"""Chat templates: how a conversation is rendered into the text the LLM sees.
+
+Role markers and per-turn template tokens differ between models and change the sequence length,
+so they are counted. A template is a keyword-only dataclass; ``chatml`` (Qwen, InternVL 2.5),
+``vicuna`` (LLaVA-1.5) and ``plain`` are built in, and any other is read from a JSON file with the
+same field names.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from dataprep.records import IMAGE_PLACEHOLDER
+
+__all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "load_template"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatTemplate:
+    """Text added around turns and images. ``{role}``-keyed prefixes; one suffix for every turn."""
+
+    name: str
+    bos: str = ""
+    system_prompt: str | None = None
+    prefix: dict[str, str] = field(default_factory=dict)
+    suffix: str = ""
+    image_prefix: str = ""
+    image_suffix: str = ""
+
+    def __post_init__(self) -> None:
+        missing = {"system", "user", "assistant"} - set(self.prefix)
+        if missing:
+            raise ValueError(
+                f"template {self.name!r} lacks a prefix for role(s) {sorted(missing)}; "
+                "give 'prefix': {'system': ..., 'user': ..., 'assistant': ...}"
+            )
+
+    def render(self, turns: list[tuple[str, str]]) -> str:
+        """The full text of a conversation; each ``<image>`` stays as one placeholder token."""
+        parts = [self.bos]
+        if self.system_prompt is not None and (not turns or turns[0][0] != "system"):
+            parts += [self.prefix["system"], self.system_prompt, self.suffix]
+        for role, text in turns:
+            parts += [self.prefix[role], text, self.suffix]
+        text = "".join(parts)
+        if self.image_prefix or self.image_suffix:
+            text = text.replace(IMAGE_PLACEHOLDER, self.image_prefix + IMAGE_PLACEHOLDER + self.image_suffix)
+        return text
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+BUILTIN_TEMPLATES: dict[str, ChatTemplate] = {
+    "chatml": ChatTemplate(
+        name="chatml",
+        prefix={
+            "system": "<|im_start|>system\n",
+            "user": "<|im_start|>user\n",
+            "assistant": "<|im_start|>assistant\n",
+        },
+        suffix="<|im_end|>\n",
+        image_prefix="<img>",
+        image_suffix="</img>",
+    ),
+    "vicuna": ChatTemplate(
+        name="vicuna",
+        bos="<s>",
+        system_prompt=(
+            "A chat between a curious human and an artificial intelligence assistant. The assistant "
+            "gives helpful, detailed, and polite answers to the human's questions."
+        ),
+        prefix={"system": "", "user": " USER: ", "assistant": " ASSISTANT: "},
+        suffix="",
+    ),
+    "plain": ChatTemplate(name="plain", prefix={"system": "", "user": "", "assistant": ""}, suffix="\n"),
+}
+
+
+def load_template(name_or_path: str) -> ChatTemplate:
+    """A built-in template by name, or a JSON file holding :class:`ChatTemplate` fields."""
+    if name_or_path in BUILTIN_TEMPLATES:
+        return BUILTIN_TEMPLATES[name_or_path]
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(
+            f"unknown template {name_or_path!r}: use one of {sorted(BUILTIN_TEMPLATES)} "
+            "or the path of a JSON file with fields name, bos, system_prompt, prefix, suffix, "
+            "image_prefix, image_suffix"
+        )
+    try:
+        fields = json.loads(path.read_text())
+        return ChatTemplate(**{"name": path.stem, **fields})
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ValueError(f"template file {path}: {exc}") from None

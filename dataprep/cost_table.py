@@ -1,0 +1,74 @@
+"""The cost table contract (DESIGN.md): schema, metadata, and where its errors table lives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "COST_SCHEMA",
+    "ERRORS_SCHEMA",
+    "FORMAT_VERSION",
+    "METADATA_KEY",
+    "errors_path",
+    "read_cost_table",
+    "table_metadata",
+]
+
+FORMAT_VERSION = 1
+METADATA_KEY = b"equishard.cost_table"
+
+COST_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("source", pa.string()),
+        ("num_images", pa.int32()),
+        ("vit_tokens", pa.int64()),
+        ("vit_seq_lens", pa.list_(pa.int32())),
+        ("llm_tokens", pa.int64()),
+        ("text_tokens", pa.int64()),
+        ("modality", pa.string()),
+        ("image_widths", pa.list_(pa.int32())),
+        ("image_heights", pa.list_(pa.int32())),
+        ("location", pa.string()),
+        ("fingerprint", pa.string()),
+    ]
+)
+
+ERRORS_SCHEMA = pa.schema(
+    [
+        ("source", pa.string()),
+        ("location", pa.string()),
+        ("line", pa.int64()),
+        ("sample_id", pa.string()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
+
+
+def errors_path(cost_table: str | Path) -> Path:
+    """``cost.parquet`` -> ``cost.errors.parquet`` (next to it)."""
+    p = Path(cost_table)
+    stem = p.name[: -len(".parquet")] if p.name.endswith(".parquet") else p.name
+    return p.with_name(stem + ".errors.parquet")
+
+
+def table_metadata(path: str | Path) -> dict:
+    """The equishard metadata of a cost table (vision policy, tokenizer, template, counts)."""
+    meta = pq.read_schema(path).metadata or {}
+    if METADATA_KEY not in meta:
+        raise ValueError(f"{path}: not an equishard cost table (no {METADATA_KEY.decode()} metadata)")
+    return json.loads(meta[METADATA_KEY])
+
+
+def read_cost_table(path: str | Path) -> pa.Table:
+    """Read a cost table, checking the required columns are present."""
+    table = pq.read_table(path)
+    missing = [f.name for f in COST_SCHEMA if f.name not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: cost table lacks column(s) {missing}")
+    return table

@@ -1,0 +1,52 @@
+"""Errors and rejection reasons of the prep stage.
+
+Two kinds of failure exist. A :class:`DataprepError` stops the run: the input as a whole cannot be
+read (a JSON file that is not a list, an unknown format, a bad option). A :class:`SampleRejected`
+concerns one sample: the sample goes to the errors table with its reason and the run goes on.
+"""
+
+from __future__ import annotations
+
+__all__ = ["REASONS", "DataprepError", "ErrorRateExceeded", "SampleRejected"]
+
+# Every reason a sample can be rejected for, with the sentence the summary prints for it.
+REASONS: dict[str, str] = {
+    "malformed_json": "the record is not valid JSON",
+    "not_an_object": "the record is not a JSON object",
+    "bad_id": "the sample id is not a string or integer",
+    "duplicate_id": "the sample id was already seen earlier in the input",
+    "empty_conversation": "the conversation has no turns or no text",
+    "non_string_text": "a turn's text is not a string",
+    "bad_role": "a turn has a role that is not system/user/assistant",
+    "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",
+    "missing_image": "an image file does not exist",
+    "empty_image": "an image file has zero bytes",
+    "truncated_image": "an image file ends before its end marker",
+    "corrupt_image": "an image file's header cannot be parsed",
+    "unsupported_format": "an image is in a format the pipeline does not accept",
+    "image_too_large": "an image has more pixels than the decoder's safety limit",
+    "aspect_ratio_out_of_range": "an image's aspect ratio is outside what the vision policy accepts",
+    "unsafe_member": "a tar member has an unsafe name or is not a regular file",
+    "duplicate_member": "a tar sample holds the same member twice",
+    "missing_text": "a tar sample has no .json member",
+    "truncated_archive": "the tar file ends in the middle of this sample",
+    "read_error": "the input could not be read at this position",
+}
+
+
+class DataprepError(Exception):
+    """A problem with an input or option that stops the prep run."""
+
+
+class ErrorRateExceeded(DataprepError):
+    """More samples were rejected than ``--max-error-rate`` allows."""
+
+
+class SampleRejected(Exception):
+    """One sample cannot be measured; it is recorded in the errors table, not raised further."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        assert reason in REASONS, reason
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,145 @@
+"""Measure one work unit: records -> cost rows (and rejected rows with their reasons).
+
+A :class:`Measurer` holds what a worker needs (vision policy, chat template, token counter, read
+options); :meth:`Measurer.measure` reads a unit, probes image headers, renders and batch-encodes
+the text, and returns the unit's rows as columns. Every record read is either a row or an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dataprep.chat_template import ChatTemplate
+from dataprep.errors import SampleRejected
+from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
+from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
+from dataprep.records import normalize_record
+from dataprep.text_tokens import TokenCounter
+from dataprep.vision_policy import VisionPolicy
+
+__all__ = ["ChunkResult", "Measurer"]
+
+_COLUMNS = (
+    "sample_id", "source", "num_images", "vit_tokens", "vit_seq_lens", "llm_tokens", "text_tokens",
+    "modality", "image_widths", "image_heights", "location", "fingerprint",
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    n_in: int = 0
+    rows: dict[str, list] = field(default_factory=lambda: {c: [] for c in _COLUMNS})
+    errors: list[dict] = field(default_factory=list)
+
+
+class _Window:
+    """A read-only view of ``size`` bytes at ``offset`` of an open file (a tar member)."""
+
+    def __init__(self, f, offset: int, size: int) -> None:
+        self._f, self._offset, self._size, self._pos = f, offset, size, 0
+
+    def read(self, n: int = -1) -> bytes:
+        left = self._size - self._pos
+        n = left if n is None or n < 0 else min(n, left)
+        self._f.seek(self._offset + self._pos)
+        data = self._f.read(n)
+        self._pos += len(data)
+        return data
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, min(self._size, base + pos))
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
+def _probe(ref: ImageRef) -> ImageHeader:
+    if ref.data is not None:
+        return probe_image_bytes(ref.data, ref.where)
+    if ref.size is None:
+        return probe_image_file(ref.path)
+    with open(ref.path, "rb") as f:
+        return probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where)
+
+
+def _digest(obj) -> str:
+    return hashlib.blake2b(obj, digest_size=8).hexdigest() if isinstance(obj, bytes) else repr(obj)
+
+
+class Measurer:
+    def __init__(
+        self, *, policy: VisionPolicy, template: ChatTemplate, counter: TokenCounter, opts: ReadOptions
+    ) -> None:
+        self.policy = policy
+        self.template = template
+        self.counter = counter
+        self.opts = opts
+
+    def _ref(self, item, unit: WorkUnit, index: int, k: int) -> ImageRef:
+        where = f"{unit.path}#{index}/image{k}"
+        if isinstance(item, ImageRef):
+            return item
+        if isinstance(item, dict):
+            if item.get("bytes"):
+                return ImageRef(where=where, data=item["bytes"])
+            item = item.get("path")
+        if isinstance(item, (bytes, bytearray)):
+            return ImageRef(where=where, data=bytes(item))
+        if not isinstance(item, str) or not item:
+            raise SampleRejected("missing_image", f"{where}: image reference {item!r:.80} is not a path")
+        root = Path(self.opts.image_root) if self.opts.image_root else Path(unit.path).parent
+        return ImageRef(where=str(root / item), path=str(root / item))
+
+    def measure(self, unit: WorkUnit) -> ChunkResult:
+        out = ChunkResult()
+        pending = []
+        texts = []
+        for rec in read_unit(unit, self.opts):
+            out.n_in += 1
+            location = f"{unit.path}#{rec.index}"
+            sample_id = None
+            try:
+                if rec.error is not None:
+                    raise rec.error
+                sample = normalize_record(rec.record, f"{unit.source}:{rec.index}", images=rec.images)
+                sample_id = sample.sample_id
+                refs = [self._ref(img, unit, rec.index, k) for k, img in enumerate(sample.images)]
+                headers = [_probe(r) for r in refs]
+                costs = [self.policy.image_cost(h.width, h.height) for h in headers]
+                texts.append(self.template.render(sample.turns))
+            except SampleRejected as exc:
+                out.errors.append(
+                    {"source": unit.source, "location": location, "line": rec.line,
+                     "sample_id": sample_id, "reason": exc.reason, "detail": exc.detail}
+                )  # fmt: skip
+                continue
+            raw = rec.raw
+            if raw is None:
+                raw = json.dumps(rec.record, sort_keys=True, default=_digest).encode()
+            fp = hashlib.blake2b(raw, digest_size=16)
+            for h in headers:
+                fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
+            pending.append((sample_id, location, headers, costs, fp.hexdigest()))
+        counts = self.counter.count(texts)
+        rows = out.rows
+        for (sample_id, location, headers, costs, fp), n_text in zip(pending, counts, strict=True):
+            seq = [s for c in costs for s in c.vit_seq_lens]
+            n_img = len(headers)
+            rows["sample_id"].append(sample_id)
+            rows["source"].append(unit.source)
+            rows["num_images"].append(n_img)
+            rows["vit_tokens"].append(sum(seq))
+            rows["vit_seq_lens"].append(seq)
+            rows["llm_tokens"].append(n_text + sum(c.llm_tokens for c in costs))
+            rows["text_tokens"].append(n_text)
+            rows["modality"].append("text" if n_img == 0 else "image" if n_img == 1 else "multi-image")
+            rows["image_widths"].append([h.width for h in headers])
+            rows["image_heights"].append([h.height for h in headers])
+            rows["location"].append(location)
+            rows["fingerprint"].append(fp)
+        return out

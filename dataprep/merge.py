@@ -1,0 +1,84 @@
+"""Combine the partial cost tables of a split prep run (``--shard-index K --num-shards N``).
+
+The parts must come from the same inputs, vision policy, tokenizer and template, and together
+cover every shard exactly once; they are concatenated in shard order, so the result equals the
+table one unsplit run writes. A ``sample_id`` in more than one part is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dataprep.cost_table import ERRORS_SCHEMA, METADATA_KEY, errors_path, read_cost_table, table_metadata
+from dataprep.errors import DataprepError
+
+__all__ = ["merge_cost_tables"]
+
+_MUST_MATCH = ("format_version", "vision_policy", "tokenizer", "template", "inputs")
+
+
+def merge_cost_tables(parts: list[str], output: str) -> dict:
+    """Merge ``parts`` into ``output`` (and their errors tables next to it); returns the counts."""
+    if not parts:
+        raise DataprepError("merge needs at least one partial cost table")
+    metas = []
+    for p in parts:
+        try:
+            metas.append(table_metadata(p))
+        except (OSError, ValueError, pa.ArrowInvalid) as exc:
+            raise DataprepError(f"{p}: {exc}") from None
+    ref = metas[0]
+    for p, m in zip(parts, metas):
+        for key in _MUST_MATCH:
+            if m.get(key) != ref.get(key):
+                raise DataprepError(
+                    f"{p}: its {key} differs from {parts[0]}'s; merge only parts of one prep run"
+                )
+    num = {m["shard"]["num_shards"] for m in metas}
+    if len(num) != 1:
+        raise DataprepError(f"parts disagree on --num-shards: {sorted(num)}")
+    n = num.pop()
+    by_index: dict[int, str] = {}
+    for p, m in zip(parts, metas):
+        k = m["shard"]["index"]
+        if k in by_index:
+            raise DataprepError(f"shard {k} given twice: {by_index[k]} and {p}")
+        by_index[k] = p
+    missing = sorted(set(range(n)) - set(by_index))
+    if missing:
+        raise DataprepError(f"missing shard(s) {missing} of {n}; run prep with those --shard-index values")
+    ordered = [by_index[k] for k in range(n)]
+    tables = [read_cost_table(p) for p in ordered]
+    table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
+    counts = pc.value_counts(table.column("sample_id"))
+    dup = counts.filter(pc.greater(counts.field("counts"), 1))
+    if len(dup):
+        ids = dup.field("values").to_pylist()[:5]
+        holders = [p for p, t in zip(ordered, tables) if pc.any(pc.is_in(t.column("sample_id"), pa.array(ids))).as_py()]
+        raise DataprepError(
+            f"{len(dup)} sample_id(s) appear in more than one part, e.g. {ids} (in {holders}); "
+            "make ids unique in the inputs or drop the duplicates, then merge again"
+        )
+    err_tables = []
+    for p in ordered:
+        ep = errors_path(p)
+        if not ep.exists():
+            raise DataprepError(f"{p}: its errors table {ep} is missing; copy it next to the part")
+        err_tables.append(pq.read_table(ep, schema=ERRORS_SCHEMA))
+    errors = pa.concat_tables(err_tables)
+    total = {k: sum(m["counts"][k] for m in metas) for k in ("in", "written", "rejected")}
+    meta = {**ref, "shard": {"index": 0, "num_shards": 1}, "counts": total}
+    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for t, dest in ((errors, errors_path(out)), (table, out)):
+        tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+        pq.write_table(t, tmp)
+        os.replace(tmp, dest)
+    return total

@@ -1,0 +1,228 @@
+"""The prep stage: inputs -> cost table + errors table, with counts that always add up.
+
+``run_prep(PrepConfig(...))`` scans the inputs into work units (optionally one shard of them,
+``shard_index``/``num_shards``), measures units in worker processes (in input order), drops
+duplicate ``sample_id``s into the errors table, and writes both tables atomically (temp file +
+rename). It aborts with :class:`ErrorRateExceeded` as soon as the rejected fraction of the run is
+certain to exceed ``max_error_rate``; the errors table is still written so the cause can be seen.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from collections import Counter, deque
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dataprep.chat_template import load_template
+from dataprep.cost_table import COST_SCHEMA, ERRORS_SCHEMA, FORMAT_VERSION, METADATA_KEY, errors_path
+from dataprep.errors import DataprepError, ErrorRateExceeded
+from dataprep.measure import ChunkResult, Measurer
+from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
+from dataprep.text_tokens import TokenCounter, TokenizerSpec
+from dataprep.vision_policy import parse_vision_policy
+
+__all__ = ["PrepConfig", "PrepResult", "run_prep"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrepConfig:
+    inputs: tuple[str, ...]
+    output: str
+    tokenizer: str | None
+    vision_policy: str = "internvl"
+    template: str = "chatml"
+    image_root: str | None = None
+    image_column: str | None = None
+    text_column: str | None = None
+    workers: int = 1
+    chunk_size: int = 1024
+    shard_index: int = 0
+    num_shards: int = 1
+    max_error_rate: float = 0.01
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("no inputs: give one or more .json/.jsonl/.parquet/.tar files or HF dataset dirs")
+        if not self.output.endswith(".parquet"):
+            raise ValueError(f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if not 0 <= self.shard_index < self.num_shards:
+            raise ValueError(
+                f"--shard-index must be in [0, --num-shards), got {self.shard_index} of {self.num_shards}"
+            )
+        if not 0.0 <= self.max_error_rate <= 1.0:
+            raise ValueError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
+        parse_vision_policy(self.vision_policy)  # validates the spec early
+        TokenizerSpec.parse(self.tokenizer)
+        load_template(self.template)
+
+
+@dataclass(slots=True)
+class PrepResult:
+    output: str
+    errors_output: str
+    n_in: int = 0
+    n_written: int = 0
+    n_rejected: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    percentiles: dict[str, dict[str, float]] = field(default_factory=dict)
+    modalities: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _measurer(cfg: PrepConfig) -> Measurer:
+    return Measurer(
+        policy=parse_vision_policy(cfg.vision_policy),
+        template=load_template(cfg.template),
+        counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
+        opts=ReadOptions(image_root=cfg.image_root, image_column=cfg.image_column, text_column=cfg.text_column),
+    )
+
+
+_WORKER: Measurer | None = None
+
+
+def _init_worker(cfg: PrepConfig) -> None:
+    global _WORKER
+    _WORKER = _measurer(cfg)
+
+
+def _measure_in_worker(unit: WorkUnit) -> ChunkResult:
+    assert _WORKER is not None
+    return _WORKER.measure(unit)
+
+
+def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
+    """Measured units in input order; at most 2 units per worker in flight."""
+    if cfg.workers == 1:
+        measurer = _measurer(cfg)
+        for unit in units:
+            yield measurer.measure(unit)
+        return
+    ctx = mp.get_context("spawn")  # no fork: tokenizers' thread pool is not fork-safe
+    with ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg,)) as ex:
+        it = iter(units)
+        inflight = deque(ex.submit(_measure_in_worker, u) for _, u in zip(range(2 * cfg.workers), it))
+        while inflight:
+            result = inflight.popleft().result()
+            nxt = next(it, None)
+            if nxt is not None:
+                inflight.append(ex.submit(_measure_in_worker, nxt))
+            yield result
+
+
+def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dict:
+    return {
+        "format_version": FORMAT_VERSION,
+        "vision_policy": parse_vision_policy(cfg.vision_policy).describe(),
+        "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
+        "template": load_template(cfg.template).describe(),
+        "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
+        "shard": {"index": cfg.shard_index, "num_shards": cfg.num_shards},
+        "counts": {"in": result.n_in, "written": result.n_written, "rejected": result.n_rejected},
+    }
+
+
+def _percentiles(values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {}
+    qs = np.percentile(values, [0, 50, 90, 99, 100])
+    return {"min": float(qs[0]), "p50": float(qs[1]), "p90": float(qs[2]), "p99": float(qs[3]),
+            "max": float(qs[4]), "mean": float(values.mean())}  # fmt: skip
+
+
+def run_prep(cfg: PrepConfig) -> PrepResult:
+    """Run the prep stage; returns the counts and statistics that the CLI prints."""
+    import time
+
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    out_path = Path(cfg.output)
+    err_path = errors_path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    units = scan_inputs(list(cfg.inputs), cfg.chunk_size)
+    if cfg.num_shards > 1:
+        units = split_units(units, cfg.shard_index, cfg.num_shards)
+    expected = sum(u.kept for u in units)
+    result = PrepResult(output=str(out_path), errors_output=str(err_path))
+    tmp_out = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    tmp_err = err_path.with_name(f".{err_path.name}.tmp-{os.getpid()}")
+    seen: set[str] = set()
+    errors: list[dict] = []
+    stats = {"vit_tokens": [], "llm_tokens": [], "num_images": []}
+    modalities: Counter = Counter()
+    writer = pq.ParquetWriter(tmp_out, COST_SCHEMA)
+    aborted: ErrorRateExceeded | None = None
+    try:
+        with tqdm(total=expected, unit="sample", desc="prep", disable=not cfg.progress) as bar:
+            for chunk in _results(cfg, units):
+                result.n_in += chunk.n_in
+                errors.extend(chunk.errors)
+                rows = chunk.rows
+                keep = np.ones(len(rows["sample_id"]), dtype=bool)
+                for i, sid in enumerate(rows["sample_id"]):
+                    if sid in seen:
+                        keep[i] = False
+                        errors.append({"source": rows["source"][i], "location": rows["location"][i],
+                                       "line": None, "sample_id": sid, "reason": "duplicate_id",
+                                       "detail": f"sample_id {sid!r} is used by an earlier sample"})  # fmt: skip
+                    else:
+                        seen.add(sid)
+                batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
+                if not keep.all():
+                    batch = batch.filter(pa.array(keep))
+                if batch.num_rows:
+                    writer.write_batch(batch)
+                    for name in stats:
+                        stats[name].append(batch.column(name).to_numpy())
+                    modalities.update(batch.column("modality").to_pylist())
+                result.n_written += batch.num_rows
+                result.n_rejected = len(errors)
+                bar.update(chunk.n_in)
+                if result.n_rejected > cfg.max_error_rate * expected:
+                    aborted = ErrorRateExceeded(
+                        f"{result.n_rejected} of {expected} samples rejected, above --max-error-rate "
+                        f"{cfg.max_error_rate:g}; see {err_path} for each sample and reason "
+                        "(common causes: a wrong --image-root, a wrong --text-column); raise "
+                        "--max-error-rate to accept this many"
+                    )
+                    break
+        writer.add_key_value_metadata({METADATA_KEY: json.dumps(_metadata(cfg, units, result))})
+    finally:
+        writer.close()
+    err_table = pa.Table.from_pylist(errors, schema=ERRORS_SCHEMA)
+    pq.write_table(err_table, tmp_err)
+    os.replace(tmp_err, err_path)
+    if aborted is not None:
+        tmp_out.unlink(missing_ok=True)
+        raise aborted
+    if result.n_in != expected or result.n_in != result.n_written + result.n_rejected:
+        tmp_out.unlink(missing_ok=True)
+        raise DataprepError(
+            f"internal count mismatch: expected {expected}, read {result.n_in}, written "
+            f"{result.n_written} + rejected {result.n_rejected}; nothing was published"
+        )
+    os.replace(tmp_out, out_path)
+    result.reasons = dict(Counter(e["reason"] for e in errors).most_common())
+    result.modalities = dict(modalities.most_common())
+    for name, parts in stats.items():
+        result.percentiles[name] = _percentiles(np.concatenate(parts) if parts else np.array([]))
+    result.seconds = time.perf_counter() - t0
+    return result

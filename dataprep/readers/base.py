@@ -1,0 +1,63 @@
+"""Types shared by the readers: work units (what a worker reads) and raw records (what it gets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dataprep.errors import SampleRejected
+
+__all__ = ["ImageRef", "RawRecord", "ReadOptions", "WorkUnit"]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """Where one image's bytes are: a file, a member inside a file, or memory."""
+
+    where: str
+    path: str | None = None
+    offset: int = 0
+    size: int | None = None  # set for a member inside ``path`` (tar), None for a whole file
+    data: bytes | None = None
+
+
+@dataclass(slots=True)
+class RawRecord:
+    """One sample as a reader found it. ``error`` is set when it could not even be parsed."""
+
+    index: int  # position of the record within its input (0-based)
+    line: int | None = None  # 1-based line number, for line-oriented inputs
+    record: Any = None
+    raw: bytes | None = None  # the record's bytes when the input has them (for fingerprints)
+    images: list | None = None  # images found by the reader itself (tar members), else None
+    error: SampleRejected | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReadOptions:
+    image_root: str | None = None
+    image_column: str | None = None
+    text_column: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WorkUnit:
+    """A chunk of one input that one worker reads. Records ``first .. first+count`` are covered
+    by ``payload``; only those with ``start <= index < stop`` are kept (shard splitting)."""
+
+    reader: str
+    path: str
+    source: str
+    first: int
+    count: int
+    payload: Any = field(default=None, repr=False)
+    start: int = 0
+    stop: int = 1 << 62
+    global_first: int = 0
+
+    def keeps(self, index: int) -> bool:
+        return self.start <= index < self.stop
+
+    @property
+    def kept(self) -> int:
+        return max(0, min(self.stop, self.first + self.count) - max(self.start, self.first))

@@ -1,0 +1,93 @@
+"""Count the text tokens of rendered conversations with a real tokenizer (``tokenizers``).
+
+``<image>`` is registered as a special token, so each placeholder is exactly one token whatever
+the vocabulary, and the text count is the encoding length minus the placeholders. Without a
+tokenizer a run fails, unless the caller asks for the named estimate mode
+``estimate:chars_per_token=F``, which the cost table's metadata then records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from dataprep.records import IMAGE_PLACEHOLDER
+
+__all__ = ["TokenCounter", "TokenizerSpec"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenizerSpec:
+    """Which tokenizer counts text: a ``tokenizer.json`` path, or an explicit estimate."""
+
+    path: str | None = None
+    estimate_chars_per_token: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.estimate_chars_per_token is None):
+            raise ValueError(
+                "give exactly one of a tokenizer path (--tokenizer path/to/tokenizer.json) or an "
+                "estimate (--tokenizer estimate:chars_per_token=4)"
+            )
+        if self.path is not None and not Path(self.path).is_file():
+            raise ValueError(
+                f"tokenizer file {self.path} does not exist: pass the tokenizer.json of the model "
+                "you train (from its Hugging Face repository) or use the demo's tokenizer.json"
+            )
+        if self.estimate_chars_per_token is not None and self.estimate_chars_per_token <= 0:
+            raise ValueError(f"chars_per_token must be > 0, got {self.estimate_chars_per_token}")
+
+    @classmethod
+    def parse(cls, value: str | None) -> TokenizerSpec:
+        if not value:
+            raise ValueError(
+                "no tokenizer given: pass --tokenizer path/to/tokenizer.json (exact counts), or "
+                "--tokenizer estimate:chars_per_token=4 to estimate and record that in the table"
+            )
+        if value.startswith("estimate"):
+            _, _, opt = value.partition(":")
+            key, _, num = opt.partition("=")
+            if key != "chars_per_token":
+                raise ValueError(f"bad estimate mode {value!r}: write estimate:chars_per_token=4")
+            try:
+                return cls(estimate_chars_per_token=float(num))
+            except ValueError:
+                raise ValueError(f"bad estimate mode {value!r}: chars_per_token must be a number") from None
+        return cls(path=value)
+
+    def describe(self) -> dict:
+        if self.path is None:
+            return {"mode": "estimate", "chars_per_token": self.estimate_chars_per_token}
+        digest = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
+        return {"mode": "tokenizer", "path": str(self.path), "sha256": digest}
+
+
+class TokenCounter:
+    """Counts text tokens of many rendered texts at once (batch-encoded)."""
+
+    def __init__(self, spec: TokenizerSpec) -> None:
+        self.spec = spec
+        self._tok = None
+        if spec.path is not None:
+            from tokenizers import AddedToken, Tokenizer
+
+            tok = Tokenizer.from_file(spec.path)
+            tok.add_special_tokens([AddedToken(IMAGE_PLACEHOLDER, special=True, normalized=False)])
+            self._tok = tok
+            self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+
+    def count(self, texts: list[str]) -> list[int]:
+        """Tokens of each text, with every ``<image>`` placeholder excluded."""
+        if not texts:
+            return []
+        placeholders = [t.count(IMAGE_PLACEHOLDER) for t in texts]
+        if self._tok is None:
+            cpt = self.spec.estimate_chars_per_token
+            return [
+                math.ceil((len(t) - n * len(IMAGE_PLACEHOLDER)) / cpt)
+                for t, n in zip(texts, placeholders, strict=True)
+            ]
+        encodings = self._encode(texts, add_special_tokens=False)
+        return [len(e) - n for e, n in zip(encodings, placeholders, strict=True)]

@@ -1,0 +1,232 @@
+"""Vision policies: how many encoder patches and LLM tokens one image costs, from its size alone.
+
+Each policy reproduces the preprocessing of a published model family exactly:
+
+* ``fixed:S/P`` — resize to S x S, (S/P)^2 patches, one LLM token per patch (LLaVA-1.5: 336/14).
+* ``internvl`` — InternVL 1.5/2 ``dynamic_preprocess``: the tile grid (i, j) with min..max tiles
+  whose aspect ratio is closest to the image's (ties go to the larger grid when the image has
+  more than half of that grid's area), plus a thumbnail tile when more than one tile; 448 px tiles,
+  patch 14 (1024 patches per tile), pixel shuffle 0.5 (256 LLM tokens per tile).
+* ``qwen2vl`` — Qwen2-VL ``smart_resize``: round height and width to multiples of 28 keeping the
+  pixel count within [min_pixels, max_pixels]; patches of 14; 2x2 merge for LLM tokens.
+
+Spec strings take options: ``internvl:max_tiles=6,thumbnail=0``,
+``qwen2vl:min_pixels=3136,max_pixels=1003520``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+from dataprep.errors import SampleRejected
+
+__all__ = [
+    "FixedPolicy",
+    "ImageCost",
+    "InternVLPolicy",
+    "Qwen2VLPolicy",
+    "VisionPolicy",
+    "internvl_grid",
+    "parse_vision_policy",
+    "qwen2vl_smart_resize",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageCost:
+    """What one image costs: encoder sequence length per image/tile, and LLM tokens."""
+
+    vit_seq_lens: tuple[int, ...]
+    llm_tokens: int
+
+    @property
+    def vit_tokens(self) -> int:
+        return sum(self.vit_seq_lens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionPolicy:
+    """Base class; subclasses implement :meth:`image_cost` and :meth:`spec`."""
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        raise NotImplementedError
+
+    def spec(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"spec": self.spec(), "kind": type(self).__name__, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FixedPolicy(VisionPolicy):
+    image_size: int = 336
+    patch_size: int = 14
+
+    def __post_init__(self) -> None:
+        if self.image_size <= 0 or self.patch_size <= 0 or self.image_size % self.patch_size:
+            raise ValueError(
+                f"fixed policy needs image_size divisible by patch_size, got "
+                f"{self.image_size}/{self.patch_size}; use e.g. 'fixed:336/14'"
+            )
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        n = (self.image_size // self.patch_size) ** 2
+        return ImageCost((n,), n)
+
+    def spec(self) -> str:
+        return f"fixed:{self.image_size}/{self.patch_size}"
+
+
+def _internvl_target_ratios(min_num: int, max_num: int) -> list[tuple[int, int]]:
+    # Same construction and order as the reference: a set of grids sorted (stably) by tile count.
+    ratios = {
+        (i, j)
+        for n in range(min_num, max_num + 1)
+        for i in range(1, n + 1)
+        for j in range(1, n + 1)
+        if min_num <= i * j <= max_num
+    }
+    return sorted(ratios, key=lambda r: r[0] * r[1])
+
+
+@lru_cache(maxsize=65536)
+def internvl_grid(width: int, height: int, min_num: int, max_num: int, image_size: int) -> tuple:
+    """The (columns, rows) tile grid InternVL's ``dynamic_preprocess`` picks for an image."""
+    aspect_ratio = width / height
+    best_diff = float("inf")
+    best = (1, 1)
+    area = width * height
+    for ratio in _internvl_target_ratios(min_num, max_num):
+        diff = abs(aspect_ratio - ratio[0] / ratio[1])
+        if diff < best_diff:
+            best_diff = diff
+            best = ratio
+        elif diff == best_diff and area > 0.5 * image_size * image_size * ratio[0] * ratio[1]:
+            best = ratio
+    return best
+
+
+@dataclass(frozen=True, kw_only=True)
+class InternVLPolicy(VisionPolicy):
+    min_tiles: int = 1
+    max_tiles: int = 12
+    tile_size: int = 448
+    patch_size: int = 14
+    downsample_ratio: float = 0.5
+    thumbnail: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_tiles <= self.max_tiles:
+            raise ValueError(
+                f"internvl needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}..{self.max_tiles}"
+            )
+        if self.tile_size % self.patch_size:
+            raise ValueError(f"tile_size {self.tile_size} must be a multiple of {self.patch_size}")
+
+    @property
+    def patches_per_tile(self) -> int:
+        return (self.tile_size // self.patch_size) ** 2
+
+    @property
+    def llm_tokens_per_tile(self) -> int:
+        return int(self.patches_per_tile * self.downsample_ratio**2)
+
+    def num_tiles(self, width: int, height: int) -> int:
+        cols, rows = internvl_grid(width, height, self.min_tiles, self.max_tiles, self.tile_size)
+        tiles = cols * rows
+        return tiles + 1 if self.thumbnail and tiles != 1 else tiles
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        tiles = self.num_tiles(width, height)
+        return ImageCost((self.patches_per_tile,) * tiles, self.llm_tokens_per_tile * tiles)
+
+    def spec(self) -> str:
+        return (
+            f"internvl:min_tiles={self.min_tiles},max_tiles={self.max_tiles},"
+            f"tile_size={self.tile_size},thumbnail={int(self.thumbnail)}"
+        )
+
+
+def qwen2vl_smart_resize(
+    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+) -> tuple[int, int]:
+    """Qwen2-VL's ``smart_resize`` (qwen-vl-utils form: never rounds a side below ``factor``)."""
+    if max(height, width) / min(height, width) > 200:
+        raise SampleRejected(
+            "aspect_ratio_out_of_range",
+            f"{width}x{height}: qwen2vl accepts aspect ratios up to 200",
+        )
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+@lru_cache(maxsize=65536)
+def _qwen2vl_cost(width: int, height: int, min_px: int, max_px: int, patch: int, merge: int) -> ImageCost:
+    h, w = qwen2vl_smart_resize(height, width, patch * merge, min_px, max_px)
+    patches = (h // patch) * (w // patch)
+    return ImageCost((patches,), patches // (merge * merge))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Qwen2VLPolicy(VisionPolicy):
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    patch_size: int = 14
+    merge_size: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.min_pixels <= self.max_pixels:
+            raise ValueError(
+                f"qwen2vl needs 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}"
+            )
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        return _qwen2vl_cost(
+            width, height, self.min_pixels, self.max_pixels, self.patch_size, self.merge_size
+        )
+
+    def spec(self) -> str:
+        return f"qwen2vl:min_pixels={self.min_pixels},max_pixels={self.max_pixels}"
+
+
+_INT_OPTIONS = {
+    "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
+    "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
+}
+
+
+def parse_vision_policy(spec: str) -> VisionPolicy:
+    """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``, ``qwen2vl[:k=v,...]``."""
+    name, _, opts = spec.partition(":")
+    name = name.strip().lower()
+    if name == "fixed":
+        size, sep, patch = opts.partition("/")
+        if not sep or not size.isdigit() or not patch.isdigit():
+            raise ValueError(f"bad vision policy {spec!r}: write fixed:SIZE/PATCH, e.g. fixed:336/14")
+        return FixedPolicy(image_size=int(size), patch_size=int(patch))
+    if name not in _INT_OPTIONS:
+        raise ValueError(f"unknown vision policy {spec!r}: choose fixed:S/P, internvl or qwen2vl")
+    kwargs: dict = {}
+    for item in filter(None, (o.strip() for o in opts.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or key not in _INT_OPTIONS[name] or not value.isdigit():
+            allowed = ", ".join(sorted(_INT_OPTIONS[name]))
+            raise ValueError(f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}")
+        kwargs[key] = int(value)
+    if name == "internvl":
+        if "thumbnail" in kwargs:
+            kwargs["thumbnail"] = bool(kwargs["thumbnail"])
+        return InternVLPolicy(**kwargs)
+    return Qwen2VLPolicy(**kwargs)

@@ -1,0 +1,118 @@
+"""``equishard prep``: measure every sample into a cost table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_parser", "print_summary", "run"]
+
+_DESCRIPTION = """\
+Measure every sample of a vision-language dataset: the vision encoder's patches per image (from
+the image header only, never decoding pixels) and the LLM sequence length (a real tokenizer over
+the rendered conversation, each <image> counted as its policy's tokens). Writes the cost table
+(Parquet, one row per sample) and, next to it, an errors table (COST.errors.parquet) with one row
+per rejected sample and its reason. Samples in = written + rejected, always.
+
+inputs:
+  .json     a LLaVA-style list of records        .jsonl   one record per line (streamed)
+  .parquet  image column + text/messages column  .tar     WebDataset (KEY.json + KEY.jpg ...)
+  DIR       a Hugging Face dataset saved with save_to_disk
+  Records use LLaVA 'conversations' (from/value) or chat 'messages' (role/content); images in
+  'image' (a path or a list of paths, resolved against --image-root) or embedded bytes.
+
+vision policies (--vision-policy):
+  fixed:S/P   resize to SxS, (S/P)^2 patches per image       (LLaVA-1.5: fixed:336/14 -> 576)
+  internvl    InternVL dynamic tiling, 448px tiles, 256 LLM tokens per tile
+              options: internvl:min_tiles=1,max_tiles=12,thumbnail=1
+  qwen2vl     Qwen2-VL smart resize (multiples of 28), 2x2 merge
+              options: qwen2vl:min_pixels=3136,max_pixels=1003520
+
+examples:
+  equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
+      --vision-policy internvl --workers 8 -o build/cost.parquet
+  # split across 4 machines, then combine:
+  equishard prep data/*.jsonl --tokenizer tok.json --shard-index 2 --num-shards 4 -o part2.parquet
+  equishard merge part*.parquet -o build/cost.parquet
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name, help="measure samples into a cost table (Parquet)", description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="dataset files or HF dataset directories")
+    p.add_argument("-o", "--output", required=True, metavar="COST_TABLE", help="cost table to write (.parquet)")
+    p.add_argument(
+        "--tokenizer", metavar="T",
+        help="tokenizer.json of the model you train (required), or 'estimate:chars_per_token=F' "
+        "to estimate text tokens from characters (recorded in the table's metadata)",
+    )  # fmt: skip
+    p.add_argument("--vision-policy", default="internvl", metavar="P", help="fixed:S/P, internvl or qwen2vl (default: internvl)")
+    p.add_argument(
+        "--template", default="chatml", metavar="NAME|FILE",
+        help="chat template whose role markers are counted: chatml, vicuna, plain, or a JSON file "
+        "with fields bos, system_prompt, prefix{system,user,assistant}, suffix, image_prefix, "
+        "image_suffix (default: chatml)",
+    )  # fmt: skip
+    p.add_argument("--image-root", metavar="DIR", help="directory that relative image paths start from (default: each input's directory)")
+    p.add_argument("--image-column", metavar="COL", help="Parquet/HF image column (default: image or images)")
+    p.add_argument("--text-column", metavar="COL", help="Parquet/HF text column (default: conversations, messages or text)")
+    p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (default: 1)")
+    p.add_argument("--chunk-size", type=int, default=1024, metavar="N", help="records per work unit (default: 1024)")
+    p.add_argument("--shard-index", type=int, default=0, metavar="K", help="this machine's part, 0-based (default: 0)")
+    p.add_argument("--num-shards", type=int, default=1, metavar="N", help="number of parts the input is split into (default: 1)")
+    p.add_argument(
+        "--max-error-rate", type=float, default=0.01, metavar="F",
+        help="abort when more than this fraction of samples is rejected (default: 0.01)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(run=run)
+
+
+def print_summary(res) -> None:
+    from dataprep.errors import REASONS
+
+    from equishard.cli._common import format_table
+
+    rate = res.n_in / res.seconds if res.seconds else 0.0
+    print(f"\nprep: {res.n_in} samples in = {res.n_written} written + {res.n_rejected} rejected "
+          f"({res.seconds:.1f} s, {rate:,.0f} samples/s)")  # fmt: skip
+    print(f"  cost table:   {res.output}\n  errors table: {res.errors_output}")
+    if res.modalities:
+        print("  modality:     " + ", ".join(f"{k} {v}" for k, v in res.modalities.items()))
+    if res.reasons:
+        print("\nrejected by reason:")
+        print(format_table(["reason", "samples", "meaning"], [(k, v, REASONS.get(k, "")) for k, v in res.reasons.items()]))
+    if res.n_written:
+        rows = []
+        for name, p in res.percentiles.items():
+            rows.append([name] + [f"{p[k]:,.0f}" for k in ("min", "p50", "p90", "p99", "max")] + [f"{p['mean']:,.1f}"])
+        print("\nper-sample distribution:")
+        print(format_table(["column", "min", "p50", "p90", "p99", "max", "mean"], rows))
+
+
+def run(args: argparse.Namespace) -> int:
+    from dataprep.errors import DataprepError
+    from dataprep.prep import PrepConfig, run_prep
+
+    from equishard.cli._common import fail
+
+    try:
+        cfg = PrepConfig(
+            inputs=tuple(args.inputs), output=args.output, tokenizer=args.tokenizer,
+            vision_policy=args.vision_policy, template=args.template, image_root=args.image_root,
+            image_column=args.image_column, text_column=args.text_column, workers=args.workers,
+            chunk_size=args.chunk_size, shard_index=args.shard_index, num_shards=args.num_shards,
+            max_error_rate=args.max_error_rate, progress=not args.no_progress and not args.json,
+        )  # fmt: skip
+        res = run_prep(cfg)
+    except (ValueError, DataprepError) as exc:
+        return fail(str(exc))
+    if args.json:
+        print(json.dumps(res.as_dict(), indent=2))
+    else:
+        print_summary(res)
+    return 0

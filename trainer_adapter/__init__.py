@@ -1,0 +1,3 @@
+"""trainer_adapter: runtime DP redistribution and pipelined training (issue 5, not built yet)."""
+
+__all__: list[str] = []

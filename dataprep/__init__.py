@@ -1,6 +1,12 @@
 """dataprep: read VLM datasets and measure every sample's vision and text cost."""
 
-from dataprep.cost_table import COST_SCHEMA, ERRORS_SCHEMA, errors_path, read_cost_table, table_metadata
+from dataprep.cost_table import (
+    COST_SCHEMA,
+    ERRORS_SCHEMA,
+    errors_path,
+    read_cost_table,
+    table_metadata,
+)
 from dataprep.demo import make_demo
 from dataprep.errors import DataprepError, ErrorRateExceeded, SampleRejected
 from dataprep.merge import merge_cost_tables

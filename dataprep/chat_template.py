@@ -46,7 +46,9 @@ class ChatTemplate:
             parts += [self.prefix[role], text, self.suffix]
         text = "".join(parts)
         if self.image_prefix or self.image_suffix:
-            text = text.replace(IMAGE_PLACEHOLDER, self.image_prefix + IMAGE_PLACEHOLDER + self.image_suffix)
+            text = text.replace(
+                IMAGE_PLACEHOLDER, self.image_prefix + IMAGE_PLACEHOLDER + self.image_suffix
+            )
         return text
 
     def describe(self) -> dict:
@@ -75,7 +77,9 @@ BUILTIN_TEMPLATES: dict[str, ChatTemplate] = {
         prefix={"system": "", "user": " USER: ", "assistant": " ASSISTANT: "},
         suffix="",
     ),
-    "plain": ChatTemplate(name="plain", prefix={"system": "", "user": "", "assistant": ""}, suffix="\n"),
+    "plain": ChatTemplate(
+        name="plain", prefix={"system": "", "user": "", "assistant": ""}, suffix="\n"
+    ),
 }
 
 

@@ -59,9 +59,11 @@ def errors_path(cost_table: str | Path) -> Path:
 
 def table_metadata(path: str | Path) -> dict:
     """The equishard metadata of a cost table (vision policy, tokenizer, template, counts)."""
-    meta = pq.read_schema(path).metadata or {}
+    meta = pq.read_metadata(path).metadata or {}
     if METADATA_KEY not in meta:
-        raise ValueError(f"{path}: not an equishard cost table (no {METADATA_KEY.decode()} metadata)")
+        raise ValueError(
+            f"{path}: not an equishard cost table (no {METADATA_KEY.decode()} metadata)"
+        )
     return json.loads(meta[METADATA_KEY])
 
 

@@ -18,7 +18,13 @@ from PIL import Image
 
 from dataprep.errors import SampleRejected
 
-__all__ = ["SUPPORTED_FORMATS", "ImageHeader", "probe_image", "probe_image_bytes", "probe_image_file"]
+__all__ = [
+    "SUPPORTED_FORMATS",
+    "ImageHeader",
+    "probe_image",
+    "probe_image_bytes",
+    "probe_image_file",
+]
 
 SUPPORTED_FORMATS = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP"})
 _TAIL = 4096
@@ -58,6 +64,8 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str) -> ImageHeader:
     fileobj.seek(0)
     head = fileobj.read(16)
     fileobj.seek(0)
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        _check_tail("WEBP", b"", nbytes, head, where)  # Pillow parses WebP whole: check size first
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -70,7 +78,8 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str) -> ImageHeader:
         raise SampleRejected("corrupt_image", f"{where}: cannot parse header ({exc})") from None
     if fmt not in SUPPORTED_FORMATS:
         raise SampleRejected(
-            "unsupported_format", f"{where}: {fmt} (accepted: {', '.join(sorted(SUPPORTED_FORMATS))})"
+            "unsupported_format",
+            f"{where}: {fmt} (accepted: {', '.join(sorted(SUPPORTED_FORMATS))})",
         )
     if width <= 0 or height <= 0:
         raise SampleRejected("empty_image", f"{where}: {width}x{height} pixels")

@@ -16,16 +16,26 @@ from dataprep.chat_template import ChatTemplate
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
-from dataprep.records import normalize_record
+from dataprep.records import normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
 from dataprep.vision_policy import VisionPolicy
 
 __all__ = ["ChunkResult", "Measurer"]
 
 _COLUMNS = (
-    "sample_id", "source", "num_images", "vit_tokens", "vit_seq_lens", "llm_tokens", "text_tokens",
-    "modality", "image_widths", "image_heights", "location", "fingerprint",
-)  # fmt: skip
+    "sample_id",
+    "source",
+    "num_images",
+    "vit_tokens",
+    "vit_seq_lens",
+    "llm_tokens",
+    "text_tokens",
+    "modality",
+    "image_widths",
+    "image_heights",
+    "location",
+    "fingerprint",
+)
 
 
 @dataclass(slots=True)
@@ -73,7 +83,12 @@ def _digest(obj) -> str:
 
 class Measurer:
     def __init__(
-        self, *, policy: VisionPolicy, template: ChatTemplate, counter: TokenCounter, opts: ReadOptions
+        self,
+        *,
+        policy: VisionPolicy,
+        template: ChatTemplate,
+        counter: TokenCounter,
+        opts: ReadOptions,
     ) -> None:
         self.policy = policy
         self.template = template
@@ -91,7 +106,9 @@ class Measurer:
         if isinstance(item, (bytes, bytearray)):
             return ImageRef(where=where, data=bytes(item))
         if not isinstance(item, str) or not item:
-            raise SampleRejected("missing_image", f"{where}: image reference {item!r:.80} is not a path")
+            raise SampleRejected(
+                "missing_image", f"{where}: image reference {item!r:.80} is not a path"
+            )
         root = Path(self.opts.image_root) if self.opts.image_root else Path(unit.path).parent
         return ImageRef(where=str(root / item), path=str(root / item))
 
@@ -106,17 +123,23 @@ class Measurer:
             try:
                 if rec.error is not None:
                     raise rec.error
-                sample = normalize_record(rec.record, f"{unit.source}:{rec.index}", images=rec.images)
-                sample_id = sample.sample_id
+                sample_id = sample_id_of(rec.record, f"{unit.source}:{rec.index}")
+                sample = normalize_record(rec.record, sample_id, images=rec.images)
                 refs = [self._ref(img, unit, rec.index, k) for k, img in enumerate(sample.images)]
                 headers = [_probe(r) for r in refs]
                 costs = [self.policy.image_cost(h.width, h.height) for h in headers]
                 texts.append(self.template.render(sample.turns))
             except SampleRejected as exc:
                 out.errors.append(
-                    {"source": unit.source, "location": location, "line": rec.line,
-                     "sample_id": sample_id, "reason": exc.reason, "detail": exc.detail}
-                )  # fmt: skip
+                    {
+                        "source": unit.source,
+                        "location": location,
+                        "line": rec.line,
+                        "sample_id": sample_id,
+                        "reason": exc.reason,
+                        "detail": exc.detail,
+                    }
+                )
                 continue
             raw = rec.raw
             if raw is None:
@@ -137,7 +160,9 @@ class Measurer:
             rows["vit_seq_lens"].append(seq)
             rows["llm_tokens"].append(n_text + sum(c.llm_tokens for c in costs))
             rows["text_tokens"].append(n_text)
-            rows["modality"].append("text" if n_img == 0 else "image" if n_img == 1 else "multi-image")
+            rows["modality"].append(
+                "text" if n_img == 0 else "image" if n_img == 1 else "multi-image"
+            )
             rows["image_widths"].append([h.width for h in headers])
             rows["image_heights"].append([h.height for h in headers])
             rows["location"].append(location)

@@ -15,7 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dataprep.cost_table import ERRORS_SCHEMA, METADATA_KEY, errors_path, read_cost_table, table_metadata
+from dataprep.cost_table import (
+    ERRORS_SCHEMA,
+    METADATA_KEY,
+    errors_path,
+    read_cost_table,
+    table_metadata,
+)
 from dataprep.errors import DataprepError
 
 __all__ = ["merge_cost_tables"]
@@ -34,7 +40,7 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
             raise DataprepError(f"{p}: {exc}") from None
     ref = metas[0]
-    for p, m in zip(parts, metas):
+    for p, m in zip(parts, metas, strict=False):
         for key in _MUST_MATCH:
             if m.get(key) != ref.get(key):
                 raise DataprepError(
@@ -45,14 +51,16 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         raise DataprepError(f"parts disagree on --num-shards: {sorted(num)}")
     n = num.pop()
     by_index: dict[int, str] = {}
-    for p, m in zip(parts, metas):
+    for p, m in zip(parts, metas, strict=False):
         k = m["shard"]["index"]
         if k in by_index:
             raise DataprepError(f"shard {k} given twice: {by_index[k]} and {p}")
         by_index[k] = p
     missing = sorted(set(range(n)) - set(by_index))
     if missing:
-        raise DataprepError(f"missing shard(s) {missing} of {n}; run prep with those --shard-index values")
+        raise DataprepError(
+            f"missing shard(s) {missing} of {n}; run prep with those --shard-index values"
+        )
     ordered = [by_index[k] for k in range(n)]
     tables = [read_cost_table(p) for p in ordered]
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
@@ -60,7 +68,11 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
     dup = counts.filter(pc.greater(counts.field("counts"), 1))
     if len(dup):
         ids = dup.field("values").to_pylist()[:5]
-        holders = [p for p, t in zip(ordered, tables) if pc.any(pc.is_in(t.column("sample_id"), pa.array(ids))).as_py()]
+        holders = [
+            p
+            for p, t in zip(ordered, tables, strict=False)
+            if pc.any(pc.is_in(t.column("sample_id"), pa.array(ids))).as_py()
+        ]
         raise DataprepError(
             f"{len(dup)} sample_id(s) appear in more than one part, e.g. {ids} (in {holders}); "
             "make ids unique in the inputs or drop the duplicates, then merge again"

@@ -23,7 +23,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataprep.chat_template import load_template
-from dataprep.cost_table import COST_SCHEMA, ERRORS_SCHEMA, FORMAT_VERSION, METADATA_KEY, errors_path
+from dataprep.cost_table import (
+    COST_SCHEMA,
+    ERRORS_SCHEMA,
+    FORMAT_VERSION,
+    METADATA_KEY,
+    errors_path,
+)
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
@@ -52,9 +58,13 @@ class PrepConfig:
 
     def __post_init__(self) -> None:
         if not self.inputs:
-            raise ValueError("no inputs: give one or more .json/.jsonl/.parquet/.tar files or HF dataset dirs")
+            raise ValueError(
+                "no inputs: give one or more .json/.jsonl/.parquet/.tar files or HF dataset dirs"
+            )
         if not self.output.endswith(".parquet"):
-            raise ValueError(f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)")
+            raise ValueError(
+                f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)"
+            )
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
         if self.chunk_size < 1:
@@ -91,7 +101,9 @@ def _measurer(cfg: PrepConfig) -> Measurer:
         policy=parse_vision_policy(cfg.vision_policy),
         template=load_template(cfg.template),
         counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
-        opts=ReadOptions(image_root=cfg.image_root, image_column=cfg.image_column, text_column=cfg.text_column),
+        opts=ReadOptions(
+            image_root=cfg.image_root, image_column=cfg.image_column, text_column=cfg.text_column
+        ),
     )
 
 
@@ -116,9 +128,14 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
             yield measurer.measure(unit)
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizers' thread pool is not fork-safe
-    with ProcessPoolExecutor(cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg,)) as ex:
+    with ProcessPoolExecutor(
+        cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg,)
+    ) as ex:
         it = iter(units)
-        inflight = deque(ex.submit(_measure_in_worker, u) for _, u in zip(range(2 * cfg.workers), it))
+        inflight = deque(
+            ex.submit(_measure_in_worker, u)
+            for _, u in zip(range(2 * cfg.workers), it, strict=False)
+        )
         while inflight:
             result = inflight.popleft().result()
             nxt = next(it, None)
@@ -143,8 +160,14 @@ def _percentiles(values: np.ndarray) -> dict[str, float]:
     if values.size == 0:
         return {}
     qs = np.percentile(values, [0, 50, 90, 99, 100])
-    return {"min": float(qs[0]), "p50": float(qs[1]), "p90": float(qs[2]), "p99": float(qs[3]),
-            "max": float(qs[4]), "mean": float(values.mean())}  # fmt: skip
+    return {
+        "min": float(qs[0]),
+        "p50": float(qs[1]),
+        "p90": float(qs[2]),
+        "p99": float(qs[3]),
+        "max": float(qs[4]),
+        "mean": float(values.mean()),
+    }
 
 
 def run_prep(cfg: PrepConfig) -> PrepResult:
@@ -180,9 +203,16 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                 for i, sid in enumerate(rows["sample_id"]):
                     if sid in seen:
                         keep[i] = False
-                        errors.append({"source": rows["source"][i], "location": rows["location"][i],
-                                       "line": None, "sample_id": sid, "reason": "duplicate_id",
-                                       "detail": f"sample_id {sid!r} is used by an earlier sample"})  # fmt: skip
+                        errors.append(
+                            {
+                                "source": rows["source"][i],
+                                "location": rows["location"][i],
+                                "line": None,
+                                "sample_id": sid,
+                                "reason": "duplicate_id",
+                                "detail": f"sample_id {sid!r} is used by an earlier sample",
+                            }
+                        )
                     else:
                         seen.add(sid)
                 batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)

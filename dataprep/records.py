@@ -13,7 +13,7 @@ from typing import Any
 
 from dataprep.errors import SampleRejected
 
-__all__ = ["IMAGE_PLACEHOLDER", "Sample", "normalize_record"]
+__all__ = ["IMAGE_PLACEHOLDER", "Sample", "normalize_record", "sample_id_of"]
 
 IMAGE_PLACEHOLDER = "<image>"
 
@@ -35,7 +35,10 @@ class Sample:
     images: list[Any]  # path strings, bytes, or {"bytes": ..., "path": ...} dicts
 
 
-def _sample_id(record: dict, default_id: str) -> str:
+def sample_id_of(record: Any, default_id: str) -> str:
+    """The record's own id (``id``, ``sample_id`` or ``uid``), else ``default_id``."""
+    if not isinstance(record, dict):
+        raise SampleRejected("not_an_object", f"record is {type(record).__name__}")
     for key in ("id", "sample_id", "uid"):
         if key in record and record[key] is not None:
             value = record[key]
@@ -61,13 +64,17 @@ def _content_text(content: Any, where: str) -> tuple[str, int]:
             elif isinstance(part, dict) and part.get("type") == "text":
                 text = part.get("text")
                 if not isinstance(text, str):
-                    raise SampleRejected("non_string_text", f"{where}: text part is {type(text).__name__}")
+                    raise SampleRejected(
+                        "non_string_text", f"{where}: text part is {type(text).__name__}"
+                    )
                 parts.append(text)
             elif isinstance(part, dict) and part.get("type") in ("image", "image_url"):
                 parts.append(IMAGE_PLACEHOLDER)
                 n_images += 1
             else:
-                raise SampleRejected("non_string_text", f"{where}: unknown content part {part!r:.60}")
+                raise SampleRejected(
+                    "non_string_text", f"{where}: unknown content part {part!r:.60}"
+                )
         return "".join(parts), n_images
     raise SampleRejected("non_string_text", f"{where}: content is {type(content).__name__}")
 
@@ -89,7 +96,9 @@ def _turns(record: dict) -> list[tuple[str, str]]:
     turns: list[tuple[str, str]] = []
     for i, turn in enumerate(raw):
         if not isinstance(turn, dict):
-            raise SampleRejected("empty_conversation", f"turn {i} is {type(turn).__name__}, not an object")
+            raise SampleRejected(
+                "empty_conversation", f"turn {i} is {type(turn).__name__}, not an object"
+            )
         role = _ROLES.get(str(turn.get(role_key, "")).lower())
         if role is None:
             raise SampleRejected("bad_role", f"turn {i} has {role_key}={turn.get(role_key)!r}")
@@ -114,9 +123,7 @@ def normalize_record(record: Any, default_id: str, images: list | None = None) -
     """Turn one raw record into a :class:`Sample`, or raise :class:`SampleRejected`.
 
     ``images`` overrides the record's own image field (a tar's image members, for instance)."""
-    if not isinstance(record, dict):
-        raise SampleRejected("not_an_object", f"record is {type(record).__name__}")
-    sample_id = _sample_id(record, default_id)
+    sample_id = sample_id_of(record, default_id)
     turns = _turns(record)
     if images is None:
         images = _images(record)

@@ -54,7 +54,9 @@ class TokenizerSpec:
             try:
                 return cls(estimate_chars_per_token=float(num))
             except ValueError:
-                raise ValueError(f"bad estimate mode {value!r}: chars_per_token must be a number") from None
+                raise ValueError(
+                    f"bad estimate mode {value!r}: chars_per_token must be a number"
+                ) from None
         return cls(path=value)
 
     def describe(self) -> dict:

@@ -151,7 +151,11 @@ class InternVLPolicy(VisionPolicy):
 
 
 def qwen2vl_smart_resize(
-    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+    height: int,
+    width: int,
+    factor: int = 28,
+    min_pixels: int = 56 * 56,
+    max_pixels: int = 28 * 28 * 1280,
 ) -> tuple[int, int]:
     """Qwen2-VL's ``smart_resize`` (qwen-vl-utils form: never rounds a side below ``factor``)."""
     if max(height, width) / min(height, width) > 200:
@@ -173,7 +177,9 @@ def qwen2vl_smart_resize(
 
 
 @lru_cache(maxsize=65536)
-def _qwen2vl_cost(width: int, height: int, min_px: int, max_px: int, patch: int, merge: int) -> ImageCost:
+def _qwen2vl_cost(
+    width: int, height: int, min_px: int, max_px: int, patch: int, merge: int
+) -> ImageCost:
     h, w = qwen2vl_smart_resize(height, width, patch * merge, min_px, max_px)
     patches = (h // patch) * (w // patch)
     return ImageCost((patches,), patches // (merge * merge))
@@ -214,7 +220,9 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name == "fixed":
         size, sep, patch = opts.partition("/")
         if not sep or not size.isdigit() or not patch.isdigit():
-            raise ValueError(f"bad vision policy {spec!r}: write fixed:SIZE/PATCH, e.g. fixed:336/14")
+            raise ValueError(
+                f"bad vision policy {spec!r}: write fixed:SIZE/PATCH, e.g. fixed:336/14"
+            )
         return FixedPolicy(image_size=int(size), patch_size=int(patch))
     if name not in _INT_OPTIONS:
         raise ValueError(f"unknown vision policy {spec!r}: choose fixed:S/P, internvl or qwen2vl")
@@ -223,7 +231,9 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         key, sep, value = item.partition("=")
         if not sep or key not in _INT_OPTIONS[name] or not value.isdigit():
             allowed = ", ".join(sorted(_INT_OPTIONS[name]))
-            raise ValueError(f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}")
+            raise ValueError(
+                f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}"
+            )
         kwargs[key] = int(value)
     if name == "internvl":
         if "thumbnail" in kwargs:

@@ -10,7 +10,16 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from dataprep.demo import demo_text_corpus
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<img>", "</img>", "<s>", "</s>"]
+SPECIAL = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<image>",
+    "<img>",
+    "</img>",
+    "<s>",
+    "</s>",
+]
 
 
 def main() -> None:

@@ -84,7 +84,11 @@ def split_units(units: list[WorkUnit], shard_index: int, num_shards: int) -> lis
         a, b = u.global_first, u.global_first + u.count
         if b <= lo or a >= hi:
             continue
-        out.append(dataclasses.replace(u, start=u.first + max(0, lo - a), stop=u.first + min(u.count, hi - a)))
+        out.append(
+            dataclasses.replace(
+                u, start=u.first + max(0, lo - a), stop=u.first + min(u.count, hi - a)
+            )
+        )
     return out
 
 

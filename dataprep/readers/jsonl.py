@@ -28,16 +28,24 @@ def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
             if line.strip():
                 if index - unit_first == chunk:
                     yield WorkUnit(
-                        reader="jsonl", path=str(path), source=source, first=unit_first,
-                        count=chunk, payload=(unit_start, offset, unit_line),
+                        reader="jsonl",
+                        path=str(path),
+                        source=source,
+                        first=unit_first,
+                        count=chunk,
+                        payload=(unit_start, offset, unit_line),
                     )
                     unit_start, unit_line, unit_first = offset, line_no, index
                 index += 1
             offset += len(line)
     if index > unit_first:
         yield WorkUnit(
-            reader="jsonl", path=str(path), source=source, first=unit_first,
-            count=index - unit_first, payload=(unit_start, offset, unit_line),
+            reader="jsonl",
+            path=str(path),
+            source=source,
+            first=unit_first,
+            count=index - unit_first,
+            payload=(unit_start, offset, unit_line),
         )
 
 

@@ -28,7 +28,9 @@ def _columns(schema: pa.Schema, opts: ReadOptions, where: str) -> tuple[str | No
     names = set(schema.names)
     if opts.text_column:
         if opts.text_column not in names:
-            raise DataprepError(f"{where}: no column {opts.text_column!r} (columns: {sorted(names)})")
+            raise DataprepError(
+                f"{where}: no column {opts.text_column!r} (columns: {sorted(names)})"
+            )
         text = opts.text_column
     else:
         text = next((c for c in _TEXT_COLUMNS if c in names), None)
@@ -39,7 +41,9 @@ def _columns(schema: pa.Schema, opts: ReadOptions, where: str) -> tuple[str | No
             )
     if opts.image_column:
         if opts.image_column not in names:
-            raise DataprepError(f"{where}: no column {opts.image_column!r} (columns: {sorted(names)})")
+            raise DataprepError(
+                f"{where}: no column {opts.image_column!r} (columns: {sorted(names)})"
+            )
         image = opts.image_column
     else:
         image = next((c for c in _IMAGE_COLUMNS if c in names), None)
@@ -68,7 +72,9 @@ def scan_parquet(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
     for rg in range(meta.num_row_groups):
         n = meta.row_group(rg).num_rows
         if n:
-            yield WorkUnit(reader="parquet", path=str(path), source=source, first=first, count=n, payload=rg)
+            yield WorkUnit(
+                reader="parquet", path=str(path), source=source, first=first, count=n, payload=rg
+            )
         first += n
 
 
@@ -114,8 +120,12 @@ def scan_hf(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
         n = len(part)
         for first in range(0, n, chunk):
             yield WorkUnit(
-                reader="hf", path=str(path), source=src, first=first,
-                count=min(chunk, n - first), payload=split,
+                reader="hf",
+                path=str(path),
+                source=src,
+                first=first,
+                count=min(chunk, n - first),
+                payload=split,
             )
 
 

@@ -42,7 +42,9 @@ def _unsafe(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def _groups(path: Path) -> Iterator[tuple[str, list[tuple[str, str, int, int]], SampleRejected | None]]:
+def _groups(
+    path: Path,
+) -> Iterator[tuple[str, list[tuple[str, str, int, int]], SampleRejected | None]]:
     """Yield (key, [(name, suffix, data offset, size)], error) for each key group in order."""
     size = os.path.getsize(path)
     key: str | None = None
@@ -67,12 +69,16 @@ def _groups(path: Path) -> Iterator[tuple[str, list[tuple[str, str, int, int]], 
                 if any(s == suffix for _, s, _, _ in members) and error is None:
                     error = SampleRejected("duplicate_member", f"{path}: {m.name!r} appears twice")
                 if m.offset_data + m.size > size:
-                    raise tarfile.ReadError(f"member {m.name!r} needs bytes past the end of the file")
+                    raise tarfile.ReadError(
+                        f"member {m.name!r} needs bytes past the end of the file"
+                    )
                 members.append((m.name, suffix, m.offset_data, m.size))
                 end = m.offset_data + m.size
     except tarfile.ReadError as exc:
-        yield (key or f"@{end}"), members, SampleRejected(
-            "truncated_archive", f"{path}: ends inside sample {key!r} ({exc})"
+        yield (
+            (key or f"@{end}"),
+            members,
+            SampleRejected("truncated_archive", f"{path}: ends inside sample {key!r} ({exc})"),
         )
         return
     if key is None:
@@ -80,7 +86,9 @@ def _groups(path: Path) -> Iterator[tuple[str, list[tuple[str, str, int, int]], 
     # A complete tar ends with two zero blocks after the last member's padded data.
     padded_end = (end + 511) // 512 * 512
     if size < padded_end + 1024:
-        error = SampleRejected("truncated_archive", f"{path}: no end-of-archive marker after {key!r}")
+        error = SampleRejected(
+            "truncated_archive", f"{path}: no end-of-archive marker after {key!r}"
+        )
     yield key, members, error
 
 
@@ -90,11 +98,20 @@ def scan_wds(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
     for group in _groups(path):
         batch.append(group)
         if len(batch) == chunk:
-            yield WorkUnit(reader="wds", path=str(path), source=source, first=first, count=chunk, payload=batch)
+            yield WorkUnit(
+                reader="wds", path=str(path), source=source, first=first, count=chunk, payload=batch
+            )
             first += chunk
             batch = []
     if batch:
-        yield WorkUnit(reader="wds", path=str(path), source=source, first=first, count=len(batch), payload=batch)
+        yield WorkUnit(
+            reader="wds",
+            path=str(path),
+            source=source,
+            first=first,
+            count=len(batch),
+            payload=batch,
+        )
 
 
 def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
@@ -108,7 +125,9 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                 continue
             by_suffix = {suffix.lower(): (name, off, size) for name, suffix, off, size in members}
             if "json" not in by_suffix:
-                err = SampleRejected("missing_text", f"{unit.path}: sample {key!r} has no .json member")
+                err = SampleRejected(
+                    "missing_text", f"{unit.path}: sample {key!r} has no .json member"
+                )
                 yield RawRecord(index=index, error=err)
                 continue
             _, off, size = by_suffix["json"]
@@ -119,7 +138,14 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                 m = _INDEXED_IMAGE.match(suffix)
                 if m:
                     order = int(m.group(1)) if m.group(1) is not None else -1
-                    images.append((order, ImageRef(where=f"{unit.path}:{name}", path=unit.path, offset=off, size=size)))
+                    images.append(
+                        (
+                            order,
+                            ImageRef(
+                                where=f"{unit.path}:{name}", path=unit.path, offset=off, size=size
+                            ),
+                        )
+                    )
             images.sort(key=lambda t: t[0])
             try:
                 record = json.loads(raw)
@@ -127,6 +153,8 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                 err = SampleRejected("malformed_json", f"{unit.path}: {key}.json: {exc}")
                 yield RawRecord(index=index, raw=raw, error=err)
                 continue
-            if isinstance(record, dict) and not any(k in record for k in ("id", "sample_id", "uid")):
+            if isinstance(record, dict) and not any(
+                k in record for k in ("id", "sample_id", "uid")
+            ):
                 record = {"id": key, **record}
             yield RawRecord(index=index, record=record, raw=raw, images=[ref for _, ref in images])

@@ -18,7 +18,12 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = []
     for n, r in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append(
+            "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r, widths, strict=False))
+            )
+        )
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

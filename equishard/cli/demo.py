@@ -23,23 +23,33 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument("--samples", type=int, default=1000, help="number of samples (default: 1000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
     p.add_argument(
-        "--images", type=int, default=None,
+        "--images",
+        type=int,
+        default=None,
         help="distinct image files that samples draw from (default: one per reference, at most 600)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--mix", choices=("default", "single-image"), default="default",
+        "--mix",
+        choices=("default", "single-image"),
+        default="default",
         help="'default' mix, or 'single-image': every sample one image and ~300 text tokens",
-    )  # fmt: skip
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataprep.demo import make_demo
-
     from equishard.cli._common import fail
 
     try:
-        s = make_demo(args.out_dir, samples=args.samples, seed=args.seed, images=args.images, mix=args.mix, progress=True)
+        s = make_demo(
+            args.out_dir,
+            samples=args.samples,
+            seed=args.seed,
+            images=args.images,
+            mix=args.mix,
+            progress=True,
+        )
     except ValueError as exc:
         return fail(str(exc))
     print(

@@ -18,21 +18,26 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("parts", nargs="+", metavar="PART", help="partial cost tables (.parquet), any order")
-    p.add_argument("-o", "--output", required=True, metavar="COST_TABLE", help="merged cost table to write")
+    p.add_argument(
+        "parts", nargs="+", metavar="PART", help="partial cost tables (.parquet), any order"
+    )
+    p.add_argument(
+        "-o", "--output", required=True, metavar="COST_TABLE", help="merged cost table to write"
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataprep.errors import DataprepError
     from dataprep.merge import merge_cost_tables
-
     from equishard.cli._common import fail
 
     try:
         c = merge_cost_tables(args.parts, args.output)
     except DataprepError as exc:
         return fail(str(exc))
-    print(f"merge: {len(args.parts)} parts -> {args.output}: {c['in']} samples in = "
-          f"{c['written']} written + {c['rejected']} rejected")  # fmt: skip
+    print(
+        f"merge: {len(args.parts)} parts -> {args.output}: {c['in']} samples in = "
+        f"{c['written']} written + {c['rejected']} rejected"
+    )
     return 0

@@ -39,57 +39,116 @@ examples:
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
-        name, help="measure samples into a cost table (Parquet)", description=_DESCRIPTION,
+        name,
+        help="measure samples into a cost table (Parquet)",
+        description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    p.add_argument("inputs", nargs="+", metavar="INPUT", help="dataset files or HF dataset directories")
-    p.add_argument("-o", "--output", required=True, metavar="COST_TABLE", help="cost table to write (.parquet)")
+    )
     p.add_argument(
-        "--tokenizer", metavar="T",
+        "inputs", nargs="+", metavar="INPUT", help="dataset files or HF dataset directories"
+    )
+    p.add_argument(
+        "-o", "--output", required=True, metavar="COST_TABLE", help="cost table to write (.parquet)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="T",
         help="tokenizer.json of the model you train (required), or 'estimate:chars_per_token=F' "
         "to estimate text tokens from characters (recorded in the table's metadata)",
-    )  # fmt: skip
-    p.add_argument("--vision-policy", default="internvl", metavar="P", help="fixed:S/P, internvl or qwen2vl (default: internvl)")
+    )
     p.add_argument(
-        "--template", default="chatml", metavar="NAME|FILE",
+        "--vision-policy",
+        default="internvl",
+        metavar="P",
+        help="fixed:S/P, internvl or qwen2vl (default: internvl)",
+    )
+    p.add_argument(
+        "--template",
+        default="chatml",
+        metavar="NAME|FILE",
         help="chat template whose role markers are counted: chatml, vicuna, plain, or a JSON file "
         "with fields bos, system_prompt, prefix{system,user,assistant}, suffix, image_prefix, "
         "image_suffix (default: chatml)",
-    )  # fmt: skip
-    p.add_argument("--image-root", metavar="DIR", help="directory that relative image paths start from (default: each input's directory)")
-    p.add_argument("--image-column", metavar="COL", help="Parquet/HF image column (default: image or images)")
-    p.add_argument("--text-column", metavar="COL", help="Parquet/HF text column (default: conversations, messages or text)")
-    p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (default: 1)")
-    p.add_argument("--chunk-size", type=int, default=1024, metavar="N", help="records per work unit (default: 1024)")
-    p.add_argument("--shard-index", type=int, default=0, metavar="K", help="this machine's part, 0-based (default: 0)")
-    p.add_argument("--num-shards", type=int, default=1, metavar="N", help="number of parts the input is split into (default: 1)")
+    )
     p.add_argument(
-        "--max-error-rate", type=float, default=0.01, metavar="F",
+        "--image-root",
+        metavar="DIR",
+        help="directory that relative image paths start from (default: each input's directory)",
+    )
+    p.add_argument(
+        "--image-column", metavar="COL", help="Parquet/HF image column (default: image or images)"
+    )
+    p.add_argument(
+        "--text-column",
+        metavar="COL",
+        help="Parquet/HF text column (default: conversations, messages or text)",
+    )
+    p.add_argument(
+        "--workers", type=int, default=1, metavar="W", help="worker processes (default: 1)"
+    )
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="records per work unit (default: 1024)",
+    )
+    p.add_argument(
+        "--shard-index",
+        type=int,
+        default=0,
+        metavar="K",
+        help="this machine's part, 0-based (default: 0)",
+    )
+    p.add_argument(
+        "--num-shards",
+        type=int,
+        default=1,
+        metavar="N",
+        help="number of parts the input is split into (default: 1)",
+    )
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.01,
+        metavar="F",
         help="abort when more than this fraction of samples is rejected (default: 0.01)",
-    )  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the summary as JSON instead of a table"
+    )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(run=run)
 
 
 def print_summary(res) -> None:
     from dataprep.errors import REASONS
-
     from equishard.cli._common import format_table
 
     rate = res.n_in / res.seconds if res.seconds else 0.0
-    print(f"\nprep: {res.n_in} samples in = {res.n_written} written + {res.n_rejected} rejected "
-          f"({res.seconds:.1f} s, {rate:,.0f} samples/s)")  # fmt: skip
+    print(
+        f"\nprep: {res.n_in} samples in = {res.n_written} written + {res.n_rejected} rejected "
+        f"({res.seconds:.1f} s, {rate:,.0f} samples/s)"
+    )
     print(f"  cost table:   {res.output}\n  errors table: {res.errors_output}")
     if res.modalities:
         print("  modality:     " + ", ".join(f"{k} {v}" for k, v in res.modalities.items()))
     if res.reasons:
         print("\nrejected by reason:")
-        print(format_table(["reason", "samples", "meaning"], [(k, v, REASONS.get(k, "")) for k, v in res.reasons.items()]))
+        print(
+            format_table(
+                ["reason", "samples", "meaning"],
+                [(k, v, REASONS.get(k, "")) for k, v in res.reasons.items()],
+            )
+        )
     if res.n_written:
         rows = []
         for name, p in res.percentiles.items():
-            rows.append([name] + [f"{p[k]:,.0f}" for k in ("min", "p50", "p90", "p99", "max")] + [f"{p['mean']:,.1f}"])
+            rows.append(
+                [name]
+                + [f"{p[k]:,.0f}" for k in ("min", "p50", "p90", "p99", "max")]
+                + [f"{p['mean']:,.1f}"]
+            )
         print("\nper-sample distribution:")
         print(format_table(["column", "min", "p50", "p90", "p99", "max", "mean"], rows))
 
@@ -97,17 +156,25 @@ def print_summary(res) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataprep.errors import DataprepError
     from dataprep.prep import PrepConfig, run_prep
-
     from equishard.cli._common import fail
 
     try:
         cfg = PrepConfig(
-            inputs=tuple(args.inputs), output=args.output, tokenizer=args.tokenizer,
-            vision_policy=args.vision_policy, template=args.template, image_root=args.image_root,
-            image_column=args.image_column, text_column=args.text_column, workers=args.workers,
-            chunk_size=args.chunk_size, shard_index=args.shard_index, num_shards=args.num_shards,
-            max_error_rate=args.max_error_rate, progress=not args.no_progress and not args.json,
-        )  # fmt: skip
+            inputs=tuple(args.inputs),
+            output=args.output,
+            tokenizer=args.tokenizer,
+            vision_policy=args.vision_policy,
+            template=args.template,
+            image_root=args.image_root,
+            image_column=args.image_column,
+            text_column=args.text_column,
+            workers=args.workers,
+            chunk_size=args.chunk_size,
+            shard_index=args.shard_index,
+            num_shards=args.num_shards,
+            max_error_rate=args.max_error_rate,
+            progress=not args.no_progress and not args.json,
+        )
         res = run_prep(cfg)
     except (ValueError, DataprepError) as exc:
         return fail(str(exc))

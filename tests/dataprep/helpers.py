@@ -1,0 +1,47 @@
+"""Helpers for prep tests: run prep on tiny inputs and read both tables back."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from dataprep import PrepConfig, errors_path, run_prep
+
+
+def llava(sample_id, images=None, question="What is in the picture?", answer="A dog in a park."):
+    rec = {"id": sample_id}
+    if images is not None:
+        rec["image"] = images
+    rec["conversations"] = [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+    return rec
+
+
+def write_jsonl(path: Path, records, raw_lines=()) -> Path:
+    lines = [json.dumps(r) for r in records] + list(raw_lines)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(tmp_path: Path, inputs, tokenizer: str, **kw):
+    out = tmp_path / "out" / "cost.parquet"
+    kw.setdefault("max_error_rate", 1.0)
+    cfg = PrepConfig(
+        inputs=tuple(str(i) for i in inputs), output=str(out), tokenizer=tokenizer, **kw
+    )
+    res = run_prep(cfg)
+    table = pq.read_table(out)
+    errors = pq.read_table(errors_path(out))
+    assert res.n_in == res.n_written + res.n_rejected == table.num_rows + errors.num_rows
+    return res, table.to_pylist(), errors.to_pylist()
+
+
+def add_member(tf: tarfile.TarFile, name: str, data: bytes, **attrs) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    for k, v in attrs.items():
+        setattr(info, k, v)
+    tf.addfile(info, io.BytesIO(data))

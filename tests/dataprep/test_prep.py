@@ -1,0 +1,251 @@
+"""The prep stage as a whole: counts always add up, bad input is named, splits merge exactly."""
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from dataprep import (
+    DataprepError,
+    ErrorRateExceeded,
+    PrepConfig,
+    make_demo,
+    merge_cost_tables,
+    run_prep,
+    table_metadata,
+)
+from dataprep.chat_template import load_template
+from dataprep.text_tokens import TokenCounter, TokenizerSpec
+from tests.conftest import image_bytes, write_image
+from tests.dataprep.helpers import llava, run, write_jsonl
+
+
+def test_every_bad_input_kind_is_an_error_row_with_a_reason(tmp_path, tokenizer_path):
+    write_image(tmp_path / "ok.jpg", 448, 448)
+    (tmp_path / "zero.jpg").write_bytes(b"")
+    (tmp_path / "trunc.jpg").write_bytes(image_bytes(640, 480)[:2000])
+    (tmp_path / "junk.png").write_bytes(b"\x89PNG but not really")
+    (tmp_path / "t.tiff").write_bytes(image_bytes(30, 30, "TIFF"))
+    records = [
+        llava("good", "ok.jpg"),
+        llava("missing", "nope.jpg"),
+        llava("zero", "zero.jpg"),
+        llava("trunc", "trunc.jpg"),
+        llava("junk", "junk.png"),
+        llava("tiff", "t.tiff"),
+        {"id": "empty", "conversations": []},
+        {"id": "blank", "conversations": [{"from": "human", "value": "  "}]},
+        {"id": "nonstr", "conversations": [{"from": "human", "value": 42}]},
+        {"id": "role", "conversations": [{"from": "alien", "value": "hi"}]},
+        llava("mismatch", ["ok.jpg"], question="<image> <image> two?"),
+        {"id": ["bad"], "conversations": [{"from": "human", "value": "hi"}]},
+        llava("good"),  # duplicate id
+        [1, 2, 3],
+    ]
+    res, rows, errors = run(
+        tmp_path, [write_jsonl(tmp_path / "bad.jsonl", records, ["{not json"])], tokenizer_path
+    )
+    assert [r["sample_id"] for r in rows] == ["good"]
+    reasons = {(e["sample_id"] or e["location"].split("#")[1]): e["reason"] for e in errors}
+    assert reasons == {
+        "missing": "missing_image",
+        "zero": "empty_image",
+        "trunc": "truncated_image",
+        "junk": "corrupt_image",
+        "tiff": "unsupported_format",
+        "empty": "empty_conversation",
+        "blank": "empty_conversation",
+        "nonstr": "non_string_text",
+        "role": "bad_role",
+        "mismatch": "image_placeholder_mismatch",
+        "11": "bad_id",
+        "good": "duplicate_id",
+        "13": "not_an_object",
+        "14": "malformed_json",
+    }
+    assert res.n_in == 15 and res.n_written == 1 and res.n_rejected == 14
+    assert all(e["detail"] and e["source"] == "bad" for e in errors)
+    missing = next(e for e in errors if e["reason"] == "missing_image")
+    assert "nope.jpg" in missing["detail"] and missing["location"].endswith("bad.jsonl#1")
+    assert res.reasons["empty_conversation"] == 2
+
+
+def test_error_rate_aborts_with_clear_message_and_keeps_errors_table(tmp_path, tokenizer_path):
+    recs = [llava(f"s{i}", "missing.jpg") for i in range(50)] + [llava(f"t{i}") for i in range(50)]
+    path = write_jsonl(tmp_path / "d.jsonl", recs)
+    out = tmp_path / "cost.parquet"
+    with pytest.raises(ErrorRateExceeded, match="--max-error-rate"):
+        run_prep(
+            PrepConfig(
+                inputs=(str(path),), output=str(out), tokenizer=tokenizer_path, chunk_size=10
+            )
+        )
+    assert not out.exists()
+    errs = pq.read_table(tmp_path / "cost.errors.parquet")
+    assert errs.num_rows >= 2 and set(errs.column("reason").to_pylist()) == {"missing_image"}
+
+
+def test_tokenizer_is_required_unless_estimate_is_named(tmp_path, tokenizer_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [llava("a")])
+    with pytest.raises(ValueError, match="no tokenizer given"):
+        PrepConfig(inputs=(str(path),), output=str(tmp_path / "c.parquet"), tokenizer=None)
+    with pytest.raises(ValueError, match="does not exist"):
+        PrepConfig(inputs=(str(path),), output=str(tmp_path / "c.parquet"), tokenizer="nope.json")
+    res, rows, _ = run(tmp_path, [path], "estimate:chars_per_token=4")
+    meta = table_metadata(res.output)
+    assert meta["tokenizer"] == {"mode": "estimate", "chars_per_token": 4.0}
+    rendered = load_template("chatml").render(
+        [("user", "What is in the picture?"), ("assistant", "A dog in a park.")]
+    )
+    assert rows[0]["text_tokens"] == math.ceil(len(rendered) / 4)
+    assert TokenCounter(TokenizerSpec.parse("estimate:chars_per_token=2")).count(
+        ["abcdefg<image>"]
+    ) == [4]
+    run(tmp_path / "x", [path], tokenizer_path)
+    assert (
+        table_metadata(tmp_path / "x" / "out" / "cost.parquet")["tokenizer"]["mode"] == "tokenizer"
+    )
+
+
+def test_text_count_matches_the_tokenizer_and_counts_template_tokens(tmp_path, tokenizer_path):
+    from tokenizers import Tokenizer
+
+    text = "<|im_start|>user\nWhat color is the dog?<|im_end|>\n"
+    direct = len(Tokenizer.from_file(tokenizer_path).encode(text, add_special_tokens=False))
+    counter = TokenCounter(TokenizerSpec(path=tokenizer_path))
+    assert counter.count([text]) == [direct]
+    # each <image> is one placeholder token, excluded from the text count
+    assert counter.count(["<image>" + text, text + "<image><image>"]) == [direct, direct]
+    path = write_jsonl(tmp_path / "d.jsonl", [llava("a")])
+    chatml = run(tmp_path / "c", [path], tokenizer_path, template="chatml")[1][0]["text_tokens"]
+    plain = run(tmp_path / "p", [path], tokenizer_path, template="plain")[1][0]["text_tokens"]
+    assert chatml > plain
+
+
+def _demo(tmp_path: Path, n=300, seed=3) -> Path:
+    make_demo(tmp_path / "demo", samples=n, seed=seed, images=40)
+    return tmp_path / "demo"
+
+
+def test_demo_is_deterministic_and_has_the_promised_mix(tmp_path):
+    def digest(d: Path) -> str:
+        h = hashlib.sha256()
+        for f in sorted(d.rglob("*")):
+            if f.is_file():
+                h.update(f.relative_to(d).as_posix().encode() + f.read_bytes())
+        return h.hexdigest()
+
+    a = make_demo(tmp_path / "a", samples=400, seed=7, images=30)
+    make_demo(tmp_path / "b", samples=400, seed=7, images=30)
+    make_demo(tmp_path / "c", samples=400, seed=8, images=30)
+    assert digest(tmp_path / "a") == digest(tmp_path / "b") != digest(tmp_path / "c")
+    assert 0.05 < a.text_only / 400 < 0.15 and 0.65 < a.single_image / 400 < 0.85
+    recs = [json.loads(line) for line in (tmp_path / "a" / "demo.jsonl").read_text().splitlines()]
+    turns = [len(r["conversations"]) // 2 for r in recs]
+    assert min(turns) == 1 and max(turns) <= 8
+    imgs = [len(r["image"]) for r in recs if isinstance(r.get("image"), list)]
+    assert min(imgs) >= 2 and max(imgs) <= 6
+
+
+def test_workers_and_chunking_do_not_change_the_table(tmp_path, tokenizer_path):
+    demo = _demo(tmp_path)
+    inputs = [demo / "demo.jsonl"]
+    one = run(tmp_path / "w1", inputs, tokenizer_path, workers=1, chunk_size=1000)[1]
+    two = run(tmp_path / "w2", inputs, tokenizer_path, workers=2, chunk_size=37)[1]
+    assert one == two and len(one) == 300
+
+
+def test_shard_split_and_merge_equal_one_run(tmp_path, tokenizer_path):
+    demo = _demo(tmp_path)
+    extra = write_jsonl(tmp_path / "extra.jsonl", [llava(f"x{i}") for i in range(7)], ["{broken"])
+    inputs = (str(demo / "demo.jsonl"), str(extra))
+    full = tmp_path / "full.parquet"
+    run_prep(
+        PrepConfig(
+            inputs=inputs,
+            output=str(full),
+            tokenizer=tokenizer_path,
+            chunk_size=50,
+            max_error_rate=1,
+        )
+    )
+    parts = []
+    for k in (2, 0, 1):  # any order
+        part = tmp_path / f"part{k}.parquet"
+        run_prep(
+            PrepConfig(
+                inputs=inputs,
+                output=str(part),
+                tokenizer=tokenizer_path,
+                chunk_size=50,
+                shard_index=k,
+                num_shards=3,
+                max_error_rate=1,
+            )
+        )
+        parts.append(str(part))
+    sizes = [pq.read_metadata(p).num_rows for p in parts]
+    assert all(s > 0 for s in sizes)
+    merged = tmp_path / "merged.parquet"
+    counts = merge_cost_tables(parts, str(merged))
+    assert pq.read_table(merged).equals(pq.read_table(full))
+    assert table_metadata(merged) == table_metadata(full)
+    assert pq.read_table(tmp_path / "merged.errors.parquet").equals(
+        pq.read_table(tmp_path / "full.errors.parquet")
+    )
+    assert counts == {"in": 308, "written": 307, "rejected": 1}
+    with pytest.raises(DataprepError, match=r"missing shard\(s\) \[0\]"):
+        merge_cost_tables(parts[:1] + parts[2:], str(tmp_path / "m2.parquet"))
+
+
+def test_merge_rejects_duplicate_ids_across_parts(tmp_path, tokenizer_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [llava("same"), llava("other")])
+    b = write_jsonl(tmp_path / "b.jsonl", [llava("same")])
+    parts = []
+    for k in range(2):
+        p = tmp_path / f"p{k}.parquet"
+        run_prep(
+            PrepConfig(
+                inputs=(str(a), str(b)),
+                output=str(p),
+                tokenizer=tokenizer_path,
+                shard_index=k,
+                num_shards=2,
+                max_error_rate=1,
+            )
+        )
+        parts.append(str(p))
+    with pytest.raises(DataprepError, match="same"):
+        merge_cost_tables(parts, str(tmp_path / "m.parquet"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"inputs": ()}, "no inputs"),
+        ({"output": "x.csv"}, ".parquet"),
+        ({"workers": 0}, "workers"),
+        ({"shard_index": 3, "num_shards": 3}, "shard-index"),
+        ({"vision_policy": "fixed:1"}, "fixed:SIZE/PATCH"),
+        ({"template": "nope"}, "unknown template"),
+    ],
+)
+def test_config_errors_say_cause_and_fix(tmp_path, tokenizer_path, kwargs, match):
+    base = {"inputs": ("a.jsonl",), "output": "c.parquet", "tokenizer": tokenizer_path}
+    with pytest.raises(ValueError, match=match):
+        PrepConfig(**(base | kwargs))
+
+
+def test_unreadable_inputs_stop_with_the_file_named(tmp_path, tokenizer_path):
+    (tmp_path / "obj.json").write_text('{"not": "a list"}')
+    (tmp_path / "x.csv").write_text("a,b")
+    for bad, match in [
+        ("obj.json", "must hold a list"),
+        ("x.csv", "unknown input format"),
+        ("none.jsonl", "no such"),
+    ]:
+        with pytest.raises(DataprepError, match=match):
+            run(tmp_path, [tmp_path / bad], tokenizer_path)

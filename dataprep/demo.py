@@ -472,7 +472,7 @@ def make_demo(
             q = _question(rng)
             if t == 0 and k:
                 q = "<image>\n" * k + q
-            a = _sentence(rng, 200) if mix == "single-image" else _answer(rng)
+            a = _sentence(rng, 270) if mix == "single-image" else _answer(rng)
             convs += [{"from": "human", "value": q}, {"from": "gpt", "value": a}]
         rec: dict = {"id": f"demo-{s:07d}"}
         if k == 1:

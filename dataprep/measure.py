@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
+
+import pyarrow as pa
 
 from dataprep.chat_template import ChatTemplate
+from dataprep.cost_table import COST_SCHEMA
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
@@ -40,8 +43,10 @@ _COLUMNS = (
 
 @dataclass(slots=True)
 class ChunkResult:
+    """A measured unit: its cost rows as one Arrow batch (cheap to send between processes)."""
+
     n_in: int = 0
-    rows: dict[str, list] = field(default_factory=lambda: {c: [] for c in _COLUMNS})
+    batch: pa.RecordBatch | None = None
     errors: list[dict] = field(default_factory=list)
 
 
@@ -109,8 +114,8 @@ class Measurer:
             raise SampleRejected(
                 "missing_image", f"{where}: image reference {item!r:.80} is not a path"
             )
-        root = Path(self.opts.image_root) if self.opts.image_root else Path(unit.path).parent
-        return ImageRef(where=str(root / item), path=str(root / item))
+        path = os.path.join(self.opts.image_root or os.path.dirname(unit.path), item)
+        return ImageRef(where=path, path=path)
 
     def measure(self, unit: WorkUnit) -> ChunkResult:
         out = ChunkResult()
@@ -149,7 +154,7 @@ class Measurer:
                 fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
             pending.append((sample_id, location, headers, costs, fp.hexdigest()))
         counts = self.counter.count(texts)
-        rows = out.rows
+        rows: dict[str, list] = {c: [] for c in COST_SCHEMA.names}
         for (sample_id, location, headers, costs, fp), n_text in zip(pending, counts, strict=True):
             seq = [s for c in costs for s in c.vit_seq_lens]
             n_img = len(headers)
@@ -167,4 +172,5 @@ class Measurer:
             rows["image_heights"].append([h.height for h in headers])
             rows["location"].append(location)
             rows["fingerprint"].append(fp)
+        out.batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
         return out

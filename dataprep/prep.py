@@ -112,6 +112,8 @@ _WORKER: Measurer | None = None
 
 def _init_worker(cfg: PrepConfig) -> None:
     global _WORKER
+    # Worker processes already use every core; a tokenizer thread pool per process only contends.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER = _measurer(cfg)
 
 
@@ -198,15 +200,16 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
             for chunk in _results(cfg, units):
                 result.n_in += chunk.n_in
                 errors.extend(chunk.errors)
-                rows = chunk.rows
-                keep = np.ones(len(rows["sample_id"]), dtype=bool)
-                for i, sid in enumerate(rows["sample_id"]):
+                batch = chunk.batch
+                ids = batch.column("sample_id").to_pylist()
+                keep = np.ones(len(ids), dtype=bool)
+                for i, sid in enumerate(ids):
                     if sid in seen:
                         keep[i] = False
                         errors.append(
                             {
-                                "source": rows["source"][i],
-                                "location": rows["location"][i],
+                                "source": batch.column("source")[i].as_py(),
+                                "location": batch.column("location")[i].as_py(),
                                 "line": None,
                                 "sample_id": sid,
                                 "reason": "duplicate_id",
@@ -215,7 +218,6 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                         )
                     else:
                         seen.add(sid)
-                batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
                 if not keep.all():
                     batch = batch.filter(pa.array(keep))
                 if batch.num_rows:

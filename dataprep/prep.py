@@ -196,7 +196,9 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     writer = pq.ParquetWriter(tmp_out, COST_SCHEMA)
     aborted: ErrorRateExceeded | None = None
     try:
-        with tqdm(total=expected, unit="sample", desc="prep", disable=not cfg.progress) as bar:
+        with tqdm(
+            total=expected, unit="sample", desc="prep", disable=None if cfg.progress else True
+        ) as bar:
             for chunk in _results(cfg, units):
                 result.n_in += chunk.n_in
                 errors.extend(chunk.errors)
@@ -237,8 +239,11 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                     )
                     break
         writer.add_key_value_metadata({METADATA_KEY: json.dumps(_metadata(cfg, units, result))})
-    finally:
+    except BaseException:
         writer.close()
+        tmp_out.unlink(missing_ok=True)  # interrupted: leave no temp file behind
+        raise
+    writer.close()
     err_table = pa.Table.from_pylist(errors, schema=ERRORS_SCHEMA)
     pq.write_table(err_table, tmp_err)
     os.replace(tmp_err, err_path)

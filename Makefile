@@ -9,6 +9,9 @@ OUT    ?= build/demo
 SAMPLES ?= 1000
 SEED   ?= 0
 WORKERS ?= 2
+DP     ?= 8
+NODES  ?= 2
+BATCH  ?= 4
 
 .PHONY: install shards test test-all bench lint clean
 
@@ -26,6 +29,8 @@ shards: $(STAMP)
 	$(BIN)/equishard prep $(OUT)/raw/demo.jsonl --image-root $(OUT)/raw \
 		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy internvl \
 		--workers $(WORKERS) -o $(OUT)/cost.parquet
+	$(BIN)/equishard balance $(OUT)/cost.parquet --dp $(DP) --nodes $(NODES) \
+		--target-batch $(BATCH) --seed $(SEED) -o $(OUT)/plan
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
 test: $(STAMP)

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "demo": "equishard.cli.demo",
     "prep": "equishard.cli.prep",
     "merge": "equishard.cli.merge",
+    "balance": "equishard.cli.balance",
 }
 
 
@@ -24,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Turn a vision-language dataset into balanced shards so that no GPU waits for another.\n"
             "Stages: demo (make a sample dataset) -> prep (measure every sample's vision and text\n"
-            "tokens into a cost table). Run 'equishard SUBCOMMAND --help' for each one."
+            "tokens into a cost table) -> balance (group samples into balanced steps and ranks).\n"
+            "Run 'equishard SUBCOMMAND --help' for each one."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,0 +1,107 @@
+"""Modeled compute cost per phase: ``alpha * tokens + beta * sum(len^2)``.
+
+A transformer layer spends ~24*h^2 FLOPs per token in its projections and MLP (linear in tokens)
+and ~4*h*len^2 per sequence in attention (quadratic; half for causal attention). Per phase:
+
+* vision: tokens are encoder patches; each image/tile is its own sequence (``vit_seq_lens``);
+* LLM: each sample is one sequence of ``llm_tokens`` (packed, variable-length attention).
+
+``alpha``/``beta`` come from model dimensions (hidden size, layers) or from a calibration JSON
+``{"vision": {"alpha": .., "beta": ..}, "llm": {"alpha": .., "beta": ..}}`` measured on the
+real hardware. Costs are in FLOPs (or the calibration's unit); only ratios matter for balance.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["CostModel", "PhaseCost", "sample_costs"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PhaseCost:
+    alpha: float
+    beta: float
+
+    def __post_init__(self) -> None:
+        if self.alpha < 0 or self.beta < 0 or self.alpha + self.beta == 0:
+            raise ValueError(
+                f"cost coefficients must be >= 0 and not both 0, got {self.alpha}, {self.beta}"
+            )
+
+    @classmethod
+    def from_dims(cls, *, hidden: int, layers: int, causal: bool) -> PhaseCost:
+        if hidden <= 0 or layers <= 0:
+            raise ValueError(f"hidden size and layers must be > 0, got {hidden}, {layers}")
+        return cls(
+            alpha=24.0 * hidden * hidden * layers, beta=(2.0 if causal else 4.0) * hidden * layers
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CostModel:
+    """Cost coefficients of both phases. Defaults: InternViT-300M (1024 x 24) and a 7B LLM (4096 x 32)."""
+
+    vision: PhaseCost = field(
+        default_factory=lambda: PhaseCost.from_dims(hidden=1024, layers=24, causal=False)
+    )
+    llm: PhaseCost = field(
+        default_factory=lambda: PhaseCost.from_dims(hidden=4096, layers=32, causal=True)
+    )
+    source: str = "model dimensions: vision 1024x24, llm 4096x32"
+
+    @classmethod
+    def from_dims(
+        cls, *, vit_hidden: int, vit_layers: int, llm_hidden: int, llm_layers: int
+    ) -> CostModel:
+        return cls(
+            vision=PhaseCost.from_dims(hidden=vit_hidden, layers=vit_layers, causal=False),
+            llm=PhaseCost.from_dims(hidden=llm_hidden, layers=llm_layers, causal=True),
+            source=f"model dimensions: vision {vit_hidden}x{vit_layers}, llm {llm_hidden}x{llm_layers}",
+        )
+
+    @classmethod
+    def from_calibration(cls, path: str | Path) -> CostModel:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(
+                vision=PhaseCost(**data["vision"]),
+                llm=PhaseCost(**data["llm"]),
+                source=f"calibration {path}",
+            )
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(
+                f"calibration file {path}: {exc}; expected "
+                '{"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}}'
+            ) from None
+
+    def describe(self) -> dict:
+        return {
+            "source": self.source,
+            "vision": {"alpha": self.vision.alpha, "beta": self.vision.beta},
+            "llm": {"alpha": self.llm.alpha, "beta": self.llm.beta},
+        }
+
+
+def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Modeled (vision, llm) cost of every row of a cost table, as float64 arrays."""
+    vit = table.column("vit_tokens").to_numpy().astype(np.float64)
+    llm = table.column("llm_tokens").to_numpy().astype(np.float64)
+    col = table.column("vit_seq_lens").combine_chunks()
+    seq = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)
+    counts = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+    sq = np.zeros(len(vit))
+    if seq.size:
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        has = counts > 0
+        sq[has] = np.add.reduceat(seq * seq, starts[has])
+    return (
+        model.vision.alpha * vit + model.vision.beta * sq,
+        model.llm.alpha * llm + model.llm.beta * llm * llm,
+    )

@@ -1,0 +1,57 @@
+"""Balance metrics, defined once (DESIGN.md) and used by the CLI, benchmarks and tests.
+
+For a step with D ranks and per-rank loads x_1..x_D:
+
+* dist ratio = sum(max - x_i) / (max * D), averaged over steps (OmniBal eq. 2);
+* efficiency = sum over steps of mean / sum over steps of max (1.0 = perfect);
+* pad ratio (padded batching) = sum(max_len - len_i) / (max_len * B) per batch of B samples,
+  averaged over batches (OmniBal eq. 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["dist_ratio", "efficiency", "pad_ratio", "step_dist_ratios"]
+
+
+def step_dist_ratios(loads: np.ndarray) -> np.ndarray:
+    """Dist ratio of each step; ``loads`` has shape (steps, D). Steps with zero load count 0."""
+    loads = np.asarray(loads, dtype=np.float64)
+    mx = loads.max(axis=1)
+    d = loads.shape[1]
+    out = np.zeros(len(loads))
+    nz = mx > 0
+    out[nz] = (mx[nz, None] - loads[nz]).sum(axis=1) / (mx[nz] * d)
+    return out
+
+
+def dist_ratio(loads: np.ndarray) -> float:
+    """Mean dist ratio over steps (0 = every rank equally loaded in every step)."""
+    loads = np.asarray(loads)
+    return float(step_dist_ratios(loads).mean()) if loads.size else 0.0
+
+
+def efficiency(loads: np.ndarray) -> float:
+    """sum_steps mean(x) / sum_steps max(x): the fraction of rank-time doing useful work."""
+    loads = np.asarray(loads, dtype=np.float64)
+    mx = loads.max(axis=1).sum()
+    return float(loads.mean(axis=1).sum() / mx) if mx > 0 else 1.0
+
+
+def pad_ratio(lengths: np.ndarray, batch_ids: np.ndarray) -> float:
+    """Mean pad ratio over batches: the share of a padded batch that is padding.
+
+    ``lengths[i]`` is sample i's length and ``batch_ids[i]`` its batch.
+    """
+    lengths = np.asarray(lengths, dtype=np.float64)
+    batch_ids = np.asarray(batch_ids)
+    if lengths.size == 0:
+        return 0.0
+    _, inv, counts = np.unique(batch_ids, return_inverse=True, return_counts=True)
+    mx = np.zeros(len(counts))
+    np.maximum.at(mx, inv, lengths)
+    total = np.bincount(inv, weights=lengths, minlength=len(counts))
+    ok = mx > 0
+    ratios = (mx[ok] * counts[ok] - total[ok]) / (mx[ok] * counts[ok])
+    return float(ratios.mean()) if ratios.size else 0.0

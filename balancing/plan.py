@@ -1,0 +1,299 @@
+"""The offline balancing stage: cost table -> plan (``plan.parquet``) + ``report.json``.
+
+``build_plan`` computes the modeled cost of every sample, chooses ISF caps (or takes given ones),
+groups with ISF, assigns groups to steps and (node, local rank), and measures the result against
+random batching of the same data with the metrics of ``balancing.metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from balancing.auto_params import auto_isf_params
+from balancing.cost_model import CostModel, sample_costs
+from balancing.isf import FLAG_LAST_STEP, FLAG_NAMES, FLAG_OVERSIZE, ISFParams, isf_group
+from balancing.metrics import dist_ratio, efficiency, pad_ratio
+from balancing.steps import assign_steps
+
+__all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
+
+PLAN_SCHEMA = pa.schema(
+    [
+        ("sample_id", pa.string()),
+        ("group_id", pa.int64()),
+        ("step", pa.int64()),
+        ("node", pa.int32()),
+        ("local_rank", pa.int32()),
+        ("rank", pa.int32()),
+        ("group_flag", pa.string()),
+        ("group_size", pa.int32()),
+        ("group_vit_tokens", pa.int64()),
+        ("group_llm_tokens", pa.int64()),
+        ("group_vit_cost", pa.float64()),
+        ("group_llm_cost", pa.float64()),
+    ]
+)
+PHASES = ("vit_tokens", "llm_tokens", "vit_cost", "llm_cost")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BalanceConfig:
+    dp: int
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    target_batch: float = 4.0
+    seed: int = 0
+    rounds: int = 10
+    slack: float = 0.05
+    q_v: int | None = None
+    q_t: int | None = None
+    cost_model: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        if self.dp < 1:
+            raise ValueError(f"--dp must be >= 1, got {self.dp}")
+        nodes, per = self.topology
+        if nodes * per != self.dp:
+            raise ValueError(
+                f"--nodes {nodes} x --gpus-per-node {per} = {nodes * per} ranks, but --dp is {self.dp}; "
+                "give a layout whose product is the DP size"
+            )
+        if (self.q_v is None) != (self.q_t is None):
+            raise ValueError("give both --q-v and --q-t, or neither to choose them automatically")
+        if self.target_batch < 1:
+            raise ValueError(f"--target-batch must be >= 1, got {self.target_batch}")
+
+    @property
+    def topology(self) -> tuple[int, int]:
+        if self.nodes is None and self.gpus_per_node is None:
+            return 1, self.dp
+        if self.nodes is None:
+            return max(1, self.dp // self.gpus_per_node), self.gpus_per_node
+        if self.gpus_per_node is None:
+            return self.nodes, max(1, self.dp // self.nodes)
+        return self.nodes, self.gpus_per_node
+
+
+@dataclass(slots=True)
+class BalanceResult:
+    plan: pa.Table
+    report: dict
+
+
+def _step_loads(group_of, step, rank, x, n_steps, d) -> np.ndarray:
+    g = np.bincount(group_of, weights=x, minlength=step.shape[0])
+    loads = np.zeros((n_steps, d))
+    ok = step >= 0
+    loads[step[ok], rank[ok]] = g[ok]
+    return loads
+
+
+def _metrics(
+    loads: dict[str, np.ndarray], batch_of: np.ndarray, v: np.ndarray, t: np.ndarray
+) -> dict:
+    out = {"pad_ratio_vit": pad_ratio(v, batch_of), "pad_ratio_llm": pad_ratio(t, batch_of)}
+    for name, key in (("vit", "vit_tokens"), ("llm", "llm_tokens")):
+        out[f"dist_ratio_{name}"] = dist_ratio(loads[key])
+        out[f"efficiency_{name}"] = efficiency(loads[key])
+    for name, key in (("vit", "vit_cost"), ("llm", "llm_cost")):
+        out[f"dist_ratio_{name}_cost"] = dist_ratio(loads[key])
+        out[f"efficiency_{name}_cost"] = efficiency(loads[key])
+    return {k: round(float(v), 6) for k, v in out.items()}
+
+
+def _trend(step_loads: np.ndarray) -> dict:
+    """Does the per-step mean load drift with the step index? (rank correlation, halves)"""
+    m = step_loads.mean(axis=1)
+    if m.size < 4:
+        return {"spearman": 0.0, "second_half_over_first": 1.0}
+    from scipy.stats import spearmanr
+
+    rho = float(spearmanr(np.arange(m.size), m).statistic) if m.std() > 0 else 0.0
+    half = m.size // 2
+    ratio = float(m[half:].mean() / m[:half].mean()) if m[:half].mean() > 0 else 1.0
+    return {"spearman": round(rho, 4), "second_half_over_first": round(ratio, 4)}
+
+
+def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
+    """Group, assign and place every sample of a cost table; nothing is dropped."""
+    timings = {}
+    t0 = time.perf_counter()
+    n = table.num_rows
+    if n == 0:
+        raise ValueError("the cost table has no rows: nothing to balance")
+    nodes, per = cfg.topology
+    d = nodes * per
+    v = table.column("vit_tokens").to_numpy().astype(np.int64)
+    t = table.column("llm_tokens").to_numpy().astype(np.int64)
+    vc, tc = sample_costs(table, cfg.cost_model)
+    loads = {
+        "vit_tokens": v.astype(np.float64),
+        "llm_tokens": t.astype(np.float64),
+        "vit_cost": vc,
+        "llm_cost": tc,
+    }
+    timings["costs"] = time.perf_counter() - t0
+
+    t1 = time.perf_counter()
+    if cfg.q_v is not None:
+        params = ISFParams(
+            q_v=cfg.q_v,
+            q_t=cfg.q_t,
+            qf_v=max(1, int(cfg.q_v * (1 - cfg.slack))),
+            qf_t=max(1, int(cfg.q_t * (1 - cfg.slack))),
+            rounds=cfg.rounds,
+        )
+    else:
+        params = auto_isf_params(
+            v, t, target_batch=cfg.target_batch, seed=cfg.seed, slack=cfg.slack, rounds=cfg.rounds
+        )
+    timings["params"] = time.perf_counter() - t1
+
+    t1 = time.perf_counter()
+    rng = np.random.default_rng(cfg.seed)
+    groups = isf_group(v, t, params, rng)
+    timings["isf"] = time.perf_counter() - t1
+
+    t1 = time.perf_counter()
+    a = assign_steps(
+        groups.group_of, groups.n_groups, loads, nodes=nodes, gpus_per_node=per, rng=rng
+    )
+    flags = np.concatenate(
+        [groups.flags, np.full(a.last_step_groups.size, FLAG_LAST_STEP, dtype=np.int8)]
+    )
+    rank = a.node * per + a.local_rank
+    timings["steps"] = time.perf_counter() - t1
+
+    t1 = time.perf_counter()
+    n_total = a.step.shape[0]
+    gsum = {k: np.bincount(a.group_of, weights=x, minlength=n_total) for k, x in loads.items()}
+    gsize = np.bincount(a.group_of, minlength=n_total)
+    step_loads = {
+        k: _step_loads(a.group_of, a.step, rank, x, a.n_steps, d) for k, x in loads.items()
+    }
+    balanced = _metrics(step_loads, a.group_of, v, t)
+    n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
+    balanced_full = (
+        _metrics({k: x[:n_full] for k, x in step_loads.items()}, a.group_of, v, t) if n_full else {}
+    )
+    # Random batching of the same samples: B per rank, D ranks per step (the usual sampler).
+    b = max(1, round(cfg.target_batch))
+    perm = np.random.default_rng(cfg.seed + 1).permutation(n)
+    batch = np.empty(n, dtype=np.int64)
+    batch[perm] = np.arange(n) // b
+    n_batches = int(batch.max()) + 1
+    r_steps = n_batches // d
+    random_loads = {}
+    for k, x in loads.items():
+        per_batch = np.bincount(batch, weights=x, minlength=n_batches)
+        random_loads[k] = (
+            per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
+        )
+    random = _metrics(random_loads, batch, v, t)
+    node_loads = {k: x.reshape(a.n_steps, nodes, per).sum(axis=2) for k, x in step_loads.items()}
+    timings["metrics"] = time.perf_counter() - t1
+
+    order = np.lexsort((np.arange(n), rank[a.group_of], a.step[a.group_of]))
+    g = a.group_of[order]
+    plan = pa.table(
+        {
+            "sample_id": table.column("sample_id").take(pa.array(order)),
+            "group_id": pa.array(g, pa.int64()),
+            "step": pa.array(a.step[g], pa.int64()),
+            "node": pa.array(a.node[g], pa.int32()),
+            "local_rank": pa.array(a.local_rank[g], pa.int32()),
+            "rank": pa.array(rank[g], pa.int32()),
+            "group_flag": pa.DictionaryArray.from_arrays(
+                pa.array(flags[g], pa.int8()), pa.array(FLAG_NAMES)
+            ).cast(pa.string()),
+            "group_size": pa.array(gsize[g], pa.int32()),
+            "group_vit_tokens": pa.array(gsum["vit_tokens"][g].astype(np.int64), pa.int64()),
+            "group_llm_tokens": pa.array(gsum["llm_tokens"][g].astype(np.int64), pa.int64()),
+            "group_vit_cost": pa.array(gsum["vit_cost"][g], pa.float64()),
+            "group_llm_cost": pa.array(gsum["llm_cost"][g], pa.float64()),
+        },
+        schema=PLAN_SCHEMA,
+    )
+    flag_counts = np.bincount(flags, minlength=len(FLAG_NAMES))
+    oversize_ids = (
+        table.column("sample_id")
+        .take(pa.array(np.flatnonzero(flags[groups.group_of] == FLAG_OVERSIZE)[:20]))
+        .to_pylist()
+    )
+    last = a.last_step_groups
+    report = {
+        "counts": {
+            "in": n,
+            "out": plan.num_rows,
+            "groups": int(n_total),
+            "steps": int(a.n_steps),
+            "groups_by_flag": {
+                name: int(c) for name, c in zip(FLAG_NAMES, flag_counts, strict=True)
+            },
+            "oversize_samples": int((flags[groups.group_of] == FLAG_OVERSIZE).sum()),
+            "oversize_sample_ids": oversize_ids,
+            "leftover_samples": int((flags[groups.group_of] == 1).sum()),
+            "avg_group_size": round(n / max(groups.n_groups, 1), 4),
+        },
+        "last_step": {
+            "short": bool(last.size),
+            "how": (
+                "the groups left after full steps were dissolved and their samples LPT-packed into "
+                "one group per rank; no sample repeats"
+                if last.size
+                else "group count is a multiple of DP"
+            ),
+            "samples": int(gsize[last].sum()) if last.size else 0,
+            "empty_ranks": int((gsize[last] == 0).sum()) if last.size else 0,
+        },
+        "parameters": {
+            "dp": d,
+            "nodes": nodes,
+            "gpus_per_node": per,
+            "target_batch": cfg.target_batch,
+            "seed": cfg.seed,
+            "isf": {
+                "q_v": params.q_v,
+                "q_t": params.q_t,
+                "qf_v": params.qf_v,
+                "qf_t": params.qf_t,
+                "rounds": params.rounds,
+                "slack": cfg.slack,
+                "auto": cfg.q_v is None,
+                "kept_per_round": groups.kept_per_round,
+            },
+            "cost_model": cfg.cost_model.describe(),
+        },
+        "metrics": {"random": random, "balanced": balanced, "balanced_full_steps": balanced_full},
+        "node_balance": {
+            "dist_ratio_vit": round(dist_ratio(node_loads["vit_tokens"]), 6),
+            "dist_ratio_llm": round(dist_ratio(node_loads["llm_tokens"]), 6),
+        },
+        "trend": {
+            "vit": _trend(step_loads["vit_tokens"][:n_full]),
+            "llm": _trend(step_loads["llm_tokens"][:n_full]),
+        },
+        "seconds": {k: round(x, 4) for k, x in timings.items()},
+    }
+    assert report["counts"]["in"] == report["counts"]["out"]
+    return BalanceResult(plan=plan, report=report)
+
+
+def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
+    """Write ``plan.parquet`` and ``report.json`` into ``plan_dir``, each by an atomic rename."""
+    out = Path(plan_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".plan.parquet.tmp-{os.getpid()}"
+    pq.write_table(result.plan, tmp)
+    os.replace(tmp, out / "plan.parquet")
+    tmp = out / f".report.json.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps(result.report, indent=2) + "\n")
+    os.replace(tmp, out / "report.json")

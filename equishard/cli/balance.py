@@ -1,0 +1,184 @@
+"""``equishard balance``: cost table -> balanced plan."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_parser", "print_report", "run"]
+
+_DESCRIPTION = """\
+Group the samples of a cost table into balanced mini-batches (OmniBal's ISF), order the groups
+into global steps of DP groups whose vision and LLM loads are alike, shuffle the steps by seed,
+and place each step's groups on (node, local rank) so that every node's load is even too.
+Writes PLAN_DIR/plan.parquet (sample -> group -> step -> node -> local rank, with group loads)
+and PLAN_DIR/report.json, and prints random batching against the balanced plan.
+
+Nothing is dropped: samples larger than a cap get their own 'oversize' groups, samples left after
+the last ISF round are packed best-fit ('leftover'), and when the group count is not a multiple
+of DP the last groups are re-packed into one final, flagged step ('last-step').
+
+examples:
+  equishard balance build/cost.parquet --dp 8 -o build/plan
+  equishard balance cost.parquet --dp 64 --nodes 8 --gpus-per-node 8 --target-batch 4 --seed 1 -o plan
+  equishard balance cost.parquet --dp 8 --llm-hidden 8192 --llm-layers 80 -o plan
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name,
+        help="group samples into balanced steps and ranks (plan)",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "cost_table", metavar="COST_TABLE", help="cost table written by 'equishard prep'"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="PLAN_DIR",
+        help="directory for plan.parquet and report.json",
+    )
+    p.add_argument("--dp", type=int, required=True, help="data-parallel size D (groups per step)")
+    p.add_argument(
+        "--nodes", type=int, help="nodes (default: 1); nodes x gpus-per-node must equal --dp"
+    )
+    p.add_argument("--gpus-per-node", type=int, help="DP ranks per node (default: dp / nodes)")
+    p.add_argument(
+        "--target-batch",
+        type=float,
+        default=4.0,
+        metavar="B",
+        help="average samples per group (default: 4)",
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of grouping and step order (default: 0)"
+    )
+    p.add_argument("--rounds", type=int, default=10, metavar="T", help="ISF rounds (default: 10)")
+    p.add_argument(
+        "--slack",
+        type=float,
+        default=0.05,
+        help="filter targets sit this fraction below the caps (default: 0.05)",
+    )
+    p.add_argument(
+        "--q-v", type=int, help="vision cap in tokens per group (default: chosen from the data)"
+    )
+    p.add_argument(
+        "--q-t", type=int, help="LLM cap in tokens per group (default: chosen from the data)"
+    )
+    g = p.add_argument_group("modeled cost (alpha*tokens + beta*sum(len^2) per phase)")
+    g.add_argument(
+        "--vit-hidden", type=int, default=1024, help="vision encoder hidden size (default: 1024)"
+    )
+    g.add_argument("--vit-layers", type=int, default=24, help="vision encoder layers (default: 24)")
+    g.add_argument("--llm-hidden", type=int, default=4096, help="LLM hidden size (default: 4096)")
+    g.add_argument("--llm-layers", type=int, default=32, help="LLM layers (default: 32)")
+    g.add_argument(
+        "--calibration", metavar="JSON", help="measured alpha/beta per phase instead of dimensions"
+    )
+    p.add_argument("--json", action="store_true", help="print report.json instead of the table")
+    p.set_defaults(run=run)
+
+
+def print_report(report: dict, plan_dir: str) -> None:
+    from equishard.cli._common import format_table
+
+    c, m = report["counts"], report["metrics"]
+    r, b = m["random"], m["balanced"]
+    rows = [
+        ("pad ratio, vision (if padded)", r["pad_ratio_vit"], b["pad_ratio_vit"]),
+        ("pad ratio, LLM (if padded)", r["pad_ratio_llm"], b["pad_ratio_llm"]),
+        ("dist ratio, vision tokens", r["dist_ratio_vit"], b["dist_ratio_vit"]),
+        ("dist ratio, LLM tokens", r["dist_ratio_llm"], b["dist_ratio_llm"]),
+        ("efficiency, vision tokens", r["efficiency_vit"], b["efficiency_vit"]),
+        ("efficiency, LLM tokens", r["efficiency_llm"], b["efficiency_llm"]),
+        ("dist ratio, vision modeled cost", r["dist_ratio_vit_cost"], b["dist_ratio_vit_cost"]),
+        ("dist ratio, LLM modeled cost", r["dist_ratio_llm_cost"], b["dist_ratio_llm_cost"]),
+        ("efficiency, vision modeled cost", r["efficiency_vit_cost"], b["efficiency_vit_cost"]),
+        ("efficiency, LLM modeled cost", r["efficiency_llm_cost"], b["efficiency_llm_cost"]),
+    ]
+    p = report["parameters"]
+    print(
+        f"\nbalance: {c['in']} samples in = {c['out']} in the plan; {c['groups']} groups "
+        f"(avg {c['avg_group_size']} samples) in {c['steps']} steps of {p['dp']} ranks "
+        f"({p['nodes']} node(s) x {p['gpus_per_node']})"
+    )
+    flags = ", ".join(f"{k} {v}" for k, v in c["groups_by_flag"].items() if v)
+    print(
+        f"  groups by kind: {flags}; oversize samples {c['oversize_samples']}, "
+        f"leftover samples {c['leftover_samples']}"
+    )
+    isf = p["isf"]
+    print(
+        f"  ISF caps: vision {isf['q_v']}, LLM {isf['q_t']} tokens (targets {isf['qf_v']}, {isf['qf_t']}; "
+        f"{'chosen from the data' if isf['auto'] else 'given'})"
+    )
+    ls = report["last_step"]
+    if ls["short"]:
+        print(
+            f"  last step: {ls['samples']} samples re-packed over {p['dp']} ranks ({ls['empty_ranks']} empty)"
+        )
+    print(f"  plan: {plan_dir}/plan.parquet, report: {plan_dir}/report.json\n")
+    print(
+        format_table(
+            ["metric (random batching vs balanced)", "random", "balanced"],
+            [(a, f"{x:.4f}", f"{y:.4f}") for a, x, y in rows],
+        )
+    )
+    tr = report["trend"]
+    print(
+        f"\n  step order: Spearman rho of step load vs step index = {tr['vit']['spearman']:+.3f} (vision), "
+        f"{tr['llm']['spearman']:+.3f} (LLM): no trend over steps"
+        if max(abs(tr["vit"]["spearman"]), abs(tr["llm"]["spearman"])) < 0.2
+        else f"\n  step order: Spearman rho {tr['vit']['spearman']:+.3f} / {tr['llm']['spearman']:+.3f}"
+    )
+    print(
+        f"  node balance: dist ratio of node totals {report['node_balance']['dist_ratio_vit']:.4f} (vision), "
+        f"{report['node_balance']['dist_ratio_llm']:.4f} (LLM)"
+    )
+    print("  pad ratio: the plan packs each group into one sequence, so no padding is spent")
+
+
+def run(args: argparse.Namespace) -> int:
+    from balancing.cost_model import CostModel
+    from balancing.plan import BalanceConfig, build_plan, write_plan
+    from dataprep.cost_table import read_cost_table
+    from equishard.cli._common import fail
+
+    try:
+        model = (
+            CostModel.from_calibration(args.calibration)
+            if args.calibration
+            else CostModel.from_dims(
+                vit_hidden=args.vit_hidden,
+                vit_layers=args.vit_layers,
+                llm_hidden=args.llm_hidden,
+                llm_layers=args.llm_layers,
+            )
+        )
+        cfg = BalanceConfig(
+            dp=args.dp,
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            target_batch=args.target_batch,
+            seed=args.seed,
+            rounds=args.rounds,
+            slack=args.slack,
+            q_v=args.q_v,
+            q_t=args.q_t,
+            cost_model=model,
+        )
+        table = read_cost_table(args.cost_table)
+        result = build_plan(table, cfg)
+    except (ValueError, OSError) as exc:
+        return fail(str(exc))
+    write_plan(result, args.output)
+    if args.json:
+        print(json.dumps(result.report, indent=2))
+    else:
+        print_report(result.report, args.output)
+    return 0

@@ -5,7 +5,8 @@ LLM ratio, ``q = s * B * mean`` for both phases, and the scale ``s`` is found by
 iteration ``s <- s * B / size(s)`` (the average group size grows about linearly with the caps),
 which lands within ``tolerance`` of B in 2-5 trials; each trial is one numba ISF run on a
 subsample of at most ``sample_size`` rows, so the search takes milliseconds. Vision caps are
-rounded to the data's granularity (e.g. 1024 patches per InternVL tile). Filter targets sit ``slack`` below the caps.
+rounded to the data's granularity (e.g. 1024 patches per InternVL tile). Filter targets sit
+``slack`` below the caps.
 """
 
 from __future__ import annotations

@@ -132,57 +132,598 @@ def _nb_place_on_nodes(loads_v, loads_t, nodes, per_node, node_out, local_out):
 
 
 @njit(cache=True)
-def _heap_push(keys, vals, size, key, val):
-    i = size
-    keys[i] = key
-    vals[i] = val
-    while i > 0:
-        p = (i - 1) >> 1
-        if keys[p] > keys[i] or (keys[p] == keys[i] and vals[p] > vals[i]):
-            keys[p], keys[i] = keys[i], keys[p]
-            vals[p], vals[i] = vals[i], vals[p]
-            i = p
-        else:
-            break
-    return size + 1
+def _ih_less(keys, vals, a, b):
+    return keys[a] < keys[b] or (keys[a] == keys[b] and vals[a] < vals[b])
 
 
 @njit(cache=True)
-def _heap_replace_top(keys, vals, size, key, val):
-    keys[0] = key
-    vals[0] = val
-    i = 0
+def _ih_swap(keys, vals, pos, a, b):
+    keys[a], keys[b] = keys[b], keys[a]
+    vals[a], vals[b] = vals[b], vals[a]
+    pos[vals[a]] = a
+    pos[vals[b]] = b
+
+
+@njit(cache=True)
+def _ih_fix(keys, vals, pos, j, size):
+    """Restore the min-heap order around slot ``j`` (indexed heap: ``pos[val]`` is its slot)."""
+    while j > 0:
+        q = (j - 1) >> 1
+        if _ih_less(keys, vals, j, q):
+            _ih_swap(keys, vals, pos, j, q)
+            j = q
+        else:
+            break
     while True:
-        left = 2 * i + 1
-        if left >= size:
+        c = 2 * j + 1
+        if c >= size:
             break
-        c = left
-        right = left + 1
-        if right < size and (
-            keys[right] < keys[left] or (keys[right] == keys[left] and vals[right] < vals[left])
-        ):
-            c = right
-        if keys[c] < keys[i] or (keys[c] == keys[i] and vals[c] < vals[i]):
-            keys[c], keys[i] = keys[i], keys[c]
-            vals[c], vals[i] = vals[i], vals[c]
-            i = c
+        if c + 1 < size and _ih_less(keys, vals, c + 1, c):
+            c += 1
+        if _ih_less(keys, vals, c, j):
+            _ih_swap(keys, vals, pos, c, j)
+            j = c
         else:
             break
 
 
 @njit(cache=True)
-def _nb_lpt(sorted_lengths, d, bins_out):
-    """LPT (OrchMLLM Alg. 1): items in the given (descending) order, each onto the bin with the
-    least load (ties: lowest bin index). Writes the bin of each position; returns bin loads."""
-    keys = np.zeros(d, dtype=np.float64)
-    vals = np.empty(d, dtype=np.int64)
-    size = 0
-    for b in range(d):
-        size = _heap_push(keys, vals, size, 0.0, b)
-    loads = np.zeros(d, dtype=np.float64)
-    for k in range(sorted_lengths.shape[0]):
+def _ih_heapify(keys, vals, pos, size):
+    """Bottom-up heap construction (sift-down only)."""
+    for j in range(size // 2 - 1, -1, -1):
+        k = j
+        while True:
+            c = 2 * k + 1
+            if c >= size:
+                break
+            if c + 1 < size and _ih_less(keys, vals, c + 1, c):
+                c += 1
+            if _ih_less(keys, vals, c, k):
+                _ih_swap(keys, vals, pos, c, k)
+                k = c
+            else:
+                break
+
+
+@njit(cache=True)
+def _ih_init(d):
+    keys = np.zeros(d)
+    vals = np.arange(d)
+    pos = np.arange(d)
+    return keys, vals, pos
+
+
+@njit(cache=True)
+def _nb_argsort_desc(x):
+    """Indices sorting ``x`` descending, ties by index. Counting sort when ``x`` holds small
+    non-negative integers (token counts), else a stable merge sort."""
+    n = x.shape[0]
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    mx = x.max()
+    mn = x.min()
+    integral = mn >= 0 and mx < 4 * n + 65536
+    if integral:
+        for k in range(n):
+            if x[k] != np.floor(x[k]):
+                integral = False
+                break
+    if not integral:
+        return np.argsort(-x, kind="mergesort")
+    m = int(mx) + 1
+    count = np.zeros(m + 1, dtype=np.int64)
+    for k in range(n):
+        count[m - 1 - int(x[k]) + 1] += 1
+    for j in range(m):
+        count[j + 1] += count[j]
+    out = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        key = m - 1 - int(x[k])
+        out[count[key]] = k
+        count[key] += 1
+    return out
+
+
+@njit(cache=True)
+def _nb_lpt_capped(lengths, order, d, max_count, cap, cap_lengths, bins_out):
+    """LPT (OrchMLLM Alg. 1): items in ``order`` (largest first), each onto the least-loaded bin
+    (ties: lowest index), with at most ``max_count`` items per bin (<= 0: no limit) and at most
+    ``cap`` of ``cap_lengths`` per bin (<= 0: no cap). Writes ``bins_out[item]``; returns the
+    position in ``order`` of the first item that fits nowhere, or -1 when all are placed."""
+    loads = np.zeros(d)
+    mem = np.zeros(d)
+    counts = np.zeros(d, dtype=np.int64)
+    keys, vals, pos = _ih_init(d)
+    for k in range(order.shape[0]):
+        i = order[k]
         b = vals[0]
-        loads[b] += sorted_lengths[k]
-        bins_out[k] = b
-        _heap_replace_top(keys, vals, size, loads[b], b)
+        if keys[0] == np.inf:
+            return k
+        if cap > 0 and mem[b] + cap_lengths[i] > cap:
+            # The least-loaded bin is full in memory: take the least-loaded bin that fits.
+            b = -1
+            best = np.inf
+            for c in range(d):
+                free = max_count <= 0 or counts[c] < max_count
+                if free and mem[c] + cap_lengths[i] <= cap and loads[c] < best:
+                    best = loads[c]
+                    b = c
+            if b < 0:
+                return k
+        loads[b] += lengths[i]
+        mem[b] += cap_lengths[i]
+        counts[b] += 1
+        bins_out[i] = b
+        keys[pos[b]] = loads[b] if (max_count <= 0 or counts[b] < max_count) else np.inf
+        _ih_fix(keys, vals, pos, pos[b], d)
+    return -1
+
+
+@njit(cache=True)
+def _nb_lpt(lengths, order, d, bins_out):
+    """Uncapped LPT on a winner tree that stores keys in its nodes (each update is one
+    independent compare per level). Same assignment as a heap LPT with ties to the lowest bin."""
+    size = 1
+    while size < d:
+        size *= 2
+    tk = np.full(2 * size, np.inf)
+    ti = np.zeros(2 * size, dtype=np.int64)
+    for b in range(size):
+        ti[size + b] = b
+        if b < d:
+            tk[size + b] = 0.0
+    for j in range(size - 1, 0, -1):
+        if tk[2 * j + 1] < tk[2 * j]:
+            tk[j] = tk[2 * j + 1]
+            ti[j] = ti[2 * j + 1]
+        else:
+            tk[j] = tk[2 * j]
+            ti[j] = ti[2 * j]
+    for k in range(order.shape[0]):
+        i = order[k]
+        b = ti[1]
+        bins_out[i] = b
+        j = size + b
+        tk[j] += lengths[i]
+        j >>= 1
+        while j >= 1:
+            left = 2 * j
+            if tk[left + 1] < tk[left]:
+                tk[j] = tk[left + 1]
+                ti[j] = ti[left + 1]
+            else:
+                tk[j] = tk[left]
+                ti[j] = ti[left]
+            j >>= 1
+    return tk[size : size + d].copy()
+
+
+@njit(cache=True)
+def _seg_reinsert(items, lengths, lo, hi, p):
+    """Move ``items[p]`` within the ascending segment ``items[lo:hi]`` to its sorted place."""
+    v = items[p]
+    x = lengths[v]
+    while p > lo and lengths[items[p - 1]] > x:
+        items[p] = items[p - 1]
+        p -= 1
+    while p + 1 < hi and lengths[items[p + 1]] < x:
+        items[p] = items[p + 1]
+        p += 1
+    items[p] = v
+
+
+@njit(cache=True)
+def _nb_refine_swaps(lengths, order_desc, bins, d, target, max_swaps, cap, cap_lengths):
+    """Lower the heaviest bins by swapping one item with the lightest bin.
+
+    For the heaviest bin a and the lightest bin b (gap g = load_a - load_b) the pair x in a,
+    y in b with 0 < x - y < g closest to g/2 is swapped, so item counts stay the same and the
+    larger of the two loads drops; with ``cap`` > 0 no bin's sum of ``cap_lengths`` may pass it.
+    Stops when the heaviest bin is at most ``target``, when no swap helps any heavy bin, or after
+    ``max_swaps``. Each bin's items are kept sorted, so a
+    swap costs a binary search per item of a. Updates ``bins``; returns bin loads.
+    """
+    n = lengths.shape[0]
+    loads = np.zeros(d)
+    mem = np.zeros(d)
+    start = np.zeros(d + 1, dtype=np.int64)
+    for i in range(n):
+        loads[bins[i]] += lengths[i]
+        mem[bins[i]] += cap_lengths[i]
+        start[bins[i] + 1] += 1
+    for b in range(d):
+        start[b + 1] += start[b]
+    items = np.empty(n, dtype=np.int64)
+    fill = start[:d].copy()
+    for k in range(n - 1, -1, -1):  # ascending lengths within every bin
+        i = order_desc[k]
+        items[fill[bins[i]]] = i
+        fill[bins[i]] += 1
+    kmin, vmin, pmin = _ih_init(d)
+    kmax, vmax, pmax = _ih_init(d)
+    for b in range(d):
+        kmin[b] = loads[b]
+        kmax[b] = -loads[b]
+    _ih_heapify(kmin, vmin, pmin, d)
+    _ih_heapify(kmax, vmax, pmax, d)
+    for _ in range(max_swaps):
+        a = vmax[0]
+        if kmax[0] == np.inf or loads[a] <= target:
+            break
+        b = vmin[0]
+        gap = loads[a] - loads[b]
+        half = gap / 2
+        best_pa = -1
+        best_pb = -1
+        best_err = np.inf
+        lo_b = start[b]
+        hi_b = start[b + 1]
+        for pa in range(start[a], start[a + 1]):
+            x = lengths[items[pa]]
+            want = x - half
+            lo = lo_b
+            hi = hi_b
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if lengths[items[mid]] < want:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            for c in range(lo - 1, lo + 1):
+                if lo_b <= c < hi_b:
+                    delta = x - lengths[items[c]]
+                    if cap > 0:
+                        dm = cap_lengths[items[pa]] - cap_lengths[items[c]]
+                        if mem[b] + dm > cap or mem[a] - dm > cap:
+                            continue
+                    if 0 < delta < gap:
+                        err = abs(delta - half)
+                        if err < best_err:
+                            best_err = err
+                            best_pa = pa
+                            best_pb = c
+        if best_pa < 0:
+            kmax[pmax[a]] = np.inf  # no swap lowers this bin: set it aside
+            _ih_fix(kmax, vmax, pmax, pmax[a], d)
+            continue
+        ia = items[best_pa]
+        ib = items[best_pb]
+        delta = lengths[ia] - lengths[ib]
+        items[best_pa] = ib
+        items[best_pb] = ia
+        _seg_reinsert(items, lengths, start[a], start[a + 1], best_pa)
+        _seg_reinsert(items, lengths, lo_b, hi_b, best_pb)
+        bins[ia] = b
+        bins[ib] = a
+        loads[a] -= delta
+        loads[b] += delta
+        mem[a] += cap_lengths[ib] - cap_lengths[ia]
+        mem[b] += cap_lengths[ia] - cap_lengths[ib]
+        kmin[pmin[a]] = loads[a]
+        _ih_fix(kmin, vmin, pmin, pmin[a], d)
+        kmin[pmin[b]] = loads[b]
+        _ih_fix(kmin, vmin, pmin, pmin[b], d)
+        kmax[pmax[a]] = -loads[a]
+        _ih_fix(kmax, vmax, pmax, pmax[a], d)
+        if kmax[pmax[b]] != np.inf:
+            kmax[pmax[b]] = -loads[b]
+            _ih_fix(kmax, vmax, pmax, pmax[b], d)
     return loads
+
+
+@njit(cache=True)
+def _nb_padded_batches(sorted_asc, d, bins_out):
+    """OrchMLLM Alg. 2 (padded batching): binary search the smallest bound b on
+    count * max-length such that cutting the ascending items greedily into runs with
+    (len + 1) * length <= b gives at most d runs. Writes the run of each position; returns b."""
+    n = sorted_asc.shape[0]
+    if n == 0:
+        return 0.0
+    lo = sorted_asc[n - 1]
+    hi = sorted_asc[n - 1] * (n // d + 1)
+    while lo < hi:
+        mid = np.floor((lo + hi) / 2)
+        runs = 1
+        cnt = 0
+        for k in range(n):
+            if (cnt + 1) * sorted_asc[k] > mid:
+                runs += 1
+                cnt = 0
+            cnt += 1
+        if runs <= d:
+            hi = mid
+        else:
+            lo = mid + 1
+    run = 0
+    cnt = 0
+    for k in range(n):
+        if (cnt + 1) * sorted_asc[k] > lo:
+            run += 1
+            cnt = 0
+        cnt += 1
+        bins_out[k] = run
+    return lo
+
+
+@njit(cache=True)
+def _nb_lpt_quadratic(lengths, order, d, tolerance, bins_out):
+    """OrchMLLM Alg. 4: LPT where bins whose linear loads lie within ``tolerance`` of the
+    lightest count as tied, and the tie goes to the smallest sum of squared lengths."""
+    lin = np.zeros(d)
+    sq = np.zeros(d)
+    for k in range(order.shape[0]):
+        i = order[k]
+        m = 0
+        for b in range(1, d):
+            if lin[b] < lin[m]:
+                m = b
+        best = m
+        for b in range(d):
+            if lin[b] - lin[m] < tolerance and sq[b] < sq[best]:
+                best = b
+        lin[best] += lengths[i]
+        sq[best] += lengths[i] * lengths[i]
+        bins_out[i] = best
+    return lin
+
+
+@njit(cache=True)
+def _nb_padded_attention(lengths, order, d, bound, bins_out):
+    """OrchMLLM Alg. 5 (padded attention, e.g. ConvTransformer): items largest first fill padded
+    batches while count * (the batch's first, largest length) stays within ``bound`` (the no-padding
+    LPT objective); after d batches the remaining items go LPT onto the batch sums."""
+    n = order.shape[0]
+    sums = np.zeros(d)
+    used = 0
+    cnt = 0
+    first = 0.0
+    k = 0
+    while k < n:
+        x = lengths[order[k]]
+        if used == 0 or (cnt + 1) * first > bound:
+            if used == d:
+                break
+            used += 1
+            cnt = 0
+            first = x
+        bins_out[order[k]] = used - 1
+        sums[used - 1] += x
+        cnt += 1
+        k += 1
+    while k < n:
+        i = order[k]
+        m = 0
+        for b in range(1, d):
+            if sums[b] < sums[m]:
+                m = b
+        bins_out[i] = m
+        sums[m] += lengths[i]
+        k += 1
+    return sums
+
+
+@njit(cache=True)
+def _nb_karmarkar_karp(lengths, order, d, equal_count, bins_out):
+    """Karmarkar-Karp largest differencing for d-way partitioning.
+
+    Each partial solution holds d subset sums. Start: one per item (``equal_count``: one per
+    run of d consecutive items of ``order``, one item per subset, so every subset ends with the
+    same count when d divides n). Repeatedly merge the two solutions with the largest spread
+    (max - min), pairing the heaviest subsets of one with the lightest of the other.
+    Writes ``bins_out``; returns subset sums.
+    """
+    n = order.shape[0]
+    p = (n + d - 1) // d if equal_count else n
+    sums = np.zeros((p, d))
+    # subset membership as linked lists: head/tail per (solution, subset), next per item
+    head = np.full((p, d), -1, dtype=np.int64)
+    tail = np.full((p, d), -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    for k in range(n):
+        i = order[k]
+        if equal_count:
+            s = k // d
+            j = k % d
+        else:
+            s = k
+            j = 0
+        sums[s, j] = lengths[i]
+        head[s, j] = i
+        tail[s, j] = i
+    for s in range(p):
+        sums_s = sums[s]
+        o = np.argsort(-sums_s, kind="mergesort")  # keep each solution sorted descending
+        sums[s] = sums_s[o]
+        h = head[s].copy()
+        t = tail[s].copy()
+        for j in range(d):
+            head[s, j] = h[o[j]]
+            tail[s, j] = t[o[j]]
+    # max-heap on spread via an indexed min-heap of negated keys
+    keys = np.empty(p)
+    vals = np.arange(p)
+    pos = np.arange(p)
+    for s in range(p):
+        keys[s] = -(sums[s, 0] - sums[s, d - 1])
+    _ih_heapify(keys, vals, pos, p)
+    size = p
+    while size > 1:
+        a = vals[0]
+        size -= 1
+        _ih_swap(keys, vals, pos, 0, size)
+        _ih_fix(keys, vals, pos, 0, size)
+        b = vals[0]
+        # merge b into a: a's heaviest with b's lightest
+        new = np.empty(d)
+        nh = np.empty(d, dtype=np.int64)
+        nt = np.empty(d, dtype=np.int64)
+        for j in range(d):
+            jb = d - 1 - j
+            new[j] = sums[a, j] + sums[b, jb]
+            ha, ta, hb, tb = head[a, j], tail[a, j], head[b, jb], tail[b, jb]
+            if ha < 0:
+                nh[j], nt[j] = hb, tb
+            elif hb < 0:
+                nh[j], nt[j] = ha, ta
+            else:
+                nxt[ta] = hb
+                nh[j], nt[j] = ha, tb
+        o = np.argsort(-new, kind="mergesort")
+        for j in range(d):
+            sums[b, j] = new[o[j]]
+            head[b, j] = nh[o[j]]
+            tail[b, j] = nt[o[j]]
+        keys[0] = -(sums[b, 0] - sums[b, d - 1])
+        _ih_fix(keys, vals, pos, 0, size)
+    root = vals[0]
+    for j in range(d):
+        i = head[root, j]
+        while i >= 0:
+            bins_out[i] = j
+            i = nxt[i]
+    return sums[root].copy()
+
+
+# ----------------------------------------------------------------------------- runtime: nodes
+
+
+@njit(cache=True)
+def _nb_local_first(lengths, order, src, d, per_node, target, dest):
+    """Locality-first post-balancing: every rank keeps its own items (largest first, skipping
+    those that would pass ``target``), overflow goes to the lightest rank of the same node that
+    stays within ``target``, and what is left goes LPT-wise to the lightest rank anywhere."""
+    n = order.shape[0]
+    loads = np.zeros(d)
+    pending = np.empty(n, dtype=np.int64)
+    n_pending = 0
+    for k in range(n):  # 1. keep at home
+        i = order[k]
+        r = src[i]
+        if loads[r] == 0 or loads[r] + lengths[i] <= target:
+            dest[i] = r
+            loads[r] += lengths[i]
+        else:
+            pending[n_pending] = i
+            n_pending += 1
+    rest = np.empty(n_pending, dtype=np.int64)
+    n_rest = 0
+    for k in range(n_pending):  # 2. inside the node
+        i = pending[k]
+        base = (src[i] // per_node) * per_node
+        best = -1
+        for r in range(base, base + per_node):
+            if loads[r] + lengths[i] <= target and (best < 0 or loads[r] < loads[best]):
+                best = r
+        if best >= 0:
+            dest[i] = best
+            loads[best] += lengths[i]
+        else:
+            rest[n_rest] = i
+            n_rest += 1
+    for k in range(n_rest):  # 3. anywhere: the lightest rank
+        i = rest[k]
+        best = 0
+        for r in range(1, d):
+            if loads[r] < loads[best]:
+                best = r
+        dest[i] = best
+        loads[best] += lengths[i]
+    return loads
+
+
+@njit(cache=True)
+def _nb_greedy_node_assign(benefit, per_node, node_of_batch):
+    """Assign d batches to nodes (``per_node`` each), highest retained volume first."""
+    d, nodes = benefit.shape
+    flat = np.argsort(-benefit.ravel(), kind="mergesort")
+    used = np.zeros(nodes, dtype=np.int64)
+    node_of_batch[:] = -1
+    placed = 0
+    for f in flat:
+        j = f // nodes
+        nd = f % nodes
+        if node_of_batch[j] < 0 and used[nd] < per_node:
+            node_of_batch[j] = nd
+            used[nd] += 1
+            placed += 1
+            if placed == d:
+                break
+    return placed
+
+
+# ----------------------------------------------------------------------------- runtime: pipeline
+
+
+@njit(cache=True)
+def _nb_1f1b_times(fwd, bwd, order):
+    """Simulate a 1F1B pipeline. ``fwd``/``bwd`` have shape (stages, microbatches); ``order``
+    is the microbatch order. Stage s runs min(p-s-1, l) warm-up forwards, then alternates one
+    forward and one backward, then drains backwards. An op starts when its stage is free and
+    its input has arrived (forward from stage s-1, backward from stage s+1).
+    Returns (start_f, end_f, start_b, end_b), each (stages, l), by position in ``order``."""
+    p = fwd.shape[0]
+    m = order.shape[0]
+    sf = np.zeros((p, m))
+    ef = np.zeros((p, m))
+    sb = np.zeros((p, m))
+    eb = np.zeros((p, m))
+    n_ops = 2 * m
+    kind = np.zeros((p, n_ops), dtype=np.int64)  # 0 forward, 1 backward
+    pos = np.zeros((p, n_ops), dtype=np.int64)
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        k = 0
+        f = 0
+        b = 0
+        while f < warm:
+            kind[s, k] = 0
+            pos[s, k] = f
+            f += 1
+            k += 1
+        while f < m:
+            kind[s, k] = 0
+            pos[s, k] = f
+            f += 1
+            k += 1
+            kind[s, k] = 1
+            pos[s, k] = b
+            b += 1
+            k += 1
+        while b < m:
+            kind[s, k] = 1
+            pos[s, k] = b
+            b += 1
+            k += 1
+    done_f = np.zeros((p, m), dtype=np.bool_)
+    done_b = np.zeros((p, m), dtype=np.bool_)
+    ptr = np.zeros(p, dtype=np.int64)
+    free = np.zeros(p)
+    progressed = True
+    while progressed:
+        progressed = False
+        for s in range(p):
+            while ptr[s] < n_ops:
+                k = ptr[s]
+                j = pos[s, k]
+                mb = order[j]
+                if kind[s, k] == 0:
+                    if s > 0 and not done_f[s - 1, j]:
+                        break
+                    ready = ef[s - 1, j] if s > 0 else 0.0
+                    start = max(free[s], ready)
+                    sf[s, j] = start
+                    ef[s, j] = start + fwd[s, mb]
+                    free[s] = ef[s, j]
+                    done_f[s, j] = True
+                else:
+                    if s < p - 1 and not done_b[s + 1, j]:
+                        break
+                    ready = eb[s + 1, j] if s < p - 1 else ef[s, j]
+                    start = max(free[s], ready)
+                    sb[s, j] = start
+                    eb[s, j] = start + bwd[s, mb]
+                    free[s] = eb[s, j]
+                    done_b[s, j] = True
+                ptr[s] += 1
+                progressed = True
+    return sf, ef, sb, eb

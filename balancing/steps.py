@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing._kernels import _nb_lpt, _nb_place_on_nodes
+from balancing._kernels import _nb_lpt_capped, _nb_place_on_nodes
 
 __all__ = ["StepAssignment", "assign_steps"]
 
@@ -71,9 +71,9 @@ def assign_steps(
         w = w + loads["llm_cost"][members] / max(loads["llm_cost"].mean(), 1e-12)
         order_m = np.lexsort((members, -w))
         bins = np.empty(members.size, dtype=np.int64)
-        _nb_lpt(w[order_m], d, bins)
+        _nb_lpt_capped(w, order_m, d, 0, 0.0, w, bins)
         last = n_groups + np.arange(d)
-        group_of[members[order_m]] = last[bins]
+        group_of[members] = last[bins]
         step_of[last] = n_steps
         n_steps += 1
     total = n_groups + (d if rest.size else 0)

@@ -1,0 +1,152 @@
+"""Plain-Python twins of the numba kernels in ``_kernels.py``, written for clarity, not speed.
+Tests check that kernel and reference agree exactly over many seeds."""
+
+from __future__ import annotations
+
+import heapq
+
+
+def isf_round(order, v, t, qv, qt, qfv, qft):
+    """-> (group_end list, kept list); see ``_nb_isf_round``."""
+    ends, kept = [], []
+    sv = st = 0
+    start = 0
+    for k, i in enumerate(order):
+        if k > start and (sv + v[i] > qv or st + t[i] > qt):
+            ends.append(k)
+            kept.append(sv >= qfv or st >= qft)
+            start, sv, st = k, 0, 0
+        sv += v[i]
+        st += t[i]
+    if len(order) > start:
+        ends.append(len(order))
+        kept.append(sv >= qfv or st >= qft)
+    return ends, kept
+
+
+def best_fit(order, v, t, qv, qt):
+    """-> {item: group}; see ``_nb_best_fit``."""
+    if not order:
+        return {}
+    min_v = min(v[i] for i in order)
+    min_t = min(t[i] for i in order)
+    sums: list[list[int]] = []
+    open_ids: list[int] = []
+    out = {}
+    for i in order:
+        best, best_slot, best_slack = -1, -1, 3.0
+        for slot, g in enumerate(open_ids):
+            nv, nt = sums[g][0] + v[i], sums[g][1] + t[i]
+            if nv <= qv and nt <= qt:
+                slack = (qv - nv) / qv + (qt - nt) / qt
+                if slack < best_slack:
+                    best, best_slot, best_slack = g, slot, slack
+        if best < 0:
+            best = len(sums)
+            sums.append([0, 0])
+            open_ids.append(best)
+            best_slot = len(open_ids) - 1
+        sums[best][0] += v[i]
+        sums[best][1] += t[i]
+        out[i] = best
+        if sums[best][0] + min_v > qv or sums[best][1] + min_t > qt:
+            open_ids[best_slot] = open_ids[-1]
+            open_ids.pop()
+    return out
+
+
+def argsort_desc(x):
+    return sorted(range(len(x)), key=lambda i: (-x[i], i))
+
+
+def lpt(lengths, order, d):
+    """-> {item: bin}: each item onto the least-loaded bin, ties to the lowest bin."""
+    heap = [(0.0, b) for b in range(d)]
+    out = {}
+    for i in order:
+        load, b = heapq.heappop(heap)
+        out[i] = b
+        heapq.heappush(heap, (load + lengths[i], b))
+    return out
+
+
+def lpt_capped(lengths, order, d, max_count, cap, cap_lengths):
+    """-> ({item: bin}, first failing position or -1); see ``_nb_lpt_capped``."""
+    loads = [0.0] * d
+    mem = [0.0] * d
+    counts = [0] * d
+    out = {}
+    for k, i in enumerate(order):
+        free = [b for b in range(d) if max_count <= 0 or counts[b] < max_count]
+        if not free:
+            return out, k
+        b = min(free, key=lambda c: (loads[c], c))
+        if cap > 0 and mem[b] + cap_lengths[i] > cap:
+            fits = [c for c in free if mem[c] + cap_lengths[i] <= cap]
+            if not fits:
+                return out, k
+            b = min(fits, key=lambda c: (loads[c], c))
+        loads[b] += lengths[i]
+        mem[b] += cap_lengths[i]
+        counts[b] += 1
+        out[i] = b
+    return out, -1
+
+
+def karmarkar_karp(lengths, order, d, equal_count):
+    """-> {item: subset}; see ``_nb_karmarkar_karp`` (same tie-breaking)."""
+    n = len(order)
+    if equal_count:
+        parts = []
+        for s in range(0, n, d):
+            chunk = order[s : s + d]
+            sub = [[lengths[i], [i]] for i in chunk] + [[0.0, []] for _ in range(d - len(chunk))]
+            parts.append(sub)
+    else:
+        parts = [[[lengths[i], [i]]] + [[0.0, []] for _ in range(d - 1)] for i in order]
+    parts = [sorted(p, key=lambda s: -s[0]) for p in parts]  # stable: keeps equal sums in order
+    # max-heap on spread, ties by lower id (ids follow the kernel's slot reuse)
+    heap = [(-(p[0][0] - p[-1][0]), k) for k, p in enumerate(parts)]
+    heapq.heapify(heap)
+    while len(heap) > 1:
+        _, a = heapq.heappop(heap)
+        _, b = heapq.heappop(heap)
+        merged = [
+            [parts[a][j][0] + parts[b][d - 1 - j][0], parts[a][j][1] + parts[b][d - 1 - j][1]]
+            for j in range(d)
+        ]
+        parts[b] = sorted(merged, key=lambda s: -s[0])
+        heapq.heappush(heap, (-(parts[b][0][0] - parts[b][-1][0]), b))
+    root = parts[heap[0][1]]
+    return {i: j for j, (_, items) in enumerate(root) for i in items}
+
+
+def padded_batches(sorted_asc, d):
+    """-> (bound, [run of each position]); see ``_nb_padded_batches``."""
+    import math
+
+    n = len(sorted_asc)
+    if n == 0:
+        return 0.0, []
+
+    lo, hi = sorted_asc[-1], sorted_asc[-1] * (n // d + 1)
+    while lo < hi:
+        mid = math.floor((lo + hi) / 2)
+        runs, cnt = 1, 0
+        for x in sorted_asc:
+            if (cnt + 1) * x > mid:
+                runs += 1
+                cnt = 0
+            cnt += 1
+        if runs <= d:
+            hi = mid
+        else:
+            lo = mid + 1
+    out, run, cnt = [], 0, 0
+    for x in sorted_asc:
+        if (cnt + 1) * x > lo:
+            run += 1
+            cnt = 0
+        cnt += 1
+        out.append(run)
+    return lo, out

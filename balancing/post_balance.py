@@ -1,0 +1,171 @@
+"""Runtime post-balancing (OrchMLLM §5.1): split the samples of all DP ranks into d new batches
+whose loads are as even as possible. Pure functions over numpy arrays, deterministic: the same
+lengths give the same plan on every rank.
+
+Methods (``method=``):
+
+* ``lpt`` — greedy largest-first onto the lightest batch (Alg. 1; within 4/3 of optimal);
+* ``kk`` / ``kk_equal`` — Karmarkar-Karp largest differencing, optionally with equal counts
+  (excellent on near-uniform lengths, poor on heavy tails);
+* ``padded`` — padded batching, cost = count x longest, by binary search (Alg. 2);
+* ``quadratic`` — LPT with a tolerance tie-break on sum of squares (Alg. 4);
+* ``padded_attention`` — padded attention blocks, then LPT (Alg. 5);
+* ``auto`` — ``kk_equal`` for near-uniform lengths, else ``lpt``; ``best`` — both, keep the better.
+
+``lpt``, ``kk*``, ``auto`` and ``best`` are refined by swaps between the heaviest and lightest
+batch until the heaviest is within ``tolerance`` of the mean. ``max_count`` limits samples per
+batch; ``memory_cap`` limits the sum of ``memory`` (default: the lengths) per batch, with a
+:class:`MemoryCapError` when no placement under it is found.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from balancing._kernels import (
+    _nb_argsort_desc,
+    _nb_karmarkar_karp,
+    _nb_lpt,
+    _nb_lpt_capped,
+    _nb_lpt_quadratic,
+    _nb_padded_attention,
+    _nb_padded_batches,
+    _nb_refine_swaps,
+)
+
+__all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
+
+METHODS = ("auto", "best", "lpt", "kk", "kk_equal", "padded", "quadratic", "padded_attention")
+
+
+class MemoryCapError(ValueError):
+    """No placement keeps every batch under the per-rank memory cap."""
+
+
+@dataclass(frozen=True, slots=True)
+class PostBalance:
+    """``dest[i]`` is the new batch of item i; ``loads`` the objective per batch."""
+
+    dest: np.ndarray
+    loads: np.ndarray
+    method: str
+
+    @property
+    def imbalance(self) -> float:
+        """max / mean of the batch loads (1.0 = perfect)."""
+        mean = self.loads.mean() if self.loads.size else 0.0
+        return float(self.loads.max() / mean) if mean > 0 else 1.0
+
+
+def batch_loads(
+    lengths: np.ndarray, dest: np.ndarray, d: int, *, padded: bool = False
+) -> np.ndarray:
+    """Per-batch load: sum of lengths, or count x longest when ``padded``."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    if not padded:
+        return np.bincount(dest, weights=lengths, minlength=d)
+    mx = np.zeros(d)
+    np.maximum.at(mx, dest, lengths)
+    return mx * np.bincount(dest, minlength=d)
+
+
+def _near_uniform(x: np.ndarray, d: int) -> bool:
+    return x.size >= 2 * d and x.max() <= 3.0 * x.mean()
+
+
+def post_balance(
+    lengths: np.ndarray,
+    d: int,
+    *,
+    method: str = "auto",
+    tolerance: float = 2e-5,
+    max_count: int | None = None,
+    memory_cap: float | None = None,
+    memory: np.ndarray | None = None,
+    quadratic_tolerance: float | None = None,
+    max_swaps: int | None = None,
+) -> PostBalance:
+    """Assign every item to one of ``d`` batches; see the module docstring for the methods."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if d < 1:
+        raise ValueError(f"need at least one batch, got d={d}")
+    x = np.ascontiguousarray(lengths, dtype=np.float64)
+    n = x.size
+    if n and x.min() < 0:
+        raise ValueError("lengths must be >= 0")
+    mem = x if memory is None else np.ascontiguousarray(memory, dtype=np.float64)
+    cap = float(memory_cap or 0.0)
+    if cap > 0:
+        if mem.size and mem.max() > cap:
+            i = int(mem.argmax())
+            raise MemoryCapError(
+                f"item {i} needs {mem[i]:g} alone, more than the memory cap {cap:g} per rank"
+            )
+        if mem.sum() > cap * d:
+            raise MemoryCapError(
+                f"{mem.sum():g} in total cannot fit {d} ranks x {cap:g} memory cap"
+            )
+    if max_count is not None and max_count * d < n:
+        raise ValueError(f"{n} items cannot fit {d} batches of at most {max_count}")
+    order = _nb_argsort_desc(x)
+    dest = np.zeros(n, dtype=np.int64)
+    if n == 0:
+        return PostBalance(dest=dest, loads=np.zeros(d), method=method)
+    if method == "best":
+        candidates = [
+            post_balance(
+                x,
+                d,
+                method=m,
+                tolerance=tolerance,
+                max_count=max_count,
+                memory_cap=memory_cap,
+                memory=memory,
+                max_swaps=max_swaps,
+            )
+            for m in ("lpt", "kk_equal")
+            if m == "lpt" or (max_count is None and memory_cap is None)
+        ]
+        return min(candidates, key=lambda r: r.loads.max())
+    chosen = method
+    if method == "auto":
+        chosen = "kk_equal" if _near_uniform(x, d) and max_count is None and cap == 0 else "lpt"
+    if chosen in ("kk", "kk_equal") and (max_count is not None or cap > 0):
+        raise ValueError(f"{chosen} supports neither max_count nor memory_cap; use lpt")
+    if chosen == "lpt":
+        if max_count is None and cap == 0:
+            _nb_lpt(x, order, d, dest)
+        else:
+            bad = _nb_lpt_capped(x, order, d, max_count or 0, cap, mem, dest)
+            if bad >= 0:
+                i = int(order[bad])
+                raise MemoryCapError(
+                    f"item {i} ({mem[i]:g}) fits under no rank's memory cap {cap:g} after placing the "
+                    f"{bad} larger items; raise the cap or the number of ranks"
+                )
+    elif chosen in ("kk", "kk_equal"):
+        _nb_karmarkar_karp(x, order, d, chosen == "kk_equal", dest)
+    elif chosen == "padded":
+        asc = order[::-1].copy()
+        runs = np.empty(n, dtype=np.int64)
+        _nb_padded_batches(x[asc], d, runs)
+        dest[asc] = runs
+        return PostBalance(dest=dest, loads=batch_loads(x, dest, d, padded=True), method=chosen)
+    elif chosen == "quadratic":
+        tol = quadratic_tolerance if quadratic_tolerance is not None else 0.01 * x.sum() / d
+        _nb_lpt_quadratic(x, order, d, tol, dest)
+        return PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+    else:  # padded_attention
+        probe = np.empty(n, dtype=np.int64)
+        bound = _nb_lpt(x, order, d, probe).max()
+        _nb_padded_attention(x, order, d, bound, dest)
+        return PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+    target = x.sum() / d * (1.0 + tolerance)
+    loads = np.bincount(dest, weights=x, minlength=d)
+    if loads.max() > target:
+        swaps = max_swaps if max_swaps is not None else 4 * d
+        loads = _nb_refine_swaps(x, order, dest, d, target, swaps, cap, mem)
+    return PostBalance(dest=dest, loads=loads, method=chosen)

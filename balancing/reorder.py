@@ -1,0 +1,134 @@
+"""MMScale/DistTrain data-aware reordering (§5): across DP groups, and across microbatches.
+
+* ``intra_batch_reorder`` (Alg. 2): samples in ascending size, each to the DP group with the
+  least load (greedy number partitioning); returns the new order and each sample's group.
+* ``inter_microbatch_reorder`` (Alg. 3) for 1F1B pipelines: the smallest microbatch first (all
+  stages start early), the p-1 smallest last (the unfilled cool-down intervals shrink), and the
+  rest placed so each forward fills the stage-0 interval before the next backward arrives, with
+  intervals measured on a simulated 1F1B timeline (``pipeline_times``); the given order is kept
+  when the timeline says it is already faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from balancing._kernels import _nb_1f1b_times
+
+__all__ = ["PipelineTimes", "inter_microbatch_reorder", "intra_batch_reorder", "pipeline_times"]
+
+
+def intra_batch_reorder(sizes: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, group): sample order with the m DP groups' samples consecutive, and the group of
+    each sample (input index)."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    if m < 1:
+        raise ValueError(f"need at least one DP group, got {m}")
+    asc = np.argsort(sizes, kind="stable")
+    loads = np.zeros(m)
+    group = np.empty(sizes.size, dtype=np.int64)
+    for i in asc:
+        g = int(np.argmin(loads))
+        group[i] = g
+        loads[g] += sizes[i]
+    order = np.concatenate([asc[group[asc] == g] for g in range(m)]) if sizes.size else asc
+    return order, group
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineTimes:
+    start_f: np.ndarray
+    end_f: np.ndarray
+    start_b: np.ndarray
+    end_b: np.ndarray
+
+    @property
+    def makespan(self) -> float:
+        return float(max(self.end_b.max(initial=0.0), self.end_f.max(initial=0.0)))
+
+    def bubble_fraction(self, fwd: np.ndarray, bwd: np.ndarray) -> float:
+        """Idle share of stage-time until the makespan: 1 - busy / (stages * makespan)."""
+        total = self.makespan * fwd.shape[0]
+        return 1.0 - float(fwd.sum() + bwd.sum()) / total if total > 0 else 0.0
+
+
+def _as_stages(x: np.ndarray, p: int | None) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    if x.ndim == 1:
+        if p is None:
+            raise ValueError(
+                "give per-stage times (stages x microbatches) or the number of stages p"
+            )
+        x = np.repeat(x[None, :], p, axis=0)
+    return np.ascontiguousarray(x)
+
+
+def pipeline_times(
+    fwd: np.ndarray, bwd: np.ndarray | None = None, order=None, p: int | None = None
+) -> PipelineTimes:
+    """Simulated 1F1B timeline. 1-D times apply to all ``p`` stages; ``bwd`` defaults to 2x fwd."""
+    f = _as_stages(fwd, p)
+    b = _as_stages(bwd, f.shape[0]) if bwd is not None else 2.0 * f
+    o = np.arange(f.shape[1]) if order is None else np.asarray(order, dtype=np.int64)
+    return PipelineTimes(*_nb_1f1b_times(f, b, o))
+
+
+def _closest_subset(pool: list[int], weights: np.ndarray, k: int, target: float) -> list[int]:
+    """k items of ``pool`` whose weights sum close to ``target`` (greedy: largest that fits)."""
+    chosen: list[int] = []
+    left = target
+    cand = sorted(pool, key=lambda i: (-weights[i], i))
+    for _ in range(min(k, len(cand))):
+        fit = [i for i in cand if weights[i] <= left]
+        pick = fit[0] if fit else cand[-1]
+        chosen.append(pick)
+        cand.remove(pick)
+        left -= weights[pick]
+    return chosen
+
+
+def inter_microbatch_reorder(fwd: np.ndarray, p: int, bwd: np.ndarray | None = None) -> np.ndarray:
+    """Order of l microbatches for a p-stage 1F1B pipeline (MMScale Alg. 3).
+
+    ``fwd`` is each microbatch's forward time on the first stage (1-D), or (stages, l) times.
+    """
+    f = _as_stages(fwd, p)
+    b = _as_stages(bwd, f.shape[0]) if bwd is not None else 2.0 * f
+    p = f.shape[0]
+    n_mb = f.shape[1]
+    w = f[0]
+    if n_mb <= p:
+        return _no_slower(f, b, np.argsort(w, kind="stable"))
+    pending = list(range(n_mb))
+    first = min(pending, key=lambda i: (w[i], i))
+    pending.remove(first)
+    rear = sorted(pending, key=lambda i: (w[i], i))[: p - 1]
+    for i in rear:
+        pending.remove(i)
+    ret = [first]
+    while pending:
+        # Interval before the next backward reaches stage 0, on the timeline of the order so far
+        # (the pending microbatches stand in with their mean cost for the ones not chosen yet).
+        fill = ret + pending + rear
+        t = _nb_1f1b_times(f, b, np.asarray(fill, dtype=np.int64))
+        i = len(ret)
+        nb = i - (p - 1) if i >= p - 1 else 0
+        arrive = t[2][0, nb]  # start of that backward on stage 0
+        busy_until = t[1][0, len(ret) - 1]
+        interval = max(arrive - busy_until, 0.0)
+        k = p - 1 if len(ret) == 1 else 1
+        pick = _closest_subset(pending, w, k, interval)
+        for j in pick:
+            pending.remove(j)
+        ret.extend(pick)
+    return _no_slower(f, b, np.asarray(ret + rear, dtype=np.int64))
+
+
+def _no_slower(f: np.ndarray, b: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Alg. 3 is a heuristic: keep the given order when the simulated timeline says it is faster."""
+    ident = np.arange(order.size, dtype=np.int64)
+    if _nb_1f1b_times(f, b, ident)[3].max() < _nb_1f1b_times(f, b, order)[3].max():
+        return ident
+    return order

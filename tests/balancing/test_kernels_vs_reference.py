@@ -1,0 +1,101 @@
+"""Every numba kernel agrees exactly with its plain-Python reference, over many seeds."""
+
+import numpy as np
+import pytest
+
+from balancing import _kernels as K
+from balancing import _reference as R
+
+SEEDS = range(40)
+
+
+def _lengths(rng, n, heavy):
+    if heavy:
+        return np.round(np.exp(rng.normal(6.0, 1.2, n)))
+    return rng.integers(1, 500, n).astype(np.float64)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_isf_round(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    v = rng.integers(0, 6, n) * 1024
+    t = rng.integers(50, 2000, n)
+    order = rng.permutation(n)
+    qv, qt = 16 * 1024, 5000
+    ends = np.empty(n, dtype=np.int64)
+    kept = np.empty(n, dtype=np.bool_)
+    g = K._nb_isf_round(order, v, t, qv, qt, 15 * 1024, 4800, ends, kept)
+    ref_ends, ref_kept = R.isf_round(
+        order.tolist(), v.tolist(), t.tolist(), qv, qt, 15 * 1024, 4800
+    )
+    assert ends[:g].tolist() == ref_ends and kept[:g].tolist() == ref_kept
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_best_fit(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    v = rng.integers(0, 6, n) * 1024
+    t = rng.integers(50, 2000, n)
+    order = rng.permutation(n)
+    out = np.full(n, -1, dtype=np.int64)
+    K._nb_best_fit(order, v, t, 16 * 1024, 5000, out)
+    ref = R.best_fit(order.tolist(), v.tolist(), t.tolist(), 16 * 1024, 5000)
+    assert {i: int(out[i]) for i in order} == ref
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("heavy", [False, True])
+def test_argsort_and_lpt(seed, heavy):
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 400)), int(rng.integers(1, 40))
+    x = _lengths(rng, n, heavy)
+    order = K._nb_argsort_desc(x)
+    assert order.tolist() == R.argsort_desc(x.tolist())
+    out = np.empty(n, dtype=np.int64)
+    K._nb_lpt(x, order, d, out)
+    assert dict(enumerate(out.tolist())) == R.lpt(x.tolist(), order.tolist(), d)
+    capped = np.empty(n, dtype=np.int64)
+    assert K._nb_lpt_capped(x, order, d, 0, 0.0, x, capped) == -1
+    assert (capped == out).all()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_lpt_with_count_and_memory_caps(seed):
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 200)), int(rng.integers(1, 20))
+    x = _lengths(rng, n, True)
+    mem = rng.integers(1, 100, n).astype(np.float64)
+    order = K._nb_argsort_desc(x)
+    max_count = int(np.ceil(n / d)) + int(rng.integers(0, 2))
+    cap = float(mem.sum() / d * rng.uniform(1.0, 1.5))
+    out = np.full(n, -1, dtype=np.int64)
+    bad = K._nb_lpt_capped(x, order, d, max_count, cap, mem, out)
+    ref, ref_bad = R.lpt_capped(x.tolist(), order.tolist(), d, max_count, cap, mem.tolist())
+    assert bad == ref_bad
+    placed = order[: bad if bad >= 0 else n]
+    assert {int(i): int(out[i]) for i in placed} == ref
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("equal", [False, True])
+def test_karmarkar_karp(seed, equal):
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 120)), int(rng.integers(1, 12))
+    x = _lengths(rng, n, seed % 2 == 0)
+    order = K._nb_argsort_desc(x)
+    out = np.empty(n, dtype=np.int64)
+    K._nb_karmarkar_karp(x, order, d, equal, out)
+    assert dict(enumerate(out.tolist())) == R.karmarkar_karp(x.tolist(), order.tolist(), d, equal)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_padded_batches(seed):
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 300)), int(rng.integers(1, 30))
+    x = np.sort(_lengths(rng, n, seed % 2 == 0))
+    out = np.empty(n, dtype=np.int64)
+    bound = K._nb_padded_batches(x, d, out)
+    ref_bound, ref = R.padded_batches(x.tolist(), d)
+    assert bound == ref_bound and out.tolist() == ref and out.max() < d

@@ -1,0 +1,105 @@
+"""Node-wise rearrangement and pipeline reordering."""
+
+import itertools
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancing.nodewise import (
+    inter_node_volume,
+    locality_balance,
+    nodewise_permutation,
+    volume_matrix,
+)
+from balancing.post_balance import post_balance
+from balancing.reorder import inter_microbatch_reorder, intra_batch_reorder, pipeline_times
+
+
+def _brute_force_best_max(v, per_node):
+    d = v.shape[0]
+    best = np.inf
+    for perm in itertools.permutations(range(d)):
+        best = min(best, inter_node_volume(v, np.array(perm), per_node)[1])
+    return best
+
+
+def test_milp_is_optimal_on_small_layouts():
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        d, c = 6, 3
+        src = rng.integers(0, d, 60)
+        x = rng.integers(1, 100, 60).astype(float)
+        dest = post_balance(x, d, method="lpt").dest
+        r = nodewise_permutation(src, dest, x, d, c)
+        assert r.method.startswith("milp")
+        assert np.isclose(
+            r.max_rank_inter_node, _brute_force_best_max(volume_matrix(src, dest, x, d), c)
+        )
+        assert sorted(r.rank_of_batch.tolist()) == list(range(d))
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), nodes=st.integers(2, 6), per=st.integers(1, 4))
+def test_greedy_permutation_never_worse_than_identity(seed, nodes, per):
+    rng = np.random.default_rng(seed)
+    d = nodes * per
+    src = rng.integers(0, d, 10 * d)
+    x = rng.integers(1, 1000, src.size).astype(float)
+    dest = post_balance(x, d).dest
+    r = nodewise_permutation(src, dest, x, d, per, exact_max_d=0)
+    assert r.max_rank_inter_node <= r.max_rank_inter_node_identity
+    assert sorted(r.rank_of_batch.tolist()) == list(range(d))
+
+
+def test_locality_balance_keeps_traffic_inside_nodes():
+    rng = np.random.default_rng(3)
+    d, per = 4, 2  # 2 nodes x 2 ranks
+    src = np.repeat(np.arange(d), 30)
+    x = rng.integers(100, 2000, src.size).astype(float)
+    x[src == 0] *= 1.5  # one overloaded rank
+    lpt = post_balance(x, d, method="lpt")
+    local = locality_balance(x, src, d, per)
+    lpt_inter = inter_node_volume(volume_matrix(src, lpt.dest, x, d), np.arange(d), per)[0]
+    local_inter = inter_node_volume(volume_matrix(src, local.dest, x, d), np.arange(d), per)[0]
+    assert local_inter < 0.5 * lpt_inter
+    assert local.imbalance <= 1.001
+
+
+def test_pipeline_simulator_hand_worked():
+    # 2 stages, 2 microbatches, forward 1, backward 2 everywhere:
+    # stage0 F0 [0,1] F1 [1,2]; stage1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7];
+    # stage0 B0 [4,6] B1 [7,9]
+    t = pipeline_times(np.ones(2), p=2)
+    assert t.start_f.tolist() == [[0, 1], [1, 4]]
+    assert t.end_b.tolist() == [[6, 9], [4, 7]]
+    assert t.makespan == 9
+    assert np.isclose(t.bubble_fraction(np.ones((2, 2)), 2 * np.ones((2, 2))), 1 - 12 / 18)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), p=st.integers(2, 5), extra=st.integers(0, 8))
+def test_inter_microbatch_reorder_is_a_permutation_and_never_slower(seed, p, extra):
+    rng = np.random.default_rng(seed)
+    n_mb = p + extra
+    enc = rng.lognormal(0, 0.7, n_mb)
+    f = np.vstack([enc, np.full((p - 1, n_mb), enc.mean())])
+    order = inter_microbatch_reorder(f, p)
+    assert sorted(order.tolist()) == list(range(n_mb))
+    assert pipeline_times(f, order=order).makespan <= pipeline_times(f).makespan + 1e-9
+
+
+def test_inter_microbatch_reorder_puts_smallest_first_and_last():
+    w = np.array([5.0, 1.0, 9.0, 2.0, 7.0, 3.0, 8.0, 0.5])
+    f = np.vstack([w, np.full((2, 8), 4.0)])
+    order = inter_microbatch_reorder(f, 3)
+    if not (order == np.arange(8)).all():
+        assert order[0] == 7  # the smallest first
+        assert set(order[-2:].tolist()) == {1, 3}  # the p - 1 = 2 next smallest last
+
+
+def test_intra_batch_reorder_hand_worked():
+    # ascending 1,2,3,4,5 onto 2 groups by least load: 1->g0, 2->g1, 3->g0 (1<2), 4->g1, 5->g0
+    order, group = intra_batch_reorder(np.array([5, 1, 4, 2, 3]), 2)
+    assert group.tolist() == [0, 0, 1, 1, 0]
+    assert order.tolist() == [1, 4, 0, 3, 2]

@@ -1,0 +1,153 @@
+"""ISF grouping and the offline plan: nothing lost, caps hold, steps are full and balanced."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancing.auto_params import auto_isf_params
+from balancing.isf import FLAG_ISF, FLAG_LEFTOVER, FLAG_OVERSIZE, ISFParams, isf_group
+from balancing.plan import BalanceConfig, build_plan
+
+
+def _table(v_tiles, t):
+    return pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(len(t))],
+            "vit_tokens": np.asarray(v_tiles) * 1024,
+            "llm_tokens": np.asarray(t),
+            "vit_seq_lens": pa.array([[1024] * int(k) for k in v_tiles], pa.list_(pa.int32())),
+        }
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 400))
+def test_isf_puts_every_sample_in_one_group_and_respects_caps(seed, n):
+    rng = np.random.default_rng(seed)
+    v = rng.integers(0, 6, n) * 1024
+    t = rng.integers(30, 3000, n)
+    p = ISFParams(q_v=12 * 1024, q_t=5000, qf_v=11 * 1024, qf_t=4700, rounds=5)
+    g = isf_group(v, t, p, np.random.default_rng(seed))
+    assert g.group_of.shape == (n,) and g.group_of.min() >= 0 and g.group_of.max() == g.n_groups - 1
+    sizes = np.bincount(g.group_of, minlength=g.n_groups)
+    assert (sizes > 0).all()
+    gv = np.bincount(g.group_of, weights=v, minlength=g.n_groups)
+    gt = np.bincount(g.group_of, weights=t, minlength=g.n_groups)
+    normal = g.flags != FLAG_OVERSIZE
+    assert (gv[normal] <= p.q_v).all() and (gt[normal] <= p.q_t).all()
+    isf = g.flags == FLAG_ISF
+    assert ((gv[isf] >= p.qf_v) | (gt[isf] >= p.qf_t)).all()  # OmniBal's filter
+    over = (v > p.q_v) | (t > p.q_t)
+    assert (sizes[g.flags == FLAG_OVERSIZE] == 1).all() and (
+        g.flags[g.group_of[over]] == FLAG_OVERSIZE
+    ).all()
+    assert set(np.unique(g.flags)) <= {FLAG_ISF, FLAG_LEFTOVER, FLAG_OVERSIZE}
+
+
+def test_auto_params_hit_the_target_group_size():
+    rng = np.random.default_rng(0)
+    v = rng.choice([1, 3, 4, 5], 20_000) * 1024
+    t = v // 4 + rng.integers(30, 500, v.size)
+    for b in (2, 4, 8):
+        p = auto_isf_params(v, t, target_batch=b)
+        g = isf_group(v, t, p, np.random.default_rng(0))
+        assert abs(v.size / g.n_groups - b) / b < 0.1
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 1000), n=st.integers(1, 600), nodes=st.integers(1, 3), per=st.integers(1, 4)
+)
+def test_plan_is_a_partition_with_full_steps(seed, n, nodes, per):
+    rng = np.random.default_rng(seed)
+    tiles = rng.choice([0, 1, 3, 5, 12], n)
+    t = tiles * 256 + rng.integers(20, 2000, n)
+    r = build_plan(_table(tiles, t), BalanceConfig(dp=nodes * per, nodes=nodes, seed=seed))
+    plan = r.plan.to_pandas()
+    assert sorted(plan.sample_id) == sorted(f"s{i}" for i in range(n))  # each sample exactly once
+    assert r.report["counts"]["in"] == r.report["counts"]["out"] == n
+    per_step = plan.groupby("step").group_id.nunique()
+    assert (per_step == nodes * per).all() or (
+        per_step.iloc[-1] <= nodes * per and (per_step.iloc[:-1] == nodes * per).all()
+    )
+    ranks = plan.groupby(["step", "group_id"]).agg(
+        rank=("rank", "first"), node=("node", "first"), lr=("local_rank", "first")
+    )
+    assert not ranks.reset_index().duplicated(["step", "rank"]).any()
+    assert (ranks["rank"] == ranks["node"] * per + ranks["lr"]).all()
+    assert (plan.groupby("group_id").step.nunique() == 1).all()
+
+
+def test_balanced_plan_beats_random_batching_and_is_seeded():
+    rng = np.random.default_rng(0)
+    tiles = rng.choice([1, 3, 4, 5], 8000, p=[0.2, 0.15, 0.05, 0.6])
+    t = tiles * 256 + rng.integers(30, 550, tiles.size)
+    cfg = BalanceConfig(dp=8, nodes=2, seed=3)
+    a = build_plan(_table(tiles, t), cfg)
+    m = a.report["metrics"]
+    assert m["balanced"]["dist_ratio_vit"] < 0.01 < m["random"]["dist_ratio_vit"]
+    assert m["balanced"]["dist_ratio_llm"] < 0.01 < m["random"]["dist_ratio_llm"]
+    assert m["balanced_full_steps"]["efficiency_llm_cost"] > 0.99
+    assert abs(a.report["trend"]["llm"]["spearman"]) < 0.2
+    b = build_plan(_table(tiles, t), cfg)
+    assert a.plan.equals(b.plan)
+    c = build_plan(_table(tiles, t), BalanceConfig(dp=8, nodes=2, seed=4))
+    assert not a.plan.equals(c.plan)
+
+
+def test_oversize_samples_are_kept_and_reported():
+    tiles = np.array([1] * 50 + [40])
+    t = np.array([300] * 50 + [20_000])
+    r = build_plan(_table(tiles, t), BalanceConfig(dp=2, target_batch=4))
+    assert (
+        r.report["counts"]["oversize_samples"] >= 1
+        and "s50" in r.report["counts"]["oversize_sample_ids"]
+    )
+    assert r.plan.num_rows == 51
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"dp": 0}, "--dp"), ({"dp": 8, "nodes": 3}, "--nodes"), ({"dp": 2, "q_v": 5}, "both")],
+)
+def test_config_errors(kw, match):
+    with pytest.raises(ValueError, match=match):
+        BalanceConfig(**kw)
+
+
+def test_cli_round_trip(tmp_path):
+    from equishard.cli import main
+
+    demo = tmp_path / "demo"
+    assert main(["demo", str(demo), "--samples", "300", "--images", "20"]) == 0
+    cost = tmp_path / "cost.parquet"
+    assert (
+        main(
+            [
+                "prep",
+                str(demo / "demo.jsonl"),
+                "--tokenizer",
+                str(demo / "tokenizer.json"),
+                "-o",
+                str(cost),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(["balance", str(cost), "--dp", "4", "--nodes", "2", "-o", str(tmp_path / "plan")]) == 0
+    )
+    plan = pq.read_table(tmp_path / "plan" / "plan.parquet")
+    report = json.loads((tmp_path / "plan" / "report.json").read_text())
+    assert sorted(plan.column("sample_id").to_pylist()) == sorted(
+        pq.read_table(cost).column("sample_id").to_pylist()
+    )
+    assert report["counts"]["in"] == report["counts"]["out"] == 300
+    for key in ("pad_ratio_vit", "dist_ratio_vit", "dist_ratio_llm", "efficiency_llm_cost"):
+        assert key in report["metrics"]["balanced"] and key in report["metrics"]["random"]

@@ -1,0 +1,87 @@
+"""Runtime post-balancing: partitions, bounds and caps as properties (hypothesis)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancing.post_balance import METHODS, MemoryCapError, batch_loads, post_balance
+
+lengths_st = st.lists(st.integers(min_value=0, max_value=5000), min_size=0, max_size=300)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, d=st.integers(1, 24), method=st.sampled_from(METHODS))
+def test_every_method_partitions_the_input(lengths, d, method):
+    x = np.array(lengths, dtype=np.float64)
+    r = post_balance(x, d, method=method)
+    assert r.dest.shape == x.shape and (r.dest >= 0).all() and (r.dest < d).all()
+    padded = r.method == "padded"
+    assert np.allclose(r.loads, batch_loads(x, r.dest, d, padded=padded))
+    if not padded:
+        assert np.isclose(r.loads.sum(), x.sum())
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st.filter(bool), d=st.integers(1, 24))
+def test_lpt_within_four_thirds_of_the_trivial_lower_bound(lengths, d):
+    x = np.array(lengths, dtype=np.float64)
+    lower = max(x.max(), x.sum() / d)
+    for method in ("lpt", "auto", "best"):
+        r = post_balance(x, d, method=method)
+        assert r.loads.max() <= 4 / 3 * lower + 1e-9
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=lengths_st.filter(bool), d=st.integers(1, 16), extra=st.integers(0, 3))
+def test_count_cap_holds(lengths, d, extra):
+    x = np.array(lengths, dtype=np.float64)
+    cap = -(-x.size // d) + extra
+    r = post_balance(x, d, method="lpt", max_count=cap)
+    assert np.bincount(r.dest, minlength=d).max() <= cap
+
+
+@settings(max_examples=100, deadline=None)
+@given(lengths=lengths_st.filter(bool), d=st.integers(1, 16), slack=st.floats(1.0, 2.0))
+def test_memory_cap_holds_or_raises_clearly(lengths, d, slack):
+    x = np.array(lengths, dtype=np.float64) + 1
+    mem = x[::-1].copy()
+    cap = max(mem.max(), mem.sum() / d) * slack
+    try:
+        r = post_balance(x, d, method="lpt", memory_cap=cap, memory=mem)
+    except MemoryCapError as exc:
+        assert "memory cap" in str(exc)
+        return
+    assert np.bincount(r.dest, weights=mem, minlength=d).max() <= cap + 1e-9
+
+
+def test_memory_cap_impossible_is_a_clear_error():
+    with pytest.raises(MemoryCapError, match="alone"):
+        post_balance(np.array([10.0, 1.0]), 2, memory_cap=5)
+    with pytest.raises(MemoryCapError, match="in total"):
+        post_balance(np.array([5.0, 5.0, 5.0]), 2, memory_cap=6)
+
+
+def test_refinement_reaches_tight_balance_on_real_like_lengths():
+    rng = np.random.default_rng(0)
+    x = rng.integers(293, 1833, 64 * 60).astype(np.float64)
+    r = post_balance(x, 64, method="lpt")
+    assert r.imbalance <= 1.0001
+    plain = post_balance(x, 64, method="lpt", max_swaps=0)
+    assert r.loads.max() <= plain.loads.max()
+
+
+def test_deterministic():
+    x = np.random.default_rng(1).integers(1, 3000, 1000).astype(float)
+    a, b = post_balance(x, 16), post_balance(x.copy(), 16)
+    assert (a.dest == b.dest).all()
+
+
+def test_hand_worked_lpt():
+    # 7,5,4,3,3 on 2 bins: 7->0, 5->1, 4->1 (5<7), 3->0 (9>7? no: 7<9) ... loads end 10 / 12?
+    x = np.array([3.0, 7.0, 4.0, 5.0, 3.0])
+    r = post_balance(x, 2, method="lpt", max_swaps=0)
+    # order 7,5,4,3,3: 7->b0; 5->b1; 4->b1 (5<7) =9; 3->b0 (7<9) =10; 3->b1 (9<10) =12
+    assert r.dest.tolist() == [0, 0, 1, 1, 1] and sorted(r.loads.tolist()) == [10.0, 12.0]
+    # the swap refinement finds 12/10 -> swap 4 (bin 1) with 3 (bin 0): 11/11
+    assert post_balance(x, 2, method="lpt").loads.tolist() == [11.0, 11.0]

@@ -47,21 +47,22 @@ def _nb_isf_round(order, v, t, qv, qt, qfv, qft, group_end, kept):
 
 
 @njit(cache=True)
-def _nb_best_fit(order, v, t, qv, qt, group_of):
+def _nb_best_fit(order, v, t, qv, qt, window, group_of):
     """Pack samples ``order`` (largest first) best-fit into new groups under both caps.
 
     A sample goes to the open group it fills most (least slack left, in cap-normalized units)
-    among those it fits in; else it opens a group. A group that cannot take even the smallest
-    sample any more is closed, so the scan stays short. Writes ``group_of``; returns the count.
+    among those it fits in; else it opens a group. Only the ``window`` most recently opened
+    groups stay open (bounded-space best fit: O(n * window)), and a group that cannot take even
+    the smallest sample closes early. Writes ``group_of``; returns the group count.
     """
     n = order.shape[0]
     gv = np.zeros(n, dtype=np.int64)
     gt = np.zeros(n, dtype=np.int64)
-    open_ids = np.empty(n, dtype=np.int64)
+    open_ids = np.empty(window, dtype=np.int64)
     n_open = 0
     ng = 0
-    min_v = v[order[0]]
-    min_t = t[order[0]]
+    min_v = v[order[0]] if n else 0
+    min_t = t[order[0]] if n else 0
     for k in range(n):
         min_v = min(min_v, v[order[k]])
         min_t = min(min_t, t[order[k]])
@@ -81,6 +82,10 @@ def _nb_best_fit(order, v, t, qv, qt, group_of):
                     best = g
                     best_slot = slot
         if best < 0:
+            if n_open == window:  # close the oldest open group
+                for slot in range(1, n_open):
+                    open_ids[slot - 1] = open_ids[slot]
+                n_open -= 1
             best = ng
             ng += 1
             open_ids[n_open] = best
@@ -90,9 +95,68 @@ def _nb_best_fit(order, v, t, qv, qt, group_of):
         gt[best] += t[i]
         group_of[i] = best
         if gv[best] + min_v > qv or gt[best] + min_t > qt:  # full: close it
+            for slot in range(best_slot + 1, n_open):
+                open_ids[slot - 1] = open_ids[slot]
             n_open -= 1
-            open_ids[best_slot] = open_ids[n_open]
     return ng
+
+
+@njit(cache=True)
+def _nb_apply_round(order, group_end, kept, g, base, group_of, rest):
+    """Give kept groups of a round ids ``base, base+1, ...``; copy other samples to ``rest``.
+    Returns (kept groups, samples in rest)."""
+    start = 0
+    nk = 0
+    nr = 0
+    for q in range(g):
+        end = group_end[q]
+        if kept[q]:
+            for k in range(start, end):
+                group_of[order[k]] = base + nk
+            nk += 1
+        else:
+            for k in range(start, end):
+                rest[nr] = order[k]
+                nr += 1
+        start = end
+    return nk, nr
+
+
+@njit(cache=True)
+def _nb_segment_square_sums(values, offsets):
+    """Sum of squares of each list of a list column (values + offsets)."""
+    n = offsets.shape[0] - 1
+    out = np.zeros(n)
+    for i in range(n):
+        acc = 0.0
+        for k in range(offsets[i], offsets[i + 1]):
+            acc += float(values[k]) * float(values[k])
+        out[i] = acc
+    return out
+
+
+@njit(cache=True)
+def _nb_group_max(ids, x, n_groups):
+    out = np.zeros(n_groups)
+    for i in range(ids.shape[0]):
+        if x[i] > out[ids[i]]:
+            out[ids[i]] = x[i]
+    return out
+
+
+@njit(cache=True)
+def _nb_counting_argsort(keys, n_keys):
+    """Stable argsort of small non-negative integer keys in O(n + n_keys)."""
+    count = np.zeros(n_keys + 1, dtype=np.int64)
+    for k in keys:
+        count[k + 1] += 1
+    for j in range(n_keys):
+        count[j + 1] += count[j]
+    out = np.empty(keys.shape[0], dtype=np.int64)
+    for i in range(keys.shape[0]):
+        out[count[keys[i]]] = i
+        count[keys[i]] += 1
+    return out
 
 
 @njit(cache=True)
@@ -727,3 +791,35 @@ def _nb_1f1b_times(fwd, bwd, order):
                 ptr[s] += 1
                 progressed = True
     return sf, ef, sb, eb
+
+
+@njit(cache=True)
+def _nb_pad_ratios(ids, a, b, n_groups):
+    """Mean pad ratio (count * max - sum) / (count * max) over non-empty groups, for two length
+    arrays at once: one pass over the samples instead of four."""
+    cnt = np.zeros(n_groups)
+    sa = np.zeros(n_groups)
+    sb = np.zeros(n_groups)
+    ma = np.zeros(n_groups)
+    mb = np.zeros(n_groups)
+    for i in range(ids.shape[0]):
+        g = ids[i]
+        cnt[g] += 1
+        sa[g] += a[i]
+        sb[g] += b[i]
+        if a[i] > ma[g]:
+            ma[g] = a[i]
+        if b[i] > mb[g]:
+            mb[g] = b[i]
+    ra = 0.0
+    na = 0
+    rb = 0.0
+    nb = 0
+    for g in range(n_groups):
+        if ma[g] > 0:
+            ra += (cnt[g] * ma[g] - sa[g]) / (cnt[g] * ma[g])
+            na += 1
+        if mb[g] > 0:
+            rb += (cnt[g] * mb[g] - sb[g]) / (cnt[g] * mb[g])
+            nb += 1
+    return ra / max(na, 1), rb / max(nb, 1)

@@ -24,8 +24,8 @@ def isf_round(order, v, t, qv, qt, qfv, qft):
     return ends, kept
 
 
-def best_fit(order, v, t, qv, qt):
-    """-> {item: group}; see ``_nb_best_fit``."""
+def best_fit(order, v, t, qv, qt, window):
+    """-> {item: group}; see ``_nb_best_fit`` (bounded-space best fit)."""
     if not order:
         return {}
     min_v = min(v[i] for i in order)
@@ -34,24 +34,24 @@ def best_fit(order, v, t, qv, qt):
     open_ids: list[int] = []
     out = {}
     for i in order:
-        best, best_slot, best_slack = -1, -1, 3.0
-        for slot, g in enumerate(open_ids):
+        best, best_slack = -1, 3.0
+        for g in open_ids:
             nv, nt = sums[g][0] + v[i], sums[g][1] + t[i]
             if nv <= qv and nt <= qt:
                 slack = (qv - nv) / qv + (qt - nt) / qt
                 if slack < best_slack:
-                    best, best_slot, best_slack = g, slot, slack
+                    best, best_slack = g, slack
         if best < 0:
+            if len(open_ids) == window:
+                open_ids.pop(0)
             best = len(sums)
             sums.append([0, 0])
             open_ids.append(best)
-            best_slot = len(open_ids) - 1
         sums[best][0] += v[i]
         sums[best][1] += t[i]
         out[i] = best
         if sums[best][0] + min_v > qv or sums[best][1] + min_t > qt:
-            open_ids[best_slot] = open_ids[-1]
-            open_ids.pop()
+            open_ids.remove(best)
     return out
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from balancing._kernels import _nb_segment_square_sums
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 
@@ -94,13 +95,9 @@ def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndar
     vit = table.column("vit_tokens").to_numpy().astype(np.float64)
     llm = table.column("llm_tokens").to_numpy().astype(np.float64)
     col = table.column("vit_seq_lens").combine_chunks()
-    seq = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.float64)
-    counts = pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
-    sq = np.zeros(len(vit))
-    if seq.size:
-        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        has = counts > 0
-        sq[has] = np.add.reduceat(seq * seq, starts[has])
+    offsets = col.offsets.to_numpy(zero_copy_only=False)
+    values = col.values.to_numpy(zero_copy_only=False)
+    sq = _nb_segment_square_sums(values, offsets) if len(vit) else np.zeros(0)
     return (
         model.vision.alpha * vit + model.vision.beta * sq,
         model.llm.alpha * llm + model.llm.beta * llm * llm,

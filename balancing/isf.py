@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from balancing._kernels import _nb_best_fit, _nb_isf_round
+from balancing._kernels import _nb_apply_round, _nb_best_fit, _nb_isf_round
 
 __all__ = [
     "FLAG_ISF",
@@ -39,6 +39,7 @@ class ISFParams:
     qf_v: int
     qf_t: int
     rounds: int = 10
+    window: int = 64  # open groups considered by the best-fit packing of leftovers
 
     def __post_init__(self) -> None:
         if self.q_v <= 0 or self.q_t <= 0:
@@ -77,6 +78,7 @@ def isf_group(v: np.ndarray, t: np.ndarray, params: ISFParams, rng: np.random.Ge
     kept_per_round = []
     group_end = np.empty(n, dtype=np.int64)
     kept = np.empty(n, dtype=np.bool_)
+    rest = np.empty(n, dtype=np.int64)
     for _ in range(params.rounds):
         if remaining.size == 0:
             break
@@ -84,23 +86,17 @@ def isf_group(v: np.ndarray, t: np.ndarray, params: ISFParams, rng: np.random.Ge
         g = _nb_isf_round(
             order, v, t, params.q_v, params.q_t, params.qf_v, params.qf_t, group_end, kept
         )
-        sizes = np.diff(group_end[:g], prepend=0)
-        gid = np.repeat(np.arange(g), sizes)
-        keep_g = kept[:g]
-        keep_pos = keep_g[gid]
-        new_ids = np.cumsum(keep_g) - 1 + ng
-        group_of[order[keep_pos]] = new_ids[gid[keep_pos]]
-        n_kept = int(keep_g.sum())
-        kept_per_round.append(n_kept)
-        ng += n_kept
-        remaining = np.sort(order[~keep_pos])
+        n_kept, n_rest = _nb_apply_round(order, group_end, kept, g, ng, group_of, rest)
+        kept_per_round.append(int(n_kept))
+        ng += int(n_kept)
+        remaining = rest[:n_rest].copy()
     flags = [np.full(ng, FLAG_ISF, dtype=np.int8)]
     if remaining.size:
         # Largest first (in cap-normalized size), ties by index: a deterministic best-fit order.
         size = v[remaining] / params.q_v + t[remaining] / params.q_t
         order = remaining[np.lexsort((remaining, -size))]
         local = np.full(n, -1, dtype=np.int64)
-        k = _nb_best_fit(order, v, t, params.q_v, params.q_t, local)
+        k = _nb_best_fit(order, v, t, params.q_v, params.q_t, params.window, local)
         group_of[remaining] = local[remaining] + ng
         flags.append(np.full(k, FLAG_LEFTOVER, dtype=np.int8))
         ng += k

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from balancing._kernels import _nb_group_max
+
 __all__ = ["dist_ratio", "efficiency", "pad_ratio", "step_dist_ratios"]
 
 
@@ -42,16 +44,16 @@ def efficiency(loads: np.ndarray) -> float:
 def pad_ratio(lengths: np.ndarray, batch_ids: np.ndarray) -> float:
     """Mean pad ratio over batches: the share of a padded batch that is padding.
 
-    ``lengths[i]`` is sample i's length and ``batch_ids[i]`` its batch.
+    ``lengths[i]`` is sample i's length and ``batch_ids[i]`` (a non-negative integer) its batch.
     """
-    lengths = np.asarray(lengths, dtype=np.float64)
-    batch_ids = np.asarray(batch_ids)
+    lengths = np.ascontiguousarray(lengths, dtype=np.float64)
+    batch_ids = np.ascontiguousarray(batch_ids, dtype=np.int64)
     if lengths.size == 0:
         return 0.0
-    _, inv, counts = np.unique(batch_ids, return_inverse=True, return_counts=True)
-    mx = np.zeros(len(counts))
-    np.maximum.at(mx, inv, lengths)
-    total = np.bincount(inv, weights=lengths, minlength=len(counts))
+    n_batches = int(batch_ids.max()) + 1
+    counts = np.bincount(batch_ids, minlength=n_batches)
+    mx = _nb_group_max(batch_ids, lengths, n_batches)
+    total = np.bincount(batch_ids, weights=lengths, minlength=n_batches)
     ok = mx > 0
     ratios = (mx[ok] * counts[ok] - total[ok]) / (mx[ok] * counts[ok])
     return float(ratios.mean()) if ratios.size else 0.0

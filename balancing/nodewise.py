@@ -14,8 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, linear_sum_assignment, milp
-from scipy.sparse import coo_matrix
 
 from balancing._kernels import (
     _nb_argsort_desc,
@@ -75,6 +73,9 @@ def inter_node_volume(
 
 
 def _exact_nodes(v: np.ndarray, per_node: int) -> np.ndarray:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
     d = v.shape[0]
     nodes = d // per_node
     nx = d * nodes  # x[j, n] at j * nodes + n, then z
@@ -139,6 +140,8 @@ def nodewise_permutation(
     exact_max_d: int = 16,
 ) -> NodewiseResult:
     """Choose which rank receives each new batch (Alg. 3); see the module docstring."""
+    from scipy.optimize import linear_sum_assignment
+
     if per_node < 1 or d % per_node:
         raise ValueError(f"d={d} ranks must split into whole nodes of {per_node}")
     v = volume_matrix(src, dest, volume, d)

@@ -17,10 +17,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from balancing._kernels import _nb_counting_argsort, _nb_pad_ratios
 from balancing.auto_params import auto_isf_params
 from balancing.cost_model import CostModel, sample_costs
 from balancing.isf import FLAG_LAST_STEP, FLAG_NAMES, FLAG_OVERSIZE, ISFParams, isf_group
-from balancing.metrics import dist_ratio, efficiency, pad_ratio
+from balancing.metrics import dist_ratio, efficiency
 from balancing.steps import assign_steps
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
@@ -88,18 +89,17 @@ class BalanceResult:
     report: dict
 
 
-def _step_loads(group_of, step, rank, x, n_steps, d) -> np.ndarray:
-    g = np.bincount(group_of, weights=x, minlength=step.shape[0])
+def _step_loads(
+    group_sums: np.ndarray, step: np.ndarray, rank: np.ndarray, n_steps: int, d: int
+) -> np.ndarray:
     loads = np.zeros((n_steps, d))
     ok = step >= 0
-    loads[step[ok], rank[ok]] = g[ok]
+    loads[step[ok], rank[ok]] = group_sums[ok]
     return loads
 
 
-def _metrics(
-    loads: dict[str, np.ndarray], batch_of: np.ndarray, v: np.ndarray, t: np.ndarray
-) -> dict:
-    out = {"pad_ratio_vit": pad_ratio(v, batch_of), "pad_ratio_llm": pad_ratio(t, batch_of)}
+def _metrics(loads: dict[str, np.ndarray], pads: dict[str, float]) -> dict:
+    out = dict(pads)
     for name, key in (("vit", "vit_tokens"), ("llm", "llm_tokens")):
         out[f"dist_ratio_{name}"] = dist_ratio(loads[key])
         out[f"efficiency_{name}"] = efficiency(loads[key])
@@ -109,14 +109,25 @@ def _metrics(
     return {k: round(float(v), 6) for k, v in out.items()}
 
 
+def _pads(batch_of: np.ndarray, v: np.ndarray, t: np.ndarray) -> dict[str, float]:
+    """Pad ratios (``metrics.pad_ratio``) of both phases in one pass."""
+    pv, pt = _nb_pad_ratios(batch_of, v, t, int(batch_of.max()) + 1)
+    return {"pad_ratio_vit": pv, "pad_ratio_llm": pt}
+
+
+def _average_ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks with ties sharing their average rank (as Spearman's rho needs)."""
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return (first + (counts - 1) / 2.0)[inv]
+
+
 def _trend(step_loads: np.ndarray) -> dict:
     """Does the per-step mean load drift with the step index? (rank correlation, halves)"""
     m = step_loads.mean(axis=1)
     if m.size < 4:
         return {"spearman": 0.0, "second_half_over_first": 1.0}
-    from scipy.stats import spearmanr
-
-    rho = float(spearmanr(np.arange(m.size), m).statistic) if m.std() > 0 else 0.0
+    rho = float(np.corrcoef(np.arange(m.size), _average_ranks(m))[0, 1]) if m.std() > 0 else 0.0
     half = m.size // 2
     ratio = float(m[half:].mean() / m[:half].mean()) if m[:half].mean() > 0 else 1.0
     return {"spearman": round(rho, 4), "second_half_over_first": round(ratio, 4)}
@@ -176,14 +187,11 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     n_total = a.step.shape[0]
     gsum = {k: np.bincount(a.group_of, weights=x, minlength=n_total) for k, x in loads.items()}
     gsize = np.bincount(a.group_of, minlength=n_total)
-    step_loads = {
-        k: _step_loads(a.group_of, a.step, rank, x, a.n_steps, d) for k, x in loads.items()
-    }
-    balanced = _metrics(step_loads, a.group_of, v, t)
+    step_loads = {k: _step_loads(gsum[k], a.step, rank, a.n_steps, d) for k in loads}
+    pads = _pads(a.group_of, v, t)
+    balanced = _metrics(step_loads, pads)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
-    balanced_full = (
-        _metrics({k: x[:n_full] for k, x in step_loads.items()}, a.group_of, v, t) if n_full else {}
-    )
+    balanced_full = _metrics({k: x[:n_full] for k, x in step_loads.items()}, pads) if n_full else {}
     # Random batching of the same samples: B per rank, D ranks per step (the usual sampler).
     b = max(1, round(cfg.target_batch))
     perm = np.random.default_rng(cfg.seed + 1).permutation(n)
@@ -197,11 +205,12 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         random_loads[k] = (
             per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
         )
-    random = _metrics(random_loads, batch, v, t)
+    random = _metrics(random_loads, _pads(batch, v, t))
     node_loads = {k: x.reshape(a.n_steps, nodes, per).sum(axis=2) for k, x in step_loads.items()}
     timings["metrics"] = time.perf_counter() - t1
 
-    order = np.lexsort((np.arange(n), rank[a.group_of], a.step[a.group_of]))
+    slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
+    order = _nb_counting_argsort(slot[a.group_of], a.n_steps * d)
     g = a.group_of[order]
     plan = pa.table(
         {

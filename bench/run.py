@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-BENCHMARKS = {"prep": "bench.bench_prep"}
+BENCHMARKS = {"prep": "bench.bench_prep", "balance": "bench.bench_balance"}
 
 _PACKAGES = ("numpy", "numba", "pyarrow", "tokenizers", "Pillow", "webdataset", "torch", "scipy")
 

@@ -69,7 +69,7 @@ def table_metadata(path: str | Path) -> dict:
 
 def read_cost_table(path: str | Path) -> pa.Table:
     """Read a cost table, checking the required columns are present."""
-    table = pq.read_table(path)
+    table = pq.ParquetFile(path).read()
     missing = [f.name for f in COST_SCHEMA if f.name not in table.column_names]
     if missing:
         raise ValueError(f"{path}: cost table lacks column(s) {missing}")

@@ -39,9 +39,10 @@ def test_best_fit(seed):
     v = rng.integers(0, 6, n) * 1024
     t = rng.integers(50, 2000, n)
     order = rng.permutation(n)
+    window = int(rng.integers(1, 10))
     out = np.full(n, -1, dtype=np.int64)
-    K._nb_best_fit(order, v, t, 16 * 1024, 5000, out)
-    ref = R.best_fit(order.tolist(), v.tolist(), t.tolist(), 16 * 1024, 5000)
+    K._nb_best_fit(order, v, t, 16 * 1024, 5000, window, out)
+    ref = R.best_fit(order.tolist(), v.tolist(), t.tolist(), 16 * 1024, 5000, window)
     assert {i: int(out[i]) for i in order} == ref
 
 

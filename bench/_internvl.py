@@ -1,0 +1,51 @@
+"""The real InternVL length statistics (../shared/data/internvl_lengths) as a cost table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "internvl_lengths"
+FILES = ("ai2d_train_12k_wh_token_lengths.json", "chartqa_train_18k_wh_token_lengths.json")
+
+
+def load_lengths() -> tuple[np.ndarray, np.ndarray]:
+    """(tiles, llm_tokens) per sample: one tile = 1024 encoder patches and 256 LLM tokens."""
+    rows = []
+    for name in FILES:
+        rows += json.loads((DATA / name).read_text())
+    return np.array([r["vit_num"] for r in rows]), np.array([r["token_num"] for r in rows])
+
+
+def cost_table(tiles: np.ndarray, llm: np.ndarray) -> pa.Table:
+    n = tiles.size
+    offsets = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
+    seq = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(np.full(offsets[-1], 1024, np.int32))
+    )
+    empty = pa.array([[]] * n, pa.list_(pa.int32()))
+    return pa.table(
+        {
+            "sample_id": pa.array(np.arange(n)).cast(pa.string()),
+            "source": pa.array(["internvl"] * n),
+            "num_images": pa.array(tiles.astype(np.int32)),
+            "vit_tokens": pa.array((tiles * 1024).astype(np.int64)),
+            "vit_seq_lens": seq,
+            "llm_tokens": pa.array(llm.astype(np.int64)),
+            "text_tokens": pa.array((llm - 256 * tiles).astype(np.int64)),
+            "modality": pa.array(["image"] * n),
+            "image_widths": empty,
+            "image_heights": empty,
+            "location": pa.array([""] * n),
+            "fingerprint": pa.array([""] * n),
+        }
+    )
+
+
+def resampled(n: int, seed: int = 0) -> pa.Table:
+    tiles, llm = load_lengths()
+    idx = np.random.default_rng(seed).integers(0, tiles.size, n)
+    return cost_table(tiles[idx], llm[idx])

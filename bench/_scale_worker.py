@@ -8,8 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from balancing.plan import BalanceConfig, build_plan  # noqa: E402
-from bench._internvl import resampled  # noqa: E402
+from balancing.plan import BalanceConfig, build_plan
+from bench._internvl import resampled
 
 n = int(sys.argv[1])
 table = resampled(n)

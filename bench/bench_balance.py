@@ -159,7 +159,7 @@ def _runtime(lines: list[str], raw: dict) -> None:
         x = llm[rng.integers(0, llm.size, d * 60)].astype(np.float64)
         for method in ("auto", "lpt", "kk_equal", "best"):
             post_balance(x, d, method=method)
-            sec, r = _median_time(lambda m=method: post_balance(x, d, method=m), 21)
+            sec, r = _median_time(lambda m=method, x=x, d=d: post_balance(x, d, method=m), 21)
             rows.append(
                 {
                     "d": d,

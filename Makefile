@@ -12,6 +12,7 @@ WORKERS ?= 2
 DP     ?= 8
 NODES  ?= 2
 BATCH  ?= 4
+SHARD_SIZE ?= 16MB
 
 .PHONY: install shards test test-all bench lint clean
 
@@ -31,6 +32,10 @@ shards: $(STAMP)
 		--workers $(WORKERS) -o $(OUT)/cost.parquet
 	$(BIN)/equishard balance $(OUT)/cost.parquet --dp $(DP) --nodes $(NODES) \
 		--target-batch $(BATCH) --seed $(SEED) -o $(OUT)/plan
+	$(BIN)/equishard write $(OUT)/plan --cost-table $(OUT)/cost.parquet --out $(OUT)/shards \
+		--shard-size $(SHARD_SIZE) --workers $(WORKERS)
+	$(BIN)/equishard verify $(OUT)/shards
+	$(BIN)/equishard inspect $(OUT)/shards
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
 test: $(STAMP)

@@ -231,7 +231,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         },
         schema=PLAN_SCHEMA,
     )
-    flag_counts = np.bincount(flags, minlength=len(FLAG_NAMES))
+    nonempty = gsize > 0  # dissolved groups and empty last-step slots hold no samples
+    flag_counts = np.bincount(flags[nonempty], minlength=len(FLAG_NAMES))
     oversize_ids = (
         table.column("sample_id")
         .take(pa.array(np.flatnonzero(flags[groups.group_of] == FLAG_OVERSIZE)[:20]))
@@ -242,7 +243,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         "counts": {
             "in": n,
             "out": plan.num_rows,
-            "groups": int(n_total),
+            "groups": int(nonempty.sum()),
             "steps": int(a.n_steps),
             "groups_by_flag": {
                 name: int(c) for name, c in zip(FLAG_NAMES, flag_counts, strict=True)
@@ -250,7 +251,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             "oversize_samples": int((flags[groups.group_of] == FLAG_OVERSIZE).sum()),
             "oversize_sample_ids": oversize_ids,
             "leftover_samples": int((flags[groups.group_of] == 1).sum()),
-            "avg_group_size": round(n / max(groups.n_groups, 1), 4),
+            "avg_group_size": round(n / max(int(nonempty.sum()), 1), 4),
         },
         "last_step": {
             "short": bool(last.size),

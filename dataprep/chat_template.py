@@ -51,6 +51,34 @@ class ChatTemplate:
             )
         return text
 
+    def render_spans(self, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """Like :meth:`render`, plus the character spans of assistant contents (the training
+        targets)."""
+        parts: list[str] = [self.bos]
+        spans: list[tuple[int, int]] = []
+        pos = len(self.bos)
+
+        def add(text: str, target: bool = False) -> None:
+            nonlocal pos
+            if self.image_prefix or self.image_suffix:
+                text = text.replace(
+                    IMAGE_PLACEHOLDER, self.image_prefix + IMAGE_PLACEHOLDER + self.image_suffix
+                )
+            if target:
+                spans.append((pos, pos + len(text)))
+            parts.append(text)
+            pos += len(text)
+
+        if self.system_prompt is not None and (not turns or turns[0][0] != "system"):
+            add(self.prefix["system"])
+            add(self.system_prompt)
+            add(self.suffix)
+        for role, text in turns:
+            add(self.prefix[role])
+            add(text, target=role == "assistant")
+            add(self.suffix)
+        return "".join(parts), spans
+
     def describe(self) -> dict:
         return asdict(self)
 

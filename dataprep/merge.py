@@ -26,7 +26,7 @@ from dataprep.errors import DataprepError
 
 __all__ = ["merge_cost_tables"]
 
-_MUST_MATCH = ("format_version", "vision_policy", "tokenizer", "template", "inputs")
+_MUST_MATCH = ("format_version", "vision_policy", "tokenizer", "template", "inputs", "read_options")
 
 
 def merge_cost_tables(parts: list[str], output: str) -> dict:

@@ -153,6 +153,11 @@ def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dic
         "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
         "template": load_template(cfg.template).describe(),
         "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
+        "read_options": {
+            "image_root": str(Path(cfg.image_root).resolve()) if cfg.image_root else None,
+            "image_column": cfg.image_column,
+            "text_column": cfg.text_column,
+        },
         "shard": {"index": cfg.shard_index, "num_shards": cfg.num_shards},
         "counts": {"in": result.n_in, "written": result.n_written, "rejected": result.n_rejected},
     }

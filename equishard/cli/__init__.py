@@ -16,6 +16,9 @@ SUBCOMMANDS = {
     "prep": "equishard.cli.prep",
     "merge": "equishard.cli.merge",
     "balance": "equishard.cli.balance",
+    "write": "equishard.cli.write",
+    "verify": "equishard.cli.verify",
+    "inspect": "equishard.cli.inspect",
 }
 
 
@@ -25,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Turn a vision-language dataset into balanced shards so that no GPU waits for another.\n"
             "Stages: demo (make a sample dataset) -> prep (measure every sample's vision and text\n"
-            "tokens into a cost table) -> balance (group samples into balanced steps and ranks).\n"
+            "tokens into a cost table) -> balance (group samples into balanced steps and ranks)\n"
+            "-> write (balanced WebDataset shards) -> verify / inspect (check and summarize them).\n"
             "Run 'equishard SUBCOMMAND --help' for each one."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -1,0 +1,160 @@
+"""Random access to raw samples by their cost-table ``location`` (``input#record-index``).
+
+The shard writer needs each sample's conversation and original image bytes in plan order, which
+is random with respect to the inputs. ``RecordStore`` reads through the same readers as prep
+(same parsing, same normalization) and keeps, per input, only an index from record number to
+where the record lives: byte offsets for JSONL, member offsets for tars, the parsed list for
+JSON, row numbers for Parquet/HF. Image bytes are read when asked for, never cached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dataprep.errors import DataprepError, SampleRejected
+from dataprep.readers import ImageRef, RawRecord, ReadOptions, detect_reader, read_unit
+from dataprep.readers.base import WorkUnit
+from dataprep.readers.jsonl import scan_json, scan_jsonl
+from dataprep.readers.tabular import scan_hf, scan_parquet
+from dataprep.readers.wds import scan_wds
+from dataprep.records import normalize_record, sample_id_of
+
+__all__ = ["RawSample", "RecordStore", "image_bytes"]
+
+_SCANS = {
+    "jsonl": scan_jsonl,
+    "json": scan_json,
+    "parquet": scan_parquet,
+    "hf": scan_hf,
+    "wds": scan_wds,
+}
+
+
+@dataclass(slots=True)
+class RawSample:
+    sample_id: str
+    turns: list[tuple[str, str]]
+    images: list[ImageRef]
+
+
+def image_bytes(ref: ImageRef) -> bytes:
+    """The original encoded bytes of one image."""
+    if ref.data is not None:
+        return ref.data
+    with open(ref.path, "rb") as f:
+        if ref.size is None:
+            return f.read()
+        f.seek(ref.offset)
+        return f.read(ref.size)
+
+
+class RecordStore:
+    """Look up raw samples by location; one index per input, built on first use."""
+
+    def __init__(
+        self, opts: ReadOptions | None = None, chunk: int = 1024, cached_units: int = 8
+    ) -> None:
+        self.opts = opts or ReadOptions()
+        self.chunk = chunk
+        self.cached_units = cached_units
+        self._units: dict[str, list[WorkUnit]] = {}
+        self._lines: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._cache: OrderedDict[int, dict[int, RawRecord]] = OrderedDict()
+
+    def _jsonl_index(self, path: str) -> tuple[np.ndarray, np.ndarray]:
+        """Byte offset and line number of every record (non-blank line) of a JSONL file."""
+        idx = self._lines.get(path)
+        if idx is None:
+            offsets, lines = [], []
+            pos = 0
+            with open(path, "rb") as f:
+                for no, line in enumerate(f, start=1):
+                    if line.strip():
+                        offsets.append(pos)
+                        lines.append(no)
+                    pos += len(line)
+            idx = (np.array(offsets, dtype=np.int64), np.array(lines, dtype=np.int64))
+            self._lines[path] = idx
+        return idx
+
+    def _unit_for(self, path: str, index: int) -> WorkUnit:
+        units = self._units.get(path)
+        if units is None:
+            p = Path(path)
+            reader = detect_reader(p)
+            source = p.stem if p.suffix else p.name
+            units = list(_SCANS[reader](p, source, self.chunk))
+            self._units[path] = units
+        lo, hi = 0, len(units)
+        while lo < hi:  # units are in record order
+            mid = (lo + hi) // 2
+            if units[mid].first + units[mid].count <= index:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(units) or not units[lo].first <= index < units[lo].first + units[lo].count:
+            raise DataprepError(f"{path}: no record {index}; the input changed since prep ran")
+        return units[lo]
+
+    def _record(self, path: str, index: int) -> RawRecord:
+        if path.endswith(".jsonl"):
+            offsets, lines = self._jsonl_index(path)
+            if not 0 <= index < offsets.size:
+                raise DataprepError(f"{path}: no record {index}; the input changed since prep ran")
+            with open(path, "rb") as f:
+                f.seek(int(offsets[index]))
+                raw = f.readline()
+            try:
+                return RawRecord(
+                    index=index, line=int(lines[index]), record=json.loads(raw), raw=raw
+                )
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                err = SampleRejected("malformed_json", f"{path}: line {int(lines[index])}: {exc}")
+                return RawRecord(index=index, line=int(lines[index]), raw=raw, error=err)
+        unit = self._unit_for(path, index)
+        key = id(unit)
+        records = self._cache.get(key)
+        if records is None:
+            records = {r.index: r for r in read_unit(unit, self.opts)}
+            self._cache[key] = records
+            if len(self._cache) > self.cached_units:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(key)
+        return records[index]
+
+    def get(self, location: str) -> RawSample:
+        """The sample at ``input#index``; :class:`SampleRejected` if it no longer reads cleanly."""
+        path, sep, idx = location.rpartition("#")
+        if not sep or not idx.isdigit():
+            raise DataprepError(f"bad location {location!r}: expected 'input#record-index'")
+        rec = self._record(path, int(idx))
+        if rec.error is not None:
+            raise rec.error
+        p = Path(path)
+        source = p.stem if p.suffix else p.name
+        if p.is_dir():  # HF splits carry their split in the source
+            source = self._unit_for(path, int(idx)).source
+        sid = sample_id_of(rec.record, f"{source}:{rec.index}")
+        sample = normalize_record(rec.record, sid, images=rec.images)
+        refs = []
+        for k, img in enumerate(sample.images):
+            if isinstance(img, ImageRef):
+                refs.append(img)
+            elif isinstance(img, dict) and img.get("bytes"):
+                refs.append(ImageRef(where=f"{location}/image{k}", data=img["bytes"]))
+            elif isinstance(img, (bytes, bytearray)):
+                refs.append(ImageRef(where=f"{location}/image{k}", data=bytes(img)))
+            else:
+                name = img.get("path") if isinstance(img, dict) else img
+                if not isinstance(name, str):
+                    raise SampleRejected("missing_image", f"{location}: image {k} is not a path")
+                full = os.path.join(self.opts.image_root or os.path.dirname(path), name)
+                refs.append(ImageRef(where=full, path=full))
+        return RawSample(sample_id=sid, turns=sample.turns, images=refs)

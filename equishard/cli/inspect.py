@@ -1,0 +1,61 @@
+"""``equishard inspect``: manifest summary and per-stream loads of a generation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name,
+        help="summarize a generation: layout, totals, per-stream loads",
+        description="Print a generation's manifest summary and one line per stream.",
+    )
+    p.add_argument(
+        "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from equishard.cli._common import fail, format_table
+    from shards.manifest import ManifestError
+    from shards.verify import inspect_generation
+
+    try:
+        info = inspect_generation(args.generation)
+    except ManifestError as exc:
+        return fail(str(exc))
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    t, lay = info["totals"], info["layout"]
+    print(
+        f"generation {info['generation']} (parent {info['parent'] or '-'})\n  {info['path']}\n"
+        f"  {lay['nodes']} node(s) x {lay['gpus_per_node']} ranks, {lay['steps']} steps; {t['samples']} samples, "
+        f"{t['groups']} groups, {t['shards']} shards, {t['bytes'] / 2**20:.1f} MiB"
+    )
+    b = info["balance"]
+    if b:
+        print(
+            f"  plan balance: dist ratio {b['dist_ratio_vit']:.4f} (vision) / {b['dist_ratio_llm']:.4f} (LLM), "
+            f"efficiency {b['efficiency_vit']:.4f} / {b['efficiency_llm']:.4f}"
+        )
+    rows = [
+        (
+            f"{s['node']}/{s['local_rank']}",
+            s["rank"],
+            s["shards"],
+            s["groups"],
+            s["samples"],
+            f"{s['bytes'] / 2**20:.1f}",
+        )
+        for s in info["streams"]
+    ]
+    print()
+    print(format_table(["node/local", "rank", "shards", "groups", "samples", "MiB"], rows))
+    return 0

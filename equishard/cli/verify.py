@@ -1,0 +1,35 @@
+"""``equishard verify``: check every checksum and sample count of a generation."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name,
+        help="check every shard checksum and sample count (non-zero exit on any problem)",
+        description="Check a generation: the manifest, every shard's sha256, and (unless --fast) every group's\n"
+        "samples: complete, safe, and as many as the manifest says. Exit code 1 on any mismatch.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
+    )
+    p.add_argument("--fast", action="store_true", help="checksums only, do not read samples")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shards.verify import verify_generation
+
+    r = verify_generation(args.generation, deep=not args.fast)
+    for problem in r.problems:
+        print(f"PROBLEM: {problem}")
+    print(
+        f"verify: generation {r.generation}: {r.shards} shards, {r.samples} samples checked, "
+        f"{len(r.problems)} problem(s) -> {'OK' if r.ok else 'FAILED'}"
+    )
+    return 0 if r.ok else 1

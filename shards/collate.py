@@ -1,0 +1,152 @@
+"""Collation of a group into model-ready tensors (packed, variable-length).
+
+For every sample: the conversation is rendered with the chat template and tokenized with the
+real tokenizer; each ``<image>`` becomes as many image-context tokens as the vision policy gives
+that image; labels are the token ids inside assistant turns and -100 elsewhere. Images are decoded
+with Pillow and cut per the policy (InternVL tiles + thumbnail, a fixed square, or Qwen2-VL's
+smart resize) into patch vectors (3 x patch x patch values each, CLIP-normalized). The group is
+packed: ``cu_seqlens`` delimit samples in ``input_ids``; ``patch_cu_seqlens`` delimit the
+encoder sequences (one per image or tile) in ``patches``. ``llm_lens`` and ``vit_lens`` are the
+per-sample lengths the runtime balancer needs; they equal the cost table's ``llm_tokens`` and
+``vit_tokens`` when the same tokenizer, template and policy are used.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from dataprep.chat_template import load_template
+from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.vision_policy import (
+    FixedPolicy,
+    InternVLPolicy,
+    Qwen2VLPolicy,
+    internvl_grid,
+    parse_vision_policy,
+    qwen2vl_smart_resize,
+)
+
+__all__ = ["IMAGE_CONTEXT", "Collator"]
+
+IMAGE_CONTEXT = "<IMG_CONTEXT>"
+_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
+_STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
+
+
+def _patches(img: Image.Image, size: tuple[int, int], p: int) -> np.ndarray:
+    """Resize to (width, height) and cut into row-major p x p patches -> [n, 3*p*p]."""
+    a = (
+        np.asarray(img.resize(size, Image.Resampling.BICUBIC), dtype=np.float32) / 255.0 - _MEAN
+    ) / _STD
+    h, w = size[1] // p, size[0] // p
+    return a.reshape(h, p, w, p, 3).transpose(0, 2, 1, 3, 4).reshape(h * w, p * p * 3)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collator:
+    tokenizer: str
+    template: str = "chatml"
+    vision_policy: str = "internvl"
+
+    def __post_init__(self) -> None:
+        from tokenizers import AddedToken, Tokenizer
+
+        tok = Tokenizer.from_file(self.tokenizer)
+        tok.add_special_tokens(
+            [
+                AddedToken(t, special=True, normalized=False)
+                for t in (IMAGE_PLACEHOLDER, IMAGE_CONTEXT)
+            ]
+        )
+        object.__setattr__(self, "_tok", tok)
+        object.__setattr__(self, "_tmpl", load_template(self.template))
+        object.__setattr__(self, "_policy", parse_vision_policy(self.vision_policy))
+        object.__setattr__(self, "image_token_id", tok.token_to_id(IMAGE_CONTEXT))
+        object.__setattr__(self, "_placeholder_id", tok.token_to_id(IMAGE_PLACEHOLDER))
+
+    def _image_units(self, img: Image.Image) -> list[np.ndarray]:
+        """Encoder sequences (patch vectors) of one image under the policy."""
+        pol = self._policy
+        w, h = img.size
+        if isinstance(pol, FixedPolicy):
+            return [_patches(img, (pol.image_size, pol.image_size), pol.patch_size)]
+        if isinstance(pol, InternVLPolicy):
+            cols, rows = internvl_grid(w, h, pol.min_tiles, pol.max_tiles, pol.tile_size)
+            s = pol.tile_size
+            big = img.resize((cols * s, rows * s), Image.Resampling.BICUBIC)
+            tiles = [
+                big.crop((c * s, r * s, (c + 1) * s, (r + 1) * s))
+                for r in range(rows)
+                for c in range(cols)
+            ]
+            if pol.thumbnail and len(tiles) != 1:
+                tiles.append(img)
+            return [_patches(t, (s, s), pol.patch_size) for t in tiles]
+        assert isinstance(pol, Qwen2VLPolicy)
+        hh, ww = qwen2vl_smart_resize(
+            h, w, pol.patch_size * pol.merge_size, pol.min_pixels, pol.max_pixels
+        )
+        return [_patches(img, (ww, hh), pol.patch_size)]
+
+    def __call__(self, samples: list) -> dict:
+        ids: list[int] = []
+        labels: list[int] = []
+        positions: list[int] = []
+        cu = [0]
+        units: list[np.ndarray] = []
+        vit_lens: list[int] = []
+        llm_lens: list[int] = []
+        for s in samples:
+            text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
+            enc = self._tok.encode(text, add_special_tokens=False)
+            imgs = [Image.open(io.BytesIO(b)).convert("RGB") for b in s.images]
+            costs = [self._policy.image_cost(*im.size) for im in imgs]
+            n_ph = enc.ids.count(self._placeholder_id)
+            if n_ph != len(imgs):
+                raise ValueError(
+                    f"sample {s.meta.get('sample_id')!r}: {n_ph} <image> tokens for {len(imgs)} images"
+                )
+            k = 0
+            sample_ids: list[int] = []
+            sample_labels: list[int] = []
+            for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
+                if tid == self._placeholder_id:
+                    sample_ids += [self.image_token_id] * costs[k].llm_tokens
+                    sample_labels += [-100] * costs[k].llm_tokens
+                    k += 1
+                    continue
+                target = any(lo <= a and b <= hi for lo, hi in spans)
+                sample_ids.append(tid)
+                sample_labels.append(tid if target else -100)
+            ids += sample_ids
+            labels += sample_labels
+            positions += range(len(sample_ids))
+            cu.append(len(ids))
+            llm_lens.append(len(sample_ids))
+            n_vit = 0
+            for im in imgs:
+                for u in self._image_units(im):
+                    units.append(u)
+                    n_vit += u.shape[0]
+            vit_lens.append(n_vit)
+        patch_dim = 3 * self._policy.patch_size**2
+        pcu = np.concatenate([[0], np.cumsum([u.shape[0] for u in units])]).astype(np.int32)
+        return {
+            "input_ids": torch.tensor(ids, dtype=torch.long),
+            "labels": torch.tensor(labels, dtype=torch.long),
+            "position_ids": torch.tensor(positions, dtype=torch.long),
+            "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
+            "patches": torch.from_numpy(np.concatenate(units))
+            if units
+            else torch.zeros(0, patch_dim),
+            "patch_cu_seqlens": torch.from_numpy(pcu),
+            "llm_lens": torch.tensor(llm_lens, dtype=torch.long),
+            "vit_lens": torch.tensor(vit_lens, dtype=torch.long),
+            "image_token_id": self.image_token_id,
+            "sample_ids": [s.meta["sample_id"] for s in samples],
+        }

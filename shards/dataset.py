@@ -1,0 +1,231 @@
+"""The streaming loader: one balanced group per training step, exactly once, resumable.
+
+The plan has S steps x D ranks of groups. Each epoch orders the plan's steps by a seeded
+permutation (the short last step, if any, stays last) and lays the groups out as slots
+``(step, plan rank)``. Trainer rank w of W takes slot ``t * W + w`` at its step t, so:
+
+* W == D: rank w reads its own stream, one group per step, with the plan's balance;
+* W != D: the streams are re-split deterministically; every slot is still delivered once, but
+  a step mixes groups of neighbouring plan steps, so the runtime balancer
+  (``trainer_adapter``/``balancing.post_balance``) must even out what remains.
+
+Every rank runs ``ceil(S * D / W)`` steps (a slot past the end is an empty group), so no rank
+waits for another at a collective. DataLoader worker k of K takes steps ``start + k, +K, ...``,
+which is the order a DataLoader's round-robin returns them in. Resumption is by the number of
+slots consumed, so it works with any number of workers, any number of times, and across a change
+of W (elastic): the remaining slots are exactly the uninterrupted remainder.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import IterableDataset, get_worker_info
+
+from shards.manifest import Manifest, ManifestError, load_manifest
+from shards.publish import read_current
+from shards.reader import ShardError, read_group, sha256_of
+
+__all__ = ["GroupDataset", "RankInfo", "merge_states", "open_generation"]
+
+
+def open_generation(path: str | os.PathLike) -> Manifest:
+    """A generation directory, or a generation root (then the one ``CURRENT`` names)."""
+    p = Path(path)
+    if (p / "manifest.json").exists():
+        return load_manifest(p)
+    current = read_current(p)
+    if current is None:
+        raise ManifestError(
+            f"{p}: neither a generation (no manifest.json) nor a root with a CURRENT generation"
+        )
+    return load_manifest(p / current)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankInfo:
+    """Who is reading: DP rank and size, plus the node layout for locality and the workers."""
+
+    rank: int
+    world_size: int
+    node: int = 0
+    local_rank: int | None = None
+    worker_id: int | None = None  # None: taken from the DataLoader worker (0 in the main process)
+    num_workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"rank must be in [0, world_size), got {self.rank} of {self.world_size}"
+            )
+
+    def worker(self) -> tuple[int, int]:
+        if self.worker_id is not None:
+            return self.worker_id, self.num_workers or 1
+        info = get_worker_info()
+        return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def merge_states(states: list[dict]) -> dict:
+    """One resumable state from every rank's ``state_dict()``; rejects incomplete or mixed sets."""
+    if not states:
+        raise ValueError("no states given")
+    world = states[0].get("world_size")
+    ranks = sorted(s.get("rank") for s in states)
+    if ranks != list(range(world)):
+        raise ValueError(f"states of ranks {ranks} given; need exactly one per rank 0..{world - 1}")
+    keys = ("generation", "seed", "epoch", "consumed_slots", "world_size")
+    first = {k: states[0].get(k) for k in keys}
+    for s in states[1:]:
+        if {k: s.get(k) for k in keys} != first:
+            raise ValueError(
+                f"rank {s.get('rank')} is at {s} but rank 0 at {states[0]}: ranks disagree"
+            )
+    return first
+
+
+class GroupDataset(IterableDataset):
+    """Yields ``{"epoch", "step", "rank", "samples", "skipped"}`` per step; ``samples`` are
+    decoded by ``transform`` (default: :class:`shards.reader.ShardSample` as read)."""
+
+    def __init__(
+        self,
+        generation: str | os.PathLike | Manifest,
+        rank: RankInfo,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        verify: bool = False,
+        on_error: str = "raise",
+        max_consecutive_errors: int = 16,
+        transform: Callable | None = None,
+    ) -> None:
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.manifest = (
+            generation if isinstance(generation, Manifest) else open_generation(generation)
+        )
+        self.rank = rank
+        self.seed = seed
+        self.shuffle = shuffle
+        self.verify = verify
+        self.on_error = on_error
+        self.max_consecutive_errors = max_consecutive_errors
+        self.transform = transform
+        self.epoch = 0
+        self._start_slot = 0
+        self._index = self.manifest.group_index()
+        self._verified: set[str] = set()
+
+    # ------------------------------------------------------------------ schedule
+    @property
+    def slots_per_epoch(self) -> int:
+        return self.manifest.steps * self.manifest.dp
+
+    def __len__(self) -> int:
+        """Steps this rank runs in the current epoch from where it starts."""
+        return math.ceil((self.slots_per_epoch - self._start_slot) / self.rank.world_size)
+
+    def step_order(self, epoch: int) -> np.ndarray:
+        s = self.manifest.steps
+        short = bool(self.manifest.report.get("last_step", {}).get("short"))
+        n_full = s - 1 if short else s
+        order = np.arange(s)
+        if self.shuffle:
+            order[:n_full] = np.random.default_rng([self.seed, epoch]).permutation(n_full)
+        return order
+
+    def slot(self, epoch: int, index: int) -> tuple[int, int] | None:
+        """(plan rank, plan step) of global slot ``index`` (None past the end)."""
+        if index >= self.slots_per_epoch:
+            return None
+        d = self.manifest.dp
+        return index % d, int(self.step_order(epoch)[index // d])
+
+    def my_slots(self, epoch: int) -> list[int]:
+        w = self.rank.world_size
+        return [self._start_slot + t * w + self.rank.rank for t in range(len(self))]
+
+    # ------------------------------------------------------------------ state
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its beginning (call before iterating each epoch)."""
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._start_slot = 0
+
+    def state_dict(self, steps_done: int) -> dict:
+        """State after this rank has consumed ``steps_done`` steps of the current iteration."""
+        consumed = self._start_slot + steps_done * self.rank.world_size
+        return {
+            "generation": self.manifest.generation,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "consumed_slots": consumed,
+            "world_size": self.rank.world_size,
+            "rank": self.rank.rank,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume where ``state`` left off (any DP size: slots are global)."""
+        missing = {"generation", "seed", "epoch", "consumed_slots"} - set(state)
+        if missing:
+            raise ValueError(f"incomplete loader state, missing {sorted(missing)}")
+        if state["generation"] != self.manifest.generation:
+            raise ValueError(
+                f"state is for generation {state['generation']}, this loader reads {self.manifest.generation}"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(
+                f"state was saved with seed {state['seed']}, this loader has seed {self.seed}"
+            )
+        if not 0 <= state["consumed_slots"] <= self.slots_per_epoch:
+            raise ValueError(
+                f"consumed_slots {state['consumed_slots']} outside [0, {self.slots_per_epoch}]"
+            )
+        self.epoch = state["epoch"]
+        self._start_slot = state["consumed_slots"]
+
+    # ------------------------------------------------------------------ reading
+    def _read(self, plan_rank: int, plan_step: int) -> tuple[list, list[str]]:
+        where = self._index.get((plan_rank, plan_step))
+        if where is None:
+            return [], []  # an empty slot of the short last step
+        shard, group = where
+        path = self.manifest.path / shard.file
+        if self.verify and shard.file not in self._verified:
+            digest = sha256_of(path)
+            if digest != shard.sha256:
+                raise ShardError(
+                    f"{path}: sha256 {digest} does not match the manifest's {shard.sha256}"
+                )
+            self._verified.add(shard.file)
+        return read_group(self.manifest.path, shard, group, keep_going=self.on_error == "skip")
+
+    def __iter__(self) -> Iterator[dict]:
+        worker, workers = self.rank.worker()
+        epoch = self.epoch
+        consecutive = 0
+        for t, index in enumerate(self.my_slots(epoch)):
+            if t % workers != worker:
+                continue
+            where = self.slot(epoch, index)
+            samples, errors = self._read(*where) if where is not None else ([], [])
+            consecutive = 0 if samples else consecutive + len(errors)
+            if consecutive > self.max_consecutive_errors:
+                raise ShardError(
+                    f"{consecutive} consecutive unreadable samples; last: {errors[-1]}"
+                )
+            if self.transform is not None:
+                samples = self.transform(samples)
+            yield {
+                "epoch": epoch,
+                "step": t,
+                "rank": self.rank.rank,
+                "samples": samples,
+                "skipped": errors,
+            }

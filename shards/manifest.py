@@ -1,0 +1,192 @@
+"""The generation manifest (DESIGN.md): what a generation holds and how to check it.
+
+``manifest.json`` names the format version, generation id and parent, the plan's layout and
+balance report, and for every stream ((node, local rank) = one DP rank of the plan) its shards:
+file, bytes, sha256, samples, and its groups as ``[step, samples, offset, length]`` (the byte
+range of the group's members inside the tar). :func:`load_manifest` validates all of it and the
+files' sizes, and fails with a message that names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Group",
+    "Manifest",
+    "ManifestError",
+    "Shard",
+    "Stream",
+    "load_manifest",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A generation's manifest is missing, unreadable, or disagrees with its files."""
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    step: int
+    samples: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    file: str
+    bytes: int
+    sha256: str
+    samples: int
+    groups: tuple[Group, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    node: int
+    local_rank: int
+    rank: int
+    shards: tuple[Shard, ...]
+
+    @property
+    def samples(self) -> int:
+        return sum(s.samples for s in self.shards)
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    path: Path  # the generation directory
+    generation: str
+    parent: str | None
+    steps: int
+    nodes: int
+    gpus_per_node: int
+    streams: tuple[Stream, ...]
+    totals: dict
+    report: dict
+    raw: dict
+
+    @property
+    def dp(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def group_index(self) -> dict[tuple[int, int], tuple[Shard, Group]]:
+        """(rank, step) -> where that group is."""
+        out = {}
+        for st in self.streams:
+            for sh in st.shards:
+                for g in sh.groups:
+                    out[(st.rank, g.step)] = (sh, g)
+        return out
+
+
+def _need(d: dict, key: str, typ, where: str):
+    if key not in d:
+        raise ManifestError(f"{where}: missing field {key!r}")
+    v = d[key]
+    if not isinstance(v, typ) or (isinstance(v, bool) and typ is not bool):
+        raise ManifestError(
+            f"{where}: field {key!r} is {type(v).__name__}, expected {typ.__name__}"
+        )
+    return v
+
+
+def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Manifest:
+    """Parse and validate ``gen_dir/manifest.json``; with ``check_files``, every shard must exist
+    with the manifest's byte size (a cheap check; checksums are :func:`shards.verify`'s job)."""
+    gen_dir = Path(gen_dir)
+    path = gen_dir / MANIFEST
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{path}: no manifest; {gen_dir} is not a complete generation"
+        ) from None
+    if not text.strip():
+        raise ManifestError(f"{path}: empty manifest")
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path}: expected a JSON object")
+    version = _need(raw, "format_version", int, str(path))
+    if version != FORMAT_VERSION:
+        raise ManifestError(
+            f"{path}: format version {version}, this equishard reads {FORMAT_VERSION}"
+        )
+    layout = _need(raw, "layout", dict, str(path))
+    steps = _need(layout, "steps", int, f"{path} layout")
+    nodes = _need(layout, "nodes", int, f"{path} layout")
+    per = _need(layout, "gpus_per_node", int, f"{path} layout")
+    streams = []
+    total_samples = 0
+    for k, st in enumerate(_need(raw, "streams", list, str(path))):
+        where = f"{path} stream {k}"
+        shards = []
+        for j, sh in enumerate(_need(st, "shards", list, where)):
+            w = f"{where} shard {j}"
+            groups = []
+            for g in _need(sh, "groups", list, w):
+                if not (isinstance(g, list) and len(g) == 4 and all(isinstance(x, int) for x in g)):
+                    raise ManifestError(
+                        f"{w}: a group must be [step, samples, offset, length], got {g!r}"
+                    )
+                groups.append(Group(*g))
+            shard = Shard(
+                file=_need(sh, "file", str, w),
+                bytes=_need(sh, "bytes", int, w),
+                sha256=_need(sh, "sha256", str, w),
+                samples=_need(sh, "samples", int, w),
+                groups=tuple(groups),
+            )
+            if sum(g.samples for g in groups) != shard.samples:
+                raise ManifestError(
+                    f"{w} ({shard.file}): group sample counts add to "
+                    f"{sum(g.samples for g in groups)}, the shard says {shard.samples}"
+                )
+            if check_files:
+                fp = gen_dir / shard.file
+                try:
+                    size = fp.stat().st_size
+                except FileNotFoundError:
+                    raise ManifestError(f"{fp}: shard listed in the manifest is missing") from None
+                if size != shard.bytes:
+                    raise ManifestError(f"{fp}: {size} bytes on disk, manifest says {shard.bytes}")
+            shards.append(shard)
+            total_samples += shard.samples
+        streams.append(
+            Stream(
+                node=_need(st, "node", int, where),
+                local_rank=_need(st, "local_rank", int, where),
+                rank=_need(st, "rank", int, where),
+                shards=tuple(shards),
+            )
+        )
+    totals = _need(raw, "totals", dict, str(path))
+    if totals.get("samples") != total_samples:
+        raise ManifestError(
+            f"{path}: totals.samples is {totals.get('samples')}, the shards hold {total_samples}"
+        )
+    if len(streams) != nodes * per:
+        raise ManifestError(f"{path}: {len(streams)} streams for a layout of {nodes} x {per} ranks")
+    return Manifest(
+        path=gen_dir,
+        generation=_need(raw, "generation", str, str(path)),
+        parent=raw.get("parent"),
+        steps=steps,
+        nodes=nodes,
+        gpus_per_node=per,
+        streams=tuple(sorted(streams, key=lambda s: s.rank)),
+        totals=totals,
+        report=raw.get("report", {}),
+        raw=raw,
+    )

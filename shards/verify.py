@@ -1,0 +1,78 @@
+"""``verify`` (every checksum and count) and ``inspect`` (summary, per-stream loads) of a generation."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from shards.dataset import open_generation
+from shards.manifest import ManifestError
+from shards.reader import ShardError, read_group, sha256_of
+
+__all__ = ["VerifyResult", "inspect_generation", "verify_generation"]
+
+
+@dataclass(slots=True)
+class VerifyResult:
+    generation: str
+    shards: int = 0
+    samples: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def verify_generation(path: str | os.PathLike, *, deep: bool = True) -> VerifyResult:
+    """Check every shard's sha256 and, with ``deep``, read every group and count its samples."""
+    try:
+        m = open_generation(path)
+    except ManifestError as exc:
+        return VerifyResult(generation="?", problems=[str(exc)])
+    res = VerifyResult(generation=m.generation)
+    for st in m.streams:
+        for sh in st.shards:
+            res.shards += 1
+            fp = m.path / sh.file
+            digest = sha256_of(fp)
+            if digest != sh.sha256:
+                res.problems.append(f"{fp}: sha256 {digest} != manifest {sh.sha256}")
+                continue
+            if deep:
+                for g in sh.groups:
+                    try:
+                        samples, _ = read_group(m.path, sh, g)
+                        res.samples += len(samples)
+                    except ShardError as exc:
+                        res.problems.append(str(exc))
+            else:
+                res.samples += sh.samples
+    return res
+
+
+def inspect_generation(path: str | os.PathLike) -> dict:
+    """Manifest summary and per-stream loads (samples, bytes, vision/LLM tokens from the report)."""
+    m = open_generation(path)
+    streams = []
+    for st in m.streams:
+        streams.append(
+            {
+                "node": st.node,
+                "local_rank": st.local_rank,
+                "rank": st.rank,
+                "shards": len(st.shards),
+                "groups": sum(len(s.groups) for s in st.shards),
+                "samples": st.samples,
+                "bytes": sum(s.bytes for s in st.shards),
+            }
+        )
+    return {
+        "generation": m.generation,
+        "parent": m.parent,
+        "path": str(m.path),
+        "layout": m.raw["layout"],
+        "totals": m.totals,
+        "streams": streams,
+        "balance": m.report.get("metrics", {}).get("balanced", {}),
+    }

@@ -1,0 +1,427 @@
+"""Write a plan's samples as balanced, node-aware WebDataset shards (one generation).
+
+One stream of shards per plan rank, under ``node-NNN/rank-LLL/``: step s of a rank is the s-th
+group of its stream. A sample is a WebDataset key group ``KEY.json`` + ``KEY.0.jpg``, ``KEY.1.png``
+... with the original image bytes. Tars are byte-for-byte deterministic (fixed owner, mode and
+mtime), groups never span shards, and the manifest records each group's byte range.
+
+Crash safety: everything is written under ``GEN_ROOT/.staging-<id>`` (the id is a hash of the
+plan, the cost table and the shard size). A shard is written as ``.partial``, fsynced and renamed,
+then a sidecar records its checksum; a re-run keeps finished shards and resumes each stream at its
+first unfinished one, so the output is byte-identical to an uninterrupted run. When all streams
+are done the manifest is written, the staging directory is renamed to ``GEN_ROOT/<id>`` (the one
+atomic publish) and ``CURRENT`` moves to it. Streams are written by parallel worker processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import io
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import tarfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from dataprep.cost_table import read_cost_table, table_metadata
+from dataprep.errors import DataprepError, SampleRejected
+from dataprep.readers import ReadOptions
+from dataprep.record_store import RecordStore, image_bytes
+from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
+from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
+
+__all__ = [
+    "WriteConfig",
+    "WriteError",
+    "WriteResult",
+    "generation_id",
+    "parse_size",
+    "write_generation",
+]
+
+_COST_FIELDS = (
+    "num_images",
+    "vit_tokens",
+    "vit_seq_lens",
+    "llm_tokens",
+    "text_tokens",
+    "modality",
+    "image_widths",
+    "image_heights",
+)
+_MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
+
+
+class WriteError(RuntimeError):
+    """The generation cannot be written (a sample no longer reads, another writer is active...)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteConfig:
+    plan_dir: str
+    cost_table: str
+    out: str
+    shard_size: int = 1 << 30
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shard_size < 1024:
+            raise ValueError(f"--shard-size must be at least 1KB, got {self.shard_size} bytes")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        for f in (
+            Path(self.plan_dir) / "plan.parquet",
+            Path(self.plan_dir) / "report.json",
+            Path(self.cost_table),
+        ):
+            if not f.is_file():
+                raise ValueError(
+                    f"{f} does not exist: run 'equishard prep' and 'equishard balance' first"
+                )
+
+
+@dataclass(slots=True)
+class WriteResult:
+    generation: str
+    path: str
+    parent: str | None
+    samples: int
+    groups: int
+    shards: int
+    bytes: int
+    reused: bool
+
+
+def parse_size(text: str) -> int:
+    """'1GB', '512MB', '64k', '1000' -> bytes (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m:
+        raise ValueError(f"bad size {text!r}: write e.g. 1GB, 256MB or 1048576")
+    return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def generation_id(plan_dir: str | Path, cost_table: str | Path, shard_size: int) -> str:
+    h = hashlib.sha256()
+    h.update(f"equishard-generation-v{FORMAT_VERSION}|{shard_size}|".encode())
+    h.update(_sha256_file(Path(plan_dir) / "plan.parquet").encode())
+    h.update(_sha256_file(Path(cost_table)).encode())
+    return "gen-" + h.hexdigest()[:16]
+
+
+def _image_ext(data: bytes) -> str:
+    for magic, ext in _MAGIC:
+        if data.startswith(magic):
+            return ext
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    raise SampleRejected("unsupported_format", "image bytes are not JPEG, PNG, GIF, WebP or BMP")
+
+
+def sample_key(step: int, pos: int, sample_id: str) -> str:
+    """A WebDataset key: no dots (they start the extension), unique within a shard."""
+    return f"{step:07d}_{pos:03d}_{re.sub(r'[^A-Za-z0-9_-]', '_', sample_id)[:60]}"
+
+
+class _HashingFile(io.RawIOBase):
+    def __init__(self, f) -> None:
+        self.f, self.h, self.n = f, hashlib.sha256(), 0
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.n
+
+    def write(self, b) -> int:
+        self.h.update(b)
+        self.n += len(b)
+        return self.f.write(b)
+
+
+def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    ti = tarfile.TarInfo(name)
+    ti.size = len(data)
+    ti.mtime = 0
+    ti.mode = 0o644
+    ti.uid = ti.gid = 0
+    ti.uname = ti.gname = ""
+    tf.addfile(ti, io.BytesIO(data))
+
+
+def _write_stream(job: dict) -> list[dict]:
+    """Write (or finish) one stream; returns its shards' sidecars in order."""
+    stage = Path(job["stage"])
+    sdir = stage / job["dir"]
+    parts = stage / ".parts" / job["dir"]
+    sdir.mkdir(parents=True, exist_ok=True)
+    parts.mkdir(parents=True, exist_ok=True)
+    for stale in sdir.glob("*.partial"):
+        stale.unlink()
+    done: list[dict] = []
+    while True:  # keep the finished prefix of shards; anything after a gap is redone
+        side = parts / f"shard-{len(done):06d}.json"
+        tar = sdir / f"shard-{len(done):06d}.tar"
+        if not side.exists() or not tar.exists():
+            break
+        meta = json.loads(side.read_text())
+        if tar.stat().st_size != meta["bytes"]:
+            break
+        done.append(meta)
+    for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
+        extra.unlink()
+    next_step = done[-1]["groups"][-1][0] + 1 if done else -1
+    groups = [g for g in job["groups"] if g["step"] >= next_step]
+    store = RecordStore(ReadOptions(**job["read_options"]))
+    k = len(done)
+    while groups:
+        name = f"shard-{k:06d}.tar"
+        partial = sdir / (name + ".partial")
+        meta_groups = []
+        samples = 0
+        with open(partial, "wb") as raw:
+            hf = _HashingFile(raw)
+            with tarfile.open(fileobj=hf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                while groups:
+                    g = groups.pop(0)
+                    start = tf.offset
+                    for pos, s in enumerate(g["samples"]):
+                        try:
+                            sample = store.get(s["location"])
+                            imgs = [image_bytes(r) for r in sample.images]
+                            exts = [_image_ext(b) for b in imgs]
+                        except (SampleRejected, DataprepError, OSError) as exc:
+                            raise WriteError(
+                                f"sample {s['sample_id']!r} at {s['location']} cannot be read any more "
+                                f"({exc}); re-run prep and balance on the current data"
+                            ) from None
+                        if sample.sample_id != s["sample_id"]:
+                            raise WriteError(
+                                f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
+                                f"{s['sample_id']!r}; re-run prep and balance"
+                            )
+                        key = sample_key(g["step"], pos, s["sample_id"])
+                        names = [f"{i}.{e}" for i, e in enumerate(exts)]
+                        doc = {
+                            "sample_id": s["sample_id"],
+                            "source": s["source"],
+                            "step": g["step"],
+                            "group_id": g["group_id"],
+                            "rank": job["rank"],
+                            "images": names,
+                            "turns": [list(t) for t in sample.turns],
+                            "cost": s["cost"],
+                        }
+                        _add(
+                            tf,
+                            key + ".json",
+                            json.dumps(doc, sort_keys=True, ensure_ascii=False).encode(),
+                        )
+                        for n, b in zip(names, imgs, strict=True):
+                            _add(tf, f"{key}.{n}", b)
+                    meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
+                    samples += len(g["samples"])
+                    if tf.offset >= job["shard_size"]:
+                        break
+            raw.flush()
+            os.fsync(raw.fileno())
+        final = sdir / name
+        os.replace(partial, final)
+        fsync_dir(sdir)
+        meta = {
+            "file": f"{job['dir']}/{name}",
+            "bytes": hf.n,
+            "sha256": hf.h.hexdigest(),
+            "samples": samples,
+            "groups": meta_groups,
+        }
+        atomic_write_bytes(parts / f"shard-{k:06d}.json", json.dumps(meta).encode())
+        done.append(meta)
+        k += 1
+    return done
+
+
+def _jobs(
+    plan, cost, stage: Path, cfg: WriteConfig, read_options: dict, nodes: int, per: int
+) -> list[dict]:
+    by_id = {sid: i for i, sid in enumerate(cost.column("sample_id").to_pylist())}
+    missing = [s for s in plan.column("sample_id").to_pylist() if s not in by_id]
+    if missing:
+        raise WriteError(
+            f"{len(missing)} plan samples are not in the cost table, e.g. {missing[:3]}; "
+            "write with the cost table the plan was made from"
+        )
+    cols = {c: cost.column(c).to_pylist() for c in (*_COST_FIELDS, "location", "source")}
+    jobs = [
+        {
+            "stage": str(stage),
+            "rank": r,
+            "node": r // per,
+            "local_rank": r % per,
+            "dir": f"node-{r // per:03d}/rank-{r % per:03d}",
+            "groups": [],
+            "shard_size": cfg.shard_size,
+            "read_options": read_options,
+        }
+        for r in range(nodes * per)
+    ]
+    last = {}
+    p = plan.select(["sample_id", "group_id", "step", "rank"]).to_pydict()
+    for sid, gid, step, rank in zip(
+        p["sample_id"], p["group_id"], p["step"], p["rank"], strict=True
+    ):
+        i = by_id[sid]
+        if last.get(rank) != gid:
+            jobs[rank]["groups"].append({"step": step, "group_id": gid, "samples": []})
+            last[rank] = gid
+        jobs[rank]["groups"][-1]["samples"].append(
+            {
+                "sample_id": sid,
+                "location": cols["location"][i],
+                "source": cols["source"][i],
+                "cost": {c: cols[c][i] for c in _COST_FIELDS},
+            }
+        )
+    return jobs
+
+
+def _lock(path: Path):
+    f = open(path, "a+")  # noqa: SIM115 - held for the writer's lifetime
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def _clean_stale_staging(root: Path, keep: str) -> None:
+    """Remove staging directories of crashed writers (their lock is free)."""
+    for d in root.glob(".staging-*"):
+        if d.name == keep or not d.is_dir():
+            continue
+        lock = _lock(d / ".lock") if (d / ".lock").exists() else None
+        if lock is not None or not (d / ".lock").exists():
+            shutil.rmtree(d, ignore_errors=True)
+        if lock is not None:
+            lock.close()
+
+
+def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
+    """Write (or finish, or find already written) the generation of ``cfg``'s plan."""
+    root = Path(cfg.out)
+    root.mkdir(parents=True, exist_ok=True)
+    gen = generation_id(cfg.plan_dir, cfg.cost_table, cfg.shard_size)
+    final = root / gen
+    parent = read_current(root)
+    if (final / MANIFEST).exists():
+        m = load_manifest(final)
+        if parent != gen:
+            set_current(root, gen)
+        t = m.totals
+        return WriteResult(
+            gen, str(final), m.parent, t["samples"], t["groups"], t["shards"], t["bytes"], True
+        )
+    stage = root / f".staging-{gen}"
+    stage.mkdir(exist_ok=True)
+    lock = _lock(stage / ".lock")
+    if lock is None:
+        raise WriteError(f"another writer is writing {gen} into {root}; wait for it to finish")
+    try:
+        _clean_stale_staging(root, stage.name)
+        if not (stage / MANIFEST).exists():
+            _write_all(cfg, root, stage, gen, parent, progress)
+        os.replace(stage, final)  # the atomic publish
+        fsync_dir(root)
+        with contextlib.suppress(FileNotFoundError):
+            (final / ".lock").unlink()
+        set_current(root, gen)
+    finally:
+        lock.close()
+    m = load_manifest(final)
+    t = m.totals
+    return WriteResult(
+        gen, str(final), m.parent, t["samples"], t["groups"], t["shards"], t["bytes"], False
+    )
+
+
+def _write_all(
+    cfg: WriteConfig, root: Path, stage: Path, gen: str, parent: str | None, progress: bool
+) -> None:
+    from tqdm import tqdm
+
+    plan = pq.read_table(Path(cfg.plan_dir) / "plan.parquet")
+    report = json.loads((Path(cfg.plan_dir) / "report.json").read_text())
+    cost = read_cost_table(cfg.cost_table)
+    read_options = table_metadata(cfg.cost_table).get("read_options") or {}
+    params = report["parameters"]
+    nodes, per = params["nodes"], params["gpus_per_node"]
+    jobs = _jobs(plan, cost, stage, cfg, read_options, nodes, per)
+    results: dict[int, list[dict]] = {}
+    bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
+    if cfg.workers == 1:
+        for job in jobs:
+            results[job["rank"]] = _write_stream(job)
+            bar.update()
+    else:
+        with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn")) as ex:
+            futures = {ex.submit(_write_stream, job): job["rank"] for job in jobs}
+            for fut, rank in futures.items():
+                results[rank] = fut.result()
+                bar.update()
+    bar.close()
+    streams = []
+    for job in jobs:
+        streams.append(
+            {
+                "node": job["node"],
+                "local_rank": job["local_rank"],
+                "rank": job["rank"],
+                "shards": results[job["rank"]],
+            }
+        )
+    samples = sum(s["samples"] for st in streams for s in st["shards"])
+    if samples != plan.num_rows:
+        raise WriteError(
+            f"wrote {samples} samples but the plan has {plan.num_rows}; nothing was published"
+        )
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "generation": gen,
+        "parent": parent,
+        "created_by": "equishard",
+        "plan_sha256": _sha256_file(Path(cfg.plan_dir) / "plan.parquet"),
+        "cost_table_sha256": _sha256_file(Path(cfg.cost_table)),
+        "shard_size": cfg.shard_size,
+        "layout": {
+            "nodes": nodes,
+            "gpus_per_node": per,
+            "dp": nodes * per,
+            "steps": report["counts"]["steps"],
+        },
+        "streams": streams,
+        "totals": {
+            "samples": samples,
+            "groups": sum(len(s["groups"]) for st in streams for s in st["shards"]),
+            "shards": sum(len(st["shards"]) for st in streams),
+            "bytes": sum(s["bytes"] for st in streams for s in st["shards"]),
+        },
+        "report": report,
+    }
+    atomic_write_bytes(stage / MANIFEST, json.dumps(manifest, indent=1).encode())
+    shutil.rmtree(stage / ".parts", ignore_errors=True)

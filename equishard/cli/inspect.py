@@ -36,13 +36,15 @@ def run(args: argparse.Namespace) -> int:
     t, lay = info["totals"], info["layout"]
     print(
         f"generation {info['generation']} (parent {info['parent'] or '-'})\n  {info['path']}\n"
-        f"  {lay['nodes']} node(s) x {lay['gpus_per_node']} ranks, {lay['steps']} steps; {t['samples']} samples, "
+        f"  {lay['nodes']} node(s) x {lay['gpus_per_node']} ranks, {lay['steps']} steps; "
+        f"{t['samples']} samples, "
         f"{t['groups']} groups, {t['shards']} shards, {t['bytes'] / 2**20:.1f} MiB"
     )
     b = info["balance"]
     if b:
         print(
-            f"  plan balance: dist ratio {b['dist_ratio_vit']:.4f} (vision) / {b['dist_ratio_llm']:.4f} (LLM), "
+            f"  plan balance: dist ratio {b['dist_ratio_vit']:.4f} (vision) / "
+            f"{b['dist_ratio_llm']:.4f} (LLM), "
             f"efficiency {b['efficiency_vit']:.4f} / {b['efficiency_llm']:.4f}"
         )
     rows = [

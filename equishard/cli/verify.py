@@ -11,8 +11,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
         help="check every shard checksum and sample count (non-zero exit on any problem)",
-        description="Check a generation: the manifest, every shard's sha256, and (unless --fast) every group's\n"
-        "samples: complete, safe, and as many as the manifest says. Exit code 1 on any mismatch.",
+        description="Check a generation: the manifest, every shard's sha256, and (unless --fast)\n"
+        "every group's samples: complete, safe, and as many as the manifest says.\n"
+        "Exit code 1 on any mismatch.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(

@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         return fail(str(exc))
     state = "already complete, nothing written" if r.reused else "published"
     print(
-        f"\nwrite: generation {r.generation} {state}\n  {r.path}\n  {r.samples} samples in {r.groups} groups, "
+        f"\nwrite: generation {r.generation} {state}\n  {r.path}\n"
+        f"  {r.samples} samples in {r.groups} groups, "
         f"{r.shards} shards, {r.bytes / 2**20:.1f} MiB; parent {r.parent or '-'}"
     )
     return 0

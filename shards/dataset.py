@@ -160,7 +160,7 @@ class GroupDataset(IterableDataset):
 
     def state_dict(self, steps_done: int) -> dict:
         """State after this rank has consumed ``steps_done`` steps of the current iteration."""
-        consumed = self._start_slot + steps_done * self.rank.world_size
+        consumed = min(self._start_slot + steps_done * self.rank.world_size, self.slots_per_epoch)
         return {
             "generation": self.manifest.generation,
             "seed": self.seed,

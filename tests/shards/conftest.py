@@ -1,0 +1,63 @@
+"""A small real generation (demo -> prep -> balance -> write) shared by the shard tests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from balancing.plan import BalanceConfig, build_plan, write_plan
+from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
+from shards.writer import WriteConfig, write_generation
+
+
+def build_inputs(
+    root: Path, samples: int = 90, seed: int = 5, dp: int = 4, nodes: int = 2, plan_seed: int = 0
+):
+    demo = root / "demo"
+    if not demo.exists():
+        make_demo(demo, samples=samples, seed=seed, images=12)
+    cost = root / "cost.parquet"
+    if not cost.exists():
+        run_prep(
+            PrepConfig(
+                inputs=(str(demo / "demo.jsonl"),),
+                output=str(cost),
+                tokenizer=str(demo / "tokenizer.json"),
+            )
+        )
+    plan_dir = root / f"plan-{plan_seed}"
+    if not plan_dir.exists():
+        write_plan(
+            build_plan(
+                read_cost_table(cost),
+                BalanceConfig(dp=dp, nodes=nodes, seed=plan_seed, target_batch=3),
+            ),
+            plan_dir,
+        )
+    return demo, cost, plan_dir
+
+
+@pytest.fixture(scope="session")
+def gen_inputs(tmp_path_factory) -> tuple[Path, Path, Path]:
+    return build_inputs(tmp_path_factory.mktemp("geninputs"))
+
+
+@pytest.fixture(scope="session")
+def generation(gen_inputs, tmp_path_factory) -> Path:
+    """A published generation root (with several shards per stream)."""
+    _, cost, plan_dir = gen_inputs
+    root = tmp_path_factory.mktemp("gen")
+    write_generation(
+        WriteConfig(plan_dir=str(plan_dir), cost_table=str(cost), out=str(root), shard_size=200_000)
+    )
+    return root
+
+
+@pytest.fixture
+def gen_copy(generation, tmp_path) -> Path:
+    """A private copy of the generation root that a test may damage."""
+    dst = tmp_path / "gen"
+    shutil.copytree(generation, dst)
+    return dst

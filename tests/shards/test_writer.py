@@ -1,0 +1,152 @@
+"""The writer: deterministic bytes, idempotence, crash safety under SIGKILL, stale staging."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shards.dataset import open_generation
+from shards.manifest import ManifestError
+from shards.publish import read_current
+from shards.writer import WriteConfig, WriteError, write_generation
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_byte_identical_and_idempotent(gen_inputs, generation, tmp_path):
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "again"), shard_size=200_000
+    )
+    r = write_generation(cfg)
+    assert _files(tmp_path / "again") == _files(generation)
+    m = open_generation(generation)
+    assert sum(len(st.shards) for st in m.streams) > m.dp  # several shards per stream
+    stamp = {p: p.stat().st_mtime_ns for p in (tmp_path / "again").rglob("*.tar")}
+    again = write_generation(cfg)
+    assert again.reused and again.generation == r.generation
+    assert stamp == {p: p.stat().st_mtime_ns for p in (tmp_path / "again").rglob("*.tar")}
+
+
+def test_manifest_contents(generation, gen_inputs):
+    m = open_generation(generation)
+    raw = m.raw
+    assert (
+        raw["format_version"] == 1 and raw["generation"] == m.generation and raw["parent"] is None
+    )
+    plan_rows = json.loads((gen_inputs[2] / "report.json").read_text())["counts"]["out"]
+    assert m.totals["samples"] == plan_rows
+    for st in m.streams:
+        assert st.rank == st.node * m.gpus_per_node + st.local_rank
+        steps = [g.step for sh in st.shards for g in sh.groups]
+        assert steps == sorted(steps) and len(set(steps)) == len(steps)
+        for sh in st.shards:
+            assert sh.file.startswith(f"node-{st.node:03d}/rank-{st.local_rank:03d}/")
+            assert (
+                len(sh.sha256) == 64
+                and sh.bytes == (generation / m.generation / sh.file).stat().st_size
+            )
+
+
+_KILL_SCRIPT = """
+import sys
+from shards.writer import WriteConfig, write_generation
+cfg = WriteConfig(plan_dir=sys.argv[1], cost_table=sys.argv[2], out=sys.argv[3], shard_size=60_000)
+write_generation(cfg)
+"""
+
+
+def test_sigkill_at_random_points_leaves_previous_generation_and_resumes_identically(
+    gen_inputs, tmp_path
+):
+    from tests.shards.conftest import build_inputs
+
+    _, cost, plan = gen_inputs
+    _, _, plan_b = build_inputs(gen_inputs[0].parent, plan_seed=1)
+    root = tmp_path / "root"
+    old = write_generation(
+        WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(root), shard_size=60_000)
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    args = [sys.executable, "-c", _KILL_SCRIPT, str(plan_b), str(cost), str(root)]
+    t0 = time.perf_counter()
+    subprocess.run(args, env=env, check=True, cwd=tmp_path)
+    clean_seconds = time.perf_counter() - t0
+    clean = _files(root / read_current(root))
+    new_id = read_current(root)
+    # start over from the old generation and kill the writer at random moments
+    import shutil
+
+    shutil.rmtree(root / new_id)
+    (root / "CURRENT").write_text(old.generation + "\n")
+    rng = random.Random(7)
+    for _ in range(6):
+        proc = subprocess.Popen(args, env=env, cwd=tmp_path)
+        time.sleep(rng.uniform(0.2, clean_seconds))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        m = open_generation(root)  # readers always see a complete generation
+        assert m.generation in (old.generation, new_id)
+        assert m.totals["samples"] == sum(st.samples for st in m.streams)
+    subprocess.run(args, env=env, check=True, cwd=tmp_path)
+    assert read_current(root) == new_id
+    assert _files(root / new_id) == clean
+    assert not list(root.glob(".staging-*"))
+    assert open_generation(root).parent == old.generation
+
+
+def test_stale_staging_is_removed_and_a_live_writer_is_refused(gen_inputs, tmp_path):
+    import fcntl
+
+    _, cost, plan = gen_inputs
+    root = tmp_path / "root"
+    (root / ".staging-gen-deadbeef" / "node-000").mkdir(parents=True)
+    (root / ".staging-gen-deadbeef" / ".lock").write_text("")
+    cfg = WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(root), shard_size=200_000)
+    r = write_generation(cfg)
+    assert not (root / ".staging-gen-deadbeef").exists()
+    # a second writer of the same generation while one holds its lock is refused
+    import shutil
+
+    shutil.rmtree(root / r.generation)
+    (root / f".staging-{r.generation}").mkdir()
+    with open(root / f".staging-{r.generation}" / ".lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(WriteError, match="another writer"):
+            write_generation(cfg)
+
+
+def test_no_generation_is_a_clear_error(tmp_path):
+    with pytest.raises(ManifestError, match="CURRENT"):
+        open_generation(tmp_path)
+
+
+def test_missing_input_sample_fails_naming_it(gen_inputs, tmp_path):
+    import shutil
+
+    demo, cost, _plan = gen_inputs
+    private = tmp_path / "inputs"
+    shutil.copytree(demo, private / "demo")
+    from tests.shards.conftest import build_inputs
+
+    _, cost2, plan2 = build_inputs(private)
+    for img in (private / "demo" / "images").iterdir():
+        img.unlink()
+    with pytest.raises(WriteError, match="cannot be read any more"):
+        write_generation(
+            WriteConfig(plan_dir=str(plan2), cost_table=str(cost2), out=str(tmp_path / "o"))
+        )
+    assert filecmp.cmp(cost, cost, shallow=False)

@@ -81,10 +81,8 @@ def test_truncation_sweep_never_yields_partial_samples(gen_copy):
             errors += errs
             for s in got:
                 assert (
-                    (set(s.meta["images"])
-                    and len(s.images) == len(s.meta["images"]))
-                    or not s.meta["images"]
-                )
+                    set(s.meta["images"]) and len(s.images) == len(s.meta["images"])
+                ) or not s.meta["images"]
         assert len(samples) + len(errors) >= sh.samples and len(samples) < sh.samples
         assert {s.meta["sample_id"] for s in samples} <= expected
     # a cut in the end-of-archive padding loses no sample, but the shard still fails its checks

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shards.manifest import Manifest, ManifestError, load_manifest
@@ -117,10 +118,19 @@ class GroupDataset(IterableDataset):
         self.on_error = on_error
         self.max_consecutive_errors = max_consecutive_errors
         self.transform = transform
-        self.epoch = 0
-        self._start_slot = 0
+        # [epoch, start slot] in shared memory: persistent DataLoader workers keep their own copy
+        # of this object, but see set_epoch / load_state_dict made in the main process.
+        self._pos = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._index = self.manifest.group_index()
         self._verified: set[str] = set()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._pos[0])
+
+    @property
+    def _start_slot(self) -> int:
+        return int(self._pos[1])
 
     # ------------------------------------------------------------------ schedule
     @property
@@ -155,8 +165,8 @@ class GroupDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (call before iterating each epoch)."""
         if epoch != self.epoch:
-            self.epoch = epoch
-            self._start_slot = 0
+            self._pos[0] = epoch
+            self._pos[1] = 0
 
     def state_dict(self, steps_done: int) -> dict:
         """State after this rank has consumed ``steps_done`` steps of the current iteration."""
@@ -187,8 +197,8 @@ class GroupDataset(IterableDataset):
             raise ValueError(
                 f"consumed_slots {state['consumed_slots']} outside [0, {self.slots_per_epoch}]"
             )
-        self.epoch = state["epoch"]
-        self._start_slot = state["consumed_slots"]
+        self._pos[0] = state["epoch"]
+        self._pos[1] = state["consumed_slots"]
 
     # ------------------------------------------------------------------ reading
     def _read(self, plan_rank: int, plan_step: int) -> tuple[list, list[str]]:
@@ -208,7 +218,7 @@ class GroupDataset(IterableDataset):
 
     def __iter__(self) -> Iterator[dict]:
         worker, workers = self.rank.worker()
-        epoch = self.epoch
+        epoch = self.epoch  # read once: the schedule of this pass is fixed
         consecutive = 0
         for t, index in enumerate(self.my_slots(epoch)):
             if t % workers != worker:

@@ -160,3 +160,24 @@ def test_collation_matches_the_cost_table(generation, gen_inputs):
     ):
         assert (table.loc[sid].llm_tokens, table.loc[sid].vit_tokens) == (llm, vit)
     assert (b["labels"] != -100).any() and (b["labels"] == -100).any()
+
+
+def test_persistent_workers_follow_set_epoch_and_resume(generation):
+    m = open_generation(generation)
+
+    def order(epoch, state=None, **kw):
+        ds = GroupDataset(generation, RankInfo(rank=0, world_size=m.dp))
+        ds.set_epoch(epoch)
+        if state:
+            ds.load_state_dict(state)
+        return [_ids(b) for b in DataLoader(ds, batch_size=None, **kw)]
+
+    ds = GroupDataset(generation, RankInfo(rank=0, world_size=m.dp))
+    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+    seen = []
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        seen.append([_ids(b) for b in dl])
+    assert seen[0] == order(0) and seen[1] == order(1) and seen[0] != seen[1]
+    ds.load_state_dict(ds.state_dict(0) | {"epoch": 1, "consumed_slots": 3 * m.dp})
+    assert [_ids(b) for b in dl] == order(1)[3:]

@@ -8,7 +8,9 @@ smart resize) into patch vectors (3 x patch x patch values each, CLIP-normalized
 packed: ``cu_seqlens`` delimit samples in ``input_ids``; ``patch_cu_seqlens`` delimit the
 encoder sequences (one per image or tile) in ``patches``. ``llm_lens`` and ``vit_lens`` are the
 per-sample lengths the runtime balancer needs; they equal the cost table's ``llm_tokens`` and
-``vit_tokens`` when the same tokenizer, template and policy are used.
+``vit_tokens`` when the same tokenizer, template and policy are used. ``units_hw`` gives each
+encoder sequence's patch grid (rows, columns) and ``num_units`` how many belong to each sample,
+so a model can merge neighbouring patches (pixel shuffle) and the trainer can move samples.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ _MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
 _STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 
 
-def _patches(img: Image.Image, size: tuple[int, int], p: int) -> np.ndarray:
-    """Resize to (width, height) and cut into row-major p x p patches -> [n, 3*p*p]."""
+def _patches(img: Image.Image, size: tuple[int, int], p: int) -> tuple[np.ndarray, tuple[int, int]]:
+    """Resize to (width, height) and cut into row-major p x p patches -> ([n, 3*p*p], (rows, cols))."""
     a = (
         np.asarray(img.resize(size, Image.Resampling.BICUBIC), dtype=np.float32) / 255.0 - _MEAN
     ) / _STD
     h, w = size[1] // p, size[0] // p
-    return a.reshape(h, p, w, p, 3).transpose(0, 2, 1, 3, 4).reshape(h * w, p * p * 3)
+    return a.reshape(h, p, w, p, 3).transpose(0, 2, 1, 3, 4).reshape(h * w, p * p * 3), (h, w)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +71,13 @@ class Collator:
         object.__setattr__(self, "image_token_id", tok.token_to_id(IMAGE_CONTEXT))
         object.__setattr__(self, "_placeholder_id", tok.token_to_id(IMAGE_PLACEHOLDER))
 
-    def _image_units(self, img: Image.Image) -> list[np.ndarray]:
-        """Encoder sequences (patch vectors) of one image under the policy."""
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this collator can emit (the tokenizer's, with the image tokens added)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def _image_units(self, img: Image.Image) -> list[tuple[np.ndarray, tuple[int, int]]]:
+        """Encoder sequences (patch vectors, patch grid) of one image under the policy."""
         pol = self._policy
         w, h = img.size
         if isinstance(pol, FixedPolicy):
@@ -101,6 +108,8 @@ class Collator:
         units: list[np.ndarray] = []
         vit_lens: list[int] = []
         llm_lens: list[int] = []
+        units_hw: list[tuple[int, int]] = []
+        num_units: list[int] = []
         for s in samples:
             text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
             enc = self._tok.encode(text, add_special_tokens=False)
@@ -130,10 +139,12 @@ class Collator:
             llm_lens.append(len(sample_ids))
             n_vit = 0
             for im in imgs:
-                for u in self._image_units(im):
+                for u, hw in self._image_units(im):
                     units.append(u)
+                    units_hw.append(hw)
                     n_vit += u.shape[0]
             vit_lens.append(n_vit)
+            num_units.append(len(units_hw) - sum(num_units))
         patch_dim = 3 * self._policy.patch_size**2
         pcu = np.concatenate([[0], np.cumsum([u.shape[0] for u in units])]).astype(np.int32)
         return {
@@ -147,6 +158,8 @@ class Collator:
             "patch_cu_seqlens": torch.from_numpy(pcu),
             "llm_lens": torch.tensor(llm_lens, dtype=torch.long),
             "vit_lens": torch.tensor(vit_lens, dtype=torch.long),
+            "units_hw": torch.tensor(units_hw, dtype=torch.long).reshape(-1, 2),
+            "num_units": torch.tensor(num_units, dtype=torch.long),
             "image_token_id": self.image_token_id,
             "sample_ids": [s.meta["sample_id"] for s in samples],
         }

@@ -29,6 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
@@ -360,6 +361,10 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     )
 
 
+def _max(table, column: str) -> int:
+    return int(pc.max(table.column(column)).as_py() or 0) if table.num_rows else 0
+
+
 def _write_all(
     cfg: WriteConfig, root: Path, stage: Path, gen: str, parent: str | None, progress: bool
 ) -> None:
@@ -422,6 +427,16 @@ def _write_all(
             "bytes": sum(s["bytes"] for st in streams for s in st["shards"]),
         },
         "report": report,
+        # What the loader's collator and the trainer need to match prep: the vision policy,
+        # tokenizer and template the costs were counted with, and the largest loads to size
+        # fixed-shape pipeline microbatches.
+        "prep": {k: v for k, v in table_metadata(cfg.cost_table).items() if k != "inputs"},
+        "loads": {
+            "max_sample_llm_tokens": _max(cost, "llm_tokens"),
+            "max_sample_vit_tokens": _max(cost, "vit_tokens"),
+            "max_group_llm_tokens": _max(plan, "group_llm_tokens"),
+            "max_group_vit_tokens": _max(plan, "group_vit_tokens"),
+        },
     }
     atomic_write_bytes(stage / MANIFEST, json.dumps(manifest, indent=1).encode())
     shutil.rmtree(stage / ".parts", ignore_errors=True)

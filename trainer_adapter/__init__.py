@@ -1,3 +1,29 @@
-"""trainer_adapter: runtime DP redistribution and pipelined training (issue 5, not built yet)."""
+"""trainer_adapter: runtime DP redistribution and pipelined training on equishard shards."""
 
-__all__: list[str] = []
+from trainer_adapter.config import TrainConfig
+from trainer_adapter.exchange import all_to_all_rows, gather_tables
+from trainer_adapter.model import VisionLanguageModel, VLMConfig
+from trainer_adapter.partition import Partition, layer_count_partition, search_partition
+from trainer_adapter.pipeline import SCHEDULES, plan_microbatches
+from trainer_adapter.redistribute import LocalBatch, RedistributePolicy, Route, redistribute
+from trainer_adapter.topology import Topology
+from trainer_adapter.trainer import Trainer
+
+__all__ = [
+    "SCHEDULES",
+    "LocalBatch",
+    "Partition",
+    "RedistributePolicy",
+    "Route",
+    "Topology",
+    "TrainConfig",
+    "Trainer",
+    "VLMConfig",
+    "VisionLanguageModel",
+    "all_to_all_rows",
+    "gather_tables",
+    "layer_count_partition",
+    "plan_microbatches",
+    "redistribute",
+    "search_partition",
+]

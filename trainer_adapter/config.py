@@ -1,0 +1,85 @@
+"""Configuration of a training run (``equishard train``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from trainer_adapter.pipeline import SCHEDULES
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run over a shard generation, DP x PP ranks.
+
+    ``tokenizer``/``vision_policy``/``template`` default to what the generation was prepared with
+    (its manifest records them); ``mb_tokens`` (tokens per pipeline microbatch) defaults to a size
+    that fits the generation's largest sample and group.
+    """
+
+    shards: str
+    dp: int
+    pp: int = 1
+    steps: int = 10
+    schedule: str = "1f1b"
+    microbatches: int | None = None
+    virtual_stages: int = 2
+    model: str = "tiny"
+    mb_tokens: int | None = None
+    lr: float = 1e-3
+    seed: int = 0
+    redistribute: bool = True
+    method: str = "auto"
+    placement: str = "nodewise"
+    ranks_per_node: int | None = None
+    workers: int = 1
+    tokenizer: str | None = None
+    vision_policy: str | None = None
+    template: str | None = None
+    partition_radius: int = 1
+    partition_top_k: int = 3
+    log: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dp < 1 or self.pp < 1:
+            raise ValueError(f"dp and pp must be >= 1, got dp={self.dp}, pp={self.pp}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
+            )
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        if self.schedule == "interleaved1f1b":
+            if self.virtual_stages < 2:
+                raise ValueError("interleaved1f1b needs virtual_stages >= 2 (stages per rank)")
+            if self.n_microbatches % self.pp:
+                raise ValueError(
+                    f"interleaved1f1b needs microbatches divisible by pp={self.pp}, "
+                    f"got {self.n_microbatches}"
+                )
+        if self.mb_tokens is not None and self.mb_tokens < 1:
+            raise ValueError(f"mb_tokens must be >= 1, got {self.mb_tokens}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.pp
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.virtual_stages if self.schedule == "interleaved1f1b" else 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)

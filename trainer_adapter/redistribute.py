@@ -1,0 +1,362 @@
+"""Runtime DP redistribution (OrchMLLM §5–6): even out the samples of all ranks, per phase.
+
+``redistribute`` runs on every rank of a process group with the rank's collated batch
+(:class:`shards.Collator` output):
+
+1. all_gather the per-sample lengths only (LLM tokens, encoder patches, tiles and their grids,
+   image tokens, target tokens) — never the payload;
+2. on every rank, the same plan per phase with ``balancing``'s runtime kernels: the vision plan
+   over each sample's encoder cost for the ``vision_ranks``, the LLM plan over its LLM cost for
+   the ``llm_ranks`` (identical input gives an identical plan, so nothing else is agreed on);
+3. the node-wise permutation (OrchMLLM Alg. 3) for ``Topology.ranks_per_node``, so most bytes
+   that move stay inside a node;
+4. one all_to_all per phase moves only what changes rank: patches to their encoder rank, token
+   ids (and labels) to their LLM rank.
+
+Encoder outputs then go straight from the encoder rank to the sample's LLM rank with
+:meth:`Route.send_image_embeddings` — one exchange per encoder pass, not two (rearrangement
+composition) — and autograd carries their gradients back the same way. Ranks may hold any
+number of samples, zero included. Data arrive in global sample order (source rank, then index).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from balancing import CostModel, locality_balance, nodewise_permutation, post_balance
+from balancing.post_balance import METHODS
+from trainer_adapter.exchange import all_to_all_rows, collective_device, gather_tables
+from trainer_adapter.topology import Topology
+
+__all__ = ["LocalBatch", "RedistributePolicy", "Route", "redistribute"]
+
+# per-sample columns gathered from every rank
+_LLM, _VIT, _UNITS, _IMG, _TGT = range(5)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RedistributePolicy:
+    """How to balance. ``method``: a ``balancing.post_balance`` method or ``locality`` (balance
+    while keeping samples on their rank, overflow inside the node first). ``placement``:
+    ``nodewise`` (Alg. 3) or ``identity``. ``cost``: ``modeled`` (alpha*len + beta*len^2 per
+    phase, from ``cost_model``) or ``tokens``. A phase whose current max/mean is already within
+    ``1 + min_gain`` is left as it is. ``enabled=False`` moves nothing (the baseline)."""
+
+    enabled: bool = True
+    method: str = "auto"
+    placement: str = "nodewise"
+    cost: str = "modeled"
+    cost_model: CostModel = field(default_factory=CostModel)
+    min_gain: float = 0.0
+    llm_memory_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in (*METHODS, "locality"):
+            raise ValueError(
+                f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}, locality"
+            )
+        if self.placement not in ("nodewise", "identity"):
+            raise ValueError(f"placement must be 'nodewise' or 'identity', got {self.placement!r}")
+        if self.cost not in ("modeled", "tokens"):
+            raise ValueError(f"cost must be 'modeled' or 'tokens', got {self.cost!r}")
+        if self.min_gain < 0:
+            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
+        if self.llm_memory_cap is not None and self.llm_memory_cap <= 0:
+            raise ValueError(f"llm_memory_cap must be > 0 tokens, got {self.llm_memory_cap}")
+
+
+@dataclass(slots=True)
+class LocalBatch:
+    """This rank's share after redistribution. ``*_index`` are global sample indices (source
+    rank order, then position) in the order the rows are laid out."""
+
+    vision_index: np.ndarray
+    patches: torch.Tensor
+    units_hw: torch.Tensor
+    llm_index: np.ndarray
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    label_index: np.ndarray
+    labels: torch.Tensor
+    label_cu_seqlens: torch.Tensor
+    image_token_id: int
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(s, s + c)`` for each pair."""
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    offs = np.cumsum(counts) - counts
+    return np.repeat(np.asarray(starts, dtype=np.int64) - offs, counts) + np.arange(total)
+
+
+def _cu(lengths: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+@dataclass(slots=True)
+class Route:
+    """The plan every rank computed, and the exchanges that follow it.
+
+    ``src``/``vit_dest``/``llm_dest``/``label_dest`` are per global sample (-1: no encoder work).
+    ``loads`` holds per-rank loads before/after per phase; ``bytes`` the bytes each exchange
+    moved inside nodes and across them (a rank keeping its own sample moves nothing).
+    """
+
+    rank: int
+    world: int
+    group: dist.ProcessGroup | None
+    topology: Topology
+    table: np.ndarray
+    src: np.ndarray
+    vit_dest: np.ndarray
+    llm_dest: np.ndarray
+    label_dest: np.ndarray
+    loads: dict = field(default_factory=dict)
+    bytes: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    methods: dict = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.src.size)
+
+    def _count_bytes(self, name: str, rows: np.ndarray, s: np.ndarray, d: np.ndarray, row_bytes):
+        moved = s != d
+        node_s, node_d = s // self.topology.ranks_per_node, d // self.topology.ranks_per_node
+        w = rows * float(row_bytes)
+        entry = self.bytes.setdefault(name, {"intra_node": 0.0, "inter_node": 0.0})
+        entry["intra_node"] += float(w[moved & (node_s == node_d)].sum())
+        entry["inter_node"] += float(w[moved & (node_s != node_d)].sum())
+
+    def move(self, x: torch.Tensor, rows: np.ndarray, at: np.ndarray, to: np.ndarray, name: str):
+        """Move per-sample row blocks from rank ``at[i]`` to rank ``to[i]`` (global arrays; -1
+        skips a sample). ``x`` holds this rank's blocks in global order; the result, the blocks
+        this rank receives, in global order too."""
+        keep = (at >= 0) & (to >= 0)
+        mine = np.flatnonzero(keep & (at == self.rank))
+        perm = mine[np.argsort(to[mine], kind="stable")]
+        local_start = _cu(rows[mine])[:-1]
+        pos = np.empty(self.num_samples, dtype=np.int64)
+        pos[mine] = local_start
+        idx = _ranges(pos[perm], rows[perm])
+        send = np.bincount(to[perm], weights=rows[perm], minlength=self.world).astype(np.int64)
+        inc = np.flatnonzero(keep & (to == self.rank))
+        recv = np.bincount(at[inc], weights=rows[inc], minlength=self.world).astype(np.int64)
+        if x.shape[0] != int(rows[mine].sum()):
+            raise ValueError(
+                f"{name}: {x.shape[0]} rows given, the plan expects {rows[mine].sum()}"
+            )
+        out = x if np.array_equal(idx, np.arange(idx.size)) else x[torch.from_numpy(idx)]
+        row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.element_size()
+        self._count_bytes(name, rows[keep], at[keep], to[keep], row_bytes)
+        dev = collective_device(self.group)
+        got = all_to_all_rows(out.to(dev), send.tolist(), recv.tolist(), self.group)
+        # rows arrive by source rank; put them in global order
+        order = inc[np.argsort(at[inc], kind="stable")]
+        if np.array_equal(order, inc):
+            return got.to(x.device)
+        start = np.empty(self.num_samples, dtype=np.int64)
+        start[order] = _cu(rows[order])[:-1]
+        back = _ranges(start[inc], rows[inc])
+        return got[torch.from_numpy(back).to(got.device)].to(x.device)
+
+    def vision_samples(self, rank: int | None = None) -> np.ndarray:
+        return np.flatnonzero(self.vit_dest == (self.rank if rank is None else rank))
+
+    def llm_samples(self, rank: int | None = None) -> np.ndarray:
+        return np.flatnonzero(self.llm_dest == (self.rank if rank is None else rank))
+
+    def label_samples(self, rank: int | None = None) -> np.ndarray:
+        return np.flatnonzero(self.label_dest == (self.rank if rank is None else rank))
+
+    def send_image_embeddings(self, embeds: torch.Tensor) -> torch.Tensor:
+        """Image-token embeddings of this rank's encoder samples (global order, each sample's
+        tokens in image order) -> those of its LLM samples, in the order their image tokens
+        appear in ``input_ids``. Differentiable; every rank must call it (collective)."""
+        img = self.table[:, _IMG]
+        has = img > 0
+        t0 = time.perf_counter()
+        at, to = np.where(has, self.vit_dest, -1), np.where(has, self.llm_dest, -1)
+        out = self.move(embeds, img, at, to, "image_embeddings")
+        self.seconds["image_embeddings"] = time.perf_counter() - t0
+        return out
+
+    def to_source(self, values: torch.Tensor) -> torch.Tensor:
+        """One row per LLM sample of this rank (global order) -> one row per sample this rank
+        held before redistribution, in its original order (e.g. per-sample losses)."""
+        return self.move(
+            values, np.ones(self.num_samples, dtype=np.int64), self.llm_dest, self.src, "results"
+        )
+
+    def summary(self) -> dict:
+        def imb(x):
+            x = np.asarray(x, dtype=np.float64)
+            return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
+
+        return {
+            "samples": self.num_samples,
+            "methods": dict(self.methods),
+            **{f"{k}_max_over_mean": imb(v) for k, v in self.loads.items()},
+            "bytes": {k: dict(v) for k, v in self.bytes.items()},
+            "seconds": dict(self.seconds),
+        }
+
+
+def _phase_costs(table: np.ndarray, units: list[np.ndarray], policy: RedistributePolicy):
+    llm = table[:, _LLM].astype(np.float64)
+    vit = table[:, _VIT].astype(np.float64)
+    if policy.cost == "tokens":
+        return vit, llm
+    lens = np.concatenate([u[:, 0] * u[:, 1] for u in units]).astype(np.float64)
+    owner = np.repeat(np.arange(table.shape[0]), table[:, _UNITS])
+    sq = np.bincount(owner, weights=lens * lens, minlength=table.shape[0])
+    cm = policy.cost_model
+    return cm.vision.alpha * vit + cm.vision.beta * sq, cm.llm.alpha * llm + cm.llm.beta * llm * llm
+
+
+def _per_node(ranks: tuple[int, ...], topo: Topology) -> int | None:
+    """Ranks of the phase per node, when they split into whole, equal, consecutive nodes."""
+    nodes = np.array([topo.node_of(r) for r in ranks])
+    uniq, counts = np.unique(nodes, return_counts=True)
+    if len(set(counts.tolist())) != 1 or not np.array_equal(nodes, np.repeat(uniq, counts[0])):
+        return None
+    return int(counts[0])
+
+
+def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None):
+    """Destination rank of each item (-1 items skipped) and the method that ran."""
+    ranks_arr = np.asarray(ranks, dtype=np.int64)
+    where = {r: j for j, r in enumerate(ranks)}
+    src_j = np.array([where.get(int(s), -1) for s in src], dtype=np.int64)
+    d = len(ranks)
+    before = np.bincount(src_j[src_j >= 0], weights=cost[src_j >= 0], minlength=d)
+    identity_ok = bool((src_j >= 0).all())
+    if not policy.enabled or src.size == 0:
+        if not identity_ok:
+            raise ValueError(
+                f"redistribution is off but ranks {sorted(set(src[src_j < 0].tolist()))} hold "
+                f"samples and take no part in this phase (its ranks: {ranks})"
+            )
+        return ranks_arr[src_j] if src.size else src.copy(), "identity", before
+    if identity_ok and before.mean() > 0 and before.max() <= before.mean() * (1 + policy.min_gain):
+        return ranks_arr[src_j], "kept (within min_gain)", before
+    per_node = _per_node(ranks, topo)
+    if policy.method == "locality" and identity_ok:
+        pb = locality_balance(cost, src_j, d, per_node or d)
+        return ranks_arr[pb.dest], "locality", before
+    method = "lpt" if policy.method == "locality" else policy.method
+    pb = post_balance(cost, d, method=method, memory_cap=cap, memory=volume if cap else None)
+    if identity_ok and pb.loads.max() >= before.max():
+        return ranks_arr[src_j], f"kept ({pb.method} would not lower the max)", before
+    batch_rank = np.arange(d)
+    name = pb.method
+    if policy.placement == "nodewise" and identity_ok and per_node is not None:
+        nw = nodewise_permutation(src_j, pb.dest, volume.astype(np.float64), d, per_node)
+        batch_rank = nw.rank_of_batch
+        name += f" + {nw.method}"
+    return ranks_arr[batch_rank[pb.dest]], name, before
+
+
+def redistribute(
+    batch: dict,
+    process_group: dist.ProcessGroup | None,
+    topology: Topology,
+    policy: RedistributePolicy,
+) -> tuple[LocalBatch, Route]:
+    """Balance the batches of all ranks; see the module docstring. Call on every rank."""
+    t0 = time.perf_counter()
+    rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
+    vision_ranks, llm_ranks, label_ranks = topology.resolve(world)
+    llm_lens = batch["llm_lens"].numpy().astype(np.int64)
+    cu = batch["cu_seqlens"].numpy().astype(np.int64)
+    labels = batch["labels"]
+    # next-token targets: a label counts unless it is the first token of its sample
+    is_target = (labels != -100).numpy().astype(np.int64)
+    is_target[cu[:-1][llm_lens > 0]] = 0
+    targets = np.add.reduceat(is_target, cu[:-1]) if llm_lens.size else llm_lens
+    targets = np.where(llm_lens > 0, targets, 0)
+    img = (
+        np.add.reduceat((batch["input_ids"] == batch["image_token_id"]).numpy(), cu[:-1])
+        if llm_lens.size
+        else llm_lens
+    )
+    local = np.stack(
+        [llm_lens, batch["vit_lens"].numpy(), batch["num_units"].numpy(), img, targets], axis=1
+    ).reshape(-1, 5)
+    tables = gather_tables(local, process_group)
+    units = gather_tables(batch["units_hw"].numpy().reshape(-1, 2), process_group)
+    table = np.concatenate(tables).reshape(-1, 5)
+    src = np.repeat(np.arange(world), [t.shape[0] for t in tables]).astype(np.int64)
+    t1 = time.perf_counter()
+    vit_cost, llm_cost = _phase_costs(table, units, policy)
+    has_vit = table[:, _VIT] > 0
+    patch_bytes = table[:, _VIT] * batch["patches"].shape[-1] * batch["patches"].element_size()
+    vit_dest = np.full(src.size, -1, dtype=np.int64)
+    vd, vmethod, vbefore = _plan_phase(
+        vit_cost[has_vit], src[has_vit], vision_ranks, topology, policy, patch_bytes[has_vit]
+    )
+    vit_dest[has_vit] = vd
+    llm_dest, lmethod, lbefore = _plan_phase(
+        llm_cost,
+        src,
+        llm_ranks,
+        topology,
+        policy,
+        table[:, _LLM].astype(np.float64),
+        cap=policy.llm_memory_cap,
+    )
+    pair = dict(zip(llm_ranks, label_ranks, strict=True))
+    label_dest = np.array([pair[int(r)] for r in llm_dest], dtype=np.int64)
+    route = Route(rank, world, process_group, topology, table, src, vit_dest, llm_dest, label_dest)
+    route.methods = {"vision": vmethod, "llm": lmethod}
+    vj = {r: j for j, r in enumerate(vision_ranks)}
+    lj = {r: j for j, r in enumerate(llm_ranks)}
+    route.loads = {
+        "vision_before": vbefore,
+        "vision_after": np.bincount(
+            [vj[int(r)] for r in vd], weights=vit_cost[has_vit], minlength=len(vision_ranks)
+        ),
+        "llm_before": lbefore,
+        "llm_after": np.bincount(
+            [lj[int(r)] for r in llm_dest], weights=llm_cost, minlength=len(llm_ranks)
+        ),
+    }
+    route.seconds["gather"] = t1 - t0
+    route.seconds["plan"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    patches = route.move(
+        batch["patches"], table[:, _VIT], np.where(has_vit, src, -1), vit_dest, "patches"
+    )
+    unit_rows = table[:, _UNITS]
+    units_hw = route.move(batch["units_hw"].reshape(-1, 2), unit_rows, src, vit_dest, "units")
+    tokens = torch.stack([batch["input_ids"], batch["position_ids"], labels], dim=1)
+    moved = route.move(tokens, table[:, _LLM], src, llm_dest, "tokens")
+    if np.array_equal(label_dest, llm_dest):
+        lab = moved[:, 2]
+    else:
+        lab = route.move(labels.reshape(-1, 1), table[:, _LLM], src, label_dest, "labels")[:, 0]
+    route.seconds["exchange"] = time.perf_counter() - t2
+    llm_index, label_index = route.llm_samples(), route.label_samples()
+    out = LocalBatch(
+        vision_index=route.vision_samples(),
+        patches=patches,
+        units_hw=units_hw,
+        llm_index=llm_index,
+        input_ids=moved[:, 0],
+        position_ids=moved[:, 1],
+        cu_seqlens=torch.from_numpy(_cu(table[llm_index, _LLM])).to(torch.int32),
+        label_index=label_index,
+        labels=lab,
+        label_cu_seqlens=torch.from_numpy(_cu(table[label_index, _LLM])).to(torch.int32),
+        image_token_id=int(batch["image_token_id"]),
+    )
+    return out, route

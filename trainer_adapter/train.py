@@ -1,0 +1,197 @@
+"""The training loop behind ``equishard train``; one process per rank, started by torchrun.
+
+``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer_adapter.train
+--config '<TrainConfig as JSON>'``. Logs one line per step on rank 0 (and JSON lines to
+``TrainConfig.log``): step time, tokens/s, per-rank loads before/after redistribution (max/mean
+per phase), bytes moved inside and across nodes, and the measured bubble fraction per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer_adapter.config import TrainConfig
+from trainer_adapter.model import VLMConfig, merge_for_policy
+from trainer_adapter.trainer import Trainer, auto_mb_tokens, empty_batch
+
+__all__ = ["build_collator", "main", "run"]
+
+
+def build_collator(cfg: TrainConfig, manifest):
+    """The collator matching how the generation was prepared (overridable in ``cfg``)."""
+    from shards import Collator
+
+    prep = manifest.raw.get("prep") or {}
+    tok = cfg.tokenizer or (prep.get("tokenizer") or {}).get("path")
+    if not tok or not Path(tok).is_file():
+        raise ValueError(
+            f"tokenizer {tok!r} (from the generation's manifest) not found; pass --tokenizer "
+            "path/to/tokenizer.json (the one prep counted with)"
+        )
+    policy = cfg.vision_policy or (prep.get("vision_policy") or {}).get("spec")
+    template = cfg.template or (prep.get("template") or {}).get("name")
+    if not policy or not template:
+        raise ValueError(
+            f"{manifest.path}: the manifest records no vision policy/template; pass "
+            "--vision-policy and --template as given to prep"
+        )
+    return Collator(tokenizer=tok, template=template, vision_policy=policy)
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def run(cfg: TrainConfig) -> list[dict]:
+    """Train on an initialized default process group; returns rank 0's step records."""
+    from torch.utils.data import DataLoader
+
+    from shards import GroupDataset, RankInfo, open_generation
+
+    rank = dist.get_rank()
+    manifest = open_generation(cfg.shards)
+    collate = build_collator(cfg, manifest)
+    loads = manifest.raw.get("loads")
+    mb_tokens = cfg.mb_tokens
+    if cfg.pp > 1 and mb_tokens is None:
+        if not loads:
+            raise ValueError(f"{manifest.path}: no load summary in the manifest; pass --mb-tokens")
+        mb_tokens = auto_mb_tokens(loads, manifest.dp, cfg.dp, cfg.n_microbatches)
+    model_cfg = VLMConfig.preset(
+        cfg.model,
+        vocab_size=collate.vocab_size,
+        patch_dim=3 * collate._policy.patch_size**2,
+        merge=merge_for_policy(collate._policy),
+    )
+    rpn = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
+    trainer = Trainer(cfg, model_cfg, mb_tokens=mb_tokens or 0, ranks_per_node=rpn)
+    replica, stage = trainer.replica, trainer.stage
+    batches = iter(())
+    if stage == 0:
+        ds = GroupDataset(
+            manifest,
+            RankInfo(rank=replica, world_size=cfg.dp, node=rank // rpn),
+            seed=cfg.seed,
+            transform=collate,
+        )
+        loader = DataLoader(ds, batch_size=None, num_workers=cfg.workers)
+
+        def forever():
+            epoch = 0
+            while True:
+                ds.set_epoch(epoch)
+                yield from loader
+                epoch += 1
+
+        batches = forever()
+    empty = empty_batch(model_cfg.patch_dim, collate.image_token_id)
+    log = open(cfg.log, "a") if cfg.log and rank == 0 else None  # noqa: SIM115
+    records = []
+    if rank == 0 and trainer.partition is not None:
+        print(
+            f"pipeline partition (embedding, {model_cfg.llm_layers} blocks, head over "
+            f"{cfg.pp * cfg.stages_per_rank} stages): cuts {trainer.partition['bounds']}, "
+            f"microbatches {cfg.n_microbatches} x {mb_tokens} tokens",
+            flush=True,
+        )
+    for step in range(cfg.steps):
+        item = next(batches) if stage == 0 else None
+        batch = item["samples"] if item is not None else empty
+        out = trainer.step(batch)
+        mine = {
+            "rank": rank,
+            "stage": stage,
+            "busy": out["stage_busy"],
+            "sample_ids": list(batch["sample_ids"]),
+            "epoch": item["epoch"] if item else None,
+            "step": item["step"] if item else None,
+        }
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        if rank != 0:
+            continue
+        r = out["route"]
+        moved = r["bytes"]
+        intra = sum(v["intra_node"] for v in moved.values())
+        inter = sum(v["inter_node"] for v in moved.values())
+        bubbles = {}
+        if cfg.pp > 1:
+            for s in range(cfg.pp):
+                busy = [e["busy"] for e in every if e["stage"] == s]
+                bubbles[s] = float(1.0 - np.mean(busy) / out["llm_seconds"]) if busy else 0.0
+        rec = {
+            "step": step,
+            "seconds": out["seconds"],
+            "loss": out["loss"],
+            "tokens_per_second": out["llm_tokens"] / out["seconds"],
+            "llm_tokens": out["llm_tokens"],
+            "vit_tokens": out["vit_tokens"],
+            "loads_max_over_mean": {
+                k[: -len("_max_over_mean")]: v for k, v in r.items() if k.endswith("_max_over_mean")
+            },
+            "methods": r["methods"],
+            "bytes_intra_node": intra,
+            "bytes_inter_node": inter,
+            "redistribute_seconds": out["redistribute_seconds"],
+            "bubble_per_stage": bubbles,
+            "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
+            "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
+        }
+        records.append(rec)
+        lm = rec["loads_max_over_mean"]
+        print(
+            f"step {step:4d}  {out['seconds']:6.2f} s  loss {out['loss']:.4f}  "
+            f"{rec['tokens_per_second']:,.0f} tok/s  "
+            f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
+            f"llm {lm['llm_before']:.3f}->{lm['llm_after']:.3f}  moved intra "
+            f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
+            + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else ""),
+            flush=True,
+        )
+        if log:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+    if log:
+        log.close()
+    if rank == 0 and records:
+        first, last = records[0]["loss"], records[-1]["loss"]
+        seen = sum(len(v) for r in records for v in r["samples"].values())
+        print(
+            f"train: {len(records)} steps, loss {first:.4f} -> {last:.4f}, {seen} samples "
+            f"read, mean step {np.mean([r['seconds'] for r in records]):.2f} s",
+            flush=True,
+        )
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one rank of equishard train (started by torchrun)")
+    ap.add_argument("--config", required=True, help="TrainConfig as JSON")
+    args = ap.parse_args(argv)
+    cfg = TrainConfig(**json.loads(args.config))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    try:
+        run(cfg)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

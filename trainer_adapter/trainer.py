@@ -1,0 +1,303 @@
+"""One training step over DP x PP ranks: redistribute, encode, exchange, pipeline, all-reduce.
+
+Rank ``replica * pp + stage``. Stage-0 ranks read the shards (one loader rank per replica). Each
+step, on every rank:
+
+1. :func:`redistribute` over all ranks: the vision plan spreads encoder work over every rank (the
+   encoder is replicated), the LLM plan gives each replica an even share (its stage 0 gets token
+   ids, its last stage the labels);
+2. the encoder runs on this rank's images; :meth:`Route.send_image_embeddings` sends the image
+   tokens straight to their replica's stage 0 (one exchange);
+3. with pp == 1 the LLM runs in-process; otherwise stage 0 packs its samples into fixed-shape
+   microbatches (ordered for 1F1B by MMScale's reordering) and the schedule runs them; the
+   gradient of stage 0's input goes back through the exchange into the encoder on every rank;
+4. gradients are summed over the ranks that hold each parameter (the loss is already divided by
+   the global number of target tokens, so the result is the same with or without step 1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from balancing import CostModel
+from trainer_adapter.config import TrainConfig
+from trainer_adapter.model import VisionLanguageModel, VLMConfig, shifted_labels
+from trainer_adapter.partition import profile_layers, search_partition, stage_ranges
+from trainer_adapter.pipeline import (
+    LMLoss,
+    StageModule,
+    doc_rows,
+    make_schedule,
+    pack_rows,
+    plan_microbatches,
+)
+from trainer_adapter.redistribute import RedistributePolicy, redistribute
+from trainer_adapter.topology import Topology
+
+__all__ = ["Trainer", "auto_mb_tokens", "empty_batch"]
+
+_LLM, _TGT = 0, 4
+
+
+def empty_batch(patch_dim: int, image_token_id: int) -> dict:
+    """A collated batch with no samples (ranks that read no data still join the collectives)."""
+    z = torch.zeros(0, dtype=torch.long)
+    return {
+        "input_ids": z,
+        "labels": z,
+        "position_ids": z,
+        "cu_seqlens": torch.zeros(1, dtype=torch.int32),
+        "patches": torch.zeros(0, patch_dim),
+        "patch_cu_seqlens": torch.zeros(1, dtype=torch.int32),
+        "llm_lens": z,
+        "vit_lens": z,
+        "units_hw": torch.zeros(0, 2, dtype=torch.long),
+        "num_units": z,
+        "image_token_id": image_token_id,
+        "sample_ids": [],
+    }
+
+
+def auto_mb_tokens(loads: dict, plan_dp: int, dp: int, n_microbatches: int) -> int:
+    """Microbatch size that fits the largest sample and, with slack, a replica's share of the
+    largest group."""
+    per_replica = loads["max_group_llm_tokens"] * plan_dp / dp
+    need = max(loads["max_sample_llm_tokens"], math.ceil(1.5 * per_replica / n_microbatches))
+    return int(math.ceil(need / 64) * 64)
+
+
+class Trainer:
+    def __init__(
+        self, cfg: TrainConfig, model_cfg: VLMConfig, *, mb_tokens: int, ranks_per_node: int = 1
+    ) -> None:
+        self.cfg, self.mb_tokens = cfg, mb_tokens
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != cfg.world_size:
+            raise ValueError(f"{self.world} processes, but dp x pp = {cfg.world_size}")
+        self.pp, self.replica, self.stage = cfg.pp, self.rank // cfg.pp, self.rank % cfg.pp
+        self.device = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.topology = Topology.pipeline(dp=cfg.dp, pp=cfg.pp, ranks_per_node=ranks_per_node)
+        cm = CostModel.from_dims(
+            vit_hidden=model_cfg.vit_hidden,
+            vit_layers=model_cfg.vit_layers,
+            llm_hidden=model_cfg.llm_hidden,
+            llm_layers=model_cfg.llm_layers,
+        )
+        self.cost_model = cm
+        self.set_redistribution(cfg.redistribute)
+        # every rank creates every group, in the same order
+        pp_groups = [dist.new_group([r * cfg.pp + s for s in range(cfg.pp)]) for r in range(cfg.dp)]
+        self.stage_groups = [
+            dist.new_group([r * cfg.pp + s for r in range(cfg.dp)]) for s in range(cfg.pp)
+        ]
+        torch.manual_seed(cfg.seed)
+        self.model = VisionLanguageModel(model_cfg).to(self.device)
+        self.loss_fn = LMLoss()
+        self.partition = None
+        self.stages: list[StageModule] = []
+        if cfg.pp > 1:
+            self._build_pipeline(pp_groups[self.replica])
+        owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
+        self._reduce = [(owned, None)]  # (params, group): None is the world
+        llm = self.model.llm
+        if cfg.pp == 1:
+            self._reduce.append((list(llm.parameters()), None))
+        else:
+            mine = [p for st in self.stages for p in st.parameters()]
+            if self.stage == 0:
+                mine += [*llm.tok.parameters(), *llm.pos.parameters()]
+            self._reduce.append((list(dict.fromkeys(mine)), self.stage_groups[self.stage]))
+        self.params = [p for ps, _ in self._reduce for p in ps]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr)
+
+    def set_redistribution(self, enabled: bool) -> None:
+        self.policy = RedistributePolicy(
+            enabled=enabled,
+            method=self.cfg.method,
+            placement=self.cfg.placement,
+            cost_model=self.cost_model,
+            llm_memory_cap=self.cfg.n_microbatches * self.mb_tokens if self.cfg.pp > 1 else None,
+        )
+
+    # ------------------------------------------------------------------ pipeline set-up
+    def _layer_fns(self, n_blocks: int):
+        """Callables running each pipelined layer (embedding, blocks, head) on a typical row."""
+        llm, t = self.model.llm, self.mb_tokens
+        seg = [min(512, t)] * (t // min(512, t)) + ([t % min(512, t)] if t % min(512, t) else [])
+        ids = torch.randint(0, self.model.cfg.vocab_size, (t,), device=self.device)
+        pos = torch.cat([torch.arange(s) for s in seg]).to(self.device)
+        x = llm.tok(ids).detach()
+
+        def run(lo, hi):
+            def fn():
+                h = x.detach().requires_grad_()
+                y = h
+                for i in range(lo, hi):
+                    if i == 0:
+                        y = y + llm.pos(pos)
+                    elif i <= n_blocks:
+                        y = llm.blocks[i - 1](y, seg)
+                    else:
+                        y = F.cross_entropy(llm.logits(y), ids, reduction="sum")
+                y.sum().backward()
+
+            return fn
+
+        return run
+
+    def _build_pipeline(self, pp_group) -> None:
+        from torch.distributed.pipelining import PipelineStage
+
+        cfg, llm = self.cfg, self.model.llm
+        n_blocks = len(llm.blocks)
+        n_stages = cfg.pp * cfg.stages_per_rank
+        n_layers = n_blocks + 2
+        if n_stages > n_layers:
+            raise ValueError(f"{n_stages} pipeline stages for {n_layers} layers; use fewer stages")
+        bounds = [None]
+        if self.rank == 0:  # profile and search on one rank, then share the choice
+            run = self._layer_fns(n_blocks)
+            times = profile_layers([run(i, i + 1) for i in range(n_layers)], repeats=2)
+            acts = [float(self.mb_tokens * llm.cfg.llm_hidden)] * n_layers
+
+            def trial(b):
+                return max(
+                    profile_layers([run(lo, hi)], repeats=1)[0]
+                    for lo, hi in stage_ranges(b, n_layers)
+                )
+
+            best, ranked = search_partition(
+                times,
+                acts,
+                n_stages,
+                radius=cfg.partition_radius,
+                top_k=cfg.partition_top_k,
+                comm_weight=0.0,
+                trial=trial,
+            )
+            bounds = [
+                {
+                    "bounds": best.bounds,
+                    "layer_seconds": times.tolist(),
+                    "candidates": [(p.bounds, p.variance, p.trial_seconds) for p in ranked],
+                }
+            ]
+        dist.broadcast_object_list(bounds, src=0)
+        self.partition = bounds[0]
+        ranges = stage_ranges(self.partition["bounds"], n_layers)
+        for k in range(self.stage, n_stages, cfg.pp):
+            lo, hi = ranges[k]
+            mod = StageModule(llm, max(lo - 1, 0), min(hi - 1, n_blocks), last=k == n_stages - 1)
+            self.stages.append(mod)
+        self._pipe = [
+            PipelineStage(m, k, n_stages, self.device, group=pp_group)
+            for m, k in zip(self.stages, range(self.stage, n_stages, cfg.pp), strict=True)
+        ]
+        self.schedule = make_schedule(cfg.schedule, self._pipe, cfg.n_microbatches, self.loss_fn)
+
+    # ------------------------------------------------------------------ one step
+    def forward_backward(self, batch: dict) -> dict:
+        """Gradients of this step's loss, summed over ranks; returns the step's measurements."""
+        t0 = time.perf_counter()
+        local, route = redistribute(batch, None, self.topology, self.policy)
+        t_redis = time.perf_counter() - t0
+        model = self.model
+        emb = model.encode_images(local.patches.to(self.device), local.units_hw)
+        img = route.send_image_embeddings(emb)
+        normalizer = float(max(route.table[:, _TGT].sum(), 1))
+        self.loss_fn.normalizer = normalizer
+        lens = route.table[local.llm_index, _LLM]
+        loss_sum = torch.zeros((), device=self.device)
+        for st in self.stages:
+            st.timer.reset()
+        t_llm = time.perf_counter()
+        if self.pp == 1:
+            x = model.llm.embed(
+                local.input_ids.to(self.device),
+                local.position_ids.to(self.device),
+                img,
+                local.image_token_id,
+            )
+            h = model.llm.forward_blocks(x, lens.tolist())
+            tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
+            loss = self.loss_fn(model.llm.logits(h), tgt)
+            loss.backward()
+            loss_sum = loss.detach()
+        else:
+            mine = route.llm_samples(self.replica * self.pp)  # the replica's stage 0
+            rlens = route.table[mine, _LLM]
+            cu = np.concatenate([[0], np.cumsum(rlens)])
+            plan = plan_microbatches(
+                rlens,
+                self.cfg.n_microbatches,
+                self.mb_tokens,
+                self.pp,
+                alpha=self.cost_model.llm.alpha,
+                beta=self.cost_model.llm.beta,
+            )
+            if self.stage == 0:
+                x = model.llm.embed(
+                    local.input_ids.to(self.device),
+                    local.position_ids.to(self.device),
+                    img,
+                    local.image_token_id,
+                )
+                packed = pack_rows(x, cu, plan, self.mb_tokens, 0.0)
+                leaf = packed.detach().requires_grad_()
+                self.schedule.step(leaf, doc_rows(plan, rlens, self.mb_tokens).to(self.device))
+                packed.backward(leaf.grad)
+            elif self.stage == self.pp - 1:
+                tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
+                losses: list = []
+                self.schedule.step(
+                    target=pack_rows(tgt, cu, plan, self.mb_tokens, -100), losses=losses
+                )
+                loss_sum = torch.stack(losses).sum().detach()
+                img.backward(torch.zeros_like(img))
+            else:
+                self.schedule.step()
+                img.backward(torch.zeros_like(img))
+        t_llm = time.perf_counter() - t_llm
+        self._all_reduce_grads()
+        dist.all_reduce(loss_sum)
+        summary = route.summary()
+        return {
+            "loss": float(loss_sum),
+            "targets": normalizer,
+            "llm_tokens": int(route.table[:, _LLM].sum()),
+            "vit_tokens": int(route.table[:, 1].sum()),
+            "redistribute_seconds": t_redis,
+            "llm_seconds": t_llm,
+            "stage_busy": sum(st.timer.busy for st in self.stages),
+            "route": summary,
+            "loads": {k: np.asarray(v).tolist() for k, v in route.loads.items()},
+        }
+
+    def _all_reduce_grads(self) -> None:
+        for params, group in self._reduce:
+            if not params:
+                continue
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            off = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[off : off + n].view_as(p).clone()
+                off += n
+
+    def step(self, batch: dict) -> dict:
+        t0 = time.perf_counter()
+        out = self.forward_backward(batch)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out["seconds"] = time.perf_counter() - t0
+        return out

@@ -226,10 +226,12 @@ class LanguageModel(nn.Module):
             raise ValueError(
                 f"{int(mask.sum())} image tokens but {image_embeds.shape[0]} image embeddings"
             )
-        if mask.any():
-            x = x.masked_scatter(mask, image_embeds.to(x.dtype))
-        else:  # keep the (empty) exchange in the graph: its backward is a collective
-            x = x + 0 * image_embeds.sum()
+        # with no image tokens, keep the (empty) exchange in the graph: its backward is a collective
+        x = (
+            x.masked_scatter(mask, image_embeds.to(x.dtype))
+            if mask.any()
+            else x + 0 * image_embeds.sum()
+        )
         return x + self.pos(position_ids)
 
     def forward_blocks(self, x, seg_lens: list[int], lo: int = 0, hi: int | None = None):

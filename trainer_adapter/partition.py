@@ -79,7 +79,7 @@ def layer_count_partition(n_layers: int, n: int) -> tuple[int, ...]:
     """The usual split: as equal numbers of layers per stage as possible."""
     if not 1 <= n <= n_layers:
         raise ValueError(f"{n_layers} layers cannot fill {n} stages")
-    return tuple(int(round(n_layers * k / n)) for k in range(1, n))
+    return tuple(round(n_layers * k / n) for k in range(1, n))
 
 
 def partition_candidates(

@@ -13,8 +13,13 @@ DP     ?= 8
 NODES  ?= 2
 BATCH  ?= 4
 SHARD_SIZE ?= 16MB
+POLICY ?= internvl
+# `make train`: a small generation written by `make shards` (56-px tiles so a CPU trains it in
+# seconds per step), then DP x PP training on it through torchrun
+TRAIN_OUT ?= build/train-demo
+TRAIN_ARGS ?= --nproc 4 --dp 2 --pp 2 --steps 6 --schedule 1f1b
 
-.PHONY: install shards test test-all bench lint clean
+.PHONY: install shards train test test-all bench lint clean
 
 install: $(STAMP)
 
@@ -28,7 +33,7 @@ $(STAMP): pyproject.toml
 shards: $(STAMP)
 	$(BIN)/equishard demo $(OUT)/raw --samples $(SAMPLES) --seed $(SEED)
 	$(BIN)/equishard prep $(OUT)/raw/demo.jsonl --image-root $(OUT)/raw \
-		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy internvl \
+		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy $(POLICY) \
 		--workers $(WORKERS) -o $(OUT)/cost.parquet
 	$(BIN)/equishard balance $(OUT)/cost.parquet --dp $(DP) --nodes $(NODES) \
 		--target-batch $(BATCH) --seed $(SEED) -o $(OUT)/plan
@@ -36,6 +41,12 @@ shards: $(STAMP)
 		--shard-size $(SHARD_SIZE) --workers $(WORKERS)
 	$(BIN)/equishard verify $(OUT)/shards
 	$(BIN)/equishard inspect $(OUT)/shards
+
+train: $(STAMP)
+	$(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 NODES=2 BATCH=3 \
+		POLICY="internvl:max_tiles=4,tile_size=56"
+	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
+		--log $(TRAIN_OUT)/train.jsonl
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
 test: $(STAMP)

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "write": "equishard.cli.write",
     "verify": "equishard.cli.verify",
     "inspect": "equishard.cli.inspect",
+    "train": "equishard.cli.train",
 }
 
 
@@ -29,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Turn a vision-language dataset into balanced shards so that no GPU waits for another.\n"
             "Stages: demo (make a sample dataset) -> prep (measure every sample's vision and text\n"
             "tokens into a cost table) -> balance (group samples into balanced steps and ranks)\n"
-            "-> write (balanced WebDataset shards) -> verify / inspect (check and summarize them).\n"
+            "-> write (balanced WebDataset shards) -> verify / inspect (check and summarize them)\n"
+            "-> train (runtime redistribution + pipelined training of a VLM on the shards).\n"
             "Run 'equishard SUBCOMMAND --help' for each one."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -32,9 +32,10 @@ def _samples_for(rank, manifest, collate):
 
 def _invariance(rank, world, gen):
     from shards import open_generation
-    from trainer_adapter import Trainer, TrainConfig, VLMConfig
+    from trainer_adapter import TrainConfig, Trainer, VLMConfig
     from trainer_adapter.train import build_collator
 
+    torch.set_num_threads(1)  # 4 ranks share this machine's cores
     cfg = TrainConfig(shards=gen, dp=world, pp=1, steps=1, method="lpt")
     manifest = open_generation(gen)
     collate = build_collator(cfg, manifest)
@@ -49,8 +50,13 @@ def _invariance(rank, world, gen):
     g_off = [p.grad.clone() for p in trainer.params]
     diff = max(float((a - b).abs().max()) for a, b in zip(g_on, g_off, strict=True))
     scale = max(float(g.abs().max()) for g in g_off)
-    return {"loss": (on["loss"], off["loss"]), "diff": diff, "scale": scale, "on": on["route"],
-            "n": len(batch["sample_ids"])}
+    return {
+        "loss": (on["loss"], off["loss"]),
+        "diff": diff,
+        "scale": scale,
+        "on": on["route"],
+        "n": len(batch["sample_ids"]),
+    }
 
 
 def test_redistribution_gives_the_same_loss_and_gradients(train_generation):
@@ -74,6 +80,7 @@ def _train(rank, world, cfg_kw, log):
     from trainer_adapter import TrainConfig
     from trainer_adapter.train import run
 
+    torch.set_num_threads(1)
     recs = run(TrainConfig(**cfg_kw, log=log))
     return recs
 
@@ -84,8 +91,16 @@ def test_dp2_pp2_trains_and_sees_every_sample_once(train_generation, tmp_path, s
 
     steps = 6
     log = tmp_path / "train.jsonl"
-    cfg = {"shards": str(train_generation), "dp": 2, "pp": 2, "steps": steps, "schedule": schedule,
-           "workers": 0, "lr": 3e-3, "microbatches": 2}
+    cfg = {
+        "shards": str(train_generation),
+        "dp": 2,
+        "pp": 2,
+        "steps": steps,
+        "schedule": schedule,
+        "workers": 0,
+        "lr": 3e-3,
+        "microbatches": 2,
+    }
     recs = run_ranks(_train, 4, cfg, str(log), timeout=600)[0]
     assert len(recs) == steps
     losses = [r["loss"] for r in recs]
@@ -105,8 +120,16 @@ def test_dp2_pp2_trains_and_sees_every_sample_once(train_generation, tmp_path, s
 
 
 def test_interleaved_schedule_runs(train_generation, tmp_path):
-    cfg = {"shards": str(train_generation), "dp": 1, "pp": 2, "steps": 2,
-           "schedule": "interleaved1f1b", "workers": 0, "microbatches": 2, "virtual_stages": 2}
+    cfg = {
+        "shards": str(train_generation),
+        "dp": 1,
+        "pp": 2,
+        "steps": 2,
+        "schedule": "interleaved1f1b",
+        "workers": 0,
+        "microbatches": 2,
+        "virtual_stages": 2,
+    }
     recs = run_ranks(_train, 2, cfg, None, timeout=600)[0]
     assert len(recs) == 2 and all(np.isfinite(r["loss"]) for r in recs)
 

@@ -1,4 +1,4 @@
-"""``python -m equishard`` runs the command line."""
+"""``python -m equishard`` is the ``equishard`` command."""
 
 import sys
 

@@ -1,0 +1,47 @@
+"""``equishard train`` end to end through torchrun (gloo), and its argument checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def _equishard(*args, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "equishard", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def test_train_runs_through_torchrun(train_generation, tmp_path):
+    log = tmp_path / "log.jsonl"
+    r = _equishard(
+        "train",
+        "--shards",
+        str(train_generation),
+        "--nproc",
+        "2",
+        "--dp",
+        "2",
+        "--steps",
+        "2",
+        "--workers",
+        "0",
+        "--log",
+        str(log),
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "step    1" in r.stdout and "train: 2 steps" in r.stdout
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert len(recs) == 2 and all(x["bytes_inter_node"] == 0 for x in recs)  # one node
+
+
+def test_train_rejects_a_layout_that_does_not_add_up(train_generation):
+    r = _equishard("train", "--shards", str(train_generation), "--nproc", "3", "--dp", "2")
+    assert r.returncode != 0 and "must equal --dp x --pp" in r.stderr

@@ -1,0 +1,84 @@
+"""The VLM's pieces: image tokens match the vision policy, attention stays inside samples."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainer_adapter.model import (
+    Block,
+    VisionLanguageModel,
+    VLMConfig,
+    merge_for_policy,
+    shifted_labels,
+)
+
+
+def _cfg(**kw):
+    return VLMConfig.preset("tiny", vocab_size=64, patch_dim=12, **kw)
+
+
+def test_image_tokens_per_unit_follow_the_merge():
+    torch.manual_seed(0)
+    m = VisionLanguageModel(_cfg(merge=2))
+    hw = torch.tensor([[4, 4], [2, 6], [4, 4]])
+    patches = torch.randn(int((hw[:, 0] * hw[:, 1]).sum()), 12)
+    out = m.encode_images(patches, hw)
+    assert out.shape == (4 + 3 + 4, m.cfg.llm_hidden)
+    # a unit's tokens depend on that unit only
+    alone = m.encode_images(patches[16:28], hw[1:2])
+    torch.testing.assert_close(out[4:7], alone, rtol=1e-5, atol=1e-6)
+    empty = m.encode_images(torch.zeros(0, 12), torch.zeros(0, 2, dtype=torch.long))
+    assert empty.shape == (0, m.cfg.llm_hidden) and empty.requires_grad
+
+
+@pytest.mark.parametrize(
+    "spec,merge",
+    [("internvl", 2), ("fixed:336/14", 1), ("qwen2vl", 2)],
+)
+def test_merge_matches_the_policy_token_count(spec, merge):
+    from dataprep.vision_policy import parse_vision_policy
+
+    pol = parse_vision_policy(spec)
+    assert merge_for_policy(pol) == merge
+    cost = pol.image_cost(1000, 700)
+    assert cost.llm_tokens == sum(n // merge**2 for n in cost.vit_seq_lens)
+
+
+def test_packed_causal_attention_equals_per_sample():
+    torch.manual_seed(0)
+    blk = Block(16, 2, 2, causal=True)
+    a, b = torch.randn(5, 16), torch.randn(9, 16)
+    packed = blk(torch.cat([a, b]), [5, 9])
+    torch.testing.assert_close(packed[:5], blk(a, [5]), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(packed[5:], blk(b, [9]), rtol=1e-5, atol=1e-6)
+    # causal: the first token does not see the second
+    b2 = b.clone()
+    b2[1:] += 1.0
+    torch.testing.assert_close(blk(b2, [9])[0], blk(b, [9])[0])
+
+
+def test_embed_places_image_embeddings_in_order():
+    torch.manual_seed(0)
+    m = VisionLanguageModel(_cfg())
+    ids = torch.tensor([3, 7, 7, 4, 7])
+    img = torch.arange(3 * m.cfg.llm_hidden, dtype=torch.float32).view(3, -1)
+    x = m.llm.embed(ids, torch.zeros(5, dtype=torch.long), img, image_token_id=7)
+    pos0 = m.llm.pos(torch.zeros(1, dtype=torch.long))[0]
+    torch.testing.assert_close(x[1] - pos0, img[0])
+    torch.testing.assert_close(x[4] - pos0, img[2])
+    with pytest.raises(ValueError, match="image tokens"):
+        m.llm.embed(ids, torch.zeros(5, dtype=torch.long), img[:2], image_token_id=7)
+
+
+def test_shifted_labels_stay_inside_samples():
+    labels = torch.tensor([-100, 5, 6, -100, 8, 9])
+    cu = torch.tensor([0, 3, 6], dtype=torch.int32)
+    assert shifted_labels(labels, cu).tolist() == [5, 6, -100, 8, 9, -100]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="multiple"):
+        VLMConfig(vocab_size=10, llm_hidden=10, llm_heads=3)
+    with pytest.raises(ValueError, match="unknown model size"):
+        VLMConfig.preset("huge", vocab_size=10)

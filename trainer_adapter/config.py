@@ -37,6 +37,8 @@ class TrainConfig:
     tokenizer: str | None = None
     vision_policy: str | None = None
     template: str | None = None
+    recompute: str = "off"
+    memory_fraction: float = 0.9
     partition_radius: int = 1
     partition_top_k: int = 3
     log: str | None = None
@@ -62,6 +64,12 @@ class TrainConfig:
                 )
         if self.mb_tokens is not None and self.mb_tokens < 1:
             raise ValueError(f"mb_tokens must be >= 1, got {self.mb_tokens}")
+        if self.recompute not in ("off", "all", "adaptive"):
+            raise ValueError(
+                f"recompute must be off, all or adaptive (GPU only), got {self.recompute!r}"
+            )
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.workers < 0:

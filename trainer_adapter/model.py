@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 __all__ = [
     "Block",
@@ -111,6 +112,7 @@ class Block(nn.Module):
     def __init__(self, hidden: int, heads: int, mlp_ratio: int, causal: bool) -> None:
         super().__init__()
         self.heads, self.causal = heads, causal
+        self.recompute = False  # recompute activations in backward (trainer_adapter.recompute)
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -128,6 +130,11 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, seg_lens: list[int] | None = None) -> torch.Tensor:
         """``x``: [batch, len, hidden] (one segment per row), or [total, hidden] packed with
         ``seg_lens`` summing to ``total``."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, seg_lens, use_reentrant=False)
+        return self._forward(x, seg_lens)
+
+    def _forward(self, x: torch.Tensor, seg_lens: list[int] | None) -> torch.Tensor:
         y = self.norm1(x)
         if seg_lens is None:
             a = self._attend(y)

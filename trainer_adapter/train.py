@@ -55,6 +55,40 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict) -> None:
+    """Recompute nothing, everything, or what memory requires (OmniBal A.1.1, GPU only)."""
+    from trainer_adapter.recompute import adaptive_recompute, set_recompute
+
+    vit = list(trainer.model.vision.blocks)
+    llm = [b for st in trainer.stages for b in st.blocks] or list(trainer.model.llm.blocks)
+    if cfg.recompute != "adaptive":
+        set_recompute(vit, 0 if cfg.recompute == "all" else len(vit))
+        set_recompute(llm, 0 if cfg.recompute == "all" else len(llm))
+        return
+    if trainer.device.type != "cuda":
+        raise ValueError("--recompute adaptive measures GPU memory; use off or all on a CPU")
+
+    def agree(oom: bool) -> bool:
+        flag = torch.tensor([int(oom)], device=trainer.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def step():
+        trainer.forward_backward(batch)
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+    budget = torch.cuda.get_device_properties(trainer.device).total_memory * cfg.memory_fraction
+    r = adaptive_recompute(step, vit, llm, budget, agree=agree)
+    if dist.get_rank() == 0:
+        print(
+            f"recompute: {len(vit) - r.vit_plain}/{len(vit)} ViT and "
+            f"{len(llm) - r.llm_plain}/{len(llm)} LLM blocks recomputed on rank 0 "
+            f"(saves {r.saving_vit / 2**20:.1f} / {r.saving_llm / 2**20:.1f} MiB per block; "
+            f"peak {r.peak / 2**30:.2f} GiB of {budget / 2**30:.2f}; {r.trials} trial steps)",
+            flush=True,
+        )
+
+
 def run(cfg: TrainConfig) -> list[dict]:
     """Train on an initialized default process group; returns rank 0's step records."""
     from torch.utils.data import DataLoader
@@ -98,6 +132,8 @@ def run(cfg: TrainConfig) -> list[dict]:
 
         batches = forever()
     empty = empty_batch(model_cfg.patch_dim, collate.image_token_id)
+    first = next(batches) if stage == 0 else None
+    _set_recompute(cfg, trainer, first["samples"] if first is not None else empty)
     log = open(cfg.log, "a") if cfg.log and rank == 0 else None  # noqa: SIM115
     records = []
     if rank == 0 and trainer.partition is not None:
@@ -108,7 +144,7 @@ def run(cfg: TrainConfig) -> list[dict]:
             flush=True,
         )
     for step in range(cfg.steps):
-        item = next(batches) if stage == 0 else None
+        item = (first if step == 0 else next(batches)) if stage == 0 else None
         batch = item["samples"] if item is not None else empty
         out = trainer.step(batch)
         mine = {

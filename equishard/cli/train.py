@@ -99,6 +99,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     p.add_argument("--vision-policy", default=None, help="default: the one prep used")
     p.add_argument("--template", default=None, help="default: the one prep used")
+    p.add_argument(
+        "--recompute",
+        default="off",
+        choices=("off", "all", "adaptive"),
+        help="activation recomputation: off, all blocks, or adaptive (GPU: measure "
+        "memory, recompute only what does not fit; OmniBal A.1.1) (default off)",
+    )
     p.add_argument("--log", default=None, metavar="JSONL", help="append per-step records here")
     p.set_defaults(run=run)
 

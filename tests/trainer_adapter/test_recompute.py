@@ -1,0 +1,124 @@
+"""Adaptive recomputation: the decision steps against a memory model, and for real on a GPU."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from trainer_adapter.recompute import adaptive_recompute, set_recompute
+
+
+@dataclass
+class _Blk:
+    recompute: bool = False
+
+
+def _memory(vit, llm, base, per_v, per_t, limit, extra=0.0):
+    """Peak = base + per-block activations of the blocks that keep them; OOM over ``limit``."""
+
+    def measure(step):
+        step()
+        kept_v = sum(not b.recompute for b in vit)
+        kept_t = sum(not b.recompute for b in llm)
+        peak = base + kept_v * per_v + kept_t * per_t + (extra if kept_v and kept_t else 0.0)
+        if peak > limit:
+            raise torch.OutOfMemoryError("simulated")
+        return peak
+
+    return measure
+
+
+def test_turns_off_recomputation_where_memory_allows():
+    vit, llm = [_Blk() for _ in range(6)], [_Blk() for _ in range(8)]
+    steps = []
+    r = adaptive_recompute(
+        lambda: steps.append(1),
+        vit,
+        llm,
+        budget=100.0,
+        safety=1.0,
+        measure=_memory(vit, llm, 40.0, 10.0, 4.0, limit=100.0),
+        time_per_layer=(1.0, 1.0),
+    )
+    assert r.remaining == 60.0 and r.saving_vit == 10.0 and r.saving_llm == 4.0
+    # LLM blocks save more time per byte (1/4 > 1/10): all 8 (32), then 2 ViT blocks (20)
+    assert (r.vit_plain, r.llm_plain) == (2, 8)
+    assert r.peak <= 100.0 and len(steps) == r.trials == 4
+    assert sum(not b.recompute for b in vit) == 2
+
+
+def test_falls_back_stepwise_when_the_estimate_is_too_optimistic():
+    vit, llm = [_Blk() for _ in range(4)], [_Blk() for _ in range(4)]
+    # mixing plain ViT and LLM blocks costs 15 more than the per-block estimates say
+    r = adaptive_recompute(
+        lambda: None,
+        vit,
+        llm,
+        budget=100.0,
+        safety=1.0,
+        measure=_memory(vit, llm, 40.0, 10.0, 5.0, limit=100.0, extra=15.0),
+    )
+    assert r.peak <= 100.0 and r.trials > 4
+    assert (
+        40.0 + r.vit_plain * 10 + r.llm_plain * 5 + (15 if r.vit_plain and r.llm_plain else 0)
+        <= 100.0
+    )
+
+
+def test_out_of_memory_with_everything_recomputed_is_an_error():
+    vit, llm = [_Blk()], [_Blk()]
+    with pytest.raises(RuntimeError, match="every block recomputed"):
+        adaptive_recompute(
+            lambda: None,
+            vit,
+            llm,
+            budget=10.0,
+            measure=_memory(vit, llm, 50.0, 1.0, 1.0, limit=10.0),
+        )
+
+
+def test_needs_cuda_without_a_measure():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device exists")
+    with pytest.raises(ValueError, match="CUDA"):
+        adaptive_recompute(lambda: None, [], [], budget=1.0)
+
+
+def test_recomputed_block_gives_the_same_gradients():
+    from trainer_adapter.model import Block
+
+    torch.manual_seed(0)
+    blk = Block(16, 2, 2, causal=True)
+    x = torch.randn(12, 16, requires_grad=True)
+    blk(x, [5, 7]).square().sum().backward()
+    g = x.grad.clone()
+    x.grad = None
+    set_recompute([blk], 0)
+    blk(x, [5, 7]).square().sum().backward()
+    torch.testing.assert_close(x.grad, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_adaptive_recompute_on_a_real_gpu():
+    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    m = VisionLanguageModel(VLMConfig.preset("small", vocab_size=1024, patch_dim=588)).to(dev)
+    hw = torch.tensor([[32, 32]] * 8)
+    patches = torch.randn(8 * 1024, 588, device=dev)
+
+    def step():
+        out = m.encode_images(patches, hw)
+        ids = torch.randint(0, 1024, (4096,), device=dev)
+        h = m.llm.forward_blocks(m.llm.tok(ids) + out.sum() * 0, [1024] * 4)
+        m.llm.logits(h).float().square().mean().backward()
+        m.zero_grad(set_to_none=True)
+
+    budget = torch.cuda.get_device_properties(dev).total_memory * 0.5
+    r = adaptive_recompute(step, list(m.vision.blocks), list(m.llm.blocks), budget)
+    assert r.peak <= budget
+    assert r.saving_vit > 0 and r.saving_llm > 0

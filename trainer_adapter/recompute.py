@@ -1,0 +1,123 @@
+"""Balanced adaptive recomputation (OmniBal §4.3, appendix A.1.1), for GPU training.
+
+Because ISF groups and the balanced partition fix every step's input sizes, a stage's memory
+need is stable, so recomputation can be switched off exactly where memory allows:
+
+1. recompute every ViT and LLM block; run a step; the remaining memory is M_r = budget - peak;
+2. switch recomputation off for k ViT blocks, run a step; then for k LLM blocks, run a step;
+3. the peak differences give the memory one block saves when it is recomputed (M_v, M_t);
+4. switch off as many blocks as M_r allows (the kind that saves more time per byte first), run
+   a step; on out-of-memory, recompute one more block and try again, stepwise.
+
+``measure`` runs one training step and returns the peak memory in bytes; by default it is
+``torch.cuda.max_memory_allocated`` around the step. ``agree`` makes every rank see the same
+outcome (an all_reduce of the OOM flag) so all ranks run the same trials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["RecomputeResult", "adaptive_recompute", "cuda_peak", "set_recompute"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecomputeResult:
+    vit_plain: int  # ViT blocks that run without recomputation
+    llm_plain: int
+    remaining: float  # M_r with everything recomputed
+    saving_vit: float  # M_v per block
+    saving_llm: float  # M_t per block
+    trials: int
+    peak: float
+
+
+def set_recompute(blocks: Sequence, n_plain: int) -> None:
+    """The first ``n_plain`` blocks keep activations; the rest recompute them in backward."""
+    for i, b in enumerate(blocks):
+        b.recompute = i >= n_plain
+
+
+def cuda_peak(step: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return float(torch.cuda.max_memory_allocated())
+
+
+def adaptive_recompute(
+    step: Callable[[], object],
+    vit_blocks: Sequence,
+    llm_blocks: Sequence,
+    budget: float,
+    *,
+    probe_layers: int = 1,
+    time_per_layer: tuple[float, float] = (1.0, 1.0),
+    safety: float = 0.9,
+    measure: Callable[[Callable[[], object]], float] | None = None,
+    agree: Callable[[bool], bool] = lambda oom: oom,
+    max_trials: int = 64,
+) -> RecomputeResult:
+    """Choose how many ViT and LLM blocks run without recomputation (see the module docstring)."""
+    if budget <= 0:
+        raise ValueError(f"memory budget must be > 0 bytes, got {budget}")
+    if measure is None:
+        if not torch.cuda.is_available():
+            raise ValueError("adaptive recomputation measures GPU memory: it needs a CUDA device")
+        measure = cuda_peak
+    nv, nt = len(vit_blocks), len(llm_blocks)
+
+    def run(v_plain: int, t_plain: int) -> float | None:
+        set_recompute(vit_blocks, v_plain)
+        set_recompute(llm_blocks, t_plain)
+        try:
+            peak, oom = measure(step), False
+        except torch.cuda.OutOfMemoryError:
+            peak, oom = None, True
+        if agree(oom):
+            return None
+        return peak
+
+    base = run(0, 0)
+    if base is None:
+        raise RuntimeError("out of memory even with every block recomputed; lower the batch caps")
+    remaining = budget - base
+    kv, kt = min(probe_layers, nv), min(probe_layers, nt)
+    pv = run(kv, 0) if kv else base
+    pt = run(0, kt) if kt else base
+    trials = 3
+    m_v = (pv - base) / kv if kv and pv is not None else float("inf")
+    m_t = (pt - base) / kt if kt and pt is not None else float("inf")
+    # Step 4: spend the free memory on the blocks that save the most time per byte
+    free = remaining * safety
+    v_plain = t_plain = 0
+    kinds = sorted(
+        [("v", m_v, time_per_layer[0], nv), ("t", m_t, time_per_layer[1], nt)],
+        key=lambda k: -(k[2] / k[1]) if k[1] > 0 else -float("inf"),
+    )
+    for kind, cost, _, count in kinds:
+        n = count if cost <= 0 else int(min(count, max(free // cost, 0)))
+        free -= n * max(cost, 0)
+        if kind == "v":
+            v_plain = n
+        else:
+            t_plain = n
+    peak = None
+    while trials < max_trials:
+        trials += 1
+        peak = run(v_plain, t_plain)
+        if peak is not None:
+            break
+        if v_plain == 0 and t_plain == 0:
+            raise RuntimeError("out of memory with every block recomputed")
+        # recompute one more block of the kind that saves more memory per block
+        if t_plain and (m_t >= m_v or not v_plain):
+            t_plain -= 1
+        else:
+            v_plain -= 1
+    return RecomputeResult(v_plain, t_plain, remaining, m_v, m_t, trials, peak or base)

@@ -21,7 +21,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-BENCHMARKS = {"prep": "bench.bench_prep", "balance": "bench.bench_balance"}
+BENCHMARKS = {
+    "prep": "bench.bench_prep",
+    "balance": "bench.bench_balance",
+    "shards": "bench.bench_shards",
+    "train": "bench.bench_train",
+}
 
 _PACKAGES = ("numpy", "numba", "pyarrow", "tokenizers", "Pillow", "webdataset", "torch", "scipy")
 

@@ -1,0 +1,193 @@
+"""Shard writing and loading against plain baselines on the same bytes.
+
+* Write: ``write_generation`` (read raw samples through dataprep's readers, tar them group by
+  group, sha256, fsync, atomic publish) against a plain sequential copy of the same source bytes
+  (every image file and the JSONL, in plan order, into one file, fsynced). Page cache warm for
+  both (the copy runs first and reads the same files).
+* Load: ``GroupDataset`` (checked byte-range reads, member validation, webdataset parsing, one
+  group per step) against a plain ``webdataset.WebDataset`` pipeline over the same tars, both
+  decoding every image to RGB with Pillow, in a DataLoader with 0 and 2 workers.
+* Time to first batch: opening a generation of many small shards and getting its first group.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from PIL import Image
+
+SAMPLES = 1000
+
+
+def _decode_samples(samples):
+    return [[Image.open(io.BytesIO(b)).convert("RGB").size for b in s.images] for s in samples]
+
+
+def _decode_wds(sample):
+    return [
+        Image.open(io.BytesIO(v)).convert("RGB").size
+        for k, v in sorted(sample.items())
+        if k.rsplit(".", 1)[-1] in ("jpg", "jpeg", "png")
+    ]
+
+
+def _copy(files: list[Path], out: Path) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n = 0
+    with open(out, "wb") as dst:
+        for f in files:
+            with open(f, "rb") as src:
+                while block := src.read(1 << 20):
+                    dst.write(block)
+                    n += len(block)
+        dst.flush()
+        os.fsync(dst.fileno())
+    return n, time.perf_counter() - t0
+
+
+def _load_ours(gen: Path, workers: int) -> tuple[int, float, float]:
+    from torch.utils.data import DataLoader
+
+    from shards import GroupDataset, RankInfo, open_generation
+
+    m = open_generation(gen)
+    n, first = 0, None
+    t0 = time.perf_counter()
+    for rank in range(m.dp):
+        ds = GroupDataset(m, RankInfo(rank=rank, world_size=m.dp), transform=_decode_samples)
+        for batch in DataLoader(ds, batch_size=None, num_workers=workers):
+            n += len(batch["samples"])
+            first = first or time.perf_counter() - t0
+    return n, time.perf_counter() - t0, first
+
+
+def _load_wds(gen: Path, workers: int) -> tuple[int, float]:
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    from shards import open_generation
+
+    m = open_generation(gen)
+    urls = [str(m.path / sh.file) for st in m.streams for sh in st.shards]
+    ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_decode_wds)
+    n = 0
+    t0 = time.perf_counter()
+    for _ in DataLoader(ds, batch_size=None, num_workers=workers):
+        n += 1
+    return n, time.perf_counter() - t0
+
+
+def _first_batch(gen_root: Path) -> float:
+    from shards import GroupDataset, RankInfo
+
+    t0 = time.perf_counter()
+    ds = GroupDataset(gen_root, RankInfo(rank=0, world_size=1))
+    next(iter(ds))
+    return time.perf_counter() - t0
+
+
+def run() -> dict:
+    from balancing.plan import BalanceConfig, build_plan, write_plan
+    from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
+    from shards import WriteConfig, write_generation
+
+    rows, loads = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        make_demo(root / "demo", samples=SAMPLES, seed=2)
+        cost = root / "cost.parquet"
+        run_prep(
+            PrepConfig(
+                inputs=(str(root / "demo" / "demo.jsonl"),),
+                output=str(cost),
+                tokenizer=str(root / "demo" / "tokenizer.json"),
+                workers=2,
+            )
+        )
+        write_plan(build_plan(read_cost_table(cost), BalanceConfig(dp=8, nodes=2)), root / "plan")
+        order = pq.read_table(root / "plan" / "plan.parquet", columns=["sample_id"])
+        recs = {
+            json.loads(line)["id"]: json.loads(line)
+            for line in (root / "demo" / "demo.jsonl").read_text().splitlines()
+        }
+        files = [root / "demo" / "demo.jsonl"]
+        for sid in order.column("sample_id").to_pylist():
+            img = recs[sid].get("image")
+            files += [root / "demo" / p for p in ([img] if isinstance(img, str) else img or [])]
+        copied, copy_s = _copy(files, root / "copy.bin")
+        for workers in (1, 2):
+            out = root / f"gen-w{workers}"
+            t0 = time.perf_counter()
+            res = write_generation(
+                WriteConfig(
+                    plan_dir=str(root / "plan"),
+                    cost_table=str(cost),
+                    out=str(out),
+                    shard_size=64 << 20,
+                    workers=workers,
+                )
+            )
+            s = time.perf_counter() - t0
+            rows.append((workers, res.bytes, s, copied, copy_s))
+        gen = root / "gen-w1"
+        for workers in (0, 2):
+            n, s, first = _load_ours(gen, workers)
+            nw, sw = _load_wds(gen, workers)
+            loads.append((workers, n, s, nw, sw, first))
+        small = root / "gen-small"
+        res_small = write_generation(
+            WriteConfig(
+                plan_dir=str(root / "plan"), cost_table=str(cost), out=str(small), shard_size=1024
+            )
+        )
+        ttfb = min(_first_batch(small) for _ in range(3))
+    md = [
+        f"{SAMPLES:,}-sample demo set (real JPEG/PNG files, InternVL costs), plan DP 8 on 2 nodes, "
+        "64 MiB shards.",
+        "",
+        "**Write** (target: >= 70% of a plain sequential copy of the same bytes)",
+        "",
+        "| writer workers | shard bytes | seconds | MiB/s | plain copy MiB/s | ratio | target |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w, b, s, cb, cs in rows:
+        ratio = (b / s) / (cb / cs)
+        md.append(
+            f"| {w} | {b / 2**20:.1f} MiB | {s:.2f} | {b / s / 2**20:.0f} | "
+            f"{cb / cs / 2**20:.0f} | {ratio:.0%} | {'met' if ratio >= 0.7 else '**not met**'} |"
+        )
+    md += [
+        "",
+        "**Load** (target: >= 90% of a plain `webdataset.WebDataset` pipeline over the same "
+        "tars with the same decoding: every image to RGB with Pillow)",
+        "",
+        "| DataLoader workers | equishard samples/s | webdataset samples/s | ratio | target | equishard time to first group |",
+        "|---|---|---|---|---|---|",
+    ]
+    for w, n, s, nw, sw, first in loads:
+        ratio = (n / s) / (nw / sw)
+        md.append(
+            f"| {w} | {n / s:.1f} | {nw / sw:.1f} | {ratio:.0%} | "
+            f"{'met' if ratio >= 0.9 else '**not met**'} | {first * 1000:.0f} ms |"
+        )
+    md += [
+        "",
+        f"**Time to first batch** with {res_small.shards:,} shards (1 KiB shard size: one group "
+        f"per shard): {ttfb * 1000:.0f} ms (open the manifest, validate it, read one group).",
+        "",
+        "What limits them: writing reads every source file through dataprep's readers, hashes "
+        "every byte (sha256) and fsyncs each shard; loading is bound by Pillow decoding (~20 ms "
+        "per demo image), which both pipelines share, so the checks equishard adds (byte-range "
+        "reads, member validation, completeness) cost a few percent at most.",
+    ]
+    return {
+        "title": "Shards: write and load",
+        "markdown": "\n".join(md),
+        "raw": {"write": rows, "load": loads, "ttfb": ttfb},
+    }

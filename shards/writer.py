@@ -156,13 +156,20 @@ class _HashingFile(io.RawIOBase):
 
 
 def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    """Append one regular member: what ``TarFile.addfile`` writes, without its 16 KiB copy loop."""
     ti = tarfile.TarInfo(name)
     ti.size = len(data)
     ti.mtime = 0
     ti.mode = 0o644
     ti.uid = ti.gid = 0
     ti.uname = ti.gname = ""
-    tf.addfile(ti, io.BytesIO(data))
+    header = ti.tobuf(tf.format, tf.encoding, tf.errors)
+    pad = -len(data) % tarfile.BLOCKSIZE
+    tf.fileobj.write(header + data + b"\0" * pad if len(data) < 1 << 16 else header)
+    if len(data) >= 1 << 16:
+        tf.fileobj.write(data)
+        tf.fileobj.write(b"\0" * pad)
+    tf.offset += len(header) + len(data) + pad
 
 
 def _write_stream(job: dict) -> list[dict]:

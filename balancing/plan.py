@@ -133,6 +133,32 @@ def _trend(step_loads: np.ndarray) -> dict:
     return {"spearman": round(rho, 4), "second_half_over_first": round(ratio, 4)}
 
 
+def random_batching_metrics(
+    loads: dict[str, np.ndarray],
+    v: np.ndarray,
+    t: np.ndarray,
+    target_batch: float,
+    seed: int,
+    d: int,
+) -> dict:
+    """Metrics of random batching of the same samples: B per rank, D ranks per step (the usual
+    sampler), the baseline every report compares against."""
+    n = v.size
+    b = max(1, round(target_batch))
+    perm = np.random.default_rng(seed + 1).permutation(n)
+    batch = np.empty(n, dtype=np.int64)
+    batch[perm] = np.arange(n) // b
+    n_batches = int(batch.max()) + 1
+    r_steps = n_batches // d
+    random_loads = {}
+    for k, x in loads.items():
+        per_batch = np.bincount(batch, weights=x, minlength=n_batches)
+        random_loads[k] = (
+            per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
+        )
+    return _metrics(random_loads, _pads(batch, v, t))
+
+
 def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     """Group, assign and place every sample of a cost table; nothing is dropped."""
     timings = {}
@@ -192,20 +218,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     balanced = _metrics(step_loads, pads)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
     balanced_full = _metrics({k: x[:n_full] for k, x in step_loads.items()}, pads) if n_full else {}
-    # Random batching of the same samples: B per rank, D ranks per step (the usual sampler).
-    b = max(1, round(cfg.target_batch))
-    perm = np.random.default_rng(cfg.seed + 1).permutation(n)
-    batch = np.empty(n, dtype=np.int64)
-    batch[perm] = np.arange(n) // b
-    n_batches = int(batch.max()) + 1
-    r_steps = n_batches // d
-    random_loads = {}
-    for k, x in loads.items():
-        per_batch = np.bincount(batch, weights=x, minlength=n_batches)
-        random_loads[k] = (
-            per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
-        )
-    random = _metrics(random_loads, _pads(batch, v, t))
+    random = random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d)
     node_loads = {k: x.reshape(a.n_steps, nodes, per).sum(axis=2) for k, x in step_loads.items()}
     timings["metrics"] = time.perf_counter() - t1
 

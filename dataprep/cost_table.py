@@ -35,8 +35,12 @@ COST_SCHEMA = pa.schema(
         ("image_heights", pa.list_(pa.int32())),
         ("location", pa.string()),
         ("fingerprint", pa.string()),
+        # sample_id's cheap change detector (record bytes + image file sizes/mtimes): a later
+        # prep with ``cache=`` reuses the row without reading the images when it matches
+        ("cache_key", pa.string()),
     ]
 )
+OPTIONAL_COLUMNS = ("cache_key",)
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -70,7 +74,16 @@ def table_metadata(path: str | Path) -> dict:
 def read_cost_table(path: str | Path) -> pa.Table:
     """Read a cost table, checking the required columns are present."""
     table = pq.ParquetFile(path).read()
-    missing = [f.name for f in COST_SCHEMA if f.name not in table.column_names]
+    missing = [
+        f.name
+        for f in COST_SCHEMA
+        if f.name not in table.column_names and f.name not in OPTIONAL_COLUMNS
+    ]
     if missing:
         raise ValueError(f"{path}: cost table lacks column(s) {missing}")
+    for name in OPTIONAL_COLUMNS:  # tables from before the column existed
+        if name not in table.column_names:
+            table = table.append_column(
+                COST_SCHEMA.field(name), pa.nulls(table.num_rows, COST_SCHEMA.field(name).type)
+            )
     return table

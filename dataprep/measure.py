@@ -38,6 +38,7 @@ _COLUMNS = (
     "image_heights",
     "location",
     "fingerprint",
+    "cache_key",
 )
 
 
@@ -48,6 +49,9 @@ class ChunkResult:
     n_in: int = 0
     batch: pa.RecordBatch | None = None
     errors: list[dict] = field(default_factory=list)
+    # rows the cache already has: (position among the unit's rows, sample_id, location, source,
+    # cache_key); ``batch`` holds the other positions in order
+    cached: list[tuple[int, str, str, str, str]] = field(default_factory=list)
 
 
 class _Window:
@@ -82,6 +86,21 @@ def _probe(ref: ImageRef) -> ImageHeader:
         return probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where)
 
 
+def cache_key(raw: bytes, refs: list[ImageRef]) -> str:
+    """Changes when the record's bytes or any image file changes (size, mtime); no image reads."""
+    h = hashlib.blake2b(raw, digest_size=16)
+    for r in refs:
+        if r.data is not None:
+            h.update(b"|d" + hashlib.blake2b(r.data, digest_size=16).digest())
+            continue
+        try:
+            st = os.stat(r.path)
+        except OSError:
+            return ""  # unreadable: measure it (and reject it with a reason)
+        h.update(f"|{r.path}:{st.st_size}:{st.st_mtime_ns}:{r.offset}:{r.size}".encode())
+    return h.hexdigest()
+
+
 def _digest(obj) -> str:
     return hashlib.blake2b(obj, digest_size=8).hexdigest() if isinstance(obj, bytes) else repr(obj)
 
@@ -94,11 +113,13 @@ class Measurer:
         template: ChatTemplate,
         counter: TokenCounter,
         opts: ReadOptions,
+        cache: dict[str, str] | None = None,
     ) -> None:
         self.policy = policy
         self.template = template
         self.counter = counter
         self.opts = opts
+        self.cache = cache or {}
 
     def _ref(self, item, unit: WorkUnit, index: int, k: int) -> ImageRef:
         where = f"{unit.path}#{index}/image{k}"
@@ -131,6 +152,14 @@ class Measurer:
                 sample_id = sample_id_of(rec.record, f"{unit.source}:{rec.index}")
                 sample = normalize_record(rec.record, sample_id, images=rec.images)
                 refs = [self._ref(img, unit, rec.index, k) for k, img in enumerate(sample.images)]
+                raw = rec.raw
+                if raw is None:
+                    raw = json.dumps(rec.record, sort_keys=True, default=_digest).encode()
+                key = cache_key(raw, refs)
+                if key and self.cache.get(sample_id) == key:
+                    position = len(pending) + len(out.cached)
+                    out.cached.append((position, sample_id, location, unit.source, key))
+                    continue
                 headers = [_probe(r) for r in refs]
                 costs = [self.policy.image_cost(h.width, h.height) for h in headers]
                 texts.append(self.template.render(sample.turns))
@@ -146,16 +175,15 @@ class Measurer:
                     }
                 )
                 continue
-            raw = rec.raw
-            if raw is None:
-                raw = json.dumps(rec.record, sort_keys=True, default=_digest).encode()
             fp = hashlib.blake2b(raw, digest_size=16)
             for h in headers:
                 fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
-            pending.append((sample_id, location, headers, costs, fp.hexdigest()))
+            pending.append((sample_id, location, headers, costs, fp.hexdigest(), key))
         counts = self.counter.count(texts)
         rows: dict[str, list] = {c: [] for c in COST_SCHEMA.names}
-        for (sample_id, location, headers, costs, fp), n_text in zip(pending, counts, strict=True):
+        for (sample_id, location, headers, costs, fp, key), n_text in zip(
+            pending, counts, strict=True
+        ):
             seq = [s for c in costs for s in c.vit_seq_lens]
             n_img = len(headers)
             rows["sample_id"].append(sample_id)
@@ -172,5 +200,6 @@ class Measurer:
             rows["image_heights"].append([h.height for h in headers])
             rows["location"].append(location)
             rows["fingerprint"].append(fp)
+            rows["cache_key"].append(key)
         out.batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
         return out

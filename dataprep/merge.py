@@ -85,6 +85,7 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         err_tables.append(pq.read_table(ep, schema=ERRORS_SCHEMA))
     errors = pa.concat_tables(err_tables)
     total = {k: sum(m["counts"][k] for m in metas) for k in ("in", "written", "rejected")}
+    total["cached"] = sum(m["counts"].get("cached", 0) for m in metas)
     meta = {**ref, "shard": {"index": 0, "num_shards": 1}, "counts": total}
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
     out = Path(output)
@@ -93,4 +94,4 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
         pq.write_table(t, tmp)
         os.replace(tmp, dest)
-    return total
+    return {k: total[k] for k in ("in", "written", "rejected")}

@@ -29,6 +29,7 @@ from dataprep.cost_table import (
     FORMAT_VERSION,
     METADATA_KEY,
     errors_path,
+    read_cost_table,
 )
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.measure import ChunkResult, Measurer
@@ -55,6 +56,7 @@ class PrepConfig:
     num_shards: int = 1
     max_error_rate: float = 0.01
     progress: bool = False
+    cache: str | None = None  # a cost table whose rows are reused when sample_id + cache_key match
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -87,6 +89,7 @@ class PrepResult:
     n_in: int = 0
     n_written: int = 0
     n_rejected: int = 0
+    n_cached: int = 0
     reasons: dict[str, int] = field(default_factory=dict)
     percentiles: dict[str, dict[str, float]] = field(default_factory=dict)
     modalities: dict[str, int] = field(default_factory=dict)
@@ -96,8 +99,37 @@ class PrepResult:
         return asdict(self)
 
 
+def _cache_keys(cfg: PrepConfig) -> dict[str, str]:
+    if not cfg.cache:
+        return {}
+    t = read_cost_table(cfg.cache).select(["sample_id", "cache_key"])
+    return {
+        sid: key
+        for sid, key in zip(
+            t.column("sample_id").to_pylist(), t.column("cache_key").to_pylist(), strict=True
+        )
+        if key
+    }
+
+
+def _with_cached(chunk: ChunkResult, cache: pa.Table, where: dict[str, int]) -> pa.RecordBatch:
+    """The chunk's rows in input order: measured ones and the cache's rows for the rest."""
+    if not chunk.cached:
+        return chunk.batch
+    pos, sids, locs, sources, keys = zip(*chunk.cached, strict=True)
+    rows = cache.take(pa.array([where[s] for s in sids]))
+    for name, values in (("location", locs), ("source", sources), ("cache_key", keys)):
+        rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(values))
+    both = pa.concat_tables([pa.Table.from_batches([chunk.batch]), rows.select(COST_SCHEMA.names)])
+    n = both.num_rows
+    measured_pos = np.setdiff1d(np.arange(n), np.array(pos))
+    order = np.argsort(np.concatenate([measured_pos, np.array(pos)]), kind="stable")
+    return both.take(pa.array(order)).combine_chunks().to_batches()[0]
+
+
 def _measurer(cfg: PrepConfig) -> Measurer:
     return Measurer(
+        cache=_cache_keys(cfg),
         policy=parse_vision_policy(cfg.vision_policy),
         template=load_template(cfg.template),
         counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
@@ -159,7 +191,12 @@ def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dic
             "text_column": cfg.text_column,
         },
         "shard": {"index": cfg.shard_index, "num_shards": cfg.num_shards},
-        "counts": {"in": result.n_in, "written": result.n_written, "rejected": result.n_rejected},
+        "counts": {
+            "in": result.n_in,
+            "written": result.n_written,
+            "rejected": result.n_rejected,
+            "cached": result.n_cached,
+        },
     }
 
 
@@ -198,6 +235,10 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     errors: list[dict] = []
     stats = {"vit_tokens": [], "llm_tokens": [], "num_images": []}
     modalities: Counter = Counter()
+    cache = read_cost_table(cfg.cache).select(COST_SCHEMA.names) if cfg.cache else None
+    cache_where = (
+        {s: i for i, s in enumerate(cache.column("sample_id").to_pylist())} if cache else {}
+    )
     writer = pq.ParquetWriter(tmp_out, COST_SCHEMA)
     aborted: ErrorRateExceeded | None = None
     try:
@@ -207,7 +248,8 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
             for chunk in _results(cfg, units):
                 result.n_in += chunk.n_in
                 errors.extend(chunk.errors)
-                batch = chunk.batch
+                result.n_cached += len(chunk.cached)
+                batch = _with_cached(chunk, cache, cache_where) if chunk.cached else chunk.batch
                 ids = batch.column("sample_id").to_pylist()
                 keep = np.ones(len(ids), dtype=bool)
                 for i, sid in enumerate(ids):

@@ -36,8 +36,9 @@ from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.errors import DataprepError, SampleRejected
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, image_bytes
-from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
+from shards.manifest import FORMAT_VERSION, MANIFEST, Group, Shard, load_manifest
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
+from shards.reader import read_group, sha256_of
 
 __all__ = [
     "WriteConfig",
@@ -58,6 +59,7 @@ _COST_FIELDS = (
     "image_widths",
     "image_heights",
 )
+COST_FILE, PLAN_FILE = "cost.parquet", "plan.parquet"  # carried in the generation
 _MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
 
 
@@ -72,6 +74,9 @@ class WriteConfig:
     out: str
     shard_size: int = 1 << 30
     workers: int = 1
+    # a generation directory whose shards hold the groups the plan marks with parent_step >= 0
+    # (nightly rebalancing): those are copied from there instead of read from the raw data
+    reuse_from: str | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size < 1024:
@@ -117,9 +122,13 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def generation_id(plan_dir: str | Path, cost_table: str | Path, shard_size: int) -> str:
+def generation_id(
+    plan_dir: str | Path, cost_table: str | Path, shard_size: int, reuse_from: str | None = None
+) -> str:
     h = hashlib.sha256()
     h.update(f"equishard-generation-v{FORMAT_VERSION}|{shard_size}|".encode())
+    if reuse_from:  # kept groups come from there: part of what the generation is
+        h.update(f"reuse:{Path(reuse_from).name}|".encode())
     h.update(_sha256_file(Path(plan_dir) / "plan.parquet").encode())
     h.update(_sha256_file(Path(cost_table)).encode())
     return "gen-" + h.hexdigest()[:16]
@@ -172,6 +181,38 @@ def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.offset += len(header) + len(data) + pad
 
 
+def _doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
+    return json.dumps(
+        {**meta, "step": step, "group_id": group_id, "rank": rank},
+        sort_keys=True,
+        ensure_ascii=False,
+    ).encode()
+
+
+def _copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
+    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded)."""
+    src = g["from"]
+    gen_dir = Path(src["gen_dir"])
+    shard = Shard(src["file"], src["bytes"], src["sha256"], src["samples"], ())
+    if src["file"] not in verified:
+        digest = sha256_of(gen_dir / src["file"])
+        if digest != src["sha256"]:
+            raise WriteError(
+                f"{gen_dir / src['file']}: sha256 {digest} does not match its manifest; the "
+                "parent generation is damaged, rebuild without reusing it"
+            )
+        verified.add(src["file"])
+    got, _ = read_group(gen_dir, shard, Group(*src["group"]))
+    want = [s["sample_id"] for s in g["samples"]]
+    if [s.meta["sample_id"] for s in got] != want:
+        raise WriteError(f"{gen_dir / src['file']}: group {src['group']} does not hold {want}")
+    for pos, s in enumerate(got):
+        key = sample_key(g["step"], pos, s.meta["sample_id"])
+        _add(tf, key + ".json", _doc(s.meta, g["step"], g["group_id"], rank))
+        for name, b in zip(s.meta["images"], s.images, strict=True):
+            _add(tf, f"{key}.{name}", b)
+
+
 def _write_stream(job: dict) -> list[dict]:
     """Write (or finish) one stream; returns its shards' sidecars in order."""
     stage = Path(job["stage"])
@@ -196,6 +237,7 @@ def _write_stream(job: dict) -> list[dict]:
     next_step = done[-1]["groups"][-1][0] + 1 if done else -1
     groups = [g for g in job["groups"] if g["step"] >= next_step]
     store = RecordStore(ReadOptions(**job["read_options"]))
+    verified: set[str] = set()
     k = len(done)
     while groups:
         name = f"shard-{k:06d}.tar"
@@ -208,6 +250,13 @@ def _write_stream(job: dict) -> list[dict]:
                 while groups:
                     g = groups.pop(0)
                     start = tf.offset
+                    if g.get("from"):
+                        _copy_group(tf, g, job["rank"], verified)
+                        meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
+                        samples += len(g["samples"])
+                        if tf.offset >= job["shard_size"]:
+                            break
+                        continue
                     for pos, s in enumerate(g["samples"]):
                         try:
                             sample = store.get(s["location"])
@@ -228,18 +277,11 @@ def _write_stream(job: dict) -> list[dict]:
                         doc = {
                             "sample_id": s["sample_id"],
                             "source": s["source"],
-                            "step": g["step"],
-                            "group_id": g["group_id"],
-                            "rank": job["rank"],
                             "images": names,
                             "turns": [list(t) for t in sample.turns],
                             "cost": s["cost"],
                         }
-                        _add(
-                            tf,
-                            key + ".json",
-                            json.dumps(doc, sort_keys=True, ensure_ascii=False).encode(),
-                        )
+                        _add(tf, key + ".json", _doc(doc, g["step"], g["group_id"], job["rank"]))
                         for n, b in zip(names, imgs, strict=True):
                             _add(tf, f"{key}.{n}", b)
                     meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
@@ -262,6 +304,26 @@ def _write_stream(job: dict) -> list[dict]:
         done.append(meta)
         k += 1
     return done
+
+
+def _reuse_index(cfg: WriteConfig, parent_step: list[int]) -> dict:
+    """(rank, parent step) -> where that group lies in ``cfg.reuse_from``'s shards."""
+    if not any(ps >= 0 for ps in parent_step):
+        return {}
+    if not cfg.reuse_from:
+        raise WriteError("the plan reuses groups of a parent generation; give reuse_from")
+    m = load_manifest(cfg.reuse_from)
+    return {
+        key: {
+            "gen_dir": str(m.path),
+            "file": sh.file,
+            "bytes": sh.bytes,
+            "sha256": sh.sha256,
+            "samples": sh.samples,
+            "group": [g.step, g.samples, g.offset, g.length],
+        }
+        for key, (sh, g) in m.group_index().items()
+    }
 
 
 def _jobs(
@@ -290,12 +352,19 @@ def _jobs(
     ]
     last = {}
     p = plan.select(["sample_id", "group_id", "step", "rank"]).to_pydict()
-    for sid, gid, step, rank in zip(
-        p["sample_id"], p["group_id"], p["step"], p["rank"], strict=True
+    parent_step = (
+        plan.column("parent_step").to_pylist()
+        if "parent_step" in plan.column_names
+        else [-1] * plan.num_rows
+    )
+    reuse = _reuse_index(cfg, parent_step)
+    for sid, gid, step, rank, pstep in zip(
+        p["sample_id"], p["group_id"], p["step"], p["rank"], parent_step, strict=True
     ):
         i = by_id[sid]
         if last.get(rank) != gid:
-            jobs[rank]["groups"].append({"step": step, "group_id": gid, "samples": []})
+            src = reuse.get((rank, pstep)) if pstep >= 0 else None
+            jobs[rank]["groups"].append({"step": step, "group_id": gid, "samples": [], "from": src})
             last[rank] = gid
         jobs[rank]["groups"][-1]["samples"].append(
             {
@@ -334,7 +403,7 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     """Write (or finish, or find already written) the generation of ``cfg``'s plan."""
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
-    gen = generation_id(cfg.plan_dir, cfg.cost_table, cfg.shard_size)
+    gen = generation_id(cfg.plan_dir, cfg.cost_table, cfg.shard_size, cfg.reuse_from)
     final = root / gen
     parent = read_current(root)
     if (final / MANIFEST).exists():
@@ -434,6 +503,8 @@ def _write_all(
             "bytes": sum(s["bytes"] for st in streams for s in st["shards"]),
         },
         "report": report,
+        "cost_table": COST_FILE,
+        "plan": PLAN_FILE,
         # What the loader's collator and the trainer need to match prep: the vision policy,
         # tokenizer and template the costs were counted with, and the largest loads to size
         # fixed-shape pipeline microbatches.
@@ -445,5 +516,10 @@ def _write_all(
             "max_group_vit_tokens": _max(plan, "group_vit_tokens"),
         },
     }
+    for src, name in (
+        (Path(cfg.cost_table), COST_FILE),
+        (Path(cfg.plan_dir) / "plan.parquet", PLAN_FILE),
+    ):
+        atomic_write_bytes(stage / name, src.read_bytes())
     atomic_write_bytes(stage / MANIFEST, json.dumps(manifest, indent=1).encode())
     shutil.rmtree(stage / ".parts", ignore_errors=True)

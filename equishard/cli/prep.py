@@ -108,6 +108,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="number of parts the input is split into (default: 1)",
     )
     p.add_argument(
+        "--cache",
+        metavar="COST_TABLE",
+        default=None,
+        help="an earlier cost table: a sample whose id and cache key (record bytes, image file "
+        "sizes and mtimes) match keeps its row, without its images being read or its text "
+        "tokenized (prep settings must be the same)",
+    )
+    p.add_argument(
         "--max-error-rate",
         type=float,
         default=0.01,
@@ -131,6 +139,10 @@ def print_summary(res) -> None:
         f"({res.seconds:.1f} s, {rate:,.0f} samples/s)"
     )
     print(f"  cost table:   {res.output}\n  errors table: {res.errors_output}")
+    if res.n_cached:
+        print(
+            f"  reused:       {res.n_cached} rows from the cache (unchanged samples, not re-read)"
+        )
     if res.modalities:
         print("  modality:     " + ", ".join(f"{k} {v}" for k, v in res.modalities.items()))
     if res.reasons:
@@ -173,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             shard_index=args.shard_index,
             num_shards=args.num_shards,
             max_error_rate=args.max_error_rate,
+            cache=args.cache,
             progress=not args.no_progress and not args.json,
         )
         res = run_prep(cfg)

@@ -1,0 +1,196 @@
+"""Incremental balancing for nightly runs: keep the parent's balanced steps, rebuild the rest.
+
+A step of the parent plan is **kept as it was** (same groups, same (node, rank) placement) when
+it is a full step whose groups are all regular ISF or oversize groups and none of its samples
+was deleted or updated. Every other step is **dissolved**: the short last step (its groups were
+packed from what was left), steps holding an ISF leftover group (packed best-fit, the least even
+ones), and steps that lost or changed a sample. Their samples join the new and updated samples
+in a pool that is grouped with ISF, assigned to steps and placed on (node, rank) like a fresh
+plan; those steps follow the kept ones, the new short last step (if any) last.
+
+Every step stays balanced: a kept step is exactly a step the parent plan balanced (its D groups
+were chosen to be alike), and every rebuilt step is balanced by the same algorithm over the pool.
+Steps need not be alike *across* steps (ranks only wait for each other within a step), and the
+loader reshuffles step order every epoch, so old and new steps mix. The plan gains a
+``parent_step`` column (-1 for rebuilt groups) so the writer can copy kept groups from the
+parent's shards instead of reading the raw data again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from balancing.cost_model import sample_costs
+from balancing.metrics import dist_ratio
+from balancing.plan import (
+    PLAN_SCHEMA,
+    BalanceConfig,
+    BalanceResult,
+    _metrics,
+    _pads,
+    _trend,
+    build_plan,
+    random_batching_metrics,
+)
+
+__all__ = ["INCREMENTAL_PLAN_SCHEMA", "incremental_plan"]
+
+INCREMENTAL_PLAN_SCHEMA = PLAN_SCHEMA.append(pa.field("parent_step", pa.int64()))
+_REBUILD_FLAGS = ("leftover", "last-step")
+
+
+def _dissolved_steps(parent: pa.Table, changed: set[str]) -> dict[int, str]:
+    """Parent steps to rebuild, with the reason."""
+    steps = parent.column("step").to_numpy()
+    flags = np.asarray(parent.column("group_flag").to_pylist(), dtype=object)
+    ids = parent.column("sample_id").to_pylist()
+    out: dict[int, str] = {}
+    for s in np.unique(steps[np.isin(flags, _REBUILD_FLAGS)]).tolist():
+        last = flags[steps == s]
+        out[int(s)] = "short last step" if "last-step" in last else "ISF leftover group"
+    hit = np.fromiter((i in changed for i in ids), dtype=bool, count=len(ids))
+    for s in np.unique(steps[hit]).tolist():
+        out.setdefault(int(s), "sample deleted or updated")
+    return out
+
+
+def incremental_plan(
+    parent: pa.Table, cost: pa.Table, changed: set[str], cfg: BalanceConfig
+) -> BalanceResult:
+    """Plan ``cost`` (the new night's full cost table) keeping what of ``parent`` still holds.
+
+    ``changed`` are the sample ids deleted or updated since the parent; samples of ``cost`` that
+    the parent does not have are new.
+    """
+    t0 = time.perf_counter()
+    nodes, per = cfg.topology
+    d = nodes * per
+    parent_d = int(pc.max(parent.column("rank")).as_py()) + 1 if parent.num_rows else d
+    dissolved = _dissolved_steps(parent, changed) if parent_d == d else {}
+    p_steps = parent.column("step").to_numpy()
+    live = set(cost.column("sample_id").to_pylist())
+    keep_mask = (
+        ~np.isin(p_steps, list(dissolved)) if parent_d == d else np.zeros(len(p_steps), bool)
+    )
+    kept = parent.filter(pa.array(keep_mask))
+    kept_ids = kept.column("sample_id").to_pylist()
+    assert all(i in live for i in kept_ids), "a kept sample is missing from the cost table"
+    old_steps = np.unique(kept.column("step").to_numpy())
+    renumber = np.full(int(p_steps.max(initial=-1)) + 1, -1, dtype=np.int64)
+    renumber[old_steps] = np.arange(old_steps.size)
+    kept_set = set(kept_ids)
+    pool = cost.filter(pa.array([i not in kept_set for i in cost.column("sample_id").to_pylist()]))
+    parts = [
+        kept.set_column(
+            kept.schema.get_field_index("step"),
+            "step",
+            pa.array(renumber[kept.column("step").to_numpy()], pa.int64()),
+        ).append_column("parent_step", kept.column("step"))
+    ]
+    fresh = None
+    if pool.num_rows:
+        fresh = build_plan(pool, cfg)
+        gid0 = int(pc.max(kept.column("group_id")).as_py()) + 1 if kept.num_rows else 0
+        fp = fresh.plan
+        fp = fp.set_column(
+            fp.schema.get_field_index("step"), "step", pc.add(fp.column("step"), old_steps.size)
+        )
+        fp = fp.set_column(
+            fp.schema.get_field_index("group_id"), "group_id", pc.add(fp.column("group_id"), gid0)
+        )
+        parts.append(fp.append_column("parent_step", pa.array(np.full(fp.num_rows, -1))))
+    plan = pa.concat_tables([p.cast(INCREMENTAL_PLAN_SCHEMA) for p in parts])
+    n_steps = old_steps.size + (fresh.report["counts"]["steps"] if fresh else 0)
+    report = _report(plan, cost, cfg, d, nodes, fresh, n_steps)
+    report["incremental"] = {
+        "kept_steps": int(old_steps.size),
+        "rebuilt_parent_steps": len(dissolved),
+        "rebuilt_because": {
+            why: sum(1 for r in dissolved.values() if r == why) for why in set(dissolved.values())
+        },
+        "new_steps": n_steps - int(old_steps.size),
+        "kept_samples": kept.num_rows,
+        "pool_samples": pool.num_rows,
+        "full_rebuild": parent_d != d,
+    }
+    report["seconds"]["incremental"] = round(time.perf_counter() - t0, 4)
+    assert report["counts"]["in"] == report["counts"]["out"] == cost.num_rows
+    return BalanceResult(plan=plan, report=report)
+
+
+def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
+    """The usual report (counts, metrics against random batching, node balance, trend) over the
+    combined plan."""
+    where = {s: i for i, s in enumerate(cost.column("sample_id").to_pylist())}
+    rows = np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
+    v = cost.column("vit_tokens").to_numpy()[rows].astype(np.int64)
+    t = cost.column("llm_tokens").to_numpy()[rows].astype(np.int64)
+    vc, tc = sample_costs(cost, cfg.cost_model)
+    loads = {
+        "vit_tokens": v.astype(np.float64),
+        "llm_tokens": t.astype(np.float64),
+        "vit_cost": vc[rows],
+        "llm_cost": tc[rows],
+    }
+    step = plan.column("step").to_numpy()
+    rank = plan.column("rank").to_numpy().astype(np.int64)
+    slot = step * d + rank
+    _, group_of = np.unique(slot, return_inverse=True)
+    step_loads = {
+        k: np.bincount(slot, weights=x, minlength=n_steps * d).reshape(n_steps, d)
+        for k, x in loads.items()
+    }
+    short = bool(fresh and fresh.report["last_step"]["short"])
+    n_full = n_steps - (1 if short else 0)
+    pads = _pads(group_of, v, t)
+    flags = plan.column("group_flag").to_pylist()
+    by_flag: dict[str, set] = {}
+    for f, g in zip(flags, plan.column("group_id").to_pylist(), strict=True):
+        by_flag.setdefault(f, set()).add(g)
+    node_loads = {
+        k: x.reshape(n_steps, nodes, d // nodes).sum(axis=2) for k, x in step_loads.items()
+    }
+    n_groups = len(set(plan.column("group_id").to_pylist()))
+    return {
+        "counts": {
+            "in": cost.num_rows,
+            "out": plan.num_rows,
+            "groups": n_groups,
+            "steps": int(n_steps),
+            "groups_by_flag": {k: len(v) for k, v in sorted(by_flag.items())},
+            "avg_group_size": round(plan.num_rows / max(n_groups, 1), 4),
+        },
+        "last_step": fresh.report["last_step"]
+        if fresh
+        else {"short": False, "how": "no step was rebuilt", "samples": 0, "empty_ranks": 0},
+        "parameters": fresh.report["parameters"]
+        if fresh
+        else {
+            "dp": d,
+            "nodes": nodes,
+            "gpus_per_node": d // nodes,
+            "target_batch": cfg.target_batch,
+            "seed": cfg.seed,
+            "cost_model": cfg.cost_model.describe(),
+        },
+        "metrics": {
+            "random": random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d),
+            "balanced": _metrics(step_loads, pads),
+            "balanced_full_steps": _metrics({k: x[:n_full] for k, x in step_loads.items()}, pads)
+            if n_full
+            else {},
+        },
+        "node_balance": {
+            "dist_ratio_vit": round(dist_ratio(node_loads["vit_tokens"]), 6),
+            "dist_ratio_llm": round(dist_ratio(node_loads["llm_tokens"]), 6),
+        },
+        "trend": {
+            "vit": _trend(step_loads["vit_tokens"][:n_full]),
+            "llm": _trend(step_loads["llm_tokens"][:n_full]),
+        },
+        "seconds": dict(fresh.report["seconds"]) if fresh else {},
+    }

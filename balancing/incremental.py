@@ -76,7 +76,7 @@ def incremental_plan(
     keep_mask = (
         ~np.isin(p_steps, list(dissolved)) if parent_d == d else np.zeros(len(p_steps), bool)
     )
-    kept = parent.filter(pa.array(keep_mask))
+    kept = parent.filter(pa.array(keep_mask)).select(PLAN_SCHEMA.names)
     kept_ids = kept.column("sample_id").to_pylist()
     assert all(i in live for i in kept_ids), "a kept sample is missing from the cost table"
     old_steps = np.unique(kept.column("step").to_numpy())

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["DEMO_WORDS", "DemoSummary", "demo_text_corpus", "make_demo"]
+__all__ = ["DEMO_WORDS", "DemoSummary", "demo_text_corpus", "make_demo", "split_days"]
 
 DEMO_WORDS = tuple(
     (
@@ -216,3 +216,38 @@ def make_demo(
         multi_image=int((counts > 1).sum()),
         out_dir=str(out),
     )
+
+
+def split_days(
+    out_dir: str | Path, *, days: int = 2, updates: int = 5, deletions: int = 3, seed: int = 0
+) -> list[Path]:
+    """Split ``demo.jsonl`` into arrivals for a nightly job: ``day-1.jsonl`` holds the first
+    share of the records; each later ``day-K.jsonl`` holds the next share plus ``updates``
+    earlier records with a changed answer, and ``day-K.delete`` lists ``deletions`` earlier ids
+    (none of them updated). Deterministic for a seed."""
+    if days < 2:
+        raise ValueError(f"days must be >= 2 to split, got {days}")
+    out = Path(out_dir)
+    lines = (out / "demo.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    first = int(len(records) * 0.6)
+    rest = np.array_split(np.arange(first, len(records)), days - 1)
+    rng = np.random.default_rng(seed)
+    written = [out / "day-1.jsonl"]
+    written[0].write_text("".join(line + "\n" for line in lines[:first]))
+    seen = list(range(first))
+    for k, idx in enumerate(rest, start=2):
+        picks = rng.choice(len(seen), size=min(len(seen), updates + deletions), replace=False)
+        upd, dele = picks[:updates], picks[updates:]
+        day = [lines[i] for i in idx]
+        for j in upd:
+            rec = json.loads(json.dumps(records[seen[j]]))
+            turns = rec.get("conversations") or []
+            if turns:
+                turns[-1]["value"] = turns[-1]["value"] + f" (revised on day {k})"
+            day.append(json.dumps(rec, ensure_ascii=False))
+        (out / f"day-{k}.jsonl").write_text("".join(line + "\n" for line in day))
+        (out / f"day-{k}.delete").write_text("".join(records[seen[j]]["id"] + "\n" for j in dele))
+        written.append(out / f"day-{k}.jsonl")
+        seen += idx.tolist()
+    return written

@@ -77,6 +77,8 @@ class WriteConfig:
     # a generation directory whose shards hold the groups the plan marks with parent_step >= 0
     # (nightly rebalancing): those are copied from there instead of read from the raw data
     reuse_from: str | None = None
+    # more manifest keys (e.g. the nightly run that made this generation)
+    manifest_extra: dict | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size < 1024:
@@ -516,6 +518,7 @@ def _write_all(
             "max_group_vit_tokens": _max(plan, "group_vit_tokens"),
         },
     }
+    manifest.update(cfg.manifest_extra or {})
     for src, name in (
         (Path(cfg.cost_table), COST_FILE),
         (Path(cfg.plan_dir) / "plan.parquet", PLAN_FILE),

@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "verify": "equishard.cli.verify",
     "inspect": "equishard.cli.inspect",
     "train": "equishard.cli.train",
+    "rebalance": "equishard.cli.rebalance",
 }
 
 

@@ -34,11 +34,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="default",
         help="'default' mix, or 'single-image': every sample one image and ~300 text tokens",
     )
+    p.add_argument(
+        "--days",
+        type=int,
+        default=None,
+        help="also split it into day-1.jsonl, day-2.jsonl, ... for the nightly job: each later "
+        "day adds new records, updates 5 earlier ones and lists 3 to delete in day-K.delete",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dataprep.demo import make_demo
+    from dataprep.demo import make_demo, split_days
     from equishard.cli._common import fail
 
     try:
@@ -50,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
             mix=args.mix,
             progress=True,
         )
+        days = split_days(args.out_dir, days=args.days, seed=args.seed) if args.days else []
     except ValueError as exc:
         return fail(str(exc))
+    if days:
+        print("demo: nightly arrivals " + ", ".join(str(d) for d in days))
     print(
         f"demo: {s.samples} samples ({s.text_only} text-only, {s.single_image} single-image, "
         f"{s.multi_image} multi-image) over {s.images} image files\n"

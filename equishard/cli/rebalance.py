@@ -1,0 +1,125 @@
+"""``equishard rebalance``: the nightly job — fold new data into a new balanced generation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+__all__ = ["add_parser", "run"]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name,
+        help="nightly: add new/updated samples, apply deletions, publish a new generation",
+        description="Measure only what is new (rows of unchanged samples are reused by id and\n"
+        "cache key), keep the current generation's balanced steps, rebuild the short last step,\n"
+        "leftover steps and steps that lost or changed a sample together with the new samples,\n"
+        "copy kept groups from the current shards, and publish the new generation atomically\n"
+        "(CURRENT moves by rename; readers of older generations keep reading). Re-running the\n"
+        "same night does nothing; a crashed run is finished by the next one.\n\n"
+        "exit codes: 0 published or nothing to do, 1 failed (CURRENT unchanged), 2 bad arguments\n"
+        "example: equishard rebalance --current /data/shards --new day-2.jsonl --delete gone.txt",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--current", required=True, metavar="GEN_ROOT", help="the generation root (holds CURRENT)"
+    )
+    p.add_argument(
+        "--new",
+        nargs="*",
+        default=[],
+        metavar="INPUT",
+        help="new inputs (any format prep reads); an id seen before replaces its sample",
+    )
+    p.add_argument(
+        "--delete",
+        default=None,
+        metavar="FILE",
+        help="sample ids to remove: one per line, or a JSON list",
+    )
+    p.add_argument(
+        "--keep",
+        type=int,
+        default=3,
+        help="generations to keep along the CURRENT -> parent chain (default 3)",
+    )
+    p.add_argument("--workers", type=int, default=1, help="prep/write processes (default 1)")
+    p.add_argument(
+        "--image-root",
+        default=None,
+        help="where relative image paths start (default: as the current prep)",
+    )
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer.json if it moved since the first prep"
+    )
+    p.add_argument(
+        "--max-error-rate",
+        type=float,
+        default=0.01,
+        help="fail when more of the new samples are rejected (default 0.01)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print only the JSON summary (for schedulers)"
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from shards.rebalance import RebalanceConfig, run_rebalance
+
+    try:
+        cfg = RebalanceConfig(
+            current=args.current,
+            new=tuple(args.new),
+            delete=args.delete,
+            keep=args.keep,
+            workers=args.workers,
+            image_root=args.image_root,
+            tokenizer=args.tokenizer,
+            max_error_rate=args.max_error_rate,
+            progress=not args.json,
+        )
+    except ValueError as exc:
+        print(f"equishard rebalance: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        r = run_rebalance(cfg)
+    except Exception as exc:  # the scheduler needs one line and a non-zero exit
+        summary = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(summary))
+        print(f"equishard rebalance: FAILED, CURRENT unchanged: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    summary = r.as_dict()
+    if args.json:
+        print(json.dumps(summary))
+        return EXIT_OK
+    c = r.counts
+    print(f"\nrebalance: {r.status}: {r.generation} (parent {r.parent})")
+    if c:
+        print(
+            f"  samples: {c.get('carried_in', 0)} carried + {c.get('new', 0)} new - "
+            f"{c.get('deleted', 0)} deleted = {c.get('out', 0)} "
+            f"({c.get('updated', 0)} updated, {c.get('unchanged_resubmitted', 0)} resubmitted "
+            f"unchanged, {c.get('rejected', 0)} rejected, {c.get('not_reread', 0)} not re-read, "
+            f"{c.get('deletions_not_found', 0)} deletions not found)"
+        )
+    if r.plan:
+        print(
+            f"  steps: {r.plan['kept_steps']} kept as they were, {r.plan['rebuilt_parent_steps']} "
+            f"rebuilt ({r.plan['rebuilt_because']}), {r.plan['new_steps']} steps built now"
+        )
+    bal = r.balance.get("balanced", {})
+    if bal:
+        print(
+            f"  balance: dist ratio {bal['dist_ratio_vit']:.4f} (vision) / "
+            f"{bal['dist_ratio_llm']:.4f} (LLM), efficiency {bal['efficiency_vit']:.4f} / "
+            f"{bal['efficiency_llm']:.4f}"
+        )
+    if r.removed:
+        print(f"  removed old generations: {', '.join(r.removed)}")
+    print(json.dumps(summary))
+    return EXIT_OK

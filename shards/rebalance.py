@@ -1,0 +1,308 @@
+"""Nightly rebalancing: fold new, updated and deleted samples into a new shard generation.
+
+``run_rebalance`` takes the root's CURRENT generation (which carries its cost table and plan)
+and, in a work directory named by the night (the new inputs' paths, sizes and mtimes, the
+deletion list) and the parent:
+
+1. **prep** the new inputs with the parent's settings and its cost table as a cache, so a
+   sample whose id and cache key (record bytes, image sizes and mtimes) match is not re-read;
+2. **combine**: parent rows, minus deletions and updated ids, plus updated and added rows
+   (an id that reappears with the same content is unchanged and ignored);
+3. **plan** incrementally (``balancing.incremental``): the parent's balanced steps are kept as
+   they were, the short last step, leftover steps and steps that lost or changed a sample are
+   rebuilt with the new samples;
+4. **write** the generation (kept groups are copied from the parent's checked shards) and
+   publish it by one rename; CURRENT moves by rename;
+5. **collect**: generations beyond ``keep`` along the CURRENT -> parent chain are removed (never
+   CURRENT), and the work directory goes.
+
+Every step's output is written atomically, so a crash at any point leaves CURRENT on a complete
+generation and the next run with the same inputs resumes where it stopped and ends in the same
+generation. A night already applied (CURRENT records its key) is a no-op.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from shards.manifest import ManifestError, load_manifest
+from shards.publish import CURRENT, atomic_write_bytes, read_current
+
+__all__ = ["RebalanceConfig", "RebalanceResult", "collect_generations", "run_rebalance"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RebalanceConfig:
+    current: str
+    new: tuple[str, ...] = ()
+    delete: str | None = None
+    keep: int = 3
+    workers: int = 1
+    image_root: str | None = None
+    tokenizer: str | None = None
+    max_error_rate: float = 0.01
+    progress: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.new and not self.delete:
+            raise ValueError("nothing to do: give new inputs (--new) and/or a deletion list")
+        if self.keep < 1:
+            raise ValueError(f"--keep must be >= 1 (CURRENT is always kept), got {self.keep}")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        for p in (*self.new, *([self.delete] if self.delete else [])):
+            if not Path(p).exists():
+                raise ValueError(f"{p} does not exist")
+
+
+@dataclass(slots=True)
+class RebalanceResult:
+    status: str  # "published" or "unchanged"
+    generation: str
+    parent: str | None
+    counts: dict = field(default_factory=dict)
+    plan: dict = field(default_factory=dict)
+    balance: dict = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _night_key(cfg: RebalanceConfig) -> str:
+    h = hashlib.sha256(b"equishard-night-v1|")
+    for p in cfg.new:
+        st = os.stat(p)
+        h.update(f"{Path(p).resolve()}|{st.st_size}|{st.st_mtime_ns}|".encode())
+    if cfg.delete:
+        h.update(b"delete|" + Path(cfg.delete).read_bytes())
+    h.update(f"{cfg.image_root}|{cfg.tokenizer}".encode())
+    return h.hexdigest()[:24]
+
+
+def _read_deletions(path: str | None) -> list[str]:
+    if not path:
+        return []
+    text = Path(path).read_text()
+    if text.lstrip().startswith("["):
+        ids = json.loads(text)
+        if not all(isinstance(i, str) for i in ids):
+            raise ValueError(f"{path}: a JSON deletion list must hold sample_id strings")
+        return ids
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def collect_generations(root: Path, keep: int) -> list[str]:
+    """Remove generations beyond ``keep`` on the CURRENT -> parent chain (and stray complete
+    generations off it); CURRENT is never removed. Returns the removed ids."""
+    current = read_current(root)
+    if current is None:
+        return []
+    chain, g = [], current
+    while g and (root / g / "manifest.json").exists() and g not in chain:
+        chain.append(g)
+        g = load_manifest(root / g, check_files=False).parent
+    kept = set(chain[:keep]) | {current}
+    removed = []
+    for d in sorted(root.glob("gen-*")):
+        if d.name in kept or not (d / "manifest.json").exists():
+            continue
+        trash = root / f".trash-{d.name}"
+        os.replace(d, trash)  # disappears at once for new readers
+        shutil.rmtree(trash, ignore_errors=True)
+        (root / "errors" / f"{d.name}.errors.parquet").unlink(missing_ok=True)
+        removed.append(d.name)
+    for t in root.glob(".trash-gen-*"):  # left by a crash during an earlier collection
+        shutil.rmtree(t, ignore_errors=True)
+    return removed
+
+
+def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: dict, out: Path):
+    """(combined table, counts, changed ids); writes ``out`` atomically."""
+    old_ids = parent_cost.column("sample_id").to_pylist()
+    old_fp = dict(zip(old_ids, parent_cost.column("fingerprint").to_pylist(), strict=True))
+    new_ids = new.column("sample_id").to_pylist()
+    new_fp = new.column("fingerprint").to_pylist()
+    deleted = set(deletions)
+    updated = {i for i, f in zip(new_ids, new_fp, strict=True) if i in old_fp and old_fp[i] != f}
+    unchanged = {i for i, f in zip(new_ids, new_fp, strict=True) if old_fp.get(i) == f}
+    added = [i for i in new_ids if i not in old_fp]
+    keep_old = [i not in deleted and i not in updated for i in old_ids]
+    keep_new = [i not in deleted and i not in unchanged for i in new_ids]
+    combined = pa.concat_tables(
+        [parent_cost.filter(pa.array(keep_old)), new.filter(pa.array(keep_new))]
+    ).combine_chunks()
+    applied = deleted & (set(old_ids) | set(new_ids))
+    counts = {
+        "carried_in": len(old_ids),
+        "new": len(added),
+        "updated": len(updated - deleted),
+        "unchanged_resubmitted": len(unchanged - deleted),
+        "deleted": len(applied & (set(old_ids) | set(added))),
+        "deletions_not_found": len(deleted - applied),
+        "out": combined.num_rows,
+    }
+    if counts["out"] != counts["carried_in"] + counts["new"] - counts["deleted"]:
+        raise AssertionError(f"count mismatch: {counts}")
+    meta = {
+        **meta,
+        "counts": {"in": combined.num_rows, "written": combined.num_rows, "rejected": 0},
+    }
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    pq.write_table(
+        combined.replace_schema_metadata({b"equishard.cost_table": json.dumps(meta).encode()}),
+        tmp,
+    )
+    os.replace(tmp, out)
+    return combined, counts, deleted | updated
+
+
+def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
+    """One nightly run; see the module docstring."""
+    from balancing.cost_model import CostModel, PhaseCost
+    from balancing.incremental import incremental_plan
+    from balancing.plan import BalanceConfig, write_plan
+    from dataprep import PrepConfig, run_prep
+    from dataprep.cost_table import read_cost_table, table_metadata
+    from shards.writer import WriteConfig, write_generation
+
+    t0 = time.perf_counter()
+    root = Path(cfg.current)
+    cur = read_current(root)
+    if cur is None:
+        raise ManifestError(
+            f"{root}: no {CURRENT} generation; write the first one with 'equishard write'"
+        )
+    parent = load_manifest(root / cur)
+    key = _night_key(cfg)
+    done = parent.raw.get("nightly", {})
+    if done.get("key") == key:  # this night is CURRENT already: finish any leftover work
+        removed = collect_generations(root, cfg.keep)
+        for w in root.glob(".nightly-*"):
+            shutil.rmtree(w, ignore_errors=True)
+        return RebalanceResult(
+            "unchanged",
+            cur,
+            parent.parent,
+            done.get("counts", {}),
+            done.get("plan", {}),
+            parent.report.get("metrics", {}),
+            removed,
+            time.perf_counter() - t0,
+        )
+    pcost_path, pplan_path = parent.path / "cost.parquet", parent.path / "plan.parquet"
+    if not pcost_path.exists() or not pplan_path.exists():
+        raise ManifestError(
+            f"{parent.path}: the generation carries no cost table/plan (written by an older "
+            "equishard); rebuild it once with 'equishard write', then rebalance"
+        )
+    work = root / f".nightly-{hashlib.sha256((key + cur).encode()).hexdigest()[:16]}"
+    work.mkdir(exist_ok=True)
+    meta = table_metadata(pcost_path)
+    new_path = work / "new.parquet"
+    prep = None
+    if cfg.new and not new_path.exists():
+        ro = meta.get("read_options") or {}
+        prep = run_prep(
+            PrepConfig(
+                inputs=tuple(cfg.new),
+                output=str(new_path),
+                tokenizer=cfg.tokenizer or meta["tokenizer"]["path"],
+                vision_policy=meta["vision_policy"]["spec"],
+                template=meta["template"]["name"],
+                image_root=cfg.image_root or ro.get("image_root"),
+                workers=cfg.workers,
+                max_error_rate=cfg.max_error_rate,
+                cache=str(pcost_path),
+                progress=cfg.progress,
+            )
+        )
+    new = read_cost_table(new_path) if cfg.new else read_cost_table(pcost_path).slice(0, 0)
+    new_meta = (
+        table_metadata(new_path)["counts"] if cfg.new else {"in": 0, "rejected": 0, "cached": 0}
+    )
+    combined, counts, changed = _combine(
+        read_cost_table(pcost_path), new, _read_deletions(cfg.delete), meta, work / "cost.parquet"
+    )
+    counts.update(
+        read=new_meta["in"], rejected=new_meta["rejected"], not_reread=new_meta.get("cached", 0)
+    )
+    if not (counts["new"] or counts["updated"] or counts["deleted"]):
+        shutil.rmtree(work, ignore_errors=True)  # nothing changed: CURRENT stays as it is
+        return RebalanceResult(
+            "unchanged",
+            cur,
+            parent.parent,
+            counts,
+            {},
+            parent.report.get("metrics", {}),
+            collect_generations(root, cfg.keep),
+            time.perf_counter() - t0,
+        )
+    params = parent.report["parameters"]
+    cm = params.get("cost_model") or {}
+    bcfg = BalanceConfig(
+        dp=params["dp"],
+        nodes=params["nodes"],
+        gpus_per_node=params["gpus_per_node"],
+        target_batch=params["target_batch"],
+        seed=params["seed"],
+        cost_model=CostModel(
+            vision=PhaseCost(**cm["vision"]), llm=PhaseCost(**cm["llm"]), source=cm["source"]
+        )
+        if cm
+        else CostModel(),
+    )
+    result = incremental_plan(pq.read_table(pplan_path), combined, changed, bcfg)
+    write_plan(result, work / "plan")
+    nightly = {
+        "key": key,
+        "inputs": [str(Path(p).resolve()) for p in cfg.new],
+        "deletions": cfg.delete,
+        "counts": counts,
+        "plan": result.report["incremental"],
+    }
+    res = write_generation(
+        WriteConfig(
+            plan_dir=str(work / "plan"),
+            cost_table=str(work / "cost.parquet"),
+            out=str(root),
+            shard_size=parent.raw.get("shard_size", 1 << 30),
+            workers=cfg.workers,
+            reuse_from=str(parent.path),
+            manifest_extra={"nightly": nightly},
+        ),
+        progress=cfg.progress,
+    )
+    if cfg.new:  # rejected new samples stay findable after the work directory goes
+        (root / "errors").mkdir(exist_ok=True)
+        atomic_write_bytes(
+            root / "errors" / f"{res.generation}.errors.parquet",
+            (work / "new.errors.parquet").read_bytes(),
+        )
+    removed = collect_generations(root, cfg.keep)
+    for w in root.glob(".nightly-*"):  # this night's, and any abandoned earlier one
+        shutil.rmtree(w, ignore_errors=True)
+    atomic_write_bytes(
+        root / "LAST_NIGHT.json", json.dumps({"generation": res.generation, **nightly}).encode()
+    )
+    return RebalanceResult(
+        "published",
+        res.generation,
+        cur,
+        counts,
+        result.report["incremental"],
+        result.report["metrics"],
+        removed,
+        time.perf_counter() - t0,
+    )

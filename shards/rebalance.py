@@ -210,10 +210,9 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
     work.mkdir(exist_ok=True)
     meta = table_metadata(pcost_path)
     new_path = work / "new.parquet"
-    prep = None
     if cfg.new and not new_path.exists():
         ro = meta.get("read_options") or {}
-        prep = run_prep(
+        run_prep(
             PrepConfig(
                 inputs=tuple(cfg.new),
                 output=str(new_path),

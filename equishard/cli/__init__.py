@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "inspect": "equishard.cli.inspect",
     "train": "equishard.cli.train",
     "rebalance": "equishard.cli.rebalance",
+    "report": "equishard.cli.report",
 }
 
 

@@ -1,0 +1,36 @@
+"""``equishard report``: a self-contained HTML page with plots of what balancing did."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    p = sub.add_parser(
+        name,
+        help="write an HTML balance report of a generation (plots, no network needed)",
+        description="One self-contained HTML page (PNG plots inline) for a generation:\n"
+        "distributions of vision/LLM tokens and images per sample; per-step, per-rank loads of\n"
+        "both phases for random batching vs the plan; dist ratio and efficiency per step; group\n"
+        "and shard sizes; and for a nightly generation, what changed since its parent.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
+    )
+    p.add_argument("-o", "--output", default="report.html", help="HTML file (default report.html)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from equishard.cli._common import fail
+    from shards.report import render_report
+
+    try:
+        out = render_report(args.generation, args.output)
+    except ValueError as exc:
+        return fail(str(exc))
+    print(f"report: {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained)")
+    return 0

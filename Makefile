@@ -18,8 +18,11 @@ POLICY ?= internvl
 # seconds per step), then DP x PP training on it through torchrun
 TRAIN_OUT ?= build/train-demo
 TRAIN_ARGS ?= --nproc 4 --dp 2 --pp 2 --steps 6 --schedule 1f1b
+# `make nightly-demo`: the demo set arriving over two days; day 1 through the full pipeline,
+# day 2 (new samples, 5 updates, 3 deletions) through `equishard rebalance`, then the report
+NIGHT_OUT ?= build/nightly
 
-.PHONY: install shards train test test-all bench lint clean
+.PHONY: install shards train nightly-demo test test-all bench lint clean
 
 install: $(STAMP)
 
@@ -47,6 +50,23 @@ train: $(STAMP)
 		POLICY="internvl:max_tiles=4,tile_size=56"
 	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
 		--log $(TRAIN_OUT)/train.jsonl
+
+nightly-demo: $(STAMP)
+	rm -rf $(NIGHT_OUT)
+	$(BIN)/equishard demo $(NIGHT_OUT)/raw --samples $(SAMPLES) --seed $(SEED) --days 2
+	$(BIN)/equishard prep $(NIGHT_OUT)/raw/day-1.jsonl --image-root $(NIGHT_OUT)/raw \
+		--tokenizer $(NIGHT_OUT)/raw/tokenizer.json --vision-policy $(POLICY) \
+		--workers $(WORKERS) -o $(NIGHT_OUT)/day-1/cost.parquet
+	$(BIN)/equishard balance $(NIGHT_OUT)/day-1/cost.parquet --dp $(DP) --nodes $(NODES) \
+		--target-batch $(BATCH) --seed $(SEED) -o $(NIGHT_OUT)/day-1/plan
+	$(BIN)/equishard write $(NIGHT_OUT)/day-1/plan --cost-table $(NIGHT_OUT)/day-1/cost.parquet \
+		--out $(NIGHT_OUT)/shards --shard-size $(SHARD_SIZE) --workers $(WORKERS)
+	$(BIN)/equishard rebalance --current $(NIGHT_OUT)/shards --new $(NIGHT_OUT)/raw/day-2.jsonl \
+		--delete $(NIGHT_OUT)/raw/day-2.delete --workers $(WORKERS)
+	$(BIN)/equishard rebalance --current $(NIGHT_OUT)/shards --new $(NIGHT_OUT)/raw/day-2.jsonl \
+		--delete $(NIGHT_OUT)/raw/day-2.delete --workers $(WORKERS)
+	$(BIN)/equishard verify $(NIGHT_OUT)/shards
+	$(BIN)/equishard report $(NIGHT_OUT)/shards -o $(NIGHT_OUT)/report.html
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
 test: $(STAMP)

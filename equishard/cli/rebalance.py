@@ -121,5 +121,5 @@ def run(args: argparse.Namespace) -> int:
         )
     if r.removed:
         print(f"  removed old generations: {', '.join(r.removed)}")
-    print(json.dumps(summary))
+    print("  (--json prints this summary as one JSON line for a scheduler)")
     return EXIT_OK

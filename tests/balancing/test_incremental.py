@@ -1,0 +1,100 @@
+"""Incremental plans: kept steps are the parent's, everything else is re-planned, nothing lost."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancing.incremental import incremental_plan
+from balancing.plan import BalanceConfig, build_plan
+from dataprep.cost_table import COST_SCHEMA
+
+
+def _table(n: int, seed: int, prefix: str = "s") -> pa.Table:
+    rng = np.random.default_rng(seed)
+    tiles = rng.integers(0, 7, n)
+    text = rng.integers(50, 2000, n)
+    seq = [[1024] * int(k) for k in tiles]
+    return pa.table(
+        {
+            "sample_id": [f"{prefix}{i}" for i in range(n)],
+            "source": ["t"] * n,
+            "num_images": pa.array(np.minimum(tiles, 1), pa.int32()),
+            "vit_tokens": pa.array(tiles * 1024, pa.int64()),
+            "vit_seq_lens": pa.array(seq, pa.list_(pa.int32())),
+            "llm_tokens": pa.array(text + 256 * tiles, pa.int64()),
+            "text_tokens": pa.array(text, pa.int64()),
+            "modality": ["image"] * n,
+            "image_widths": pa.array([[]] * n, pa.list_(pa.int32())),
+            "image_heights": pa.array([[]] * n, pa.list_(pa.int32())),
+            "location": [""] * n,
+            "fingerprint": [f"f{i}" for i in range(n)],
+            "cache_key": [""] * n,
+        },
+        schema=COST_SCHEMA,
+    )
+
+
+CFG = BalanceConfig(dp=4, nodes=2, target_batch=3)
+
+
+def _steps(plan: pa.Table) -> dict[int, list]:
+    out: dict[int, list] = {}
+    cols = plan.select(["step", "rank", "sample_id"]).to_pydict()
+    for s, r, i in zip(cols["step"], cols["rank"], cols["sample_id"], strict=True):
+        out.setdefault(s, []).append((r, i))
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(60, 300), st.integers(0, 80), st.integers(0, 15), st.integers(0, 10_000))
+def test_every_sample_once_and_kept_steps_unchanged(n_old, n_new, n_del, seed):
+    old = _table(n_old, seed)
+    parent = build_plan(old, CFG).plan
+    rng = np.random.default_rng(seed)
+    deleted = {f"s{i}" for i in rng.choice(n_old, size=min(n_del, n_old - 1), replace=False)}
+    keep = old.filter(
+        pc.invert(pc.is_in(old.column("sample_id"), pa.array(sorted(deleted), pa.string())))
+    )
+    cost = pa.concat_tables([keep, _table(n_new, seed + 1, "new")]) if n_new else keep
+    res = incremental_plan(parent, cost, deleted, CFG)
+    plan = res.plan
+    ids = plan.column("sample_id").to_pylist()
+    assert sorted(ids) == sorted(cost.column("sample_id").to_pylist())  # partition of the table
+    steps = plan.column("step").to_numpy()
+    assert np.all(np.diff(steps) >= 0) and set(steps.tolist()) == set(range(steps.max() + 1))
+    # a kept step holds exactly the parent step's groups on the same ranks
+    parent_steps = _steps(parent)
+    ps = plan.column("parent_step").to_numpy()
+    for s, members in _steps(plan).items():
+        olds = set(ps[steps == s].tolist())
+        assert len(olds) == 1
+        (o,) = olds
+        if o >= 0:
+            assert sorted(members) == sorted(parent_steps[o])
+            assert not {i for _, i in members} & deleted
+    assert res.report["counts"]["in"] == res.report["counts"]["out"] == cost.num_rows
+    inc = res.report["incremental"]
+    assert inc["kept_samples"] + inc["pool_samples"] == cost.num_rows
+
+
+def test_nothing_changed_keeps_every_full_regular_step():
+    old = _table(400, 3)
+    parent = build_plan(old, CFG).plan
+    res = incremental_plan(parent, old, set(), CFG)
+    flags = np.array(parent.column("group_flag").to_pylist())
+    pst = parent.column("step").to_numpy()
+    rebuild = set(pst[np.isin(flags, ["leftover", "last-step"])].tolist())
+    assert res.report["incremental"]["kept_steps"] == len(set(pst.tolist()) - rebuild)
+    assert res.report["incremental"]["rebuilt_parent_steps"] == len(rebuild)
+
+
+def test_a_different_layout_rebuilds_everything():
+    old = _table(200, 5)
+    parent = build_plan(old, BalanceConfig(dp=2, nodes=1, target_batch=3)).plan
+    res = incremental_plan(parent, old, set(), CFG)
+    assert res.report["incremental"]["full_rebuild"]
+    assert res.report["incremental"]["kept_steps"] == 0

@@ -1,0 +1,79 @@
+"""Prep's cache: unchanged samples keep their rows without being re-read; changes are seen."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
+from dataprep.demo import split_days
+
+
+def _prep(demo, out, cache=None, workers=1, inputs=None):
+    return run_prep(
+        PrepConfig(
+            inputs=(str(inputs or demo / "demo.jsonl"),),
+            output=str(out),
+            tokenizer=str(demo / "tokenizer.json"),
+            image_root=str(demo),
+            cache=cache,
+            workers=workers,
+            chunk_size=9,
+        )
+    )
+
+
+def test_cache_reuses_rows_and_sees_changes(tmp_path):
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=40, seed=2, images=10)
+    first = tmp_path / "a.parquet"
+    r1 = _prep(demo, first)
+    assert r1.n_cached == 0
+    for workers in (1, 2):
+        out = tmp_path / f"b{workers}.parquet"
+        r = _prep(demo, out, cache=str(first), workers=workers)
+        assert r.n_cached == r.n_in == 40
+        assert read_cost_table(out).equals(read_cost_table(first))
+    # an image file changes (mtime): the samples using it are measured again
+    img = sorted((demo / "images").iterdir())[0]
+    os.utime(img, ns=(1, 1))
+    users = sum(img.name in line for line in (demo / "demo.jsonl").read_text().splitlines())
+    r = _prep(demo, tmp_path / "c.parquet", cache=str(first))
+    assert users > 0 and r.n_cached == 40 - users
+    # a record's text changes: measured again, with a new fingerprint
+    lines = (demo / "demo.jsonl").read_text().splitlines()
+    rec = json.loads(lines[3])
+    rec["conversations"][-1]["value"] += " more words here"
+    lines[3] = json.dumps(rec)
+    edited = tmp_path / "edited.jsonl"
+    edited.write_text("\n".join(lines) + "\n")
+    r = _prep(demo, tmp_path / "d.parquet", cache=str(tmp_path / "c.parquet"), inputs=edited)
+    assert r.n_cached == 39
+    d = read_cost_table(tmp_path / "d.parquet").to_pydict()
+    c = read_cost_table(tmp_path / "c.parquet").to_pydict()
+    i = d["sample_id"].index(rec["id"])
+    assert d["fingerprint"][i] != c["fingerprint"][i] and d["text_tokens"][i] > c["text_tokens"][i]
+
+
+def test_split_days_is_deterministic(tmp_path):
+    outs = []
+    for k in range(2):
+        demo = tmp_path / f"d{k}"
+        make_demo(demo, samples=50, seed=1, images=10)
+        split_days(demo, days=3, seed=1)
+        outs.append(
+            [
+                (demo / n).read_bytes()
+                for n in (
+                    "day-1.jsonl",
+                    "day-2.jsonl",
+                    "day-3.jsonl",
+                    "day-2.delete",
+                    "day-3.delete",
+                )
+            ]
+        )
+    assert outs[0] == outs[1]
+    day1 = outs[0][0].decode().splitlines()
+    assert len(day1) == 30
+    assert len(outs[0][3].decode().split()) == 3

@@ -25,15 +25,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from balancing.cost_model import sample_costs
-from balancing.metrics import dist_ratio
 from balancing.plan import (
     PLAN_SCHEMA,
     BalanceConfig,
     BalanceResult,
-    _metrics,
     _pads,
-    _trend,
     build_plan,
+    plan_quality,
     random_batching_metrics,
 )
 
@@ -151,9 +149,6 @@ def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
     by_flag: dict[str, set] = {}
     for f, g in zip(flags, plan.column("group_id").to_pylist(), strict=True):
         by_flag.setdefault(f, set()).add(g)
-    node_loads = {
-        k: x.reshape(n_steps, nodes, d // nodes).sum(axis=2) for k, x in step_loads.items()
-    }
     n_groups = len(set(plan.column("group_id").to_pylist()))
     return {
         "counts": {
@@ -177,20 +172,12 @@ def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
             "seed": cfg.seed,
             "cost_model": cfg.cost_model.describe(),
         },
-        "metrics": {
-            "random": random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d),
-            "balanced": _metrics(step_loads, pads),
-            "balanced_full_steps": _metrics({k: x[:n_full] for k, x in step_loads.items()}, pads)
-            if n_full
-            else {},
-        },
-        "node_balance": {
-            "dist_ratio_vit": round(dist_ratio(node_loads["vit_tokens"]), 6),
-            "dist_ratio_llm": round(dist_ratio(node_loads["llm_tokens"]), 6),
-        },
-        "trend": {
-            "vit": _trend(step_loads["vit_tokens"][:n_full]),
-            "llm": _trend(step_loads["llm_tokens"][:n_full]),
-        },
+        **plan_quality(
+            step_loads,
+            pads,
+            n_full,
+            nodes,
+            random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d),
+        ),
         "seconds": dict(fresh.report["seconds"]) if fresh else {},
     }

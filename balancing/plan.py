@@ -133,6 +133,28 @@ def _trend(step_loads: np.ndarray) -> dict:
     return {"spearman": round(rho, 4), "second_half_over_first": round(ratio, 4)}
 
 
+def plan_quality(
+    step_loads: dict[str, np.ndarray], pads: dict, n_full: int, nodes: int, random: dict
+) -> dict:
+    """The report's ``metrics`` (against ``random``), ``node_balance`` and ``trend`` sections
+    from [steps, D] loads per phase; the first ``n_full`` steps are the full ones."""
+    n_steps, d = step_loads["vit_tokens"].shape
+    node = {k: x.reshape(n_steps, nodes, d // nodes).sum(axis=2) for k, x in step_loads.items()}
+    full = {k: x[:n_full] for k, x in step_loads.items()}
+    return {
+        "metrics": {
+            "random": random,
+            "balanced": _metrics(step_loads, pads),
+            "balanced_full_steps": _metrics(full, pads) if n_full else {},
+        },
+        "node_balance": {
+            "dist_ratio_vit": round(dist_ratio(node["vit_tokens"]), 6),
+            "dist_ratio_llm": round(dist_ratio(node["llm_tokens"]), 6),
+        },
+        "trend": {"vit": _trend(full["vit_tokens"]), "llm": _trend(full["llm_tokens"])},
+    }
+
+
 def random_batching_metrics(
     loads: dict[str, np.ndarray],
     v: np.ndarray,
@@ -215,11 +237,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     gsize = np.bincount(a.group_of, minlength=n_total)
     step_loads = {k: _step_loads(gsum[k], a.step, rank, a.n_steps, d) for k in loads}
     pads = _pads(a.group_of, v, t)
-    balanced = _metrics(step_loads, pads)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
-    balanced_full = _metrics({k: x[:n_full] for k, x in step_loads.items()}, pads) if n_full else {}
     random = random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d)
-    node_loads = {k: x.reshape(a.n_steps, nodes, per).sum(axis=2) for k, x in step_loads.items()}
     timings["metrics"] = time.perf_counter() - t1
 
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
@@ -295,15 +314,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             },
             "cost_model": cfg.cost_model.describe(),
         },
-        "metrics": {"random": random, "balanced": balanced, "balanced_full_steps": balanced_full},
-        "node_balance": {
-            "dist_ratio_vit": round(dist_ratio(node_loads["vit_tokens"]), 6),
-            "dist_ratio_llm": round(dist_ratio(node_loads["llm_tokens"]), 6),
-        },
-        "trend": {
-            "vit": _trend(step_loads["vit_tokens"][:n_full]),
-            "llm": _trend(step_loads["llm_tokens"][:n_full]),
-        },
+        **plan_quality(step_loads, pads, n_full, nodes, random),
         "seconds": {k: round(x, 4) for k, x in timings.items()},
     }
     assert report["counts"]["in"] == report["counts"]["out"]

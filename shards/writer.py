@@ -191,11 +191,9 @@ def _doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
     ).encode()
 
 
-def _copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
-    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded)."""
-    src = g["from"]
+def _parent_group(src: dict, verified: set[str]) -> list:
+    """The samples of one group of the parent generation, its shard's sha256 checked once."""
     gen_dir = Path(src["gen_dir"])
-    shard = Shard(src["file"], src["bytes"], src["sha256"], src["samples"], ())
     if src["file"] not in verified:
         digest = sha256_of(gen_dir / src["file"])
         if digest != src["sha256"]:
@@ -204,15 +202,51 @@ def _copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> 
                 "parent generation is damaged, rebuild without reusing it"
             )
         verified.add(src["file"])
-    got, _ = read_group(gen_dir, shard, Group(*src["group"]))
+    shard = Shard(src["file"], src["bytes"], src["sha256"], src["samples"], ())
+    return read_group(gen_dir, shard, Group(*src["group"]))[0]
+
+
+def _copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
+    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded)."""
+    got = _parent_group(g["from"], verified)
     want = [s["sample_id"] for s in g["samples"]]
     if [s.meta["sample_id"] for s in got] != want:
-        raise WriteError(f"{gen_dir / src['file']}: group {src['group']} does not hold {want}")
+        raise WriteError(f"{g['from']['gen_dir']}: group {g['from']['group']} does not hold {want}")
     for pos, s in enumerate(got):
         key = sample_key(g["step"], pos, s.meta["sample_id"])
         _add(tf, key + ".json", _doc(s.meta, g["step"], g["group_id"], rank))
         for name, b in zip(s.meta["images"], s.images, strict=True):
             _add(tf, f"{key}.{name}", b)
+
+
+def _read_sample(s: dict, store: RecordStore, verified: set[str], groups: dict):
+    """(turns, image names, image bytes) of a planned sample: from the parent generation's
+    shards when it is unchanged there (``groups`` caches recently read parent groups), else
+    from the raw input through dataprep's readers."""
+    if s.get("parent"):
+        src = s["parent"]
+        key = (src["file"], src["group"][2])
+        if key not in groups:
+            if len(groups) >= 64:
+                groups.pop(next(iter(groups)))
+            groups[key] = {x.meta["sample_id"]: x for x in _parent_group(src, verified)}
+        got = groups[key][s["sample_id"]]
+        return got.meta["turns"], got.meta["images"], got.images
+    try:
+        sample = store.get(s["location"])
+        imgs = [image_bytes(r) for r in sample.images]
+        exts = [_image_ext(b) for b in imgs]
+    except (SampleRejected, DataprepError, OSError) as exc:
+        raise WriteError(
+            f"sample {s['sample_id']!r} at {s['location']} cannot be read any more "
+            f"({exc}); re-run prep and balance on the current data"
+        ) from None
+    if sample.sample_id != s["sample_id"]:
+        raise WriteError(
+            f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
+            f"{s['sample_id']!r}; re-run prep and balance"
+        )
+    return [list(t) for t in sample.turns], [f"{i}.{e}" for i, e in enumerate(exts)], imgs
 
 
 def _write_stream(job: dict) -> list[dict]:
@@ -240,6 +274,7 @@ def _write_stream(job: dict) -> list[dict]:
     groups = [g for g in job["groups"] if g["step"] >= next_step]
     store = RecordStore(ReadOptions(**job["read_options"]))
     verified: set[str] = set()
+    parent_groups: dict = {}
     k = len(done)
     while groups:
         name = f"shard-{k:06d}.tar"
@@ -260,27 +295,13 @@ def _write_stream(job: dict) -> list[dict]:
                             break
                         continue
                     for pos, s in enumerate(g["samples"]):
-                        try:
-                            sample = store.get(s["location"])
-                            imgs = [image_bytes(r) for r in sample.images]
-                            exts = [_image_ext(b) for b in imgs]
-                        except (SampleRejected, DataprepError, OSError) as exc:
-                            raise WriteError(
-                                f"sample {s['sample_id']!r} at {s['location']} cannot be read any more "
-                                f"({exc}); re-run prep and balance on the current data"
-                            ) from None
-                        if sample.sample_id != s["sample_id"]:
-                            raise WriteError(
-                                f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
-                                f"{s['sample_id']!r}; re-run prep and balance"
-                            )
+                        turns, names, imgs = _read_sample(s, store, verified, parent_groups)
                         key = sample_key(g["step"], pos, s["sample_id"])
-                        names = [f"{i}.{e}" for i, e in enumerate(exts)]
                         doc = {
                             "sample_id": s["sample_id"],
                             "source": s["source"],
                             "images": names,
-                            "turns": [list(t) for t in sample.turns],
+                            "turns": turns,
                             "cost": s["cost"],
                         }
                         _add(tf, key + ".json", _doc(doc, g["step"], g["group_id"], job["rank"]))
@@ -308,14 +329,15 @@ def _write_stream(job: dict) -> list[dict]:
     return done
 
 
-def _reuse_index(cfg: WriteConfig, parent_step: list[int]) -> dict:
-    """(rank, parent step) -> where that group lies in ``cfg.reuse_from``'s shards."""
-    if not any(ps >= 0 for ps in parent_step):
-        return {}
+def _reuse_index(cfg: WriteConfig, parent_step: list[int], cost) -> tuple[dict, dict]:
+    """Where groups and samples lie in ``cfg.reuse_from``'s shards: (rank, parent step) ->
+    group, and sample_id -> its group for every sample whose content is unchanged there."""
     if not cfg.reuse_from:
-        raise WriteError("the plan reuses groups of a parent generation; give reuse_from")
+        if any(ps >= 0 for ps in parent_step):
+            raise WriteError("the plan reuses groups of a parent generation; give reuse_from")
+        return {}, {}
     m = load_manifest(cfg.reuse_from)
-    return {
+    groups = {
         key: {
             "gen_dir": str(m.path),
             "file": sh.file,
@@ -326,6 +348,23 @@ def _reuse_index(cfg: WriteConfig, parent_step: list[int]) -> dict:
         }
         for key, (sh, g) in m.group_index().items()
     }
+    samples = {}
+    pplan, pcost = m.path / PLAN_FILE, m.path / COST_FILE
+    if pplan.exists() and pcost.exists():
+        fp_now = dict(
+            zip(
+                cost.column("sample_id").to_pylist(),
+                cost.column("fingerprint").to_pylist(),
+                strict=True,
+            )
+        )
+        c = pq.read_table(pcost, columns=["sample_id", "fingerprint"]).to_pydict()
+        fp_then = dict(zip(c["sample_id"], c["fingerprint"], strict=True))
+        p = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).to_pydict()
+        for sid, rank, step in zip(p["sample_id"], p["rank"], p["step"], strict=True):
+            if sid in fp_now and fp_now[sid] == fp_then.get(sid) and (rank, step) in groups:
+                samples[sid] = groups[(rank, step)]
+    return groups, samples
 
 
 def _jobs(
@@ -359,7 +398,7 @@ def _jobs(
         if "parent_step" in plan.column_names
         else [-1] * plan.num_rows
     )
-    reuse = _reuse_index(cfg, parent_step)
+    reuse, reuse_samples = _reuse_index(cfg, parent_step, cost)
     for sid, gid, step, rank, pstep in zip(
         p["sample_id"], p["group_id"], p["step"], p["rank"], parent_step, strict=True
     ):
@@ -374,6 +413,7 @@ def _jobs(
                 "location": cols["location"][i],
                 "source": cols["source"][i],
                 "cost": {c: cols[c][i] for c in _COST_FIELDS},
+                "parent": reuse_samples.get(sid),
             }
         )
     return jobs

@@ -282,3 +282,22 @@ def test_report_renders_in_headless_chromium(root, tmp_path):
     assert img.size == (1300, 2400)
     hist = img.histogram()
     assert sum(hist[:200]) > 0.02 * sum(hist)  # plots and text drew something, not a blank page
+
+
+def test_rebuilt_samples_come_from_the_parent_shards_not_the_raw_files(root):
+    raw = root.parent / "raw"
+    before = set(_all_samples(root))
+    # yesterday's input is archived away: carried samples must still be written
+    # (the first night's cost table points at the original file, so move that one's copy)
+    meta = json.loads((root / read_current(root) / "manifest.json").read_text())
+    day1 = Path(meta["prep"]["read_options"]["image_root"]) / "day-1.jsonl"
+    moved = day1.with_suffix(".archived")
+    os.replace(day1, moved)
+    try:
+        r = run_rebalance(_night(root, 2))
+    finally:
+        os.replace(moved, day1)
+    assert r.status == "published" and r.plan["rebuilt_parent_steps"] > 0
+    got = _all_samples(root)
+    gone = set((raw / "day-2.delete").read_text().split())
+    assert before - gone <= set(got)

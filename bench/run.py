@@ -26,6 +26,7 @@ BENCHMARKS = {
     "balance": "bench.bench_balance",
     "shards": "bench.bench_shards",
     "train": "bench.bench_train",
+    "nightly": "bench.bench_nightly",
 }
 
 _PACKAGES = ("numpy", "numba", "pyarrow", "tokenizers", "Pillow", "webdataset", "torch", "scipy")

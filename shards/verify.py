@@ -75,4 +75,5 @@ def inspect_generation(path: str | os.PathLike) -> dict:
         "totals": m.totals,
         "streams": streams,
         "balance": m.report.get("metrics", {}).get("balanced", {}),
+        "nightly": m.raw.get("nightly"),
     }

@@ -47,6 +47,14 @@ def run(args: argparse.Namespace) -> int:
             f"{b['dist_ratio_llm']:.4f} (LLM), "
             f"efficiency {b['efficiency_vit']:.4f} / {b['efficiency_llm']:.4f}"
         )
+    night = info.get("nightly")
+    if night:
+        c, p = night["counts"], night["plan"]
+        print(
+            f"  nightly: {c['carried_in']} carried + {c['new']} new - {c['deleted']} deleted = "
+            f"{c['out']} ({c['updated']} updated); {p['kept_steps']} steps kept from the parent, "
+            f"{p['rebuilt_parent_steps']} rebuilt, {p['new_steps']} built that night"
+        )
     rows = [
         (
             f"{s['node']}/{s['local_rank']}",

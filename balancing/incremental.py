@@ -78,30 +78,33 @@ def incremental_plan(
     kept_ids = kept.column("sample_id").to_pylist()
     assert all(i in live for i in kept_ids), "a kept sample is missing from the cost table"
     old_steps = np.unique(kept.column("step").to_numpy())
-    renumber = np.full(int(p_steps.max(initial=-1)) + 1, -1, dtype=np.int64)
-    renumber[old_steps] = np.arange(old_steps.size)
     kept_set = set(kept_ids)
     pool = cost.filter(pa.array([i not in kept_set for i in cost.column("sample_id").to_pylist()]))
+    fresh = build_plan(pool, cfg) if pool.num_rows else None
+    kept_map, new_map = _step_numbers(old_steps, fresh)
     parts = [
         kept.set_column(
             kept.schema.get_field_index("step"),
             "step",
-            pa.array(renumber[kept.column("step").to_numpy()], pa.int64()),
+            pa.array(kept_map[kept.column("step").to_numpy()], pa.int64()),
         ).append_column("parent_step", kept.column("step"))
     ]
-    fresh = None
-    if pool.num_rows:
-        fresh = build_plan(pool, cfg)
+    if fresh is not None:
         gid0 = int(pc.max(kept.column("group_id")).as_py()) + 1 if kept.num_rows else 0
         fp = fresh.plan
         fp = fp.set_column(
-            fp.schema.get_field_index("step"), "step", pc.add(fp.column("step"), old_steps.size)
+            fp.schema.get_field_index("step"),
+            "step",
+            pa.array(new_map[fp.column("step").to_numpy()], pa.int64()),
         )
         fp = fp.set_column(
             fp.schema.get_field_index("group_id"), "group_id", pc.add(fp.column("group_id"), gid0)
         )
         parts.append(fp.append_column("parent_step", pa.array(np.full(fp.num_rows, -1))))
-    plan = pa.concat_tables([p.cast(INCREMENTAL_PLAN_SCHEMA) for p in parts])
+    # steps in order, ranks in order, a group's samples in their order (the sort is stable)
+    plan = pa.concat_tables([p.cast(INCREMENTAL_PLAN_SCHEMA) for p in parts]).sort_by(
+        [("step", "ascending"), ("rank", "ascending")]
+    )
     n_steps = old_steps.size + (fresh.report["counts"]["steps"] if fresh else 0)
     report = _report(plan, cost, cfg, d, nodes, fresh, n_steps)
     report["incremental"] = {
@@ -118,6 +121,29 @@ def incremental_plan(
     report["seconds"]["incremental"] = round(time.perf_counter() - t0, 4)
     assert report["counts"]["in"] == report["counts"]["out"] == cost.num_rows
     return BalanceResult(plan=plan, report=report)
+
+
+def _step_numbers(old_steps: np.ndarray, fresh) -> tuple[np.ndarray, np.ndarray]:
+    """Step numbers for kept parent steps and for the fresh plan's steps.
+
+    Kept steps keep their parent numbers when the fresh steps can fill the gaps exactly and the
+    fresh short step (if any) can be the last step: then a kept group's tar members are byte for
+    byte the parent's (the writer copies them as they are). Otherwise kept steps come first,
+    renumbered, and fresh steps follow.
+    """
+    n_new = fresh.report["counts"]["steps"] if fresh else 0
+    short = bool(fresh and fresh.report["last_step"]["short"])
+    total = old_steps.size + n_new
+    kept_map = np.full(int(old_steps.max(initial=-1)) + 1, -1, dtype=np.int64)
+    stable = old_steps.size == 0 or (
+        int(old_steps.max()) < total and not (short and int(old_steps.max()) == total - 1)
+    )
+    if stable:
+        kept_map[old_steps] = old_steps
+        holes = np.setdiff1d(np.arange(total), old_steps)
+        return kept_map, holes.astype(np.int64)
+    kept_map[old_steps] = np.arange(old_steps.size)
+    return kept_map, np.arange(old_steps.size, total, dtype=np.int64)
 
 
 def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:

@@ -36,9 +36,9 @@ from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.errors import DataprepError, SampleRejected
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, image_bytes
-from shards.manifest import FORMAT_VERSION, MANIFEST, Group, Shard, load_manifest
+from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
-from shards.reader import read_group, sha256_of
+from shards.reader import sha256_of
 
 __all__ = [
     "WriteConfig",
@@ -191,8 +191,11 @@ def _doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
     ).encode()
 
 
-def _parent_group(src: dict, verified: set[str]) -> list:
-    """The samples of one group of the parent generation, its shard's sha256 checked once."""
+def _parent_group(src: dict, verified: set[str], parse: bool = True) -> list:
+    """The samples of one group of the parent generation, as ``(meta, images)``.
+
+    The parent shard's sha256 is checked once before any of its bytes are used, so the group
+    is parsed with ``tarfile`` alone (the reader's member checks ran when it was written)."""
     gen_dir = Path(src["gen_dir"])
     if src["file"] not in verified:
         digest = sha256_of(gen_dir / src["file"])
@@ -202,20 +205,53 @@ def _parent_group(src: dict, verified: set[str]) -> list:
                 "parent generation is damaged, rebuild without reusing it"
             )
         verified.add(src["file"])
-    shard = Shard(src["file"], src["bytes"], src["sha256"], src["samples"], ())
-    return read_group(gen_dir, shard, Group(*src["group"]))[0]
+    if not parse:
+        return []
+    _, _, offset, length = src["group"]
+    with open(gen_dir / src["file"], "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    members: dict[str, bytes] = {}
+    order: list[str] = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        for m in tf:
+            members[m.name] = data[m.offset_data : m.offset_data + m.size]
+            if m.name.endswith(".json"):
+                order.append(m.name[: -len(".json")])
+    out = []
+    for key in order:
+        meta = json.loads(members[key + ".json"])
+        out.append((meta, [members[f"{key}.{n}"] for n in meta["images"]]))
+    if len(out) != src["group"][1]:
+        raise WriteError(f"{gen_dir / src['file']}: group {src['group']} holds {len(out)} samples")
+    return out
 
 
 def _copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
-    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded)."""
-    got = _parent_group(g["from"], verified)
+    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded).
+
+    A group that keeps its step number (and so its keys and documents) is the same bytes: they
+    are copied as they are, after the shard's sha256 was checked."""
+    src = g["from"]
+    if src["group"][0] == g["step"]:
+        _parent_group(src, verified, parse=False)
+        path = Path(src["gen_dir"]) / src["file"]
+        with open(path, "rb") as f:
+            f.seek(src["group"][2])
+            data = f.read(src["group"][3])
+        if len(data) != src["group"][3]:
+            raise WriteError(f"{path}: truncated at group {src['group']}")
+        tf.fileobj.write(data)
+        tf.offset += len(data)
+        return
+    got = _parent_group(src, verified)
     want = [s["sample_id"] for s in g["samples"]]
-    if [s.meta["sample_id"] for s in got] != want:
+    if [meta["sample_id"] for meta, _ in got] != want:
         raise WriteError(f"{g['from']['gen_dir']}: group {g['from']['group']} does not hold {want}")
-    for pos, s in enumerate(got):
-        key = sample_key(g["step"], pos, s.meta["sample_id"])
-        _add(tf, key + ".json", _doc(s.meta, g["step"], g["group_id"], rank))
-        for name, b in zip(s.meta["images"], s.images, strict=True):
+    for pos, (meta, images) in enumerate(got):
+        key = sample_key(g["step"], pos, meta["sample_id"])
+        _add(tf, key + ".json", _doc(meta, g["step"], g["group_id"], rank))
+        for name, b in zip(meta["images"], images, strict=True):
             _add(tf, f"{key}.{name}", b)
 
 
@@ -229,9 +265,11 @@ def _read_sample(s: dict, store: RecordStore, verified: set[str], groups: dict):
         if key not in groups:
             if len(groups) >= 64:
                 groups.pop(next(iter(groups)))
-            groups[key] = {x.meta["sample_id"]: x for x in _parent_group(src, verified)}
-        got = groups[key][s["sample_id"]]
-        return got.meta["turns"], got.meta["images"], got.images
+            groups[key] = {
+                meta["sample_id"]: (meta, im) for meta, im in _parent_group(src, verified)
+            }
+        meta, images = groups[key][s["sample_id"]]
+        return meta["turns"], meta["images"], images
     try:
         sample = store.get(s["location"])
         imgs = [image_bytes(r) for r in sample.images]
@@ -273,7 +311,7 @@ def _write_stream(job: dict) -> list[dict]:
     next_step = done[-1]["groups"][-1][0] + 1 if done else -1
     groups = [g for g in job["groups"] if g["step"] >= next_step]
     store = RecordStore(ReadOptions(**job["read_options"]))
-    verified: set[str] = set()
+    verified: set[str] = set(job.get("parent_verified", ()))
     parent_groups: dict = {}
     k = len(done)
     while groups:
@@ -367,6 +405,25 @@ def _reuse_index(cfg: WriteConfig, parent_step: list[int], cost) -> tuple[dict, 
     return groups, samples
 
 
+def _verify_parent_shards(reuse: dict, samples: dict, parent_step: list, plan: dict) -> list:
+    """sha256 of every parent shard the plan copies from, each checked once (not per stream)."""
+    files = {}
+    for rank, ps in zip(plan["rank"], parent_step, strict=True):
+        if ps >= 0:
+            src = reuse[(rank, ps)]
+            files[src["file"]] = src
+    for src in samples.values():
+        files[src["file"]] = src
+    for f, src in sorted(files.items()):
+        digest = sha256_of(Path(src["gen_dir"]) / f)
+        if digest != src["sha256"]:
+            raise WriteError(
+                f"{Path(src['gen_dir']) / f}: sha256 {digest} does not match its manifest; the "
+                "parent generation is damaged, rebuild without reusing it"
+            )
+    return sorted(files)
+
+
 def _jobs(
     plan, cost, stage: Path, cfg: WriteConfig, read_options: dict, nodes: int, per: int
 ) -> list[dict]:
@@ -399,6 +456,9 @@ def _jobs(
         else [-1] * plan.num_rows
     )
     reuse, reuse_samples = _reuse_index(cfg, parent_step, cost)
+    verified = _verify_parent_shards(reuse, reuse_samples, parent_step, p)
+    for job in jobs:
+        job["parent_verified"] = verified
     for sid, gid, step, rank, pstep in zip(
         p["sample_id"], p["group_id"], p["step"], p["rank"], parent_step, strict=True
     ):

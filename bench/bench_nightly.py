@@ -116,6 +116,14 @@ def run() -> dict:
         f"({', '.join(f'{k}: {v}' for k, v in sorted(p['rebuilt_because'].items()))}) into "
         f"{p['new_steps']} new steps with the {c['new']:,} new samples; carried samples were "
         "copied from the parent's shards, not read from the raw files again.",
+        "",
+        "Where the nightly seconds go: "
+        + ", ".join(f"{k} {v:.2f} s" for k, v in r.phases.items())
+        + f" (of {r.seconds:.2f} s). On this small set with a warm page cache both paths are "
+        "dominated by writing the whole generation and by process start-up, so the nightly path "
+        "wins little; what it saves grows with the share of prep in a rebuild: prep touches only "
+        "the new and changed records (tokenizing long conversations, opening images on network "
+        "storage), and kept groups are byte copies that need no raw data at all.",
     ]
     return {
         "title": "Nightly rebalancing",

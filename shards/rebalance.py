@@ -74,6 +74,7 @@ class RebalanceResult:
     balance: dict = field(default_factory=dict)
     removed: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    phases: dict = field(default_factory=dict)  # seconds of prep, combine, plan, write
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -210,6 +211,8 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
     work.mkdir(exist_ok=True)
     meta = table_metadata(pcost_path)
     new_path = work / "new.parquet"
+    phases = {}
+    t1 = time.perf_counter()
     if cfg.new and not new_path.exists():
         ro = meta.get("read_options") or {}
         run_prep(
@@ -226,6 +229,8 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
                 progress=cfg.progress,
             )
         )
+    phases["prep"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     new = read_cost_table(new_path) if cfg.new else read_cost_table(pcost_path).slice(0, 0)
     new_meta = (
         table_metadata(new_path)["counts"] if cfg.new else {"in": 0, "rejected": 0, "cached": 0}
@@ -262,8 +267,12 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
         if cm
         else CostModel(),
     )
+    phases["combine"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     result = incremental_plan(pq.read_table(pplan_path), combined, changed, bcfg)
     write_plan(result, work / "plan")
+    phases["plan"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
     nightly = {
         "key": key,
         "inputs": [str(Path(p).resolve()) for p in cfg.new],
@@ -289,6 +298,7 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
             root / "errors" / f"{res.generation}.errors.parquet",
             (work / "new.errors.parquet").read_bytes(),
         )
+    phases["write"] = time.perf_counter() - t1
     removed = collect_generations(root, cfg.keep)
     for w in root.glob(".nightly-*"):  # this night's, and any abandoned earlier one
         shutil.rmtree(w, ignore_errors=True)
@@ -304,4 +314,5 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
         result.report["metrics"],
         removed,
         time.perf_counter() - t0,
+        {k: round(v, 3) for k, v in phases.items()},
     )

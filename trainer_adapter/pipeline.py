@@ -95,9 +95,13 @@ class StageModule(nn.Module):
         x = h[0]
         if x.requires_grad:
             x = _Stamp.apply(x, self.timer, False)
-        seg = _segments(doc[0])
+        # samples fill the row from its start; the padding after them skips the blocks
+        n_real = int((doc[0] >= 0).sum())
+        y = x[:n_real]
+        seg = _segments(doc[0, :n_real])
         for blk in self.blocks:
-            x = blk(x, seg)
+            y = blk(y, seg)
+        x = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
         out = self.head(self.norm(x)) if self.last else x
         if out.requires_grad:
             out = _Stamp.apply(out, self.timer, True)

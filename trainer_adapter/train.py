@@ -103,7 +103,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     if cfg.pp > 1 and mb_tokens is None:
         if not loads:
             raise ValueError(f"{manifest.path}: no load summary in the manifest; pass --mb-tokens")
-        mb_tokens = auto_mb_tokens(loads, manifest.dp, cfg.dp, cfg.n_microbatches)
+        mb_tokens = auto_mb_tokens(loads, cfg.n_microbatches)
     model_cfg = VLMConfig.preset(
         cfg.model,
         vocab_size=collate.vocab_size,

@@ -64,10 +64,11 @@ def empty_batch(patch_dim: int, image_token_id: int) -> dict:
     }
 
 
-def auto_mb_tokens(loads: dict, plan_dp: int, dp: int, n_microbatches: int) -> int:
-    """Microbatch size that fits the largest sample and, with slack, a replica's share of the
-    largest group."""
-    per_replica = loads["max_group_llm_tokens"] * plan_dp / dp
+def auto_mb_tokens(loads: dict, n_microbatches: int) -> int:
+    """Microbatch size that fits the largest sample and, with slack for packing, the largest
+    group (each replica reads one group per step; redistribution evens replicas towards the
+    step's mean, which is at most that)."""
+    per_replica = loads["max_group_llm_tokens"]
     need = max(loads["max_sample_llm_tokens"], math.ceil(1.5 * per_replica / n_microbatches))
     return int(math.ceil(need / 64) * 64)
 

@@ -63,7 +63,7 @@ class TokenizerSpec:
         if self.path is None:
             return {"mode": "estimate", "chars_per_token": self.estimate_chars_per_token}
         digest = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
-        return {"mode": "tokenizer", "path": str(self.path), "sha256": digest}
+        return {"mode": "tokenizer", "path": str(Path(self.path).resolve()), "sha256": digest}
 
 
 class TokenCounter:

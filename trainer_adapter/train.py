@@ -29,13 +29,20 @@ __all__ = ["build_collator", "main", "run"]
 def build_collator(cfg: TrainConfig, manifest):
     """The collator matching how the generation was prepared (overridable in ``cfg``)."""
     from shards import Collator
+    from shards.reader import sha256_of
 
     prep = manifest.raw.get("prep") or {}
-    tok = cfg.tokenizer or (prep.get("tokenizer") or {}).get("path")
+    recorded = prep.get("tokenizer") or {}
+    tok = cfg.tokenizer or recorded.get("path")
     if not tok or not Path(tok).is_file():
         raise ValueError(
             f"tokenizer {tok!r} (from the generation's manifest) not found; pass --tokenizer "
             "path/to/tokenizer.json (the one prep counted with)"
+        )
+    if recorded.get("sha256") and sha256_of(Path(tok)) != recorded["sha256"]:
+        raise ValueError(
+            f"{tok} is not the tokenizer the generation was prepared with (sha256 differs from "
+            f"{recorded['sha256'][:12]}...): token counts and the runtime balance would not match"
         )
     policy = cfg.vision_policy or (prep.get("vision_policy") or {}).get("spec")
     template = cfg.template or (prep.get("template") or {}).get("name")

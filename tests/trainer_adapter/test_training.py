@@ -4,6 +4,7 @@ never the result; DP x PP trains; every sample of the steps is seen once."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -160,3 +161,17 @@ def test_pipelined_loss_equals_the_unpipelined_one(train_generation):
     flat = run_ranks(_train, 2, {**base, "pp": 1}, None, timeout=300)[0]
     piped = run_ranks(_train, 4, {**base, "pp": 2, "microbatches": 4}, None, timeout=300)[0]
     assert piped[0]["loss"] == pytest.approx(flat[0]["loss"], rel=1e-5)
+
+
+def test_a_different_tokenizer_than_prep_is_refused(train_generation, tmp_path):
+    from shards import open_generation
+    from trainer_adapter import TrainConfig
+    from trainer_adapter.train import build_collator
+
+    m = open_generation(train_generation)
+    tok = json.loads(Path(m.raw["prep"]["tokenizer"]["path"]).read_text())
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(tok, indent=1))  # same content, other bytes: another sha256
+    with pytest.raises(ValueError, match="not the tokenizer the generation was prepared with"):
+        build_collator(TrainConfig(shards=str(train_generation), dp=1, tokenizer=str(other)), m)
+    assert build_collator(TrainConfig(shards=str(train_generation), dp=1), m).vocab_size > 0

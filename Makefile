@@ -43,6 +43,7 @@ shards: $(STAMP)
 	$(BIN)/equishard write $(OUT)/plan --cost-table $(OUT)/cost.parquet --out $(OUT)/shards \
 		--shard-size $(SHARD_SIZE) --workers $(WORKERS)
 	$(BIN)/equishard verify $(OUT)/shards
+	$(BIN)/equishard report $(OUT)/shards -o $(OUT)/report.html
 	$(BIN)/equishard inspect $(OUT)/shards
 
 train: $(STAMP)

@@ -181,3 +181,24 @@ def test_persistent_workers_follow_set_epoch_and_resume(generation):
     assert seen[0] == order(0) and seen[1] == order(1) and seen[0] != seen[1]
     ds.load_state_dict(ds.state_dict(0) | {"epoch": 1, "consumed_slots": 3 * m.dp})
     assert [_ids(b) for b in dl] == order(1)[3:]
+
+
+def test_memory_stays_flat_over_epochs(generation):
+    """Reliability case 15: a reader holds no per-epoch state that grows (Python allocations
+    after epoch 2 and after epoch 6 stay within a small margin)."""
+    import gc
+    import tracemalloc
+
+    ds = GroupDataset(generation, RankInfo(rank=0, world_size=1), verify=True)
+    tracemalloc.start()
+    try:
+        sizes = []
+        for epoch in range(6):
+            ds.set_epoch(epoch)
+            n = sum(len(b["samples"]) for b in ds)
+            assert n == ds.manifest.totals["samples"]
+            gc.collect()
+            sizes.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    assert sizes[-1] - sizes[1] < 256 * 1024, sizes

@@ -70,7 +70,7 @@ def _efficiency(step_times: list[np.ndarray]) -> float:
     return float(sum(t.mean() for t in step_times) / sum(t.max() for t in step_times))
 
 
-def simulate(seed: int = 0, device: str = "cpu") -> dict:
+def simulate(seed: int = 0, device: str = "cpu", model_size: str = "tiny") -> dict:
     from balancing import CostModel, post_balance
     from balancing.plan import BalanceConfig, build_plan
     from bench._internvl import cost_table, load_lengths
@@ -79,7 +79,7 @@ def simulate(seed: int = 0, device: str = "cpu") -> dict:
     torch.set_num_threads(1)
     dev = torch.device(device)
     torch.manual_seed(seed)
-    model = VisionLanguageModel(VLMConfig.preset("tiny", vocab_size=2048)).to(dev)
+    model = VisionLanguageModel(VLMConfig.preset(model_size, vocab_size=2048)).to(dev)
     vit_t, llm_t = _timer(model, dev)
     tiles, llm = load_lengths()
     rng = np.random.default_rng(seed)

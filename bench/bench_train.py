@@ -132,6 +132,20 @@ def _partition_rows():
     return times, rows
 
 
+def _sim_table(rows: dict) -> list[str]:
+    out = [
+        "| steps from | efficiency | tokens/s | mean step time | target |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        met = "met" if row["efficiency"] >= 0.95 else "**not met**"
+        out.append(
+            f"| {name} | {row['efficiency']:.3f} | {row['tokens_per_s']:,.0f} | "
+            f"{row['step_time_ms']:.0f} ms | {'' if name == 'random batching' else met} |"
+        )
+    return out
+
+
 def run() -> dict:
     from bench._internvl import load_lengths
     from tests.dist_helper import run_ranks
@@ -220,20 +234,7 @@ def run() -> dict:
         "time / sum of max (target >= 0.95 with balancing). Runtime redistribution re-splits the "
         "vision and the LLM phase separately (`post_balance`, method best, on the modeled cost).",
         "",
-        "| steps from | efficiency | tokens/s | mean step time | target |",
-        "|---|---|---|---|---|",
-    ]
-    for name, row in sim.items():
-        tgt = (
-            ""
-            if name == "random batching"
-            else ("met" if row["efficiency"] >= 0.95 else "**not met**")
-        )
-        md.append(
-            f"| {name} | {row['efficiency']:.3f} | {row['tokens_per_s']:,.0f} | "
-            f"{row['step_time_ms']:.0f} ms | {tgt} |"
-        )
-    md += [
+        *_sim_table(sim),
         "",
         "ISF shards already make the steps even; runtime redistribution mostly matters where the "
         "data reaching a step is not balanced (a DP size other than the plan's, skipped samples, "
@@ -250,19 +251,8 @@ def run() -> dict:
             f"The same simulation with the `1b` VLM on {torch.cuda.get_device_name()} "
             "(one rank's share at a time, CUDA-synchronized timing).",
             "",
-            "| steps from | efficiency | tokens/s | mean step time | target |",
-            "|---|---|---|---|---|",
+            *_sim_table(gpu),
         ]
-        for name, row in gpu.items():
-            tgt = (
-                ""
-                if name == "random batching"
-                else ("met" if row["efficiency"] >= 0.95 else "**not met**")
-            )
-            md.append(
-                f"| {name} | {row['efficiency']:.3f} | {row['tokens_per_s']:,.0f} | "
-                f"{row['step_time_ms']:.0f} ms | {tgt} |"
-            )
     else:
         raw_gpu = None
         md.append(

@@ -142,24 +142,15 @@ def test_unchanged_resubmission_is_not_reread(root):
     assert r.counts["unchanged_resubmitted"] == r.counts["read"]
 
 
+def _rebalance_cmd(root: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "equishard", "rebalance", "--current", str(root), *args]
+
+
 def _run_night_subprocess(root: Path, k: int) -> subprocess.Popen:
     raw = root.parent / "raw"
+    night = ("--new", str(raw / f"day-{k}.jsonl"), "--delete", str(raw / f"day-{k}.delete"))
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "equishard",
-            "rebalance",
-            "--current",
-            str(root),
-            "--new",
-            str(raw / f"day-{k}.jsonl"),
-            "--delete",
-            str(raw / f"day-{k}.delete"),
-            "--json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        _rebalance_cmd(root, *night, "--json"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
 
 
@@ -210,29 +201,13 @@ def test_keep_removes_old_generations_but_never_current(root):
 
 
 def test_exit_codes_for_a_scheduler(root, tmp_path):
-    r = subprocess.run(
-        [sys.executable, "-m", "equishard", "rebalance", "--current", str(root)],
-        capture_output=True,
-        text=True,
-    )
+    r = subprocess.run(_rebalance_cmd(root), capture_output=True, text=True)
     assert r.returncode == 2 and "nothing to do" in r.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{broken\n" * 20)
     g0 = read_current(root)
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "equishard",
-            "rebalance",
-            "--current",
-            str(root),
-            "--new",
-            str(bad),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
+        _rebalance_cmd(root, "--new", str(bad), "--json"), capture_output=True, text=True
     )
     assert r.returncode == 1 and json.loads(r.stdout)["status"] == "failed"
     assert read_current(root) == g0

@@ -9,6 +9,12 @@ need is stable, so recomputation can be switched off exactly where memory allows
 4. switch off as many blocks as M_r allows (the kind that saves more time per byte first), run
    a step; on out-of-memory, recompute one more block and try again, stepwise.
 
+A trial fails when it raises ``torch.OutOfMemoryError`` *or* when its measured peak is over
+``budget``. The second is the usual case: with ``budget`` below the device's memory (e.g. 90 %),
+an over-optimistic estimate is caught by measurement before the allocator runs out, which
+matters under pipelining, where a real OOM on one stage leaves its peers waiting on a
+send/recv that never comes.
+
 ``measure`` runs one training step and returns the peak memory in bytes; by default it is
 ``torch.cuda.max_memory_allocated`` around the step. ``agree`` makes every rank see the same
 outcome (an all_reduce of the OOM flag) so all ranks run the same trials.
@@ -76,8 +82,9 @@ def adaptive_recompute(
         set_recompute(vit_blocks, v_plain)
         set_recompute(llm_blocks, t_plain)
         try:
-            peak, oom = measure(step), False
-        except torch.cuda.OutOfMemoryError:
+            peak = measure(step)
+            oom = peak > budget
+        except torch.OutOfMemoryError:
             peak, oom = None, True
         if agree(oom):
             return None
@@ -85,11 +92,15 @@ def adaptive_recompute(
 
     base = run(0, 0)
     if base is None:
-        raise RuntimeError("out of memory even with every block recomputed; lower the batch caps")
+        raise RuntimeError(
+            f"with every block recomputed the step needs more than the memory budget "
+            f"({budget / 2**30:.2f} GiB): lower the batch caps or raise memory_fraction"
+        )
     remaining = budget - base
     kv, kt = min(probe_layers, nv), min(probe_layers, nt)
-    pv = run(kv, 0) if kv else base
-    pt = run(0, kt) if kt else base
+    # every rank runs every trial, even with no block of a kind: ``agree`` is a collective
+    pv = run(kv, 0)
+    pt = run(0, kt)
     trials = 3
     m_v = (pv - base) / kv if kv and pv is not None else float("inf")
     m_t = (pt - base) / kt if kt and pt is not None else float("inf")
@@ -113,11 +124,15 @@ def adaptive_recompute(
         peak = run(v_plain, t_plain)
         if peak is not None:
             break
-        if v_plain == 0 and t_plain == 0:
-            raise RuntimeError("out of memory with every block recomputed")
-        # recompute one more block of the kind that saves more memory per block
+        # Recompute one more block of the kind that saves more memory per block. A rank that is
+        # already at "all recomputed" (which fitted in the first trial) repeats it while its
+        # peers fall back: every rank runs the same number of trials.
         if t_plain and (m_t >= m_v or not v_plain):
             t_plain -= 1
-        else:
+        elif v_plain:
             v_plain -= 1
+    if peak is None:  # out of trials: everything recomputed, which fitted in the first trial
+        v_plain = t_plain = 0
+        set_recompute(vit_blocks, 0)
+        set_recompute(llm_blocks, 0)
     return RecomputeResult(v_plain, t_plain, remaining, m_v, m_t, trials, peak or base)

@@ -67,16 +67,56 @@ def test_falls_back_stepwise_when_the_estimate_is_too_optimistic():
     )
 
 
+def test_a_peak_over_the_budget_is_a_failed_trial_without_a_real_oom():
+    vit, llm = [_Blk() for _ in range(4)], [_Blk() for _ in range(4)]
+    trials = []
+    measure = _memory(vit, llm, 40.0, 10.0, 5.0, limit=1000.0, extra=15.0)
+
+    def counted(step):
+        peak = measure(step)
+        trials.append(peak)
+        return peak
+
+    r = adaptive_recompute(lambda: None, vit, llm, budget=100.0, safety=1.0, measure=counted)
+    # the device never ran out, yet the first full trial (115 > 100) was rejected
+    assert max(trials) > 100.0 and r.trials > 4
+    assert r.peak <= 100.0 and trials[-1] == r.peak
+
+
+def test_ranks_run_the_same_trials_and_end_at_all_recomputed_when_out_of_trials():
+    vit, llm = [_Blk() for _ in range(3)], [_Blk() for _ in range(3)]
+    # this rank fits everything, but a peer always reports out-of-memory after the probes
+    calls = []
+
+    def agree(oom):
+        calls.append(oom)
+        return oom or len(calls) > 3
+
+    r = adaptive_recompute(
+        lambda: None,
+        vit,
+        llm,
+        budget=100.0,
+        measure=_memory(vit, llm, 10.0, 1.0, 1.0, limit=100.0),
+        agree=agree,
+        max_trials=9,
+    )
+    assert len(calls) == r.trials == 9  # kept stepping with its peers, never raised alone
+    assert (r.vit_plain, r.llm_plain) == (0, 0)
+    assert all(b.recompute for b in vit + llm)
+
+
 def test_out_of_memory_with_everything_recomputed_is_an_error():
     vit, llm = [_Blk()], [_Blk()]
-    with pytest.raises(RuntimeError, match="every block recomputed"):
-        adaptive_recompute(
-            lambda: None,
-            vit,
-            llm,
-            budget=10.0,
-            measure=_memory(vit, llm, 50.0, 1.0, 1.0, limit=10.0),
-        )
+    for limit in (10.0, 1000.0):  # a real OOM, or a peak over the budget
+        with pytest.raises(RuntimeError, match="every block recomputed"):
+            adaptive_recompute(
+                lambda: None,
+                vit,
+                llm,
+                budget=10.0,
+                measure=_memory(vit, llm, 50.0, 1.0, 1.0, limit=limit),
+            )
 
 
 def test_needs_cuda_without_a_measure():

@@ -22,30 +22,15 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from shards.manifest import Manifest, ManifestError, load_manifest
-from shards.publish import read_current
+from shards.manifest import Manifest, open_generation
 from shards.reader import ShardError, read_group, sha256_of
 
 __all__ = ["GroupDataset", "RankInfo", "merge_states", "open_generation"]
-
-
-def open_generation(path: str | os.PathLike) -> Manifest:
-    """A generation directory, or a generation root (then the one ``CURRENT`` names)."""
-    p = Path(path)
-    if (p / "manifest.json").exists():
-        return load_manifest(p)
-    current = read_current(p)
-    if current is None:
-        raise ManifestError(
-            f"{p}: neither a generation (no manifest.json) nor a root with a CURRENT generation"
-        )
-    return load_manifest(p / current)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

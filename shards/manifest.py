@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from shards.publish import read_current
+
 __all__ = [
     "FORMAT_VERSION",
     "Group",
@@ -22,6 +24,7 @@ __all__ = [
     "Shard",
     "Stream",
     "load_manifest",
+    "open_generation",
 ]
 
 FORMAT_VERSION = 1
@@ -190,3 +193,16 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
         report=raw.get("report", {}),
         raw=raw,
     )
+
+
+def open_generation(path: str | os.PathLike) -> Manifest:
+    """A generation directory, or a generation root (then the one ``CURRENT`` names)."""
+    p = Path(path)
+    if (p / "manifest.json").exists():
+        return load_manifest(p)
+    current = read_current(p)
+    if current is None:
+        raise ManifestError(
+            f"{p}: neither a generation (no manifest.json) nor a root with a CURRENT generation"
+        )
+    return load_manifest(p / current)

@@ -158,7 +158,7 @@ def render_report(generation: str | Path, output: str | Path) -> Path:
     import pyarrow.parquet as pq
 
     from dataprep.cost_table import read_cost_table
-    from shards.dataset import open_generation
+    from shards.manifest import open_generation
 
     m = open_generation(generation)
     if not (m.path / "cost.parquet").exists() or not (m.path / "plan.parquet").exists():

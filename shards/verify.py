@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from shards.dataset import open_generation
-from shards.manifest import ManifestError
+from shards.manifest import ManifestError, open_generation
 from shards.reader import ShardError, read_group, sha256_of
 
 __all__ = ["VerifyResult", "inspect_generation", "verify_generation"]

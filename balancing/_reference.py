@@ -150,3 +150,44 @@ def padded_batches(sorted_asc, d):
         cnt += 1
         out.append(run)
     return lo, out
+
+
+def group_stats(ids, v, t, vc, tc, n_groups):
+    """-> list of [count, sum v, sum t, sum vc, sum tc, max v, max t] per group."""
+    out = [[0.0] * 7 for _ in range(n_groups)]
+    for g, a, b, c, d in zip(ids, v, t, vc, tc, strict=True):
+        row = out[g]
+        row[0] += 1
+        row[1] += a
+        row[2] += b
+        row[3] += c
+        row[4] += d
+        row[5] = max(row[5], a)
+        row[6] = max(row[6], b)
+    return out
+
+
+def block_stats(perm, b, v, t, vc, tc):
+    """``group_stats`` with sample ``perm[i]`` in group ``i // b``, summed in ``perm`` order."""
+    return group_stats(
+        [i // b for i in range(len(perm))],
+        [v[j] for j in perm],
+        [t[j] for j in perm],
+        [vc[j] for j in perm],
+        [tc[j] for j in perm],
+        (len(perm) + b - 1) // b,
+    )
+
+
+def stats_pad_ratios(stats):
+    """-> (vision, LLM) mean pad ratio over the groups of a ``group_stats`` table."""
+    out = []
+    for total, mx in ((1, 5), (2, 6)):
+        ratios = [
+            (row[0] * row[mx] - row[total]) / (row[0] * row[mx]) for row in stats if row[mx] > 0
+        ]
+        acc = 0.0
+        for r in ratios:
+            acc += r
+        out.append(acc / max(len(ratios), 1))
+    return tuple(out)

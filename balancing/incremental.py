@@ -29,8 +29,9 @@ from balancing.plan import (
     PLAN_SCHEMA,
     BalanceConfig,
     BalanceResult,
-    _pads,
     build_plan,
+    group_stats,
+    pad_ratios,
     plan_quality,
     random_batching_metrics,
 )
@@ -170,7 +171,7 @@ def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
     }
     short = bool(fresh and fresh.report["last_step"]["short"])
     n_full = n_steps - (1 if short else 0)
-    pads = _pads(group_of, v, t)
+    pads = pad_ratios(group_stats(group_of, loads, int(group_of.max()) + 1))
     flags = plan.column("group_flag").to_pylist()
     by_flag: dict[str, set] = {}
     for f, g in zip(flags, plan.column("group_id").to_pylist(), strict=True):
@@ -203,7 +204,7 @@ def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
             pads,
             n_full,
             nodes,
-            random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d),
+            random_batching_metrics(loads, cfg.target_batch, cfg.seed, d),
         ),
         "seconds": dict(fresh.report["seconds"]) if fresh else {},
     }

@@ -20,12 +20,8 @@ __all__ = ["dist_ratio", "efficiency", "pad_ratio", "step_dist_ratios"]
 def step_dist_ratios(loads: np.ndarray) -> np.ndarray:
     """Dist ratio of each step; ``loads`` has shape (steps, D). Steps with zero load count 0."""
     loads = np.asarray(loads, dtype=np.float64)
-    mx = loads.max(axis=1)
-    d = loads.shape[1]
-    out = np.zeros(len(loads))
-    nz = mx > 0
-    out[nz] = (mx[nz, None] - loads[nz]).sum(axis=1) / (mx[nz] * d)
-    return out
+    full = loads.max(axis=1) * loads.shape[1]  # sum(max - x_i) = D * max - sum(x_i)
+    return np.divide(full - loads.sum(axis=1), full, out=np.zeros(len(loads)), where=full > 0)
 
 
 def dist_ratio(loads: np.ndarray) -> float:

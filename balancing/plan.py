@@ -17,7 +17,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from balancing._kernels import _nb_counting_argsort, _nb_pad_ratios
+from balancing._kernels import (
+    STAT_COUNT,
+    STAT_SUM_V,
+    _nb_block_stats,
+    _nb_counting_argsort,
+    _nb_group_stats,
+    _nb_stats_pad_ratios,
+)
 from balancing.auto_params import auto_isf_params
 from balancing.cost_model import CostModel, sample_costs
 from balancing.isf import FLAG_LAST_STEP, FLAG_NAMES, FLAG_OVERSIZE, ISFParams, isf_group
@@ -109,9 +116,18 @@ def _metrics(loads: dict[str, np.ndarray], pads: dict[str, float]) -> dict:
     return {k: round(float(v), 6) for k, v in out.items()}
 
 
-def _pads(batch_of: np.ndarray, v: np.ndarray, t: np.ndarray) -> dict[str, float]:
-    """Pad ratios (``metrics.pad_ratio``) of both phases in one pass."""
-    pv, pt = _nb_pad_ratios(batch_of, v, t, int(batch_of.max()) + 1)
+_LOAD_KEYS = ("vit_tokens", "llm_tokens", "vit_cost", "llm_cost")  # = STAT_SUM_V .. STAT_SUM_TC
+
+
+def group_stats(group_of: np.ndarray, loads: dict[str, np.ndarray], n_groups: int) -> np.ndarray:
+    """(n_groups, 7): count, the four loads' sums and the token maxima of every group, in one
+    pass over the samples (columns ``STAT_*`` of ``balancing._kernels``)."""
+    return _nb_group_stats(group_of, *(loads[k] for k in _LOAD_KEYS), n_groups)
+
+
+def pad_ratios(stats: np.ndarray) -> dict[str, float]:
+    """Mean pad ratio (``metrics.pad_ratio``) of both phases over the non-empty groups."""
+    pv, pt = _nb_stats_pad_ratios(stats)
     return {"pad_ratio_vit": pv, "pad_ratio_llm": pt}
 
 
@@ -156,29 +172,23 @@ def plan_quality(
 
 
 def random_batching_metrics(
-    loads: dict[str, np.ndarray],
-    v: np.ndarray,
-    t: np.ndarray,
-    target_batch: float,
-    seed: int,
-    d: int,
+    loads: dict[str, np.ndarray], target_batch: float, seed: int, d: int
 ) -> dict:
     """Metrics of random batching of the same samples: B per rank, D ranks per step (the usual
-    sampler), the baseline every report compares against."""
-    n = v.size
+    sampler), the baseline every report compares against. Batch k holds the samples
+    ``perm[k*B:(k+1)*B]`` of a seeded permutation."""
+    n = loads["vit_tokens"].size
     b = max(1, round(target_batch))
     perm = np.random.default_rng(seed + 1).permutation(n)
-    batch = np.empty(n, dtype=np.int64)
-    batch[perm] = np.arange(n) // b
-    n_batches = int(batch.max()) + 1
-    r_steps = n_batches // d
+    stats = _nb_block_stats(perm, b, *(loads[k] for k in _LOAD_KEYS))
+    r_steps = stats.shape[0] // d
     random_loads = {}
-    for k, x in loads.items():
-        per_batch = np.bincount(batch, weights=x, minlength=n_batches)
+    for col, k in enumerate(_LOAD_KEYS, start=STAT_SUM_V):
+        per_batch = np.ascontiguousarray(stats[:, col])  # rows of D: reductions run fast
         random_loads[k] = (
             per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
         )
-    return _metrics(random_loads, _pads(batch, v, t))
+    return _metrics(random_loads, pad_ratios(stats))
 
 
 def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
@@ -233,12 +243,13 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
 
     t1 = time.perf_counter()
     n_total = a.step.shape[0]
-    gsum = {k: np.bincount(a.group_of, weights=x, minlength=n_total) for k, x in loads.items()}
-    gsize = np.bincount(a.group_of, minlength=n_total)
+    stats = group_stats(a.group_of, loads, n_total)
+    gsum = {k: stats[:, col] for col, k in enumerate(_LOAD_KEYS, start=STAT_SUM_V)}
+    gsize = stats[:, STAT_COUNT].astype(np.int64)
     step_loads = {k: _step_loads(gsum[k], a.step, rank, a.n_steps, d) for k in loads}
-    pads = _pads(a.group_of, v, t)
+    pads = pad_ratios(stats)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
-    random = random_batching_metrics(loads, v, t, cfg.target_batch, cfg.seed, d)
+    random = random_batching_metrics(loads, cfg.target_batch, cfg.seed, d)
     timings["metrics"] = time.perf_counter() - t1
 
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside

@@ -100,3 +100,20 @@ def test_padded_batches(seed):
     bound = K._nb_padded_batches(x, d, out)
     ref_bound, ref = R.padded_batches(x.tolist(), d)
     assert bound == ref_bound and out.tolist() == ref and out.max() < d
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_group_and_block_stats(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    v = (rng.integers(0, 6, n) * 1024).astype(np.float64)
+    t = rng.integers(1, 3000, n).astype(np.float64)
+    vc, tc = rng.random(n) * 1e3, rng.random(n) * 1e3
+    n_groups = int(rng.integers(1, n + 2))  # some groups stay empty
+    ids = rng.integers(0, n_groups, n)
+    got = K._nb_group_stats(ids, v, t, vc, tc, n_groups)
+    np.testing.assert_array_equal(got, R.group_stats(ids, v, t, vc, tc, n_groups))
+    assert K._nb_stats_pad_ratios(got) == R.stats_pad_ratios(got.tolist())
+    perm, b = rng.permutation(n), int(rng.integers(1, 9))
+    got = K._nb_block_stats(perm, b, v, t, vc, tc)
+    np.testing.assert_array_equal(got, R.block_stats(perm, b, v, t, vc, tc))

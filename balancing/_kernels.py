@@ -123,16 +123,21 @@ def _nb_apply_round(order, group_end, kept, g, base, group_of, rest):
 
 
 @njit(cache=True)
-def _nb_segment_square_sums(values, offsets):
-    """Sum of squares of each list of a list column (values + offsets)."""
-    n = offsets.shape[0] - 1
-    out = np.zeros(n)
+def _nb_sample_costs(vit, llm, values, offsets, a_v, b_v, a_t, b_t):
+    """Modeled cost of every sample, both phases in one pass: vision ``a_v * vit + b_v * sum of
+    squared image sequence lengths`` (``values``/``offsets``: the list column), LLM ``a_t * llm +
+    b_t * llm**2``."""
+    n = vit.shape[0]
+    vc = np.empty(n)
+    tc = np.empty(n)
     for i in range(n):
         acc = 0.0
         for k in range(offsets[i], offsets[i + 1]):
             acc += float(values[k]) * float(values[k])
-        out[i] = acc
-    return out
+        vc[i] = a_v * float(vit[i]) + b_v * acc
+        x = float(llm[i])
+        tc[i] = a_t * x + b_t * x * x
+    return vc, tc
 
 
 @njit(cache=True)

@@ -191,3 +191,15 @@ def stats_pad_ratios(stats):
             acc += r
         out.append(acc / max(len(ratios), 1))
     return tuple(out)
+
+
+def sample_costs(vit, llm, seq_lens, a_v, b_v, a_t, b_t):
+    """-> (vision costs, LLM costs); ``seq_lens[i]`` lists sample i's image sequence lengths."""
+    vc, tc = [], []
+    for v, x, lens in zip(vit, llm, seq_lens, strict=True):
+        sq = 0.0
+        for s in lens:
+            sq += float(s) * float(s)
+        vc.append(a_v * float(v) + b_v * sq)
+        tc.append(a_t * float(x) + b_t * float(x) * float(x))
+    return vc, tc

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from balancing._kernels import _nb_segment_square_sums
+from balancing._kernels import _nb_sample_costs
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 
@@ -92,13 +92,14 @@ class CostModel:
 
 def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """Modeled (vision, llm) cost of every row of a cost table, as float64 arrays."""
-    vit = table.column("vit_tokens").to_numpy().astype(np.float64)
-    llm = table.column("llm_tokens").to_numpy().astype(np.float64)
     col = table.column("vit_seq_lens").combine_chunks()
-    offsets = col.offsets.to_numpy(zero_copy_only=False)
-    values = col.values.to_numpy(zero_copy_only=False)
-    sq = _nb_segment_square_sums(values, offsets) if len(vit) else np.zeros(0)
-    return (
-        model.vision.alpha * vit + model.vision.beta * sq,
-        model.llm.alpha * llm + model.llm.beta * llm * llm,
+    return _nb_sample_costs(
+        table.column("vit_tokens").to_numpy(),
+        table.column("llm_tokens").to_numpy(),
+        col.values.to_numpy(zero_copy_only=False),
+        col.offsets.to_numpy(zero_copy_only=False),
+        model.vision.alpha,
+        model.vision.beta,
+        model.llm.alpha,
+        model.llm.beta,
     )

@@ -79,22 +79,27 @@ def isf_group(v: np.ndarray, t: np.ndarray, params: ISFParams, rng: np.random.Ge
     group_end = np.empty(n, dtype=np.int64)
     kept = np.empty(n, dtype=np.bool_)
     rest = np.empty(n, dtype=np.int64)
+    buf = np.empty(n, dtype=np.int64)
     for _ in range(params.rounds):
         if remaining.size == 0:
             break
-        order = rng.permutation(remaining)
+        order = buf[: remaining.size]  # = rng.permutation(remaining), without a new array
+        order[:] = remaining
+        rng.shuffle(order)
         g = _nb_isf_round(
             order, v, t, params.q_v, params.q_t, params.qf_v, params.qf_t, group_end, kept
         )
         n_kept, n_rest = _nb_apply_round(order, group_end, kept, g, ng, group_of, rest)
         kept_per_round.append(int(n_kept))
         ng += int(n_kept)
-        remaining = rest[:n_rest].copy()
+        remaining = rest[:n_rest]  # read (into ``buf``) before the next round rewrites ``rest``
     flags = [np.full(ng, FLAG_ISF, dtype=np.int8)]
     if remaining.size:
         # Largest first (in cap-normalized size), ties by index: a deterministic best-fit order.
         size = v[remaining] / params.q_v + t[remaining] / params.q_t
-        order = remaining[np.lexsort((remaining, -size))]
+        by_index = np.argsort(remaining, kind="stable")
+        remaining, size = remaining[by_index], size[by_index]
+        order = remaining[np.argsort(-size, kind="stable")]
         local = np.full(n, -1, dtype=np.int64)
         k = _nb_best_fit(order, v, t, params.q_v, params.q_t, params.window, local)
         group_of[remaining] = local[remaining] + ng

@@ -200,8 +200,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         raise ValueError("the cost table has no rows: nothing to balance")
     nodes, per = cfg.topology
     d = nodes * per
-    v = table.column("vit_tokens").to_numpy().astype(np.int64)
-    t = table.column("llm_tokens").to_numpy().astype(np.int64)
+    v = table.column("vit_tokens").to_numpy().astype(np.int64, copy=False)
+    t = table.column("llm_tokens").to_numpy().astype(np.int64, copy=False)
     vc, tc = sample_costs(table, cfg.cost_model)
     loads = {
         "vit_tokens": v.astype(np.float64),

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing._kernels import _nb_lpt_capped, _nb_place_on_nodes
+from balancing._kernels import _nb_counting_argsort, _nb_lpt_capped, _nb_place_on_nodes
 
 __all__ = ["StepAssignment", "assign_steps"]
 
@@ -54,7 +54,7 @@ def assign_steps(
     gv = _group_sums(group_of, loads["vit_tokens"], n_groups)
     gt = _group_sums(group_of, loads["llm_tokens"], n_groups)
     gct = _group_sums(group_of, loads["llm_cost"], n_groups)
-    order = np.lexsort((np.arange(n_groups), gct, gt, gv))
+    order = np.lexsort((gct, gt, gv))  # stable: ties keep group order
     n_full = n_groups // d
     full = order[: n_full * d].reshape(n_full, d)
     rest = order[n_full * d :]
@@ -66,7 +66,9 @@ def assign_steps(
     last = np.empty(0, dtype=np.int64)
     if rest.size:
         # Dissolve the remaining groups; LPT their samples over D new groups (the final step).
-        members = np.flatnonzero(np.isin(group_of, rest))
+        dissolved = np.zeros(n_groups, dtype=np.bool_)
+        dissolved[rest] = True
+        members = np.flatnonzero(dissolved[group_of])
         w = loads["vit_cost"][members] / max(loads["vit_cost"].mean(), 1e-12)
         w = w + loads["llm_cost"][members] / max(loads["llm_cost"].mean(), 1e-12)
         order_m = np.lexsort((members, -w))
@@ -79,7 +81,7 @@ def assign_steps(
     total = n_groups + (d if rest.size else 0)
     # Loads per (step, slot) for node placement, normalized so both phases weigh alike.
     placed = np.flatnonzero(step_of[:total] >= 0)
-    by_step = placed[np.argsort(step_of[placed], kind="stable")].reshape(n_steps, d)
+    by_step = placed[_nb_counting_argsort(step_of[placed], n_steps)].reshape(n_steps, d)
     gv_all = _group_sums(group_of, loads["vit_tokens"], total)
     gt_all = _group_sums(group_of, loads["llm_tokens"], total)
     lv = gv_all[by_step] / max(gv_all.mean(), 1e-12)

@@ -117,3 +117,19 @@ def test_group_and_block_stats(seed):
     perm, b = rng.permutation(n), int(rng.integers(1, 9))
     got = K._nb_block_stats(perm, b, v, t, vc, tc)
     np.testing.assert_array_equal(got, R.block_stats(perm, b, v, t, vc, tc))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_sample_costs(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    seq_lens = [rng.integers(1, 3000, int(rng.integers(0, 4))).tolist() for _ in range(n)]
+    offsets = np.concatenate([[0], np.cumsum([len(s) for s in seq_lens])]).astype(np.int32)
+    values = np.array([x for s in seq_lens for x in s], dtype=np.int32)
+    vit = np.array([sum(s) for s in seq_lens], dtype=np.int64)
+    llm = rng.integers(1, 9000, n)
+    coef = rng.random(4) * [1.0, 1e-3, 1.0, 1e-4]
+    vc, tc = K._nb_sample_costs(vit, llm, values, offsets, *coef)
+    ref_vc, ref_tc = R.sample_costs(vit.tolist(), llm.tolist(), seq_lens, *coef)
+    np.testing.assert_array_equal(vc, ref_vc)
+    np.testing.assert_array_equal(tc, ref_tc)

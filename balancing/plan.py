@@ -97,12 +97,17 @@ class BalanceResult:
 
 
 def _step_loads(
-    group_sums: np.ndarray, step: np.ndarray, rank: np.ndarray, n_steps: int, d: int
-) -> np.ndarray:
-    loads = np.zeros((n_steps, d))
-    ok = step >= 0
-    loads[step[ok], rank[ok]] = group_sums[ok]
-    return loads
+    stats: np.ndarray, step: np.ndarray, rank: np.ndarray, n_steps: int, d: int
+) -> dict[str, np.ndarray]:
+    """[steps, D] load of every phase from the per-group ``stats`` (groups in no step skipped)."""
+    ok = np.flatnonzero(step >= 0)
+    slot = step[ok] * d + rank[ok]
+    out = {}
+    for col, k in enumerate(_LOAD_KEYS, start=STAT_SUM_V):
+        loads = np.zeros(n_steps * d)
+        loads[slot] = stats[ok, col]
+        out[k] = loads.reshape(n_steps, d)
+    return out
 
 
 def _metrics(loads: dict[str, np.ndarray], pads: dict[str, float]) -> dict:
@@ -246,7 +251,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     stats = group_stats(a.group_of, loads, n_total)
     gsum = {k: stats[:, col] for col, k in enumerate(_LOAD_KEYS, start=STAT_SUM_V)}
     gsize = stats[:, STAT_COUNT].astype(np.int64)
-    step_loads = {k: _step_loads(gsum[k], a.step, rank, a.n_steps, d) for k in loads}
+    step_loads = _step_loads(stats, a.step, rank, a.n_steps, d)
     pads = pad_ratios(stats)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
     random = random_batching_metrics(loads, cfg.target_batch, cfg.seed, d)
@@ -255,23 +260,28 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
     order = _nb_counting_argsort(slot[a.group_of], a.n_steps * d)
     g = a.group_of[order]
+    # per-group columns in their final types first, then one gather per column
+    per_group = {
+        "step": a.step,
+        "node": a.node.astype(np.int32),
+        "local_rank": a.local_rank.astype(np.int32),
+        "rank": rank.astype(np.int32),
+        "group_flag": flags,
+        "group_size": gsize.astype(np.int32),
+        "group_vit_tokens": gsum["vit_tokens"].astype(np.int64),
+        "group_llm_tokens": gsum["llm_tokens"].astype(np.int64),
+        "group_vit_cost": np.ascontiguousarray(gsum["vit_cost"]),
+        "group_llm_cost": np.ascontiguousarray(gsum["llm_cost"]),
+    }
+    # ``g`` is one run per (step, rank) slot: repeat each group's values over its run
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if n else np.zeros(0, int)
+    runs, counts = g[starts], np.diff(np.append(starts, n))
+    cols = {"group_id": g, **{k: np.repeat(x[runs], counts) for k, x in per_group.items()}}
+    cols["group_flag"] = pa.DictionaryArray.from_arrays(
+        pa.array(cols["group_flag"], pa.int8()), pa.array(FLAG_NAMES)
+    ).cast(pa.string())
     plan = pa.table(
-        {
-            "sample_id": table.column("sample_id").take(pa.array(order)),
-            "group_id": pa.array(g, pa.int64()),
-            "step": pa.array(a.step[g], pa.int64()),
-            "node": pa.array(a.node[g], pa.int32()),
-            "local_rank": pa.array(a.local_rank[g], pa.int32()),
-            "rank": pa.array(rank[g], pa.int32()),
-            "group_flag": pa.DictionaryArray.from_arrays(
-                pa.array(flags[g], pa.int8()), pa.array(FLAG_NAMES)
-            ).cast(pa.string()),
-            "group_size": pa.array(gsize[g], pa.int32()),
-            "group_vit_tokens": pa.array(gsum["vit_tokens"][g].astype(np.int64), pa.int64()),
-            "group_llm_tokens": pa.array(gsum["llm_tokens"][g].astype(np.int64), pa.int64()),
-            "group_vit_cost": pa.array(gsum["vit_cost"][g], pa.float64()),
-            "group_llm_cost": pa.array(gsum["llm_cost"][g], pa.float64()),
-        },
+        {"sample_id": table.column("sample_id").take(pa.array(order)), **cols},
         schema=PLAN_SCHEMA,
     )
     nonempty = gsize > 0  # dissolved groups and empty last-step slots hold no samples

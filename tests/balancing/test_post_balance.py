@@ -24,12 +24,46 @@ def test_every_method_partitions_the_input(lengths, d, method):
 
 @settings(max_examples=150, deadline=None)
 @given(lengths=lengths_st.filter(bool), d=st.integers(1, 24))
-def test_lpt_within_four_thirds_of_the_trivial_lower_bound(lengths, d):
+def test_lpt_within_grahams_list_scheduling_bound(lengths, d):
     x = np.array(lengths, dtype=np.float64)
-    lower = max(x.max(), x.sum() / d)
+    bound = x.sum() / d + (1 - 1 / d) * x.max()  # holds for any list schedule, LPT included
     for method in ("lpt", "auto", "best"):
         r = post_balance(x, d, method=method)
-        assert r.loads.max() <= 4 / 3 * lower + 1e-9
+        assert r.loads.max() <= bound + 1e-9
+
+
+def _optimal_makespan(x: list[int], d: int) -> int:
+    best = sum(x)
+
+    def place(i: int, loads: list[int]) -> None:
+        nonlocal best
+        if max(loads) >= best:
+            return
+        if i == len(x):
+            best = max(loads)
+            return
+        for j in range(d):
+            if j and loads[j] == loads[j - 1]:
+                continue  # symmetric to the previous bin
+            loads[j] += x[i]
+            place(i + 1, loads)
+            loads[j] -= x[i]
+
+    place(0, [0] * d)
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 100), min_size=1, max_size=9),
+    d=st.integers(1, 4),
+)
+def test_lpt_within_four_thirds_of_the_optimum(lengths, d):
+    x = sorted(lengths, reverse=True)
+    opt = _optimal_makespan(x, d)
+    for method in ("lpt", "auto", "best"):
+        r = post_balance(np.array(lengths, dtype=np.float64), d, method=method)
+        assert r.loads.max() <= (4 / 3 - 1 / (3 * d)) * opt + 1e-9
 
 
 @settings(max_examples=100, deadline=None)

@@ -27,7 +27,7 @@ def test_every_method_partitions_the_input(lengths, d, method):
 def test_lpt_within_grahams_list_scheduling_bound(lengths, d):
     x = np.array(lengths, dtype=np.float64)
     bound = x.sum() / d + (1 - 1 / d) * x.max()  # holds for any list schedule, LPT included
-    for method in ("lpt", "auto", "best"):
+    for method in ("lpt", "best"):  # auto may pick an equal-count method
         r = post_balance(x, d, method=method)
         assert r.loads.max() <= bound + 1e-9
 
@@ -61,7 +61,7 @@ def _optimal_makespan(x: list[int], d: int) -> int:
 def test_lpt_within_four_thirds_of_the_optimum(lengths, d):
     x = sorted(lengths, reverse=True)
     opt = _optimal_makespan(x, d)
-    for method in ("lpt", "auto", "best"):
+    for method in ("lpt", "best"):  # auto may pick an equal-count method
         r = post_balance(np.array(lengths, dtype=np.float64), d, method=method)
         assert r.loads.max() <= (4 / 3 - 1 / (3 * d)) * opt + 1e-9
 

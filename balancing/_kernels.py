@@ -12,33 +12,33 @@ from numba import njit
 
 
 @njit(cache=True)
-def _nb_isf_round(order, v, t, qv, qt, qfv, qft, group_end, kept):
-    """One ISF round over the samples ``order`` (already shuffled).
+def _nb_isf_round(vo, to, qv, qt, qfv, qft, group_end, kept):
+    """One ISF round over samples in their (already shuffled) order: ``vo``/``to`` are their
+    vision and text loads in that order, so the pass reads memory sequentially.
 
     Sampling stage (OmniBal Alg. 1): add samples to the current group; when a sample would push
     the group over ``qv`` (vision) or ``qt`` (text), close the group and start a new one with it.
     Filtering stage (Alg. 2): keep a group when it reaches ``qfv`` or ``qft``; other groups
     dissolve and their samples stay for the next round.
 
-    Writes ``group_end[g]`` (exclusive end of group g in ``order``) and ``kept[g]``; returns the
+    Writes ``group_end[g]`` (exclusive end of group g in the order) and ``kept[g]``; returns the
     number of groups.
     """
-    n = order.shape[0]
+    n = vo.shape[0]
     g = 0
     sv = 0
     st = 0
     start = 0
     for k in range(n):
-        i = order[k]
-        if k > start and (sv + v[i] > qv or st + t[i] > qt):
+        if k > start and (sv + vo[k] > qv or st + to[k] > qt):
             group_end[g] = k
             kept[g] = sv >= qfv or st >= qft
             g += 1
             start = k
             sv = 0
             st = 0
-        sv += v[i]
-        st += t[i]
+        sv += vo[k]
+        st += to[k]
     if n > start:
         group_end[g] = n
         kept[g] = sv >= qfv or st >= qft
@@ -102,8 +102,9 @@ def _nb_best_fit(order, v, t, qv, qt, window, group_of):
 
 
 @njit(cache=True)
-def _nb_apply_round(order, group_end, kept, g, base, group_of, rest):
-    """Give kept groups of a round ids ``base, base+1, ...``; copy other samples to ``rest``.
+def _nb_apply_round(oi, ov, ot, group_end, kept, g, base, group_of, ri, rv, rt):
+    """Give kept groups of a round ids ``base, base+1, ...`` (``group_of[oi[k]]``); copy the
+    other samples (index ``oi``, loads ``ov``/``ot``) to ``ri``/``rv``/``rt`` in order.
     Returns (kept groups, samples in rest)."""
     start = 0
     nk = 0
@@ -112,11 +113,13 @@ def _nb_apply_round(order, group_end, kept, g, base, group_of, rest):
         end = group_end[q]
         if kept[q]:
             for k in range(start, end):
-                group_of[order[k]] = base + nk
+                group_of[oi[k]] = base + nk
             nk += 1
         else:
             for k in range(start, end):
-                rest[nr] = order[k]
+                ri[nr] = oi[k]
+                rv[nr] = ov[k]
+                rt[nr] = ot[k]
                 nr += 1
         start = end
     return nk, nr

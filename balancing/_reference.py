@@ -6,22 +6,36 @@ from __future__ import annotations
 import heapq
 
 
-def isf_round(order, v, t, qv, qt, qfv, qft):
-    """-> (group_end list, kept list); see ``_nb_isf_round``."""
+def isf_round(vo, to, qv, qt, qfv, qft):
+    """-> (group_end list, kept list); see ``_nb_isf_round`` (loads in shuffled order)."""
     ends, kept = [], []
     sv = st = 0
     start = 0
-    for k, i in enumerate(order):
-        if k > start and (sv + v[i] > qv or st + t[i] > qt):
+    for k, (a, b) in enumerate(zip(vo, to, strict=True)):
+        if k > start and (sv + a > qv or st + b > qt):
             ends.append(k)
             kept.append(sv >= qfv or st >= qft)
             start, sv, st = k, 0, 0
-        sv += v[i]
-        st += t[i]
-    if len(order) > start:
-        ends.append(len(order))
+        sv += a
+        st += b
+    if len(vo) > start:
+        ends.append(len(vo))
         kept.append(sv >= qfv or st >= qft)
     return ends, kept
+
+
+def apply_round(order, ends, kept, base):
+    """-> ({sample: group id} of kept groups, [samples left] in order); see ``_nb_apply_round``."""
+    group_of, rest = {}, []
+    start, nk = 0, 0
+    for end, keep in zip(ends, kept, strict=True):
+        if keep:
+            group_of.update({i: base + nk for i in order[start:end]})
+            nk += 1
+        else:
+            rest.extend(order[start:end])
+        start = end
+    return group_of, rest
 
 
 def best_fit(order, v, t, qv, qt, window):

@@ -78,21 +78,45 @@ def isf_group(v: np.ndarray, t: np.ndarray, params: ISFParams, rng: np.random.Ge
     kept_per_round = []
     group_end = np.empty(n, dtype=np.int64)
     kept = np.empty(n, dtype=np.bool_)
-    rest = np.empty(n, dtype=np.int64)
-    buf = np.empty(n, dtype=np.int64)
+    # The remaining samples travel as records (index, loads): shuffling them moves the loads
+    # along, so each round reads them in order instead of gathering them at random.
+    load = np.int32 if n == 0 or max(v.max(), t.max()) < 2**31 else np.int64
+    rec = np.dtype([("i", np.int64), ("v", load), ("t", load)])
+    cur, nxt = np.empty(remaining.size, dtype=rec), np.empty(remaining.size, dtype=rec)
+    cur["i"], cur["v"], cur["t"] = remaining, v[remaining], t[remaining]
+    m = remaining.size
     for _ in range(params.rounds):
-        if remaining.size == 0:
+        if m == 0:
             break
-        order = buf[: remaining.size]  # = rng.permutation(remaining), without a new array
-        order[:] = remaining
-        rng.shuffle(order)
+        order = cur[:m]
+        rng.shuffle(order)  # the permutation ``rng.permutation(remaining)`` would draw
         g = _nb_isf_round(
-            order, v, t, params.q_v, params.q_t, params.qf_v, params.qf_t, group_end, kept
+            order["v"],
+            order["t"],
+            params.q_v,
+            params.q_t,
+            params.qf_v,
+            params.qf_t,
+            group_end,
+            kept,
         )
-        n_kept, n_rest = _nb_apply_round(order, group_end, kept, g, ng, group_of, rest)
+        n_kept, m = _nb_apply_round(
+            order["i"],
+            order["v"],
+            order["t"],
+            group_end,
+            kept,
+            g,
+            ng,
+            group_of,
+            nxt["i"],
+            nxt["v"],
+            nxt["t"],
+        )
         kept_per_round.append(int(n_kept))
         ng += int(n_kept)
-        remaining = rest[:n_rest]  # read (into ``buf``) before the next round rewrites ``rest``
+        cur, nxt = nxt, cur
+    remaining = cur["i"][:m]
     flags = [np.full(ng, FLAG_ISF, dtype=np.int8)]
     if remaining.size:
         # Largest first (in cap-normalized size), ties by index: a deterministic best-fit order.

@@ -25,11 +25,17 @@ def test_isf_round(seed):
     qv, qt = 16 * 1024, 5000
     ends = np.empty(n, dtype=np.int64)
     kept = np.empty(n, dtype=np.bool_)
-    g = K._nb_isf_round(order, v, t, qv, qt, 15 * 1024, 4800, ends, kept)
-    ref_ends, ref_kept = R.isf_round(
-        order.tolist(), v.tolist(), t.tolist(), qv, qt, 15 * 1024, 4800
-    )
+    g = K._nb_isf_round(v[order], t[order], qv, qt, 15 * 1024, 4800, ends, kept)
+    ref_ends, ref_kept = R.isf_round(v[order].tolist(), t[order].tolist(), qv, qt, 15 * 1024, 4800)
     assert ends[:g].tolist() == ref_ends and kept[:g].tolist() == ref_kept
+    # the round's outcome: kept groups numbered from 7, the rest copied with their loads
+    group_of = np.full(n, -1, dtype=np.int64)
+    ri, rv, rt = (np.empty(n, dtype=np.int64) for _ in range(3))
+    nk, nr = K._nb_apply_round(order, v[order], t[order], ends, kept, g, 7, group_of, ri, rv, rt)
+    ref_groups, ref_rest = R.apply_round(order.tolist(), ref_ends, ref_kept, 7)
+    assert nk == sum(ref_kept) and ri[:nr].tolist() == ref_rest
+    assert rv[:nr].tolist() == v[ref_rest].tolist() and rt[:nr].tolist() == t[ref_rest].tolist()
+    assert {i: int(group_of[i]) for i in np.flatnonzero(group_of >= 0)} == ref_groups
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -392,8 +392,8 @@ def _nb_refine_swaps(lengths, order_desc, bins, d, target, max_swaps, cap, cap_l
     y in b with 0 < x - y < g closest to g/2 is swapped, so item counts stay the same and the
     larger of the two loads drops; with ``cap`` > 0 no bin's sum of ``cap_lengths`` may pass it.
     Stops when the heaviest bin is at most ``target``, when no swap helps any heavy bin, or after
-    ``max_swaps``. Each bin's items are kept sorted, so a
-    swap costs a binary search per item of a. Updates ``bins``; returns bin loads.
+    ``max_swaps``. Each bin's items are kept sorted, so finding a swap is one merge walk over
+    the items of a and b. Updates ``bins``; returns bin loads.
     """
     n = lengths.shape[0]
     loads = np.zeros(d)
@@ -430,17 +430,13 @@ def _nb_refine_swaps(lengths, order_desc, bins, d, target, max_swaps, cap, cap_l
         best_err = np.inf
         lo_b = start[b]
         hi_b = start[b + 1]
+        lo = lo_b
         for pa in range(start[a], start[a + 1]):
             x = lengths[items[pa]]
             want = x - half
-            lo = lo_b
-            hi = hi_b
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if lengths[items[mid]] < want:
-                    lo = mid + 1
-                else:
-                    hi = mid
+            # a's items ascend, so the first of b's items >= want only moves right (a merge walk)
+            while lo < hi_b and lengths[items[lo]] < want:
+                lo += 1
             for c in range(lo - 1, lo + 1):
                 if lo_b <= c < hi_b:
                     delta = x - lengths[items[c]]

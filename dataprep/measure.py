@@ -2,7 +2,9 @@
 
 A :class:`Measurer` holds what a worker needs (vision policy, chat template, token counter, read
 options); :meth:`Measurer.measure` reads a unit, probes image headers, renders and batch-encodes
-the text, and returns the unit's rows as columns. Every record read is either a row or an error.
+the text, and returns the unit's rows as columns; :meth:`Measurer.measure_many` does the same
+for a sequence of units, encoding one unit's text while it reads the next. Every record read
+is either a row or an error.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -52,6 +56,16 @@ class ChunkResult:
     # rows the cache already has: (position among the unit's rows, sample_id, location, source,
     # cache_key); ``batch`` holds the other positions in order
     cached: list[tuple[int, str, str, str, str]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Prepared:
+    """A unit read and probed, waiting for its text token counts."""
+
+    unit: WorkUnit
+    out: ChunkResult
+    pending: list
+    texts: list[str]
 
 
 class _Window:
@@ -139,6 +153,28 @@ class Measurer:
         return ImageRef(where=path, path=path)
 
     def measure(self, unit: WorkUnit) -> ChunkResult:
+        prepared = self.prepare(unit)
+        return self.finish(prepared, self.counter.count(prepared.texts))
+
+    def measure_many(self, units: Iterable[WorkUnit]) -> Iterator[ChunkResult]:
+        """``measure`` over ``units`` in order, with each unit's batch encode (native code that
+        releases the GIL) running in a thread while the next unit is read and probed."""
+        if self.counter.spec.path is None:  # the estimate is Python: nothing to overlap
+            yield from map(self.measure, units)
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="equishard-tokenize") as pool:
+            previous = None
+            for unit in units:
+                prepared = self.prepare(unit)
+                counting = pool.submit(self.counter.count, prepared.texts)
+                if previous is not None:
+                    yield self.finish(previous[0], previous[1].result())
+                previous = (prepared, counting)
+            if previous is not None:
+                yield self.finish(previous[0], previous[1].result())
+
+    def prepare(self, unit: WorkUnit) -> _Prepared:
+        """Everything but the token count: read, probe image headers, render the texts."""
         out = ChunkResult()
         pending = []
         texts = []
@@ -179,10 +215,14 @@ class Measurer:
             for h in headers:
                 fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
             pending.append((sample_id, location, headers, costs, fp.hexdigest(), key))
-        counts = self.counter.count(texts)
+        return _Prepared(unit=unit, out=out, pending=pending, texts=texts)
+
+    def finish(self, prepared: _Prepared, counts: list[int]) -> ChunkResult:
+        """The unit's cost rows, given the text token count of each prepared sample."""
+        out, unit = prepared.out, prepared.unit
         rows: dict[str, list] = {c: [] for c in COST_SCHEMA.names}
         for (sample_id, location, headers, costs, fp, key), n_text in zip(
-            pending, counts, strict=True
+            prepared.pending, counts, strict=True
         ):
             seq = [s for c in costs for s in c.vit_seq_lens]
             n_img = len(headers)

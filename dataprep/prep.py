@@ -157,9 +157,7 @@ def _measure_in_worker(unit: WorkUnit) -> ChunkResult:
 def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
     """Measured units in input order; at most 2 units per worker in flight."""
     if cfg.workers == 1:
-        measurer = _measurer(cfg)
-        for unit in units:
-            yield measurer.measure(unit)
+        yield from _measurer(cfg).measure_many(units)
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizers' thread pool is not fork-safe
     with ProcessPoolExecutor(

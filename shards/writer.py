@@ -18,13 +18,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import json
 import multiprocessing as mp
 import os
 import re
 import shutil
-import tarfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
-from dataprep.errors import DataprepError, SampleRejected
-from dataprep.readers import ReadOptions
-from dataprep.record_store import RecordStore, image_bytes
+from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
+from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
-from shards.reader import sha256_of
+from shards.stream_writer import write_stream
 
 __all__ = [
     "WriteConfig",
@@ -59,12 +56,6 @@ _COST_FIELDS = (
     "image_widths",
     "image_heights",
 )
-COST_FILE, PLAN_FILE = "cost.parquet", "plan.parquet"  # carried in the generation
-_MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
-
-
-class WriteError(RuntimeError):
-    """The generation cannot be written (a sample no longer reads, another writer is active...)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,294 +127,6 @@ def generation_id(
     return "gen-" + h.hexdigest()[:16]
 
 
-def _image_ext(data: bytes) -> str:
-    for magic, ext in _MAGIC:
-        if data.startswith(magic):
-            return ext
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    raise SampleRejected("unsupported_format", "image bytes are not JPEG, PNG, GIF, WebP or BMP")
-
-
-def sample_key(step: int, pos: int, sample_id: str) -> str:
-    """A WebDataset key: no dots (they start the extension), unique within a shard."""
-    return f"{step:07d}_{pos:03d}_{re.sub(r'[^A-Za-z0-9_-]', '_', sample_id)[:60]}"
-
-
-class _HashingFile(io.RawIOBase):
-    def __init__(self, f) -> None:
-        self.f, self.h, self.n = f, hashlib.sha256(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.n
-
-    def write(self, b) -> int:
-        self.h.update(b)
-        self.n += len(b)
-        return self.f.write(b)
-
-
-def _add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
-    """Append one regular member: what ``TarFile.addfile`` writes, without its 16 KiB copy loop."""
-    ti = tarfile.TarInfo(name)
-    ti.size = len(data)
-    ti.mtime = 0
-    ti.mode = 0o644
-    ti.uid = ti.gid = 0
-    ti.uname = ti.gname = ""
-    header = ti.tobuf(tf.format, tf.encoding, tf.errors)
-    pad = -len(data) % tarfile.BLOCKSIZE
-    tf.fileobj.write(header + data + b"\0" * pad if len(data) < 1 << 16 else header)
-    if len(data) >= 1 << 16:
-        tf.fileobj.write(data)
-        tf.fileobj.write(b"\0" * pad)
-    tf.offset += len(header) + len(data) + pad
-
-
-def _doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
-    return json.dumps(
-        {**meta, "step": step, "group_id": group_id, "rank": rank},
-        sort_keys=True,
-        ensure_ascii=False,
-    ).encode()
-
-
-def _parent_group(src: dict, verified: set[str], parse: bool = True) -> list:
-    """The samples of one group of the parent generation, as ``(meta, images)``.
-
-    The parent shard's sha256 is checked once before any of its bytes are used, so the group
-    is parsed with ``tarfile`` alone (the reader's member checks ran when it was written)."""
-    gen_dir = Path(src["gen_dir"])
-    if src["file"] not in verified:
-        digest = sha256_of(gen_dir / src["file"])
-        if digest != src["sha256"]:
-            raise WriteError(
-                f"{gen_dir / src['file']}: sha256 {digest} does not match its manifest; the "
-                "parent generation is damaged, rebuild without reusing it"
-            )
-        verified.add(src["file"])
-    if not parse:
-        return []
-    _, _, offset, length = src["group"]
-    with open(gen_dir / src["file"], "rb") as f:
-        f.seek(offset)
-        data = f.read(length)
-    members: dict[str, bytes] = {}
-    order: list[str] = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
-        for m in tf:
-            members[m.name] = data[m.offset_data : m.offset_data + m.size]
-            if m.name.endswith(".json"):
-                order.append(m.name[: -len(".json")])
-    out = []
-    for key in order:
-        meta = json.loads(members[key + ".json"])
-        out.append((meta, [members[f"{key}.{n}"] for n in meta["images"]]))
-    if len(out) != src["group"][1]:
-        raise WriteError(f"{gen_dir / src['file']}: group {src['group']} holds {len(out)} samples")
-    return out
-
-
-def _copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
-    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded).
-
-    A group that keeps its step number (and so its keys and documents) is the same bytes: they
-    are copied as they are, after the shard's sha256 was checked."""
-    src = g["from"]
-    if src["group"][0] == g["step"]:
-        _parent_group(src, verified, parse=False)
-        path = Path(src["gen_dir"]) / src["file"]
-        with open(path, "rb") as f:
-            f.seek(src["group"][2])
-            data = f.read(src["group"][3])
-        if len(data) != src["group"][3]:
-            raise WriteError(f"{path}: truncated at group {src['group']}")
-        tf.fileobj.write(data)
-        tf.offset += len(data)
-        return
-    got = _parent_group(src, verified)
-    want = [s["sample_id"] for s in g["samples"]]
-    if [meta["sample_id"] for meta, _ in got] != want:
-        raise WriteError(f"{g['from']['gen_dir']}: group {g['from']['group']} does not hold {want}")
-    for pos, (meta, images) in enumerate(got):
-        key = sample_key(g["step"], pos, meta["sample_id"])
-        _add(tf, key + ".json", _doc(meta, g["step"], g["group_id"], rank))
-        for name, b in zip(meta["images"], images, strict=True):
-            _add(tf, f"{key}.{name}", b)
-
-
-def _read_sample(s: dict, store: RecordStore, verified: set[str], groups: dict):
-    """(turns, image names, image bytes) of a planned sample: from the parent generation's
-    shards when it is unchanged there (``groups`` caches recently read parent groups), else
-    from the raw input through dataprep's readers."""
-    if s.get("parent"):
-        src = s["parent"]
-        key = (src["file"], src["group"][2])
-        if key not in groups:
-            if len(groups) >= 64:
-                groups.pop(next(iter(groups)))
-            groups[key] = {
-                meta["sample_id"]: (meta, im) for meta, im in _parent_group(src, verified)
-            }
-        meta, images = groups[key][s["sample_id"]]
-        return meta["turns"], meta["images"], images
-    try:
-        sample = store.get(s["location"])
-        imgs = [image_bytes(r) for r in sample.images]
-        exts = [_image_ext(b) for b in imgs]
-    except (SampleRejected, DataprepError, OSError) as exc:
-        raise WriteError(
-            f"sample {s['sample_id']!r} at {s['location']} cannot be read any more "
-            f"({exc}); re-run prep and balance on the current data"
-        ) from None
-    if sample.sample_id != s["sample_id"]:
-        raise WriteError(
-            f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
-            f"{s['sample_id']!r}; re-run prep and balance"
-        )
-    return [list(t) for t in sample.turns], [f"{i}.{e}" for i, e in enumerate(exts)], imgs
-
-
-def _write_stream(job: dict) -> list[dict]:
-    """Write (or finish) one stream; returns its shards' sidecars in order."""
-    stage = Path(job["stage"])
-    sdir = stage / job["dir"]
-    parts = stage / ".parts" / job["dir"]
-    sdir.mkdir(parents=True, exist_ok=True)
-    parts.mkdir(parents=True, exist_ok=True)
-    for stale in sdir.glob("*.partial"):
-        stale.unlink()
-    done: list[dict] = []
-    while True:  # keep the finished prefix of shards; anything after a gap is redone
-        side = parts / f"shard-{len(done):06d}.json"
-        tar = sdir / f"shard-{len(done):06d}.tar"
-        if not side.exists() or not tar.exists():
-            break
-        meta = json.loads(side.read_text())
-        if tar.stat().st_size != meta["bytes"]:
-            break
-        done.append(meta)
-    for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
-        extra.unlink()
-    next_step = done[-1]["groups"][-1][0] + 1 if done else -1
-    groups = [g for g in job["groups"] if g["step"] >= next_step]
-    store = RecordStore(ReadOptions(**job["read_options"]))
-    verified: set[str] = set(job.get("parent_verified", ()))
-    parent_groups: dict = {}
-    k = len(done)
-    while groups:
-        name = f"shard-{k:06d}.tar"
-        partial = sdir / (name + ".partial")
-        meta_groups = []
-        samples = 0
-        with open(partial, "wb") as raw:
-            hf = _HashingFile(raw)
-            with tarfile.open(fileobj=hf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                while groups:
-                    g = groups.pop(0)
-                    start = tf.offset
-                    if g.get("from"):
-                        _copy_group(tf, g, job["rank"], verified)
-                        meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
-                        samples += len(g["samples"])
-                        if tf.offset >= job["shard_size"]:
-                            break
-                        continue
-                    for pos, s in enumerate(g["samples"]):
-                        turns, names, imgs = _read_sample(s, store, verified, parent_groups)
-                        key = sample_key(g["step"], pos, s["sample_id"])
-                        doc = {
-                            "sample_id": s["sample_id"],
-                            "source": s["source"],
-                            "images": names,
-                            "turns": turns,
-                            "cost": s["cost"],
-                        }
-                        _add(tf, key + ".json", _doc(doc, g["step"], g["group_id"], job["rank"]))
-                        for n, b in zip(names, imgs, strict=True):
-                            _add(tf, f"{key}.{n}", b)
-                    meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
-                    samples += len(g["samples"])
-                    if tf.offset >= job["shard_size"]:
-                        break
-            raw.flush()
-            os.fsync(raw.fileno())
-        final = sdir / name
-        os.replace(partial, final)
-        fsync_dir(sdir)
-        meta = {
-            "file": f"{job['dir']}/{name}",
-            "bytes": hf.n,
-            "sha256": hf.h.hexdigest(),
-            "samples": samples,
-            "groups": meta_groups,
-        }
-        atomic_write_bytes(parts / f"shard-{k:06d}.json", json.dumps(meta).encode())
-        done.append(meta)
-        k += 1
-    return done
-
-
-def _reuse_index(cfg: WriteConfig, parent_step: list[int], cost) -> tuple[dict, dict]:
-    """Where groups and samples lie in ``cfg.reuse_from``'s shards: (rank, parent step) ->
-    group, and sample_id -> its group for every sample whose content is unchanged there."""
-    if not cfg.reuse_from:
-        if any(ps >= 0 for ps in parent_step):
-            raise WriteError("the plan reuses groups of a parent generation; give reuse_from")
-        return {}, {}
-    m = load_manifest(cfg.reuse_from)
-    groups = {
-        key: {
-            "gen_dir": str(m.path),
-            "file": sh.file,
-            "bytes": sh.bytes,
-            "sha256": sh.sha256,
-            "samples": sh.samples,
-            "group": [g.step, g.samples, g.offset, g.length],
-        }
-        for key, (sh, g) in m.group_index().items()
-    }
-    samples = {}
-    pplan, pcost = m.path / PLAN_FILE, m.path / COST_FILE
-    if pplan.exists() and pcost.exists():
-        fp_now = dict(
-            zip(
-                cost.column("sample_id").to_pylist(),
-                cost.column("fingerprint").to_pylist(),
-                strict=True,
-            )
-        )
-        c = pq.read_table(pcost, columns=["sample_id", "fingerprint"]).to_pydict()
-        fp_then = dict(zip(c["sample_id"], c["fingerprint"], strict=True))
-        p = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).to_pydict()
-        for sid, rank, step in zip(p["sample_id"], p["rank"], p["step"], strict=True):
-            if sid in fp_now and fp_now[sid] == fp_then.get(sid) and (rank, step) in groups:
-                samples[sid] = groups[(rank, step)]
-    return groups, samples
-
-
-def _verify_parent_shards(reuse: dict, samples: dict, parent_step: list, plan: dict) -> list:
-    """sha256 of every parent shard the plan copies from, each checked once (not per stream)."""
-    files = {}
-    for rank, ps in zip(plan["rank"], parent_step, strict=True):
-        if ps >= 0:
-            src = reuse[(rank, ps)]
-            files[src["file"]] = src
-    for src in samples.values():
-        files[src["file"]] = src
-    for f, src in sorted(files.items()):
-        digest = sha256_of(Path(src["gen_dir"]) / f)
-        if digest != src["sha256"]:
-            raise WriteError(
-                f"{Path(src['gen_dir']) / f}: sha256 {digest} does not match its manifest; the "
-                "parent generation is damaged, rebuild without reusing it"
-            )
-    return sorted(files)
-
-
 def _jobs(
     plan, cost, stage: Path, cfg: WriteConfig, read_options: dict, nodes: int, per: int
 ) -> list[dict]:
@@ -455,8 +158,8 @@ def _jobs(
         if "parent_step" in plan.column_names
         else [-1] * plan.num_rows
     )
-    reuse, reuse_samples = _reuse_index(cfg, parent_step, cost)
-    verified = _verify_parent_shards(reuse, reuse_samples, parent_step, p)
+    reuse, reuse_samples = reuse_index(cfg.reuse_from, parent_step, cost)
+    verified = verify_parent_shards(reuse, reuse_samples, parent_step, p)
     for job in jobs:
         job["parent_verified"] = verified
     for sid, gid, step, rank, pstep in zip(
@@ -559,11 +262,11 @@ def _write_all(
     bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
     if cfg.workers == 1:
         for job in jobs:
-            results[job["rank"]] = _write_stream(job)
+            results[job["rank"]] = write_stream(job)
             bar.update()
     else:
         with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn")) as ex:
-            futures = {ex.submit(_write_stream, job): job["rank"] for job in jobs}
+            futures = {ex.submit(write_stream, job): job["rank"] for job in jobs}
             for fut, rank in futures.items():
                 results[rank] = fut.result()
                 bar.update()

@@ -1,0 +1,163 @@
+"""Reuse of the parent generation by a nightly rebalance: kept groups and unchanged samples
+are taken from the parent's shards (each shard's sha256 checked once before any of its bytes
+are used) instead of being read again from the raw data.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from shards.errors import WriteError
+from shards.manifest import load_manifest
+from shards.reader import sha256_of
+from shards.tar_members import add_member, sample_doc, sample_key
+
+__all__ = [
+    "COST_FILE",
+    "PLAN_FILE",
+    "copy_group",
+    "parent_group",
+    "parent_sample",
+    "reuse_index",
+    "verify_parent_shards",
+]
+
+COST_FILE, PLAN_FILE = "cost.parquet", "plan.parquet"  # carried in every generation
+
+
+def parent_group(src: dict, verified: set[str], parse: bool = True) -> list:
+    """The samples of one group of the parent generation, as ``(meta, images)``.
+
+    The parent shard's sha256 is checked once before any of its bytes are used, so the group
+    is parsed with ``tarfile`` alone (the reader's member checks ran when it was written)."""
+    gen_dir = Path(src["gen_dir"])
+    if src["file"] not in verified:
+        digest = sha256_of(gen_dir / src["file"])
+        if digest != src["sha256"]:
+            raise WriteError(
+                f"{gen_dir / src['file']}: sha256 {digest} does not match its manifest; the "
+                "parent generation is damaged, rebuild without reusing it"
+            )
+        verified.add(src["file"])
+    if not parse:
+        return []
+    _, _, offset, length = src["group"]
+    with open(gen_dir / src["file"], "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    members: dict[str, bytes] = {}
+    order: list[str] = []
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
+        for m in tf:
+            members[m.name] = data[m.offset_data : m.offset_data + m.size]
+            if m.name.endswith(".json"):
+                order.append(m.name[: -len(".json")])
+    out = []
+    for key in order:
+        meta = json.loads(members[key + ".json"])
+        out.append((meta, [members[f"{key}.{n}"] for n in meta["images"]]))
+    if len(out) != src["group"][1]:
+        raise WriteError(f"{gen_dir / src['file']}: group {src['group']} holds {len(out)} samples")
+    return out
+
+
+def copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
+    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded).
+
+    A group that keeps its step number (and so its keys and documents) is the same bytes: they
+    are copied as they are, after the shard's sha256 was checked."""
+    src = g["from"]
+    if src["group"][0] == g["step"]:
+        parent_group(src, verified, parse=False)
+        path = Path(src["gen_dir"]) / src["file"]
+        with open(path, "rb") as f:
+            f.seek(src["group"][2])
+            data = f.read(src["group"][3])
+        if len(data) != src["group"][3]:
+            raise WriteError(f"{path}: truncated at group {src['group']}")
+        tf.fileobj.write(data)
+        tf.offset += len(data)
+        return
+    got = parent_group(src, verified)
+    want = [s["sample_id"] for s in g["samples"]]
+    if [meta["sample_id"] for meta, _ in got] != want:
+        raise WriteError(f"{g['from']['gen_dir']}: group {g['from']['group']} does not hold {want}")
+    for pos, (meta, images) in enumerate(got):
+        key = sample_key(g["step"], pos, meta["sample_id"])
+        add_member(tf, key + ".json", sample_doc(meta, g["step"], g["group_id"], rank))
+        for name, b in zip(meta["images"], images, strict=True):
+            add_member(tf, f"{key}.{name}", b)
+
+
+def parent_sample(src: dict, sample_id: str, verified: set[str], cache: dict):
+    """(turns, image names, image bytes) of an unchanged sample, from the parent generation's
+    group ``src``; ``cache`` keeps the 64 most recently parsed parent groups."""
+    key = (src["file"], src["group"][2])
+    if key not in cache:
+        if len(cache) >= 64:
+            cache.pop(next(iter(cache)))
+        cache[key] = {meta["sample_id"]: (meta, im) for meta, im in parent_group(src, verified)}
+    meta, images = cache[key][sample_id]
+    return meta["turns"], meta["images"], images
+
+
+def reuse_index(reuse_from: str | None, parent_step: list[int], cost) -> tuple[dict, dict]:
+    """Where groups and samples lie in ``reuse_from``'s shards: (rank, parent step) ->
+    group, and sample_id -> its group for every sample whose content is unchanged there."""
+    if not reuse_from:
+        if any(ps >= 0 for ps in parent_step):
+            raise WriteError("the plan reuses groups of a parent generation; give reuse_from")
+        return {}, {}
+    m = load_manifest(reuse_from)
+    groups = {
+        key: {
+            "gen_dir": str(m.path),
+            "file": sh.file,
+            "bytes": sh.bytes,
+            "sha256": sh.sha256,
+            "samples": sh.samples,
+            "group": [g.step, g.samples, g.offset, g.length],
+        }
+        for key, (sh, g) in m.group_index().items()
+    }
+    samples = {}
+    pplan, pcost = m.path / PLAN_FILE, m.path / COST_FILE
+    if pplan.exists() and pcost.exists():
+        fp_now = dict(
+            zip(
+                cost.column("sample_id").to_pylist(),
+                cost.column("fingerprint").to_pylist(),
+                strict=True,
+            )
+        )
+        c = pq.read_table(pcost, columns=["sample_id", "fingerprint"]).to_pydict()
+        fp_then = dict(zip(c["sample_id"], c["fingerprint"], strict=True))
+        p = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).to_pydict()
+        for sid, rank, step in zip(p["sample_id"], p["rank"], p["step"], strict=True):
+            if sid in fp_now and fp_now[sid] == fp_then.get(sid) and (rank, step) in groups:
+                samples[sid] = groups[(rank, step)]
+    return groups, samples
+
+
+def verify_parent_shards(reuse: dict, samples: dict, parent_step: list, plan: dict) -> list:
+    """sha256 of every parent shard the plan copies from, each checked once (not per stream)."""
+    files = {}
+    for rank, ps in zip(plan["rank"], parent_step, strict=True):
+        if ps >= 0:
+            src = reuse[(rank, ps)]
+            files[src["file"]] = src
+    for src in samples.values():
+        files[src["file"]] = src
+    for f, src in sorted(files.items()):
+        digest = sha256_of(Path(src["gen_dir"]) / f)
+        if digest != src["sha256"]:
+            raise WriteError(
+                f"{Path(src['gen_dir']) / f}: sha256 {digest} does not match its manifest; the "
+                "parent generation is damaged, rebuild without reusing it"
+            )
+    return sorted(files)

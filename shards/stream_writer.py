@@ -8,9 +8,13 @@ run :func:`write_stream` in parallel processes, one stream each.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import tarfile
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from dataprep.errors import DataprepError, SampleRejected
@@ -19,7 +23,7 @@ from dataprep.record_store import RecordStore, image_bytes
 from shards.errors import WriteError
 from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
-from shards.tar_members import HashingFile, add_member, image_ext, sample_doc, sample_key
+from shards.tar_members import add_member, image_ext, sample_doc, sample_key
 
 __all__ = ["read_sample", "write_stream"]
 
@@ -74,58 +78,128 @@ def write_stream(job: dict) -> list[dict]:
     verified: set[str] = set(job.get("parent_verified", ()))
     parent_groups: dict = {}
     k = len(done)
-    while groups:
-        name = f"shard-{k:06d}.tar"
-        partial = sdir / (name + ".partial")
-        meta_groups = []
-        samples = 0
-        with open(partial, "wb") as raw:
-            hf = HashingFile(raw)
-            with tarfile.open(fileobj=hf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+    finishing = []
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-write") as writer,
+        ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-sync") as syncer,
+    ):
+        while groups:
+            name = f"shard-{k:06d}.tar"
+            sink = _ShardFile(sdir / (name + ".partial"), writer, syncer)
+            meta_groups = []
+            samples = 0
+            with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tf:
                 while groups:
                     g = groups.pop(0)
                     start = tf.offset
                     if g.get("from"):
                         copy_group(tf, g, job["rank"], verified)
-                        meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
-                        samples += len(g["samples"])
-                        if tf.offset >= job["shard_size"]:
-                            break
-                        continue
-                    for pos, s in enumerate(g["samples"]):
-                        turns, names, imgs = read_sample(s, store, verified, parent_groups)
-                        key = sample_key(g["step"], pos, s["sample_id"])
-                        doc = {
-                            "sample_id": s["sample_id"],
-                            "source": s["source"],
-                            "images": names,
-                            "turns": turns,
-                            "cost": s["cost"],
-                        }
-                        add_member(
-                            tf,
-                            key + ".json",
-                            sample_doc(doc, g["step"], g["group_id"], job["rank"]),
-                        )
-                        for n, b in zip(names, imgs, strict=True):
-                            add_member(tf, f"{key}.{n}", b)
+                    else:
+                        _add_group(tf, g, job["rank"], store, verified, parent_groups)
                     meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
                     samples += len(g["samples"])
                     if tf.offset >= job["shard_size"]:
                         break
-            raw.flush()
-            os.fsync(raw.fileno())
-        final = sdir / name
-        os.replace(partial, final)
-        fsync_dir(sdir)
-        meta = {
-            "file": f"{job['dir']}/{name}",
-            "bytes": hf.n,
-            "sha256": hf.h.hexdigest(),
-            "samples": samples,
-            "groups": meta_groups,
-        }
-        atomic_write_bytes(parts / f"shard-{k:06d}.json", json.dumps(meta).encode())
-        done.append(meta)
-        k += 1
+            meta = {"file": f"{job['dir']}/{name}", "samples": samples, "groups": meta_groups}
+            finishing.append(sink.finish(sdir / name, parts / f"shard-{k:06d}.json", meta))
+            k += 1
+        done += [f.result() for f in finishing]
     return done
+
+
+def _add_group(tf, g: dict, rank: int, store: RecordStore, verified: set, parent_groups: dict):
+    for pos, s in enumerate(g["samples"]):
+        turns, names, imgs = read_sample(s, store, verified, parent_groups)
+        key = sample_key(g["step"], pos, s["sample_id"])
+        doc = {
+            "sample_id": s["sample_id"],
+            "source": s["source"],
+            "images": names,
+            "turns": turns,
+            "cost": s["cost"],
+        }
+        add_member(tf, key + ".json", sample_doc(doc, g["step"], g["group_id"], rank))
+        for n, b in zip(names, imgs, strict=True):
+            add_member(tf, f"{key}.{n}", b)
+
+
+class _ShardFile(io.RawIOBase):
+    """The ``.partial`` file of one shard, written by the stream's writer thread.
+
+    ``write`` only collects bytes; every ~1 MiB they go to the writer thread, which hashes and
+    writes them in order (both release the GIL) while the caller reads and encodes the next
+    samples. :meth:`finish` hands the shard to the sync thread, which waits for its last bytes,
+    then fsyncs, renames it to the final name, fsyncs the directory and writes the sidecar (the
+    order crash-safe resume relies on) while the writer thread goes on with the next shard. A
+    write failure fails the shard's completion, so a damaged file is never renamed; the caller
+    sees it from the future ``finish`` returns.
+    """
+
+    _BATCH = 1 << 20
+    _INFLIGHT = 32  # batches queued at most (bounds memory when the disk is slower)
+
+    def __init__(self, path: Path, pool: ThreadPoolExecutor, syncer: ThreadPoolExecutor) -> None:
+        self.path, self.pool, self.syncer = path, pool, syncer
+        self.f = open(path, "wb")  # noqa: SIM115 - closed by the I/O thread in _finish
+        self.h = hashlib.sha256()
+        self.n = self._held = 0
+        self._chunks: list[bytes] = []
+        self._queued: deque = deque()
+        self._error: BaseException | None = None
+
+    def writable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.n
+
+    def write(self, b) -> int:
+        b = bytes(b)
+        self._chunks.append(b)
+        self.n += len(b)
+        self._held += len(b)
+        if self._held >= self._BATCH:
+            self._queue()
+        return len(b)
+
+    def _queue(self) -> None:
+        while len(self._queued) >= self._INFLIGHT:
+            self._queued.popleft().result()
+        chunks, self._chunks, self._held = self._chunks, [], 0
+        self._queued.append(self.pool.submit(self._write_chunks, chunks))
+
+    def _write_chunks(self, chunks: list[bytes]) -> None:
+        if self._error is not None:
+            return
+        try:
+            # one hash update and one write per batch: each releases the GIL, and taking it
+            # back costs up to a switch interval while the caller runs Python code
+            data = b"".join(chunks)
+            self.h.update(data)
+            self.f.write(data)
+        except BaseException as exc:
+            self._error = exc
+            raise
+
+    def finish(self, final: Path, sidecar: Path, meta: dict) -> Future:
+        """Queue the shard's completion; the future gives its sidecar (``meta`` + bytes, sha256)."""
+        self._queue()
+        last = self._queued.pop()  # the others' outcome reaches _finish through self._error
+        self._queued.clear()
+        return self.syncer.submit(self._finish, last, final, sidecar, meta)
+
+    def _finish(self, last: Future, final: Path, sidecar: Path, meta: dict) -> dict:
+        try:
+            last.exception()  # the writer thread is done with this shard
+            if self._error is not None:
+                raise self._error
+            self.f.flush()
+            os.fsync(self.f.fileno())
+        finally:
+            self.f.close()
+        os.replace(self.path, final)
+        fsync_dir(final.parent)
+        meta = {**meta, "bytes": self.n, "sha256": self.h.hexdigest()}
+        meta = {k: meta[k] for k in ("file", "bytes", "sha256", "samples", "groups")}
+        atomic_write_bytes(sidecar, json.dumps(meta).encode())
+        return meta

@@ -150,3 +150,47 @@ def test_missing_input_sample_fails_naming_it(gen_inputs, tmp_path):
             WriteConfig(plan_dir=str(plan2), cost_table=str(cost2), out=str(tmp_path / "o"))
         )
     assert filecmp.cmp(cost, cost, shallow=False)
+
+
+def test_a_failed_write_renames_nothing_and_a_rerun_finishes_identically(
+    gen_inputs, generation, tmp_path, monkeypatch
+):
+    """A disk error in the writer thread (here: ENOSPC on the third shard's bytes) fails the
+    write; that shard is never published under its final name, and the next run completes."""
+    import errno
+
+    import shards.stream_writer as sw
+
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
+    )
+    opened = []
+
+    class _Full:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+    real_init = sw._ShardFile.__init__
+
+    def init(self, path, *args):
+        real_init(self, path, *args)
+        opened.append(path)
+        if len(opened) == 3:
+            self.f = _Full(self.f)
+
+    monkeypatch.setattr(sw._ShardFile, "__init__", init)
+    with pytest.raises(OSError, match="No space left"):
+        write_generation(cfg)
+    bad = opened[2]
+    assert not bad.with_suffix("").exists()  # shard-NNNNNN.tar was never renamed into place
+    assert not (tmp_path / "g" / "CURRENT").exists()
+    monkeypatch.setattr(sw._ShardFile, "__init__", real_init)
+    write_generation(cfg)
+    assert _files(tmp_path / "g") == _files(generation)

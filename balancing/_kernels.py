@@ -802,21 +802,26 @@ def _nb_1f1b_times(fwd, bwd, order):
 STAT_COUNT, STAT_SUM_V, STAT_SUM_T, STAT_SUM_VC, STAT_SUM_TC, STAT_MAX_V, STAT_MAX_T = range(7)
 
 
+@njit(cache=True, inline="always")
+def _add_to_stats(out, g, v, t, vc, tc):
+    """Count one sample with loads (v, t, vc, tc) into row ``g`` of a stats table."""
+    out[g, 0] += 1.0
+    out[g, 1] += v
+    out[g, 2] += t
+    out[g, 3] += vc
+    out[g, 4] += tc
+    if v > out[g, 5]:
+        out[g, 5] = v
+    if t > out[g, 6]:
+        out[g, 6] = t
+
+
 @njit(cache=True)
 def _nb_group_stats(ids, v, t, vc, tc, n_groups):
     """Count, sums (v, t, vc, tc) and maxima (v, t) of the samples of each group ``ids[i]``."""
     out = np.zeros((n_groups, 7))
     for i in range(ids.shape[0]):
-        row = out[ids[i]]
-        row[0] += 1.0
-        row[1] += v[i]
-        row[2] += t[i]
-        row[3] += vc[i]
-        row[4] += tc[i]
-        if v[i] > row[5]:
-            row[5] = v[i]
-        if t[i] > row[6]:
-            row[6] = t[i]
+        _add_to_stats(out, ids[i], v[i], t[i], vc[i], tc[i])
     return out
 
 
@@ -828,16 +833,7 @@ def _nb_block_stats(perm, b, v, t, vc, tc):
     out = np.zeros(((n + b - 1) // b, 7))
     for i in range(n):
         j = perm[i]
-        row = out[i // b]
-        row[0] += 1.0
-        row[1] += v[j]
-        row[2] += t[j]
-        row[3] += vc[j]
-        row[4] += tc[j]
-        if v[j] > row[5]:
-            row[5] = v[j]
-        if t[j] > row[6]:
-            row[6] = t[j]
+        _add_to_stats(out, i // b, v[j], t[j], vc[j], tc[j])
     return out
 
 

@@ -39,6 +39,7 @@ class TrainConfig:
     template: str | None = None
     recompute: str = "off"
     memory_fraction: float = 0.9
+    backend: str = "auto"  # auto: NCCL with a GPU per local rank, gloo without CUDA
     partition_radius: int = 1
     partition_top_k: int = 3
     log: str | None = None
@@ -68,6 +69,8 @@ class TrainConfig:
             raise ValueError(
                 f"recompute must be off, all or adaptive (GPU only), got {self.recompute!r}"
             )
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if self.lr <= 0:

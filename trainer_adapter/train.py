@@ -220,14 +220,38 @@ def run(cfg: TrainConfig) -> list[dict]:
     return records
 
 
+def resolve_backend(
+    requested: str, local_rank: int, local_world: int, cuda: bool, gpus: int
+) -> str:
+    """The process group backend: NCCL needs its own GPU for every rank of a node."""
+    if requested == "gloo" or (requested == "auto" and not cuda):
+        return "gloo"
+    if not cuda:
+        raise ValueError("--backend nccl needs CUDA, and this machine has no CUDA device")
+    if max(local_world, local_rank + 1) > gpus:
+        raise ValueError(
+            f"{local_world} processes on this node but {gpus} GPU(s): NCCL needs one GPU per "
+            "process; start at most that many (--nproc) or use --backend gloo (CPU training)"
+        )
+    return "nccl"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="one rank of equishard train (started by torchrun)")
     ap.add_argument("--config", required=True, help="TrainConfig as JSON")
     args = ap.parse_args(argv)
     cfg = TrainConfig(**json.loads(args.config))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    backend = resolve_backend(
+        cfg.backend,
+        local_rank,
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        cuda,
+        torch.cuda.device_count() if cuda else 0,
+    )
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(local_rank)
     dist.init_process_group(backend, timeout=timedelta(minutes=10))
     try:
         run(cfg)

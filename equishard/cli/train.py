@@ -106,6 +106,18 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="activation recomputation: off, all blocks, or adaptive (GPU: measure "
         "memory, recompute only what does not fit; OmniBal A.1.1) (default off)",
     )
+    p.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=0.9,
+        help="share of GPU memory adaptive recomputation may plan for (default 0.9)",
+    )
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=("auto", "nccl", "gloo"),
+        help="process group backend (default auto: NCCL with one GPU per process, else gloo)",
+    )
     p.add_argument("--log", default=None, metavar="JSONL", help="append per-step records here")
     p.set_defaults(run=run)
 
@@ -138,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
             vision_policy=args.vision_policy,
             template=args.template,
+            recompute=args.recompute,
+            memory_fraction=args.memory_fraction,
+            backend=args.backend,
             log=args.log,
         )
     except ValueError as exc:

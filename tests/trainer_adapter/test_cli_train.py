@@ -45,3 +45,39 @@ def test_train_runs_through_torchrun(train_generation, tmp_path):
 def test_train_rejects_a_layout_that_does_not_add_up(train_generation):
     r = _equishard("train", "--shards", str(train_generation), "--nproc", "3", "--dp", "2")
     assert r.returncode != 0 and "must equal --dp x --pp" in r.stderr
+
+
+def test_recompute_flag_reaches_the_ranks(train_generation):
+    """--recompute adaptive measures GPU memory: on a CPU the ranks refuse it by name."""
+    r = _equishard(
+        "train",
+        "--shards",
+        str(train_generation),
+        "--nproc",
+        "1",
+        "--dp",
+        "1",
+        "--steps",
+        "1",
+        "--workers",
+        "0",
+        "--recompute",
+        "adaptive",
+        "--backend",
+        "gloo",
+    )
+    assert r.returncode != 0 and "measures GPU memory" in r.stdout + r.stderr
+
+
+def test_backend_choice():
+    import pytest
+
+    from trainer_adapter.train import resolve_backend
+
+    assert resolve_backend("auto", 0, 4, False, 0) == "gloo"
+    assert resolve_backend("auto", 1, 2, True, 2) == "nccl"
+    assert resolve_backend("gloo", 0, 8, True, 1) == "gloo"
+    with pytest.raises(ValueError, match="one GPU per process"):
+        resolve_backend("auto", 0, 4, True, 1)
+    with pytest.raises(ValueError, match="no CUDA"):
+        resolve_backend("nccl", 0, 1, False, 0)

@@ -41,6 +41,19 @@ def test_byte_identical_and_idempotent(gen_inputs, generation, tmp_path):
     assert stamp == {p: p.stat().st_mtime_ns for p in (tmp_path / "again").rglob("*.tar")}
 
 
+def test_parallel_writer_processes_write_the_same_bytes(gen_inputs, generation, tmp_path):
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan),
+        cost_table=str(cost),
+        out=str(tmp_path / "w2"),
+        shard_size=200_000,
+        workers=2,
+    )
+    write_generation(cfg)
+    assert _files(tmp_path / "w2") == _files(generation)
+
+
 def test_manifest_contents(generation, gen_inputs):
     m = open_generation(generation)
     raw = m.raw

@@ -73,7 +73,7 @@ def write_stream(job: dict) -> list[dict]:
     for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
         extra.unlink()
     next_step = done[-1]["groups"][-1][0] + 1 if done else -1
-    groups = [g for g in job["groups"] if g["step"] >= next_step]
+    groups = deque(g for g in job["groups"] if g["step"] >= next_step)
     store = RecordStore(ReadOptions(**job["read_options"]))
     verified: set[str] = set(job.get("parent_verified", ()))
     parent_groups: dict = {}
@@ -90,7 +90,7 @@ def write_stream(job: dict) -> list[dict]:
             samples = 0
             with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tf:
                 while groups:
-                    g = groups.pop(0)
+                    g = groups.popleft()
                     start = tf.offset
                     if g.get("from"):
                         copy_group(tf, g, job["rank"], verified)

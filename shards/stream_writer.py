@@ -14,6 +14,7 @@ import json
 import os
 import tarfile
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,7 +26,19 @@ from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
 from shards.tar_members import add_member, image_ext, sample_doc, sample_key
 
-__all__ = ["read_sample", "write_stream"]
+__all__ = ["COST_FIELDS", "read_sample", "write_stream"]
+
+# cost-table fields copied into each sample's document (``cost``)
+COST_FIELDS = (
+    "num_images",
+    "vit_tokens",
+    "vit_seq_lens",
+    "llm_tokens",
+    "text_tokens",
+    "modality",
+    "image_widths",
+    "image_heights",
+)
 
 
 def read_sample(s: dict, store: RecordStore, verified: set[str], groups: dict):
@@ -73,7 +86,8 @@ def write_stream(job: dict) -> list[dict]:
     for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
         extra.unlink()
     next_step = done[-1]["groups"][-1][0] + 1 if done else -1
-    groups = deque(g for g in job["groups"] if g["step"] >= next_step)
+    groups = _groups(job, next_step)
+    g = next(groups, None)
     store = RecordStore(ReadOptions(**job["read_options"]))
     verified: set[str] = set(job.get("parent_verified", ()))
     parent_groups: dict = {}
@@ -83,14 +97,13 @@ def write_stream(job: dict) -> list[dict]:
         ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-write") as writer,
         ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-sync") as syncer,
     ):
-        while groups:
+        while g is not None:
             name = f"shard-{k:06d}.tar"
             sink = _ShardFile(sdir / (name + ".partial"), writer, syncer)
             meta_groups = []
             samples = 0
             with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                while groups:
-                    g = groups.popleft()
+                while g is not None:
                     start = tf.offset
                     if g.get("from"):
                         copy_group(tf, g, job["rank"], verified)
@@ -98,6 +111,7 @@ def write_stream(job: dict) -> list[dict]:
                         _add_group(tf, g, job["rank"], store, verified, parent_groups)
                     meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
                     samples += len(g["samples"])
+                    g = next(groups, None)
                     if tf.offset >= job["shard_size"]:
                         break
             meta = {"file": f"{job['dir']}/{name}", "samples": samples, "groups": meta_groups}
@@ -105,6 +119,34 @@ def write_stream(job: dict) -> list[dict]:
             k += 1
         done += [f.result() for f in finishing]
     return done
+
+
+def _groups(job: dict, next_step: int) -> Iterator[dict]:
+    """The stream's groups from step ``next_step`` on, built from its rows a batch at a time:
+    ``{step, group_id, samples, from}``, ``from`` being the parent group it is copied from."""
+    reuse, parents = job["reuse"], job["reuse_samples"]
+    g = None
+    for batch in job["rows"].to_batches(max_chunksize=4096):
+        for row in batch.to_pylist():
+            if row["step"] < next_step:
+                continue
+            if g is None or row["group_id"] != g["group_id"]:
+                if g is not None:
+                    yield g
+                ps = row["parent_step"]
+                src = reuse.get(ps) if ps >= 0 else None
+                g = {"step": row["step"], "group_id": row["group_id"], "samples": [], "from": src}
+            g["samples"].append(
+                {
+                    "sample_id": row["sample_id"],
+                    "location": row["location"],
+                    "source": row["source"],
+                    "cost": {c: row[c] for c in COST_FIELDS},
+                    "parent": parents.get(row["sample_id"]),
+                }
+            )
+    if g is not None:
+        yield g
 
 
 def _add_group(tf, g: dict, rank: int, store: RecordStore, verified: set, parent_groups: dict):

@@ -27,6 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -35,7 +37,7 @@ from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
-from shards.stream_writer import write_stream
+from shards.stream_writer import COST_FIELDS, write_stream
 
 __all__ = [
     "WriteConfig",
@@ -45,17 +47,6 @@ __all__ = [
     "parse_size",
     "write_generation",
 ]
-
-_COST_FIELDS = (
-    "num_images",
-    "vit_tokens",
-    "vit_seq_lens",
-    "llm_tokens",
-    "text_tokens",
-    "modality",
-    "image_widths",
-    "image_heights",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,53 +121,58 @@ def generation_id(
 def _jobs(
     plan, cost, stage: Path, cfg: WriteConfig, read_options: dict, nodes: int, per: int
 ) -> list[dict]:
-    by_id = {sid: i for i, sid in enumerate(cost.column("sample_id").to_pylist())}
-    missing = [s for s in plan.column("sample_id").to_pylist() if s not in by_id]
-    if missing:
+    """One job per plan rank: its plan rows joined with their cost-table columns, in plan order,
+    as an Arrow table (columnar: cheap to build and to send to a worker process; the worker
+    turns rows into groups a batch at a time), plus the parent-generation sources it reuses."""
+    where = pc.index_in(plan.column("sample_id"), value_set=cost.column("sample_id"))
+    if where.null_count:
+        missing = plan.column("sample_id").filter(pc.is_null(where)).to_pylist()
         raise WriteError(
             f"{len(missing)} plan samples are not in the cost table, e.g. {missing[:3]}; "
             "write with the cost table the plan was made from"
         )
-    cols = {c: cost.column(c).to_pylist() for c in (*_COST_FIELDS, "location", "source")}
-    jobs = [
-        {
-            "stage": str(stage),
-            "rank": r,
-            "node": r // per,
-            "local_rank": r % per,
-            "dir": f"node-{r // per:03d}/rank-{r % per:03d}",
-            "groups": [],
-            "shard_size": cfg.shard_size,
-            "read_options": read_options,
-        }
-        for r in range(nodes * per)
-    ]
-    last = {}
-    p = plan.select(["sample_id", "group_id", "step", "rank"]).to_pydict()
-    parent_step = (
-        plan.column("parent_step").to_pylist()
+    parent_col = (
+        plan.column("parent_step")
         if "parent_step" in plan.column_names
-        else [-1] * plan.num_rows
+        else pa.array(np.full(plan.num_rows, -1, dtype=np.int64))
     )
-    reuse, reuse_samples = reuse_index(cfg.reuse_from, parent_step, cost)
-    verified = verify_parent_shards(reuse, reuse_samples, parent_step, p)
-    for job in jobs:
-        job["parent_verified"] = verified
-    for sid, gid, step, rank, pstep in zip(
-        p["sample_id"], p["group_id"], p["step"], p["rank"], parent_step, strict=True
-    ):
-        i = by_id[sid]
-        if last.get(rank) != gid:
-            src = reuse.get((rank, pstep)) if pstep >= 0 else None
-            jobs[rank]["groups"].append({"step": step, "group_id": gid, "samples": [], "from": src})
-            last[rank] = gid
-        jobs[rank]["groups"][-1]["samples"].append(
+    picked = cost.select([*COST_FIELDS, "location", "source"]).take(where)
+    rows = pa.table(
+        {
+            "sample_id": plan.column("sample_id"),
+            "group_id": plan.column("group_id"),
+            "step": plan.column("step"),
+            "parent_step": parent_col,
+            **{c: picked.column(c) for c in picked.column_names},
+        }
+    )
+    rank = plan.column("rank").to_numpy()
+    reuse, reuse_samples = {}, {}
+    verified: list[str] = []
+    if cfg.reuse_from or pc.any(pc.greater_equal(parent_col, 0)).as_py():
+        parent_step = parent_col.to_pylist()
+        reuse, reuse_samples = reuse_index(cfg.reuse_from, parent_step, cost)
+        verified = verify_parent_shards(reuse, reuse_samples, parent_step, {"rank": rank.tolist()})
+    order = np.argsort(rank, kind="stable")  # plan order within each rank
+    bounds = np.searchsorted(rank[order], np.arange(nodes * per + 1))
+    jobs = []
+    for r in range(nodes * per):
+        # a take, not a slice: a pickled slice would carry the whole table's buffers
+        mine = rows.take(pa.array(order[bounds[r] : bounds[r + 1]]))
+        ids = mine.column("sample_id").to_pylist() if reuse_samples else []
+        jobs.append(
             {
-                "sample_id": sid,
-                "location": cols["location"][i],
-                "source": cols["source"][i],
-                "cost": {c: cols[c][i] for c in _COST_FIELDS},
-                "parent": reuse_samples.get(sid),
+                "stage": str(stage),
+                "rank": r,
+                "node": r // per,
+                "local_rank": r % per,
+                "dir": f"node-{r // per:03d}/rank-{r % per:03d}",
+                "rows": mine,
+                "reuse": {ps: src for (rk, ps), src in reuse.items() if rk == r},
+                "reuse_samples": {s: reuse_samples[s] for s in ids if s in reuse_samples},
+                "parent_verified": verified,
+                "shard_size": cfg.shard_size,
+                "read_options": read_options,
             }
         )
     return jobs

@@ -207,3 +207,27 @@ def test_a_failed_write_renames_nothing_and_a_rerun_finishes_identically(
     monkeypatch.setattr(sw._ShardFile, "__init__", real_init)
     write_generation(cfg)
     assert _files(tmp_path / "g") == _files(generation)
+
+
+def test_each_job_carries_only_its_own_rows(gen_inputs, tmp_path):
+    """Jobs go to worker processes pickled: each holds its rank's rows, not the whole plan."""
+    import pickle
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataprep import read_cost_table
+    from shards.writer import _jobs
+
+    _, cost, plan_dir = gen_inputs
+    plan = pq.read_table(plan_dir / "plan.parquet")
+    cfg = WriteConfig(plan_dir=str(plan_dir), cost_table=str(cost), out=str(tmp_path / "o"))
+    jobs = _jobs(plan, read_cost_table(cost), tmp_path, cfg, {}, 2, 2)
+    assert sum(j["rows"].num_rows for j in jobs) == plan.num_rows
+    for j in jobs:
+        assert set(j["rows"].column("sample_id").to_pylist()) == set(
+            plan.filter(plan.column("rank").to_numpy() == j["rank"]).column("sample_id").to_pylist()
+        )
+    whole = len(pickle.dumps(pa.concat_tables([j["rows"] for j in jobs]).combine_chunks()))
+    # a job holding a slice of one big table would pickle all of its buffers: 4x the whole
+    assert sum(len(pickle.dumps(j["rows"])) for j in jobs) < 1.5 * whole

@@ -25,11 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from balancing.cost_model import sample_costs
-from balancing.plan import (
-    PLAN_SCHEMA,
-    BalanceConfig,
-    BalanceResult,
-    build_plan,
+from balancing.plan import PLAN_SCHEMA, BalanceConfig, BalanceResult, build_plan
+from balancing.plan_quality import (
     group_stats,
     pad_ratios,
     plan_quality,

@@ -224,6 +224,8 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
         _clean_stale_staging(root, stage.name)
         if not (stage / MANIFEST).exists():
             _write_all(cfg, root, stage, gen, parent, progress)
+        for stale in stage.glob(".*.tmp-*"):  # an atomic write a killed run left half done
+            stale.unlink()
         os.replace(stage, final)  # the atomic publish
         fsync_dir(root)
         with contextlib.suppress(FileNotFoundError):

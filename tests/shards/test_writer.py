@@ -231,3 +231,30 @@ def test_each_job_carries_only_its_own_rows(gen_inputs, tmp_path):
     whole = len(pickle.dumps(pa.concat_tables([j["rows"] for j in jobs]).combine_chunks()))
     # a job holding a slice of one big table would pickle all of its buffers: 4x the whole
     assert sum(len(pickle.dumps(j["rows"])) for j in jobs) < 1.5 * whole
+
+
+def test_a_half_done_atomic_write_of_a_killed_run_is_not_published(
+    gen_inputs, generation, tmp_path, monkeypatch
+):
+    """A run killed inside an atomic write leaves its ``.NAME.tmp-PID`` in the staging
+    directory; the run that finishes the generation does not publish it."""
+    import shards.writer as w
+
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
+    )
+    real = w.atomic_write_bytes
+
+    def killed(path, data):
+        path = Path(path)
+        (path.parent / f".{path.name}.tmp-99999").write_bytes(data[: len(data) // 2])
+        raise SystemExit("killed")  # what SIGKILL leaves behind: the partial temporary file
+
+    monkeypatch.setattr(w, "atomic_write_bytes", killed)
+    with pytest.raises(SystemExit):
+        write_generation(cfg)
+    assert list((tmp_path / "g").glob(".staging-*/.*.tmp-99999"))
+    monkeypatch.setattr(w, "atomic_write_bytes", real)
+    write_generation(cfg)
+    assert _files(tmp_path / "g") == _files(generation)

@@ -3,7 +3,9 @@
 A shard is written as ``.partial``, fsynced and renamed, then a sidecar under ``.parts/``
 records its size, checksum and groups; a re-run keeps the finished prefix of shards and resumes
 at the first unfinished one, so the output is byte-identical to an uninterrupted run. Workers
-run :func:`write_stream` in parallel processes, one stream each.
+run :func:`write_stream` in parallel processes, one stream each; inside one, the caller's
+thread reads samples and encodes members while a writer thread hashes and writes the bytes and
+a sync thread completes finished shards (see :class:`_ShardFile`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ import json
 import tarfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shards.errors import WriteError
@@ -106,13 +108,23 @@ def parent_sample(src: dict, sample_id: str, verified: set[str], cache: dict):
     return meta["turns"], meta["images"], images
 
 
-def reuse_index(reuse_from: str | None, parent_step: list[int], cost) -> tuple[dict, dict]:
-    """Where groups and samples lie in ``reuse_from``'s shards: (rank, parent step) ->
-    group, and sample_id -> its group for every sample whose content is unchanged there."""
+def reuse_index(
+    reuse_from: str | None, parent_step: pa.ChunkedArray | pa.Array, cost: pa.Table
+) -> tuple[dict, pa.Table]:
+    """Where groups and samples lie in ``reuse_from``'s shards: ``{(rank, parent step): group}``
+    and a table (sample_id, rank, step) of the samples whose content is unchanged there (same
+    fingerprint then and now), found by joins rather than per-sample Python."""
+    none = pa.table(
+        {
+            "sample_id": pa.array([], pa.string()),
+            "rank": pa.array([], pa.int64()),
+            "step": pa.array([], pa.int64()),
+        }
+    )
     if not reuse_from:
-        if any(ps >= 0 for ps in parent_step):
+        if len(parent_step) and pc.max(parent_step).as_py() >= 0:
             raise WriteError("the plan reuses groups of a parent generation; give reuse_from")
-        return {}, {}
+        return {}, none
     m = load_manifest(reuse_from)
     groups = {
         key: {
@@ -125,34 +137,29 @@ def reuse_index(reuse_from: str | None, parent_step: list[int], cost) -> tuple[d
         }
         for key, (sh, g) in m.group_index().items()
     }
-    samples = {}
     pplan, pcost = m.path / PLAN_FILE, m.path / COST_FILE
-    if pplan.exists() and pcost.exists():
-        fp_now = dict(
-            zip(
-                cost.column("sample_id").to_pylist(),
-                cost.column("fingerprint").to_pylist(),
-                strict=True,
-            )
-        )
-        c = pq.read_table(pcost, columns=["sample_id", "fingerprint"]).to_pydict()
-        fp_then = dict(zip(c["sample_id"], c["fingerprint"], strict=True))
-        p = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).to_pydict()
-        for sid, rank, step in zip(p["sample_id"], p["rank"], p["step"], strict=True):
-            if sid in fp_now and fp_now[sid] == fp_then.get(sid) and (rank, step) in groups:
-                samples[sid] = groups[(rank, step)]
-    return groups, samples
+    if not (pplan.exists() and pcost.exists()) or not groups:
+        return groups, none
+    then = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).join(
+        pq.read_table(pcost, columns=["sample_id", "fingerprint"]), "sample_id"
+    )
+    now = cost.select(["sample_id", "fingerprint"]).rename_columns(["sample_id", "fp_now"])
+    both = then.join(now, "sample_id")  # samples in both; a missing fingerprint counts as changed
+    same = both.filter(pc.fill_null(pc.equal(both["fingerprint"], both["fp_now"]), False))
+    rank = same["rank"].cast(pa.int64())
+    step = same["step"].cast(pa.int64())
+    width = max(s for _, s in groups) + 1
+    known = pa.array([r * width + s for r, s in groups], pa.int64())
+    listed = pc.is_in(pc.add(pc.multiply(rank, width), step), value_set=known)
+    return groups, pa.table({"sample_id": same["sample_id"], "rank": rank, "step": step}).filter(
+        listed
+    )
 
 
-def verify_parent_shards(reuse: dict, samples: dict, parent_step: list, plan: dict) -> list:
-    """sha256 of every parent shard the plan copies from, each checked once (not per stream)."""
-    files = {}
-    for rank, ps in zip(plan["rank"], parent_step, strict=True):
-        if ps >= 0:
-            src = reuse[(rank, ps)]
-            files[src["file"]] = src
-    for src in samples.values():
-        files[src["file"]] = src
+def verify_parent_shards(sources) -> list:
+    """sha256 of every parent shard the plan copies from (``sources``: the parent groups it
+    uses), each checked once (not per stream)."""
+    files = {src["file"]: src for src in sources}
     for f, src in sorted(files.items()):
         digest = sha256_of(Path(src["gen_dir"]) / f)
         if digest != src["sha256"]:

@@ -126,7 +126,7 @@ def write_stream(job: dict) -> list[dict]:
 def _groups(job: dict, next_step: int) -> Iterator[dict]:
     """The stream's groups from step ``next_step`` on, built from its rows a batch at a time:
     ``{step, group_id, samples, from}``, ``from`` being the parent group it is copied from."""
-    reuse, parents = job["reuse"], job["reuse_samples"]
+    reuse, parents = job["reuse"], job["parents"]
     g = None
     for batch in job["rows"].to_batches(max_chunksize=4096):
         for row in batch.to_pylist():
@@ -144,7 +144,9 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
                     "location": row["location"],
                     "source": row["source"],
                     "cost": {c: row[c] for c in COST_FIELDS},
-                    "parent": parents.get(row["sample_id"]),
+                    "parent": None
+                    if row["from_rank"] is None
+                    else parents[(row["from_rank"], row["from_step"])],
                 }
             )
     if g is not None:

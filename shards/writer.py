@@ -147,19 +147,25 @@ def _jobs(
         }
     )
     rank = plan.column("rank").to_numpy()
-    reuse, reuse_samples = {}, {}
-    verified: list[str] = []
-    if cfg.reuse_from or pc.any(pc.greater_equal(parent_col, 0)).as_py():
-        parent_step = parent_col.to_pylist()
-        reuse, reuse_samples = reuse_index(cfg.reuse_from, parent_step, cost)
-        verified = verify_parent_shards(reuse, reuse_samples, parent_step, {"rank": rank.tolist()})
+    groups, unchanged = reuse_index(cfg.reuse_from, parent_col, cost)
+    # an unchanged sample of a rebuilt step is copied from its parent group: (rank, step) there
+    at = pc.index_in(rows.column("sample_id"), value_set=unchanged.column("sample_id"))
+    rows = rows.append_column("from_rank", unchanged.column("rank").take(at))
+    rows = rows.append_column("from_step", unchanged.column("step").take(at))
+    pstep = np.asarray(parent_col.to_numpy(zero_copy_only=False), dtype=np.int64)
+    kept = {(int(r), int(s)) for r, s in zip(rank[pstep >= 0], pstep[pstep >= 0], strict=True)}
+    sources = {k: groups[k] for k in kept}
+    for r, s in zip(unchanged["rank"].to_pylist(), unchanged["step"].to_pylist(), strict=True):
+        sources[(r, s)] = groups[(r, s)]
+    verified = verify_parent_shards(sources.values()) if sources else []
     order = np.argsort(rank, kind="stable")  # plan order within each rank
     bounds = np.searchsorted(rank[order], np.arange(nodes * per + 1))
     jobs = []
     for r in range(nodes * per):
         # a take, not a slice: a pickled slice would carry the whole table's buffers
         mine = rows.take(pa.array(order[bounds[r] : bounds[r + 1]]))
-        ids = mine.column("sample_id").to_pylist() if reuse_samples else []
+        used = pa.table({"r": mine["from_rank"], "s": mine["from_step"]}).drop_null()
+        used = used.group_by(["r", "s"]).aggregate([]) if used.num_rows else used
         jobs.append(
             {
                 "stage": str(stage),
@@ -168,8 +174,11 @@ def _jobs(
                 "local_rank": r % per,
                 "dir": f"node-{r // per:03d}/rank-{r % per:03d}",
                 "rows": mine,
-                "reuse": {ps: src for (rk, ps), src in reuse.items() if rk == r},
-                "reuse_samples": {s: reuse_samples[s] for s in ids if s in reuse_samples},
+                "reuse": {ps: groups[(rk, ps)] for rk, ps in kept if rk == r},
+                "parents": {
+                    (a, b): groups[(a, b)]
+                    for a, b in zip(used["r"].to_pylist(), used["s"].to_pylist(), strict=True)
+                },
                 "parent_verified": verified,
                 "shard_size": cfg.shard_size,
                 "read_options": read_options,

@@ -29,22 +29,6 @@ from dataprep.vision_policy import VisionPolicy
 
 __all__ = ["ChunkResult", "Measurer"]
 
-_COLUMNS = (
-    "sample_id",
-    "source",
-    "num_images",
-    "vit_tokens",
-    "vit_seq_lens",
-    "llm_tokens",
-    "text_tokens",
-    "modality",
-    "image_widths",
-    "image_heights",
-    "location",
-    "fingerprint",
-    "cache_key",
-)
-
 
 @dataclass(slots=True)
 class ChunkResult:

@@ -10,15 +10,13 @@ extended header) :func:`add_member` fills a cached ustar header instead of build
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import re
 import tarfile
 
 from dataprep.errors import SampleRejected
 
-__all__ = ["HashingFile", "add_member", "image_ext", "sample_doc", "sample_key"]
+__all__ = ["add_member", "image_ext", "sample_doc", "sample_key"]
 
 _MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
@@ -45,24 +43,6 @@ def sample_doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
         sort_keys=True,
         ensure_ascii=False,
     ).encode()
-
-
-class HashingFile(io.RawIOBase):
-    """A write-only file that counts and sha256-hashes what passes through it."""
-
-    def __init__(self, f) -> None:
-        self.f, self.h, self.n = f, hashlib.sha256(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self.n
-
-    def write(self, b) -> int:
-        self.h.update(b)
-        self.n += len(b)
-        return self.f.write(b)
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:

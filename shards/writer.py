@@ -37,6 +37,7 @@ from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
+from shards.reader import sha256_of
 from shards.stream_writer import COST_FIELDS, write_stream
 
 __all__ = [
@@ -98,23 +99,16 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def generation_id(
-    plan_dir: str | Path, cost_table: str | Path, shard_size: int, reuse_from: str | None = None
+    plan_sha256: str, cost_sha256: str, shard_size: int, reuse_from: str | None = None
 ) -> str:
+    """The id of the generation a plan and cost table (by their sha256) and a shard size make."""
     h = hashlib.sha256()
     h.update(f"equishard-generation-v{FORMAT_VERSION}|{shard_size}|".encode())
     if reuse_from:  # kept groups come from there: part of what the generation is
         h.update(f"reuse:{Path(reuse_from).name}|".encode())
-    h.update(_sha256_file(Path(plan_dir) / "plan.parquet").encode())
-    h.update(_sha256_file(Path(cost_table)).encode())
+    h.update(plan_sha256.encode())
+    h.update(cost_sha256.encode())
     return "gen-" + h.hexdigest()[:16]
 
 
@@ -154,18 +148,15 @@ def _jobs(
     rows = rows.append_column("from_step", unchanged.column("step").take(at))
     pstep = np.asarray(parent_col.to_numpy(zero_copy_only=False), dtype=np.int64)
     kept = {(int(r), int(s)) for r, s in zip(rank[pstep >= 0], pstep[pstep >= 0], strict=True)}
-    sources = {k: groups[k] for k in kept}
-    for r, s in zip(unchanged["rank"].to_pylist(), unchanged["step"].to_pylist(), strict=True):
-        sources[(r, s)] = groups[(r, s)]
-    verified = verify_parent_shards(sources.values()) if sources else []
+    used = _group_pairs(unchanged.column("rank"), unchanged.column("step"))
+    sources = [groups[k] for k in kept | used]
+    verified = verify_parent_shards(sources) if sources else []
     order = np.argsort(rank, kind="stable")  # plan order within each rank
     bounds = np.searchsorted(rank[order], np.arange(nodes * per + 1))
     jobs = []
     for r in range(nodes * per):
         # a take, not a slice: a pickled slice would carry the whole table's buffers
         mine = rows.take(pa.array(order[bounds[r] : bounds[r + 1]]))
-        used = pa.table({"r": mine["from_rank"], "s": mine["from_step"]}).drop_null()
-        used = used.group_by(["r", "s"]).aggregate([]) if used.num_rows else used
         jobs.append(
             {
                 "stage": str(stage),
@@ -176,8 +167,7 @@ def _jobs(
                 "rows": mine,
                 "reuse": {ps: groups[(rk, ps)] for rk, ps in kept if rk == r},
                 "parents": {
-                    (a, b): groups[(a, b)]
-                    for a, b in zip(used["r"].to_pylist(), used["s"].to_pylist(), strict=True)
+                    k: groups[k] for k in _group_pairs(mine["from_rank"], mine["from_step"])
                 },
                 "parent_verified": verified,
                 "shard_size": cfg.shard_size,
@@ -185,6 +175,14 @@ def _jobs(
             }
         )
     return jobs
+
+
+def _group_pairs(rank, step) -> set[tuple[int, int]]:
+    """The distinct (rank, step) pairs of two columns, nulls left out (one per parent group)."""
+    pairs = pa.table({"r": rank, "s": step}).drop_null()
+    if pairs.num_rows:
+        pairs = pairs.group_by(["r", "s"]).aggregate([])
+    return set(zip(pairs["r"].to_pylist(), pairs["s"].to_pylist(), strict=True))
 
 
 def _lock(path: Path):
@@ -213,7 +211,8 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     """Write (or finish, or find already written) the generation of ``cfg``'s plan."""
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
-    gen = generation_id(cfg.plan_dir, cfg.cost_table, cfg.shard_size, cfg.reuse_from)
+    digests = (sha256_of(Path(cfg.plan_dir) / PLAN_FILE), sha256_of(Path(cfg.cost_table)))
+    gen = generation_id(*digests, cfg.shard_size, cfg.reuse_from)
     final = root / gen
     parent = read_current(root)
     if (final / MANIFEST).exists():
@@ -232,7 +231,7 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     try:
         _clean_stale_staging(root, stage.name)
         if not (stage / MANIFEST).exists():
-            _write_all(cfg, root, stage, gen, parent, progress)
+            _write_all(cfg, stage, gen, parent, digests, progress)
         for stale in stage.glob(".*.tmp-*"):  # an atomic write a killed run left half done
             stale.unlink()
         os.replace(stage, final)  # the atomic publish
@@ -254,7 +253,12 @@ def _max(table, column: str) -> int:
 
 
 def _write_all(
-    cfg: WriteConfig, root: Path, stage: Path, gen: str, parent: str | None, progress: bool
+    cfg: WriteConfig,
+    stage: Path,
+    gen: str,
+    parent: str | None,
+    digests: tuple[str, str],
+    progress: bool,
 ) -> None:
     from tqdm import tqdm
 
@@ -298,8 +302,8 @@ def _write_all(
         "generation": gen,
         "parent": parent,
         "created_by": "equishard",
-        "plan_sha256": _sha256_file(Path(cfg.plan_dir) / "plan.parquet"),
-        "cost_table_sha256": _sha256_file(Path(cfg.cost_table)),
+        "plan_sha256": digests[0],
+        "cost_table_sha256": digests[1],
         "shard_size": cfg.shard_size,
         "layout": {
             "nodes": nodes,

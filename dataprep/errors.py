@@ -30,6 +30,8 @@ REASONS: dict[str, str] = {
     "duplicate_member": "a tar sample holds the same member twice",
     "missing_text": "a tar sample has no .json member",
     "truncated_archive": "the tar file ends in the middle of this sample",
+    "tar_framing": "a damaged tar header (or an over-long member) at this byte range; the samples "
+    "beside it may be incomplete",
     "read_error": "the input could not be read at this position",
 }
 

@@ -13,16 +13,19 @@ deletion list) and the parent:
    rebuilt with the new samples;
 4. **write** the generation (kept groups are copied from the parent's checked shards) and
    publish it by one rename; CURRENT moves by rename;
-5. **collect**: generations beyond ``keep`` along the CURRENT -> parent chain are removed (never
-   CURRENT), and the work directory goes.
+5. **finish** (:func:`finish_night`, idempotent): the night's errors table (carried inside the
+   generation) is copied to ``errors/``, ``LAST_NIGHT.json`` is written, old generations are
+   collected (:func:`collect_generations`; never CURRENT) and the work directory goes.
 
 Every step's output is written atomically, so a crash at any point leaves CURRENT on a complete
 generation and the next run with the same inputs resumes where it stopped and ends in the same
-generation. A night already applied (CURRENT records its key) is a no-op.
+generation. A night already applied (CURRENT records its key) only finishes step 5. One
+rebalance runs per root at a time (a lock); a second returns ``in_progress`` at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -37,7 +40,13 @@ import pyarrow.parquet as pq
 from shards.manifest import ManifestError, load_manifest
 from shards.publish import CURRENT, atomic_write_bytes, read_current
 
-__all__ = ["RebalanceConfig", "RebalanceResult", "collect_generations", "run_rebalance"]
+__all__ = [
+    "RebalanceConfig",
+    "RebalanceResult",
+    "collect_generations",
+    "read_deletions",
+    "run_rebalance",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +71,8 @@ class RebalanceConfig:
         for p in (*self.new, *([self.delete] if self.delete else [])):
             if not Path(p).exists():
                 raise ValueError(f"{p} does not exist")
+        if self.delete:
+            read_deletions(self.delete)  # a malformed list is a bad argument, found before work
 
 
 @dataclass(slots=True)
@@ -91,21 +102,43 @@ def _night_key(cfg: RebalanceConfig) -> str:
     return h.hexdigest()[:24]
 
 
-def _read_deletions(path: str | None) -> list[str]:
+def read_deletions(path: str | None) -> list[str]:
+    """Sample ids to delete: one per line (``#`` comments), or a JSON list of strings. A list
+    that is neither raises ``ValueError`` naming the file and what is wrong."""
     if not path:
         return []
-    text = Path(path).read_text()
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{path}: the deletion list is not a regular file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: the deletion list is not UTF-8 text ({exc})") from None
+    if text.lstrip().startswith("{"):
+        raise ValueError(f"{path}: a JSON deletion list must be a list of sample ids, not an object")
     if text.lstrip().startswith("["):
-        ids = json.loads(text)
-        if not all(isinstance(i, str) for i in ids):
-            raise ValueError(f"{path}: a JSON deletion list must hold sample_id strings")
+        try:
+            ids = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not a valid JSON list of sample ids ({exc})") from None
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ValueError(f"{path}: a JSON deletion list must hold sample_id strings only")
         return ids
     return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
+def _published_at(gen_dir: Path) -> int:
+    """When a generation was published: its manifest is written last, just before the rename
+    that publishes it, and the rename keeps its mtime."""
+    return (gen_dir / "manifest.json").stat().st_mtime_ns
+
+
 def collect_generations(root: Path, keep: int) -> list[str]:
-    """Remove generations beyond ``keep`` on the CURRENT -> parent chain (and stray complete
-    generations off it); CURRENT is never removed. Returns the removed ids."""
+    """Remove old generations; returns the removed ids. The rule (README, "Retention"): a
+    generation is kept when it is one of the first ``keep`` on the CURRENT -> parent chain, or
+    one of the ``keep`` most recently published, or published after the oldest generation kept
+    on the chain (so after a rollback of CURRENT, the generations rolled back from stay until
+    the chain has moved past them). CURRENT is never removed."""
     current = read_current(root)
     if current is None:
         return []
@@ -113,16 +146,21 @@ def collect_generations(root: Path, keep: int) -> list[str]:
     while g and (root / g / "manifest.json").exists() and g not in chain:
         chain.append(g)
         g = load_manifest(root / g, check_files=False).parent
-    kept = set(chain[:keep]) | {current}
+    complete = {d.name: _published_at(d) for d in root.glob("gen-*") if (d / "manifest.json").exists()}
+    on_chain = chain[:keep]
+    recent = sorted(complete, key=lambda n: complete[n], reverse=True)[:keep]
+    oldest_kept = min(complete[n] for n in on_chain)
+    kept = set(on_chain) | set(recent) | {current}
     removed = []
-    for d in sorted(root.glob("gen-*")):
-        if d.name in kept or not (d / "manifest.json").exists():
+    for name in sorted(complete):
+        if name in kept or complete[name] > oldest_kept:
             continue
-        trash = root / f".trash-{d.name}"
+        d = root / name
+        trash = root / f".trash-{name}"
         os.replace(d, trash)  # disappears at once for new readers
         shutil.rmtree(trash, ignore_errors=True)
-        (root / "errors" / f"{d.name}.errors.parquet").unlink(missing_ok=True)
-        removed.append(d.name)
+        (root / "errors" / f"{name}.errors.parquet").unlink(missing_ok=True)
+        removed.append(name)
     for t in root.glob(".trash-gen-*"):  # left by a crash during an earlier collection
         shutil.rmtree(t, ignore_errors=True)
     return removed
@@ -138,10 +176,10 @@ def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: d
     updated = {i for i, f in zip(new_ids, new_fp, strict=True) if i in old_fp and old_fp[i] != f}
     unchanged = {i for i, f in zip(new_ids, new_fp, strict=True) if old_fp.get(i) == f}
     added = [i for i in new_ids if i not in old_fp]
-    keep_old = [i not in deleted and i not in updated for i in old_ids]
-    keep_new = [i not in deleted and i not in unchanged for i in new_ids]
+    keep_old = pa.array([i not in deleted and i not in updated for i in old_ids], pa.bool_())
+    keep_new = pa.array([i not in deleted and i not in unchanged for i in new_ids], pa.bool_())
     combined = pa.concat_tables(
-        [parent_cost.filter(pa.array(keep_old)), new.filter(pa.array(keep_new))]
+        [parent_cost.filter(keep_old), new.filter(keep_new)]
     ).combine_chunks()
     applied = deleted & (set(old_ids) | set(new_ids))
     counts = {
@@ -168,8 +206,66 @@ def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: d
     return combined, counts, deleted | updated
 
 
+NIGHT_ERRORS = "night.errors.parquet"  # the night's rejected samples, carried in its generation
+
+
+def _lock(root: Path):
+    """The root's nightly lock (flock), or None when another rebalance holds it."""
+    f = open(root / ".nightly.lock", "a+")  # noqa: SIM115 - held for the run
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
+
+
+def finish_night(root: Path, generation: str, keep: int) -> list[str]:
+    """What follows the publish of a nightly generation, each step idempotent, so a run killed
+    anywhere after CURRENT moved is finished by the next one: the night's errors table (carried
+    inside the generation) is copied to ``errors/``, ``LAST_NIGHT.json`` names the generation,
+    old generations are collected, work directories go. Returns the removed generations."""
+    gen_dir = root / generation
+    nightly = load_manifest(gen_dir, check_files=False).raw.get("nightly") or {}
+    carried = gen_dir / NIGHT_ERRORS
+    dest = root / "errors" / f"{generation}.errors.parquet"
+    if carried.exists() and not dest.exists():
+        dest.parent.mkdir(exist_ok=True)
+        atomic_write_bytes(dest, carried.read_bytes())
+    _record_night(root, {"generation": generation, "status": "published", **nightly})
+    removed = collect_generations(root, keep)
+    for w in root.glob(".nightly-*"):  # this night's, and any abandoned earlier one
+        shutil.rmtree(w, ignore_errors=True)
+    return removed
+
+
+def _record_night(root: Path, summary: dict) -> None:
+    """Write ``LAST_NIGHT.json`` unless it already says exactly this (a re-run writes nothing)."""
+    path = root / "LAST_NIGHT.json"
+    try:
+        if json.loads(path.read_text()) == summary:
+            return
+    except (FileNotFoundError, json.JSONDecodeError):
+        pass
+    atomic_write_bytes(path, json.dumps(summary).encode())
+
+
 def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
-    """One nightly run; see the module docstring."""
+    """One nightly run; see the module docstring. Returns status ``in_progress`` (and does
+    nothing) while another rebalance of the same root runs."""
+    root = Path(cfg.current)
+    if not root.is_dir():
+        raise ManifestError(f"{root}: not a generation root (no such directory)")
+    lock = _lock(root)
+    if lock is None:
+        return RebalanceResult("in_progress", read_current(root) or "", None)
+    try:
+        return _run_locked(cfg, root)
+    finally:
+        lock.close()
+
+
+def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     from balancing.cost_model import CostModel, PhaseCost
     from balancing.incremental import incremental_plan
     from balancing.plan import BalanceConfig, write_plan
@@ -178,7 +274,6 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
     from shards.writer import WriteConfig, write_generation
 
     t0 = time.perf_counter()
-    root = Path(cfg.current)
     cur = read_current(root)
     if cur is None:
         raise ManifestError(
@@ -188,9 +283,7 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
     key = _night_key(cfg)
     done = parent.raw.get("nightly", {})
     if done.get("key") == key:  # this night is CURRENT already: finish any leftover work
-        removed = collect_generations(root, cfg.keep)
-        for w in root.glob(".nightly-*"):
-            shutil.rmtree(w, ignore_errors=True)
+        removed = finish_night(root, cur, cfg.keep)
         return RebalanceResult(
             "unchanged",
             cur,
@@ -236,13 +329,21 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
         table_metadata(new_path)["counts"] if cfg.new else {"in": 0, "rejected": 0, "cached": 0}
     )
     combined, counts, changed = _combine(
-        read_cost_table(pcost_path), new, _read_deletions(cfg.delete), meta, work / "cost.parquet"
+        read_cost_table(pcost_path), new, read_deletions(cfg.delete), meta, work / "cost.parquet"
     )
     counts.update(
         read=new_meta["in"], rejected=new_meta["rejected"], not_reread=new_meta.get("cached", 0)
     )
     if not (counts["new"] or counts["updated"] or counts["deleted"]):
-        shutil.rmtree(work, ignore_errors=True)  # nothing changed: CURRENT stays as it is
+        # nothing changed: CURRENT stays as it is; rejected new samples stay on record
+        summary = {"generation": cur, "status": "unchanged", "key": key, "counts": counts}
+        if counts["rejected"]:
+            dest = root / "errors" / f"night-{key}.errors.parquet"
+            dest.parent.mkdir(exist_ok=True)
+            atomic_write_bytes(dest, (work / "new.errors.parquet").read_bytes())
+            summary["errors"] = str(dest.relative_to(root))
+        _record_night(root, summary)
+        shutil.rmtree(work, ignore_errors=True)
         return RebalanceResult(
             "unchanged",
             cur,
@@ -289,22 +390,14 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
             workers=cfg.workers,
             reuse_from=str(parent.path),
             manifest_extra={"nightly": nightly},
+            # rejected new samples travel inside the generation, so the record of them survives
+            # a crash anywhere after the publish (finish_night copies them to errors/)
+            extra_files={NIGHT_ERRORS: str(work / "new.errors.parquet")} if cfg.new else None,
         ),
         progress=cfg.progress,
     )
-    if cfg.new:  # rejected new samples stay findable after the work directory goes
-        (root / "errors").mkdir(exist_ok=True)
-        atomic_write_bytes(
-            root / "errors" / f"{res.generation}.errors.parquet",
-            (work / "new.errors.parquet").read_bytes(),
-        )
     phases["write"] = time.perf_counter() - t1
-    removed = collect_generations(root, cfg.keep)
-    for w in root.glob(".nightly-*"):  # this night's, and any abandoned earlier one
-        shutil.rmtree(w, ignore_errors=True)
-    atomic_write_bytes(
-        root / "LAST_NIGHT.json", json.dumps({"generation": res.generation, **nightly}).encode()
-    )
+    removed = finish_night(root, res.generation, cfg.keep)
     return RebalanceResult(
         "published",
         res.generation,

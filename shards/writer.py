@@ -62,6 +62,8 @@ class WriteConfig:
     reuse_from: str | None = None
     # more manifest keys (e.g. the nightly run that made this generation)
     manifest_extra: dict | None = None
+    # more files carried inside the generation: {name in the generation: source path}
+    extra_files: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size < 1024:
@@ -336,6 +338,7 @@ def _write_all(
     for src, name in (
         (Path(cfg.cost_table), COST_FILE),
         (Path(cfg.plan_dir) / "plan.parquet", PLAN_FILE),
+        *((Path(src), name) for name, src in (cfg.extra_files or {}).items()),
     ):
         atomic_write_bytes(stage / name, src.read_bytes())
     atomic_write_bytes(stage / MANIFEST, json.dumps(manifest, indent=1).encode())

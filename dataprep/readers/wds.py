@@ -3,8 +3,12 @@
 
 The scan reads tar headers only and records each member's data offset; workers then read the
 ``.json`` member and only the header and tail of each image member. Hostile members (``..`` or
-absolute names, links, devices) and duplicate members reject their sample. A tar cut short
-rejects the sample being read when it ends (``truncated_archive``) and keeps the ones before it.
+absolute names, links, devices, names that are not
+UTF-8) and duplicate members reject their sample. A tar cut short rejects the sample being read
+when it ends (``truncated_archive``) and keeps the ones before it. A damaged header (or a member
+whose data runs past its declared size) does not end the tar: the damaged byte range becomes its
+own errors row (``tar_framing``, with its byte offsets), reading resumes at the next valid header,
+and the samples on both sides of the range are rejected as possibly incomplete.
 """
 
 from __future__ import annotations
@@ -42,50 +46,139 @@ def _unsafe(member: tarfile.TarInfo) -> str | None:
     return None
 
 
+def _name_problem(name: str) -> str | None:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"member name {ascii(name)} is not valid UTF-8"
+    return None
+
+
+def _first_nonzero(f, start: int, stop: int) -> int | None:
+    """The 512-byte block in [start, stop) of ``f`` where non-zero bytes begin, or None when the
+    range is all zeros (end-of-archive blocks, padding between concatenated tars)."""
+    f.seek(start)
+    pos = start
+    while pos < stop:
+        block = f.read(min(stop - pos, 1 << 20))
+        if not block:
+            return None
+        stripped = block.lstrip(b"\0")
+        if stripped:
+            at = pos + len(block) - len(stripped)
+            return start + (at - start) // 512 * 512
+        pos += len(block)
+    return None
+
+
+def _entries(path: Path) -> Iterator[tuple]:
+    """The tar's members in order, as ``("member", TarInfo)``, with ``("gap", start, stop)`` for
+    every byte range that holds no valid header where one was due (a damaged header, or a member
+    whose data runs past its declared size). tarfile resynchronizes on the next checksum-valid
+    header on a 512-byte boundary (``ignore_zeros``, as ``tar --ignore-zeros`` does); a gap is
+    found by comparing where each header starts with where the previous member ended.
+    A gap's last field says whether it starts right where the previous member ended (so that
+    member, rather than a clean end-of-archive marker, is next to the damage).
+    ``("cut", offset, why)`` ends the list when the file ends inside a member."""
+    size = os.path.getsize(path)
+    expected = 0
+    with open(path, "rb") as f:
+        try:
+            with tarfile.open(fileobj=f, mode="r:", ignore_zeros=True) as tf:
+                for m in tf:
+                    bad = _first_nonzero(f, expected, m.offset) if m.offset > expected else None
+                    if bad is not None:
+                        yield ("gap", bad, m.offset, bad == expected)
+                    if m.offset_data + m.size > size:
+                        yield ("cut", m.offset, f"member {ascii(m.name)} needs bytes past the end")
+                        return
+                    yield ("member", m)
+                    expected = m.offset_data + (m.size + 511) // 512 * 512
+                    f.seek(tf.offset)
+        except tarfile.ReadError as exc:
+            yield ("cut", expected, str(exc))
+            return
+        bad = _first_nonzero(f, expected, size) if expected < size else None
+        if bad is not None:
+            yield ("gap", bad, size, bad == expected)
+
+
 def _groups(
     path: Path,
 ) -> Iterator[tuple[str, list[tuple[str, str, int, int]], SampleRejected | None]]:
-    """Yield (key, [(name, suffix, data offset, size)], error) for each key group in order."""
-    size = os.path.getsize(path)
+    """Yield (key, [(name, suffix, data offset, size)], error) for each key group in order, and
+    one error group (key ``@OFFSET``) for each damaged byte range. The samples on both sides of
+    a damaged range are rejected too: a member of theirs may be the one whose header was lost."""
     key: str | None = None
     members: list[tuple[str, str, int, int]] = []
     error: SampleRejected | None = None
     end = 0
-    try:
-        with tarfile.open(path, "r:") as tf:
-            for m in tf:
-                if m.isdir() and ".." not in PurePosixPath(m.name).parts:
-                    continue  # directory entries carry no sample data
-                prefix, suffix = _split_key(m.name)
-                if prefix is None:
-                    prefix, suffix = m.name, ""
-                if prefix != key:
-                    if key is not None:
-                        yield key, members, error
-                    key, members, error = prefix, [], None
-                bad = _unsafe(m)
-                if bad and error is None:
-                    error = SampleRejected("unsafe_member", f"{path}: {bad}")
-                if any(s == suffix for _, s, _, _ in members) and error is None:
-                    error = SampleRejected("duplicate_member", f"{path}: {m.name!r} appears twice")
-                if m.offset_data + m.size > size:
-                    raise tarfile.ReadError(
-                        f"member {m.name!r} needs bytes past the end of the file"
-                    )
-                members.append((m.name, suffix, m.offset_data, m.size))
-                end = m.offset_data + m.size
-    except tarfile.ReadError as exc:
-        yield (
-            (key or f"@{end}"),
-            members,
-            SampleRejected("truncated_archive", f"{path}: ends inside sample {key!r} ({exc})"),
+    damaged_at: int | None = None  # the next group starts right after a damaged range
+
+    def near_damage(at: int) -> SampleRejected:
+        return SampleRejected(
+            "tar_framing",
+            f"{path}: sample {key!r} borders the damaged range at byte {at}; a member of it may "
+            "have been lost",
         )
-        return
+
+    for entry in _entries(path):
+        kind = entry[0]
+        if kind == "gap":
+            _, a, b, adjoins = entry
+            if key is not None:
+                if adjoins:
+                    error = error or near_damage(a)
+                yield key, members, error
+                key, members, error = None, [], None
+            rest = "the rest of the tar was not read" if b >= os.path.getsize(path) else (
+                f"reading resumed at the next valid header at byte {b}"
+            )
+            yield (
+                f"@{a}",
+                [],
+                SampleRejected(
+                    "tar_framing",
+                    f"{path}: bytes {a}..{b} hold no valid tar header (a damaged header or a "
+                    f"member longer than its header says); {rest}",
+                ),
+            )
+            damaged_at = a
+            continue
+        if kind == "cut":
+            _, at, why = entry
+            yield (
+                (key or f"@{at}"),
+                members,
+                SampleRejected(
+                    "truncated_archive", f"{path}: ends inside sample {key!r} at byte {at} ({why})"
+                ),
+            )
+            return
+        m = entry[1]
+        if m.isdir() and ".." not in PurePosixPath(m.name).parts:
+            continue  # directory entries carry no sample data
+        prefix, suffix = _split_key(m.name)
+        if prefix is None:
+            prefix, suffix = m.name, ""
+        if prefix != key:
+            if key is not None:
+                yield key, members, error
+            key, members, error = prefix, [], None
+            if damaged_at is not None:
+                error, damaged_at = near_damage(damaged_at), None
+        bad = _name_problem(m.name) or _unsafe(m)
+        if bad and error is None:
+            error = SampleRejected("unsafe_member", f"{path}: {bad}")
+        if any(s == suffix for _, s, _, _ in members) and error is None:
+            error = SampleRejected("duplicate_member", f"{path}: {ascii(m.name)} appears twice")
+        members.append((m.name, suffix, m.offset_data, m.size))
+        end = m.offset_data + m.size
     if key is None:
         return
     # A complete tar ends with two zero blocks after the last member's padded data.
     padded_end = (end + 511) // 512 * 512
-    if size < padded_end + 1024:
+    if os.path.getsize(path) < padded_end + 1024 and error is None:
         error = SampleRejected(
             "truncated_archive", f"{path}: no end-of-archive marker after {key!r}"
         )

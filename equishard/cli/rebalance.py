@@ -21,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "copy kept groups from the current shards, and publish the new generation atomically\n"
         "(CURRENT moves by rename; readers of older generations keep reading). Re-running the\n"
         "same night does nothing; a crashed run is finished by the next one.\n\n"
-        "exit codes: 0 published or nothing to do, 1 failed (CURRENT unchanged), 2 bad arguments\n"
+        "exit codes: 0 published, nothing to do, or another rebalance of the root in progress;\n"
+        "1 failed (CURRENT unchanged); 2 bad arguments (incl. a malformed deletion list)\n"
         "example: equishard rebalance --current /data/shards --new day-2.jsonl --delete gone.txt",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -94,6 +95,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"equishard rebalance: FAILED, CURRENT unchanged: {exc}", file=sys.stderr)
         return EXIT_FAILED
     summary = r.as_dict()
+    if r.status == "in_progress":
+        if args.json:
+            print(json.dumps(summary))
+        print(
+            f"equishard rebalance: another rebalance of {args.current} is in progress; "
+            "nothing done (run again after it ends)",
+            file=sys.stderr,
+        )
+        return EXIT_OK
     if args.json:
         print(json.dumps(summary))
         return EXIT_OK

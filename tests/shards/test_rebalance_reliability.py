@@ -1,0 +1,133 @@
+"""Nightly rebalancing under the red team's cases: a kill right after CURRENT moves, nights with
+nothing new, a malformed deletion list, two runs at once, and retention after a rollback."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from shards import open_generation, verify_generation
+from shards.publish import read_current, set_current
+from shards.rebalance import RebalanceConfig, run_rebalance
+from tests.shards.test_rebalance import _night, _rebalance_cmd, night1, root  # noqa: F401
+
+
+def _with_bad_lines(root: Path, k: int, bad: int = 3) -> Path:
+    raw = root.parent / "raw"
+    day = raw / f"day-{k}-bad.jsonl"
+    day.write_text((raw / f"day-{k}.jsonl").read_text() + "{broken\n" * bad)
+    return day
+
+
+def test_killed_right_after_current_moves_is_finished_by_the_next_run(root):
+    day = _with_bad_lines(root, 2)
+    delete = root.parent / "raw" / "day-2.delete"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        import shards.writer as w
+        from shards.rebalance import RebalanceConfig, run_rebalance
+        moved = w.set_current
+        def set_current_then_die(root, gen):
+            moved(root, gen)
+            os.kill(os.getpid(), signal.SIGKILL)  # the exact point: CURRENT has just moved
+        w.set_current = set_current_then_die
+        run_rebalance(RebalanceConfig(current={str(root)!r}, new=({str(day)!r},),
+                                      delete={str(delete)!r}, max_error_rate=1.0))
+        """
+    )
+    g0 = read_current(root)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert p.returncode == -9, p.stderr
+    gen = read_current(root)
+    assert gen != g0  # the publish happened; the post-publish steps did not
+    assert not (root / "errors" / f"{gen}.errors.parquet").exists()
+    again = run_rebalance(
+        RebalanceConfig(current=str(root), new=(str(day),), delete=str(delete), max_error_rate=1.0)
+    )
+    assert again.status == "unchanged" and again.generation == gen
+    errors = pq.read_table(root / "errors" / f"{gen}.errors.parquet").to_pylist()
+    assert len(errors) == 3 and {e["reason"] for e in errors} == {"malformed_json"}
+    last = json.loads((root / "LAST_NIGHT.json").read_text())
+    assert last["generation"] == gen and last["counts"]["rejected"] == 3
+    assert not list(root.glob(".nightly-*"))
+    assert verify_generation(root).ok
+
+
+def test_deletion_only_night_publishes(root):
+    raw = root.parent / "raw"
+    gone = (raw / "day-2.delete").read_text().split()
+    before = open_generation(root).totals["samples"]
+    delete_only = raw / "only.delete"
+    ids = [s for s in (raw / "day-1.jsonl").read_text().splitlines()][:4]
+    delete_only.write_text("\n".join(json.loads(x)["id"] for x in ids) + "\n")
+    r = run_rebalance(RebalanceConfig(current=str(root), delete=str(delete_only)))
+    assert r.status == "published", r
+    assert r.counts["deleted"] == 4 and r.counts["out"] == before - 4
+    assert open_generation(root).totals["samples"] == before - 4
+    assert verify_generation(root).ok
+    assert gone  # the day files are untouched
+
+
+def test_empty_daily_file_is_unchanged(root):
+    empty = root.parent / "raw" / "empty.jsonl"
+    empty.write_text("")
+    g0 = read_current(root)
+    r = run_rebalance(RebalanceConfig(current=str(root), new=(str(empty),)))
+    assert r.status == "unchanged" and read_current(root) == g0
+    assert not list(root.glob(".nightly-*"))
+
+
+def test_all_new_records_rejected_is_unchanged_and_on_record(root):
+    bad = root.parent / "raw" / "bad.jsonl"
+    bad.write_text("{broken\n" * 5)
+    g0 = read_current(root)
+    r = run_rebalance(RebalanceConfig(current=str(root), new=(str(bad),), max_error_rate=1.0))
+    assert r.status == "unchanged" and read_current(root) == g0
+    assert r.counts["rejected"] == 5
+    last = json.loads((root / "LAST_NIGHT.json").read_text())
+    assert last["status"] == "unchanged"
+    errors = pq.read_table(root / last["errors"]).to_pylist()
+    assert len(errors) == 5 and all(e["line"] for e in errors)
+
+
+def test_malformed_deletion_list_is_a_usage_error(root, tmp_path):
+    for text in ('["a", 3]', "[not json", '{"ids": ["a"]}'):
+        bad = tmp_path / "bad.delete"
+        bad.write_text(text)
+        r = subprocess.run(
+            _rebalance_cmd(root, "--delete", str(bad)), capture_output=True, text=True
+        )
+        assert r.returncode == 2, (text, r.stderr)
+        assert "bad.delete" in r.stderr and "Traceback" not in r.stderr
+    assert not list(root.glob(".nightly-*"))
+
+
+def test_second_rebalance_while_one_runs_exits_zero_and_leaves_nothing(root):
+    raw = root.parent / "raw"
+    with open(root / ".nightly.lock", "a+") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a rebalance of this root is running
+        r = subprocess.run(
+            _rebalance_cmd(root, "--new", str(raw / "day-2.jsonl")), capture_output=True, text=True
+        )
+    assert r.returncode == 0, r.stderr
+    assert "in progress" in r.stderr
+    assert not list(root.glob(".nightly-*")) and not list(root.glob(".staging-*"))
+
+
+def test_keep_after_a_rollback_never_deletes_newer_generations(root):
+    g0 = read_current(root)
+    g2 = run_rebalance(_night(root, 2)).generation
+    g3 = run_rebalance(_night(root, 3)).generation
+    set_current(root, g0)  # the operator rolls back
+    r = run_rebalance(_night(root, 3, keep=2))
+    assert r.status == "published" and r.generation not in (g2, g3)
+    # g2 and g3 were published after g0 (the oldest kept on the new chain): both stay
+    assert (root / g2).exists() and (root / g3).exists() and (root / g0).exists()
+    assert r.removed == []

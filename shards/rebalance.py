@@ -115,7 +115,9 @@ def read_deletions(path: str | None) -> list[str]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: the deletion list is not UTF-8 text ({exc})") from None
     if text.lstrip().startswith("{"):
-        raise ValueError(f"{path}: a JSON deletion list must be a list of sample ids, not an object")
+        raise ValueError(
+            f"{path}: a JSON deletion list must be a list of sample ids, not an object"
+        )
     if text.lstrip().startswith("["):
         try:
             ids = json.loads(text)
@@ -146,7 +148,9 @@ def collect_generations(root: Path, keep: int) -> list[str]:
     while g and (root / g / "manifest.json").exists() and g not in chain:
         chain.append(g)
         g = load_manifest(root / g, check_files=False).parent
-    complete = {d.name: _published_at(d) for d in root.glob("gen-*") if (d / "manifest.json").exists()}
+    complete = {
+        d.name: _published_at(d) for d in root.glob("gen-*") if (d / "manifest.json").exists()
+    }
     on_chain = chain[:keep]
     recent = sorted(complete, key=lambda n: complete[n], reverse=True)[:keep]
     oldest_kept = min(complete[n] for n in on_chain)

@@ -50,7 +50,7 @@ def _name_problem(name: str) -> str | None:
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        return f"member name {ascii(name)} is not valid UTF-8"
+        return f"member name {name!a} is not valid UTF-8"
     return None
 
 
@@ -90,7 +90,7 @@ def _entries(path: Path) -> Iterator[tuple]:
                     if bad is not None:
                         yield ("gap", bad, m.offset, bad == expected)
                     if m.offset_data + m.size > size:
-                        yield ("cut", m.offset, f"member {ascii(m.name)} needs bytes past the end")
+                        yield ("cut", m.offset, f"member {m.name!a} needs bytes past the end")
                         return
                     yield ("member", m)
                     expected = m.offset_data + (m.size + 511) // 512 * 512
@@ -131,8 +131,10 @@ def _groups(
                     error = error or near_damage(a)
                 yield key, members, error
                 key, members, error = None, [], None
-            rest = "the rest of the tar was not read" if b >= os.path.getsize(path) else (
-                f"reading resumed at the next valid header at byte {b}"
+            rest = (
+                "the rest of the tar was not read"
+                if b >= os.path.getsize(path)
+                else (f"reading resumed at the next valid header at byte {b}")
             )
             yield (
                 f"@{a}",
@@ -171,7 +173,7 @@ def _groups(
         if bad and error is None:
             error = SampleRejected("unsafe_member", f"{path}: {bad}")
         if any(s == suffix for _, s, _, _ in members) and error is None:
-            error = SampleRejected("duplicate_member", f"{path}: {ascii(m.name)} appears twice")
+            error = SampleRejected("duplicate_member", f"{path}: {m.name!a} appears twice")
         members.append((m.name, suffix, m.offset_data, m.size))
         end = m.offset_data + m.size
     if key is None:

@@ -24,7 +24,12 @@ N = 8
 def _tar(path: Path, n: int = N) -> list[tarfile.TarInfo]:
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
         for i in range(n):
-            conv = {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}
+            conv = {
+                "conversations": [
+                    {"from": "human", "value": f"q{i}"},
+                    {"from": "gpt", "value": "a"},
+                ]
+            }
             add_member(tf, f"s{i:03d}.json", json.dumps(conv).encode())
             add_member(tf, f"s{i:03d}.jpg", image_bytes(64 + i, 48))
     with tarfile.open(path) as tf:
@@ -56,12 +61,16 @@ def test_flipped_header_checksum_resynchronizes(tmp_path, tokenizer_path):
     framing = [e for e in errors if e["reason"] == "tar_framing"]
     # the damaged range is its own row, naming the tar and the byte offset
     gap = [e for e in framing if "hold no valid tar header" in e["detail"]]
-    assert len(gap) == 1 and str(victim.offset) in gap[0]["detail"] and "bad.tar" in gap[0]["detail"]
+    assert (
+        len(gap) == 1 and str(victim.offset) in gap[0]["detail"] and "bad.tar" in gap[0]["detail"]
+    )
     # s003 lost its image header: rejected, never measured as a text-only sample; the next
     # sample borders the damage and is rejected too; all later samples are read
     assert "s003" not in got
     assert {f"s{i:03d}" for i in (5, 6, 7)} <= got
-    rejected = {e["detail"].split("sample '")[1].split("'")[0] for e in framing if "borders" in e["detail"]}
+    rejected = {
+        e["detail"].split("sample '")[1].split("'")[0] for e in framing if "borders" in e["detail"]
+    }
     assert listed == got | rejected
     assert res.n_in == len(rows) + len(errors)
 
@@ -72,7 +81,12 @@ def test_member_longer_than_its_header_says(tmp_path, tokenizer_path):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
         for i in range(N):
-            conv = {"conversations": [{"from": "human", "value": f"q{i}"}, {"from": "gpt", "value": "a"}]}
+            conv = {
+                "conversations": [
+                    {"from": "human", "value": f"q{i}"},
+                    {"from": "gpt", "value": "a"},
+                ]
+            }
             body = json.dumps(conv).encode()
             info = tarfile.TarInfo(f"s{i:03d}.json")
             if i == 2:  # header says 40 bytes, 1500 bytes of data follow
@@ -91,7 +105,9 @@ def test_member_longer_than_its_header_says(tmp_path, tokenizer_path):
     assert listed == {f"s{i:03d}" for i in range(N)}
     assert {f"s{i:03d}" for i in range(3, N)} <= got | {"s003"}  # later samples are still read
     assert {"s004", "s005", "s006", "s007"} <= got
-    assert any(e["reason"] == "tar_framing" and "hold no valid tar header" in e["detail"] for e in errors)
+    assert any(
+        e["reason"] == "tar_framing" and "hold no valid tar header" in e["detail"] for e in errors
+    )
     assert "s002" not in got  # its json was cut at 40 bytes
     assert res.n_in == len(rows) + len(errors)
 
@@ -143,7 +159,9 @@ def test_member_name_not_utf8_is_that_samples_row(tmp_path, tokenizer_path):
         info = tarfile.TarInfo("bad\udcff.json")  # surrogateescape: the raw byte 0xff
         info.size = 2
         tf.addfile(info, io.BytesIO(b"{}"))
-    res, rows, errors = run(tmp_path, [tmp_path / "ok.tar"], tokenizer_path)
+    _res, rows, errors = run(tmp_path, [tmp_path / "ok.tar"], tokenizer_path)
     assert len(rows) == 3
     (bad,) = errors
-    assert bad["reason"] == "unsafe_member" and "UTF-8" in bad["detail"] and "ok.tar" in bad["detail"]
+    assert (
+        bad["reason"] == "unsafe_member" and "UTF-8" in bad["detail"] and "ok.tar" in bad["detail"]
+    )

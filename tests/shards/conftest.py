@@ -61,3 +61,19 @@ def gen_copy(generation, tmp_path) -> Path:
     dst = tmp_path / "gen"
     shutil.copytree(generation, dst)
     return dst
+
+
+@pytest.fixture(scope="module")
+def night1(tmp_path_factory) -> Path:
+    """A generation root written from day 1 of a three-day demo set (the nightly tests)."""
+    from tests.shards.nightly import first_night
+
+    return first_night(tmp_path_factory.mktemp("nightly"))
+
+
+@pytest.fixture
+def root(night1, tmp_path) -> Path:
+    """A private copy (generation root and raw data side by side, as the paths expect)."""
+    dst = tmp_path / "n"
+    shutil.copytree(night1.parent, dst, symlinks=True)
+    return dst / "shards"

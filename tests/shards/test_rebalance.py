@@ -8,71 +8,15 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from balancing.plan import BalanceConfig, build_plan, write_plan
-from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
-from dataprep.demo import split_days
 from shards import GroupDataset, RankInfo, open_generation, verify_generation
 from shards.publish import read_current
 from shards.rebalance import RebalanceConfig, run_rebalance
-from shards.writer import WriteConfig, write_generation
-
-
-def _first_night(root: Path) -> Path:
-    raw = root / "raw"
-    make_demo(raw, samples=150, seed=4, images=40)
-    split_days(raw, days=3, seed=4)
-    cost = root / "cost.parquet"
-    run_prep(
-        PrepConfig(
-            inputs=(str(raw / "day-1.jsonl"),),
-            output=str(cost),
-            tokenizer=str(raw / "tokenizer.json"),
-            image_root=str(raw),
-        )
-    )
-    write_plan(
-        build_plan(read_cost_table(cost), BalanceConfig(dp=4, nodes=2, target_batch=3)),
-        root / "plan",
-    )
-    write_generation(
-        WriteConfig(
-            plan_dir=str(root / "plan"),
-            cost_table=str(cost),
-            out=str(root / "shards"),
-            shard_size=1 << 20,
-        )
-    )
-    return root / "shards"
-
-
-@pytest.fixture(scope="module")
-def night1(tmp_path_factory) -> Path:
-    return _first_night(tmp_path_factory.mktemp("nightly"))
-
-
-@pytest.fixture
-def root(night1, tmp_path) -> Path:
-    """A private copy (generation root and raw data side by side, as the paths expect)."""
-    dst = tmp_path / "n"
-    shutil.copytree(night1.parent, dst, symlinks=True)
-    # prep recorded absolute paths of the original; point the copy's inputs at its own files
-    return dst / "shards"
-
-
-def _night(root: Path, k: int, **kw) -> RebalanceConfig:
-    raw = root.parent / "raw"
-    return RebalanceConfig(
-        current=str(root),
-        new=(str(raw / f"day-{k}.jsonl"),),
-        delete=str(raw / f"day-{k}.delete"),
-        **kw,
-    )
+from tests.shards.nightly import _night, _rebalance_cmd
 
 
 def _all_samples(gen) -> dict[str, dict]:
@@ -140,10 +84,6 @@ def test_unchanged_resubmission_is_not_reread(root):
     assert r.status == "unchanged"
     assert r.counts["not_reread"] == r.counts["read"] == len(_ids(again))
     assert r.counts["unchanged_resubmitted"] == r.counts["read"]
-
-
-def _rebalance_cmd(root: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "equishard", "rebalance", "--current", str(root), *args]
 
 
 def _run_night_subprocess(root: Path, k: int) -> subprocess.Popen:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from shards import open_generation, verify_generation
 from shards.publish import read_current, set_current
 from shards.rebalance import RebalanceConfig, run_rebalance
-from tests.shards.test_rebalance import _night, _rebalance_cmd, night1, root  # noqa: F401
+from tests.shards.nightly import _night, _rebalance_cmd
 
 
 def _with_bad_lines(root: Path, k: int, bad: int = 3) -> Path:

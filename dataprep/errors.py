@@ -17,9 +17,13 @@ REASONS: dict[str, str] = {
     "duplicate_id": "the sample id was already seen earlier in the input",
     "empty_conversation": "the conversation has no turns or no text",
     "non_string_text": "a turn's text is not a string",
+    "invalid_text": "the text is not valid Unicode (a lone surrogate) or the tokenizer rejects it",
+    "too_deep": "the record is nested deeper than the JSON parser allows",
     "bad_role": "a turn has a role that is not system/user/assistant",
     "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",
     "missing_image": "an image file does not exist",
+    "not_a_file": "an image path names a FIFO, device or directory, not a regular file",
+    "unsafe_path": "an image path resolves outside --image-root (.., a symlink, an absolute path)",
     "empty_image": "an image file has zero bytes",
     "truncated_image": "an image file ends before its end marker",
     "corrupt_image": "an image file's header cannot be parsed",
@@ -33,6 +37,7 @@ REASONS: dict[str, str] = {
     "tar_framing": "a damaged tar header (or an over-long member) at this byte range; the samples "
     "beside it may be incomplete",
     "read_error": "the input could not be read at this position",
+    "unreadable_record": "the record could not be processed (the detail names the exception)",
 }
 
 

@@ -1,15 +1,27 @@
-"""Image size and format from the file header, without decoding pixels.
+"""Image size and format from the file header, and a check that the file is complete.
 
-Pillow's ``Image.open`` parses only the header. A truncated file still has a valid header, so the
-end of the file is checked too: JPEG must hold an EOI marker (``FF D9``) in its last bytes (entropy
-coded data never holds one, so it marks the end), PNG must end with its ``IEND`` chunk, GIF with its
-``;`` trailer, and WebP's RIFF size must match the byte count. Only header and tail are read.
+Pillow's ``Image.open`` parses only the header, so a truncated file still opens. Two checks of
+completeness exist (``check``):
+
+* ``"header"`` (default): no pixels are decoded, but the file's structure is walked to its end
+  marker: JPEG's marker segments and entropy-coded scans up to EOI (so an ``FF D9`` inside an
+  embedded thumbnail, a comment or a table is not taken for the end), PNG's chunks up to
+  ``IEND``, GIF's blocks up to its trailer; WebP's RIFF size and BMP's file size must fit the
+  bytes. A file that a full decode would reject as truncated is always rejected; a file that lost
+  only its end marker (which Pillow may still decode) is rejected too.
+* ``"decode"``: a full Pillow decode (``--check-images decode``), for the exact answer at the
+  cost of decoding every pixel.
+
+Image paths are opened non-blocking and must be regular files: a FIFO, a device or a directory
+is rejected at once instead of hanging or reading forever.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
+import stat
 import warnings
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -19,15 +31,20 @@ from PIL import Image
 from dataprep.errors import SampleRejected
 
 __all__ = [
+    "CHECKS",
     "SUPPORTED_FORMATS",
     "ImageHeader",
+    "open_image_file",
     "probe_image",
     "probe_image_bytes",
     "probe_image_file",
 ]
 
 SUPPORTED_FORMATS = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP"})
-_TAIL = 4096
+CHECKS = ("header", "decode")
+# a JPEG marker inside entropy-coded data: FF followed by anything but a stuffed zero, a
+# restart marker (D0-D7) or another fill byte
+_JPEG_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,23 +55,97 @@ class ImageHeader:
     nbytes: int
 
 
-def _check_tail(fmt: str, tail: bytes, nbytes: int, head: bytes, where: str) -> None:
-    if fmt == "JPEG":
-        ok = b"\xff\xd9" in tail
-    elif fmt == "PNG":
-        ok = b"IEND" in tail[-32:]
-    elif fmt == "GIF":
-        ok = tail.rstrip(b"\x00").endswith(b";")
-    elif fmt == "WEBP":
-        ok = len(head) >= 8 and int.from_bytes(head[4:8], "little") + 8 <= nbytes
-    else:  # BMP: the header's file size field
-        ok = len(head) >= 6 and int.from_bytes(head[2:6], "little") <= nbytes
-    if not ok:
-        raise SampleRejected("truncated_image", f"{where}: {fmt} data ends before its end marker")
+def _jpeg_complete(data: bytes) -> bool:
+    n, pos = len(data), 2  # after SOI
+    while pos + 2 <= n:
+        if data[pos] != 0xFF:
+            return False  # not a marker where one is due: damaged, or cut inside a segment
+        code = data[pos + 1]
+        if code == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if code == 0xD9:  # EOI
+            return True
+        if 0xD0 <= code <= 0xD7 or code == 0x01:  # markers without a length
+            pos += 2
+            continue
+        if pos + 4 > n:
+            return False
+        end = pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+        if end > n:
+            return False
+        if code == 0xDA:  # start of scan: entropy-coded data runs to the next marker
+            m = _JPEG_MARKER.search(data, end)
+            if m is None:
+                return False
+            end = m.start()
+        pos = end
+    return False
 
 
-def probe_image(fileobj: BinaryIO, nbytes: int, where: str) -> ImageHeader:
-    """Read size and format of the image in ``fileobj`` (its start at position 0, ``nbytes`` long).
+def _png_complete(data: bytes) -> bool:
+    n, pos = len(data), 8  # after the signature
+    while pos + 8 <= n:
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        end = pos + 12 + length  # length, type, data, CRC
+        if end > n:
+            return False
+        if kind == b"IEND":
+            return True
+        pos = end
+    return False
+
+
+def _gif_subblocks(data: bytes, pos: int) -> int:
+    """Position after a run of data sub-blocks (ending with a zero-size block), or -1."""
+    n = len(data)
+    while pos < n:
+        size = data[pos]
+        pos += 1 + size
+        if size == 0:
+            return pos
+    return -1
+
+
+def _gif_complete(data: bytes) -> bool:
+    n = len(data)
+    if n < 13:
+        return False
+    flags = data[10]
+    pos = 13 + (3 * 2 ** ((flags & 7) + 1) if flags & 0x80 else 0)
+    while pos < n:
+        block = data[pos]
+        if block == 0x3B:  # trailer
+            return True
+        if block == 0x21:  # extension: label, then sub-blocks
+            pos = _gif_subblocks(data, pos + 2)
+        elif block == 0x2C:  # image: descriptor, local colour table, LZW code size, sub-blocks
+            if pos + 10 > n:
+                return False
+            local = data[pos + 9]
+            pos += 10 + (3 * 2 ** ((local & 7) + 1) if local & 0x80 else 0)
+            pos = _gif_subblocks(data, pos + 1)
+        else:
+            return False
+        if pos < 0:
+            return False
+    return False
+
+
+def _complete(fmt: str, fileobj: BinaryIO, nbytes: int, head: bytes) -> bool:
+    if fmt == "WEBP":
+        return len(head) >= 8 and int.from_bytes(head[4:8], "little") + 8 <= nbytes
+    if fmt == "BMP":
+        return len(head) >= 6 and int.from_bytes(head[2:6], "little") <= nbytes
+    fileobj.seek(0)
+    data = fileobj.read(nbytes)
+    return {"JPEG": _jpeg_complete, "PNG": _png_complete, "GIF": _gif_complete}[fmt](data)
+
+
+def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header") -> ImageHeader:
+    """Read size and format of the image in ``fileobj`` (its start at position 0, ``nbytes`` long)
+    and check that it is complete (``check``: ``"header"`` or ``"decode"``, module docstring).
 
     Raises :class:`SampleRejected` naming ``where`` when the image is empty, unreadable, truncated,
     too large or in an unsupported format.
@@ -64,18 +155,27 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str) -> ImageHeader:
     fileobj.seek(0)
     head = fileobj.read(16)
     fileobj.seek(0)
-    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
-        _check_tail("WEBP", b"", nbytes, head, where)  # Pillow parses WebP whole: check size first
+    if (
+        head[:4] == b"RIFF"
+        and head[8:12] == b"WEBP"
+        and not _complete("WEBP", fileobj, nbytes, head)
+    ):
+        # Pillow parses WebP whole: check its size first
+        raise SampleRejected("truncated_image", f"{where}: WEBP data ends before its RIFF size")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(fileobj) as im:
                 width, height = im.size
                 fmt = im.format or "unknown"
+                if check == "decode" and fmt in SUPPORTED_FORMATS:
+                    im.load()
     except Image.DecompressionBombError as exc:
         raise SampleRejected("image_too_large", f"{where}: {exc}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise SampleRejected("corrupt_image", f"{where}: cannot parse header ({exc})") from None
+        if check == "decode" and "truncated" in str(exc):
+            raise SampleRejected("truncated_image", f"{where}: {exc}") from None
+        raise SampleRejected("corrupt_image", f"{where}: cannot parse ({exc})") from None
     if fmt not in SUPPORTED_FORMATS:
         raise SampleRejected(
             "unsupported_format",
@@ -83,24 +183,46 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str) -> ImageHeader:
         )
     if width <= 0 or height <= 0:
         raise SampleRejected("empty_image", f"{where}: {width}x{height} pixels")
-    fileobj.seek(max(0, nbytes - _TAIL))
-    tail = fileobj.read(min(nbytes, _TAIL))
-    _check_tail(fmt, tail, nbytes, head, where)
+    if check == "header" and not _complete(fmt, fileobj, nbytes, head):
+        raise SampleRejected("truncated_image", f"{where}: {fmt} data ends before its end marker")
     return ImageHeader(width=width, height=height, format=fmt, nbytes=nbytes)
 
 
-def probe_image_file(path: str | os.PathLike) -> ImageHeader:
-    """Probe an image file on disk; a missing file is a ``missing_image`` rejection."""
+def open_image_file(path: str | os.PathLike) -> BinaryIO:
+    """Open an image file for reading; it must be a regular file. Opened non-blocking, so a FIFO
+    never hangs; a missing file is ``missing_image``, anything not a regular file
+    ``not_a_file``."""
     try:
-        f = open(path, "rb")  # noqa: SIM115 - closed below, errors mapped to reasons
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise SampleRejected("missing_image", f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise SampleRejected("not_a_file", f"{path}: a directory, not an image file") from None
     except OSError as exc:
         raise SampleRejected("missing_image", f"{path}: {exc.strerror}") from None
-    with f:
-        return probe_image(f, os.fstat(f.fileno()).st_size, str(path))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = (
+            "a FIFO"
+            if stat.S_ISFIFO(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a directory"
+            if stat.S_ISDIR(mode)
+            else "not a regular file"
+        )
+        raise SampleRejected("not_a_file", f"{path}: {kind}, not an image file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
-def probe_image_bytes(data: bytes, where: str) -> ImageHeader:
-    """Probe an image held in memory (an embedded Parquet/HF image column)."""
-    return probe_image(io.BytesIO(data), len(data), where)
+def probe_image_file(path: str | os.PathLike, check: str = "header") -> ImageHeader:
+    """Probe an image file on disk (see :func:`open_image_file` for what it must be)."""
+    with open_image_file(path) as f:
+        return probe_image(f, os.fstat(f.fileno()).st_size, str(path), check)
+
+
+def probe_image_bytes(data: bytes, where: str, check: str = "header") -> ImageHeader:
+    """Probe an image held in memory (an embedded Parquet/HF image column, a shard member)."""
+    return probe_image(io.BytesIO(data), len(data), where, check)

@@ -22,12 +22,13 @@ from dataprep.chat_template import ChatTemplate
 from dataprep.cost_table import COST_SCHEMA
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
+from dataprep.image_refs import image_ref
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
 from dataprep.records import normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
 from dataprep.vision_policy import VisionPolicy
 
-__all__ = ["ChunkResult", "Measurer"]
+__all__ = ["ChunkResult", "Measurer", "error_row", "fingerprint", "record_bytes"]
 
 
 @dataclass(slots=True)
@@ -40,6 +41,18 @@ class ChunkResult:
     # rows the cache already has: (position among the unit's rows, sample_id, location, source,
     # cache_key); ``batch`` holds the other positions in order
     cached: list[tuple[int, str, str, str, str]] = field(default_factory=list)
+    lines: list[int | None] = field(default_factory=list)  # input line of each ``batch`` row
+    cached_lines: list[int | None] = field(default_factory=list)  # and of each ``cached`` row
+
+    def row_lines(self) -> list[int | None]:
+        """The input line of each of the unit's rows in order (measured and cached merged)."""
+        n = len(self.lines) + len(self.cached)
+        out: list[int | None] = [None] * n
+        cached_at = {c[0]: line for c, line in zip(self.cached, self.cached_lines, strict=True)}
+        measured = iter(self.lines)
+        for i in range(n):
+            out[i] = cached_at[i] if i in cached_at else next(measured)
+        return out
 
 
 @dataclass(slots=True)
@@ -75,13 +88,48 @@ class _Window:
         return self._pos
 
 
-def _probe(ref: ImageRef) -> ImageHeader:
+def _probe(ref: ImageRef, check: str) -> ImageHeader:
     if ref.data is not None:
-        return probe_image_bytes(ref.data, ref.where)
+        return probe_image_bytes(ref.data, ref.where, check)
     if ref.size is None:
-        return probe_image_file(ref.path)
+        return probe_image_file(ref.path, check)
     with open(ref.path, "rb") as f:
-        return probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where)
+        return probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where, check)
+
+
+def record_bytes(rec) -> bytes:
+    """The bytes a record's fingerprint starts from: as read, or its canonical JSON."""
+    if rec.raw is not None:
+        return rec.raw
+    return json.dumps(rec.record, sort_keys=True, default=_digest).encode()
+
+
+def fingerprint(raw: bytes, headers: list[ImageHeader]) -> str:
+    """A sample's content fingerprint: its record bytes and each image's byte size and pixel
+    size. write recomputes it from what it reads to find inputs that changed after prep."""
+    fp = hashlib.blake2b(raw, digest_size=16)
+    for h in headers:
+        fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
+    return fp.hexdigest()
+
+
+def _clean(text: str | None) -> str | None:
+    """A string Arrow can store (UTF-8): lone surrogates become backslash escapes."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def error_row(source, location, line, sample_id, exc: SampleRejected) -> dict:
+    """One errors-table row (strings made storable whatever the bad input held)."""
+    return {
+        "source": _clean(source),
+        "location": _clean(location),
+        "line": line,
+        "sample_id": _clean(sample_id),
+        "reason": exc.reason,
+        "detail": _clean(exc.detail),
+    }
 
 
 def cache_key(raw: bytes, refs: list[ImageRef]) -> str:
@@ -112,33 +160,32 @@ class Measurer:
         counter: TokenCounter,
         opts: ReadOptions,
         cache: dict[str, str] | None = None,
+        check_images: str = "header",
     ) -> None:
         self.policy = policy
         self.template = template
         self.counter = counter
         self.opts = opts
         self.cache = cache or {}
+        self.check_images = check_images
 
-    def _ref(self, item, unit: WorkUnit, index: int, k: int) -> ImageRef:
-        where = f"{unit.path}#{index}/image{k}"
-        if isinstance(item, ImageRef):
-            return item
-        if isinstance(item, dict):
-            if item.get("bytes"):
-                return ImageRef(where=where, data=item["bytes"])
-            item = item.get("path")
-        if isinstance(item, (bytes, bytearray)):
-            return ImageRef(where=where, data=bytes(item))
-        if not isinstance(item, str) or not item:
-            raise SampleRejected(
-                "missing_image", f"{where}: image reference {item!r:.80} is not a path"
-            )
-        path = os.path.join(self.opts.image_root or os.path.dirname(unit.path), item)
-        return ImageRef(where=path, path=path)
+    def count(self, texts: list[str]) -> list[int | str]:
+        """Text tokens of each text; a text the tokenizer refuses gets the error message in its
+        place (only that sample is rejected, not the batch)."""
+        try:
+            return list(self.counter.count(texts))
+        except Exception:  # find the culprit(s): one call per text
+            out: list[int | str] = []
+            for t in texts:
+                try:
+                    out.append(self.counter.count([t])[0])
+                except Exception as exc:
+                    out.append(f"the tokenizer refuses the text ({type(exc).__name__}: {exc})")
+            return out
 
     def measure(self, unit: WorkUnit) -> ChunkResult:
         prepared = self.prepare(unit)
-        return self.finish(prepared, self.counter.count(prepared.texts))
+        return self.finish(prepared, self.count(prepared.texts))
 
     def measure_many(self, units: Iterable[WorkUnit]) -> Iterator[ChunkResult]:
         """``measure`` over ``units`` in order, with each unit's batch encode (native code that
@@ -150,7 +197,7 @@ class Measurer:
             previous = None
             for unit in units:
                 prepared = self.prepare(unit)
-                counting = pool.submit(self.counter.count, prepared.texts)
+                counting = pool.submit(self.count, prepared.texts)
                 if previous is not None:
                     yield self.finish(previous[0], previous[1].result())
                 previous = (prepared, counting)
@@ -171,43 +218,48 @@ class Measurer:
                     raise rec.error
                 sample_id = sample_id_of(rec.record, f"{unit.source}:{rec.index}")
                 sample = normalize_record(rec.record, sample_id, images=rec.images)
-                refs = [self._ref(img, unit, rec.index, k) for k, img in enumerate(sample.images)]
-                raw = rec.raw
-                if raw is None:
-                    raw = json.dumps(rec.record, sort_keys=True, default=_digest).encode()
+                refs = [
+                    image_ref(img, unit.path, self.opts, f"{location}/image{k}")
+                    for k, img in enumerate(sample.images)
+                ]
+                raw = record_bytes(rec)
                 key = cache_key(raw, refs)
                 if key and self.cache.get(sample_id) == key:
                     position = len(pending) + len(out.cached)
                     out.cached.append((position, sample_id, location, unit.source, key))
+                    out.cached_lines.append(rec.line)
                     continue
-                headers = [_probe(r) for r in refs]
+                headers = [_probe(r, self.check_images) for r in refs]
                 costs = [self.policy.image_cost(h.width, h.height) for h in headers]
-                texts.append(self.template.render(sample.turns))
+                text = self.template.render(sample.turns)
             except SampleRejected as exc:
-                out.errors.append(
-                    {
-                        "source": unit.source,
-                        "location": location,
-                        "line": rec.line,
-                        "sample_id": sample_id,
-                        "reason": exc.reason,
-                        "detail": exc.detail,
-                    }
-                )
+                out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue
-            fp = hashlib.blake2b(raw, digest_size=16)
-            for h in headers:
-                fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
-            pending.append((sample_id, location, headers, costs, fp.hexdigest(), key))
+            except Exception as exc:  # whatever else is wrong with one record is its own row
+                err = SampleRejected("unreadable_record", f"{location}: {type(exc).__name__}: {exc}")
+                out.errors.append(error_row(unit.source, location, rec.line, sample_id, err))
+                continue
+            texts.append(text)
+            position = len(pending) + len(out.cached)
+            pending.append(
+                (sample_id, location, headers, costs, fingerprint(raw, headers), key, rec.line, position)
+            )
         return _Prepared(unit=unit, out=out, pending=pending, texts=texts)
 
     def finish(self, prepared: _Prepared, counts: list[int]) -> ChunkResult:
         """The unit's cost rows, given the text token count of each prepared sample."""
         out, unit = prepared.out, prepared.unit
         rows: dict[str, list] = {c: [] for c in COST_SCHEMA.names}
-        for (sample_id, location, headers, costs, fp, key), n_text in zip(
+        dropped: list[int] = []  # positions of samples whose text the tokenizer refused
+        for (sample_id, location, headers, costs, fp, key, line, position), n_text in zip(
             prepared.pending, counts, strict=True
         ):
+            if isinstance(n_text, str):
+                err = SampleRejected("invalid_text", f"{location}: {n_text}")
+                out.errors.append(error_row(unit.source, location, line, sample_id, err))
+                dropped.append(position)
+                continue
+            out.lines.append(line)
             seq = [s for c in costs for s in c.vit_seq_lens]
             n_img = len(headers)
             rows["sample_id"].append(sample_id)
@@ -226,4 +278,8 @@ class Measurer:
             rows["fingerprint"].append(fp)
             rows["cache_key"].append(key)
         out.batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
+        if dropped:  # cached rows after a dropped one move up
+            out.cached = [
+                (pos - sum(d < pos for d in dropped), *rest) for pos, *rest in out.cached
+            ]
         return out

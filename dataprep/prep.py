@@ -32,6 +32,7 @@ from dataprep.cost_table import (
     read_cost_table,
 )
 from dataprep.errors import DataprepError, ErrorRateExceeded
+from dataprep.image_header import CHECKS
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
@@ -57,6 +58,8 @@ class PrepConfig:
     max_error_rate: float = 0.01
     progress: bool = False
     cache: str | None = None  # a cost table whose rows are reused when sample_id + cache_key match
+    check_images: str = "header"  # "header": walk each file's structure; "decode": full decode
+    allow_outside_image_root: bool = False  # read image paths that resolve outside image_root
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -77,6 +80,14 @@ class PrepConfig:
             )
         if not 0.0 <= self.max_error_rate <= 1.0:
             raise ValueError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
+        if self.check_images not in CHECKS:
+            raise ValueError(
+                f"--check-images must be one of {', '.join(CHECKS)}, got {self.check_images!r}"
+            )
+        if self.cache is not None and not Path(self.cache).is_file():
+            raise ValueError(
+                f"--cache {self.cache}: no such cost table; give the cost table of an earlier prep"
+            )
         parse_vision_policy(self.vision_policy)  # validates the spec early
         TokenizerSpec.parse(self.tokenizer)
         load_template(self.template)
@@ -133,9 +144,17 @@ def _measurer(cfg: PrepConfig) -> Measurer:
         policy=parse_vision_policy(cfg.vision_policy),
         template=load_template(cfg.template),
         counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
-        opts=ReadOptions(
-            image_root=cfg.image_root, image_column=cfg.image_column, text_column=cfg.text_column
-        ),
+        opts=_read_options(cfg),
+        check_images=cfg.check_images,
+    )
+
+
+def _read_options(cfg: PrepConfig) -> ReadOptions:
+    return ReadOptions(
+        image_root=str(Path(cfg.image_root).resolve()) if cfg.image_root else None,
+        image_column=cfg.image_column,
+        text_column=cfg.text_column,
+        allow_outside_image_root=cfg.allow_outside_image_root,
     )
 
 
@@ -183,11 +202,8 @@ def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dic
         "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
         "template": load_template(cfg.template).describe(),
         "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
-        "read_options": {
-            "image_root": str(Path(cfg.image_root).resolve()) if cfg.image_root else None,
-            "image_column": cfg.image_column,
-            "text_column": cfg.text_column,
-        },
+        "read_options": asdict(_read_options(cfg)),
+        "check_images": cfg.check_images,
         "shard": {"index": cfg.shard_index, "num_shards": cfg.num_shards},
         "counts": {
             "in": result.n_in,
@@ -249,6 +265,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                 result.n_cached += len(chunk.cached)
                 batch = _with_cached(chunk, cache, cache_where) if chunk.cached else chunk.batch
                 ids = batch.column("sample_id").to_pylist()
+                lines = chunk.row_lines()
                 keep = np.ones(len(ids), dtype=bool)
                 for i, sid in enumerate(ids):
                     if sid in seen:
@@ -257,7 +274,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                             {
                                 "source": batch.column("source")[i].as_py(),
                                 "location": batch.column("location")[i].as_py(),
-                                "line": None,
+                                "line": lines[i],
                                 "sample_id": sid,
                                 "reason": "duplicate_id",
                                 "detail": f"sample_id {sid!r} is used by an earlier sample",

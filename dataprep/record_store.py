@@ -9,8 +9,6 @@ JSON, row numbers for Parquet/HF. Image bytes are read when asked for, never cac
 
 from __future__ import annotations
 
-import json
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from dataprep.errors import DataprepError, SampleRejected
+from dataprep.image_header import open_image_file
+from dataprep.image_refs import image_ref
+from dataprep.measure import record_bytes
 from dataprep.readers import ImageRef, RawRecord, ReadOptions, detect_reader, read_unit
 from dataprep.readers.base import WorkUnit
-from dataprep.readers.jsonl import scan_json, scan_jsonl
+from dataprep.readers.jsonl import load_record, scan_json, scan_jsonl
 from dataprep.readers.tabular import scan_hf, scan_parquet
 from dataprep.readers.wds import scan_wds
 from dataprep.records import normalize_record, sample_id_of
@@ -41,15 +42,17 @@ class RawSample:
     sample_id: str
     turns: list[tuple[str, str]]
     images: list[ImageRef]
+    raw: bytes = b""  # the record's bytes, as prep fingerprinted them
 
 
 def image_bytes(ref: ImageRef) -> bytes:
     """The original encoded bytes of one image."""
     if ref.data is not None:
         return ref.data
-    with open(ref.path, "rb") as f:
-        if ref.size is None:
+    if ref.size is None:  # a file of its own: must still be a regular file
+        with open_image_file(ref.path) as f:
             return f.read()
+    with open(ref.path, "rb") as f:
         f.seek(ref.offset)
         return f.read(ref.size)
 
@@ -110,13 +113,13 @@ class RecordStore:
             with open(path, "rb") as f:
                 f.seek(int(offsets[index]))
                 raw = f.readline()
+            raw = raw[:-1] if raw.endswith(b"\n") else raw  # as prep's reader split it
+            line = int(lines[index])
             try:
-                return RawRecord(
-                    index=index, line=int(lines[index]), record=json.loads(raw), raw=raw
-                )
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                err = SampleRejected("malformed_json", f"{path}: line {int(lines[index])}: {exc}")
-                return RawRecord(index=index, line=int(lines[index]), raw=raw, error=err)
+                record = load_record(raw, f"{path}: line {line}")
+            except SampleRejected as err:
+                return RawRecord(index=index, line=line, raw=raw, error=err)
+            return RawRecord(index=index, line=line, record=record, raw=raw)
         unit = self._unit_for(path, index)
         key = id(unit)
         records = self._cache.get(key)
@@ -130,7 +133,8 @@ class RecordStore:
         return records[index]
 
     def get(self, location: str) -> RawSample:
-        """The sample at ``input#index``; :class:`SampleRejected` if it no longer reads cleanly."""
+        """The sample at ``input#index``; :class:`SampleRejected` if it no longer reads cleanly.
+        Images are resolved by the same rule as prep's (:func:`dataprep.image_refs.image_ref`)."""
         path, sep, idx = location.rpartition("#")
         if not sep or not idx.isdigit():
             raise DataprepError(f"bad location {location!r}: expected 'input#record-index'")
@@ -143,18 +147,8 @@ class RecordStore:
             source = self._unit_for(path, int(idx)).source
         sid = sample_id_of(rec.record, f"{source}:{rec.index}")
         sample = normalize_record(rec.record, sid, images=rec.images)
-        refs = []
-        for k, img in enumerate(sample.images):
-            if isinstance(img, ImageRef):
-                refs.append(img)
-            elif isinstance(img, dict) and img.get("bytes"):
-                refs.append(ImageRef(where=f"{location}/image{k}", data=img["bytes"]))
-            elif isinstance(img, (bytes, bytearray)):
-                refs.append(ImageRef(where=f"{location}/image{k}", data=bytes(img)))
-            else:
-                name = img.get("path") if isinstance(img, dict) else img
-                if not isinstance(name, str):
-                    raise SampleRejected("missing_image", f"{location}: image {k} is not a path")
-                full = os.path.join(self.opts.image_root or os.path.dirname(path), name)
-                refs.append(ImageRef(where=full, path=full))
-        return RawSample(sample_id=sid, turns=sample.turns, images=refs)
+        refs = [
+            image_ref(img, path, self.opts, f"{location}/image{k}")
+            for k, img in enumerate(sample.images)
+        ]
+        return RawSample(sample_id=sid, turns=sample.turns, images=refs, raw=record_bytes(rec))

@@ -35,6 +35,16 @@ class Sample:
     images: list[Any]  # path strings, bytes, or {"bytes": ..., "path": ...} dicts
 
 
+def _valid_unicode(text: str) -> bool:
+    """False for strings holding lone surrogates (JSON's ``"\\ud800"``): no tokenizer, Arrow
+    column or UTF-8 file can take them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def sample_id_of(record: Any, default_id: str) -> str:
     """The record's own id (``id``, ``sample_id`` or ``uid``), else ``default_id``."""
     if not isinstance(record, dict):
@@ -47,6 +57,8 @@ def sample_id_of(record: Any, default_id: str) -> str:
             value = str(value)
             if not value:
                 raise SampleRejected("bad_id", f"{key} is empty")
+            if not _valid_unicode(value):
+                raise SampleRejected("bad_id", f"{key}={value!a} is not valid Unicode")
             return value
     return default_id
 
@@ -103,6 +115,11 @@ def _turns(record: dict) -> list[tuple[str, str]]:
         if role is None:
             raise SampleRejected("bad_role", f"turn {i} has {role_key}={turn.get(role_key)!r}")
         text, _ = _content_text(turn.get(text_key), f"turn {i}")
+        if not _valid_unicode(text):
+            bad = next(k for k, c in enumerate(text) if "\ud800" <= c <= "\udfff")
+            raise SampleRejected(
+                "invalid_text", f"turn {i} holds a lone surrogate at character {bad} (not Unicode)"
+            )
         turns.append((role, text))
     if not any(text.strip() for _, text in turns):
         raise SampleRejected("empty_conversation", "every turn is empty")

@@ -21,6 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from dataprep.errors import DataprepError, SampleRejected
+from dataprep.image_header import probe_image_bytes
+from dataprep.measure import fingerprint
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, image_bytes
 from shards.errors import WriteError
@@ -43,15 +45,22 @@ COST_FIELDS = (
 )
 
 
-def read_sample(s: dict, store: RecordStore, verified: set[str], groups: dict):
+def read_sample(
+    s: dict, store: RecordStore, verified: set[str], groups: dict, check: str = "header"
+):
     """(turns, image names, image bytes) of a planned sample: from the parent generation's
     shards when it is unchanged there (``groups`` caches recently read parent groups), else
-    from the raw input through dataprep's readers."""
+    from the raw input through dataprep's readers, checked against the cost table's
+    fingerprint (the record and every image as prep measured them; ``check`` is prep's image
+    check) so that a raw file changed since prep is never written with its old costs."""
     if s.get("parent"):
         return parent_sample(s["parent"], s["sample_id"], verified, groups)
     try:
         sample = store.get(s["location"])
         imgs = [image_bytes(r) for r in sample.images]
+        headers = [
+            probe_image_bytes(b, r.where, check) for b, r in zip(imgs, sample.images, strict=True)
+        ]
         exts = [image_ext(b) for b in imgs]
     except (SampleRejected, DataprepError, OSError) as exc:
         raise WriteError(
@@ -62,6 +71,12 @@ def read_sample(s: dict, store: RecordStore, verified: set[str], groups: dict):
         raise WriteError(
             f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
             f"{s['sample_id']!r}; re-run prep and balance"
+        )
+    if s.get("fingerprint") and fingerprint(sample.raw, headers) != s["fingerprint"]:
+        raise WriteError(
+            f"sample {s['sample_id']!r} at {s['location']} changed since prep measured it (its "
+            "record or an image differs from the cost table's fingerprint): its costs are stale; "
+            "re-run prep and balance on the current data"
         )
     return [list(t) for t in sample.turns], [f"{i}.{e}" for i, e in enumerate(exts)], imgs
 
@@ -110,7 +125,7 @@ def write_stream(job: dict) -> list[dict]:
                     if g.get("from"):
                         copy_group(tf, g, job["rank"], verified)
                     else:
-                        _add_group(tf, g, job["rank"], store, verified, parent_groups)
+                        _add_group(tf, g, job, store, verified, parent_groups)
                     meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
                     samples += len(g["samples"])
                     g = next(groups, None)
@@ -143,6 +158,7 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
                     "sample_id": row["sample_id"],
                     "location": row["location"],
                     "source": row["source"],
+                    "fingerprint": row["fingerprint"],
                     "cost": {c: row[c] for c in COST_FIELDS},
                     "parent": None
                     if row["from_rank"] is None
@@ -153,9 +169,12 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
         yield g
 
 
-def _add_group(tf, g: dict, rank: int, store: RecordStore, verified: set, parent_groups: dict):
+def _add_group(tf, g: dict, job: dict, store: RecordStore, verified: set, parent_groups: dict):
+    rank = job["rank"]
     for pos, s in enumerate(g["samples"]):
-        turns, names, imgs = read_sample(s, store, verified, parent_groups)
+        turns, names, imgs = read_sample(
+            s, store, verified, parent_groups, job.get("check_images", "header")
+        )
         key = sample_key(g["step"], pos, s["sample_id"])
         doc = {
             "sample_id": s["sample_id"],

@@ -115,7 +115,7 @@ def generation_id(
 
 
 def _jobs(
-    plan, cost, stage: Path, cfg: WriteConfig, read_options: dict, nodes: int, per: int
+    plan, cost, stage: Path, cfg: WriteConfig, prep_meta: dict, nodes: int, per: int
 ) -> list[dict]:
     """One job per plan rank: its plan rows joined with their cost-table columns, in plan order,
     as an Arrow table (columnar: cheap to build and to send to a worker process; the worker
@@ -132,7 +132,7 @@ def _jobs(
         if "parent_step" in plan.column_names
         else pa.array(np.full(plan.num_rows, -1, dtype=np.int64))
     )
-    picked = cost.select([*COST_FIELDS, "location", "source"]).take(where)
+    picked = cost.select([*COST_FIELDS, "location", "source", "fingerprint"]).take(where)
     rows = pa.table(
         {
             "sample_id": plan.column("sample_id"),
@@ -142,6 +142,8 @@ def _jobs(
             **{c: picked.column(c) for c in picked.column_names},
         }
     )
+    read_options = prep_meta.get("read_options") or {}
+    check_images = prep_meta.get("check_images", "header")
     rank = plan.column("rank").to_numpy()
     groups, unchanged = reuse_index(cfg.reuse_from, parent_col, cost)
     # an unchanged sample of a rebuilt step is copied from its parent group: (rank, step) there
@@ -174,6 +176,7 @@ def _jobs(
                 "parent_verified": verified,
                 "shard_size": cfg.shard_size,
                 "read_options": read_options,
+                "check_images": check_images,
             }
         )
     return jobs
@@ -267,10 +270,9 @@ def _write_all(
     plan = pq.read_table(Path(cfg.plan_dir) / "plan.parquet")
     report = json.loads((Path(cfg.plan_dir) / "report.json").read_text())
     cost = read_cost_table(cfg.cost_table)
-    read_options = table_metadata(cfg.cost_table).get("read_options") or {}
     params = report["parameters"]
     nodes, per = params["nodes"], params["gpus_per_node"]
-    jobs = _jobs(plan, cost, stage, cfg, read_options, nodes, per)
+    jobs = _jobs(plan, cost, stage, cfg, table_metadata(cfg.cost_table), nodes, per)
     results: dict[int, list[dict]] = {}
     bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
     if cfg.workers == 1:

@@ -38,6 +38,8 @@ class ReadOptions:
     image_root: str | None = None
     image_column: str | None = None
     text_column: str | None = None
+    # read image paths that resolve outside image_root (off by default: dataprep.image_refs)
+    allow_outside_image_root: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -8,13 +8,79 @@ must be parsed whole (that is the format); its records travel to workers in slic
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from dataprep.errors import DataprepError, SampleRejected
 from dataprep.readers.base import RawRecord, ReadOptions, WorkUnit
 
-__all__ = ["read_json", "read_jsonl", "scan_json", "scan_jsonl"]
+__all__ = ["load_record", "read_json", "read_jsonl", "scan_json", "scan_jsonl"]
+
+
+def load_record(raw: bytes | str, where: str):
+    """One JSON record, or raise :class:`SampleRejected` saying why not (``where`` names the
+    input and line or member)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SampleRejected("malformed_json", f"{where}: {exc}") from None
+    except RecursionError:
+        raise SampleRejected(
+            "too_deep", f"{where}: nested deeper than the JSON parser allows"
+        ) from None
+
+
+class _Unparsed:
+    """A JSON list element that could not be parsed (too deep); read as its errors row."""
+
+    def __init__(self, error: SampleRejected) -> None:
+        self.error = error
+
+
+# what matters for finding where a JSON value ends: strings (skipped whole) and brackets
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _value_end(text: str, pos: int) -> int:
+    """Where the JSON value starting at ``pos`` ends (by bracket depth; strings skipped)."""
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text, pos):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+        elif tok in "]}":
+            depth -= 1
+        if depth <= 0:
+            return m.end()
+    raise ValueError("unterminated value")
+
+
+def _list_elements(text: str, path: Path) -> list:
+    """The elements of a JSON list one by one, so that an element too deep for the parser
+    becomes its own errors row instead of failing the whole file."""
+    dec = json.JSONDecoder()
+    ws = re.compile(r"\s*")
+    pos = ws.match(text, 0).end() + 1  # after '['
+    out: list = []
+    while True:
+        pos = ws.match(text, pos).end()
+        if text.startswith("]", pos):
+            return out
+        try:
+            value, end = dec.raw_decode(text, pos)
+        except RecursionError:
+            end = _value_end(text, pos)
+            value = _Unparsed(
+                SampleRejected(
+                    "too_deep",
+                    f"{path}: record {len(out)} is nested deeper than the JSON parser allows",
+                )
+            )
+        out.append(value)
+        pos = ws.match(text, end).end()
+        if text.startswith(",", pos):
+            pos += 1
 
 
 def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
@@ -59,9 +125,9 @@ def read_jsonl(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
         if line.strip():
             if unit.keeps(index):
                 try:
-                    yield RawRecord(index=index, line=line_no, record=json.loads(line), raw=line)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    err = SampleRejected("malformed_json", f"{unit.path}: line {line_no}: {exc}")
+                    record = load_record(line, f"{unit.path}: line {line_no}")
+                    yield RawRecord(index=index, line=line_no, record=record, raw=line)
+                except SampleRejected as err:
                     yield RawRecord(index=index, line=line_no, raw=line, error=err)
             index += 1
         line_no += 1
@@ -70,8 +136,15 @@ def read_jsonl(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
 def scan_json(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
     try:
         with open(path, "rb") as f:
-            records = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            data = f.read()
+        try:
+            records = json.loads(data)
+        except RecursionError:  # one record too deep: parse the list element by element
+            text = data.decode("utf-8")
+            if not text.lstrip().startswith("["):
+                raise
+            records = _list_elements(text, path)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError, ValueError) as exc:
         raise DataprepError(
             f"{path}: not valid JSON ({exc}); a .json input must hold one list of records "
             "(use .jsonl for one record per line)"
@@ -91,4 +164,7 @@ def read_json(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
     for i, record in enumerate(unit.payload):
         index = unit.first + i
         if unit.keeps(index):
-            yield RawRecord(index=index, record=record)
+            if isinstance(record, _Unparsed):
+                yield RawRecord(index=index, error=record.error)
+            else:
+                yield RawRecord(index=index, record=record)

@@ -13,7 +13,6 @@ and the samples on both sides of the range are rejected as possibly incomplete.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tarfile
@@ -22,6 +21,7 @@ from pathlib import Path, PurePosixPath
 
 from dataprep.errors import SampleRejected
 from dataprep.readers.base import ImageRef, RawRecord, ReadOptions, WorkUnit
+from dataprep.readers.jsonl import load_record
 
 __all__ = ["IMAGE_SUFFIXES", "read_wds", "scan_wds"]
 
@@ -243,9 +243,8 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                     )
             images.sort(key=lambda t: t[0])
             try:
-                record = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                err = SampleRejected("malformed_json", f"{unit.path}: {key}.json: {exc}")
+                record = load_record(raw, f"{unit.path}: {key!a}.json")
+            except SampleRejected as err:
                 yield RawRecord(index=index, raw=raw, error=err)
                 continue
             if isinstance(record, dict) and not any(

@@ -108,6 +108,20 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="number of parts the input is split into (default: 1)",
     )
     p.add_argument(
+        "--check-images",
+        choices=("header", "decode"),
+        default="header",
+        help="how each image is checked: 'header' reads its header and walks its structure to "
+        "the end marker without decoding pixels (default); 'decode' fully decodes it with Pillow "
+        "(exact, slower)",
+    )
+    p.add_argument(
+        "--allow-outside-image-root",
+        action="store_true",
+        help="read image paths that resolve outside --image-root ('..', absolute paths, "
+        "symlinks leading out); by default such a sample is rejected (reason unsafe_path)",
+    )
+    p.add_argument(
         "--cache",
         metavar="COST_TABLE",
         default=None,
@@ -186,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
             num_shards=args.num_shards,
             max_error_rate=args.max_error_rate,
             cache=args.cache,
+            check_images=args.check_images,
+            allow_outside_image_root=args.allow_outside_image_root,
             progress=not args.no_progress and not args.json,
         )
         res = run_prep(cfg)

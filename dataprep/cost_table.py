@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,6 +16,7 @@ __all__ = [
     "METADATA_KEY",
     "errors_path",
     "read_cost_table",
+    "remove_stale_temps",
     "table_metadata",
 ]
 
@@ -59,6 +61,27 @@ def errors_path(cost_table: str | Path) -> Path:
     p = Path(cost_table)
     stem = p.name[: -len(".parquet")] if p.name.endswith(".parquet") else p.name
     return p.with_name(stem + ".errors.parquet")
+
+
+def remove_stale_temps(path: str | Path) -> list[Path]:
+    """Remove ``.NAME.tmp-PID`` files next to ``path`` that a killed run left (their process is
+    gone); a live run's temp file is left alone. Returns what was removed."""
+    p = Path(path)
+    removed = []
+    for tmp in p.parent.glob(f".{p.name}.tmp-*"):
+        pid = tmp.name.rpartition("-")[2]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # alive, another user's
+        tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
 
 
 def table_metadata(path: str | Path) -> dict:

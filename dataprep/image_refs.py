@@ -35,7 +35,9 @@ def image_ref(item, input_path: str, opts: ReadOptions, where: str) -> ImageRef:
     if isinstance(item, (bytes, bytearray)):
         return ImageRef(where=where, data=bytes(item))
     if not isinstance(item, str) or not item:
-        raise SampleRejected("missing_image", f"{where}: image reference {item!r:.80} is not a path")
+        raise SampleRejected(
+            "missing_image", f"{where}: image reference {item!r:.80} is not a path"
+        )
     root = opts.image_root or os.path.dirname(input_path)
     path = os.path.join(root, item)
     if not opts.allow_outside_image_root and not _inside(path, root):

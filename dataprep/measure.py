@@ -236,13 +236,24 @@ class Measurer:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue
             except Exception as exc:  # whatever else is wrong with one record is its own row
-                err = SampleRejected("unreadable_record", f"{location}: {type(exc).__name__}: {exc}")
+                err = SampleRejected(
+                    "unreadable_record", f"{location}: {type(exc).__name__}: {exc}"
+                )
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, err))
                 continue
             texts.append(text)
             position = len(pending) + len(out.cached)
             pending.append(
-                (sample_id, location, headers, costs, fingerprint(raw, headers), key, rec.line, position)
+                (
+                    sample_id,
+                    location,
+                    headers,
+                    costs,
+                    fingerprint(raw, headers),
+                    key,
+                    rec.line,
+                    position,
+                )
             )
         return _Prepared(unit=unit, out=out, pending=pending, texts=texts)
 
@@ -279,7 +290,5 @@ class Measurer:
             rows["cache_key"].append(key)
         out.batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
         if dropped:  # cached rows after a dropped one move up
-            out.cached = [
-                (pos - sum(d < pos for d in dropped), *rest) for pos, *rest in out.cached
-            ]
+            out.cached = [(pos - sum(d < pos for d in dropped), *rest) for pos, *rest in out.cached]
         return out

@@ -2,7 +2,8 @@
 
 The parts must come from the same inputs, vision policy, tokenizer and template, and together
 cover every shard exactly once; they are concatenated in shard order, so the result equals the
-table one unsplit run writes. A ``sample_id`` in more than one part is an error naming it.
+table one unsplit run writes. A ``sample_id`` in more than one part follows a single run's rule:
+the first one is kept, later ones go to the errors table as ``duplicate_id``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,33 @@ from dataprep.errors import DataprepError
 __all__ = ["merge_cost_tables"]
 
 _MUST_MATCH = ("format_version", "vision_policy", "tokenizer", "template", "inputs", "read_options")
+
+
+def _first_of_each_id(table: pa.Table) -> tuple[pa.Table, list[dict]]:
+    """The rows whose ``sample_id`` was not seen in an earlier row (a single prep run's rule:
+    the first one wins), and errors rows for the others."""
+    counts = pc.value_counts(table.column("sample_id"))
+    if not len(counts.filter(pc.greater(counts.field("counts"), 1))):
+        return table, []
+    ids = table.column("sample_id").to_pylist()
+    seen: set[str] = set()
+    keep = []
+    for sid in ids:
+        keep.append(sid not in seen)
+        seen.add(sid)
+    dropped = table.filter(pc.invert(pa.array(keep, pa.bool_())))
+    rows = [
+        {
+            "source": r["source"],
+            "location": r["location"],
+            "line": None,
+            "sample_id": r["sample_id"],
+            "reason": "duplicate_id",
+            "detail": f"sample_id {r['sample_id']!r} is used by an earlier sample",
+        }
+        for r in dropped.select(["source", "location", "sample_id"]).to_pylist()
+    ]
+    return table.filter(pa.array(keep, pa.bool_())), rows
 
 
 def merge_cost_tables(parts: list[str], output: str) -> dict:
@@ -64,27 +92,17 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
     ordered = [by_index[k] for k in range(n)]
     tables = [read_cost_table(p) for p in ordered]
     table = pa.concat_tables([t.replace_schema_metadata(None) for t in tables])
-    counts = pc.value_counts(table.column("sample_id"))
-    dup = counts.filter(pc.greater(counts.field("counts"), 1))
-    if len(dup):
-        ids = dup.field("values").to_pylist()[:5]
-        holders = [
-            p
-            for p, t in zip(ordered, tables, strict=False)
-            if pc.any(pc.is_in(t.column("sample_id"), pa.array(ids))).as_py()
-        ]
-        raise DataprepError(
-            f"{len(dup)} sample_id(s) appear in more than one part, e.g. {ids} (in {holders}); "
-            "make ids unique in the inputs or drop the duplicates, then merge again"
-        )
+    table, dup_rows = _first_of_each_id(table)
     err_tables = []
     for p in ordered:
         ep = errors_path(p)
         if not ep.exists():
             raise DataprepError(f"{p}: its errors table {ep} is missing; copy it next to the part")
         err_tables.append(pq.read_table(ep, schema=ERRORS_SCHEMA))
-    errors = pa.concat_tables(err_tables)
+    errors = pa.concat_tables([*err_tables, pa.Table.from_pylist(dup_rows, schema=ERRORS_SCHEMA)])
     total = {k: sum(m["counts"][k] for m in metas) for k in ("in", "written", "rejected")}
+    total["written"] -= len(dup_rows)
+    total["rejected"] += len(dup_rows)
     total["cached"] = sum(m["counts"].get("cached", 0) for m in metas)
     meta = {**ref, "shard": {"index": 0, "num_shards": 1}, "counts": total}
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})

@@ -30,6 +30,7 @@ from dataprep.cost_table import (
     METADATA_KEY,
     errors_path,
     read_cost_table,
+    remove_stale_temps,
 )
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_header import CHECKS
@@ -238,6 +239,8 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     out_path = Path(cfg.output)
     err_path = errors_path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    for p in (out_path, err_path):
+        remove_stale_temps(p)  # left by a killed run
     units = scan_inputs(list(cfg.inputs), cfg.chunk_size)
     if cfg.num_shards > 1:
         units = split_units(units, cfg.shard_index, cfg.num_shards)
@@ -311,6 +314,9 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     os.replace(tmp_err, err_path)
     if aborted is not None:
         tmp_out.unlink(missing_ok=True)
+        if out_path.exists():  # an older run's table must not sit beside this run's errors
+            out_path.unlink()
+            aborted.args = (f"{aborted.args[0]}; the older {out_path} was removed",)
         raise aborted
     if result.n_in != expected or result.n_in != result.n_written + result.n_rejected:
         tmp_out.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ from dataprep import (
     DataprepError,
     ErrorRateExceeded,
     PrepConfig,
+    errors_path,
     make_demo,
     merge_cost_tables,
     run_prep,
@@ -203,7 +204,7 @@ def test_shard_split_and_merge_equal_one_run(tmp_path, tokenizer_path):
         merge_cost_tables(parts[:1] + parts[2:], str(tmp_path / "m2.parquet"))
 
 
-def test_merge_rejects_duplicate_ids_across_parts(tmp_path, tokenizer_path):
+def test_merge_keeps_the_first_of_an_id_across_parts(tmp_path, tokenizer_path):
     a = write_jsonl(tmp_path / "a.jsonl", [llava("same"), llava("other")])
     b = write_jsonl(tmp_path / "b.jsonl", [llava("same")])
     parts = []
@@ -220,8 +221,13 @@ def test_merge_rejects_duplicate_ids_across_parts(tmp_path, tokenizer_path):
             )
         )
         parts.append(str(p))
-    with pytest.raises(DataprepError, match="same"):
-        merge_cost_tables(parts, str(tmp_path / "m.parquet"))
+    counts = merge_cost_tables(parts, str(tmp_path / "m.parquet"))  # a single run's rule
+    assert counts == {"in": 3, "written": 2, "rejected": 1}
+    rows = pq.read_table(tmp_path / "m.parquet").to_pylist()
+    assert [r["sample_id"] for r in rows] == ["same", "other"]
+    assert rows[0]["location"].endswith("a.jsonl#0")
+    (dup,) = pq.read_table(errors_path(tmp_path / "m.parquet")).to_pylist()
+    assert dup["reason"] == "duplicate_id" and dup["location"].endswith("b.jsonl#0")
 
 
 @pytest.mark.parametrize(

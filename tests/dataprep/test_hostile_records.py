@@ -1,0 +1,139 @@
+"""One bad record is that record's errors row, never the end of the run: records nested too deep,
+lone surrogates, image paths that leave --image-root; and the smaller contract gaps of prep."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from dataprep import PrepConfig, errors_path, merge_cost_tables, run_prep
+from dataprep.errors import ErrorRateExceeded
+from tests.conftest import write_image
+from tests.dataprep.helpers import llava, run, write_jsonl
+
+DEEP = "[" * 50_000 + "]" * 50_000
+
+
+def test_deeply_nested_jsonl_record_is_its_row(tmp_path, tokenizer_path):
+    lines = [json.dumps(llava("a")), '{"id": "deep", "x": ' + DEEP + "}", json.dumps(llava("b"))]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    _res, rows, errors = run(tmp_path, [tmp_path / "d.jsonl"], tokenizer_path)
+    assert [r["sample_id"] for r in rows] == ["a", "b"]
+    (e,) = errors
+    assert e["reason"] == "too_deep" and e["line"] == 2 and "d.jsonl" in e["detail"]
+
+
+def test_deeply_nested_json_list_record_is_its_row(tmp_path, tokenizer_path):
+    text = "[" + json.dumps(llava("a")) + ", " + DEEP + ", " + json.dumps(llava("b")) + "]"
+    (tmp_path / "d.json").write_text(text)
+    _res, rows, errors = run(tmp_path, [tmp_path / "d.json"], tokenizer_path)
+    assert [r["sample_id"] for r in rows] == ["a", "b"]
+    (e,) = errors
+    assert e["reason"] == "too_deep" and "d.json" in e["detail"] and e["location"].endswith("#1")
+
+
+@pytest.mark.parametrize("tokenizer", ["real", "estimate:chars_per_token=4"])
+def test_lone_surrogate_is_its_row_in_every_mode(tmp_path, tokenizer_path, tokenizer):
+    tok = tokenizer_path if tokenizer == "real" else tokenizer
+    lines = [
+        json.dumps(llava("a")),
+        json.dumps(llava("sur", answer="bad \ud800 text")),  # JSON writes it as "\ud800"
+        json.dumps(llava("id\udfff")),
+        json.dumps(llava("b")),
+    ]
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + "\n")
+    _res, rows, errors = run(tmp_path, [tmp_path / "d.jsonl"], tok)
+    assert [r["sample_id"] for r in rows] == ["a", "b"]
+    reasons = {e["line"]: e["reason"] for e in errors}
+    assert reasons == {2: "invalid_text", 3: "bad_id"}
+
+
+def test_image_paths_outside_the_root_are_rejected_unless_allowed(tmp_path, tokenizer_path):
+    root = tmp_path / "root"
+    write_image(root / "in.jpg", 64, 48)
+    outside = write_image(tmp_path / "secret.jpg", 64, 48)
+    os.symlink(outside, root / "link.jpg")
+    recs = [
+        llava("ok", "in.jpg"),
+        llava("dotdot", "../secret.jpg"),
+        llava("abs", str(outside)),
+        llava("symlink", "link.jpg"),
+    ]
+    jl = write_jsonl(tmp_path / "d.jsonl", recs)
+    _res, rows, errors = run(tmp_path, [jl], tokenizer_path, image_root=str(root))
+    assert [r["sample_id"] for r in rows] == ["ok"]
+    assert {e["sample_id"]: e["reason"] for e in errors} == {
+        "dotdot": "unsafe_path",
+        "abs": "unsafe_path",
+        "symlink": "unsafe_path",
+    }
+    assert all("--allow-outside-image-root" in e["detail"] for e in errors)
+    _res, rows, errors = run(
+        tmp_path, [jl], tokenizer_path, image_root=str(root), allow_outside_image_root=True
+    )
+    assert len(rows) == 4 and errors == []
+
+
+def test_duplicate_id_rows_carry_the_line(tmp_path, tokenizer_path):
+    jl = write_jsonl(tmp_path / "d.jsonl", [llava("a"), llava("b"), llava("a")])
+    _res, rows, errors = run(tmp_path, [jl], tokenizer_path)
+    assert [r["sample_id"] for r in rows] == ["a", "b"]
+    assert [(e["reason"], e["line"]) for e in errors] == [("duplicate_id", 3)]
+
+
+def test_aborted_prep_leaves_no_mismatched_pair(tmp_path, tokenizer_path):
+    out = tmp_path / "out" / "cost.parquet"
+    good = write_jsonl(tmp_path / "good.jsonl", [llava(f"g{i}") for i in range(5)])
+    cfg = dict(output=str(out), tokenizer=tokenizer_path)
+    run_prep(PrepConfig(inputs=(str(good),), **cfg))
+    assert out.exists()
+    bad = write_jsonl(tmp_path / "bad.jsonl", [llava("x")], raw_lines=["{broken"] * 5)
+    with pytest.raises(ErrorRateExceeded) as e:
+        run_prep(PrepConfig(inputs=(str(bad),), **cfg))
+    assert errors_path(out).exists()  # the cause can be seen
+    assert not out.exists()  # but no cost table of another run sits beside it
+    assert "removed" in str(e.value)
+
+
+def test_stale_temp_files_of_a_killed_prep_are_removed(tmp_path, tokenizer_path):
+    out = tmp_path / "out" / "cost.parquet"
+    out.parent.mkdir()
+    dead = 2**22 + 12345  # no such process
+    for name in (f".cost.parquet.tmp-{dead}", f".cost.errors.parquet.tmp-{dead}"):
+        (out.parent / name).write_bytes(b"half")
+    good = write_jsonl(tmp_path / "good.jsonl", [llava("g")])
+    run_prep(PrepConfig(inputs=(str(good),), output=str(out), tokenizer=tokenizer_path))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cost.errors.parquet", "cost.parquet"]
+
+
+def test_split_prep_and_merge_keep_the_first_of_a_duplicate_id(tmp_path, tokenizer_path):
+    recs = [llava("a"), llava("b"), llava("c"), llava("a"), llava("d"), llava("b")]
+    jl = write_jsonl(tmp_path / "d.jsonl", recs)
+    _res, single, single_err = run(tmp_path, [jl], tokenizer_path)
+    parts = []
+    for k in range(2):
+        part = tmp_path / f"part{k}.parquet"
+        run_prep(
+            PrepConfig(
+                inputs=(str(jl),),
+                output=str(part),
+                tokenizer=tokenizer_path,
+                shard_index=k,
+                num_shards=2,
+                max_error_rate=1.0,
+            )
+        )
+        parts.append(str(part))
+    counts = merge_cost_tables(parts, str(tmp_path / "merged.parquet"))
+    import pyarrow.parquet as pq
+
+    merged = pq.read_table(tmp_path / "merged.parquet").to_pylist()
+    merged_err = pq.read_table(errors_path(tmp_path / "merged.parquet")).to_pylist()
+    strip = lambda rows: [{k: v for k, v in r.items()} for r in rows]  # noqa: E731
+    assert strip(merged) == strip(single)
+    assert sorted((e["sample_id"], e["reason"]) for e in merged_err) == sorted(
+        (e["sample_id"], e["reason"]) for e in single_err
+    )
+    assert counts == {"in": 6, "written": 4, "rejected": 2}

@@ -201,6 +201,27 @@ class GroupDataset(IterableDataset):
             self._verified.add(shard.file)
         return read_group(self.manifest.path, shard, group, keep_going=self.on_error == "skip")
 
+    def _transform(self, samples: list) -> tuple[object, list[str]]:
+        """``transform(samples)``; in skip mode a sample it cannot take (an image that does not
+        decode, say) is left out whole and reported, and the rest of the group still goes."""
+        try:
+            return self.transform(samples), []
+        except Exception:
+            if self.on_error != "skip":
+                raise
+        good, bad = [], []
+        for s in samples:
+            try:
+                self.transform([s])
+                good.append(s)
+            except Exception as exc:
+                key = getattr(s, "key", "?")
+                sid = getattr(s, "meta", {}).get("sample_id")
+                bad.append(
+                    f"sample {sid!r} (key {key!r}): transform failed: {type(exc).__name__}: {exc}"
+                )
+        return self.transform(good), bad
+
     def __iter__(self) -> Iterator[dict]:
         worker, workers = self.rank.worker()
         epoch = self.epoch  # read once: the schedule of this pass is fixed
@@ -210,13 +231,16 @@ class GroupDataset(IterableDataset):
                 continue
             where = self.slot(epoch, index)
             samples, errors = self._read(*where) if where is not None else ([], [])
-            consecutive = 0 if samples else consecutive + len(errors)
+            good = len(samples)
+            if self.transform is not None:
+                samples, undecodable = self._transform(samples)
+                errors += undecodable
+                good -= len(undecodable)
+            consecutive = 0 if good else consecutive + len(errors)
             if consecutive > self.max_consecutive_errors:
                 raise ShardError(
                     f"{consecutive} consecutive unreadable samples; last: {errors[-1]}"
                 )
-            if self.transform is not None:
-                samples = self.transform(samples)
             yield {
                 "epoch": epoch,
                 "step": t,

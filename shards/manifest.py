@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from shards.publish import read_current
 
@@ -102,6 +102,92 @@ def _need(d: dict, key: str, typ, where: str):
     return v
 
 
+def _safe_path(name: str, gen_dir: Path, where: str) -> None:
+    """A shard path must stay inside its generation: relative, no ``..``, no symlink out."""
+    p = PurePosixPath(name)
+    if not name or p.is_absolute() or ".." in p.parts or "\\" in name:
+        raise ManifestError(f"{where}: shard path {name!r} leaves the generation directory")
+    real = os.path.realpath(gen_dir / name)
+    top = os.path.realpath(gen_dir)
+    if not real.startswith(top + os.sep):
+        raise ManifestError(f"{where}: shard path {name!r} resolves outside {gen_dir}")
+
+
+def _check_structure(
+    path: Path, streams: list[Stream], steps: int, nodes: int, per: int, totals: dict, report: dict
+) -> None:
+    """What the loader's exactly-once promise rests on: ranks 0..D-1 each once at their (node,
+    local rank); every stream has exactly one group per step (only the short last step may lack
+    some, as many as the plan says); group byte ranges lie inside their shard in order; shard
+    files are distinct; totals and the plan report agree with the groups."""
+    if steps < 1:
+        raise ManifestError(f"{path}: layout.steps is {steps}; a generation has at least one step")
+    ranks = sorted(st.rank for st in streams)
+    if ranks != list(range(nodes * per)):
+        raise ManifestError(f"{path}: stream ranks {ranks} are not 0..{nodes * per - 1} once each")
+    files: set[str] = set()
+    short = bool((report.get("last_step") or {}).get("short"))
+    lacking_last = 0
+    n_groups = n_bytes = 0
+    for st in streams:
+        where = f"{path} stream of rank {st.rank}"
+        if (st.node, st.local_rank) != divmod(st.rank, per):
+            raise ManifestError(
+                f"{where}: node {st.node}, local rank {st.local_rank} do not match rank {st.rank} "
+                f"with {per} ranks per node"
+            )
+        seen: list[int] = []
+        for sh in st.shards:
+            if sh.file in files:
+                raise ManifestError(f"{where}: shard {sh.file} is listed twice")
+            files.add(sh.file)
+            n_bytes += sh.bytes
+            end = 0
+            for g in sh.groups:
+                if (
+                    g.samples < 0
+                    or g.offset < end
+                    or g.length <= 0
+                    or g.offset + g.length > sh.bytes
+                ):
+                    raise ManifestError(
+                        f"{where}: group of step {g.step} in {sh.file} has byte range "
+                        f"{g.offset}+{g.length} (samples {g.samples}), outside the shard's "
+                        f"{sh.bytes} bytes or overlapping the group before it"
+                    )
+                end = g.offset + g.length
+                seen.append(g.step)
+        n_groups += len(seen)
+        if seen != sorted(set(seen)):
+            raise ManifestError(f"{where}: steps {seen} are not one group per step in order")
+        if seen and not 0 <= seen[0] <= seen[-1] < steps:
+            raise ManifestError(f"{where}: a group's step is outside 0..{steps - 1} (layout.steps)")
+        want = list(range(steps))
+        if seen != want:
+            if short and seen == want[:-1]:
+                lacking_last += 1
+            else:
+                missing = sorted(set(want) - set(seen))
+                raise ManifestError(
+                    f"{where}: no group for step(s) {missing[:10]}; every rank needs exactly one "
+                    "group per step"
+                )
+    if lacking_last and lacking_last > (report.get("last_step") or {}).get("empty_ranks", 0):
+        raise ManifestError(
+            f"{path}: {lacking_last} ranks lack a group in the last step, the plan left "
+            f"{(report.get('last_step') or {}).get('empty_ranks', 0)} empty"
+        )
+    for key, value in (("groups", n_groups), ("shards", len(files)), ("bytes", n_bytes)):
+        if key in totals and totals[key] != value:
+            raise ManifestError(f"{path}: totals.{key} is {totals[key]}, the streams hold {value}")
+    counts = report.get("counts") or {}
+    for key, value in (("out", totals.get("samples")), ("groups", n_groups), ("steps", steps)):
+        if key in counts and counts[key] != value:
+            raise ManifestError(
+                f"{path}: the plan report says {counts[key]} {key}, the manifest has {value}"
+            )
+
+
 def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Manifest:
     """Parse and validate ``gen_dir/manifest.json``; with ``check_files``, every shard must exist
     with the manifest's byte size (a cheap check; checksums are :func:`shards.verify`'s job)."""
@@ -144,6 +230,7 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
                         f"{w}: a group must be [step, samples, offset, length], got {g!r}"
                     )
                 groups.append(Group(*g))
+            _safe_path(_need(sh, "file", str, w), gen_dir, w)
             shard = Shard(
                 file=_need(sh, "file", str, w),
                 bytes=_need(sh, "bytes", int, w),
@@ -181,6 +268,7 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
         )
     if len(streams) != nodes * per:
         raise ManifestError(f"{path}: {len(streams)} streams for a layout of {nodes} x {per} ranks")
+    _check_structure(path, streams, steps, nodes, per, totals, raw.get("report") or {})
     return Manifest(
         path=gen_dir,
         generation=_need(raw, "generation", str, str(path)),
@@ -198,9 +286,18 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
 def open_generation(path: str | os.PathLike) -> Manifest:
     """A generation directory, or a generation root (then the one ``CURRENT`` names)."""
     p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ManifestError(
+            f"{p}: a file, not a generation; give a generation directory or a root with CURRENT"
+        )
+    if not p.exists():
+        raise ManifestError(f"{p}: no such generation or generation root")
     if (p / "manifest.json").exists():
         return load_manifest(p)
-    current = read_current(p)
+    try:
+        current = read_current(p)
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
     if current is None:
         raise ManifestError(
             f"{p}: neither a generation (no manifest.json) nor a root with a CURRENT generation"

@@ -43,11 +43,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 def read_current(root: str | os.PathLike) -> str | None:
-    """The generation id ``CURRENT`` names, or None when the root has none yet."""
+    """The generation id ``CURRENT`` names, or None when the root has none yet. A name that
+    would leave the root (a path, ``..``, a hidden entry) raises ``ValueError``."""
     try:
         name = (Path(root) / CURRENT).read_text().strip()
     except FileNotFoundError:
         return None
+    if name and (name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name):
+        raise ValueError(
+            f"{Path(root) / CURRENT} names {name!r}, not a generation inside {root}; write the "
+            "name of one of its gen-* directories there"
+        )
     return name or None
 
 

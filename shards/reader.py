@@ -112,5 +112,9 @@ def read_group(
         msg = f"{where}: {len(out) + len(errors)} samples in the tar, the manifest says {group.samples}"
         if not keep_going:
             raise ShardError(msg)
-        errors += [msg] * max(group.samples - len(out) - len(errors), 0)
+        if len(out) + len(errors) > group.samples:
+            # more samples than were written: which ones belong is unknowable, so none is
+            # delivered (each of the group's samples is reported skipped)
+            return [], [msg] * max(group.samples, 1)
+        errors += [msg] * (group.samples - len(out) - len(errors))
     return out, errors

@@ -152,6 +152,7 @@ def test_sample_count_disagreeing_with_the_shard(gen_copy):
     sh["groups"][0][1] += 1  # the manifest claims one sample more in this group
     sh["samples"] += 1
     raw["totals"]["samples"] += 1
+    raw["report"]["counts"]["out"] += 1  # consistent everywhere but in the tar itself
     p.write_text(json.dumps(raw))
     m = open_generation(gen_copy)
     with pytest.raises(ShardError, match="the manifest says"):
@@ -183,20 +184,28 @@ def _tar(members: list[tuple]) -> bytes:
 
 
 def _install(root: Path, data: bytes, n_samples: int) -> None:
-    """Replace the first shard by ``data`` as one group, with a manifest that matches it."""
+    """Replace the first group of the first shard by ``data`` (a tar), with a manifest that
+    matches it everywhere (the shard's other groups are kept, moved to after it)."""
     gen = _gen_dir(root)
     p = gen / "manifest.json"
     raw = json.loads(p.read_text())
     sh = raw["streams"][0]["shards"][0]
-    (gen / sh["file"]).write_bytes(data)
-    old = sh["samples"]
+    old = (gen / sh["file"]).read_bytes()
+    (step, first, _off, _len), *rest = sh["groups"]
+    body = data[: len(data) - 1024]  # without its end-of-archive blocks
+    tail_start = rest[0][2] if rest else len(old)
+    new = body + old[tail_start:]
+    (gen / sh["file"]).write_bytes(new)
+    shift = len(body) - tail_start
     sh.update(
-        bytes=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
-        samples=n_samples,
-        groups=[[sh["groups"][0][0], n_samples, 0, len(data) - 1024]],
+        bytes=len(new),
+        sha256=hashlib.sha256(new).hexdigest(),
+        samples=sh["samples"] - first + n_samples,
+        groups=[[step, n_samples, 0, len(body)]] + [[a, b, o + shift, n] for a, b, o, n in rest],
     )
-    raw["totals"]["samples"] += n_samples - old
+    raw["totals"]["samples"] += n_samples - first
+    raw["totals"]["bytes"] += len(new) - len(old)
+    raw["report"]["counts"]["out"] += n_samples - first
     p.write_text(json.dumps(raw))
 
 

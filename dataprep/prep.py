@@ -38,6 +38,7 @@ from dataprep.measure import ChunkResult, Measurer
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from dataprep.vision_policy import parse_vision_policy
+from dataprep.workers import exit_with_parent
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
 
@@ -162,8 +163,9 @@ def _read_options(cfg: PrepConfig) -> ReadOptions:
 _WORKER: Measurer | None = None
 
 
-def _init_worker(cfg: PrepConfig) -> None:
+def _init_worker(cfg: PrepConfig, parent: int) -> None:
     global _WORKER
+    exit_with_parent(parent)
     # Worker processes already use every core; a tokenizer thread pool per process only contends.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER = _measurer(cfg)
@@ -181,7 +183,7 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizers' thread pool is not fork-safe
     with ProcessPoolExecutor(
-        cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg,)
+        cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg, os.getpid())
     ) as ex:
         it = iter(units)
         inflight = deque(

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
+from dataprep.workers import exit_with_parent
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
@@ -280,7 +281,12 @@ def _write_all(
             results[job["rank"]] = write_stream(job)
             bar.update()
     else:
-        with ProcessPoolExecutor(cfg.workers, mp_context=mp.get_context("spawn")) as ex:
+        with ProcessPoolExecutor(
+            cfg.workers,
+            mp_context=mp.get_context("spawn"),
+            initializer=exit_with_parent,  # never outlive a killed writer (its lock is gone)
+            initargs=(os.getpid(),),
+        ) as ex:
             futures = {ex.submit(write_stream, job): job["rank"] for job in jobs}
             for fut, rank in futures.items():
                 results[rank] = fut.result()

@@ -80,7 +80,8 @@ def isf_group(v: np.ndarray, t: np.ndarray, params: ISFParams, rng: np.random.Ge
     kept = np.empty(n, dtype=np.bool_)
     # The remaining samples travel as records (index, loads): shuffling them moves the loads
     # along, so each round reads them in order instead of gathering them at random.
-    load = np.int32 if n == 0 or max(v.max(), t.max()) < 2**31 else np.int64
+    biggest = max(int(v.max()), int(t.max()), params.q_v, params.q_t) if n else 0
+    load = np.int32 if biggest < 2**31 else np.int64
     rec = np.dtype([("i", np.int64), ("v", load), ("t", load)])
     cur, nxt = np.empty(remaining.size, dtype=rec), np.empty(remaining.size, dtype=rec)
     cur["i"], cur["v"], cur["t"] = remaining, v[remaining], t[remaining]

@@ -67,6 +67,16 @@ class BalanceConfig:
     def __post_init__(self) -> None:
         if self.dp < 1:
             raise ValueError(f"--dp must be >= 1, got {self.dp}")
+        for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if self.rounds < 1:
+            raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        if not 0 <= self.slack < 1:
+            raise ValueError(f"--slack must be in [0, 1), got {self.slack}")
+        for name, value in (("--q-v", self.q_v), ("--q-t", self.q_t)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 token, got {value}")
         nodes, per = self.topology
         if nodes * per != self.dp:
             raise ValueError(
@@ -75,8 +85,8 @@ class BalanceConfig:
             )
         if (self.q_v is None) != (self.q_t is None):
             raise ValueError("give both --q-v and --q-t, or neither to choose them automatically")
-        if self.target_batch < 1:
-            raise ValueError(f"--target-batch must be >= 1, got {self.target_batch}")
+        if not 1 <= self.target_batch < float("inf"):
+            raise ValueError(f"--target-batch must be a number >= 1, got {self.target_batch}")
 
     @property
     def topology(self) -> tuple[int, int]:
@@ -102,6 +112,11 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     n = table.num_rows
     if n == 0:
         raise ValueError("the cost table has no rows: nothing to balance")
+    if cfg.target_batch > n:
+        raise ValueError(
+            f"--target-batch {cfg.target_batch:g} is more samples per group than the table's {n}; "
+            "give the average number of samples per rank and step (e.g. 4)"
+        )
     nodes, per = cfg.topology
     d = nodes * per
     v = table.column("vit_tokens").to_numpy().astype(np.int64, copy=False)

@@ -36,8 +36,12 @@ class TokenizerSpec:
                 f"tokenizer file {self.path} does not exist: pass the tokenizer.json of the model "
                 "you train (from its Hugging Face repository) or use the demo's tokenizer.json"
             )
-        if self.estimate_chars_per_token is not None and self.estimate_chars_per_token <= 0:
-            raise ValueError(f"chars_per_token must be > 0, got {self.estimate_chars_per_token}")
+        cpt = self.estimate_chars_per_token
+        if cpt is not None and not (0 < cpt < float("inf")):
+            raise ValueError(
+                f"chars_per_token must be a finite number > 0 (e.g. 4), got {cpt}: with it every "
+                "sample would count 0 text tokens"
+            )
 
     @classmethod
     def parse(cls, value: str | None) -> TokenizerSpec:
@@ -52,11 +56,12 @@ class TokenizerSpec:
             if key != "chars_per_token":
                 raise ValueError(f"bad estimate mode {value!r}: write estimate:chars_per_token=4")
             try:
-                return cls(estimate_chars_per_token=float(num))
+                cpt = float(num)
             except ValueError:
                 raise ValueError(
                     f"bad estimate mode {value!r}: chars_per_token must be a number"
                 ) from None
+            return cls(estimate_chars_per_token=cpt)
         return cls(path=value)
 
     def describe(self) -> dict:

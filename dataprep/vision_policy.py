@@ -123,8 +123,19 @@ class InternVLPolicy(VisionPolicy):
             raise ValueError(
                 f"internvl needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}..{self.max_tiles}"
             )
+        if self.patch_size < 1 or self.tile_size < self.patch_size:
+            raise ValueError(
+                f"internvl needs patch_size >= 1 and tile_size >= patch_size, got tile_size="
+                f"{self.tile_size}, patch_size={self.patch_size} (defaults: 448 and 14)"
+            )
         if self.tile_size % self.patch_size:
             raise ValueError(f"tile_size {self.tile_size} must be a multiple of {self.patch_size}")
+        if self.llm_tokens_per_tile < 1 or (self.tile_size // self.patch_size) % 2:
+            raise ValueError(
+                f"internvl's 2x2 pixel shuffle needs an even number of patches per tile side; "
+                f"tile_size {self.tile_size} / patch_size {self.patch_size} is "
+                f"{self.tile_size // self.patch_size}"
+            )
 
     @property
     def patches_per_tile(self) -> int:
@@ -196,6 +207,11 @@ class Qwen2VLPolicy(VisionPolicy):
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(
                 f"qwen2vl needs 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}"
+            )
+        if self.patch_size < 1 or self.merge_size < 1:
+            raise ValueError(
+                f"qwen2vl needs patch_size >= 1 and merge_size >= 1, got {self.patch_size} and "
+                f"{self.merge_size} (defaults: 14 and 2)"
             )
 
     def image_cost(self, width: int, height: int) -> ImageCost:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,10 +19,8 @@ from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
 def _children(pid: int) -> set[int]:
     out = set()
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):
             out |= {int(c) for c in (task / "children").read_text().split()}
-        except OSError:
-            pass
     return out
 
 

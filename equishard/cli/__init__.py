@@ -46,8 +46,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand. Whatever it raises becomes one line on stderr, never a traceback
+    (``EQUISHARD_TRACEBACK=1`` shows it): bad input or arguments exit 2, a failure while
+    working (a disk error, a write that cannot finish) exits 1. A reader that closes the pipe
+    early (``equishard inspect ... | head``) ends the command quietly."""
+    import os
+
     args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    from dataprep.errors import DataprepError
+
+    try:
+        return int(args.run(args) or 0)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes stdout
+        return 0
+    except KeyboardInterrupt:
+        print(f"equishard {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, DataprepError) as exc:
+        if os.environ.get("EQUISHARD_TRACEBACK"):
+            raise
+        print(f"equishard {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if os.environ.get("EQUISHARD_TRACEBACK"):
+            raise
+        print(f"equishard {args.command}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -2,15 +2,38 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-__all__ = ["fail", "format_table"]
+__all__ = ["check_output", "check_output_dir", "fail", "format_table"]
 
 
 def fail(message: str, code: int = 2) -> int:
     print(f"equishard: error: {message}", file=sys.stderr)
     return code
+
+
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Make sure directory ``path`` exists (created if needed) and is writable; ``ValueError``
+    naming it otherwise, before any work is done."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"cannot create output directory {p}: {exc.strerror or exc}") from None
+    if not p.is_dir() or not os.access(p, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write into {p}: not a writable directory")
+
+
+def check_output(path: str | os.PathLike) -> None:
+    """Make sure output file ``path`` can be written (its directory exists or can be made and is
+    writable, and it is not a directory)."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"output {p} is a directory; give a file name")
+    check_output_dir(p.parent if str(p.parent) else ".")
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

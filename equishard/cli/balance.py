@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
     from balancing.cost_model import CostModel
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from dataprep.cost_table import read_cost_table
-    from equishard.cli._common import fail
+    from equishard.cli._common import check_output_dir, fail
 
     try:
         model = (
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
             q_t=args.q_t,
             cost_model=model,
         )
+        check_output_dir(args.output)
         table = read_cost_table(args.cost_table)
         result = build_plan(table, cfg)
     except (ValueError, OSError) as exc:

@@ -46,9 +46,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dataprep.demo import make_demo, split_days
-    from equishard.cli._common import fail
+    from equishard.cli._common import check_output_dir, fail
 
+    if args.days is not None and args.days < 2:
+        return fail(f"--days must be >= 2 (day 1 and at least one later day), got {args.days}")
     try:
+        check_output_dir(args.out_dir)
         s = make_demo(
             args.out_dir,
             samples=args.samples,

@@ -30,11 +30,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataprep.errors import DataprepError
     from dataprep.merge import merge_cost_tables
-    from equishard.cli._common import fail
+    from equishard.cli._common import check_output, fail
 
     try:
+        check_output(args.output)
         c = merge_cost_tables(args.parts, args.output)
-    except DataprepError as exc:
+    except (DataprepError, ValueError) as exc:
         return fail(str(exc))
     print(
         f"merge: {len(args.parts)} parts -> {args.output}: {c['in']} samples in = "

@@ -182,9 +182,10 @@ def print_summary(res) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataprep.errors import DataprepError
     from dataprep.prep import PrepConfig, run_prep
-    from equishard.cli._common import fail
+    from equishard.cli._common import check_output, fail
 
     try:
+        check_output(args.output)
         cfg = PrepConfig(
             inputs=tuple(args.inputs),
             output=args.output,

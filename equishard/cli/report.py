@@ -25,10 +25,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from equishard.cli._common import fail
+    from equishard.cli._common import check_output, fail
     from shards.report import render_report
 
     try:
+        check_output(args.output)
         out = render_report(args.generation, args.output)
     except ValueError as exc:
         return fail(str(exc))

@@ -123,12 +123,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from equishard.cli._common import fail
+    from shards.manifest import ManifestError, open_generation
     from trainer_adapter.config import TrainConfig
 
     if args.nproc != args.dp * args.pp:
-        raise SystemExit(
-            f"equishard train: --nproc {args.nproc} must equal --dp x --pp = {args.dp * args.pp}"
-        )
+        return fail(f"--nproc {args.nproc} must equal --dp x --pp = {args.dp * args.pp}")
+    try:  # before any process starts: a wrong --shards is one line, not a torchrun failure
+        open_generation(args.shards)
+    except ManifestError as exc:
+        return fail(f"--shards: {exc}")
     try:
         cfg = TrainConfig(
             shards=args.shards,
@@ -156,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             log=args.log,
         )
     except ValueError as exc:
-        raise SystemExit(f"equishard train: {exc}") from None
+        return fail(str(exc))
     cmd = [
         sys.executable,
         "-m",

@@ -24,8 +24,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from equishard.cli._common import fail
     from shards.verify import verify_generation
 
+    if not Path(args.generation).is_dir():
+        return fail(
+            f"{args.generation}: not a generation directory or a root with CURRENT"
+            + (" (it is a file)" if Path(args.generation).exists() else " (no such directory)")
+        )
     r = verify_generation(args.generation, deep=not args.fast)
     for problem in r.problems:
         print(f"PROBLEM: {problem}")

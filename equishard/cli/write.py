@@ -46,10 +46,11 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from equishard.cli._common import fail
+    from equishard.cli._common import check_output_dir, fail
     from shards.writer import WriteConfig, WriteError, parse_size, write_generation
 
     try:
+        check_output_dir(args.out)
         cfg = WriteConfig(
             plan_dir=args.plan_dir,
             cost_table=args.cost_table,

@@ -1,0 +1,95 @@
+"""Bad arguments and bad paths give one line on stderr and exit 2, never a traceback; a summary
+piped into a reader that closes early ends quietly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from equishard.cli import main
+from tests.shards.conftest import build_inputs
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("clierr")
+    demo, cost, plan = build_inputs(root, samples=40)
+    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(root / "gen")]) == 0
+    return {"demo": demo, "cost": cost, "plan": plan, "gen": root / "gen"}
+
+
+def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
+    d, cost, plan, gen = m["demo"], str(m["cost"]), str(m["plan"]), str(m["gen"])
+    tok = str(d / "tokenizer.json")
+    jl = str(d / "demo.jsonl")
+    unwritable = tmp / "blocker"  # a file: nothing can be created below it (even as root)
+    unwritable.write_text("")
+    prep = ["prep", jl, "--tokenizer", tok, "-o", str(tmp / "c.parquet")]
+    return [
+        (["balance", cost, "--dp", "4", "--nodes", "0", "-o", str(tmp / "p")], "--nodes"),
+        (
+            ["balance", cost, "--dp", "4", "--target-batch", "100000", "-o", str(tmp / "p")],
+            "--target-batch",
+        ),
+        ([*prep, "--vision-policy", "internvl:patch_size=0"], "patch_size"),
+        ([*prep, "--vision-policy", "internvl:tile_size=0"], "tile_size"),
+        ([*prep, "--vision-policy", "qwen2vl:merge_size=0"], "merge_size"),
+        ([*prep, "--vision-policy", "qwen2vl:patch_size=0"], "patch_size"),
+        (
+            [
+                "prep",
+                jl,
+                "--tokenizer",
+                "estimate:chars_per_token=inf",
+                "-o",
+                str(tmp / "c.parquet"),
+            ],
+            "finite",
+        ),
+        ([*prep, "--cache", str(tmp / "missing.parquet")], "--cache"),
+        (["prep", jl, "--tokenizer", tok, "-o", str(unwritable / "sub" / "c.parquet")], "blocker"),
+        (["verify", cost], "not a generation"),
+        (["inspect", cost], "not a generation"),
+        (["report", cost, "-o", str(tmp / "r.html")], "not a generation"),
+        (["report", gen, "-o", str(unwritable / "x" / "r.html")], "blocker"),
+        (["balance", cost, "--dp", "4", "-o", str(unwritable / "plan")], "blocker"),
+        (["write", plan, "--cost-table", cost, "--out", str(unwritable / "g")], "blocker"),
+        (["merge", cost, "-o", str(unwritable / "d" / "m.parquet")], "blocker"),
+        (["demo", str(tmp / "demo"), "--days", "0"], "--days"),
+        (["verify", str(tmp / "nothing-here")], "no such"),
+    ]
+
+
+def test_each_bad_argument_is_one_line_and_exit_2(made, tmp_path, capsys):
+    for argv, needle in _cases(made, tmp_path):
+        code = main(argv)
+        err = capsys.readouterr().err
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert code == 2, (argv, err)
+        assert len(lines) == 1 and "Traceback" not in err, (argv, err)
+        assert needle in lines[0], (argv, lines[0])
+
+
+def test_train_checks_its_shards_before_starting_processes(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "equishard", "train", "--shards", str(tmp_path / "none"),
+         "--nproc", "2", "--dp", "2"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--shards" in r.stderr and "Traceback" not in r.stderr
+    assert "torch.distributed" not in r.stderr and "ChildFailedError" not in r.stderr
+
+
+@pytest.mark.parametrize("sub", ["inspect", "verify"])
+def test_summary_into_a_closed_pipe_ends_quietly(made, sub):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "equishard", sub, str(made["gen"])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    p.stdout.close()  # the reader is gone before anything was printed (like `| head -0`)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err

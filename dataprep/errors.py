@@ -57,3 +57,6 @@ class SampleRejected(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+    def __reduce__(self):  # travels to worker processes inside work units (tar scans)
+        return (SampleRejected, (self.reason, self.detail))

@@ -66,6 +66,8 @@ def auto_isf_params(
     mv = max(float(v.mean()), 1.0)
     mt = max(float(t.mean()), 1.0)
     gv = _granularity(v)
+    # a group cannot hold more samples than there are: beyond that the caps only grow
+    target_batch = min(target_batch, float(v.size))
 
     def avg_size(s: float) -> float:
         p = _params(s, target_batch, mv, mt, gv, slack, rounds)
@@ -79,7 +81,7 @@ def auto_isf_params(
         err = abs(size - target_batch) / target_batch
         if err < best_err:
             best, best_err = scale, err
-        if err <= tolerance:
+        if err <= tolerance or size >= v.size:  # on target, or one group holds everything
             break
         scale *= target_batch / size
     return _params(best, target_batch, mv, mt, gv, slack, rounds)

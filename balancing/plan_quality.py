@@ -112,7 +112,7 @@ def random_batching_metrics(
     sampler), the baseline every report compares against. Batch k holds the samples
     ``perm[k*B:(k+1)*B]`` of a seeded permutation."""
     n = loads["vit_tokens"].size
-    b = max(1, round(target_batch))
+    b = max(1, round(min(target_batch, n)))  # at most the whole table
     perm = np.random.default_rng(seed + 1).permutation(n)
     stats = _nb_block_stats(perm, b, *(loads[k] for k in PHASES))
     r_steps = stats.shape[0] // d

@@ -3,6 +3,7 @@ piped into a reader that closes early ends quietly."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +32,11 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
     return [
         (["balance", cost, "--dp", "4", "--nodes", "0", "-o", str(tmp / "p")], "--nodes"),
         (
-            ["balance", cost, "--dp", "4", "--target-batch", "100000", "-o", str(tmp / "p")],
+            ["balance", cost, "--dp", "4", "--target-batch", "0.5", "-o", str(tmp / "p")],
+            "--target-batch",
+        ),
+        (
+            ["balance", cost, "--dp", "4", "--target-batch", "inf", "-o", str(tmp / "p")],
             "--target-batch",
         ),
         ([*prep, "--vision-policy", "internvl:patch_size=0"], "patch_size"),
@@ -71,6 +76,14 @@ def test_each_bad_argument_is_one_line_and_exit_2(made, tmp_path, capsys):
         assert code == 2, (argv, err)
         assert len(lines) == 1 and "Traceback" not in err, (argv, err)
         assert needle in lines[0], (argv, lines[0])
+
+
+def test_huge_target_batch_is_one_step_not_an_overflow(made, tmp_path, capsys):
+    """More samples per group than the table holds: every sample in one step, no overflow."""
+    assert main(["balance", str(made["cost"]), "--dp", "4", "--target-batch", "100000",
+                 "-o", str(tmp_path / "p")]) == 0  # fmt: skip
+    report = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert report["counts"]["in"] == report["counts"]["out"] and report["counts"]["steps"] == 1
 
 
 def test_train_checks_its_shards_before_starting_processes(tmp_path):

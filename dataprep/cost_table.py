@@ -6,7 +6,9 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "read_cost_table",
     "remove_stale_temps",
     "table_metadata",
+    "validate_cost_table",
 ]
 
 FORMAT_VERSION = 1
@@ -94,8 +97,59 @@ def table_metadata(path: str | Path) -> dict:
     return json.loads(meta[METADATA_KEY])
 
 
-def read_cost_table(path: str | Path) -> pa.Table:
-    """Read a cost table, checking the required columns are present."""
+def _bad_rows(table: pa.Table) -> list[tuple[str, pa.Array]]:
+    """(what is wrong, row mask) for each rule a row of the table breaks."""
+    ids = table.column("sample_id")
+    rules = [("sample_id is missing or empty", pc.or_kleene(pc.is_null(ids), pc.equal(ids, "")))]
+    counts = pc.value_counts(ids)
+    dup = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
+    if len(dup):
+        rules.append(("sample_id appears more than once", pc.is_in(ids, value_set=dup)))
+    for name in ("num_images", "vit_tokens", "llm_tokens", "text_tokens"):
+        col = table.column(name)
+        rules.append(
+            (f"{name} is missing or negative", pc.or_kleene(pc.is_null(col), pc.less(col, 0)))
+        )
+    seq = table.column("vit_seq_lens")
+    rules.append(("vit_seq_lens is missing", pc.is_null(seq)))
+    smallest = pc.min(pc.list_flatten(seq)).as_py() if table.num_rows else None
+    if smallest is not None and smallest < 0:
+        rules.append(("vit_seq_lens holds a negative length", _any_negative(seq)))
+    rules.append(
+        (
+            "llm_tokens is less than text_tokens",
+            pc.fill_null(pc.less(table.column("llm_tokens"), table.column("text_tokens")), False),
+        )
+    )
+    return rules
+
+
+def _any_negative(seq) -> pa.Array:
+    parents = pc.list_parent_indices(seq)
+    neg = pc.less(pc.list_flatten(seq), 0)
+    bad = np.zeros(len(seq), dtype=bool)
+    bad[np.asarray(parents)[np.asarray(neg.to_numpy(zero_copy_only=False), dtype=bool)]] = True
+    return pa.array(bad)
+
+
+def validate_cost_table(table: pa.Table, path: str | Path) -> None:
+    """Refuse a table with a row that cannot be balanced or written (a missing or repeated id,
+    a missing or negative count), naming the file, the rows' ids and the rule."""
+    for why, mask in _bad_rows(table):
+        mask = pc.fill_null(mask, False)
+        if pc.any(mask).as_py():
+            bad = table.filter(mask)
+            ids = bad.column("sample_id").to_pylist()[:5]
+            rows = np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool))[:5]
+            raise ValueError(
+                f"{path}: {len(bad)} row(s) where {why}, e.g. rows {rows.tolist()} "
+                f"(sample_id {ids}); fix or drop them (prep writes valid tables)"
+            )
+
+
+def read_cost_table(path: str | Path, *, validate: bool = True) -> pa.Table:
+    """Read a cost table, checking the required columns are present and (``validate``) that
+    every row is usable (:func:`validate_cost_table`)."""
     table = pq.ParquetFile(path).read()
     missing = [
         f.name
@@ -109,4 +163,6 @@ def read_cost_table(path: str | Path) -> pa.Table:
             table = table.append_column(
                 COST_SCHEMA.field(name), pa.nulls(table.num_rows, COST_SCHEMA.field(name).type)
             )
+    if validate:
+        validate_cost_table(table, path)
     return table

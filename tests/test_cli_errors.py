@@ -106,3 +106,39 @@ def test_summary_into_a_closed_pipe_ends_quietly(made, sub):
     p.stdout.close()  # the reader is gone before anything was printed (like `| head -0`)
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 0 and "Traceback" not in err and "BrokenPipe" not in err
+
+
+def _with_row0(table, column: str, value, typ):
+    import pyarrow as pa
+
+    vals = table.column(column).to_pylist()
+    vals[0] = value
+    return table.set_column(table.schema.get_field_index(column), column, pa.array(vals, typ))
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "typ", "why"),
+    [
+        ("vit_tokens", None, "int64", "vit_tokens is missing"),
+        ("llm_tokens", -5, "int64", "llm_tokens is missing or negative"),
+        ("sample_id", None, "string", "sample_id is missing"),
+        ("sample_id", "DUP", "string", None),
+        ("vit_seq_lens", [-3], "list<int32>", "negative length"),
+    ],
+)
+def test_balance_refuses_a_cost_table_row_it_cannot_use(
+    made, tmp_path, capsys, column, value, typ, why
+):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    types = {"int64": pa.int64(), "string": pa.string(), "list<int32>": pa.list_(pa.int32())}
+    t = pq.read_table(made["cost"])
+    meta = t.schema.metadata
+    if value == "DUP":
+        value, why = t.column("sample_id")[1].as_py(), "more than once"
+    bad = _with_row0(t, column, value, types[typ]).replace_schema_metadata(meta)
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    code = main(["balance", str(tmp_path / "bad.parquet"), "--dp", "4", "-o", str(tmp_path / "p")])
+    err = capsys.readouterr().err
+    assert code == 2 and why in err and "bad.parquet" in err and "rows [0" in err, err

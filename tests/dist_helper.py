@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import socket
 import traceback
 
@@ -20,7 +21,9 @@ def _entry(fn, rank, world, port, queue, args):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
-        queue.put((rank, "ok", fn(rank, world, *args)))
+        # pickled by value here: a tensor put on the queue as is travels as a shared-memory
+        # handle that the parent can only open while this process lives (a race at exit)
+        queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -45,7 +48,7 @@ def run_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
         for _ in range(world):
             rank, status, value = queue.get(timeout=timeout)
             if status == "ok":
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 errors.append(f"rank {rank}:\n{value}")
     except q.Empty:

@@ -147,16 +147,26 @@ def search_partition(
     return min(timed, key=lambda p: (p.trial_seconds, p.score)), timed
 
 
+def _sync() -> None:
+    """Wait for queued GPU work, so that a wall-clock interval measures kernels, not launches."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def profile_layers(layers: Sequence[Callable[[], object]], repeats: int = 3) -> np.ndarray:
     """Median wall time of each callable (one layer's forward on the fixed input), after a
-    warm-up call."""
+    warm-up call; on a GPU each interval starts and ends with a synchronize."""
     out = np.empty(len(layers))
     for i, fn in enumerate(layers):
         fn()
         runs = []
         for _ in range(repeats):
+            _sync()
             t0 = time.perf_counter()
             fn()
+            _sync()
             runs.append(time.perf_counter() - t0)
         out[i] = float(np.median(runs))
     return out

@@ -191,9 +191,11 @@ class LMLoss:
         self.normalizer = normalizer
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # the loss in at least fp32
         return (
             F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(),
+                logits.reshape(-1, logits.shape[-1]),
                 target.reshape(-1),
                 ignore_index=-100,
                 reduction="sum",

@@ -118,6 +118,9 @@ class Trainer:
             self._reduce.append((list(dict.fromkeys(mine)), self.stage_groups[self.stage]))
         self.params = [p for ps, _ in self._reduce for p in ps]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr)
+        # set-up ran backward passes (the partition search profiles layers on rank 0): none of
+        # their gradients may reach the first optimizer step
+        self.model.zero_grad(set_to_none=True)
 
     def set_redistribution(self, enabled: bool) -> None:
         self.policy = RedistributePolicy(
@@ -206,12 +209,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ one step
     def forward_backward(self, batch: dict) -> dict:
-        """Gradients of this step's loss, summed over ranks; returns the step's measurements."""
+        """Gradients of this step's loss, summed over ranks (any gradient left from before —
+        profiling, recomputation trials, a caller's own backward — is dropped first, since the
+        gradients are all-reduced in place); returns the step's measurements."""
+        self.model.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         local, route = redistribute(batch, None, self.topology, self.policy)
         t_redis = time.perf_counter() - t0
         model = self.model
-        emb = model.encode_images(local.patches.to(self.device), local.units_hw)
+        dtype = next(model.vision.parameters()).dtype  # the model may run in another precision
+        emb = model.encode_images(local.patches.to(self.device, dtype), local.units_hw)
         img = route.send_image_embeddings(emb)
         normalizer = float(max(route.table[:, _TGT].sum(), 1))
         self.loss_fn.normalizer = normalizer

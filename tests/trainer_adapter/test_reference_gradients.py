@@ -146,3 +146,55 @@ def test_every_layout_gives_the_single_process_gradient(train_generation, refere
             dp, redistribute = layout[0], layout[4]
             if redistribute and dp > 1:
                 assert moved > 0, layout  # samples really moved
+
+
+STEPS = 10
+
+
+def _trajectory(rank, world, gen, layouts):
+    """Parameters after each of STEPS optimizer steps (the ones this rank holds), per layout."""
+    from trainer_adapter import TrainConfig, Trainer
+    from trainer_adapter.trainer import empty_batch
+
+    torch.set_num_threads(1)
+    manifest, collate, mcfg = _collate_and_model(gen)
+    runs = []
+    for dp, pp, schedule, virtual in layouts:
+        cfg = TrainConfig(
+            shards=gen, dp=dp, pp=pp, steps=STEPS, schedule=schedule, microbatches=2 * pp,
+            virtual_stages=virtual, method="lpt", seed=7, lr=1e-3, partition_top_k=1,
+        )  # fmt: skip
+        lens = collate(_samples(manifest, [(r, s) for r in range(4) for s in range(3)]))["llm_lens"]
+        trainer = Trainer(cfg, mcfg, mb_tokens=-(-int(lens.max()) * 3 // 16) * 16, ranks_per_node=1)
+        names = {id(p): n for n, p in trainer.model.named_parameters()}
+        history = [{names[id(p)]: p.detach().clone().numpy() for p in trainer.params}]
+        for k in range(STEPS):
+            if trainer.stage == 0:
+                batch = collate(_samples(manifest, [(k % 4, k // 4)]))
+            else:
+                batch = empty_batch(mcfg.patch_dim, collate.image_token_id)
+            trainer.step(batch)
+            history.append({names[id(p)]: p.detach().clone().numpy() for p in trainer.params})
+        runs.append(history)
+    return runs
+
+
+def test_pipelined_updates_follow_the_flat_run_over_ten_steps(train_generation):
+    """Per-parameter update direction of every step under each schedule against pp = 1."""
+    gen = str(train_generation)
+    (flat,) = run_ranks(_trajectory, 1, gen, [(1, 1, "1f1b", 1)], timeout=600)[0]
+    piped = [(1, 2, "gpipe", 1), (1, 2, "1f1b", 1), (1, 2, "interleaved1f1b", 2)]
+    per_rank = run_ranks(_trajectory, 2, gen, piped, timeout=600)
+    for k, layout in enumerate(piped):
+        worst = 1.0
+        for history in (per_rank[0][k], per_rank[1][k]):
+            for step in range(1, STEPS + 1):
+                for name, value in history[step].items():
+                    mine = (value - history[step - 1][name]).ravel()
+                    ref = (flat[step][name] - flat[step - 1][name]).ravel()
+                    if not np.abs(ref).max() > 0:
+                        continue
+                    cos = float(mine @ ref / (np.linalg.norm(mine) * np.linalg.norm(ref) + 1e-30))
+                    worst = min(worst, cos)
+                    assert cos > 0.99, (layout, step, name, cos)
+        assert worst > 0.99, (layout, worst)

@@ -14,11 +14,18 @@ def synthetic_batch(rank: int, n: int, seed: int = 0, big: bool = False) -> dict
     merge), 5-60 text tokens (300-400 when ``big``). Values encode (rank, sample) so tests can
     tell where every row came from."""
     rng = np.random.default_rng([seed, rank])
+    specs = []
+    for _ in range(n):
+        k = int(rng.integers(0, 4))
+        specs.append((k, int(rng.integers(300, 400) if big else rng.integers(5, 60))))
+    return batch_of(rank, specs)
+
+
+def batch_of(rank: int, specs: list[tuple[int, int]]) -> dict:
+    """A batch of samples given as (image units, text tokens) each."""
     ids, labels, pos, cu = [], [], [], [0]
     patches, units, num_units, vit, llm = [], [], [], [], []
-    for i in range(n):
-        k = int(rng.integers(0, 4))
-        text = int(rng.integers(300, 400) if big else rng.integers(5, 60))
+    for i, (k, text) in enumerate(specs):
         tag = rank * 1000 + i
         s_ids = [IMAGE_TOKEN] * k + [100 + (tag + j) % 50 for j in range(text)]
         s_lab = [-100] * (k + 1) + s_ids[k + 1 :]
@@ -45,7 +52,7 @@ def synthetic_batch(rank: int, n: int, seed: int = 0, big: bool = False) -> dict
         "units_hw": torch.tensor(units, dtype=torch.long).reshape(-1, 2),
         "num_units": torch.tensor(num_units, dtype=torch.long),
         "image_token_id": IMAGE_TOKEN,
-        "sample_ids": [f"r{rank}-{i}" for i in range(n)],
+        "sample_ids": [f"r{rank}-{i}" for i in range(len(specs))],
     }
 
 

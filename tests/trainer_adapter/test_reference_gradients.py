@@ -11,6 +11,8 @@ redistribution on, samples must really move."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -101,7 +103,7 @@ def _reference(gen):
     logits = model.llm.logits(h)
     target = torch.full_like(b["labels"], -100)
     cu = b["cu_seqlens"].tolist()
-    for a, z in zip(cu[:-1], cu[1:], strict=True):  # token i predicts token i+1 of its sample
+    for a, z in itertools.pairwise(cu):  # token i predicts token i+1 of its sample
         target[a : z - 1] = b["labels"][a + 1 : z]
     n = int((target != -100).sum())
     loss = F.cross_entropy(logits, target, ignore_index=-100, reduction="sum") / n

@@ -1,0 +1,231 @@
+"""Plant known bugs in a scratch copy of the repository and check that the tests catch each one.
+
+Each mutation replaces one snippet of one file (the snippet must occur exactly as written, so a
+mutation that no longer applies is reported instead of silently passing) and runs the tests
+named for it; the mutation counts as caught when those tests fail. Before any mutation the same
+tests run on the unmodified copy and must pass.
+
+    .venv/bin/python tools/mutation_sweep.py            # all, a markdown table at the end
+    .venv/bin/python tools/mutation_sweep.py --list
+    .venv/bin/python tools/mutation_sweep.py --only detach-encoder,mmscale-identity
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+REF = "tests/trainer_adapter/test_reference_gradients.py::test_every_layout_gives_the_single_process_gradient"
+TRAJ = "tests/trainer_adapter/test_reference_gradients.py::test_pipelined_updates_follow_the_flat_run_over_ten_steps"
+PROPS = "tests/trainer_adapter/test_training_properties.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    what: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+MUTATIONS = [
+    Mutation(
+        "detach-encoder",
+        "encoder output detached before the exchange (encoder and projector get no gradient)",
+        "trainer_adapter/trainer.py",
+        "img = route.send_image_embeddings(emb)",
+        "img = route.send_image_embeddings(emb.detach())",
+        (REF,),
+    ),
+    Mutation(
+        "pp-no-encoder-grad",
+        "zero gradient from the LLM back into the encoder under PP",
+        "trainer_adapter/trainer.py",
+        "packed.backward(leaf.grad)",
+        "packed.backward(torch.zeros_like(leaf.grad))",
+        (REF,),
+    ),
+    Mutation(
+        "pp-grads-over-microbatches",
+        "pipeline gradients divided by the number of microbatches",
+        "trainer_adapter/pipeline.py",
+        "return cls(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)",
+        "return cls(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=True)",
+        (REF,),
+    ),
+    Mutation(
+        "labels-cross-samples",
+        "a packed sample's last token predicts the next sample's first token",
+        "trainer_adapter/model.py",
+        "out[(cu_seqlens[1:].long() - 1)[cu_seqlens[1:] > cu_seqlens[:-1]]] = -100",
+        "out[-1:] = -100",
+        (f"{PROPS}::test_targets_never_cross_a_packed_sample_boundary", REF),
+    ),
+    Mutation(
+        "mmscale-identity",
+        "MMScale's microbatch reordering replaced by the identity",
+        "trainer_adapter/pipeline.py",
+        "order = inter_microbatch_reorder(cost, max(pp, 1)) if pp > 1 else np.arange(n_microbatches)",
+        "order = np.arange(n_microbatches)",
+        (f"{PROPS}::test_microbatch_plan_uses_the_reordering",),
+    ),
+    Mutation(
+        "vision-over-llm-cost",
+        "the vision phase planned over the LLM cost",
+        "trainer_adapter/redistribute.py",
+        "vit_cost[has_vit], src[has_vit], vision_ranks",
+        "llm_cost[has_vit], src[has_vit], vision_ranks",
+        (f"{PROPS}::test_each_phase_is_balanced_over_its_own_cost",),
+    ),
+    Mutation(
+        "leftover-profiling-grads",
+        "gradients of the partition search's profiling reach the first optimizer step",
+        "trainer_adapter/trainer.py",
+        "        self.model.zero_grad(set_to_none=True)\n",
+        "",
+        (REF, TRAJ),
+    ),
+    Mutation(
+        "local-normalizer",
+        "the loss divided by this rank's targets instead of the global number",
+        "trainer_adapter/trainer.py",
+        "normalizer = float(max(route.table[:, _TGT].sum(), 1))",
+        "normalizer = float(max(route.table[local.llm_index, _TGT].sum(), 1))",
+        (REF,),
+    ),
+    Mutation(
+        "encoder-grads-not-reduced",
+        "the encoder's gradients are not summed over the ranks that computed them",
+        "trainer_adapter/trainer.py",
+        "self._reduce = [(owned, None)]",
+        "self._reduce = [([], None)]",
+        (REF,),
+    ),
+    Mutation(
+        "labels-shift-backwards",
+        "targets shifted the wrong way (each token predicts the previous one)",
+        "trainer_adapter/model.py",
+        "out = torch.roll(labels, -1)",
+        "out = torch.roll(labels, 1)",
+        (REF,),
+    ),
+    Mutation(
+        "padding-gets-labels",
+        "microbatch padding carries a real target (token 0) instead of -100",
+        "trainer_adapter/trainer.py",
+        "target=pack_rows(tgt, cu, plan, self.mb_tokens, -100)",
+        "target=pack_rows(tgt, cu, plan, self.mb_tokens, 0)",
+        (REF,),
+    ),
+    Mutation(
+        "isf-close-at-cap",
+        "ISF closes a group when a cap is reached instead of passed",
+        "balancing/_kernels.py",
+        "if k > start and (sv + vo[k] > qv or st + to[k] > qt):",
+        "if k > start and (sv + vo[k] >= qv or st + to[k] >= qt):",
+        (f"{PROPS}::test_isf_closing_and_filter_rules_by_hand",),
+    ),
+    Mutation(
+        "isf-filter-and",
+        "ISF keeps a group only when it reaches both targets (the paper: either)",
+        "balancing/_kernels.py",
+        "            kept[g] = sv >= qfv or st >= qft\n            g += 1\n            start = k",
+        "            kept[g] = sv >= qfv and st >= qft\n            g += 1\n            start = k",
+        (f"{PROPS}::test_isf_closing_and_filter_rules_by_hand",),
+    ),
+]
+
+
+def _scratch() -> Path:
+    """A copy of the tracked and untracked-unignored files (no .venv, no build output)."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    dst = Path(tempfile.mkdtemp(prefix="equishard-mutant-"))
+    for f in filter(None, files):
+        src = REPO / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+    return dst
+
+
+def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool, float, str]:
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return False, time.perf_counter() - t0, "timed out"
+    tail = [x for x in r.stdout.splitlines() if x.strip()][-1:] or [""]
+    return r.returncode == 0, time.perf_counter() - t0, tail[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", default="", help="comma-separated mutation names")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per test run")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTATIONS if not args.only or m.name in args.only.split(",")]
+    if args.list:
+        for m in MUTATIONS:
+            print(f"{m.name:28s} {m.what}")
+        return 0
+    root = _scratch()
+    try:
+        needed = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        ok, secs, tail = _run_tests(root, needed, args.timeout)
+        print(f"unmutated copy: {'pass' if ok else 'FAIL'} ({secs:.0f} s) {tail}", flush=True)
+        if not ok:
+            print("the tests fail without any mutation; fix that first", file=sys.stderr)
+            return 2
+        rows = []
+        for m in chosen:
+            path = root / m.file
+            original = path.read_text()
+            if original.count(m.old) < 1:
+                rows.append((m, "NOT APPLIED (snippet not found)", 0.0, ""))
+                continue
+            path.write_text(original.replace(m.old, m.new))
+            try:
+                passed, secs, tail = _run_tests(root, m.tests, args.timeout)
+            finally:
+                path.write_text(original)
+            rows.append((m, "MISSED" if passed else "caught", secs, tail))
+            print(f"{m.name}: {rows[-1][1]} ({secs:.0f} s) {tail}", flush=True)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print("\n| mutation | planted bug | result | tests run | seconds |")
+    print("|---|---|---|---|---|")
+    for m, result, secs, _ in rows:
+        tests = ", ".join(t.split("::")[-1] if "::" in t else Path(t).name for t in m.tests)
+        print(f"| {m.name} | {m.what} | {result} | {tests} | {secs:.0f} |")
+    return 0 if all(r[1] == "caught" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

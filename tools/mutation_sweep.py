@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-REF = "tests/trainer_adapter/test_reference_gradients.py::test_every_layout_gives_the_single_process_gradient"
-TRAJ = "tests/trainer_adapter/test_reference_gradients.py::test_pipelined_updates_follow_the_flat_run_over_ten_steps"
+_GRADS = "tests/trainer_adapter/test_reference_gradients.py"
+REF = f"{_GRADS}::test_every_layout_gives_the_single_process_gradient"
+TRAJ = f"{_GRADS}::test_pipelined_updates_follow_the_flat_run_over_ten_steps"
 PROPS = "tests/trainer_adapter/test_training_properties.py"
 
 

@@ -16,8 +16,12 @@ matters under pipelining, where a real OOM on one stage leaves its peers waiting
 send/recv that never comes.
 
 ``measure`` runs one training step and returns the peak memory in bytes; by default it is
-``torch.cuda.max_memory_allocated`` around the step. ``agree`` makes every rank see the same
-outcome (an all_reduce of the OOM flag) so all ranks run the same trials.
+``torch.cuda.max_memory_reserved`` around the step (what the allocator holds, fragmentation
+included). ``agree`` makes every rank see the same outcome (an all_reduce of a flag) so all
+ranks run the same trials; before each trial the ranks also agree that every rank's estimate
+fits, so a configuration one rank expects to overflow is never tried by any (a real OOM inside
+a collective would leave the peers waiting). The trials should run with the optimizer's state
+already allocated (:func:`prime_optimizer_state`): it is memory every later step holds.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RecomputeResult", "adaptive_recompute", "cuda_peak", "set_recompute"]
+__all__ = [
+    "RecomputeResult",
+    "adaptive_recompute",
+    "cuda_peak",
+    "prime_optimizer_state",
+    "set_recompute",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +57,42 @@ def set_recompute(blocks: Sequence, n_plain: int) -> None:
         b.recompute = i >= n_plain
 
 
+def prime_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Allocate the optimizer's state now (Adam's moments: twice the parameters' memory) without
+    changing any parameter or the first real step: one step with zero gradients and lr 0, after
+    which the step counters go back to 0 (the moments of zero gradients are zeros, as fresh)."""
+    saved = []
+    for group in optimizer.param_groups:
+        saved.append({k: group[k] for k in ("lr", "weight_decay") if k in group})
+        group["lr"] = 0.0
+        if "weight_decay" in group:
+            group["weight_decay"] = 0.0
+        for p in group["params"]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    try:
+        optimizer.step()
+    finally:
+        for group, old in zip(optimizer.param_groups, saved, strict=True):
+            group.update(old)
+        optimizer.zero_grad(set_to_none=True)
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if torch.is_tensor(step):
+            step.zero_()
+        elif step is not None:
+            state["step"] = 0
+
+
 def cuda_peak(step: Callable[[], object]) -> float:
+    """Peak memory the caching allocator *reserved* during ``step`` (what the device must hold:
+    allocated bytes plus the allocator's fragmentation), after emptying its cache."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return float(torch.cuda.max_memory_allocated())
+    return float(torch.cuda.max_memory_reserved())
 
 
 def adaptive_recompute(
@@ -98,10 +137,16 @@ def adaptive_recompute(
         )
     remaining = budget - base
     kv, kt = min(probe_layers, nv), min(probe_layers, nt)
-    # every rank runs every trial, even with no block of a kind: ``agree`` is a collective
-    pv = run(kv, 0)
-    pt = run(0, kt)
-    trials = 3
+    # every rank runs every trial, even with no block of a kind: ``agree`` is a collective. A
+    # probe keeps a block's activations, an amount not known yet: it runs only when every rank
+    # has the safety margin of the budget free, so no rank meets a real OOM mid-collective.
+    if agree(remaining < (1.0 - safety) * budget):
+        pv = pt = None
+        trials = 1
+    else:
+        pv = run(kv, 0)
+        pt = run(0, kt)
+        trials = 3
     m_v = (pv - base) / kv if kv and pv is not None else float("inf")
     m_t = (pt - base) / kt if kt and pt is not None else float("inf")
     # Step 4: spend the free memory on the blocks that save the most time per byte
@@ -119,18 +164,31 @@ def adaptive_recompute(
         else:
             t_plain = n
     peak = None
+
+    def fewer(v: int, t: int) -> tuple[int, int]:
+        """Recompute one more block, of the kind that saves more memory per block."""
+        if t and (m_t >= m_v or not v):
+            return v, t - 1
+        return (v - 1, t) if v else (v, t)
+
+    def predicted(v: int, t: int) -> float:
+        return base + (v * m_v if v else 0.0) + (t * m_t if t else 0.0)
+
     while trials < max_trials:
+        # agree before trying: while any rank's estimate is over the budget, every rank steps
+        # back without running a step (a rank already at "all recomputed" stays there)
+        for _ in range(nv + nt):  # ends at "all recomputed", whose peak was measured to fit
+            if not agree(predicted(v_plain, t_plain) > budget):
+                break
+            v_plain, t_plain = fewer(v_plain, t_plain)
         trials += 1
         peak = run(v_plain, t_plain)
         if peak is not None:
             break
-        # Recompute one more block of the kind that saves more memory per block. A rank that is
+        # measured over the budget (or OOM) although the estimate fitted: step back; a rank
         # already at "all recomputed" (which fitted in the first trial) repeats it while its
-        # peers fall back: every rank runs the same number of trials.
-        if t_plain and (m_t >= m_v or not v_plain):
-            t_plain -= 1
-        elif v_plain:
-            v_plain -= 1
+        # peers fall back, so every rank runs the same number of trials
+        v_plain, t_plain = fewer(v_plain, t_plain)
     if peak is None:  # out of trials: everything recomputed, which fitted in the first trial
         v_plain = t_plain = 0
         set_recompute(vit_blocks, 0)

@@ -64,7 +64,11 @@ def _fmt_bytes(n: float) -> str:
 
 def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict) -> None:
     """Recompute nothing, everything, or what memory requires (OmniBal A.1.1, GPU only)."""
-    from trainer_adapter.recompute import adaptive_recompute, set_recompute
+    from trainer_adapter.recompute import (
+        adaptive_recompute,
+        prime_optimizer_state,
+        set_recompute,
+    )
 
     vit = list(trainer.model.vision.blocks)
     llm = [b for st in trainer.stages for b in st.blocks] or list(trainer.model.llm.blocks)
@@ -74,6 +78,7 @@ def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict) -> None:
         return
     if trainer.device.type != "cuda":
         raise ValueError("--recompute adaptive measures GPU memory; use off or all on a CPU")
+    prime_optimizer_state(trainer.optimizer)  # its state is memory every step holds
 
     def agree(oom: bool) -> bool:
         flag = torch.tensor([int(oom)], device=trainer.device)

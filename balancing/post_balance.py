@@ -15,7 +15,9 @@ Methods (``method=``):
 ``lpt``, ``kk*``, ``auto`` and ``best`` are refined by swaps between the heaviest and lightest
 batch until the heaviest is within ``tolerance`` of the mean. ``max_count`` limits samples per
 batch; ``memory_cap`` limits the sum of ``memory`` (default: the lengths) per batch, with a
-:class:`MemoryCapError` when no placement under it is found.
+:class:`MemoryCapError` when no placement under it is found. Every method honours the cap: a
+method that cannot build under one (``kk*``, ``padded*``, ``quadratic``) runs as usual and, when
+its plan breaks the cap, the capped LPT plan is used instead (its ``method`` says so).
 """
 
 from __future__ import annotations
@@ -73,6 +75,28 @@ def batch_loads(
 
 def _near_uniform(x: np.ndarray, d: int) -> bool:
     return x.size >= 2 * d and x.max() <= 3.0 * x.mean()
+
+
+def _over_cap(dest: np.ndarray, d: int, cap: float, mem: np.ndarray) -> bool:
+    return cap > 0 and bool(np.bincount(dest, weights=mem, minlength=d).max() > cap)
+
+
+def _within_cap(
+    result: PostBalance, x: np.ndarray, d: int, cap: float, mem: np.ndarray, order: np.ndarray
+) -> PostBalance:
+    """``result``, or when it breaks the memory cap (a method that cannot honour one), the
+    capped LPT plan, named so the caller sees which ran."""
+    if not _over_cap(result.dest, d, cap, mem):
+        return result
+    dest = np.zeros(x.size, dtype=np.int64)
+    bad = _nb_lpt_capped(x, order, d, 0, cap, mem, dest)
+    if bad >= 0:
+        i = int(order[bad])
+        raise MemoryCapError(
+            f"item {i} ({mem[i]:g}) fits under no rank's memory cap {cap:g}; raise the cap or the "
+            "number of ranks"
+        )
+    return PostBalance(dest, batch_loads(x, dest, d), f"lpt ({result.method} broke the memory cap)")
 
 
 def post_balance(
@@ -133,8 +157,8 @@ def post_balance(
     chosen = method
     if method == "auto":
         chosen = "kk_equal" if _near_uniform(x, d) and max_count is None and cap == 0 else "lpt"
-    if chosen in ("kk", "kk_equal") and (max_count is not None or cap > 0):
-        raise ValueError(f"{chosen} supports neither max_count nor memory_cap; use lpt")
+    if chosen in ("kk", "kk_equal") and max_count is not None:
+        raise ValueError(f"{chosen} does not support max_count; use lpt")
     if chosen == "lpt":
         if max_count is None and cap == 0:
             _nb_lpt(x, order, d, dest)
@@ -153,16 +177,21 @@ def post_balance(
         runs = np.empty(n, dtype=np.int64)
         _nb_padded_batches(x[asc], d, runs)
         dest[asc] = runs
-        return PostBalance(dest=dest, loads=batch_loads(x, dest, d, padded=True), method=chosen)
+        result = PostBalance(dest=dest, loads=batch_loads(x, dest, d, padded=True), method=chosen)
+        return _within_cap(result, x, d, cap, mem, order)
     elif chosen == "quadratic":
         tol = quadratic_tolerance if quadratic_tolerance is not None else 0.01 * x.sum() / d
         _nb_lpt_quadratic(x, order, d, tol, dest)
-        return PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+        result = PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+        return _within_cap(result, x, d, cap, mem, order)
     else:  # padded_attention
         probe = np.empty(n, dtype=np.int64)
         bound = _nb_lpt(x, order, d, probe).max()
         _nb_padded_attention(x, order, d, bound, dest)
-        return PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+        result = PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+        return _within_cap(result, x, d, cap, mem, order)
+    if chosen in ("kk", "kk_equal") and cap > 0 and _over_cap(dest, d, cap, mem):
+        return _within_cap(PostBalance(dest, np.zeros(d), chosen), x, d, cap, mem, order)
     target = x.sum() / d * (1.0 + tolerance)
     loads = np.bincount(dest, weights=x, minlength=d)
     if loads.max() > target:

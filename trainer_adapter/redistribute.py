@@ -252,7 +252,10 @@ def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None):
     per_node = _per_node(ranks, topo)
     if policy.method == "locality" and identity_ok:
         pb = locality_balance(cost, src_j, d, per_node or d)
-        return ranks_arr[pb.dest], "locality", before
+        mem = volume if volume is not None else cost
+        if not cap or np.bincount(pb.dest, weights=mem, minlength=d).max() <= cap:
+            return ranks_arr[pb.dest], "locality", before
+        # locality moves only the excess and cannot see a memory cap: the capped plan instead
     method = "lpt" if policy.method == "locality" else policy.method
     pb = post_balance(cost, d, method=method, memory_cap=cap, memory=volume if cap else None)
     if identity_ok and pb.loads.max() >= before.max():

@@ -119,3 +119,19 @@ def test_hand_worked_lpt():
     assert r.dest.tolist() == [0, 0, 1, 1, 1] and sorted(r.loads.tolist()) == [10.0, 12.0]
     # the swap refinement finds 12/10 -> swap 4 (bin 1) with 3 (bin 0): 11/11
     assert post_balance(x, 2, method="lpt").loads.tolist() == [11.0, 11.0]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("seed", range(5))
+def test_every_method_honours_the_memory_cap(method, seed):
+    """Heavy-tailed lengths and a cap 10% over the mean: no batch may hold more than the cap
+    (methods that cannot build under a cap fall back to capped LPT and say so)."""
+    rng = np.random.default_rng(seed)
+    x = np.ceil(rng.pareto(1.2, 200) * 100 + 10)
+    d = 8
+    cap = max(x.max(), x.sum() / d * 1.1)
+    r = post_balance(x, d, method=method, memory_cap=cap)
+    assert np.bincount(r.dest, weights=x, minlength=d).max() <= cap + 1e-9
+    assert r.dest.min() >= 0 and r.dest.max() < d and r.dest.size == x.size
+    if r.method.startswith("lpt (") and method not in ("lpt", "auto", "best"):
+        assert method in r.method  # the fallback names the method that broke the cap

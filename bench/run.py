@@ -26,6 +26,7 @@ BENCHMARKS = {
     "balance": "bench.bench_balance",
     "shards": "bench.bench_shards",
     "train": "bench.bench_train",
+    "pipeline": "bench.bench_pipeline",
     "nightly": "bench.bench_nightly",
 }
 

@@ -27,6 +27,9 @@ class TrainConfig:
     virtual_stages: int = 2
     model: str = "tiny"
     mb_tokens: int | None = None
+    # microbatch row sizes form a ladder up to mb_tokens, each this much larger than the last;
+    # a step runs the smallest that holds its load (1.0: one fixed size, mb_tokens)
+    bucket_ratio: float = 1.08
     lr: float = 1e-3
     seed: int = 0
     redistribute: bool = True
@@ -63,6 +66,10 @@ class TrainConfig:
                     f"interleaved1f1b needs microbatches divisible by pp={self.pp}, "
                     f"got {self.n_microbatches}"
                 )
+        if not 1.0 <= self.bucket_ratio < float("inf"):
+            raise ValueError(
+                f"bucket_ratio must be >= 1 (1: one microbatch size), got {self.bucket_ratio}"
+            )
         if self.mb_tokens is not None and self.mb_tokens < 1:
             raise ValueError(f"mb_tokens must be >= 1, got {self.mb_tokens}")
         if self.recompute not in ("off", "all", "adaptive"):

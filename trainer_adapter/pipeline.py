@@ -1,9 +1,12 @@
 """Pipelined LLM stages under ``torch.distributed.pipelining``, fed with fixed-shape microbatches.
 
-``torch.distributed.pipelining`` needs the same microbatch shapes at every step, so each
-replica's samples are packed into ``n_microbatches`` rows of ``mb_tokens`` tokens (LPT under a
-token cap: the rows come out even, and the padding is what balancing left), and the rows are
-ordered for 1F1B by MMScale's inter-microbatch reordering. A stage passes ``(hidden, doc)`` on;
+``torch.distributed.pipelining`` needs fixed microbatch shapes for a schedule, so each replica's
+samples are packed into ``n_microbatches`` rows of one of a few fixed sizes (a ladder,
+:func:`bucket_ladder`; each size gets its own schedule, built once and reused): the smallest
+size that holds the step's samples (:func:`plan_step`; LPT under the size as a token cap, rows
+even), so padding is what balancing left, not the largest sample of the data. Rows are ordered
+for 1F1B by MMScale's inter-microbatch reordering. The last stage runs the head on real tokens
+only and the loss skips padding. A stage passes ``(hidden, doc)`` on;
 ``doc`` numbers the samples inside a row (-1 is padding), so attention stays inside each sample.
 
 Busy time per stage is measured for the bubble report: forward by timing the stage's forward,
@@ -30,10 +33,12 @@ __all__ = [
     "MicrobatchPlan",
     "StageModule",
     "StageTimer",
+    "bucket_ladder",
     "doc_rows",
     "make_schedule",
     "pack_rows",
     "plan_microbatches",
+    "plan_step",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
@@ -101,8 +106,12 @@ class StageModule(nn.Module):
         seg = _segments(doc[0, :n_real])
         for blk in self.blocks:
             y = blk(y, seg)
-        x = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
-        out = self.head(self.norm(x)) if self.last else x
+        if self.last:  # the head runs on the real tokens only; padding rows stay zero
+            out = self.head(self.norm(y))
+            if n_real < x.shape[0]:
+                out = torch.cat([out, out.new_zeros(x.shape[0] - n_real, out.shape[-1])])
+        else:
+            out = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
         if out.requires_grad:
             out = _Stamp.apply(out, self.timer, True)
         self.timer.forward += time.perf_counter() - t0
@@ -149,6 +158,42 @@ def plan_microbatches(
     )
 
 
+def bucket_ladder(largest: int, ratio: float, smallest: int = 64, multiple: int = 16) -> list[int]:
+    """Microbatch row sizes from ``smallest`` up to ``largest``, each about ``ratio`` times the
+    one before (rounded up to ``multiple``); ``ratio`` 1 gives ``[largest]``."""
+    if ratio <= 1.0 or largest <= smallest:
+        return [largest]
+    sizes, size = [], float(smallest)
+    while size < largest:
+        r = int(-(-int(size) // multiple) * multiple)
+        if not sizes or r > sizes[-1]:
+            sizes.append(r)
+        size *= ratio
+    return [x for x in sizes if x < largest] + [largest]
+
+
+def plan_step(
+    lengths: np.ndarray, n_microbatches: int, buckets: list[int], pp: int, **cost
+) -> tuple[int, MicrobatchPlan]:
+    """The smallest row size of ``buckets`` that holds this step's samples (every sample whole,
+    rows packed by :func:`plan_microbatches`), and its plan; so the microbatches are sized by the
+    step's load, not by the largest sample the data holds."""
+    lengths = np.asarray(lengths, dtype=np.float64)
+    need = max(lengths.max(initial=0.0), lengths.sum() / n_microbatches)
+    last_error = None
+    for mb in buckets:
+        if mb < need:
+            continue
+        try:
+            return mb, plan_microbatches(lengths, n_microbatches, mb, pp, **cost)
+        except ValueError as exc:  # LPT could not pack under this size: the next one
+            last_error = exc
+    raise ValueError(
+        f"no microbatch size up to {buckets[-1]} tokens holds this step's samples "
+        f"({int(lengths.sum())} tokens, longest {int(lengths.max(initial=0))}): {last_error}"
+    )
+
+
 def pack_rows(
     x: torch.Tensor, cu_seqlens: np.ndarray, plan: MicrobatchPlan, mb_tokens: int, fill
 ) -> torch.Tensor:
@@ -191,14 +236,9 @@ class LMLoss:
         self.normalizer = normalizer
 
     def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        target = target.reshape(-1)
+        keep = target != -100  # padding and non-target positions cost nothing
+        logits = logits.reshape(-1, logits.shape[-1])[keep]
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()  # the loss in at least fp32
-        return (
-            F.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]),
-                target.reshape(-1),
-                ignore_index=-100,
-                reduction="sum",
-            )
-            / self.normalizer
-        )
+        return F.cross_entropy(logits, target[keep], reduction="sum") / self.normalizer

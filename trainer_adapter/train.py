@@ -152,7 +152,8 @@ def run(cfg: TrainConfig) -> list[dict]:
         print(
             f"pipeline partition (embedding, {model_cfg.llm_layers} blocks, head over "
             f"{cfg.pp * cfg.stages_per_rank} stages): cuts {trainer.partition['bounds']}, "
-            f"microbatches {cfg.n_microbatches} x {mb_tokens} tokens",
+            f"microbatches {cfg.n_microbatches} x up to {mb_tokens} tokens "
+            f"({len(trainer.buckets)} row sizes)",
             flush=True,
         )
     for step in range(cfg.steps):
@@ -195,6 +196,9 @@ def run(cfg: TrainConfig) -> list[dict]:
             "bytes_inter_node": inter,
             "redistribute_seconds": out["redistribute_seconds"],
             "bubble_per_stage": bubbles,
+            "mb_tokens": out["pipeline"].get("mb_tokens"),
+            "padding": out["pipeline"].get("padding"),
+            "empty_microbatches": out["pipeline"].get("empty_microbatches"),
             "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
             "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
         }
@@ -206,7 +210,13 @@ def run(cfg: TrainConfig) -> list[dict]:
             f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
             f"llm {lm['llm_before']:.3f}->{lm['llm_after']:.3f}  moved intra "
             f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
-            + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else ""),
+            + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")
+            + (
+                f"  rows {'/'.join(map(str, rec['mb_tokens']))} tok, padding {rec['padding']:.1%}, "
+                f"{rec['empty_microbatches']} empty"
+                if rec["mb_tokens"]
+                else ""
+            ),
             flush=True,
         )
         if log:

@@ -32,10 +32,11 @@ from trainer_adapter.partition import profile_layers, search_partition, stage_ra
 from trainer_adapter.pipeline import (
     LMLoss,
     StageModule,
+    bucket_ladder,
     doc_rows,
     make_schedule,
     pack_rows,
-    plan_microbatches,
+    plan_step,
 )
 from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
@@ -158,7 +159,6 @@ class Trainer:
         return run
 
     def _build_pipeline(self, pp_group) -> None:
-        from torch.distributed.pipelining import PipelineStage
 
         cfg, llm = self.cfg, self.model.llm
         n_blocks = len(llm.blocks)
@@ -201,11 +201,43 @@ class Trainer:
             lo, hi = ranges[k]
             mod = StageModule(llm, max(lo - 1, 0), min(hi - 1, n_blocks), last=k == n_stages - 1)
             self.stages.append(mod)
-        self._pipe = [
-            PipelineStage(m, k, n_stages, self.device, group=pp_group)
-            for m, k in zip(self.stages, range(self.stage, n_stages, cfg.pp), strict=True)
-        ]
-        self.schedule = make_schedule(cfg.schedule, self._pipe, cfg.n_microbatches, self.loss_fn)
+        self._pp_group, self._n_stages = pp_group, n_stages
+        self.buckets = bucket_ladder(self.mb_tokens, cfg.bucket_ratio)
+        self._schedules: dict[int, object] = {}
+
+    def _schedule(self, mb_tokens: int):
+        """The schedule for microbatch rows of ``mb_tokens`` (built on first use, then reused:
+        a pipeline schedule runs one fixed shape)."""
+        from torch.distributed.pipelining import PipelineStage
+
+        if mb_tokens not in self._schedules:
+            cfg, n_stages = self.cfg, self._n_stages
+            pipe = [
+                PipelineStage(m, k, n_stages, self.device, group=self._pp_group)
+                for m, k in zip(self.stages, range(self.stage, n_stages, cfg.pp), strict=True)
+            ]
+            self._schedules[mb_tokens] = make_schedule(
+                cfg.schedule, pipe, cfg.n_microbatches, self.loss_fn
+            )
+        return self._schedules[mb_tokens]
+
+    def microbatch_plans(self, route) -> list[tuple[int, object]]:
+        """(row size, plan) of every replica's samples this step (each rank of a replica computes
+        the same, from the shared route table)."""
+        out = []
+        for r in range(self.cfg.dp):
+            lens = route.table[route.llm_samples(r * self.pp), _LLM]
+            out.append(
+                plan_step(
+                    lens,
+                    self.cfg.n_microbatches,
+                    self.buckets,
+                    self.pp,
+                    alpha=self.cost_model.llm.alpha,
+                    beta=self.cost_model.llm.beta,
+                )
+            )
+        return out
 
     # ------------------------------------------------------------------ one step
     def forward_backward(self, batch: dict) -> dict:
@@ -227,6 +259,7 @@ class Trainer:
         for st in self.stages:
             st.timer.reset()
         t_llm = time.perf_counter()
+        pipeline = {}
         if self.pp == 1:
             x = model.llm.embed(
                 local.input_ids.to(self.device),
@@ -243,14 +276,15 @@ class Trainer:
             mine = route.llm_samples(self.replica * self.pp)  # the replica's stage 0
             rlens = route.table[mine, _LLM]
             cu = np.concatenate([[0], np.cumsum(rlens)])
-            plan = plan_microbatches(
-                rlens,
-                self.cfg.n_microbatches,
-                self.mb_tokens,
-                self.pp,
-                alpha=self.cost_model.llm.alpha,
-                beta=self.cost_model.llm.beta,
-            )
+            plans = self.microbatch_plans(route)
+            mb, plan = plans[self.replica]
+            schedule = self._schedule(mb)
+            slots = sum(m * self.cfg.n_microbatches for m, _ in plans)
+            pipeline = {
+                "mb_tokens": [m for m, _ in plans],
+                "padding": 1.0 - float(route.table[:, _LLM].sum()) / slots if slots else 0.0,
+                "empty_microbatches": sum(sum(1 for r in p.rows if not r) for _, p in plans),
+            }
             if self.stage == 0:
                 x = model.llm.embed(
                     local.input_ids.to(self.device),
@@ -258,20 +292,18 @@ class Trainer:
                     img,
                     local.image_token_id,
                 )
-                packed = pack_rows(x, cu, plan, self.mb_tokens, 0.0)
+                packed = pack_rows(x, cu, plan, mb, 0.0)
                 leaf = packed.detach().requires_grad_()
-                self.schedule.step(leaf, doc_rows(plan, rlens, self.mb_tokens).to(self.device))
+                schedule.step(leaf, doc_rows(plan, rlens, mb).to(self.device))
                 packed.backward(leaf.grad)
             elif self.stage == self.pp - 1:
                 tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
                 losses: list = []
-                self.schedule.step(
-                    target=pack_rows(tgt, cu, plan, self.mb_tokens, -100), losses=losses
-                )
+                schedule.step(target=pack_rows(tgt, cu, plan, mb, -100), losses=losses)
                 loss_sum = torch.stack(losses).sum().detach()
                 img.backward(torch.zeros_like(img))
             else:
-                self.schedule.step()
+                schedule.step()
                 img.backward(torch.zeros_like(img))
         t_llm = time.perf_counter() - t_llm
         self._all_reduce_grads()
@@ -287,6 +319,8 @@ class Trainer:
             "stage_busy": sum(st.timer.busy for st in self.stages),
             "route": summary,
             "loads": {k: np.asarray(v).tolist() for k, v in route.loads.items()},
+            # row size per replica, padding share of all microbatch slots, empty microbatches
+            "pipeline": pipeline,
         }
 
     def _all_reduce_grads(self) -> None:

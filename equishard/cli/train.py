@@ -57,7 +57,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--mb-tokens",
         type=int,
         default=None,
-        help="tokens per microbatch row (default: fits the largest sample and group)",
+        help="largest microbatch row in tokens (default: fits the largest sample and group)",
+    )
+    p.add_argument(
+        "--bucket-ratio",
+        type=float,
+        default=1.08,
+        help="row sizes form a ladder up to --mb-tokens, each this much larger than the last; "
+        "a step runs the smallest that holds it (default 1.08; 1 = always --mb-tokens)",
     )
     p.add_argument(
         "--model",
@@ -144,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             virtual_stages=args.virtual_stages,
             model=args.model,
             mb_tokens=args.mb_tokens,
+            bucket_ratio=args.bucket_ratio,
             lr=args.lr,
             seed=args.seed,
             redistribute=not args.no_redistribute,

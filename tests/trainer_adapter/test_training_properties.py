@@ -229,3 +229,40 @@ def test_every_method_trains_under_pp_within_the_memory_cap(train_generation):
     # (a replica over the cap would not fit its microbatches: the step would have raised)
     for method, v in got.items():
         assert np.isfinite(v["loss"]), method
+
+
+def test_bucket_ladder_and_per_step_row_size():
+    from trainer_adapter.pipeline import bucket_ladder, plan_step
+
+    ladder = bucket_ladder(4000, 1.1)
+    assert ladder[-1] == 4000 and ladder == sorted(set(ladder)) and ladder[0] == 64
+    assert all(b / a <= 1.1 + 16 / a for a, b in zip(ladder, ladder[1:]))  # steps of ~10%
+    assert bucket_ladder(4000, 1.0) == [4000]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        lens = rng.integers(20, 900, int(rng.integers(1, 30))).astype(np.float64)
+        mb, plan = plan_step(lens, 4, ladder, pp=2)
+        need = max(lens.max(), lens.sum() / 4)
+        assert mb >= need
+        for b in ladder:  # every smaller row size that could hold the load failed to pack it
+            if need <= b < mb:
+                with pytest.raises(ValueError):
+                    plan_microbatches(lens, 4, b, 2)
+        assert sorted(i for row in plan.rows for i in row) == list(range(lens.size))  # all whole
+        assert all(lens[list(row)].sum() <= mb for row in plan.rows)
+    with pytest.raises(ValueError, match="no microbatch size"):
+        plan_step(np.array([5000.0]), 4, ladder, pp=2)  # longer than the largest row
+
+
+def test_loss_and_head_skip_padding_without_changing_the_result():
+    from trainer_adapter.pipeline import LMLoss
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 12, 30)
+    target = torch.randint(0, 30, (1, 12))
+    target[0, 8:] = -100  # padding at the end of the row
+    target[0, 2] = -100
+    full = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, 30), target.reshape(-1), ignore_index=-100, reduction="sum"
+    )
+    assert LMLoss(normalizer=4.0)(logits, target) == pytest.approx(float(full) / 4.0, rel=1e-6)

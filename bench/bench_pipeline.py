@@ -1,0 +1,142 @@
+"""Padding of the pipeline's microbatch slots: one fixed row size (sized for the largest sample
+and group of the data) against row sizes from a ladder chosen per step (the trainer's
+``plan_step``), on the demo generation and on a plan of the real InternVL lengths.
+
+Every step of the plan is packed as the trainer packs it: each replica's samples (its group, as
+planned, or after the trainer's LLM-phase redistribution: LPT over the step's samples under the
+replicas' token cap) into ``microbatches`` rows, MMScale-ordered. Padding = 1 - real tokens /
+(rows x row size), over all steps and replicas.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+
+from balancing import post_balance
+from balancing.plan import BalanceConfig, build_plan
+from bench._internvl import cost_table as internvl_table
+from bench._internvl import load_lengths
+from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
+from trainer_adapter.pipeline import bucket_ladder, plan_step
+from trainer_adapter.trainer import auto_mb_tokens
+
+DP, NODES, TARGET = 8, 2, 0.10
+LAYOUTS = [(2, 4), (4, 8)]  # (pp, microbatches): the default 2 x pp, and PP4 with 8
+
+
+def _demo_table():
+    with tempfile.TemporaryDirectory() as d:
+        raw = Path(d) / "raw"
+        make_demo(raw, samples=1000, seed=0)
+        cost = Path(d) / "cost.parquet"
+        run_prep(
+            PrepConfig(
+                inputs=(str(raw / "demo.jsonl"),),
+                output=str(cost),
+                tokenizer=str(raw / "tokenizer.json"),
+                image_root=str(raw),
+            )
+        )
+        return read_cost_table(cost)
+
+
+def _steps(table, plan):
+    """Per step, the LLM lengths of each rank's group: [step][rank] -> array."""
+    llm = dict(
+        zip(table["sample_id"].to_pylist(), table["llm_tokens"].to_numpy().tolist(), strict=True)
+    )
+    steps: dict[int, list[list[int]]] = {}
+    for sid, step, rank in zip(
+        plan["sample_id"].to_pylist(),
+        plan["step"].to_pylist(),
+        plan["rank"].to_pylist(),
+        strict=True,
+    ):
+        steps.setdefault(step, [[] for _ in range(DP)])[rank].append(llm[sid])
+    return [[np.array(r, dtype=np.float64) for r in steps[s]] for s in sorted(steps)]
+
+
+def _padding(steps, n_micro, pp, mb_max, ratio, redistribute):
+    buckets = bucket_ladder(mb_max, ratio)
+    tokens = slots = empty = rows = 0
+    for ranks in steps:
+        if redistribute:
+            x = np.concatenate(ranks)
+            pb = post_balance(x, DP, method="lpt", memory_cap=float(n_micro * mb_max))
+            ranks = [x[pb.dest == r] for r in range(DP)]
+        for lens in ranks:
+            mb, plan = plan_step(lens, n_micro, buckets, pp)
+            tokens += lens.sum()
+            slots += n_micro * mb
+            empty += sum(1 for r in plan.rows if not r)
+            rows += n_micro
+    return 1.0 - tokens / slots, empty / rows
+
+
+def run() -> dict:
+    tiles, llm = load_lengths()
+    scenarios = {
+        "demo generation (make shards: 1,000 samples, InternVL policy)": _demo_table(),
+        "real InternVL lengths (ai2d + chartqa, 30,730 samples)": internvl_table(tiles, llm),
+    }
+    lines = [
+        "Padding share of the LLM microbatch slots (lower is better; target <= 10 %), DP 8 on 2 "
+        "nodes, plans with target batch 4. *fixed*: every step runs rows of the size sized for "
+        "the data's largest sample and group (the trainer before this change); *per step*: the "
+        "smallest of a ladder of row sizes (each 1.08x the last) that holds the step. "
+        "*as planned*: each replica runs its planned group; *redistributed*: after the trainer's "
+        "LLM-phase balancing (LPT under the token cap).",
+        "",
+        "| data | PP | microbatches | rows | fixed, as planned | per step, as planned | "
+        "per step, redistributed | empty microbatches (per step, redistributed) | target |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    raw = {}
+    runs = [(name, table, None) for name, table in scenarios.items()]
+    real = list(scenarios.items())[-1]
+    runs += [(f"{real[0]}, target batch 4 x microbatches", real[1], m) for _, m in LAYOUTS]
+    for name, table, batch_per_micro in runs:
+        layouts = [x for x in LAYOUTS if batch_per_micro in (None, x[1])]
+        target = 4 if batch_per_micro is None else 4 * batch_per_micro
+        plan = build_plan(table, BalanceConfig(dp=DP, nodes=NODES, target_batch=target)).plan
+        steps = _steps(table, plan)
+        loads = {
+            "max_sample_llm_tokens": int(pc.max(table["llm_tokens"]).as_py()),
+            "max_group_llm_tokens": int(pc.max(plan["group_llm_tokens"]).as_py()),
+        }
+        for pp, n_micro in layouts:
+            mb_max = auto_mb_tokens(loads, n_micro)
+            fixed, _ = _padding(steps, n_micro, pp, mb_max, 1.0, False)
+            planned, _ = _padding(steps, n_micro, pp, mb_max, 1.08, False)
+            redis, empty = _padding(steps, n_micro, pp, mb_max, 1.08, True)
+            met = "met" if max(planned, redis) <= TARGET else "**not met**"
+            lines.append(
+                f"| {name} | {pp} | {n_micro} | up to {mb_max:,} tok | {fixed:.1%} | "
+                f"{planned:.1%} | {redis:.1%} | {empty:.1%} | {met} |"
+            )
+            raw[f"{name} pp{pp} m{n_micro}"] = {
+                "mb_max": mb_max,
+                "fixed": fixed,
+                "per_step": planned,
+                "per_step_redistributed": redis,
+                "empty": empty,
+            }
+    lines += [
+        "",
+        "Per-step row sizes cut the padding of the fixed size by a third to a half, but the "
+        "10 % target is not met with target batch 4: a replica then holds about 4 samples per "
+        "step for 2 x PP microbatches, so a row holds one sample or none, and every row must fit "
+        "the step's longest sample (padding = 1 - mean / max of the samples' lengths; empty rows "
+        "at PP4). With about 4 samples per microbatch (target batch 4 x microbatches, last rows) "
+        "packing has room to even the rows out. Meeting the target at small groups needs a "
+        "sample split across microbatches with its attention state carried along (not done).",
+    ]
+    return {"title": "Pipeline microbatch padding", "markdown": "\n".join(lines), "raw": raw}
+
+
+if __name__ == "__main__":
+    print(run()["markdown"])

@@ -5,6 +5,8 @@ targets never cross a packed-sample boundary."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -236,7 +238,7 @@ def test_bucket_ladder_and_per_step_row_size():
 
     ladder = bucket_ladder(4000, 1.1)
     assert ladder[-1] == 4000 and ladder == sorted(set(ladder)) and ladder[0] == 64
-    assert all(b / a <= 1.1 + 16 / a for a, b in zip(ladder, ladder[1:]))  # steps of ~10%
+    assert all(b / a <= 1.1 + 16 / a for a, b in itertools.pairwise(ladder))  # steps of ~10%
     assert bucket_ladder(4000, 1.0) == [4000]
     rng = np.random.default_rng(0)
     for _ in range(50):

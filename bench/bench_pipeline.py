@@ -135,7 +135,41 @@ def run() -> dict:
         "packing has room to even the rows out. Meeting the target at small groups needs a "
         "sample split across microbatches with its attention state carried along (not done).",
     ]
+    lines += ["", *_weights_table(raw)]
     return {"title": "Pipeline microbatch padding", "markdown": "\n".join(lines), "raw": raw}
+
+
+def _weights_table(raw: dict) -> list[str]:
+    """Parameters a rank holds for the 1b preset (built on the meta device: no memory used):
+    the encoder and projector on every rank, plus its pipeline stages' LLM layers (embeddings on
+    stage 0, norm and head on the last), as the trainer keeps them (layer-count partition)."""
+    import torch
+
+    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+    from trainer_adapter.partition import layer_count_partition, stage_ranges
+
+    with torch.device("meta"):
+        m = VisionLanguageModel(VLMConfig.preset("1b", vocab_size=151_646, patch_dim=588))
+    count = lambda mod: sum(p.numel() for p in mod.parameters())  # noqa: E731
+    shared = count(m.vision) + count(m.projector)
+    llm = m.llm
+    layers = [count(llm.tok) + count(llm.pos)] + [count(b) for b in llm.blocks]
+    layers.append(count(llm.norm) + count(llm.head))
+    total = shared + sum(layers)
+    out = [
+        "Weights per rank, `1b` preset (vocabulary 151,646): the whole model is "
+        f"{total / 1e9:.2f} B parameters; a rank keeps the encoder and projector "
+        f"({shared / 1e9:.2f} B, every rank encodes images) and its stages' LLM layers.",
+        "",
+        "| PP | largest rank holds | share of the model |",
+        "|---|---|---|",
+    ]
+    for pp in (1, 2, 4):
+        ranges = stage_ranges(layer_count_partition(len(layers), pp), len(layers))
+        most = max(shared + sum(layers[lo:hi]) for lo, hi in ranges)
+        out.append(f"| {pp} | {most / 1e9:.2f} B | {most / total:.0%} |")
+        raw[f"weights pp{pp}"] = most
+    return out
 
 
 if __name__ == "__main__":

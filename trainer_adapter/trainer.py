@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from balancing import CostModel
 from trainer_adapter.config import TrainConfig
@@ -201,9 +202,27 @@ class Trainer:
             lo, hi = ranges[k]
             mod = StageModule(llm, max(lo - 1, 0), min(hi - 1, n_blocks), last=k == n_stages - 1)
             self.stages.append(mod)
+        self._drop_other_stages()
         self._pp_group, self._n_stages = pp_group, n_stages
         self.buckets = bucket_ladder(self.mb_tokens, cfg.bucket_ratio)
         self._schedules: dict[int, object] = {}
+
+    def _drop_other_stages(self) -> None:
+        """Free the LLM layers this rank does not run, so PP divides the weight memory: blocks of
+        other stages, the embeddings off stage 0, the final norm and head off the last stage.
+        (Every rank built the whole model from the same seed, so what it keeps is exactly the
+        single-process model's part; the encoder stays on every rank, which encodes images.)"""
+        llm = self.model.llm
+        mine = {id(b) for st in self.stages for b in st.blocks}
+        for i, blk in enumerate(llm.blocks):
+            if id(blk) not in mine:
+                llm.blocks[i] = nn.Identity()
+        if self.stage != 0:
+            llm.tok, llm.pos = nn.Identity(), nn.Identity()
+        if not any(st.last for st in self.stages):
+            llm.norm, llm.head = nn.Identity(), nn.Identity()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _schedule(self, mb_tokens: int):
         """The schedule for microbatch rows of ``mb_tokens`` (built on first use, then reused:

@@ -84,7 +84,8 @@ def _distributed(rank, world, gen, layouts):
         names = {id(p): n for n, p in trainer.model.named_parameters()}
         grads = {names[id(p)]: p.grad.detach().clone().numpy() for p in trainer.params}
         moved = sum(v["intra_node"] + v["inter_node"] for v in out["route"]["bytes"].values())
-        results.append({"loss": out["loss"], "grads": grads, "moved": moved})
+        held = sum(p.numel() for p in trainer.model.parameters())
+        results.append({"loss": out["loss"], "grads": grads, "moved": moved, "held": held})
         dist.barrier()
     return results
 
@@ -145,7 +146,14 @@ def test_every_layout_gives_the_single_process_gradient(train_generation, refere
                 covered |= set(rank_results[k]["grads"])
             assert covered == set(reference[1]), (layout, set(reference[1]) - covered)
             moved = sum(r[k]["moved"] for r in per_rank)
-            dp, redistribute = layout[0], layout[4]
+            dp, pp, redistribute = layout[0], layout[1], layout[4]
+            total = sum(g.size for g in reference[1].values())
+            for rank_results in per_rank:  # PP divides the weights: a rank holds its stages only
+                assert (
+                    (rank_results[k]["held"] < total)
+                    if pp > 1
+                    else (rank_results[k]["held"] == total)
+                )
             if redistribute and dp > 1:
                 assert moved > 0, layout  # samples really moved
 

@@ -3,11 +3,12 @@
 Pillow's ``Image.open`` parses only the header, so a truncated file still opens. Two checks of
 completeness exist (``check``):
 
-* ``"header"`` (default): no pixels are decoded, but the file's structure is walked to its end
-  marker: JPEG's marker segments and entropy-coded scans up to EOI (so an ``FF D9`` inside an
-  embedded thumbnail, a comment or a table is not taken for the end), PNG's chunks up to
-  ``IEND``, GIF's blocks up to its trailer; WebP's RIFF size and BMP's file size must fit the
-  bytes. A file that a full decode would reject as truncated is always rejected; a file that lost
+* ``"header"`` (default): no pixels are decoded, but the file must reach its end marker. A JPEG
+  that ends with EOI is checked by walking its marker segments up to the first scan (a few small
+  reads; so an ``FF D9`` at the end that belongs to an embedded thumbnail or a comment is not
+  taken for the end), a PNG ending with its ``IEND`` chunk passes; any other file has its whole
+  structure walked: JPEG segments and entropy-coded scans up to EOI, PNG chunks up to ``IEND``,
+  GIF blocks up to its trailer. WebP's RIFF size and BMP's file size must fit the bytes. A file that a full decode would reject as truncated is always rejected; a file that lost
   only its end marker (which Pillow may still decode) is rejected too.
 * ``"decode"``: a full Pillow decode (``--check-images decode``), for the exact answer at the
   cost of decoding every pixel.
@@ -42,6 +43,7 @@ __all__ = [
 
 SUPPORTED_FORMATS = frozenset({"JPEG", "PNG", "WEBP", "GIF", "BMP"})
 CHECKS = ("header", "decode")
+_TAIL = 4096  # bytes read from the end of a file for its end marker
 # a JPEG marker inside entropy-coded data: FF followed by anything but a stuffed zero, a
 # restart marker (D0-D7) or another fill byte
 _JPEG_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
@@ -133,11 +135,51 @@ def _gif_complete(data: bytes) -> bool:
     return False
 
 
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"  # the IEND chunk: length, type, CRC
+
+
+def _jpeg_header_to_scan(f: BinaryIO, nbytes: int) -> bool:
+    """Walk the marker segments from SOI to the first SOS by their lengths (a few small reads:
+    an embedded thumbnail is skipped whole); True when the scan header lies inside the file and
+    data follows it."""
+    pos = 2
+    while True:
+        f.seek(pos)
+        hdr = f.read(4)
+        if len(hdr) < 2 or hdr[0] != 0xFF:
+            return False
+        code = hdr[1]
+        if code == 0xFF:
+            pos += 1
+            continue
+        if 0xD0 <= code <= 0xD7 or code == 0x01:
+            pos += 2
+            continue
+        if code == 0xD9 or len(hdr) < 4:  # an EOI before any scan: no image data
+            return False
+        end = pos + 2 + int.from_bytes(hdr[2:4], "big")
+        if end >= nbytes:
+            return False
+        if code == 0xDA:
+            return True
+        pos = end
+
+
 def _complete(fmt: str, fileobj: BinaryIO, nbytes: int, head: bytes) -> bool:
     if fmt == "WEBP":
         return len(head) >= 8 and int.from_bytes(head[4:8], "little") + 8 <= nbytes
     if fmt == "BMP":
         return len(head) >= 6 and int.from_bytes(head[2:6], "little") <= nbytes
+    fileobj.seek(max(0, nbytes - _TAIL))
+    tail = fileobj.read(_TAIL).rstrip(b"\x00")
+    # The usual case, cheaply: the file ends with its end marker. For JPEG that is the real
+    # EOI when the segments up to the first scan are whole (an EOI of a thumbnail or comment
+    # sits inside a segment; entropy-coded data never holds FF D9).
+    if fmt == "JPEG" and tail.endswith(b"\xff\xd9"):
+        return _jpeg_header_to_scan(fileobj, nbytes)
+    if fmt == "PNG" and tail.endswith(_PNG_END):
+        return True
+    # Otherwise (trailing bytes after the end marker, or a cut file): walk the whole structure.
     fileobj.seek(0)
     data = fileobj.read(nbytes)
     return {"JPEG": _jpeg_complete, "PNG": _png_complete, "GIF": _gif_complete}[fmt](data)

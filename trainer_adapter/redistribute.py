@@ -37,6 +37,7 @@ __all__ = ["LocalBatch", "RedistributePolicy", "Route", "redistribute"]
 
 # per-sample columns gathered from every rank
 _LLM, _VIT, _UNITS, _IMG, _TGT = range(5)
+_TOKEN_BYTES = 24  # an LLM token travels as its id, label and position (int64 each)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,6 +55,9 @@ class RedistributePolicy:
     cost_model: CostModel = field(default_factory=CostModel)
     min_gain: float = 0.0
     llm_memory_cap: int | None = None
+    # bytes of one image-token embedding (hidden x element size): with it, the LLM phase's
+    # node-wise placement counts the embeddings' trip from encoder rank to LLM rank too
+    embedding_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in (*METHODS, "locality"):
@@ -64,6 +68,8 @@ class RedistributePolicy:
             raise ValueError(f"placement must be 'nodewise' or 'identity', got {self.placement!r}")
         if self.cost not in ("modeled", "tokens"):
             raise ValueError(f"cost must be 'modeled' or 'tokens', got {self.cost!r}")
+        if self.embedding_bytes < 0:
+            raise ValueError(f"embedding_bytes must be >= 0, got {self.embedding_bytes}")
         if self.min_gain < 0:
             raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
         if self.llm_memory_cap is not None and self.llm_memory_cap <= 0:
@@ -232,8 +238,28 @@ def _per_node(ranks: tuple[int, ...], topo: Topology) -> int | None:
     return int(counts[0])
 
 
-def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None):
-    """Destination rank of each item (-1 items skipped) and the method that ran."""
+def _extra_sources(extra, ranks, topo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item, phase-rank index, bytes) of payload that reaches an item's destination from
+    another rank than its own (an image's embeddings from its encoder rank): each source is
+    stood in for by a rank of this phase on the same node (the node is what the placement
+    weighs); sources on nodes without such a rank are left out."""
+    e_src, e_bytes = extra
+    on_node = {}
+    for j, r in enumerate(ranks):
+        on_node.setdefault(topo.node_of(r), j)
+    where = {r: j for j, r in enumerate(ranks)}
+    idx = np.array(
+        [where.get(int(r), on_node.get(topo.node_of(int(r)), -1)) if r >= 0 else -1 for r in e_src],
+        dtype=np.int64,
+    )
+    ok = np.flatnonzero((idx >= 0) & (e_bytes > 0))
+    return ok, idx[ok], e_bytes[ok].astype(np.float64)
+
+
+def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
+    """Destination rank of each item (-1 items skipped) and the method that ran. ``traffic``
+    (bytes per item from its own rank, and (source rank, bytes) per item from elsewhere) is what
+    the node-wise placement keeps inside nodes; by default ``volume`` from the item's rank."""
     ranks_arr = np.asarray(ranks, dtype=np.int64)
     where = {r: j for j, r in enumerate(ranks)}
     src_j = np.array([where.get(int(s), -1) for s in src], dtype=np.int64)
@@ -263,7 +289,14 @@ def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None):
     batch_rank = np.arange(d)
     name = pb.method
     if policy.placement == "nodewise" and identity_ok and per_node is not None:
-        nw = nodewise_permutation(src_j, pb.dest, volume.astype(np.float64), d, per_node)
+        items, dests, weights = src_j, pb.dest, volume.astype(np.float64)
+        if traffic is not None:
+            own, extra = traffic
+            k, e_src, e_bytes = _extra_sources(extra, ranks, topo)
+            items = np.concatenate([src_j, e_src])
+            dests = np.concatenate([pb.dest, pb.dest[k]])
+            weights = np.concatenate([np.asarray(own, dtype=np.float64), e_bytes])
+        nw = nodewise_permutation(items, dests, weights, d, per_node)
         batch_rank = nw.rank_of_batch
         name += f" + {nw.method}"
     return ranks_arr[batch_rank[pb.dest]], name, before
@@ -308,6 +341,10 @@ def redistribute(
         vit_cost[has_vit], src[has_vit], vision_ranks, topology, policy, patch_bytes[has_vit]
     )
     vit_dest[has_vit] = vd
+    traffic = None
+    if policy.embedding_bytes:  # the LLM placement also weighs the embeddings' trip
+        own = table[:, _LLM] * _TOKEN_BYTES
+        traffic = (own, (vit_dest, table[:, _IMG] * policy.embedding_bytes))
     llm_dest, lmethod, lbefore = _plan_phase(
         llm_cost,
         src,
@@ -316,6 +353,7 @@ def redistribute(
         policy,
         table[:, _LLM].astype(np.float64),
         cap=policy.llm_memory_cap,
+        traffic=traffic,
     )
     pair = dict(zip(llm_ranks, label_ranks, strict=True))
     label_dest = np.array([pair[int(r)] for r in llm_dest], dtype=np.int64)

@@ -95,6 +95,7 @@ class Trainer:
             llm_layers=model_cfg.llm_layers,
         )
         self.cost_model = cm
+        self._embedding_bytes = model_cfg.llm_hidden * 4  # fp32 image-token embeddings
         self.set_redistribution(cfg.redistribute)
         # every rank creates every group, in the same order
         pp_groups = [dist.new_group([r * cfg.pp + s for s in range(cfg.pp)]) for r in range(cfg.dp)]
@@ -131,6 +132,7 @@ class Trainer:
             placement=self.cfg.placement,
             cost_model=self.cost_model,
             llm_memory_cap=self.cfg.n_microbatches * self.mb_tokens if self.cfg.pp > 1 else None,
+            embedding_bytes=self._embedding_bytes,
         )
 
     # ------------------------------------------------------------------ pipeline set-up

@@ -10,10 +10,18 @@ either the old or the new state on disk, never a mix.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["CURRENT", "atomic_write_bytes", "fsync_dir", "read_current", "set_current"]
+__all__ = [
+    "CURRENT",
+    "atomic_write_bytes",
+    "fsync_dir",
+    "read_current",
+    "set_current",
+    "try_lock",
+]
 
 CURRENT = "CURRENT"
 
@@ -59,3 +67,15 @@ def read_current(root: str | os.PathLike) -> str | None:
 
 def set_current(root: str | os.PathLike, generation: str) -> None:
     atomic_write_bytes(Path(root) / CURRENT, (generation + "\n").encode())
+
+
+def try_lock(path: str | os.PathLike):
+    """An exclusive ``flock`` on ``path`` (created if needed), held until the returned file is
+    closed; None when another process holds it."""
+    f = open(path, "a+")  # noqa: SIM115 - the caller holds it open
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f

@@ -25,7 +25,6 @@ rebalance runs per root at a time (a lock); a second returns ``in_progress`` at 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from shards.manifest import ManifestError, load_manifest
-from shards.publish import CURRENT, atomic_write_bytes, read_current
+from shards.publish import CURRENT, atomic_write_bytes, read_current, try_lock
 
 __all__ = [
     "RebalanceConfig",
@@ -213,17 +212,6 @@ def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: d
 NIGHT_ERRORS = "night.errors.parquet"  # the night's rejected samples, carried in its generation
 
 
-def _lock(root: Path):
-    """The root's nightly lock (flock), or None when another rebalance holds it."""
-    f = open(root / ".nightly.lock", "a+")  # noqa: SIM115 - held for the run
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
-
-
 def finish_night(root: Path, generation: str, keep: int) -> list[str]:
     """What follows the publish of a nightly generation, each step idempotent, so a run killed
     anywhere after CURRENT moved is finished by the next one: the night's errors table (carried
@@ -260,7 +248,7 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
     root = Path(cfg.current)
     if not root.is_dir():
         raise ManifestError(f"{root}: not a generation root (no such directory)")
-    lock = _lock(root)
+    lock = try_lock(root / ".nightly.lock")
     if lock is None:
         return RebalanceResult("in_progress", read_current(root) or "", None)
     try:

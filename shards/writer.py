@@ -16,7 +16,6 @@ atomic publish) and ``CURRENT`` moves to it. Streams are written by parallel wor
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import multiprocessing as mp
@@ -37,7 +36,7 @@ from dataprep.workers import exit_with_parent
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
-from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current
+from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.stream_writer import COST_FIELDS, write_stream
 
@@ -191,22 +190,12 @@ def _group_pairs(rank, step) -> set[tuple[int, int]]:
     return set(zip(pairs["r"].to_pylist(), pairs["s"].to_pylist(), strict=True))
 
 
-def _lock(path: Path):
-    f = open(path, "a+")  # noqa: SIM115 - held for the writer's lifetime
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.close()
-        return None
-    return f
-
-
 def _clean_stale_staging(root: Path, keep: str) -> None:
     """Remove staging directories of crashed writers (their lock is free)."""
     for d in root.glob(".staging-*"):
         if d.name == keep or not d.is_dir():
             continue
-        lock = _lock(d / ".lock") if (d / ".lock").exists() else None
+        lock = try_lock(d / ".lock") if (d / ".lock").exists() else None
         if lock is not None or not (d / ".lock").exists():
             shutil.rmtree(d, ignore_errors=True)
         if lock is not None:
@@ -231,7 +220,7 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
         )
     stage = root / f".staging-{gen}"
     stage.mkdir(exist_ok=True)
-    lock = _lock(stage / ".lock")
+    lock = try_lock(stage / ".lock")
     if lock is None:
         raise WriteError(f"another writer is writing {gen} into {root}; wait for it to finish")
     try:

@@ -124,9 +124,19 @@ MUTATIONS = [
         "padding-gets-labels",
         "microbatch padding carries a real target (token 0) instead of -100",
         "trainer_adapter/trainer.py",
-        "target=pack_rows(tgt, cu, plan, self.mb_tokens, -100)",
-        "target=pack_rows(tgt, cu, plan, self.mb_tokens, 0)",
+        "target=pack_rows(tgt, cu, plan, mb, -100)",
+        "target=pack_rows(tgt, cu, plan, mb, 0)",
         (REF,),
+    ),
+    Mutation(
+        "nodewise-ignores-embeddings",
+        "the LLM placement ignores the image embeddings' trip from the encoder rank",
+        "trainer_adapter/redistribute.py",
+        "    if policy.embedding_bytes:  # the LLM placement",
+        "    if False:  # the LLM placement",
+        (
+            "tests/trainer_adapter/test_redistribute.py::test_nodewise_placement_counts_the_image_embeddings_trip",
+        ),
     ),
     Mutation(
         "isf-close-at-cap",

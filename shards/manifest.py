@@ -102,14 +102,21 @@ def _need(d: dict, key: str, typ, where: str):
     return v
 
 
-def _safe_path(name: str, gen_dir: Path, where: str) -> None:
+def _safe_path(name: str, gen_dir: Path, where: str, dirs: dict) -> None:
     """A shard path must stay inside its generation: relative, no ``..``, no symlink out."""
     p = PurePosixPath(name)
     if not name or p.is_absolute() or ".." in p.parts or "\\" in name:
         raise ManifestError(f"{where}: shard path {name!r} leaves the generation directory")
-    real = os.path.realpath(gen_dir / name)
-    top = os.path.realpath(gen_dir)
-    if not real.startswith(top + os.sep):
+    path = gen_dir / name
+    # the real path of the shard's directory (cached: a generation has one per stream) and a
+    # look at the file itself, instead of a realpath (an lstat per component) per shard
+    for d in (path.parent, gen_dir):
+        if d not in dirs:
+            dirs[d] = os.path.realpath(d)
+    real = (
+        os.path.realpath(path) if path.is_symlink() else os.path.join(dirs[path.parent], path.name)
+    )
+    if not real.startswith(dirs[gen_dir] + os.sep):
         raise ManifestError(f"{where}: shard path {name!r} resolves outside {gen_dir}")
 
 
@@ -218,6 +225,7 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
     per = _need(layout, "gpus_per_node", int, f"{path} layout")
     streams = []
     total_samples = 0
+    real_dirs: dict = {}  # directory -> real path, for this manifest's shard paths
     for k, st in enumerate(_need(raw, "streams", list, str(path))):
         where = f"{path} stream {k}"
         shards = []
@@ -230,7 +238,7 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
                         f"{w}: a group must be [step, samples, offset, length], got {g!r}"
                     )
                 groups.append(Group(*g))
-            _safe_path(_need(sh, "file", str, w), gen_dir, w)
+            _safe_path(_need(sh, "file", str, w), gen_dir, w, real_dirs)
             shard = Shard(
                 file=_need(sh, "file", str, w),
                 bytes=_need(sh, "bytes", int, w),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dataprep.errors import DataprepError, SampleRejected
 from dataprep.image_header import probe_image_bytes
-from dataprep.measure import fingerprint
+from dataprep.measure import cache_key, fingerprint
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, image_bytes
 from shards.errors import WriteError
@@ -57,10 +57,18 @@ def read_sample(
         return parent_sample(s["parent"], s["sample_id"], verified, groups)
     try:
         sample = store.get(s["location"])
+        # unchanged since prep by its cache key (record bytes, image sizes and mtimes: no decode)?
+        # then the fingerprint holds; otherwise the images are probed and fingerprinted again
+        same = bool(s.get("cache_key")) and cache_key(sample.raw, sample.images) == s["cache_key"]
         imgs = [image_bytes(r) for r in sample.images]
-        headers = [
-            probe_image_bytes(b, r.where, check) for b, r in zip(imgs, sample.images, strict=True)
-        ]
+        headers = (
+            None
+            if same
+            else [
+                probe_image_bytes(b, r.where, check)
+                for b, r in zip(imgs, sample.images, strict=True)
+            ]
+        )
         exts = [image_ext(b) for b in imgs]
     except (SampleRejected, DataprepError, OSError) as exc:
         raise WriteError(
@@ -72,7 +80,11 @@ def read_sample(
             f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
             f"{s['sample_id']!r}; re-run prep and balance"
         )
-    if s.get("fingerprint") and fingerprint(sample.raw, headers) != s["fingerprint"]:
+    if (
+        headers is not None
+        and s.get("fingerprint")
+        and fingerprint(sample.raw, headers) != s["fingerprint"]
+    ):
         raise WriteError(
             f"sample {s['sample_id']!r} at {s['location']} changed since prep measured it (its "
             "record or an image differs from the cost table's fingerprint): its costs are stale; "
@@ -159,6 +171,7 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
                     "location": row["location"],
                     "source": row["source"],
                     "fingerprint": row["fingerprint"],
+                    "cache_key": row["cache_key"],
                     "cost": {c: row[c] for c in COST_FIELDS},
                     "parent": None
                     if row["from_rank"] is None

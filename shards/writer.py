@@ -132,7 +132,9 @@ def _jobs(
         if "parent_step" in plan.column_names
         else pa.array(np.full(plan.num_rows, -1, dtype=np.int64))
     )
-    picked = cost.select([*COST_FIELDS, "location", "source", "fingerprint"]).take(where)
+    picked = cost.select([*COST_FIELDS, "location", "source", "fingerprint", "cache_key"]).take(
+        where
+    )
     rows = pa.table(
         {
             "sample_id": plan.column("sample_id"),

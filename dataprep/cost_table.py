@@ -16,6 +16,9 @@ __all__ = [
     "ERRORS_SCHEMA",
     "FORMAT_VERSION",
     "METADATA_KEY",
+    "OPTIONAL_COLUMNS",
+    "REQUIRED_COLUMNS",
+    "conform_cost_table",
     "errors_path",
     "read_cost_table",
     "remove_stale_temps",
@@ -45,7 +48,19 @@ COST_SCHEMA = pa.schema(
         ("cache_key", pa.string()),
     ]
 )
-OPTIONAL_COLUMNS = ("cache_key",)
+REQUIRED_COLUMNS = (
+    "sample_id",
+    "source",
+    "num_images",
+    "vit_tokens",
+    "vit_seq_lens",
+    "llm_tokens",
+    "text_tokens",
+)
+# DESIGN.md's optional columns: a table from another tool may leave them out. Missing ones are
+# filled where read: ``modality`` from ``num_images``, the rest as nulls (``write`` needs
+# ``location``; a missing ``fingerprint`` or ``cache_key`` only skips a check or a reuse).
+OPTIONAL_COLUMNS = tuple(f.name for f in COST_SCHEMA if f.name not in REQUIRED_COLUMNS)
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -87,10 +102,13 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
     return removed
 
 
-def table_metadata(path: str | Path) -> dict:
-    """The equishard metadata of a cost table (vision policy, tokenizer, template, counts)."""
+def table_metadata(path: str | Path, *, required: bool = True) -> dict:
+    """The equishard metadata of a cost table (vision policy, tokenizer, template, counts);
+    ``required=False`` gives ``{}`` for a table another tool wrote."""
     meta = pq.read_metadata(path).metadata or {}
     if METADATA_KEY not in meta:
+        if not required:
+            return {}
         raise ValueError(
             f"{path}: not an equishard cost table (no {METADATA_KEY.decode()} metadata)"
         )
@@ -147,22 +165,50 @@ def validate_cost_table(table: pa.Table, path: str | Path) -> None:
             )
 
 
-def read_cost_table(path: str | Path, *, validate: bool = True) -> pa.Table:
-    """Read a cost table, checking the required columns are present and (``validate``) that
-    every row is usable (:func:`validate_cost_table`)."""
-    table = pq.ParquetFile(path).read()
-    missing = [
-        f.name
-        for f in COST_SCHEMA
-        if f.name not in table.column_names and f.name not in OPTIONAL_COLUMNS
-    ]
+def _modality(num_images: pa.ChunkedArray) -> pa.Array:
+    n = np.asarray(num_images.to_numpy(zero_copy_only=False))
+    return pa.array(np.where(n == 0, "text", np.where(n == 1, "image", "multi-image")))
+
+
+def conform_cost_table(table: pa.Table, path: str | Path) -> pa.Table:
+    """The table in :data:`COST_SCHEMA`'s columns and types: required columns checked, missing
+    optional ones filled (``modality`` from ``num_images``, the rest null), other integer widths
+    cast; extra columns (``audio_tokens``, your own) are kept after them."""
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise ValueError(f"{path}: cost table lacks column(s) {missing}")
-    for name in OPTIONAL_COLUMNS:  # tables from before the column existed
-        if name not in table.column_names:
-            table = table.append_column(
-                COST_SCHEMA.field(name), pa.nulls(table.num_rows, COST_SCHEMA.field(name).type)
-            )
+        raise ValueError(
+            f"{path}: cost table lacks required column(s) {missing}; a cost table needs "
+            f"{list(REQUIRED_COLUMNS)} (optional: {list(OPTIONAL_COLUMNS)}). "
+            "Lengths in the OmniBal/InternVL JSON format: convert them with "
+            "'equishard import-lengths'"
+        )
+    columns = {}
+    for f in COST_SCHEMA:
+        if f.name in table.column_names:
+            col = table.column(f.name)
+            if col.type != f.type:
+                try:
+                    col = col.cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise ValueError(
+                        f"{path}: column {f.name!r} is {col.type}, expected {f.type} ({exc})"
+                    ) from None
+        elif f.name == "modality":
+            col = _modality(columns["num_images"]) if table.num_rows else pa.array([], pa.string())
+        else:
+            col = pa.nulls(table.num_rows, f.type)
+        columns[f.name] = col
+    extra = {c: table.column(c) for c in table.column_names if c not in columns}
+    fields = [*COST_SCHEMA, *(pa.field(c, col.type) for c, col in extra.items())]
+    schema = pa.schema(fields, metadata=table.schema.metadata)
+    return pa.table({**columns, **extra}, schema=schema)
+
+
+def read_cost_table(path: str | Path, *, validate: bool = True) -> pa.Table:
+    """Read a cost table: the required columns must be there, optional ones are filled
+    (:func:`conform_cost_table`), and (``validate``) every row must be usable
+    (:func:`validate_cost_table`)."""
+    table = conform_cost_table(pq.ParquetFile(path).read(), path)
     if validate:
         validate_cost_table(table, path)
     return table

@@ -135,6 +135,16 @@ def _jobs(
     picked = cost.select([*COST_FIELDS, "location", "source", "fingerprint", "cache_key"]).take(
         where
     )
+    loc = picked.column("location")
+    nowhere = pc.fill_null(pc.equal(loc, ""), True)
+    if pc.any(nowhere).as_py():
+        ids = plan.column("sample_id").filter(nowhere).to_pylist()
+        raise WriteError(
+            f"{cfg.cost_table}: {len(ids)} planned sample(s) have no location, e.g. {ids[:3]}: "
+            "write reads each sample's record and images from there. A table of lengths alone "
+            "(e.g. from 'equishard import-lengths') can be balanced but not written; run "
+            "'equishard prep' over the raw data to get locations"
+        )
     rows = pa.table(
         {
             "sample_id": plan.column("sample_id"),
@@ -264,7 +274,7 @@ def _write_all(
     cost = read_cost_table(cfg.cost_table)
     params = report["parameters"]
     nodes, per = params["nodes"], params["gpus_per_node"]
-    jobs = _jobs(plan, cost, stage, cfg, table_metadata(cfg.cost_table), nodes, per)
+    jobs = _jobs(plan, cost, stage, cfg, table_metadata(cfg.cost_table, required=False), nodes, per)
     results: dict[int, list[dict]] = {}
     bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
     if cfg.workers == 1:
@@ -325,7 +335,9 @@ def _write_all(
         # What the loader's collator and the trainer need to match prep: the vision policy,
         # tokenizer and template the costs were counted with, and the largest loads to size
         # fixed-shape pipeline microbatches.
-        "prep": {k: v for k, v in table_metadata(cfg.cost_table).items() if k != "inputs"},
+        "prep": {
+            k: v for k, v in table_metadata(cfg.cost_table, required=False).items() if k != "inputs"
+        },
         "loads": {
             "max_sample_llm_tokens": _max(cost, "llm_tokens"),
             "max_sample_vit_tokens": _max(cost, "vit_tokens"),

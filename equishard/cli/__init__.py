@@ -14,6 +14,7 @@ __all__ = ["main"]
 SUBCOMMANDS = {
     "demo": "equishard.cli.demo",
     "prep": "equishard.cli.prep",
+    "import-lengths": "equishard.cli.import_lengths",
     "merge": "equishard.cli.merge",
     "balance": "equishard.cli.balance",
     "write": "equishard.cli.write",

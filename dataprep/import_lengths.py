@@ -1,0 +1,194 @@
+"""Convert per-sample length files from other tools into a cost table, so they can be balanced.
+
+The OmniBal / InternVL-Chat format is a JSON list (or JSON lines) with one object per sample:
+
+* ``vit_num`` — tiles the vision encoder runs (a text-only sample may carry one dummy tile),
+* ``token_num`` — the full LLM sequence length (text plus image tokens),
+* ``image_flags`` — how many of those tiles are real (their embeddings reach the LLM).
+
+One tile is ``patches_per_tile`` encoder patches (one encoder sequence) and ``tokens_per_tile``
+LLM tokens. The format does not say how many images the tiles came from, so ``num_images`` is 1
+for a sample with real tiles and 0 for a text-only one. Sample ids are ``SOURCE:INDEX`` (the
+0-based position in the file), the same fallback ids ``prep`` gives records without an id.
+An entry that cannot be a sample goes to the errors table with its reason; nothing is dropped
+silently.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dataprep.cost_table import (
+    COST_SCHEMA,
+    ERRORS_SCHEMA,
+    FORMAT_VERSION,
+    METADATA_KEY,
+    conform_cost_table,
+    errors_path,
+    remove_stale_temps,
+)
+
+__all__ = ["ImportLengthsConfig", "ImportResult", "import_lengths"]
+
+KEYS = ("vit_num", "token_num", "image_flags")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImportLengthsConfig:
+    inputs: tuple[str, ...]
+    output: str
+    patches_per_tile: int = 1024  # 448 px tiles, patch 14
+    tokens_per_tile: int = 256  # after InternVL's 0.5 pixel shuffle
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise ValueError("no inputs: give one or more length files (.json or .jsonl)")
+        for p in self.inputs:
+            if not Path(p).is_file():
+                raise ValueError(f"{p}: no such length file")
+        if not self.output.endswith(".parquet"):
+            raise ValueError(
+                f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)"
+            )
+        if self.patches_per_tile < 1 or self.tokens_per_tile < 0:
+            raise ValueError(
+                f"--patches-per-tile must be >= 1 and --tokens-per-tile >= 0, got "
+                f"{self.patches_per_tile} and {self.tokens_per_tile} (InternVL: 1024 and 256)"
+            )
+        sources = [Path(p).stem for p in self.inputs]
+        if len(set(sources)) != len(sources):
+            raise ValueError(
+                f"two inputs share a file name ({sources}): sample ids are NAME:INDEX, so "
+                "rename one of them"
+            )
+
+
+@dataclass(slots=True)
+class ImportResult:
+    output: str
+    errors_output: str
+    n_in: int = 0
+    n_written: int = 0
+    n_rejected: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+def _entries(path: Path) -> list:
+    """The file's entries: a JSON list, or one JSON value per line."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as first:
+        try:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError:
+            raise ValueError(
+                f"{path}: neither a JSON list nor JSON lines ({first}); the length format is "
+                '[{"vit_num": 1, "token_num": 358, "image_flags": 1}, ...]'
+            ) from None
+    if isinstance(data, dict):  # one JSON object per line, but only one line
+        return [data]
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of samples, got {type(data).__name__}")
+    return data
+
+
+def _why_not(entry, cfg: ImportLengthsConfig) -> str | None:
+    if not isinstance(entry, dict):
+        return f"entry is a {type(entry).__name__}, not an object with {list(KEYS)}"
+    missing = [k for k in KEYS if k not in entry]
+    if missing:
+        return f"entry lacks {missing}"
+    for k in KEYS:
+        v = entry[k]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            return f"{k} must be an integer >= 0, got {v!r}"
+    if entry["image_flags"] > entry["vit_num"]:
+        return f"image_flags {entry['image_flags']} exceeds vit_num {entry['vit_num']}"
+    if entry["token_num"] < entry["image_flags"] * cfg.tokens_per_tile:
+        return (
+            f"token_num {entry['token_num']} is less than the image tokens of "
+            f"{entry['image_flags']} tile(s) x {cfg.tokens_per_tile}: check --tokens-per-tile"
+        )
+    return None
+
+
+def _table(entries: list[dict], ids: list[str], source: str, cfg: ImportLengthsConfig) -> pa.Table:
+    tiles = np.array([e["vit_num"] for e in entries], dtype=np.int64)
+    real = np.array([e["image_flags"] for e in entries], dtype=np.int64)
+    llm = np.array([e["token_num"] for e in entries], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
+    seq = pa.ListArray.from_arrays(
+        pa.array(offsets), pa.array(np.full(offsets[-1], cfg.patches_per_tile, np.int32))
+    )
+    return pa.table(
+        {
+            "sample_id": pa.array(ids, pa.string()),
+            "source": pa.array([source] * len(ids), pa.string()),
+            "num_images": pa.array((real > 0).astype(np.int32)),
+            "vit_tokens": pa.array(tiles * cfg.patches_per_tile),
+            "vit_seq_lens": seq,
+            "llm_tokens": pa.array(llm),
+            "text_tokens": pa.array(llm - real * cfg.tokens_per_tile),
+        }
+    )
+
+
+def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
+    """Write ``cfg.output`` (cost table) and its errors table from the length files."""
+    out = Path(cfg.output)
+    err_out = errors_path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for p in (out, err_out):
+        remove_stale_temps(p)
+    result = ImportResult(output=str(out), errors_output=str(err_out))
+    tables, errors = [], []
+    for path in map(Path, cfg.inputs):
+        source = path.stem
+        good, ids = [], []
+        for i, entry in enumerate(_entries(path)):
+            result.n_in += 1
+            why = _why_not(entry, cfg)
+            if why is None:
+                good.append(entry)
+                ids.append(f"{source}:{i}")
+                continue
+            errors.append(
+                {
+                    "source": source,
+                    "location": f"{path}#{i}",
+                    "line": None,
+                    "sample_id": f"{source}:{i}",
+                    "reason": "invalid_lengths",
+                    "detail": f"{path} entry {i}: {why}",
+                }
+            )
+        tables.append(_table(good, ids, source, cfg))
+    table = conform_cost_table(pa.concat_tables(tables), out).select(COST_SCHEMA.names)
+    result.n_written, result.n_rejected = table.num_rows, len(errors)
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "imported_from": {
+            "format": "omnibal-lengths",
+            "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
+            "patches_per_tile": cfg.patches_per_tile,
+            "tokens_per_tile": cfg.tokens_per_tile,
+        },
+        "counts": {"in": result.n_in, "written": result.n_written, "rejected": result.n_rejected},
+    }
+    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+    tmp, tmp_err = (p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in (out, err_out))
+    pq.write_table(pa.Table.from_pylist(errors, schema=ERRORS_SCHEMA), tmp_err)
+    pq.write_table(table, tmp)
+    os.replace(tmp_err, err_out)
+    os.replace(tmp, out)
+    result.reasons = dict(Counter(e["reason"] for e in errors))
+    return result

@@ -1,9 +1,11 @@
 """Chat templates: how a conversation is rendered into the text the LLM sees.
 
 Role markers and per-turn template tokens differ between models and change the sequence length,
-so they are counted. A template is a keyword-only dataclass; ``chatml`` (Qwen, InternVL 2.5),
-``vicuna`` (LLaVA-1.5) and ``plain`` are built in, and any other is read from a JSON file with the
-same field names.
+so they are counted. The exact choice is the model's own Jinja chat template
+(:mod:`dataprep.jinja_template`: a ``chat_template.jinja``, ``chat_template.json`` or
+``tokenizer_config.json``, or the model directory). The built-in fallbacks are keyword-only
+dataclasses: ``chatml`` (Qwen, InternVL 2.5), ``vicuna`` (LLaVA-1.5) and ``plain``, and any other
+such template is read from a JSON file with the same field names.
 """
 
 from __future__ import annotations
@@ -111,19 +113,31 @@ BUILTIN_TEMPLATES: dict[str, ChatTemplate] = {
 }
 
 
-def load_template(name_or_path: str) -> ChatTemplate:
-    """A built-in template by name, or a JSON file holding :class:`ChatTemplate` fields."""
+def load_template(name_or_path: str):
+    """A built-in template by name, a JSON file of :class:`ChatTemplate` fields, or the model's
+    Jinja template (:class:`~dataprep.jinja_template.JinjaChatTemplate`: a ``.jinja`` file, a
+    JSON file with a ``chat_template`` key, or a model directory; ``PATH#images=FAMILY``)."""
     if name_or_path in BUILTIN_TEMPLATES:
         return BUILTIN_TEMPLATES[name_or_path]
-    path = Path(name_or_path)
+    from dataprep.jinja_template import JinjaChatTemplate
+
+    path = Path(name_or_path.partition("#")[0])
+    if path.is_dir() or path.suffix == ".jinja" or "#" in name_or_path:
+        return JinjaChatTemplate(name_or_path)
     if not path.is_file():
         raise ValueError(
-            f"unknown template {name_or_path!r}: use one of {sorted(BUILTIN_TEMPLATES)} "
-            "or the path of a JSON file with fields name, bos, system_prompt, prefix, suffix, "
-            "image_prefix, image_suffix"
+            f"unknown template {name_or_path!r}: use one of {sorted(BUILTIN_TEMPLATES)}, the "
+            "model's chat template (its directory, chat_template.jinja, chat_template.json or "
+            "tokenizer_config.json), or a JSON file with fields name, bos, system_prompt, "
+            "prefix, suffix, image_prefix, image_suffix"
         )
     try:
         fields = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"template file {path}: {exc}") from None
+    if isinstance(fields, dict) and "chat_template" in fields:
+        return JinjaChatTemplate(name_or_path)
+    try:
         return ChatTemplate(**{"name": path.stem, **fields})
-    except (json.JSONDecodeError, TypeError) as exc:
+    except TypeError as exc:
         raise ValueError(f"template file {path}: {exc}") from None

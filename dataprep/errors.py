@@ -18,6 +18,10 @@ REASONS: dict[str, str] = {
     "empty_conversation": "the conversation has no turns or no text",
     "non_string_text": "a turn's text is not a string",
     "invalid_text": "the text is not valid Unicode (a lone surrogate) or the tokenizer rejects it",
+    "invalid_lengths": "an entry of an imported length file is not a sample's lengths",
+    "template_error": "the model's chat template refuses the conversation (raise_exception)",
+    "template_image_mismatch": "the chat template wrote another number of image markers than "
+    "the sample has images (a marker typed in the text, or a template that drops images)",
     "too_deep": "the record is nested deeper than the JSON parser allows",
     "bad_role": "a turn has a role that is not system/user/assistant",
     "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",

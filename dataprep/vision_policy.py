@@ -8,10 +8,16 @@ Each policy reproduces the preprocessing of a published model family exactly:
   more than half of that grid's area), plus a thumbnail tile when more than one tile; 448 px tiles,
   patch 14 (1024 patches per tile), pixel shuffle 0.5 (256 LLM tokens per tile).
 * ``qwen2vl`` — Qwen2-VL ``smart_resize``: round height and width to multiples of 28 keeping the
-  pixel count within [min_pixels, max_pixels]; patches of 14; 2x2 merge for LLM tokens.
+  pixel count within [min_pixels, max_pixels]; patches of 14; 2x2 merge for LLM tokens. Two
+  published forms differ for small and extreme-aspect images (10x500 px: 60 patches against
+  72): ``resize=transformers`` (default) is the Qwen2-VL image processor of ``transformers``
+  (``Qwen2VLProcessor``: LLaMA-Factory, TRL, ms-swift and other trainers built on HF processors);
+  ``resize=qwen-vl-utils`` is ``qwen_vl_utils.fetch_image``, which rounds each side to at least
+  28 px first (the Qwen2-VL / Qwen2.5-VL repositories' own fine-tuning code and vLLM-style
+  pipelines that call ``process_vision_info``). Pick the one your training data loader runs.
 
 Spec strings take options: ``internvl:max_tiles=6,thumbnail=0``,
-``qwen2vl:min_pixels=3136,max_pixels=1003520``.
+``qwen2vl:min_pixels=3136,max_pixels=1003520,resize=qwen-vl-utils``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from functools import lru_cache
 from dataprep.errors import SampleRejected
 
 __all__ = [
+    "QWEN2VL_RESIZE",
     "FixedPolicy",
     "ImageCost",
     "InternVLPolicy",
@@ -161,25 +168,39 @@ class InternVLPolicy(VisionPolicy):
         )
 
 
+QWEN2VL_RESIZE = ("transformers", "qwen-vl-utils")
+
+
 def qwen2vl_smart_resize(
     height: int,
     width: int,
     factor: int = 28,
     min_pixels: int = 56 * 56,
     max_pixels: int = 28 * 28 * 1280,
+    resize: str = "transformers",
 ) -> tuple[int, int]:
-    """Qwen2-VL's ``smart_resize`` (qwen-vl-utils form: never rounds a side below ``factor``)."""
+    """Qwen2-VL's ``smart_resize``: (height, width) after resizing, multiples of ``factor``.
+
+    ``resize="transformers"``: the transformers image processor's form (a side may round to 0
+    before the min_pixels branch scales it up; a shrunk side is kept >= ``factor``).
+    ``resize="qwen-vl-utils"``: qwen-vl-utils' form (each side first rounded to >= ``factor``;
+    a shrunk side is floored without that clamp).
+    """
     if max(height, width) / min(height, width) > 200:
         raise SampleRejected(
             "aspect_ratio_out_of_range",
             f"{width}x{height}: qwen2vl accepts aspect ratios up to 200",
         )
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
+    utils = resize == "qwen-vl-utils"
+    floor = factor if utils else 0
+    h_bar = max(floor, round(height / factor) * factor)
+    w_bar = max(floor, round(width / factor) * factor)
     if h_bar * w_bar > max_pixels:
         beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+        h_bar = math.floor(height / beta / factor) * factor
+        w_bar = math.floor(width / beta / factor) * factor
+        if not utils:
+            h_bar, w_bar = max(factor, h_bar), max(factor, w_bar)
     elif h_bar * w_bar < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         h_bar = math.ceil(height * beta / factor) * factor
@@ -189,9 +210,9 @@ def qwen2vl_smart_resize(
 
 @lru_cache(maxsize=65536)
 def _qwen2vl_cost(
-    width: int, height: int, min_px: int, max_px: int, patch: int, merge: int
+    width: int, height: int, min_px: int, max_px: int, patch: int, merge: int, resize: str
 ) -> ImageCost:
-    h, w = qwen2vl_smart_resize(height, width, patch * merge, min_px, max_px)
+    h, w = qwen2vl_smart_resize(height, width, patch * merge, min_px, max_px, resize)
     patches = (h // patch) * (w // patch)
     return ImageCost((patches,), patches // (merge * merge))
 
@@ -202,8 +223,14 @@ class Qwen2VLPolicy(VisionPolicy):
     max_pixels: int = 28 * 28 * 1280
     patch_size: int = 14
     merge_size: int = 2
+    resize: str = "transformers"
 
     def __post_init__(self) -> None:
+        if self.resize not in QWEN2VL_RESIZE:
+            raise ValueError(
+                f"qwen2vl resize must be one of {', '.join(QWEN2VL_RESIZE)}, got {self.resize!r}: "
+                "'transformers' as Qwen2VLProcessor resizes, 'qwen-vl-utils' as fetch_image does"
+            )
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(
                 f"qwen2vl needs 0 < min_pixels <= max_pixels, got {self.min_pixels}, {self.max_pixels}"
@@ -216,17 +243,34 @@ class Qwen2VLPolicy(VisionPolicy):
 
     def image_cost(self, width: int, height: int) -> ImageCost:
         return _qwen2vl_cost(
-            width, height, self.min_pixels, self.max_pixels, self.patch_size, self.merge_size
+            width,
+            height,
+            self.min_pixels,
+            self.max_pixels,
+            self.patch_size,
+            self.merge_size,
+            self.resize,
+        )
+
+    def resized(self, width: int, height: int) -> tuple[int, int]:
+        """(height, width) the image is resized to before cutting patches."""
+        factor = self.patch_size * self.merge_size
+        return qwen2vl_smart_resize(
+            height, width, factor, self.min_pixels, self.max_pixels, self.resize
         )
 
     def spec(self) -> str:
-        return f"qwen2vl:min_pixels={self.min_pixels},max_pixels={self.max_pixels}"
+        return (
+            f"qwen2vl:min_pixels={self.min_pixels},max_pixels={self.max_pixels},"
+            f"patch_size={self.patch_size},merge_size={self.merge_size},resize={self.resize}"
+        )
 
 
 _INT_OPTIONS = {
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
 }
+_STR_OPTIONS = {"internvl": {}, "qwen2vl": {"resize": QWEN2VL_RESIZE}}
 
 
 def parse_vision_policy(spec: str) -> VisionPolicy:
@@ -245,10 +289,20 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, sep, value = item.partition("=")
+        choices = _STR_OPTIONS[name].get(key)
+        if sep and choices is not None:
+            if value not in choices:
+                raise ValueError(
+                    f"bad option {item!r} in vision policy {spec!r}: {key} is one of "
+                    f"{', '.join(choices)}"
+                )
+            kwargs[key] = value
+            continue
         if not sep or key not in _INT_OPTIONS[name] or not value.isdigit():
-            allowed = ", ".join(sorted(_INT_OPTIONS[name]))
+            allowed = ", ".join(sorted(_INT_OPTIONS[name] | set(_STR_OPTIONS[name])))
             raise ValueError(
                 f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}"
+                + (" (or resize=transformers|qwen-vl-utils)" if name == "qwen2vl" else "")
             )
         kwargs[key] = int(value)
     if name == "internvl":

@@ -30,7 +30,6 @@ from dataprep.vision_policy import (
     Qwen2VLPolicy,
     internvl_grid,
     parse_vision_policy,
-    qwen2vl_smart_resize,
 )
 
 __all__ = ["IMAGE_CONTEXT", "Collator"]
@@ -95,9 +94,7 @@ class Collator:
                 tiles.append(img)
             return [_patches(t, (s, s), pol.patch_size) for t in tiles]
         assert isinstance(pol, Qwen2VLPolicy)
-        hh, ww = qwen2vl_smart_resize(
-            h, w, pol.patch_size * pol.merge_size, pol.min_pixels, pol.max_pixels
-        )
+        hh, ww = pol.resized(w, h)
         return [_patches(img, (ww, hh), pol.patch_size)]
 
     def __call__(self, samples: list) -> dict:

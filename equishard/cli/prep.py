@@ -60,15 +60,20 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl or qwen2vl (default: internvl)",
+        help="fixed:S/P, internvl or qwen2vl, with options (internvl:max_tiles=6, "
+        "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
+        "default) (default: internvl)",
     )
     p.add_argument(
         "--template",
         default="chatml",
-        metavar="NAME|FILE",
-        help="chat template whose role markers are counted: chatml, vicuna, plain, or a JSON file "
-        "with fields bos, system_prompt, prefix{system,user,assistant}, suffix, image_prefix, "
-        "image_suffix (default: chatml)",
+        metavar="NAME|FILE|DIR",
+        help="chat template whose tokens are counted. Exact: the model's own Jinja template -- "
+        "its directory, chat_template.jinja, chat_template.json or tokenizer_config.json "
+        "(image markers expanded as the Qwen2-VL, InternVL or LLaVA processor does, found "
+        "from the template; PATH#images=qwen2vl|internvl|llava to choose). Built-in "
+        "fallbacks: chatml, vicuna, plain, or a JSON file with fields bos, system_prompt, "
+        "prefix{system,user,assistant}, suffix, image_prefix, image_suffix (default: chatml)",
     )
     p.add_argument(
         "--image-root",

@@ -59,11 +59,35 @@ def test_internvl_max_tiles_option():
             4000,
             (840, 1148),
         ),  # huge: beta = sqrt(12e6/1003520) -> floor(30.98)*28, floor(41.3)*28
-        (10, 1000, (28, 1008)),  # very thin: a side never rounds below 28
     ],
 )
-def test_qwen2vl_smart_resize_hand_worked(h, w, expected):
-    assert qwen2vl_smart_resize(h, w) == expected
+@pytest.mark.parametrize("resize", ["transformers", "qwen-vl-utils"])
+def test_qwen2vl_smart_resize_hand_worked(h, w, expected, resize):
+    assert qwen2vl_smart_resize(h, w, resize=resize) == expected
+
+
+@pytest.mark.parametrize(
+    ("h", "w", "resize", "expected"),
+    [
+        # qwen-vl-utils rounds 10 up to 28 first: 28 x 504 is over min_pixels, kept (72 patches)
+        (10, 500, "qwen-vl-utils", (28, 504)),
+        # transformers rounds 10 to 0: 0 < min_pixels, so beta = sqrt(3136/5000) = 0.792 scales
+        # both sides: ceil(7.9/28)*28 = 28, ceil(396/28)*28 = 420 (60 patches)
+        (10, 500, "transformers", (28, 420)),
+        (10, 1000, "qwen-vl-utils", (28, 1008)),
+        (10, 1000, "transformers", (28, 560)),  # beta = 0.56: ceil(560/28) = 20 -> 560
+    ],
+)
+def test_qwen2vl_resize_forms_differ_on_thin_images(h, w, resize, expected):
+    assert qwen2vl_smart_resize(h, w, resize=resize) == expected
+    p = parse_vision_policy(f"qwen2vl:resize={resize}")
+    patches = (expected[0] // 14) * (expected[1] // 14)
+    assert p.image_cost(w, h).vit_seq_lens == (patches,)
+    assert parse_vision_policy(p.spec()) == p  # the spec round-trips, resize included
+
+
+def test_qwen2vl_default_is_the_transformers_processor():
+    assert parse_vision_policy("qwen2vl").resize == "transformers"
 
 
 def test_qwen2vl_cost_and_rejection():
@@ -84,6 +108,8 @@ def test_qwen2vl_cost_and_rejection():
         "internvl:max_tiles=x",
         "internvl:foo=1",
         "qwen2vl:min_pixels=9,max_pixels=1",
+        "qwen2vl:resize=qwen",
+        "qwen2vl:resize=1",
     ],
 )
 def test_bad_specs_raise_value_error_with_fix(spec):

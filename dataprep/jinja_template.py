@@ -1,0 +1,258 @@
+"""The model's own chat template: Jinja source from the model's files, rendered as transformers does.
+
+A Hugging Face model ships its chat template as ``chat_template.jinja``, as ``chat_template`` in
+``chat_template.json`` (processors) or in ``tokenizer_config.json`` (tokenizers). ``--template``
+takes any of those files or the model directory holding them. The template is rendered with
+``jinja2`` in the environment ``apply_chat_template`` uses (sandboxed, ``trim_blocks``,
+``lstrip_blocks``, loop controls, the ``generation`` tag, ``raise_exception``, ``strftime_now``
+and a ``tojson`` that keeps non-ASCII), with the tokenizer's special tokens as variables, over
+messages whose ``content`` is a list of ``{"type": "text", "text": ...}`` and ``{"type":
+"image"}`` items in the order of the record's ``<image>`` placeholders (:func:`messages_from_turns`).
+
+The processor then expands the image marker the template emitted, one per image; that is
+reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision policy's LLM tokens:
+
+* ``qwen2vl`` — ``<|image_pad|>`` becomes N ``<|image_pad|>`` (the template writes the
+  ``<|vision_start|>``/``<|vision_end|>`` around it),
+* ``internvl`` — ``<IMG_CONTEXT>`` becomes ``<img>`` + N ``<IMG_CONTEXT>`` + ``</img>``,
+* ``llava`` — ``<image>`` becomes N ``<image>``.
+
+The family is found from the marker in the template source; ``PATH#images=FAMILY`` chooses it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from functools import cached_property
+from pathlib import Path
+
+from dataprep.errors import SampleRejected
+from dataprep.records import IMAGE_PLACEHOLDER
+
+__all__ = ["IMAGE_TOKENS", "ImageTokens", "JinjaChatTemplate", "messages_from_turns"]
+
+# what `ChatTemplate.render` marks: the start and end of a generation block (private use chars)
+_GEN_OPEN, _GEN_CLOSE = "\ue000", "\ue001"
+_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+_SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
+
+
+@dataclass(frozen=True)
+class ImageTokens:
+    """How a family's processor expands the marker its template writes for one image."""
+
+    marker: str
+    prefix: str = ""
+    suffix: str = ""
+
+
+IMAGE_TOKENS = {
+    "qwen2vl": ImageTokens("<|image_pad|>"),
+    "internvl": ImageTokens("<IMG_CONTEXT>", "<img>", "</img>"),
+    "llava": ImageTokens("<image>"),
+}
+
+
+def messages_from_turns(turns: list[tuple[str, str]]) -> list[dict]:
+    """The messages a template renders: each turn's text split at ``<image>`` into text and
+    image content items (empty text pieces left out)."""
+    messages = []
+    for role, text in turns:
+        content: list[dict] = []
+        for k, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
+            if k:
+                content.append({"type": "image"})
+            if piece:
+                content.append({"type": "text", "text": piece})
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _environment():
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """``{% generation %}...{% endgeneration %}``: marks the assistant's trained text."""
+
+        tags = frozenset({"generation"})
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
+
+        def _mark(self, caller):
+            return _GEN_OPEN + caller() + _GEN_CLOSE
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True,
+        lstrip_blocks=True,
+        extensions=[Generation, jinja2.ext.loopcontrols],
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
+
+
+def _token_text(value) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_source(path: Path) -> tuple[str, dict[str, str], Path]:
+    """(template source, special tokens, file it came from) for a file or model directory."""
+    if path.is_dir():
+        found = [path / f for f in _FILES if (path / f).is_file()]
+        candidates = [f for f in found if f.suffix == ".jinja" or "chat_template" in _load(f)]
+        if not candidates:
+            raise ValueError(
+                f"{path}: no chat template in the directory (looked for {', '.join(_FILES)} "
+                "with a 'chat_template')"
+            )
+        source, _, origin = _read_source(candidates[0])
+        config = path / "tokenizer_config.json"
+        special = _specials(_load(config)) if config.is_file() else {}
+        return source, special, origin
+    if path.suffix == ".jinja":
+        return path.read_text(encoding="utf-8"), {}, path
+    data = _load(path)
+    if "chat_template" not in data:
+        raise ValueError(f"{path}: no 'chat_template' key")
+    tmpl = data["chat_template"]
+    if isinstance(tmpl, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        tmpl = named.get("default")
+    if not isinstance(tmpl, str):
+        raise ValueError(f"{path}: 'chat_template' is not a template string (or a 'default' one)")
+    return tmpl, _specials(data), path
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"chat template file {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"chat template file {path}: expected a JSON object")
+    return data
+
+
+def _specials(config: dict) -> dict[str, str]:
+    return {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
+
+
+class JinjaChatTemplate:
+    """A model's Jinja chat template, with the family's image expansion; same interface as
+    :class:`~dataprep.chat_template.ChatTemplate` (``render``, ``render_spans``, ``describe``)."""
+
+    def __init__(self, spec: str) -> None:
+        path_text, _, fragment = spec.partition("#")
+        self.name = spec
+        self.path = Path(path_text)
+        self.source, self.special_tokens, self.origin = _read_source(self.path)
+        family = None
+        if fragment:
+            key, _, value = fragment.partition("=")
+            if key != "images" or value not in IMAGE_TOKENS:
+                raise ValueError(
+                    f"template {spec!r}: write PATH#images=FAMILY with FAMILY one of "
+                    f"{', '.join(IMAGE_TOKENS)}"
+                )
+            family = value
+        else:
+            family = next((f for f, t in IMAGE_TOKENS.items() if t.marker in self.source), None)
+        if family is None:
+            raise ValueError(
+                f"template {self.origin} writes none of the image markers "
+                f"{[t.marker for t in IMAGE_TOKENS.values()]}: name the family with "
+                f"'{path_text}#images=FAMILY' ({', '.join(IMAGE_TOKENS)})"
+            )
+        self.family = family
+        self.images = IMAGE_TOKENS[family]
+        try:
+            self._template = _environment().from_string(self.source)
+        except Exception as exc:  # a syntax error in the model's template
+            raise ValueError(f"chat template {self.origin}: {exc}") from None
+
+    @cached_property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()
+
+    def _render_marked(self, turns: list[tuple[str, str]]) -> str:
+        n_images = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+        try:
+            text = self._template.render(
+                messages=messages_from_turns(turns),
+                add_generation_prompt=False,
+                **self.special_tokens,
+            )
+        except Exception as exc:
+            raise SampleRejected(
+                "template_error", f"the chat template refuses the conversation: {exc}"
+            ) from None
+        found = text.count(self.images.marker)
+        if found != n_images:
+            raise SampleRejected(
+                "template_image_mismatch",
+                f"the chat template wrote {found} {self.images.marker} for {n_images} image(s) "
+                "(an image marker in the text, or a template that drops images)",
+            )
+        wrapped = self.images.prefix + IMAGE_PLACEHOLDER + self.images.suffix
+        return text.replace(self.images.marker, wrapped) if wrapped != self.images.marker else text
+
+    def render(self, turns: list[tuple[str, str]]) -> str:
+        """The text the model sees, each image one ``<image>`` placeholder with the family's
+        wrapper tokens around it."""
+        return self._render_marked(turns).replace(_GEN_OPEN, "").replace(_GEN_CLOSE, "")
+
+    def render_spans(self, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+        """Like :meth:`render`, plus the character spans of the trained text: the template's
+        ``generation`` blocks, or else each assistant turn's text where it was rendered."""
+        marked = self._render_marked(turns)
+        if _GEN_OPEN in marked:
+            spans, out, pos = [], [], 0
+            for piece in re.split(f"([{_GEN_OPEN}{_GEN_CLOSE}])", marked):
+                if piece == _GEN_OPEN:
+                    start = pos
+                elif piece == _GEN_CLOSE:
+                    spans.append((start, pos))
+                else:
+                    out.append(piece)
+                    pos += len(piece)
+            return "".join(out), spans
+        text, spans, at = marked, [], 0
+        for role, content in turns:
+            if role != "assistant" or not content:
+                continue
+            start = text.find(content, at)
+            if start >= 0:
+                spans.append((start, start + len(content)))
+                at = start + len(content)
+        return text, spans
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "kind": "jinja",
+            "source": str(self.origin.resolve()),
+            "sha256": self.sha256,
+            "image_tokens": self.family,
+            "special_tokens": self.special_tokens,
+        }

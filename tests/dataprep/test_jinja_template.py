@@ -1,0 +1,336 @@
+"""Exact token counts with the model's own chat template, against transformers.
+
+For each family (Qwen2-VL, InternVL, LLaVA) a model directory is made the way a Hugging Face
+checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with the family's special tokens
+added) and ``tokenizer_config.json`` holding the family's Jinja ``chat_template``. ``prep`` reads
+that directory; the reference is transformers reading the same directory (``AutoTokenizer``),
+``apply_chat_template`` and the family's processor (built from its classes, images expanded by
+the real image processor) over real image files. Every one of 200 generated conversations per
+family must give the same LLM sequence length and the same encoder sequences.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dataprep.chat_template import load_template
+from dataprep.errors import SampleRejected
+from dataprep.records import normalize_record
+from shards.collate import Collator
+from tests.conftest import write_image
+from tests.dataprep.helpers import run, write_jsonl
+
+transformers = pytest.importorskip("transformers")
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+N = 200
+
+FAMILIES = {
+    "qwen2vl": {
+        "policy": "qwen2vl",
+        "specials": [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<|vision_start|>",
+            "<|vision_end|>",
+            "<|image_pad|>",
+            "<|video_pad|>",
+        ],
+        "config": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    },
+    "internvl": {
+        "policy": "internvl",
+        "specials": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
+        "config": {
+            "eos_token": "<|im_end|>",
+            "extra_special_tokens": {
+                "start_image_token": "<img>",
+                "end_image_token": "</img>",
+                "context_image_token": "<IMG_CONTEXT>",
+                "video_token": "<video>",
+            },
+        },
+    },
+    "llava": {
+        "policy": "fixed:336/14",
+        "specials": ["<s>", "</s>", "<image>"],
+        "config": {"bos_token": "<s>", "eos_token": "</s>"},
+    },
+}
+
+WORDS = (
+    "the a photo of dog cat chart shows revenue 2023 grew by 14% what is in picture describe "
+    "left right top bottom café naïve 東京 数据 🙂 <b> {json} [1] x=3; ' \" - — … \\n"
+).split()
+
+
+def make_model_dir(root: Path, family: str, tokenizer_path: str) -> Path:
+    """A checkpoint-like directory: tokenizer.json + tokenizer_config.json with the template."""
+    from tokenizers import AddedToken, Tokenizer
+
+    spec = FAMILIES[family]
+    model = root / f"{family}-model"
+    model.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(tokenizer_path)
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in spec["specials"]]
+    )
+    tok.save(str(model / "tokenizer.json"))
+    config = {
+        "chat_template": (TEMPLATES / f"{family}.jinja").read_text(),
+        "model_max_length": 1_000_000,
+        **spec["config"],
+    }
+    (model / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return model
+
+
+def _text(rng: random.Random) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(1, 40))]
+    text = " ".join(words)
+    if rng.random() < 0.3:
+        text = text.replace(" ", "\n", rng.randint(1, 3))
+    if rng.random() < 0.2:
+        text = " " + text + "  "
+    return text
+
+
+def conversations(root: Path, n: int, seed: int) -> list[dict]:
+    """LLaVA-style records with real images; ``<image>`` anywhere in user turns."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(n):
+        turns = []
+        if rng.random() < 0.2:
+            turns.append({"from": "system", "value": _text(rng)})
+        images = []
+        for t in range(rng.randint(1, 3)):
+            pieces = [_text(rng)]
+            for _ in range(rng.choice([0, 0, 1, 1, 2, 3]) if t == 0 or rng.random() < 0.2 else 0):
+                w, h = rng.randint(8, 900), rng.randint(8, 900)
+                path = write_image(root / "img" / f"{i}-{len(images)}.png", w, h, "PNG")
+                images.append(f"img/{path.name}")
+                pieces.insert(rng.randint(0, len(pieces)), "<image>")
+            turns.append({"from": "human", "value": rng.choice(["", "\n", " "]).join(pieces)})
+            turns.append({"from": "gpt", "value": _text(rng)})
+        records.append({"id": f"c{i}", "image": images, "conversations": turns})
+    return records
+
+
+def reference_messages(record: dict) -> list[dict]:
+    """The messages a transformers user builds from the record (test's own conversion)."""
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    out = []
+    for turn in record["conversations"]:
+        content = []
+        for piece in re.split(r"(<image>)", turn["value"]):
+            if piece == "<image>":
+                content.append({"type": "image"})
+            elif piece:
+                content.append({"type": "text", "text": piece})
+        out.append({"role": roles[turn["from"]], "content": content})
+    return out
+
+
+def processor_for(family: str, model: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model))
+
+    def no_video(cls):  # the video processors need torchvision; images are all we count
+        return type(
+            cls.__name__,
+            (cls,),
+            {"get_attributes": classmethod(lambda c: ["image_processor", "tokenizer"])},
+        )
+
+    if family == "qwen2vl":
+        from transformers import Qwen2VLProcessor
+        from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+        return no_video(Qwen2VLProcessor)(
+            image_processor=Qwen2VLImageProcessorPil(),
+            tokenizer=tok,
+            chat_template=tok.chat_template,
+        )
+    if family == "internvl":
+        from transformers import InternVLProcessor
+        from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+        ip = GotOcr2ImageProcessorPil(
+            crop_to_patches=True, min_patches=1, max_patches=12, size={"height": 448, "width": 448}
+        )
+        return no_video(InternVLProcessor)(
+            image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
+        )
+    from transformers import LlavaProcessor
+    from transformers.models.clip import CLIPImageProcessorPil
+
+    ip = CLIPImageProcessorPil(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
+    return LlavaProcessor(
+        image_processor=ip,
+        tokenizer=tok,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=tok.chat_template,
+    )
+
+
+def reference(processor, family: str, record: dict, root: Path) -> tuple[int, list[int]]:
+    """(LLM sequence length, encoder sequence lengths) as transformers makes them."""
+    from PIL import Image
+
+    text = processor.apply_chat_template(reference_messages(record), tokenize=False)
+    images = [Image.open(root / name).convert("RGB") for name in record["image"]]
+    out = processor(text=[text], images=images or None, return_tensors="np")
+    n = int(out["input_ids"].shape[1])
+    if not images:
+        return n, []
+    if family == "qwen2vl":
+        return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
+    if family == "internvl":
+        return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
+    return n, [576] * int(out["pixel_values"].shape[0])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokenizer_path):
+    model = make_model_dir(tmp_path, family, tokenizer_path)
+    records = conversations(tmp_path, N, seed=list(FAMILIES).index(family))
+    src = write_jsonl(tmp_path / "data.jsonl", records)
+    res, rows, errors = run(
+        tmp_path,
+        [src],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy=FAMILIES[family]["policy"],
+    )
+    assert not errors, [(e["reason"], e["detail"]) for e in errors[:3]]
+    assert res.n_written == N
+    processor = processor_for(family, model)
+    by_id = {r["sample_id"]: r for r in rows}
+    wrong = []
+    for rec in records:
+        want_llm, want_vit = reference(processor, family, rec, tmp_path)
+        got = by_id[rec["id"]]
+        if (got["llm_tokens"], got["vit_seq_lens"]) != (want_llm, want_vit):
+            wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
+    assert not wrong, f"{len(wrong)} of {N} differ, e.g. {wrong[:3]}"
+    assert sum(len(r["image"]) > 1 for r in records) > 20  # multi-image samples were tried
+    # the trainer's collator, given the same directory, builds sequences of that length too
+    collator = Collator(
+        tokenizer=str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy=FAMILIES[family]["policy"],
+    )
+    some = records[:12]
+    batch = collator(
+        [
+            SimpleNamespace(
+                meta={"sample_id": r["id"], "turns": normalize_record(r, r["id"]).turns},
+                images=[(tmp_path / name).read_bytes() for name in r["image"]],
+            )
+            for r in some
+        ]
+    )
+    assert batch["llm_lens"].tolist() == [by_id[r["id"]]["llm_tokens"] for r in some]
+
+
+def test_builtin_chatml_is_what_the_qwen_template_does_not_do(tmp_path, tokenizer_path):
+    """The reason for the change: the built-in template misses Qwen's default system turn."""
+    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
+    turns = [("user", "<image>\nWhat is this?"), ("assistant", "A cat.")]
+    jinja = load_template(str(model)).render(turns)
+    assert jinja.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n")
+    assert "<|vision_start|><image><|vision_end|>" in jinja
+    assert "system" not in load_template("chatml").render(turns)
+
+
+def test_template_sources_and_family_detection(tmp_path, tokenizer_path):
+    model = make_model_dir(tmp_path, "internvl", tokenizer_path)
+    source = (TEMPLATES / "internvl.jinja").read_text()
+    turns = [("user", "<image>hi"), ("assistant", "yo")]
+    want = load_template(str(model)).render(turns)
+    assert (
+        want
+        == "<|im_start|>user\n<img><image></img>\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+    )
+    (tmp_path / "chat_template.jinja").write_text(source)
+    (tmp_path / "chat_template.json").write_text(json.dumps({"chat_template": source}))
+    for spec in (
+        model / "tokenizer_config.json",
+        tmp_path / "chat_template.jinja",
+        tmp_path / "chat_template.json",
+    ):
+        t = load_template(str(spec))
+        assert t.family == "internvl" and t.render(turns) == want
+    # the family can be named: the same template read as LLaVA-style (no <img> wrapper)
+    named = load_template(f"{model}#images=internvl")
+    assert named.render(turns) == want
+    with pytest.raises(ValueError, match="images=FAMILY"):
+        load_template(f"{model}#images=nope")
+    plain = tmp_path / "plain.jinja"
+    plain.write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
+    with pytest.raises(ValueError, match="none of the image markers"):
+        load_template(str(plain))
+    assert load_template(f"{plain}#images=llava").family == "llava"
+
+
+def test_image_marker_in_text_and_template_errors_reject_the_sample(tmp_path, tokenizer_path):
+    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
+    t = load_template(str(model))
+    with pytest.raises(SampleRejected) as e:
+        t.render([("user", "look: <|image_pad|>"), ("assistant", "ok")])
+    assert e.value.reason == "template_image_mismatch"
+    raising = tmp_path / "r.jinja"
+    raising.write_text("<|image_pad|>{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(SampleRejected, match="roles must alternate") as e:
+        load_template(str(raising)).render([("user", "x")])
+    assert e.value.reason == "template_error"
+    broken = tmp_path / "b.jinja"
+    broken.write_text("<|image_pad|>{% for m in messages %}")
+    with pytest.raises(ValueError, match=str(broken)):
+        load_template(str(broken))
+
+
+def test_generation_blocks_give_the_trained_spans(tmp_path, tokenizer_path):
+    """LLaVA's template marks assistant text with {% generation %}: the spans are exactly the
+    text transformers' assistant mask covers (its generation indices)."""
+    model = make_model_dir(tmp_path, "llava", tokenizer_path)
+    t = load_template(str(model))
+    turns = [
+        ("user", "<image>\nwhat?"),
+        ("assistant", "a dog"),
+        ("user", "and?"),
+        ("assistant", "grass"),
+    ]
+    text, spans = t.render_spans(turns)
+    assert [text[a:b] for a, b in spans] == ["a dog ", "grass "]
+    assert text == t.render(turns)
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, indices = render_jinja_template(
+        conversations=[
+            reference_messages(
+                {
+                    "conversations": [
+                        {"from": "human" if r == "user" else "gpt", "value": x} for r, x in turns
+                    ]
+                }
+            )
+        ],
+        chat_template=(TEMPLATES / "llava.jinja").read_text(),
+        return_assistant_tokens_mask=True,
+        bos_token="<s>",
+        eos_token="</s>",
+    )
+    assert rendered[0] == text
+    assert [tuple(i) for i in indices[0]] == spans

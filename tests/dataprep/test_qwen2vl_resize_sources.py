@@ -1,0 +1,111 @@
+"""Both qwen2vl resize forms against the code they come from, on a grid of image sizes:
+``resize=transformers`` against transformers' ``smart_resize`` and its Qwen2-VL image processor,
+``resize=qwen-vl-utils`` against the ``smart_resize`` of the installed qwen-vl-utils (read from
+its source: the module imports torchvision, which has no CPU build here)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dataprep.errors import SampleRejected
+from dataprep.vision_policy import Qwen2VLPolicy, qwen2vl_smart_resize
+
+SIDES = [1, 3, 10, 13, 14, 27, 28, 29, 41, 42, 55, 56, 57, 99, 100, 224, 333, 448, 500, 999, 1000]
+SIDES += [1023, 1500, 2000, 2999, 3000, 4000, 5000, 8000]
+BOUNDS = [(56 * 56, 28 * 28 * 1280), (256 * 28 * 28, 1280 * 28 * 28), (3136, 200_000)]
+GRID = [(h, w, lo, hi) for h, w in itertools.product(SIDES, SIDES) for lo, hi in BOUNDS]
+
+
+def _ours(h, w, lo, hi, resize):
+    try:
+        return qwen2vl_smart_resize(h, w, 28, lo, hi, resize)
+    except SampleRejected:
+        return "rejected"
+
+
+def _theirs(fn, h, w, lo, hi):
+    try:
+        return tuple(fn(h, w, factor=28, min_pixels=lo, max_pixels=hi))
+    except ValueError:  # aspect ratio over 200
+        return "rejected"
+
+
+def test_transformers_form_equals_transformers_smart_resize():
+    # the PIL processor module (the torch one imports torchvision); a copy of the same function
+    mod = pytest.importorskip("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl")
+    diff = [
+        (h, w, lo, hi)
+        for h, w, lo, hi in GRID
+        if _ours(h, w, lo, hi, "transformers") != _theirs(mod.smart_resize, h, w, lo, hi)
+    ]
+    assert not diff, diff[:5]
+
+
+def _qwen_vl_utils_smart_resize():
+    """``smart_resize`` and the helpers it calls, compiled from qwen-vl-utils' own source."""
+    spec = importlib.util.find_spec("qwen_vl_utils")
+    if spec is None:
+        pytest.skip("qwen-vl-utils is not installed (pip install -e '.[dev]')")
+    path = spec.submodule_search_locations[0] + "/vision_process.py"
+    tree = ast.parse(Path(path).read_text())
+    keep = {"smart_resize", "round_by_factor", "ceil_by_factor", "floor_by_factor"}
+    nodes = [
+        n
+        for n in tree.body
+        if (isinstance(n, ast.FunctionDef) and n.name in keep)
+        or (
+            isinstance(n, ast.Assign)
+            and isinstance(n.targets[0], ast.Name)
+            and n.targets[0].id.isupper()
+            and isinstance(n.value, ast.Constant)
+        )
+    ]
+    ns = {"math": math, "Optional": object, "Tuple": tuple}
+    exec(compile(ast.Module(nodes, type_ignores=[]), path, "exec"), ns)
+    return ns["smart_resize"]
+
+
+def test_qwen_vl_utils_form_equals_qwen_vl_utils():
+    fn = _qwen_vl_utils_smart_resize()
+    diff = [
+        (h, w, lo, hi)
+        for h, w, lo, hi in GRID
+        if _ours(h, w, lo, hi, "qwen-vl-utils") != _theirs(fn, h, w, lo, hi)
+    ]
+    assert not diff, diff[:5]
+
+
+def test_the_two_forms_differ_where_the_issue_says():
+    """On 2,000 random sizes the forms disagree only on small or extreme-aspect images."""
+    rng = np.random.default_rng(0)
+    sizes = zip(rng.integers(4, 3000, 2000), rng.integers(4, 3000, 2000), strict=True)
+    diff = [
+        (int(w), int(h))
+        for w, h in sizes
+        if max(w, h) / min(w, h) <= 200
+        and Qwen2VLPolicy(resize="transformers").image_cost(int(w), int(h))
+        != Qwen2VLPolicy(resize="qwen-vl-utils").image_cost(int(w), int(h))
+    ]
+    assert diff
+    assert all(min(w, h) < 42 for w, h in diff)  # a side that rounds to 0 or 28 differently
+
+
+def test_transformers_form_equals_the_image_processor_grid():
+    """The patch count the real Qwen2-VL image processor produces for real images."""
+    pytest.importorskip("transformers")
+    from PIL import Image
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil()
+    policy = Qwen2VLPolicy()
+    for w, h in [(500, 10), (10, 500), (640, 480), (28, 28), (3000, 20), (1, 57), (4000, 3000)]:
+        out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        t, gh, gw = out["image_grid_thw"][0]
+        assert policy.image_cost(w, h).vit_seq_lens == (int(t * gh * gw),), (w, h)

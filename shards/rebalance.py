@@ -36,6 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.publish import CURRENT, atomic_write_bytes, read_current, try_lock
 
@@ -389,6 +390,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             # rejected new samples travel inside the generation, so the record of them survives
             # a crash anywhere after the publish (finish_night copies them to errors/)
             extra_files={NIGHT_ERRORS: str(work / "new.errors.parquet")} if cfg.new else None,
+            energon=has_energon_metadata(parent.path),  # loadable by Energon like its parent
         ),
         progress=cfg.progress,
     )

@@ -33,12 +33,14 @@ import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.workers import exit_with_parent
+from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.stream_writer import COST_FIELDS, write_stream
+from shards.wids_index import WIDS_INDEX, write_wids_index
 
 __all__ = [
     "WriteConfig",
@@ -64,6 +66,8 @@ class WriteConfig:
     manifest_extra: dict | None = None
     # more files carried inside the generation: {name in the generation: source path}
     extra_files: dict[str, str] | None = None
+    # also write Megatron-Energon's metadata (.nv-meta/, .tar.idx): shards.energon
+    energon: bool = False
 
     def __post_init__(self) -> None:
         if self.shard_size < 1024:
@@ -224,6 +228,10 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     parent = read_current(root)
     if (final / MANIFEST).exists():
         m = load_manifest(final)
+        if not (final / WIDS_INDEX).exists():  # written by an equishard without it
+            write_wids_index(final)
+        if cfg.energon and not has_energon_metadata(final):  # written before without --energon
+            write_energon_metadata(final, workers=cfg.workers)
         if parent != gen:
             set_current(root, gen)
         t = m.totals
@@ -241,6 +249,9 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
             _write_all(cfg, stage, gen, parent, digests, progress)
         for stale in stage.glob(".*.tmp-*"):  # an atomic write a killed run left half done
             stale.unlink()
+        write_wids_index(stage)
+        if cfg.energon and not has_energon_metadata(stage):
+            write_energon_metadata(stage, workers=cfg.workers)
         os.replace(stage, final)  # the atomic publish
         fsync_dir(root)
         with contextlib.suppress(FileNotFoundError):

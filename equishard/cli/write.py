@@ -12,7 +12,8 @@ rank being the s-th group of its stream, each sample KEY.json + KEY.0.jpg, KEY.1
 original image bytes. The generation is written under GEN_ROOT/.staging-<id>, published by one
 atomic rename to GEN_ROOT/<id>, and GEN_ROOT/CURRENT then names it. Killing the writer at any
 moment is safe: re-running resumes and gives byte-identical shards; re-running a finished write
-does nothing.
+does nothing. --energon also writes Megatron-Energon's metadata (.nv-meta/ and a .tar.idx per
+shard, as 'energon prepare' does, plus dataset.yaml) so Energon loads the generation directly.
 
 example:
   equishard write build/plan --cost-table build/cost.parquet --out build/shards --shard-size 1GB --workers 4
@@ -42,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default=1,
         help="writer processes, one stream each at a time (default: 1)",
     )
+    p.add_argument(
+        "--energon",
+        action="store_true",
+        help="also make the generation loadable by Megatron-Energon (needs equishard[energon]); "
+        "'rebalance' keeps doing so for generations that have it",
+    )
     p.set_defaults(run=run)
 
 
@@ -57,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             out=args.out,
             shard_size=parse_size(args.shard_size),
             workers=args.workers,
+            energon=args.energon,
         )
         r = write_generation(cfg, progress=True)
     except (ValueError, WriteError, OSError) as exc:

@@ -1,0 +1,34 @@
+"""The sample type and cooker of equishard generations under Megatron-Energon (imports energon:
+use it through :func:`shards.energon.equishard_cooker`)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from megatron.energon import Sample, basic_sample_keys, stateless
+from megatron.energon.edataclass import edataclass
+
+__all__ = ["EquishardSample", "cook_equishard"]
+
+_IMAGE_PART = re.compile(r"^(\d+)\.[A-Za-z0-9]+$")
+
+
+@edataclass
+class EquishardSample(Sample):
+    """One sample: its JSON record (``sample_id``, ``turns``, the cost row) and its images in
+    order, as Energon's decoder gave them (``image_decode`` of the dataset call)."""
+
+    record: dict
+    images: list
+
+
+@stateless
+def cook_equishard(raw: dict) -> EquishardSample:
+    images = sorted(
+        (int(m.group(1)), value) for part, value in raw.items() if (m := _IMAGE_PART.match(part))
+    )
+    record = raw["json"]
+    if isinstance(record, bytes | str):
+        record = json.loads(record)
+    return EquishardSample(**basic_sample_keys(raw), record=record, images=[v for _, v in images])

@@ -1,0 +1,147 @@
+"""A generation read by the loaders users already have: Megatron-Energon's own loader (after
+``write --energon``), Hugging Face ``datasets``' WebDataset builder and webdataset's ``wids``.
+The reference for what a generation holds is Python's ``tarfile`` over the manifest's shards."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from equishard.cli import main
+from shards import open_generation
+from shards.energon import has_energon_metadata
+from shards.publish import read_current
+from shards.rebalance import run_rebalance
+from tests.shards.nightly import _night
+
+
+def tar_samples(gen) -> dict[str, list[dict]]:
+    """Stream name -> its samples in order (record + image sizes), read with tarfile."""
+    m = open_generation(gen)
+    out = {}
+    for st in m.streams:
+        samples = []
+        for shard in st.shards:
+            with tarfile.open(m.path / shard.file) as tf:
+                for member in tf.getmembers():
+                    data = tf.extractfile(member).read()
+                    if member.name.endswith(".json"):
+                        samples.append({"record": json.loads(data), "sizes": []})
+                    else:
+                        samples[-1]["sizes"].append(Image.open(io.BytesIO(data)).size)
+        out[f"node-{st.node:03d}-rank-{st.local_rank:03d}"] = samples
+    return out
+
+
+@pytest.fixture(scope="module")
+def energon_gen(gen_inputs, tmp_path_factory) -> Path:
+    _, cost, plan_dir = gen_inputs
+    root = tmp_path_factory.mktemp("energon")
+    args = ["write", str(plan_dir), "--cost-table", str(cost), "--out", str(root)]
+    assert main([*args, "--shard-size", "200KB", "--energon"]) == 0
+    return root / read_current(root)
+
+
+def _energon_read(gen: Path, split: str) -> list:
+    from megatron.energon import (
+        DefaultTaskEncoder,
+        SampleDecoder,
+        WorkerConfig,
+        get_loader,
+        get_val_dataset,
+    )
+
+    from shards.energon import equishard_cooker
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = (equishard_cooker(),)
+        decoder = SampleDecoder(image_decode="pil")
+
+        def encode_sample(self, sample):
+            return sample
+
+        def batch(self, samples):
+            return samples
+
+    ds = get_val_dataset(
+        gen,
+        split_part=split,
+        worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+        batch_size=1,
+        task_encoder=Encoder(),
+    )
+    return [s for batch in get_loader(ds) for s in batch]
+
+
+def test_energon_loader_reads_every_sample(energon_gen):
+    pytest.importorskip("megatron.energon")
+    assert has_energon_metadata(energon_gen)
+    assert (energon_gen / ".nv-meta" / "index.sqlite").is_file()
+    assert main(["verify", str(energon_gen)]) == 0  # the extra files do not disturb verify
+    want = tar_samples(energon_gen)
+    got = _energon_read(energon_gen, "train")
+    every = [s for stream in want.values() for s in stream]
+    assert sorted(s.record["sample_id"] for s in got) == sorted(
+        s["record"]["sample_id"] for s in every
+    )
+    by_id = {s["record"]["sample_id"]: s for s in every}
+    for s in got:
+        ref = by_id[s.record["sample_id"]]
+        assert s.record == ref["record"]
+        assert [im.size for im in s.images] == ref["sizes"]
+    # each (node, rank) stream is its own split part, read in the stream's order
+    for name, stream in want.items():
+        ids = [s.record["sample_id"] for s in _energon_read(energon_gen, name)]
+        assert ids == [s["record"]["sample_id"] for s in stream], name
+
+
+def test_hf_datasets_webdataset_builder_reads_every_sample(generation):
+    datasets = pytest.importorskip("datasets")
+    from shards.hf_datasets import hf_webdataset_kwargs
+
+    want = [s for stream in tar_samples(generation).values() for s in stream]
+    ds = datasets.load_dataset("webdataset", **hf_webdataset_kwargs(generation), split="train")
+    assert ds.num_rows == len(want)
+    image_cols = [c for c in ds.column_names if c not in ("__key__", "__url__", "json")]
+    for row, ref in zip(ds, want, strict=True):
+        assert row["json"] == ref["record"]
+        images = sorted((int(c.split(".")[0]), row[c]) for c in image_cols if row[c] is not None)
+        assert [im.size for _, im in images] == ref["sizes"]
+
+
+def test_wids_reads_every_sample(generation):
+    wids = pytest.importorskip("wids")
+    m = open_generation(generation)
+    want = [s for stream in tar_samples(generation).values() for s in stream]
+    ds = wids.ShardListDataset(str(m.path / "wids-index.json"))
+    assert len(ds) == len(want)
+    for i, ref in enumerate(want):
+        sample = ds[i]
+        assert sample[".json"] == ref["record"]  # wids decodes JSON itself
+        images = sorted(
+            (int(k[1:].split(".")[0]), v) for k, v in sample.items() if k[1:2].isdigit()
+        )
+        assert [im.size for _, im in images] == ref["sizes"]
+
+
+def test_energon_metadata_added_to_an_existing_generation_and_kept_by_rebalance(root):
+    """``write --energon`` over a generation written without it adds the metadata; a nightly
+    rebalance of a generation that has it makes a child that has it too."""
+    pytest.importorskip("megatron.energon")
+    gen = root / read_current(root)
+    assert not has_energon_metadata(gen)
+    plan, cost = root.parent / "plan", root.parent / "cost.parquet"
+    args = ["write", str(plan), "--cost-table", str(cost), "--out", str(root), "--energon"]
+    assert main([*args, "--shard-size", "1MB"]) == 0
+    assert read_current(root) == gen.name and has_energon_metadata(gen)
+    r = run_rebalance(_night(root, 2))
+    assert r.status == "published"
+    child = root / read_current(root)
+    assert child != gen and has_energon_metadata(child)
+    ids = [s.record["sample_id"] for s in _energon_read(child, "train")]
+    assert len(ids) == len(set(ids)) == open_generation(child).totals["samples"]

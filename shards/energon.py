@@ -10,7 +10,10 @@ which declares a crude WebDataset (a sample is ``KEY.json`` plus ``KEY.0.jpg``, 
 one split part per (node, rank) stream, ``node-000-rank-001``, for a job that wants each rank to
 read its own balanced stream through Energon. In a task encoder, ``cookers =
 [equishard_cooker()]`` turns each crude sample into an :class:`EquishardSample` (the JSON
-record with turns and cost row, and the images in their order).
+record with turns and cost row, and the images in their order), and a
+``batch_group_criterion`` keyed on the record's (rank, step) with :func:`group_sizes` makes
+Energon's batches exactly the plan's balanced groups (read the stream's split in order, as
+``get_val_dataset`` does).
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from pathlib import Path
 from shards.errors import WriteError
 from shards.publish import atomic_write_bytes
 
-__all__ = ["ENERGON_DIR", "equishard_cooker", "has_energon_metadata", "write_energon_metadata"]
+__all__ = [
+    "ENERGON_DIR",
+    "equishard_cooker",
+    "group_sizes",
+    "has_energon_metadata",
+    "write_energon_metadata",
+]
 
 ENERGON_DIR = ".nv-meta"
 DATASET_YAML = "dataset.yaml"
@@ -90,3 +99,16 @@ def equishard_cooker():
     from shards.energon_sample import cook_equishard
 
     return Cooker(cook_equishard, has_subflavors={"equishard": True})
+
+
+def group_sizes(generation) -> dict[tuple[int, int], int]:
+    """(rank, step) -> number of samples in that balanced group, from the manifest."""
+    from shards.manifest import open_generation
+
+    m = open_generation(generation)
+    return {
+        (stream.rank, group.step): group.samples
+        for stream in m.streams
+        for shard in stream.shards
+        for group in shard.groups
+    }

@@ -22,6 +22,12 @@ class EquishardSample(Sample):
     record: dict
     images: list
 
+    @property
+    def meta(self) -> dict:
+        """The record, under the name :class:`shards.Collator` reads (with ``decoder=None``
+        the images stay bytes, as the collator wants them)."""
+        return self.record
+
 
 @stateless
 def cook_equishard(raw: dict) -> EquishardSample:

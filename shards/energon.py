@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import re
+import shutil
 from pathlib import Path
 
 from shards.errors import WriteError
@@ -70,6 +71,9 @@ def write_energon_metadata(gen_dir: str | Path, *, workers: int = 1) -> list[str
     ]
     if not paths:
         raise WriteError(f"{gen_dir}: the generation has no shards for Energon to index")
+    shutil.rmtree(gen_dir / ENERGON_DIR, ignore_errors=True)  # what a killed run left
+    for stale in gen_dir.glob("node-*/rank-*/*.tar.idx.tmp"):
+        stale.unlink()
     with contextlib.redirect_stdout(io.StringIO()):  # energon prints its progress
         preparator.prepare_dataset(
             gen_dir,

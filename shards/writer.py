@@ -249,6 +249,8 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
             _write_all(cfg, stage, gen, parent, digests, progress)
         for stale in stage.glob(".*.tmp-*"):  # an atomic write a killed run left half done
             stale.unlink()
+        # a run killed after the manifest but during this removal left part files behind
+        shutil.rmtree(stage / ".parts", ignore_errors=True)
         write_wids_index(stage)
         if cfg.energon and not has_energon_metadata(stage):
             write_energon_metadata(stage, workers=cfg.workers)

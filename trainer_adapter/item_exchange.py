@@ -1,0 +1,137 @@
+"""Model-agnostic balancing: move per-item payloads of any structure across the DP group.
+
+An *item* is whatever is balanced: a sample (LLM side) or an image (encoder side). Each rank
+describes its own items by a small int64 table (one row per item: the row counts of its payload
+tensors and whatever the cost needs); :func:`plan_items` gathers only those tables, computes the
+same plan on every rank with ``balancing``'s kernels (and the node-wise placement), and returns
+an :class:`ItemRoute`. Payloads then move with :meth:`ItemRoute.send` — any tensor whose first
+dimension is per-item rows (item ``i`` owning ``rows[i]`` consecutive rows): one all_to_all that
+moves only what changes rank, differentiable — and results come home with
+:meth:`ItemRoute.back`, in each rank's original item order. Ranks may hold no items.
+
+:func:`trainer_adapter.redistribute` (equishard's own collated batches) and the wrappers for
+Hugging Face vision towers and decoders (:mod:`trainer_adapter.hf_balance`) are built on it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer_adapter.exchange import gather_tables
+from trainer_adapter.redistribute import RedistributePolicy, Route, _plan_phase
+from trainer_adapter.topology import Topology
+
+__all__ = ["ItemRoute", "plan_items"]
+
+
+@dataclass(slots=True)
+class ItemRoute:
+    """The plan for one set of items. ``table`` is every rank's item table (global order:
+    source rank, then position); ``src``/``dest`` the rank of each item before/after."""
+
+    route: Route
+    table: np.ndarray
+    src: np.ndarray
+    dest: np.ndarray
+    method: str = ""
+    loads_before: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    loads_after: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.route.rank
+
+    @property
+    def received(self) -> np.ndarray:
+        """Global indices of the items this rank holds after the move, in arrival order."""
+        return np.flatnonzero(self.dest == self.rank)
+
+    @property
+    def own(self) -> np.ndarray:
+        """Global indices of the items this rank held before the move (its local order)."""
+        return np.flatnonzero(self.src == self.rank)
+
+    @property
+    def moved(self) -> int:
+        """How many items of all ranks changed rank."""
+        return int((self.src != self.dest).sum())
+
+    def _rows(self, rows) -> np.ndarray:
+        if isinstance(rows, int | np.integer):
+            return self.table[:, int(rows)]
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.shape != self.src.shape:
+            raise ValueError(
+                f"rows must give one count per item ({self.src.size}), got {rows.shape}"
+            )
+        return rows
+
+    def send(self, x: torch.Tensor, rows, name: str = "payload") -> torch.Tensor:
+        """This rank's items' row blocks (its local order) -> the blocks of the items it holds
+        after the move (global order). ``rows``: a column of the item table, or a count per
+        item of all ranks. Collective: every rank calls it."""
+        return self.route.move(x, self._rows(rows), self.src, self.dest, name)
+
+    def back(self, y: torch.Tensor, rows, name: str = "results") -> torch.Tensor:
+        """The reverse of :meth:`send`: blocks of the items this rank holds (global order) ->
+        those of the items it held before, in its original order. Differentiable."""
+        return self.route.move(y, self._rows(rows), self.dest, self.src, name)
+
+    def summary(self) -> dict:
+        def imb(x):
+            x = np.asarray(x, dtype=np.float64)
+            return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
+
+        return {
+            "items": int(self.src.size),
+            "moved": self.moved,
+            "method": self.method,
+            "max_over_mean_before": imb(self.loads_before),
+            "max_over_mean_after": imb(self.loads_after),
+            "bytes": {k: dict(v) for k, v in self.route.bytes.items()},
+            "seconds": dict(self.seconds),
+        }
+
+
+def plan_items(
+    local_table: np.ndarray,
+    cost: Callable[[np.ndarray], np.ndarray],
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+    volume: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> ItemRoute:
+    """Gather every rank's item table (int64 ``[n_items, k]``), compute each item's cost with
+    ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (default: the cost), and
+    plan the destination of every item. Same result on every rank; collective."""
+    t0 = time.perf_counter()
+    policy = policy or RedistributePolicy()
+    topology = topology or Topology()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    local_table = np.asarray(local_table, dtype=np.int64)
+    if local_table.ndim != 2:
+        raise ValueError(f"the item table must be 2-D [items, columns], got {local_table.shape}")
+    tables = gather_tables(local_table, group)
+    k = local_table.shape[1]
+    table = np.concatenate(tables).reshape(-1, k)
+    src = np.repeat(np.arange(world), [t.shape[0] for t in tables]).astype(np.int64)
+    t1 = time.perf_counter()
+    c = np.asarray(cost(table), dtype=np.float64)
+    vol = np.asarray(volume(table), dtype=np.float64) if volume is not None else c
+    ranks = tuple(range(world))
+    dest, method, before = _plan_phase(c, src, ranks, topology, policy, vol)
+    dest = np.asarray(dest, dtype=np.int64)
+    route = Route(rank, world, group, topology, table, src, dest, dest, dest)
+    out = ItemRoute(route=route, table=table, src=src, dest=dest, method=method)
+    out.loads_before = before
+    out.loads_after = np.bincount(dest, weights=c, minlength=world) if dest.size else before
+    out.seconds = {"gather": t1 - t0, "plan": time.perf_counter() - t1}
+    return out

@@ -37,7 +37,7 @@ from trainer_adapter.item_exchange import ItemRoute, plan_items
 from trainer_adapter.redistribute import RedistributePolicy, _ranges
 from trainer_adapter.topology import Topology
 
-__all__ = ["balance_decoder", "balance_model", "balance_vision", "global_targets"]
+__all__ = ["balance_decoder", "balance_model", "balance_tiles", "balance_vision", "global_targets"]
 
 
 def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -241,6 +241,61 @@ def balance_vision(
     return tower
 
 
+def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
+    cfg = tower.config
+    size = cfg.image_size if isinstance(cfg.image_size, list | tuple) else (cfg.image_size,) * 2
+    ref = next(tower.parameters())
+    return ref.new_zeros((0, getattr(cfg, "num_channels", 3), *size))
+
+
+def balance_tiles(
+    tower: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+) -> torch.nn.Module:
+    """Install the balanced forward on a tile-style vision tower (InternVL's, LLaVA's CLIP /
+    SigLIP: ``forward(pixel_values)`` with one ``[C, H, W]`` tile per row, every tile the same
+    encoder cost). Tiles are spread evenly over the group; every per-tile output (last hidden
+    state, pooled output, the hidden states of every layer) comes back in the original order."""
+    policy = policy or RedistributePolicy()
+    inner = tower.forward
+
+    def forward(self, pixel_values=None, *args, **kwargs):
+        self.equishard_called = True
+        n = int(pixel_values.shape[0])
+        row_bytes = pixel_values[0].numel() * pixel_values.element_size() if n else 0
+        route = plan_items(
+            np.ones((n, 1), dtype=np.int64),
+            lambda t: t[:, 0].astype(np.float64),
+            group=group,
+            topology=topology,
+            policy=policy,
+            volume=lambda t: t[:, 0] * float(row_bytes),
+        )
+        self.last_route = route
+        if route.src.size == 0:
+            return inner(pixel_values, *args, **kwargs)
+        x = route.send(pixel_values, 0, "tiles")
+        out = inner(x, *args, **kwargs) if route.received.size else None
+        sig = _agree(None if out is None else _signature(out, int(route.received.size)), group)
+        anchor = _anchor(self) + (x.sum() * 0 if out is None else 0)
+        return _route_back(out, sig, route, route.table[:, 0], anchor)
+
+    def join(self) -> torch.Tensor:
+        out = self(_empty_pixels(self), output_hidden_states=True, return_dict=True)
+        leaves = [
+            t for t in torch.utils._pytree.tree_leaves(dict(out)) if isinstance(t, torch.Tensor)
+        ]
+        return sum(t.sum() for t in leaves) * 0
+
+    tower.equishard_called = False
+    tower.forward = types.MethodType(forward, tower)
+    tower.equishard_join = types.MethodType(join, tower)
+    return tower
+
+
 # ----------------------------------------------------------------------------- decoder
 def _sample_lengths(text_positions: torch.Tensor) -> np.ndarray:
     """Lengths of the packed samples: a new sample starts where the text position is 0."""
@@ -375,20 +430,25 @@ def balance_model(
     topology: Topology | None = None,
     policy: RedistributePolicy | None = None,
 ) -> torch.nn.Module:
-    """Balance a Qwen2-VL / Qwen2.5-VL model (``transformers``) in place: the vision tower
-    (``encoder``) and/or the language model (``llm``). Feed each rank one packed row
-    (:func:`balance_decoder`'s convention). Returns the model."""
+    """Balance a ``transformers`` VLM in place: its vision tower (``encoder``) and/or its
+    language model (``llm``). Qwen2-VL / Qwen2.5-VL (``.visual``: patches + ``grid_thw``),
+    InternVL and LLaVA / LLaVA-OneVision (``.vision_tower``: tiles). Feed each rank one packed
+    row (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
-    tower, decoder = getattr(inner, "visual", None), getattr(inner, "language_model", None)
+    decoder = getattr(inner, "language_model", None)
+    tower = getattr(inner, "visual", None)
+    wrap = balance_vision
+    if tower is None:
+        tower, wrap = getattr(inner, "vision_tower", None), balance_tiles
     if tower is None or decoder is None:
         raise ValueError(
-            f"{type(model).__name__}: no .visual and .language_model (Qwen2-VL layout); wrap "
-            "the tower and decoder with balance_vision / balance_decoder yourself"
+            f"{type(model).__name__}: no .visual/.vision_tower and .language_model; wrap the "
+            "tower and the decoder with balance_vision / balance_tiles / balance_decoder"
         )
     policy = policy or RedistributePolicy()
     off = RedistributePolicy(enabled=False)
     if encoder:
-        balance_vision(tower, group=group, topology=topology, policy=policy)
+        wrap(tower, group=group, topology=topology, policy=policy)
     if encoder or llm:
         balance_decoder(
             decoder,

@@ -1,0 +1,135 @@
+"""Turn equishard samples into a Hugging Face VLM's inputs: one packed row per rank.
+
+:class:`HFPacker` renders each sample with the model's own chat template (the same
+:class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
+with the model's own image processor, expands every image marker to as many image tokens as the
+processor says (Qwen2-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x ``image_seq_length``;
+LLaVA: patches of the processor's crop), tokenizes with the model's tokenizer, and packs the
+samples in one row: ``input_ids``, ``labels`` (the assistant's text only: the template's
+``generation`` spans or the assistant turns), position ids restarting at 0 per sample (HF's
+packed convention; Qwen2-VL's ``[4, 1, L]`` with the text row first and each sample's 3-D
+positions from the model's ``get_rope_index``), ``pixel_values`` (and ``image_grid_thw``).
+A rank without images gets ``pixel_values=None``: :func:`~trainer_adapter.hf_balance.balance_model`
+makes it join the tower's exchange anyway.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dataprep.chat_template import load_template
+from dataprep.records import IMAGE_PLACEHOLDER
+
+__all__ = ["HFPacker"]
+
+FAMILIES = ("qwen2vl", "internvl", "llava")
+
+
+@dataclass(kw_only=True)
+class HFPacker:
+    """``family``: qwen2vl | internvl | llava. ``processor``: the model's HF processor (its
+    ``tokenizer`` and ``image_processor`` are used). ``template``: the chat template spec prep
+    used (a model directory or template file). ``rope_index``: Qwen2-VL's
+    ``model.model.get_rope_index`` (needed for its 3-D positions)."""
+
+    family: str
+    processor: object
+    template: str
+    rope_index: Callable | None = None
+    _template: object = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.family == "qwen2vl" and self.rope_index is None:
+            raise ValueError("qwen2vl needs rope_index=model.model.get_rope_index (3-D positions)")
+        self._template = load_template(self.template)
+
+    def _image_tokens(self, images: list, processed: dict) -> list[int]:
+        """LLM tokens of each image, as the family's processor counts them."""
+        if not images:
+            return []
+        if self.family == "qwen2vl":
+            merge = self.processor.image_processor.merge_size**2
+            return [int(g.prod()) // merge for g in processed["image_grid_thw"]]
+        sizes = [(im.height, im.width) for im in images]
+        mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
+        if self.family == "internvl":  # the template's <img></img> are already in the text
+            return [self.processor.image_seq_length * n for n in mm["num_image_patches"]]
+        return list(mm["num_image_tokens"])
+
+    def sample(self, turns: list, image_bytes: list[bytes]) -> dict:
+        """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
+        from PIL import Image
+
+        images = [Image.open(io.BytesIO(b)).convert("RGB") for b in image_bytes]
+        processed = (
+            self.processor.image_processor(images=images, return_tensors="pt") if images else {}
+        )
+        counts = self._image_tokens(images, processed)
+        text, spans = self._template.render_spans([tuple(t) for t in turns])
+        token = self.processor.image_token
+        pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
+        for k, part in enumerate(text.split(IMAGE_PLACEHOLDER)):
+            pieces.append(part)
+            at += len(part)
+            if k < len(counts):
+                pieces.append(token * counts[k])
+                marks.append((at, len(token) * counts[k] - len(IMAGE_PLACEHOLDER)))
+                at += len(IMAGE_PLACEHOLDER)
+        expanded = "".join(pieces)
+
+        def moved(x: int) -> int:
+            return x + sum(d for p, d in marks if p < x)
+
+        out_spans = [(moved(a), moved(b)) for a, b in spans]
+        enc = self.processor.tokenizer(
+            expanded, add_special_tokens=False, return_offsets_mapping=True
+        )
+        ids = torch.tensor(enc["input_ids"], dtype=torch.long)
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        target = np.zeros(len(ids), dtype=bool)
+        for a, b in out_spans:
+            # a token that overlaps the trained text is a target (its first token may carry
+            # the space or newline of the template in front of it)
+            target |= (offsets[:, 1] > a) & (offsets[:, 0] < b) & (offsets[:, 1] > offsets[:, 0])
+        labels = torch.where(torch.from_numpy(target), ids, torch.full_like(ids, -100))
+        if len(labels):
+            labels[0] = -100  # never predict a sample's first token from the previous sample
+        text_pos = torch.arange(len(ids))[None]
+        if self.family == "qwen2vl":
+            image_id = self.processor.tokenizer.convert_tokens_to_ids(token)
+            grid = processed.get("image_grid_thw")
+            rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
+            positions = torch.cat([text_pos[None], rope], dim=0)
+        else:
+            positions = text_pos
+        return {"input_ids": ids, "labels": labels, "positions": positions, **processed}
+
+    def __call__(self, samples: list) -> dict:
+        """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
+        parts = [self.sample(s.meta["turns"], list(s.images)) for s in samples]
+        qwen = self.family == "qwen2vl"
+        cat = lambda key, dim: torch.cat([p[key] for p in parts], dim=dim)  # noqa: E731
+        empty_pos = torch.zeros((4, 1, 0) if qwen else (1, 0), dtype=torch.long)
+        batch = {
+            "input_ids": cat("input_ids", 0)[None]
+            if parts
+            else torch.zeros(1, 0, dtype=torch.long),
+            "labels": cat("labels", 0)[None] if parts else torch.zeros(1, 0, dtype=torch.long),
+            "position_ids": cat("positions", -1) if parts else empty_pos,
+        }
+        with_images = [p for p in parts if "pixel_values" in p]
+        batch["pixel_values"] = (
+            torch.cat([p["pixel_values"] for p in with_images]) if with_images else None
+        )
+        if qwen:
+            batch["image_grid_thw"] = (
+                torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None
+            )
+        return batch

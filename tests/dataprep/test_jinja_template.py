@@ -28,7 +28,7 @@ from tests.dataprep.helpers import run, write_jsonl
 
 transformers = pytest.importorskip("transformers")
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "examples" / "chat_templates"
 N = 200
 
 FAMILIES = {

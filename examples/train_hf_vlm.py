@@ -1,0 +1,215 @@
+"""Train a tiny Hugging Face VLM on an equishard generation with runtime balancing, in a plain
+PyTorch DDP loop. Run under torchrun (CPU: gloo; GPU: NCCL):
+
+    torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
+        --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
+
+``--family`` qwen2vl | internvl | llava builds a tiny model of that architecture from its
+``transformers`` config (random weights, nothing downloaded), the family's processor classes
+from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
+``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
+before/after balancing and the step time (JSON lines in ``--jsonl``); rank 0 prints a summary.
+The lines marked "equishard" are all a loop needs to turn balancing on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from shards import GroupDataset, RankInfo
+from trainer_adapter import RedistributePolicy
+from trainer_adapter.hf_balance import balance_model, global_targets  # equishard
+from trainer_adapter.hf_inputs import HFPacker  # equishard
+
+TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
+SPECIALS = {
+    "qwen2vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
+    "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
+    "llava": ["<s>", "</s>", "<image>"],
+}  # fmt: skip
+TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
+
+
+def model_dir(family: str, tokenizer: str, root: Path) -> Path:
+    """tokenizer.json with the family's special tokens + tokenizer_config.json with its template."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer)
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in SPECIALS[family]]
+    )
+    root.mkdir(parents=True, exist_ok=True)
+    tok.save(str(root / "tokenizer.json"))
+    config = {"chat_template": (TEMPLATES / f"{family}.jinja").read_text()}
+    if family == "internvl":
+        config["extra_special_tokens"] = {
+            "start_image_token": "<img>",
+            "end_image_token": "</img>",
+            "context_image_token": "<IMG_CONTEXT>",
+            "video_token": "<video>",
+        }
+    (root / "tokenizer_config.json").write_text(json.dumps(config))
+    return root
+
+
+def build(family: str, mdir: Path):
+    """(processor, tiny model) of the family, from configs."""
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(str(mdir))
+    ids = tok.convert_tokens_to_ids
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)  # fmt: skip
+
+    def no_video(cls):  # the video processors need torchvision; images are all this trains
+        attrs = classmethod(lambda c: ["image_processor", "tokenizer"])
+        return type(cls.__name__, (cls,), {"get_attributes": attrs})
+
+    if family == "qwen2vl":
+        from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+        ip = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+        proc = no_video(tf.Qwen2VLProcessor)(image_processor=ip, tokenizer=tok)
+        cfg = tf.Qwen2VLConfig(
+            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]}},
+            vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2),
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+        )
+        return proc, tf.Qwen2VLForConditionalGeneration(cfg)
+    if family == "internvl":
+        from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+        ip = GotOcr2ImageProcessorPil(
+            crop_to_patches=True, max_patches=4, size={"height": TILE, "width": TILE}
+        )
+        per_tile = (TILE // 7) ** 2 // 4
+        proc = no_video(tf.InternVLProcessor)(
+            image_processor=ip, tokenizer=tok, image_seq_length=per_tile
+        )
+        cfg = tf.InternVLConfig(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=[TILE, TILE], patch_size=[7, 7]),
+            text_config={**text, "model_type": "qwen2"},
+            image_token_id=ids("<IMG_CONTEXT>"),
+            downsample_ratio=0.5,
+            vision_feature_layer=-1,
+        )  # fmt: skip
+        return proc, tf.InternVLForConditionalGeneration(cfg)
+    from transformers.models.clip import CLIPImageProcessorPil
+
+    ip = CLIPImageProcessorPil(
+        size={"shortest_edge": TILE}, crop_size={"height": TILE, "width": TILE}
+    )
+    proc = tf.LlavaProcessor(
+        image_processor=ip,
+        tokenizer=tok,
+        patch_size=7,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    cfg = tf.LlavaConfig(
+        vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=2, num_attention_heads=2, image_size=TILE, patch_size=7),
+        text_config={**text, "model_type": "llama"},
+        image_token_id=ids("<image>"),
+        vision_feature_layer=-1,
+    )  # fmt: skip
+    return proc, tf.LlavaForConditionalGeneration(cfg)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--shards", required=True, help="generation root written by 'make shards'")
+    p.add_argument("--tokenizer", required=True, help="tokenizer.json (the demo's)")
+    p.add_argument("--family", choices=["qwen2vl", "internvl", "llava"], default="qwen2vl")
+    p.add_argument("--balance", choices=["off", "encoder", "llm", "both"], default="both")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--jsonl", default=None, help="JSON lines file, one line per step and rank")
+    args = p.parse_args()
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else None
+    if device is not None:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)  # every rank builds the same initial weights
+    mdir = model_dir(
+        args.family, args.tokenizer, Path(tempfile.gettempdir()) / f"equishard-{args.family}-{rank}"
+    )
+    processor, model = build(args.family, mdir)
+    model.to(device or "cpu").train()
+    # equishard: a group of its own for the exchanges, so they never interleave with DDP's
+    group = dist.new_group(backend=backend)
+    balance_model(  # equishard
+        model,
+        group=group,
+        encoder=args.balance in ("encoder", "both"),
+        llm=args.balance in ("llm", "both"),
+        policy=RedistributePolicy(placement="identity"),
+    )
+    rope = model.model.get_rope_index if args.family == "qwen2vl" else None
+    packer = HFPacker(family=args.family, processor=processor, template=str(mdir), rope_index=rope)
+    data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
+    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    log = open(args.jsonl, "a") if args.jsonl and rank == 0 else None  # noqa: SIM115
+    times = []
+    for step, item in zip(range(args.steps), data, strict=False):
+        t0 = time.perf_counter()
+        batch = {
+            k: v.to(device) if isinstance(v, torch.Tensor) else v
+            for k, v in item["samples"].items()
+        }
+        targets = global_targets(
+            batch["labels"], group
+        )  # equishard: normalize by all ranks' targets
+        out = ddp(**batch, num_items_in_batch=targets, use_cache=False)
+        (out.loss * world).backward()  # DDP averages over ranks; the loss is already a global mean
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        seconds = time.perf_counter() - t0
+        times.append(seconds)
+        inner = model.model
+        tower = getattr(inner, "visual", None) or inner.vision_tower
+        loss = out.loss.detach().reshape(1)
+        dist.all_reduce(loss)  # the global mean over every rank's target tokens
+        rec = {"step": step, "rank": rank, "seconds": seconds, "loss": float(loss),
+               "tokens": int(batch["input_ids"].shape[1])}  # fmt: skip
+        for name, mod in (("encoder", tower), ("llm", inner.language_model)):
+            route = getattr(mod, "last_route", None)
+            if route is not None:
+                rec[f"{name}_before"] = route.loads_before.tolist()
+                rec[f"{name}_after"] = route.loads_after.tolist()
+        everyone = [None] * world
+        dist.all_gather_object(everyone, rec)
+        if rank == 0:
+            for r in everyone:
+                print(json.dumps(r))
+                if log:
+                    log.write(json.dumps(r) + "\n")
+    if rank == 0:
+        print(f"{args.family} balance={args.balance}: {len(times)} steps, "
+              f"mean step {sum(times) / max(1, len(times)):.3f} s on rank 0")  # fmt: skip
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

@@ -28,9 +28,20 @@ BENCHMARKS = {
     "train": "bench.bench_train",
     "pipeline": "bench.bench_pipeline",
     "nightly": "bench.bench_nightly",
+    "hf": "bench.bench_hf",
 }
 
-_PACKAGES = ("numpy", "numba", "pyarrow", "tokenizers", "Pillow", "webdataset", "torch", "scipy")
+_PACKAGES = (
+    "numpy",
+    "numba",
+    "pyarrow",
+    "tokenizers",
+    "Pillow",
+    "webdataset",
+    "torch",
+    "scipy",
+    "transformers",
+)
 
 
 def environment() -> dict:

@@ -192,9 +192,11 @@ def main() -> None:
         dist.all_reduce(loss)  # the global mean over every rank's target tokens
         rec = {"step": step, "rank": rank, "seconds": seconds, "loss": float(loss),
                "tokens": int(batch["input_ids"].shape[1])}  # fmt: skip
+        rec["balance_seconds"] = 0.0  # gather + plan + forward exchanges
         for name, mod in (("encoder", tower), ("llm", inner.language_model)):
             route = getattr(mod, "last_route", None)
             if route is not None:
+                rec["balance_seconds"] += sum(route.seconds.values())
                 rec[f"{name}_before"] = route.loads_before.tolist()
                 rec[f"{name}_after"] = route.loads_after.tolist()
         everyone = [None] * world

@@ -77,12 +77,18 @@ class ItemRoute:
         """This rank's items' row blocks (its local order) -> the blocks of the items it holds
         after the move (global order). ``rows``: a column of the item table, or a count per
         item of all ranks. Collective: every rank calls it."""
-        return self.route.move(x, self._rows(rows), self.src, self.dest, name)
+        t0 = time.perf_counter()
+        out = self.route.move(x, self._rows(rows), self.src, self.dest, name)
+        self.seconds["exchange"] = self.seconds.get("exchange", 0.0) + time.perf_counter() - t0
+        return out
 
     def back(self, y: torch.Tensor, rows, name: str = "results") -> torch.Tensor:
         """The reverse of :meth:`send`: blocks of the items this rank holds (global order) ->
         those of the items it held before, in its original order. Differentiable."""
-        return self.route.move(y, self._rows(rows), self.dest, self.src, name)
+        t0 = time.perf_counter()
+        out = self.route.move(y, self._rows(rows), self.dest, self.src, name)
+        self.seconds["exchange"] = self.seconds.get("exchange", 0.0) + time.perf_counter() - t0
+        return out
 
     def summary(self) -> dict:
         def imb(x):

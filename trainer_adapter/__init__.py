@@ -2,6 +2,9 @@
 
 from trainer_adapter.config import TrainConfig
 from trainer_adapter.exchange import all_to_all_rows, gather_tables
+from trainer_adapter.hf_balance import balance_model, global_targets
+from trainer_adapter.hf_inputs import HFPacker
+from trainer_adapter.item_exchange import ItemRoute, plan_items
 from trainer_adapter.model import VisionLanguageModel, VLMConfig
 from trainer_adapter.partition import Partition, layer_count_partition, search_partition
 from trainer_adapter.pipeline import SCHEDULES, plan_microbatches
@@ -11,6 +14,8 @@ from trainer_adapter.trainer import Trainer
 
 __all__ = [
     "SCHEDULES",
+    "HFPacker",
+    "ItemRoute",
     "LocalBatch",
     "Partition",
     "RedistributePolicy",
@@ -21,8 +26,11 @@ __all__ = [
     "VLMConfig",
     "VisionLanguageModel",
     "all_to_all_rows",
+    "balance_model",
     "gather_tables",
+    "global_targets",
     "layer_count_partition",
+    "plan_items",
     "plan_microbatches",
     "redistribute",
     "search_partition",

@@ -1,6 +1,6 @@
 """Runtime balancing inside Hugging Face vision-language models, in the user's own loop.
 
-Two wrappers install a balanced ``forward`` on a module of the model (parameter names, state
+Wrappers install a balanced ``forward`` on a module of the model (parameter names, state
 dicts and checkpoints are unchanged); both are collectives over the DP group, so every rank
 must run every step's forward and backward:
 
@@ -11,6 +11,7 @@ must run every step's forward and backward:
   the outputs of this rank's own images in their original order. Every per-image output (the
   merged embeddings, the per-patch states, deepstack feature lists) travels back; gradients
   take the reverse way.
+* :func:`balance_tiles` — the same around tile towers (InternVL's, LLaVA's CLIP / SigLIP).
 * :func:`balance_decoder` — around the language model (``model.model.language_model``). Its
   input is this rank's samples packed in one row (batch size 1, no attention mask, position ids
   restarting at 0 per sample: HF's packed convention; Qwen's ``[4, 1, L]`` positions, text row
@@ -20,12 +21,11 @@ must run every step's forward and backward:
 
 For gradients identical to a single process over the global batch, normalize the loss by the
 global number of target tokens: ``num_items_in_batch=global_targets(labels, group)``.
+:func:`balance_model` installs the right ones on a ``transformers`` VLM.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
 import types
 
 import numpy as np
@@ -33,8 +33,14 @@ import torch
 import torch.distributed as dist
 
 from balancing import CostModel
-from trainer_adapter.item_exchange import ItemRoute, plan_items
-from trainer_adapter.redistribute import RedistributePolicy, _ranges
+from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.item_outputs import (
+    output_agree,
+    output_anchor,
+    output_route_back,
+    output_signature,
+)
+from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
 __all__ = ["balance_decoder", "balance_model", "balance_tiles", "balance_vision", "global_targets"]
@@ -51,116 +57,6 @@ def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None)
     n = n.to(dev)
     dist.all_reduce(n, group=group)
     return n[0]
-
-
-# ----------------------------------------------------------------------------- outputs
-def _signature(out, rows_in: int):
-    """A picklable description of a module output: its structure, and for each tensor its
-    trailing shape, dtype and rows per input row (as a reduced fraction)."""
-    if out is None:
-        return ("none",)
-    if isinstance(out, torch.Tensor):
-        g = math.gcd(out.shape[0], rows_in) or 1
-        return ("tensor", tuple(out.shape[1:]), str(out.dtype), out.shape[0] // g, rows_in // g)
-    if isinstance(out, dict):  # ModelOutput included
-        cls = type(out)
-        keys = [k for k in out.keys() if out[k] is not None]  # noqa: SIM118 (ModelOutput)
-        return (
-            "dict",
-            cls.__module__,
-            cls.__qualname__,
-            [(k, _signature(out[k], rows_in)) for k in keys],
-        )
-    if isinstance(out, list | tuple):
-        return ("seq", type(out).__name__, [_signature(v, rows_in) for v in out])
-    raise TypeError(f"cannot route a {type(out).__name__} output back to its rank")
-
-
-def _leaves(out, sig) -> list:
-    """The tensors of ``out`` (None where ``out`` is None) in ``sig``'s order, with their sigs."""
-    kind = sig[0]
-    if kind == "none":
-        return []
-    if kind == "tensor":
-        return [(out, sig)]
-    if kind == "dict":
-        return [x for k, s in sig[3] for x in _leaves(None if out is None else out[k], s)]
-    return [x for i, s in enumerate(sig[2]) for x in _leaves(None if out is None else out[i], s)]
-
-
-def _rebuild(sig, tensors):
-    kind = sig[0]
-    if kind == "none":
-        return None
-    if kind == "tensor":
-        return next(tensors)
-    if kind == "dict":
-        got = {k: _rebuild(s, tensors) for k, s in sig[3]}
-        cls = importlib.import_module(sig[1])
-        for part in sig[2].split("."):
-            cls = getattr(cls, part)
-        return cls(**got)
-    vals = [_rebuild(s, tensors) for s in sig[2]]
-    return tuple(vals) if sig[1] == "tuple" else vals
-
-
-def _route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torch.Tensor):
-    """Every tensor of ``out`` (this rank's received items, global order) back to the items'
-    own ranks, in ONE exchange (all outputs of an item packed together), so its backward runs
-    on every rank as soon as any output is used. ``out`` is None on a rank that received
-    nothing: rebuilt from ``sig`` with zero rows, tied to ``anchor``."""
-    leaves = _leaves(out, sig)
-    if not leaves:
-        return _rebuild(sig, iter(()))
-    dtypes = {s[2] for _, s in leaves}
-    if len(dtypes) != 1:
-        raise TypeError(
-            f"per-item outputs of different dtypes {sorted(dtypes)} cannot travel together"
-        )
-    dt = getattr(torch, dtypes.pop().removeprefix("torch."))
-    sizes = []  # per output: elements per item (all items, global order)
-    for _, (_, trailing, _, num, den) in leaves:
-        if np.any(rows * num % den):
-            raise ValueError("a per-item output whose rows are not proportional to its input's")
-        sizes.append(rows * num // den * int(np.prod(trailing, dtype=np.int64)))
-    sizes = np.stack(sizes)  # [outputs, items]
-    here = route.received
-    if out is None:
-        flat = anchor.new_zeros(0, dtype=dt) + anchor.to(dt) * 0
-    else:
-        parts = [t.reshape(-1) for t, _ in leaves]
-        base = np.cumsum([0] + [p.numel() for p in parts])[:-1]
-        starts = [np.cumsum(sz[here]) - sz[here] + b for sz, b in zip(sizes, base, strict=True)]
-        # item-major: item 1's blocks of every output, then item 2's, ...
-        st = np.stack(starts, axis=1).reshape(-1)
-        ln = sizes[:, here].T.reshape(-1)
-        idx = _ranges(st, ln)
-        flat = torch.cat(parts)[torch.from_numpy(idx).to(parts[0].device)]
-    got = route.back(flat.reshape(-1, 1), sizes.sum(axis=0), "outputs").reshape(-1)
-    mine = route.own
-    per = sizes[:, mine]  # [outputs, my items]
-    item_start = np.cumsum(per.sum(axis=0)) - per.sum(axis=0)
-    tensors = []
-    for k, (_, (_, trailing, _, _, _)) in enumerate(leaves):
-        off = item_start + per[:k].sum(axis=0)
-        idx = torch.from_numpy(_ranges(off, per[k])).to(got.device)
-        tensors.append(got[idx].reshape(-1, *trailing))
-    return _rebuild(sig, iter(tensors))
-
-
-def _agree(sig, group):
-    """The output signature of a rank that ran the module (all ranks: the same one)."""
-    sigs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sigs, sig, group=group)
-    return next((s for s in sigs if s is not None), None)
-
-
-def _anchor(module: torch.nn.Module) -> torch.Tensor:
-    """A zero that depends on every trainable parameter (their gradient becomes 0, not None)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    if not params:
-        return torch.zeros(())
-    return sum(p.reshape(-1)[:1].sum() for p in params) * 0
 
 
 # ------------------------------------------------------------------------------ vision
@@ -216,11 +112,13 @@ def balance_vision(
         out = None
         if route.received.size:
             out = inner(x, grid_thw=g.to(device=grid_thw.device, dtype=grid_thw.dtype), **kwargs)
-        sig = _agree(None if out is None else _signature(out, int(recv_rows.sum())), group)
+        sig = output_agree(
+            None if out is None else output_signature(out, int(recv_rows.sum())), group
+        )
         # a rank that received nothing still runs the backward of every exchange: its (empty)
         # received tensors and the parameters are tied into what it returns
-        anchor = _anchor(self) + (x.sum() * 0 if out is None else 0)
-        return _route_back(out, sig, route, route.table[:, 0], anchor)
+        anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)
+        return output_route_back(out, sig, route, route.table[:, 0], anchor)
 
     def join(self) -> torch.Tensor:
         """Take part in this step's exchange with no images of this rank's own (HF skips the
@@ -279,9 +177,11 @@ def balance_tiles(
             return inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
         out = inner(x, *args, **kwargs) if route.received.size else None
-        sig = _agree(None if out is None else _signature(out, int(route.received.size)), group)
-        anchor = _anchor(self) + (x.sum() * 0 if out is None else 0)
-        return _route_back(out, sig, route, route.table[:, 0], anchor)
+        sig = output_agree(
+            None if out is None else output_signature(out, int(route.received.size)), group
+        )
+        anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)
+        return output_route_back(out, sig, route, route.table[:, 0], anchor)
 
     def join(self) -> torch.Tensor:
         out = self(_empty_pixels(self), output_hidden_states=True, return_dict=True)
@@ -352,7 +252,7 @@ def balance_decoder(
             if inputs_embeds.shape[1] == 0:
                 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-                hidden = inputs_embeds * 0 + _anchor(self)
+                hidden = inputs_embeds * 0 + output_anchor(self)
                 return BaseModelOutputWithPast(
                     last_hidden_state=hidden if zero is None else hidden + zero
                 )
@@ -404,10 +304,10 @@ def balance_decoder(
         total = int(route.table[route.received, 0].sum())
         sig = None
         if out is not None:
-            sig = (_signature(out["last_hidden_state"], total), out["_type"])
-        tensor_sig, cls = _agree(sig, group)
-        anchor = _anchor(self) + (x.sum() * 0 if out is None else 0)  # see balance_vision
-        hidden = _route_back(
+            sig = (output_signature(out["last_hidden_state"], total), out["_type"])
+        tensor_sig, cls = output_agree(sig, group)
+        anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)  # see balance_vision
+        hidden = output_route_back(
             None if out is None else out["last_hidden_state"],
             tensor_sig,
             route,

@@ -1,0 +1,131 @@
+"""Per-item module outputs, routed home: how a wrapped module's outputs (a tensor, a
+``ModelOutput``, tuples and lists of them) travel back to the ranks their items came from.
+
+All outputs of an item go back in ONE exchange (packed item by item), so the backward of that
+exchange runs on every rank as soon as any of the outputs is used. A rank that ran the module
+on nothing rebuilds the structure from another rank's :func:`output_signature` with zero rows, tied
+to the module's parameters (:func:`output_anchor`) so they get a zero gradient, not None.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer_adapter.item_exchange import ItemRoute
+from trainer_adapter.redistribute import _ranges
+
+__all__ = ["output_agree", "output_anchor", "output_route_back", "output_signature"]
+
+
+def output_signature(out, rows_in: int):
+    """A picklable description of a module output: its structure, and for each tensor its
+    trailing shape, dtype and rows per input row (as a reduced fraction)."""
+    if out is None:
+        return ("none",)
+    if isinstance(out, torch.Tensor):
+        g = math.gcd(out.shape[0], rows_in) or 1
+        return ("tensor", tuple(out.shape[1:]), str(out.dtype), out.shape[0] // g, rows_in // g)
+    if isinstance(out, dict):  # ModelOutput included
+        cls = type(out)
+        keys = [k for k in out.keys() if out[k] is not None]  # noqa: SIM118 (ModelOutput)
+        return (
+            "dict",
+            cls.__module__,
+            cls.__qualname__,
+            [(k, output_signature(out[k], rows_in)) for k in keys],
+        )
+    if isinstance(out, list | tuple):
+        return ("seq", type(out).__name__, [output_signature(v, rows_in) for v in out])
+    raise TypeError(f"cannot route a {type(out).__name__} output back to its rank")
+
+
+def _leaves(out, sig) -> list:
+    """The tensors of ``out`` (None where ``out`` is None) in ``sig``'s order, with their sigs."""
+    kind = sig[0]
+    if kind == "none":
+        return []
+    if kind == "tensor":
+        return [(out, sig)]
+    if kind == "dict":
+        return [x for k, s in sig[3] for x in _leaves(None if out is None else out[k], s)]
+    return [x for i, s in enumerate(sig[2]) for x in _leaves(None if out is None else out[i], s)]
+
+
+def _rebuild(sig, tensors):
+    kind = sig[0]
+    if kind == "none":
+        return None
+    if kind == "tensor":
+        return next(tensors)
+    if kind == "dict":
+        got = {k: _rebuild(s, tensors) for k, s in sig[3]}
+        cls = importlib.import_module(sig[1])
+        for part in sig[2].split("."):
+            cls = getattr(cls, part)
+        return cls(**got)
+    vals = [_rebuild(s, tensors) for s in sig[2]]
+    return tuple(vals) if sig[1] == "tuple" else vals
+
+
+def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torch.Tensor):
+    """Every tensor of ``out`` (this rank's received items, global order) back to the items'
+    own ranks, in ONE exchange (all outputs of an item packed together), so its backward runs
+    on every rank as soon as any output is used. ``out`` is None on a rank that received
+    nothing: rebuilt from ``sig`` with zero rows, tied to ``anchor``."""
+    leaves = _leaves(out, sig)
+    if not leaves:
+        return _rebuild(sig, iter(()))
+    dtypes = {s[2] for _, s in leaves}
+    if len(dtypes) != 1:
+        raise TypeError(
+            f"per-item outputs of different dtypes {sorted(dtypes)} cannot travel together"
+        )
+    dt = getattr(torch, dtypes.pop().removeprefix("torch."))
+    sizes = []  # per output: elements per item (all items, global order)
+    for _, (_, trailing, _, num, den) in leaves:
+        if np.any(rows * num % den):
+            raise ValueError("a per-item output whose rows are not proportional to its input's")
+        sizes.append(rows * num // den * int(np.prod(trailing, dtype=np.int64)))
+    sizes = np.stack(sizes)  # [outputs, items]
+    here = route.received
+    if out is None:
+        flat = anchor.new_zeros(0, dtype=dt) + anchor.to(dt) * 0
+    else:
+        parts = [t.reshape(-1) for t, _ in leaves]
+        base = np.cumsum([0] + [p.numel() for p in parts])[:-1]
+        starts = [np.cumsum(sz[here]) - sz[here] + b for sz, b in zip(sizes, base, strict=True)]
+        # item-major: item 1's blocks of every output, then item 2's, ...
+        st = np.stack(starts, axis=1).reshape(-1)
+        ln = sizes[:, here].T.reshape(-1)
+        idx = _ranges(st, ln)
+        flat = torch.cat(parts)[torch.from_numpy(idx).to(parts[0].device)]
+    got = route.back(flat.reshape(-1, 1), sizes.sum(axis=0), "outputs").reshape(-1)
+    mine = route.own
+    per = sizes[:, mine]  # [outputs, my items]
+    item_start = np.cumsum(per.sum(axis=0)) - per.sum(axis=0)
+    tensors = []
+    for k, (_, (_, trailing, _, _, _)) in enumerate(leaves):
+        off = item_start + per[:k].sum(axis=0)
+        idx = torch.from_numpy(_ranges(off, per[k])).to(got.device)
+        tensors.append(got[idx].reshape(-1, *trailing))
+    return _rebuild(sig, iter(tensors))
+
+
+def output_agree(sig, group):
+    """The output signature of a rank that ran the module (all ranks: the same one)."""
+    sigs = [None] * dist.get_world_size(group)
+    dist.all_gather_object(sigs, sig, group=group)
+    return next((s for s in sigs if s is not None), None)
+
+
+def output_anchor(module: torch.nn.Module) -> torch.Tensor:
+    """A zero that depends on every trainable parameter (their gradient becomes 0, not None)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        return torch.zeros(())
+    return sum(p.reshape(-1)[:1].sum() for p in params) * 0

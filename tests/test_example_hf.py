@@ -24,7 +24,10 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     gen = tmp_path / "shards"
     assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
     log = tmp_path / "train.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(EXAMPLE)]
+    from tests.dist_helper import free_port
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-port", str(free_port()), str(EXAMPLE)]
     args = ["--shards", str(gen), "--tokenizer", str(demo / "tokenizer.json"), "--steps", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE.parents[1])}
     out = subprocess.run(

@@ -27,6 +27,7 @@ _GRADS = "tests/trainer_adapter/test_reference_gradients.py"
 REF = f"{_GRADS}::test_every_layout_gives_the_single_process_gradient"
 TRAJ = f"{_GRADS}::test_pipelined_updates_follow_the_flat_run_over_ten_steps"
 PROPS = "tests/trainer_adapter/test_training_properties.py"
+HF = "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process[qwen2vl]"
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,22 @@ MUTATIONS = [
         "            kept[g] = sv >= qfv or st >= qft\n            g += 1\n            start = k",
         "            kept[g] = sv >= qfv and st >= qft\n            g += 1\n            start = k",
         (f"{PROPS}::test_isf_closing_and_filter_rules_by_hand",),
+    ),
+    Mutation(
+        "hf-return-order",
+        "HF wrappers return the routed outputs to their rank in reversed item order",
+        "trainer_adapter/item_outputs.py",
+        "    item_start = np.cumsum(per.sum(axis=0)) - per.sum(axis=0)\n",
+        "    item_start = (np.cumsum(per.sum(axis=0)) - per.sum(axis=0))[::-1].copy()\n",
+        (HF,),
+    ),
+    Mutation(
+        "hf-decoder-no-positions",
+        "the balanced decoder drops the moved position ids (samples attend across boundaries)",
+        "trainer_adapter/hf_balance.py",
+        "inner(inputs_embeds=x[None], position_ids=p,",
+        "inner(inputs_embeds=x[None], position_ids=None,",
+        (HF,),
     ),
 ]
 

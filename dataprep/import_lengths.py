@@ -174,6 +174,7 @@ def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
         tables.append(_table(good, ids, source, cfg))
     table = conform_cost_table(pa.concat_tables(tables), out).select(COST_SCHEMA.names)
     result.n_written, result.n_rejected = table.num_rows, len(errors)
+    assert result.n_in == result.n_written + result.n_rejected, "a length entry went missing"
     meta = {
         "format_version": FORMAT_VERSION,
         "imported_from": {

@@ -33,12 +33,15 @@ import torch
 import torch.distributed as dist
 
 from balancing import CostModel
+from trainer_adapter.exchange import collective_device
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
     output_anchor,
     output_route_back,
     output_signature,
+    route_home,
+    zero_of,
 )
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -49,12 +52,7 @@ __all__ = ["balance_decoder", "balance_model", "balance_tiles", "balance_vision"
 def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """Target tokens of all ranks (labels != -100 after the shift HF's causal-LM loss makes)."""
     n = (labels[..., 1:] != -100).sum().to(torch.int64).reshape(1)
-    dev = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend(group) == "nccl"
-        else n.device
-    )
-    n = n.to(dev)
+    n = n.to(collective_device(group))
     dist.all_reduce(n, group=group)
     return n[0]
 
@@ -108,17 +106,10 @@ def balance_vision(
             return inner(hidden_states, grid_thw=grid_thw, **kwargs)
         x = route.send(hidden_states, 0, "patches")
         g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
-        recv_rows = route.table[route.received, 0]
         out = None
         if route.received.size:
             out = inner(x, grid_thw=g.to(device=grid_thw.device, dtype=grid_thw.dtype), **kwargs)
-        sig = output_agree(
-            None if out is None else output_signature(out, int(recv_rows.sum())), group
-        )
-        # a rank that received nothing still runs the backward of every exchange: its (empty)
-        # received tensors and the parameters are tied into what it returns
-        anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)
-        return output_route_back(out, sig, route, route.table[:, 0], anchor)
+        return route_home(self, out, x, route, group)
 
     def join(self) -> torch.Tensor:
         """Take part in this step's exchange with no images of this rank's own (HF skips the
@@ -127,12 +118,14 @@ def balance_vision(
         pe = self.patch_embed
         dim = pe.in_channels * pe.temporal_patch_size * pe.patch_size**2
         ref = next(self.parameters())
-        out = self(ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64))
-        leaves = [
-            t for t in torch.utils._pytree.tree_leaves(dict(out)) if isinstance(t, torch.Tensor)
-        ]
-        return sum(t.sum() for t in leaves) * 0
+        return zero_of(self(ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64)))
 
+    return _install(tower, forward, join)
+
+
+def _install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
+    """Put the balanced ``forward`` and the ``equishard_join`` (see :func:`balance_vision`) on
+    the tower instance; its parameters and state dict stay as they are."""
     tower.equishard_called = False
     tower.forward = types.MethodType(forward, tower)
     tower.equishard_join = types.MethodType(join, tower)
@@ -177,23 +170,12 @@ def balance_tiles(
             return inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
         out = inner(x, *args, **kwargs) if route.received.size else None
-        sig = output_agree(
-            None if out is None else output_signature(out, int(route.received.size)), group
-        )
-        anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)
-        return output_route_back(out, sig, route, route.table[:, 0], anchor)
+        return route_home(self, out, x, route, group)
 
     def join(self) -> torch.Tensor:
-        out = self(_empty_pixels(self), output_hidden_states=True, return_dict=True)
-        leaves = [
-            t for t in torch.utils._pytree.tree_leaves(dict(out)) if isinstance(t, torch.Tensor)
-        ]
-        return sum(t.sum() for t in leaves) * 0
+        return zero_of(self(_empty_pixels(self), output_hidden_states=True, return_dict=True))
 
-    tower.equishard_called = False
-    tower.forward = types.MethodType(forward, tower)
-    tower.equishard_join = types.MethodType(join, tower)
-    return tower
+    return _install(tower, forward, join)
 
 
 # ----------------------------------------------------------------------------- decoder

@@ -19,7 +19,14 @@ import torch.distributed as dist
 from trainer_adapter.item_exchange import ItemRoute
 from trainer_adapter.redistribute import _ranges
 
-__all__ = ["output_agree", "output_anchor", "output_route_back", "output_signature"]
+__all__ = [
+    "output_agree",
+    "output_anchor",
+    "output_route_back",
+    "output_signature",
+    "route_home",
+    "zero_of",
+]
 
 
 def output_signature(out, rows_in: int):
@@ -129,3 +136,20 @@ def output_anchor(module: torch.nn.Module) -> torch.Tensor:
     if not params:
         return torch.zeros(())
     return sum(p.reshape(-1)[:1].sum() for p in params) * 0
+
+
+def route_home(module: torch.nn.Module, out, x: torch.Tensor, route: ItemRoute, group):
+    """The outputs ``module`` made for the items this rank received (None if it received
+    none), back on the items' own ranks. Rows per item are the item table's column 0 and
+    ``x`` is what this rank received: on a rank that received nothing, its (empty) received
+    tensor and the parameters are tied into the result, so every exchange's backward runs."""
+    rows_in = int(route.table[route.received, 0].sum())
+    sig = output_agree(None if out is None else output_signature(out, rows_in), group)
+    anchor = output_anchor(module) + (x.sum() * 0 if out is None else 0)
+    return output_route_back(out, sig, route, route.table[:, 0], anchor)
+
+
+def zero_of(out) -> torch.Tensor:
+    """A zero that depends on every tensor of a module output (to keep it in the graph)."""
+    leaves = torch.utils._pytree.tree_leaves(dict(out) if isinstance(out, dict) else out)
+    return sum(t.sum() for t in leaves if isinstance(t, torch.Tensor)) * 0

@@ -15,7 +15,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +35,7 @@ from dataprep.cost_table import (
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_header import CHECKS
 from dataprep.measure import ChunkResult, Measurer
+from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from dataprep.vision_policy import parse_vision_policy
@@ -62,6 +63,8 @@ class PrepConfig:
     cache: str | None = None  # a cost table whose rows are reused when sample_id + cache_key match
     check_images: str = "header"  # "header": walk each file's structure; "decode": full decode
     allow_outside_image_root: bool = False  # read image paths that resolve outside image_root
+    engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (dataprep.ray_engine)
+    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -74,6 +77,10 @@ class PrepConfig:
             )
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
         if self.chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
         if not 0 <= self.shard_index < self.num_shards:
@@ -176,8 +183,52 @@ def _measure_in_worker(unit: WorkUnit) -> ChunkResult:
     return _WORKER.measure(unit)
 
 
+_RAY_MEASURERS: dict[PrepConfig, Measurer] = {}
+
+
+def _measure_task(cfg: PrepConfig, unit: WorkUnit) -> ChunkResult:
+    """One unit measured in a Ray task; the worker process keeps its Measurer for the next."""
+    m = _RAY_MEASURERS.get(cfg)
+    if m is None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _RAY_MEASURERS.clear()
+        m = _RAY_MEASURERS[cfg] = _measurer(cfg)
+    return m.measure(unit)
+
+
+def _absolute(cfg: PrepConfig) -> PrepConfig:
+    """``cfg`` with the files it names made absolute: a Ray worker's working directory is not
+    the driver's."""
+
+    def resolve(p: str | None) -> str | None:
+        if not p:
+            return p
+        path, sep, rest = p.partition("#")
+        return str(Path(path).resolve()) + sep + rest if Path(path).exists() else p
+
+    return replace(
+        cfg,
+        tokenizer=resolve(cfg.tokenizer),
+        template=resolve(cfg.template),
+        image_root=resolve(cfg.image_root),
+        cache=resolve(cfg.cache),
+    )
+
+
 def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
     """Measured units in input order; at most 2 units per worker in flight."""
+    if cfg.engine == "ray":
+        task_cfg = _absolute(cfg)
+        opts = RayOptions(address=cfg.ray_address, num_cpus=cfg.workers)
+        yield from ordered_map(
+            _measure_task,
+            ((task_cfg, u) for u in units),
+            opts=opts,
+            inflight=2 * cfg.workers,
+            name="equishard-prep",
+            star=True,
+        )
+        return
     if cfg.workers == 1:
         yield from _measurer(cfg).measure_many(units)
         return

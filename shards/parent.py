@@ -128,7 +128,7 @@ def reuse_index(
     m = load_manifest(reuse_from)
     groups = {
         key: {
-            "gen_dir": str(m.path),
+            "gen_dir": str(m.path.resolve()),  # read by write's workers, maybe Ray's
             "file": sh.file,
             "bytes": sh.bytes,
             "sha256": sh.sha256,

@@ -36,6 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataprep.ray_engine import ENGINES
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.publish import CURRENT, atomic_write_bytes, read_current, try_lock
@@ -60,8 +61,14 @@ class RebalanceConfig:
     tokenizer: str | None = None
     max_error_rate: float = 0.01
     progress: bool = False
+    engine: str = "local"  # "ray": prep and write in Ray tasks (dataprep.ray_engine)
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
         if not self.new and not self.delete:
             raise ValueError("nothing to do: give new inputs (--new) and/or a deletion list")
         if self.keep < 1:
@@ -317,6 +324,8 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
                 max_error_rate=cfg.max_error_rate,
                 cache=str(pcost_path),
                 progress=cfg.progress,
+                engine=cfg.engine,
+                ray_address=cfg.ray_address,
             )
         )
     phases["prep"] = time.perf_counter() - t1
@@ -391,6 +400,8 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             # a crash anywhere after the publish (finish_night copies them to errors/)
             extra_files={NIGHT_ERRORS: str(work / "new.errors.parquet")} if cfg.new else None,
             energon=has_energon_metadata(parent.path),  # loadable by Energon like its parent
+            engine=cfg.engine,
+            ray_address=cfg.ray_address,
         ),
         progress=cfg.progress,
     )

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
+from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
 from dataprep.workers import exit_with_parent
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
@@ -68,12 +69,18 @@ class WriteConfig:
     extra_files: dict[str, str] | None = None
     # also write Megatron-Energon's metadata (.nv-meta/, .tar.idx): shards.energon
     energon: bool = False
+    engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
+    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
 
     def __post_init__(self) -> None:
         if self.shard_size < 1024:
             raise ValueError(f"--shard-size must be at least 1KB, got {self.shard_size} bytes")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
         for f in (
             Path(self.plan_dir) / "plan.parquet",
             Path(self.plan_dir) / "report.json",
@@ -179,7 +186,7 @@ def _jobs(
         mine = rows.take(pa.array(order[bounds[r] : bounds[r + 1]]))
         jobs.append(
             {
-                "stage": str(stage),
+                "stage": str(stage.resolve()),  # a Ray worker's working directory differs
                 "rank": r,
                 "node": r // per,
                 "local_rank": r % per,
@@ -290,7 +297,18 @@ def _write_all(
     jobs = _jobs(plan, cost, stage, cfg, table_metadata(cfg.cost_table, required=False), nodes, per)
     results: dict[int, list[dict]] = {}
     bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
-    if cfg.workers == 1:
+    if cfg.engine == "ray":
+        opts = RayOptions(address=cfg.ray_address, num_cpus=cfg.workers)
+        for job, shards in zip(
+            jobs,
+            ordered_map(
+                write_stream, jobs, opts=opts, inflight=2 * cfg.workers, name="equishard-write"
+            ),
+            strict=True,
+        ):
+            results[job["rank"]] = shards
+            bar.update()
+    elif cfg.workers == 1:
         for job in jobs:
             results[job["rank"]] = write_stream(job)
             bar.update()

@@ -7,12 +7,31 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["check_output", "check_output_dir", "fail", "format_table"]
+__all__ = ["add_engine_args", "check_output", "check_output_dir", "fail", "format_table"]
 
 
 def fail(message: str, code: int = 2) -> int:
     print(f"equishard: error: {message}", file=sys.stderr)
     return code
+
+
+def add_engine_args(p, what: str) -> None:
+    """``--engine`` and ``--ray-address`` for a subcommand that can run on Ray."""
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help=f"local: {what} in worker processes on this machine (default); ray: in Ray tasks "
+        "on a Ray cluster (needs equishard[ray]; every node must see the input and output "
+        "paths). --workers then is the number of tasks at a time (a local cluster gets that "
+        "many CPUs)",
+    )
+    p.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to run on: auto, HOST:PORT or ray://HOST:10001 (default: "
+        "$RAY_ADDRESS, else start a local cluster)",
+    )
 
 
 def check_output_dir(path: str | os.PathLike) -> None:

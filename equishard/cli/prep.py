@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from equishard.cli._common import add_engine_args
+
 __all__ = ["add_parser", "print_summary", "run"]
 
 _DESCRIPTION = """\
@@ -91,6 +93,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--workers", type=int, default=1, metavar="W", help="worker processes (default: 1)"
     )
+    add_engine_args(p, "measure")
     p.add_argument(
         "--chunk-size",
         type=int,
@@ -209,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
             check_images=args.check_images,
             allow_outside_image_root=args.allow_outside_image_root,
             progress=not args.no_progress and not args.json,
+            engine=args.engine,
+            ray_address=args.ray_address,
         )
         res = run_prep(cfg)
     except (ValueError, DataprepError) as exc:

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from equishard.cli._common import add_engine_args
+
 __all__ = ["add_parser", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -66,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--json", action="store_true", help="print only the JSON summary (for schedulers)"
     )
+    add_engine_args(p, "prep and write")
     p.set_defaults(run=run)
 
 
@@ -83,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
             max_error_rate=args.max_error_rate,
             progress=not args.json,
+            engine=args.engine,
+            ray_address=args.ray_address,
         )
     except ValueError as exc:
         print(f"equishard rebalance: {exc}", file=sys.stderr)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from equishard.cli._common import add_engine_args
+
 __all__ = ["add_parser", "run"]
 
 _DESCRIPTION = """\
@@ -49,6 +51,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="also make the generation loadable by Megatron-Energon (needs equishard[energon]); "
         "'rebalance' keeps doing so for generations that have it",
     )
+    add_engine_args(p, "write streams")
     p.set_defaults(run=run)
 
 
@@ -65,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             shard_size=parse_size(args.shard_size),
             workers=args.workers,
             energon=args.energon,
+            engine=args.engine,
+            ray_address=args.ray_address,
         )
         r = write_generation(cfg, progress=True)
     except (ValueError, WriteError, OSError) as exc:

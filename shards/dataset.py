@@ -28,7 +28,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from shards.manifest import Manifest, open_generation
-from shards.reader import ShardError, read_group, sha256_of
+from shards.reader import ShardError, read_group
 
 __all__ = ["GroupDataset", "RankInfo", "merge_states", "open_generation"]
 
@@ -90,12 +90,17 @@ class GroupDataset(IterableDataset):
         on_error: str = "raise",
         max_consecutive_errors: int = 16,
         transform: Callable | None = None,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         self.manifest = (
-            generation if isinstance(generation, Manifest) else open_generation(generation)
+            generation
+            if isinstance(generation, Manifest)
+            else open_generation(generation, storage_options=storage_options, cache_dir=cache_dir)
         )
+        self._files = self.manifest.storage
         self.rank = rank
         self.seed = seed
         self.shuffle = shuffle
@@ -191,15 +196,15 @@ class GroupDataset(IterableDataset):
         if where is None:
             return [], []  # an empty slot of the short last step
         shard, group = where
-        path = self.manifest.path / shard.file
         if self.verify and shard.file not in self._verified:
-            digest = sha256_of(path)
+            digest = self._files.sha256(shard.file, expected=shard.sha256)
             if digest != shard.sha256:
                 raise ShardError(
-                    f"{path}: sha256 {digest} does not match the manifest's {shard.sha256}"
+                    f"{self._files.where(shard.file)}: sha256 {digest} does not match the "
+                    f"manifest's {shard.sha256}"
                 )
             self._verified.add(shard.file)
-        return read_group(self.manifest.path, shard, group, keep_going=self.on_error == "skip")
+        return read_group(self._files, shard, group, keep_going=self.on_error == "skip")
 
     def _transform(self, samples: list) -> tuple[object, list[str]]:
         """``transform(samples)``; in skip mode a sample it cannot take (an image that does not

@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from shards.publish import read_current
+from shards.publish import CURRENT, parse_current, read_current
+from shards.storage import GenerationFiles, is_url
 
 __all__ = [
     "FORMAT_VERSION",
@@ -66,7 +67,7 @@ class Stream:
 
 @dataclass(frozen=True, slots=True)
 class Manifest:
-    path: Path  # the generation directory
+    path: Path | str  # the generation directory (its URL for a generation in an object store)
     generation: str
     parent: str | None
     steps: int
@@ -76,6 +77,11 @@ class Manifest:
     totals: dict
     report: dict
     raw: dict
+    files: GenerationFiles | None = None  # how its shards are read (None: the local directory)
+
+    @property
+    def storage(self) -> GenerationFiles:
+        return self.files if self.files is not None else GenerationFiles(self.path)
 
     @property
     def dp(self) -> int:
@@ -102,11 +108,13 @@ def _need(d: dict, key: str, typ, where: str):
     return v
 
 
-def _safe_path(name: str, gen_dir: Path, where: str, dirs: dict) -> None:
+def _safe_path(name: str, gen_dir: Path | None, where: str, dirs: dict) -> None:
     """A shard path must stay inside its generation: relative, no ``..``, no symlink out."""
     p = PurePosixPath(name)
     if not name or p.is_absolute() or ".." in p.parts or "\\" in name:
         raise ManifestError(f"{where}: shard path {name!r} leaves the generation directory")
+    if gen_dir is None:  # an object store: no symlinks, a key is what it names
+        return
     path = gen_dir / name
     # the real path of the shard's directory (cached: a generation has one per stream) and a
     # look at the file itself, instead of a realpath (an lstat per component) per shard
@@ -195,17 +203,30 @@ def _check_structure(
             )
 
 
-def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Manifest:
-    """Parse and validate ``gen_dir/manifest.json``; with ``check_files``, every shard must exist
+def load_manifest(
+    gen_dir: str | os.PathLike | GenerationFiles,
+    *,
+    check_files: bool = True,
+    storage_options: dict | None = None,
+) -> Manifest:
+    """Parse and validate ``gen_dir/manifest.json`` (a directory, a URL, or its
+    :class:`~shards.storage.GenerationFiles`); with ``check_files``, every shard must exist
     with the manifest's byte size (a cheap check; checksums are :func:`shards.verify`'s job)."""
-    gen_dir = Path(gen_dir)
-    path = gen_dir / MANIFEST
+    files = (
+        gen_dir
+        if isinstance(gen_dir, GenerationFiles)
+        else GenerationFiles(gen_dir, storage_options=storage_options)
+    )
+    gen_dir = files.path  # None for an object store
+    path = files.where(MANIFEST)
     try:
-        text = path.read_text()
+        text = files.read_bytes(MANIFEST).decode()
     except FileNotFoundError:
         raise ManifestError(
-            f"{path}: no manifest; {gen_dir} is not a complete generation"
+            f"{path}: no manifest; {files.location} is not a complete generation"
         ) from None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text ({exc})") from None
     if not text.strip():
         raise ManifestError(f"{path}: empty manifest")
     try:
@@ -226,6 +247,7 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
     streams = []
     total_samples = 0
     real_dirs: dict = {}  # directory -> real path, for this manifest's shard paths
+    listing: dict[str, int] | None = None
     for k, st in enumerate(_need(raw, "streams", list, str(path))):
         where = f"{path} stream {k}"
         shards = []
@@ -252,11 +274,18 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
                     f"{sum(g.samples for g in groups)}, the shard says {shard.samples}"
                 )
             if check_files:
-                fp = gen_dir / shard.file
-                try:
-                    size = fp.stat().st_size
-                except FileNotFoundError:
-                    raise ManifestError(f"{fp}: shard listed in the manifest is missing") from None
+                fp = files.where(shard.file)
+                if gen_dir is None:  # an object store: one listing for all shards
+                    if listing is None:
+                        listing = files.sizes()
+                    size = listing.get(shard.file)
+                else:
+                    try:
+                        size = (gen_dir / shard.file).stat().st_size
+                    except FileNotFoundError:
+                        size = None
+                if size is None:
+                    raise ManifestError(f"{fp}: shard listed in the manifest is missing")
                 if size != shard.bytes:
                     raise ManifestError(f"{fp}: {size} bytes on disk, manifest says {shard.bytes}")
             shards.append(shard)
@@ -278,7 +307,7 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
         raise ManifestError(f"{path}: {len(streams)} streams for a layout of {nodes} x {per} ranks")
     _check_structure(path, streams, steps, nodes, per, totals, raw.get("report") or {})
     return Manifest(
-        path=gen_dir,
+        path=gen_dir if gen_dir is not None else files.location,
         generation=_need(raw, "generation", str, str(path)),
         parent=raw.get("parent"),
         steps=steps,
@@ -288,11 +317,21 @@ def load_manifest(gen_dir: str | os.PathLike, *, check_files: bool = True) -> Ma
         totals=totals,
         report=raw.get("report", {}),
         raw=raw,
+        files=files if files.remote or files.cache_dir else None,
     )
 
 
-def open_generation(path: str | os.PathLike) -> Manifest:
-    """A generation directory, or a generation root (then the one ``CURRENT`` names)."""
+def open_generation(
+    path: str | os.PathLike,
+    *,
+    storage_options: dict | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Manifest:
+    """A generation directory, or a generation root (then the one ``CURRENT`` names); local, or
+    at an fsspec URL (``s3://bucket/root``: ``storage_options`` go to fsspec, ``cache_dir``
+    keeps what was read, see :mod:`shards.storage`)."""
+    if is_url(path):
+        return _open_remote(os.fspath(path), storage_options, cache_dir)
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ManifestError(
@@ -300,8 +339,9 @@ def open_generation(path: str | os.PathLike) -> Manifest:
         )
     if not p.exists():
         raise ManifestError(f"{p}: no such generation or generation root")
-    if (p / "manifest.json").exists():
-        return load_manifest(p)
+    root = GenerationFiles(p, cache_dir=cache_dir)
+    if (p / MANIFEST).exists():
+        return load_manifest(root)
     try:
         current = read_current(p)
     except ValueError as exc:
@@ -310,4 +350,29 @@ def open_generation(path: str | os.PathLike) -> Manifest:
         raise ManifestError(
             f"{p}: neither a generation (no manifest.json) nor a root with a CURRENT generation"
         )
-    return load_manifest(p / current)
+    return load_manifest(root.child(current))
+
+
+def _open_remote(url: str, storage_options: dict | None, cache_dir) -> Manifest:
+    root = GenerationFiles(url, storage_options=storage_options, cache_dir=cache_dir)
+    try:
+        if root.exists(MANIFEST):
+            return load_manifest(root)
+        try:
+            text = root.read_bytes(CURRENT).decode()
+        except FileNotFoundError:
+            raise ManifestError(
+                f"{url}: neither a generation (no manifest.json) nor a root with a CURRENT "
+                "generation"
+            ) from None
+        try:
+            current = parse_current(text, url)
+        except ValueError as exc:
+            raise ManifestError(str(exc)) from None
+        if current is None:
+            raise ManifestError(f"{url}/{CURRENT} is empty")
+        return load_manifest(root.child(current))
+    except (OSError, PermissionError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise ManifestError(f"{url}: not found ({exc})") from None
+        raise ManifestError(f"{url}: cannot read ({type(exc).__name__}: {exc})") from None

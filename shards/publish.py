@@ -18,6 +18,7 @@ __all__ = [
     "CURRENT",
     "atomic_write_bytes",
     "fsync_dir",
+    "parse_current",
     "read_current",
     "set_current",
     "try_lock",
@@ -54,12 +55,19 @@ def read_current(root: str | os.PathLike) -> str | None:
     """The generation id ``CURRENT`` names, or None when the root has none yet. A name that
     would leave the root (a path, ``..``, a hidden entry) raises ``ValueError``."""
     try:
-        name = (Path(root) / CURRENT).read_text().strip()
+        text = (Path(root) / CURRENT).read_text()
     except FileNotFoundError:
         return None
+    return parse_current(text, str(root))
+
+
+def parse_current(text: str, root: str) -> str | None:
+    """The generation a ``CURRENT`` file's ``text`` names (None if empty); ``ValueError`` for a
+    name that would leave ``root``."""
+    name = text.strip()
     if name and (name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name):
         raise ValueError(
-            f"{Path(root) / CURRENT} names {name!r}, not a generation inside {root}; write the "
+            f"{root}/{CURRENT} names {name!r}, not a generation inside {root}; write the "
             "name of one of its gen-* directories there"
         )
     return name or None

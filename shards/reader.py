@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from shards.manifest import Group, Shard
+from shards.storage import GenerationFiles
 
 __all__ = ["IMAGE_EXTS", "ShardError", "ShardSample", "read_group", "sha256_of"]
 
@@ -60,17 +61,22 @@ def _check_members(data: bytes, where: str) -> None:
 
 
 def read_group(
-    gen_dir: Path, shard: Shard, group: Group, *, keep_going: bool = False
+    gen_dir: Path | GenerationFiles, shard: Shard, group: Group, *, keep_going: bool = False
 ) -> tuple[list[ShardSample], list[str]]:
-    """Samples of one group; with ``keep_going``, broken samples are skipped and their errors
-    returned instead of raised (a partial sample is never returned)."""
+    """Samples of one group (its byte range only, also from an object store: ``gen_dir`` may
+    be a :class:`~shards.storage.GenerationFiles`); with ``keep_going``, broken samples are
+    skipped and their errors returned instead of raised (a partial sample is never returned)."""
     from webdataset.tariterators import group_by_keys, tar_file_iterator
 
-    path = gen_dir / shard.file
+    files = gen_dir if isinstance(gen_dir, GenerationFiles) else GenerationFiles(gen_dir)
+    path = files.where(shard.file)
     where = f"{path} (step {group.step}, bytes {group.offset}+{group.length})"
-    with open(path, "rb") as f:
-        f.seek(group.offset)
-        data = f.read(group.length)
+    try:
+        data = files.read_range(shard.file, group.offset, group.length, shard.sha256)
+    except FileNotFoundError:
+        if keep_going:
+            return [], [f"{where}: shard is missing"] * max(group.samples, 1)
+        raise ShardError(f"{where}: shard is missing") from None
     if len(data) != group.length:
         err = f"{where}: shard is truncated ({len(data)} of {group.length} bytes of this group)"
         if keep_going:
@@ -78,7 +84,7 @@ def read_group(
         raise ShardError(err)
     try:
         _check_members(data, where)
-        members = ({**m, "__url__": str(path)} for m in tar_file_iterator(io.BytesIO(data)))
+        members = ({**m, "__url__": path} for m in tar_file_iterator(io.BytesIO(data)))
         raw = list(group_by_keys(members))
     except (ShardError, ValueError) as exc:
         if keep_going:

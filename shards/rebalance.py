@@ -30,7 +30,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -40,6 +40,7 @@ from dataprep.ray_engine import ENGINES
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.publish import CURRENT, atomic_write_bytes, read_current, try_lock
+from shards.storage import is_url
 
 __all__ = [
     "RebalanceConfig",
@@ -63,6 +64,11 @@ class RebalanceConfig:
     progress: bool = False
     engine: str = "local"  # "ray": prep and write in Ray tasks (dataprep.ray_engine)
     ray_address: str | None = None
+    # ``current`` may be an object-store URL: its CURRENT generation is fetched into the local
+    # root ``staging`` (default: shards.object_store.default_staging), rebalanced there, and the
+    # new generation published back (shards.object_store)
+    staging: str | None = None
+    storage_options: dict | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -250,9 +256,39 @@ def _record_night(root: Path, summary: dict) -> None:
     atomic_write_bytes(path, json.dumps(summary).encode())
 
 
+def _rebalance_store(cfg: RebalanceConfig) -> RebalanceResult:
+    """Rebalance the generation root at an object-store URL through a local staging root."""
+    from shards.object_store import (
+        default_staging,
+        fetch_generation,
+        publish_generation,
+        read_remote_current,
+        remove_remote_generation,
+    )
+
+    url, opts = cfg.current, cfg.storage_options
+    cur = read_remote_current(url, storage_options=opts)
+    if cur is None:
+        raise ManifestError(
+            f"{url}: no {CURRENT}; write the first generation with 'equishard write'"
+        )
+    staging = Path(cfg.staging or default_staging(url))
+    fetch_generation(url, cur, staging, storage_options=opts)  # kept from the last night if there
+    res = run_rebalance(replace(cfg, current=str(staging)))
+    if res.status == "in_progress":
+        return res
+    if res.generation != cur:
+        publish_generation(staging / res.generation, url, storage_options=opts)
+    for gen in res.removed:  # the local retention, mirrored once CURRENT has moved on
+        remove_remote_generation(url, gen, storage_options=opts)
+    return res
+
+
 def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
     """One nightly run; see the module docstring. Returns status ``in_progress`` (and does
     nothing) while another rebalance of the same root runs."""
+    if is_url(cfg.current):
+        return _rebalance_store(cfg)
     root = Path(cfg.current)
     if not root.is_dir():
         raise ManifestError(f"{root}: not a generation root (no such directory)")

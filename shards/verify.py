@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 
 from shards.manifest import ManifestError, open_generation
-from shards.reader import ShardError, read_group, sha256_of
+from shards.reader import ShardError, read_group
 
 __all__ = ["VerifyResult", "inspect_generation", "verify_generation"]
 
@@ -23,25 +23,32 @@ class VerifyResult:
         return not self.problems
 
 
-def verify_generation(path: str | os.PathLike, *, deep: bool = True) -> VerifyResult:
-    """Check every shard's sha256 and, with ``deep``, read every group and count its samples."""
+def verify_generation(
+    path: str | os.PathLike, *, deep: bool = True, storage_options: dict | None = None
+) -> VerifyResult:
+    """Check every shard's sha256 and, with ``deep``, read every group and count its samples
+    (a local generation or root, or one at an fsspec URL)."""
     try:
-        m = open_generation(path)
+        m = open_generation(path, storage_options=storage_options)
     except ManifestError as exc:
         return VerifyResult(generation="?", problems=[str(exc)])
     res = VerifyResult(generation=m.generation)
     for st in m.streams:
         for sh in st.shards:
             res.shards += 1
-            fp = m.path / sh.file
-            digest = sha256_of(fp)
+            fp = m.storage.where(sh.file)
+            try:
+                digest = m.storage.sha256(sh.file)
+            except FileNotFoundError:
+                res.problems.append(f"{fp}: missing")
+                continue
             if digest != sh.sha256:
                 res.problems.append(f"{fp}: sha256 {digest} != manifest {sh.sha256}")
                 continue
             if deep:
                 for g in sh.groups:
                     try:
-                        samples, _ = read_group(m.path, sh, g)
+                        samples, _ = read_group(m.storage, sh, g)
                         res.samples += len(samples)
                     except ShardError as exc:
                         res.problems.append(str(exc))
@@ -50,9 +57,9 @@ def verify_generation(path: str | os.PathLike, *, deep: bool = True) -> VerifyRe
     return res
 
 
-def inspect_generation(path: str | os.PathLike) -> dict:
+def inspect_generation(path: str | os.PathLike, *, storage_options: dict | None = None) -> dict:
     """Manifest summary and per-stream loads (samples, bytes, vision/LLM tokens from the report)."""
-    m = open_generation(path)
+    m = open_generation(path, storage_options=storage_options)
     streams = []
     for st in m.streams:
         streams.append(

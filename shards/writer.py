@@ -23,7 +23,7 @@ import os
 import re
 import shutil
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
+from shards.storage import is_url, join_url
 from shards.stream_writer import COST_FIELDS, write_stream
 from shards.wids_index import WIDS_INDEX, write_wids_index
 
@@ -71,6 +72,11 @@ class WriteConfig:
     energon: bool = False
     engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
     ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
+    # ``out`` may be an object-store URL (s3://bucket/prefix, any fsspec URL): the generation is
+    # then written in the local root ``staging`` (default: shards.object_store.default_staging)
+    # and uploaded, manifest last, CURRENT last of all (shards.object_store)
+    staging: str | None = None
+    storage_options: dict | None = None
 
     def __post_init__(self) -> None:
         if self.shard_size < 1024:
@@ -227,6 +233,8 @@ def _clean_stale_staging(root: Path, keep: str) -> None:
 
 def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     """Write (or finish, or find already written) the generation of ``cfg``'s plan."""
+    if is_url(cfg.out):
+        return _write_to_store(cfg, progress)
     root = Path(cfg.out)
     root.mkdir(parents=True, exist_ok=True)
     digests = (sha256_of(Path(cfg.plan_dir) / PLAN_FILE), sha256_of(Path(cfg.cost_table)))
@@ -273,6 +281,16 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     return WriteResult(
         gen, str(final), m.parent, t["samples"], t["groups"], t["shards"], t["bytes"], False
     )
+
+
+def _write_to_store(cfg: WriteConfig, progress: bool) -> WriteResult:
+    """Write locally in the staging root, then publish to the object store at ``cfg.out``."""
+    from shards.object_store import default_staging, publish_generation
+
+    staging = cfg.staging or str(default_staging(cfg.out))
+    local = write_generation(replace(cfg, out=staging), progress)
+    publish_generation(local.path, cfg.out, storage_options=cfg.storage_options)
+    return replace(local, path=join_url(cfg.out, local.generation))
 
 
 def _max(table, column: str) -> int:

@@ -25,11 +25,16 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "same night does nothing; a crashed run is finished by the next one.\n\n"
         "exit codes: 0 published, nothing to do, or another rebalance of the root in progress;\n"
         "1 failed (CURRENT unchanged); 2 bad arguments (incl. a malformed deletion list)\n"
-        "example: equishard rebalance --current /data/shards --new day-2.jsonl --delete gone.txt",
+        "example: equishard rebalance --current /data/shards --new day-2.jsonl --delete gone.txt\n"
+        "         equishard rebalance --current s3://bucket/shards --new day-2.jsonl --engine ray",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--current", required=True, metavar="GEN_ROOT", help="the generation root (holds CURRENT)"
+        "--current",
+        required=True,
+        metavar="GEN_ROOT",
+        help="the generation root (holds CURRENT): a directory or an object-store URL "
+        "(s3://bucket/prefix, any fsspec URL)",
     )
     p.add_argument(
         "--new",
@@ -69,6 +74,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--json", action="store_true", help="print only the JSON summary (for schedulers)"
     )
     add_engine_args(p, "prep and write")
+    p.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="when CURRENT_ROOT is an object-store URL: the local root its CURRENT generation is "
+        "fetched into and the new one written in before upload (default: $EQUISHARD_STAGING or "
+        "~/.cache/equishard/staging/<hash of the URL>)",
+    )
     p.set_defaults(run=run)
 
 
@@ -88,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.json,
             engine=args.engine,
             ray_address=args.ray_address,
+            staging=args.staging,
         )
     except ValueError as exc:
         print(f"equishard rebalance: {exc}", file=sys.stderr)

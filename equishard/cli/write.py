@@ -16,9 +16,14 @@ atomic rename to GEN_ROOT/<id>, and GEN_ROOT/CURRENT then names it. Killing the 
 moment is safe: re-running resumes and gives byte-identical shards; re-running a finished write
 does nothing. --energon also writes Megatron-Energon's metadata (.nv-meta/ and a .tar.idx per
 shard, as 'energon prepare' does, plus dataset.yaml) so Energon loads the generation directly.
+With an object-store URL as --out, the generation is written in a local staging root, then
+uploaded: shards first, manifest last, CURRENT last of all (readers never see a partial one).
+--engine ray writes the streams in Ray tasks (one per stream) with the same bytes as a local run.
 
-example:
+examples:
   equishard write build/plan --cost-table build/cost.parquet --out build/shards --shard-size 1GB --workers 4
+  equishard write build/plan --cost-table build/cost.parquet --out s3://bucket/vlm-shards \\
+      --engine ray --ray-address auto --workers 64
 """
 
 
@@ -34,7 +39,19 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--cost-table", required=True, metavar="T", help="the cost table the plan was made from"
     )
     p.add_argument(
-        "--out", required=True, metavar="GEN_ROOT", help="generation root (created if missing)"
+        "--out",
+        required=True,
+        metavar="GEN_ROOT",
+        help="generation root (created if missing): a directory, or an object-store URL "
+        "(s3://bucket/prefix, gs://..., any fsspec URL; credentials and endpoint from the "
+        "store's usual environment, e.g. AWS_* variables)",
+    )
+    p.add_argument(
+        "--staging",
+        metavar="DIR",
+        help="with a URL --out: the local root the generation is written in before upload, "
+        "kept so a killed run resumes (default: $EQUISHARD_STAGING or "
+        "~/.cache/equishard/staging/<hash of the URL>)",
     )
     p.add_argument(
         "--shard-size", default="1GB", help="close a shard after this many bytes (default: 1GB)"
@@ -57,10 +74,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import check_output_dir, fail
+    from shards.storage import is_url
     from shards.writer import WriteConfig, WriteError, parse_size, write_generation
 
     try:
-        check_output_dir(args.out)
+        if not is_url(args.out):
+            check_output_dir(args.out)
+        elif args.staging:
+            check_output_dir(args.staging)
         cfg = WriteConfig(
             plan_dir=args.plan_dir,
             cost_table=args.cost_table,
@@ -70,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             energon=args.energon,
             engine=args.engine,
             ray_address=args.ray_address,
+            staging=args.staging,
         )
         r = write_generation(cfg, progress=True)
     except (ValueError, WriteError, OSError) as exc:

@@ -1,0 +1,181 @@
+"""Where a generation's bytes are: a local directory, or any fsspec URL (``s3://``, ``gs://``,
+``http(s)://``, ...), read by byte range.
+
+:class:`GenerationFiles` is what the manifest loader and the streaming loader read through:
+``read_range`` fetches one group's exact bytes (a ranged GET on an object store: a shard is
+never downloaded to read a group), ``sha256`` streams a whole shard through the hash, and
+``sizes`` lists the generation once (one LIST, not a HEAD per shard). With ``cache_dir``, fetched
+bytes are kept on local disk, content-addressed by the shard's sha256 from the manifest, so a
+second epoch reads no object twice: a group's range as ``<sha256>/<offset>-<length>``, a shard
+verified whole (``verify=True``) as ``<sha256>.tar``, from which its groups are then read, so
+the bytes used are the bytes verified. Cache files are written to a temporary name and renamed,
+which makes one cache directory safe to share between ranks and DataLoader workers (fsspec's own
+``blockcache`` keeps one metadata file per cache that concurrent processes overwrite). Cached
+bytes go through the same member checks as fresh ones on every read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from pathlib import Path
+
+__all__ = ["GenerationFiles", "is_url", "join_url"]
+
+
+def is_url(location: str | os.PathLike) -> bool:
+    """True for ``PROTOCOL://...`` other than ``file://`` (which is read as a local path)."""
+    s = os.fspath(location)
+    return "://" in s and not s.startswith("file://")
+
+
+def join_url(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def _local(location: str | os.PathLike) -> Path:
+    s = os.fspath(location)
+    return Path(s[len("file://") :] if s.startswith("file://") else s)
+
+
+class GenerationFiles:
+    """The files of one generation (or generation root) at ``location``."""
+
+    def __init__(
+        self,
+        location: str | os.PathLike,
+        *,
+        storage_options: dict | None = None,
+        cache_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.remote = is_url(location)
+        self.storage_options = dict(storage_options or {})
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        if self.remote:
+            import fsspec
+
+            self.location = os.fspath(location).rstrip("/")
+            self.fs, self._root = fsspec.core.url_to_fs(self.location, **self.storage_options)
+        else:
+            self.location = os.fspath(_local(location))
+            self.fs, self._root = None, self.location
+        self.path = _local(location) if not self.remote else None
+
+    def __repr__(self) -> str:
+        return f"GenerationFiles({self.location!r})"
+
+    def child(self, name: str) -> GenerationFiles:
+        """The same store one level down (a generation inside a root)."""
+        loc = join_url(self.location, name) if self.remote else os.path.join(self.location, name)
+        out = GenerationFiles.__new__(GenerationFiles)
+        out.__dict__.update(self.__dict__)
+        out.location = loc
+        out._root = join_url(self._root, name) if self.remote else loc
+        out.path = None if self.remote else Path(loc)
+        return out
+
+    def where(self, name: str) -> str:
+        """The full location of member ``name``, for messages."""
+        return join_url(self.location, name) if self.remote else os.path.join(self.location, name)
+
+    def full_path(self, name: str) -> str:
+        return join_url(self._root, name) if self.remote else os.path.join(self._root, name)
+
+    # ------------------------------------------------------------------ reading
+    def exists(self, name: str) -> bool:
+        if not self.remote:
+            return os.path.exists(self.full_path(name))
+        return self.fs.exists(self.full_path(name))
+
+    def is_dir(self) -> bool:
+        return self.fs.isdir(self._root) if self.remote else os.path.isdir(self._root)
+
+    def read_bytes(self, name: str) -> bytes:
+        """The whole of a small file (manifest, CURRENT); FileNotFoundError if absent."""
+        if not self.remote:
+            return Path(self.full_path(name)).read_bytes()
+        return self.fs.cat_file(self.full_path(name))
+
+    def sizes(self) -> dict[str, int]:
+        """Size of every file under this location, by name relative to it (one listing)."""
+        if not self.remote:
+            base = Path(self._root)
+            return {
+                str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()
+            }
+        self.fs.invalidate_cache(self._root)  # a listing cached before a publish is stale
+        found = self.fs.find(self._root, detail=True)
+        prefix = self._root.rstrip("/") + "/"
+        return {k[len(prefix) :]: int(v["size"]) for k, v in found.items() if k.startswith(prefix)}
+
+    def read_range(self, name: str, offset: int, length: int, sha256: str = "") -> bytes:
+        """``length`` bytes of ``name`` from ``offset`` (fewer if the file is shorter).
+        ``sha256`` (the shard's digest from the manifest) keys the local cache."""
+        if not self.remote:
+            with open(self.full_path(name), "rb") as f:
+                f.seek(offset)
+                return f.read(length)
+        cache = self._cache_paths(sha256, offset, length)
+        if cache is not None:
+            whole, part = cache
+            for path, at in ((whole, offset), (part, 0)):
+                with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
+                    f.seek(at)
+                    return f.read(length)
+        data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)
+        if cache is not None and len(data) == length:
+            _atomic_write(cache[1], data)
+        return data
+
+    def sha256(self, name: str, expected: str = "") -> str:
+        """The sha256 of ``name``, streamed. Remote with a cache directory: the shard is kept
+        there when it matches ``expected`` (its groups are then read from that copy)."""
+        h = hashlib.sha256()
+        if not self.remote:
+            with open(self.full_path(name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            return h.hexdigest()
+        keep = self.cache_dir is not None and expected
+        whole = self.cache_dir / f"{expected}.tar" if keep else None
+        if whole is not None and whole.exists():
+            return expected  # kept only after it matched
+        tmp = whole.with_name(f".{whole.name}.tmp-{os.getpid()}") if whole is not None else None
+        if tmp is not None:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self.fs.open(self.full_path(name), "rb", block_size=8 << 20) as f:
+                out = open(tmp, "wb") if tmp is not None else None  # noqa: SIM115
+                try:
+                    for block in iter(lambda: f.read(8 << 20), b""):
+                        h.update(block)
+                        if out is not None:
+                            out.write(block)
+                finally:
+                    if out is not None:
+                        out.close()
+            digest = h.hexdigest()
+            if tmp is not None and digest == expected:
+                os.replace(tmp, whole)
+            return digest
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+
+    def _cache_paths(self, sha256: str, offset: int, length: int) -> tuple[Path, Path] | None:
+        if self.cache_dir is None or not sha256:
+            return None
+        return self.cache_dir / f"{sha256}.tar", self.cache_dir / sha256 / f"{offset}-{length}"
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()

@@ -18,7 +18,7 @@ class TrainConfig:
     that fits the generation's largest sample and group.
     """
 
-    shards: str
+    shards: str  # a generation or root: a directory or an fsspec URL (s3://bucket/prefix)
     dp: int
     pp: int = 1
     steps: int = 10
@@ -38,6 +38,7 @@ class TrainConfig:
     ranks_per_node: int | None = None
     workers: int = 1
     tokenizer: str | None = None
+    shards_cache: str | None = None  # a local directory keeping what is read from a URL --shards
     vision_policy: str | None = None
     template: str | None = None
     recompute: str = "off"

@@ -108,7 +108,7 @@ def run(cfg: TrainConfig) -> list[dict]:
     from shards import GroupDataset, RankInfo, open_generation
 
     rank = dist.get_rank()
-    manifest = open_generation(cfg.shards)
+    manifest = open_generation(cfg.shards, cache_dir=cfg.shards_cache)
     collate = build_collator(cfg, manifest)
     loads = manifest.raw.get("loads")
     mb_tokens = cfg.mb_tokens

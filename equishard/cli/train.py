@@ -29,7 +29,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--shards",
         required=True,
         metavar="GEN",
-        help="a generation directory, or a root with CURRENT",
+        help="a generation directory, or a root with CURRENT; also an object-store URL "
+        "(s3://bucket/prefix, any fsspec URL; groups are read by byte range)",
+    )
+    p.add_argument(
+        "--shards-cache",
+        metavar="DIR",
+        help="with a URL --shards: keep the bytes read in this local directory, so later epochs "
+        "read nothing twice (safe to share between ranks)",
     )
     p.add_argument("--nproc", type=int, required=True, help="processes (= dp x pp)")
     p.add_argument("--dp", type=int, required=True, help="data-parallel replicas")
@@ -143,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = TrainConfig(
             shards=args.shards,
+            shards_cache=args.shards_cache,
             dp=args.dp,
             pp=args.pp,
             steps=args.steps,

@@ -197,7 +197,13 @@ class GroupDataset(IterableDataset):
             return [], []  # an empty slot of the short last step
         shard, group = where
         if self.verify and shard.file not in self._verified:
-            digest = self._files.sha256(shard.file, expected=shard.sha256)
+            try:
+                digest = self._files.sha256(shard.file, expected=shard.sha256)
+            except OSError as exc:  # missing, unreadable, or replaced while being read
+                raise ShardError(
+                    f"{self._files.where(shard.file)}: cannot read for its checksum "
+                    f"({type(exc).__name__}: {exc})"
+                ) from None
             if digest != shard.sha256:
                 raise ShardError(
                     f"{self._files.where(shard.file)}: sha256 {digest} does not match the "

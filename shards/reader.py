@@ -73,10 +73,11 @@ def read_group(
     where = f"{path} (step {group.step}, bytes {group.offset}+{group.length})"
     try:
         data = files.read_range(shard.file, group.offset, group.length, shard.sha256)
-    except FileNotFoundError:
+    except OSError as exc:  # missing, unreadable, or (object store) replaced since listed
+        err = f"{where}: cannot read the shard ({type(exc).__name__}: {exc})"
         if keep_going:
-            return [], [f"{where}: shard is missing"] * max(group.samples, 1)
-        raise ShardError(f"{where}: shard is missing") from None
+            return [], [err] * max(group.samples, 1)
+        raise ShardError(err) from None
     if len(data) != group.length:
         err = f"{where}: shard is truncated ({len(data)} of {group.length} bytes of this group)"
         if keep_going:

@@ -52,15 +52,36 @@ class GenerationFiles:
         self.remote = is_url(location)
         self.storage_options = dict(storage_options or {})
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        self._fs, self._pid = None, None
         if self.remote:
-            import fsspec
-
             self.location = os.fspath(location).rstrip("/")
-            self.fs, self._root = fsspec.core.url_to_fs(self.location, **self.storage_options)
+            self._root = self._root_of(self.location)
         else:
             self.location = os.fspath(_local(location))
-            self.fs, self._root = None, self.location
+            self._root = self.location
         self.path = _local(location) if not self.remote else None
+
+    @property
+    def fs(self):
+        """The fsspec filesystem, made again in a new process: async ones (s3fs, gcsfs) are not
+        fork-safe, and DataLoader workers are forked or unpickled copies of the loader."""
+        if not self.remote:
+            return None
+        if self._fs is None or self._pid != os.getpid():
+            import fsspec
+
+            self._fs, _ = fsspec.core.url_to_fs(self.location, **self.storage_options)
+            self._pid = os.getpid()
+        return self._fs
+
+    def _root_of(self, location: str) -> str:
+        return self.fs._strip_protocol(location)  # the filesystem's path for the URL
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fs": None, "_pid": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def __repr__(self) -> str:
         return f"GenerationFiles({self.location!r})"
@@ -104,7 +125,9 @@ class GenerationFiles:
             return {
                 str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()
             }
-        self.fs.invalidate_cache(self._root)  # a listing cached before a publish is stale
+        # listings cached earlier (s3fs keeps one per directory, and drops only a path's
+        # parents on invalidation) may name replaced objects: list afresh
+        self.fs.invalidate_cache()
         found = self.fs.find(self._root, detail=True)
         prefix = self._root.rstrip("/") + "/"
         return {k[len(prefix) :]: int(v["size"]) for k, v in found.items() if k.startswith(prefix)}

@@ -17,7 +17,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
+        "generation",
+        metavar="GEN",
+        help="a generation directory, or a root with CURRENT; also an object-store URL",
     )
     p.add_argument("--fast", action="store_true", help="checksums only, do not read samples")
     p.set_defaults(run=run)
@@ -27,9 +29,10 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from equishard.cli._common import fail
+    from shards.storage import is_url
     from shards.verify import verify_generation
 
-    if not Path(args.generation).is_dir():
+    if not is_url(args.generation) and not Path(args.generation).is_dir():
         return fail(
             f"{args.generation}: not a generation directory or a root with CURRENT"
             + (" (it is a file)" if Path(args.generation).exists() else " (no such directory)")

@@ -50,7 +50,9 @@ def test_prep_on_ray_equals_local(cluster, tmp_path):
     src = demo / "demo.jsonl"
     lines = src.read_text().splitlines()
     broken = demo / "mixed.jsonl"  # two bad records among the good ones
-    broken.write_text("\n".join([*lines[:20], "{not json", *lines[20:40], "[]", *lines[40:]]) + "\n")
+    broken.write_text(
+        "\n".join([*lines[:20], "{not json", *lines[20:40], "[]", *lines[40:]]) + "\n"
+    )
     common = dict(
         inputs=(str(broken),),
         tokenizer=str(demo / "tokenizer.json"),

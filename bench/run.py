@@ -29,6 +29,7 @@ BENCHMARKS = {
     "pipeline": "bench.bench_pipeline",
     "nightly": "bench.bench_nightly",
     "hf": "bench.bench_hf",
+    "scaleout": "bench.bench_scaleout",
 }
 
 _PACKAGES = (
@@ -41,6 +42,9 @@ _PACKAGES = (
     "torch",
     "scipy",
     "transformers",
+    "ray",
+    "s3fs",
+    "moto",
 )
 
 

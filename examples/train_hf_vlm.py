@@ -209,6 +209,7 @@ def main() -> None:
     if rank == 0:
         print(f"{args.family} balance={args.balance}: {len(times)} steps, "
               f"mean step {sum(times) / max(1, len(times)):.3f} s on rank 0")  # fmt: skip
+    dist.barrier()  # no rank tears its groups down while another still uses them
     dist.destroy_process_group()
 
 

@@ -28,9 +28,12 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster():
+    env = dict(os.environ)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+    os.environ.clear()  # ray.init sets RAY_* and PYTHONBREAKPOINT for the processes to come
+    os.environ.update(env)
 
 
 def _same_tree(a: Path, b: Path) -> None:

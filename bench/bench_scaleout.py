@@ -158,7 +158,9 @@ def run() -> dict:
         "|---|---|---|---|---|",
     ]
     for engine, w, s, same in prep_rows:
-        md.append(f"| {engine} | {w} | {s:.2f} | {SAMPLES / s:,.0f} | {'yes' if same else '**no**'} |")
+        md.append(
+            f"| {engine} | {w} | {s:.2f} | {SAMPLES / s:,.0f} | {'yes' if same else '**no**'} |"
+        )
     md += [
         "",
         "**write** (`equishard write`, one task per (node, rank) stream: 8 streams)",

@@ -275,10 +275,12 @@ def load_manifest(
                 )
             if check_files:
                 fp = files.where(shard.file)
-                if gen_dir is None:  # an object store: one listing for all shards
+                if gen_dir is None and files.listable():  # one listing for all shards
                     if listing is None:
                         listing = files.sizes()
                     size = listing.get(shard.file)
+                elif gen_dir is None:  # plain HTTP: no listing, a HEAD per shard
+                    size = files.size(shard.file)
                 else:
                     try:
                         size = (gen_dir / shard.file).stat().st_size

@@ -118,6 +118,19 @@ class GenerationFiles:
             return Path(self.full_path(name)).read_bytes()
         return self.fs.cat_file(self.full_path(name))
 
+    def size(self, name: str) -> int | None:
+        """The size of one file (None when it does not exist)."""
+        try:
+            if not self.remote:
+                return os.path.getsize(self.full_path(name))
+            return int(self.fs.size(self.full_path(name)))
+        except FileNotFoundError:
+            return None
+
+    def listable(self) -> bool:
+        """Whether one listing gives every file's size (object stores, not plain HTTP)."""
+        return not self.remote or not {"http", "https"} & set(_protocols(self.fs))
+
     def sizes(self) -> dict[str, int]:
         """Size of every file under this location, by name relative to it (one listing)."""
         if not self.remote:
@@ -147,6 +160,12 @@ class GenerationFiles:
                     f.seek(at)
                     return f.read(length)
         data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)
+        if len(data) > length:  # a server that ignores Range sends the whole object
+            raise OSError(
+                f"{self.where(name)}: asked for bytes {offset}+{length}, the server sent "
+                f"{len(data)}: it ignores byte ranges (HTTP Range); serve the generation from "
+                "a server or store that supports them (every object store does)"
+            )
         if cache is not None and len(data) == length:
             _atomic_write(cache[1], data)
         return data
@@ -191,6 +210,11 @@ class GenerationFiles:
         if self.cache_dir is None or not sha256:
             return None
         return self.cache_dir / f"{sha256}.tar", self.cache_dir / sha256 / f"{offset}-{length}"
+
+
+def _protocols(fs) -> tuple[str, ...]:
+    p = fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

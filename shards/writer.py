@@ -293,6 +293,26 @@ def _write_to_store(cfg: WriteConfig, progress: bool) -> WriteResult:
     return replace(local, path=join_url(cfg.out, local.generation))
 
 
+def _check_streams(stage: Path, streams: list[dict]) -> None:
+    """Every shard a stream's task reported is in the staging directory with its size: on a
+    Ray cluster whose nodes do not share the output's file system a task's shards land on its
+    own node's disk, and nothing may be published without them."""
+    for st in streams:
+        for sh in st["shards"]:
+            path = stage / sh["file"]
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                size = None
+            if size != sh["bytes"]:
+                raise WriteError(
+                    f"stream of rank {st['rank']}: {path} is "
+                    f"{'missing' if size is None else f'{size} bytes'} here, its writer reported "
+                    f"{sh['bytes']} bytes; with --engine ray the output directory must be on a "
+                    "file system every Ray node shares. Nothing was published"
+                )
+
+
 def _max(table, column: str) -> int:
     return int(pc.max(table.column(column)).as_py() or 0) if table.num_rows else 0
 
@@ -352,6 +372,7 @@ def _write_all(
                 "shards": results[job["rank"]],
             }
         )
+    _check_streams(stage, streams)
     samples = sum(s["samples"] for st in streams for s in st["shards"])
     if samples != plan.num_rows:
         raise WriteError(

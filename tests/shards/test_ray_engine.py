@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dataprep import PrepConfig, run_prep
+from shards.errors import WriteError
 from shards.rebalance import run_rebalance
 from shards.writer import WriteConfig, write_generation
 from tests.shards.conftest import build_inputs
@@ -155,3 +156,47 @@ def test_rebalance_on_ray_equals_local(cluster, root, tmp_path):
         assert m["report"].pop("seconds")
         (gen / "manifest.json").write_text(json.dumps(m))
     _same_tree(tmp_path / "local-result", root / b.generation)
+
+
+def test_task_error_fails_the_run_and_rerun_resumes(cluster, tmp_path):
+    """A sample whose image vanished: the write task's own WriteError reaches the driver as
+    itself (not retried, it would fail again), nothing is published; once the image is back
+    the re-run finishes the same generation a clean local run writes."""
+    demo, cost, plan = build_inputs(tmp_path, samples=40, seed=3)
+    cfg = dict(plan_dir=str(plan), cost_table=str(cost), shard_size=8192)
+    ref = write_generation(WriteConfig(out=str(tmp_path / "local"), **cfg))
+    image = sorted((demo / "images").iterdir())[-1]
+    hidden = image.with_name("hidden")
+    image.rename(hidden)
+    out = tmp_path / "ray"
+    with pytest.raises(WriteError, match="cannot be read any more"):
+        write_generation(WriteConfig(out=str(out), engine="ray", workers=2, **cfg))
+    assert not (out / "CURRENT").exists() and not list(out.glob("gen-*"))
+    hidden.rename(image)
+    res = write_generation(WriteConfig(out=str(out), engine="ray", workers=2, **cfg))
+    assert res.generation == ref.generation
+    _same_tree(tmp_path / "local", out)
+
+
+def test_shards_the_driver_cannot_see_are_not_published(gen_inputs, tmp_path, monkeypatch):
+    """A stream whose shards are not where the driver looks (a Ray node writing to its own
+    disk instead of a shared file system): the driver refuses to publish, naming the cause."""
+    import shards.writer as writer
+
+    _, cost, plan = gen_inputs
+    real = writer.write_stream
+
+    def lost(job):
+        done = real(job)
+        if job["rank"] == 2:
+            (Path(job["stage"]) / done[0]["file"]).unlink()
+        return done
+
+    monkeypatch.setattr(writer, "write_stream", lost)
+    out = tmp_path / "gens"
+    cfg = WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(out), shard_size=60_000)
+    with pytest.raises(WriteError, match="rank 2: .* missing here.*every Ray node shares"):
+        write_generation(cfg)
+    assert not (out / "CURRENT").exists()
+    monkeypatch.setattr(writer, "write_stream", real)
+    assert write_generation(cfg).samples > 0  # the re-run rewrites the lost shard

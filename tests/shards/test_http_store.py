@@ -8,6 +8,7 @@ import os
 import re
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -21,7 +22,7 @@ pytest.importorskip("aiohttp")  # fsspec's http filesystem
 class _RangeHandler(SimpleHTTPRequestHandler):
     """Python's file server plus ``Range: bytes=a-b`` (as nginx or a CDN answers: 206)."""
 
-    requests: list[tuple[str, str, str | None]] = []
+    requests: ClassVar[list[tuple[str, str, str | None]]] = []
 
     def log_message(self, *args) -> None:
         pass

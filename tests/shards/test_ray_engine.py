@@ -195,7 +195,7 @@ def test_shards_the_driver_cannot_see_are_not_published(gen_inputs, tmp_path, mo
     monkeypatch.setattr(writer, "write_stream", lost)
     out = tmp_path / "gens"
     cfg = WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(out), shard_size=60_000)
-    with pytest.raises(WriteError, match="rank 2: .* missing here.*every Ray node shares"):
+    with pytest.raises(WriteError, match=r"rank 2: .* missing here.*every Ray node shares"):
         write_generation(cfg)
     assert not (out / "CURRENT").exists()
     monkeypatch.setattr(writer, "write_stream", real)

@@ -77,7 +77,11 @@ def merge_states(states: list[dict]) -> dict:
 
 class GroupDataset(IterableDataset):
     """Yields ``{"epoch", "step", "rank", "samples", "skipped"}`` per step; ``samples`` are
-    decoded by ``transform`` (default: :class:`shards.reader.ShardSample` as read)."""
+    decoded by ``transform`` (default: :class:`shards.reader.ShardSample` as read).
+
+    ``generation`` may be an fsspec URL (``s3://bucket/root``): each group is then one ranged
+    GET, ``storage_options`` go to fsspec, and ``cache_dir`` keeps what was read on local disk
+    (:mod:`shards.storage`); checks, schedule and state are the same as on local disk."""
 
     def __init__(
         self,

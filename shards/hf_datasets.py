@@ -30,6 +30,11 @@ def hf_webdataset_kwargs(generation) -> dict:
     import datasets
 
     m = open_generation(generation)
+    if m.files is not None and m.files.remote:
+        raise ValueError(
+            f"{m.path}: hf_webdataset_kwargs reads local generations (it scans each tar's "
+            "members); read one in an object store with shards.GroupDataset, or copy it locally"
+        )
     files = [str(m.path / shard.file) for stream in m.streams for shard in stream.shards]
     fields = set().union(*map(_fields, files)) if files else {"json"}
     json_type = datasets.Json() if hasattr(datasets, "Json") else datasets.Value("string")

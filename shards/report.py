@@ -161,13 +161,14 @@ def render_report(generation: str | Path, output: str | Path) -> Path:
     from shards.manifest import open_generation
 
     m = open_generation(generation)
-    if not (m.path / "cost.parquet").exists() or not (m.path / "plan.parquet").exists():
+    files = m.storage  # local, or an object store (the two tables are small: read whole)
+    if not files.exists("cost.parquet") or not files.exists("plan.parquet"):
         raise ValueError(
             f"{m.path}: no cost.parquet/plan.parquet in the generation; rewrite it "
             "with this equishard's 'write' to carry them"
         )
-    cost = read_cost_table(m.path / "cost.parquet")
-    plan = pq.read_table(m.path / "plan.parquet")
+    cost = read_cost_table(io.BytesIO(files.read_bytes("cost.parquet")))
+    plan = pq.read_table(io.BytesIO(files.read_bytes("plan.parquet")))
     r = m.report
     bal, rnd = r["metrics"]["balanced"], r["metrics"]["random"]
     summary = _table(

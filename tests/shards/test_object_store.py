@@ -236,7 +236,8 @@ def _ids(ds) -> list[str]:
 
 def test_cli_write_verify_train_from_s3(s3, gen_inputs, bucket, tmp_path):
     """The commands as users run them, credentials and endpoint from the environment: write to
-    the bucket, verify it there, and train two steps reading it (2 gloo ranks)."""
+    the bucket, verify, inspect and report it there, and train two steps reading it (2 gloo
+    ranks)."""
     _, cost, plan = gen_inputs
     env = _env(s3)
     run = [sys.executable, "-m", "equishard"]
@@ -249,6 +250,12 @@ def test_cli_write_verify_train_from_s3(s3, gen_inputs, bucket, tmp_path):
     assert "published" in w.stdout and bucket in w.stdout
     v = subprocess.run([*run, "verify", bucket], capture_output=True, text=True, env=env)
     assert v.returncode == 0, v.stdout + v.stderr
+    i = subprocess.run([*run, "inspect", bucket], capture_output=True, text=True, env=env)
+    assert i.returncode == 0 and "gen-" in i.stdout, i.stderr
+    html = tmp_path / "report.html"
+    r = subprocess.run([*run, "report", bucket, "-o", str(html)], capture_output=True, text=True,
+                       env=env)  # fmt: skip
+    assert r.returncode == 0 and html.stat().st_size > 10_000, r.stderr
     from tests.dist_helper import free_port
 
     t = subprocess.run(

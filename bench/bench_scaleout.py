@@ -172,9 +172,17 @@ def run() -> dict:
     ]
     for engine, w, s, same in prep_rows:
         md.append(
-            f"| {engine} | {w} | {s:.2f} | {SAMPLES / s:,.0f} | {'yes' if same else '**no**'} |"
+            f"| {engine} | {w} | {s:.2f} | {PREP_SAMPLES / s:,.0f} | {'yes' if same else '**no**'} |"
         )
     md += [
+        "",
+        "On this 2-core machine every configuration is capped by the same two cores: local prep "
+        "with 1 worker measures in the driver process, where the tokenizer's batch encoding runs "
+        "on both cores; worker processes (local or Ray) set `TOKENIZERS_PARALLELISM=false` and "
+        "use one core each, so Ray with 1 CPU is about half of local, and 2 Ray workers equal "
+        "local. What Ray adds is machines: units and streams are independent, so throughput grows "
+        "with the cluster's cores until the shared file system or the driver's in-order merge "
+        "limits it (not measured here).",
         "",
         "**write** (`equishard write`, one task per (node, rank) stream: 8 streams)",
         "",

@@ -14,6 +14,8 @@ NODES  ?= 2
 BATCH  ?= 4
 SHARD_SIZE ?= 16MB
 POLICY ?= internvl
+# `make shards ENGINE=ray`: prep and write on a local Ray cluster (same bytes as ENGINE=local)
+ENGINE ?= local
 # `make train`: a small generation written by `make shards` (56-px tiles so a CPU trains it in
 # seconds per step), then DP x PP training on it through torchrun
 TRAIN_OUT ?= build/train-demo
@@ -39,11 +41,11 @@ shards: $(STAMP)
 	$(BIN)/equishard demo $(OUT)/raw --samples $(SAMPLES) --seed $(SEED)
 	$(BIN)/equishard prep $(OUT)/raw/demo.jsonl --image-root $(OUT)/raw \
 		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy $(POLICY) \
-		--workers $(WORKERS) -o $(OUT)/cost.parquet
+		--workers $(WORKERS) --engine $(ENGINE) -o $(OUT)/cost.parquet
 	$(BIN)/equishard balance $(OUT)/cost.parquet --dp $(DP) --nodes $(NODES) \
 		--target-batch $(BATCH) --seed $(SEED) -o $(OUT)/plan
 	$(BIN)/equishard write $(OUT)/plan --cost-table $(OUT)/cost.parquet --out $(OUT)/shards \
-		--shard-size $(SHARD_SIZE) --workers $(WORKERS)
+		--shard-size $(SHARD_SIZE) --workers $(WORKERS) --engine $(ENGINE)
 	$(BIN)/equishard verify $(OUT)/shards
 	$(BIN)/equishard report $(OUT)/shards -o $(OUT)/report.html
 	$(BIN)/equishard inspect $(OUT)/shards

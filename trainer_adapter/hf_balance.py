@@ -15,7 +15,8 @@ must run every step's forward and backward:
 * :func:`balance_decoder` — around the language model (``model.model.language_model``). Its
   input is this rank's samples packed in one row (batch size 1, no attention mask, position ids
   restarting at 0 per sample: HF's packed convention; Qwen's ``[4, 1, L]`` positions, text row
-  first, included); whole samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder
+  first, included; Qwen3-VL's deepstack features and visual-token mask travel with their
+  samples); whole samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder
   runs on the received pack and the hidden states come back to their samples' own rank, where
   the LM head and loss run as without balancing.
 
@@ -259,6 +260,15 @@ def balance_decoder(
             raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
         text = position_ids[0] if position_ids.ndim == 3 else position_ids
         lengths = _sample_lengths(text)
+        # Qwen3-VL's deepstack: per visual token, features added in the first decoder layers;
+        # they travel with their samples (table: length, visual tokens, deepstack layers)
+        vmask = kw.pop("visual_pos_masks", None)
+        deep = kw.pop("deepstack_visual_embeds", None)
+        visual = np.zeros_like(lengths)
+        if vmask is not None and lengths.size:
+            marks = vmask.reshape(-1).detach().cpu().numpy().astype(np.int64)
+            visual = np.add.reduceat(marks, np.cumsum(lengths) - lengths)
+        layers = len(deep) if deep is not None else 0
 
         def cost(t):
             n = t[:, 0].astype(np.float64)
@@ -266,7 +276,7 @@ def balance_decoder(
 
         row_bytes = inputs_embeds.shape[-1] * inputs_embeds.element_size()
         route = plan_items(
-            lengths.reshape(-1, 1),
+            np.column_stack([lengths, visual, np.full_like(lengths, layers)]).reshape(-1, 3),
             cost,
             group=group,
             topology=topology,
@@ -279,6 +289,17 @@ def balance_decoder(
         pos_rows = position_ids.reshape(lead, position_ids.shape[-1]).T  # [L, rows]
         p = route.send(pos_rows.contiguous(), 0, "positions").T
         p = p.reshape(*position_ids.shape[:-1], -1) if position_ids.ndim == 3 else p.reshape(1, -1)
+        layers = int(route.table[:, 2].max()) if route.table.size else 0  # agreed by all ranks
+        if layers:
+            width = inputs_embeds.shape[-1]
+            if vmask is None:
+                vmask = torch.zeros(inputs_embeds.shape[:2], dtype=torch.bool)
+            rows = deep or [inputs_embeds.new_zeros((0, width))] * layers
+            m = route.send(vmask.reshape(-1, 1).to(torch.int64), 0, "visual_pos_masks")
+            d = route.send(torch.cat(list(rows), dim=1), 1, "deepstack")
+            if int(route.table[route.received, 1].sum()):
+                kw["visual_pos_masks"] = m.reshape(1, -1).bool().to(inputs_embeds.device)
+                kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))
         out = None
         if route.received.size:
             out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=None, **kw)
@@ -313,7 +334,8 @@ def balance_model(
     policy: RedistributePolicy | None = None,
 ) -> torch.nn.Module:
     """Balance a ``transformers`` VLM in place: its vision tower (``encoder``) and/or its
-    language model (``llm``). Qwen2-VL / Qwen2.5-VL (``.visual``: patches + ``grid_thw``),
+    language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL (``.visual``: patches +
+    ``grid_thw``; Qwen3-VL's deepstack features go both ways),
     InternVL and LLaVA / LLaVA-OneVision (``.vision_tower``: tiles). Feed each rank one packed
     row (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)

@@ -1,5 +1,6 @@
 """Runtime balancing inside real Hugging Face VLMs (tiny configs, random weights, no download):
-Qwen2-VL (patches + grid_thw, 3-D mrope positions), InternVL and LLaVA (tiles). On 4 gloo ranks
+Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen3-VL (the same plus deepstack features
+injected into the first decoder layers at the visual tokens), InternVL and LLaVA (tiles). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
 gradient with encoder and LLM balancing, without balancing, and from a single process over the
 concatenated global batch agree (HF's loss runs in float32: float32 tolerance on a float64
@@ -23,6 +24,12 @@ LAYOUTS = {
     "qwen2vl": [
         [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
         [],  # an empty rank
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
+    "qwen3vl": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
@@ -67,6 +74,35 @@ def build_model(family: str, seed: int = 0):
             vision_end_token_id=VEND,
         )
         cls = tf.Qwen2VLForConditionalGeneration
+    elif family == "qwen3vl":
+        if not hasattr(tf, "Qwen3VLConfig"):
+            pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
+        cfg = tf.Qwen3VLConfig(
+            text_config={
+                **TEXT,
+                "head_dim": 8,
+                "rope_parameters": {**rope, "mrope_interleaved": True},
+            },
+            vision_config=dict(
+                depth=2,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                in_channels=3,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=32,
+                num_position_embeddings=64,
+                deepstack_visual_indexes=[0, 1],  # into decoder layers 0 and 1
+            ),
+            image_token_id=IMG,
+            video_token_id=998,
+            vision_start_token_id=VSTART,
+            vision_end_token_id=VEND,
+        )
+        cls = tf.Qwen3VLForConditionalGeneration
     elif family == "internvl":
         cfg = tf.InternVLConfig(
             vision_config=dict(
@@ -110,7 +146,7 @@ def make_batches(family: str, model):
     """Per rank: input_ids, labels, packed position ids (restarting per sample; Qwen2-VL's
     [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw)."""
     rng = np.random.default_rng(1)
-    qwen = family == "qwen2vl"
+    qwen = family in ("qwen2vl", "qwen3vl")
     out = []
     for samples in LAYOUTS[family]:
         ids, labels, pos, pix, grids = [], [], [], [], []
@@ -220,6 +256,12 @@ def reference(family: str):
 # parameters at both ends of the vision path, which must receive gradient through the exchange
 VISION_PARAMS = {
     "qwen2vl": ("model.visual.patch_embed.proj.weight", "model.visual.merger.mlp.2.weight"),
+    "qwen3vl": (
+        "model.visual.patch_embed.proj.weight",
+        "model.visual.merger.linear_fc2.weight",
+        "model.visual.deepstack_merger_list.0.linear_fc2.weight",  # reach the LLM via deepstack
+        "model.visual.deepstack_merger_list.1.linear_fc2.weight",
+    ),
     "internvl": (
         "model.vision_tower.embeddings.patch_embeddings.projection.weight",
         "model.multi_modal_projector.linear_2.weight",

@@ -27,7 +27,9 @@ _GRADS = "tests/trainer_adapter/test_reference_gradients.py"
 REF = f"{_GRADS}::test_every_layout_gives_the_single_process_gradient"
 TRAJ = f"{_GRADS}::test_pipelined_updates_follow_the_flat_run_over_ten_steps"
 PROPS = "tests/trainer_adapter/test_training_properties.py"
-HF = "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process[qwen2vl]"
+_PARITY = "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process"
+HF = f"{_PARITY}[qwen2vl]"
+HF3 = f"{_PARITY}[qwen3vl]"
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,14 @@ MUTATIONS = [
         "inner(inputs_embeds=x[None], position_ids=p,",
         "inner(inputs_embeds=x[None], position_ids=None,",
         (HF,),
+    ),
+    Mutation(
+        "hf-decoder-drops-deepstack",
+        "Qwen3-VL's deepstack features do not travel with moved samples (dropped on arrival)",
+        "trainer_adapter/hf_balance.py",
+        'kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))',
+        'kw["deepstack_visual_embeds"] = [t * 0 for t in d.split(width, dim=1)]',
+        (HF3,),
     ),
 ]
 

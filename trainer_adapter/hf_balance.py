@@ -294,9 +294,12 @@ def balance_decoder(
             width = inputs_embeds.shape[-1]
             if vmask is None:
                 vmask = torch.zeros(inputs_embeds.shape[:2], dtype=torch.bool)
-            rows = deep or [inputs_embeds.new_zeros((0, width))] * layers
+            # no features here: an empty block still tied to the graph, so that this rank takes
+            # part in the reverse exchange in the backward like every other
+            rows = deep or [inputs_embeds[0, :0]] * layers
             m = route.send(vmask.reshape(-1, 1).to(torch.int64), 0, "visual_pos_masks")
             d = route.send(torch.cat(list(rows), dim=1), 1, "deepstack")
+            x = x + d.sum() * 0  # used or not below, its backward exchange runs on every rank
             if int(route.table[route.received, 1].sum()):
                 kw["visual_pos_masks"] = m.reshape(1, -1).bool().to(inputs_embeds.device)
                 kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))

@@ -22,6 +22,7 @@ TRAIN_OUT ?= build/train-demo
 TRAIN_ARGS ?= --nproc 4 --dp 2 --pp 2 --steps 6 --schedule 1f1b
 FAMILY ?= qwen2vl
 BALANCE ?= both
+PARALLEL ?= ddp
 # `make nightly-demo`: the demo set arriving over two days; day 1 through the full pipeline,
 # day 2 (new samples, 5 updates, 3 deletions) through `equishard rebalance`, then the report
 NIGHT_OUT ?= build/nightly
@@ -57,13 +58,15 @@ train: $(STAMP)
 		--log $(TRAIN_OUT)/train.jsonl
 
 # `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|internvl|llava) trained on the demo
-# generation in a plain DDP loop, 4 CPU ranks, with runtime balancing (BALANCE=off|encoder|llm|both).
+# generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU ranks, with runtime
+# balancing (BALANCE=off|encoder|llm|both).
 train-hf: $(STAMP)
 	@test -f $(TRAIN_OUT)/shards/CURRENT || $(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 \
 		NODES=2 BATCH=3 POLICY="internvl:max_tiles=4,tile_size=56"
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc-per-node 4 examples/train_hf_vlm.py \
 		--shards $(TRAIN_OUT)/shards --tokenizer $(TRAIN_OUT)/raw/tokenizer.json \
-		--family $(FAMILY) --balance $(BALANCE) --steps 6 --jsonl $(TRAIN_OUT)/train-hf.jsonl
+		--family $(FAMILY) --balance $(BALANCE) --parallel $(PARALLEL) --steps 6 \
+		--jsonl $(TRAIN_OUT)/train-hf.jsonl
 
 nightly-demo: $(STAMP)
 	rm -rf $(NIGHT_OUT)

@@ -138,6 +138,13 @@ def main() -> None:
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (the demo's)")
     p.add_argument("--family", choices=["qwen2vl", "internvl", "llava"], default="qwen2vl")
     p.add_argument("--balance", choices=["off", "encoder", "llm", "both"], default="both")
+    p.add_argument(
+        "--parallel",
+        choices=["ddp", "fsdp2"],
+        default="ddp",
+        help="DistributedDataParallel, or FSDP2 (fully_shard: each rank holds a shard of every "
+        "parameter; the balancing wrappers are unchanged)",
+    )
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--jsonl", default=None, help="JSON lines file, one line per step and rank")
@@ -167,7 +174,12 @@ def main() -> None:
     rope = model.model.get_rope_index if args.family == "qwen2vl" else None
     packer = HFPacker(family=args.family, processor=processor, template=str(mdir), rope_index=rope)
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
-    ddp = DistributedDataParallel(model, find_unused_parameters=True)
+    if args.parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        ddp = fully_shard(model)  # one unit: the wrappers' exchanges run inside its forward
+    else:
+        ddp = DistributedDataParallel(model, find_unused_parameters=True)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)
     log = open(args.jsonl, "a") if args.jsonl and rank == 0 else None  # noqa: SIM115
     times = []
@@ -181,7 +193,8 @@ def main() -> None:
             batch["labels"], group
         )  # equishard: normalize by all ranks' targets
         out = ddp(**batch, num_items_in_batch=targets, use_cache=False)
-        (out.loss * world).backward()  # DDP averages over ranks; the loss is already a global mean
+        # DDP and FSDP2 average gradients over ranks; the loss is already a global mean
+        (out.loss * world).backward()
         optim.step()
         optim.zero_grad(set_to_none=True)
         seconds = time.perf_counter() - t0

@@ -18,34 +18,50 @@ from tests.shards.conftest import build_inputs
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
 
 
-def test_train_hf_example_runs_under_torchrun(tmp_path):
-    pytest.importorskip("transformers")
-    demo, cost, plan = build_inputs(tmp_path, samples=40, dp=2, nodes=1)
-    gen = tmp_path / "shards"
-    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
-    log = tmp_path / "train.jsonl"
+def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int):
     from tests.dist_helper import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     cmd += ["--master-port", str(free_port()), str(EXAMPLE)]
-    args = ["--shards", str(gen), "--tokenizer", str(demo / "tokenizer.json"), "--steps", "2"]
+    args = [
+        "--shards",
+        str(gen),
+        "--tokenizer",
+        str(demo / "tokenizer.json"),
+        "--steps",
+        str(steps),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE.parents[1])}
     out = subprocess.run(
-        [*cmd, *args, "--family", "qwen2vl", "--balance", "both", "--jsonl", str(log)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=400,
-    )
+        [*cmd, *args, "--family", "qwen2vl", "--balance", "both", "--parallel", parallel,
+         "--jsonl", str(log)],
+        capture_output=True, text=True, env=env, timeout=400,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert sorted((r["step"], r["rank"]) for r in rows) == [
-        (s, r) for s in range(2) for r in range(2)
-    ]
-    for s in range(2):
-        losses = {round(r["loss"], 6) for r in rows if r["step"] == s}
-        assert len(losses) == 1 and 0 < losses.pop() < 20
-    for r in rows:
-        assert max(r["llm_after"]) <= max(r["llm_before"]) + 1e-6
-        assert max(r["encoder_after"]) <= max(r["encoder_before"]) + 1e-6
-    assert "qwen2vl balance=both: 2 steps" in out.stdout
+    assert f"qwen2vl balance=both: {steps} steps" in out.stdout
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_train_hf_example_runs_under_torchrun(tmp_path):
+    """DDP and FSDP2 (``fully_shard``) both train with balancing on, and to the same losses step
+    after step (the same global gradients, each applied by AdamW to full or sharded weights)."""
+    pytest.importorskip("transformers")
+    demo, cost, plan = build_inputs(tmp_path, samples=40, dp=2, nodes=1)
+    gen = tmp_path / "shards"
+    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    steps = 3
+    runs = {p: _train(gen, demo, tmp_path / f"{p}.jsonl", p, steps) for p in ("ddp", "fsdp2")}
+    for rows in runs.values():
+        assert sorted((r["step"], r["rank"]) for r in rows) == [
+            (s, r) for s in range(steps) for r in range(2)
+        ]
+        for s in range(steps):
+            losses = {round(r["loss"], 6) for r in rows if r["step"] == s}
+            assert len(losses) == 1 and 0 < losses.pop() < 20
+        for r in rows:
+            assert max(r["llm_after"]) <= max(r["llm_before"]) + 1e-6
+            assert max(r["encoder_after"]) <= max(r["encoder_before"]) + 1e-6
+    ddp = [r["loss"] for r in runs["ddp"] if r["rank"] == 0]
+    fsdp = [r["loss"] for r in runs["fsdp2"] if r["rank"] == 0]
+    assert fsdp == pytest.approx(ddp, rel=1e-5)
+    assert len(set(ddp)) == steps  # the weights changed between steps

@@ -27,7 +27,9 @@ _GRADS = "tests/trainer_adapter/test_reference_gradients.py"
 REF = f"{_GRADS}::test_every_layout_gives_the_single_process_gradient"
 TRAJ = f"{_GRADS}::test_pipelined_updates_follow_the_flat_run_over_ten_steps"
 PROPS = "tests/trainer_adapter/test_training_properties.py"
-_PARITY = "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process"
+_PARITY = (
+    "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process"
+)
 HF = f"{_PARITY}[qwen2vl]"
 HF3 = f"{_PARITY}[qwen3vl]"
 

@@ -1,5 +1,6 @@
 """Train a tiny Hugging Face VLM on an equishard generation with runtime balancing, in a plain
-PyTorch DDP loop. Run under torchrun (CPU: gloo; GPU: NCCL):
+PyTorch DDP loop (``--parallel fsdp2``: FSDP2's ``fully_shard``). Run under torchrun (CPU: gloo;
+GPU: NCCL):
 
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both

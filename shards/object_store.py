@@ -73,23 +73,24 @@ def publish_generation(
     names = _files(local_gen)
     if MANIFEST not in names:
         raise WriteError(f"{local_gen}: no manifest; publish only a complete generation")
+    local = {n: (local_gen / n).stat().st_size for n in names if n != MANIFEST}
     have = gen.sizes() if gen.is_dir() else {}
-    todo = [n for n in names if n != MANIFEST and have.get(n) != (local_gen / n).stat().st_size]
+    todo = [n for n, size in local.items() if have.get(n) != size]
     if todo:
         gen.fs.put([str(local_gen / n) for n in todo], [gen.full_path(n) for n in todo])
     after = gen.sizes()
-    for n in names:
-        if n != MANIFEST and after.get(n) != (local_gen / n).stat().st_size:
+    for n, size in local.items():
+        if after.get(n) != size:
             raise WriteError(
-                f"{gen.where(n)}: {after.get(n)} bytes in the store after upload, "
-                f"{(local_gen / n).stat().st_size} here; nothing was published, run again"
+                f"{gen.where(n)}: {after.get(n)} bytes in the store after upload, {size} here; "
+                "nothing was published, run again"
             )
     gen.fs.pipe_file(gen.full_path(MANIFEST), (local_gen / MANIFEST).read_bytes())
     root.fs.pipe_file(root.full_path(CURRENT), (m.generation + "\n").encode())
     return {
         "uploaded": len(todo) + 1,
-        "skipped": len(names) - 1 - len(todo),
-        "bytes": sum((local_gen / n).stat().st_size for n in todo),
+        "skipped": len(local) - len(todo),
+        "bytes": sum(local[n] for n in todo),
     }
 
 

@@ -33,12 +33,13 @@ def verify_generation(
     except ManifestError as exc:
         return VerifyResult(generation="?", problems=[str(exc)])
     res = VerifyResult(generation=m.generation)
+    files = m.storage
     for st in m.streams:
         for sh in st.shards:
             res.shards += 1
-            fp = m.storage.where(sh.file)
+            fp = files.where(sh.file)
             try:
-                digest = m.storage.sha256(sh.file)
+                digest = files.sha256(sh.file)
             except FileNotFoundError:
                 res.problems.append(f"{fp}: missing")
                 continue
@@ -48,7 +49,7 @@ def verify_generation(
             if deep:
                 for g in sh.groups:
                     try:
-                        samples, _ = read_group(m.storage, sh, g)
+                        samples, _ = read_group(files, sh, g)
                         res.samples += len(samples)
                     except ShardError as exc:
                         res.problems.append(str(exc))

@@ -30,6 +30,9 @@ class TrainConfig:
     # microbatch row sizes form a ladder up to mb_tokens, each this much larger than the last;
     # a step runs the smallest that holds its load (1.0: one fixed size, mb_tokens)
     bucket_ratio: float = 1.08
+    # cut samples across microbatches where whole samples leave rows uneven (attention is
+    # carried across the cut; the chain of rows runs backward in reverse)
+    split_samples: bool = bool(int(__import__("os").environ.get("SPLIT", "1")))
     lr: float = 1e-3
     seed: int = 0
     redistribute: bool = True

@@ -127,6 +127,42 @@ class Block(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(o.transpose(1, 2).reshape(b, n, h))
 
+    def _attend_kv(self, y: torch.Tensor, prefix) -> tuple[torch.Tensor, tuple]:
+        """One causal segment [len, hidden] after ``prefix`` (keys, values [heads, p, d] of the
+        same sample's earlier tokens, or None); returns its output and its own keys, values."""
+        n, h = y.shape
+        q, k, v = self.qkv(y).view(n, 3, self.heads, h // self.heads).permute(1, 2, 0, 3)
+        if prefix is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            p = prefix[0].shape[1]
+            mask = torch.ones(n, p + n, dtype=torch.bool, device=y.device).tril(p)
+            kk, vv = torch.cat([prefix[0], k], 1), torch.cat([prefix[1], v], 1)
+            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        return self.proj(o.transpose(0, 1).reshape(n, h)), (k, v)
+
+    def forward_chunk(self, x: torch.Tensor, seg_lens: list[int], prefix=None, keep=None):
+        """Packed ``x`` [total, hidden] whose first segment may continue a sample cut in an
+        earlier chunk (``prefix``: that sample's keys and values here) and whose segment number
+        ``keep`` may go on in a later one; returns the output and that segment's keys and
+        values (None without ``keep``)."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward_chunk, x, seg_lens, prefix, keep, use_reentrant=False)
+        return self._forward_chunk(x, seg_lens, prefix, keep)
+
+    def _forward_chunk(self, x, seg_lens, prefix, keep):
+        y = self.norm1(x)
+        parts, outs, kept = torch.split(y, seg_lens), [], None
+        for i, part in enumerate(parts):
+            if i == keep or (i == 0 and prefix is not None):
+                o, kv = self._attend_kv(part, prefix if i == 0 else None)
+                kept = kv if i == keep else kept
+            else:
+                o = self._attend(part[None])[0]
+            outs.append(o)
+        x = x + torch.cat(outs)
+        return x + self.mlp(self.norm2(x)), kept
+
     def forward(self, x: torch.Tensor, seg_lens: list[int] | None = None) -> torch.Tensor:
         """``x``: [batch, len, hidden] (one segment per row), or [total, hidden] packed with
         ``seg_lens`` summing to ``total``."""

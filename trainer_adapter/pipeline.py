@@ -1,13 +1,11 @@
 """Pipelined LLM stages under ``torch.distributed.pipelining``, fed with fixed-shape microbatches.
 
-``torch.distributed.pipelining`` needs fixed microbatch shapes for a schedule, so each replica's
-samples are packed into ``n_microbatches`` rows of one of a few fixed sizes (a ladder,
-:func:`bucket_ladder`; each size gets its own schedule, built once and reused): the smallest
-size that holds the step's samples (:func:`plan_step`; LPT under the size as a token cap, rows
-even), so padding is what balancing left, not the largest sample of the data. Rows are ordered
-for 1F1B by MMScale's inter-microbatch reordering. The last stage runs the head on real tokens
-only and the loss skips padding. A stage passes ``(hidden, doc)`` on;
-``doc`` numbers the samples inside a row (-1 is padding), so attention stays inside each sample.
+Each replica's samples are packed into ``n_microbatches`` rows of one of a few fixed sizes, the
+smallest that holds the step (:mod:`trainer_adapter.microbatches`; samples may be cut across rows,
+:mod:`trainer_adapter.split_samples`). The last stage runs the head on real tokens only and the
+loss skips padding. A stage passes ``(hidden, doc)`` on; ``doc`` codes each token's sample
+(``2 * sample + goes_on``, -1 is padding), so attention stays inside each sample and a cut
+sample's pieces attend across the cut.
 
 Busy time per stage is measured for the bubble report: forward by timing the stage's forward,
 backward by identity autograd functions at the stage's output and input that stamp the clock when
@@ -19,13 +17,20 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from balancing import MemoryCapError, inter_microbatch_reorder, post_balance
+from trainer_adapter.microbatches import (
+    MicrobatchPlan,
+    bucket_ladder,
+    doc_rows,
+    pack_rows,
+    plan_microbatches,
+    plan_step,
+)
 from trainer_adapter.model import LanguageModel
+from trainer_adapter.split_samples import SampleCarry
 
 __all__ = [
     "SCHEDULES",
@@ -79,11 +84,6 @@ class _Stamp(torch.autograd.Function):
         return grad, None, None
 
 
-def _segments(doc: torch.Tensor) -> list[int]:
-    _, counts = torch.unique_consecutive(doc, return_counts=True)
-    return counts.tolist()
-
-
 class StageModule(nn.Module):
     """LLM blocks ``[lo, hi)``; the last stage adds the final norm and the LM head."""
 
@@ -94,6 +94,7 @@ class StageModule(nn.Module):
         if last:
             self.norm, self.head = llm.norm, llm.head
         self.timer = StageTimer()
+        self.carry = SampleCarry()  # keys/values of a sample cut across microbatches
 
     def forward(self, h: torch.Tensor, doc: torch.Tensor):
         t0 = time.perf_counter()
@@ -103,9 +104,23 @@ class StageModule(nn.Module):
         # samples fill the row from its start; the padding after them skips the blocks
         n_real = int((doc[0] >= 0).sum())
         y = x[:n_real]
-        seg = _segments(doc[0, :n_real])
-        for blk in self.blocks:
-            y = blk(y, seg)
+        codes, counts = torch.unique_consecutive(doc[0, :n_real], return_counts=True)
+        codes, seg = codes.tolist(), counts.tolist()
+        cont = bool(codes) and self.carry.continues(codes[0] // 2)
+        # the piece cut at this row's end (odd code): it goes on in the next row of its chain
+        keep = next((i for i, c in enumerate(codes) if c % 2), None)
+        if cont or keep is not None:  # a sample cut across microbatches: attend across the cut
+            kvs = []
+            for i, blk in enumerate(self.blocks):
+                y, kv = blk.forward_chunk(y, seg, self.carry.prefix(i) if cont else None, keep)
+                kvs.append(kv)
+            self.carry.push(
+                None if keep is None else codes[keep] // 2, kvs, extends=cont and keep == 0
+            )
+        else:
+            self.carry.reset()
+            for blk in self.blocks:
+                y = blk(y, seg)
         if self.last:  # the head runs on the real tokens only; padding rows stay zero
             out = self.head(self.norm(y))
             if n_real < x.shape[0]:
@@ -116,105 +131,6 @@ class StageModule(nn.Module):
             out = _Stamp.apply(out, self.timer, True)
         self.timer.forward += time.perf_counter() - t0
         return out[None] if self.last else (out[None], doc)
-
-
-@dataclass(frozen=True, slots=True)
-class MicrobatchPlan:
-    """``rows[k]``: positions (into the replica's samples) packed into microbatch k, in the
-    order the schedule runs them."""
-
-    rows: tuple[tuple[int, ...], ...]
-    tokens: int
-    padding: float
-
-
-def plan_microbatches(
-    lengths: np.ndarray,
-    n_microbatches: int,
-    mb_tokens: int,
-    pp: int,
-    *,
-    alpha: float = 1.0,
-    beta: float = 0.0,
-) -> MicrobatchPlan:
-    """Pack samples into rows of at most ``mb_tokens``, then order rows for 1F1B (MMScale)."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    try:
-        pb = post_balance(lengths, n_microbatches, method="lpt", memory_cap=float(mb_tokens))
-    except MemoryCapError as exc:
-        raise ValueError(
-            f"{int(lengths.sum())} tokens (longest sample {int(lengths.max(initial=0))}) do not "
-            f"fit {n_microbatches} microbatches of {mb_tokens} tokens: {exc}; raise mb_tokens "
-            "or the number of microbatches"
-        ) from None
-    rows = [np.flatnonzero(pb.dest == k) for k in range(n_microbatches)]
-    cost = np.array([alpha * lengths[r].sum() + beta * (lengths[r] ** 2).sum() for r in rows])
-    order = inter_microbatch_reorder(cost, max(pp, 1)) if pp > 1 else np.arange(n_microbatches)
-    total = int(lengths.sum())
-    return MicrobatchPlan(
-        rows=tuple(tuple(int(i) for i in rows[k]) for k in order),
-        tokens=total,
-        padding=1.0 - total / (n_microbatches * mb_tokens) if mb_tokens else 0.0,
-    )
-
-
-def bucket_ladder(largest: int, ratio: float, smallest: int = 64, multiple: int = 16) -> list[int]:
-    """Microbatch row sizes from ``smallest`` up to ``largest``, each about ``ratio`` times the
-    one before (rounded up to ``multiple``); ``ratio`` 1 gives ``[largest]``."""
-    if ratio <= 1.0 or largest <= smallest:
-        return [largest]
-    sizes, size = [], float(smallest)
-    while size < largest:
-        r = int(-(-int(size) // multiple) * multiple)
-        if not sizes or r > sizes[-1]:
-            sizes.append(r)
-        size *= ratio
-    return [x for x in sizes if x < largest] + [largest]
-
-
-def plan_step(
-    lengths: np.ndarray, n_microbatches: int, buckets: list[int], pp: int, **cost
-) -> tuple[int, MicrobatchPlan]:
-    """The smallest row size of ``buckets`` that holds this step's samples (every sample whole,
-    rows packed by :func:`plan_microbatches`), and its plan; so the microbatches are sized by the
-    step's load, not by the largest sample the data holds."""
-    lengths = np.asarray(lengths, dtype=np.float64)
-    need = max(lengths.max(initial=0.0), lengths.sum() / n_microbatches)
-    last_error = None
-    for mb in buckets:
-        if mb < need:
-            continue
-        try:
-            return mb, plan_microbatches(lengths, n_microbatches, mb, pp, **cost)
-        except ValueError as exc:  # LPT could not pack under this size: the next one
-            last_error = exc
-    raise ValueError(
-        f"no microbatch size up to {buckets[-1]} tokens holds this step's samples "
-        f"({int(lengths.sum())} tokens, longest {int(lengths.max(initial=0))}): {last_error}"
-    )
-
-
-def pack_rows(
-    x: torch.Tensor, cu_seqlens: np.ndarray, plan: MicrobatchPlan, mb_tokens: int, fill
-) -> torch.Tensor:
-    """[total, ...] packed samples -> [n_microbatches, mb_tokens, ...] rows per ``plan``
-    (differentiable gather; padding takes ``fill``)."""
-    pad = x.new_full((1, *x.shape[1:]), fill)
-    src = torch.cat([x, pad])
-    idx = np.full((len(plan.rows), mb_tokens), x.shape[0], dtype=np.int64)
-    for k, row in enumerate(plan.rows):
-        parts = [np.arange(cu_seqlens[i], cu_seqlens[i + 1]) for i in row]
-        flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        idx[k, : flat.size] = flat
-    return src[torch.from_numpy(idx).to(x.device)]
-
-
-def doc_rows(plan: MicrobatchPlan, lengths: np.ndarray, mb_tokens: int) -> torch.Tensor:
-    """[n_microbatches, mb_tokens] sample number inside each row, -1 for padding."""
-    out = np.full((len(plan.rows), mb_tokens), -1, dtype=np.int64)
-    for k, row in enumerate(plan.rows):
-        out[k, : int(lengths[list(row)].sum())] = np.repeat(np.arange(len(row)), lengths[list(row)])
-    return torch.from_numpy(out)
 
 
 def make_schedule(name: str, stages: list, n_microbatches: int, loss_fn):

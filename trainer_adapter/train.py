@@ -199,6 +199,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             "mb_tokens": out["pipeline"].get("mb_tokens"),
             "padding": out["pipeline"].get("padding"),
             "empty_microbatches": out["pipeline"].get("empty_microbatches"),
+            "cut_samples": out["pipeline"].get("cut_samples"),
+            "longest_chain": out["pipeline"].get("longest_chain"),
             "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
             "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
         }
@@ -213,7 +215,7 @@ def run(cfg: TrainConfig) -> list[dict]:
             + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")
             + (
                 f"  rows {'/'.join(map(str, rec['mb_tokens']))} tok, padding {rec['padding']:.1%}, "
-                f"{rec['empty_microbatches']} empty"
+                f"{rec['empty_microbatches']} empty, {rec['cut_samples']} cut"
                 if rec["mb_tokens"]
                 else ""
             ),

@@ -40,6 +40,7 @@ from trainer_adapter.pipeline import (
     plan_step,
 )
 from trainer_adapter.redistribute import RedistributePolicy, redistribute
+from trainer_adapter.split_samples import ChainSchedule
 from trainer_adapter.topology import Topology
 
 __all__ = ["Trainer", "auto_mb_tokens", "empty_batch"]
@@ -226,21 +227,26 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
-    def _schedule(self, mb_tokens: int):
+    def _schedule(self, mb_tokens: int, chains: tuple[int, ...]):
         """The schedule for microbatch rows of ``mb_tokens`` (built on first use, then reused:
-        a pipeline schedule runs one fixed shape)."""
+        a pipeline schedule runs one fixed shape); where samples are cut across rows, the
+        chain schedule (a chain's backwards in reverse), set to this step's chains."""
         from torch.distributed.pipelining import PipelineStage
 
-        if mb_tokens not in self._schedules:
+        chained = any(c > 1 for c in chains)
+        key = (mb_tokens, chained)
+        if key not in self._schedules:
             cfg, n_stages = self.cfg, self._n_stages
             pipe = [
                 PipelineStage(m, k, n_stages, self.device, group=self._pp_group)
                 for m, k in zip(self.stages, range(self.stage, n_stages, cfg.pp), strict=True)
             ]
-            self._schedules[mb_tokens] = make_schedule(
-                cfg.schedule, pipe, cfg.n_microbatches, self.loss_fn
-            )
-        return self._schedules[mb_tokens]
+            make = ChainSchedule if chained else make_schedule
+            self._schedules[key] = make(cfg.schedule, pipe, cfg.n_microbatches, self.loss_fn)
+        schedule = self._schedules[key]
+        if chained:
+            schedule.set_chains(chains)
+        return schedule
 
     def microbatch_plans(self, route) -> list[tuple[int, object]]:
         """(row size, plan) of every replica's samples this step (each rank of a replica computes
@@ -256,6 +262,7 @@ class Trainer:
                     self.pp,
                     alpha=self.cost_model.llm.alpha,
                     beta=self.cost_model.llm.beta,
+                    split=self.cfg.split_samples,
                 )
             )
         return out
@@ -279,6 +286,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         for st in self.stages:
             st.timer.reset()
+            st.carry.reset()
         t_llm = time.perf_counter()
         pipeline = {}
         if self.pp == 1:
@@ -299,12 +307,14 @@ class Trainer:
             cu = np.concatenate([[0], np.cumsum(rlens)])
             plans = self.microbatch_plans(route)
             mb, plan = plans[self.replica]
-            schedule = self._schedule(mb)
+            schedule = self._schedule(mb, plan.chains)
             slots = sum(m * self.cfg.n_microbatches for m, _ in plans)
             pipeline = {
                 "mb_tokens": [m for m, _ in plans],
                 "padding": 1.0 - float(route.table[:, _LLM].sum()) / slots if slots else 0.0,
                 "empty_microbatches": sum(sum(1 for r in p.rows if not r) for _, p in plans),
+                "cut_samples": sum(p.n_cut for _, p in plans),
+                "longest_chain": max(max(p.chains) for _, p in plans),
             }
             if self.stage == 0:
                 x = model.llm.embed(

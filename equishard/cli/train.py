@@ -74,6 +74,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "a step runs the smallest that holds it (default 1.08; 1 = always --mb-tokens)",
     )
     p.add_argument(
+        "--whole-samples",
+        action="store_true",
+        help="never cut a sample across pipeline microbatches (rows then fit the step's "
+        "longest sample: more padding; default: cut where whole samples leave rows uneven, "
+        "attention carried across the cut, so the model sees each sample whole)",
+    )
+    p.add_argument(
         "--model",
         default="tiny",
         choices=("tiny", "small", "1b"),
@@ -160,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             mb_tokens=args.mb_tokens,
             bucket_ratio=args.bucket_ratio,
+            split_samples=not args.whole_samples,
             lr=args.lr,
             seed=args.seed,
             redistribute=not args.no_redistribute,

@@ -85,7 +85,11 @@ def _distributed(rank, world, gen, layouts):
         grads = {names[id(p)]: p.grad.detach().clone().numpy() for p in trainer.params}
         moved = sum(v["intra_node"] + v["inter_node"] for v in out["route"]["bytes"].values())
         held = sum(p.numel() for p in trainer.model.parameters())
-        results.append({"loss": out["loss"], "grads": grads, "moved": moved, "held": held})
+        cut = out["pipeline"].get("cut_samples", 0)
+        results.append(
+            {"loss": out["loss"], "grads": grads, "moved": moved, "held": held, "cut": cut,
+             "bounds": (trainer.partition or {}).get("bounds")}
+        )
         dist.barrier()
     return results
 

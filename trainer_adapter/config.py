@@ -32,7 +32,7 @@ class TrainConfig:
     bucket_ratio: float = 1.08
     # cut samples across microbatches where whole samples leave rows uneven (attention is
     # carried across the cut; the chain of rows runs backward in reverse)
-    split_samples: bool = bool(int(__import__("os").environ.get("SPLIT", "1")))
+    split_samples: bool = True
     lr: float = 1e-3
     seed: int = 0
     redistribute: bool = True

@@ -227,6 +227,23 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def _stage_shapes(self, stage: StageModule, mb_tokens: int) -> dict:
+        """A stage's input and output shapes, given up front (meta tensors): without them
+        ``torch.distributed.pipelining`` infers them by running the stage forward and backward
+        on uninitialised receive buffers inside the first step, and our stages' forward reads
+        its sample layout from that input (segments, cut samples), so a run over garbage is
+        both slow and unsafe (observed: a later microbatch's loss and every gradient off by up
+        to 15 %, intermittently, with gloo)."""
+        llm = self.model.llm.cfg
+        dtype = next(self.model.vision.parameters()).dtype
+
+        def hidden(width):
+            return torch.empty(1, mb_tokens, width, dtype=dtype, device="meta", requires_grad=True)
+
+        doc = torch.empty(1, mb_tokens, dtype=torch.int64, device="meta")
+        out = hidden(llm.vocab_size) if stage.last else (hidden(llm.llm_hidden), doc)
+        return {"input_args": (hidden(llm.llm_hidden), doc), "output_args": out}
+
     def _schedule(self, mb_tokens: int, chains: tuple[int, ...]):
         """The schedule for microbatch rows of ``mb_tokens`` (built on first use, then reused:
         a pipeline schedule runs one fixed shape); where samples are cut across rows, the
@@ -238,7 +255,14 @@ class Trainer:
         if key not in self._schedules:
             cfg, n_stages = self.cfg, self._n_stages
             pipe = [
-                PipelineStage(m, k, n_stages, self.device, group=self._pp_group)
+                PipelineStage(
+                    m,
+                    k,
+                    n_stages,
+                    self.device,
+                    group=self._pp_group,
+                    **self._stage_shapes(m, mb_tokens),
+                )
                 for m, k in zip(self.stages, range(self.stage, n_stages, cfg.pp), strict=True)
             ]
             make = ChainSchedule if chained else make_schedule

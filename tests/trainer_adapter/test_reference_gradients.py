@@ -88,7 +88,7 @@ def _distributed(rank, world, gen, layouts):
         cut = out["pipeline"].get("cut_samples", 0)
         results.append(
             {"loss": out["loss"], "grads": grads, "moved": moved, "held": held, "cut": cut,
-             "bounds": (trainer.partition or {}).get("bounds")}
+             "bounds": (trainer.partition or {}).get("bounds"), }
         )
         dist.barrier()
     return results

@@ -32,6 +32,7 @@ _PARITY = (
 )
 HF = f"{_PARITY}[qwen2vl]"
 HF3 = f"{_PARITY}[qwen3vl]"
+SPLIT = "tests/trainer_adapter/test_split_samples.py"
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,46 @@ MUTATIONS = [
         'kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))',
         'kw["deepstack_visual_embeds"] = [t * 0 for t in d.split(width, dim=1)]',
         (HF3,),
+    ),
+    Mutation(
+        "cut-chain-backward-in-order",
+        "a chain of microbatches joined by a cut sample runs its backwards first to last",
+        "trainer_adapter/split_samples.py",
+        "                rows = reversed(rows)",
+        "                rows = iter(rows)",
+        (REF, f"{SPLIT}::test_chain_schedules_run_every_chain_backward_in_reverse"),
+    ),
+    Mutation(
+        "cut-prefix-dropped",
+        "a cut sample's later piece does not attend to its earlier pieces",
+        "trainer_adapter/pipeline.py",
+        "cont = bool(codes) and self.carry.continues(codes[0] // 2)",
+        "cont = False",
+        (REF, f"{SPLIT}::test_cut_sample_attention_and_gradients_equal_the_whole_sample"),
+    ),
+    Mutation(
+        "cut-mask-top-left",
+        "the causal mask across a cut aligned top-left (the prefix's last keys are hidden)",
+        "trainer_adapter/model.py",
+        "mask = torch.ones(n, p + n, dtype=torch.bool, device=y.device).tril(p)",
+        "mask = torch.ones(n, p + n, dtype=torch.bool, device=y.device).tril(0)",
+        (REF, f"{SPLIT}::test_cut_sample_attention_and_gradients_equal_the_whole_sample"),
+    ),
+    Mutation(
+        "cut-gradient-not-routed",
+        "the gradient a later piece leaves on its prefix never reaches the earlier piece",
+        "trainer_adapter/split_samples.py",
+        "        return grad + sum(extra)",
+        "        return grad",
+        (REF, f"{SPLIT}::test_cut_sample_attention_and_gradients_equal_the_whole_sample"),
+    ),
+    Mutation(
+        "cut-continuation-not-first",
+        "a continuation placed after its row's whole samples",
+        "trainer_adapter/microbatches.py",
+        "out.append(head + [(i, 0, int(lengths[i])) for i in whole[k]] + stream[k][len(head) :])",
+        "out.append([(i, 0, int(lengths[i])) for i in whole[k]] + stream[k])",
+        (REF, f"{SPLIT}::test_cut_plans_hold_every_token_once_in_order"),
     ),
 ]
 

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-__all__ = ["ChainSchedule", "SampleCarry", "chain_actions"]
+__all__ = ["ChainSchedule", "SampleCarry", "chain_actions", "unit_order"]
 
 
 class _Piece:
@@ -143,6 +143,19 @@ def _merge_for_interleaved(chains: tuple[int, ...], pp: int) -> tuple[int, ...]:
     return tuple(units)
 
 
+def unit_order(name: str, chains: tuple[int, ...], stages: list) -> tuple[dict, tuple[int, ...]]:
+    """The named schedule over the chains as units: rank -> actions over unit indices, and the
+    units (interleaved 1F1B may merge neighbouring chains so torch's order exists)."""
+    pp = stages[0].group_size
+    if name != "interleaved1f1b":
+        return _single_stage_order(name, pp, len(chains)), chains
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+
+    chains = _merge_for_interleaved(chains, pp)
+    # only its order is used: the object's stages are never run by it
+    return ScheduleInterleaved1F1B(stages, len(chains), scale_grads=False).pipeline_order, chains
+
+
 class ChainSchedule:
     """A pipeline schedule for microbatches whose chains must run backward in reverse: the
     named schedule computed over the step's chains as units and expanded into rows, run by
@@ -158,24 +171,13 @@ class ChainSchedule:
         )
         self._chains: tuple[int, ...] | None = None
 
-    def _unit_order(self, chains: tuple[int, ...]) -> tuple[dict, tuple[int, ...]]:
-        pp = self.stages[0].group_size
-        if self.name != "interleaved1f1b":
-            return _single_stage_order(self.name, pp, len(chains)), chains
-        from torch.distributed.pipelining import ScheduleInterleaved1F1B
-
-        chains = _merge_for_interleaved(chains, pp)
-        # computing the order over units only: the object's stages are never run
-        units = ScheduleInterleaved1F1B(self.stages, len(chains), scale_grads=False)
-        for st in self.stages:  # the constructor re-maps stages; the runtime's mapping stands
-            st.stage_index_to_group_rank = self.runtime.stage_index_to_group_rank
-        return units.pipeline_order, chains
-
     def set_chains(self, chains: tuple[int, ...]) -> None:
         if sum(chains) != self.n_microbatches:
             raise ValueError(f"chains {chains} do not cover {self.n_microbatches} microbatches")
         if chains != self._chains:
-            order, units = self._unit_order(tuple(chains))
+            order, units = unit_order(self.name, tuple(chains), self.stages)
+            for st in self.stages:  # building an interleaved order re-maps the stages
+                st.stage_index_to_group_rank = self.runtime.stage_index_to_group_rank
             self.runtime._prepare_schedule_with_comms(chain_actions(order, units))
             self._chains = tuple(chains)
 

@@ -4,7 +4,9 @@ For every sample: the conversation is rendered with the chat template and tokeni
 real tokenizer; each ``<image>`` becomes as many image-context tokens as the vision policy gives
 that image; labels are the token ids inside assistant turns and -100 elsewhere. Images are decoded
 with Pillow and cut per the policy (InternVL tiles + thumbnail, a fixed square, or Qwen2-VL's
-smart resize) into patch vectors (3 x patch x patch values each, CLIP-normalized). The group is
+smart resize) into patch vectors (3 x patch x patch values each, CLIP-normalized; with
+``pixels="uint8"`` the raw pixel bytes, a quarter of the bytes to move between ranks, normalized
+on the device by :func:`normalize_patches`). The group is
 packed: ``cu_seqlens`` delimit samples in ``input_ids``; ``patch_cu_seqlens`` delimit the
 encoder sequences (one per image or tile) in ``patches``. ``llm_lens`` and ``vit_lens`` are the
 per-sample lengths the runtime balancer needs; they equal the cost table's ``llm_tokens`` and
@@ -32,20 +34,35 @@ from dataprep.vision_policy import (
     parse_vision_policy,
 )
 
-__all__ = ["IMAGE_CONTEXT", "Collator"]
+__all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
 IMAGE_CONTEXT = "<IMG_CONTEXT>"
 _MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
 _STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 
 
-def _patches(img: Image.Image, size: tuple[int, int], p: int) -> tuple[np.ndarray, tuple[int, int]]:
-    """Resize to (width, height) and cut into row-major p x p patches -> ([n, 3*p*p], (rows, cols))."""
-    a = (
-        np.asarray(img.resize(size, Image.Resampling.BICUBIC), dtype=np.float32) / 255.0 - _MEAN
-    ) / _STD
+def _patches(
+    img: Image.Image, size: tuple[int, int], p: int, raw: bool = False
+) -> tuple[np.ndarray, tuple[int, int]]:
+    """Resize to (width, height) and cut into row-major p x p patches -> ([n, 3*p*p], (rows, cols));
+    ``raw``: the uint8 pixels, else CLIP-normalized float32."""
+    a = np.asarray(img.resize(size, Image.Resampling.BICUBIC))
+    if not raw:
+        a = (a.astype(np.float32) / 255.0 - _MEAN) / _STD
     h, w = size[1] // p, size[0] // p
     return a.reshape(h, p, w, p, 3).transpose(0, 2, 1, 3, 4).reshape(h * w, p * p * 3), (h, w)
+
+
+def normalize_patches(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 patch rows ([n, p*p*3], channels last, as ``pixels="uint8"`` collates them) ->
+    CLIP-normalized rows in ``dtype``, computed where ``x`` is (float32, then cast); float rows
+    (already normalized) are only cast."""
+    if x.dtype != torch.uint8:
+        return x.to(dtype)
+    mean = torch.as_tensor(_MEAN, device=x.device)
+    std = torch.as_tensor(_STD, device=x.device)
+    y = (x.view(x.shape[0], x.shape[1] // 3, 3).to(torch.float32) / 255.0 - mean) / std
+    return y.view(x.shape).to(dtype)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +70,11 @@ class Collator:
     tokenizer: str
     template: str = "chatml"
     vision_policy: str = "internvl"
+    pixels: str = "normalized"  # or "uint8": raw pixel bytes, normalized later on the device
 
     def __post_init__(self) -> None:
+        if self.pixels not in ("normalized", "uint8"):
+            raise ValueError(f"pixels must be 'normalized' or 'uint8', got {self.pixels!r}")
         from tokenizers import AddedToken, Tokenizer
 
         tok = Tokenizer.from_file(self.tokenizer)
@@ -77,10 +97,10 @@ class Collator:
 
     def _image_units(self, img: Image.Image) -> list[tuple[np.ndarray, tuple[int, int]]]:
         """Encoder sequences (patch vectors, patch grid) of one image under the policy."""
-        pol = self._policy
+        pol, raw = self._policy, self.pixels == "uint8"
         w, h = img.size
         if isinstance(pol, FixedPolicy):
-            return [_patches(img, (pol.image_size, pol.image_size), pol.patch_size)]
+            return [_patches(img, (pol.image_size, pol.image_size), pol.patch_size, raw)]
         if isinstance(pol, InternVLPolicy):
             cols, rows = internvl_grid(w, h, pol.min_tiles, pol.max_tiles, pol.tile_size)
             s = pol.tile_size
@@ -92,10 +112,10 @@ class Collator:
             ]
             if pol.thumbnail and len(tiles) != 1:
                 tiles.append(img)
-            return [_patches(t, (s, s), pol.patch_size) for t in tiles]
+            return [_patches(t, (s, s), pol.patch_size, raw) for t in tiles]
         assert isinstance(pol, Qwen2VLPolicy)
         hh, ww = pol.resized(w, h)
-        return [_patches(img, (ww, hh), pol.patch_size)]
+        return [_patches(img, (ww, hh), pol.patch_size, raw)]
 
     def __call__(self, samples: list) -> dict:
         ids: list[int] = []
@@ -151,7 +171,7 @@ class Collator:
             "cu_seqlens": torch.tensor(cu, dtype=torch.int32),
             "patches": torch.from_numpy(np.concatenate(units))
             if units
-            else torch.zeros(0, patch_dim),
+            else torch.zeros(0, patch_dim, dtype=torch.uint8 if self.pixels == "uint8" else None),
             "patch_cu_seqlens": torch.from_numpy(pcu),
             "llm_lens": torch.tensor(llm_lens, dtype=torch.long),
             "vit_lens": torch.tensor(vit_lens, dtype=torch.long),

@@ -185,6 +185,14 @@ MUTATIONS = [
         (HF3,),
     ),
     Mutation(
+        "pixels-not-normalized",
+        "uint8 pixels fed to the encoder as they arrive (no CLIP normalization on the device)",
+        "trainer_adapter/trainer.py",
+        "patches = normalize_patches(local.patches.to(self.device), dtype)",
+        "patches = local.patches.to(self.device, dtype)",
+        (REF,),
+    ),
+    Mutation(
         "cut-chain-backward-in-order",
         "a chain of microbatches joined by a cut sample runs its backwards first to last",
         "trainer_adapter/split_samples.py",

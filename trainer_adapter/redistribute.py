@@ -143,10 +143,20 @@ class Route:
         entry["intra_node"] += float(w[moved & (node_s == node_d)].sum())
         entry["inter_node"] += float(w[moved & (node_s != node_d)].sum())
 
-    def move(self, x: torch.Tensor, rows: np.ndarray, at: np.ndarray, to: np.ndarray, name: str):
+    def move(
+        self,
+        x: torch.Tensor,
+        rows: np.ndarray,
+        at: np.ndarray,
+        to: np.ndarray,
+        name: str,
+        *,
+        stay: bool = False,
+    ):
         """Move per-sample row blocks from rank ``at[i]`` to rank ``to[i]`` (global arrays; -1
         skips a sample). ``x`` holds this rank's blocks in global order; the result, the blocks
-        this rank receives, in global order too."""
+        this rank receives, in global order too: on ``x``'s device, or with ``stay`` on the
+        collective's device (the GPU under NCCL), where the receiver uses it."""
         keep = (at >= 0) & (to >= 0)
         mine = np.flatnonzero(keep & (at == self.rank))
         perm = mine[np.argsort(to[mine], kind="stable")]
@@ -168,12 +178,13 @@ class Route:
         got = all_to_all_rows(out.to(dev), send.tolist(), recv.tolist(), self.group)
         # rows arrive by source rank; put them in global order
         order = inc[np.argsort(at[inc], kind="stable")]
+        home = dev if stay else x.device
         if np.array_equal(order, inc):
-            return got.to(x.device)
+            return got.to(home)
         start = np.empty(self.num_samples, dtype=np.int64)
         start[order] = _cu(rows[order])[:-1]
         back = _ranges(start[inc], rows[inc])
-        return got[torch.from_numpy(back).to(got.device)].to(x.device)
+        return got[torch.from_numpy(back).to(got.device)].to(home)
 
     def vision_samples(self, rank: int | None = None) -> np.ndarray:
         return np.flatnonzero(self.vit_dest == (self.rank if rank is None else rank))
@@ -375,7 +386,12 @@ def redistribute(
     route.seconds["plan"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     patches = route.move(
-        batch["patches"], table[:, _VIT], np.where(has_vit, src, -1), vit_dest, "patches"
+        batch["patches"],
+        table[:, _VIT],
+        np.where(has_vit, src, -1),
+        vit_dest,
+        "patches",
+        stay=True,  # the encoder runs on the collective's device: no trip back to the host
     )
     unit_rows = table[:, _UNITS]
     units_hw = route.move(batch["units_hw"].reshape(-1, 2), unit_rows, src, vit_dest, "units")

@@ -51,7 +51,8 @@ def build_collator(cfg: TrainConfig, manifest):
             f"{manifest.path}: the manifest records no vision policy/template; pass "
             "--vision-policy and --template as given to prep"
         )
-    return Collator(tokenizer=tok, template=template, vision_policy=policy)
+    # images travel between ranks as uint8 pixels; the trainer normalizes them on the device
+    return Collator(tokenizer=tok, template=template, vision_policy=policy, pixels="uint8")
 
 
 def _fmt_bytes(n: float) -> str:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from balancing import CostModel
+from shards.collate import normalize_patches
 from trainer_adapter.config import TrainConfig
 from trainer_adapter.model import VisionLanguageModel, VLMConfig, shifted_labels
 from trainer_adapter.partition import profile_layers, search_partition, stage_ranges
@@ -48,15 +49,16 @@ __all__ = ["Trainer", "auto_mb_tokens", "empty_batch"]
 _LLM, _TGT = 0, 4
 
 
-def empty_batch(patch_dim: int, image_token_id: int) -> dict:
-    """A collated batch with no samples (ranks that read no data still join the collectives)."""
+def empty_batch(patch_dim: int, image_token_id: int, patch_dtype=torch.uint8) -> dict:
+    """A collated batch with no samples (ranks that read no data still join the collectives;
+    ``patch_dtype`` as the other ranks' collator gives, uint8 from ``build_collator``)."""
     z = torch.zeros(0, dtype=torch.long)
     return {
         "input_ids": z,
         "labels": z,
         "position_ids": z,
         "cu_seqlens": torch.zeros(1, dtype=torch.int32),
-        "patches": torch.zeros(0, patch_dim),
+        "patches": torch.zeros(0, patch_dim, dtype=patch_dtype),
         "patch_cu_seqlens": torch.zeros(1, dtype=torch.int32),
         "llm_lens": z,
         "vit_lens": z,
@@ -302,7 +304,9 @@ class Trainer:
         t_redis = time.perf_counter() - t0
         model = self.model
         dtype = next(model.vision.parameters()).dtype  # the model may run in another precision
-        emb = model.encode_images(local.patches.to(self.device, dtype), local.units_hw)
+        # uint8 pixels (a quarter of fp32's bytes) reach this rank's device, normalized there
+        patches = normalize_patches(local.patches.to(self.device), dtype)
+        emb = model.encode_images(patches, local.units_hw)
         img = route.send_image_embeddings(emb)
         normalizer = float(max(route.table[:, _TGT].sum(), 1))
         self.loss_fn.normalizer = normalizer

@@ -202,3 +202,35 @@ def test_memory_stays_flat_over_epochs(generation):
     finally:
         tracemalloc.stop()
     assert sizes[-1] - sizes[1] < 256 * 1024, sizes
+
+
+def test_uint8_pixels_normalize_to_the_float_collation(generation, gen_inputs):
+    """Patches collated as raw bytes (what the trainer moves between ranks) are the resized
+    image's own pixels, and normalized on the device they equal the float collation."""
+    import io
+
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from shards.collate import normalize_patches
+
+    demo, _, _ = gen_inputs
+    ds = GroupDataset(generation, RankInfo(rank=0, world_size=4))
+    samples = next(iter(ds))["samples"]
+    tok = str(demo / "tokenizer.json")
+    raw = Collator(tokenizer=tok, vision_policy="fixed:56/14", pixels="uint8")(samples)
+    flt = Collator(tokenizer=tok, vision_policy="fixed:56/14")(samples)
+    assert raw["patches"].dtype == torch.uint8 and flt["patches"].dtype == torch.float32
+    assert raw["patches"].shape == flt["patches"].shape and raw["patches"].shape[0] > 0
+    assert torch.allclose(normalize_patches(raw["patches"]), flt["patches"], atol=1e-6)
+    assert normalize_patches(raw["patches"], torch.bfloat16).dtype == torch.bfloat16
+    first = next(s for s in samples if s.images)  # patch 0 = the resized image's top-left 14x14
+    img = Image.open(io.BytesIO(first.images[0])).convert("RGB")
+    pixels = np.asarray(img.resize((56, 56), Image.Resampling.BICUBIC))
+    start = int(
+        raw["patch_cu_seqlens"][sum(len(s.images) for s in samples[: samples.index(first)])]
+    )
+    assert np.array_equal(raw["patches"][start].numpy(), pixels[:14, :14].reshape(-1))
+    with pytest.raises(ValueError, match="pixels"):
+        Collator(tokenizer=tok, pixels="fp8")

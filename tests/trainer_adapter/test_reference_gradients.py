@@ -6,9 +6,9 @@ order, next-token targets shifted by this file's own loop (never across a sample
 a summed cross entropy over the global number of targets. Each layout — DP x PP = 1x1, 2x1,
 4x1 (one rank empty), 2x2 with GPipe, 1F1B and interleaved 1F1B (samples cut across
 microbatches, as the rows are sized by the step's mean load; and 1F1B with every sample whole),
-each with and without runtime redistribution — must give the same loss and the same gradient for every parameter (on every
-rank that holds it); the encoder's and projector's gradients must not be zero, and with
-redistribution on, samples must really move."""
+each with and without runtime redistribution — must give the same loss and the same gradient
+for every parameter (on every rank that holds it); the encoder's and projector's gradients must
+not be zero, and with redistribution on, samples must really move."""
 
 from __future__ import annotations
 
@@ -97,13 +97,15 @@ def _distributed(rank, world, gen, layouts):
 
 def _reference(gen):
     """One process, no process group: the global batch through the model's modules."""
+    from shards.collate import normalize_patches
     from trainer_adapter.model import VisionLanguageModel
 
     manifest, collate, mcfg = _collate_and_model(gen)
     b = collate(_samples(manifest, GROUPS))
     torch.manual_seed(7)
     model = VisionLanguageModel(mcfg)
-    emb = model.encode_images(b["patches"], b["units_hw"])
+    assert b["patches"].dtype == torch.uint8  # pixels travel as bytes; normalized as prep's float
+    emb = model.encode_images(normalize_patches(b["patches"]), b["units_hw"])
     x = model.llm.embed(b["input_ids"], b["position_ids"], emb, b["image_token_id"])
     h = model.llm.forward_blocks(x, b["llm_lens"].tolist())
     logits = model.llm.logits(h)

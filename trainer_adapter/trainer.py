@@ -106,12 +106,16 @@ class Trainer:
             dist.new_group([r * cfg.pp + s for r in range(cfg.dp)]) for s in range(cfg.pp)
         ]
         torch.manual_seed(cfg.seed)
-        self.model = VisionLanguageModel(model_cfg).to(self.device)
+        # built in host memory (every rank the same parameters, from one seed); with PP a rank
+        # moves only its own stages' layers (and the encoder) to the device, so the device
+        # never holds the whole LLM
+        self.model = VisionLanguageModel(model_cfg)
         self.loss_fn = LMLoss()
         self.partition = None
         self.stages: list[StageModule] = []
         if cfg.pp > 1:
             self._build_pipeline(pp_groups[self.replica])
+        self.model.to(self.device)
         owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
         self._reduce = [(owned, None)]  # (params, group): None is the world
         llm = self.model.llm
@@ -145,7 +149,13 @@ class Trainer:
         seg = [min(512, t)] * (t // min(512, t)) + ([t % min(512, t)] if t % min(512, t) else [])
         ids = torch.randint(0, self.model.cfg.vocab_size, (t,), device=self.device)
         pos = torch.cat([torch.arange(s) for s in seg]).to(self.device)
-        x = llm.tok(ids).detach()
+        x = llm.tok.to(self.device)(ids).detach()
+        llm.tok.cpu()
+
+        def layers(lo, hi):
+            mods = [llm.pos] if lo == 0 else []
+            mods += list(llm.blocks[max(lo - 1, 0) : min(hi - 1, n_blocks)])
+            return mods + ([llm.norm, llm.head] if hi > n_blocks + 1 else [])
 
         def run(lo, hi):
             def fn():
@@ -162,7 +172,7 @@ class Trainer:
 
             return fn
 
-        return run
+        return run, layers
 
     def _build_pipeline(self, pp_group) -> None:
 
@@ -174,15 +184,25 @@ class Trainer:
             raise ValueError(f"{n_stages} pipeline stages for {n_layers} layers; use fewer stages")
         bounds = [None]
         if self.rank == 0:  # profile and search on one rank, then share the choice
-            run = self._layer_fns(n_blocks)
-            times = profile_layers([run(i, i + 1) for i in range(n_layers)], repeats=2)
+            run, layers = self._layer_fns(n_blocks)
+
+            def timed(lo, hi, repeats):
+                """Seconds of layers [lo, hi), which visit the device for the measurement only
+                (so this rank never holds the whole LLM there either)."""
+                mods = layers(lo, hi)
+                for m in mods:
+                    m.to(self.device)
+                try:
+                    return profile_layers([run(lo, hi)], repeats=repeats)[0]
+                finally:
+                    for m in mods:
+                        m.cpu()
+
+            times = np.array([timed(i, i + 1, 2) for i in range(n_layers)])
             acts = [float(self.mb_tokens * llm.cfg.llm_hidden)] * n_layers
 
             def trial(b):
-                return max(
-                    profile_layers([run(lo, hi)], repeats=1)[0]
-                    for lo, hi in stage_ranges(b, n_layers)
-                )
+                return max(timed(lo, hi, 1) for lo, hi in stage_ranges(b, n_layers))
 
             best, ranked = search_partition(
                 times,

@@ -95,8 +95,8 @@ MUTATIONS = [
         (f"{PROPS}::test_each_phase_is_balanced_over_its_own_cost",),
     ),
     Mutation(
-        "leftover-profiling-grads",
-        "gradients of the partition search's profiling reach the first optimizer step",
+        "leftover-grads",
+        "gradients left from before a step (recomputation trials, a caller's backward) reach it",
         "trainer_adapter/trainer.py",
         "        self.model.zero_grad(set_to_none=True)\n",
         "",

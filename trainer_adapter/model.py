@@ -247,17 +247,28 @@ class Projector(nn.Module):
 
 
 class LanguageModel(nn.Module):
-    def __init__(self, cfg: VLMConfig) -> None:
+    """``keep`` (a pipeline rank's share): called with ``"tok"``, ``"pos"``, ``"block{i}"``,
+    ``"norm"``, ``"head"``; a part it refuses is dropped right after it is built (an
+    ``nn.Identity`` stands in), so the random numbers drawn, and with them every kept part's
+    initial values, are those of the whole model from the same seed, while memory holds at most
+    the kept parts and one more."""
+
+    def __init__(self, cfg: VLMConfig, keep=None) -> None:
         super().__init__()
         self.cfg = cfg
-        self.tok = nn.Embedding(cfg.vocab_size, cfg.llm_hidden)
-        self.pos = nn.Embedding(cfg.max_positions, cfg.llm_hidden)
+
+        def part(name, make):
+            mod = make()
+            return mod if keep is None or keep(name) else nn.Identity()
+
+        self.tok = part("tok", lambda: nn.Embedding(cfg.vocab_size, cfg.llm_hidden))
+        self.pos = part("pos", lambda: nn.Embedding(cfg.max_positions, cfg.llm_hidden))
         self.blocks = nn.ModuleList(
-            Block(cfg.llm_hidden, cfg.llm_heads, cfg.mlp_ratio, causal=True)
-            for _ in range(cfg.llm_layers)
+            part(f"block{i}", lambda: Block(cfg.llm_hidden, cfg.llm_heads, cfg.mlp_ratio, True))
+            for i in range(cfg.llm_layers)
         )
-        self.norm = nn.LayerNorm(cfg.llm_hidden)
-        self.head = nn.Linear(cfg.llm_hidden, cfg.vocab_size)
+        self.norm = part("norm", lambda: nn.LayerNorm(cfg.llm_hidden))
+        self.head = part("head", lambda: nn.Linear(cfg.llm_hidden, cfg.vocab_size))
 
     def embed(self, input_ids, position_ids, image_embeds, image_token_id: int) -> torch.Tensor:
         """Token + position embeddings, image tokens replaced by ``image_embeds`` in order."""
@@ -287,12 +298,12 @@ class LanguageModel(nn.Module):
 
 
 class VisionLanguageModel(nn.Module):
-    def __init__(self, cfg: VLMConfig) -> None:
+    def __init__(self, cfg: VLMConfig, keep_llm=None) -> None:
         super().__init__()
         self.cfg = cfg
         self.vision = VisionEncoder(cfg)
         self.projector = Projector(cfg)
-        self.llm = LanguageModel(cfg)
+        self.llm = LanguageModel(cfg, keep=keep_llm)
 
     def encode_images(self, patches: torch.Tensor, units_hw: torch.Tensor) -> torch.Tensor:
         """Image-token embeddings, unit by unit: [sum over units of h*w/merge^2, llm_hidden]."""

@@ -24,7 +24,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch import nn
 
 from balancing import CostModel
 from shards.collate import normalize_patches
@@ -105,17 +104,19 @@ class Trainer:
         self.stage_groups = [
             dist.new_group([r * cfg.pp + s for r in range(cfg.dp)]) for s in range(cfg.pp)
         ]
-        torch.manual_seed(cfg.seed)
-        # built in host memory (every rank the same parameters, from one seed); with PP a rank
-        # moves only its own stages' layers (and the encoder) to the device, so the device
-        # never holds the whole LLM
-        self.model = VisionLanguageModel(model_cfg)
-        self.loss_fn = LMLoss()
         self.partition = None
         self.stages: list[StageModule] = []
+        keep = None
+        if cfg.pp > 1:  # the partition first: a rank then builds only its own LLM layers
+            keep = self._choose_partition(model_cfg, pp_groups[self.replica])
+        torch.manual_seed(cfg.seed)
+        # every rank draws the whole model's random numbers from one seed, so its parts are
+        # exactly the single-process model's; the layers of other stages are dropped as they
+        # are built, so neither host nor device memory ever holds the whole LLM
+        self.model = VisionLanguageModel(model_cfg, keep_llm=keep).to(self.device)
+        self.loss_fn = LMLoss()
         if cfg.pp > 1:
-            self._build_pipeline(pp_groups[self.replica])
-        self.model.to(self.device)
+            self._build_stages()
         owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
         self._reduce = [(owned, None)]  # (params, group): None is the world
         llm = self.model.llm
@@ -128,8 +129,8 @@ class Trainer:
             self._reduce.append((list(dict.fromkeys(mine)), self.stage_groups[self.stage]))
         self.params = [p for ps, _ in self._reduce for p in ps]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr)
-        # set-up ran backward passes (the partition search profiles layers on rank 0): none of
-        # their gradients may reach the first optimizer step
+        # no set-up gradient may reach the first optimizer step (the partition search profiles
+        # a probe apart from the model; forward_backward clears what trials or callers leave)
         self.model.zero_grad(set_to_none=True)
 
     def set_redistribution(self, enabled: bool) -> None:
@@ -143,19 +144,27 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ pipeline set-up
-    def _layer_fns(self, n_blocks: int):
-        """Callables running each pipelined layer (embedding, blocks, head) on a typical row."""
-        llm, t = self.model.llm, self.mb_tokens
+    def _layer_fns(self, model_cfg: VLMConfig):
+        """Callables running each pipelined layer (embedding, blocks, head) on a typical row, on
+        a probe of one block (the LLM's blocks are alike) built apart from the model, and the
+        probe modules each layer range uses."""
+        from dataclasses import replace
+
+        from trainer_adapter.model import LanguageModel
+
+        n_blocks, t = model_cfg.llm_layers, self.mb_tokens
+        probe = LanguageModel(replace(model_cfg, llm_layers=1))
         seg = [min(512, t)] * (t // min(512, t)) + ([t % min(512, t)] if t % min(512, t) else [])
-        ids = torch.randint(0, self.model.cfg.vocab_size, (t,), device=self.device)
+        ids = torch.randint(0, model_cfg.vocab_size, (t,))
         pos = torch.cat([torch.arange(s) for s in seg]).to(self.device)
-        x = llm.tok.to(self.device)(ids).detach()
-        llm.tok.cpu()
+        x = probe.tok(ids).detach().to(self.device)
+        ids = ids.to(self.device)
+        block = probe.blocks[0]
 
         def layers(lo, hi):
-            mods = [llm.pos] if lo == 0 else []
-            mods += list(llm.blocks[max(lo - 1, 0) : min(hi - 1, n_blocks)])
-            return mods + ([llm.norm, llm.head] if hi > n_blocks + 1 else [])
+            mods = [probe.pos] if lo == 0 else []
+            mods += [block] if min(hi - 1, n_blocks) > max(lo - 1, 0) else []
+            return mods + ([probe.norm, probe.head] if hi > n_blocks + 1 else [])
 
         def run(lo, hi):
             def fn():
@@ -163,32 +172,33 @@ class Trainer:
                 y = h
                 for i in range(lo, hi):
                     if i == 0:
-                        y = y + llm.pos(pos)
+                        y = y + probe.pos(pos)
                     elif i <= n_blocks:
-                        y = llm.blocks[i - 1](y, seg)
+                        y = block(y, seg)
                     else:
-                        y = F.cross_entropy(llm.logits(y), ids, reduction="sum")
+                        y = F.cross_entropy(probe.logits(y), ids, reduction="sum")
                 y.sum().backward()
 
             return fn
 
         return run, layers
 
-    def _build_pipeline(self, pp_group) -> None:
-
-        cfg, llm = self.cfg, self.model.llm
-        n_blocks = len(llm.blocks)
+    def _choose_partition(self, model_cfg: VLMConfig, pp_group):
+        """OmniBal's partition search on rank 0 (shared with every rank); returns which LLM
+        parts this rank keeps."""
+        cfg = self.cfg
+        n_blocks = model_cfg.llm_layers
         n_stages = cfg.pp * cfg.stages_per_rank
         n_layers = n_blocks + 2
         if n_stages > n_layers:
             raise ValueError(f"{n_stages} pipeline stages for {n_layers} layers; use fewer stages")
         bounds = [None]
         if self.rank == 0:  # profile and search on one rank, then share the choice
-            run, layers = self._layer_fns(n_blocks)
+            run, layers = self._layer_fns(model_cfg)
 
             def timed(lo, hi, repeats):
-                """Seconds of layers [lo, hi), which visit the device for the measurement only
-                (so this rank never holds the whole LLM there either)."""
+                """Seconds of layers [lo, hi); the probe visits the device for the measurement
+                only."""
                 mods = layers(lo, hi)
                 for m in mods:
                     m.to(self.device)
@@ -199,7 +209,7 @@ class Trainer:
                         m.cpu()
 
             times = np.array([timed(i, i + 1, 2) for i in range(n_layers)])
-            acts = [float(self.mb_tokens * llm.cfg.llm_hidden)] * n_layers
+            acts = [float(self.mb_tokens * model_cfg.llm_hidden)] * n_layers
 
             def trial(b):
                 return max(timed(lo, hi, 1) for lo, hi in stage_ranges(b, n_layers))
@@ -223,31 +233,29 @@ class Trainer:
         dist.broadcast_object_list(bounds, src=0)
         self.partition = bounds[0]
         ranges = stage_ranges(self.partition["bounds"], n_layers)
-        for k in range(self.stage, n_stages, cfg.pp):
+        self._pp_group, self._n_stages, self._n_blocks = pp_group, n_stages, n_blocks
+        self._ranges = ranges
+        mine = list(range(self.stage, n_stages, cfg.pp))
+        own = set()
+        for k in mine:
             lo, hi = ranges[k]
-            mod = StageModule(llm, max(lo - 1, 0), min(hi - 1, n_blocks), last=k == n_stages - 1)
-            self.stages.append(mod)
-        self._drop_other_stages()
-        self._pp_group, self._n_stages = pp_group, n_stages
+            own |= {f"block{i}" for i in range(max(lo - 1, 0), min(hi - 1, n_blocks))}
+        if 0 in mine:
+            own |= {"tok", "pos"}
+        if n_stages - 1 in mine:
+            own |= {"norm", "head"}
+        return own.__contains__
+
+    def _build_stages(self) -> None:
+        """This rank's stage modules over the layers it kept."""
+        cfg, llm = self.cfg, self.model.llm
+        for k in range(self.stage, self._n_stages, cfg.pp):
+            lo, hi = self._ranges[k]
+            last = k == self._n_stages - 1
+            lo, hi = max(lo - 1, 0), min(hi - 1, self._n_blocks)
+            self.stages.append(StageModule(llm, lo, hi, last=last))
         self.buckets = bucket_ladder(self.mb_tokens, cfg.bucket_ratio)
         self._schedules: dict[int, object] = {}
-
-    def _drop_other_stages(self) -> None:
-        """Free the LLM layers this rank does not run, so PP divides the weight memory: blocks of
-        other stages, the embeddings off stage 0, the final norm and head off the last stage.
-        (Every rank built the whole model from the same seed, so what it keeps is exactly the
-        single-process model's part; the encoder stays on every rank, which encodes images.)"""
-        llm = self.model.llm
-        mine = {id(b) for st in self.stages for b in st.blocks}
-        for i, blk in enumerate(llm.blocks):
-            if id(blk) not in mine:
-                llm.blocks[i] = nn.Identity()
-        if self.stage != 0:
-            llm.tok, llm.pos = nn.Identity(), nn.Identity()
-        if not any(st.last for st in self.stages):
-            llm.norm, llm.head = nn.Identity(), nn.Identity()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
 
     def _stage_shapes(self, stage: StageModule, mb_tokens: int) -> dict:
         """A stage's input and output shapes, given up front (meta tensors): without them

@@ -82,3 +82,29 @@ def test_config_validation():
         VLMConfig(vocab_size=10, llm_hidden=10, llm_heads=3)
     with pytest.raises(ValueError, match="unknown model size"):
         VLMConfig.preset("huge", vocab_size=10)
+
+
+def test_a_pipeline_rank_builds_only_its_layers_with_the_whole_models_values():
+    """Parts a rank keeps equal the whole model's from the same seed; the rest are never kept
+    (dropped as built), so the rank's parameters are its share only."""
+    import torch
+    from torch import nn
+
+    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+
+    cfg = VLMConfig.preset("tiny", vocab_size=97)
+    torch.manual_seed(3)
+    whole = VisionLanguageModel(cfg)
+    keep = {"block1", "block2", "norm", "head"}
+    torch.manual_seed(3)
+    part = VisionLanguageModel(cfg, keep_llm=keep.__contains__)
+    mine = dict(part.named_parameters())
+    for name, p in whole.named_parameters():
+        kept = not name.startswith("llm.") or any(
+            name.startswith(f"llm.{k}.") for k in ("blocks.1", "blocks.2", "norm", "head")
+        )
+        assert (name in mine) == kept, name
+        if kept:
+            assert torch.equal(mine[name], p), name
+    assert isinstance(part.llm.tok, nn.Identity) and isinstance(part.llm.blocks[0], nn.Identity)
+    assert sum(p.numel() for p in part.parameters()) < sum(p.numel() for p in whole.parameters())

@@ -82,6 +82,8 @@ def _distributed(rank, world, gen, layouts):
             batch = collate(_samples(manifest, SPLIT[dp][trainer.replica]))
         else:
             batch = empty_batch(mcfg.patch_dim, collate.image_token_id)
+        for p in trainer.params:  # left by recomputation trials or a caller's own backward
+            p.grad = torch.ones_like(p)
         out = trainer.forward_backward(batch)
         names = {id(p): n for n, p in trainer.model.named_parameters()}
         grads = {names[id(p)]: p.grad.detach().clone().numpy() for p in trainer.params}

@@ -161,36 +161,52 @@ def run() -> dict:
     return {"title": "Pipeline microbatch padding", "markdown": "\n".join(lines), "raw": raw}
 
 
-def _weights_table(raw: dict) -> list[str]:
-    """Parameters a rank holds for the 1b preset (built on the meta device: no memory used):
-    the encoder and projector on every rank, plus its pipeline stages' LLM layers (embeddings on
-    stage 0, norm and head on the last), as the trainer keeps them (layer-count partition)."""
-    import torch
+_BUILD = """
+import resource, sys, torch
+from trainer_adapter.model import VisionLanguageModel, VLMConfig
+keep = set(sys.argv[1].split(',')) if sys.argv[1] else None
+cfg = VLMConfig.preset('1b', vocab_size=151_646, patch_dim=588)
+m = VisionLanguageModel(cfg, keep_llm=None if keep is None else keep.__contains__)
+n = sum(p.numel() for p in m.parameters())
+print(n, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
 
-    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+
+def _weights_table(raw: dict) -> list[str]:
+    """Parameters a rank builds for the 1b preset, and the peak memory of building them: the
+    encoder and projector on every rank, plus its pipeline stages' LLM layers (embeddings on
+    stage 0, norm and head on the last; layer-count partition, the largest rank), each built in
+    a fresh process as the trainer builds it (``VisionLanguageModel(keep_llm=...)``)."""
+    import subprocess
+    import sys
+
     from trainer_adapter.partition import layer_count_partition, stage_ranges
 
-    with torch.device("meta"):
-        m = VisionLanguageModel(VLMConfig.preset("1b", vocab_size=151_646, patch_dim=588))
-    count = lambda mod: sum(p.numel() for p in mod.parameters())  # noqa: E731
-    shared = count(m.vision) + count(m.projector)
-    llm = m.llm
-    layers = [count(llm.tok) + count(llm.pos)] + [count(b) for b in llm.blocks]
-    layers.append(count(llm.norm) + count(llm.head))
-    total = shared + sum(layers)
+    n_blocks = 16  # the 1b preset's LLM layers
+    names = ["tok,pos"] + [f"block{i}" for i in range(n_blocks)] + ["norm,head"]
     out = [
-        "Weights per rank, `1b` preset (vocabulary 151,646): the whole model is "
-        f"{total / 1e9:.2f} B parameters; a rank keeps the encoder and projector "
-        f"({shared / 1e9:.2f} B, every rank encodes images) and its stages' LLM layers.",
+        "Weights a pipeline rank builds, `1b` preset (vocabulary 151,646), the largest rank of a "
+        "layer-count partition: a rank builds the encoder and projector (every rank encodes "
+        "images) and only its stages' LLM layers; the others are dropped as they are built, so "
+        "the peak host memory of building (fp32, measured in a fresh process) follows the share.",
         "",
-        "| PP | largest rank holds | share of the model |",
+        "| PP | parameters built | peak memory while building |",
         "|---|---|---|",
     ]
     for pp in (1, 2, 4):
-        ranges = stage_ranges(layer_count_partition(len(layers), pp), len(layers))
-        most = max(shared + sum(layers[lo:hi]) for lo, hi in ranges)
-        out.append(f"| {pp} | {most / 1e9:.2f} B | {most / total:.0%} |")
-        raw[f"weights pp{pp}"] = most
+        ranges = stage_ranges(layer_count_partition(len(names), pp), len(names))
+        best = None
+        for lo, hi in ranges:
+            keep = "" if pp == 1 else ",".join(names[lo:hi])
+            res = subprocess.run(
+                [sys.executable, "-c", _BUILD, keep], capture_output=True, text=True, check=True
+            )
+            n, peak = (int(v) for v in res.stdout.split())
+            best = max(best or (0, 0), (n, peak))
+            if pp == 1:
+                break
+        out.append(f"| {pp} | {best[0] / 1e9:.2f} B | {best[1] / 2**30:.1f} GiB |")
+        raw[f"weights pp{pp}"] = {"parameters": best[0], "peak_bytes": best[1]}
     return out
 
 

@@ -53,7 +53,8 @@ def _redistribute_only(rank, world, seed, iters):
             "labels": ids.clone(),
             "position_ids": torch.cat([torch.arange(n) for n in lens]),
             "cu_seqlens": torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32),
-            "patches": torch.randn(units * 1024, 588),
+            # raw pixels, as the trainer moves them (normalized on the encoder's device)
+            "patches": torch.randint(0, 256, (units * 1024, 588), dtype=torch.uint8),
             "llm_lens": torch.tensor(lens),
             "vit_lens": torch.tensor(tiles[idx] * 1024),
             "units_hw": torch.tensor([[32, 32]] * units),
@@ -191,7 +192,7 @@ def run() -> dict:
         "### Redistribution alone at InternVL sizes (CPU, gloo, 4 ranks x 4 real samples)",
         "",
         f"Random batches of 4 samples per rank from the real InternVL statistics ({tiles.size:,} "
-        "samples; 1024 patches of 588 float32 per tile, 256 image tokens per tile); image "
+        "samples; 1024 patches of 588 uint8 pixels per tile, 256 image tokens per tile); image "
         "embeddings of width 2048. Medians over 40 calls (10 per rank, after one warm-up).",
         "",
         "| measure | median |",

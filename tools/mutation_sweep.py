@@ -81,9 +81,9 @@ MUTATIONS = [
     Mutation(
         "mmscale-identity",
         "MMScale's microbatch reordering replaced by the identity",
-        "trainer_adapter/pipeline.py",
-        "order = inter_microbatch_reorder(cost, max(pp, 1)) if pp > 1 else np.arange(n_microbatches)",
-        "order = np.arange(n_microbatches)",
+        "trainer_adapter/microbatches.py",
+        "order = inter_microbatch_reorder(unit_cost, pp) if pp > 1 else np.arange(len(units))",
+        "order = np.arange(len(units))",
         (f"{PROPS}::test_microbatch_plan_uses_the_reordering",),
     ),
     Mutation(

@@ -77,6 +77,11 @@ def auto_mb_tokens(loads: dict, n_microbatches: int) -> int:
     return int(math.ceil(need / 64) * 64)
 
 
+def _blocks_of(lo: int, hi: int, n_blocks: int) -> range:
+    """LLM blocks of pipelined layers [lo, hi) (layer 0 is the embedding, n_blocks + 1 the head)."""
+    return range(max(lo - 1, 0), min(hi - 1, n_blocks))
+
+
 class Trainer:
     def __init__(
         self, cfg: TrainConfig, model_cfg: VLMConfig, *, mb_tokens: int, ranks_per_node: int = 1
@@ -163,7 +168,7 @@ class Trainer:
 
         def layers(lo, hi):
             mods = [probe.pos] if lo == 0 else []
-            mods += [block] if min(hi - 1, n_blocks) > max(lo - 1, 0) else []
+            mods += [block] if len(_blocks_of(lo, hi, n_blocks)) else []
             return mods + ([probe.norm, probe.head] if hi > n_blocks + 1 else [])
 
         def run(lo, hi):
@@ -239,7 +244,7 @@ class Trainer:
         own = set()
         for k in mine:
             lo, hi = ranges[k]
-            own |= {f"block{i}" for i in range(max(lo - 1, 0), min(hi - 1, n_blocks))}
+            own |= {f"block{i}" for i in _blocks_of(lo, hi, n_blocks)}
         if 0 in mine:
             own |= {"tok", "pos"}
         if n_stages - 1 in mine:
@@ -250,10 +255,9 @@ class Trainer:
         """This rank's stage modules over the layers it kept."""
         cfg, llm = self.cfg, self.model.llm
         for k in range(self.stage, self._n_stages, cfg.pp):
-            lo, hi = self._ranges[k]
+            blocks = _blocks_of(*self._ranges[k], self._n_blocks)
             last = k == self._n_stages - 1
-            lo, hi = max(lo - 1, 0), min(hi - 1, self._n_blocks)
-            self.stages.append(StageModule(llm, lo, hi, last=last))
+            self.stages.append(StageModule(llm, blocks.start, blocks.stop, last=last))
         self.buckets = bucket_ladder(self.mb_tokens, cfg.bucket_ratio)
         self._schedules: dict[int, object] = {}
 

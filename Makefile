@@ -26,8 +26,10 @@ PARALLEL ?= ddp
 # `make nightly-demo`: the demo set arriving over two days; day 1 through the full pipeline,
 # day 2 (new samples, 5 updates, 3 deletions) through `equishard rebalance`, then the report
 NIGHT_OUT ?= build/nightly
+# `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (README, "On a GPU")
+GPU_OUT ?= build/gpu-smoke
 
-.PHONY: install shards train train-hf nightly-demo test test-all bench lint clean
+.PHONY: install shards train train-hf nightly-demo gpu-smoke test test-all bench lint clean
 
 install: $(STAMP)
 
@@ -84,6 +86,15 @@ nightly-demo: $(STAMP)
 		--delete $(NIGHT_OUT)/raw/day-2.delete --workers $(WORKERS)
 	$(BIN)/equishard verify $(NIGHT_OUT)/shards
 	$(BIN)/equishard report $(NIGHT_OUT)/shards -o $(NIGHT_OUT)/report.html
+
+# `make gpu-smoke`: the GPU tests, the demo pipeline planned for one rank, ten steps of the 1b
+# VLM in bf16 with adaptive recomputation over NCCL, then the GPU benchmark (BENCHMARKS.md)
+gpu-smoke: $(STAMP)
+	$(BIN)/python -m pytest -m gpu -q
+	$(MAKE) shards OUT=$(GPU_OUT) SAMPLES=400 DP=1 NODES=1 BATCH=16
+	$(BIN)/python -m equishard train --shards $(GPU_OUT)/shards --nproc 1 --dp 1 --steps 10 \
+		--model 1b --recompute adaptive --backend nccl --precision bf16 --log $(GPU_OUT)/train.jsonl
+	$(BIN)/python bench/run.py --only gpu --out BENCHMARKS.md
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
 test: $(STAMP)

@@ -1,4 +1,5 @@
-"""Run a function on N ranks of a real gloo process group, under a timeout (a hang fails)."""
+"""Run a function on N ranks of a real process group (gloo; NCCL with one GPU per rank), under a
+timeout (a hang fails)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world, port, queue, args):
+def _entry(fn, rank, world, port, queue, args, backend):
     import torch.distributed as dist
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, rank=rank, world_size=world)
         # pickled by value here: a tensor put on the queue as is travels as a shared-memory
         # handle that the parent can only open while this process lives (a race at exit)
         queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
@@ -31,13 +36,14 @@ def _entry(fn, rank, world, port, queue, args):
             dist.destroy_process_group()
 
 
-def run_ranks(fn, world: int, *args, timeout: float = 120.0) -> list:
+def run_ranks(fn, world: int, *args, timeout: float = 120.0, backend: str = "gloo") -> list:
     """``fn(rank, world, *args)`` on every rank; returns results by rank. ``fn`` must be importable."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world, port, queue, args)) for r in range(world)
+        ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, backend))
+        for r in range(world)
     ]
     for p in procs:
         p.start()

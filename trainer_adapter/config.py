@@ -46,6 +46,7 @@ class TrainConfig:
     template: str | None = None
     recompute: str = "off"
     memory_fraction: float = 0.9
+    precision: str = "fp32"  # bf16: autocast (fp32 weights, gradients, optimizer state and loss)
     backend: str = "auto"  # auto: NCCL with a GPU per local rank, gloo without CUDA
     partition_radius: int = 1
     partition_top_k: int = 3
@@ -79,6 +80,10 @@ class TrainConfig:
         if self.recompute not in ("off", "all", "adaptive"):
             raise ValueError(
                 f"recompute must be off, all or adaptive (GPU only), got {self.recompute!r}"
+            )
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(
+                f"precision must be fp32 or bf16 (mixed precision), got {self.precision!r}"
             )
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")

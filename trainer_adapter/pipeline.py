@@ -9,7 +9,7 @@ sample's pieces attend across the cut.
 
 Busy time per stage is measured for the bubble report: forward by timing the stage's forward,
 backward by identity autograd functions at the stage's output and input that stamp the clock when
-the gradient passes.
+the gradient passes (on a GPU after a synchronize, so the kernels are timed, not their launch).
 """
 
 from __future__ import annotations
@@ -66,6 +66,14 @@ class StageTimer:
         return self.forward + self.backward
 
 
+def _clock(t: torch.Tensor) -> float:
+    """Seconds now, once the work queued on ``t``'s device is done (GPU kernels run
+    asynchronously: without the synchronize a stage would time its kernel launches)."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    return time.perf_counter()
+
+
 class _Stamp(torch.autograd.Function):
     """Identity; in backward, opens (``start``) or closes a backward interval on the timer."""
 
@@ -76,7 +84,7 @@ class _Stamp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        now = time.perf_counter()
+        now = _clock(grad)
         if ctx.start:
             ctx.timer._open.append(now)
         elif ctx.timer._open:
@@ -97,7 +105,7 @@ class StageModule(nn.Module):
         self.carry = SampleCarry()  # keys/values of a sample cut across microbatches
 
     def forward(self, h: torch.Tensor, doc: torch.Tensor):
-        t0 = time.perf_counter()
+        t0 = _clock(h)
         x = h[0]
         if x.requires_grad:
             x = _Stamp.apply(x, self.timer, False)
@@ -129,7 +137,7 @@ class StageModule(nn.Module):
             out = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
         if out.requires_grad:
             out = _Stamp.apply(out, self.timer, True)
-        self.timer.forward += time.perf_counter() - t0
+        self.timer.forward += _clock(out) - t0
         return out[None] if self.last else (out[None], doc)
 
 

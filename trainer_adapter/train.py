@@ -165,6 +165,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             "rank": rank,
             "stage": stage,
             "busy": out["stage_busy"],
+            "flops": out["model_flops"],
+            "peak": (out.get("peak_allocated"), out.get("peak_reserved")),
             "sample_ids": list(batch["sample_ids"]),
             "epoch": item["epoch"] if item else None,
             "step": item["step"] if item else None,
@@ -197,6 +199,13 @@ def run(cfg: TrainConfig) -> list[dict]:
             "bytes_inter_node": inter,
             "redistribute_seconds": out["redistribute_seconds"],
             "bubble_per_stage": bubbles,
+            # model FLOPs of the step over all ranks (trainer_adapter.flops), per GPU per second
+            "model_flops": sum(e["flops"] for e in every),
+            "tflops_per_rank": sum(e["flops"] for e in every) / out["seconds"] / len(every) / 1e12,
+            "precision": cfg.precision,
+            # CUDA only: the largest rank's peak allocated and reserved bytes in the step
+            "peak_allocated": max((e["peak"][0] or 0) for e in every) or None,
+            "peak_reserved": max((e["peak"][1] or 0) for e in every) or None,
             "mb_tokens": out["pipeline"].get("mb_tokens"),
             "padding": out["pipeline"].get("padding"),
             "empty_microbatches": out["pipeline"].get("empty_microbatches"),
@@ -209,8 +218,9 @@ def run(cfg: TrainConfig) -> list[dict]:
         lm = rec["loads_max_over_mean"]
         print(
             f"step {step:4d}  {out['seconds']:6.2f} s  loss {out['loss']:.4f}  "
-            f"{rec['tokens_per_second']:,.0f} tok/s  "
-            f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
+            f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.2f} TFLOP/s/rank  "
+            + (f"peak {rec['peak_reserved'] / 2**30:.1f} GiB  " if rec["peak_reserved"] else "")
+            + f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
             f"llm {lm['llm_before']:.3f}->{lm['llm_after']:.3f}  moved intra "
             f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
             + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")

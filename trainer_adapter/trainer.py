@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from balancing import CostModel
 from shards.collate import normalize_patches
 from trainer_adapter.config import TrainConfig
+from trainer_adapter.flops import training_flops
 from trainer_adapter.model import VisionLanguageModel, VLMConfig, shifted_labels
 from trainer_adapter.partition import profile_layers, search_partition, stage_ranges
 from trainer_adapter.pipeline import (
@@ -112,6 +113,13 @@ class Trainer:
         self.partition = None
         self.stages: list[StageModule] = []
         keep = None
+        if cfg.pp > 1 and torch.torch_version.TorchVersion(torch.__version__) < (2, 13):
+            raise RuntimeError(
+                f"pipeline parallelism (pp={cfg.pp}) needs torch >= 2.13, found "
+                f"{torch.__version__}: older torch.distributed.pipelining marks the integer "
+                "sample-layout input of a stage as requiring grad and fails; upgrade torch or "
+                "train with pp=1"
+            )
         if cfg.pp > 1:  # the partition first: a rank then builds only its own LLM layers
             keep = self._choose_partition(model_cfg, pp_groups[self.replica])
         torch.manual_seed(cfg.seed)
@@ -271,11 +279,13 @@ class Trainer:
         llm = self.model.llm.cfg
         dtype = next(self.model.vision.parameters()).dtype
 
-        def hidden(width):
-            return torch.empty(1, mb_tokens, width, dtype=dtype, device="meta", requires_grad=True)
+        def hidden(width, dt=dtype):
+            return torch.empty(1, mb_tokens, width, dtype=dt, device="meta", requires_grad=True)
 
         doc = torch.empty(1, mb_tokens, dtype=torch.int64, device="meta")
-        out = hidden(llm.vocab_size) if stage.last else (hidden(llm.llm_hidden), doc)
+        # under bf16 autocast the residual stream stays fp32 and the LM head's logits are bf16
+        logits = torch.bfloat16 if self.cfg.precision == "bf16" else dtype
+        out = hidden(llm.vocab_size, logits) if stage.last else (hidden(llm.llm_hidden), doc)
         return {"input_args": (hidden(llm.llm_hidden), doc), "output_args": out}
 
     def _schedule(self, mb_tokens: int, chains: tuple[int, ...]):
@@ -334,6 +344,17 @@ class Trainer:
         t0 = time.perf_counter()
         local, route = redistribute(batch, None, self.topology, self.policy)
         t_redis = time.perf_counter() - t0
+        with self._autocast():
+            return self._forward_backward(local, route, t_redis)
+
+    def _autocast(self):
+        """bf16 mixed precision: matrix products in bf16 under autocast, weights, gradients and
+        optimizer state in fp32 (the loss is computed in fp32, ``LMLoss``)."""
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"
+        )
+
+    def _forward_backward(self, local, route, t_redis: float) -> dict:
         model = self.model
         dtype = next(model.vision.parameters()).dtype  # the model may run in another precision
         # uint8 pixels (a quarter of fp32's bytes) reach this rank's device, normalized there
@@ -397,6 +418,10 @@ class Trainer:
                 schedule.step()
                 img.backward(torch.zeros_like(img))
         t_llm = time.perf_counter() - t_llm
+        # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
+        llm_lens = lens.tolist() if self.pp == 1 else rlens.tolist() if self.stage == 0 else []
+        units = local.units_hw.prod(dim=1).tolist() if local.units_hw.numel() else []
+        flops = training_flops(model.cfg, llm_lens, units)
         self._all_reduce_grads()
         dist.all_reduce(loss_sum)
         summary = route.summary()
@@ -408,6 +433,7 @@ class Trainer:
             "redistribute_seconds": t_redis,
             "llm_seconds": t_llm,
             "stage_busy": sum(st.timer.busy for st in self.stages),
+            "model_flops": flops,
             "route": summary,
             "loads": {k: np.asarray(v).tolist() for k, v in route.loads.items()},
             # row size per replica, padding share of all microbatch slots, empty microbatches
@@ -429,8 +455,15 @@ class Trainer:
 
     def step(self, batch: dict) -> dict:
         t0 = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
         out = self.forward_backward(batch)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            out["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
+            out["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
         out["seconds"] = time.perf_counter() - t0
         return out

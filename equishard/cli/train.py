@@ -134,6 +134,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="share of GPU memory adaptive recomputation may plan for (default 0.9)",
     )
     p.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16"),
+        help="fp32, or bf16 mixed precision (autocast: weights, gradients and optimizer in "
+        "fp32, matrix products in bf16; the loss in fp32) (default fp32)",
+    )
+    p.add_argument(
         "--backend",
         default="auto",
         choices=("auto", "nccl", "gloo"),
@@ -180,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             template=args.template,
             recompute=args.recompute,
             memory_fraction=args.memory_fraction,
+            precision=args.precision,
             backend=args.backend,
             log=args.log,
         )

@@ -1,0 +1,75 @@
+"""Model FLOPs (trainer_adapter.flops) against torch's own FlopCounterMode on the real model."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainer_adapter.flops import block_forward_flops, training_flops
+from trainer_adapter.model import VisionLanguageModel, VLMConfig
+
+CFG = VLMConfig(
+    vocab_size=300,
+    patch_dim=12,
+    merge=2,
+    vit_hidden=32,
+    vit_layers=2,
+    vit_heads=2,
+    llm_hidden=48,
+    llm_layers=3,
+    llm_heads=2,
+)
+
+
+def _counted(fc: FlopCounterMode) -> tuple[int, int]:
+    """(matrix-product FLOPs, attention FLOPs) the counter saw (it counts no attention on
+    builds whose CPU attention kernel it does not know)."""
+    counts = fc.get_flop_counts()
+    total = sum(counts["Global"].values())
+    attn = sum(v for op, v in counts["Global"].items() if "scaled_dot_product" in str(op))
+    return total - attn, attn
+
+
+def _attention(cfg_layers: int, hidden: int, lens, causal: bool) -> float:
+    return (
+        3 * cfg_layers * block_forward_flops(0, sum(n * n for n in lens), hidden, 4, causal=causal)
+    )
+
+
+def test_llm_flops_equal_torchs_count_of_the_real_forward_and_backward():
+    torch.manual_seed(0)
+    model = VisionLanguageModel(CFG)
+    lens = [7, 13, 5]
+    x = torch.randn(sum(lens), CFG.llm_hidden, requires_grad=True)
+    with FlopCounterMode(display=False) as fc:
+        model.llm.logits(model.llm.forward_blocks(x, lens)).sum().backward()
+    products, _ = _counted(fc)
+    ours = training_flops(CFG, lens)
+    assert ours - _attention(CFG.llm_layers, CFG.llm_hidden, lens, True) == products
+    # causal attention: half the scores of the same samples without the mask
+    assert _attention(1, 48, lens, True) * 2 == _attention(1, 48, lens, False) > 0
+
+
+def test_encoder_flops_equal_torchs_count():
+    torch.manual_seed(0)
+    model = VisionLanguageModel(CFG)
+    units = torch.tensor([[4, 6], [2, 2], [8, 4]])
+    patches = torch.randn(int(units.prod(1).sum()), CFG.patch_dim, requires_grad=True)
+    # the learned row/column position tables are lookups, not model FLOPs, but the counter
+    # counts their backward as a dense product: leave them out of the backward
+    model.vision.row.weight.requires_grad_(False)
+    model.vision.col.weight.requires_grad_(False)
+    with FlopCounterMode(display=False) as fc:
+        model.encode_images(patches, units).sum().backward()
+    products, _ = _counted(fc)
+    patches_per_unit = units.prod(1).tolist()
+    ours = training_flops(CFG, [], patches_per_unit)
+    attn = _attention(CFG.vit_layers, CFG.vit_hidden, patches_per_unit, False)
+    assert ours - attn == products
+
+
+def test_flops_grow_with_the_square_of_a_sample_only_through_attention():
+    one = training_flops(CFG, [100])
+    two = training_flops(CFG, [50, 50])
+    assert one > two  # same tokens, longer attention segments
+    assert one - two == 3 * CFG.llm_layers * 2 * CFG.llm_hidden * (100**2 - 2 * 50**2)

@@ -1,0 +1,83 @@
+"""On a CUDA device (skipped without one): the trainer's step over NCCL on the GPU gives the
+gradient of the same step over gloo on the CPU; bf16 mixed precision stays close to it; the
+model-FLOPs count's attention term matches torch's counter of the GPU attention kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist_helper import run_ranks
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+def _step(rank, world, gen, precisions):
+    """One trainer step (DP1, PP1) on this process group's device, per precision: loss and
+    every parameter's gradient, on the CPU."""
+    from shards import open_generation, read_group
+    from trainer_adapter import TrainConfig, Trainer, VLMConfig
+    from trainer_adapter.train import build_collator
+
+    manifest = open_generation(gen)
+    index = manifest.group_index()
+    samples = []
+    for key in [(0, 0), (1, 0), (2, 0)]:
+        shard, g = index[key]
+        samples += read_group(manifest.path, shard, g)[0]
+    out = {}
+    for precision in precisions:
+        cfg = TrainConfig(shards=gen, dp=1, seed=3, precision=precision)
+        collate = build_collator(cfg, manifest)
+        mcfg = VLMConfig.preset("tiny", vocab_size=collate.vocab_size, patch_dim=588, merge=2)
+        trainer = Trainer(cfg, mcfg, mb_tokens=0)
+        res = trainer.forward_backward(collate(samples))
+        out[precision] = (
+            res["loss"],
+            str(trainer.device),
+            {n: p.grad.detach().cpu() for n, p in trainer.model.named_parameters()},
+        )
+    return out
+
+
+def test_a_gpu_step_over_nccl_equals_the_cpu_step_over_gloo(train_generation):
+    cpu = run_ranks(_step, 1, str(train_generation), ["fp32"])[0]["fp32"]
+    gpu = run_ranks(_step, 1, str(train_generation), ["fp32", "bf16"], backend="nccl")[0]
+    loss, device, grads = gpu["fp32"]
+    assert device.startswith("cuda") and cpu[1] == "cpu"
+    assert loss == pytest.approx(cpu[0], rel=1e-5)
+    assert grads.keys() == cpu[2].keys()
+    for name, g in grads.items():
+        ref = cpu[2][name]
+        assert float(ref.abs().max()) > 0, f"{name}: no gradient"
+        torch.testing.assert_close(g, ref, rtol=0, atol=1e-4 * float(ref.abs().max()), msg=name)
+    # bf16 autocast: fp32 weights and loss, bf16 products; close to fp32, not equal
+    b_loss, _, b_grads = gpu["bf16"]
+    assert b_loss == pytest.approx(loss, rel=2e-2) and b_loss != loss
+    for name, g in b_grads.items():
+        ref = grads[name].flatten().double()
+        cos = float(torch.nn.functional.cosine_similarity(g.flatten().double(), ref, dim=0))
+        assert cos > 0.98, f"{name}: bf16 gradient cosine {cos:.4f} with fp32"
+
+
+def test_attention_flops_match_torchs_count_of_the_gpu_kernels():
+    """The CUDA attention kernels are known to torch's FlopCounterMode (it counts the full
+    score matrix, causal or not): the encoder's is ours, the LLM's twice ours (causal half)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from trainer_adapter.flops import block_forward_flops
+    from trainer_adapter.model import Block
+
+    torch.manual_seed(0)
+    lens = [64, 200, 17]
+    for causal in (False, True):
+        blk = Block(64, 4, 4, causal=causal).cuda()
+        x = torch.randn(sum(lens), 64, device="cuda", requires_grad=True)
+        with FlopCounterMode(display=False) as fc:
+            blk(x, lens).sum().backward()
+        attn = sum(v for op, v in fc.get_flop_counts()["Global"].items() if "scaled_dot" in str(op))
+        ours = 3 * block_forward_flops(0, sum(n * n for n in lens), 64, 4, causal=causal)
+        assert attn == pytest.approx(ours * (2 if causal else 1), rel=1e-9)

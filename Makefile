@@ -91,7 +91,7 @@ nightly-demo: $(STAMP)
 # VLM in bf16 with adaptive recomputation over NCCL, then the GPU benchmark (BENCHMARKS.md)
 gpu-smoke: $(STAMP)
 	$(BIN)/python -m pytest -m gpu -q
-	$(MAKE) shards OUT=$(GPU_OUT) SAMPLES=400 DP=1 NODES=1 BATCH=16
+	$(MAKE) shards OUT=$(GPU_OUT) SAMPLES=400 DP=1 NODES=1 BATCH=4
 	$(BIN)/python -m equishard train --shards $(GPU_OUT)/shards --nproc 1 --dp 1 --steps 10 \
 		--model 1b --recompute adaptive --backend nccl --precision bf16 --log $(GPU_OUT)/train.jsonl
 	$(BIN)/python bench/run.py --only gpu --out BENCHMARKS.md

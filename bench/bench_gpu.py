@@ -1,7 +1,7 @@
 """Training on a GPU (CUDA only; without one the section says nothing was measured).
 
 1. ``equishard train`` on one GPU (NCCL, DP 1), the ``1b`` VLM with adaptive recomputation, in
-   fp32 and in bf16 mixed precision, on a demo generation planned for one rank (16 samples per
+   fp32 and in bf16 mixed precision, on a demo generation planned for one rank (4 samples per
    step): step time, tokens/s, model TFLOP/s and MFU (``trainer_adapter.flops``: model FLOPs of
    the real tokens over the GPU's dense peak), peak memory, what recomputation chose.
 2. The pipeline with one GPU: a PP-stage pipeline needs a GPU per stage, so each stage of the
@@ -34,7 +34,7 @@ PEAKS = {
     "H200": {"bf16": 989e12, "fp32": 67e12},
     "A100": {"bf16": 312e12, "fp32": 19.5e12},
 }
-STEPS, TRAIN_BATCH = 10, 16
+STEPS, TRAIN_BATCH = 10, 4
 LAYOUTS = [(2, 4), (4, 8)]  # (pp, microbatches), 1F1B
 PIPE_STEPS = 4
 

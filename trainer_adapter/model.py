@@ -205,7 +205,7 @@ class VisionEncoder(nn.Module):
         starts = [0]
         for h, w in hw:
             starts.append(starts[-1] + h * w)
-        out = torch.empty_like(x)
+        out = None  # the blocks' output dtype (fp32 residuals, also under bf16 autocast)
         shapes: dict[tuple[int, int], list[int]] = {}
         for i, s in enumerate(hw):
             shapes.setdefault(tuple(s), []).append(i)
@@ -215,7 +215,10 @@ class VisionEncoder(nn.Module):
             y = x[rows].view(len(ids), h * w, -1) + self.row(grid // w) + self.col(grid % w)
             for blk in self.blocks:
                 y = blk(y)
-            out = out.index_copy(0, rows, y.reshape(len(ids) * h * w, -1))
+            y = y.reshape(len(ids) * h * w, -1)
+            out = (y.new_empty(x.shape[0], y.shape[1]) if out is None else out).index_copy(
+                0, rows, y
+            )
         return self.norm(out)
 
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -174,12 +175,8 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
     """Per layout, the mean over PIPE_STEPS steps (the heaviest replica of each) of the replayed
     1F1B pipeline with pass times measured on this GPU."""
     from bench.bench_pipeline import _steps
-    from trainer_adapter.flops import training_flops
     from trainer_adapter.model import LanguageModel, VLMConfig
-    from trainer_adapter.partition import search_partition, stage_ranges
-    from trainer_adapter.pipeline import LMLoss, StageModule, bucket_ladder, doc_rows, plan_step
-    from trainer_adapter.split_samples import _single_stage_order, chain_actions
-    from trainer_adapter.trainer import auto_mb_tokens
+    from trainer_adapter.pipeline import LMLoss
 
     cfg = VLMConfig.preset(model, vocab_size=vocab, patch_dim=588)
     torch.manual_seed(0)
@@ -195,31 +192,53 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
     auto = torch.autocast(dev.type, dtype=torch.bfloat16)
     out = []
     for pp, n_micro in LAYOUTS:
-        mb_max = auto_mb_tokens(loads, n_micro)
-        buckets = bucket_ladder(mb_max, 1.08)
-        n_blocks, n_layers = cfg.llm_layers, cfg.llm_layers + 2
-        t_emb, t_blk, t_head = _layer_times(llm, loss_fn, mb_max, auto, dev)
+        try:
+            out.append(_layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev))
+        except torch.OutOfMemoryError as exc:  # reported in the table, not a crash
+            out.append({"pp": pp, "microbatches": n_micro, "error": str(exc).split(".")[0]})
         llm.zero_grad(set_to_none=True)
-        times = [t_emb] + [t_blk] * n_blocks + [t_head]
-        best, _ = search_partition(times, [1.0] * n_layers, pp, top_k=1, comm_weight=0.0)
-        ranges = stage_ranges(best.bounds, n_layers)
-        stages = []
-        for k, (lo, hi) in enumerate(ranges):
-            blocks = range(max(lo - 1, 0), min(hi - 1, n_blocks))
-            stages.append(StageModule(llm, blocks.start, blocks.stop, last=k == pp - 1))
-        res = {"pp": pp, "microbatches": n_micro, "bounds": list(best.bounds), "steps": []}
-        for ranks in picked:
-            lens = max(ranks, key=lambda x: x.sum())  # the slowest replica sets the step
-            mb, mplan = plan_step(lens, n_micro, buckets, pp, split=True)
-            doc = doc_rows(mplan, lens, mb).to(dev)
-            tgt = torch.randint(0, cfg.vocab_size, (n_micro, mb), device=dev)
-            tgt[doc < 0] = -100
-            fwd, bwd, act = {}, {}, {}
-            for s, st in enumerate(stages):
-                st.carry.reset()
-                outs, ins = [], []
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
+    """One (pp, microbatches) layout: partition, then each picked step measured and replayed."""
+    from trainer_adapter.flops import training_flops
+    from trainer_adapter.partition import search_partition, stage_ranges
+    from trainer_adapter.pipeline import StageModule, bucket_ladder, doc_rows, plan_step
+    from trainer_adapter.split_samples import _single_stage_order, chain_actions
+    from trainer_adapter.trainer import auto_mb_tokens
+
+    mb_max = auto_mb_tokens(loads, n_micro)
+    buckets = bucket_ladder(mb_max, 1.08)
+    n_blocks, n_layers = cfg.llm_layers, cfg.llm_layers + 2
+    t_emb, t_blk, t_head = _layer_times(llm, loss_fn, mb_max, auto, dev)
+    llm.zero_grad(set_to_none=True)
+    times = [t_emb] + [t_blk] * n_blocks + [t_head]
+    best, _ = search_partition(times, [1.0] * n_layers, pp, top_k=1, comm_weight=0.0)
+    ranges = stage_ranges(best.bounds, n_layers)
+    stages = []
+    for k, (lo, hi) in enumerate(ranges):
+        blocks = range(max(lo - 1, 0), min(hi - 1, n_blocks))
+        stages.append(StageModule(llm, blocks.start, blocks.stop, last=k == pp - 1))
+    res = {"pp": pp, "microbatches": n_micro, "bounds": list(best.bounds), "steps": []}
+    for ranks in picked:
+        lens = max(ranks, key=lambda x: x.sum())  # the slowest replica sets the step
+        mb, mplan = plan_step(lens, n_micro, buckets, pp, split=True)
+        doc = doc_rows(mplan, lens, mb).to(dev)
+        tgt = torch.randint(0, cfg.vocab_size, (n_micro, mb), device=dev)
+        tgt[doc < 0] = -100
+        fwd, bwd, act = {}, {}, dict.fromkeys(range(pp), 0.0)
+        starts = np.cumsum([0, *mplan.chains])
+        for s, st in enumerate(stages):
+            st.carry.reset()
+            # chain by chain, as the schedule holds them: its rows forward, then backward
+            # last row first (a cut sample's later piece sends gradient to the earlier)
+            for a, b in itertools.pairwise(starts):
+                outs = {}
                 base = _allocated(dev)
-                for m in range(n_micro):
+                for m in range(a, b):
                     h = torch.randn(1, mb, cfg.llm_hidden, device=dev, requires_grad=True)
                     _sync(dev)
                     t0 = time.perf_counter()
@@ -228,37 +247,36 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
                         y = loss_fn(y, tgt[m]) if st.last else y[0]
                     _sync(dev)
                     fwd[(s, m)] = time.perf_counter() - t0
-                    outs.append(y)
-                    ins.append(h)
-                act[s] = (_allocated(dev) - base) / n_micro
-                for m in reversed(range(n_micro)):  # a chain's backwards last row first
-                    y = outs[m]
+                    outs[m] = y
+                act[s] = max(act[s], (_allocated(dev) - base) / (b - a))
+                for m in reversed(range(a, b)):
+                    y = outs.pop(m)
                     _sync(dev)
                     t0 = time.perf_counter()
                     y.backward() if st.last else y.backward(torch.ones_like(y))
                     _sync(dev)
                     bwd[(s, m)] = time.perf_counter() - t0
-                    outs[m] = None
-                del ins
-                st.zero_grad(set_to_none=True)
-            order = chain_actions(_single_stage_order("1f1b", pp, len(mplan.chains)), mplan.chains)
-            span, busy, most = replay(order, fwd, bwd)
-            params = [sum(p.numel() for p in st.parameters()) for st in stages]
-            params[0] += sum(p.numel() for p in (*llm.tok.parameters(), *llm.pos.parameters()))
-            res["steps"].append(
-                {
-                    "mb_tokens": mb,
-                    "tokens": int(lens.sum()),
-                    "padding": mplan.padding,
-                    "chains": list(mplan.chains),
-                    "seconds": span,
-                    "flops": training_flops(cfg, [int(x) for x in lens]),
-                    "bubble": [1 - busy[s] / span for s in range(pp)],
-                    "memory": [16 * params[s] + most[s] * act[s] for s in range(pp)],
-                }
-            )
-        out.append(res)
-    return out
+                del y
+            st.zero_grad(set_to_none=True)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        order = chain_actions(_single_stage_order("1f1b", pp, len(mplan.chains)), mplan.chains)
+        span, busy, most = replay(order, fwd, bwd)
+        params = [sum(p.numel() for p in st.parameters()) for st in stages]
+        params[0] += sum(p.numel() for p in (*llm.tok.parameters(), *llm.pos.parameters()))
+        res["steps"].append(
+            {
+                "mb_tokens": mb,
+                "tokens": int(lens.sum()),
+                "padding": mplan.padding,
+                "chains": list(mplan.chains),
+                "seconds": span,
+                "flops": training_flops(cfg, [int(x) for x in lens]),
+                "bubble": [1 - busy[s] / span for s in range(pp)],
+                "memory": [16 * params[s] + most[s] * act[s] for s in range(pp)],
+            }
+        )
+    return res
 
 
 def _md_train(rows: list[dict]) -> list[str]:
@@ -284,6 +302,9 @@ def _md_pipeline(rows: list[dict]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        if "error" in r:
+            md.append(f"| {r['pp']} x {r['microbatches']} | {r['error']} |||||||")
+            continue
         st = r["steps"]
         secs = sum(s["seconds"] for s in st)
         flops = sum(s["flops"] for s in st)

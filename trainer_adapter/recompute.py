@@ -36,6 +36,7 @@ __all__ = [
     "adaptive_recompute",
     "cuda_peak",
     "prime_optimizer_state",
+    "scaled_peak",
     "set_recompute",
 ]
 
@@ -93,6 +94,25 @@ def cuda_peak(step: Callable[[], object]) -> float:
     step()
     torch.cuda.synchronize()
     return float(torch.cuda.max_memory_reserved())
+
+
+def scaled_peak(
+    measure: Callable[[Callable[[], object]], float], static: float, ratio: float
+) -> Callable[[Callable[[], object]], float]:
+    """A ``measure`` that predicts the peak of a step ``ratio`` times as heavy as the one it
+    runs: the memory held before the step (weights, optimizer state) stays, the rest (the
+    activations) grows with the step's tokens, linearly (attention keeps no score matrix).
+    The trials run on the first batch; a later one may be heavier (seen on an H100: the first
+    batch's plan fitted 71.3 GiB, later steps reserved up to 77.6 GiB of a 79 GiB card), so
+    the trainer plans for the largest group the generation holds."""
+    if ratio < 1.0:
+        raise ValueError(f"ratio must be >= 1 (the largest step over the measured), got {ratio}")
+
+    def scaled(step: Callable[[], object]) -> float:
+        peak = measure(step)
+        return static + ratio * max(peak - static, 0.0)
+
+    return scaled
 
 
 def adaptive_recompute(

@@ -63,11 +63,25 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict) -> None:
-    """Recompute nothing, everything, or what memory requires (OmniBal A.1.1, GPU only)."""
+def _heaviest_ratio(loads: dict | None, batch: dict) -> float:
+    """How much heavier the generation's largest group is than ``batch`` (the larger of the
+    LLM and the encoder ratio; 1 where unknown or the batch is empty)."""
+    ratios = [1.0]
+    for key, lens in (("max_group_llm_tokens", "llm_lens"), ("max_group_vit_tokens", "vit_lens")):
+        have = float(batch[lens].sum()) if len(batch[lens]) else 0.0
+        if loads and loads.get(key) and have > 0:
+            ratios.append(float(loads[key]) / have)
+    return max(ratios)
+
+
+def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict, loads: dict | None) -> None:
+    """Recompute nothing, everything, or what memory requires (OmniBal A.1.1, GPU only), planned
+    for the generation's heaviest group although the trials run on ``batch``."""
     from trainer_adapter.recompute import (
         adaptive_recompute,
+        cuda_peak,
         prime_optimizer_state,
+        scaled_peak,
         set_recompute,
     )
 
@@ -91,13 +105,24 @@ def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict) -> None:
         trainer.optimizer.zero_grad(set_to_none=True)
 
     budget = torch.cuda.get_device_properties(trainer.device).total_memory * cfg.memory_fraction
-    r = adaptive_recompute(step, vit, llm, budget, agree=agree)
+    torch.cuda.synchronize(trainer.device)
+    torch.cuda.empty_cache()
+    static = float(torch.cuda.memory_reserved(trainer.device))  # weights, optimizer state
+    # every rank plans for the heaviest step any replica may see (a PP stage past the first
+    # reads no batch of its own)
+    heaviest = torch.tensor([_heaviest_ratio(loads, batch)], device=trainer.device)
+    dist.all_reduce(heaviest, op=dist.ReduceOp.MAX)
+    ratio = float(heaviest.item())
+    r = adaptive_recompute(
+        step, vit, llm, budget, agree=agree, measure=scaled_peak(cuda_peak, static, ratio)
+    )
     if dist.get_rank() == 0:
         print(
             f"recompute: {len(vit) - r.vit_plain}/{len(vit)} ViT and "
             f"{len(llm) - r.llm_plain}/{len(llm)} LLM blocks recomputed on rank 0 "
             f"(saves {r.saving_vit / 2**20:.1f} / {r.saving_llm / 2**20:.1f} MiB per block; "
-            f"peak {r.peak / 2**30:.2f} GiB of {budget / 2**30:.2f}; {r.trials} trial steps)",
+            f"peak {r.peak / 2**30:.2f} GiB of {budget / 2**30:.2f} for the heaviest group, "
+            f"{ratio:.2f}x the trial batch; {r.trials} trial steps)",
             flush=True,
         )
 
@@ -146,7 +171,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         batches = forever()
     empty = empty_batch(model_cfg.patch_dim, collate.image_token_id)
     first = next(batches) if stage == 0 else None
-    _set_recompute(cfg, trainer, first["samples"] if first is not None else empty)
+    _set_recompute(cfg, trainer, first["samples"] if first is not None else empty, loads)
     log = open(cfg.log, "a") if cfg.log and rank == 0 else None  # noqa: SIM115
     records = []
     if rank == 0 and trainer.partition is not None:

@@ -204,3 +204,46 @@ def test_optimizer_state_is_primed_without_changing_training():
         return [p.detach().clone() for p in model.parameters()]
 
     assert all(torch.equal(a, b) for a, b in zip(run(True), run(False), strict=True))
+
+
+def test_plans_for_a_heavier_step_than_the_trial_batch():
+    """Trials on a batch half as heavy as the largest group: activations measured at half their
+    worst size. Planned with the ratio, the heaviest step fits the budget; planned on the trial
+    batch alone, it would not (what an H100 run showed: later steps over the budget)."""
+    from trainer_adapter.recompute import scaled_peak
+
+    static, per_v, per_t, base_act = 30.0, 4.0, 3.0, 10.0
+
+    def plan(ratio):
+        vit, llm = [_Blk() for _ in range(6)], [_Blk() for _ in range(8)]
+        # the trial batch: activations at 1/2 of the heaviest step's
+        trial = _memory(vit, llm, static + base_act / 2, per_v / 2, per_t / 2, limit=1e9)
+        r = adaptive_recompute(
+            lambda: None,
+            vit,
+            llm,
+            budget=80.0,
+            safety=1.0,
+            measure=scaled_peak(trial, static, ratio),
+        )
+        heaviest = static + base_act + r.vit_plain * per_v + r.llm_plain * per_t
+        return r, heaviest
+
+    naive, naive_peak = plan(1.0)
+    r, peak = plan(2.0)
+    assert naive_peak > 80.0  # the first batch's plan overflows on the heaviest step
+    assert peak <= 80.0 and r.peak == pytest.approx(peak)
+    assert r.vit_plain + r.llm_plain < naive.vit_plain + naive.llm_plain
+    with pytest.raises(ValueError, match="ratio"):
+        scaled_peak(lambda step: 0.0, 0.0, 0.5)
+
+
+def test_heaviest_ratio_from_the_generation_loads():
+    from trainer_adapter.train import _heaviest_ratio
+
+    batch = {"llm_lens": torch.tensor([100, 300]), "vit_lens": torch.tensor([0, 1000])}
+    loads = {"max_group_llm_tokens": 600, "max_group_vit_tokens": 3000}
+    assert _heaviest_ratio(loads, batch) == 3.0  # the encoder's ratio is the larger
+    assert _heaviest_ratio(None, batch) == 1.0
+    empty = {"llm_lens": torch.zeros(0), "vit_lens": torch.zeros(0)}
+    assert _heaviest_ratio(loads, empty) == 1.0

@@ -279,6 +279,10 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
     return res
 
 
+def _gib(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.1f}"
+
+
 def _md_train(rows: list[dict]) -> list[str]:
     md = [
         "| precision | step time | tokens/step | tokens/s | model TFLOP/s | MFU | peak allocated / reserved | loss first -> last | recomputation |",
@@ -289,7 +293,7 @@ def _md_train(rows: list[dict]) -> list[str]:
         md.append(
             f"| {r['precision']} | {r['step_seconds'] * 1000:.0f} ms | {r['tokens_per_step']:,.0f} "
             f"| {r['tokens_per_s']:,.0f} | {r['tflops']:.1f} | {mfu} | "
-            f"{r['peak_allocated'] / 2**30:.1f} / {r['peak_reserved'] / 2**30:.1f} GiB | "
+            f"{_gib(r['peak_allocated'])} / {_gib(r['peak_reserved'])} GiB | "
             f"{r['loss'][0]:.3f} -> {r['loss'][1]:.3f} | {r['recompute']} |"
         )
     return md

@@ -5,7 +5,7 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | internvl | llava builds a tiny model of that architecture from its
+``--family`` qwen2vl | qwen3vl | internvl | llava builds a tiny model of that architecture from its
 ``transformers`` config (random weights, nothing downloaded), the family's processor classes
 from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
@@ -35,6 +35,8 @@ TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 SPECIALS = {
     "qwen2vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
+    "qwen3vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
 }  # fmt: skip
@@ -51,7 +53,9 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
     )
     root.mkdir(parents=True, exist_ok=True)
     tok.save(str(root / "tokenizer.json"))
-    config = {"chat_template": (TEMPLATES / f"{family}.jinja").read_text()}
+    # Qwen3-VL: the Qwen chat template (its image markup is Qwen2-VL's)
+    name = "qwen2vl" if family == "qwen3vl" else family
+    config = {"chat_template": (TEMPLATES / f"{name}.jinja").read_text()}
     if family == "internvl":
         config["extra_special_tokens"] = {
             "start_image_token": "<img>",
@@ -90,6 +94,27 @@ def build(family: str, mdir: Path):
             vision_end_token_id=ids("<|vision_end|>"),
         )
         return proc, tf.Qwen2VLForConditionalGeneration(cfg)
+    if family == "qwen3vl":  # 16-px patches; deepstack features into the first decoder layers
+        from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+        ip = Qwen2VLImageProcessorPil(
+            patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+            min_pixels=64 * 64, max_pixels=32 * 32 * 64,
+        )  # fmt: skip
+        proc = no_video(tf.Qwen3VLProcessor)(image_processor=ip, tokenizer=tok)
+        rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2]}
+        cfg = tf.Qwen3VLConfig(
+            text_config={**text, "head_dim": 16,
+                         "rope_parameters": {**rope, "mrope_interleaved": True}},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               patch_size=16, out_hidden_size=64, num_position_embeddings=64,
+                               deepstack_visual_indexes=[0, 1]),
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+        )  # fmt: skip
+        return proc, tf.Qwen3VLForConditionalGeneration(cfg)
     if family == "internvl":
         from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
 
@@ -137,7 +162,9 @@ def main() -> None:
     )
     p.add_argument("--shards", required=True, help="generation root written by 'make shards'")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (the demo's)")
-    p.add_argument("--family", choices=["qwen2vl", "internvl", "llava"], default="qwen2vl")
+    p.add_argument(
+        "--family", choices=["qwen2vl", "qwen3vl", "internvl", "llava"], default="qwen2vl"
+    )
     p.add_argument("--balance", choices=["off", "encoder", "llm", "both"], default="both")
     p.add_argument(
         "--parallel",
@@ -172,7 +199,7 @@ def main() -> None:
         llm=args.balance in ("llm", "both"),
         policy=RedistributePolicy(placement="identity"),
     )
-    rope = model.model.get_rope_index if args.family == "qwen2vl" else None
+    rope = model.model.get_rope_index if args.family in ("qwen2vl", "qwen3vl") else None
     packer = HFPacker(family=args.family, processor=processor, template=str(mdir), rope_index=rope)
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":

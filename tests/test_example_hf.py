@@ -18,7 +18,7 @@ from tests.shards.conftest import build_inputs
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
 
 
-def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int):
+def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int, family: str = "qwen2vl"):
     from tests.dist_helper import free_port
 
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
@@ -33,12 +33,12 @@ def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int):
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE.parents[1])}
     out = subprocess.run(
-        [*cmd, *args, "--family", "qwen2vl", "--balance", "both", "--parallel", parallel,
+        [*cmd, *args, "--family", family, "--balance", "both", "--parallel", parallel,
          "--jsonl", str(log)],
         capture_output=True, text=True, env=env, timeout=400,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"qwen2vl balance=both: {steps} steps" in out.stdout
+    assert f"{family} balance=both: {steps} steps" in out.stdout
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -65,3 +65,19 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     fsdp = [r["loss"] for r in runs["fsdp2"] if r["rank"] == 0]
     assert fsdp == pytest.approx(ddp, rel=1e-5)
     assert len(set(ddp)) == steps  # the weights changed between steps
+
+
+def test_train_hf_example_trains_qwen3vl(tmp_path):
+    """Qwen3-VL (16-px patches, deepstack features, its processor) through the same loop."""
+    tf = pytest.importorskip("transformers")
+    if not hasattr(tf, "Qwen3VLForConditionalGeneration"):
+        pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
+    demo, cost, plan = build_inputs(tmp_path, samples=24, dp=2, nodes=1)
+    gen = tmp_path / "shards"
+    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    rows = _train(gen, demo, tmp_path / "q3.jsonl", "ddp", 2, family="qwen3vl")
+    assert sorted((r["step"], r["rank"]) for r in rows) == [
+        (s, r) for s in range(2) for r in range(2)
+    ]
+    assert all(0 < r["loss"] < 20 for r in rows)
+    assert any(sum(r["encoder_before"]) > 0 for r in rows)  # images reached the tower

@@ -3,11 +3,11 @@
 :class:`HFPacker` renders each sample with the model's own chat template (the same
 :class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
 with the model's own image processor, expands every image marker to as many image tokens as the
-processor says (Qwen2-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x ``image_seq_length``;
+processor says (Qwen2-VL, Qwen3-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x ``image_seq_length``;
 LLaVA: patches of the processor's crop), tokenizes with the model's tokenizer, and packs the
 samples in one row: ``input_ids``, ``labels`` (the assistant's text only: the template's
 ``generation`` spans or the assistant turns), position ids restarting at 0 per sample (HF's
-packed convention; Qwen2-VL's ``[4, 1, L]`` with the text row first and each sample's 3-D
+packed convention; Qwen2-VL's and Qwen3-VL's ``[4, 1, L]`` with the text row first and each sample's 3-D
 positions from the model's ``get_rope_index``), ``pixel_values`` (and ``image_grid_thw``).
 A rank without images gets ``pixel_values=None``: :func:`~trainer_adapter.hf_balance.balance_model`
 makes it join the tower's exchange anyway.
@@ -27,15 +27,16 @@ from dataprep.records import IMAGE_PLACEHOLDER
 
 __all__ = ["HFPacker"]
 
-FAMILIES = ("qwen2vl", "internvl", "llava")
+FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava")
+_QWEN = ("qwen2vl", "qwen3vl")  # patches + grid_thw, 3-D positions from get_rope_index
 
 
 @dataclass(kw_only=True)
 class HFPacker:
-    """``family``: qwen2vl | internvl | llava. ``processor``: the model's HF processor (its
-    ``tokenizer`` and ``image_processor`` are used). ``template``: the chat template spec prep
-    used (a model directory or template file). ``rope_index``: Qwen2-VL's
-    ``model.model.get_rope_index`` (needed for its 3-D positions)."""
+    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl | internvl | llava. ``processor``:
+    the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
+    the chat template spec prep used (a model directory or template file). ``rope_index``: the
+    Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions)."""
 
     family: str
     processor: object
@@ -46,15 +47,17 @@ class HFPacker:
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        if self.family == "qwen2vl" and self.rope_index is None:
-            raise ValueError("qwen2vl needs rope_index=model.model.get_rope_index (3-D positions)")
+        if self.family in _QWEN and self.rope_index is None:
+            raise ValueError(
+                f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
+            )
         self._template = load_template(self.template)
 
     def _image_tokens(self, images: list, processed: dict) -> list[int]:
         """LLM tokens of each image, as the family's processor counts them."""
         if not images:
             return []
-        if self.family == "qwen2vl":
+        if self.family in _QWEN:
             merge = self.processor.image_processor.merge_size**2
             return [int(g.prod()) // merge for g in processed["image_grid_thw"]]
         sizes = [(im.height, im.width) for im in images]
@@ -102,7 +105,7 @@ class HFPacker:
         if len(labels):
             labels[0] = -100  # never predict a sample's first token from the previous sample
         text_pos = torch.arange(len(ids))[None]
-        if self.family == "qwen2vl":
+        if self.family in _QWEN:
             image_id = self.processor.tokenizer.convert_tokens_to_ids(token)
             grid = processed.get("image_grid_thw")
             rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
@@ -114,7 +117,7 @@ class HFPacker:
     def __call__(self, samples: list) -> dict:
         """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
         parts = [self.sample(s.meta["turns"], list(s.images)) for s in samples]
-        qwen = self.family == "qwen2vl"
+        qwen = self.family in _QWEN
         cat = lambda key, dim: torch.cat([p[key] for p in parts], dim=dim)  # noqa: E731
         empty_pos = torch.zeros((4, 1, 0) if qwen else (1, 0), dtype=torch.long)
         batch = {

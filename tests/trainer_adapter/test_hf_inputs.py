@@ -105,3 +105,92 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
     assert torch.equal(row["pixel_values"], torch.cat(pixels))
+
+
+def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
+    """Qwen3-VL: 16-px patches (its image processor's), the Qwen chat template and vision
+    tokens, 3-D positions from a tiny Qwen3-VL's ``get_rope_index``; tokens, pixels and grids
+    equal ``Qwen3VLProcessor``'s, positions equal ``get_rope_index`` over each whole sample."""
+    tf = pytest.importorskip("transformers")
+    if not hasattr(tf, "Qwen3VLProcessor"):
+        pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
+    from PIL import Image
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    from dataprep.records import normalize_record
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)  # Qwen's template and tokens
+    qwen2 = processor_for("qwen2vl", model)
+    processor = type(
+        "Qwen3VLImagesOnly",
+        (tf.Qwen3VLProcessor,),
+        {"get_attributes": classmethod(lambda c: ["image_processor", "tokenizer"])},
+    )(
+        image_processor=Qwen2VLImageProcessorPil(
+            patch_size=16, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        ),
+        tokenizer=qwen2.tokenizer,
+        chat_template=qwen2.tokenizer.chat_template,
+    )
+    tok = processor.tokenizer
+    ids = {
+        k: tok.convert_tokens_to_ids(t)
+        for k, t in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
+    rope_cfg = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
+    cfg = tf.Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=len(tok), hidden_size=16, intermediate_size=16, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+            rope_parameters={**rope_cfg, "mrope_interleaved": True},
+        ),
+        vision_config=dict(
+            depth=1, hidden_size=16, intermediate_size=16, num_heads=2, patch_size=16,
+            spatial_merge_size=2, out_hidden_size=16, num_position_embeddings=64,
+            deepstack_visual_indexes=[0],
+        ),
+        **ids,
+    )  # fmt: skip
+    rope_index = tf.Qwen3VLModel(cfg).get_rope_index
+    packer = HFPacker(
+        family="qwen3vl", processor=processor, template=str(model), rope_index=rope_index
+    )
+    records = conversations(tmp_path, 12, seed=11)
+    samples = [
+        SimpleNamespace(
+            meta={"turns": normalize_record(r, r["id"]).turns},
+            images=[(tmp_path / name).read_bytes() for name in r["image"]],
+        )
+        for r in records
+    ]
+    row = packer(samples)
+    assert row["position_ids"].shape[:2] == (4, 1)
+    text_pos = row["position_ids"][0, 0]
+    starts = [*(text_pos == 0).nonzero().reshape(-1).tolist(), text_pos.numel()]
+    assert len(starts) - 1 == len(records)
+    pixels, grids = [], []
+    for k, rec in enumerate(records):
+        a, b = starts[k], starts[k + 1]
+        text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
+        images = [Image.open(tmp_path / n).convert("RGB") for n in rec["image"]]
+        want = processor(text=[text], images=images or None, return_tensors="pt")
+        assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
+        grid = want.get("image_grid_thw")
+        rope, _ = rope_index(
+            want["input_ids"],
+            (want["input_ids"] == ids["image_token_id"]).int(),
+            image_grid_thw=grid,
+        )
+        assert torch.equal(row["position_ids"][1:, :, a:b], rope), rec["id"]
+        if images:
+            pixels.append(want["pixel_values"])
+            grids.append(grid)
+    assert torch.equal(row["pixel_values"], torch.cat(pixels))
+    assert torch.equal(row["image_grid_thw"], torch.cat(grids))
+    assert row["pixel_values"].shape[1] == 3 * 2 * 16 * 16  # Qwen3-VL's patch, not Qwen2-VL's

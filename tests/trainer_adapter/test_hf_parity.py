@@ -1,5 +1,6 @@
 """Runtime balancing inside real Hugging Face VLMs (tiny configs, random weights, no download):
-Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen3-VL (the same plus deepstack features
+Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen2.5-VL (the same with window
+attention inside each image), Qwen3-VL (the same plus deepstack features
 injected into the first decoder layers at the visual tokens), InternVL and LLaVA (tiles). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
 gradient with encoder and LLM balancing, without balancing, and from a single process over the
@@ -24,6 +25,12 @@ LAYOUTS = {
     "qwen2vl": [
         [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
         [],  # an empty rank
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
+    "qwen25vl": [  # Qwen2.5-VL: window attention inside each image (4 x 4-patch windows)
+        [(5, (1, 8, 12), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
@@ -74,6 +81,28 @@ def build_model(family: str, seed: int = 0):
             vision_end_token_id=VEND,
         )
         cls = tf.Qwen2VLForConditionalGeneration
+    elif family == "qwen25vl":
+        cfg = tf.Qwen2_5_VLConfig(
+            text_config={**TEXT, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
+            vision_config=dict(
+                depth=2,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                in_channels=3,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=32,
+                window_size=56,  # 2 x 2 merged patches per window: several per image
+                fullatt_block_indexes=[1],
+            ),
+            image_token_id=IMG,
+            video_token_id=998,
+            vision_start_token_id=VSTART,
+            vision_end_token_id=VEND,
+        )
+        cls = tf.Qwen2_5_VLForConditionalGeneration
     elif family == "qwen3vl":
         if not hasattr(tf, "Qwen3VLConfig"):
             pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
@@ -146,7 +175,7 @@ def make_batches(family: str, model):
     """Per rank: input_ids, labels, packed position ids (restarting per sample; Qwen2-VL's
     [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw)."""
     rng = np.random.default_rng(1)
-    qwen = family in ("qwen2vl", "qwen3vl")
+    qwen = family in ("qwen2vl", "qwen25vl", "qwen3vl")
     out = []
     for samples in LAYOUTS[family]:
         ids, labels, pos, pix, grids = [], [], [], [], []
@@ -256,6 +285,7 @@ def reference(family: str):
 # parameters at both ends of the vision path, which must receive gradient through the exchange
 VISION_PARAMS = {
     "qwen2vl": ("model.visual.patch_embed.proj.weight", "model.visual.merger.mlp.2.weight"),
+    "qwen25vl": ("model.visual.patch_embed.proj.weight", "model.visual.merger.mlp.2.weight"),
     "qwen3vl": (
         "model.visual.patch_embed.proj.weight",
         "model.visual.merger.linear_fc2.weight",

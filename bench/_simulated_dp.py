@@ -15,53 +15,48 @@ two runs, one thread. Efficiency = sum over steps of the mean rank time / sum of
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import torch
+
+from bench._timing import Memo, best_time
 
 RANKS, BATCH, STEPS = 8, 4, 12
 
 
 def _timer(model, device):
     cfg = model.cfg
-    cache = {}
+    memo = Memo()
 
     def vit(tiles: int) -> float:
         if tiles == 0:
             return 0.0
-        if ("v", tiles) not in cache:
+
+        def run():
             patches = torch.randn(tiles * 1024, cfg.patch_dim, device=device)
             hw = torch.tensor([[32, 32]] * tiles)
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
-                model.encode_images(patches, hw).square().mean().backward()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            cache[("v", tiles)] = best
-        return cache[("v", tiles)]
+            return best_time(
+                lambda: model.encode_images(patches, hw).square().mean().backward(), device=device
+            )
+
+        return memo(("v", tiles), run)
 
     def llm(lens: tuple[int, ...]) -> float:
         if not lens:
             return 0.0
-        key = ("l", tuple(sorted(lens)))
-        if key not in cache:
+
+        def run():
             n = int(sum(lens))
             ids = torch.randint(0, cfg.vocab_size, (n,), device=device)
             pos = torch.cat([torch.arange(x) for x in lens]).to(device)
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
+
+            def once():
                 x = model.llm.tok(ids) + model.llm.pos(pos)
                 h = model.llm.forward_blocks(x, list(lens))
                 torch.nn.functional.cross_entropy(model.llm.logits(h), ids).backward()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                best = min(best, time.perf_counter() - t0)
-            cache[key] = best
-        return cache[key]
+
+            return best_time(once, device=device)
+
+        return memo(("l", tuple(sorted(lens))), run)
 
     return vit, llm
 

@@ -23,11 +23,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from bench._timing import Memo, best_time
 
 RANKS, BATCH, STEPS = 8, 4, 6
 # Every length scaled by 1/4 so that the CPU run takes minutes: a tile is a 224x224 image
@@ -55,41 +56,39 @@ def _model(seed: int = 0):
 
 
 def _timers(model):
-    cache: dict = {}
+    memo = Memo()
     visual, lm = model.model.visual, model.model.language_model
     dim = 3 * 2 * 14 * 14
 
     def vit(images: int) -> float:
         if images == 0:
             return 0.0
-        if ("v", images) not in cache:
+
+        def run():
             pix = torch.randn(images * PATCHES, dim)
             grid = torch.tensor([[1, 16, 16]] * images)
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
-                visual(pix, grid_thw=grid).pooler_output.square().mean().backward()
-                best = min(best, time.perf_counter() - t0)
-            cache[("v", images)] = best
-        return cache[("v", images)]
+            return best_time(
+                lambda: visual(pix, grid_thw=grid).pooler_output.square().mean().backward()
+            )
+
+        return memo(("v", images), run)
 
     def llm(lens: tuple[int, ...]) -> float:
         if not lens:
             return 0.0
-        key = ("l", tuple(sorted(lens)))
-        if key not in cache:
+
+        def run():
             ids = torch.randint(0, 2000, (1, int(sum(lens))))
             text = torch.cat([torch.arange(n) for n in lens])[None]
             pos = torch.cat([text[None]] + [text[None]] * 3)  # [4, 1, L], restarting per sample
-            best = float("inf")
-            for _ in range(2):
-                t0 = time.perf_counter()
+
+            def once():
                 h = lm(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
-                logits = model.lm_head(h)
-                torch.nn.functional.cross_entropy(logits[0], ids[0]).backward()
-                best = min(best, time.perf_counter() - t0)
-            cache[key] = best
-        return cache[key]
+                torch.nn.functional.cross_entropy(model.lm_head(h)[0], ids[0]).backward()
+
+            return best_time(once)
+
+        return memo(("l", tuple(sorted(lens))), run)
 
     return vit, llm
 

@@ -52,11 +52,23 @@ def _rope_index(family, processor):
     return Qwen2VLModel(cfg).get_rope_index
 
 
+def _samples(root, records):
+    """The records as the loader hands them to a transform: turns and encoded image bytes."""
+    from dataprep.records import normalize_record
+
+    return [
+        SimpleNamespace(
+            meta={"turns": normalize_record(r, r["id"]).turns},
+            images=[(root / name).read_bytes() for name in r["image"]],
+        )
+        for r in records
+    ]
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     from PIL import Image
 
-    from dataprep.records import normalize_record
     from trainer_adapter.hf_inputs import HFPacker
 
     model = make_model_dir(tmp_path, family, tokenizer_path)
@@ -64,13 +76,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     rope = _rope_index(family, processor)
     packer = HFPacker(family=family, processor=processor, template=str(model), rope_index=rope)
     records = conversations(tmp_path, 24, seed=7)
-    samples = [
-        SimpleNamespace(
-            meta={"turns": normalize_record(r, r["id"]).turns},
-            images=[(tmp_path / name).read_bytes() for name in r["image"]],
-        )
-        for r in records
-    ]
+    samples = _samples(tmp_path, records)
     row = packer(samples)
     text_pos = row["position_ids"][0].reshape(-1)
     starts = [*(text_pos == 0).nonzero().reshape(-1).tolist(), text_pos.numel()]
@@ -117,7 +123,6 @@ def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
     from PIL import Image
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-    from dataprep.records import normalize_record
     from trainer_adapter.hf_inputs import HFPacker
 
     model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)  # Qwen's template and tokens
@@ -162,13 +167,7 @@ def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
         family="qwen3vl", processor=processor, template=str(model), rope_index=rope_index
     )
     records = conversations(tmp_path, 12, seed=11)
-    samples = [
-        SimpleNamespace(
-            meta={"turns": normalize_record(r, r["id"]).turns},
-            images=[(tmp_path / name).read_bytes() for name in r["image"]],
-        )
-        for r in records
-    ]
+    samples = _samples(tmp_path, records)
     row = packer(samples)
     assert row["position_ids"].shape[:2] == (4, 1)
     text_pos = row["position_ids"][0, 0]

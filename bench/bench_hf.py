@@ -38,37 +38,51 @@ PATCHES = 1024 // SCALE
 HERE = Path(__file__).resolve().parent
 
 
-def _model(seed: int = 0):
+# (vision depth, embed dim, heads; LLM hidden, layers, heads, kv heads, MLP width, vocab)
+SIZES = {
+    "tiny": (2, 64, 4, 128, 2, 4, 2, 256, 2048),
+    "2b": (32, 1280, 16, 1536, 28, 12, 2, 8960, 151_936),  # Qwen2-VL-2B's shapes
+}
+
+
+def _model(seed: int = 0, size: str = "tiny"):
     import transformers as tf
 
+    vd, ve, vh, lh, ll, ln, lk, mlp, vocab = SIZES[size]
     cfg = tf.Qwen2VLConfig(
-        text_config=dict(vocab_size=2048, hidden_size=128, intermediate_size=256,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        text_config=dict(vocab_size=vocab, hidden_size=lh, intermediate_size=mlp,
+                         num_hidden_layers=ll, num_attention_heads=ln, num_key_value_heads=lk,
                          rope_scaling={"type": "mrope", "mrope_section": [8, 4, 4]},
                          max_position_embeddings=32768),
-        vision_config=dict(depth=2, embed_dim=64, hidden_size=128, num_heads=4),
-        image_token_id=2047, video_token_id=2046, vision_start_token_id=2045,
-        vision_end_token_id=2044,
+        vision_config=dict(depth=vd, embed_dim=ve, hidden_size=lh, num_heads=vh),
+        image_token_id=vocab - 1, video_token_id=vocab - 2, vision_start_token_id=vocab - 3,
+        vision_end_token_id=vocab - 4,
     )  # fmt: skip
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
     return tf.Qwen2VLForConditionalGeneration(cfg).train()
 
 
-def _timers(model):
+def _timers(model, patches: int = PATCHES, device: str = "cpu"):
+    """Seconds of the tower's forward + backward over ``images`` images of ``patches`` patches,
+    and of the LLM's (with the LM head and loss) over packed samples of the given lengths."""
     memo = Memo()
     visual, lm = model.model.visual, model.model.language_model
     dim = 3 * 2 * 14 * 14
+    side = round(patches**0.5)
+    assert side * side == patches, patches
+    dtype = next(model.parameters()).dtype
 
     def vit(images: int) -> float:
         if images == 0:
             return 0.0
 
         def run():
-            pix = torch.randn(images * PATCHES, dim)
-            grid = torch.tensor([[1, 16, 16]] * images)
+            pix = torch.randn(images * patches, dim, device=device, dtype=dtype)
+            grid = torch.tensor([[1, side, side]] * images, device=device)
             return best_time(
-                lambda: visual(pix, grid_thw=grid).pooler_output.square().mean().backward()
+                lambda: visual(pix, grid_thw=grid).pooler_output.float().square().mean().backward(),
+                device=device,
             )
 
         return memo(("v", images), run)
@@ -78,15 +92,16 @@ def _timers(model):
             return 0.0
 
         def run():
-            ids = torch.randint(0, 2000, (1, int(sum(lens))))
-            text = torch.cat([torch.arange(n) for n in lens])[None]
+            ids = torch.randint(0, 2000, (1, int(sum(lens))), device=device)
+            text = torch.cat([torch.arange(n) for n in lens])[None].to(device)
             pos = torch.cat([text[None]] + [text[None]] * 3)  # [4, 1, L], restarting per sample
 
             def once():
                 h = lm(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
-                torch.nn.functional.cross_entropy(model.lm_head(h)[0], ids[0]).backward()
+                logits = model.lm_head(h)[0].float()
+                torch.nn.functional.cross_entropy(logits, ids[0]).backward()
 
-            return best_time(once)
+            return best_time(once, device=device)
 
         return memo(("l", tuple(sorted(lens))), run)
 
@@ -104,18 +119,24 @@ def _veomni_greedy(images_len: np.ndarray, ranks: int) -> np.ndarray:
     return dest
 
 
-def simulate(seed: int = 0) -> dict:
+def simulate(seed: int = 0, size: str = "tiny", device: str = "cpu", scale: int = SCALE) -> dict:
+    """``size`` tiny on the CPU (lengths scaled by ``scale``); on a GPU, ``2b`` in bf16 at the
+    real lengths (``scale=1``: 1,024 patches per tile)."""
     from balancing import CostModel, post_balance
     from balancing.plan import BalanceConfig, build_plan
     from bench._internvl import cost_table, load_lengths
 
     torch.set_num_threads(1)
-    model = _model(seed)
-    vit_t, llm_t = _timers(model)
+    model = _model(seed, size).to(device)
+    if device != "cpu":
+        model = model.to(torch.bfloat16)
+    patches = 1024 // scale
+    vit_t, llm_t = _timers(model, patches, device)
     tiles, llm = load_lengths()
-    llm = np.maximum(1, llm // SCALE)
+    llm = np.maximum(1, llm // scale)
     rng = np.random.default_rng(seed)
-    cm = CostModel.from_dims(vit_hidden=64, vit_layers=2, llm_hidden=128, llm_layers=2)
+    vd, ve, _, lh, ll, *_ = SIZES[size]
+    cm = CostModel.from_dims(vit_hidden=ve, vit_layers=vd, llm_hidden=lh, llm_layers=ll)
     rand_steps = []
     for _ in range(STEPS):
         pick = rng.choice(tiles.size, RANKS * BATCH, replace=False).reshape(RANKS, BATCH)
@@ -141,10 +162,10 @@ def simulate(seed: int = 0) -> dict:
             if how == "plain":
                 v_dest, l_dest = img_rank, own
             elif how == "encoder-greedy":
-                v_dest, l_dest = _veomni_greedy(np.full(img_owner.size, PATCHES), RANKS), own
+                v_dest, l_dest = _veomni_greedy(np.full(img_owner.size, patches), RANKS), own
             else:  # equishard: every image and every sample by its modeled cost
                 v_cost = np.full(
-                    img_owner.size, cm.vision.alpha * PATCHES + cm.vision.beta * PATCHES**2
+                    img_owner.size, cm.vision.alpha * patches + cm.vision.beta * patches**2
                 )
                 n = llm[idx].astype(np.float64)
                 v_dest = post_balance(v_cost, RANKS, method="auto").dest
@@ -175,6 +196,32 @@ def simulate(seed: int = 0) -> dict:
             "step_time_ms": 1000 * total / len(st),
         }
     return rows
+
+
+def _sim_rows(sim: dict) -> list[str]:
+    out = ["| steps | efficiency | tokens/s | step time (ms) |", "| --- | ---: | ---: | ---: |"]
+    for name, r in sim.items():
+        out.append(
+            f"| {name} | {r['efficiency']:.3f} | {r['tokens_per_s']:,.0f} | {r['step_time_ms']:,.0f} |"
+        )
+    return out
+
+
+def _gpu_table(raw: dict) -> list[str]:
+    """The same simulation with a Qwen2-VL-2B-shaped model in bf16 at the real lengths, where a
+    CUDA device is present; elsewhere the table a GPU machine stored last (if any)."""
+    head = "Simulated 8-rank DP on a GPU: Qwen2-VL-2B shapes (vision 32x1280, LLM 28x1536), bf16, real lengths (1,024 patches per tile)"
+    if torch.cuda.is_available():
+        gpu = simulate(size="2b", device="cuda", scale=1)
+        raw["simulated_dp_gpu"] = {"device": torch.cuda.get_device_name(), "rows": gpu}
+    else:
+        stored = HERE / "results" / "hf.json"
+        old = json.loads(stored.read_text())["raw"] if stored.exists() else {}
+        raw["simulated_dp_gpu"] = old.get("simulated_dp_gpu")
+    g = raw["simulated_dp_gpu"]
+    if not g:
+        return [f"{head}: not measured yet (no CUDA device on the machines that ran it)."]
+    return [f"{head}, on {g['device']}:", "", *_sim_rows(g["rows"])]
 
 
 def overhead(family: str, balance: str, gen: Path, tokenizer: Path, steps: int = 5) -> dict:
@@ -217,14 +264,10 @@ def run() -> dict:
         "CPU, one thread; a tile = one image, every length scaled by 1/4 (256 patches and 64 "
         "LLM tokens per tile).",
         "",
-        "| steps | efficiency | tokens/s | step time (ms) |",
-        "| --- | ---: | ---: | ---: |",
+        *_sim_rows(sim),
     ]
-    for name, r in sim.items():
-        lines.append(
-            f"| {name} | {r['efficiency']:.3f} | {r['tokens_per_s']:,.0f} | {r['step_time_ms']:,.0f} |"
-        )
-    raw = {"simulated_dp": sim}
+    raw = {"simulated_dp": sim, "simulated_dp_gpu": None}
+    lines += ["", *_gpu_table(raw)]
     with tempfile.TemporaryDirectory() as tmp:
         from equishard.cli import main
         from tests.shards.conftest import build_inputs
@@ -244,7 +287,7 @@ def run() -> dict:
             "| --- | --- | ---: | ---: | ---: |",
         ]
         raw["overhead"] = {}
-        for family in ("qwen2vl", "internvl", "llava"):
+        for family in ("qwen2vl", "qwen3vl", "internvl", "llava"):
             for balance in ("off", "encoder", "llm", "both"):
                 r = overhead(family, balance, gen, demo / "tokenizer.json")
                 raw["overhead"][f"{family}/{balance}"] = r

@@ -232,6 +232,32 @@ MUTATIONS = [
         "out.append([(i, 0, int(lengths[i])) for i in whole[k]] + stream[k])",
         (REF, f"{SPLIT}::test_cut_plans_hold_every_token_once_in_order"),
     ),
+    Mutation(
+        "recompute-plans-on-trial-batch",
+        "adaptive recomputation plans for the trial batch, not the heaviest group",
+        "trainer_adapter/recompute.py",
+        "return static + ratio * max(peak - static, 0.0)",
+        "return peak",
+        (
+            "tests/trainer_adapter/test_recompute.py::test_plans_for_a_heavier_step_than_the_trial_batch",
+        ),
+    ),
+    Mutation(
+        "flops-projector-one-linear",
+        "model FLOPs count one of the projector's two products",
+        "trainer_adapter/flops.py",
+        "fwd += 2.0 * (cfg.vit_hidden * m2 + cfg.llm_hidden) * cfg.llm_hidden * (p / m2)",
+        "fwd += 2.0 * cfg.vit_hidden * m2 * cfg.llm_hidden * (p / m2)",
+        ("tests/trainer_adapter/test_flops.py",),
+    ),
+    Mutation(
+        "hf-qwen3-packer-merge",
+        "the packer counts a Qwen image's tokens without the 2 x 2 merge",
+        "trainer_adapter/hf_inputs.py",
+        'return [int(g.prod()) // merge for g in processed["image_grid_thw"]]',
+        'return [int(g.prod()) for g in processed["image_grid_thw"]]',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_qwen3vl_packer_matches_its_processor",),
+    ),
 ]
 
 

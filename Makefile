@@ -90,6 +90,8 @@ nightly-demo: $(STAMP)
 # `make gpu-smoke`: the GPU tests, the demo pipeline planned for one rank, ten steps of the 1b
 # VLM in bf16 with adaptive recomputation over NCCL, then the GPU benchmark (BENCHMARKS.md)
 gpu-smoke: $(STAMP)
+	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+		'make gpu-smoke needs a CUDA GPU (torch sees none); on a CPU use make train')"
 	$(BIN)/python -m pytest -m gpu -q
 	$(MAKE) shards OUT=$(GPU_OUT) SAMPLES=400 DP=1 NODES=1 BATCH=4
 	$(BIN)/python -m equishard train --shards $(GPU_OUT)/shards --nproc 1 --dp 1 --steps 10 \

@@ -243,7 +243,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         lm = rec["loads_max_over_mean"]
         print(
             f"step {step:4d}  {out['seconds']:6.2f} s  loss {out['loss']:.4f}  "
-            f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.2f} TFLOP/s/rank  "
+            f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.3g} TFLOP/s/rank  "
             + (f"peak {rec['peak_reserved'] / 2**30:.1f} GiB  " if rec["peak_reserved"] else "")
             + f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
             f"llm {lm['llm_before']:.3f}->{lm['llm_after']:.3f}  moved intra "

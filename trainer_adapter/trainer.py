@@ -103,7 +103,8 @@ class Trainer:
             llm_layers=model_cfg.llm_layers,
         )
         self.cost_model = cm
-        self._embedding_bytes = model_cfg.llm_hidden * 4  # fp32 image-token embeddings
+        # image-token embeddings as they travel: bf16 under autocast (the projector's output)
+        self._embedding_bytes = model_cfg.llm_hidden * (2 if cfg.precision == "bf16" else 4)
         self.set_redistribution(cfg.redistribute)
         # every rank creates every group, in the same order
         pp_groups = [dist.new_group([r * cfg.pp + s for s in range(cfg.pp)]) for r in range(cfg.dp)]

@@ -208,7 +208,7 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
     from trainer_adapter.partition import search_partition, stage_ranges
     from trainer_adapter.pipeline import StageModule, bucket_ladder, doc_rows, plan_step
     from trainer_adapter.split_samples import _single_stage_order, chain_actions
-    from trainer_adapter.trainer import auto_mb_tokens
+    from trainer_adapter.trainer import _blocks_of, auto_mb_tokens
 
     mb_max = auto_mb_tokens(loads, n_micro)
     buckets = bucket_ladder(mb_max, 1.08)
@@ -220,7 +220,7 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
     ranges = stage_ranges(best.bounds, n_layers)
     stages = []
     for k, (lo, hi) in enumerate(ranges):
-        blocks = range(max(lo - 1, 0), min(hi - 1, n_blocks))
+        blocks = _blocks_of(lo, hi, n_blocks)
         stages.append(StageModule(llm, blocks.start, blocks.stop, last=k == pp - 1))
     res = {"pp": pp, "microbatches": n_micro, "bounds": list(best.bounds), "steps": []}
     for ranks in picked:

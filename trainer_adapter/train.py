@@ -204,6 +204,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         moved = r["bytes"]
         intra = sum(v["intra_node"] for v in moved.values())
         inter = sum(v["inter_node"] for v in moved.values())
+        flops = sum(e["flops"] for e in every)
         bubbles = {}
         if cfg.pp > 1:
             for s in range(cfg.pp):
@@ -225,8 +226,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             "redistribute_seconds": out["redistribute_seconds"],
             "bubble_per_stage": bubbles,
             # model FLOPs of the step over all ranks (trainer_adapter.flops), per GPU per second
-            "model_flops": sum(e["flops"] for e in every),
-            "tflops_per_rank": sum(e["flops"] for e in every) / out["seconds"] / len(every) / 1e12,
+            "model_flops": flops,
+            "tflops_per_rank": flops / out["seconds"] / len(every) / 1e12,
             "precision": cfg.precision,
             # CUDA only: the largest rank's peak allocated and reserved bytes in the step
             "peak_allocated": max((e["peak"][0] or 0) for e in every) or None,

@@ -20,14 +20,9 @@ from tests.dataprep.test_jinja_template import (
 pytest.importorskip("transformers")
 
 
-def _rope_index(family, processor):
-    """A tiny Qwen2-VL's ``get_rope_index``, with the tokenizer's ids for its vision tokens."""
-    if family != "qwen2vl":
-        return None
-    from transformers import Qwen2VLConfig, Qwen2VLModel
-
-    tok = processor.tokenizer
-    ids = {
+def _vision_token_ids(tok) -> dict:
+    """A Qwen config's ids of its vision tokens, from the tokenizer."""
+    return {
         k: tok.convert_tokens_to_ids(t)
         for k, t in (
             ("image_token_id", "<|image_pad|>"),
@@ -36,6 +31,16 @@ def _rope_index(family, processor):
             ("vision_end_token_id", "<|vision_end|>"),
         )
     }
+
+
+def _rope_index(family, processor):
+    """A tiny Qwen2-VL's ``get_rope_index``, with the tokenizer's ids for its vision tokens."""
+    if family != "qwen2vl":
+        return None
+    from transformers import Qwen2VLConfig, Qwen2VLModel
+
+    tok = processor.tokenizer
+    ids = _vision_token_ids(tok)
     cfg = Qwen2VLConfig(
         text_config=dict(
             vocab_size=len(tok),
@@ -139,15 +144,7 @@ def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
         chat_template=qwen2.tokenizer.chat_template,
     )
     tok = processor.tokenizer
-    ids = {
-        k: tok.convert_tokens_to_ids(t)
-        for k, t in (
-            ("image_token_id", "<|image_pad|>"),
-            ("video_token_id", "<|video_pad|>"),
-            ("vision_start_token_id", "<|vision_start|>"),
-            ("vision_end_token_id", "<|vision_end|>"),
-        )
-    }
+    ids = _vision_token_ids(tok)
     rope_cfg = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
     cfg = tf.Qwen3VLConfig(
         text_config=dict(

@@ -59,9 +59,9 @@ train: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
 		--log $(TRAIN_OUT)/train.jsonl
 
-# `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|qwen3vl|internvl|llava) trained on the demo
-# generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU ranks, with runtime
-# balancing (BALANCE=off|encoder|llm|both).
+# `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|qwen3vl|internvl|llava|llava_onevision)
+# trained on the demo generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU
+# ranks, with runtime balancing (BALANCE=off|encoder|llm|both).
 train-hf: $(STAMP)
 	@test -f $(TRAIN_OUT)/shards/CURRENT || $(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 \
 		NODES=2 BATCH=3 POLICY="internvl:max_tiles=4,tile_size=56"

@@ -1,5 +1,6 @@
 """dataprep: read VLM datasets and measure every sample's vision and text cost."""
 
+from dataprep.anyres_policy import OneVisionPolicy
 from dataprep.cost_table import (
     COST_SCHEMA,
     ERRORS_SCHEMA,
@@ -20,6 +21,7 @@ __all__ = [
     "ErrorRateExceeded",
     "FixedPolicy",
     "InternVLPolicy",
+    "OneVisionPolicy",
     "PrepConfig",
     "PrepResult",
     "Qwen2VLPolicy",

@@ -230,7 +230,7 @@ class Measurer:
                     out.cached_lines.append(rec.line)
                     continue
                 headers = [_probe(r, self.check_images) for r in refs]
-                costs = [self.policy.image_cost(h.width, h.height) for h in headers]
+                costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
                 text = self.template.render(sample.turns)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))

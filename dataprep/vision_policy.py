@@ -15,6 +15,10 @@ Each policy reproduces the preprocessing of a published model family exactly:
   ``resize=qwen-vl-utils`` is ``qwen_vl_utils.fetch_image``, which rounds each side to at least
   28 px first (the Qwen2-VL / Qwen2.5-VL repositories' own fine-tuning code and vLLM-style
   pipelines that call ``process_vision_info``). Pick the one your training data loader runs.
+* ``qwen3vl`` — the same resize with Qwen3-VL's image processor settings: 16-px patches
+  (multiples of 32), pixels within [65536, 16777216].
+* ``llava-onevision`` — LLaVA-OneVision's anyres_max_9 (:mod:`dataprep.anyres_policy`): a
+  sample's image costs depend on how many images the sample has.
 
 Spec strings take options: ``internvl:max_tiles=6,thumbnail=0``,
 ``qwen2vl:min_pixels=3136,max_pixels=1003520,resize=qwen-vl-utils``.
@@ -59,6 +63,11 @@ class VisionPolicy:
 
     def image_cost(self, width: int, height: int) -> ImageCost:
         raise NotImplementedError
+
+    def sample_costs(self, sizes: list[tuple[int, int]]) -> list[ImageCost]:
+        """The costs of one sample's images, given their (width, height) in order (a policy
+        whose image costs depend on the sample overrides this)."""
+        return [self.image_cost(w, h) for w, h in sizes]
 
     def spec(self) -> str:
         raise NotImplementedError
@@ -268,13 +277,25 @@ class Qwen2VLPolicy(VisionPolicy):
 
 _INT_OPTIONS = {
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
+    "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
+    "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
 }
-_STR_OPTIONS = {"internvl": {}, "qwen2vl": {"resize": QWEN2VL_RESIZE}}
+_STR_OPTIONS = {
+    "internvl": {},
+    "llava-onevision": {},
+    "qwen2vl": {"resize": QWEN2VL_RESIZE},
+    "qwen3vl": {"resize": QWEN2VL_RESIZE},
+}
+# Qwen3-VL: Qwen2-VL's smart resize with 16-px patches (multiples of 32) and the pixel bounds of
+# its released image processor (size: shortest_edge 65536, longest_edge 16777216)
+QWEN3VL_DEFAULTS = {"patch_size": 16, "min_pixels": 65536, "max_pixels": 16777216}
 
 
 def parse_vision_policy(spec: str) -> VisionPolicy:
-    """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``, ``qwen2vl[:k=v,...]``."""
+    """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
+    ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
+    pixel bounds), ``llava-onevision[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -285,7 +306,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
             )
         return FixedPolicy(image_size=int(size), patch_size=int(patch))
     if name not in _INT_OPTIONS:
-        raise ValueError(f"unknown vision policy {spec!r}: choose fixed:S/P, internvl or qwen2vl")
+        raise ValueError(
+            f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl or "
+            "llava-onevision"
+        )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, sep, value = item.partition("=")
@@ -302,11 +326,17 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
             allowed = ", ".join(sorted(_INT_OPTIONS[name] | set(_STR_OPTIONS[name])))
             raise ValueError(
                 f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}"
-                + (" (or resize=transformers|qwen-vl-utils)" if name == "qwen2vl" else "")
+                + (" (or resize=transformers|qwen-vl-utils)" if name.startswith("qwen") else "")
             )
         kwargs[key] = int(value)
     if name == "internvl":
         if "thumbnail" in kwargs:
             kwargs["thumbnail"] = bool(kwargs["thumbnail"])
         return InternVLPolicy(**kwargs)
+    if name == "llava-onevision":
+        from dataprep.anyres_policy import OneVisionPolicy
+
+        return OneVisionPolicy(**kwargs)
+    if name == "qwen3vl":
+        kwargs = {**QWEN3VL_DEFAULTS, **kwargs}
     return Qwen2VLPolicy(**kwargs)

@@ -5,9 +5,10 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | qwen3vl | internvl | llava builds a tiny model of that architecture from its
-``transformers`` config (random weights, nothing downloaded), the family's processor classes
-from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
+``--family`` qwen2vl | qwen3vl | internvl | llava | llava_onevision builds a tiny model of that
+architecture from its ``transformers`` config (random weights, nothing downloaded), the family's
+processor classes from config, and a local tokenizer (the given tokenizer.json with the family's
+special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
 before/after balancing and the step time (JSON lines in ``--jsonl``); rank 0 prints a summary.
 The lines marked "equishard" are all a loop needs to turn balancing on.
@@ -39,7 +40,9 @@ SPECIALS = {
                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
+    "llava_onevision": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
 }  # fmt: skip
+FAMILIES = list(SPECIALS)
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
 
 
@@ -134,6 +137,29 @@ def build(family: str, mdir: Path):
             vision_feature_layer=-1,
         )  # fmt: skip
         return proc, tf.InternVLForConditionalGeneration(cfg)
+    if family == "llava_onevision":  # anyres: up to 3x3 tiles + a base tile, SigLIP tower
+        from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+
+        grid = [[i * TILE, j * TILE] for i in (1, 2, 3) for j in (1, 2, 3)]
+        ip = LlavaOnevisionImageProcessorPil(
+            size={"height": TILE, "width": TILE}, image_grid_pinpoints=grid
+        )
+        proc = no_video(tf.LlavaOnevisionProcessor)(
+            image_processor=ip, tokenizer=tok, num_image_tokens=(TILE // 7) ** 2,
+            vision_feature_select_strategy="full",
+        )  # fmt: skip
+        cfg = tf.LlavaOnevisionConfig(
+            vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=TILE, patch_size=7),
+            text_config={**text, "model_type": "qwen2"},
+            image_token_index=ids("<image>"),
+            video_token_index=ids("<video>"),
+            image_grid_pinpoints=grid,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full",
+        )  # fmt: skip
+        return proc, tf.LlavaOnevisionForConditionalGeneration(cfg)
     from transformers.models.clip import CLIPImageProcessorPil
 
     ip = CLIPImageProcessorPil(
@@ -162,9 +188,7 @@ def main() -> None:
     )
     p.add_argument("--shards", required=True, help="generation root written by 'make shards'")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (the demo's)")
-    p.add_argument(
-        "--family", choices=["qwen2vl", "qwen3vl", "internvl", "llava"], default="qwen2vl"
-    )
+    p.add_argument("--family", choices=FAMILIES, default="qwen2vl")
     p.add_argument("--balance", choices=["off", "encoder", "llm", "both"], default="both")
     p.add_argument(
         "--parallel",

@@ -86,7 +86,14 @@ class Collator:
         )
         object.__setattr__(self, "_tok", tok)
         object.__setattr__(self, "_tmpl", load_template(self.template))
-        object.__setattr__(self, "_policy", parse_vision_policy(self.vision_policy))
+        policy = parse_vision_policy(self.vision_policy)
+        if not isinstance(policy, FixedPolicy | InternVLPolicy | Qwen2VLPolicy):
+            raise ValueError(
+                f"vision policy {self.vision_policy!r} counts tokens for a Hugging Face model "
+                "(train it with trainer_adapter.HFPacker); equishard's own VLM collates with "
+                "fixed:S/P, internvl or qwen2vl: prep with one of those to use equishard train"
+            )
+        object.__setattr__(self, "_policy", policy)
         object.__setattr__(self, "image_token_id", tok.token_to_id(IMAGE_CONTEXT))
         object.__setattr__(self, "_placeholder_id", tok.token_to_id(IMAGE_PLACEHOLDER))
 
@@ -131,7 +138,7 @@ class Collator:
             text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
             enc = self._tok.encode(text, add_special_tokens=False)
             imgs = [Image.open(io.BytesIO(b)).convert("RGB") for b in s.images]
-            costs = [self._policy.image_cost(*im.size) for im in imgs]
+            costs = self._policy.sample_costs([im.size for im in imgs])
             n_ph = enc.ids.count(self._placeholder_id)
             if n_ph != len(imgs):
                 raise ValueError(

@@ -67,15 +67,17 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     assert len(set(ddp)) == steps  # the weights changed between steps
 
 
-def test_train_hf_example_trains_qwen3vl(tmp_path):
-    """Qwen3-VL (16-px patches, deepstack features, its processor) through the same loop."""
+@pytest.mark.parametrize("family", ["qwen3vl", "llava_onevision"])
+def test_train_hf_example_trains_more_families(tmp_path, family):
+    """Qwen3-VL (16-px patches, deepstack features, its processor) and LLaVA-OneVision (anyres
+    tiles, newline embeddings, multi-image samples) through the same loop."""
     tf = pytest.importorskip("transformers")
-    if not hasattr(tf, "Qwen3VLForConditionalGeneration"):
+    if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
     demo, cost, plan = build_inputs(tmp_path, samples=24, dp=2, nodes=1)
     gen = tmp_path / "shards"
     assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
-    rows = _train(gen, demo, tmp_path / "q3.jsonl", "ddp", 2, family="qwen3vl")
+    rows = _train(gen, demo, tmp_path / "run.jsonl", "ddp", 2, family=family)
     assert sorted((r["step"], r["rank"]) for r in rows) == [
         (s, r) for s in range(2) for r in range(2)
     ]

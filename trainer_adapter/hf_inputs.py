@@ -3,14 +3,17 @@
 :class:`HFPacker` renders each sample with the model's own chat template (the same
 :class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
 with the model's own image processor, expands every image marker to as many image tokens as the
-processor says (Qwen2-VL, Qwen3-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x ``image_seq_length``;
-LLaVA: patches of the processor's crop), tokenizes with the model's tokenizer, and packs the
-samples in one row: ``input_ids``, ``labels`` (the assistant's text only: the template's
-``generation`` spans or the assistant turns), position ids restarting at 0 per sample (HF's
-packed convention; Qwen2-VL's and Qwen3-VL's ``[4, 1, L]`` with the text row first and each sample's 3-D
-positions from the model's ``get_rope_index``), ``pixel_values`` (and ``image_grid_thw``).
-A rank without images gets ``pixel_values=None``: :func:`~trainer_adapter.hf_balance.balance_model`
-makes it join the tower's exchange anyway.
+processor says (Qwen2-VL, Qwen3-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x
+``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-OneVision: its processor's
+``replace_image_token``, anyres for a sample's only image, one tile each for several), tokenizes
+with the model's tokenizer, and packs the samples in one row: ``input_ids``, ``labels`` (the
+assistant's text only: the template's ``generation`` spans or the assistant turns), position ids
+restarting at 0 per sample (HF's packed convention; Qwen2-VL's and Qwen3-VL's ``[4, 1, L]`` with
+the text row first and each sample's 3-D positions from the model's ``get_rope_index``),
+``pixel_values`` (and ``image_grid_thw``; LLaVA-OneVision: every image's tiles ``[tiles, C, H,
+W]``, ``image_sizes`` and ``batch_num_images`` per sample, from which the model finds each
+image's tiles). A rank without images gets ``pixel_values=None``:
+:func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
 """
 
 from __future__ import annotations
@@ -27,13 +30,14 @@ from dataprep.records import IMAGE_PLACEHOLDER
 
 __all__ = ["HFPacker"]
 
-FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava")
+FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision")
 _QWEN = ("qwen2vl", "qwen3vl")  # patches + grid_thw, 3-D positions from get_rope_index
 
 
 @dataclass(kw_only=True)
 class HFPacker:
-    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl | internvl | llava. ``processor``:
+    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl | internvl | llava |
+    llava_onevision. ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions)."""
@@ -60,6 +64,12 @@ class HFPacker:
         if self.family in _QWEN:
             merge = self.processor.image_processor.merge_size**2
             return [int(g.prod()) // merge for g in processed["image_grid_thw"]]
+        if self.family == "llava_onevision":  # depends on the sample's other images
+            token = self.processor.image_token
+            return [
+                self.processor.replace_image_token(processed, image_idx=i).count(token)
+                for i in range(len(images))
+            ]
         sizes = [(im.height, im.width) for im in images]
         mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
         if self.family == "internvl":  # the template's <img></img> are already in the text
@@ -71,10 +81,20 @@ class HFPacker:
         from PIL import Image
 
         images = [Image.open(io.BytesIO(b)).convert("RGB") for b in image_bytes]
+        # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
+        given = [images] if self.family == "llava_onevision" else images
         processed = (
-            self.processor.image_processor(images=images, return_tensors="pt") if images else {}
+            dict(self.processor.image_processor(images=given, return_tensors="pt"))
+            if images
+            else {}
         )
         counts = self._image_tokens(images, processed)
+        if self.family == "llava_onevision" and images:
+            # [images, tiles, C, H, W] -> every tile in order: one image is cut anyres, several
+            # are a tile each, so no padding is dropped; the model takes the 4-D form as is
+            pix = processed["pixel_values"]
+            assert pix.shape[0] == 1 or pix.shape[1] == 1, pix.shape
+            processed["pixel_values"] = pix.reshape(-1, *pix.shape[2:])
         text, spans = self._template.render_spans([tuple(t) for t in turns])
         token = self.processor.image_token
         pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
@@ -135,4 +155,9 @@ class HFPacker:
             batch["image_grid_thw"] = (
                 torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None
             )
+        if self.family == "llava_onevision":
+            batch["image_sizes"] = (
+                torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
+            )
+            batch["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None
         return batch

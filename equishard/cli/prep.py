@@ -29,6 +29,11 @@ vision policies (--vision-policy):
               options: internvl:min_tiles=1,max_tiles=12,thumbnail=1
   qwen2vl     Qwen2-VL smart resize (multiples of 28), 2x2 merge
               options: qwen2vl:min_pixels=3136,max_pixels=1003520
+  qwen3vl     the same with Qwen3-VL's 16-px patches (multiples of 32), 65536..16777216 px
+  llava-onevision
+              LLaVA-OneVision anyres_max_9: 384px tiles (729 patches), a sample's only image
+              on the best 1x1..6x6 grid + a base tile, several images one tile each
+              options: llava-onevision:max_grid=6,max_tiles=9
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -62,7 +67,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl or qwen2vl, with options (internvl:max_tiles=6, "
+        help="fixed:S/P, internvl, qwen2vl, qwen3vl or llava-onevision, with options "
+        "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
         "default) (default: internvl)",
     )

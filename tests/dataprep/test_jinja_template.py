@@ -1,6 +1,6 @@
 """Exact token counts with the model's own chat template, against transformers.
 
-For each family (Qwen2-VL, InternVL, LLaVA) a model directory is made the way a Hugging Face
+For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision) a model directory is made the way a Hugging Face
 checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with the family's special tokens
 added) and ``tokenizer_config.json`` holding the family's Jinja ``chat_template``. ``prep`` reads
 that directory; the reference is transformers reading the same directory (``AutoTokenizer``),
@@ -62,6 +62,11 @@ FAMILIES = {
         "policy": "fixed:336/14",
         "specials": ["<s>", "</s>", "<image>"],
         "config": {"bos_token": "<s>", "eos_token": "</s>"},
+    },
+    "llava_onevision": {  # anyres for a sample's only image, one tile each for several
+        "policy": "llava-onevision",
+        "specials": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
+        "config": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
     },
 }
 
@@ -214,6 +219,18 @@ def processor_for(family: str, model: Path):
         return no_video(InternVLProcessor)(
             image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
         )
+    if family == "llava_onevision":  # the released models' settings (SigLIP 384/14)
+        from transformers import LlavaOnevisionProcessor
+        from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+
+        return no_video(LlavaOnevisionProcessor)(
+            image_processor=LlavaOnevisionImageProcessorPil(),
+            tokenizer=tok,
+            num_image_tokens=729,
+            vision_feature_select_strategy="full",
+            vision_aspect_ratio="anyres_max_9",
+            chat_template=tok.chat_template,
+        )
     from transformers import LlavaProcessor
     from transformers.models.clip import CLIPImageProcessorPil
 
@@ -228,16 +245,37 @@ def processor_for(family: str, model: Path):
     )
 
 
+def processor_images(family: str, images: list):
+    """The images of one text as the processor takes them: LLaVA-OneVision's nested per text
+    (its processor treats a sample's several images as multi-image only so)."""
+    if not images:
+        return None
+    return [images] if family == "llava_onevision" else images
+
+
 def reference(processor, family: str, record: dict, root: Path) -> tuple[int, list[int]]:
     """(LLM sequence length, encoder sequence lengths) as transformers makes them."""
     from PIL import Image
 
     text = processor.apply_chat_template(reference_messages(record), tokenize=False)
     images = [Image.open(root / name).convert("RGB") for name in record["image"]]
-    out = processor(text=[text], images=images or None, return_tensors="np")
+    out = processor(text=[text], images=processor_images(family, images), return_tensors="np")
     n = int(out["input_ids"].shape[1])
     if not images:
         return n, []
+    if family == "llava_onevision":  # tiles of each image: the model's own count
+        from transformers.models.llava_onevision.modeling_llava_onevision import (
+            image_size_to_num_patches,
+        )
+
+        pinpoints = processor.image_processor.image_grid_pinpoints
+        tiles = [
+            image_size_to_num_patches(image_size=tuple(s), grid_pinpoints=pinpoints, patch_size=384)
+            if len(images) == 1
+            else 1
+            for s in out["image_sizes"].tolist()
+        ]
+        return n, [729] * sum(tiles)
     if family == "qwen2vl":
         return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
     if family == "internvl":
@@ -273,6 +311,10 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {N} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > 20  # multi-image samples were tried
+    if family == "llava_onevision":  # trained through HFPacker, not equishard's own collator
+        with pytest.raises(ValueError, match="HFPacker"):
+            Collator(tokenizer=str(model / "tokenizer.json"), vision_policy="llava-onevision")
+        return
     # the trainer's collator, given the same directory, builds sequences of that length too
     collator = Collator(
         tokenizer=str(model / "tokenizer.json"),

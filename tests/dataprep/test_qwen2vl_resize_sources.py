@@ -109,3 +109,37 @@ def test_transformers_form_equals_the_image_processor_grid():
         out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
         t, gh, gw = out["image_grid_thw"][0]
         assert policy.image_cost(w, h).vit_seq_lens == (int(t * gh * gw),), (w, h)
+
+
+def test_qwen3vl_spec_equals_qwen3vl_image_processor():
+    """``qwen3vl``: the patch grid of Qwen3-VL's released image processor settings (16-px
+    patches, 2x2 merge, 65536..16777216 pixels) on real images, small, thin and large."""
+    pytest.importorskip("transformers")
+    from PIL import Image
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    from dataprep.vision_policy import parse_vision_policy
+
+    proc = Qwen2VLImageProcessorPil(
+        size={"shortest_edge": 65536, "longest_edge": 16777216},
+        patch_size=16,
+        merge_size=2,
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+    )
+    policy = parse_vision_policy("qwen3vl")
+    for w, h in [
+        (32, 32),
+        (300, 200),
+        (640, 480),
+        (1001, 333),
+        (2000, 10),
+        (250, 4000),
+        (4100, 4100),
+    ]:
+        out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        t, gh, gw = out["image_grid_thw"][0]
+        cost = policy.image_cost(w, h)
+        assert cost.vit_seq_lens == (int(t * gh * gw),), (w, h)
+        assert cost.llm_tokens == int(t * gh * gw) // 4
+    assert parse_vision_policy("qwen3vl:max_pixels=1000000").max_pixels == 1_000_000

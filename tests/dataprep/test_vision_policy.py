@@ -110,8 +110,73 @@ def test_qwen2vl_cost_and_rejection():
         "qwen2vl:min_pixels=9,max_pixels=1",
         "qwen2vl:resize=qwen",
         "qwen2vl:resize=1",
+        "llava-onevision:max_grid=0",
+        "llava-onevision:tile_size=10",
+        "llava-onevision:resize=1",
     ],
 )
 def test_bad_specs_raise_value_error_with_fix(spec):
     with pytest.raises(ValueError):
         parse_vision_policy(spec)
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "tiles", "tokens"),
+    [
+        # 3x3 grid of 384 px (1152 keeps every pixel and wastes least): 81x81 features, no
+        # padding to cut, under 9 tiles' worth: 729 base + 6561 + 81 newlines
+        (1000, 1000, 10, 729 + 81 * 81 + 81),
+        # 6x6 grid: 162x162 features are 4x the 9 tiles' worth, pooled by 2 to 81x81
+        (2304, 2304, 37, 729 + 81 * 81 + 81),
+        # 2 wide x 1 high: 27x54 features; the image fills it, nothing cut
+        (768, 384, 3, 729 + 27 * 54 + 27),
+        # a 384x200 image in one 384 tile: the feature rows of the padding are cut (27 -> 15)
+        (384, 200, 2, 729 + 15 * 27 + 15),
+    ],
+)
+def test_onevision_hand_worked(w, h, tiles, tokens):
+    p = parse_vision_policy("llava-onevision")
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (729,) * tiles and c.llm_tokens == tokens
+    assert p.sample_costs([(w, h)]) == [c]
+    # in a sample with several images, none is cut: one padded tile and a newline each
+    assert [x.llm_tokens for x in p.sample_costs([(w, h), (w, h)])] == [730, 730]
+    assert p.sample_costs([(w, h), (9, 9)])[0].vit_seq_lens == (729,)
+
+
+def test_onevision_equals_transformers_on_many_sizes(tokenizer_path):
+    """Tiles (the model's ``image_size_to_num_patches``) and LLM tokens (the processor's count)
+    of single images over many sizes, extreme aspect ratios and the pooled large ones too."""
+    import random
+
+    pytest.importorskip("transformers")
+    from transformers import LlavaOnevisionProcessor, PreTrainedTokenizerFast
+    from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+    from transformers.models.llava_onevision.modeling_llava_onevision import (
+        image_size_to_num_patches,
+    )
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})
+    ip = LlavaOnevisionImageProcessorPil()
+    images_only = classmethod(lambda c: ["image_processor", "tokenizer"])
+    proc = type("P", (LlavaOnevisionProcessor,), {"get_attributes": images_only})(
+        image_processor=ip,
+        tokenizer=tok,
+        num_image_tokens=729,
+        vision_feature_select_strategy="full",
+    )
+    policy = parse_vision_policy("llava-onevision")
+    rng = random.Random(0)
+    sizes = [(rng.randint(1, 5000), rng.randint(1, 5000)) for _ in range(3000)]
+    sizes += [(rng.randint(1, 60), rng.randint(1, 5000)) for _ in range(1000)]
+    wrong = []
+    for w, h in sizes:
+        tokens = proc._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"][0]
+        tiles = image_size_to_num_patches(
+            image_size=(h, w), grid_pinpoints=ip.image_grid_pinpoints, patch_size=384
+        )
+        c = policy.image_cost(w, h)
+        if (len(c.vit_seq_lens), c.llm_tokens) != (tiles, tokens):
+            wrong.append((w, h, len(c.vit_seq_lens), tiles, c.llm_tokens, tokens))
+    assert not wrong, wrong[:5]

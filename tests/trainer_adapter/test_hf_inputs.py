@@ -14,6 +14,7 @@ from tests.dataprep.test_jinja_template import (
     conversations,
     make_model_dir,
     processor_for,
+    processor_images,
     reference_messages,
 )
 
@@ -87,19 +88,28 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     starts = [*(text_pos == 0).nonzero().reshape(-1).tolist(), text_pos.numel()]
     assert len(starts) - 1 == len(records)  # one restart per sample
     tok = processor.tokenizer
-    pixels = []
+    pixels, sizes, counts = [], [], []
     for k, rec in enumerate(records):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
         images = [Image.open(tmp_path / n).convert("RGB") for n in rec["image"]]
-        want = processor(text=[text], images=images or None, return_tensors="pt")
+        want = processor(text=[text], images=processor_images(family, images), return_tensors="pt")
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
-        if images:
+        if images and family == "llava_onevision":  # each image's tiles, none padded
+            pix = want["pixel_values"]
+            assert pix.shape[0] == 1 or pix.shape[1] == 1
+            pixels.append(pix.reshape(-1, *pix.shape[2:]))
+            sizes.append(want["image_sizes"])
+            counts.append(len(images))
+        elif images:
             pixels.append(want["pixel_values"])
         # the labelled tokens are the assistant's turns, in order
         got = tok.decode(row["input_ids"][0, a:b][row["labels"][0, a:b] != -100])
         answers = [t["value"] for t in rec["conversations"] if t["from"] == "gpt"]
-        if family == "llava":  # a template with generation blocks: transformers' own mask
+        # LLaVA's template has generation blocks: transformers' own mask (LLaVA-OneVision's
+        # too, but its answers end where a character's byte tokens end, and transformers'
+        # mask marks one token per character: compared as text like the others)
+        if family == "llava":
             ref = tok.apply_chat_template(
                 reference_messages(rec),
                 tokenize=True,
@@ -116,6 +126,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
     assert torch.equal(row["pixel_values"], torch.cat(pixels))
+    if family == "llava_onevision":
+        assert torch.equal(row["image_sizes"], torch.cat(sizes))
+        assert row["batch_num_images"] == counts and max(counts) > 1 and min(counts) == 1
 
 
 def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):

@@ -1,7 +1,9 @@
 """Runtime balancing inside real Hugging Face VLMs (tiny configs, random weights, no download):
 Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen2.5-VL (the same with window
 attention inside each image), Qwen3-VL (the same plus deepstack features
-injected into the first decoder layers at the visual tokens), InternVL and LLaVA (tiles). On 4 gloo ranks
+injected into the first decoder layers at the visual tokens), InternVL and LLaVA (tiles) and
+LLaVA-OneVision (anyres: a varying number of tiles per image, unpadded and joined with newline
+embeddings after the tower; multi-image samples without anyres). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
 gradient with encoder and LLM balancing, without balancing, and from a single process over the
 concatenated global batch agree (HF's loss runs in float32: float32 tolerance on a float64
@@ -42,7 +44,16 @@ LAYOUTS = {
     ],
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     "llava": [[(5, 1, 7), (3, 1, 4), (2, 1, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
+    # LLaVA-OneVision: each image's (height, width); a sample with one image is cut into the
+    # anyres grid's tiles plus a base tile (3 to 5 here), a multi-image sample's images are not
+    "llava_onevision": [
+        [(5, ((20, 30),), 7), (3, ((60, 30), (50, 50)), 4), (2, ((50, 50),), 2), (9, None, 0)],
+        [],
+        [(4, ((10, 90),), 6)],
+        TEXT_ONLY,
+    ],
 }
+OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
 TOKENS_PER_TILE = {"internvl": 4, "llava": 16}  # pixel shuffle 0.5 / one token per patch
 TEXT = dict(
@@ -149,6 +160,25 @@ def build_model(family: str, seed: int = 0):
             vision_feature_select_strategy="default",
         )
         cls = tf.InternVLForConditionalGeneration
+    elif family == "llava_onevision":
+        cfg = tf.LlavaOnevisionConfig(
+            vision_config=dict(
+                model_type="siglip_vision_model",
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=TILE,
+                patch_size=7,
+            ),
+            text_config={**TEXT, "model_type": "qwen2"},
+            image_token_index=IMG,
+            video_token_index=998,
+            image_grid_pinpoints=OV_PINPOINTS,
+            vision_feature_layer=-1,
+            vision_feature_select_strategy="full",
+        )
+        cls = tf.LlavaOnevisionForConditionalGeneration
     else:
         cfg = tf.LlavaConfig(
             vision_config=dict(
@@ -171,17 +201,54 @@ def build_model(family: str, seed: int = 0):
     return cls(cfg).double().train()
 
 
+def _onevision_images(model, sizes, rng) -> tuple[list[torch.Tensor], list[int]]:
+    """One sample's images for LLaVA-OneVision: tiles per image (anyres only when the sample
+    has one image, as the processor does) and the LLM tokens the model makes of each."""
+    from transformers.models.llava_onevision.modeling_llava_onevision import (
+        image_size_to_num_patches,
+    )
+
+    pix, tokens = [], []
+    for size in sizes:
+        n = (
+            image_size_to_num_patches(image_size=size, grid_pinpoints=OV_PINPOINTS, patch_size=TILE)
+            if len(sizes) == 1
+            else 1
+        )
+        pix.append(torch.from_numpy(rng.normal(size=(n, 3, TILE, TILE))))
+        with torch.no_grad():
+            feats = model.model.get_image_features(
+                pix[-1][None], torch.tensor([size]), batch_num_images=[len(sizes)]
+            ).pooler_output
+        tokens.append(int(feats[0].shape[0]))
+    return pix, tokens
+
+
+def _pad_tiles(pix: list[torch.Tensor]) -> torch.Tensor:
+    """LLaVA-OneVision's [images, max tiles, C, H, W] (the model reads each image's own tiles)."""
+    most = max(p.shape[0] for p in pix)
+    return torch.stack([torch.cat([p, p.new_zeros(most - p.shape[0], *p.shape[1:])]) for p in pix])
+
+
 def make_batches(family: str, model):
     """Per rank: input_ids, labels, packed position ids (restarting per sample; Qwen2-VL's
-    [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw)."""
+    [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw,
+    LLaVA-OneVision's image_sizes and batch_num_images)."""
     rng = np.random.default_rng(1)
     qwen = family in ("qwen2vl", "qwen25vl", "qwen3vl")
+    onevision = family == "llava_onevision"
     out = []
     for samples in LAYOUTS[family]:
         ids, labels, pos, pix, grids = [], [], [], [], []
         for before, image, after in samples:
             seq = list(rng.integers(3, 900, before))
-            if image is not None and qwen:
+            if image is not None and onevision:
+                tiles, tokens = _onevision_images(model, image, rng)
+                for n in tokens:
+                    seq += [IMG] * n
+                pix += tiles
+                grids.append(image)
+            elif image is not None and qwen:
                 seq += [VSTART] + [IMG] * (int(np.prod(image)) // 4) + [VEND]
                 pix.append(
                     torch.from_numpy(rng.normal(size=(int(np.prod(image)), 3 * 2 * 14 * 14)))
@@ -212,6 +279,10 @@ def make_batches(family: str, model):
         }
         if qwen:
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
+        if onevision:
+            batch["pixel_values"] = _pad_tiles(pix).double() if pix else None
+            batch["image_sizes"] = torch.tensor([s for g in grids for s in g]) if grids else None
+            batch["batch_num_images"] = [len(g) for g in grids] if grids else None
         out.append(batch)
     return out
 
@@ -269,9 +340,16 @@ def reference(family: str):
     batches = make_batches(family, model)
     cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in ("input_ids", "labels")}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
-    for k in ("pixel_values", "image_grid_thw"):
-        if k in batches[0]:
+    for k in ("pixel_values", "image_grid_thw", "image_sizes"):
+        if k in batches[0] and family != "llava_onevision":
             cat[k] = torch.cat([b[k] for b in batches if b[k] is not None])
+    if family == "llava_onevision":  # every image's tiles, padded to the most of any image
+        images = [b["pixel_values"] for b in batches if b["pixel_values"] is not None]
+        cat["pixel_values"] = _pad_tiles([t for p in images for t in p])
+        cat["image_sizes"] = torch.cat(
+            [b["image_sizes"] for b in batches if b["image_sizes"] is not None]
+        )
+        cat["batch_num_images"] = [n for b in batches for n in b["batch_num_images"] or []]
     n = int((cat["labels"][..., 1:] != -100).sum())
     loss = _step(model, cat, n)
     grads = _grads(model)
@@ -299,6 +377,11 @@ VISION_PARAMS = {
     "llava": (
         "model.vision_tower.embeddings.patch_embedding.weight",
         "model.multi_modal_projector.linear_2.weight",
+    ),
+    "llava_onevision": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.linear_2.weight",
+        "model.image_newline",  # joined to the features after the tower, per image
     ),
 }
 

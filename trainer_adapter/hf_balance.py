@@ -11,8 +11,10 @@ must run every step's forward and backward:
   the outputs of this rank's own images in their original order. Every per-image output (the
   merged embeddings, the per-patch states, deepstack feature lists) travels back; gradients
   take the reverse way.
-* :func:`balance_tiles` — the same around tile towers (InternVL's, LLaVA's CLIP / SigLIP).
-* :func:`balance_decoder` — around the language model (``model.model.language_model``). Its
+* :func:`balance_tiles` — the same around tile towers (InternVL's, LLaVA's CLIP, the SigLIP of
+  LLaVA-OneVision; Idefics3's / SmolVLM's with each tile's patch mask).
+* :func:`balance_decoder` — around the language model (``model.model.language_model``;
+  ``text_model`` in Idefics3 / SmolVLM). Its
   input is this rank's samples packed in one row (batch size 1, no attention mask, position ids
   restarting at 0 per sample: HF's packed convention; Qwen's ``[4, 1, L]`` positions, text row
   first, included; Qwen3-VL's deepstack features and visual-token mask travel with their
@@ -27,6 +29,7 @@ global number of target tokens: ``num_items_in_batch=global_targets(labels, grou
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import numpy as np
@@ -110,7 +113,7 @@ def balance_vision(
         out = None
         if route.received.size:
             out = inner(x, grid_thw=g.to(device=grid_thw.device, dtype=grid_thw.dtype), **kwargs)
-        return route_home(self, out, x, route, group)
+        return route_home(self, out, x, route, group, own_call=not self.equishard_joining)
 
     def join(self) -> torch.Tensor:
         """Take part in this step's exchange with no images of this rank's own (HF skips the
@@ -119,15 +122,25 @@ def balance_vision(
         pe = self.patch_embed
         dim = pe.in_channels * pe.temporal_patch_size * pe.patch_size**2
         ref = next(self.parameters())
-        return zero_of(self(ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64)))
+        return _joined(self, ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64))
 
     return _install(tower, forward, join)
+
+
+def _joined(tower: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
+    """The tower called only to take part in the exchange (see :func:`balance_vision`)."""
+    tower.equishard_joining = True
+    try:
+        return zero_of(tower(*args, **kwargs))
+    finally:
+        tower.equishard_joining = False
 
 
 def _install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
     """Put the balanced ``forward`` and the ``equishard_join`` (see :func:`balance_vision`) on
     the tower instance; its parameters and state dict stay as they are."""
     tower.equishard_called = False
+    tower.equishard_joining = False
     tower.forward = types.MethodType(forward, tower)
     tower.equishard_join = types.MethodType(join, tower)
     return tower
@@ -148,11 +161,14 @@ def balance_tiles(
     policy: RedistributePolicy | None = None,
 ) -> torch.nn.Module:
     """Install the balanced forward on a tile-style vision tower (InternVL's, LLaVA's CLIP /
-    SigLIP: ``forward(pixel_values)`` with one ``[C, H, W]`` tile per row, every tile the same
-    encoder cost). Tiles are spread evenly over the group; every per-tile output (last hidden
-    state, pooled output, the hidden states of every layer) comes back in the original order."""
+    SigLIP, Idefics3's / SmolVLM's: ``forward(pixel_values)`` with one ``[C, H, W]`` tile per
+    row, every tile the same encoder cost). Tiles are spread evenly over the group; a tower that
+    takes a ``patch_attention_mask`` (Idefics3, SmolVLM: the patches of a tile that are image,
+    not padding) gets each tile's mask with it. Every per-tile output (last hidden state, pooled
+    output, the hidden states of every layer) comes back in the original order."""
     policy = policy or RedistributePolicy()
     inner = tower.forward
+    masked = "patch_attention_mask" in inspect.signature(inner).parameters
 
     def forward(self, pixel_values=None, *args, **kwargs):
         self.equishard_called = True
@@ -170,11 +186,19 @@ def balance_tiles(
         if route.src.size == 0:
             return inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
+        if masked:  # Idefics3 / SmolVLM: which patches of each tile are image, not padding
+            mask = kwargs.pop("patch_attention_mask", None)
+            if mask is None:
+                p = self.config.patch_size
+                shape = (n, pixel_values.shape[-2] // p, pixel_values.shape[-1] // p)
+                mask = torch.ones(shape, dtype=torch.bool, device=pixel_values.device)
+            kwargs["patch_attention_mask"] = route.send(mask.to(torch.uint8), 0, "masks").bool()
         out = inner(x, *args, **kwargs) if route.received.size else None
-        return route_home(self, out, x, route, group)
+        return route_home(self, out, x, route, group, own_call=not self.equishard_joining)
 
     def join(self) -> torch.Tensor:
-        return zero_of(self(_empty_pixels(self), output_hidden_states=True, return_dict=True))
+        # every layer's states too: the model's own calls may select from them
+        return _joined(self, _empty_pixels(self), output_hidden_states=True, return_dict=True)
 
     return _install(tower, forward, join)
 
@@ -339,18 +363,21 @@ def balance_model(
     """Balance a ``transformers`` VLM in place: its vision tower (``encoder``) and/or its
     language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL (``.visual``: patches +
     ``grid_thw``; Qwen3-VL's deepstack features go both ways),
-    InternVL and LLaVA / LLaVA-OneVision (``.vision_tower``: tiles). Feed each rank one packed
-    row (:func:`balance_decoder`'s convention). Returns the model."""
+    InternVL, LLaVA / LLaVA-NeXT / LLaVA-OneVision (``.vision_tower``: tiles), Idefics3 /
+    SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``). Feed each rank
+    one packed row (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
-    decoder = getattr(inner, "language_model", None)
+    decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     tower = getattr(inner, "visual", None)
     wrap = balance_vision
     if tower is None:
-        tower, wrap = getattr(inner, "vision_tower", None), balance_tiles
+        tower = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model", None)
+        wrap = balance_tiles
     if tower is None or decoder is None:
         raise ValueError(
-            f"{type(model).__name__}: no .visual/.vision_tower and .language_model; wrap the "
-            "tower and the decoder with balance_vision / balance_tiles / balance_decoder"
+            f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "
+            ".language_model/.text_model; wrap the tower and the decoder with balance_vision / "
+            "balance_tiles / balance_decoder"
         )
     policy = policy or RedistributePolicy()
     off = RedistributePolicy(enabled=False)

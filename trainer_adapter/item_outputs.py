@@ -123,11 +123,15 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     return _rebuild(sig, iter(tensors))
 
 
-def output_agree(sig, group):
-    """The output signature of a rank that ran the module (all ranks: the same one)."""
+def output_agree(sig, group, own_call: bool = True):
+    """The output signature of a rank that ran the module (all ranks: the same one), taken
+    from a rank that called the module with its own arguments where one ran it (``own_call``
+    False: a rank that only joined the exchange, whose call may ask for more outputs, e.g.
+    every layer's hidden states, than the model's own calls do)."""
     sigs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sigs, sig, group=group)
-    return next((s for s in sigs if s is not None), None)
+    dist.all_gather_object(sigs, (own_call, sig), group=group)
+    ran = [(own, s) for own, s in sigs if s is not None]
+    return next((s for own, s in ran if own), ran[0][1] if ran else None)
 
 
 def output_anchor(module: torch.nn.Module) -> torch.Tensor:
@@ -138,13 +142,16 @@ def output_anchor(module: torch.nn.Module) -> torch.Tensor:
     return sum(p.reshape(-1)[:1].sum() for p in params) * 0
 
 
-def route_home(module: torch.nn.Module, out, x: torch.Tensor, route: ItemRoute, group):
+def route_home(
+    module: torch.nn.Module, out, x: torch.Tensor, route: ItemRoute, group, own_call: bool = True
+):
     """The outputs ``module`` made for the items this rank received (None if it received
     none), back on the items' own ranks. Rows per item are the item table's column 0 and
     ``x`` is what this rank received: on a rank that received nothing, its (empty) received
-    tensor and the parameters are tied into the result, so every exchange's backward runs."""
+    tensor and the parameters are tied into the result, so every exchange's backward runs.
+    ``own_call``: see :func:`output_agree`."""
     rows_in = int(route.table[route.received, 0].sum())
-    sig = output_agree(None if out is None else output_signature(out, rows_in), group)
+    sig = output_agree(None if out is None else output_signature(out, rows_in), group, own_call)
     anchor = output_anchor(module) + (x.sum() * 0 if out is None else 0)
     return output_route_back(out, sig, route, route.table[:, 0], anchor)
 

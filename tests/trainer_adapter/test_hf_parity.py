@@ -2,8 +2,8 @@
 Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen2.5-VL (the same with window
 attention inside each image), Qwen3-VL (the same plus deepstack features
 injected into the first decoder layers at the visual tokens), InternVL and LLaVA (tiles) and
-LLaVA-OneVision (anyres: a varying number of tiles per image, unpadded and joined with newline
-embeddings after the tower; multi-image samples without anyres). On 4 gloo ranks
+LLaVA-NeXT and LLaVA-OneVision (anyres: a varying number of tiles per image, unpadded and joined
+with newline embeddings after the tower; OneVision's multi-image samples without anyres). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
 gradient with encoder and LLM balancing, without balancing, and from a single process over the
 concatenated global batch agree (HF's loss runs in float32: float32 tolerance on a float64
@@ -43,6 +43,8 @@ LAYOUTS = {
         TEXT_ONLY,
     ],
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
+    # SmolVLM (Idefics3's architecture): tiles [1, N, C, H, W] with a pixel mask per tile
+    "smolvlm": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     "llava": [[(5, 1, 7), (3, 1, 4), (2, 1, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # LLaVA-OneVision: each image's (height, width); a sample with one image is cut into the
     # anyres grid's tiles plus a base tile (3 to 5 here), a multi-image sample's images are not
@@ -52,10 +54,18 @@ LAYOUTS = {
         [(4, ((10, 90),), 6)],
         TEXT_ONLY,
     ],
+    "llava_next": [  # anyres for every image, also in a multi-image sample
+        [(5, ((20, 30),), 7), (3, ((60, 30), (50, 50)), 4), (2, ((50, 50),), 2), (9, None, 0)],
+        [],
+        [(4, ((10, 90),), 6)],
+        TEXT_ONLY,
+    ],
 }
+ANYRES = ("llava_onevision", "llava_next")
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
-TOKENS_PER_TILE = {"internvl": 4, "llava": 16}  # pixel shuffle 0.5 / one token per patch
+# pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
+TOKENS_PER_TILE = {"internvl": 4, "llava": 16, "smolvlm": 4}
 TEXT = dict(
     vocab_size=1000,
     hidden_size=32,
@@ -179,6 +189,39 @@ def build_model(family: str, seed: int = 0):
             vision_feature_select_strategy="full",
         )
         cls = tf.LlavaOnevisionForConditionalGeneration
+    elif family == "llava_next":
+        cfg = tf.LlavaNextConfig(
+            vision_config=dict(
+                model_type="clip_vision_model",
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=TILE,
+                patch_size=7,
+            ),
+            text_config={**TEXT, "model_type": "llama"},
+            image_token_index=IMG,
+            image_grid_pinpoints=OV_PINPOINTS,
+            vision_feature_layer=-2,
+            vision_feature_select_strategy="default",
+        )
+        cls = tf.LlavaNextForConditionalGeneration
+    elif family == "smolvlm":
+        cfg = tf.SmolVLMConfig(
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=TILE,
+                patch_size=7,
+            ),
+            text_config={**TEXT, "model_type": "llama"},
+            image_token_id=IMG,
+            scale_factor=2,
+        )
+        cls = tf.SmolVLMForConditionalGeneration
     else:
         cfg = tf.LlavaConfig(
             vision_config=dict(
@@ -201,24 +244,27 @@ def build_model(family: str, seed: int = 0):
     return cls(cfg).double().train()
 
 
-def _onevision_images(model, sizes, rng) -> tuple[list[torch.Tensor], list[int]]:
-    """One sample's images for LLaVA-OneVision: tiles per image (anyres only when the sample
-    has one image, as the processor does) and the LLM tokens the model makes of each."""
+def _anyres_images(family, model, sizes, rng) -> tuple[list[torch.Tensor], list[int]]:
+    """One sample's images for LLaVA-NeXT / LLaVA-OneVision: tiles per image (OneVision: anyres
+    only when the sample has one image, as its processor does) and the LLM tokens the model
+    makes of each."""
     from transformers.models.llava_onevision.modeling_llava_onevision import (
         image_size_to_num_patches,
     )
 
+    onevision = family == "llava_onevision"
     pix, tokens = [], []
     for size in sizes:
         n = (
             image_size_to_num_patches(image_size=size, grid_pinpoints=OV_PINPOINTS, patch_size=TILE)
-            if len(sizes) == 1
+            if len(sizes) == 1 or not onevision
             else 1
         )
         pix.append(torch.from_numpy(rng.normal(size=(n, 3, TILE, TILE))))
+        extra = {"batch_num_images": [len(sizes)]} if onevision else {}
         with torch.no_grad():
             feats = model.model.get_image_features(
-                pix[-1][None], torch.tensor([size]), batch_num_images=[len(sizes)]
+                pix[-1][None].to(model.dtype), torch.tensor([size]), **extra
             ).pooler_output
         tokens.append(int(feats[0].shape[0]))
     return pix, tokens
@@ -236,14 +282,14 @@ def make_batches(family: str, model):
     LLaVA-OneVision's image_sizes and batch_num_images)."""
     rng = np.random.default_rng(1)
     qwen = family in ("qwen2vl", "qwen25vl", "qwen3vl")
-    onevision = family == "llava_onevision"
+    anyres = family in ANYRES
     out = []
     for samples in LAYOUTS[family]:
         ids, labels, pos, pix, grids = [], [], [], [], []
         for before, image, after in samples:
             seq = list(rng.integers(3, 900, before))
-            if image is not None and onevision:
-                tiles, tokens = _onevision_images(model, image, rng)
+            if image is not None and anyres:
+                tiles, tokens = _anyres_images(family, model, image, rng)
                 for n in tokens:
                     seq += [IMG] * n
                 pix += tiles
@@ -279,10 +325,16 @@ def make_batches(family: str, model):
         }
         if qwen:
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
-        if onevision:
+        if anyres:
             batch["pixel_values"] = _pad_tiles(pix).double() if pix else None
             batch["image_sizes"] = torch.tensor([s for g in grids for s in g]) if grids else None
+        if family == "llava_onevision":
             batch["batch_num_images"] = [len(g) for g in grids] if grids else None
+        if family == "smolvlm" and pix:  # [1, tiles, ...]; every other tile half padding
+            batch["pixel_values"] = batch["pixel_values"][None]
+            mask = torch.ones((*batch["pixel_values"].shape[:2], TILE, TILE), dtype=torch.bool)
+            mask[:, ::2, :, TILE // 2 + 3 :] = False
+            batch["pixel_attention_mask"] = mask
         out.append(batch)
     return out
 
@@ -297,7 +349,7 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def rank_main(rank, world, family, mode):
+def rank_main(rank, world, family, mode, shift=0):
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
@@ -307,7 +359,7 @@ def rank_main(rank, world, family, mode):
     batches = make_batches(family, model)
     policy = RedistributePolicy(enabled=mode == "balanced", placement="identity")
     balance_model(model, encoder=True, llm=True, policy=policy)
-    batch = batches[rank]
+    batch = batches[(rank + shift) % world]
     n = global_targets(batch["labels"])
     loss = _step(model, batch, n)
     dist.all_reduce(loss)
@@ -320,9 +372,11 @@ def rank_main(rank, world, family, mode):
         ]
     )
     dist.all_reduce(flat)
-    tower = getattr(model.model, "visual", None) or model.model.vision_tower
-    vision_route = tower.last_route
-    llm_route = getattr(model.model.language_model, "last_route", None)
+    inner = model.model
+    tower = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
+    vision_route = (tower or inner.vision_model).last_route
+    decoder = getattr(inner, "language_model", None) or inner.text_model
+    llm_route = getattr(decoder, "last_route", None)
     return {
         "loss": float(loss),
         "grads": flat.numpy(),
@@ -341,15 +395,19 @@ def reference(family: str):
     cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in ("input_ids", "labels")}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
-        if k in batches[0] and family != "llava_onevision":
+        if k in batches[0] and family not in (*ANYRES, "smolvlm"):
             cat[k] = torch.cat([b[k] for b in batches if b[k] is not None])
-    if family == "llava_onevision":  # every image's tiles, padded to the most of any image
+    if family in ANYRES:  # every image's tiles, padded to the most of any image
         images = [b["pixel_values"] for b in batches if b["pixel_values"] is not None]
         cat["pixel_values"] = _pad_tiles([t for p in images for t in p])
         cat["image_sizes"] = torch.cat(
             [b["image_sizes"] for b in batches if b["image_sizes"] is not None]
         )
+    if family == "llava_onevision":
         cat["batch_num_images"] = [n for b in batches for n in b["batch_num_images"] or []]
+    if family == "smolvlm":  # [1, tiles, ...]: every rank's tiles along dim 1
+        for k in ("pixel_values", "pixel_attention_mask"):
+            cat[k] = torch.cat([b[k] for b in batches if b["pixel_values"] is not None], dim=1)
     n = int((cat["labels"][..., 1:] != -100).sum())
     loss = _step(model, cat, n)
     grads = _grads(model)
@@ -383,6 +441,15 @@ VISION_PARAMS = {
         "model.multi_modal_projector.linear_2.weight",
         "model.image_newline",  # joined to the features after the tower, per image
     ),
+    "smolvlm": (
+        "model.vision_model.embeddings.patch_embedding.weight",
+        "model.connector.modality_projection.proj.weight",
+    ),
+    "llava_next": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.linear_2.weight",
+        "model.image_newline",
+    ),
 }
 
 
@@ -403,3 +470,16 @@ def test_balanced_equals_unbalanced_equals_single_process(family):
     assert plain[0]["moved"] == (0, 0)
     before, after = balanced[0]["loads"]
     assert max(after) < max(before)
+
+
+@pytest.mark.parametrize("family", ["internvl", "qwen2vl", "llava_onevision", "smolvlm"])
+def test_empty_rank_zero_receives_images(family):
+    """The empty rank is rank 0 (the first whose outputs the others read the structure from)
+    and receives images it never asked the tower for: the balanced step still equals one
+    process's (InternVL asks its tower for no per-layer states, the joining rank does)."""
+    runs = run_ranks(rank_main, 4, family, "balanced", 1, timeout=300)
+    ref_loss, ref_grads, _ = reference(family)
+    for r in runs:
+        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
+        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+    assert runs[0]["moved"][0] > 0

@@ -106,7 +106,9 @@ def balance_vision(
             volume=lambda t: t[:, 0] * float(row_bytes),
         )
         self.last_route = route
-        if route.src.size == 0:  # no images anywhere this step
+        if route.src.size == 0:  # no images anywhere this step: nothing to exchange
+            if self.equishard_joining:
+                return None
             return inner(hidden_states, grid_thw=grid_thw, **kwargs)
         x = route.send(hidden_states, 0, "patches")
         g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
@@ -128,12 +130,15 @@ def balance_vision(
 
 
 def _joined(tower: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
-    """The tower called only to take part in the exchange (see :func:`balance_vision`)."""
+    """The tower called only to take part in the exchange (see :func:`balance_vision`); on a
+    step without any image anywhere there is no exchange and the tower does not run (it may
+    not take an empty batch): a zero tied to its parameters."""
     tower.equishard_joining = True
     try:
-        return zero_of(tower(*args, **kwargs))
+        out = tower(*args, **kwargs)
     finally:
         tower.equishard_joining = False
+    return output_anchor(tower) if out is None else zero_of(out)
 
 
 def _install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
@@ -183,8 +188,8 @@ def balance_tiles(
             volume=lambda t: t[:, 0] * float(row_bytes),
         )
         self.last_route = route
-        if route.src.size == 0:
-            return inner(pixel_values, *args, **kwargs)
+        if route.src.size == 0:  # see balance_vision
+            return None if self.equishard_joining else inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
         if masked:  # Idefics3 / SmolVLM: which patches of each tile are image, not padding
             mask = kwargs.pop("patch_attention_mask", None)

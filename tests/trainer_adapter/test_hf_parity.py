@@ -276,7 +276,7 @@ def _pad_tiles(pix: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([torch.cat([p, p.new_zeros(most - p.shape[0], *p.shape[1:])]) for p in pix])
 
 
-def make_batches(family: str, model):
+def make_batches(family: str, model, layout=None):
     """Per rank: input_ids, labels, packed position ids (restarting per sample; Qwen2-VL's
     [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw,
     LLaVA-OneVision's image_sizes and batch_num_images)."""
@@ -284,7 +284,7 @@ def make_batches(family: str, model):
     qwen = family in ("qwen2vl", "qwen25vl", "qwen3vl")
     anyres = family in ANYRES
     out = []
-    for samples in LAYOUTS[family]:
+    for samples in layout or LAYOUTS[family]:
         ids, labels, pos, pix, grids = [], [], [], [], []
         for before, image, after in samples:
             seq = list(rng.integers(3, 900, before))
@@ -349,14 +349,14 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def rank_main(rank, world, family, mode, shift=0):
+def rank_main(rank, world, family, mode, shift=0, layout=None):
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build_model(family)
-    batches = make_batches(family, model)
+    batches = make_batches(family, model, layout)
     policy = RedistributePolicy(enabled=mode == "balanced", placement="identity")
     balance_model(model, encoder=True, llm=True, policy=policy)
     batch = batches[(rank + shift) % world]
@@ -388,26 +388,24 @@ def rank_main(rank, world, family, mode, shift=0):
     }
 
 
-def reference(family: str):
+def reference(family: str, layout=None):
     """One process, one packed row holding every rank's samples in rank order."""
     model = build_model(family)
-    batches = make_batches(family, model)
+    batches = make_batches(family, model, layout)
     cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in ("input_ids", "labels")}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
+    with_images = [b for b in batches if b["pixel_values"] is not None]
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
-        if k in batches[0] and family not in (*ANYRES, "smolvlm"):
-            cat[k] = torch.cat([b[k] for b in batches if b[k] is not None])
-    if family in ANYRES:  # every image's tiles, padded to the most of any image
-        images = [b["pixel_values"] for b in batches if b["pixel_values"] is not None]
-        cat["pixel_values"] = _pad_tiles([t for p in images for t in p])
-        cat["image_sizes"] = torch.cat(
-            [b["image_sizes"] for b in batches if b["image_sizes"] is not None]
-        )
-    if family == "llava_onevision":
-        cat["batch_num_images"] = [n for b in batches for n in b["batch_num_images"] or []]
-    if family == "smolvlm":  # [1, tiles, ...]: every rank's tiles along dim 1
+        if k in batches[0] and family not in (*ANYRES, "smolvlm") and with_images:
+            cat[k] = torch.cat([b[k] for b in with_images])
+    if family in ANYRES and with_images:  # every image's tiles, padded to the most of any
+        cat["pixel_values"] = _pad_tiles([t for b in with_images for t in b["pixel_values"]])
+        cat["image_sizes"] = torch.cat([b["image_sizes"] for b in with_images])
+    if family == "llava_onevision" and with_images:
+        cat["batch_num_images"] = [n for b in with_images for n in b["batch_num_images"]]
+    if family == "smolvlm" and with_images:  # [1, tiles, ...]: every rank's along dim 1
         for k in ("pixel_values", "pixel_attention_mask"):
-            cat[k] = torch.cat([b[k] for b in batches if b["pixel_values"] is not None], dim=1)
+            cat[k] = torch.cat([b[k] for b in with_images], dim=1)
     n = int((cat["labels"][..., 1:] != -100).sum())
     loss = _step(model, cat, n)
     grads = _grads(model)
@@ -483,3 +481,16 @@ def test_empty_rank_zero_receives_images(family):
         assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
         np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
     assert runs[0]["moved"][0] > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3vl", "internvl", "llava_onevision", "smolvlm"])
+def test_step_without_any_image(family):
+    """No rank has an image this step (HF never calls the tower): every rank joins the tower's
+    exchange with nothing, nobody hangs, and the step equals one process's."""
+    layout = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
+    runs = run_ranks(rank_main, 4, family, "balanced", 0, layout, timeout=300)
+    ref_loss, ref_grads, _ = reference(family, layout)
+    for r in runs:
+        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
+        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+    assert runs[0]["moved"][0] == 0 and runs[0]["moved"][1] > 0

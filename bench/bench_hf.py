@@ -287,7 +287,7 @@ def run() -> dict:
             "| --- | --- | ---: | ---: | ---: |",
         ]
         raw["overhead"] = {}
-        for family in ("qwen2vl", "qwen3vl", "internvl", "llava"):
+        for family in ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision"):
             for balance in ("off", "encoder", "llm", "both"):
                 r = overhead(family, balance, gen, demo / "tokenizer.json")
                 raw["overhead"][f"{family}/{balance}"] = r

@@ -87,12 +87,12 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     leaves = _leaves(out, sig)
     if not leaves:
         return _rebuild(sig, iter(()))
-    dtypes = {s[2] for _, s in leaves}
-    if len(dtypes) != 1:
-        raise TypeError(
-            f"per-item outputs of different dtypes {sorted(dtypes)} cannot travel together"
-        )
-    dt = getattr(torch, dtypes.pop().removeprefix("torch."))
+    # one exchange in a dtype that holds every output exactly (under autocast a tower returns
+    # bf16 products beside float32 norms); each output takes its own dtype back on arrival
+    kinds = [getattr(torch, s[2].removeprefix("torch.")) for _, s in leaves]
+    dt = kinds[0]
+    for k in kinds[1:]:
+        dt = torch.promote_types(dt, k)
     sizes = []  # per output: elements per item (all items, global order)
     for _, (_, trailing, _, num, den) in leaves:
         if np.any(rows * num % den):
@@ -103,7 +103,7 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     if out is None:
         flat = anchor.new_zeros(0, dtype=dt) + anchor.to(dt) * 0
     else:
-        parts = [t.reshape(-1) for t, _ in leaves]
+        parts = [t.reshape(-1).to(dt) for t, _ in leaves]
         base = np.cumsum([0] + [p.numel() for p in parts])[:-1]
         starts = [np.cumsum(sz[here]) - sz[here] + b for sz, b in zip(sizes, base, strict=True)]
         # item-major: item 1's blocks of every output, then item 2's, ...
@@ -119,7 +119,7 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     for k, (_, (_, trailing, _, _, _)) in enumerate(leaves):
         off = item_start + per[:k].sum(axis=0)
         idx = torch.from_numpy(_ranges(off, per[k])).to(got.device)
-        tensors.append(got[idx].reshape(-1, *trailing))
+        tensors.append(got[idx].reshape(-1, *trailing).to(kinds[k]))
     return _rebuild(sig, iter(tensors))
 
 

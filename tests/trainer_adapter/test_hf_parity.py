@@ -80,6 +80,19 @@ TEXT = dict(
 )
 
 
+def _tile_tower(model_type: str | None = None) -> dict:
+    """A tiny CLIP / SigLIP / Idefics3-style tile tower: 28-px tiles of 7-px patches."""
+    cfg = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=TILE,
+        patch_size=7,
+    )
+    return cfg if model_type is None else {"model_type": model_type, **cfg}
+
+
 def build_model(family: str, seed: int = 0):
     import transformers as tf
 
@@ -172,15 +185,7 @@ def build_model(family: str, seed: int = 0):
         cls = tf.InternVLForConditionalGeneration
     elif family == "llava_onevision":
         cfg = tf.LlavaOnevisionConfig(
-            vision_config=dict(
-                model_type="siglip_vision_model",
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                image_size=TILE,
-                patch_size=7,
-            ),
+            vision_config=_tile_tower("siglip_vision_model"),
             text_config={**TEXT, "model_type": "qwen2"},
             image_token_index=IMG,
             video_token_index=998,
@@ -191,15 +196,7 @@ def build_model(family: str, seed: int = 0):
         cls = tf.LlavaOnevisionForConditionalGeneration
     elif family == "llava_next":
         cfg = tf.LlavaNextConfig(
-            vision_config=dict(
-                model_type="clip_vision_model",
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                image_size=TILE,
-                patch_size=7,
-            ),
+            vision_config=_tile_tower("clip_vision_model"),
             text_config={**TEXT, "model_type": "llama"},
             image_token_index=IMG,
             image_grid_pinpoints=OV_PINPOINTS,
@@ -209,14 +206,7 @@ def build_model(family: str, seed: int = 0):
         cls = tf.LlavaNextForConditionalGeneration
     elif family == "smolvlm":
         cfg = tf.SmolVLMConfig(
-            vision_config=dict(
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                image_size=TILE,
-                patch_size=7,
-            ),
+            vision_config=_tile_tower(),
             text_config={**TEXT, "model_type": "llama"},
             image_token_id=IMG,
             scale_factor=2,
@@ -224,15 +214,7 @@ def build_model(family: str, seed: int = 0):
         cls = tf.SmolVLMForConditionalGeneration
     else:
         cfg = tf.LlavaConfig(
-            vision_config=dict(
-                model_type="clip_vision_model",
-                hidden_size=16,
-                intermediate_size=32,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                image_size=TILE,
-                patch_size=7,
-            ),
+            vision_config=_tile_tower("clip_vision_model"),
             text_config={**TEXT, "model_type": "llama"},
             image_token_id=IMG,
             vision_feature_layer=-2,

@@ -258,6 +258,50 @@ MUTATIONS = [
         'return [int(g.prod()) for g in processed["image_grid_thw"]]',
         ("tests/trainer_adapter/test_hf_inputs.py::test_qwen3vl_packer_matches_its_processor",),
     ),
+    Mutation(
+        "onevision-no-pooling-threshold",
+        "LLaVA-OneVision's policy pools the features only above 1.2x the 9 tiles' worth",
+        "dataprep/anyres_policy.py",
+        "if ratio > 1.1:  # pooled",
+        "if ratio > 1.2:  # pooled",
+        ("tests/dataprep/test_vision_policy.py",),
+    ),
+    Mutation(
+        "onevision-multi-image-anyres",
+        "LLaVA-OneVision's policy cuts every image anyres, also in multi-image samples",
+        "dataprep/anyres_policy.py",
+        "if len(sizes) == 1:",
+        "if len(sizes) >= 1:",
+        (
+            "tests/dataprep/test_jinja_template.py::test_counts_equal_apply_chat_template_and_processor[llava_onevision]",
+        ),
+    ),
+    Mutation(
+        "hf-tile-mask-stays",
+        "Idefics3 / SmolVLM tiles move without their patch masks",
+        "trainer_adapter/hf_balance.py",
+        'masked = "patch_attention_mask" in inspect.signature(inner).parameters',
+        "masked = False",
+        (f"{_PARITY}[smolvlm]",),
+    ),
+    Mutation(
+        "hf-joined-signature",
+        "a rank that only joined the tower's exchange may dictate its output structure",
+        "trainer_adapter/hf_balance.py",
+        "return route_home(self, out, x, route, group, own_call=not self.equishard_joining)",
+        "return route_home(self, out, x, route, group)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_empty_rank_zero_receives_images[internvl]",
+        ),
+    ),
+    Mutation(
+        "hf-mixed-dtype-cast-back",
+        "per-item outputs come home in the exchange's promoted dtype, not their own",
+        "trainer_adapter/item_outputs.py",
+        "tensors.append(got[idx].reshape(-1, *trailing).to(kinds[k]))",
+        "tensors.append(got[idx].reshape(-1, *trailing))",
+        ("tests/trainer_adapter/test_hf_balance_outputs.py",),
+    ),
 ]
 
 

@@ -332,6 +332,10 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 
 def rank_main(rank, world, family, mode, shift=0, layout=None):
+    """One step of ``family`` on this rank: ``mode`` balanced | plain | both (a list: the
+    balanced step, then the plain one, each with a fresh model, in one launch of the ranks)."""
+    if mode == "both":
+        return [rank_main(rank, world, family, m, shift, layout) for m in ("balanced", "plain")]
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
@@ -435,8 +439,7 @@ VISION_PARAMS = {
 
 @pytest.mark.parametrize("family", list(LAYOUTS))
 def test_balanced_equals_unbalanced_equals_single_process(family):
-    balanced = run_ranks(rank_main, 4, family, "balanced", timeout=300)
-    plain = run_ranks(rank_main, 4, family, "plain", timeout=300)
+    balanced, plain = zip(*run_ranks(rank_main, 4, family, "both", timeout=300), strict=True)
     ref_loss, ref_grads, per_param = reference(family)
     for runs in (balanced, plain):
         for r in runs:  # every rank holds the same reduced loss and gradients

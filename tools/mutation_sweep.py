@@ -295,6 +295,14 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "hf-gemma3-masks-stay",
+        "Gemma 3's 4-D decoder masks do not move with their samples (the receiver uses none)",
+        "trainer_adapter/hf_balance.py",
+        "moved_masks = route_masks(masks, lengths, route, group, inputs_embeds.dtype)",
+        "moved_masks = None",
+        (f"{_PARITY}[gemma3]",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

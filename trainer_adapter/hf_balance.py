@@ -18,7 +18,8 @@ must run every step's forward and backward:
   input is this rank's samples packed in one row (batch size 1, no attention mask, position ids
   restarting at 0 per sample: HF's packed convention; Qwen's ``[4, 1, L]`` positions, text row
   first, included; Qwen3-VL's deepstack features and visual-token mask travel with their
-  samples); whole samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder
+  samples; the 4-D masks a model builds itself, like Gemma 3's, move as per-sample blocks:
+  :mod:`trainer_adapter.hf_masks`); whole samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder
   runs on the received pack and the hidden states come back to their samples' own rank, where
   the LM head and loss run as without balancing.
 
@@ -38,6 +39,7 @@ import torch.distributed as dist
 
 from balancing import CostModel
 from trainer_adapter.exchange import collective_device
+from trainer_adapter.hf_masks import agree_masks, route_masks, split_masks
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
@@ -285,8 +287,11 @@ def balance_decoder(
                 f"restarting per sample; got inputs of shape {tuple(inputs_embeds.shape)} and "
                 f"position_ids {None if position_ids is None else tuple(position_ids.shape)}"
             )
+        # a model that builds its own 4-D masks (Gemma 3) passes them: they move with the samples
+        attention_mask, masks = split_masks(attention_mask)
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
+        masks = agree_masks(masks, group)
         text = position_ids[0] if position_ids.ndim == 3 else position_ids
         lengths = _sample_lengths(text)
         # Qwen3-VL's deepstack: per visual token, features added in the first decoder layers;
@@ -332,9 +337,12 @@ def balance_decoder(
             if int(route.table[route.received, 1].sum()):
                 kw["visual_pos_masks"] = m.reshape(1, -1).bool().to(inputs_embeds.device)
                 kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))
+        moved_masks = None
+        if masks is not None:
+            moved_masks = route_masks(masks, lengths, route, group, inputs_embeds.dtype)
         out = None
         if route.received.size:
-            out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=None, **kw)
+            out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw)
             out = {"last_hidden_state": out.last_hidden_state[0], "_type": type(out)}
         total = int(route.table[route.received, 0].sum())
         sig = None
@@ -369,7 +377,8 @@ def balance_model(
     language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL (``.visual``: patches +
     ``grid_thw``; Qwen3-VL's deepstack features go both ways),
     InternVL, LLaVA / LLaVA-NeXT / LLaVA-OneVision (``.vision_tower``: tiles), Idefics3 /
-    SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``). Feed each rank
+    SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``), Gemma 3 (tiles;
+    its decoder masks move with the samples). Feed each rank
     one packed row (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)

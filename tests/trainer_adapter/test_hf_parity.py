@@ -45,6 +45,15 @@ LAYOUTS = {
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # SmolVLM (Idefics3's architecture): tiles [1, N, C, H, W] with a pixel mask per tile
     "smolvlm": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
+    # Gemma 3: one tile per image; its decoder gets 4-D masks (image tokens attend both ways,
+    # a sliding-window layer) that must move with the samples. No empty rank: Gemma 3 builds
+    # its masks before the decoder and transformers' mask code fails on an empty row
+    "gemma3": [
+        [(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)],
+        [(2, None, 1)],
+        [(4, 1, 6)],
+        TEXT_ONLY,
+    ],
     "llava": [[(5, 1, 7), (3, 1, 4), (2, 1, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # LLaVA-OneVision: each image's (height, width); a sample with one image is cut into the
     # anyres grid's tiles plus a base tile (3 to 5 here), a multi-image sample's images are not
@@ -65,7 +74,7 @@ ANYRES = ("llava_onevision", "llava_next")
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
 # pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
-TOKENS_PER_TILE = {"internvl": 4, "llava": 16, "smolvlm": 4}
+TOKENS_PER_TILE = {"internvl": 4, "llava": 16, "smolvlm": 4, "gemma3": 4}  # Gemma 3: pooled 2x2
 TEXT = dict(
     vocab_size=1000,
     hidden_size=32,
@@ -204,6 +213,24 @@ def build_model(family: str, seed: int = 0):
             vision_feature_select_strategy="default",
         )
         cls = tf.LlavaNextForConditionalGeneration
+    elif family == "gemma3":
+        cfg = tf.Gemma3Config(
+            vision_config=_tile_tower("siglip_vision_model"),
+            text_config={
+                **TEXT,
+                "model_type": "gemma3_text",
+                "head_dim": 8,
+                # full attention only: transformers 5.23 shifts the image block of a packed
+                # row's later samples by one token in its sliding-window mask, so one packed
+                # row is no reference there
+                "layer_types": ["full_attention", "full_attention"],
+            },
+            image_token_index=IMG,
+            boi_token_index=VSTART,
+            eoi_token_index=VEND,
+            mm_tokens_per_image=TOKENS_PER_TILE["gemma3"],
+        )
+        cls = tf.Gemma3ForConditionalGeneration
     elif family == "smolvlm":
         cfg = tf.SmolVLMConfig(
             vision_config=_tile_tower(),
@@ -223,7 +250,11 @@ def build_model(family: str, seed: int = 0):
         cls = tf.LlavaForConditionalGeneration
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    return cls(cfg).double().train()
+    model = cls(cfg).double().train()
+    if family == "gemma3":  # its projector starts at zero: no gradient would reach the tower
+        with torch.no_grad():
+            model.model.multi_modal_projector.mm_input_projection_weight.normal_(std=0.2)
+    return model
 
 
 def _anyres_images(family, model, sizes, rng) -> tuple[list[torch.Tensor], list[int]]:
@@ -312,6 +343,8 @@ def make_batches(family: str, model, layout=None):
             batch["image_sizes"] = torch.tensor([s for g in grids for s in g]) if grids else None
         if family == "llava_onevision":
             batch["batch_num_images"] = [len(g) for g in grids] if grids else None
+        if family == "gemma3":  # image tokens: bidirectional inside each image
+            batch["token_type_ids"] = (batch["input_ids"] == IMG).long()
         if family == "smolvlm" and pix:  # [1, tiles, ...]; every other tile half padding
             batch["pixel_values"] = batch["pixel_values"][None]
             mask = torch.ones((*batch["pixel_values"].shape[:2], TILE, TILE), dtype=torch.bool)
@@ -378,7 +411,10 @@ def reference(family: str, layout=None):
     """One process, one packed row holding every rank's samples in rank order."""
     model = build_model(family)
     batches = make_batches(family, model, layout)
-    cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in ("input_ids", "labels")}
+    keys = (
+        ("input_ids", "labels", "token_type_ids") if family == "gemma3" else ("input_ids", "labels")
+    )
+    cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in keys}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     with_images = [b for b in batches if b["pixel_values"] is not None]
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
@@ -424,6 +460,10 @@ VISION_PARAMS = {
         "model.vision_tower.embeddings.patch_embedding.weight",
         "model.multi_modal_projector.linear_2.weight",
         "model.image_newline",  # joined to the features after the tower, per image
+    ),
+    "gemma3": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.mm_input_projection_weight",
     ),
     "smolvlm": (
         "model.vision_model.embeddings.patch_embedding.weight",

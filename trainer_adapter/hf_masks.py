@@ -1,0 +1,90 @@
+"""Attention masks that the model builds itself for a packed row, moved with their samples.
+
+Some VLMs hand their decoder 4-D masks rather than only position ids: Gemma 3 lets the image
+tokens of a sample attend to each other both ways and gives its sliding-window layers a mask
+of their own (``{"full_attention": [1, 1, L, L], "sliding_attention": [1, 1, L, L]}``). In a
+packed row these masks are block-diagonal, one block per sample. :func:`route_masks` cuts each
+sample's block out, moves it with the sample (one exchange per mask, ``L_i^2`` entries per
+sample) and puts the blocks the rank received together again, block-diagonal, in the kind the
+model uses (bool for SDPA, additive float for eager attention).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer_adapter.exchange import collective_device
+from trainer_adapter.item_exchange import ItemRoute
+
+__all__ = ["agree_masks", "route_masks", "split_masks"]
+
+
+def split_masks(attention_mask) -> tuple[torch.Tensor | None, dict | None]:
+    """(a plain 2-D padding mask or None, the model's 4-D masks by name or None)."""
+    if isinstance(attention_mask, dict):
+        return None, dict(attention_mask)
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 4:
+        return None, {"": attention_mask}
+    return attention_mask, None
+
+
+def agree_masks(masks: dict | None, group) -> dict | None:
+    """The masks by the names any rank's model built (an empty rank's model may build none):
+    None where this rank has none of that name; None when no rank has any. Collective."""
+    names = [None] * dist.get_world_size(group)
+    dist.all_gather_object(names, sorted(masks) if masks else [], group=group)
+    union = sorted({k for n in names for k in n})
+    return {k: (masks or {}).get(k) for k in union} or None
+
+
+def _blocks(mask: torch.Tensor | None, lengths: np.ndarray) -> torch.Tensor:
+    """Each sample's diagonal block of ``mask`` (True: may attend), flattened in order; a
+    missing mask is the causal one."""
+    if mask is None:
+        parts = [torch.ones(n, n, dtype=torch.bool).tril() for n in lengths]
+    else:
+        allowed = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
+        starts = np.cumsum(lengths) - lengths
+        parts = [allowed[a : a + n, a : a + n] for a, n in zip(starts, lengths, strict=True)]
+    if not parts:
+        return torch.zeros(0, dtype=torch.bool)
+    return torch.cat([p.reshape(-1) for p in parts])
+
+
+def route_masks(
+    masks: dict, lengths: np.ndarray, route: ItemRoute, group, dtype: torch.dtype
+) -> dict | torch.Tensor | None:
+    """The masks of the samples this rank received, block-diagonal. A mask no rank has (the
+    model relies on the position ids) stays None; ``dtype``: the additive masks' dtype."""
+    keys = sorted(masks)
+    kinds = torch.tensor(  # per mask: does any rank hold one, is any additive (float)
+        [[masks[k] is not None, masks[k] is not None and masks[k].dtype.is_floating_point]
+         for k in keys],
+        dtype=torch.int64,
+    ).reshape(-1)  # fmt: skip
+    kinds = kinds.to(collective_device(group))
+    dist.all_reduce(kinds, op=dist.ReduceOp.MAX, group=group)
+    kinds = kinds.cpu().reshape(-1, 2).tolist()
+    here = route.table[route.received, 0]
+    out = {}
+    for key, (held, additive) in zip(keys, kinds, strict=True):
+        flat = _blocks(masks[key], lengths).to(torch.uint8).reshape(-1, 1)
+        device = masks[key].device if masks[key] is not None else None
+        got = route.send(flat.to(device or "cpu"), route.table[:, 0] ** 2, f"mask:{key}")
+        if not held:
+            out[key] = None
+            continue
+        size = int(here.sum())
+        full = torch.zeros(size, size, dtype=torch.bool, device=got.device)
+        at = off = 0
+        for n in here.tolist():
+            full[at : at + n, at : at + n] = got[off : off + n * n, 0].reshape(n, n).bool()
+            at, off = at + n, off + n * n
+        if additive:
+            full = torch.zeros(full.shape, dtype=dtype, device=full.device).masked_fill(
+                ~full, torch.finfo(dtype).min
+            )
+        out[key] = full[None, None]
+    return out[""] if list(out) == [""] else out

@@ -298,7 +298,7 @@ MUTATIONS = [
         "hf-gemma3-masks-stay",
         "Gemma 3's 4-D decoder masks do not move with their samples (the receiver uses none)",
         "trainer_adapter/hf_balance.py",
-        "moved_masks = route_masks(masks, lengths, route, group, inputs_embeds.dtype)",
+        "moved_masks = route_masks(masks, lengths, route, group, inputs_embeds)",
         "moved_masks = None",
         (f"{_PARITY}[gemma3]",),
     ),

@@ -14,14 +14,14 @@ must run every step's forward and backward:
 * :func:`balance_tiles` — the same around tile towers (InternVL's, LLaVA's CLIP, the SigLIP of
   LLaVA-OneVision; Idefics3's / SmolVLM's with each tile's patch mask).
 * :func:`balance_decoder` — around the language model (``model.model.language_model``;
-  ``text_model`` in Idefics3 / SmolVLM). Its
-  input is this rank's samples packed in one row (batch size 1, no attention mask, position ids
-  restarting at 0 per sample: HF's packed convention; Qwen's ``[4, 1, L]`` positions, text row
-  first, included; Qwen3-VL's deepstack features and visual-token mask travel with their
-  samples; the 4-D masks a model builds itself, like Gemma 3's, move as per-sample blocks:
-  :mod:`trainer_adapter.hf_masks`); whole samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder
-  runs on the received pack and the hidden states come back to their samples' own rank, where
-  the LM head and loss run as without balancing.
+  ``text_model`` in Idefics3 / SmolVLM). Its input is this rank's samples packed in one row
+  (batch size 1, no attention mask, position ids restarting at 0 per sample: HF's packed
+  convention; Qwen's ``[4, 1, L]`` positions, text row first, included; Qwen3-VL's deepstack
+  features and visual-token mask travel with their samples; the 4-D masks a model builds
+  itself, like Gemma 3's, move as per-sample blocks: :mod:`trainer_adapter.hf_masks`); whole
+  samples are spread by LLM cost (``alpha*L + beta*L^2``), the decoder runs on the received
+  pack and the hidden states come back to their samples' own rank, where the LM head and loss
+  run as without balancing.
 
 For gradients identical to a single process over the global batch, normalize the loss by the
 global number of target tokens: ``num_items_in_batch=global_targets(labels, group)``.
@@ -339,7 +339,7 @@ def balance_decoder(
                 kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))
         moved_masks = None
         if masks is not None:
-            moved_masks = route_masks(masks, lengths, route, group, inputs_embeds.dtype)
+            moved_masks = route_masks(masks, lengths, route, group, inputs_embeds)
         out = None
         if route.received.size:
             out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw)
@@ -378,8 +378,8 @@ def balance_model(
     ``grid_thw``; Qwen3-VL's deepstack features go both ways),
     InternVL, LLaVA / LLaVA-NeXT / LLaVA-OneVision (``.vision_tower``: tiles), Idefics3 /
     SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``), Gemma 3 (tiles;
-    its decoder masks move with the samples). Feed each rank
-    one packed row (:func:`balance_decoder`'s convention). Returns the model."""
+    its decoder masks move with the samples). Feed each rank one packed row
+    (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     tower = getattr(inner, "visual", None)

@@ -54,10 +54,11 @@ def _blocks(mask: torch.Tensor | None, lengths: np.ndarray) -> torch.Tensor:
 
 
 def route_masks(
-    masks: dict, lengths: np.ndarray, route: ItemRoute, group, dtype: torch.dtype
+    masks: dict, lengths: np.ndarray, route: ItemRoute, group, like: torch.Tensor
 ) -> dict | torch.Tensor | None:
-    """The masks of the samples this rank received, block-diagonal. A mask no rank has (the
-    model relies on the position ids) stays None; ``dtype``: the additive masks' dtype."""
+    """The masks of the samples this rank received, block-diagonal, on ``like``'s device (the
+    decoder's inputs; additive masks in its dtype). A mask no rank has (the model relies on the
+    position ids) stays None."""
     keys = sorted(masks)
     kinds = torch.tensor(  # per mask: does any rank hold one, is any additive (float)
         [[masks[k] is not None, masks[k] is not None and masks[k].dtype.is_floating_point]
@@ -70,9 +71,8 @@ def route_masks(
     here = route.table[route.received, 0]
     out = {}
     for key, (held, additive) in zip(keys, kinds, strict=True):
-        flat = _blocks(masks[key], lengths).to(torch.uint8).reshape(-1, 1)
-        device = masks[key].device if masks[key] is not None else None
-        got = route.send(flat.to(device or "cpu"), route.table[:, 0] ** 2, f"mask:{key}")
+        flat = _blocks(masks[key], lengths).to(like.device, torch.uint8).reshape(-1, 1)
+        got = route.send(flat, route.table[:, 0] ** 2, f"mask:{key}")
         if not held:
             out[key] = None
             continue
@@ -83,8 +83,8 @@ def route_masks(
             full[at : at + n, at : at + n] = got[off : off + n * n, 0].reshape(n, n).bool()
             at, off = at + n, off + n * n
         if additive:
-            full = torch.zeros(full.shape, dtype=dtype, device=full.device).masked_fill(
-                ~full, torch.finfo(dtype).min
+            full = torch.zeros(full.shape, dtype=like.dtype, device=full.device).masked_fill(
+                ~full, torch.finfo(like.dtype).min
             )
         out[key] = full[None, None]
     return out[""] if list(out) == [""] else out

@@ -9,6 +9,7 @@ to the module's parameters (:func:`output_anchor`) so they get a zero gradient, 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 
@@ -90,9 +91,7 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     # one exchange in a dtype that holds every output exactly (under autocast a tower returns
     # bf16 products beside float32 norms); each output takes its own dtype back on arrival
     kinds = [getattr(torch, s[2].removeprefix("torch.")) for _, s in leaves]
-    dt = kinds[0]
-    for k in kinds[1:]:
-        dt = torch.promote_types(dt, k)
+    dt = functools.reduce(torch.promote_types, kinds)
     sizes = []  # per output: elements per item (all items, global order)
     for _, (_, trailing, _, num, den) in leaves:
         if np.any(rows * num % den):

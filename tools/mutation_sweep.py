@@ -303,6 +303,26 @@ MUTATIONS = [
         (f"{_PARITY}[gemma3]",),
     ),
     Mutation(
+        "hf-packing-kwargs-stale",
+        "HF's packing kwargs (cu_seq_lens, max_length, seq_idx) reach the decoder as the rank's own",
+        "trainer_adapter/hf_balance.py",
+        "kw = packing_kwargs(kw, spec, route.table[route.received, 0], x.device)",
+        "kw = dict(kw)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_packing_kwargs_follow_the_samples[qwen3vl]",
+        ),
+    ),
+    Mutation(
+        "hf-packing-not-agreed",
+        "a rank given no packing kwargs (the empty one) runs its received samples without them",
+        "trainer_adapter/hf_balance.py",
+        "spec = {k: v for sp in specs for k, v in sp.items()}",
+        "spec = packing_spec(kw)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_packing_kwargs_follow_the_samples[qwen3vl]",
+        ),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

@@ -40,6 +40,13 @@ import torch.distributed as dist
 from balancing import CostModel
 from trainer_adapter.exchange import collective_device
 from trainer_adapter.hf_masks import agree_masks, route_masks, split_masks
+from trainer_adapter.hf_packing import (
+    PACKING_KEYS,
+    check_decoder,
+    check_item_inputs,
+    packing_kwargs,
+    packing_spec,
+)
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
@@ -89,6 +96,8 @@ def balance_vision(
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
         self.equishard_called = True
+        if policy.enabled:  # the text's packing kwargs may pass through; nothing else per-image
+            check_item_inputs(f"{type(self).__name__} (balance_vision)", (), kwargs, PACKING_KEYS)
         grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
         rows = grid.prod(axis=1)
         row_bytes = (
@@ -179,6 +188,9 @@ def balance_tiles(
 
     def forward(self, pixel_values=None, *args, **kwargs):
         self.equishard_called = True
+        if policy.enabled:
+            moved = ("patch_attention_mask", *PACKING_KEYS) if masked else PACKING_KEYS
+            check_item_inputs(f"{type(self).__name__} (balance_tiles)", args, kwargs, moved)
         n = int(pixel_values.shape[0])
         row_bytes = pixel_values[0].numel() * pixel_values.element_size() if n else 0
         route = plan_items(
@@ -291,9 +303,17 @@ def balance_decoder(
         attention_mask, masks = split_masks(attention_mask)
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
-        masks = agree_masks(masks, group)
+        masks, specs = agree_masks(masks, group, packing_spec(kw))  # one collective
+        spec = {k: v for sp in specs for k, v in sp.items()}
+        if position_ids.ndim == 3 and position_ids.shape[0] != 4:
+            raise ValueError(
+                "balance_decoder: 3-D position ids must be [4, 1, L] with the text positions "
+                f"first (Qwen's convention; they mark where samples start), got "
+                f"{tuple(position_ids.shape)}"
+            )
         text = position_ids[0] if position_ids.ndim == 3 else position_ids
         lengths = _sample_lengths(text)
+        check_decoder(self, kw, lengths, spec)  # nothing per-sample left behind
         # Qwen3-VL's deepstack: per visual token, features added in the first decoder layers;
         # they travel with their samples (table: length, visual tokens, deepstack layers)
         vmask = kw.pop("visual_pos_masks", None)
@@ -340,6 +360,7 @@ def balance_decoder(
         moved_masks = None
         if masks is not None:
             moved_masks = route_masks(masks, lengths, route, group, inputs_embeds)
+        kw = packing_kwargs(kw, spec, route.table[route.received, 0], x.device)
         out = None
         if route.received.size:
             out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw)

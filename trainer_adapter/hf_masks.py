@@ -30,13 +30,15 @@ def split_masks(attention_mask) -> tuple[torch.Tensor | None, dict | None]:
     return attention_mask, None
 
 
-def agree_masks(masks: dict | None, group) -> dict | None:
+def agree_masks(masks: dict | None, group, extra=None) -> tuple[dict | None, list]:
     """The masks by the names any rank's model built (an empty rank's model may build none):
-    None where this rank has none of that name; None when no rank has any. Collective."""
-    names = [None] * dist.get_world_size(group)
-    dist.all_gather_object(names, sorted(masks) if masks else [], group=group)
-    union = sorted({k for n in names for k in n})
-    return {k: (masks or {}).get(k) for k in union} or None
+    None where this rank has none of that name; None when no rank has any. ``extra``: a small
+    picklable value of this rank's, gathered in the same collective; returns (the masks,
+    every rank's ``extra``). Collective."""
+    got = [None] * dist.get_world_size(group)
+    dist.all_gather_object(got, (sorted(masks) if masks else [], extra), group=group)
+    union = sorted({k for names, _ in got for k in names})
+    return ({k: (masks or {}).get(k) for k in union} or None), [e for _, e in got]
 
 
 def _blocks(mask: torch.Tensor | None, lengths: np.ndarray) -> torch.Tensor:

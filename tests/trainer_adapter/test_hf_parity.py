@@ -364,11 +364,59 @@ def _grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def rank_main(rank, world, family, mode, shift=0, layout=None):
+def _with_packing(batch: dict) -> dict:
+    """The row with HF's packing kwargs as transformers derives them from the position ids
+    (flash-attention varlen boundaries) and ``seq_idx``, as DataCollatorWithFlattening gives
+    them; an empty row gets none."""
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    pos = batch["position_ids"]
+    text = pos[0] if pos.ndim == 3 else pos
+    if text.numel() == 0:
+        return batch
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(text)
+    seq_idx = ((text.reshape(-1) == 0).cumsum(0) - 1).to(torch.int32)[None]
+    return {
+        **batch,
+        "cu_seq_lens_q": cu_q,
+        "cu_seq_lens_k": cu_k,
+        "max_length_q": int(max_q),
+        "max_length_k": int(max_k),
+        "seq_idx": seq_idx,
+    }
+
+
+def _record_packing(decoder, seen: list) -> None:
+    """Record, per call of the decoder's own forward, whether the packing kwargs it got are
+    the ones transformers derives from the position ids it got (the samples it runs)."""
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    forward = decoder.forward
+
+    def recorded(*args, position_ids=None, **kw):
+        text = position_ids[0] if position_ids.ndim == 3 else position_ids
+        (cu_q, cu_k), (max_q, _) = prepare_fa_kwargs_from_position_ids(text)
+        starts = (text.reshape(-1) == 0).cumsum(0) - 1
+        seen.append(
+            kw["cu_seq_lens_q"].tolist() == cu_q.tolist()
+            and kw["cu_seq_lens_k"].tolist() == cu_k.tolist()
+            and kw["cu_seq_lens_q"].dtype == cu_q.dtype
+            and kw["max_length_q"] == kw["max_length_k"] == int(max_q)
+            and kw["seq_idx"].tolist() == starts[None].tolist()
+        )
+        return forward(*args, position_ids=position_ids, **kw)
+
+    decoder.forward = recorded
+
+
+def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False):
     """One step of ``family`` on this rank: ``mode`` balanced | plain | both (a list: the
-    balanced step, then the plain one, each with a fresh model, in one launch of the ranks)."""
+    balanced step, then the plain one, each with a fresh model, in one launch of the ranks).
+    ``packing``: the rows carry HF's packing kwargs (:func:`_with_packing`)."""
     if mode == "both":
-        return [rank_main(rank, world, family, m, shift, layout) for m in ("balanced", "plain")]
+        return [
+            rank_main(rank, world, family, m, shift, layout, packing) for m in ("balanced", "plain")
+        ]
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
@@ -376,9 +424,15 @@ def rank_main(rank, world, family, mode, shift=0, layout=None):
 
     model = build_model(family)
     batches = make_batches(family, model, layout)
+    seen = []
+    if packing:
+        inner = model.model
+        _record_packing(getattr(inner, "language_model", None) or inner.text_model, seen)
     policy = RedistributePolicy(enabled=mode == "balanced", placement="identity")
     balance_model(model, encoder=True, llm=True, policy=policy)
     batch = batches[(rank + shift) % world]
+    if packing:
+        batch = _with_packing(batch)
     n = global_targets(batch["labels"])
     loss = _step(model, batch, n)
     dist.all_reduce(loss)
@@ -404,10 +458,11 @@ def rank_main(rank, world, family, mode, shift=0, layout=None):
         "loads": (llm_route.loads_before.tolist(), llm_route.loads_after.tolist())
         if llm_route
         else None,
+        "packing_seen": seen,
     }
 
 
-def reference(family: str, layout=None):
+def reference(family: str, layout=None, packing=False):
     """One process, one packed row holding every rank's samples in rank order."""
     model = build_model(family)
     batches = make_batches(family, model, layout)
@@ -428,6 +483,8 @@ def reference(family: str, layout=None):
     if family == "smolvlm" and with_images:  # [1, tiles, ...]: every rank's along dim 1
         for k in ("pixel_values", "pixel_attention_mask"):
             cat[k] = torch.cat([b[k] for b in with_images], dim=1)
+    if packing:
+        cat = _with_packing(cat)
     n = int((cat["labels"][..., 1:] != -100).sum())
     loss = _step(model, cat, n)
     grads = _grads(model)
@@ -519,3 +576,19 @@ def test_step_without_any_image(family):
         assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
         np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
     assert runs[0]["moved"][0] == 0 and runs[0]["moved"][1] > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3vl", "gemma3"])
+def test_packing_kwargs_follow_the_samples(family):
+    """Rows carrying HF's packing kwargs (flash-attention varlen boundaries, seq_idx; what
+    DataCollatorWithFlattening gives for FlashAttention and for recurrent layers): after
+    balancing, the decoder gets them for the samples it runs, equal to what transformers
+    derives from the received position ids, not the rank's own stale ones; the empty rank,
+    given none, gets them for what it receives; the step equals one process's."""
+    runs = run_ranks(rank_main, 4, family, "balanced", 0, None, True, timeout=300)
+    ref_loss, ref_grads, _ = reference(family, None, True)
+    for r in runs:
+        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
+        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+        assert r["packing_seen"] and all(r["packing_seen"])
+    assert runs[0]["moved"][1] > 0

@@ -1,0 +1,204 @@
+"""What the HF balancing wrappers refuse, on real architectures (tiny configs, random weights):
+inputs they cannot move with the items, which would make a receiving rank run another rank's
+images or samples with its own data. Every rank gets the same clear error at the same point
+(no rank left hanging in a collective).
+
+- Mistral 3 (Pixtral tower): the tower takes each image's size (``image_sizes``) beside it;
+- Mllama: the decoder takes the images' cross-attention states per sample;
+- Qwen3.5: linear-attention layers carry state across a packed row's samples unless given
+  HF's packing kwargs;
+- packing kwargs or positions that do not describe the row.
+Mistral 3's decoder, balanced alone, trains and equals the plain step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.dist_helper import run_ranks
+from tests.trainer_adapter.test_hf_parity import TEXT
+
+pytest.importorskip("transformers")
+
+IMG = 999
+
+
+def _mistral3(rank: int):
+    import transformers as tf
+
+    cfg = tf.Mistral3Config(
+        vision_config=dict(
+            model_type="pixtral",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=56,
+            patch_size=14,
+            head_dim=8,
+        ),
+        text_config={**TEXT, "model_type": "mistral", "head_dim": 8},
+        image_token_index=IMG,
+        spatial_merge_size=2,
+        vision_feature_layer=-1,
+    )
+    torch.manual_seed(0)
+    model = tf.Mistral3ForConditionalGeneration(cfg).double()
+    # a sample with one 28 x 56 image (2 x 4 patches, merged 2 x 2 into 2 tokens), then
+    # text-only ones: 7 tokens on rank 0, 20 and 16 on rank 1 (LLM balancing moves one)
+    texts = [7] if rank == 0 else [20, 16]
+    gen = torch.Generator().manual_seed(rank)
+    ids = [5, 6] + [IMG] * 2 + [7, 8, 9]
+    ids += torch.randint(3, 900, (sum(texts),), generator=gen).tolist()
+    batch = {
+        "input_ids": torch.tensor(ids)[None],
+        "pixel_values": torch.randn(1, 3, 28, 56, dtype=torch.float64, generator=gen),
+        "image_sizes": torch.tensor([[28, 56]]),
+        "position_ids": torch.cat([torch.arange(n) for n in (7, *texts)])[None],
+    }
+    return model, batch
+
+
+def _mllama(rank: int):
+    import transformers as tf
+
+    cfg = tf.MllamaConfig(
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_global_layers=1,
+            attention_heads=2,
+            image_size=28,
+            patch_size=14,
+            max_num_tiles=2,
+            vision_output_dim=32,
+            intermediate_layers_indices=[0],
+            supported_aspect_ratios=[[1, 1], [1, 2]],
+        ),
+        text_config={**TEXT, "cross_attention_layers": [1], "rope_scaling": None},
+        image_token_index=IMG,
+    )
+    torch.manual_seed(0)
+    model = tf.MllamaForConditionalGeneration(cfg).double()
+    ids = torch.tensor([[IMG, 5, 6, 7, 8, 3, 4, 5]])
+    batch = {
+        "input_ids": ids,
+        "pixel_values": torch.randn(1, 1, 2, 3, 28, 28, dtype=torch.float64),
+        "aspect_ratio_ids": torch.tensor([[2]]),
+        "aspect_ratio_mask": torch.ones(1, 1, 2, dtype=torch.long),
+        "cross_attention_mask": torch.ones(1, 8, 1, 2, dtype=torch.long),
+        "position_ids": torch.cat([torch.arange(5), torch.arange(3)])[None],
+    }
+    return model, batch
+
+
+def _qwen35(rank: int):
+    import transformers as tf
+
+    if not hasattr(tf, "Qwen3_5Config"):
+        pytest.skip(f"transformers {tf.__version__} has no Qwen3.5")
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
+    cfg = tf.Qwen3_5Config(
+        text_config={
+            **TEXT,
+            "head_dim": 8,
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "rope_parameters": {**rope, "mrope_interleaved": True, "partial_rotary_factor": 1.0},
+        },
+        vision_config=dict(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            patch_size=14,
+            out_hidden_size=32,
+            num_position_embeddings=64,
+        ),
+        image_token_id=IMG,
+    )
+    model = tf.Qwen3_5ForConditionalGeneration(cfg).double()
+    ids = torch.randint(3, 900, (1, 12))
+    return model, {
+        "input_ids": ids,
+        "position_ids": torch.cat([torch.arange(5)] * 2 + [torch.arange(2)])[None],
+    }
+
+
+MODELS = {"mistral3": _mistral3, "mllama": _mllama, "qwen35": _qwen35}
+
+
+def rank_main(rank, world, name, encoder, llm, enabled, change):
+    """One step of model ``name`` on this rank with ``balance_model(encoder=, llm=)`` and the
+    policy ``enabled`` or not; the error message if it refused, else the loss and gradients
+    summed over ranks and the samples the decoder moved. ``change`` alters the row first."""
+    import torch.distributed as dist
+
+    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    model, batch = MODELS[name](rank)
+    batch = CHANGES[change](batch)
+    policy = RedistributePolicy(enabled=enabled, placement="identity")
+    balance_model(model, encoder=encoder, llm=llm, policy=policy)
+    try:
+        out = model(**batch, labels=batch["input_ids"], use_cache=False)
+    except ValueError as e:
+        return str(e)
+    out.loss.backward()
+    loss = out.loss.detach().reshape(1)
+    dist.all_reduce(loss)
+    grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+    dist.all_reduce(grads)
+    route = getattr(model.model.language_model, "last_route", None)
+    return float(loss), grads.numpy(), route.moved if route else 0
+
+
+def _wrong_boundaries(batch):
+    cu = torch.tensor([0, 4, 12], dtype=torch.int32)  # the row's samples are 5 + 5 + 2 long
+    return {**batch, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 8}
+
+
+def _three_row_positions(batch):  # Qwen's mrope positions without the text row
+    return {**batch, "position_ids": batch["position_ids"].expand(3, 1, -1)}
+
+
+CHANGES = {
+    "none": lambda b: b,
+    "wrong_boundaries": _wrong_boundaries,
+    "three_rows": _three_row_positions,
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "encoder", "llm", "change", "words"),
+    [
+        ("mistral3", True, False, "none", ["PixtralVisionModel", "`image_sizes`", "encoder=False"]),
+        ("mllama", False, True, "none", ["MllamaTextModel", "`cross_attention_states`"]),
+        ("mllama", True, False, "none", ["MllamaVisionModel", "`aspect_ratio_ids`"]),
+        ("qwen35", False, True, "none", ["linear_attention", "cu_seq_lens_q"]),
+        ("qwen35", False, True, "wrong_boundaries", ["cu_seq_lens_q", "[0, 4, 12]", "[0, 5, 10"]),
+        ("qwen35", False, True, "three_rows", ["[4, 1, L]", "(3, 1, 12)"]),
+    ],
+)
+def test_refused_with_a_clear_error_on_every_rank(name, encoder, llm, change, words):
+    for message in run_ranks(rank_main, 2, name, encoder, llm, True, change, timeout=180):
+        assert isinstance(message, str), "the step ran where it must be refused"
+        for word in words:
+            assert word in message
+
+
+def test_mistral3_decoder_balances():
+    """Mistral 3's tower is refused, its decoder (a plain Mistral) balances: samples move and
+    the step equals the unbalanced one."""
+    balanced = run_ranks(rank_main, 2, "mistral3", False, True, True, "none", timeout=180)
+    plain = run_ranks(rank_main, 2, "mistral3", False, True, False, "none", timeout=180)
+    for (loss, grads, moved), (ref_loss, ref_grads, _) in zip(balanced, plain, strict=True):
+        assert moved > 0
+        assert loss == pytest.approx(ref_loss, rel=1e-9)
+        np.testing.assert_allclose(grads, ref_grads, rtol=1e-7, atol=1e-12)

@@ -1,0 +1,128 @@
+"""What a balanced HF module may be given, and the packing kwargs that follow the samples.
+
+A wrapper of :mod:`trainer_adapter.hf_balance` moves items (images, tiles, samples) to other
+ranks. Every per-item input must move with them, or the module runs the received items with
+this rank's own data (wrong shapes at best, silently wrong gradients at worst). So each wrapper
+names the per-item inputs it moves, and anything else that is per-item data (a tensor, or a
+list of tensors) is refused with an error naming it (Pixtral's ``image_sizes``, Mllama's
+``cross_attention_states``) rather than passed on stale.
+
+The exception is HF's packing kwargs (``DataCollatorWithFlattening(return_flash_attn_kwargs=True,
+return_seq_idx=True)``): ``cu_seq_lens_q/k``, ``max_length_q/k`` and ``seq_idx`` describe the
+sample boundaries of the packed row. They are checked against the boundaries the position ids
+give, and rebuilt for the samples a rank received (:func:`packing_kwargs`). Decoders with
+recurrent layers (Qwen3.5's linear attention, Mamba, short convolutions) carry state across a
+packed row's samples unless given them, so they are required there (:func:`check_decoder`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = [
+    "PACKING_KEYS",
+    "check_decoder",
+    "check_item_inputs",
+    "packing_kwargs",
+    "packing_spec",
+]
+
+PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+# decoder layer kinds that attend through a mask built from the position ids; any other kind
+# (linear_attention, mamba, conv, ...) keeps a running state along the row
+_ATTENTION_KINDS = {
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "compressed_sparse_attention",
+    "heavily_compressed_attention",
+    "indexed_attention",
+    "minimax_m3_sparse",
+}
+
+
+def _is_item_data(value) -> bool:
+    """A tensor with a dimension (a 0-d one, like ``num_items_in_batch``, is one number for
+    the whole step), or a list of them."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim > 0
+    return isinstance(value, list | tuple) and any(_is_item_data(v) for v in value)
+
+
+def check_item_inputs(where: str, args: tuple, kwargs: dict, moved: tuple[str, ...]) -> None:
+    """Refuse tensor inputs of a wrapped module that the wrapper does not move with its items
+    (``moved``: the keyword inputs it does move; positional tensors beyond the first never)."""
+    extra = [f"positional argument {i + 1}" for i, a in enumerate(args) if _is_item_data(a)]
+    extra += [f"`{k}`" for k, v in kwargs.items() if k not in moved and _is_item_data(v)]
+    if extra:
+        raise ValueError(
+            f"{where} was given {', '.join(extra)}: per-item data that equishard does not know "
+            "how to move with the items, so the receiving rank would use the wrong ones. This "
+            "model is not supported by this wrapper; balance only the other part "
+            "(balance_model(..., encoder=False) or llm=False), or open an issue naming the model"
+        )
+
+
+def packing_spec(kw: dict) -> dict[str, str]:
+    """The packing kwargs this rank was given, by name: ``"int"`` or the tensor's dtype (what
+    the ranks agree on, so that a rank given none, like an empty one, builds them too)."""
+    return {
+        k: str(kw[k].dtype) if isinstance(kw[k], torch.Tensor) else "int"
+        for k in PACKING_KEYS
+        if kw.get(k) is not None
+    }
+
+
+def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec: dict) -> None:
+    """The decoder's kwargs before balancing: nothing per-sample is left behind, a recurrent
+    decoder has packing kwargs on some rank (``spec``: all ranks' :func:`packing_spec`, so
+    every rank decides alike), and this rank's agree with its position ids' ``lengths``."""
+    check_item_inputs(
+        f"{type(decoder).__name__} (balance_decoder)",
+        (),
+        kw,
+        ("visual_pos_masks", "deepstack_visual_embeds", *PACKING_KEYS),
+    )
+    cfg = getattr(decoder, "config", None)
+    kinds = set(getattr(cfg, "layer_types", None) or ()) - _ATTENTION_KINDS
+    if kinds and not {"cu_seq_lens_q", "seq_idx"} & set(spec):
+        raise ValueError(
+            f"{type(decoder).__name__} has {'/'.join(sorted(kinds))} layers, which carry state "
+            "from one sample of a packed row into the next unless told where samples end; "
+            "pass HF's packing kwargs with each row (cu_seq_lens_q / cu_seq_lens_k / "
+            "max_length_q / max_length_k or seq_idx, as DataCollatorWithFlattening("
+            "return_flash_attn_kwargs=True) gives them)"
+        )
+    want = np.concatenate([[0], np.cumsum(lengths)])
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"):
+        if kw.get(key) is None:
+            continue
+        got = kw[key].reshape(-1).detach().cpu().numpy().astype(np.int64)
+        if key == "seq_idx":  # the sample index of every token
+            got = np.concatenate([[0], np.cumsum(np.bincount(got, minlength=lengths.size))])
+        if got.shape != want.shape or np.any(got != want):
+            raise ValueError(
+                f"balance_decoder: {key} gives sample boundaries {got.tolist()[:8]}..., the "
+                f"position ids (restarting at 0 per sample) give {want.tolist()[:8]}...; "
+                "build both from the same packing"
+            )
+
+
+def packing_kwargs(kw: dict, spec: dict, received: np.ndarray, device: torch.device) -> dict:
+    """``kw`` with the packing kwargs named in ``spec`` (the union over ranks) built for the
+    received samples' ``received`` lengths; everything else passes through unchanged."""
+    out = dict(kw)
+    longest = int(received.max()) if received.size else 0
+    cu = np.concatenate([[0], np.cumsum(received)])
+    idx = np.repeat(np.arange(received.size), received)
+    for key, kind in spec.items():
+        if key.startswith("max_length"):
+            value = longest
+        else:
+            value = cu if key.startswith("cu_seq_lens") else idx[None]
+        if kind != "int":
+            value = torch.as_tensor(value, dtype=getattr(torch, kind.removeprefix("torch.")))
+            value = value.to(device)
+        out[key] = value
+    return out

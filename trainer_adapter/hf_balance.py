@@ -395,8 +395,8 @@ def balance_model(
     policy: RedistributePolicy | None = None,
 ) -> torch.nn.Module:
     """Balance a ``transformers`` VLM in place: its vision tower (``encoder``) and/or its
-    language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL (``.visual``: patches +
-    ``grid_thw``; Qwen3-VL's deepstack features go both ways),
+    language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / GLM-4.1V
+    (``.visual``: patches + ``grid_thw``; Qwen3-VL's deepstack features go both ways),
     InternVL, LLaVA / LLaVA-NeXT / LLaVA-OneVision (``.vision_tower``: tiles), Idefics3 /
     SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``), Gemma 3 (tiles;
     its decoder masks move with the samples). Feed each rank one packed row

@@ -1,7 +1,8 @@
 """Runtime balancing inside real Hugging Face VLMs (tiny configs, random weights, no download):
 Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen2.5-VL (the same with window
 attention inside each image), Qwen3-VL (the same plus deepstack features
-injected into the first decoder layers at the visual tokens), InternVL and LLaVA (tiles) and
+injected into the first decoder layers at the visual tokens), Qwen3.5 and GLM-4.1V (Qwen-style
+towers), InternVL and LLaVA (tiles) and
 LLaVA-NeXT and LLaVA-OneVision (anyres: a varying number of tiles per image, unpadded and joined
 with newline embeddings after the tower; OneVision's multi-image samples without anyres). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
@@ -42,6 +43,18 @@ LAYOUTS = {
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
+    "qwen35": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
+    "glm4v": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # SmolVLM (Idefics3's architecture): tiles [1, N, C, H, W] with a pixel mask per tile
     "smolvlm": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
@@ -71,6 +84,7 @@ LAYOUTS = {
     ],
 }
 ANYRES = ("llava_onevision", "llava_next")
+QWEN_STYLE = ("qwen2vl", "qwen25vl", "qwen3vl", "qwen35", "glm4v")  # patches + grid_thw
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
 # pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
@@ -175,6 +189,61 @@ def build_model(family: str, seed: int = 0):
             vision_end_token_id=VEND,
         )
         cls = tf.Qwen3VLForConditionalGeneration
+    elif family == "qwen35":  # Qwen3.5's tower; its decoder with full-attention layers only
+        # (its linear-attention layers keep packed samples apart only through
+        # flash-linear-attention, a GPU library: test_hf_guards checks they are refused without
+        # packing kwargs)
+        if not hasattr(tf, "Qwen3_5Config"):
+            pytest.skip(f"transformers {tf.__version__} has no Qwen3.5")
+        rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
+        cfg = tf.Qwen3_5Config(
+            text_config={
+                **TEXT,
+                "head_dim": 8,
+                "layer_types": ["full_attention", "full_attention"],
+                "rope_parameters": {**rope, "mrope_interleaved": True, "partial_rotary_factor": 1},
+            },
+            vision_config=dict(
+                depth=2,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                patch_size=14,
+                out_hidden_size=32,
+                num_position_embeddings=64,
+            ),
+            image_token_id=IMG,
+            video_token_id=998,
+            vision_start_token_id=VSTART,
+            vision_end_token_id=VEND,
+        )
+        cls = tf.Qwen3_5ForConditionalGeneration
+    elif family == "glm4v":  # GLM-4.1V / 4.5V: a Qwen-style tower (patches + grid_thw)
+        cfg = tf.Glm4vConfig(
+            text_config={
+                **TEXT,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "mrope_section": [2, 1, 1],
+                    "partial_rotary_factor": 1.0,
+                },
+            },
+            vision_config=dict(
+                depth=2,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                image_size=28,
+                patch_size=14,
+                out_hidden_size=32,
+            ),
+            image_token_id=IMG,
+            video_token_id=998,
+            image_start_token_id=VSTART,
+            image_end_token_id=VEND,
+        )
+        cls = tf.Glm4vForConditionalGeneration
     elif family == "internvl":
         cfg = tf.InternVLConfig(
             vision_config=dict(
@@ -294,7 +363,7 @@ def make_batches(family: str, model, layout=None):
     [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw,
     LLaVA-OneVision's image_sizes and batch_num_images)."""
     rng = np.random.default_rng(1)
-    qwen = family in ("qwen2vl", "qwen25vl", "qwen3vl")
+    qwen = family in QWEN_STYLE
     anyres = family in ANYRES
     out = []
     for samples in layout or LAYOUTS[family]:
@@ -505,6 +574,8 @@ VISION_PARAMS = {
         "model.visual.deepstack_merger_list.0.linear_fc2.weight",  # reach the LLM via deepstack
         "model.visual.deepstack_merger_list.1.linear_fc2.weight",
     ),
+    "qwen35": ("model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight"),
+    "glm4v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
     "internvl": (
         "model.vision_tower.embeddings.patch_embeddings.projection.weight",
         "model.multi_modal_projector.linear_2.weight",

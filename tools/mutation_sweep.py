@@ -323,6 +323,22 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "hf-recurrent-unchecked",
+        "a decoder with linear-attention layers runs packed rows without sample boundaries",
+        "trainer_adapter/hf_packing.py",
+        'if kinds and not {"cu_seq_lens_q", "seq_idx"} & set(spec):',
+        "if False:",
+        ("tests/trainer_adapter/test_hf_guards.py",),
+    ),
+    Mutation(
+        "hf-item-inputs-unchecked",
+        "per-item inputs a wrapper cannot move (Pixtral's image_sizes) pass on stale",
+        "trainer_adapter/hf_packing.py",
+        'extra += [f"`{k}`" for k, v in kwargs.items() if k not in moved and _is_item_data(v)]',
+        "extra += []",
+        ("tests/trainer_adapter/test_hf_guards.py",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

@@ -12,6 +12,8 @@ Mistral 3's decoder, balanced alone, trains and equals the plain step."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -175,29 +177,81 @@ CHANGES = {
 }
 
 
-@pytest.mark.parametrize(
-    ("name", "encoder", "llm", "change", "words"),
-    [
-        ("mistral3", True, False, "none", ["PixtralVisionModel", "`image_sizes`", "encoder=False"]),
-        ("mllama", False, True, "none", ["MllamaTextModel", "`cross_attention_states`"]),
-        ("mllama", True, False, "none", ["MllamaVisionModel", "`aspect_ratio_ids`"]),
-        ("qwen35", False, True, "none", ["linear_attention", "cu_seq_lens_q"]),
-        ("qwen35", False, True, "wrong_boundaries", ["cu_seq_lens_q", "[0, 4, 12]", "[0, 5, 10"]),
-        ("qwen35", False, True, "three_rows", ["[4, 1, L]", "(3, 1, 12)"]),
-    ],
-)
-def test_refused_with_a_clear_error_on_every_rank(name, encoder, llm, change, words):
-    for message in run_ranks(rank_main, 2, name, encoder, llm, True, change, timeout=180):
+REFUSED = {  # case: (model, encoder, llm, change, words the error must hold)
+    "pixtral-image-sizes": (
+        "mistral3",
+        True,
+        False,
+        "none",
+        ["PixtralVisionModel", "`image_sizes`", "encoder=False"],
+    ),
+    "mllama-cross-attention": (
+        "mllama",
+        False,
+        True,
+        "none",
+        ["MllamaTextModel", "`cross_attention_states`"],
+    ),
+    "mllama-aspect-ratios": (
+        "mllama",
+        True,
+        False,
+        "none",
+        ["MllamaVisionModel", "`aspect_ratio_ids`"],
+    ),
+    "qwen35-no-packing-kwargs": (
+        "qwen35",
+        False,
+        True,
+        "none",
+        ["linear_attention", "cu_seq_lens_q"],
+    ),
+    "qwen35-wrong-boundaries": (
+        "qwen35",
+        False,
+        True,
+        "wrong_boundaries",
+        ["cu_seq_lens_q", "[0, 4, 12]", "[0, 5, 10"],
+    ),
+    "qwen35-three-row-positions": (
+        "qwen35",
+        False,
+        True,
+        "three_rows",
+        ["[4, 1, L]", "(3, 1, 12)"],
+    ),
+}
+
+
+def rank_cases(rank, world):
+    """Every case in one launch of the ranks (each with a fresh model): the refused ones, then
+    Mistral 3's decoder balanced and plain."""
+    out = {case: rank_main(rank, world, *args[:3], True, args[3]) for case, args in REFUSED.items()}
+    for enabled in (True, False):
+        out[f"mistral3-llm-{enabled}"] = rank_main(
+            rank, world, "mistral3", False, True, enabled, "none"
+        )
+    return out
+
+
+@functools.cache
+def cases() -> dict[str, list]:
+    runs = run_ranks(rank_cases, 2, timeout=600)
+    return {k: [r[k] for r in runs] for k in runs[0]}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_with_a_clear_error_on_every_rank(case):
+    for message in cases()[case]:
         assert isinstance(message, str), "the step ran where it must be refused"
-        for word in words:
+        for word in REFUSED[case][4]:
             assert word in message
 
 
 def test_mistral3_decoder_balances():
     """Mistral 3's tower is refused, its decoder (a plain Mistral) balances: samples move and
     the step equals the unbalanced one."""
-    balanced = run_ranks(rank_main, 2, "mistral3", False, True, True, "none", timeout=180)
-    plain = run_ranks(rank_main, 2, "mistral3", False, True, False, "none", timeout=180)
+    balanced, plain = cases()["mistral3-llm-True"], cases()["mistral3-llm-False"]
     for (loss, grads, moved), (ref_loss, ref_grads, _) in zip(balanced, plain, strict=True):
         assert moved > 0
         assert loss == pytest.approx(ref_loss, rel=1e-9)

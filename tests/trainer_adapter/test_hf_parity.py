@@ -12,6 +12,8 @@ model); images and samples really move, and the LLM loads even out."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -479,13 +481,9 @@ def _record_packing(decoder, seen: list) -> None:
 
 
 def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False):
-    """One step of ``family`` on this rank: ``mode`` balanced | plain | both (a list: the
-    balanced step, then the plain one, each with a fresh model, in one launch of the ranks).
-    ``packing``: the rows carry HF's packing kwargs (:func:`_with_packing`)."""
-    if mode == "both":
-        return [
-            rank_main(rank, world, family, m, shift, layout, packing) for m in ("balanced", "plain")
-        ]
+    """One step of ``family`` on this rank, ``mode`` balanced | plain. ``shift``: rank r
+    takes the batch of rank r + shift; ``packing``: the rows carry HF's packing kwargs
+    (:func:`_with_packing`)."""
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
@@ -605,15 +603,48 @@ VISION_PARAMS = {
 }
 
 
+# the scenarios beyond balanced-vs-plain, and the families each runs for
+SHIFTED = ("internvl", "qwen2vl", "llava_onevision", "smolvlm")  # the empty rank is rank 0
+NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm")
+NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
+PACKING = ("qwen3vl", "gemma3")
+
+
+def rank_scenarios(rank, world, family):
+    """Every scenario of ``family`` in one launch of the ranks (starting 4 processes that
+    import torch and transformers is a good part of a scenario's time), each with a fresh
+    model: balanced, plain, and those of SHIFTED / NO_IMAGE / PACKING it is in."""
+    out = {"balanced": rank_main(rank, world, family, "balanced")}
+    out["plain"] = rank_main(rank, world, family, "plain")
+    if family in SHIFTED:
+        out["shifted"] = rank_main(rank, world, family, "balanced", 1)
+    if family in NO_IMAGE:
+        out["no_image"] = rank_main(rank, world, family, "balanced", 0, NO_IMAGE_LAYOUT)
+    if family in PACKING:
+        out["packing"] = rank_main(rank, world, family, "balanced", 0, None, True)
+    return out
+
+
+@functools.cache
+def scenarios(family: str) -> dict[str, list]:
+    """Per scenario, every rank's result (one launch per family, shared by its tests)."""
+    runs = run_ranks(rank_scenarios, 4, family, timeout=600)
+    return {k: [r[k] for r in runs] for k in runs[0]}
+
+
+def _equal_to_reference(runs, family, layout=None, packing=False):
+    ref_loss, ref_grads, per_param = reference(family, layout, packing)
+    for r in runs:  # every rank holds the same reduced loss and gradients
+        # HF's causal-LM loss runs in float32 (it upcasts the logits): float32 tolerance
+        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
+        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+    return per_param
+
+
 @pytest.mark.parametrize("family", list(LAYOUTS))
 def test_balanced_equals_unbalanced_equals_single_process(family):
-    balanced, plain = zip(*run_ranks(rank_main, 4, family, "both", timeout=300), strict=True)
-    ref_loss, ref_grads, per_param = reference(family)
-    for runs in (balanced, plain):
-        for r in runs:  # every rank holds the same reduced loss and gradients
-            # HF's causal-LM loss runs in float32 (it upcasts the logits): float32 tolerance
-            assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
-            np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+    balanced, plain = scenarios(family)["balanced"], scenarios(family)["plain"]
+    per_param = _equal_to_reference(balanced + plain, family)
     for name in VISION_PARAMS[family]:
         assert per_param[name].abs().sum() > 0
     # images and samples moved, and the LLM loads evened out
@@ -623,43 +654,34 @@ def test_balanced_equals_unbalanced_equals_single_process(family):
     assert max(after) < max(before)
 
 
-@pytest.mark.parametrize("family", ["internvl", "qwen2vl", "llava_onevision", "smolvlm"])
+@pytest.mark.parametrize("family", SHIFTED)
 def test_empty_rank_zero_receives_images(family):
     """The empty rank is rank 0 (the first whose outputs the others read the structure from)
     and receives images it never asked the tower for: the balanced step still equals one
     process's (InternVL asks its tower for no per-layer states, the joining rank does)."""
-    runs = run_ranks(rank_main, 4, family, "balanced", 1, timeout=300)
-    ref_loss, ref_grads, _ = reference(family)
-    for r in runs:
-        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
-        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+    runs = scenarios(family)["shifted"]
+    _equal_to_reference(runs, family)
     assert runs[0]["moved"][0] > 0
 
 
-@pytest.mark.parametrize("family", ["qwen3vl", "internvl", "llava_onevision", "smolvlm"])
+@pytest.mark.parametrize("family", NO_IMAGE)
 def test_step_without_any_image(family):
     """No rank has an image this step (HF never calls the tower): every rank joins the tower's
     exchange with nothing, nobody hangs, and the step equals one process's."""
-    layout = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
-    runs = run_ranks(rank_main, 4, family, "balanced", 0, layout, timeout=300)
-    ref_loss, ref_grads, _ = reference(family, layout)
-    for r in runs:
-        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
-        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
+    runs = scenarios(family)["no_image"]
+    _equal_to_reference(runs, family, NO_IMAGE_LAYOUT)
     assert runs[0]["moved"][0] == 0 and runs[0]["moved"][1] > 0
 
 
-@pytest.mark.parametrize("family", ["qwen3vl", "gemma3"])
+@pytest.mark.parametrize("family", PACKING)
 def test_packing_kwargs_follow_the_samples(family):
     """Rows carrying HF's packing kwargs (flash-attention varlen boundaries, seq_idx; what
     DataCollatorWithFlattening gives for FlashAttention and for recurrent layers): after
     balancing, the decoder gets them for the samples it runs, equal to what transformers
     derives from the received position ids, not the rank's own stale ones; the empty rank,
     given none, gets them for what it receives; the step equals one process's."""
-    runs = run_ranks(rank_main, 4, family, "balanced", 0, None, True, timeout=300)
-    ref_loss, ref_grads, _ = reference(family, None, True)
+    runs = scenarios(family)["packing"]
+    _equal_to_reference(runs, family, None, True)
     for r in runs:
-        assert r["loss"] == pytest.approx(ref_loss, rel=1e-6)
-        np.testing.assert_allclose(r["grads"], ref_grads, rtol=1e-5, atol=1e-9)
         assert r["packing_seen"] and all(r["packing_seen"])
     assert runs[0]["moved"][1] > 0

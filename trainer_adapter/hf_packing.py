@@ -29,17 +29,6 @@ __all__ = [
 ]
 
 PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-# decoder layer kinds that attend through a mask built from the position ids; any other kind
-# (linear_attention, mamba, conv, ...) keeps a running state along the row
-_ATTENTION_KINDS = {
-    "full_attention",
-    "sliding_attention",
-    "chunked_attention",
-    "compressed_sparse_attention",
-    "heavily_compressed_attention",
-    "indexed_attention",
-    "minimax_m3_sparse",
-}
 
 
 def _is_item_data(value) -> bool:
@@ -85,7 +74,10 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
         ("visual_pos_masks", "deepstack_visual_embeds", *PACKING_KEYS),
     )
     cfg = getattr(decoder, "config", None)
-    kinds = set(getattr(cfg, "layer_types", None) or ()) - _ATTENTION_KINDS
+    # layers that keep a running state along the row (linear attention, mamba, conv, ...);
+    # the attention kinds (full, sliding, chunked, ...) get their masks from the positions
+    layer_types = set(getattr(cfg, "layer_types", None) or ())
+    kinds = {k for k in layer_types if k == "linear_attention" or "attention" not in k}
     if kinds and not {"cu_seq_lens_q", "seq_idx"} & set(spec):
         raise ValueError(
             f"{type(decoder).__name__} has {'/'.join(sorted(kinds))} layers, which carry state "
@@ -99,8 +91,9 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
         if kw.get(key) is None:
             continue
         got = kw[key].reshape(-1).detach().cpu().numpy().astype(np.int64)
-        if key == "seq_idx":  # the sample index of every token
-            got = np.concatenate([[0], np.cumsum(np.bincount(got, minlength=lengths.size))])
+        if key == "seq_idx":  # the sample index of every token: where it changes
+            cuts = np.flatnonzero(np.diff(got)) + 1
+            got = np.concatenate([[0], cuts, [got.size]]) if got.size else np.zeros(1, np.int64)
         if got.shape != want.shape or np.any(got != want):
             raise ValueError(
                 f"balance_decoder: {key} gives sample boundaries {got.tolist()[:8]}..., the "

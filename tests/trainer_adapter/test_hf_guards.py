@@ -256,3 +256,31 @@ def test_mistral3_decoder_balances():
         assert moved > 0
         assert loss == pytest.approx(ref_loss, rel=1e-9)
         np.testing.assert_allclose(grads, ref_grads, rtol=1e-7, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_packing_kwargs_equal_the_collators(seed):
+    """The packing kwargs built for a rank's received samples equal what transformers'
+    DataCollatorWithFlattening gives for a row of those samples, and check_decoder accepts
+    the collator's kwargs for that row and refuses them for another."""
+    from transformers import DataCollatorWithFlattening
+
+    from trainer_adapter.hf_packing import check_decoder, packing_kwargs, packing_spec
+
+    lengths = np.random.default_rng(seed).integers(1, 30, size=int(seed) + 1)
+    collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    want = collator([{"input_ids": list(range(3, 3 + n))} for n in lengths], return_tensors="pt")
+    packing = {k: want[k] for k in want if k not in ("input_ids", "labels", "position_ids")}
+    spec = packing_spec(packing)
+    got = packing_kwargs({"use_cache": False}, spec, lengths, torch.device("cpu"))
+    assert got["use_cache"] is False
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "max_length_q", "max_length_k"):
+        if isinstance(want[key], torch.Tensor):
+            assert got[key].dtype == want[key].dtype
+            assert got[key].tolist() == want[key].tolist(), key
+        else:
+            assert got[key] == want[key], key
+    decoder = torch.nn.Linear(1, 1)
+    check_decoder(decoder, packing, lengths, spec)
+    with pytest.raises(ValueError, match="sample boundaries"):
+        check_decoder(decoder, packing, np.append(lengths[:-1], [lengths[-1] + 1]), spec)

@@ -27,6 +27,7 @@ import torch
 
 from dataprep.chat_template import load_template
 from dataprep.records import IMAGE_PLACEHOLDER
+from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
 __all__ = ["HFPacker"]
 
@@ -40,12 +41,17 @@ class HFPacker:
     llava_onevision. ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
-    Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions)."""
+    Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions).
+    ``packing_kwargs``: give the row HF's packing kwargs too (``cu_seq_lens_q/k``,
+    ``max_length_q/k``, ``seq_idx``: what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
+    True, return_seq_idx=True)`` gives), for FlashAttention's varlen kernels and for decoders
+    with recurrent layers (Qwen3.5's linear attention); an empty row gets none."""
 
     family: str
     processor: object
     template: str
     rope_index: Callable | None = None
+    packing_kwargs: bool = False
     _template: object = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -160,4 +166,8 @@ class HFPacker:
                 torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
             )
             batch["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None
+        if self.packing_kwargs and parts:
+            lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
+            spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}
+            batch = packing_kwargs(batch, spec, lengths, batch["input_ids"].device)
         return batch

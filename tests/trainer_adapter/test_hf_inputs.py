@@ -80,7 +80,13 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     model = make_model_dir(tmp_path, family, tokenizer_path)
     processor = processor_for(family, model)
     rope = _rope_index(family, processor)
-    packer = HFPacker(family=family, processor=processor, template=str(model), rope_index=rope)
+    packer = HFPacker(
+        family=family,
+        processor=processor,
+        template=str(model),
+        rope_index=rope,
+        packing_kwargs=True,
+    )
     records = conversations(tmp_path, 24, seed=7)
     samples = _samples(tmp_path, records)
     row = packer(samples)
@@ -88,13 +94,14 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     starts = [*(text_pos == 0).nonzero().reshape(-1).tolist(), text_pos.numel()]
     assert len(starts) - 1 == len(records)  # one restart per sample
     tok = processor.tokenizer
-    pixels, sizes, counts = [], [], []
+    pixels, sizes, counts, features = [], [], [], []
     for k, rec in enumerate(records):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
         images = [Image.open(tmp_path / n).convert("RGB") for n in rec["image"]]
         want = processor(text=[text], images=processor_images(family, images), return_tensors="pt")
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
+        features.append({"input_ids": want["input_ids"][0].tolist()})
         if images and family == "llava_onevision":  # each image's tiles, none padded
             pix = want["pixel_values"]
             assert pix.shape[0] == 1 or pix.shape[1] == 1
@@ -126,6 +133,18 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
     assert torch.equal(row["pixel_values"], torch.cat(pixels))
+    # HF's packing kwargs as its flattening collator gives them for these samples
+    from transformers import DataCollatorWithFlattening
+
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+    flat = flat(features, return_tensors="pt")
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx"):
+        got, want = row[key], flat[key]
+        assert type(got) is type(want), key
+        if torch.is_tensor(want):
+            assert got.dtype == want.dtype and got.tolist() == want.tolist(), key
+        else:
+            assert got == want, key
     if family == "llava_onevision":
         assert torch.equal(row["image_sizes"], torch.cat(sizes))
         assert row["batch_num_images"] == counts and max(counts) > 1 and min(counts) == 1

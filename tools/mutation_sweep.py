@@ -339,6 +339,14 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_guards.py",),
     ),
     Mutation(
+        "hf-one-tower-round",
+        "ranks join one tower round at most: a rank with images and videos calls the tower twice",
+        "trainer_adapter/hf_balance.py",
+        "if tower.equishard_rounds[-1].src.size == 0:",
+        "if True:",
+        ("tests/trainer_adapter/test_hf_parity.py::test_images_and_videos[qwen2vl]",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

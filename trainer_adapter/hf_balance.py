@@ -10,7 +10,9 @@ must run every step's forward and backward:
   coefficients from the tower's size), runs the tower on what this rank received and returns
   the outputs of this rank's own images in their original order. Every per-image output (the
   merged embeddings, the per-patch states, deepstack feature lists) travels back; gradients
-  take the reverse way.
+  take the reverse way. Each call is one exchange round: a model calls its tower once per
+  modality it has (images, then videos), and ranks without one join as many rounds as the
+  busiest rank makes, before the decoder's exchange (``equishard_settle``).
 * :func:`balance_tiles` — the same around tile towers (InternVL's, LLaVA's CLIP, the SigLIP of
   LLaVA-OneVision; Idefics3's / SmolVLM's with each tile's patch mask).
 * :func:`balance_decoder` — around the language model (``model.model.language_model``;
@@ -95,7 +97,8 @@ def balance_vision(
     inner = tower.forward
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
-        self.equishard_called = True
+        if not self.equishard_joining and (grid_thw is None or grid_thw.numel() == 0):
+            return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see _settle
         if policy.enabled:  # the text's packing kwargs may pass through; nothing else per-image
             check_item_inputs(f"{type(self).__name__} (balance_vision)", (), kwargs, PACKING_KEYS)
         grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
@@ -116,7 +119,7 @@ def balance_vision(
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
         )
-        self.last_route = route
+        _record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -152,13 +155,42 @@ def _joined(tower: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
     return output_anchor(tower) if out is None else zero_of(out)
 
 
+def _record(tower: torch.nn.Module, route) -> None:
+    """Keep this step's exchange rounds; ``last_route``: the latest round that moved any
+    images (the terminal empty round of :func:`_settle` does not hide it)."""
+    if route.src.size or not any(r.src.size for r in tower.equishard_rounds):
+        tower.last_route = route
+    tower.equishard_rounds.append(route)
+
+
+def _settle(tower: torch.nn.Module) -> torch.Tensor:
+    """Join the tower's exchange rounds until one in which no rank brought images. A model
+    calls its tower once per modality it has this step (Qwen2-VL: images, then videos), so
+    ranks call it 0, 1 or 2 times; each call is one round that every rank must take part in.
+    A round with images on no rank means that every rank is here, past its own calls: all
+    stop together, after as many rounds as the busiest rank's calls. Called by the balanced
+    decoder before its own exchange (with a tower alone, call ``tower.equishard_settle()``
+    on every rank after the step's tower calls); returns the sum of the joined rounds'
+    zeros, to be added to an output so their reverse exchanges run in the backward."""
+    zero = None
+    while True:
+        z = tower.equishard_join()
+        zero = z if zero is None else zero + z
+        if tower.equishard_rounds[-1].src.size == 0:
+            break
+    tower.equishard_rounds = []
+    return zero
+
+
 def _install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
-    """Put the balanced ``forward`` and the ``equishard_join`` (see :func:`balance_vision`) on
-    the tower instance; its parameters and state dict stay as they are."""
-    tower.equishard_called = False
+    """Put the balanced ``forward``, ``equishard_join`` (one round with no images of this
+    rank's own, see :func:`balance_vision`) and ``equishard_settle`` (:func:`_settle`) on the
+    tower instance; its parameters and state dict stay as they are."""
     tower.equishard_joining = False
+    tower.equishard_rounds = []
     tower.forward = types.MethodType(forward, tower)
     tower.equishard_join = types.MethodType(join, tower)
+    tower.equishard_settle = types.MethodType(_settle, tower)
     return tower
 
 
@@ -187,7 +219,8 @@ def balance_tiles(
     masked = "patch_attention_mask" in inspect.signature(inner).parameters
 
     def forward(self, pixel_values=None, *args, **kwargs):
-        self.equishard_called = True
+        if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
+            return inner(pixel_values, *args, **kwargs)  # no round: see _settle
         if policy.enabled:
             moved = ("patch_attention_mask", *PACKING_KEYS) if masked else PACKING_KEYS
             check_item_inputs(f"{type(self).__name__} (balance_tiles)", args, kwargs, moved)
@@ -201,7 +234,7 @@ def balance_tiles(
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
         )
-        self.last_route = route
+        _record(self, route)
         if route.src.size == 0:  # see balance_vision
             return None if self.equishard_joining else inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
@@ -268,10 +301,8 @@ def balance_decoder(
             raise ValueError("balance_decoder is for training: give no past_key_values")
         kw.update(use_cache=False, past_key_values=None)
         zero = None
-        if vision is not None:
-            if not vision.equishard_called:
-                zero = vision.equishard_join()
-            vision.equishard_called = False
+        if vision is not None:  # every rank through as many tower rounds as the busiest
+            zero = vision.equishard_settle()
         if not policy.enabled:  # the plain decoder (an empty rank's row never reaches it)
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings()(input_ids)

@@ -22,7 +22,7 @@ from tests.dist_helper import run_ranks
 
 transformers = pytest.importorskip("transformers")
 
-IMG, VSTART, VEND = 999, 997, 996
+IMG, VSTART, VEND, VIDEO = 999, 997, 996, 998
 TEXT_ONLY = [(30, None, 0), (25, None, 3), (40, None, 0)]  # long samples, no pixel_values
 # per family and rank: samples as (text tokens before, image or None, text tokens after);
 # an image is a grid (t, h, w) of patches for Qwen2-VL, a number of tiles for InternVL / LLaVA
@@ -369,10 +369,17 @@ def make_batches(family: str, model, layout=None):
     anyres = family in ANYRES
     out = []
     for samples in layout or LAYOUTS[family]:
-        ids, labels, pos, pix, grids = [], [], [], [], []
+        ids, labels, pos, pix, grids, vids, vgrids = [], [], [], [], [], [], []
         for before, image, after in samples:
             seq = list(rng.integers(3, 900, before))
-            if image is not None and anyres:
+            video = isinstance(image, tuple) and image[0] == "video"
+            if video:  # Qwen-style: a video's (t, h, w) patches, t > 1
+                grid = image[1]
+                seq += [VSTART] + [VIDEO] * (int(np.prod(grid)) // 4) + [VEND]
+                rows = rng.normal(size=(int(np.prod(grid)), 3 * 2 * 14 * 14))
+                vids.append(torch.from_numpy(rows))
+                vgrids.append(grid)
+            elif image is not None and anyres:
                 tiles, tokens = _anyres_images(family, model, image, rng)
                 for n in tokens:
                     seq += [IMG] * n
@@ -391,11 +398,13 @@ def make_batches(family: str, model, layout=None):
             t = torch.tensor(seq)[None]
             lab = t.clone()
             lab[0, 0] = -100  # a sample's first token is never a target
-            lab[t == IMG] = -100
+            lab[(t == IMG) | (t == VIDEO)] = -100
             text = torch.arange(t.shape[1])[None]
             if qwen:
-                g = torch.tensor([image]) if image is not None else None
-                rope, _ = model.model.get_rope_index(t, (t == IMG).int(), image_grid_thw=g)
+                g = torch.tensor([image]) if image is not None and not video else None
+                vg = torch.tensor([image[1]]) if video else None
+                kinds = (t == IMG).int() + 2 * (t == VIDEO).int()  # text 0, image 1, video 2
+                rope, _ = model.model.get_rope_index(t, kinds, image_grid_thw=g, video_grid_thw=vg)
                 text = torch.cat([text[None], rope], dim=0)
             pos.append(text)
             ids.append(t)
@@ -409,6 +418,9 @@ def make_batches(family: str, model, layout=None):
         }
         if qwen:
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
+        if vids:
+            batch["pixel_values_videos"] = torch.cat(vids).double()
+            batch["video_grid_thw"] = torch.tensor(vgrids)
         if anyres:
             batch["pixel_values"] = _pad_tiles(pix).double() if pix else None
             batch["image_sizes"] = torch.tensor([s for g in grids for s in g]) if grids else None
@@ -542,6 +554,10 @@ def reference(family: str, layout=None, packing=False):
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
         if k in batches[0] and family not in (*ANYRES, "smolvlm") and with_images:
             cat[k] = torch.cat([b[k] for b in with_images])
+    with_videos = [b for b in batches if "pixel_values_videos" in b]
+    for k in ("pixel_values_videos", "video_grid_thw"):
+        if with_videos:
+            cat[k] = torch.cat([b[k] for b in with_videos])
     if family in ANYRES and with_images:  # every image's tiles, padded to the most of any
         cat["pixel_values"] = _pad_tiles([t for b in with_images for t in b["pixel_values"]])
         cat["image_sizes"] = torch.cat([b["image_sizes"] for b in with_images])
@@ -608,6 +624,20 @@ SHIFTED = ("internvl", "qwen2vl", "llava_onevision", "smolvlm")  # the empty ran
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")
+# images and videos: HF calls the tower once for a rank's images and once for its videos, so
+# ranks call it 2, 1, 1 and 0 times in this step
+VIDEOS = ("qwen2vl", "qwen25vl")
+VIDEO_LAYOUT = [
+    [
+        (5, (1, 8, 10), 7),
+        (3, ("video", (2, 4, 4)), 4),
+        (2, (1, 8, 8), 2),
+        (4, ("video", (2, 6, 4)), 1),
+    ],
+    [(4, (1, 4, 4), 6)],
+    [(2, ("video", (2, 4, 6)), 3), (9, None, 0)],
+    TEXT_ONLY,
+]
 
 
 def rank_scenarios(rank, world, family):
@@ -622,13 +652,15 @@ def rank_scenarios(rank, world, family):
         out["no_image"] = rank_main(rank, world, family, "balanced", 0, NO_IMAGE_LAYOUT)
     if family in PACKING:
         out["packing"] = rank_main(rank, world, family, "balanced", 0, None, True)
+    if family in VIDEOS:
+        out["videos"] = rank_main(rank, world, family, "balanced", 0, VIDEO_LAYOUT)
     return out
 
 
 @functools.cache
 def scenarios(family: str) -> dict[str, list]:
     """Per scenario, every rank's result (one launch per family, shared by its tests)."""
-    runs = run_ranks(rank_scenarios, 4, family, timeout=600)
+    runs = run_ranks(rank_scenarios, 4, family, timeout=300)
     return {k: [r[k] for r in runs] for k in runs[0]}
 
 
@@ -685,3 +717,13 @@ def test_packing_kwargs_follow_the_samples(family):
     for r in runs:
         assert r["packing_seen"] and all(r["packing_seen"])
     assert runs[0]["moved"][1] > 0
+
+
+@pytest.mark.parametrize("family", VIDEOS)
+def test_images_and_videos(family):
+    """A rank with images and videos calls the tower twice (HF: once per modality), others
+    once or not at all: every rank takes part in as many tower exchanges as the busiest one,
+    nobody hangs, and the step equals one process's."""
+    runs = scenarios(family)["videos"]
+    _equal_to_reference(runs, family, VIDEO_LAYOUT)
+    assert runs[0]["moved"][0] > 0 and runs[0]["moved"][1] > 0

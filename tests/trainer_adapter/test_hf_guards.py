@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.dist_helper import run_ranks
-from tests.trainer_adapter.test_hf_parity import TEXT
+from tests.trainer_adapter.test_hf_parity import TEXT, qwen35_config
 
 pytest.importorskip("transformers")
 
@@ -99,31 +99,7 @@ def _mllama(rank: int):
 def _qwen35(rank: int):
     import transformers as tf
 
-    if not hasattr(tf, "Qwen3_5Config"):
-        pytest.skip(f"transformers {tf.__version__} has no Qwen3.5")
-    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
-    cfg = tf.Qwen3_5Config(
-        text_config={
-            **TEXT,
-            "head_dim": 8,
-            "layer_types": ["linear_attention", "full_attention"],
-            "linear_key_head_dim": 8,
-            "linear_value_head_dim": 8,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "rope_parameters": {**rope, "mrope_interleaved": True, "partial_rotary_factor": 1.0},
-        },
-        vision_config=dict(
-            depth=1,
-            hidden_size=16,
-            intermediate_size=32,
-            num_heads=2,
-            patch_size=14,
-            out_hidden_size=32,
-            num_position_embeddings=64,
-        ),
-        image_token_id=IMG,
-    )
+    cfg = qwen35_config(["linear_attention", "full_attention"])
     model = tf.Qwen3_5ForConditionalGeneration(cfg).double()
     ids = torch.randint(3, 900, (1, 12))
     return model, {

@@ -118,6 +118,40 @@ def _tile_tower(model_type: str | None = None) -> dict:
     return cfg if model_type is None else {"model_type": model_type, **cfg}
 
 
+def qwen35_config(layer_types=("full_attention", "full_attention")):
+    """A tiny Qwen3.5 (Qwen3-VL-style tower, hybrid decoder of ``layer_types``)."""
+    import transformers as tf
+
+    if not hasattr(tf, "Qwen3_5Config"):
+        pytest.skip(f"transformers {tf.__version__} has no Qwen3.5")
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
+    return tf.Qwen3_5Config(
+        text_config={
+            **TEXT,
+            "head_dim": 8,
+            "layer_types": list(layer_types),
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "rope_parameters": {**rope, "mrope_interleaved": True, "partial_rotary_factor": 1},
+        },
+        vision_config=dict(
+            depth=2,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            patch_size=14,
+            out_hidden_size=32,
+            num_position_embeddings=64,
+        ),
+        image_token_id=IMG,
+        video_token_id=998,
+        vision_start_token_id=VSTART,
+        vision_end_token_id=VEND,
+    )
+
+
 def build_model(family: str, seed: int = 0):
     import transformers as tf
 
@@ -195,30 +229,7 @@ def build_model(family: str, seed: int = 0):
         # (its linear-attention layers keep packed samples apart only through
         # flash-linear-attention, a GPU library: test_hf_guards checks they are refused without
         # packing kwargs)
-        if not hasattr(tf, "Qwen3_5Config"):
-            pytest.skip(f"transformers {tf.__version__} has no Qwen3.5")
-        rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1]}
-        cfg = tf.Qwen3_5Config(
-            text_config={
-                **TEXT,
-                "head_dim": 8,
-                "layer_types": ["full_attention", "full_attention"],
-                "rope_parameters": {**rope, "mrope_interleaved": True, "partial_rotary_factor": 1},
-            },
-            vision_config=dict(
-                depth=2,
-                hidden_size=16,
-                intermediate_size=32,
-                num_heads=2,
-                patch_size=14,
-                out_hidden_size=32,
-                num_position_embeddings=64,
-            ),
-            image_token_id=IMG,
-            video_token_id=998,
-            vision_start_token_id=VSTART,
-            vision_end_token_id=VEND,
-        )
+        cfg = qwen35_config()
         cls = tf.Qwen3_5ForConditionalGeneration
     elif family == "glm4v":  # GLM-4.1V / 4.5V: a Qwen-style tower (patches + grid_thw)
         cfg = tf.Glm4vConfig(

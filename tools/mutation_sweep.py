@@ -332,7 +332,7 @@ MUTATIONS = [
     ),
     Mutation(
         "hf-item-inputs-unchecked",
-        "per-item inputs a wrapper cannot move (Pixtral's image_sizes) pass on stale",
+        "per-item inputs a wrapper cannot move (Mllama's aspect ratios) pass on stale",
         "trainer_adapter/hf_packing.py",
         'extra += [f"`{k}`" for k, v in kwargs.items() if k not in moved and _is_item_data(v)]',
         "extra += []",
@@ -345,6 +345,14 @@ MUTATIONS = [
         "if tower.equishard_rounds[-1].src.size == 0:",
         "if True:",
         ("tests/trainer_adapter/test_hf_parity.py::test_images_and_videos[qwen2vl]",),
+    ),
+    Mutation(
+        "hf-pixtral-sizes-stay",
+        "Pixtral's images move without their sizes (the tower takes each as large as the padding)",
+        "trainer_adapter/hf_pixtral.py",
+        "out = inner(x, got.to(pixel_values.device), *args, **kwargs)",
+        "out = inner(x, None, *args, **kwargs)",
+        (f"{_PARITY}[mistral3]",),
     ),
     Mutation(
         "hf-mixed-dtype-cast-back",

@@ -430,7 +430,8 @@ def balance_model(
     (``.visual``: patches + ``grid_thw``; Qwen3-VL's deepstack features go both ways),
     InternVL, LLaVA / LLaVA-NeXT / LLaVA-OneVision (``.vision_tower``: tiles), Idefics3 /
     SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``), Gemma 3 (tiles;
-    its decoder masks move with the samples). Feed each rank one packed row
+    its decoder masks move with the samples), Mistral 3 / Pixtral (images of their own sizes:
+    :func:`~trainer_adapter.hf_pixtral.balance_pixtral`). Feed each rank one packed row
     (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
@@ -439,6 +440,10 @@ def balance_model(
     if tower is None:
         tower = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model", None)
         wrap = balance_tiles
+        if tower is not None and "image_sizes" in inspect.signature(tower.forward).parameters:
+            from trainer_adapter.hf_pixtral import balance_pixtral  # Mistral 3, Pixtral
+
+            wrap = balance_pixtral
     if tower is None or decoder is None:
         raise ValueError(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "

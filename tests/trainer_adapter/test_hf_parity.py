@@ -17,6 +17,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.dist_helper import run_ranks
 
@@ -70,6 +71,13 @@ LAYOUTS = {
         TEXT_ONLY,
     ],
     "llava": [[(5, 1, 7), (3, 1, 4), (2, 1, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
+    # Mistral 3 (Pixtral tower): images of their own sizes (height, width), padded per batch
+    "mistral3": [
+        [(5, (28, 56), 7), (3, (56, 56), 4), (2, (28, 28), 2), (9, None, 0)],
+        [],
+        [(4, (84, 28), 6)],
+        TEXT_ONLY,
+    ],
     # LLaVA-OneVision: each image's (height, width); a sample with one image is cut into the
     # anyres grid's tiles plus a base tile (3 to 5 here), a multi-image sample's images are not
     "llava_onevision": [
@@ -257,6 +265,24 @@ def build_model(family: str, seed: int = 0):
             image_end_token_id=VEND,
         )
         cls = tf.Glm4vForConditionalGeneration
+    elif family == "mistral3":
+        cfg = tf.Mistral3Config(
+            vision_config=dict(
+                model_type="pixtral",
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=112,
+                patch_size=14,
+                head_dim=8,
+            ),
+            text_config={**TEXT, "model_type": "mistral", "head_dim": 8},
+            image_token_index=IMG,
+            spatial_merge_size=2,
+            vision_feature_layer=-1,
+        )
+        cls = tf.Mistral3ForConditionalGeneration
     elif family == "internvl":
         cfg = tf.InternVLConfig(
             vision_config=dict(
@@ -371,6 +397,12 @@ def _pad_tiles(pix: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([torch.cat([p, p.new_zeros(most - p.shape[0], *p.shape[1:])]) for p in pix])
 
 
+def _pad_images(pix: list[torch.Tensor]) -> torch.Tensor:
+    """Mistral 3's [images, C, H, W]: each image padded to the largest (its processor's way)."""
+    h, w = max(p.shape[-2] for p in pix), max(p.shape[-1] for p in pix)
+    return torch.cat([F.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2])) for p in pix])
+
+
 def make_batches(family: str, model, layout=None):
     """Per rank: input_ids, labels, packed position ids (restarting per sample; Qwen2-VL's
     [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw,
@@ -390,6 +422,10 @@ def make_batches(family: str, model, layout=None):
                 rows = rng.normal(size=(int(np.prod(grid)), 3 * 2 * 14 * 14))
                 vids.append(torch.from_numpy(rows))
                 vgrids.append(grid)
+            elif image is not None and family == "mistral3":  # (height, width) in pixels
+                seq += [VSTART] + [IMG] * ((image[0] // 28) * (image[1] // 28)) + [VEND]
+                pix.append(torch.from_numpy(rng.normal(size=(1, 3, *image))))
+                grids.append(image)
             elif image is not None and anyres:
                 tiles, tokens = _anyres_images(family, model, image, rng)
                 for n in tokens:
@@ -425,10 +461,13 @@ def make_batches(family: str, model, layout=None):
             "input_ids": torch.cat(ids, 1) if ids else torch.zeros(1, 0, dtype=torch.long),
             "labels": torch.cat(labels, 1) if labels else torch.zeros(1, 0, dtype=torch.long),
             "position_ids": torch.cat(pos, -1) if pos else empty_pos.long(),
-            "pixel_values": torch.cat(pix).double() if pix else None,
+            "pixel_values": torch.cat(pix).double() if pix and family != "mistral3" else None,
         }
         if qwen:
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
+        if family == "mistral3" and pix:
+            batch["pixel_values"] = _pad_images(pix).double()
+            batch["image_sizes"] = torch.tensor(grids)
         if vids:
             batch["pixel_values_videos"] = torch.cat(vids).double()
             batch["video_grid_thw"] = torch.tensor(vgrids)
@@ -563,12 +602,15 @@ def reference(family: str, layout=None, packing=False):
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     with_images = [b for b in batches if b["pixel_values"] is not None]
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
-        if k in batches[0] and family not in (*ANYRES, "smolvlm") and with_images:
+        if k in batches[0] and family not in (*ANYRES, "smolvlm", "mistral3") and with_images:
             cat[k] = torch.cat([b[k] for b in with_images])
     with_videos = [b for b in batches if "pixel_values_videos" in b]
     for k in ("pixel_values_videos", "video_grid_thw"):
         if with_videos:
             cat[k] = torch.cat([b[k] for b in with_videos])
+    if family == "mistral3" and with_images:  # every image, padded to the largest of all
+        cat["pixel_values"] = _pad_images([p[None] for b in with_images for p in b["pixel_values"]])
+        cat["image_sizes"] = torch.cat([b["image_sizes"] for b in with_images])
     if family in ANYRES and with_images:  # every image's tiles, padded to the most of any
         cat["pixel_values"] = _pad_tiles([t for b in with_images for t in b["pixel_values"]])
         cat["image_sizes"] = torch.cat([b["image_sizes"] for b in with_images])
@@ -601,6 +643,10 @@ VISION_PARAMS = {
     ),
     "qwen35": ("model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight"),
     "glm4v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
+    "mistral3": (
+        "model.vision_tower.patch_conv.weight",
+        "model.multi_modal_projector.patch_merger.merging_layer.weight",
+    ),
     "internvl": (
         "model.vision_tower.embeddings.patch_embeddings.projection.weight",
         "model.multi_modal_projector.linear_2.weight",
@@ -631,7 +677,13 @@ VISION_PARAMS = {
 
 
 # the scenarios beyond balanced-vs-plain, and the families each runs for
-SHIFTED = ("internvl", "qwen2vl", "llava_onevision", "smolvlm")  # the empty rank is rank 0
+SHIFTED = (
+    "internvl",
+    "qwen2vl",
+    "llava_onevision",
+    "smolvlm",
+    "mistral3",
+)  # the empty rank is rank 0
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")

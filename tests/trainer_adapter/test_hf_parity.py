@@ -418,7 +418,10 @@ def make_batches(family: str, model, layout=None):
             video = isinstance(image, tuple) and image[0] == "video"
             if video:  # Qwen-style: a video's (t, h, w) patches, t > 1
                 grid = image[1]
-                seq += [VSTART] + [VIDEO] * (int(np.prod(grid)) // 4) + [VEND]
+                # Qwen3-VL: each temporal patch a frame of its own, between start and end
+                frames = grid[0] if family == "qwen3vl" else 1
+                for _ in range(frames):
+                    seq += [VSTART] + [VIDEO] * (int(np.prod(grid)) // 4 // frames) + [VEND]
                 rows = rng.normal(size=(int(np.prod(grid)), 3 * 2 * 14 * 14))
                 vids.append(torch.from_numpy(rows))
                 vgrids.append(grid)
@@ -689,7 +692,7 @@ NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")
 # images and videos: HF calls the tower once for a rank's images and once for its videos, so
 # ranks call it 2, 1, 1 and 0 times in this step
-VIDEOS = ("qwen2vl", "qwen25vl")
+VIDEOS = ("qwen2vl", "qwen25vl", "qwen3vl")
 VIDEO_LAYOUT = [
     [
         (5, (1, 8, 10), 7),

@@ -341,8 +341,8 @@ MUTATIONS = [
     Mutation(
         "hf-one-tower-round",
         "ranks join one tower round at most: a rank with images and videos calls the tower twice",
-        "trainer_adapter/hf_balance.py",
-        "if tower.equishard_rounds[-1].src.size == 0:",
+        "trainer_adapter/hf_rounds.py",
+        "if tower.equishard_round_images == 0:",
         "if True:",
         ("tests/trainer_adapter/test_hf_parity.py::test_images_and_videos[qwen2vl]",),
     ),

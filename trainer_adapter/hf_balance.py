@@ -49,6 +49,8 @@ from trainer_adapter.hf_packing import (
     packing_kwargs,
     packing_spec,
 )
+from trainer_adapter.hf_pixtral import balance_pixtral
+from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
@@ -56,7 +58,6 @@ from trainer_adapter.item_outputs import (
     output_route_back,
     output_signature,
     route_home,
-    zero_of,
 )
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -73,15 +74,6 @@ def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None)
 
 
 # ------------------------------------------------------------------------------ vision
-def _vision_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
-    cfg = getattr(tower, "config", None)
-    hidden = getattr(cfg, "embed_dim", None) or getattr(cfg, "hidden_size", None)
-    layers = getattr(cfg, "depth", None) or getattr(cfg, "num_hidden_layers", None)
-    if hidden and layers:
-        return CostModel.from_dims(vit_hidden=hidden, vit_layers=layers, llm_hidden=1, llm_layers=1)
-    return policy.cost_model
-
-
 def balance_vision(
     tower: torch.nn.Module,
     *,
@@ -93,12 +85,12 @@ def balance_vision(
     grid_thw)``; one row of ``pixel_values`` per patch). Returns the tower; ``tower.last_route``
     holds the latest plan (loads before/after, bytes moved)."""
     policy = policy or RedistributePolicy()
-    model = _vision_cost(tower, policy).vision
+    model = tower_cost(tower, policy).vision
     inner = tower.forward
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
         if not self.equishard_joining and (grid_thw is None or grid_thw.numel() == 0):
-            return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see _settle
+            return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see hf_rounds
         if policy.enabled:  # the text's packing kwargs may pass through; nothing else per-image
             check_item_inputs(f"{type(self).__name__} (balance_vision)", (), kwargs, PACKING_KEYS)
         grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
@@ -107,19 +99,15 @@ def balance_vision(
             hidden_states[0].numel() * hidden_states.element_size() if len(hidden_states) else 0
         )
 
-        def cost(t):
-            n = t[:, 0].astype(np.float64)
-            return model.alpha * n + model.beta * n * n if policy.cost == "modeled" else n
-
         route = plan_items(
             np.column_stack([rows, grid]).reshape(-1, 4),
-            cost,
+            length_cost(model, policy),
             group=group,
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
         )
-        _record(self, route)
+        record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -138,60 +126,9 @@ def balance_vision(
         pe = self.patch_embed
         dim = pe.in_channels * pe.temporal_patch_size * pe.patch_size**2
         ref = next(self.parameters())
-        return _joined(self, ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64))
+        return joined(self, ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64))
 
-    return _install(tower, forward, join)
-
-
-def _joined(tower: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
-    """The tower called only to take part in the exchange (see :func:`balance_vision`); on a
-    step without any image anywhere there is no exchange and the tower does not run (it may
-    not take an empty batch): a zero tied to its parameters."""
-    tower.equishard_joining = True
-    try:
-        out = tower(*args, **kwargs)
-    finally:
-        tower.equishard_joining = False
-    return output_anchor(tower) if out is None else zero_of(out)
-
-
-def _record(tower: torch.nn.Module, route) -> None:
-    """Keep this step's exchange rounds; ``last_route``: the latest round that moved any
-    images (the terminal empty round of :func:`_settle` does not hide it)."""
-    if route.src.size or not any(r.src.size for r in tower.equishard_rounds):
-        tower.last_route = route
-    tower.equishard_rounds.append(route)
-
-
-def _settle(tower: torch.nn.Module) -> torch.Tensor:
-    """Join the tower's exchange rounds until one in which no rank brought images. A model
-    calls its tower once per modality it has this step (Qwen2-VL: images, then videos), so
-    ranks call it 0, 1 or 2 times; each call is one round that every rank must take part in.
-    A round with images on no rank means that every rank is here, past its own calls: all
-    stop together, after as many rounds as the busiest rank's calls. Called by the balanced
-    decoder before its own exchange (with a tower alone, call ``tower.equishard_settle()``
-    on every rank after the step's tower calls); returns the sum of the joined rounds'
-    zeros, to be added to an output so their reverse exchanges run in the backward."""
-    zero = None
-    while True:
-        z = tower.equishard_join()
-        zero = z if zero is None else zero + z
-        if tower.equishard_rounds[-1].src.size == 0:
-            break
-    tower.equishard_rounds = []
-    return zero
-
-
-def _install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
-    """Put the balanced ``forward``, ``equishard_join`` (one round with no images of this
-    rank's own, see :func:`balance_vision`) and ``equishard_settle`` (:func:`_settle`) on the
-    tower instance; its parameters and state dict stay as they are."""
-    tower.equishard_joining = False
-    tower.equishard_rounds = []
-    tower.forward = types.MethodType(forward, tower)
-    tower.equishard_join = types.MethodType(join, tower)
-    tower.equishard_settle = types.MethodType(_settle, tower)
-    return tower
+    return install(tower, forward, join)
 
 
 def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
@@ -220,7 +157,7 @@ def balance_tiles(
 
     def forward(self, pixel_values=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
-            return inner(pixel_values, *args, **kwargs)  # no round: see _settle
+            return inner(pixel_values, *args, **kwargs)  # no round: see hf_rounds
         if policy.enabled:
             moved = ("patch_attention_mask", *PACKING_KEYS) if masked else PACKING_KEYS
             check_item_inputs(f"{type(self).__name__} (balance_tiles)", args, kwargs, moved)
@@ -234,7 +171,7 @@ def balance_tiles(
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
         )
-        _record(self, route)
+        record(self, route)
         if route.src.size == 0:  # see balance_vision
             return None if self.equishard_joining else inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
@@ -250,9 +187,9 @@ def balance_tiles(
 
     def join(self) -> torch.Tensor:
         # every layer's states too: the model's own calls may select from them
-        return _joined(self, _empty_pixels(self), output_hidden_states=True, return_dict=True)
+        return joined(self, _empty_pixels(self), output_hidden_states=True, return_dict=True)
 
-    return _install(tower, forward, join)
+    return install(tower, forward, join)
 
 
 # ----------------------------------------------------------------------------- decoder
@@ -355,14 +292,10 @@ def balance_decoder(
             visual = np.add.reduceat(marks, np.cumsum(lengths) - lengths)
         layers = len(deep) if deep is not None else 0
 
-        def cost(t):
-            n = t[:, 0].astype(np.float64)
-            return llm.alpha * n + llm.beta * n * n if policy.cost == "modeled" else n
-
         row_bytes = inputs_embeds.shape[-1] * inputs_embeds.element_size()
         route = plan_items(
             np.column_stack([lengths, visual, np.full_like(lengths, layers)]).reshape(-1, 3),
-            cost,
+            length_cost(llm, policy),
             group=group,
             topology=topology,
             policy=policy,
@@ -441,9 +374,7 @@ def balance_model(
         tower = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model", None)
         wrap = balance_tiles
         if tower is not None and "image_sizes" in inspect.signature(tower.forward).parameters:
-            from trainer_adapter.hf_pixtral import balance_pixtral  # Mistral 3, Pixtral
-
-            wrap = balance_pixtral
+            wrap = balance_pixtral  # Mistral 3, Pixtral: images of their own sizes
     if tower is None or decoder is None:
         raise ValueError(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "

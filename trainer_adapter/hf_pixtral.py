@@ -21,6 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import route_home
 from trainer_adapter.redistribute import RedistributePolicy
@@ -50,16 +51,14 @@ def balance_pixtral(
     """Install the balanced forward on a Pixtral-style tower (``forward(pixel_values,
     image_sizes)``, see the module doc). Returns the tower; ``tower.last_route`` holds the
     latest plan; ``equishard_join`` / ``equishard_settle`` as for the other towers."""
-    from trainer_adapter.hf_balance import _install, _joined, _record, _vision_cost
-
     policy = policy or RedistributePolicy()
-    model = _vision_cost(tower, policy).vision
+    model = tower_cost(tower, policy).vision
     inner = tower.forward
     p = int(tower.patch_size)
 
     def forward(self, pixel_values=None, image_sizes=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
-            return inner(pixel_values, image_sizes, *args, **kwargs)  # no round: see _settle
+            return inner(pixel_values, image_sizes, *args, **kwargs)  # no round: see hf_rounds
         if policy.enabled:
             check_item_inputs(
                 f"{type(self).__name__} (balance_pixtral)", args, kwargs, PACKING_KEYS
@@ -71,20 +70,16 @@ def balance_pixtral(
         patches = (sizes[:, 0] // p) * (sizes[:, 1] // p)
         padded = np.tile([height, width], (n, 1))  # the largest of the whole group pads all
 
-        def cost(t):
-            m = t[:, 0].astype(np.float64)
-            return model.alpha * m + model.beta * m * m if policy.cost == "modeled" else m
-
         per_pixel = pixel_values[0, :, :1, :1].numel() * pixel_values.element_size() if n else 0
         route = plan_items(
             np.column_stack([patches, sizes, padded]).reshape(-1, 5),
-            cost,
+            length_cost(model, policy),
             group=group,
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 1] * t[:, 2] * float(per_pixel),
         )
-        _record(self, route)
+        record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -106,6 +101,6 @@ def balance_pixtral(
         ref = next(self.parameters())
         empty = ref.new_zeros((0, cfg.num_channels, p, p))
         sizes = torch.zeros(0, 2, dtype=torch.int64)
-        return _joined(self, empty, sizes, output_hidden_states=True, return_dict=True)
+        return joined(self, empty, sizes, output_hidden_states=True, return_dict=True)
 
-    return _install(tower, forward, join)
+    return install(tower, forward, join)

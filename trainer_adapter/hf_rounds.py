@@ -1,0 +1,95 @@
+"""What every balanced vision tower shares (:mod:`trainer_adapter.hf_balance`,
+:mod:`trainer_adapter.hf_pixtral`): its cost model, and its exchange rounds.
+
+Each call of a balanced tower is one exchange round that every rank of the group must take
+part in. A model calls its tower once per modality it has this step (Qwen2-VL: images, then
+videos), so ranks call it 0, 1 or 2 times; a rank joins the rounds it did not start itself
+(``equishard_join``: a call with no images of its own) until a round in which no rank brought
+images (``equishard_settle``). A tower's own call without images makes no round at all.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from balancing import CostModel
+from trainer_adapter.item_outputs import output_anchor, zero_of
+from trainer_adapter.redistribute import RedistributePolicy
+
+__all__ = ["install", "joined", "length_cost", "record", "tower_cost"]
+
+
+def tower_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
+    """The encoder cost model from the tower's own size (its config), else the policy's."""
+    cfg = getattr(tower, "config", None)
+    hidden = getattr(cfg, "embed_dim", None) or getattr(cfg, "hidden_size", None)
+    layers = getattr(cfg, "depth", None) or getattr(cfg, "num_hidden_layers", None)
+    if hidden and layers:
+        return CostModel.from_dims(vit_hidden=hidden, vit_layers=layers, llm_hidden=1, llm_layers=1)
+    return policy.cost_model
+
+
+def length_cost(phase, policy: RedistributePolicy) -> Callable[[np.ndarray], np.ndarray]:
+    """Per item of an item table whose column 0 is its length: ``alpha*n + beta*n^2`` with
+    the phase's coefficients (``policy.cost == "modeled"``), else ``n``."""
+
+    def cost(table: np.ndarray) -> np.ndarray:
+        n = table[:, 0].astype(np.float64)
+        return phase.alpha * n + phase.beta * n * n if policy.cost == "modeled" else n
+
+    return cost
+
+
+def joined(tower: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
+    """The tower called only to take part in a round (no images of this rank's own); in a
+    round without any image anywhere there is no exchange and the tower does not run (it may
+    not take an empty batch): a zero tied to its parameters."""
+    tower.equishard_joining = True
+    try:
+        out = tower(*args, **kwargs)
+    finally:
+        tower.equishard_joining = False
+    return output_anchor(tower) if out is None else zero_of(out)
+
+
+def record(tower: torch.nn.Module, route) -> None:
+    """Note a round: ``last_route`` is the latest round of the step that moved any images
+    (the terminal empty round of :func:`_settle` does not hide it)."""
+    if route.src.size or not tower.equishard_step_images:
+        tower.last_route = route
+    tower.equishard_step_images |= bool(route.src.size)
+    tower.equishard_round_images = int(route.src.size)
+
+
+def _settle(tower: torch.nn.Module) -> torch.Tensor:
+    """Join rounds until one in which no rank brought images: every rank is then past its own
+    calls, and all stop together, after as many rounds as the busiest rank's calls. Called by
+    the balanced decoder before its own exchange (with a tower alone, call
+    ``tower.equishard_settle()`` on every rank after the step's tower calls); returns the sum
+    of the joined rounds' zeros, to be added to an output so their reverse exchanges run in
+    the backward."""
+    zero = None
+    while True:
+        z = tower.equishard_join()
+        zero = z if zero is None else zero + z
+        if tower.equishard_round_images == 0:
+            break
+    tower.equishard_step_images = False
+    return zero
+
+
+def install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
+    """Put the balanced ``forward``, ``equishard_join`` (one round with no images of this
+    rank's own) and ``equishard_settle`` (:func:`_settle`) on the tower instance; its
+    parameters and state dict stay as they are."""
+    tower.equishard_joining = False
+    tower.equishard_step_images = False
+    tower.equishard_round_images = 0
+    tower.forward = types.MethodType(forward, tower)
+    tower.equishard_join = types.MethodType(join, tower)
+    tower.equishard_settle = types.MethodType(_settle, tower)
+    return tower

@@ -22,6 +22,8 @@ REASONS: dict[str, str] = {
     "template_error": "the model's chat template refuses the conversation (raise_exception)",
     "template_image_mismatch": "the chat template wrote another number of image markers than "
     "the sample has images (a marker typed in the text, or a template that drops images)",
+    "assistant_not_rendered": "the chat template changes or drops an assistant turn's text and "
+    "has no generation blocks, so the trained tokens cannot be found",
     "too_deep": "the record is nested deeper than the JSON parser allows",
     "bad_role": "a turn has a role that is not system/user/assistant",
     "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",

@@ -15,7 +15,9 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
 * ``qwen2vl`` — ``<|image_pad|>`` becomes N ``<|image_pad|>`` (the template writes the
   ``<|vision_start|>``/``<|vision_end|>`` around it),
 * ``internvl`` — ``<IMG_CONTEXT>`` becomes ``<img>`` + N ``<IMG_CONTEXT>`` + ``</img>``,
-* ``llava`` — ``<image>`` becomes N ``<image>``.
+* ``llava`` — ``<image>`` becomes N ``<image>``,
+* ``gemma3`` — ``<start_of_image>`` becomes ``\\n\\n<start_of_image>`` + N ``<image_soft_token>`` +
+  ``<end_of_image>\\n\\n``.
 
 The family is found from the marker in the template source; ``PATH#images=FAMILY`` chooses it.
 """
@@ -54,6 +56,7 @@ IMAGE_TOKENS = {
     "qwen2vl": ImageTokens("<|image_pad|>"),
     "internvl": ImageTokens("<IMG_CONTEXT>", "<img>", "</img>"),
     "llava": ImageTokens("<image>"),
+    "gemma3": ImageTokens("<start_of_image>", "\n\n<start_of_image>", "<end_of_image>\n\n"),
 }
 
 
@@ -224,7 +227,8 @@ class JinjaChatTemplate:
 
     def render_spans(self, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Like :meth:`render`, plus the character spans of the trained text: the template's
-        ``generation`` blocks, or else each assistant turn's text where it was rendered."""
+        ``generation`` blocks, or else each assistant turn's text where it was rendered
+        (:class:`SampleRejected` if it was not)."""
         marked = self._render_marked(turns)
         if _GEN_OPEN in marked:
             spans, out, pos = [], [], 0
@@ -237,15 +241,41 @@ class JinjaChatTemplate:
                     out.append(piece)
                     pos += len(piece)
             return "".join(out), spans
-        text, spans, at = marked, [], 0
-        for role, content in turns:
-            if role != "assistant" or not content:
+        return marked, self._find_spans(marked, turns)
+
+    def _find_spans(self, text: str, turns: list[tuple[str, str]]) -> list[tuple[int, int]]:
+        """Each assistant turn's text where the template rendered it, searched after the
+        previous turns' texts (so a short answer is not found inside the question). Each piece
+        between images is looked for as written, else stripped (templates that ``trim`` a text
+        item: Gemma, Llama). A user or system text the template changed is skipped; an assistant text
+        that is not found is an error: its tokens would silently not be trained."""
+        spans, at = [], 0
+        for index, (role, content) in enumerate(turns):
+            pos, found = at, []
+            for piece in content.split(IMAGE_PLACEHOLDER):
+                if not piece.strip():
+                    continue
+                start = text.find(piece, pos)
+                if start < 0:  # as written, else as a trimming template writes it
+                    piece = piece.strip()
+                    start = text.find(piece, pos)
+                if start < 0:
+                    break
+                pos = start + len(piece)
+                found.append((start, pos))
+            else:
+                at = pos
+                if role == "assistant":  # each text piece, not the images between them
+                    spans += found
                 continue
-            start = text.find(content, at)
-            if start >= 0:
-                spans.append((start, start + len(content)))
-                at = start + len(content)
-        return text, spans
+            if role == "assistant":
+                raise SampleRejected(
+                    "assistant_not_rendered",
+                    f"turn {index}: the chat template changes or drops the assistant's text, "
+                    "so its trained tokens cannot be found; give the template "
+                    "{% generation %} blocks around the assistant's text",
+                )
+        return spans
 
     def describe(self) -> dict:
         return {

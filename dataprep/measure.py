@@ -231,7 +231,8 @@ class Measurer:
                     continue
                 headers = [_probe(r, self.check_images) for r in refs]
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
-                text = self.template.render(sample.turns)
+                # the spans too: a template that hides the assistant's text is rejected here
+                text, _ = self.template.render_spans(sample.turns)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue

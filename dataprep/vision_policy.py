@@ -19,6 +19,9 @@ Each policy reproduces the preprocessing of a published model family exactly:
   (multiples of 32), pixels within [65536, 16777216].
 * ``llava-onevision`` — LLaVA-OneVision's anyres_max_9 (:mod:`dataprep.anyres_policy`): a
   sample's image costs depend on how many images the sample has.
+* ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
+  patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
+  (the image processor's ``do_pan_and_scan``, off by default) are not counted.
 
 Spec strings take options: ``internvl:max_tiles=6,thumbnail=0``,
 ``qwen2vl:min_pixels=3136,max_pixels=1003520,resize=qwen-vl-utils``.
@@ -35,6 +38,7 @@ from dataprep.errors import SampleRejected
 __all__ = [
     "QWEN2VL_RESIZE",
     "FixedPolicy",
+    "Gemma3Policy",
     "ImageCost",
     "InternVLPolicy",
     "Qwen2VLPolicy",
@@ -94,6 +98,40 @@ class FixedPolicy(VisionPolicy):
 
     def spec(self) -> str:
         return f"fixed:{self.image_size}/{self.patch_size}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gemma3Policy(VisionPolicy):
+    """Gemma 3: a fixed square resize, ``(image_size / patch_size)^2`` encoder patches pooled
+    to ``llm_tokens`` (a square number whose side divides the patch grid's)."""
+
+    image_size: int = 896
+    patch_size: int = 14
+    llm_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        side = math.isqrt(self.llm_tokens) if self.llm_tokens > 0 else 0
+        grid = self.image_size // self.patch_size if self.patch_size > 0 else 0
+        if grid <= 0 or self.image_size % self.patch_size:
+            raise ValueError(
+                f"gemma3 needs image_size divisible by patch_size, got {self.image_size}/"
+                f"{self.patch_size}; the released models use image_size=896,patch_size=14"
+            )
+        if side * side != self.llm_tokens or grid % side:
+            raise ValueError(
+                f"gemma3 pools the {grid}x{grid} patch grid to llm_tokens, which must be a square "
+                f"whose side divides {grid}, got llm_tokens={self.llm_tokens}; take the model "
+                "config's mm_tokens_per_image (256 for the released models)"
+            )
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        return ImageCost(((self.image_size // self.patch_size) ** 2,), self.llm_tokens)
+
+    def spec(self) -> str:
+        return (
+            f"gemma3:image_size={self.image_size},patch_size={self.patch_size},"
+            f"llm_tokens={self.llm_tokens}"
+        )
 
 
 def _internvl_target_ratios(min_num: int, max_num: int) -> list[tuple[int, int]]:
@@ -276,12 +314,14 @@ class Qwen2VLPolicy(VisionPolicy):
 
 
 _INT_OPTIONS = {
+    "gemma3": {"image_size", "patch_size", "llm_tokens"},
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
     "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
 }
 _STR_OPTIONS = {
+    "gemma3": {},
     "internvl": {},
     "llava-onevision": {},
     "qwen2vl": {"resize": QWEN2VL_RESIZE},
@@ -295,7 +335,7 @@ QWEN3VL_DEFAULTS = {"patch_size": 16, "min_pixels": 65536, "max_pixels": 1677721
 def parse_vision_policy(spec: str) -> VisionPolicy:
     """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
-    pixel bounds), ``llava-onevision[:k=v,...]``."""
+    pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -307,8 +347,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         return FixedPolicy(image_size=int(size), patch_size=int(patch))
     if name not in _INT_OPTIONS:
         raise ValueError(
-            f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl or "
-            "llava-onevision"
+            f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
+            "llava-onevision or gemma3"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -333,6 +373,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         if "thumbnail" in kwargs:
             kwargs["thumbnail"] = bool(kwargs["thumbnail"])
         return InternVLPolicy(**kwargs)
+    if name == "gemma3":
+        return Gemma3Policy(**kwargs)
     if name == "llava-onevision":
         from dataprep.anyres_policy import OneVisionPolicy
 

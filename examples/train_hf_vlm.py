@@ -5,7 +5,7 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | qwen3vl | internvl | llava | llava_onevision builds a tiny model of that
+``--family`` qwen2vl | qwen3vl | internvl | llava | llava_onevision | gemma3 builds a tiny model of that
 architecture from its ``transformers`` config (random weights, nothing downloaded), the family's
 processor classes from config, and a local tokenizer (the given tokenizer.json with the family's
 special tokens).
@@ -41,6 +41,8 @@ SPECIALS = {
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
     "llava_onevision": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
+    "gemma3": ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>",
+               "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
@@ -65,6 +67,13 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "end_image_token": "</img>",
             "context_image_token": "<IMG_CONTEXT>",
             "video_token": "<video>",
+        }
+    if family == "gemma3":
+        config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
+        config["extra_special_tokens"] = {
+            "boi_token": "<start_of_image>",
+            "eoi_token": "<end_of_image>",
+            "image_token": "<image_soft_token>",
         }
     (root / "tokenizer_config.json").write_text(json.dumps(config))
     return root
@@ -160,6 +169,27 @@ def build(family: str, mdir: Path):
             vision_feature_select_strategy="full",
         )  # fmt: skip
         return proc, tf.LlavaOnevisionForConditionalGeneration(cfg)
+    if family == "gemma3":  # SigLIP tower, its patches average-pooled to 4x4 soft tokens
+        from transformers.models.gemma3 import Gemma3ImageProcessorPil
+
+        ip = Gemma3ImageProcessorPil(
+            size={"height": TILE, "width": TILE}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        )
+        proc = tf.Gemma3Processor(image_processor=ip, tokenizer=tok, image_seq_length=16)
+        cfg = tf.Gemma3Config(
+            vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=TILE, patch_size=7),
+            # full attention: transformers 5.23's sliding-window mask misplaces the image
+            # blocks of a packed row's later samples by one token
+            text_config={**text, "model_type": "gemma3_text", "head_dim": 16,
+                         "layer_types": ["full_attention"] * text["num_hidden_layers"]},
+            image_token_index=ids("<image_soft_token>"),
+            boi_token_index=ids("<start_of_image>"),
+            eoi_token_index=ids("<end_of_image>"),
+            mm_tokens_per_image=16,
+        )  # fmt: skip
+        return proc, tf.Gemma3ForConditionalGeneration(cfg)
     from transformers.models.clip import CLIPImageProcessorPil
 
     ip = CLIPImageProcessorPil(

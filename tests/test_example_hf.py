@@ -67,10 +67,11 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     assert len(set(ddp)) == steps  # the weights changed between steps
 
 
-@pytest.mark.parametrize("family", ["qwen3vl", "llava_onevision"])
+@pytest.mark.parametrize("family", ["qwen3vl", "llava_onevision", "gemma3"])
 def test_train_hf_example_trains_more_families(tmp_path, family):
-    """Qwen3-VL (16-px patches, deepstack features, its processor) and LLaVA-OneVision (anyres
-    tiles, newline embeddings, multi-image samples) through the same loop."""
+    """Qwen3-VL (16-px patches, deepstack features, its processor), LLaVA-OneVision (anyres
+    tiles, newline embeddings, multi-image samples) and Gemma 3 (its trimming template, pooled
+    soft tokens, token_type_ids) through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

@@ -355,6 +355,38 @@ MUTATIONS = [
         (f"{_PARITY}[mistral3]",),
     ),
     Mutation(
+        "spans-not-trimmed",
+        "an assistant text a template trims (Gemma) is looked for only as written",
+        "dataprep/jinja_template.py",
+        "                    piece = piece.strip()\n",
+        "",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_trimming_template_spans_equal_transformers_generation_mask",
+            "tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma3]",
+        ),
+    ),
+    Mutation(
+        "spans-from-the-start",
+        "each turn's text is searched from the start of the conversation (a short answer is "
+        "found inside the question)",
+        "dataprep/jinja_template.py",
+        "            pos, found = at, []",
+        "            pos, found = 0, []",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_trimming_template_spans_equal_transformers_generation_mask",
+        ),
+    ),
+    Mutation(
+        "gemma3-types-not-images",
+        "Gemma 3's token_type_ids mark no image tokens (its image blocks stay causal)",
+        "trainer_adapter/hf_inputs.py",
+        '{"token_type_ids": (ids == image_id).long()}',
+        '{"token_type_ids": torch.zeros_like(ids)}',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma3]",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

@@ -5,14 +5,16 @@
 with the model's own image processor, expands every image marker to as many image tokens as the
 processor says (Qwen2-VL, Qwen3-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x
 ``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-OneVision: its processor's
-``replace_image_token``, anyres for a sample's only image, one tile each for several), tokenizes
+``replace_image_token``, anyres for a sample's only image, one tile each for several; Gemma 3:
+``image_seq_length`` soft tokens between its image start and end), tokenizes
 with the model's tokenizer, and packs the samples in one row: ``input_ids``, ``labels`` (the
 assistant's text only: the template's ``generation`` spans or the assistant turns), position ids
 restarting at 0 per sample (HF's packed convention; Qwen2-VL's and Qwen3-VL's ``[4, 1, L]`` with
 the text row first and each sample's 3-D positions from the model's ``get_rope_index``),
 ``pixel_values`` (and ``image_grid_thw``; LLaVA-OneVision: every image's tiles ``[tiles, C, H,
 W]``, ``image_sizes`` and ``batch_num_images`` per sample, from which the model finds each
-image's tiles). A rank without images gets ``pixel_values=None``:
+image's tiles; Gemma 3: ``token_type_ids``, 1 on image tokens, which its mask makes
+bidirectional inside each image). A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
 """
 
@@ -31,14 +33,14 @@ from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
 __all__ = ["HFPacker"]
 
-FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision")
+FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision", "gemma3")
 _QWEN = ("qwen2vl", "qwen3vl")  # patches + grid_thw, 3-D positions from get_rope_index
 
 
 @dataclass(kw_only=True)
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl | internvl | llava |
-    llava_onevision. ``processor``:
+    llava_onevision | gemma3. ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -60,6 +62,13 @@ class HFPacker:
         if self.family in _QWEN and self.rope_index is None:
             raise ValueError(
                 f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
+            )
+        if self.family == "gemma3" and getattr(
+            self.processor.image_processor, "do_pan_and_scan", False
+        ):
+            raise ValueError(
+                "gemma3 with do_pan_and_scan=True adds crops that prep's gemma3 vision policy "
+                "does not count; build the image processor with do_pan_and_scan=False"
             )
         self._template = load_template(self.template)
 
@@ -102,7 +111,9 @@ class HFPacker:
             assert pix.shape[0] == 1 or pix.shape[1] == 1, pix.shape
             processed["pixel_values"] = pix.reshape(-1, *pix.shape[2:])
         text, spans = self._template.render_spans([tuple(t) for t in turns])
-        token = self.processor.image_token
+        # the token repeated per image (Gemma 3's processor names its image start token so)
+        tokenizer = self.processor.tokenizer
+        token = tokenizer.image_token if self.family == "gemma3" else self.processor.image_token
         pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
         for k, part in enumerate(text.split(IMAGE_PLACEHOLDER)):
             pieces.append(part)
@@ -117,9 +128,7 @@ class HFPacker:
             return x + sum(d for p, d in marks if p < x)
 
         out_spans = [(moved(a), moved(b)) for a, b in spans]
-        enc = self.processor.tokenizer(
-            expanded, add_special_tokens=False, return_offsets_mapping=True
-        )
+        enc = tokenizer(expanded, add_special_tokens=False, return_offsets_mapping=True)
         ids = torch.tensor(enc["input_ids"], dtype=torch.long)
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         target = np.zeros(len(ids), dtype=bool)
@@ -131,14 +140,16 @@ class HFPacker:
         if len(labels):
             labels[0] = -100  # never predict a sample's first token from the previous sample
         text_pos = torch.arange(len(ids))[None]
+        image_id = tokenizer.convert_tokens_to_ids(token)
+        extra = {"token_type_ids": (ids == image_id).long()} if self.family == "gemma3" else {}
         if self.family in _QWEN:
-            image_id = self.processor.tokenizer.convert_tokens_to_ids(token)
             grid = processed.get("image_grid_thw")
             rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
             positions = torch.cat([text_pos[None], rope], dim=0)
         else:
             positions = text_pos
-        return {"input_ids": ids, "labels": labels, "positions": positions, **processed}
+        processed.pop("num_crops", None)  # Gemma 3's, always 0 without pan-and-scan
+        return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
     def __call__(self, samples: list) -> dict:
         """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
@@ -153,6 +164,10 @@ class HFPacker:
             "labels": cat("labels", 0)[None] if parts else torch.zeros(1, 0, dtype=torch.long),
             "position_ids": cat("positions", -1) if parts else empty_pos,
         }
+        if self.family == "gemma3":
+            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+            if parts:
+                batch["token_type_ids"] = cat("token_type_ids", 0)[None]
         with_images = [p for p in parts if "pixel_values" in p]
         batch["pixel_values"] = (
             torch.cat([p["pixel_values"] for p in with_images]) if with_images else None

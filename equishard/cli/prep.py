@@ -34,6 +34,8 @@ vision policies (--vision-policy):
               LLaVA-OneVision anyres_max_9: 384px tiles (729 patches), a sample's only image
               on the best 1x1..6x6 grid + a base tile, several images one tile each
               options: llava-onevision:max_grid=6,max_tiles=9
+  gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens
+              options: gemma3:image_size=896,patch_size=14,llm_tokens=256
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -67,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl, qwen2vl, qwen3vl or llava-onevision, with options "
+        help="fixed:S/P, internvl, qwen2vl, qwen3vl, llava-onevision or gemma3, with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
         "default) (default: internvl)",

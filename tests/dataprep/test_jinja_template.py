@@ -1,12 +1,13 @@
 """Exact token counts with the model's own chat template, against transformers.
 
-For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision) a model directory is made the way a Hugging Face
-checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with the family's special tokens
-added) and ``tokenizer_config.json`` holding the family's Jinja ``chat_template``. ``prep`` reads
-that directory; the reference is transformers reading the same directory (``AutoTokenizer``),
-``apply_chat_template`` and the family's processor (built from its classes, images expanded by
-the real image processor) over real image files. Every one of 200 generated conversations per
-family must give the same LLM sequence length and the same encoder sequences.
+For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision, Gemma 3) a model directory is
+made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
+the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
+``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
+same directory (``AutoTokenizer``), ``apply_chat_template`` and the family's processor (built
+from its classes, images expanded by the real image processor) over real image files. Every
+one of 200 generated conversations per family must give the same LLM sequence length and the
+same encoder sequences.
 """
 
 from __future__ import annotations
@@ -67,6 +68,29 @@ FAMILIES = {
         "policy": "llava-onevision",
         "specials": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
         "config": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    },
+    "gemma3": {  # its template trims every text item; images pooled to 256 soft tokens
+        "policy": "gemma3",
+        "specials": [
+            "<bos>",
+            "<eos>",
+            "<pad>",
+            "<start_of_turn>",
+            "<end_of_turn>",
+            "<start_of_image>",
+            "<end_of_image>",
+            "<image_soft_token>",
+        ],
+        "config": {
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "pad_token": "<pad>",
+            "extra_special_tokens": {
+                "boi_token": "<start_of_image>",
+                "eoi_token": "<end_of_image>",
+                "image_token": "<image_soft_token>",
+            },
+        },
     },
 }
 
@@ -219,6 +243,16 @@ def processor_for(family: str, model: Path):
         return no_video(InternVLProcessor)(
             image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
         )
+    if family == "gemma3":  # the released models' settings (SigLIP 896/14, 256 tokens)
+        from transformers import Gemma3Processor
+        from transformers.models.gemma3 import Gemma3ImageProcessorPil
+
+        ip = Gemma3ImageProcessorPil(
+            size={"height": 896, "width": 896}, image_mean=[0.5] * 3, image_std=[0.5] * 3
+        )
+        return Gemma3Processor(
+            image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
+        )
     if family == "llava_onevision":  # the released models' settings (SigLIP 384/14)
         from transformers import LlavaOnevisionProcessor
         from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
@@ -280,6 +314,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
     if family == "internvl":
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
+    if family == "gemma3":
+        return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
     return n, [576] * int(out["pixel_values"].shape[0])
 
 
@@ -311,9 +347,11 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {N} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > 20  # multi-image samples were tried
-    if family == "llava_onevision":  # trained through HFPacker, not equishard's own collator
+    if family in ("llava_onevision", "gemma3"):  # trained through HFPacker, not equishard's
         with pytest.raises(ValueError, match="HFPacker"):
-            Collator(tokenizer=str(model / "tokenizer.json"), vision_policy="llava-onevision")
+            Collator(
+                tokenizer=str(model / "tokenizer.json"), vision_policy=FAMILIES[family]["policy"]
+            )
         return
     # the trainer's collator, given the same directory, builds sequences of that length too
     collator = Collator(
@@ -434,3 +472,81 @@ def test_generation_blocks_give_the_trained_spans(tmp_path, tokenizer_path):
     )
     assert rendered[0] == text
     assert [tuple(i) for i in indices[0]] == spans
+
+
+def test_trimming_template_spans_equal_transformers_generation_mask(tmp_path, tokenizer_path):
+    """Gemma 3's template trims every text item and has no generation blocks: each answer is
+    found where it was rendered (not inside the question that contains it), equal to the
+    assistant mask transformers gives for the same template with generation blocks added."""
+    model = make_model_dir(tmp_path, "gemma3", tokenizer_path)
+    t = load_template(str(model))
+    turns = [
+        ("system", "  be brief "),
+        ("user", "Answer yes or no: is it a dog? <image>"),
+        ("assistant", " yes \n"),
+        ("user", "and the colour?"),
+        ("assistant", "brown  <image>  dark"),
+    ]
+    text, spans = t.render_spans(turns)
+    assert text == t.render(turns)
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    plain = "{{ item['text'] | trim }}"
+    source = (TEMPLATES / "gemma3.jinja").read_text()
+    assert source.count(plain) == 1
+    marked = source.replace(
+        plain,
+        "{%- if role == 'model' -%}{% generation %}" + plain + "{% endgeneration %}"
+        "{%- else -%}" + plain + "{%- endif -%}",
+    )
+    messages = reference_messages(
+        {
+            "conversations": [
+                {"from": {"user": "human", "assistant": "gpt"}.get(r, r), "value": x}
+                for r, x in turns
+            ]
+        }
+    )
+    rendered, indices = render_jinja_template(
+        conversations=[messages],
+        chat_template=marked,
+        return_assistant_tokens_mask=True,
+        bos_token="<bos>",
+    )
+    # transformers' text has the template's bare image marker where ours has its expansion
+    wrap = t.images.prefix + "<image>" + t.images.suffix
+    assert rendered[0].replace(t.images.marker, wrap) == text
+    # the same characters: each answer's text pieces, the image between them not trained
+    moved = len(wrap) - len(t.images.marker)
+    shift = lambda x: x + moved * rendered[0][:x].count(t.images.marker)  # noqa: E731
+    assert spans == [(shift(a), shift(b)) for a, b in indices[0]]
+    assert [text[a:b] for a, b in spans] == ["yes", "brown", "dark"]
+
+
+def test_template_that_hides_the_answer_rejects_the_sample_in_prep(tmp_path, tokenizer_path):
+    """A template that rewrites the assistant's text without generation blocks: the trained
+    tokens cannot be found, so prep rejects the sample with a reason instead of training
+    nothing (or the question's words) for it."""
+    source = (
+        "{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<image>{% elif m['role'] == 'assistant' %}"
+        "{{ c['text'] | upper }}{% else %}{{ c['text'] }}{% endif %}{% endfor %}\n{% endfor %}"
+    )
+    path = tmp_path / "upper.jinja"
+    path.write_text(source)
+    t = load_template(f"{path}#images=llava")
+    with pytest.raises(SampleRejected, match="turn 1") as e:
+        t.render_spans([("user", "hi"), ("assistant", "ok")])
+    assert e.value.reason == "assistant_not_rendered"
+    text, spans = t.render_spans([("user", "hi"), ("assistant", "42")])
+    assert [text[a:b] for a, b in spans] == ["42"]
+    records = [
+        {"id": "hidden", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "ok"}]},
+        {"id": "kept", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "42"}]},
+    ]  # fmt: skip
+    src = write_jsonl(tmp_path / "data.jsonl", records)
+    res, rows, errors = run(tmp_path, [src], tokenizer_path, template=f"{path}#images=llava")
+    assert (res.n_written, res.n_rejected) == (1, 1)
+    assert [r["sample_id"] for r in rows] == ["kept"]
+    assert [(e["sample_id"], e["reason"]) for e in errors] == [("hidden", "assistant_not_rendered")]
+    assert "generation" in errors[0]["detail"]

@@ -101,6 +101,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         images = [Image.open(tmp_path / n).convert("RGB") for n in rec["image"]]
         want = processor(text=[text], images=processor_images(family, images), return_tensors="pt")
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
+        if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
+            got_types = row["token_type_ids"][0, a:b].tolist()
+            assert got_types == want["token_type_ids"][0].tolist(), rec["id"]
         features.append({"input_ids": want["input_ids"][0].tolist()})
         if images and family == "llava_onevision":  # each image's tiles, none padded
             pix = want["pixel_values"]

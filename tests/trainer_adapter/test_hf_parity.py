@@ -545,10 +545,11 @@ def _record_packing(decoder, seen: list) -> None:
     decoder.forward = recorded
 
 
-def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False):
+def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False, reentrant=None):
     """One step of ``family`` on this rank, ``mode`` balanced | plain. ``shift``: rank r
     takes the batch of rank r + shift; ``packing``: the rows carry HF's packing kwargs
-    (:func:`_with_packing`)."""
+    (:func:`_with_packing`); ``reentrant``: HF's activation checkpointing on, reentrant or
+    not."""
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
@@ -560,6 +561,8 @@ def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False):
     if packing:
         inner = model.model
         _record_packing(getattr(inner, "language_model", None) or inner.text_model, seen)
+    if reentrant is not None:  # every layer of the tower and decoder recomputed in backward
+        model.activation_checkpointing_enable({"use_reentrant": reentrant})
     policy = RedistributePolicy(enabled=mode == "balanced", placement="identity")
     balance_model(model, encoder=True, llm=True, policy=policy)
     batch = batches[(rank + shift) % world]
@@ -591,6 +594,7 @@ def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False):
         if llm_route
         else None,
         "packing_seen": seen,
+        "checkpointed": model.is_activation_checkpointing,
     }
 
 
@@ -690,6 +694,8 @@ SHIFTED = (
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")
+# HF's activation checkpointing (what every large run turns on): reentrant or not
+CHECKPOINTING = {"qwen2vl": True, "internvl": False, "gemma3": True}
 # images and videos: HF calls the tower once for a rank's images and once for its videos, so
 # ranks call it 2, 1, 1 and 0 times in this step
 VIDEOS = ("qwen2vl", "qwen25vl", "qwen3vl")
@@ -720,6 +726,9 @@ def rank_scenarios(rank, world, family):
         out["packing"] = rank_main(rank, world, family, "balanced", 0, None, True)
     if family in VIDEOS:
         out["videos"] = rank_main(rank, world, family, "balanced", 0, VIDEO_LAYOUT)
+    if family in CHECKPOINTING:
+        reentrant = CHECKPOINTING[family]
+        out["checkpointing"] = rank_main(rank, world, family, "balanced", 0, None, False, reentrant)
     return out
 
 
@@ -792,4 +801,15 @@ def test_images_and_videos(family):
     nobody hangs, and the step equals one process's."""
     runs = scenarios(family)["videos"]
     _equal_to_reference(runs, family, VIDEO_LAYOUT)
+    assert runs[0]["moved"][0] > 0 and runs[0]["moved"][1] > 0
+
+
+@pytest.mark.parametrize("family", list(CHECKPOINTING))
+def test_activation_checkpointing(family):
+    """HF's activation checkpointing recomputes every tower and decoder layer in the backward
+    (reentrant for Qwen2-VL and Gemma 3, not for InternVL): the exchanges sit outside the
+    recomputed layers, and the balanced step equals one process's without checkpointing."""
+    runs = scenarios(family)["checkpointing"]
+    assert all(r["checkpointed"] for r in runs)
+    _equal_to_reference(runs, family)
     assert runs[0]["moved"][0] > 0 and runs[0]["moved"][1] > 0

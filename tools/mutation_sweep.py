@@ -387,6 +387,22 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma3]",),
     ),
     Mutation(
+        "hf-paused-decoder-balances",
+        "the balanced decoder ignores paused(): generate's KV-cache calls are refused",
+        "trainer_adapter/hf_balance.py",
+        "        if self.equishard_paused:  # see paused()",
+        "        if False:  # see paused()",
+        ("tests/trainer_adapter/test_hf_generate.py",),
+    ),
+    Mutation(
+        "hf-paused-not-restored",
+        "paused() leaves the model paused after its block (balancing silently off)",
+        "trainer_adapter/hf_balance.py",
+        "            m.equishard_paused = was",
+        "            m.equishard_paused = True",
+        ("tests/trainer_adapter/test_hf_generate.py",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

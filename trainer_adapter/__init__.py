@@ -2,7 +2,7 @@
 
 from trainer_adapter.config import TrainConfig
 from trainer_adapter.exchange import all_to_all_rows, gather_tables
-from trainer_adapter.hf_balance import balance_model, global_targets
+from trainer_adapter.hf_balance import balance_model, global_targets, paused
 from trainer_adapter.hf_inputs import HFPacker
 from trainer_adapter.item_exchange import ItemRoute, plan_items
 from trainer_adapter.model import VisionLanguageModel, VLMConfig
@@ -30,6 +30,7 @@ __all__ = [
     "gather_tables",
     "global_targets",
     "layer_count_partition",
+    "paused",
     "plan_items",
     "plan_microbatches",
     "redistribute",

@@ -26,12 +26,15 @@ must run every step's forward and backward:
   run as without balancing.
 
 For gradients identical to a single process over the global batch, normalize the loss by the
-global number of target tokens: ``num_items_in_batch=global_targets(labels, group)``.
+global number of target tokens: ``num_items_in_batch=global_targets(labels, group)``. Inside
+``with paused(model):`` the wrapped modules run each rank's own inputs with no exchange
+(``generate``, a rank that evaluates alone).
 :func:`balance_model` installs the right ones on a ``transformers`` VLM.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import types
 
@@ -62,7 +65,14 @@ from trainer_adapter.item_outputs import (
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
-__all__ = ["balance_decoder", "balance_model", "balance_tiles", "balance_vision", "global_targets"]
+__all__ = [
+    "balance_decoder",
+    "balance_model",
+    "balance_tiles",
+    "balance_vision",
+    "global_targets",
+    "paused",
+]
 
 
 def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None) -> torch.Tensor:
@@ -71,6 +81,26 @@ def global_targets(labels: torch.Tensor, group: dist.ProcessGroup | None = None)
     n = n.to(collective_device(group))
     dist.all_reduce(n, group=group)
     return n[0]
+
+
+@contextlib.contextmanager
+def paused(model: torch.nn.Module):
+    """Inside the block the model's balanced modules run as without equishard: each rank its
+    own inputs, no exchange, no collective, so ranks may call the model differently (``generate``
+    with a KV cache, evaluation on one rank only). On exit balancing is back as before."""
+    mods = [m for m in model.modules() if hasattr(m, "equishard_paused")]
+    if not mods:
+        raise ValueError(
+            f"{type(model).__name__} has no balanced modules: call balance_model(model) first"
+        )
+    before = [m.equishard_paused for m in mods]
+    for m in mods:
+        m.equishard_paused = True
+    try:
+        yield model
+    finally:
+        for m, was in zip(mods, before, strict=True):
+            m.equishard_paused = was
 
 
 # ------------------------------------------------------------------------------ vision
@@ -232,10 +262,22 @@ def balance_decoder(
     def forward(
         self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kw
     ):
+        if self.equishard_paused:  # see paused(): this rank's own forward, no collective
+            return inner(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                inputs_embeds=inputs_embeds,
+                **kw,
+            )
         # packed training: HF finds the sample boundaries from the positions only without a
         # KV cache (and a cache makes no sense for samples that moved)
         if kw.get("past_key_values") is not None:
-            raise ValueError("balance_decoder is for training: give no past_key_values")
+            raise ValueError(
+                "balance_decoder is for training and got past_key_values (generation?): run "
+                "generate() inside `with trainer_adapter.hf_balance.paused(model):`, where "
+                "each rank runs its own inputs with no exchange"
+            )
         kw.update(use_cache=False, past_key_values=None)
         zero = None
         if vision is not None:  # every rank through as many tower rounds as the busiest
@@ -345,6 +387,7 @@ def balance_decoder(
         hidden = hidden[None]
         return cls(last_hidden_state=hidden if zero is None else hidden + zero)
 
+    decoder.equishard_paused = False
     decoder.forward = types.MethodType(forward, decoder)
     return decoder
 

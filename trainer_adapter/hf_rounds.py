@@ -85,11 +85,20 @@ def _settle(tower: torch.nn.Module) -> torch.Tensor:
 def install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
     """Put the balanced ``forward``, ``equishard_join`` (one round with no images of this
     rank's own) and ``equishard_settle`` (:func:`_settle`) on the tower instance; its
-    parameters and state dict stay as they are."""
+    parameters and state dict stay as they are. While ``tower.equishard_paused`` (see
+    :func:`~trainer_adapter.hf_balance.paused`) the tower's own forward runs, with no round."""
     tower.equishard_joining = False
     tower.equishard_step_images = False
     tower.equishard_round_images = 0
-    tower.forward = types.MethodType(forward, tower)
+    tower.equishard_paused = False
+    own = tower.forward
+
+    def gated(self, *args, **kwargs):
+        if self.equishard_paused:
+            return own(*args, **kwargs)
+        return forward(self, *args, **kwargs)
+
+    tower.forward = types.MethodType(gated, tower)
     tower.equishard_join = types.MethodType(join, tower)
     tower.equishard_settle = types.MethodType(_settle, tower)
     return tower

@@ -253,15 +253,16 @@ class JinjaChatTemplate:
         for index, (role, content) in enumerate(turns):
             pos, found = at, []
             for piece in content.split(IMAGE_PLACEHOLDER):
-                if not piece.strip():
+                core = piece.strip()
+                if not core:
                     continue
-                start = text.find(piece, pos)
-                if start < 0:  # as written, else as a trimming template writes it
-                    piece = piece.strip()
-                    start = text.find(piece, pos)
+                start = text.find(core, pos)  # the earliest place, as a trimming template has it
                 if start < 0:
                     break
-                pos = start + len(piece)
+                lead = len(piece) - len(piece.lstrip())
+                if start - lead >= pos and text.startswith(piece, start - lead):
+                    start, core = start - lead, piece  # there as written, whitespace and all
+                pos = start + len(core)
                 found.append((start, pos))
             else:
                 at = pos

@@ -24,7 +24,7 @@ from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
 from dataprep.image_refs import image_ref
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
-from dataprep.records import normalize_record, sample_id_of
+from dataprep.records import IMAGE_PLACEHOLDER, normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
 from dataprep.vision_policy import VisionPolicy
 
@@ -151,6 +151,22 @@ def _digest(obj) -> str:
     return hashlib.blake2b(obj, digest_size=8).hexdigest() if isinstance(obj, bytes) else repr(obj)
 
 
+def with_image_text(text: str, costs: list) -> str:
+    """The rendered text with each image's own prompt text (``ImageCost.text``: SmolVLM's tile
+    markers) in front of its placeholder, so that the tokenizer counts it."""
+    if not any(c.text for c in costs):
+        return text
+    parts = text.split(IMAGE_PLACEHOLDER)
+    if len(parts) != len(costs) + 1:
+        raise SampleRejected(
+            "template_image_mismatch",
+            f"the rendered text has {len(parts) - 1} image placeholder(s) for {len(costs)} image(s)",
+        )
+    return parts[0] + "".join(
+        c.text + IMAGE_PLACEHOLDER + part for c, part in zip(costs, parts[1:], strict=True)
+    )
+
+
 class Measurer:
     def __init__(
         self,
@@ -233,6 +249,7 @@ class Measurer:
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
                 # the spans too: a template that hides the assistant's text is rejected here
                 text, _ = self.template.render_spans(sample.turns)
+                text = with_image_text(text, costs)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue

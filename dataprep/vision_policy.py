@@ -19,6 +19,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   (multiples of 32), pixels within [65536, 16777216].
 * ``llava-onevision`` — LLaVA-OneVision's anyres_max_9 (:mod:`dataprep.anyres_policy`): a
   sample's image costs depend on how many images the sample has.
+* ``smolvlm`` / ``idefics3`` — their image splitting into tiles plus a global tile, with the
+  tile markers of the prompt (:mod:`dataprep.smolvlm_policy`).
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.
@@ -51,10 +53,13 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class ImageCost:
-    """What one image costs: encoder sequence length per image/tile, and LLM tokens."""
+    """What one image costs: encoder sequence length per image/tile, and LLM tokens.
+    ``text``: prompt text the processor writes around the image's tokens that depends on the
+    image (SmolVLM's tile markers); prep counts it with the tokenizer, beside ``llm_tokens``."""
 
     vit_seq_lens: tuple[int, ...]
     llm_tokens: int
+    text: str = ""
 
     @property
     def vit_tokens(self) -> int:
@@ -315,6 +320,8 @@ class Qwen2VLPolicy(VisionPolicy):
 
 _INT_OPTIONS = {
     "gemma3": {"image_size", "patch_size", "llm_tokens"},
+    "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
+    "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
@@ -322,6 +329,8 @@ _INT_OPTIONS = {
 }
 _STR_OPTIONS = {
     "gemma3": {},
+    "smolvlm": {},
+    "idefics3": {},
     "internvl": {},
     "llava-onevision": {},
     "qwen2vl": {"resize": QWEN2VL_RESIZE},
@@ -335,7 +344,8 @@ QWEN3VL_DEFAULTS = {"patch_size": 16, "min_pixels": 65536, "max_pixels": 1677721
 def parse_vision_policy(spec: str) -> VisionPolicy:
     """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
-    pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``."""
+    pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
+    ``idefics3[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -348,7 +358,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "llava-onevision or gemma3"
+            "llava-onevision, gemma3, smolvlm or idefics3"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -375,6 +385,13 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         return InternVLPolicy(**kwargs)
     if name == "gemma3":
         return Gemma3Policy(**kwargs)
+    if name in ("smolvlm", "idefics3"):
+        from dataprep.smolvlm_policy import IDEFICS3_DEFAULTS, SmolVLMPolicy
+
+        if "split" in kwargs:
+            kwargs["split"] = bool(kwargs["split"])
+        defaults = IDEFICS3_DEFAULTS if name == "idefics3" else {}
+        return SmolVLMPolicy(**{**defaults, **kwargs})
     if name == "llava-onevision":
         from dataprep.anyres_policy import OneVisionPolicy
 

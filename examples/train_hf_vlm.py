@@ -5,10 +5,10 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | qwen3vl | internvl | llava | llava_onevision | gemma3 builds a tiny model of that
-architecture from its ``transformers`` config (random weights, nothing downloaded), the family's
-processor classes from config, and a local tokenizer (the given tokenizer.json with the family's
-special tokens).
+``--family`` qwen2vl | qwen3vl | internvl | llava | llava_onevision | gemma3 | smolvlm builds a
+tiny model of that architecture from its ``transformers`` config (random weights, nothing
+downloaded), the family's processor classes from config, and a local tokenizer (the given
+tokenizer.json with the family's special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
 before/after balancing and the step time (JSON lines in ``--jsonl``); rank 0 prints a summary.
 The lines marked "equishard" are all a loop needs to turn balancing on.
@@ -41,6 +41,9 @@ SPECIALS = {
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
     "llava_onevision": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
+    "smolvlm": ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>",
+                "<global-img>", "<image>",
+                *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]],
     "gemma3": ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>",
                "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
 }  # fmt: skip
@@ -169,6 +172,24 @@ def build(family: str, mdir: Path):
             vision_feature_select_strategy="full",
         )  # fmt: skip
         return proc, tf.LlavaOnevisionForConditionalGeneration(cfg)
+    if family == "smolvlm":  # up to 4x4 tiles + a global tile, pixel shuffle by 2
+        from transformers.models.smolvlm import SmolVLMImageProcessorPil
+
+        ip = SmolVLMImageProcessorPil(
+            size={"longest_edge": 4 * TILE}, max_image_size={"longest_edge": TILE}
+        )
+        proc = no_video(tf.SmolVLMProcessor)(
+            image_processor=ip, tokenizer=tok, video_processor=None,
+            image_seq_len=(TILE // 7) ** 2 // 4,
+        )  # fmt: skip
+        cfg = tf.SmolVLMConfig(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=TILE, patch_size=7),
+            text_config={**text, "model_type": "llama"},
+            image_token_id=ids("<image>"),
+            scale_factor=2,
+        )  # fmt: skip
+        return proc, tf.SmolVLMForConditionalGeneration(cfg)
     if family == "gemma3":  # SigLIP tower, its patches average-pooled to 4x4 soft tokens
         from transformers.models.gemma3 import Gemma3ImageProcessorPil
 
@@ -282,13 +303,18 @@ def main() -> None:
         seconds = time.perf_counter() - t0
         times.append(seconds)
         inner = model.model
-        tower = getattr(inner, "visual", None) or inner.vision_tower
+        tower = (
+            getattr(inner, "visual", None)
+            or getattr(inner, "vision_tower", None)
+            or inner.vision_model  # SmolVLM
+        )
+        decoder = getattr(inner, "language_model", None) or inner.text_model
         loss = out.loss.detach().reshape(1)
         dist.all_reduce(loss)  # the global mean over every rank's target tokens
         rec = {"step": step, "rank": rank, "seconds": seconds, "loss": float(loss),
                "tokens": int(batch["input_ids"].shape[1])}  # fmt: skip
         rec["balance_seconds"] = 0.0  # gather + plan + forward exchanges
-        for name, mod in (("encoder", tower), ("llm", inner.language_model)):
+        for name, mod in (("encoder", tower), ("llm", decoder)):
             route = getattr(mod, "last_route", None)
             if route is not None:
                 rec["balance_seconds"] += sum(route.seconds.values())

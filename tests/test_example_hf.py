@@ -67,14 +67,17 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     assert len(set(ddp)) == steps  # the weights changed between steps
 
 
-@pytest.mark.parametrize("family", ["qwen3vl", "llava_onevision", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3vl", "llava_onevision", "gemma3", "smolvlm"])
 def test_train_hf_example_trains_more_families(tmp_path, family):
     """Qwen3-VL (16-px patches, deepstack features, its processor), LLaVA-OneVision (anyres
     tiles, newline embeddings, multi-image samples) and Gemma 3 (its trimming template, pooled
-    soft tokens, token_type_ids) through the same loop."""
+    soft tokens, token_type_ids) and SmolVLM (tiles with their markers and pixel masks)
+    through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
+    if family == "smolvlm":
+        pytest.importorskip("num2words")  # SmolVLMProcessor needs it
     demo, cost, plan = build_inputs(tmp_path, samples=24, dp=2, nodes=1)
     gen = tmp_path / "shards"
     assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0

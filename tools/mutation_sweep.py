@@ -358,8 +358,8 @@ MUTATIONS = [
         "spans-not-trimmed",
         "an assistant text a template trims (Gemma) is looked for only as written",
         "dataprep/jinja_template.py",
-        "                    piece = piece.strip()\n",
-        "",
+        "                core = piece.strip()\n",
+        "                core = piece\n",
         (
             "tests/dataprep/test_jinja_template.py::"
             "test_trimming_template_spans_equal_transformers_generation_mask",
@@ -401,6 +401,37 @@ MUTATIONS = [
         "            m.equishard_paused = was",
         "            m.equishard_paused = True",
         ("tests/trainer_adapter/test_hf_generate.py",),
+    ),
+    Mutation(
+        "smolvlm-strip-one-tile",
+        "a SmolVLM image one tile high (or wide) is not split, only larger ones",
+        "dataprep/smolvlm_policy.py",
+        "if height > tile or width > tile:",
+        "if height > tile and width > tile:",
+        (
+            "tests/dataprep/test_jinja_template.py::test_smolvlm_grid_equals_the_image_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[smolvlm]",
+        ),
+    ),
+    Mutation(
+        "prep-image-text-uncounted",
+        "prep leaves out the prompt text an image brings (SmolVLM's tile markers)",
+        "dataprep/measure.py",
+        "                text = with_image_text(text, costs)\n",
+        "",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[smolvlm]",
+        ),
+    ),
+    Mutation(
+        "hf-smolvlm-masks-dropped",
+        "HFPacker builds SmolVLM's rows without the tiles' pixel masks",
+        "trainer_adapter/hf_inputs.py",
+        'batch["pixel_attention_mask"] = (',
+        'batch["pixel_attention_masks"] = (',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[smolvlm]",),
     ),
     Mutation(
         "hf-mixed-dtype-cast-back",

@@ -6,7 +6,8 @@ with the model's own image processor, expands every image marker to as many imag
 processor says (Qwen2-VL, Qwen3-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x
 ``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-OneVision: its processor's
 ``replace_image_token``, anyres for a sample's only image, one tile each for several; Gemma 3:
-``image_seq_length`` soft tokens between its image start and end), tokenizes
+``image_seq_length`` soft tokens between its image start and end; SmolVLM: its processor's
+``replace_image_token``, each tile's tokens behind its row/column marker), tokenizes
 with the model's tokenizer, and packs the samples in one row: ``input_ids``, ``labels`` (the
 assistant's text only: the template's ``generation`` spans or the assistant turns), position ids
 restarting at 0 per sample (HF's packed convention; Qwen2-VL's and Qwen3-VL's ``[4, 1, L]`` with
@@ -14,7 +15,8 @@ the text row first and each sample's 3-D positions from the model's ``get_rope_i
 ``pixel_values`` (and ``image_grid_thw``; LLaVA-OneVision: every image's tiles ``[tiles, C, H,
 W]``, ``image_sizes`` and ``batch_num_images`` per sample, from which the model finds each
 image's tiles; Gemma 3: ``token_type_ids``, 1 on image tokens, which its mask makes
-bidirectional inside each image). A rank without images gets ``pixel_values=None``:
+bidirectional inside each image; SmolVLM: ``[1, tiles, C, H, W]`` and each tile's
+``pixel_attention_mask``). A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
 """
 
@@ -33,14 +35,15 @@ from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
 __all__ = ["HFPacker"]
 
-FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision", "gemma3")
+FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision", "gemma3", "smolvlm")
 _QWEN = ("qwen2vl", "qwen3vl")  # patches + grid_thw, 3-D positions from get_rope_index
+_NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 
 
 @dataclass(kw_only=True)
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl | internvl | llava |
-    llava_onevision | gemma3. ``processor``:
+    llava_onevision | gemma3 | smolvlm (SmolVLM, Idefics3). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -72,24 +75,24 @@ class HFPacker:
             )
         self._template = load_template(self.template)
 
-    def _image_tokens(self, images: list, processed: dict) -> list[int]:
-        """LLM tokens of each image, as the family's processor counts them."""
+    def _image_texts(self, images: list, processed: dict, token: str) -> list[str]:
+        """What each image's placeholder becomes, as the family's processor writes it: its
+        image tokens (``token`` repeated), SmolVLM's with its tile markers around them."""
         if not images:
             return []
         if self.family in _QWEN:
             merge = self.processor.image_processor.merge_size**2
-            return [int(g.prod()) // merge for g in processed["image_grid_thw"]]
-        if self.family == "llava_onevision":  # depends on the sample's other images
-            token = self.processor.image_token
+            return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
+        if self.family in _NESTED:  # depends on the sample's other images / the image's tiles
             return [
-                self.processor.replace_image_token(processed, image_idx=i).count(token)
+                self.processor.replace_image_token(processed, image_idx=i)
                 for i in range(len(images))
             ]
         sizes = [(im.height, im.width) for im in images]
         mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
         if self.family == "internvl":  # the template's <img></img> are already in the text
-            return [self.processor.image_seq_length * n for n in mm["num_image_patches"]]
-        return list(mm["num_image_tokens"])
+            return [token * (self.processor.image_seq_length * n) for n in mm["num_image_patches"]]
+        return [token * n for n in mm["num_image_tokens"]]
 
     def sample(self, turns: list, image_bytes: list[bytes]) -> dict:
         """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
@@ -97,13 +100,17 @@ class HFPacker:
 
         images = [Image.open(io.BytesIO(b)).convert("RGB") for b in image_bytes]
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
-        given = [images] if self.family == "llava_onevision" else images
+        given = [images] if self.family in _NESTED else images
+        kw = {"return_row_col_info": True} if self.family == "smolvlm" else {}
         processed = (
-            dict(self.processor.image_processor(images=given, return_tensors="pt"))
+            dict(self.processor.image_processor(images=given, return_tensors="pt", **kw))
             if images
             else {}
         )
-        counts = self._image_tokens(images, processed)
+        # the token repeated per image (Gemma 3's processor names its image start token so)
+        tokenizer = self.processor.tokenizer
+        token = tokenizer.image_token if self.family == "gemma3" else self.processor.image_token
+        texts = self._image_texts(images, processed, token)
         if self.family == "llava_onevision" and images:
             # [images, tiles, C, H, W] -> every tile in order: one image is cut anyres, several
             # are a tile each, so no padding is dropped; the model takes the 4-D form as is
@@ -111,16 +118,13 @@ class HFPacker:
             assert pix.shape[0] == 1 or pix.shape[1] == 1, pix.shape
             processed["pixel_values"] = pix.reshape(-1, *pix.shape[2:])
         text, spans = self._template.render_spans([tuple(t) for t in turns])
-        # the token repeated per image (Gemma 3's processor names its image start token so)
-        tokenizer = self.processor.tokenizer
-        token = tokenizer.image_token if self.family == "gemma3" else self.processor.image_token
         pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
         for k, part in enumerate(text.split(IMAGE_PLACEHOLDER)):
             pieces.append(part)
             at += len(part)
-            if k < len(counts):
-                pieces.append(token * counts[k])
-                marks.append((at, len(token) * counts[k] - len(IMAGE_PLACEHOLDER)))
+            if k < len(texts):
+                pieces.append(texts[k])
+                marks.append((at, len(texts[k]) - len(IMAGE_PLACEHOLDER)))
                 at += len(IMAGE_PLACEHOLDER)
         expanded = "".join(pieces)
 
@@ -149,6 +153,7 @@ class HFPacker:
         else:
             positions = text_pos
         processed.pop("num_crops", None)  # Gemma 3's, always 0 without pan-and-scan
+        processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
     def __call__(self, samples: list) -> dict:
@@ -169,9 +174,17 @@ class HFPacker:
             if parts:
                 batch["token_type_ids"] = cat("token_type_ids", 0)[None]
         with_images = [p for p in parts if "pixel_values" in p]
+        # SmolVLM: [1, tiles, C, H, W] per sample, each tile's pixel mask beside it
+        dim = 1 if self.family == "smolvlm" else 0
         batch["pixel_values"] = (
-            torch.cat([p["pixel_values"] for p in with_images]) if with_images else None
+            torch.cat([p["pixel_values"] for p in with_images], dim) if with_images else None
         )
+        if self.family == "smolvlm":
+            batch["pixel_attention_mask"] = (
+                torch.cat([p["pixel_attention_mask"] for p in with_images], 1)
+                if with_images
+                else None
+            )
         if qwen:
             batch["image_grid_thw"] = (
                 torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None

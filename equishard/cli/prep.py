@@ -36,6 +36,9 @@ vision policies (--vision-policy):
               options: llava-onevision:max_grid=6,max_tiles=9
   gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens
               options: gemma3:image_size=896,patch_size=14,llm_tokens=256
+  smolvlm     SmolVLM: longest side to 1536, 384px tiles + a global tile, 81 tokens each
+              options: smolvlm:longest_edge=2048,tile=512,patch_size=16,tokens_per_tile=64
+  idefics3    the same with Idefics3-8B's 1456 / 364 / 169
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -69,7 +72,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl, qwen2vl, qwen3vl, llava-onevision or gemma3, with options "
+        help="fixed:S/P, internvl, qwen2vl, qwen3vl, llava-onevision, gemma3, smolvlm or idefics3, "
+        "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
         "default) (default: internvl)",

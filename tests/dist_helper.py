@@ -1,5 +1,10 @@
 """Run a function on N ranks of a real process group (gloo; NCCL with one GPU per rank), under a
-timeout (a hang fails)."""
+timeout (a hang fails).
+
+Ranks are started by a fork server that has imported torch (and transformers, where installed)
+once for the whole test session: a fresh, single-threaded process, so each rank starts as clean
+as a spawned one without importing torch again (most of a small multi-rank test's time on a
+2-core machine). Each rank gets the caller's environment of the moment, as a spawned one would."""
 
 from __future__ import annotations
 
@@ -16,10 +21,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn, rank, world, port, queue, args, backend):
+_CTX = mp.get_context("forkserver")
+_CTX.set_forkserver_preload(["torch", "torch.distributed", "numpy", "transformers"])
+
+
+def _entry(fn, rank, world, port, queue, args, backend, env):
     import torch.distributed as dist
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.clear()
+    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
         if backend == "nccl":
             import torch
@@ -38,11 +48,11 @@ def _entry(fn, rank, world, port, queue, args, backend):
 
 def run_ranks(fn, world: int, *args, timeout: float = 120.0, backend: str = "gloo") -> list:
     """``fn(rank, world, *args)`` on every rank; returns results by rank. ``fn`` must be importable."""
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue = _CTX.Queue()
     port = free_port()
+    env = dict(os.environ)
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, world, port, queue, args, backend))
+        _CTX.Process(target=_entry, args=(fn, r, world, port, queue, args, backend, env))
         for r in range(world)
     ]
     for p in procs:

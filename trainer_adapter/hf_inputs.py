@@ -42,7 +42,7 @@ _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 
 @dataclass(kw_only=True)
 class HFPacker:
-    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl | internvl | llava |
+    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | internvl | llava |
     llava_onevision | gemma3 | smolvlm (SmolVLM, Idefics3). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the

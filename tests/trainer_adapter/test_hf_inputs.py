@@ -4,6 +4,7 @@ image processor's, labels cover exactly the assistant's text, positions restart 
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -159,10 +160,13 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         assert row["batch_num_images"] == counts and max(counts) > 1 and min(counts) == 1
 
 
-def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
+@pytest.mark.parametrize("model", ["qwen3vl", "qwen35"])
+def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
     """Qwen3-VL: 16-px patches (its image processor's), the Qwen chat template and vision
     tokens, 3-D positions from a tiny Qwen3-VL's ``get_rope_index``; tokens, pixels and grids
-    equal ``Qwen3VLProcessor``'s, positions equal ``get_rope_index`` over each whole sample."""
+    equal ``Qwen3VLProcessor``'s, positions equal ``get_rope_index`` over each whole sample.
+    Qwen3.5 ships ``Qwen3VLProcessor`` too: the same family with Qwen3.5's ``get_rope_index``
+    (and the packing kwargs its linear-attention layers need)."""
     tf = pytest.importorskip("transformers")
     if not hasattr(tf, "Qwen3VLProcessor"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
@@ -171,8 +175,8 @@ def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
 
     from trainer_adapter.hf_inputs import HFPacker
 
-    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)  # Qwen's template and tokens
-    qwen2 = processor_for("qwen2vl", model)
+    model_dir = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)  # Qwen's template, tokens
+    qwen2 = processor_for("qwen2vl", model_dir)
     processor = type(
         "Qwen3VLImagesOnly",
         (tf.Qwen3VLProcessor,),
@@ -201,8 +205,19 @@ def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
         **ids,
     )  # fmt: skip
     rope_index = tf.Qwen3VLModel(cfg).get_rope_index
+    if model == "qwen35":
+        from tests.trainer_adapter.test_hf_parity import qwen35_config
+
+        cfg35 = qwen35_config(("linear_attention", "full_attention"))
+        for key, value in ids.items():
+            setattr(cfg35, key, value)
+        rope_index = tf.Qwen3_5Model(cfg35).get_rope_index
     packer = HFPacker(
-        family="qwen3vl", processor=processor, template=str(model), rope_index=rope_index
+        family="qwen3vl",
+        processor=processor,
+        template=str(model_dir),
+        rope_index=rope_index,
+        packing_kwargs=model == "qwen35",
     )
     records = conversations(tmp_path, 12, seed=11)
     samples = _samples(tmp_path, records)
@@ -231,3 +246,11 @@ def test_qwen3vl_packer_matches_its_processor(tmp_path, tokenizer_path):
     assert torch.equal(row["pixel_values"], torch.cat(pixels))
     assert torch.equal(row["image_grid_thw"], torch.cat(grids))
     assert row["pixel_values"].shape[1] == 3 * 2 * 16 * 16  # Qwen3-VL's patch, not Qwen2-VL's
+    if model == "qwen35":  # the boundaries its linear-attention layers need, as HF's collator
+        from transformers import DataCollatorWithFlattening
+
+        flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+        ids_of = [row["input_ids"][0, a:b].tolist() for a, b in itertools.pairwise(starts)]
+        want = flat([{"input_ids": x} for x in ids_of], return_tensors="pt")
+        assert row["cu_seq_lens_q"].tolist() == want["cu_seq_lens_q"].tolist()
+        assert row["seq_idx"].tolist() == want["seq_idx"].tolist()

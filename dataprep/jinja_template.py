@@ -222,8 +222,13 @@ class JinjaChatTemplate:
 
     def render(self, turns: list[tuple[str, str]]) -> str:
         """The text the model sees, each image one ``<image>`` placeholder with the family's
-        wrapper tokens around it."""
-        return self._render_marked(turns).replace(_GEN_OPEN, "").replace(_GEN_CLOSE, "")
+        wrapper tokens around it (:class:`SampleRejected` if, without generation blocks, an
+        answer cannot be found in it: see :meth:`render_spans`)."""
+        marked = self._render_marked(turns)
+        if _GEN_OPEN not in marked:
+            self._find_spans(marked, turns)
+            return marked
+        return marked.replace(_GEN_OPEN, "").replace(_GEN_CLOSE, "")
 
     def render_spans(self, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Like :meth:`render`, plus the character spans of the trained text: the template's

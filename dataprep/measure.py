@@ -247,8 +247,7 @@ class Measurer:
                     continue
                 headers = [_probe(r, self.check_images) for r in refs]
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
-                # the spans too: a template that hides the assistant's text is rejected here
-                text, _ = self.template.render_spans(sample.turns)
+                text = self.template.render(sample.turns)
                 text = with_image_text(text, costs)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))

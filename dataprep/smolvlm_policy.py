@@ -72,6 +72,21 @@ def smolvlm_grid(width: int, height: int, longest: int, tile: int) -> tuple[int,
     return 0, 0
 
 
+@lru_cache(maxsize=4096)
+def _cost(rows: int, cols: int, patches: int, tokens: int) -> ImageCost:
+    """An image of ``rows x cols`` split tiles (0 x 0: one tile) and its prompt text."""
+    tiles = rows * cols + 1
+    if rows:
+        text = "".join(
+            "".join(f"{FAKE}<row_{r + 1}_col_{c + 1}>" for c in range(cols)) + "\n"
+            for r in range(rows)
+        )
+        text += f"\n{FAKE}{GLOBAL}{FAKE}"
+    else:
+        text = f"{FAKE}{GLOBAL}{FAKE}"
+    return ImageCost((patches,) * tiles, tokens * tiles, text)
+
+
 @dataclass(frozen=True, kw_only=True)
 class SmolVLMPolicy(VisionPolicy):
     longest_edge: int = 1536
@@ -98,17 +113,8 @@ class SmolVLMPolicy(VisionPolicy):
         rows, cols = (
             smolvlm_grid(width, height, self.longest_edge, self.tile) if self.split else (0, 0)
         )
-        tiles = rows * cols + 1
-        if rows:
-            text = "".join(
-                "".join(f"{FAKE}<row_{r + 1}_col_{c + 1}>" for c in range(cols)) + "\n"
-                for r in range(rows)
-            )
-            text += f"\n{FAKE}{GLOBAL}{FAKE}"
-        else:
-            text = f"{FAKE}{GLOBAL}{FAKE}"
         side = self.tile // self.patch_size
-        return ImageCost((side * side,) * tiles, self.tokens_per_tile * tiles, text)
+        return _cost(rows, cols, side * side, self.tokens_per_tile)
 
     def spec(self) -> str:
         return (

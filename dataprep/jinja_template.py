@@ -16,6 +16,8 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
   ``<|vision_start|>``/``<|vision_end|>`` around it),
 * ``internvl`` — ``<IMG_CONTEXT>`` becomes ``<img>`` + N ``<IMG_CONTEXT>`` + ``</img>``,
 * ``llava`` — ``<image>`` becomes N ``<image>``,
+* ``glm4v`` — ``<|image|>`` becomes N ``<|image|>`` (the template writes the
+  ``<|begin_of_image|>``/``<|end_of_image|>`` around it),
 * ``gemma3`` — ``<start_of_image>`` becomes ``\\n\\n<start_of_image>`` + N ``<image_soft_token>`` +
   ``<end_of_image>\\n\\n``.
 
@@ -57,6 +59,7 @@ IMAGE_TOKENS = {
     "internvl": ImageTokens("<IMG_CONTEXT>", "<img>", "</img>"),
     "llava": ImageTokens("<image>"),
     "gemma3": ImageTokens("<start_of_image>", "\n\n<start_of_image>", "<end_of_image>\n\n"),
+    "glm4v": ImageTokens("<|image|>"),
 }
 
 

@@ -21,6 +21,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   sample's image costs depend on how many images the sample has.
 * ``smolvlm`` / ``idefics3`` — their image splitting into tiles plus a global tile, with the
   tile markers of the prompt (:mod:`dataprep.smolvlm_policy`).
+* ``glm4v`` — GLM-4.1V / 4.5V / 4.6V (:mod:`dataprep.glm4v_policy`): Qwen2-VL's resize with
+  GLM's small-image upscaling and two frames per image against the pixel bounds.
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.
@@ -320,6 +322,7 @@ class Qwen2VLPolicy(VisionPolicy):
 
 _INT_OPTIONS = {
     "gemma3": {"image_size", "patch_size", "llm_tokens"},
+    "glm4v": {"min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"},
     "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
@@ -329,6 +332,7 @@ _INT_OPTIONS = {
 }
 _STR_OPTIONS = {
     "gemma3": {},
+    "glm4v": {},
     "smolvlm": {},
     "idefics3": {},
     "internvl": {},
@@ -345,7 +349,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
-    ``idefics3[:k=v,...]``."""
+    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -358,7 +362,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "llava-onevision, gemma3, smolvlm or idefics3"
+            "llava-onevision, gemma3, smolvlm, idefics3 or glm4v"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -385,6 +389,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         return InternVLPolicy(**kwargs)
     if name == "gemma3":
         return Gemma3Policy(**kwargs)
+    if name == "glm4v":
+        from dataprep.glm4v_policy import Glm4vPolicy
+
+        return Glm4vPolicy(**kwargs)
     if name in ("smolvlm", "idefics3"):
         from dataprep.smolvlm_policy import IDEFICS3_DEFAULTS, SmolVLMPolicy
 

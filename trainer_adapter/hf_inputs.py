@@ -3,15 +3,16 @@
 :class:`HFPacker` renders each sample with the model's own chat template (the same
 :class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
 with the model's own image processor, expands every image marker to as many image tokens as the
-processor says (Qwen2-VL, Qwen3-VL: ``grid_thw.prod() / merge^2``; InternVL: tiles x
+processor says (Qwen2-VL, Qwen3-VL, GLM-4.1V: ``grid_thw.prod() / merge^2``; InternVL: tiles x
 ``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-OneVision: its processor's
 ``replace_image_token``, anyres for a sample's only image, one tile each for several; Gemma 3:
 ``image_seq_length`` soft tokens between its image start and end; SmolVLM: its processor's
 ``replace_image_token``, each tile's tokens behind its row/column marker), tokenizes
 with the model's tokenizer, and packs the samples in one row: ``input_ids``, ``labels`` (the
 assistant's text only: the template's ``generation`` spans or the assistant turns), position ids
-restarting at 0 per sample (HF's packed convention; Qwen2-VL's and Qwen3-VL's ``[4, 1, L]`` with
-the text row first and each sample's 3-D positions from the model's ``get_rope_index``),
+restarting at 0 per sample (HF's packed convention; Qwen2-VL's, Qwen3-VL's and GLM-4.1V's
+``[4, 1, L]`` with the text row first and each sample's 3-D positions from the model's
+``get_rope_index``),
 ``pixel_values`` (and ``image_grid_thw``; LLaVA-OneVision: every image's tiles ``[tiles, C, H,
 W]``, ``image_sizes`` and ``batch_num_images`` per sample, from which the model finds each
 image's tiles; Gemma 3: ``token_type_ids``, 1 on image tokens, which its mask makes
@@ -35,18 +36,28 @@ from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
 __all__ = ["HFPacker"]
 
-FAMILIES = ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision", "gemma3", "smolvlm")
-_QWEN = ("qwen2vl", "qwen3vl")  # patches + grid_thw, 3-D positions from get_rope_index
+FAMILIES = (
+    "qwen2vl",
+    "qwen3vl",
+    "glm4v",
+    "internvl",
+    "llava",
+    "llava_onevision",
+    "gemma3",
+    "smolvlm",
+)
+_QWEN = ("qwen2vl", "qwen3vl", "glm4v")  # patches + grid_thw, 3-D positions from get_rope_index
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 
 
 @dataclass(kw_only=True)
 class HFPacker:
-    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | internvl | llava |
-    llava_onevision | gemma3 | smolvlm (SmolVLM, Idefics3). ``processor``:
+    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
+    GLM-4.5V, GLM-4.6V) | internvl | llava | llava_onevision | gemma3 | smolvlm (SmolVLM,
+    Idefics3). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
-    Qwen model's ``model.model.get_rope_index`` (needed for their 3-D positions).
+    Qwen / GLM model's ``model.model.get_rope_index`` (needed for their 3-D positions).
     ``packing_kwargs``: give the row HF's packing kwargs too (``cu_seq_lens_q/k``,
     ``max_length_q/k``, ``seq_idx``: what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
     True, return_seq_idx=True)`` gives), for FlashAttention's varlen kernels and for decoders

@@ -1,6 +1,6 @@
 """Exact token counts with the model's own chat template, against transformers.
 
-For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision, Gemma 3, SmolVLM) a model directory is
+For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision, Gemma 3, SmolVLM, GLM-4.1V) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -83,6 +83,24 @@ FAMILIES = {
             *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)],
         ],
         "config": {"bos_token": "<|im_start|>", "eos_token": "<end_of_utterance>"},
+    },
+    "glm4v": {  # Qwen2-VL-like resize, two frames per image against the pixel bounds
+        "policy": "glm4v",
+        "specials": [
+            "<|endoftext|>",
+            "[gMASK]",
+            "<sop>",
+            "<|system|>",
+            "<|user|>",
+            "<|assistant|>",
+            "<|begin_of_image|>",
+            "<|end_of_image|>",
+            "<|image|>",
+            "<|begin_of_video|>",
+            "<|end_of_video|>",
+            "<|video|>",
+        ],
+        "config": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
     },
     "gemma3": {  # its template trims every text item; images pooled to 256 soft tokens
         "policy": "gemma3",
@@ -276,6 +294,15 @@ def processor_for(family: str, model: Path):
         # its apply_chat_template reads the video sampling defaults even for images
         proc.video_processor = SimpleNamespace(num_frames=64, fps=1)
         return proc
+    if family == "glm4v":  # transformers' defaults (patch 14, 2x2 merge, two frames)
+        from transformers import Glm4vProcessor
+        from transformers.models.glm4v import Glm4vImageProcessorPil
+
+        return no_video(Glm4vProcessor)(
+            image_processor=Glm4vImageProcessorPil(),
+            tokenizer=tok,
+            chat_template=tok.chat_template,
+        )
     if family == "gemma3":  # the released models' settings (SigLIP 896/14, 256 tokens)
         from transformers import Gemma3Processor
         from transformers.models.gemma3 import Gemma3ImageProcessorPil
@@ -343,7 +370,7 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
             for s in out["image_sizes"].tolist()
         ]
         return n, [729] * sum(tiles)
-    if family == "qwen2vl":
+    if family in ("qwen2vl", "glm4v"):
         return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
     if family == "internvl":
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
@@ -383,7 +410,12 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {n} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > n // 10  # multi-image samples tried
-    if family in ("llava_onevision", "gemma3", "smolvlm"):  # through HFPacker, not equishard's
+    if family in (
+        "llava_onevision",
+        "gemma3",
+        "smolvlm",
+        "glm4v",
+    ):  # through HFPacker, not equishard's
         with pytest.raises(ValueError, match="HFPacker"):
             Collator(
                 tokenizer=str(model / "tokenizer.json"), vision_policy=FAMILIES[family]["policy"]

@@ -180,3 +180,61 @@ def test_onevision_equals_transformers_on_many_sizes(tokenizer_path):
         if (len(c.vit_seq_lens), c.llm_tokens) != (tiles, tokens):
             wrong.append((w, h, len(c.vit_seq_lens), tiles, c.llm_tokens, tokens))
     assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "patches"),
+    [
+        # a side under 28 scales the image up first (20 -> 28), then two frames of 28x28 are
+        # under min_pixels: beta = sqrt(12544 / (2 * 784)) = 2.83, ceil(2.83) * 28 = 84 a side
+        # (Qwen2-VL's resize gives 56x56: 16 patches)
+        (20, 20, 6 * 6),
+        (1000, 500, 36 * 72),  # rounded to multiples of 28, inside the bounds
+        # two frames of 2800x2800 are over max_pixels: beta = sqrt(2 * 2800^2 / 11760000)
+        # = 1.155, floor(2800 / 1.155 / 28) = 86 -> 2408 a side
+        (2800, 2800, 172 * 172),
+    ],
+)
+def test_glm4v_hand_worked(w, h, patches):
+    p = parse_vision_policy("glm4v")
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (patches,) and c.llm_tokens == patches // 4
+    assert parse_vision_policy(p.spec()) == p
+    with pytest.raises(SampleRejected) as e:
+        p.image_cost(5000, 20)  # 20 -> 28 and 5000 -> 7000: 250:1
+    assert e.value.reason == "aspect_ratio_out_of_range"
+
+
+def test_glm4v_equals_its_image_processor():
+    """The patch grid prep computes from an image's size alone equals the ``image_grid_thw``
+    GLM-4V's image processor gives real images (a small max_pixels so that the shrinking branch
+    is reached with cheap images), over 500 sizes, 1-px sides and extreme aspects included; an
+    aspect it refuses is a rejection here."""
+    import random
+
+    from PIL import Image
+
+    transformers = pytest.importorskip("transformers")
+    ip = transformers.models.glm4v.Glm4vImageProcessorPil(
+        size={"shortest_edge": 112 * 112, "longest_edge": 2 * 28 * 28 * 100}
+    )
+    policy = parse_vision_policy(f"glm4v:max_pixels={2 * 28 * 28 * 100}")
+    rng = random.Random(3)
+    sizes = [(w, h) for w in (1, 2, 27, 28, 29, 55, 56) for h in (1, 14, 28, 300, 800)]
+    sizes += [(rng.randint(1, 900), rng.randint(1, 900)) for _ in range(400)]
+    sizes += [(rng.randint(1, 6), rng.randint(100, 1500)) for _ in range(40)]
+    wrong, refused = [], 0
+    for w, h in sizes:
+        try:
+            grid = ip(images=[Image.new("RGB", (w, h))], return_tensors="np")["image_grid_thw"][0]
+            want = (int(grid.prod()),)
+        except ValueError:
+            want, refused = "refused", refused + 1
+        try:
+            got = policy.image_cost(w, h).vit_seq_lens
+        except SampleRejected:
+            got = "refused"
+        if got != want:
+            wrong.append(((w, h), want, got))
+    assert not wrong, f"{len(wrong)} of {len(sizes)} differ, e.g. {wrong[:3]}"
+    assert refused > 5  # the aspect-ratio bound was reached

@@ -36,27 +36,41 @@ def _vision_token_ids(tok) -> dict:
 
 
 def _rope_index(family, processor):
-    """A tiny Qwen2-VL's ``get_rope_index``, with the tokenizer's ids for its vision tokens."""
-    if family != "qwen2vl":
+    """A tiny Qwen2-VL's / GLM-4.1V's ``get_rope_index``, with the tokenizer's ids for its vision
+    tokens."""
+    if family not in ("qwen2vl", "glm4v"):
         return None
-    from transformers import Qwen2VLConfig, Qwen2VLModel
+    import transformers as tf
 
     tok = processor.tokenizer
-    ids = _vision_token_ids(tok)
-    cfg = Qwen2VLConfig(
-        text_config=dict(
-            vocab_size=len(tok),
-            hidden_size=16,
-            intermediate_size=16,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]},
-        ),
-        vision_config=dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2),
-        **ids,
+    text = dict(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
     )
-    return Qwen2VLModel(cfg).get_rope_index
+    if family == "glm4v":
+        ids = tok.convert_tokens_to_ids
+        cfg = tf.Glm4vConfig(
+            text_config={
+                **text,
+                "rope_parameters": {"rope_type": "default", "mrope_section": [2, 1, 1]},
+            },
+            vision_config=dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=16),
+            image_token_id=ids("<|image|>"),
+            video_token_id=ids("<|video|>"),
+            image_start_token_id=ids("<|begin_of_image|>"),
+            image_end_token_id=ids("<|end_of_image|>"),
+        )
+        return tf.Glm4vModel(cfg).get_rope_index
+    cfg = tf.Qwen2VLConfig(
+        text_config=dict(**text, rope_scaling={"type": "mrope", "mrope_section": [2, 1, 1]}),
+        vision_config=dict(depth=1, embed_dim=16, hidden_size=16, num_heads=2),
+        **_vision_token_ids(tok),
+    )
+    return tf.Qwen2VLModel(cfg).get_rope_index
 
 
 def _samples(root, records):
@@ -106,6 +120,13 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
             got_types = row["token_type_ids"][0, a:b].tolist()
             assert got_types == want["token_type_ids"][0].tolist(), rec["id"]
+        if rope is not None:  # 3-D positions: the model's, from the processor's token types
+            ref, _ = rope(
+                want["input_ids"],
+                want["mm_token_type_ids"],
+                image_grid_thw=want.get("image_grid_thw"),
+            )
+            assert torch.equal(row["position_ids"][1:, :, a:b], ref), rec["id"]
         features.append({"input_ids": want["input_ids"][0].tolist()})
         if images and family == "llava_onevision":  # each image's tiles, none padded
             pix = want["pixel_values"]

@@ -5,7 +5,7 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | qwen3vl | internvl | llava | llava_onevision | gemma3 | smolvlm builds a
+``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_onevision | gemma3 | smolvlm builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -38,6 +38,9 @@ SPECIALS = {
                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
     "qwen3vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
+    "glm4v": ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|endoftext|>",
+              "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>",
+              "<|end_of_video|>", "<|video|>"],
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
     "llava_onevision": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
@@ -130,6 +133,24 @@ def build(family: str, mdir: Path):
             vision_end_token_id=ids("<|vision_end|>"),
         )  # fmt: skip
         return proc, tf.Qwen3VLForConditionalGeneration(cfg)
+    if family == "glm4v":  # GLM-4.1V: a Qwen-style tower, each image two frames
+        from transformers.models.glm4v import Glm4vImageProcessorPil
+
+        ip = Glm4vImageProcessorPil(
+            size={"shortest_edge": 56 * 56, "longest_edge": 2 * 28 * 28 * 64}
+        )
+        proc = no_video(tf.Glm4vProcessor)(image_processor=ip, tokenizer=tok)
+        cfg = tf.Glm4vConfig(
+            text_config={**text, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                     "mrope_section": [4, 2, 2]}},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64),
+            image_token_id=ids("<|image|>"),
+            video_token_id=ids("<|video|>"),
+            image_start_token_id=ids("<|begin_of_image|>"),
+            image_end_token_id=ids("<|end_of_image|>"),
+        )  # fmt: skip
+        return proc, tf.Glm4vForConditionalGeneration(cfg)
     if family == "internvl":
         from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
 
@@ -274,7 +295,7 @@ def main() -> None:
         llm=args.balance in ("llm", "both"),
         policy=RedistributePolicy(placement="identity"),
     )
-    rope = model.model.get_rope_index if args.family in ("qwen2vl", "qwen3vl") else None
+    rope = model.model.get_rope_index if args.family in ("qwen2vl", "qwen3vl", "glm4v") else None
     packer = HFPacker(family=args.family, processor=processor, template=str(mdir), rope_index=rope)
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":

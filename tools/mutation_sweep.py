@@ -434,6 +434,34 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[smolvlm]",),
     ),
     Mutation(
+        "glm4v-one-frame",
+        "GLM-4V's pixel bound holds one frame of an image, not the two it is repeated to",
+        "dataprep/glm4v_policy.py",
+        "    if temporal * h_bar * w_bar > max_pixels:",
+        "    if h_bar * w_bar > max_pixels:",
+        ("tests/dataprep/test_vision_policy.py::test_glm4v_equals_its_image_processor",),
+    ),
+    Mutation(
+        "glm4v-no-upscale",
+        "GLM-4V's image with a side under 28 px is not scaled up before rounding",
+        "dataprep/glm4v_policy.py",
+        "    if height < factor or width < factor:",
+        "    if height < 0:",
+        (
+            "tests/dataprep/test_vision_policy.py::test_glm4v_equals_its_image_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[glm4v]",
+        ),
+    ),
+    Mutation(
+        "hf-rope-without-image-types",
+        "HFPacker's 3-D positions are computed as if a sample had no image tokens",
+        "trainer_adapter/hf_inputs.py",
+        "rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None],",
+        "rope, _ = self.rope_index(ids[None], (ids < 0).int()[None],",
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[glm4v]",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

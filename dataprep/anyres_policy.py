@@ -15,7 +15,9 @@ LLaVA-OneVision model do with an image, reproduced from the sizes in its header:
 * **A sample with several images** has no anyres: each image is padded to a square and is one
   tile; its LLM tokens are the tile's features and one newline.
 
-So an image's cost depends on its sample (:meth:`OneVisionPolicy.sample_costs`). Spec:
+So an image's cost depends on its sample (:meth:`OneVisionPolicy.sample_costs`).
+:class:`LlavaNextPolicy` (LLaVA-NeXT, ``LlavaNextProcessor``) cuts every image anyres, over its
+own list of grids, and never pools. OneVision's spec:
 ``llava-onevision[:tile_size=384,patch_size=14,max_grid=6,max_tiles=9]`` (the released models'
 values are the defaults; ``max_grid`` and ``tile_size`` must match the model's
 ``image_grid_pinpoints``, ``max_tiles`` its ``vision_aspect_ratio``).
@@ -29,7 +31,16 @@ from functools import lru_cache
 
 from dataprep.vision_policy import ImageCost, VisionPolicy
 
-__all__ = ["OneVisionPolicy", "best_resolution"]
+__all__ = [
+    "LLAVA_NEXT_GRIDS",
+    "LlavaNextPolicy",
+    "OneVisionPolicy",
+    "best_resolution",
+    "parse_grids",
+]
+
+# llava-v1.6's image_grid_pinpoints in tiles (height x width), in their order (ties go first)
+LLAVA_NEXT_GRIDS = "1x2.2x1.2x2.3x1.1x3"
 
 
 def best_resolution(height: int, width: int, grids: tuple) -> tuple[int, int]:
@@ -44,9 +55,16 @@ def best_resolution(height: int, width: int, grids: tuple) -> tuple[int, int]:
     return best
 
 
+@lru_cache(maxsize=64)
+def square_grids(tile: int, most: int) -> tuple:
+    """LLaVA-OneVision's pinpoints: every ``i x j`` tiles, ``1 <= i, j <= most``, rows first."""
+    return tuple((i * tile, j * tile) for i in range(1, most + 1) for j in range(1, most + 1))
+
+
 @lru_cache(maxsize=65536)
-def _anyres_cost(width: int, height: int, tile: int, patch: int, grid: int, most: int):
-    grids = tuple((i * tile, j * tile) for i in range(1, grid + 1) for j in range(1, grid + 1))
+def _anyres_cost(width: int, height: int, tile: int, patch: int, grids: tuple, most: int):
+    """One image cut anyres into the best of ``grids`` ((height, width) px) + a base tile; the
+    grid's features unpadded, pooled to about ``most`` tiles' worth (``most=0``: never)."""
     big_h, big_w = best_resolution(height, width, grids)
     side = tile // patch
     rows, cols = side * (big_h // tile), side * (big_w // tile)
@@ -58,7 +76,7 @@ def _anyres_cost(width: int, height: int, tile: int, patch: int, grid: int, most
         pad = (cols - int(round(width * (rows / height), 7))) // 2
         cols -= 2 * pad
     features, newlines = rows * cols, rows
-    ratio = math.sqrt(rows * cols / (most * side * side))
+    ratio = math.sqrt(rows * cols / (most * side * side)) if most else 0.0
     if ratio > 1.1:  # pooled down to about ``most`` tiles
         features = int(rows // ratio) * int(cols // ratio)
         newlines = int(rows // ratio)
@@ -91,9 +109,8 @@ class OneVisionPolicy(VisionPolicy):
 
     def image_cost(self, width: int, height: int) -> ImageCost:
         """The image alone in its sample (anyres)."""
-        return _anyres_cost(
-            width, height, self.tile_size, self.patch_size, self.max_grid, self.max_tiles
-        )
+        grids = square_grids(self.tile_size, self.max_grid)
+        return _anyres_cost(width, height, self.tile_size, self.patch_size, grids, self.max_tiles)
 
     def sample_costs(self, sizes: list[tuple[int, int]]) -> list[ImageCost]:
         if len(sizes) == 1:
@@ -105,4 +122,52 @@ class OneVisionPolicy(VisionPolicy):
         return (
             f"llava-onevision:tile_size={self.tile_size},patch_size={self.patch_size},"
             f"max_grid={self.max_grid},max_tiles={self.max_tiles}"
+        )
+
+
+def parse_grids(text: str) -> tuple[tuple[int, int], ...]:
+    """``"1x2.2x1"`` -> ((1, 2), (2, 1)): grids in tiles, height x width, in order."""
+    grids = []
+    for item in text.split("."):
+        h, sep, w = item.partition("x")
+        if not sep or not h.isdigit() or not w.isdigit() or int(h) < 1 or int(w) < 1:
+            raise ValueError(
+                f"bad grids {text!r}: write the model's image_grid_pinpoints in tiles, height x "
+                f"width, joined by '.', e.g. {LLAVA_NEXT_GRIDS} (llava-v1.6's [[336, 672], ...] "
+                "with 336-px tiles)"
+            )
+        grids.append((int(h), int(w)))
+    return tuple(grids)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LlavaNextPolicy(VisionPolicy):
+    """LLaVA-NeXT (llava-v1.6): every image cut anyres into the best of ``grids`` (its
+    ``image_grid_pinpoints`` in tiles) + a base tile, also in a multi-image sample; LLM tokens:
+    the base tile's features, the grid's unpadded features and a newline per feature row, never
+    pooled. Spec: ``llava-next[:tile_size=336,patch_size=14,grids=1x2.2x1.2x2.3x1.1x3]``."""
+
+    tile_size: int = 336
+    patch_size: int = 14
+    grids: str = LLAVA_NEXT_GRIDS
+
+    def __post_init__(self) -> None:
+        if self.patch_size < 1 or self.tile_size < self.patch_size:
+            raise ValueError(
+                f"llava-next needs patch_size >= 1 and tile_size >= patch_size, got "
+                f"tile_size={self.tile_size}, patch_size={self.patch_size} (defaults: 336 and 14)"
+            )
+        parse_grids(self.grids)
+
+    @property
+    def pinpoints(self) -> tuple:
+        """The grids in px, (height, width), as ``image_grid_pinpoints``."""
+        return tuple((h * self.tile_size, w * self.tile_size) for h, w in parse_grids(self.grids))
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        return _anyres_cost(width, height, self.tile_size, self.patch_size, self.pinpoints, 0)
+
+    def spec(self) -> str:
+        return (
+            f"llava-next:tile_size={self.tile_size},patch_size={self.patch_size},grids={self.grids}"
         )

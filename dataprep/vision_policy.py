@@ -19,6 +19,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   (multiples of 32), pixels within [65536, 16777216].
 * ``llava-onevision`` — LLaVA-OneVision's anyres_max_9 (:mod:`dataprep.anyres_policy`): a
   sample's image costs depend on how many images the sample has.
+* ``llava-next`` — LLaVA-NeXT's anyres (:mod:`dataprep.anyres_policy`): every image, over the
+  model's own grid list, never pooled.
 * ``smolvlm`` / ``idefics3`` — their image splitting into tiles plus a global tile, with the
   tile markers of the prompt (:mod:`dataprep.smolvlm_policy`).
 * ``glm4v`` — GLM-4.1V / 4.5V / 4.6V (:mod:`dataprep.glm4v_policy`): Qwen2-VL's resize with
@@ -327,6 +329,7 @@ _INT_OPTIONS = {
     "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
+    "llava-next": {"tile_size", "patch_size"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
     "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
 }
@@ -337,6 +340,7 @@ _STR_OPTIONS = {
     "idefics3": {},
     "internvl": {},
     "llava-onevision": {},
+    "llava-next": {"grids": ()},  # () : any text, checked by the policy
     "qwen2vl": {"resize": QWEN2VL_RESIZE},
     "qwen3vl": {"resize": QWEN2VL_RESIZE},
 }
@@ -349,7 +353,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
-    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``."""
+    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -362,14 +366,14 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "llava-onevision, gemma3, smolvlm, idefics3 or glm4v"
+            "llava-onevision, llava-next, gemma3, smolvlm, idefics3 or glm4v"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, sep, value = item.partition("=")
         choices = _STR_OPTIONS[name].get(key)
         if sep and choices is not None:
-            if value not in choices:
+            if choices and value not in choices:
                 raise ValueError(
                     f"bad option {item!r} in vision policy {spec!r}: {key} is one of "
                     f"{', '.join(choices)}"
@@ -404,6 +408,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         from dataprep.anyres_policy import OneVisionPolicy
 
         return OneVisionPolicy(**kwargs)
+    if name == "llava-next":
+        from dataprep.anyres_policy import LlavaNextPolicy
+
+        return LlavaNextPolicy(**kwargs)
     if name == "qwen3vl":
         kwargs = {**QWEN3VL_DEFAULTS, **kwargs}
     return Qwen2VLPolicy(**kwargs)

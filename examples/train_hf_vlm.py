@@ -5,7 +5,8 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_onevision | gemma3 | smolvlm builds a
+``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
+smolvlm builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -43,6 +44,7 @@ SPECIALS = {
               "<|end_of_video|>", "<|video|>"],
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
+    "llava_next": ["<s>", "</s>", "<image>"],
     "llava_onevision": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
     "smolvlm": ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>",
                 "<global-img>", "<image>",
@@ -74,6 +76,8 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "context_image_token": "<IMG_CONTEXT>",
             "video_token": "<video>",
         }
+    if family in ("llava", "llava_next"):
+        config["bos_token"], config["eos_token"] = "<s>", "</s>"
     if family == "gemma3":
         config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
         config["extra_special_tokens"] = {
@@ -193,6 +197,29 @@ def build(family: str, mdir: Path):
             vision_feature_select_strategy="full",
         )  # fmt: skip
         return proc, tf.LlavaOnevisionForConditionalGeneration(cfg)
+    if family == "llava_next":  # anyres for every image over llava-v1.6's five grids, CLIP tower
+        from transformers.models.llava_next import LlavaNextImageProcessorPil
+
+        grid = [[h * TILE, w * TILE] for h, w in ((1, 2), (2, 1), (2, 2), (3, 1), (1, 3))]
+        ip = LlavaNextImageProcessorPil(
+            size={"shortest_edge": TILE}, crop_size={"height": TILE, "width": TILE},
+            image_grid_pinpoints=grid,
+        )  # fmt: skip
+        proc = no_video(tf.LlavaNextProcessor)(
+            image_processor=ip, tokenizer=tok, patch_size=7,
+            vision_feature_select_strategy="default", num_additional_image_tokens=1,
+        )  # fmt: skip
+        cfg = tf.LlavaNextConfig(
+            vision_config=dict(model_type="clip_vision_model", hidden_size=32,
+                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=TILE, patch_size=7),
+            text_config={**text, "model_type": "llama"},
+            image_token_index=ids("<image>"),
+            image_grid_pinpoints=grid,
+            vision_feature_layer=-2,
+            vision_feature_select_strategy="default",
+        )  # fmt: skip
+        return proc, tf.LlavaNextForConditionalGeneration(cfg)
     if family == "smolvlm":  # up to 4x4 tiles + a global tile, pixel shuffle by 2
         from transformers.models.smolvlm import SmolVLMImageProcessorPil
 

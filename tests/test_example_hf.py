@@ -67,12 +67,15 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     assert len(set(ddp)) == steps  # the weights changed between steps
 
 
-@pytest.mark.parametrize("family", ["qwen3vl", "glm4v", "llava_onevision", "gemma3", "smolvlm"])
+@pytest.mark.parametrize(
+    "family", ["qwen3vl", "glm4v", "llava_next", "llava_onevision", "gemma3", "smolvlm"]
+)
 def test_train_hf_example_trains_more_families(tmp_path, family):
     """Qwen3-VL (16-px patches, deepstack features, its processor), LLaVA-OneVision (anyres
     tiles, newline embeddings, multi-image samples) and Gemma 3 (its trimming template, pooled
-    soft tokens, token_type_ids), SmolVLM (tiles with their markers and pixel masks) and
-    GLM-4.1V (its prompt format, two frames per image, its 3-D positions)
+    soft tokens, token_type_ids), SmolVLM (tiles with their markers and pixel masks),
+    GLM-4.1V (its prompt format, two frames per image, its 3-D positions) and LLaVA-NeXT
+    (anyres for every image, a template that puts a turn's images first)
     through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):

@@ -4,7 +4,8 @@
 :class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
 with the model's own image processor, expands every image marker to as many image tokens as the
 processor says (Qwen2-VL, Qwen3-VL, GLM-4.1V: ``grid_thw.prod() / merge^2``; InternVL: tiles x
-``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-OneVision: its processor's
+``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-NeXT: its processor's count,
+anyres for every image; LLaVA-OneVision: its processor's
 ``replace_image_token``, anyres for a sample's only image, one tile each for several; Gemma 3:
 ``image_seq_length`` soft tokens between its image start and end; SmolVLM: its processor's
 ``replace_image_token``, each tile's tokens behind its row/column marker), tokenizes
@@ -13,10 +14,10 @@ assistant's text only: the template's ``generation`` spans or the assistant turn
 restarting at 0 per sample (HF's packed convention; Qwen2-VL's, Qwen3-VL's and GLM-4.1V's
 ``[4, 1, L]`` with the text row first and each sample's 3-D positions from the model's
 ``get_rope_index``),
-``pixel_values`` (and ``image_grid_thw``; LLaVA-OneVision: every image's tiles ``[tiles, C, H,
-W]``, ``image_sizes`` and ``batch_num_images`` per sample, from which the model finds each
-image's tiles; Gemma 3: ``token_type_ids``, 1 on image tokens, which its mask makes
-bidirectional inside each image; SmolVLM: ``[1, tiles, C, H, W]`` and each tile's
+``pixel_values`` (and ``image_grid_thw``; LLaVA-NeXT and LLaVA-OneVision: every image's tiles
+``[tiles, C, H, W]``, none padded, and ``image_sizes``, from which the model finds each image's
+tiles, OneVision's ``batch_num_images`` per sample too; Gemma 3: ``token_type_ids``, 1 on image
+tokens, which its mask makes bidirectional inside each image; SmolVLM: ``[1, tiles, C, H, W]`` and each tile's
 ``pixel_attention_mask``). A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
 """
@@ -42,19 +43,21 @@ FAMILIES = (
     "glm4v",
     "internvl",
     "llava",
+    "llava_next",
     "llava_onevision",
     "gemma3",
     "smolvlm",
 )
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v")  # patches + grid_thw, 3-D positions from get_rope_index
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
+_ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 
 
 @dataclass(kw_only=True)
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
-    GLM-4.5V, GLM-4.6V) | internvl | llava | llava_onevision | gemma3 | smolvlm (SmolVLM,
-    Idefics3). ``processor``:
+    GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | smolvlm
+    (SmolVLM, Idefics3). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -113,11 +116,21 @@ class HFPacker:
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
         given = [images] if self.family in _NESTED else images
         kw = {"return_row_col_info": True} if self.family == "smolvlm" else {}
-        processed = (
-            dict(self.processor.image_processor(images=given, return_tensors="pt", **kw))
-            if images
-            else {}
-        )
+        if self.family == "llava_next" and images:
+            # one image at a time: its processor pads a call's images to the most tiles
+            each = [
+                self.processor.image_processor(images=[im], return_tensors="pt") for im in images
+            ]
+            processed = {
+                k: torch.cat([e[k][0] if k == "pixel_values" else e[k] for e in each])
+                for k in ("pixel_values", "image_sizes")
+            }
+        elif images:
+            processed = dict(
+                self.processor.image_processor(images=given, return_tensors="pt", **kw)
+            )
+        else:
+            processed = {}
         # the token repeated per image (Gemma 3's processor names its image start token so)
         tokenizer = self.processor.tokenizer
         token = tokenizer.image_token if self.family == "gemma3" else self.processor.image_token
@@ -200,10 +213,11 @@ class HFPacker:
             batch["image_grid_thw"] = (
                 torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None
             )
-        if self.family == "llava_onevision":
+        if self.family in _ANYRES:
             batch["image_sizes"] = (
                 torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
             )
+        if self.family == "llava_onevision":
             batch["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)

@@ -1,6 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
-For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-OneVision, Gemma 3, SmolVLM, GLM-4.1V) a model directory is
+For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, SmolVLM,
+GLM-4.1V) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -64,6 +65,11 @@ FAMILIES = {
     },
     "llava": {
         "policy": "fixed:336/14",
+        "specials": ["<s>", "</s>", "<image>"],
+        "config": {"bos_token": "<s>", "eos_token": "</s>"},
+    },
+    "llava_next": {  # anyres for every image; its template puts a turn's images first
+        "policy": "llava-next",
         "specials": ["<s>", "</s>", "<image>"],
         "config": {"bos_token": "<s>", "eos_token": "</s>"},
     },
@@ -313,6 +319,21 @@ def processor_for(family: str, model: Path):
         return Gemma3Processor(
             image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
         )
+    if family == "llava_next":  # llava-v1.6's settings (CLIP 336/14, its five grids)
+        from transformers import LlavaNextProcessor
+        from transformers.models.llava_next import LlavaNextImageProcessorPil
+
+        ip = LlavaNextImageProcessorPil(
+            size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}
+        )
+        return no_video(LlavaNextProcessor)(
+            image_processor=ip,
+            tokenizer=tok,
+            patch_size=14,
+            vision_feature_select_strategy="default",
+            num_additional_image_tokens=1,
+            chat_template=tok.chat_template,
+        )
     if family == "llava_onevision":  # the released models' settings (SigLIP 384/14)
         from transformers import LlavaOnevisionProcessor
         from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
@@ -370,6 +391,15 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
             for s in out["image_sizes"].tolist()
         ]
         return n, [729] * sum(tiles)
+    if family == "llava_next":  # every image's tiles (its processor pads them to the most)
+        from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+        pinpoints = processor.image_processor.image_grid_pinpoints
+        tiles = [
+            image_size_to_num_patches(image_size=tuple(s), grid_pinpoints=pinpoints, patch_size=336)
+            for s in out["image_sizes"].tolist()
+        ]
+        return n, [576] * sum(tiles)
     if family in ("qwen2vl", "glm4v"):
         return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
     if family == "internvl":
@@ -410,12 +440,7 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {n} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > n // 10  # multi-image samples tried
-    if family in (
-        "llava_onevision",
-        "gemma3",
-        "smolvlm",
-        "glm4v",
-    ):  # through HFPacker, not equishard's
+    if family not in ("qwen2vl", "internvl", "llava"):  # through HFPacker, not equishard's
         with pytest.raises(ValueError, match="HFPacker"):
             Collator(
                 tokenizer=str(model / "tokenizer.json"), vision_policy=FAMILIES[family]["policy"]

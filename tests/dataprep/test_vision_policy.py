@@ -238,3 +238,82 @@ def test_glm4v_equals_its_image_processor():
             wrong.append(((w, h), want, got))
     assert not wrong, f"{len(wrong)} of {len(sizes)} differ, e.g. {wrong[:3]}"
     assert refused > 5  # the aspect-ratio bound was reached
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "tiles", "tokens"),
+    [
+        # 1000x1000 best fits 672x672 (2x2 tiles keep 672^2 px; 1x3 / 3x1 fewer): 48x48
+        # features, nothing padded: 576 base + 2304 + 48 newlines
+        (1000, 1000, 5, 576 + 48 * 48 + 48),
+        # 300x100 (w x h): every grid keeps all its pixels, 336x672 and 672x336 waste the
+        # least and the first listed wins: 1 high x 2 wide, a 24x48 feature map; the image is
+        # wider (3:1), so 24 - round(100 * 48 / 300) = 8 rows were padding: 16 rows kept
+        (300, 100, 3, 576 + 16 * 48 + 16),
+        # 600x300 in 336x672: scaled by 1.12 to 672x336, fills it
+        (600, 300, 3, 576 + 24 * 48 + 24),
+        # 200x300 (taller than wide) goes to the same first-listed 336x672 grid; the 24x48 map
+        # is wider than the image, so 48 - round(200 * 24 / 300) = 32 columns were padding
+        (200, 300, 3, 576 + 24 * 16 + 24),
+    ],
+)
+def test_llava_next_hand_worked(w, h, tiles, tokens):
+    p = parse_vision_policy("llava-next")
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (576,) * tiles and c.llm_tokens == tokens
+    # every image is cut anyres, also in a sample with several (unlike LLaVA-OneVision)
+    assert p.sample_costs([(w, h), (w, h)]) == [c, c]
+    assert parse_vision_policy(p.spec()) == p
+
+
+@pytest.mark.parametrize(
+    "grids", [None, "1x1.1x2.2x1.2x2.2x3.3x2"], ids=["llava-v1.6", "own-grids"]
+)
+def test_llava_next_equals_transformers_on_many_sizes(grids, tokenizer_path):
+    """Tiles (the model's ``image_size_to_num_patches``) and LLM tokens (``LlavaNextProcessor``'s
+    count) over 4000 sizes, with llava-v1.6's pinpoints and with a list of one's own."""
+    import random
+
+    pytest.importorskip("transformers")
+    from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
+    from transformers.models.llava_next import LlavaNextImageProcessorPil
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    kw = {}
+    if grids:
+        kw["image_grid_pinpoints"] = [
+            [int(h) * 336, int(w) * 336] for h, w in (g.split("x") for g in grids.split("."))
+        ]
+    ip = LlavaNextImageProcessorPil(
+        size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}, **kw
+    )
+    images_only = classmethod(lambda c: ["image_processor", "tokenizer"])
+    proc = type("P", (LlavaNextProcessor,), {"get_attributes": images_only})(
+        image_processor=ip,
+        tokenizer=tok,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+    )
+    policy = parse_vision_policy("llava-next" + (f":grids={grids}" if grids else ""))
+    rng = random.Random(1)
+    sizes = [(rng.randint(1, 4000), rng.randint(1, 4000)) for _ in range(3000)]
+    sizes += [(rng.randint(1, 60), rng.randint(1, 4000)) for _ in range(1000)]
+    wrong = []
+    for w, h in sizes:
+        tokens = proc._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"][0]
+        tiles = image_size_to_num_patches(
+            image_size=(h, w), grid_pinpoints=ip.image_grid_pinpoints, patch_size=336
+        )
+        c = policy.image_cost(w, h)
+        if (len(c.vit_seq_lens), c.llm_tokens) != (tiles, tokens):
+            wrong.append((w, h, len(c.vit_seq_lens), tiles, c.llm_tokens, tokens))
+    assert not wrong, wrong[:5]
+
+
+@pytest.mark.parametrize("spec", ["llava-next:grids=2", "llava-next:grids=1x0", "llava-next:x=1"])
+def test_llava_next_bad_grids(spec):
+    with pytest.raises(ValueError, match=r"grids|KEY"):
+        parse_vision_policy(spec)

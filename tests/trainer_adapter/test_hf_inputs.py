@@ -134,6 +134,18 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             pixels.append(pix.reshape(-1, *pix.shape[2:]))
             sizes.append(want["image_sizes"])
             counts.append(len(images))
+        elif images and family == "llava_next":  # each image's own tiles, its padding cut
+            from transformers.models.llava_next.modeling_llava_next import (
+                image_size_to_num_patches,
+            )
+
+            pinpoints = processor.image_processor.image_grid_pinpoints
+            for pix, size in zip(want["pixel_values"], want["image_sizes"].tolist(), strict=True):
+                n = image_size_to_num_patches(
+                    image_size=tuple(size), grid_pinpoints=pinpoints, patch_size=336
+                )
+                pixels.append(pix[:n])
+            sizes.append(want["image_sizes"])
         elif images:
             pixels.append(want["pixel_values"])
             masks.append(want.get("pixel_attention_mask"))
@@ -143,7 +155,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         # LLaVA's template has generation blocks: transformers' own mask (LLaVA-OneVision's
         # too, but its answers end where a character's byte tokens end, and transformers'
         # mask marks one token per character: compared as text like the others)
-        if family == "llava":
+        if family in ("llava", "llava_next"):  # LLaVA-NeXT's: the eos trained too
             ref = tok.apply_chat_template(
                 reference_messages(rec),
                 tokenize=True,
@@ -176,8 +188,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             assert got.dtype == want.dtype and got.tolist() == want.tolist(), key
         else:
             assert got == want, key
-    if family == "llava_onevision":
+    if family in ("llava_next", "llava_onevision"):
         assert torch.equal(row["image_sizes"], torch.cat(sizes))
+    if family == "llava_onevision":
         assert row["batch_num_images"] == counts and max(counts) > 1 and min(counts) == 1
 
 

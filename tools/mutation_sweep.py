@@ -462,6 +462,35 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[glm4v]",),
     ),
     Mutation(
+        "llava-next-pooled",
+        "LLaVA-NeXT's grid features pooled to 4 tiles' worth as LLaVA-OneVision's are",
+        "dataprep/anyres_policy.py",
+        "return _anyres_cost(width, height, self.tile_size, self.patch_size, self.pinpoints, 0)",
+        "return _anyres_cost(width, height, self.tile_size, self.patch_size, self.pinpoints, 4)",
+        (
+            "tests/dataprep/test_vision_policy.py::test_llava_next_equals_transformers_on_many_sizes",
+        ),
+    ),
+    Mutation(
+        "llava-next-grids-reversed",
+        "LLaVA-NeXT's grids tried last first, not in the model's order (ties go to the first)",
+        "dataprep/anyres_policy.py",
+        "    return tuple(grids)\n",
+        "    return tuple(reversed(grids))\n",
+        (
+            "tests/dataprep/test_vision_policy.py::test_llava_next_hand_worked",
+            "tests/dataprep/test_vision_policy.py::test_llava_next_equals_transformers_on_many_sizes",
+        ),
+    ),
+    Mutation(
+        "hf-llava-next-padded-tiles",
+        "HFPacker gives LLaVA-NeXT a sample's images processed together (tiles padded)",
+        "trainer_adapter/hf_inputs.py",
+        'if self.family == "llava_next" and images:',
+        'if self.family == "llava_next" and not images:',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[llava_next]",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

@@ -18,6 +18,9 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
 * ``llava`` — ``<image>`` becomes N ``<image>``,
 * ``glm4v`` — ``<|image|>`` becomes N ``<|image|>`` (the template writes the
   ``<|begin_of_image|>``/``<|end_of_image|>`` around it),
+* ``mistral3`` — ``[IMG]`` becomes N tokens: Pixtral's rows of ``[IMG]``, each closed by
+  ``[IMG_BREAK]``, the last by ``[IMG_END]`` (every one a single special token, so N ``[IMG]``
+  count the same),
 * ``gemma3`` — ``<start_of_image>`` becomes ``\\n\\n<start_of_image>`` + N ``<image_soft_token>`` +
   ``<end_of_image>\\n\\n``.
 
@@ -60,6 +63,7 @@ IMAGE_TOKENS = {
     "llava": ImageTokens("<image>"),
     "gemma3": ImageTokens("<start_of_image>", "\n\n<start_of_image>", "<end_of_image>\n\n"),
     "glm4v": ImageTokens("<|image|>"),
+    "mistral3": ImageTokens("[IMG]"),
 }
 
 

@@ -21,6 +21,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   sample's image costs depend on how many images the sample has.
 * ``llava-next`` — LLaVA-NeXT's anyres (:mod:`dataprep.anyres_policy`): every image, over the
   model's own grid list, never pooled.
+* ``pixtral`` / ``mistral3`` — Pixtral's resize to fit the longest edge, rows of image tokens
+  with a break after each (:mod:`dataprep.pixtral_policy`).
 * ``smolvlm`` / ``idefics3`` — their image splitting into tiles plus a global tile, with the
   tile markers of the prompt (:mod:`dataprep.smolvlm_policy`).
 * ``glm4v`` — GLM-4.1V / 4.5V / 4.6V (:mod:`dataprep.glm4v_policy`): Qwen2-VL's resize with
@@ -330,6 +332,8 @@ _INT_OPTIONS = {
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "llava-next": {"tile_size", "patch_size"},
+    "pixtral": {"longest_edge", "patch_size", "merge_size"},
+    "mistral3": {"longest_edge", "patch_size", "merge_size"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
     "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
 }
@@ -341,6 +345,8 @@ _STR_OPTIONS = {
     "internvl": {},
     "llava-onevision": {},
     "llava-next": {"grids": ()},  # () : any text, checked by the policy
+    "pixtral": {},
+    "mistral3": {},
     "qwen2vl": {"resize": QWEN2VL_RESIZE},
     "qwen3vl": {"resize": QWEN2VL_RESIZE},
 }
@@ -353,7 +359,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
-    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``."""
+    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``, ``pixtral[:k=v,...]``,
+    ``mistral3[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -366,7 +373,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "llava-onevision, llava-next, gemma3, smolvlm, idefics3 or glm4v"
+            "llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral or mistral3"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -412,6 +419,11 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         from dataprep.anyres_policy import LlavaNextPolicy
 
         return LlavaNextPolicy(**kwargs)
+    if name in ("pixtral", "mistral3"):
+        from dataprep.pixtral_policy import MISTRAL3_DEFAULTS, PixtralPolicy
+
+        defaults = MISTRAL3_DEFAULTS if name == "mistral3" else {}
+        return PixtralPolicy(**{**defaults, **kwargs}, name=name)
     if name == "qwen3vl":
         kwargs = {**QWEN3VL_DEFAULTS, **kwargs}
     return Qwen2VLPolicy(**kwargs)

@@ -6,7 +6,7 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-smolvlm builds a
+smolvlm | mistral3 builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -45,6 +45,8 @@ SPECIALS = {
     "internvl": ["<|im_start|>", "<|im_end|>", "<img>", "</img>", "<IMG_CONTEXT>", "<video>"],
     "llava": ["<s>", "</s>", "<image>"],
     "llava_next": ["<s>", "</s>", "<image>"],
+    "mistral3": ["<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                 "[IMG]", "[IMG_BREAK]", "[IMG_END]"],
     "llava_onevision": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<image>", "<video>"],
     "smolvlm": ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>",
                 "<global-img>", "<image>",
@@ -76,7 +78,7 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "context_image_token": "<IMG_CONTEXT>",
             "video_token": "<video>",
         }
-    if family in ("llava", "llava_next"):
+    if family in ("llava", "llava_next", "mistral3"):
         config["bos_token"], config["eos_token"] = "<s>", "</s>"
     if family == "gemma3":
         config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
@@ -87,6 +89,22 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
         }
     (root / "tokenizer_config.json").write_text(json.dumps(config))
     return root
+
+
+def pixtral_processor():
+    """Mistral 3's processor (``PixtralProcessor``). Its module imports a resize helper from the
+    torchvision image processor; without torchvision (no CPU build for this torch on the
+    registry) that import is pointed at the PIL image processor, which defines the same helper."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("torchvision") is None:
+        import transformers.models.pixtral.image_processing_pil_pixtral as pil
+
+        sys.modules.setdefault("transformers.models.pixtral.image_processing_pixtral", pil)
+    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+
+    return PixtralProcessor
 
 
 def build(family: str, mdir: Path):
@@ -220,6 +238,25 @@ def build(family: str, mdir: Path):
             vision_feature_select_strategy="default",
         )  # fmt: skip
         return proc, tf.LlavaNextForConditionalGeneration(cfg)
+    if family == "mistral3":  # Pixtral tower: images up to 4x4 merged patches, 2x2 merge
+        from transformers.models.pixtral import PixtralImageProcessorPil
+
+        ip = PixtralImageProcessorPil(
+            size={"longest_edge": 4 * 28}, patch_size={"height": 14, "width": 14}
+        )
+        proc = no_video(pixtral_processor())(
+            image_processor=ip, tokenizer=tok, patch_size=14, spatial_merge_size=2
+        )
+        cfg = tf.Mistral3Config(
+            vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=2, image_size=4 * 28,
+                               patch_size=14, head_dim=16),
+            text_config={**text, "model_type": "mistral", "head_dim": 16},
+            image_token_index=ids("[IMG]"),
+            spatial_merge_size=2,
+            vision_feature_layer=-1,
+        )  # fmt: skip
+        return proc, tf.Mistral3ForConditionalGeneration(cfg)
     if family == "smolvlm":  # up to 4x4 tiles + a global tile, pixel shuffle by 2
         from transformers.models.smolvlm import SmolVLMImageProcessorPil
 

@@ -491,6 +491,34 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[llava_next]",),
     ),
     Mutation(
+        "pixtral-no-break-tokens",
+        "Pixtral's prompt counted without the [IMG_BREAK] / [IMG_END] closing each row",
+        "dataprep/pixtral_policy.py",
+        "return ImageCost(((h // patch) * (w // patch),), rows * (cols + 1))",
+        "return ImageCost(((h // patch) * (w // patch),), rows * cols)",
+        (
+            "tests/dataprep/test_vision_policy.py::test_pixtral_equals_its_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[mistral3]",
+        ),
+    ),
+    Mutation(
+        "pixtral-round-down",
+        "Pixtral's resized sides rounded down to the merged patch, not up",
+        "dataprep/pixtral_policy.py",
+        "    return ((height - 1) // step + 1) * step, ((width - 1) // step + 1) * step",
+        "    return max(step, height // step * step), max(step, width // step * step)",
+        ("tests/dataprep/test_vision_policy.py::test_pixtral_equals_its_processor",),
+    ),
+    Mutation(
+        "hf-mistral3-unmerged-resize",
+        "HFPacker resizes Mistral 3's images to multiples of the patch, not the merged patch",
+        "trainer_adapter/hf_inputs.py",
+        "step = self.processor.patch_size * self.processor.spatial_merge_size",
+        "step = self.processor.patch_size",
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[mistral3]",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

@@ -2,23 +2,28 @@
 
 :class:`HFPacker` renders each sample with the model's own chat template (the same
 :class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
-with the model's own image processor, expands every image marker to as many image tokens as the
-processor says (Qwen2-VL, Qwen3-VL, GLM-4.1V: ``grid_thw.prod() / merge^2``; InternVL: tiles x
-``image_seq_length``; LLaVA: patches of the processor's crop; LLaVA-NeXT: its processor's count,
-anyres for every image; LLaVA-OneVision: its processor's
-``replace_image_token``, anyres for a sample's only image, one tile each for several; Gemma 3:
-``image_seq_length`` soft tokens between its image start and end; SmolVLM: its processor's
-``replace_image_token``, each tile's tokens behind its row/column marker), tokenizes
-with the model's tokenizer, and packs the samples in one row: ``input_ids``, ``labels`` (the
-assistant's text only: the template's ``generation`` spans or the assistant turns), position ids
-restarting at 0 per sample (HF's packed convention; Qwen2-VL's, Qwen3-VL's and GLM-4.1V's
-``[4, 1, L]`` with the text row first and each sample's 3-D positions from the model's
-``get_rope_index``),
-``pixel_values`` (and ``image_grid_thw``; LLaVA-NeXT and LLaVA-OneVision: every image's tiles
-``[tiles, C, H, W]``, none padded, and ``image_sizes``, from which the model finds each image's
-tiles, OneVision's ``batch_num_images`` per sample too; Gemma 3: ``token_type_ids``, 1 on image
-tokens, which its mask makes bidirectional inside each image; SmolVLM: ``[1, tiles, C, H, W]`` and each tile's
-``pixel_attention_mask``). A rank without images gets ``pixel_values=None``:
+with the model's own image processor, expands every image marker to the image tokens the
+family's processor writes, tokenizes with the model's tokenizer, and packs the samples in one
+row: ``input_ids``, ``labels`` (the assistant's text only: the template's ``generation`` spans
+or the assistant turns), position ids restarting at 0 per sample (HF's packed convention) and
+the images. Per family:
+
+* Qwen2-VL, Qwen3-VL, GLM-4.1V: ``grid_thw.prod() / merge^2`` tokens; patches +
+  ``image_grid_thw``; ``[4, 1, L]`` positions, the text row first and each sample's 3-D
+  positions from the model's ``get_rope_index``.
+* InternVL: tiles x ``image_seq_length``; LLaVA: the patches of the processor's crop.
+* LLaVA-NeXT (anyres for every image) and LLaVA-OneVision (anyres for a sample's only image, a
+  tile each for several): their processors' counts; every image's tiles ``[tiles, C, H, W]``,
+  none padded, with ``image_sizes`` (OneVision's ``batch_num_images`` per sample too).
+* Gemma 3: ``image_seq_length`` soft tokens between its image start and end; ``token_type_ids``
+  (1 on image tokens), which its mask makes bidirectional inside each image.
+* SmolVLM / Idefics3: its processor's ``replace_image_token``, each tile's tokens behind its
+  row/column marker; ``[1, tiles, C, H, W]`` with each tile's ``pixel_attention_mask``.
+* Mistral 3 / Pixtral: its processor's rows of ``[IMG]``, each closed by ``[IMG_BREAK]``, the
+  last by ``[IMG_END]``; every image padded to the row's largest, ``[n, C, H, W]``, with
+  ``image_sizes``.
+
+A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
 """
 
@@ -47,9 +52,11 @@ FAMILIES = (
     "llava_onevision",
     "gemma3",
     "smolvlm",
+    "mistral3",
 )
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v")  # patches + grid_thw, 3-D positions from get_rope_index
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
+_SPELLED = (*_NESTED, "mistral3")  # the processor spells each image's tokens out
 _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 
 
@@ -57,7 +64,7 @@ _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
     GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | smolvlm
-    (SmolVLM, Idefics3). ``processor``:
+    (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -97,7 +104,7 @@ class HFPacker:
         if self.family in _QWEN:
             merge = self.processor.image_processor.merge_size**2
             return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
-        if self.family in _NESTED:  # depends on the sample's other images / the image's tiles
+        if self.family in _SPELLED:  # depends on the sample's other images / the image's tiles
             return [
                 self.processor.replace_image_token(processed, image_idx=i)
                 for i in range(len(images))
@@ -126,6 +133,9 @@ class HFPacker:
                 for k in ("pixel_values", "image_sizes")
             }
         elif images:
+            if self.family == "mistral3":  # resized to multiples of the merged patch
+                step = self.processor.patch_size * self.processor.spatial_merge_size
+                kw = {"patch_size": {"height": step, "width": step}}
             processed = dict(
                 self.processor.image_processor(images=given, return_tensors="pt", **kw)
             )
@@ -200,9 +210,12 @@ class HFPacker:
         with_images = [p for p in parts if "pixel_values" in p]
         # SmolVLM: [1, tiles, C, H, W] per sample, each tile's pixel mask beside it
         dim = 1 if self.family == "smolvlm" else 0
-        batch["pixel_values"] = (
-            torch.cat([p["pixel_values"] for p in with_images], dim) if with_images else None
-        )
+        if self.family == "mistral3":  # every image padded to the row's largest, with its size
+            batch["pixel_values"] = _pad_images([p["pixel_values"] for p in with_images])
+        else:
+            batch["pixel_values"] = (
+                torch.cat([p["pixel_values"] for p in with_images], dim) if with_images else None
+            )
         if self.family == "smolvlm":
             batch["pixel_attention_mask"] = (
                 torch.cat([p["pixel_attention_mask"] for p in with_images], 1)
@@ -213,7 +226,7 @@ class HFPacker:
             batch["image_grid_thw"] = (
                 torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None
             )
-        if self.family in _ANYRES:
+        if self.family in (*_ANYRES, "mistral3"):
             batch["image_sizes"] = (
                 torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
             )
@@ -224,3 +237,14 @@ class HFPacker:
             spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}
             batch = packing_kwargs(batch, spec, lengths, batch["input_ids"].device)
         return batch
+
+
+def _pad_images(parts: list) -> torch.Tensor | None:
+    """``[n, C, H, W]`` blocks (each padded to its own largest image at the bottom and right, as
+    Pixtral's image processor pads) -> one block padded to the largest of all."""
+    if not parts:
+        return None
+    h = max(p.shape[-2] for p in parts)
+    w = max(p.shape[-1] for p in parts)
+    pad = lambda p: torch.nn.functional.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2]))  # noqa: E731
+    return torch.cat([pad(p) for p in parts])

@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, SmolVLM,
-GLM-4.1V) a model directory is
+GLM-4.1V, Mistral 3) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -107,6 +107,21 @@ FAMILIES = {
             "<|video|>",
         ],
         "config": {"eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>"},
+    },
+    "mistral3": {  # Pixtral's resize; rows of [IMG] closed by [IMG_BREAK], the last by [IMG_END]
+        "policy": "mistral3",
+        "specials": [
+            "<s>",
+            "</s>",
+            "[INST]",
+            "[/INST]",
+            "[SYSTEM_PROMPT]",
+            "[/SYSTEM_PROMPT]",
+            "[IMG]",
+            "[IMG_BREAK]",
+            "[IMG_END]",
+        ],
+        "config": {"bos_token": "<s>", "eos_token": "</s>"},
     },
     "gemma3": {  # its template trims every text item; images pooled to 256 soft tokens
         "policy": "gemma3",
@@ -251,6 +266,21 @@ def reference_messages(record: dict) -> list[dict]:
     return out
 
 
+def pixtral_processor_class():
+    """transformers' ``PixtralProcessor`` (Mistral 3's). Its module imports its resize helper
+    from the torchvision image processor, and torchvision is not installed here (no CPU build
+    for this torch on the registry): that import is pointed at the PIL image processor's module,
+    which defines the same ``get_resize_output_image_size``."""
+    import sys
+
+    import transformers.models.pixtral.image_processing_pil_pixtral as pil
+
+    sys.modules.setdefault("transformers.models.pixtral.image_processing_pixtral", pil)
+    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+
+    return PixtralProcessor
+
+
 def processor_for(family: str, model: Path):
     from transformers import AutoTokenizer
 
@@ -307,6 +337,19 @@ def processor_for(family: str, model: Path):
         return no_video(Glm4vProcessor)(
             image_processor=Glm4vImageProcessorPil(),
             tokenizer=tok,
+            chat_template=tok.chat_template,
+        )
+    if family == "mistral3":  # Mistral-Small-3.1's settings (patch 14, 2x2 merge, 1540 px)
+        from transformers.models.pixtral import PixtralImageProcessorPil
+
+        ip = PixtralImageProcessorPil(
+            size={"longest_edge": 1540}, patch_size={"height": 14, "width": 14}
+        )
+        return no_video(pixtral_processor_class())(
+            image_processor=ip,
+            tokenizer=tok,
+            patch_size=14,
+            spatial_merge_size=2,
             chat_template=tok.chat_template,
         )
     if family == "gemma3":  # the released models' settings (SigLIP 896/14, 256 tokens)
@@ -402,6 +445,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [576] * sum(tiles)
     if family in ("qwen2vl", "glm4v"):
         return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
+    if family == "mistral3":  # each image's own resized size: its patches
+        return n, [int(h // 14) * int(w // 14) for h, w in out["image_sizes"]]
     if family == "internvl":
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
     if family == "gemma3":

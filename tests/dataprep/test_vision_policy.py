@@ -317,3 +317,80 @@ def test_llava_next_equals_transformers_on_many_sizes(grids, tokenizer_path):
 def test_llava_next_bad_grids(spec):
     with pytest.raises(ValueError, match=r"grids|KEY"):
         parse_vision_policy(spec)
+
+
+@pytest.mark.parametrize(
+    ("spec", "w", "h", "patches", "tokens"),
+    [
+        # Mistral 3: 1000x500 fits 1540; rounded up to multiples of 28 (1008x504): 72x36
+        # patches of 14, 36x18 merged: 18 rows of 36 [IMG] + a break (the last an end)
+        ("mistral3", 1000, 500, 72 * 36, 18 * 37),
+        # shrunk by 3080/1540 = 2 to 1540x770, rounded up to 1540x784: 110x56 patches
+        ("mistral3", 3080, 1540, 110 * 56, 28 * 56),
+        # Pixtral-12B: 16-px patches, no merge, 1024 px: 20x20 -> one 16x16 patch, its end
+        ("pixtral", 20, 20, 4, 2 * 3),
+    ],
+)
+def test_pixtral_hand_worked(spec, w, h, patches, tokens):
+    p = parse_vision_policy(spec)
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (patches,) and c.llm_tokens == tokens
+    assert parse_vision_policy(p.spec()) == p
+    with pytest.raises(SampleRejected) as e:
+        p.image_cost(5000, 1)  # shrunk to fit, its height floors to 0 px
+    assert e.value.reason == "aspect_ratio_out_of_range"
+
+
+@pytest.mark.parametrize(
+    ("spec", "patch", "merge", "longest"), [("pixtral", 16, 1, 1024), ("mistral3", 14, 2, 1540)]
+)
+def test_pixtral_equals_its_processor(spec, patch, merge, longest, tokenizer_path):
+    """LLM tokens equal ``PixtralProcessor``'s count over 3000 sizes; on real images the
+    resized size its image processor gives (patches = its size / patch) and the prompt it
+    writes (rows of [IMG], breaks, the end) equal the policy's, thin images it refuses
+    refused here."""
+    import random
+
+    from PIL import Image
+
+    pytest.importorskip("transformers")
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.pixtral import PixtralImageProcessorPil
+
+    from tests.dataprep.test_jinja_template import pixtral_processor_class
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]})
+    ip = PixtralImageProcessorPil(
+        size={"longest_edge": longest}, patch_size={"height": patch, "width": patch}
+    )
+    images_only = classmethod(lambda c: ["image_processor", "tokenizer"])
+    proc = type("P", (pixtral_processor_class(),), {"get_attributes": images_only})(
+        image_processor=ip, tokenizer=tok, patch_size=patch, spatial_merge_size=merge
+    )
+    policy = parse_vision_policy(spec)
+    rng = random.Random(2)
+    wrong = []
+    # (its count helper guesses channels from the shape: sides of 1 or 3 px are left to the
+    # real images below)
+    for w, h in [(rng.randint(4, 5000), rng.randint(4, 5000)) for _ in range(3000)]:
+        want = proc._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"][0]
+        if policy.image_cost(w, h).llm_tokens != want:
+            wrong.append(((w, h), want, policy.image_cost(w, h)))
+    sizes = [(1, 1), (5, 5), (longest + 1, 1), (1, 3 * longest), (longest, 2)]
+    sizes += [(rng.randint(1, 2 * longest), rng.randint(1, 2 * longest)) for _ in range(60)]
+    for w, h in sizes:
+        try:
+            out = proc(text=["[IMG]"], images=[Image.new("RGB", (w, h))], return_tensors="np")
+            rh, rw = out["image_sizes"][0]
+            want = ((rh // patch) * (rw // patch),), int(out["input_ids"].shape[1])
+        except ValueError:
+            want = "refused"
+        try:
+            c = policy.image_cost(w, h)
+            got = c.vit_seq_lens, c.llm_tokens
+        except SampleRejected:
+            got = "refused"
+        if got != want:
+            wrong.append(((w, h), want, got))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"

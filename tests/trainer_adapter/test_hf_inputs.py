@@ -86,6 +86,15 @@ def _samples(root, records):
     ]
 
 
+# families whose templates have generation blocks: labels against transformers' assistant mask
+# (the image tokens, which the tokenizer alone does not expand, left out of both)
+MASKED = {
+    "llava": ["<image>"],
+    "llava_next": ["<image>"],
+    "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+}
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     from PIL import Image
@@ -146,6 +155,10 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
                 )
                 pixels.append(pix[:n])
             sizes.append(want["image_sizes"])
+        elif images and family == "mistral3":  # each image as resized, without its padding
+            for pix, (h, w) in zip(want["pixel_values"], want["image_sizes"].tolist(), strict=True):
+                pixels.append(pix[:, :h, :w])
+            sizes.append(want["image_sizes"])
         elif images:
             pixels.append(want["pixel_values"])
             masks.append(want.get("pixel_attention_mask"))
@@ -155,23 +168,30 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         # LLaVA's template has generation blocks: transformers' own mask (LLaVA-OneVision's
         # too, but its answers end where a character's byte tokens end, and transformers'
         # mask marks one token per character: compared as text like the others)
-        if family in ("llava", "llava_next"):  # LLaVA-NeXT's: the eos trained too
+        if family in MASKED:  # LLaVA-NeXT's and Mistral 3's: the eos trained too
             ref = tok.apply_chat_template(
                 reference_messages(rec),
                 tokenize=True,
                 return_dict=True,
                 return_assistant_tokens_mask=True,
             )
-            image_id = tok.convert_tokens_to_ids("<image>")
-            keep = [i for i, t in enumerate(ref["input_ids"]) if t != image_id]
+            image_ids = torch.tensor(tok.convert_tokens_to_ids(MASKED[family]))
+            keep = [i for i, t in enumerate(ref["input_ids"]) if t not in image_ids]
             want_mask = [bool(ref["assistant_masks"][i]) for i in keep]
             ours = row["input_ids"][0, a:b]
-            mask = (row["labels"][0, a:b] != -100)[ours != image_id].tolist()
+            mask = (row["labels"][0, a:b] != -100)[~torch.isin(ours, image_ids)].tolist()
             want_mask[0] = False  # the packer never trains a sample's first token
             assert mask == want_mask, rec["id"]
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
     tiles_dim = 1 if family == "smolvlm" else 0  # SmolVLM: [1, tiles, C, H, W]
+    if family == "mistral3":  # every image padded with zeros to the row's largest
+        h, w = (max(p.shape[k] for p in pixels) for k in (1, 2))
+        pixels = [
+            torch.nn.functional.pad(p, (0, w - p.shape[2], 0, h - p.shape[1])) for p in pixels
+        ]
+        pixels = [p[None] for p in pixels]
+        assert len({p.shape for p in pixels}) == 1 and len(pixels) > 10
     assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
     if family == "smolvlm":  # each tile's pixel mask with it
         assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
@@ -188,7 +208,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             assert got.dtype == want.dtype and got.tolist() == want.tolist(), key
         else:
             assert got == want, key
-    if family in ("llava_next", "llava_onevision"):
+    if family in ("llava_next", "llava_onevision", "mistral3"):
         assert torch.equal(row["image_sizes"], torch.cat(sizes))
     if family == "llava_onevision":
         assert row["batch_num_images"] == counts and max(counts) > 1 and min(counts) == 1

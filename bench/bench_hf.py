@@ -256,6 +256,21 @@ def overhead(family: str, balance: str, gen: Path, tokenizer: Path, steps: int =
     }
 
 
+# every family examples/train_hf_vlm.py trains
+FAMILIES = (
+    "qwen2vl",
+    "qwen3vl",
+    "glm4v",
+    "internvl",
+    "llava",
+    "llava_next",
+    "llava_onevision",
+    "gemma3",
+    "smolvlm",
+    "mistral3",
+)
+
+
 def run() -> dict:
     sim = simulate()
     lines = [
@@ -287,7 +302,7 @@ def run() -> dict:
             "| --- | --- | ---: | ---: | ---: |",
         ]
         raw["overhead"] = {}
-        for family in ("qwen2vl", "qwen3vl", "internvl", "llava", "llava_onevision"):
+        for family in FAMILIES:
             for balance in ("off", "encoder", "llm", "both"):
                 r = overhead(family, balance, gen, demo / "tokenizer.json")
                 raw["overhead"][f"{family}/{balance}"] = r

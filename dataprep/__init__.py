@@ -11,8 +11,9 @@ from dataprep.cost_table import (
 from dataprep.demo import make_demo
 from dataprep.errors import DataprepError, ErrorRateExceeded, SampleRejected
 from dataprep.merge import merge_cost_tables
+from dataprep.policy_spec import parse_vision_policy
 from dataprep.prep import PrepConfig, PrepResult, run_prep
-from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, parse_vision_policy
+from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy
 
 __all__ = [
     "COST_SCHEMA",

@@ -35,10 +35,10 @@ from dataprep.cost_table import (
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_header import CHECKS
 from dataprep.measure import ChunkResult, Measurer
+from dataprep.policy_spec import parse_vision_policy
 from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
-from dataprep.vision_policy import parse_vision_policy
 from dataprep.workers import exit_with_parent
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]

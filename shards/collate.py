@@ -25,14 +25,9 @@ import torch
 from PIL import Image
 
 from dataprep.chat_template import load_template
+from dataprep.policy_spec import parse_vision_policy
 from dataprep.records import IMAGE_PLACEHOLDER
-from dataprep.vision_policy import (
-    FixedPolicy,
-    InternVLPolicy,
-    Qwen2VLPolicy,
-    internvl_grid,
-    parse_vision_policy,
-)
+from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, internvl_grid
 
 __all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 

@@ -254,8 +254,8 @@ MUTATIONS = [
         "hf-qwen3-packer-merge",
         "the packer counts a Qwen image's tokens without the 2 x 2 merge",
         "trainer_adapter/hf_inputs.py",
-        'return [int(g.prod()) // merge for g in processed["image_grid_thw"]]',
-        'return [int(g.prod()) for g in processed["image_grid_thw"]]',
+        'return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]',
+        'return [token * int(g.prod()) for g in processed["image_grid_thw"]]',
         ("tests/trainer_adapter/test_hf_inputs.py::test_qwen3vl_packer_matches_its_processor",),
     ),
     Mutation(

@@ -118,7 +118,7 @@ def test_qwen3vl_spec_equals_qwen3vl_image_processor():
     from PIL import Image
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-    from dataprep.vision_policy import parse_vision_policy
+    from dataprep.policy_spec import parse_vision_policy
 
     proc = Qwen2VLImageProcessorPil(
         size={"shortest_edge": 65536, "longest_edge": 16777216},

@@ -3,12 +3,12 @@
 import pytest
 
 from dataprep.errors import SampleRejected
+from dataprep.policy_spec import parse_vision_policy
 from dataprep.vision_policy import (
     FixedPolicy,
     InternVLPolicy,
     Qwen2VLPolicy,
     internvl_grid,
-    parse_vision_policy,
     qwen2vl_smart_resize,
 )
 

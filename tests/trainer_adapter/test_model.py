@@ -37,7 +37,7 @@ def test_image_tokens_per_unit_follow_the_merge():
     [("internvl", 2), ("fixed:336/14", 1), ("qwen2vl", 2)],
 )
 def test_merge_matches_the_policy_token_count(spec, merge):
-    from dataprep.vision_policy import parse_vision_policy
+    from dataprep.policy_spec import parse_vision_policy
 
     pol = parse_vision_policy(spec)
     assert merge_for_policy(pol) == merge

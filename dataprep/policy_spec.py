@@ -1,0 +1,121 @@
+"""Vision policy specs: ``NAME[:KEY=VALUE,...]`` strings -> :class:`VisionPolicy` objects.
+
+The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
+one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
+``pixtral_policy``, ``smolvlm_policy``), imported when a spec names them.
+"""
+
+from __future__ import annotations
+
+from dataprep.vision_policy import (
+    QWEN2VL_RESIZE,
+    QWEN3VL_DEFAULTS,
+    FixedPolicy,
+    Gemma3Policy,
+    InternVLPolicy,
+    Qwen2VLPolicy,
+    VisionPolicy,
+)
+
+__all__ = ["parse_vision_policy"]
+
+_INT_OPTIONS = {
+    "gemma3": {"image_size", "patch_size", "llm_tokens"},
+    "glm4v": {"min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"},
+    "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
+    "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
+    "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
+    "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
+    "llava-next": {"tile_size", "patch_size"},
+    "pixtral": {"longest_edge", "patch_size", "merge_size"},
+    "mistral3": {"longest_edge", "patch_size", "merge_size"},
+    "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
+    "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
+}
+_STR_OPTIONS = {
+    "gemma3": {},
+    "glm4v": {},
+    "smolvlm": {},
+    "idefics3": {},
+    "internvl": {},
+    "llava-onevision": {},
+    "llava-next": {"grids": ()},  # () : any text, checked by the policy
+    "pixtral": {},
+    "mistral3": {},
+    "qwen2vl": {"resize": QWEN2VL_RESIZE},
+    "qwen3vl": {"resize": QWEN2VL_RESIZE},
+}
+
+
+def parse_vision_policy(spec: str) -> VisionPolicy:
+    """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
+    ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
+    pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
+    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``, ``pixtral[:k=v,...]``,
+    ``mistral3[:k=v,...]``."""
+    name, _, opts = spec.partition(":")
+    name = name.strip().lower()
+    if name == "fixed":
+        size, sep, patch = opts.partition("/")
+        if not sep or not size.isdigit() or not patch.isdigit():
+            raise ValueError(
+                f"bad vision policy {spec!r}: write fixed:SIZE/PATCH, e.g. fixed:336/14"
+            )
+        return FixedPolicy(image_size=int(size), patch_size=int(patch))
+    if name not in _INT_OPTIONS:
+        raise ValueError(
+            f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
+            "llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral or mistral3"
+        )
+    kwargs: dict = {}
+    for item in filter(None, (o.strip() for o in opts.split(","))):
+        key, sep, value = item.partition("=")
+        choices = _STR_OPTIONS[name].get(key)
+        if sep and choices is not None:
+            if choices and value not in choices:
+                raise ValueError(
+                    f"bad option {item!r} in vision policy {spec!r}: {key} is one of "
+                    f"{', '.join(choices)}"
+                )
+            kwargs[key] = value
+            continue
+        if not sep or key not in _INT_OPTIONS[name] or not value.isdigit():
+            allowed = ", ".join(sorted(_INT_OPTIONS[name] | set(_STR_OPTIONS[name])))
+            raise ValueError(
+                f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}"
+                + (" (or resize=transformers|qwen-vl-utils)" if name.startswith("qwen") else "")
+            )
+        kwargs[key] = int(value)
+    if name == "internvl":
+        if "thumbnail" in kwargs:
+            kwargs["thumbnail"] = bool(kwargs["thumbnail"])
+        return InternVLPolicy(**kwargs)
+    if name == "gemma3":
+        return Gemma3Policy(**kwargs)
+    if name == "glm4v":
+        from dataprep.glm4v_policy import Glm4vPolicy
+
+        return Glm4vPolicy(**kwargs)
+    if name in ("smolvlm", "idefics3"):
+        from dataprep.smolvlm_policy import IDEFICS3_DEFAULTS, SmolVLMPolicy
+
+        if "split" in kwargs:
+            kwargs["split"] = bool(kwargs["split"])
+        defaults = IDEFICS3_DEFAULTS if name == "idefics3" else {}
+        return SmolVLMPolicy(**{**defaults, **kwargs})
+    if name == "llava-onevision":
+        from dataprep.anyres_policy import OneVisionPolicy
+
+        return OneVisionPolicy(**kwargs)
+    if name == "llava-next":
+        from dataprep.anyres_policy import LlavaNextPolicy
+
+        return LlavaNextPolicy(**kwargs)
+    if name in ("pixtral", "mistral3"):
+        from dataprep.pixtral_policy import MISTRAL3_DEFAULTS, PixtralPolicy
+
+        defaults = MISTRAL3_DEFAULTS if name == "mistral3" else {}
+        return PixtralPolicy(**{**defaults, **kwargs}, name=name)
+    if name == "qwen3vl":
+        kwargs = {**QWEN3VL_DEFAULTS, **kwargs}
+    return Qwen2VLPolicy(**kwargs)

@@ -34,6 +34,14 @@ vision policies (--vision-policy):
               LLaVA-OneVision anyres_max_9: 384px tiles (729 patches), a sample's only image
               on the best 1x1..6x6 grid + a base tile, several images one tile each
               options: llava-onevision:max_grid=6,max_tiles=9
+  llava-next  LLaVA-NeXT (llava-v1.6): every image on the best of the model's grids of 336px
+              tiles + a base tile, never pooled
+              options: llava-next:grids=1x2.2x1.2x2.3x1.1x3 (image_grid_pinpoints in tiles)
+  glm4v       GLM-4.1V / 4.5V / 4.6V: Qwen2-VL-like resize, two frames per image
+              options: glm4v:min_pixels=12544,max_pixels=11760000
+  mistral3    Mistral 3: longest side to 1540, 14px patches merged 2x2, a row break token
+              per row; pixtral: Pixtral-12B's 1024 / 16 / no merge
+              options: mistral3:longest_edge=1540,patch_size=14,merge_size=2
   gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens
               options: gemma3:image_size=896,patch_size=14,llm_tokens=256
   smolvlm     SmolVLM: longest side to 1536, 384px tiles + a global tile, 81 tokens each
@@ -72,7 +80,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl, qwen2vl, qwen3vl, llava-onevision, gemma3, smolvlm or idefics3, "
+        help="fixed:S/P, internvl, qwen2vl, qwen3vl, glm4v, llava-onevision, llava-next, gemma3, "
+        "smolvlm, idefics3, mistral3 or pixtral, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

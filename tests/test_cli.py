@@ -1,5 +1,6 @@
 """The equishard command line: help a newcomer can follow, and a real round trip."""
 
+import re
 import subprocess
 import sys
 
@@ -28,6 +29,12 @@ def test_prep_help_explains_every_option(capsys):
         "fixed:S/P",
     ]:
         assert opt in out
+    # every policy the spec parser knows has a line of its own in the policies section
+    from dataprep.policy_spec import _INT_OPTIONS
+
+    policies = out.split("vision policies (--vision-policy):")[1].split("examples:")[0]
+    for name in _INT_OPTIONS:
+        assert re.search(rf"^  {re.escape(name)}\b|; {re.escape(name)}:", policies, re.M), name
 
 
 def test_demo_prep_merge_round_trip(tmp_path):

@@ -256,21 +256,6 @@ def overhead(family: str, balance: str, gen: Path, tokenizer: Path, steps: int =
     }
 
 
-# every family examples/train_hf_vlm.py trains
-FAMILIES = (
-    "qwen2vl",
-    "qwen3vl",
-    "glm4v",
-    "internvl",
-    "llava",
-    "llava_next",
-    "llava_onevision",
-    "gemma3",
-    "smolvlm",
-    "mistral3",
-)
-
-
 def run() -> dict:
     sim = simulate()
     lines = [
@@ -302,6 +287,8 @@ def run() -> dict:
             "| --- | --- | ---: | ---: | ---: |",
         ]
         raw["overhead"] = {}
+        from trainer_adapter.hf_inputs import FAMILIES  # every family the example trains
+
         for family in FAMILIES:
             for balance in ("off", "encoder", "llm", "both"):
                 r = overhead(family, balance, gen, demo / "tokenizer.json")

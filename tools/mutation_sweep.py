@@ -519,6 +519,14 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[mistral3]",),
     ),
     Mutation(
+        "hf-check-costs-one-way",
+        "HFPacker's cost check only stops samples longer in prep than the processor makes them",
+        "trainer_adapter/hf_inputs.py",
+        'if int(cost["llm_tokens"]) != built:',
+        'if int(cost["llm_tokens"]) > built:',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_checks_prep_costs_end_to_end",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

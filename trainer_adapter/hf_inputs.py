@@ -71,13 +71,18 @@ class HFPacker:
     ``packing_kwargs``: give the row HF's packing kwargs too (``cu_seq_lens_q/k``,
     ``max_length_q/k``, ``seq_idx``: what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
     True, return_seq_idx=True)`` gives), for FlashAttention's varlen kernels and for decoders
-    with recurrent layers (Qwen3.5's linear attention); an empty row gets none."""
+    with recurrent layers (Qwen3.5's linear attention); an empty row gets none.
+    ``check_costs``: check each sample against the costs prep measured (``meta["cost"]``, in
+    every equishard generation): a sample whose row is not ``llm_tokens`` long raises a
+    ``ValueError`` naming it, since then prep's vision policy, template or tokenizer differ
+    from this processor and the plan balanced other lengths than the model sees."""
 
     family: str
     processor: object
     template: str
     rope_index: Callable | None = None
     packing_kwargs: bool = False
+    check_costs: bool = False
     _template: object = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -190,9 +195,28 @@ class HFPacker:
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
+    def _check_cost(self, meta: dict, built: int) -> None:
+        cost = meta.get("cost")
+        sid = meta.get("sample_id", "?")
+        if not isinstance(cost, dict) or "llm_tokens" not in cost:
+            raise ValueError(
+                f"sample {sid!r} has no prep costs (meta['cost']): check_costs needs samples "
+                "read from an equishard generation"
+            )
+        if int(cost["llm_tokens"]) != built:
+            raise ValueError(
+                f"sample {sid!r}: the {self.family} processor makes {built} LLM tokens of it, "
+                f"prep counted {cost['llm_tokens']}: prep's --vision-policy, --template or "
+                "--tokenizer differ from this processor, so the plan balanced other lengths "
+                "than the model sees; prep again with the model's own settings"
+            )
+
     def __call__(self, samples: list) -> dict:
         """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
         parts = [self.sample(s.meta["turns"], list(s.images)) for s in samples]
+        if self.check_costs:
+            for s, p in zip(samples, parts, strict=True):
+                self._check_cost(s.meta, len(p["input_ids"]))
         qwen = self.family in _QWEN
         cat = lambda key, dim: torch.cat([p[key] for p in parts], dim=dim)  # noqa: E731
         empty_pos = torch.zeros((4, 1, 0) if qwen else (1, 0), dtype=torch.long)

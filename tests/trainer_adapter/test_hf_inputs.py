@@ -308,3 +308,53 @@ def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
         want = flat([{"input_ids": x} for x in ids_of], return_tensors="pt")
         assert row["cu_seq_lens_q"].tolist() == want["cu_seq_lens_q"].tolist()
         assert row["seq_idx"].tolist() == want["seq_idx"].tolist()
+
+
+@pytest.mark.parametrize(
+    ("family", "other"),
+    [("qwen2vl", "qwen2vl:max_pixels=200704"), ("mistral3", "mistral3:longest_edge=700")],
+)
+def test_packer_checks_prep_costs_end_to_end(family, other, tmp_path, tokenizer_path):
+    """The whole path: prep with the model's template and vision policy, plan, write, read with
+    the loader; with ``check_costs`` every sample's packed length equals the cost prep measured
+    (all samples of both ranks). Prepped with another policy than the processor's, reading
+    stops at the first sample whose length differs, naming it."""
+    from balancing.plan import BalanceConfig, build_plan, write_plan
+    from dataprep import read_cost_table
+    from shards import GroupDataset, RankInfo
+    from shards.writer import WriteConfig, write_generation
+    from tests.dataprep.helpers import run, write_jsonl
+    from tests.dataprep.test_jinja_template import FAMILIES as SPECS
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model = make_model_dir(tmp_path, family, tokenizer_path)
+    processor = processor_for(family, model)
+    records = conversations(tmp_path, 16, seed=11)
+    src = write_jsonl(tmp_path / "data.jsonl", records)
+    packer = HFPacker(
+        family=family,
+        processor=processor,
+        template=str(model),
+        rope_index=_rope_index(family, processor),
+        check_costs=True,
+    )
+    for policy in (SPECS[family]["policy"], other):
+        root = tmp_path / policy.replace(":", "_").replace("=", "_")
+        run(root, [src], str(model / "tokenizer.json"), template=str(model), vision_policy=policy)
+        cost = root / "out" / "cost.parquet"
+        plan = root / "plan"
+        write_plan(build_plan(read_cost_table(cost), BalanceConfig(dp=2, nodes=1, seed=0)), plan)
+        gen = root / "gen"
+        write_generation(WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(gen)))
+
+        def read_all(rank: int, gen=gen) -> int:
+            data = GroupDataset(gen, RankInfo(rank=rank, world_size=2), transform=packer)
+            return sum(
+                int((step["samples"]["position_ids"][0].reshape(-1) == 0).sum()) for step in data
+            )
+
+        if policy == other:
+            with pytest.raises(ValueError, match=r"sample 'c\d+'.*prep counted"):
+                read_all(0), read_all(1)
+        else:
+            assert read_all(0) + read_all(1) == len(records)

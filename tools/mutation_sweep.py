@@ -527,6 +527,14 @@ MUTATIONS = [
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_checks_prep_costs_end_to_end",),
     ),
     Mutation(
+        "hf-moe-router-logits-dropped",
+        "the balanced decoder brings the hidden states home but not an MoE router's logits",
+        "trainer_adapter/hf_balance.py",
+        'if getattr(got, "router_logits", None) is not None:',
+        'if getattr(got, "router_logits", None) is None:',
+        ("tests/trainer_adapter/test_hf_parity.py::test_moe_router_aux_loss_as_without_balancing",),
+    ),
+    Mutation(
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",

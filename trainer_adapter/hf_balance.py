@@ -237,6 +237,22 @@ def _sample_lengths(text_positions: torch.Tensor) -> np.ndarray:
     return np.diff(np.append(starts, pos.size)).astype(np.int64)
 
 
+def _output_class(forward) -> type:
+    """The output class a decoder's ``forward`` is annotated to return (an MoE decoder's
+    ``MoeModelOutputWithPast``, whose ``router_logits`` its model reads), for the output of an
+    empty row that never reaches it; ``BaseModelOutputWithPast`` where none is named."""
+    import typing
+
+    from transformers.modeling_outputs import BaseModelOutputWithPast
+    from transformers.utils import ModelOutput
+
+    ann = inspect.signature(forward).return_annotation
+    for c in (ann, *typing.get_args(ann)):
+        if isinstance(c, type) and issubclass(c, ModelOutput):
+            return c
+    return BaseModelOutputWithPast
+
+
 def balance_decoder(
     decoder: torch.nn.Module,
     *,
@@ -286,10 +302,8 @@ def balance_decoder(
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings()(input_ids)
             if inputs_embeds.shape[1] == 0:
-                from transformers.modeling_outputs import BaseModelOutputWithPast
-
                 hidden = inputs_embeds * 0 + output_anchor(self)
-                return BaseModelOutputWithPast(
+                return _output_class(inner)(
                     last_hidden_state=hidden if zero is None else hidden + zero
                 )
             out = inner(
@@ -367,25 +381,24 @@ def balance_decoder(
         if masks is not None:
             moved_masks = route_masks(masks, lengths, route, group, inputs_embeds)
         kw = packing_kwargs(kw, spec, route.table[route.received, 0], x.device)
-        out = None
+        out, cls = None, None
         if route.received.size:
-            out = inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw)
-            out = {"last_hidden_state": out.last_hidden_state[0], "_type": type(out)}
+            got = inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw)
+            # per token: the hidden states, and an MoE decoder's router logits (each layer's
+            # [tokens, experts], for the load-balancing loss its model computes on the home
+            # rank over its own tokens, as without balancing)
+            out = {"last_hidden_state": got.last_hidden_state[0]}
+            if getattr(got, "router_logits", None) is not None:
+                out["router_logits"] = tuple(got.router_logits)
+            cls = type(got)
         total = int(route.table[route.received, 0].sum())
-        sig = None
-        if out is not None:
-            sig = (output_signature(out["last_hidden_state"], total), out["_type"])
+        sig = None if out is None else (output_signature(out, total), cls)
         tensor_sig, cls = output_agree(sig, group)
         anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)  # see balance_vision
-        hidden = output_route_back(
-            None if out is None else out["last_hidden_state"],
-            tensor_sig,
-            route,
-            route.table[:, 0],
-            anchor,
-        )
-        hidden = hidden[None]
-        return cls(last_hidden_state=hidden if zero is None else hidden + zero)
+        back = output_route_back(out, tensor_sig, route, route.table[:, 0], anchor)
+        hidden = back["last_hidden_state"][None]
+        extra = {k: v for k, v in back.items() if k != "last_hidden_state"}
+        return cls(last_hidden_state=hidden if zero is None else hidden + zero, **extra)
 
     decoder.equishard_paused = False
     decoder.forward = types.MethodType(forward, decoder)

@@ -59,8 +59,8 @@ def _leaves(out, sig) -> list:
         return []
     if kind == "tensor":
         return [(out, sig)]
-    if kind == "dict":
-        return [x for k, s in sig[3] for x in _leaves(None if out is None else out[k], s)]
+    if kind == "dict":  # a key the signing rank had may be None here (a joined rank's call)
+        return [x for k, s in sig[3] for x in _leaves(None if out is None else out.get(k), s)]
     return [x for i, s in enumerate(sig[2]) for x in _leaves(None if out is None else out[i], s)]
 
 
@@ -75,7 +75,16 @@ def _rebuild(sig, tensors):
         cls = importlib.import_module(sig[1])
         for part in sig[2].split("."):
             cls = getattr(cls, part)
-        return cls(**got)
+        fields = getattr(cls, "__dataclass_fields__", None)
+        if fields is None:
+            return cls(**got)
+        # a ModelOutput may carry keys its class does not declare (transformers' output
+        # recorders set e.g. router_logits on a vision tower's output): set after building
+        obj = cls(**{k: v for k, v in got.items() if k in fields})
+        for k, v in got.items():
+            if k not in fields:
+                obj[k] = v
+        return obj
     vals = [_rebuild(s, tensors) for s in sig[2]]
     return tuple(vals) if sig[1] == "tuple" else vals
 

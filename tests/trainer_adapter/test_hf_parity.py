@@ -58,6 +58,19 @@ LAYOUTS = {
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
+    # the MoE decoders teams train (Qwen3-VL-30B-A3B, GLM-4.5V): routed experts, a shared one
+    "qwen3vl_moe": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
+    "glm4v_moe": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # SmolVLM (Idefics3's architecture): tiles [1, N, C, H, W] with a pixel mask per tile
     "smolvlm": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
@@ -94,7 +107,8 @@ LAYOUTS = {
     ],
 }
 ANYRES = ("llava_onevision", "llava_next")
-QWEN_STYLE = ("qwen2vl", "qwen25vl", "qwen3vl", "qwen35", "glm4v")  # patches + grid_thw
+# patches + grid_thw
+QWEN_STYLE = ("qwen2vl", "qwen25vl", "qwen3vl", "qwen3vl_moe", "qwen35", "glm4v", "glm4v_moe")
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
 # pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
@@ -110,6 +124,21 @@ TEXT = dict(
     bos_token_id=1,
     eos_token_id=2,
     pad_token_id=0,
+)
+
+
+# tiny MoE decoders: 4 routed experts, 2 per token (GLM: a shared expert, layer 0 dense)
+MOE_QWEN = dict(
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, decoder_sparse_step=1
+)
+MOE_GLM = dict(
+    n_routed_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=16,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
 )
 
 
@@ -204,13 +233,15 @@ def build_model(family: str, seed: int = 0):
             vision_end_token_id=VEND,
         )
         cls = tf.Qwen2_5_VLForConditionalGeneration
-    elif family == "qwen3vl":
+    elif family in ("qwen3vl", "qwen3vl_moe"):
         if not hasattr(tf, "Qwen3VLConfig"):
             pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 1, 1]}
-        cfg = tf.Qwen3VLConfig(
+        moe = family == "qwen3vl_moe"
+        cfg = (tf.Qwen3VLMoeConfig if moe else tf.Qwen3VLConfig)(
             text_config={
                 **TEXT,
+                **(MOE_QWEN if moe else {}),
                 "head_dim": 8,
                 "rope_parameters": {**rope, "mrope_interleaved": True},
             },
@@ -232,17 +263,19 @@ def build_model(family: str, seed: int = 0):
             vision_start_token_id=VSTART,
             vision_end_token_id=VEND,
         )
-        cls = tf.Qwen3VLForConditionalGeneration
+        cls = tf.Qwen3VLMoeForConditionalGeneration if moe else tf.Qwen3VLForConditionalGeneration
     elif family == "qwen35":  # Qwen3.5's tower; its decoder with full-attention layers only
         # (its linear-attention layers keep packed samples apart only through
         # flash-linear-attention, a GPU library: test_hf_guards checks they are refused without
         # packing kwargs)
         cfg = qwen35_config()
         cls = tf.Qwen3_5ForConditionalGeneration
-    elif family == "glm4v":  # GLM-4.1V / 4.5V: a Qwen-style tower (patches + grid_thw)
-        cfg = tf.Glm4vConfig(
+    elif family in ("glm4v", "glm4v_moe"):  # GLM-4.1V / 4.5V: a Qwen-style tower
+        moe = family == "glm4v_moe"
+        cfg = (tf.Glm4vMoeConfig if moe else tf.Glm4vConfig)(
             text_config={
                 **TEXT,
+                **(MOE_GLM if moe else {}),
                 "rope_parameters": {
                     "rope_type": "default",
                     "rope_theta": 1e4,
@@ -264,7 +297,7 @@ def build_model(family: str, seed: int = 0):
             image_start_token_id=VSTART,
             image_end_token_id=VEND,
         )
-        cls = tf.Glm4vForConditionalGeneration
+        cls = tf.Glm4vMoeForConditionalGeneration if moe else tf.Glm4vForConditionalGeneration
     elif family == "mistral3":
         cfg = tf.Mistral3Config(
             vision_config=dict(
@@ -357,6 +390,8 @@ def build_model(family: str, seed: int = 0):
         )
         cls = tf.LlavaForConditionalGeneration
     cfg._attn_implementation = "sdpa"
+    if family.endswith("_moe"):  # float64 here: torch's grouped_mm takes no doubles
+        cfg._experts_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(cfg).double().train()
     if family == "gemma3":  # its projector starts at zero: no gradient would reach the tower
@@ -545,17 +580,21 @@ def _record_packing(decoder, seen: list) -> None:
     decoder.forward = recorded
 
 
-def rank_main(rank, world, family, mode, shift=0, layout=None, packing=False, reentrant=None):
+def rank_main(
+    rank, world, family, mode, shift=0, layout=None, packing=False, reentrant=None, aux=False
+):
     """One step of ``family`` on this rank, ``mode`` balanced | plain. ``shift``: rank r
     takes the batch of rank r + shift; ``packing``: the rows carry HF's packing kwargs
     (:func:`_with_packing`); ``reentrant``: HF's activation checkpointing on, reentrant or
-    not."""
+    not; ``aux``: an MoE model's router load-balancing loss added to the loss."""
     import torch.distributed as dist
 
     from trainer_adapter.hf_balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build_model(family)
+    if aux:
+        model.config.text_config.output_router_logits = True
     batches = make_batches(family, model, layout)
     seen = []
     if packing:
@@ -648,8 +687,13 @@ VISION_PARAMS = {
         "model.visual.deepstack_merger_list.0.linear_fc2.weight",  # reach the LLM via deepstack
         "model.visual.deepstack_merger_list.1.linear_fc2.weight",
     ),
+    "qwen3vl_moe": (
+        "model.visual.patch_embed.proj.weight",
+        "model.visual.deepstack_merger_list.1.linear_fc2.weight",
+    ),
     "qwen35": ("model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight"),
     "glm4v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
+    "glm4v_moe": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
     "mistral3": (
         "model.vision_tower.patch_conv.weight",
         "model.multi_modal_projector.patch_merger.merging_layer.weight",
@@ -697,6 +741,7 @@ PACKING = ("qwen3vl", "gemma3")
 # HF's activation checkpointing (what every large run turns on): reentrant or not
 CHECKPOINTING = {"qwen2vl": True, "internvl": False, "gemma3": True}
 # images and videos: HF calls the tower once for a rank's images and once for its videos, so
+MOE = ("qwen3vl_moe", "glm4v_moe")
 # ranks call it 2, 1, 1 and 0 times in this step
 VIDEOS = ("qwen2vl", "qwen25vl", "qwen3vl")
 VIDEO_LAYOUT = [
@@ -726,6 +771,11 @@ def rank_scenarios(rank, world, family):
         out["packing"] = rank_main(rank, world, family, "balanced", 0, None, True)
     if family in VIDEOS:
         out["videos"] = rank_main(rank, world, family, "balanced", 0, VIDEO_LAYOUT)
+    if family in MOE:  # the router's load-balancing loss on, balanced and not (no empty row:
+        # HF's own aux loss fails on one, balanced or not)
+        full = [r or [(2, None, 1)] for r in LAYOUTS[family]]
+        out["aux"] = rank_main(rank, world, family, "balanced", 0, full, aux=True)
+        out["aux_plain"] = rank_main(rank, world, family, "plain", 0, full, aux=True)
     if family in CHECKPOINTING:
         reentrant = CHECKPOINTING[family]
         out["checkpointing"] = rank_main(rank, world, family, "balanced", 0, None, False, reentrant)
@@ -813,3 +863,19 @@ def test_activation_checkpointing(family):
     assert all(r["checkpointed"] for r in runs)
     _equal_to_reference(runs, family)
     assert runs[0]["moved"][0] > 0 and runs[0]["moved"][1] > 0
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_moe_router_aux_loss_as_without_balancing(family):
+    """With the router's load-balancing loss on, each rank's loss is computed over its own
+    tokens' router logits (a per-rank statistic in DP): the decoder's exchange brings every
+    token's router logits home with its hidden states, so loss and gradients equal the
+    unbalanced step's, and the aux loss did count (the loss differs from the one without)."""
+    runs = scenarios(family)
+    aux, plain, no_aux = runs["aux"], runs["aux_plain"], runs["balanced"]
+    assert aux[0]["moved"][1] > 0
+    for a, b in zip(aux, plain, strict=True):
+        # HF's causal-LM loss runs in float32 (it upcasts the logits): float32 tolerance
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        np.testing.assert_allclose(a["grads"], b["grads"], rtol=1e-5, atol=1e-9)
+    assert abs(aux[0]["loss"] - no_aux[0]["loss"]) > 1e-6

@@ -140,6 +140,12 @@ def parse_grids(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(grids)
 
 
+@lru_cache(maxsize=64)
+def _pinpoints(grids: str, tile: int) -> tuple:
+    """Parsed once per spec, not per image."""
+    return tuple((h * tile, w * tile) for h, w in parse_grids(grids))
+
+
 @dataclass(frozen=True, kw_only=True)
 class LlavaNextPolicy(VisionPolicy):
     """LLaVA-NeXT (llava-v1.6): every image cut anyres into the best of ``grids`` (its
@@ -162,7 +168,7 @@ class LlavaNextPolicy(VisionPolicy):
     @property
     def pinpoints(self) -> tuple:
         """The grids in px, (height, width), as ``image_grid_pinpoints``."""
-        return tuple((h * self.tile_size, w * self.tile_size) for h, w in parse_grids(self.grids))
+        return _pinpoints(self.grids, self.tile_size)
 
     def image_cost(self, width: int, height: int) -> ImageCost:
         return _anyres_cost(width, height, self.tile_size, self.patch_size, self.pinpoints, 0)

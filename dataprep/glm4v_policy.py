@@ -107,13 +107,6 @@ class Glm4vPolicy(VisionPolicy):
             self.temporal_patch_size,
         )
 
-    def resized(self, width: int, height: int) -> tuple[int, int]:
-        """(height, width) the image is resized to before cutting patches."""
-        factor = self.patch_size * self.merge_size
-        return glm4v_smart_resize(
-            height, width, factor, self.min_pixels, self.max_pixels, self.temporal_patch_size
-        )
-
     def spec(self) -> str:
         return (
             f"glm4v:min_pixels={self.min_pixels},max_pixels={self.max_pixels},"

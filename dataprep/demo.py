@@ -2,7 +2,8 @@
 
 ``make_demo(out_dir, samples=N, seed=S)`` writes ``demo.jsonl`` (LLaVA records: ``id``, ``image``
 as a string or list, ``conversations`` with ``from``/``value`` and ``<image>`` placeholders),
-``images/`` (JPEG and PNG files from ~200 to ~4000 px per side, with odd aspect ratios), and the
+``images/`` (JPEG and PNG files from ~200 to ~4000 px per side, with odd aspect ratios; some JPEGs
+carry an EXIF orientation, as phone photos do, and are counted as displayed), and the
 demo's ``tokenizer.json``. The mix: ~10% text-only, ~75% one image, ~15% 2–6 images; 1–8 turns;
 answers from a few words to ~2k tokens. The same seed gives the same bytes.
 """
@@ -117,7 +118,9 @@ def _image_size(rng: np.random.Generator, png: bool) -> tuple[int, int]:
     return max(48, round(w)), max(48, round(h))
 
 
-def _write_image(rng: np.random.Generator, path: Path, size: tuple[int, int], png: bool) -> None:
+def _write_image(
+    rng: np.random.Generator, path: Path, size: tuple[int, int], png: bool, orientation: int = 1
+) -> None:
     # A smooth random color field: cheap to make and encode, yet a real, decodable picture.
     seed = rng.integers(
         0, 256, (int(rng.integers(2, 9)), int(rng.integers(2, 9)), 3), dtype=np.uint8
@@ -125,8 +128,12 @@ def _write_image(rng: np.random.Generator, path: Path, size: tuple[int, int], pn
     img = Image.fromarray(seed, "RGB").resize(size, Image.Resampling.BILINEAR)
     if png:
         img.save(path, format="PNG", compress_level=1)
-    else:
+    elif orientation == 1:
         img.save(path, format="JPEG", quality=85)
+    else:  # a camera photo: stored as shot, shown turned (dataprep.image_orientation)
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        img.save(path, format="JPEG", quality=85, exif=exif)
 
 
 def demo_text_corpus(seed: int, n: int) -> list[str]:
@@ -172,6 +179,11 @@ def make_demo(
     n_images = images if images is not None else max(1, min(n_refs, 600))
     n_images = max(1, min(n_images, max(n_refs, 1)))
     names: list[str] = []
+    # some JPEGs carry an EXIF orientation, as phone photos do (their own stream: the rest of
+    # the demo is as without them)
+    turns = np.random.default_rng([seed, 1]).choice(
+        [1, 3, 6, 8], n_images, p=[0.85, 0.03, 0.09, 0.03]
+    )
     from tqdm import tqdm
 
     for i in tqdm(
@@ -179,7 +191,7 @@ def make_demo(
     ):
         png = rng.random() < 0.3
         name = f"images/{i:06d}.{'png' if png else 'jpg'}"
-        _write_image(rng, out / name, _image_size(rng, png), png)
+        _write_image(rng, out / name, _image_size(rng, png), png, int(turns[i]))
         names.append(name)
 
     lines = []

@@ -31,6 +31,7 @@ from typing import BinaryIO
 from PIL import Image
 
 from dataprep.errors import SampleRejected
+from dataprep.image_orientation import TURNED, displayed_orientation
 
 __all__ = [
     "CHECKS",
@@ -56,6 +57,8 @@ class ImageHeader:
     height: int
     format: str
     nbytes: int
+    # EXIF orientation (1-8); width and height are the displayed size, after it
+    orientation: int = 1
 
 
 def _jpeg_complete(data: bytes) -> bool:
@@ -189,6 +192,8 @@ def _complete(fmt: str, fileobj: BinaryIO, nbytes: int, head: bytes) -> bool:
 def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header") -> ImageHeader:
     """Read size and format of the image in ``fileobj`` (its start at position 0, ``nbytes`` long)
     and check that it is complete (``check``: ``"header"`` or ``"decode"``, module docstring).
+    The size is the displayed one: width and height swap under an EXIF orientation that turns
+    the image (:mod:`dataprep.image_orientation`).
 
     Raises :class:`SampleRejected` naming ``where`` when the image is empty, unreadable, truncated,
     too large or in an unsupported format.
@@ -208,27 +213,43 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(fileobj) as im:
-                width, height = im.size
-                fmt = im.format or "unknown"
-                if check == "decode" and fmt in SUPPORTED_FORMATS:
-                    im.load()
+            im = Image.open(fileobj)
+            stored = im.size
+            fmt = im.format or "unknown"
+            if fmt == "MPO":  # a camera's multi-picture JPEG: its first picture is the image,
+                fmt = "JPEG"  # which every JPEG decoder (Pillow, transformers) gives
+            if check == "decode" and fmt in SUPPORTED_FORMATS:
+                im.load()
     except Image.DecompressionBombError as exc:
         raise SampleRejected("image_too_large", f"{where}: {exc}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         if check == "decode" and "truncated" in str(exc):
             raise SampleRejected("truncated_image", f"{where}: {exc}") from None
         raise SampleRejected("corrupt_image", f"{where}: cannot parse ({exc})") from None
-    if fmt not in SUPPORTED_FORMATS:
-        raise SampleRejected(
-            "unsupported_format",
-            f"{where}: {fmt} (accepted: {', '.join(sorted(SUPPORTED_FORMATS))})",
-        )
-    if width <= 0 or height <= 0:
-        raise SampleRejected("empty_image", f"{where}: {width}x{height} pixels")
-    if check == "header" and not _complete(fmt, fileobj, nbytes, head):
-        raise SampleRejected("truncated_image", f"{where}: {fmt} data ends before its end marker")
-    return ImageHeader(width=width, height=height, format=fmt, nbytes=nbytes)
+    with im:
+        width, height = stored
+        if fmt not in SUPPORTED_FORMATS:
+            raise SampleRejected(
+                "unsupported_format",
+                f"{where}: {fmt} (accepted: {', '.join(sorted(SUPPORTED_FORMATS))})",
+            )
+        if width <= 0 or height <= 0:
+            raise SampleRejected("empty_image", f"{where}: {width}x{height} pixels")
+        if check == "header" and not _complete(fmt, fileobj, nbytes, head):
+            raise SampleRejected(
+                "truncated_image", f"{where}: {fmt} data ends before its end marker"
+            )
+        try:
+            orientation = displayed_orientation(im, fileobj, nbytes)
+        except Exception as exc:  # Pillow's EXIF parser on hostile bytes: exif_transpose fails too
+            raise SampleRejected(
+                "corrupt_image", f"{where}: unreadable EXIF metadata ({exc!r})"
+            ) from None
+    if orientation in TURNED:  # counted as displayed (image_orientation)
+        width, height = height, width
+    return ImageHeader(
+        width=width, height=height, format=fmt, nbytes=nbytes, orientation=orientation
+    )
 
 
 def open_image_file(path: str | os.PathLike) -> BinaryIO:

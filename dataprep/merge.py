@@ -27,7 +27,15 @@ from dataprep.errors import DataprepError
 
 __all__ = ["merge_cost_tables"]
 
-_MUST_MATCH = ("format_version", "vision_policy", "tokenizer", "template", "inputs", "read_options")
+_MUST_MATCH = (
+    "format_version",
+    "vision_policy",
+    "tokenizer",
+    "template",
+    "inputs",
+    "read_options",
+    "image_sizes",
+)
 
 
 def _first_of_each_id(table: pa.Table) -> tuple[pa.Table, list[dict]]:

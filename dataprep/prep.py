@@ -31,9 +31,11 @@ from dataprep.cost_table import (
     errors_path,
     read_cost_table,
     remove_stale_temps,
+    table_metadata,
 )
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_header import CHECKS
+from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.policy_spec import parse_vision_policy
 from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
@@ -122,13 +124,19 @@ class PrepResult:
 def _cache_keys(cfg: PrepConfig) -> dict[str, str]:
     if not cfg.cache:
         return {}
-    t = read_cost_table(cfg.cache).select(["sample_id", "cache_key"])
+    t = read_cost_table(cfg.cache).select(["sample_id", "cache_key", "num_images"])
+    # a table from before images were counted as displayed (EXIF orientation applied): its
+    # rows with images are measured again, a photo stored sideways may count otherwise now
+    stored_sizes = table_metadata(cfg.cache).get("image_sizes") != IMAGE_SIZES
     return {
         sid: key
-        for sid, key in zip(
-            t.column("sample_id").to_pylist(), t.column("cache_key").to_pylist(), strict=True
+        for sid, key, n in zip(
+            t.column("sample_id").to_pylist(),
+            t.column("cache_key").to_pylist(),
+            t.column("num_images").to_pylist(),
+            strict=True,
         )
-        if key
+        if key and not (stored_sizes and n)
     }
 
 
@@ -258,6 +266,7 @@ def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dic
         "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
         "read_options": asdict(_read_options(cfg)),
         "check_images": cfg.check_images,
+        "image_sizes": IMAGE_SIZES,
         "shard": {"index": cfg.shard_index, "num_shards": cfg.num_shards},
         "counts": {
             "in": result.n_in,

@@ -17,7 +17,6 @@ so a model can merge neighbouring patches (pixel shuffle) and the trainer can mo
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 from PIL import Image
 
 from dataprep.chat_template import load_template
+from dataprep.image_orientation import decode_image
 from dataprep.policy_spec import parse_vision_policy
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, internvl_grid
@@ -132,7 +132,7 @@ class Collator:
         for s in samples:
             text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
             enc = self._tok.encode(text, add_special_tokens=False)
-            imgs = [Image.open(io.BytesIO(b)).convert("RGB") for b in s.images]
+            imgs = [decode_image(b) for b in s.images]
             costs = self._policy.sample_costs([im.size for im in imgs])
             n_ph = enc.ids.count(self._placeholder_id)
             if n_ph != len(imgs):

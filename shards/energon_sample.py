@@ -8,6 +8,7 @@ import re
 
 from megatron.energon import Sample, basic_sample_keys, stateless
 from megatron.energon.edataclass import edataclass
+from PIL import Image, ImageOps
 
 __all__ = ["EquishardSample", "cook_equishard"]
 
@@ -17,7 +18,11 @@ _IMAGE_PART = re.compile(r"^(\d+)\.[A-Za-z0-9]+$")
 @edataclass
 class EquishardSample(Sample):
     """One sample: its JSON record (``sample_id``, ``turns``, the cost row) and its images in
-    order, as Energon's decoder gave them (``image_decode`` of the dataset call)."""
+    order, as Energon's decoder gave them (``image_decode`` of the dataset call). PIL images
+    (``image_decode="pil"`` / ``"pilrgb"``) come with their EXIF orientation applied, as prep
+    counted them; tensors (Energon's default ``"torchrgb"``) are decoded without it, so for
+    photos that carry one decode with ``"pil*"``, or keep bytes (``decoder=None``) for
+    :class:`shards.Collator` (:mod:`dataprep.image_orientation`)."""
 
     record: dict
     images: list
@@ -34,6 +39,9 @@ def cook_equishard(raw: dict) -> EquishardSample:
     images = sorted(
         (int(m.group(1)), value) for part, value in raw.items() if (m := _IMAGE_PART.match(part))
     )
+    for _, value in images:
+        if isinstance(value, Image.Image):
+            ImageOps.exif_transpose(value, in_place=True)
     record = raw["json"]
     if isinstance(record, bytes | str):
         record = json.loads(record)

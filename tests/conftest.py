@@ -10,17 +10,25 @@ import pytest
 from PIL import Image
 
 
-def image_bytes(width: int, height: int, fmt: str = "JPEG") -> bytes:
-    """A real encoded image of the given size."""
+def image_bytes(width: int, height: int, fmt: str = "JPEG", orientation: int = 1) -> bytes:
+    """A real encoded image of the given stored size; ``orientation`` != 1 adds that EXIF
+    Orientation tag (5-8: displayed turned, ``height`` x ``width``)."""
     buf = io.BytesIO()
     img = Image.new("RGB", (width, height), (40, 120, 200))
-    img.save(buf, format=fmt)
+    if orientation == 1:
+        img.save(buf, format=fmt)
+    else:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        img.save(buf, format=fmt, exif=exif)
     return buf.getvalue()
 
 
-def write_image(path: Path, width: int, height: int, fmt: str = "JPEG") -> Path:
+def write_image(
+    path: Path, width: int, height: int, fmt: str = "JPEG", orientation: int = 1
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(image_bytes(width, height, fmt))
+    path.write_bytes(image_bytes(width, height, fmt, orientation))
     return path
 
 

@@ -29,7 +29,6 @@ A rank without images gets ``pixel_values=None``:
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from dataprep.chat_template import load_template
+from dataprep.image_orientation import decode_image
 from dataprep.records import IMAGE_PLACEHOLDER
 from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
@@ -122,9 +122,7 @@ class HFPacker:
 
     def sample(self, turns: list, image_bytes: list[bytes]) -> dict:
         """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
-        from PIL import Image
-
-        images = [Image.open(io.BytesIO(b)).convert("RGB") for b in image_bytes]
+        images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
         given = [images] if self.family in _NESTED else images
         kw = {"return_row_col_info": True} if self.family == "smolvlm" else {}

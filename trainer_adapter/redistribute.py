@@ -284,18 +284,20 @@ def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
                 f"samples and take no part in this phase (its ranks: {ranks})"
             )
         return ranks_arr[src_j] if src.size else src.copy(), "identity", before
-    if identity_ok and before.mean() > 0 and before.max() <= before.mean() * (1 + policy.min_gain):
+    # keeping the ranks' own items is an option only where it holds the memory cap
+    mem = volume if volume is not None else cost
+    fits = identity_ok and (not cap or np.bincount(src_j, weights=mem, minlength=d).max() <= cap)
+    if fits and before.mean() > 0 and before.max() <= before.mean() * (1 + policy.min_gain):
         return ranks_arr[src_j], "kept (within min_gain)", before
     per_node = _per_node(ranks, topo)
     if policy.method == "locality" and identity_ok:
         pb = locality_balance(cost, src_j, d, per_node or d)
-        mem = volume if volume is not None else cost
         if not cap or np.bincount(pb.dest, weights=mem, minlength=d).max() <= cap:
             return ranks_arr[pb.dest], "locality", before
         # locality moves only the excess and cannot see a memory cap: the capped plan instead
     method = "lpt" if policy.method == "locality" else policy.method
     pb = post_balance(cost, d, method=method, memory_cap=cap, memory=volume if cap else None)
-    if identity_ok and pb.loads.max() >= before.max():
+    if fits and pb.loads.max() >= before.max():
         return ranks_arr[src_j], f"kept ({pb.method} would not lower the max)", before
     batch_rank = np.arange(d)
     name = pb.method

@@ -77,3 +77,48 @@ def test_split_days_is_deterministic(tmp_path):
     day1 = outs[0][0].decode().splitlines()
     assert len(day1) == 30
     assert len(outs[0][3].decode().split()) == 3
+
+
+def test_cache_from_before_displayed_sizes_measures_image_rows_again(tmp_path):
+    """A cost table written before images were counted as displayed (its metadata has no
+    ``image_sizes``; a sideways photo has its stored size there): text-only rows are reused,
+    rows with images measured again, so the sideways photo gets its displayed size."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dataprep.cost_table import METADATA_KEY, table_metadata
+    from tests.conftest import write_image
+
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=40, seed=2, images=10)
+    photo = next(p for p in sorted((demo / "images").iterdir()) if p.suffix == ".jpg")
+    assert photo.name in (demo / "demo.jsonl").read_text()
+    write_image(photo, 600, 200, "JPEG", orientation=6)
+    first = tmp_path / "a.parquet"
+    _prep(demo, first)
+    table = pq.read_table(first)
+    meta = table_metadata(first)
+    assert meta["image_sizes"] == "displayed"
+    sizes = [
+        (w, h)
+        for row in table.to_pylist()
+        for w, h in zip(row["image_widths"], row["image_heights"], strict=True)
+    ]
+    assert (200, 600) in sizes and (600, 200) not in sizes  # the photo, as displayed
+    del meta["image_sizes"]
+    rows = table.to_pylist()
+    for r in rows:  # as the old prep measured the sideways photo: the stored size
+        r["image_widths"], r["image_heights"] = r["image_heights"], r["image_widths"]
+    old = tmp_path / "old.parquet"
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(
+            {METADATA_KEY: json.dumps(meta)}
+        ),
+        old,
+    )
+    r = _prep(demo, tmp_path / "b.parquet", cache=str(old))
+    with_images = sum(1 for row in rows if row["num_images"])
+    assert with_images and r.n_cached == r.n_in - with_images
+    assert read_cost_table(tmp_path / "b.parquet").equals(read_cost_table(first))
+    # from a table that says its sizes are displayed, every row is reused
+    assert _prep(demo, tmp_path / "c.parquet", cache=str(first)).n_cached == r.n_in

@@ -49,3 +49,28 @@ def test_probe_reads_header_not_pixels(tmp_path, monkeypatch):
         Image.Image, "load", lambda self: (_ for _ in ()).throw(AssertionError("decoded"))
     )
     assert probe_image_file(path).width == 3000
+
+
+@pytest.mark.parametrize("orientation", [1, 6])
+def test_camera_multi_picture_jpeg_is_its_first_picture(tmp_path, orientation):
+    """An MPO file (a camera's JPEG with a second picture after the first: a preview, a depth
+    map) is a JPEG to every decoder: measured as its first picture, as transformers loads it;
+    cut inside the first picture it is truncated."""
+    from transformers.image_utils import load_image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / "camera.jpg"
+    Image.new("RGB", (300, 100), (9, 80, 160)).save(
+        path, format="MPO", save_all=True, append_images=[Image.new("RGB", (60, 20))], exif=exif
+    )
+    assert Image.open(path).format == "MPO"  # what Pillow calls it
+    for check in ("header", "decode"):
+        h = probe_image_file(path, check)
+        assert h.format == "JPEG"
+        assert (h.width, h.height) == load_image(str(path)).size
+    assert (h.width, h.height) == ((100, 300) if orientation == 6 else (300, 100))
+    data = path.read_bytes()
+    first_end = data.index(b"\xff\xd9") + 2  # the first picture's EOI
+    cut = data[: first_end - 8]  # inside its scan data
+    assert _reason(probe_image_bytes, cut, "c.jpg").reason == "truncated_image"

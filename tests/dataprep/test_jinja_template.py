@@ -230,7 +230,8 @@ def _text(rng: random.Random) -> str:
 
 
 def conversations(root: Path, n: int, seed: int) -> list[dict]:
-    """LLaVA-style records with real images; ``<image>`` anywhere in user turns."""
+    """LLaVA-style records with real images, some with an EXIF orientation; ``<image>``
+    anywhere in user turns."""
     rng = random.Random(seed)
     records = []
     for i in range(n):
@@ -242,7 +243,9 @@ def conversations(root: Path, n: int, seed: int) -> list[dict]:
             pieces = [_text(rng)]
             for _ in range(rng.choice([0, 0, 1, 1, 2, 3]) if t == 0 or rng.random() < 0.2 else 0):
                 w, h = rng.randint(8, 900), rng.randint(8, 900)
-                path = write_image(root / "img" / f"{i}-{len(images)}.png", w, h, "PNG")
+                # a third carry an EXIF orientation: camera photos, seen turned by the model
+                turn = rng.choice([1, 1, 1, 1, 3, 5, 6, 8])
+                path = write_image(root / "img" / f"{i}-{len(images)}.png", w, h, "PNG", turn)
                 images.append(f"img/{path.name}")
                 pieces.insert(rng.randint(0, len(pieces)), "<image>")
             turns.append({"from": "human", "value": rng.choice(["", "\n", " "]).join(pieces)})
@@ -413,10 +416,11 @@ def processor_images(family: str, images: list):
 
 def reference(processor, family: str, record: dict, root: Path) -> tuple[int, list[int]]:
     """(LLM sequence length, encoder sequence lengths) as transformers makes them."""
-    from PIL import Image
+    from transformers.image_utils import load_image
 
     text = processor.apply_chat_template(reference_messages(record), tokenize=False)
-    images = [Image.open(root / name).convert("RGB") for name in record["image"]]
+    # as a transformers user loads them (EXIF orientation applied)
+    images = [load_image(str(root / name)) for name in record["image"]]
     out = processor(text=[text], images=processor_images(family, images), return_tensors="np")
     n = int(out["input_ids"].shape[1])
     if not images:

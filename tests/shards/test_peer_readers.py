@@ -10,7 +10,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 
 from equishard.cli import main
 from shards import open_generation
@@ -21,7 +21,8 @@ from tests.shards.nightly import _night
 
 
 def tar_samples(gen) -> dict[str, list[dict]]:
-    """Stream name -> its samples in order (record + image sizes), read with tarfile."""
+    """Stream name -> its samples in order (record + image sizes as displayed: EXIF
+    orientation applied, as prep counts them), read with tarfile."""
     m = open_generation(gen)
     out = {}
     for st in m.streams:
@@ -31,9 +32,11 @@ def tar_samples(gen) -> dict[str, list[dict]]:
                 for member in tf.getmembers():
                     data = tf.extractfile(member).read()
                     if member.name.endswith(".json"):
-                        samples.append({"record": json.loads(data), "sizes": []})
+                        samples.append({"record": json.loads(data), "sizes": [], "stored": []})
                     else:
-                        samples[-1]["sizes"].append(Image.open(io.BytesIO(data)).size)
+                        stored = Image.open(io.BytesIO(data))
+                        samples[-1]["stored"].append(stored.size)
+                        samples[-1]["sizes"].append(ImageOps.exif_transpose(stored).size)
         out[f"node-{st.node:03d}-rank-{st.local_rank:03d}"] = samples
     return out
 
@@ -93,7 +96,11 @@ def test_energon_loader_reads_every_sample(energon_gen):
     for s in got:
         ref = by_id[s.record["sample_id"]]
         assert s.record == ref["record"]
+        # PIL images come turned by the cooker, as prep counted them
         assert [im.size for im in s.images] == ref["sizes"]
+        cost = ref["record"]["cost"]
+        assert ref["sizes"] == list(zip(cost["image_widths"], cost["image_heights"], strict=True))
+    assert any(s["sizes"] != s["stored"] for s in every)  # the demo's photos include turned ones
     # each (node, rank) stream is its own split part, read in the stream's order
     for name, stream in want.items():
         ids = [s.record["sample_id"] for s in _energon_read(energon_gen, name)]
@@ -126,7 +133,9 @@ def test_wids_reads_every_sample(generation):
         images = sorted(
             (int(k[1:].split(".")[0]), v) for k, v in sample.items() if k[1:2].isdigit()
         )
-        assert [im.size for _, im in images] == ref["sizes"]
+        # wids decodes the stored pixels: its users apply the EXIF orientation themselves
+        assert [im.size for _, im in images] == ref["stored"]
+        assert [ImageOps.exif_transpose(im).size for _, im in images] == ref["sizes"]
 
 
 def test_energon_metadata_added_to_an_existing_generation_and_kept_by_rebalance(root):

@@ -97,7 +97,7 @@ MASKED = {
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
-    from PIL import Image
+    from transformers.image_utils import load_image
 
     from trainer_adapter.hf_inputs import HFPacker
 
@@ -123,7 +123,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     for k, rec in enumerate(records):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
-        images = [Image.open(tmp_path / n).convert("RGB") for n in rec["image"]]
+        images = [load_image(str(tmp_path / n)) for n in rec["image"]]  # EXIF turns applied
         want = processor(text=[text], images=processor_images(family, images), return_tensors="pt")
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
         if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
@@ -224,7 +224,7 @@ def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
     tf = pytest.importorskip("transformers")
     if not hasattr(tf, "Qwen3VLProcessor"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
-    from PIL import Image
+    from transformers.image_utils import load_image
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
     from trainer_adapter.hf_inputs import HFPacker
@@ -284,7 +284,7 @@ def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
     for k, rec in enumerate(records):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
-        images = [Image.open(tmp_path / n).convert("RGB") for n in rec["image"]]
+        images = [load_image(str(tmp_path / n)) for n in rec["image"]]  # EXIF turns applied
         want = processor(text=[text], images=images or None, return_tensors="pt")
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
         grid = want.get("image_grid_thw")

@@ -169,3 +169,26 @@ def test_nodewise_placement_counts_the_image_embeddings_trip():
     for seed, (blind, aware) in enumerate(got):
         assert aware <= blind + 1e-6, (seed, blind, aware)
     assert sum(a for _, a in got) < sum(b for b, _ in got)
+
+
+@pytest.mark.parametrize("min_gain", [0.0, 10.0])
+def test_own_items_are_kept_only_where_they_hold_the_memory_cap(min_gain):
+    """Rank 1 holds one long sample whose attention cost no placement can lower, rank 0 many
+    short ones over the memory cap: keeping every rank's own samples (the max cost would not
+    drop, or the gain is under ``min_gain``) would break the cap, so the capped placement runs
+    and every rank ends under it. Without a cap, the ranks' own samples are kept."""
+    from trainer_adapter import RedistributePolicy, Topology
+    from trainer_adapter.redistribute import _plan_phase
+
+    tokens = np.array([400.0] * 10 + [1700.0])  # rank 0: 4000 tokens, rank 1: one of 1700
+    src = np.array([0] * 10 + [1])
+    cost = tokens**2  # attention-bound: the long sample is the most expensive rank alone
+    policy = RedistributePolicy(method="lpt", cost="tokens", min_gain=min_gain)
+    cap = 3000
+    dest, method, before = _plan_phase(cost, src, [0, 1], Topology(), policy, tokens, cap=cap)
+    held = np.bincount(dest, weights=tokens, minlength=2)
+    assert held.max() <= cap, (method, held)
+    assert not method.startswith("kept") and not np.array_equal(dest, src)
+    assert before.argmax() == 1  # the long sample's rank was the costliest before
+    kept, method, _ = _plan_phase(cost, src, [0, 1], Topology(), policy, tokens, cap=None)
+    assert method.startswith("kept") and np.array_equal(kept, src)

@@ -307,6 +307,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     from balancing.plan import BalanceConfig, write_plan
     from dataprep import PrepConfig, run_prep
     from dataprep.cost_table import read_cost_table, table_metadata
+    from dataprep.image_orientation import IMAGE_SIZES
     from shards.writer import WriteConfig, write_generation
 
     t0 = time.perf_counter()
@@ -339,6 +340,16 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     work = root / f".nightly-{hashlib.sha256((key + cur).encode()).hexdigest()[:16]}"
     work.mkdir(exist_ok=True)
     meta = table_metadata(pcost_path)
+    if meta.get("image_sizes") != IMAGE_SIZES and any(
+        read_cost_table(pcost_path).column("num_images").to_pylist()
+    ):
+        raise ManifestError(
+            f"{parent.path}: its samples were measured by an equishard that counted images as "
+            "stored, not as displayed (EXIF orientation applied, as transformers does): a photo "
+            "stored sideways may carry the wrong cost. Measure its inputs once more ('equishard "
+            f"prep ... --cache {pcost_path}' reuses every text-only row), balance and write a "
+            "generation, then rebalance"
+        )
     new_path = work / "new.parquet"
     phases = {}
     t1 = time.perf_counter()

@@ -46,20 +46,31 @@ COST_FIELDS = (
 
 
 def read_sample(
-    s: dict, store: RecordStore, verified: set[str], groups: dict, check: str = "header"
+    s: dict,
+    store: RecordStore,
+    verified: set[str],
+    groups: dict,
+    check: str = "header",
+    stored_sizes: bool = False,
 ):
     """(turns, image names, image bytes) of a planned sample: from the parent generation's
     shards when it is unchanged there (``groups`` caches recently read parent groups), else
     from the raw input through dataprep's readers, checked against the cost table's
     fingerprint (the record and every image as prep measured them; ``check`` is prep's image
-    check) so that a raw file changed since prep is never written with its old costs."""
+    check) so that a raw file changed since prep is never written with its old costs.
+    ``stored_sizes``: prep counted images as stored, not as displayed; every sample's images
+    are probed again (a turned photo's fingerprint differs)."""
     if s.get("parent"):
         return parent_sample(s["parent"], s["sample_id"], verified, groups)
     try:
         sample = store.get(s["location"])
         # unchanged since prep by its cache key (record bytes, image sizes and mtimes: no decode)?
         # then the fingerprint holds; otherwise the images are probed and fingerprinted again
-        same = bool(s.get("cache_key")) and cache_key(sample.raw, sample.images) == s["cache_key"]
+        same = (
+            not stored_sizes
+            and bool(s.get("cache_key"))
+            and cache_key(sample.raw, sample.images) == s["cache_key"]
+        )
         imgs = [image_bytes(r) for r in sample.images]
         headers = (
             None
@@ -85,10 +96,16 @@ def read_sample(
         and s.get("fingerprint")
         and fingerprint(sample.raw, headers) != s["fingerprint"]
     ):
+        why = (
+            " (prep counted its images as stored; this equishard counts them as displayed, EXIF "
+            "orientation applied, and a photo of it is turned)"
+            if stored_sizes
+            else ""
+        )
         raise WriteError(
             f"sample {s['sample_id']!r} at {s['location']} changed since prep measured it (its "
-            "record or an image differs from the cost table's fingerprint): its costs are stale; "
-            "re-run prep and balance on the current data"
+            f"record or an image differs from the cost table's fingerprint){why}: its costs are "
+            "stale; re-run prep and balance on the current data"
         )
     return [list(t) for t in sample.turns], [f"{i}.{e}" for i, e in enumerate(exts)], imgs
 
@@ -186,7 +203,12 @@ def _add_group(tf, g: dict, job: dict, store: RecordStore, verified: set, parent
     rank = job["rank"]
     for pos, s in enumerate(g["samples"]):
         turns, names, imgs = read_sample(
-            s, store, verified, parent_groups, job.get("check_images", "header")
+            s,
+            store,
+            verified,
+            parent_groups,
+            job.get("check_images", "header"),
+            job.get("stored_sizes", False),
         )
         key = sample_key(g["step"], pos, s["sample_id"])
         doc = {

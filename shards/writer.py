@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
+from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
 from dataprep.workers import exit_with_parent
 from shards.energon import has_energon_metadata, write_energon_metadata
@@ -173,6 +174,9 @@ def _jobs(
     )
     read_options = prep_meta.get("read_options") or {}
     check_images = prep_meta.get("check_images", "header")
+    # prep counted images as stored (an equishard from before EXIF orientation was applied):
+    # every image is probed again, so a photo stored sideways stops with a clear error
+    stored_sizes = bool(prep_meta) and prep_meta.get("image_sizes") != IMAGE_SIZES
     rank = plan.column("rank").to_numpy()
     groups, unchanged = reuse_index(cfg.reuse_from, parent_col, cost)
     # an unchanged sample of a rebuilt step is copied from its parent group: (rank, step) there
@@ -206,6 +210,7 @@ def _jobs(
                 "shard_size": cfg.shard_size,
                 "read_options": read_options,
                 "check_images": check_images,
+                "stored_sizes": stored_sizes,
             }
         )
     return jobs

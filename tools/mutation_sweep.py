@@ -615,6 +615,22 @@ MUTATIONS = [
             "tests/trainer_adapter/test_training_properties.py::test_every_method_trains_under_pp_within_the_memory_cap",
         ),
     ),
+    Mutation(
+        "write-trusts-stored-size-table",
+        "write trusts the cache key of a cost table measured with images as stored",
+        "shards/stream_writer.py",
+        "            not stored_sizes\n            and bool(",
+        "            bool(",
+        ("tests/shards/test_writer_stale_inputs.py",),
+    ),
+    Mutation(
+        "rebalance-extends-stored-size-generation",
+        "a nightly rebalance carries on a generation measured with images as stored",
+        "shards/rebalance.py",
+        '    if meta.get("image_sizes") != IMAGE_SIZES and any(',
+        "    if False and any(",
+        ("tests/shards/test_rebalance_reliability.py",),
+    ),
 ]
 
 

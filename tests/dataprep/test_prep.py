@@ -19,6 +19,7 @@ from dataprep import (
     table_metadata,
 )
 from dataprep.chat_template import load_template
+from dataprep.cost_table import METADATA_KEY
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from tests.conftest import image_bytes, write_image
 from tests.dataprep.helpers import llava, run, write_jsonl
@@ -202,6 +203,13 @@ def test_shard_split_and_merge_equal_one_run(tmp_path, tokenizer_path):
     assert counts == {"in": 308, "written": 307, "rejected": 1}
     with pytest.raises(DataprepError, match=r"missing shard\(s\) \[0\]"):
         merge_cost_tables(parts[:1] + parts[2:], str(tmp_path / "m2.parquet"))
+    # a part an older equishard measured (images as stored, no image_sizes mark) is not mixed in
+    meta = table_metadata(parts[1])
+    del meta["image_sizes"]
+    old = pq.read_table(parts[1]).replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
+    pq.write_table(old, parts[1])
+    with pytest.raises(DataprepError, match="image_sizes differs"):
+        merge_cost_tables(parts, str(tmp_path / "m3.parquet"))
 
 
 def test_merge_keeps_the_first_of_an_id_across_parts(tmp_path, tokenizer_path):

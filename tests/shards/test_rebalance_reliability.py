@@ -131,3 +131,24 @@ def test_keep_after_a_rollback_never_deletes_newer_generations(root):
     # g2 and g3 were published after g0 (the oldest kept on the new chain): both stay
     assert (root / g2).exists() and (root / g3).exists() and (root / g0).exists()
     assert r.removed == []
+
+
+def test_generation_measured_before_displayed_sizes_is_not_extended(tmp_path, monkeypatch):
+    """A generation whose samples an older equishard measured (images as stored, not turned by
+    their EXIF orientation): its sideways photos may carry wrong costs, and a rebalance would
+    carry them on; it stops, names the generation and says how to measure it again, and
+    CURRENT stays."""
+    import pytest
+
+    from shards.manifest import ManifestError
+    from tests.shards.nightly import first_night
+
+    with monkeypatch.context() as m:  # prep and write as before (both run in this process)
+        m.setattr("dataprep.image_header.displayed_orientation", lambda *a: 1)
+        m.setattr("dataprep.prep.IMAGE_SIZES", None)
+        root = first_night(tmp_path / "night")
+    cur = read_current(root)
+    with pytest.raises(ManifestError, match=r"counted images as stored.*--cache") as e:
+        run_rebalance(_night(root, 2))
+    assert cur in str(e.value)
+    assert read_current(root) == cur

@@ -85,3 +85,55 @@ def test_unchanged_inputs_write(inputs, tmp_path):
     _demo, cost, plan_dir = inputs
     res = _write(cost, plan_dir, tmp_path / "out")
     assert res.samples > 0
+
+
+def _as_before_displayed_sizes(monkeypatch):
+    """prep (and write's probe) as an equishard from before images were counted as displayed:
+    no EXIF orientation read, no ``image_sizes`` in the cost table's metadata."""
+    monkeypatch.setattr("dataprep.image_header.displayed_orientation", lambda *a: 1)
+    monkeypatch.setattr("dataprep.prep.IMAGE_SIZES", None)
+
+
+def test_cost_table_from_before_displayed_sizes_is_checked_image_by_image(
+    gen_inputs, tmp_path, monkeypatch
+):
+    """A cost table an older equishard measured (images as stored): write probes every image
+    again instead of trusting the cache key, so a sample with a photo stored sideways stops
+    with an error that says why; the same table without such photos writes."""
+    from PIL import Image
+
+    from tests.conftest import image_bytes
+
+    demo, _cost, _plan = gen_inputs
+    root = tmp_path / "in"
+    shutil.copytree(demo, root / "demo")
+    for p in (root / "demo" / "images").iterdir():  # every photo upright to start with
+        with Image.open(p) as im:
+            size, turned = im.size, im.getexif().get(0x0112, 1) != 1
+        if turned:
+            p.write_bytes(image_bytes(*size, "JPEG"))
+    rec = _first_with_image(root / "demo")
+    users = [
+        r["id"]
+        for r in map(json.loads, (root / "demo" / "demo.jsonl").read_text().splitlines())
+        if rec["image"] in json.dumps(r)
+    ]
+
+    def write_as_before(out):
+        for old in ("cost.parquet", "plan-0"):
+            shutil.rmtree(root / old, ignore_errors=True)
+            (root / old).unlink(missing_ok=True)
+        with monkeypatch.context() as m:
+            _as_before_displayed_sizes(m)
+            _demo, cost, plan_dir = build_inputs(root)
+        return _write(cost, plan_dir, out)
+
+    (root / "demo" / rec["image"]).write_bytes(image_bytes(640, 200, "JPEG", orientation=6))
+    with pytest.raises(WriteError) as e:
+        write_as_before(tmp_path / "out")
+    assert any(repr(u) in str(e.value) for u in users), str(e.value)
+    assert "counted its images as stored" in str(e.value)
+    assert not list((tmp_path / "out").glob("gen-*"))
+    # without a turned photo the older table still writes (its counts are right)
+    (root / "demo" / rec["image"]).write_bytes(image_bytes(640, 200, "JPEG"))
+    assert write_as_before(tmp_path / "out2").generation

@@ -62,6 +62,8 @@ def _probe_costs(images: list[Path], repeats: int = 3) -> dict:
             times.append(time.perf_counter() - t0)
         return min(times) / len(images) * 1e6
 
+    spent: list[float] = []  # seconds of each orientation read
+
     def orientation_only(p: Path) -> int:
         with open(p, "rb") as f, Image.open(f) as im:
             t0 = time.perf_counter()
@@ -69,7 +71,6 @@ def _probe_costs(images: list[Path], repeats: int = 3) -> dict:
             spent.append(time.perf_counter() - t0)
             return o
 
-    spent: list[float] = []
     probe_us = best(probe_image_file)
     turned = sum(orientation_only(p) in TURNED for p in images)
     spent.clear()

@@ -214,7 +214,7 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             im = Image.open(fileobj)
-            stored = im.size
+            width, height = im.size  # as stored; turned below for the displayed size
             fmt = im.format or "unknown"
             if fmt == "MPO":  # a camera's multi-picture JPEG: its first picture is the image,
                 fmt = "JPEG"  # which every JPEG decoder (Pillow, transformers) gives
@@ -227,7 +227,6 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header
             raise SampleRejected("truncated_image", f"{where}: {exc}") from None
         raise SampleRejected("corrupt_image", f"{where}: cannot parse ({exc})") from None
     with im:
-        width, height = stored
         if fmt not in SUPPORTED_FORMATS:
             raise SampleRejected(
                 "unsupported_format",

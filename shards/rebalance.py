@@ -340,9 +340,8 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     work = root / f".nightly-{hashlib.sha256((key + cur).encode()).hexdigest()[:16]}"
     work.mkdir(exist_ok=True)
     meta = table_metadata(pcost_path)
-    if meta.get("image_sizes") != IMAGE_SIZES and any(
-        read_cost_table(pcost_path).column("num_images").to_pylist()
-    ):
+    parent_cost = read_cost_table(pcost_path)  # read once: checked here, combined below
+    if meta.get("image_sizes") != IMAGE_SIZES and any(parent_cost.column("num_images").to_pylist()):
         raise ManifestError(
             f"{parent.path}: its samples were measured by an equishard that counted images as "
             "stored, not as displayed (EXIF orientation applied, as transformers does): a photo "
@@ -377,12 +376,12 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         )
     phases["prep"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    new = read_cost_table(new_path) if cfg.new else read_cost_table(pcost_path).slice(0, 0)
+    new = read_cost_table(new_path) if cfg.new else parent_cost.slice(0, 0)
     new_meta = (
         table_metadata(new_path)["counts"] if cfg.new else {"in": 0, "rejected": 0, "cached": 0}
     )
     combined, counts, changed = _combine(
-        read_cost_table(pcost_path), new, read_deletions(cfg.delete), meta, work / "cost.parquet"
+        parent_cost, new, read_deletions(cfg.delete), meta, work / "cost.parquet"
     )
     counts.update(
         read=new_meta["in"], rejected=new_meta["rejected"], not_reread=new_meta.get("cached", 0)

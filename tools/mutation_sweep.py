@@ -631,6 +631,56 @@ MUTATIONS = [
         "    if False and any(",
         ("tests/shards/test_rebalance_reliability.py",),
     ),
+    Mutation(
+        "llama4-causal-lm-as-decoder",
+        "balance_model wraps Llama 4's causal LM (lm_head included) as if it were the decoder",
+        "trainer_adapter/hf_balance.py",
+        '    if decoder is not None and hasattr(decoder, "lm_head"):',
+        "    if False:",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "paligemma-prefix-mask-moved",
+        "a mask that joins a packed row's samples is cut into diagonal blocks and moved",
+        "trainer_adapter/hf_balance.py",
+        "        if crossing:  # every rank refuses",
+        "        if False:  # every rank refuses",
+        ("tests/trainer_adapter/test_hf_guards.py",),
+    ),
+    Mutation(
+        "crossing-mask-refused-locally",
+        "only the ranks whose own row joins samples refuse (a rank with one sample waits)",
+        "trainer_adapter/hf_balance.py",
+        "        crossing = sorted({k for _, names in agreed for k in names})",
+        "        crossing = crossing_masks(masks, lengths)",
+        ("tests/trainer_adapter/test_hf_guards.py",),
+    ),
+    Mutation(
+        "crossing-mask-misses-additive",
+        "an additive (float) mask's allowed entries are read as the bool mask's",
+        "trainer_adapter/hf_masks.py",
+        "    return mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0",
+        "    return mask[0, 0] != 0",
+        ("tests/trainer_adapter/test_hf_guards.py",),
+    ),
+    Mutation(
+        "recurrent-ignoring-packing-balanced",
+        "a decoder whose short convolutions / Mamba layers ignore the packing kwargs is balanced",
+        "trainer_adapter/hf_packing.py",
+        "    if kinds and model_type not in PACKED_RECURRENT:",
+        "    if False:",
+        ("tests/trainer_adapter/test_hf_guards.py",),
+    ),
+    Mutation(
+        "stateless-layers-called-recurrent",
+        "MLP and MoE layer kinds (Nemotron-H) counted as carrying state along the row",
+        "trainer_adapter/hf_packing.py",
+        '("attention" not in k and k not in _STATELESS)',
+        '("attention" not in k)',
+        ("tests/trainer_adapter/test_hf_guards.py::test_recurrent_decoders",),
+    ),
 ]
 
 

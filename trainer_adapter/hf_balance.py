@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from balancing import CostModel
 from trainer_adapter.exchange import collective_device
-from trainer_adapter.hf_masks import agree_masks, route_masks, split_masks
+from trainer_adapter.hf_masks import agree_masks, crossing_masks, route_masks, split_masks
 from trainer_adapter.hf_packing import (
     PACKING_KEYS,
     check_decoder,
@@ -327,8 +327,6 @@ def balance_decoder(
         attention_mask, masks = split_masks(attention_mask)
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
-        masks, specs = agree_masks(masks, group, packing_spec(kw))  # one collective
-        spec = {k: v for sp in specs for k, v in sp.items()}
         if position_ids.ndim == 3 and position_ids.shape[0] != 4:
             raise ValueError(
                 "balance_decoder: 3-D position ids must be [4, 1, L] with the text positions "
@@ -337,6 +335,21 @@ def balance_decoder(
             )
         text = position_ids[0] if position_ids.ndim == 3 else position_ids
         lengths = _sample_lengths(text)
+        # one collective: the masks' names, the packing kwargs, the masks that join samples
+        masks, agreed = agree_masks(
+            masks, group, (packing_spec(kw), crossing_masks(masks, lengths))
+        )
+        spec = {k: v for sp, _ in agreed for k, v in sp.items()}
+        crossing = sorted({k for _, names in agreed for k in names})
+        if crossing:  # every rank refuses, also one whose row holds a single sample
+            raise ValueError(
+                f"{type(self).__name__} (balance_decoder): the model's {', '.join(crossing)} "
+                "lets the samples of a packed row attend to each other (PaliGemma's prefix "
+                "block, token_type_ids == 0, spans every sample's image and prompt), so moving "
+                "samples would change what they see; HF's packed rows already mix them without "
+                "balancing. Balance the vision tower only (balance_model(..., llm=False)), or "
+                "give the decoder masks that keep each sample to itself"
+            )
         check_decoder(self, kw, lengths, spec)  # nothing per-sample left behind
         # Qwen3-VL's deepstack: per visual token, features added in the first decoder layers;
         # they travel with their samples (table: length, visual tokens, deepstack layers)
@@ -420,10 +433,14 @@ def balance_model(
     InternVL, LLaVA / LLaVA-NeXT / LLaVA-OneVision (``.vision_tower``: tiles), Idefics3 /
     SmolVLM (``.vision_model``: tiles with their patch masks; ``.text_model``), Gemma 3 (tiles;
     its decoder masks move with the samples), Mistral 3 / Pixtral (images of their own sizes:
-    :func:`~trainer_adapter.hf_pixtral.balance_pixtral`). Feed each rank one packed row
+    :func:`~trainer_adapter.hf_pixtral.balance_pixtral`), Idefics2, Aya Vision, Command A
+    Vision, VipLLaVA (tiles), Llama 4 (``.vision_model``: tiles; its ``.language_model`` is a
+    causal LM, whose inner decoder is balanced). Feed each rank one packed row
     (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
+    if decoder is not None and hasattr(decoder, "lm_head"):  # Llama 4: a causal LM; its decoder
+        decoder = decoder.model  # runs the samples, its head the rank's own tokens
     tower = getattr(inner, "visual", None)
     wrap = balance_vision
     if tower is None:

@@ -6,7 +6,10 @@ of their own (``{"full_attention": [1, 1, L, L], "sliding_attention": [1, 1, L, 
 packed row these masks are block-diagonal, one block per sample. :func:`route_masks` cuts each
 sample's block out, moves it with the sample (one exchange per mask, ``L_i^2`` entries per
 sample) and puts the blocks the rank received together again, block-diagonal, in the kind the
-model uses (bool for SDPA, additive float for eager attention).
+model uses (bool for SDPA, additive float for eager attention). A mask that lets a sample see
+another sample of the row (PaliGemma's prefix block: every ``token_type_ids == 0`` token of the
+row, whichever sample it belongs to) is not block-diagonal: :func:`crossing_masks` finds it,
+and the decoder refuses it rather than drop what the samples saw of each other.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch.distributed as dist
 from trainer_adapter.exchange import collective_device
 from trainer_adapter.item_exchange import ItemRoute
 
-__all__ = ["agree_masks", "route_masks", "split_masks"]
+__all__ = ["agree_masks", "crossing_masks", "route_masks", "split_masks"]
 
 
 def split_masks(attention_mask) -> tuple[torch.Tensor | None, dict | None]:
@@ -41,15 +44,37 @@ def agree_masks(masks: dict | None, group, extra=None) -> tuple[dict | None, lis
     return ({k: (masks or {}).get(k) for k in union} or None), [e for _, e in got]
 
 
+def _allowed(mask: torch.Tensor) -> torch.Tensor:
+    """Where ``mask`` lets a token attend (bool masks: True; additive: 0), ``[L, L]``."""
+    return mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
+
+
+def crossing_masks(masks: dict | None, lengths: np.ndarray) -> list[str]:
+    """The names of the masks that let a token of one sample of the packed row attend to a
+    token of another (anything outside the samples' diagonal blocks)."""
+    out = []
+    for key, mask in sorted((masks or {}).items()):
+        if mask is None or len(lengths) < 2:
+            continue
+        allowed = _allowed(mask)
+        inside = sum(int(allowed[a : a + n, a : a + n].sum()) for a, n in _spans(lengths))
+        if int(allowed.sum()) != inside:
+            out.append(key or "attention_mask")
+    return out
+
+
+def _spans(lengths: np.ndarray):
+    return zip((np.cumsum(lengths) - lengths).tolist(), lengths.tolist(), strict=True)
+
+
 def _blocks(mask: torch.Tensor | None, lengths: np.ndarray) -> torch.Tensor:
     """Each sample's diagonal block of ``mask`` (True: may attend), flattened in order; a
     missing mask is the causal one."""
     if mask is None:
         parts = [torch.ones(n, n, dtype=torch.bool).tril() for n in lengths]
     else:
-        allowed = mask[0, 0] if mask.dtype == torch.bool else mask[0, 0] == 0
-        starts = np.cumsum(lengths) - lengths
-        parts = [allowed[a : a + n, a : a + n] for a, n in zip(starts, lengths, strict=True)]
+        allowed = _allowed(mask)
+        parts = [allowed[a : a + n, a : a + n] for a, n in _spans(lengths)]
     if not parts:
         return torch.zeros(0, dtype=torch.bool)
     return torch.cat([p.reshape(-1) for p in parts])

@@ -12,7 +12,10 @@ return_seq_idx=True)``): ``cu_seq_lens_q/k``, ``max_length_q/k`` and ``seq_idx``
 sample boundaries of the packed row. They are checked against the boundaries the position ids
 give, and rebuilt for the samples a rank received (:func:`packing_kwargs`). Decoders with
 recurrent layers (Qwen3.5's linear attention, Mamba, short convolutions) carry state across a
-packed row's samples unless given them, so they are required there (:func:`check_decoder`).
+packed row's samples unless given them, so they are required there (:func:`check_decoder`);
+and only decoders whose recurrent layers read them (:data:`PACKED_RECURRENT`) are balanced at
+all: LFM2's short convolutions, Jamba's, Bamba's, Nemotron-H's or Granite 4's Mamba layers
+ignore them in transformers, so their packed rows mix samples, balanced or not.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "PACKED_RECURRENT",
     "PACKING_KEYS",
     "check_decoder",
     "check_item_inputs",
@@ -29,6 +33,12 @@ __all__ = [
 ]
 
 PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+# decoders (config.model_type) whose recurrent layers hand the packing kwargs to their kernels
+# in transformers (`cu_seqlens=kwargs.pop("cu_seq_lens_q")`): Qwen3.5, Qwen3-Next, OLMo hybrid
+PACKED_RECURRENT = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"})
+# layer kinds without state along the row; every other kind (linear_attention, conv, mamba,
+# hybrid, ...) carries some from one token to the next
+_STATELESS = {"mlp", "moe", "dense"}
 
 
 def _is_item_data(value) -> bool:
@@ -77,7 +87,21 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
     # layers that keep a running state along the row (linear attention, mamba, conv, ...);
     # the attention kinds (full, sliding, chunked, ...) get their masks from the positions
     layer_types = set(getattr(cfg, "layer_types", None) or ())
-    kinds = {k for k in layer_types if k == "linear_attention" or "attention" not in k}
+    kinds = {
+        k
+        for k in layer_types
+        if k == "linear_attention" or ("attention" not in k and k not in _STATELESS)
+    }
+    model_type = getattr(cfg, "model_type", "")
+    if kinds and model_type not in PACKED_RECURRENT:
+        raise ValueError(
+            f"{type(decoder).__name__} ({model_type}) has {'/'.join(sorted(kinds))} layers, "
+            "which carry state from one sample of a packed row into the next, and its "
+            "transformers code does not take the sample boundaries (HF's packing kwargs) to "
+            "stop them: its packed rows mix samples, balanced or not. Balance the vision tower "
+            "only (balance_model(..., llm=False)); decoders whose recurrent layers take them: "
+            f"{', '.join(sorted(PACKED_RECURRENT))}"
+        )
     if kinds and not {"cu_seq_lens_q", "seq_idx"} & set(spec):
         raise ValueError(
             f"{type(decoder).__name__} has {'/'.join(sorted(kinds))} layers, which carry state "

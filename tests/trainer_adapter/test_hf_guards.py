@@ -7,6 +7,10 @@ images or samples with its own data. Every rank gets the same clear error at the
   cross-attention states per sample;
 - Qwen3.5: linear-attention layers carry state across a packed row's samples unless given
   HF's packing kwargs;
+- LFM2-VL: its decoder's short convolutions ignore HF's packing kwargs, so they are refused
+  even with them (Qwen3.5's linear attention takes them);
+- PaliGemma's prefix mask: one bidirectional block over every ``token_type_ids == 0`` token of
+  the row, so packed samples see each other's images and prompts (its tower still balances);
 - packing kwargs or positions that do not describe the row.
 (Mistral 3's Pixtral tower, with each image's size beside it, was refused here too until it
 got a wrapper of its own: see test_hf_parity.)"""
@@ -73,7 +77,69 @@ def _qwen35(rank: int):
     }
 
 
-MODELS = {"mllama": _mllama, "qwen35": _qwen35}
+def _lfm2vl(rank: int):
+    """LFM2-VL: a decoder of short-convolution and attention layers; two packed samples."""
+    import transformers as tf
+
+    cfg = tf.Lfm2VlConfig(
+        vision_config=dict(
+            model_type="siglip2_vision_model",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            patch_size=7,
+            num_patches=16,
+        ),
+        text_config={**TEXT, "model_type": "lfm2", "layer_types": ["conv", "full_attention"]},
+        image_token_id=IMG,
+        projector_hidden_size=32,
+    )
+    torch.manual_seed(0)
+    model = tf.Lfm2VlForConditionalGeneration(cfg).double()
+    return model, {
+        "input_ids": torch.randint(3, 900, (1, 11)),
+        "position_ids": torch.cat([torch.arange(6), torch.arange(5)])[None],
+    }
+
+
+def _paligemma(rank: int):
+    """PaliGemma: rank 0 packs three samples (image, prompt | answer), rank 1 holds one."""
+    import transformers as tf
+
+    tower = dict(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=7,
+    )
+    cfg = tf.PaliGemmaConfig(
+        vision_config={"model_type": "siglip_vision_model", **tower},
+        text_config={**TEXT, "model_type": "gemma", "head_dim": 8},
+        image_token_index=IMG,
+        projection_dim=32,
+    )
+    torch.manual_seed(0)
+    model = tf.PaliGemmaForConditionalGeneration(cfg).double()
+    gen = torch.Generator().manual_seed(rank)
+    ids, types, pos = [], [], []
+    for prompt, answer in [(3, 4), (2, 5), (1, 2)][
+        : 3 if rank == 0 else 1
+    ]:  # 16 image tokens, prompt | answer
+        ids.append(torch.cat([torch.full((16,), IMG), torch.randint(3, 900, (prompt + answer,))]))
+        types.append(torch.tensor([0] * (16 + prompt) + [1] * answer))
+        pos.append(torch.arange(16 + prompt + answer))
+    return model, {
+        "input_ids": torch.cat(ids)[None],
+        "token_type_ids": torch.cat(types)[None],
+        "position_ids": torch.cat(pos)[None],
+        "pixel_values": torch.randn(len(ids), 3, 28, 28, dtype=torch.float64, generator=gen),
+    }
+
+
+MODELS = {"mllama": _mllama, "qwen35": _qwen35, "paligemma": _paligemma, "lfm2vl": _lfm2vl}
 
 
 def rank_main(rank, world, name, encoder, llm, enabled, change):
@@ -99,12 +165,23 @@ def rank_main(rank, world, name, encoder, llm, enabled, change):
     grads = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
     dist.all_reduce(grads)
     route = getattr(model.model.language_model, "last_route", None)
-    return float(loss), grads.numpy(), route.moved if route else 0
+    tower = getattr(model.model, "vision_tower", None)
+    images = tower.last_route.moved if hasattr(tower, "last_route") else 0
+    return float(loss), grads.numpy(), route.moved if route else 0, images
 
 
 def _wrong_boundaries(batch):
     cu = torch.tensor([0, 4, 12], dtype=torch.int32)  # the row's samples are 5 + 5 + 2 long
     return {**batch, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": 8}
+
+
+def _packing_kwargs(batch):  # what DataCollatorWithFlattening gives for the row
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(batch["position_ids"])
+    seq_idx = (batch["position_ids"] == 0).cumsum(-1).to(torch.int32) - 1
+    packing = {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k, "seq_idx": seq_idx}
+    return {**batch, **packing, "max_length_q": int(max_q), "max_length_k": int(max_k)}
 
 
 def _three_row_positions(batch):  # Qwen's mrope positions without the text row
@@ -115,6 +192,7 @@ CHANGES = {
     "none": lambda b: b,
     "wrong_boundaries": _wrong_boundaries,
     "three_rows": _three_row_positions,
+    "packing": _packing_kwargs,
 }
 
 
@@ -140,6 +218,20 @@ REFUSED = {  # case: (model, encoder, llm, change, words the error must hold)
         "none",
         ["linear_attention", "cu_seq_lens_q"],
     ),
+    "paligemma-prefix-across-samples": (  # rank 1's single sample crosses nothing: it is
+        "paligemma",  # refused all the same, not left waiting in the exchange
+        False,
+        True,
+        "none",
+        ["GemmaModel", "attention_mask", "attend to each other", "llm=False"],
+    ),
+    "lfm2vl-conv-ignores-packing-kwargs": (
+        "lfm2vl",
+        False,
+        True,
+        "packing",
+        ["Lfm2Model (lfm2)", "conv layers", "llm=False", "qwen3_5_text"],
+    ),
     "qwen35-wrong-boundaries": (
         "qwen35",
         False,
@@ -158,10 +250,12 @@ REFUSED = {  # case: (model, encoder, llm, change, words the error must hold)
 
 
 def rank_cases(rank, world):
-    """Every refused case in one launch of the ranks, each with a fresh model."""
-    return {
-        case: rank_main(rank, world, *args[:3], True, args[3]) for case, args in REFUSED.items()
-    }
+    """Every refused case in one launch of the ranks, each with a fresh model; and PaliGemma
+    with its tower balanced and with nothing balanced."""
+    out = {case: rank_main(rank, world, *a[:3], True, a[3]) for case, a in REFUSED.items()}
+    out["paligemma-tower"] = rank_main(rank, world, "paligemma", True, False, True, "none")
+    out["paligemma-plain"] = rank_main(rank, world, "paligemma", True, False, False, "none")
+    return out
 
 
 @functools.cache
@@ -176,6 +270,37 @@ def test_refused_with_a_clear_error_on_every_rank(case):
         assert isinstance(message, str), "the step ran where it must be refused"
         for word in REFUSED[case][4]:
             assert word in message
+
+
+def test_paligemma_tower_balances():
+    """PaliGemma's vision tower balances (rank 0 holds three images, rank 1 one) and the step
+    equals the one without balancing: only its decoder is refused."""
+    tower, plain = cases()["paligemma-tower"], cases()["paligemma-plain"]
+    for (loss, grads, _, moved), (loss0, grads0, _, moved0) in zip(tower, plain, strict=True):
+        assert loss == pytest.approx(loss0, rel=1e-12)
+        np.testing.assert_allclose(grads, grads0, rtol=1e-10, atol=1e-12)
+        assert moved > 0 and moved0 == 0
+
+
+def test_crossing_masks_finds_masks_that_join_samples():
+    """Block-diagonal masks (causal or with bidirectional blocks inside a sample) cross
+    nothing; one allowed entry outside the samples' blocks is found, bool or additive."""
+    from trainer_adapter.hf_masks import crossing_masks
+
+    lengths = np.array([3, 2, 4])
+    causal = torch.ones(9, 9, dtype=torch.bool).tril()
+    own = causal & torch.block_diag(*[torch.ones(n, n, dtype=torch.bool) for n in lengths])
+    inside = own.clone()
+    inside[3, 4] = True  # a bidirectional pair inside the second sample
+    leak = own.clone()
+    leak[5, 4] = True  # the third sample sees the second's last token
+    masks = {"a": own[None, None], "b": inside[None, None], "c": leak[None, None], "d": None}
+    assert crossing_masks(masks, lengths) == ["c"]
+    for mask, crossing in ((own, []), (leak, ["attention_mask"])):  # eager attention's kind
+        additive = torch.zeros(9, 9, dtype=torch.float64).masked_fill(~mask, -1e300)
+        assert crossing_masks({"": additive[None, None]}, lengths) == crossing
+    assert crossing_masks({"": causal[None, None]}, np.array([9])) == []  # one sample
+    assert crossing_masks({"": causal[None, None]}, lengths) == ["attention_mask"]
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -204,3 +329,37 @@ def test_packing_kwargs_equal_the_collators(seed):
     check_decoder(decoder, packing, lengths, spec)
     with pytest.raises(ValueError, match="sample boundaries"):
         check_decoder(decoder, packing, np.append(lengths[:-1], [lengths[-1] + 1]), spec)
+
+
+@pytest.mark.parametrize(
+    "layer_types, model_type, packed, refused",
+    [
+        (["full_attention", "sliding_attention", "chunked_attention"], "llama4_text", False, ""),
+        (["linear_attention", "full_attention"], "qwen3_5_text", True, ""),
+        (["linear_attention", "full_attention"], "qwen3_5_text", False, "pass HF's packing"),
+        # Nemotron-H: its MLP and MoE layers carry nothing, its Mamba layers do
+        (["linear_attention", "moe", "full_attention", "mlp"], "nemotron_h", True, "(nemotron_h)"),
+        (["hybrid", "hybrid"], "falcon_h1", True, "hybrid layers"),
+        (["conv", "full_attention"], "lfm2", True, "conv layers"),
+    ],
+)
+def test_recurrent_decoders(layer_types, model_type, packed, refused):
+    """Decoders with layers that carry state along the row are balanced only where their
+    transformers code takes the packing kwargs, and then only with them; the error names the
+    state-carrying kinds and no stateless ones."""
+    import types
+
+    from trainer_adapter.hf_packing import check_decoder
+
+    decoder = torch.nn.Linear(1, 1)
+    decoder.config = types.SimpleNamespace(layer_types=layer_types, model_type=model_type)
+    lengths = np.array([3, 4])
+    kw = {"seq_idx": torch.tensor([[0, 0, 0, 1, 1, 1, 1]], dtype=torch.int32)} if packed else {}
+    spec = {"seq_idx": "torch.int32"} if packed else {}
+    if not refused:
+        check_decoder(decoder, kw, lengths, spec)
+        return
+    with pytest.raises(ValueError) as e:
+        check_decoder(decoder, kw, lengths, spec)
+    assert refused in str(e.value)
+    assert "moe" not in str(e.value).split("layers")[0] and "mlp" not in str(e.value)

@@ -84,6 +84,14 @@ LAYOUTS = {
         TEXT_ONLY,
     ],
     "llava": [[(5, 1, 7), (3, 1, 4), (2, 1, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
+    # more tile towers: Aya Vision and Command A Vision (SigLIP, pixel shuffle; Cohere 2
+    # decoders), VipLLaVA (CLIP features of several layers), Idefics2 (a perceiver resampler
+    # per tile, patch masks), Llama 4 (its own tower with pixel shuffle; an MoE decoder inside
+    # a causal LM)
+    **{
+        f: [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY]
+        for f in ("aya_vision", "cohere2_vision", "vipllava", "idefics2", "llama4")
+    },
     # Mistral 3 (Pixtral tower): images of their own sizes (height, width), padded per batch
     "mistral3": [
         [(5, (28, 56), 7), (3, (56, 56), 4), (2, (28, 28), 2), (9, None, 0)],
@@ -112,7 +120,18 @@ QWEN_STYLE = ("qwen2vl", "qwen25vl", "qwen3vl", "qwen3vl_moe", "qwen35", "glm4v"
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
 # pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
-TOKENS_PER_TILE = {"internvl": 4, "llava": 16, "smolvlm": 4, "gemma3": 4}  # Gemma 3: pooled 2x2
+TOKENS_PER_TILE = {
+    "internvl": 4,
+    "llava": 16,
+    "smolvlm": 4,
+    "gemma3": 4,  # pooled 2x2
+    "aya_vision": 4,
+    "cohere2_vision": 4,
+    "vipllava": 16,
+    "idefics2": 8,  # the resampler's latents
+    "llama4": 4,
+}
+PATCH_MASKED = ("smolvlm", "idefics2")  # [1, tiles, C, H, W] with a pixel mask per tile
 TEXT = dict(
     vocab_size=1000,
     hidden_size=32,
@@ -380,6 +399,72 @@ def build_model(family: str, seed: int = 0):
             scale_factor=2,
         )
         cls = tf.SmolVLMForConditionalGeneration
+    elif family in ("aya_vision", "cohere2_vision"):
+        cohere = {**TEXT, "model_type": "cohere2", "head_dim": 8}
+        cohere["layer_types"] = ["full_attention"] * 2  # see Gemma 3's sliding window
+        if family == "aya_vision":
+            cfg = tf.AyaVisionConfig(
+                vision_config=_tile_tower("siglip_vision_model"),
+                text_config=cohere,
+                image_token_index=IMG,
+                downsample_factor=2,
+            )
+            cls = tf.AyaVisionForConditionalGeneration
+        else:
+            cfg = tf.Cohere2VisionConfig(
+                vision_config=_tile_tower("siglip_vision_model"),
+                text_config=cohere,
+                image_token_id=IMG,
+                downsample_factor=2,
+                alignment_intermediate_size=64,
+            )
+            cls = tf.Cohere2VisionForConditionalGeneration
+    elif family == "vipllava":
+        cfg = tf.VipLlavaConfig(
+            vision_config=_tile_tower("clip_vision_model"),
+            text_config={**TEXT, "model_type": "llama"},
+            image_token_index=IMG,
+            vision_feature_layers=[-2, -1],
+        )
+        cls = tf.VipLlavaForConditionalGeneration
+    elif family == "idefics2":
+        cfg = tf.Idefics2Config(
+            vision_config=_tile_tower(),
+            perceiver_config=dict(
+                hidden_size=32,
+                resampler_n_latents=TOKENS_PER_TILE["idefics2"],
+                resampler_depth=1,
+                resampler_n_heads=2,
+                resampler_head_dim=8,
+                num_key_value_heads=2,
+            ),
+            text_config={**TEXT, "model_type": "mistral", "head_dim": 8},
+            image_token_id=IMG,
+        )
+        cls = tf.Idefics2ForConditionalGeneration
+    elif family == "llama4":
+        cfg = tf.Llama4Config(
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=64,  # the pixel shuffle's width: hidden / ratio^2
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=TILE,
+                patch_size=7,
+                vision_output_dim=32,
+                projector_input_dim=32,
+                projector_output_dim=32,
+            ),
+            text_config={
+                **TEXT,
+                "head_dim": 8,
+                "num_local_experts": 2,
+                "intermediate_size_mlp": 64,
+                "no_rope_layers": [1, 0],  # a RoPE layer and a NoPE one, as Llama 4 mixes
+            },
+            image_token_index=IMG,
+        )
+        cls = tf.Llama4ForConditionalGeneration
     else:
         cfg = tf.LlavaConfig(
             vision_config=_tile_tower("clip_vision_model"),
@@ -390,7 +475,7 @@ def build_model(family: str, seed: int = 0):
         )
         cls = tf.LlavaForConditionalGeneration
     cfg._attn_implementation = "sdpa"
-    if family.endswith("_moe"):  # float64 here: torch's grouped_mm takes no doubles
+    if family.endswith("_moe") or family == "llama4":  # float64: grouped_mm takes no doubles
         cfg._experts_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(cfg).double().train()
@@ -516,7 +601,7 @@ def make_batches(family: str, model, layout=None):
             batch["batch_num_images"] = [len(g) for g in grids] if grids else None
         if family == "gemma3":  # image tokens: bidirectional inside each image
             batch["token_type_ids"] = (batch["input_ids"] == IMG).long()
-        if family == "smolvlm" and pix:  # [1, tiles, ...]; every other tile half padding
+        if family in PATCH_MASKED and pix:  # [1, tiles, ...]; every other tile half padding
             batch["pixel_values"] = batch["pixel_values"][None]
             mask = torch.ones((*batch["pixel_values"].shape[:2], TILE, TILE), dtype=torch.bool)
             mask[:, ::2, :, TILE // 2 + 3 :] = False
@@ -580,6 +665,14 @@ def _record_packing(decoder, seen: list) -> None:
     decoder.forward = recorded
 
 
+def _decoder(model):
+    """The decoder that balance_model wraps (Llama 4's language model is a causal LM: its
+    inner model)."""
+    inner = getattr(model, "model", model)
+    decoder = getattr(inner, "language_model", None) or inner.text_model
+    return decoder.model if hasattr(decoder, "lm_head") else decoder
+
+
 def rank_main(
     rank, world, family, mode, shift=0, layout=None, packing=False, reentrant=None, aux=False
 ):
@@ -598,8 +691,7 @@ def rank_main(
     batches = make_batches(family, model, layout)
     seen = []
     if packing:
-        inner = model.model
-        _record_packing(getattr(inner, "language_model", None) or inner.text_model, seen)
+        _record_packing(_decoder(model), seen)
     if reentrant is not None:  # every layer of the tower and decoder recomputed in backward
         model.activation_checkpointing_enable({"use_reentrant": reentrant})
     policy = RedistributePolicy(enabled=mode == "balanced", placement="identity")
@@ -619,11 +711,10 @@ def rank_main(
         ]
     )
     dist.all_reduce(flat)
-    inner = model.model
+    inner = getattr(model, "model", model)  # Llama 4: no inner model
     tower = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
     vision_route = (tower or inner.vision_model).last_route
-    decoder = getattr(inner, "language_model", None) or inner.text_model
-    llm_route = getattr(decoder, "last_route", None)
+    llm_route = getattr(_decoder(model), "last_route", None)
     return {
         "loss": float(loss),
         "grads": flat.numpy(),
@@ -648,7 +739,7 @@ def reference(family: str, layout=None, packing=False):
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     with_images = [b for b in batches if b["pixel_values"] is not None]
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
-        if k in batches[0] and family not in (*ANYRES, "smolvlm", "mistral3") and with_images:
+        if k in batches[0] and family not in (*ANYRES, *PATCH_MASKED, "mistral3") and with_images:
             cat[k] = torch.cat([b[k] for b in with_images])
     with_videos = [b for b in batches if "pixel_values_videos" in b]
     for k in ("pixel_values_videos", "video_grid_thw"):
@@ -662,7 +753,7 @@ def reference(family: str, layout=None, packing=False):
         cat["image_sizes"] = torch.cat([b["image_sizes"] for b in with_images])
     if family == "llava_onevision" and with_images:
         cat["batch_num_images"] = [n for b in with_images for n in b["batch_num_images"]]
-    if family == "smolvlm" and with_images:  # [1, tiles, ...]: every rank's along dim 1
+    if family in PATCH_MASKED and with_images:  # [1, tiles, ...]: every rank's along dim 1
         for k in ("pixel_values", "pixel_attention_mask"):
             cat[k] = torch.cat([b[k] for b in with_images], dim=1)
     if packing:
@@ -724,6 +815,26 @@ VISION_PARAMS = {
         "model.multi_modal_projector.linear_2.weight",
         "model.image_newline",
     ),
+    "aya_vision": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.linear_2.weight",
+    ),
+    "cohere2_vision": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.linear_2.weight",
+    ),
+    "vipllava": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.linear_2.weight",
+    ),
+    "idefics2": (
+        "model.vision_model.embeddings.patch_embedding.weight",
+        "model.connector.perceiver_resampler.norm.weight",
+    ),
+    "llama4": (
+        "vision_model.patch_embedding.linear.weight",
+        "multi_modal_projector.linear_1.weight",
+    ),
 }
 
 
@@ -734,8 +845,9 @@ SHIFTED = (
     "llava_onevision",
     "smolvlm",
     "mistral3",
+    "llama4",
 )  # the empty rank is rank 0
-NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm")
+NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm", "idefics2")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")
 # HF's activation checkpointing (what every large run turns on): reentrant or not

@@ -681,6 +681,36 @@ MUTATIONS = [
         '("attention" not in k)',
         ("tests/trainer_adapter/test_hf_guards.py::test_recurrent_decoders",),
     ),
+    Mutation(
+        "tower-wrapper-by-attribute-name",
+        "the tower's wrapper chosen by its attribute name (.visual), not by what it takes",
+        "trainer_adapter/hf_balance.py",
+        '    if "grid_thw" in takes:',
+        '    if getattr(inner, "visual", None) is not None:',
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "per-token-input-left-behind",
+        "ERNIE's per-token expert routing stays on its rank while its samples move",
+        "trainer_adapter/hf_balance.py",
+        "            kw[key] = move_per_token(kw.pop(key, None), key, dtype, int(lengths.sum()), route)",
+        "            pass",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "patch-row-width-from-outputs",
+        "a joining rank's empty patch rows get the patch embedding's output width",
+        "trainer_adapter/hf_balance.py",
+        "            return int(m.in_features)",
+        "            return int(m.out_features)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
 ]
 
 

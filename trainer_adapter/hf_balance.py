@@ -49,8 +49,10 @@ from trainer_adapter.hf_packing import (
     PACKING_KEYS,
     check_decoder,
     check_item_inputs,
+    move_per_token,
     packing_kwargs,
     packing_spec,
+    per_token_spec,
 )
 from trainer_adapter.hf_pixtral import balance_pixtral
 from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
@@ -117,6 +119,7 @@ def balance_vision(
     policy = policy or RedistributePolicy()
     model = tower_cost(tower, policy).vision
     inner = tower.forward
+    width = _patch_width(tower)  # a rank without images joins with [0, width]
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
         if not self.equishard_joining and (grid_thw is None or grid_thw.numel() == 0):
@@ -153,12 +156,26 @@ def balance_vision(
         """Take part in this step's exchange with no images of this rank's own (HF skips the
         tower when ``pixel_values`` is None); returns a zero that the caller adds to its output
         so the reverse exchange runs in the backward too."""
-        pe = self.patch_embed
-        dim = pe.in_channels * pe.temporal_patch_size * pe.patch_size**2
-        ref = next(self.parameters())
-        return joined(self, ref.new_zeros((0, dim)), grid_thw=torch.zeros(0, 3, dtype=torch.int64))
+        empty = next(self.parameters()).new_zeros((0, width))
+        return joined(self, empty, grid_thw=torch.zeros(0, 3, dtype=torch.int64))
 
     return install(tower, forward, join)
+
+
+def _patch_width(tower: torch.nn.Module) -> int:
+    """The width of one row of a Qwen-style tower's flattened patches: what its patch
+    embedding takes (Qwen's Conv3d: channels x frames x patch^2; ERNIE's Linear: its inputs)."""
+    embed = getattr(tower, "patch_embed", None)
+    for m in embed.modules() if isinstance(embed, torch.nn.Module) else ():
+        if isinstance(m, torch.nn.Linear):
+            return int(m.in_features)
+        if isinstance(m, torch.nn.modules.conv._ConvNd):
+            return int(m.in_channels * np.prod(m.kernel_size))
+    raise ValueError(
+        f"{type(tower).__name__} takes grid_thw but has no Qwen-style patch_embed (a Linear or "
+        "Conv layer taking one row of flattened patches), so balance_vision cannot move its "
+        "inputs; balance the decoder only (balance_model(..., encoder=False))"
+    )
 
 
 def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
@@ -335,12 +352,13 @@ def balance_decoder(
             )
         text = position_ids[0] if position_ids.ndim == 3 else position_ids
         lengths = _sample_lengths(text)
-        # one collective: the masks' names, the packing kwargs, the masks that join samples
-        masks, agreed = agree_masks(
-            masks, group, (packing_spec(kw), crossing_masks(masks, lengths))
-        )
-        spec = {k: v for sp, _ in agreed for k, v in sp.items()}
-        crossing = sorted({k for _, names in agreed for k in names})
+        # one collective: the masks' names, the packing kwargs, the masks that join samples,
+        # the per-token inputs (their dtypes)
+        mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
+        masks, agreed = agree_masks(masks, group, mine)
+        spec = {k: v for sp, _, _ in agreed for k, v in sp.items()}
+        crossing = sorted({k for _, names, _ in agreed for k in names})
+        per_token = {k: v for _, _, tok in agreed for k, v in tok.items()}
         if crossing:  # every rank refuses, also one whose row holds a single sample
             raise ValueError(
                 f"{type(self).__name__} (balance_decoder): the model's {', '.join(crossing)} "
@@ -376,6 +394,8 @@ def balance_decoder(
         pos_rows = position_ids.reshape(lead, position_ids.shape[-1]).T  # [L, rows]
         p = route.send(pos_rows.contiguous(), 0, "positions").T
         p = p.reshape(*position_ids.shape[:-1], -1) if position_ids.ndim == 3 else p.reshape(1, -1)
+        for key, dtype in sorted(per_token.items()):  # ERNIE's token types: with their tokens
+            kw[key] = move_per_token(kw.pop(key, None), key, dtype, int(lengths.sum()), route)
         layers = int(route.table[:, 2].max()) if route.table.size else 0  # agreed by all ranks
         if layers:
             width = inputs_embeds.shape[-1]
@@ -435,19 +455,25 @@ def balance_model(
     its decoder masks move with the samples), Mistral 3 / Pixtral (images of their own sizes:
     :func:`~trainer_adapter.hf_pixtral.balance_pixtral`), Idefics2, Aya Vision, Command A
     Vision, VipLLaVA (tiles), Llama 4 (``.vision_model``: tiles; its ``.language_model`` is a
-    causal LM, whose inner decoder is balanced). Feed each rank one packed row
-    (:func:`balance_decoder`'s convention). Returns the model."""
+    causal LM, whose inner decoder is balanced), ERNIE 4.5-VL (a Qwen-style ``.vision_tower``;
+    the wrapper follows what the tower's forward takes: ``grid_thw``, ``image_sizes`` or
+    tiles). Feed each rank one packed row (:func:`balance_decoder`'s convention). Returns the
+    model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     if decoder is not None and hasattr(decoder, "lm_head"):  # Llama 4: a causal LM; its decoder
         decoder = decoder.model  # runs the samples, its head the rank's own tokens
-    tower = getattr(inner, "visual", None)
-    wrap = balance_vision
-    if tower is None:
-        tower = getattr(inner, "vision_tower", None) or getattr(inner, "vision_model", None)
-        wrap = balance_tiles
-        if tower is not None and "image_sizes" in inspect.signature(tower.forward).parameters:
-            wrap = balance_pixtral  # Mistral 3, Pixtral: images of their own sizes
+    tower = next(
+        (t for a in ("visual", "vision_tower", "vision_model") if (t := getattr(inner, a, None))),
+        None,
+    )
+    # the wrapper by what the tower's forward takes, whatever the model calls it
+    takes = inspect.signature(tower.forward).parameters if tower is not None else {}
+    wrap = balance_tiles
+    if "grid_thw" in takes:  # Qwen-style: patches + grid_thw (ERNIE 4.5-VL's .vision_tower)
+        wrap = balance_vision
+    elif "image_sizes" in takes:
+        wrap = balance_pixtral  # Mistral 3, Pixtral: images of their own sizes
     if tower is None or decoder is None:
         raise ValueError(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "

@@ -28,11 +28,16 @@ __all__ = [
     "PACKING_KEYS",
     "check_decoder",
     "check_item_inputs",
+    "move_per_token",
     "packing_kwargs",
     "packing_spec",
+    "per_token_spec",
 ]
 
 PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+# per-token inputs of a decoder, ``[1, L]`` beside the row: they move with their tokens
+# (ERNIE 4.5-VL's ``moe_mm_token_type_ids`` route vision tokens to its vision experts)
+PER_TOKEN_KEYS = ("moe_mm_token_type_ids",)
 # decoders (config.model_type) whose recurrent layers hand the packing kwargs to their kernels
 # in transformers (`cu_seqlens=kwargs.pop("cu_seq_lens_q")`): Qwen3.5, Qwen3-Next, OLMo hybrid
 PACKED_RECURRENT = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"})
@@ -81,7 +86,7 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
         f"{type(decoder).__name__} (balance_decoder)",
         (),
         kw,
-        ("visual_pos_masks", "deepstack_visual_embeds", *PACKING_KEYS),
+        ("visual_pos_masks", "deepstack_visual_embeds", *PACKING_KEYS, *PER_TOKEN_KEYS),
     )
     cfg = getattr(decoder, "config", None)
     # layers that keep a running state along the row (linear attention, mamba, conv, ...);
@@ -124,6 +129,27 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
                 f"position ids (restarting at 0 per sample) give {want.tolist()[:8]}...; "
                 "build both from the same packing"
             )
+
+
+def per_token_spec(kw: dict) -> dict[str, str]:
+    """The per-token inputs (:data:`PER_TOKEN_KEYS`) this rank was given, with their dtypes."""
+    return {k: str(kw[k].dtype) for k in PER_TOKEN_KEYS if kw.get(k) is not None}
+
+
+def move_per_token(value, key: str, dtype: str, length: int, route) -> torch.Tensor:
+    """A per-token input ``[1, L]`` of this rank's row moved with its samples (``route``: the
+    decoder's); a rank given none (an empty rank, or a model that leaves it out) sends zeros.
+    Collective: every rank calls it for every key some rank has."""
+    dt = getattr(torch, dtype.removeprefix("torch."))
+    if value is None:
+        value = torch.zeros(1, length, dtype=dt)
+    if tuple(value.shape) != (1, length):
+        raise ValueError(
+            f"balance_decoder: `{key}` must be [1, L] beside the packed row of {length} tokens, "
+            f"got {tuple(value.shape)}"
+        )
+    moved = route.send(value.reshape(-1, 1).to(torch.int64), 0, key)
+    return moved.reshape(1, -1).to(dt)
 
 
 def packing_kwargs(kw: dict, spec: dict, received: np.ndarray, device: torch.device) -> dict:

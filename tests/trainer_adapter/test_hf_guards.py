@@ -363,3 +363,19 @@ def test_recurrent_decoders(layer_types, model_type, packed, refused):
         check_decoder(decoder, kw, lengths, spec)
     assert refused in str(e.value)
     assert "moe" not in str(e.value).split("layers")[0] and "mlp" not in str(e.value)
+
+
+def test_tower_whose_inputs_cannot_move_refused_when_wrapped():
+    """PaddleOCR-VL's tower takes grid_thw but its patches as [1, N, C, p, p] with no Qwen-style
+    patch embedding: balance_model refuses it when wrapping (no step starts, no rank waits),
+    and the decoder alone still wraps."""
+    import transformers as tf
+
+    from trainer_adapter.hf_balance import balance_model
+
+    with torch.device("meta"):  # the structure only: nothing runs
+        model = tf.PaddleOCRVLForConditionalGeneration(tf.PaddleOCRVLConfig())
+    with pytest.raises(ValueError, match=r"PaddleOCRVisionModel takes grid_thw .* encoder=False"):
+        balance_model(model)
+    balance_model(model, encoder=False)
+    assert hasattr(model.model.language_model, "equishard_paused")

@@ -65,6 +65,21 @@ LAYOUTS = {
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
+    # Qwen2.5-Omni's thinker (the part that is trained): Qwen2.5-VL's tower beside an audio one
+    "qwen25omni": [
+        [(5, (1, 8, 12), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
+    # ERNIE 4.5-VL: a Qwen-style tower named .vision_tower, a resampler after it, and a decoder
+    # whose vision tokens go to experts of their own (moe_mm_token_type_ids, per token)
+    "ernie45vl_moe": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
     "glm4v_moe": [
         [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
         [],
@@ -116,7 +131,18 @@ LAYOUTS = {
 }
 ANYRES = ("llava_onevision", "llava_next")
 # patches + grid_thw
-QWEN_STYLE = ("qwen2vl", "qwen25vl", "qwen3vl", "qwen3vl_moe", "qwen35", "glm4v", "glm4v_moe")
+QWEN_STYLE = (
+    "qwen2vl",
+    "qwen25vl",
+    "qwen3vl",
+    "qwen3vl_moe",
+    "qwen35",
+    "glm4v",
+    "glm4v_moe",
+    "ernie45vl_moe",
+    "qwen25omni",
+)
+PATCH_ROW = {"ernie45vl_moe": 3 * 14 * 14}  # else 3 x 2 frames x 14 x 14
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
 # pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
@@ -289,6 +315,80 @@ def build_model(family: str, seed: int = 0):
         # packing kwargs)
         cfg = qwen35_config()
         cls = tf.Qwen3_5ForConditionalGeneration
+    elif family == "qwen25omni":
+        cfg = tf.Qwen2_5OmniThinkerConfig(
+            text_config={
+                **TEXT,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "mrope_section": [2, 1, 1],
+                },
+            },
+            vision_config=dict(
+                depth=2,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                in_channels=3,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_patch_size=2,
+                out_hidden_size=32,
+                window_size=56,
+                fullatt_block_indexes=[1],
+            ),
+            audio_config=dict(
+                d_model=16,
+                encoder_layers=1,
+                encoder_attention_heads=2,
+                encoder_ffn_dim=32,
+                output_dim=32,
+                num_mel_bins=16,
+                max_source_positions=64,
+                n_window=8,
+            ),
+            image_token_index=IMG,
+            video_token_index=VIDEO,
+            audio_token_index=993,
+            audio_start_token_id=994,
+            audio_end_token_id=995,
+        )
+        cfg.vision_start_token_id = VSTART  # read by its get_rope_index
+        cls = tf.Qwen2_5OmniThinkerForConditionalGeneration
+    elif family == "ernie45vl_moe":
+        cfg = tf.Ernie4_5_VLMoeConfig(
+            text_config={
+                **TEXT,
+                "head_dim": 8,
+                "moe_intermediate_size": [16, 16],  # text experts, vision experts
+                "moe_k": 2,
+                "moe_num_experts": 4,
+                "moe_num_shared_experts": 1,
+                "mlp_layer_types": ["dense", "sparse"],
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "mrope_section": [1, 1, 2],
+                },
+            },
+            vision_config=dict(
+                depth=2,
+                hidden_size=16,
+                intermediate_size=32,
+                num_heads=2,
+                patch_size=14,
+                spatial_merge_size=2,
+                temporal_merge_size=2,
+            ),
+            image_token_id=IMG,
+            image_start_token_id=VSTART,
+            image_end_token_id=VEND,
+            video_token_id=VIDEO,
+            video_start_token_id=994,
+            video_end_token_id=995,
+        )
+        cls = tf.Ernie4_5_VLMoeForConditionalGeneration
     elif family in ("glm4v", "glm4v_moe"):  # GLM-4.1V / 4.5V: a Qwen-style tower
         moe = family == "glm4v_moe"
         cfg = (tf.Glm4vMoeConfig if moe else tf.Glm4vConfig)(
@@ -542,7 +642,7 @@ def make_batches(family: str, model, layout=None):
                 frames = grid[0] if family == "qwen3vl" else 1
                 for _ in range(frames):
                     seq += [VSTART] + [VIDEO] * (int(np.prod(grid)) // 4 // frames) + [VEND]
-                rows = rng.normal(size=(int(np.prod(grid)), 3 * 2 * 14 * 14))
+                rows = rng.normal(size=(int(np.prod(grid)), PATCH_ROW.get(family, 1176)))
                 vids.append(torch.from_numpy(rows))
                 vgrids.append(grid)
             elif image is not None and family == "mistral3":  # (height, width) in pixels
@@ -558,7 +658,9 @@ def make_batches(family: str, model, layout=None):
             elif image is not None and qwen:
                 seq += [VSTART] + [IMG] * (int(np.prod(image)) // 4) + [VEND]
                 pix.append(
-                    torch.from_numpy(rng.normal(size=(int(np.prod(image)), 3 * 2 * 14 * 14)))
+                    torch.from_numpy(
+                        rng.normal(size=(int(np.prod(image)), PATCH_ROW.get(family, 1176)))
+                    )
                 )
                 grids.append(image)
             elif image is not None:
@@ -574,7 +676,14 @@ def make_batches(family: str, model, layout=None):
                 g = torch.tensor([image]) if image is not None and not video else None
                 vg = torch.tensor([image[1]]) if video else None
                 kinds = (t == IMG).int() + 2 * (t == VIDEO).int()  # text 0, image 1, video 2
-                rope, _ = model.model.get_rope_index(t, kinds, image_grid_thw=g, video_grid_thw=vg)
+                if family == "qwen25omni":  # no token kinds: it finds them itself
+                    rope, _ = model.model.get_rope_index(
+                        t, image_grid_thw=g, video_grid_thw=vg, attention_mask=torch.ones_like(t)
+                    )
+                else:
+                    rope, _ = model.model.get_rope_index(
+                        t, kinds, image_grid_thw=g, video_grid_thw=vg
+                    )
                 text = torch.cat([text[None], rope], dim=0)
             pos.append(text)
             ids.append(t)
@@ -599,6 +708,10 @@ def make_batches(family: str, model, layout=None):
             batch["image_sizes"] = torch.tensor([s for g in grids for s in g]) if grids else None
         if family == "llava_onevision":
             batch["batch_num_images"] = [len(g) for g in grids] if grids else None
+        if family == "ernie45vl_moe":  # modality per token: for its positions and its experts
+            ids = batch["input_ids"]
+            batch["mm_token_type_ids"] = (ids == IMG).int()
+            batch["moe_mm_token_type_ids"] = ((ids == IMG) | (ids == VSTART) | (ids == VEND)).int()
         if family == "gemma3":  # image tokens: bidirectional inside each image
             batch["token_type_ids"] = (batch["input_ids"] == IMG).long()
         if family in PATCH_MASKED and pix:  # [1, tiles, ...]; every other tile half padding
@@ -733,7 +846,11 @@ def reference(family: str, layout=None, packing=False):
     model = build_model(family)
     batches = make_batches(family, model, layout)
     keys = (
-        ("input_ids", "labels", "token_type_ids") if family == "gemma3" else ("input_ids", "labels")
+        ("input_ids", "labels", "token_type_ids")
+        if family == "gemma3"
+        else ("input_ids", "labels", "mm_token_type_ids", "moe_mm_token_type_ids")
+        if family == "ernie45vl_moe"
+        else ("input_ids", "labels")
     )
     cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in keys}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
@@ -785,6 +902,11 @@ VISION_PARAMS = {
     "qwen35": ("model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight"),
     "glm4v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
     "glm4v_moe": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
+    "qwen25omni": ("model.visual.patch_embed.proj.weight", "model.visual.merger.mlp.2.weight"),
+    "ernie45vl_moe": (
+        "model.vision_tower.patch_embed.proj.weight",
+        "model.resampler_model.mlp.weight",  # after the tower, on the image's own rank
+    ),
     "mistral3": (
         "model.vision_tower.patch_conv.weight",
         "model.multi_modal_projector.patch_merger.merging_layer.weight",

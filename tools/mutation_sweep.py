@@ -711,6 +711,27 @@ MUTATIONS = [
             "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
         ),
     ),
+    Mutation(
+        "naflex-padding-unmasked",
+        "the rows an image is padded with to the group's largest are marked as patches",
+        "trainer_adapter/hf_naflex.py",
+        "        mask = F.pad(pixel_attention_mask.to(torch.int64), (0, most - rows))",
+        "        mask = F.pad(pixel_attention_mask.to(torch.int64), (0, most - rows), value=1)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "naflex-grid-stays-home",
+        "a moved image runs with the receiving rank's own patch grids",
+        "trainer_adapter/hf_naflex.py",
+        '        shapes = route.send(spatial_shapes.to(torch.int64), one, "spatial_shapes")',
+        '        shapes = route.send(spatial_shapes.to(torch.int64), one, "spatial_shapes")\n'
+        "        shapes = shapes.flip(0)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
 ]
 
 

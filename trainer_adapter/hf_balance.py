@@ -45,6 +45,7 @@ import torch.distributed as dist
 from balancing import CostModel
 from trainer_adapter.exchange import collective_device
 from trainer_adapter.hf_masks import agree_masks, crossing_masks, route_masks, split_masks
+from trainer_adapter.hf_naflex import balance_naflex
 from trainer_adapter.hf_packing import (
     PACKING_KEYS,
     check_decoder,
@@ -456,7 +457,8 @@ def balance_model(
     :func:`~trainer_adapter.hf_pixtral.balance_pixtral`), Idefics2, Aya Vision, Command A
     Vision, VipLLaVA (tiles), Llama 4 (``.vision_model``: tiles; its ``.language_model`` is a
     causal LM, whose inner decoder is balanced), ERNIE 4.5-VL (a Qwen-style ``.vision_tower``;
-    the wrapper follows what the tower's forward takes: ``grid_thw``, ``image_sizes`` or
+    the wrapper follows what the tower's forward takes: ``grid_thw``, ``image_sizes``,
+    ``spatial_shapes`` (LFM2-VL: :func:`~trainer_adapter.hf_naflex.balance_naflex`) or
     tiles). Feed each rank one packed row (:func:`balance_decoder`'s convention). Returns the
     model."""
     inner = getattr(model, "model", model)
@@ -474,6 +476,8 @@ def balance_model(
         wrap = balance_vision
     elif "image_sizes" in takes:
         wrap = balance_pixtral  # Mistral 3, Pixtral: images of their own sizes
+    elif "spatial_shapes" in takes:
+        wrap = balance_naflex  # LFM2-VL's SigLIP2: padded patch rows of each image's grid
     if tower is None or decoder is None:
         raise ValueError(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests.dist_helper import run_ranks
-from tests.trainer_adapter.test_hf_parity import TEXT, qwen35_config
+from tests.trainer_adapter.test_hf_parity import TEXT, _tile_tower, lfm2vl_config, qwen35_config
 
 pytest.importorskip("transformers")
 
@@ -81,21 +81,8 @@ def _lfm2vl(rank: int):
     """LFM2-VL: a decoder of short-convolution and attention layers; two packed samples."""
     import transformers as tf
 
-    cfg = tf.Lfm2VlConfig(
-        vision_config=dict(
-            model_type="siglip2_vision_model",
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            patch_size=7,
-            num_patches=16,
-        ),
-        text_config={**TEXT, "model_type": "lfm2", "layer_types": ["conv", "full_attention"]},
-        image_token_id=IMG,
-        projector_hidden_size=32,
-    )
     torch.manual_seed(0)
+    cfg = lfm2vl_config(["conv", "full_attention"])
     model = tf.Lfm2VlForConditionalGeneration(cfg).double()
     return model, {
         "input_ids": torch.randint(3, 900, (1, 11)),
@@ -107,16 +94,8 @@ def _paligemma(rank: int):
     """PaliGemma: rank 0 packs three samples (image, prompt | answer), rank 1 holds one."""
     import transformers as tf
 
-    tower = dict(
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=28,
-        patch_size=7,
-    )
     cfg = tf.PaliGemmaConfig(
-        vision_config={"model_type": "siglip_vision_model", **tower},
+        vision_config=_tile_tower("siglip_vision_model"),
         text_config={**TEXT, "model_type": "gemma", "head_dim": 8},
         image_token_index=IMG,
         projection_dim=32,

@@ -4,7 +4,9 @@ attention inside each image), Qwen3-VL (the same plus deepstack features
 injected into the first decoder layers at the visual tokens), Qwen3.5 and GLM-4.1V (Qwen-style
 towers), InternVL and LLaVA (tiles) and
 LLaVA-NeXT and LLaVA-OneVision (anyres: a varying number of tiles per image, unpadded and joined
-with newline embeddings after the tower; OneVision's multi-image samples without anyres). On 4 gloo ranks
+with newline embeddings after the tower; OneVision's multi-image samples without anyres), and
+more that teams train: Llama 4, Aya Vision, Command A Vision, VipLLaVA, Idefics2, ERNIE 4.5-VL,
+Qwen2.5-Omni's thinker, LFM2-VL (NaFlex tower). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
 gradient with encoder and LLM balancing, without balancing, and from a single process over the
 concatenated global batch agree (HF's loss runs in float32: float32 tolerance on a float64
@@ -129,6 +131,15 @@ LAYOUTS = {
         TEXT_ONLY,
     ],
 }
+# LFM2-VL (SigLIP2 NaFlex): each image's patch grid (rows, cols), its patch rows padded with a
+# mask to the rank's largest image + 3 (each rank pads its own way); its decoder here without
+# LFM2's short convolutions (see test_hf_guards)
+LAYOUTS["lfm2vl"] = [
+    [(5, (4, 6), 7), (3, (2, 4), 4), (2, (4, 4), 2), (9, None, 0)],
+    [],
+    [(4, (2, 2), 6)],
+    TEXT_ONLY,
+]
 ANYRES = ("llava_onevision", "llava_next")
 # patches + grid_thw
 QWEN_STYLE = (
@@ -234,6 +245,27 @@ def qwen35_config(layer_types=("full_attention", "full_attention")):
     )
 
 
+def lfm2vl_config(layer_types):
+    """A tiny LFM2-VL: a SigLIP2 NaFlex tower, an LFM2 decoder of ``layer_types``."""
+    import transformers as tf
+
+    return tf.Lfm2VlConfig(
+        vision_config=dict(
+            model_type="siglip2_vision_model",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            patch_size=7,
+            num_patches=16,  # a 4 x 4 position grid, resized to each image's
+        ),
+        text_config={**TEXT, "model_type": "lfm2", "layer_types": list(layer_types)},
+        image_token_id=IMG,
+        projector_hidden_size=32,
+        downsample_factor=2,
+    )
+
+
 def build_model(family: str, seed: int = 0):
     import transformers as tf
 
@@ -315,6 +347,9 @@ def build_model(family: str, seed: int = 0):
         # packing kwargs)
         cfg = qwen35_config()
         cls = tf.Qwen3_5ForConditionalGeneration
+    elif family == "lfm2vl":
+        cfg = lfm2vl_config(["full_attention"] * 2)
+        cls = tf.Lfm2VlForConditionalGeneration
     elif family == "qwen25omni":
         cfg = tf.Qwen2_5OmniThinkerConfig(
             text_config={
@@ -623,6 +658,11 @@ def _pad_images(pix: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat([F.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2])) for p in pix])
 
 
+def _pad_rows(pix: list[torch.Tensor], rows: int) -> torch.Tensor:
+    """NaFlex images ``[1, patches, D]`` as ``[n, rows, D]``, zero rows after each's own."""
+    return torch.cat([F.pad(p, (0, 0, 0, rows - p.shape[1])) for p in pix])
+
+
 def make_batches(family: str, model, layout=None):
     """Per rank: input_ids, labels, packed position ids (restarting per sample; Qwen2-VL's
     [4, 1, L] with the text row first), pixel_values (and Qwen2-VL's image_grid_thw,
@@ -645,6 +685,11 @@ def make_batches(family: str, model, layout=None):
                 rows = rng.normal(size=(int(np.prod(grid)), PATCH_ROW.get(family, 1176)))
                 vids.append(torch.from_numpy(rows))
                 vgrids.append(grid)
+            elif image is not None and family == "lfm2vl":  # (rows, cols) of patches
+                rows, cols = image
+                seq += [VSTART] + [IMG] * (rows // 2 * (cols // 2)) + [VEND]
+                pix.append(torch.from_numpy(rng.normal(size=(1, rows * cols, 3 * 7 * 7))))
+                grids.append(image)
             elif image is not None and family == "mistral3":  # (height, width) in pixels
                 seq += [VSTART] + [IMG] * ((image[0] // 28) * (image[1] // 28)) + [VEND]
                 pix.append(torch.from_numpy(rng.normal(size=(1, 3, *image))))
@@ -693,7 +738,9 @@ def make_batches(family: str, model, layout=None):
             "input_ids": torch.cat(ids, 1) if ids else torch.zeros(1, 0, dtype=torch.long),
             "labels": torch.cat(labels, 1) if labels else torch.zeros(1, 0, dtype=torch.long),
             "position_ids": torch.cat(pos, -1) if pos else empty_pos.long(),
-            "pixel_values": torch.cat(pix).double() if pix and family != "mistral3" else None,
+            "pixel_values": (
+                torch.cat(pix).double() if pix and family not in ("mistral3", "lfm2vl") else None
+            ),
         }
         if qwen:
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
@@ -708,6 +755,13 @@ def make_batches(family: str, model, layout=None):
             batch["image_sizes"] = torch.tensor([s for g in grids for s in g]) if grids else None
         if family == "llava_onevision":
             batch["batch_num_images"] = [len(g) for g in grids] if grids else None
+        if family == "lfm2vl" and pix:  # padded to this rank's largest image + 3
+            batch["pixel_values"] = _pad_rows(pix, max(p.shape[1] for p in pix) + 3).double()
+            batch["spatial_shapes"] = torch.tensor(grids)
+            batch["pixel_attention_mask"] = (
+                torch.arange(batch["pixel_values"].shape[1])[None]
+                < (batch["spatial_shapes"].prod(-1)[:, None])
+            )
         if family == "ernie45vl_moe":  # modality per token: for its positions and its experts
             ids = batch["input_ids"]
             batch["mm_token_type_ids"] = (ids == IMG).int()
@@ -856,7 +910,11 @@ def reference(family: str, layout=None, packing=False):
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     with_images = [b for b in batches if b["pixel_values"] is not None]
     for k in ("pixel_values", "image_grid_thw", "image_sizes"):
-        if k in batches[0] and family not in (*ANYRES, *PATCH_MASKED, "mistral3") and with_images:
+        if (
+            k in batches[0]
+            and family not in (*ANYRES, *PATCH_MASKED, "mistral3", "lfm2vl")
+            and with_images
+        ):
             cat[k] = torch.cat([b[k] for b in with_images])
     with_videos = [b for b in batches if "pixel_values_videos" in b]
     for k in ("pixel_values_videos", "video_grid_thw"):
@@ -870,6 +928,16 @@ def reference(family: str, layout=None, packing=False):
         cat["image_sizes"] = torch.cat([b["image_sizes"] for b in with_images])
     if family == "llava_onevision" and with_images:
         cat["batch_num_images"] = [n for b in with_images for n in b["batch_num_images"]]
+    if family == "lfm2vl" and with_images:  # one row per image, each with its mask and grid,
+        rows = max(b["pixel_values"].shape[1] for b in with_images)  # padded to the most
+        cat["pixel_values"] = _pad_rows([b["pixel_values"] for b in with_images], rows)
+        cat["pixel_attention_mask"] = torch.cat(
+            [
+                F.pad(b["pixel_attention_mask"], (0, rows - b["pixel_values"].shape[1]))
+                for b in with_images
+            ]
+        )
+        cat["spatial_shapes"] = torch.cat([b["spatial_shapes"] for b in with_images])
     if family in PATCH_MASKED and with_images:  # [1, tiles, ...]: every rank's along dim 1
         for k in ("pixel_values", "pixel_attention_mask"):
             cat[k] = torch.cat([b[k] for b in with_images], dim=1)
@@ -902,6 +970,10 @@ VISION_PARAMS = {
     "qwen35": ("model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight"),
     "glm4v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
     "glm4v_moe": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
+    "lfm2vl": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.linear_2.weight",
+    ),
     "qwen25omni": ("model.visual.patch_embed.proj.weight", "model.visual.merger.mlp.2.weight"),
     "ernie45vl_moe": (
         "model.vision_tower.patch_embed.proj.weight",
@@ -968,6 +1040,7 @@ SHIFTED = (
     "smolvlm",
     "mistral3",
     "llama4",
+    "lfm2vl",
 )  # the empty rank is rank 0
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm", "idefics2")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]

@@ -1,0 +1,114 @@
+"""Encoder balancing around a NaFlex vision tower (SigLIP2 with images of their own sizes:
+LFM2-VL).
+
+Such a tower takes a rank's images as ``pixel_values [n, P, C*p*p]``: each image's patches
+flattened in rows, padded to ``P`` (the processor's ``max_num_patches``, or the batch's most),
+with ``pixel_attention_mask [n, P]`` (which rows are patches) and ``spatial_shapes [n, 2]``
+(each image's patch grid). It attends inside each image only, over the padded rows, so every
+image costs the same whatever its size; its outputs are per image, ``[n, P, D]``.
+
+:func:`balance_naflex` spreads the images evenly over the group, pads them to the group's
+largest ``P`` (padded rows are masked: an image's outputs do not depend on how far it is
+padded), moves each image's mask and grid with it, runs the tower on what the rank received
+and routes every output back to the images' own ranks in their original order, cut to the
+rank's own ``P`` again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_rounds import install, joined, record
+from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.item_outputs import route_home
+from trainer_adapter.redistribute import RedistributePolicy
+from trainer_adapter.topology import Topology
+
+__all__ = ["balance_naflex"]
+
+MOVED = ("pixel_attention_mask", "spatial_shapes", *PACKING_KEYS)
+
+
+def _per_patch(out, op):
+    """``op`` on every per-patch tensor (``[n, P, ...]``) of a tower output; per-image ones
+    (the pooled ``[n, D]``) as they are."""
+    if out is None:
+        return None
+    if isinstance(out, torch.Tensor):
+        return op(out) if out.ndim >= 3 else out
+    if isinstance(out, dict):
+        return type(out)(**{k: _per_patch(v, op) for k, v in out.items() if v is not None})
+    return type(out)(_per_patch(v, op) for v in out)
+
+
+def _row_width(tower: torch.nn.Module) -> int:
+    """The width of one patch row: what the tower's patch embedding (a Linear) takes."""
+    embed = getattr(tower, "vision_model", tower).embeddings.patch_embedding
+    return int(embed.in_features)
+
+
+def balance_naflex(
+    tower: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+) -> torch.nn.Module:
+    """Install the balanced forward on a NaFlex tower (``forward(pixel_values,
+    pixel_attention_mask, spatial_shapes)``, see the module doc). Returns the tower;
+    ``tower.last_route`` holds the latest plan; ``equishard_join`` / ``equishard_settle`` as
+    for the other towers."""
+    policy = policy or RedistributePolicy()
+    inner = tower.forward
+    width = _row_width(tower)
+
+    def forward(self, pixel_values=None, pixel_attention_mask=None, spatial_shapes=None, **kw):
+        if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
+            return inner(pixel_values, pixel_attention_mask, spatial_shapes, **kw)  # see hf_rounds
+        if policy.enabled:
+            check_item_inputs(f"{type(self).__name__} (balance_naflex)", (), kw, MOVED)
+        n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
+        if pixel_attention_mask is None or spatial_shapes is None:
+            raise ValueError(
+                f"{type(self).__name__} (balance_naflex) needs each image's "
+                "pixel_attention_mask and spatial_shapes beside pixel_values"
+            )
+        per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
+        route = plan_items(
+            np.column_stack([np.ones(n, np.int64), np.full(n, rows)]).reshape(-1, 2),
+            lambda t: np.ones(len(t)),  # padded attention: every image costs the same
+            group=group,
+            topology=topology,
+            policy=policy,
+            volume=lambda t: t[:, 1] * float(per_row),
+        )
+        record(self, route)
+        if route.src.size == 0:  # no images anywhere this step: nothing to exchange
+            if self.equishard_joining:
+                return None
+            return inner(pixel_values, pixel_attention_mask, spatial_shapes, **kw)
+        most = int(route.table[:, 1].max())  # the group's largest padding
+        one = np.ones_like(route.src)
+        x = route.send(F.pad(pixel_values, (0, 0, 0, most - rows)), one, "patches")
+        mask = F.pad(pixel_attention_mask.to(torch.int64), (0, most - rows))
+        mask = route.send(mask, one, "pixel_attention_mask")
+        shapes = route.send(spatial_shapes.to(torch.int64), one, "spatial_shapes")
+        out = None
+        if route.received.size:
+            mask = mask.to(pixel_attention_mask.device, pixel_attention_mask.dtype)
+            shapes = shapes.to(spatial_shapes.device, spatial_shapes.dtype)
+            out = inner(x, mask, shapes, **kw)
+        home = route_home(self, out, x, route, group, own_call=not self.equishard_joining)
+        return _per_patch(home, lambda t: t[:, :rows])
+
+    def join(self) -> torch.Tensor:
+        empty = next(self.parameters()).new_zeros((0, 1, width))
+        mask = torch.zeros(0, 1, dtype=torch.int64)
+        shapes = torch.zeros(0, 2, dtype=torch.int64)
+        return joined(self, empty, mask, shapes, output_hidden_states=True, return_dict=True)
+
+    return install(tower, forward, join)

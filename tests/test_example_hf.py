@@ -32,13 +32,22 @@ def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int, family: 
         str(steps),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE.parents[1])}
-    out = subprocess.run(
-        [*cmd, *args, "--family", family, "--balance", "both", "--parallel", parallel,
-         "--jsonl", str(log)],
-        capture_output=True, text=True, env=env, timeout=400,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert f"{family} balance=both: {steps} steps" in out.stdout
+    done = f"{family} balance=both: {steps} steps"
+    for attempt in range(2):
+        log.unlink(missing_ok=True)
+        out = subprocess.run(
+            [*cmd, *args, "--family", family, "--balance", "both", "--parallel", parallel,
+             "--jsonl", str(log)],
+            capture_output=True, text=True, env=env, timeout=400,
+        )  # fmt: skip
+        # seen once in a CI run of the whole suite (not in 20 runs of these tests alone): a
+        # rank aborted by C++ ("terminate called without an active exception") as torch tore
+        # down after every step had run; only that, after a complete run, is tried once more
+        teardown = "terminate called without an active exception" in out.stderr
+        if out.returncode == 0 or not (teardown and done in out.stdout) or attempt:
+            break
+    assert out.returncode == 0, f"{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
+    assert done in out.stdout
     return [json.loads(line) for line in log.read_text().splitlines()]
 
 

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_pixtral import _batch_dim
 from trainer_adapter.hf_rounds import install, joined, record
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import route_home
@@ -31,18 +32,6 @@ from trainer_adapter.topology import Topology
 __all__ = ["balance_naflex"]
 
 MOVED = ("pixel_attention_mask", "spatial_shapes", *PACKING_KEYS)
-
-
-def _per_patch(out, op):
-    """``op`` on every per-patch tensor (``[n, P, ...]``) of a tower output; per-image ones
-    (the pooled ``[n, D]``) as they are."""
-    if out is None:
-        return None
-    if isinstance(out, torch.Tensor):
-        return op(out) if out.ndim >= 3 else out
-    if isinstance(out, dict):
-        return type(out)(**{k: _per_patch(v, op) for k, v in out.items() if v is not None})
-    return type(out)(_per_patch(v, op) for v in out)
 
 
 def _row_width(tower: torch.nn.Module) -> int:
@@ -103,7 +92,8 @@ def balance_naflex(
             shapes = shapes.to(spatial_shapes.device, spatial_shapes.dtype)
             out = inner(x, mask, shapes, **kw)
         home = route_home(self, out, x, route, group, own_call=not self.equishard_joining)
-        return _per_patch(home, lambda t: t[:, :rows])
+        # per-patch outputs [n, P, ...] back to this rank's own P; the pooled [n, D] as is
+        return _batch_dim(home, lambda t: t[:, :rows] if t.ndim >= 3 else t)
 
     def join(self) -> torch.Tensor:
         empty = next(self.parameters()).new_zeros((0, 1, width))

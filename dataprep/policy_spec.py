@@ -2,7 +2,7 @@
 
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
-``pixtral_policy``, ``smolvlm_policy``), imported when a spec names them.
+``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``), imported when a spec names them.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ _INT_OPTIONS = {
     "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
+    "aya-vision": {"min_tiles", "max_tiles", "tile_size", "patch_size"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "llava-next": {"tile_size", "patch_size"},
     "pixtral": {"longest_edge", "patch_size", "merge_size"},
@@ -38,6 +39,7 @@ _STR_OPTIONS = {
     "smolvlm": {},
     "idefics3": {},
     "internvl": {},
+    "aya-vision": {},
     "llava-onevision": {},
     "llava-next": {"grids": ()},  # () : any text, checked by the policy
     "pixtral": {},
@@ -52,7 +54,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
     ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``, ``pixtral[:k=v,...]``,
-    ``mistral3[:k=v,...]``."""
+    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -65,7 +67,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral or mistral3"
+            "llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral, mistral3 or "
+            "aya-vision"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -92,6 +95,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         return InternVLPolicy(**kwargs)
     if name == "gemma3":
         return Gemma3Policy(**kwargs)
+    if name == "aya-vision":
+        from dataprep.aya_policy import AyaVisionPolicy
+
+        return AyaVisionPolicy(**kwargs)
     if name == "glm4v":
         from dataprep.glm4v_policy import Glm4vPolicy
 

@@ -27,6 +27,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   tile markers of the prompt (:mod:`dataprep.smolvlm_policy`).
 * ``glm4v`` — GLM-4.1V / 4.5V / 4.6V (:mod:`dataprep.glm4v_policy`): Qwen2-VL's resize with
   GLM's small-image upscaling and two frames per image against the pixel bounds.
+* ``aya-vision`` — Aya Vision: InternVL's tiling with 364-px tiles and the prompt's tile
+  markers (:mod:`dataprep.aya_policy`).
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.
@@ -41,6 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 from dataprep.errors import SampleRejected
 
@@ -183,22 +186,23 @@ class InternVLPolicy(VisionPolicy):
     patch_size: int = 14
     downsample_ratio: float = 0.5
     thumbnail: bool = True
+    family: ClassVar[str] = "internvl"  # the spec name errors speak of (subclasses: their own)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_tiles <= self.max_tiles:
             raise ValueError(
-                f"internvl needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}..{self.max_tiles}"
+                f"{self.family} needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}..{self.max_tiles}"
             )
         if self.patch_size < 1 or self.tile_size < self.patch_size:
             raise ValueError(
-                f"internvl needs patch_size >= 1 and tile_size >= patch_size, got tile_size="
+                f"{self.family} needs patch_size >= 1 and tile_size >= patch_size, got tile_size="
                 f"{self.tile_size}, patch_size={self.patch_size} (defaults: 448 and 14)"
             )
         if self.tile_size % self.patch_size:
             raise ValueError(f"tile_size {self.tile_size} must be a multiple of {self.patch_size}")
         if self.llm_tokens_per_tile < 1 or (self.tile_size // self.patch_size) % 2:
             raise ValueError(
-                f"internvl's 2x2 pixel shuffle needs an even number of patches per tile side; "
+                f"{self.family}'s 2x2 pixel shuffle needs an even number of patches per tile side; "
                 f"tile_size {self.tile_size} / patch_size {self.patch_size} is "
                 f"{self.tile_size // self.patch_size}"
             )

@@ -6,7 +6,7 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-smolvlm | mistral3 builds a
+smolvlm | mistral3 | aya_vision builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -53,6 +53,9 @@ SPECIALS = {
                 *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]],
     "gemma3": ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>",
                "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+    "aya_vision": ["<PAD>", "<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
+                   "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>", "<image>",
+                   "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
@@ -80,6 +83,9 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
         }
     if family in ("llava", "llava_next", "mistral3"):
         config["bos_token"], config["eos_token"] = "<s>", "</s>"
+    if family == "aya_vision":
+        config["bos_token"], config["eos_token"] = "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"
+        config["pad_token"] = "<PAD>"
     if family == "gemma3":
         config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
         config["extra_special_tokens"] = {
@@ -296,6 +302,25 @@ def build(family: str, mdir: Path):
             mm_tokens_per_image=16,
         )  # fmt: skip
         return proc, tf.Gemma3ForConditionalGeneration(cfg)
+    if family == "aya_vision":  # InternVL's tiling, up to 4 tiles + a global tile, TILE_k markers
+        from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+        ip = GotOcr2ImageProcessorPil(
+            crop_to_patches=True, max_patches=4, size={"height": TILE, "width": TILE}
+        )
+        proc = tf.AyaVisionProcessor(image_processor=ip, tokenizer=tok, patch_size=14,
+                                     img_size=TILE)  # fmt: skip
+        cfg = tf.AyaVisionConfig(
+            vision_config=dict(model_type="siglip_vision_model", hidden_size=32,
+                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=TILE, patch_size=7),
+            # full attention: see Gemma 3's sliding window above (Cohere 2 has the same mask)
+            text_config={**text, "model_type": "cohere2", "head_dim": 16,
+                         "layer_types": ["full_attention"] * text["num_hidden_layers"]},
+            image_token_index=ids("<|IMG_PATCH|>"),
+            downsample_factor=2,
+        )  # fmt: skip
+        return proc, tf.AyaVisionForConditionalGeneration(cfg)
     from transformers.models.clip import CLIPImageProcessorPil
 
     ip = CLIPImageProcessorPil(

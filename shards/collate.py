@@ -82,7 +82,8 @@ class Collator:
         object.__setattr__(self, "_tok", tok)
         object.__setattr__(self, "_tmpl", load_template(self.template))
         policy = parse_vision_policy(self.vision_policy)
-        if not isinstance(policy, FixedPolicy | InternVLPolicy | Qwen2VLPolicy):
+        # the exact classes: a subclass (Aya Vision's tiling) writes its own prompt text
+        if type(policy) not in (FixedPolicy, InternVLPolicy, Qwen2VLPolicy):
             raise ValueError(
                 f"vision policy {self.vision_policy!r} counts tokens for a Hugging Face model "
                 "(train it with trainer_adapter.HFPacker); equishard's own VLM collates with "

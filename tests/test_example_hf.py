@@ -78,16 +78,25 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
 
 @pytest.mark.parametrize(
     "family",
-    ["qwen3vl", "glm4v", "llava_next", "llava_onevision", "gemma3", "smolvlm", "mistral3"],
+    [
+        "qwen3vl",
+        "glm4v",
+        "llava_next",
+        "llava_onevision",
+        "gemma3",
+        "smolvlm",
+        "mistral3",
+        "aya_vision",
+    ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
     """Qwen3-VL (16-px patches, deepstack features, its processor), LLaVA-OneVision (anyres
     tiles, newline embeddings, multi-image samples) and Gemma 3 (its trimming template, pooled
     soft tokens, token_type_ids), SmolVLM (tiles with their markers and pixel masks),
     GLM-4.1V (its prompt format, two frames per image, its 3-D positions), LLaVA-NeXT
-    (anyres for every image, a template that puts a turn's images first) and Mistral 3 (Pixtral
-    tower, images of their own sizes padded together, rows of [IMG] with breaks)
-    through the same loop."""
+    (anyres for every image, a template that puts a turn's images first), Mistral 3 (Pixtral
+    tower, images of their own sizes padded together, rows of [IMG] with breaks) and Aya Vision
+    (tiles with TILE_k markers, Cohere 2 decoder) through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

@@ -732,6 +732,49 @@ MUTATIONS = [
             "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
         ),
     ),
+    Mutation(
+        "aya-global-tile-unmarked",
+        "Aya Vision's global tile counted without its TILE_GLOBAL marker",
+        "dataprep/aya_policy.py",
+        '    markers = [f"{tile}_{k}" for k in range(1, tiles)] + [global_tile]',
+        '    markers = [f"{tile}_{k}" for k in range(1, tiles)] + [""]',
+        (
+            "tests/dataprep/test_vision_policy.py::test_aya_vision_equals_its_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[aya_vision]",
+        ),
+    ),
+    Mutation(
+        "aya-markers-run-together",
+        "Aya Vision's tile markers tokenized run together, not each bounded by an image token",
+        "dataprep/aya_policy.py",
+        '    text = start + "".join(m + IMAGE_PLACEHOLDER for m in markers) + end',
+        '    text = start + "".join(markers) + end',
+        (
+            "tests/dataprep/test_vision_policy.py::test_aya_vision_equals_its_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[aya_vision]",
+        ),
+    ),
+    Mutation(
+        "aya-no-thumbnail",
+        "Aya Vision's tiles counted without the global tile of a multi-tile image",
+        "dataprep/aya_policy.py",
+        "        tiles = self.num_tiles(width, height)",
+        "        tiles = max(1, self.num_tiles(width, height) - 1)",
+        ("tests/dataprep/test_vision_policy.py::test_aya_vision_equals_its_processor",),
+    ),
+    Mutation(
+        "collator-takes-policy-subclass",
+        "equishard's own collator accepts Aya Vision's tiling as InternVL's (its markers lost)",
+        "shards/collate.py",
+        "        if type(policy) not in (FixedPolicy, InternVLPolicy, Qwen2VLPolicy):",
+        "        if not isinstance(policy, FixedPolicy | InternVLPolicy | Qwen2VLPolicy):",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[aya_vision]",
+        ),
+    ),
 ]
 
 

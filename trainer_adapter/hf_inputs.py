@@ -22,6 +22,9 @@ the images. Per family:
 * Mistral 3 / Pixtral: its processor's rows of ``[IMG]``, each closed by ``[IMG_BREAK]``, the
   last by ``[IMG_END]``; every image padded to the row's largest, ``[n, C, H, W]``, with
   ``image_sizes``.
+* Aya Vision: its processor's ``replace_image_token`` (``TILE_k`` before each grid tile's
+  ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
+  ``[tiles, C, H, W]``.
 
 A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
@@ -53,10 +56,12 @@ FAMILIES = (
     "gemma3",
     "smolvlm",
     "mistral3",
+    "aya_vision",
 )
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v")  # patches + grid_thw, 3-D positions from get_rope_index
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
-_SPELLED = (*_NESTED, "mistral3")  # the processor spells each image's tokens out
+# the processor spells each image's tokens out
+_SPELLED = (*_NESTED, "mistral3", "aya_vision")
 _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 
 
@@ -64,7 +69,8 @@ _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
     GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | smolvlm
-    (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``). ``processor``:
+    (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
+    (Aya Vision 8B / 32B: ``AyaVisionProcessor``). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -190,6 +196,7 @@ class HFPacker:
         else:
             positions = text_pos
         processed.pop("num_crops", None)  # Gemma 3's, always 0 without pan-and-scan
+        processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 

@@ -47,6 +47,9 @@ vision policies (--vision-policy):
   smolvlm     SmolVLM: longest side to 1536, 384px tiles + a global tile, 81 tokens each
               options: smolvlm:longest_edge=2048,tile=512,patch_size=16,tokens_per_tile=64
   idefics3    the same with Idefics3-8B's 1456 / 364 / 169
+  aya-vision  Aya Vision: InternVL's tiling with 364px tiles (676 patches, 169 tokens each),
+              TILE_k markers in the prompt
+              options: aya-vision:min_tiles=1,max_tiles=12,tile_size=364
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -81,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "smolvlm, idefics3, mistral3 or pixtral, "
+        "smolvlm, idefics3, mistral3, pixtral or aya-vision, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

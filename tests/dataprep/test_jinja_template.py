@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, SmolVLM,
-GLM-4.1V, Mistral 3) a model directory is
+GLM-4.1V, Mistral 3, Aya Vision) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -122,6 +122,28 @@ FAMILIES = {
             "[IMG_END]",
         ],
         "config": {"bos_token": "<s>", "eos_token": "</s>"},
+    },
+    "aya_vision": {  # InternVL's tiling at 364 px; TILE_k markers are plain text, not tokens
+        "policy": "aya-vision",
+        "specials": [
+            "<PAD>",
+            "<BOS_TOKEN>",
+            "<|START_OF_TURN_TOKEN|>",
+            "<|END_OF_TURN_TOKEN|>",
+            "<|USER_TOKEN|>",
+            "<|CHATBOT_TOKEN|>",
+            "<|SYSTEM_TOKEN|>",
+            "<image>",
+            "<|START_OF_IMG|>",
+            "<|END_OF_IMG|>",
+            "<|IMG_PATCH|>",
+            "<|IMG_LINE_BREAK|>",
+        ],
+        "config": {
+            "bos_token": "<BOS_TOKEN>",
+            "eos_token": "<|END_OF_TURN_TOKEN|>",
+            "pad_token": "<PAD>",
+        },
     },
     "gemma3": {  # its template trims every text item; images pooled to 256 soft tokens
         "policy": "gemma3",
@@ -355,6 +377,20 @@ def processor_for(family: str, model: Path):
             spatial_merge_size=2,
             chat_template=tok.chat_template,
         )
+    if family == "aya_vision":  # Aya Vision 8B's settings (SigLIP 364/14, 2x2 shuffle)
+        from transformers import AyaVisionProcessor
+        from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+        ip = GotOcr2ImageProcessorPil(
+            crop_to_patches=True, min_patches=1, max_patches=12, size={"height": 364, "width": 364}
+        )
+        return AyaVisionProcessor(
+            image_processor=ip,
+            tokenizer=tok,
+            patch_size=28,
+            img_size=364,
+            chat_template=tok.chat_template,
+        )
     if family == "gemma3":  # the released models' settings (SigLIP 896/14, 256 tokens)
         from transformers import Gemma3Processor
         from transformers.models.gemma3 import Gemma3ImageProcessorPil
@@ -453,6 +489,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [int(h // 14) * int(w // 14) for h, w in out["image_sizes"]]
     if family == "internvl":
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
+    if family == "aya_vision":
+        return n, [(364 // 14) ** 2] * int(out["pixel_values"].shape[0])  # global tiles too
     if family == "gemma3":
         return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family == "smolvlm":  # [1, tiles, C, H, W]: every image's tiles and global tiles

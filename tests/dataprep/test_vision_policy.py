@@ -394,3 +394,66 @@ def test_pixtral_equals_its_processor(spec, patch, merge, longest, tokenizer_pat
         if got != want:
             wrong.append(((w, h), want, got))
     assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
+def _merging_tokenizer(path) -> str:
+    """A BPE tokenizer without a pre-tokenizer, trained on runs of Aya's tile markers: its merges
+    cross where one marker ends and the next begins (as a SentencePiece-style vocabulary can)."""
+    from tokenizers import Tokenizer, models, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    trainer = trainers.BpeTrainer(vocab_size=200, special_tokens=["[UNK]"], show_progress=False)
+    runs = ["".join(f"TILE_{k}" for k in range(1, n)) + "TILE_GLOBAL" for n in range(2, 14)]
+    tok.train_from_iterator(runs * 20, trainer)
+    tok.save(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("vocab", ["demo", "merging"])
+def test_aya_vision_equals_its_processor(vocab, tokenizer_path, tmp_path):
+    """Tiles equal ``GotOcr2ImageProcessor``'s over 2000 sizes (crop_to_patches, Aya Vision's
+    364-px tiles); the prompt ``AyaVisionProcessor`` writes for each tile count (its TILE_k
+    markers plain text between image tokens) has as many tokens as prep's counter finds in the
+    policy's text plus the policy's image tokens, with the demo tokenizer and with one whose
+    merges cross marker boundaries; a 2:1 image by hand: a 2x1 grid and a global tile."""
+    import random
+
+    pytest.importorskip("transformers")
+    from transformers import AyaVisionProcessor, PreTrainedTokenizerFast
+    from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+    from dataprep.aya_policy import AYA_MARKERS
+    from dataprep.text_tokens import TokenCounter, TokenizerSpec
+
+    if vocab == "merging":
+        tokenizer_path = _merging_tokenizer(tmp_path / "merging.json")
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": list(AYA_MARKERS[:3])})
+    ip = GotOcr2ImageProcessorPil(
+        crop_to_patches=True, min_patches=1, max_patches=12, size={"height": 364, "width": 364}
+    )
+    proc = AyaVisionProcessor(image_processor=ip, tokenizer=tok, patch_size=28, img_size=364)
+    policy = parse_vision_policy("aya-vision")
+    c = policy.image_cost(800, 400)
+    assert c.vit_seq_lens == (676,) * 3 and c.llm_tokens == 169 * 3
+    assert "TILE_2" in c.text and "TILE_3" not in c.text and c.text.count("TILE_GLOBAL") == 1
+    assert parse_vision_policy(policy.spec()) == policy
+    rng = random.Random(5)
+    wrong = []
+    kwargs = {"crop_to_patches": True, "min_patches": 1, "max_patches": 12}
+    for w, h in [(rng.randint(4, 6000), rng.randint(4, 6000)) for _ in range(2000)]:
+        want = ip.get_number_of_image_patches(h, w, kwargs)
+        c = policy.image_cost(w, h)
+        if len(c.vit_seq_lens) != want:
+            wrong.append(((w, h), want, c))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+    # prep's counter over the model's tokenizer (the image tokens special in it)
+    tok.backend_tokenizer.save(str(tmp_path / "aya.json"))
+    counter = TokenCounter(TokenizerSpec.parse(str(tmp_path / "aya.json")))
+    # one tile (no global tile), and grids of 2..12 tiles in a row with their global tile
+    for n in (1, *range(3, 14)):
+        prompt = proc.replace_image_token({"num_patches": [n]}, 0)
+        c = policy.image_cost(364 * max(n - 1, 1), 364)
+        want = len(tok(prompt, add_special_tokens=False)["input_ids"])
+        got = counter.count([c.text])[0] + c.llm_tokens
+        assert len(c.vit_seq_lens) == n and got == want, (n, got, want)

@@ -311,7 +311,11 @@ def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
 
 
 # another pixel bound than the processor's: prep's costs differ from what the model sees
-OTHER = {"qwen2vl": "qwen2vl:max_pixels=200704", "mistral3": "mistral3:longest_edge=700"}
+OTHER = {
+    "qwen2vl": "qwen2vl:max_pixels=200704",
+    "mistral3": "mistral3:longest_edge=700",
+    "aya_vision": "aya-vision:max_tiles=4",
+}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

@@ -21,6 +21,8 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
 * ``mistral3`` — ``[IMG]`` becomes N tokens: Pixtral's rows of ``[IMG]``, each closed by
   ``[IMG_BREAK]``, the last by ``[IMG_END]`` (every one a single special token, so N ``[IMG]``
   count the same),
+* ``ernie45vl`` — ``<|IMAGE_PLACEHOLDER|>`` becomes N ``<|IMAGE_PLACEHOLDER|>`` (ERNIE 4.5-VL: the
+  template writes ``Picture k:<|IMAGE_START|>`` before it and ``<|IMAGE_END|>`` after it),
 * ``gemma3`` — ``<start_of_image>`` becomes ``\\n\\n<start_of_image>`` + N ``<image_soft_token>`` +
   ``<end_of_image>\\n\\n``.
 
@@ -64,6 +66,7 @@ IMAGE_TOKENS = {
     "gemma3": ImageTokens("<start_of_image>", "\n\n<start_of_image>", "<end_of_image>\n\n"),
     "glm4v": ImageTokens("<|image|>"),
     "mistral3": ImageTokens("[IMG]"),
+    "ernie45vl": ImageTokens("<|IMAGE_PLACEHOLDER|>"),
 }
 
 

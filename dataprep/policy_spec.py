@@ -8,6 +8,7 @@ one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
 from __future__ import annotations
 
 from dataprep.vision_policy import (
+    ERNIE45VL_DEFAULTS,
     QWEN2VL_RESIZE,
     QWEN3VL_DEFAULTS,
     FixedPolicy,
@@ -32,6 +33,7 @@ _INT_OPTIONS = {
     "mistral3": {"longest_edge", "patch_size", "merge_size"},
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
     "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
+    "ernie45vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
 }
 _STR_OPTIONS = {
     "gemma3": {},
@@ -46,6 +48,7 @@ _STR_OPTIONS = {
     "mistral3": {},
     "qwen2vl": {"resize": QWEN2VL_RESIZE},
     "qwen3vl": {"resize": QWEN2VL_RESIZE},
+    "ernie45vl": {},
 }
 
 
@@ -54,7 +57,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
     ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``, ``pixtral[:k=v,...]``,
-    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``."""
+    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize
+    with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -67,8 +71,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral, mistral3 or "
-            "aya-vision"
+            "ernie45vl, llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral, "
+            "mistral3 or aya-vision"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -125,4 +129,6 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         return PixtralPolicy(**{**defaults, **kwargs}, name=name)
     if name == "qwen3vl":
         kwargs = {**QWEN3VL_DEFAULTS, **kwargs}
+    if name == "ernie45vl":
+        kwargs = {**ERNIE45VL_DEFAULTS, **kwargs}
     return Qwen2VLPolicy(**kwargs)

@@ -17,6 +17,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   pipelines that call ``process_vision_info``). Pick the one your training data loader runs.
 * ``qwen3vl`` — the same resize with Qwen3-VL's image processor settings: 16-px patches
   (multiples of 32), pixels within [65536, 16777216].
+* ``ernie45vl`` — the same resize with ERNIE 4.5-VL's settings: 14-px patches merged 2x2,
+  pixels within [3136, 4842768] (its image processor is Qwen2-VL's under another name).
 * ``llava-onevision`` — LLaVA-OneVision's anyres_max_9 (:mod:`dataprep.anyres_policy`): a
   sample's image costs depend on how many images the sample has.
 * ``llava-next`` — LLaVA-NeXT's anyres (:mod:`dataprep.anyres_policy`): every image, over the
@@ -48,6 +50,7 @@ from typing import ClassVar
 from dataprep.errors import SampleRejected
 
 __all__ = [
+    "ERNIE45VL_DEFAULTS",
     "QWEN2VL_RESIZE",
     "QWEN3VL_DEFAULTS",
     "FixedPolicy",
@@ -328,6 +331,10 @@ class Qwen2VLPolicy(VisionPolicy):
             f"patch_size={self.patch_size},merge_size={self.merge_size},resize={self.resize}"
         )
 
+
+# ERNIE 4.5-VL: its image processor is Qwen2-VL's (transformers' smart resize, patch 14, 2x2
+# merge) with its own pixel bounds (size: shortest_edge 3136, longest_edge 28 * 28 * 6177)
+ERNIE45VL_DEFAULTS = {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 6177}
 
 # Qwen3-VL: Qwen2-VL's smart resize with 16-px patches (multiples of 32) and the pixel bounds of
 # its released image processor (size: shortest_edge 65536, longest_edge 16777216)

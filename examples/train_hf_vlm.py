@@ -6,7 +6,7 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-smolvlm | mistral3 | aya_vision builds a
+smolvlm | mistral3 | aya_vision | ernie45vl builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -56,6 +56,9 @@ SPECIALS = {
     "aya_vision": ["<PAD>", "<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
                    "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>", "<image>",
                    "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"],
+    "ernie45vl": ["<|begin_of_sentence|>", "<|end_of_sentence|>", "<unk>", "<|IMAGE_PLACEHOLDER|>",
+                  "<|IMAGE_START|>", "<|IMAGE_END|>", "<|VIDEO_PLACEHOLDER|>", "<|VIDEO_START|>",
+                  "<|VIDEO_END|>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
@@ -83,6 +86,13 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
         }
     if family in ("llava", "llava_next", "mistral3"):
         config["bos_token"], config["eos_token"] = "<s>", "</s>"
+    if family == "ernie45vl":
+        config["bos_token"], config["eos_token"] = "<|begin_of_sentence|>", "<|end_of_sentence|>"
+        config["extra_special_tokens"] = {
+            f"{kind}_{part}token": f"<|{kind.upper()}_{name}|>"
+            for kind in ("image", "video")
+            for part, name in (("", "PLACEHOLDER"), ("start_", "START"), ("end_", "END"))
+        }
     if family == "aya_vision":
         config["bos_token"], config["eos_token"] = "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"
         config["pad_token"] = "<PAD>"
@@ -302,6 +312,30 @@ def build(family: str, mdir: Path):
             mm_tokens_per_image=16,
         )  # fmt: skip
         return proc, tf.Gemma3ForConditionalGeneration(cfg)
+    if family == "ernie45vl":  # Qwen-style tower, MoE decoder with vision experts, 3-D positions
+        from transformers.models.ernie4_5_vl_moe import Ernie4_5_VLMoeImageProcessorPil
+        from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (
+            Ernie4_5_VLMoeProcessor,
+        )
+
+        ip = Ernie4_5_VLMoeImageProcessorPil(size={"shortest_edge": 56 * 56,
+                                                   "longest_edge": 28 * 28 * 64})  # fmt: skip
+        proc = no_video(Ernie4_5_VLMoeProcessor)(image_processor=ip, tokenizer=tok)
+        cfg = tf.Ernie4_5_VLMoeConfig(
+            text_config={**text, "head_dim": 16, "moe_intermediate_size": [64, 64], "moe_k": 2,
+                         "moe_num_experts": 4, "moe_num_shared_experts": 1,
+                         "mlp_layer_types": ["dense", "sparse"],
+                         "rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                             "mrope_section": [2, 2, 4]}},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2),
+            image_token_id=ids("<|IMAGE_PLACEHOLDER|>"),
+            image_start_token_id=ids("<|IMAGE_START|>"),
+            image_end_token_id=ids("<|IMAGE_END|>"),
+            video_token_id=ids("<|VIDEO_PLACEHOLDER|>"),
+            video_start_token_id=ids("<|VIDEO_START|>"),
+            video_end_token_id=ids("<|VIDEO_END|>"),
+        )  # fmt: skip
+        return proc, tf.Ernie4_5_VLMoeForConditionalGeneration(cfg)
     if family == "aya_vision":  # InternVL's tiling, up to 4 tiles + a global tile, TILE_k markers
         from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
 
@@ -384,7 +418,8 @@ def main() -> None:
         llm=args.balance in ("llm", "both"),
         policy=RedistributePolicy(placement="identity"),
     )
-    rope = model.model.get_rope_index if args.family in ("qwen2vl", "qwen3vl", "glm4v") else None
+    qwen_style = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
+    rope = model.model.get_rope_index if args.family in qwen_style else None
     packer = HFPacker(family=args.family, processor=processor, template=str(mdir), rope_index=rope)
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":

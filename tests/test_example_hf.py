@@ -87,6 +87,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "smolvlm",
         "mistral3",
         "aya_vision",
+        "ernie45vl",
     ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
@@ -95,8 +96,10 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
     soft tokens, token_type_ids), SmolVLM (tiles with their markers and pixel masks),
     GLM-4.1V (its prompt format, two frames per image, its 3-D positions), LLaVA-NeXT
     (anyres for every image, a template that puts a turn's images first), Mistral 3 (Pixtral
-    tower, images of their own sizes padded together, rows of [IMG] with breaks) and Aya Vision
-    (tiles with TILE_k markers, Cohere 2 decoder) through the same loop."""
+    tower, images of their own sizes padded together, rows of [IMG] with breaks), Aya Vision
+    (tiles with TILE_k markers, Cohere 2 decoder) and ERNIE 4.5-VL (its prompt's numbered
+    pictures, MoE decoder whose vision experts take the image tokens, 3-D positions) through the
+    same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

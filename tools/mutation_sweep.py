@@ -775,6 +775,35 @@ MUTATIONS = [
             "test_counts_equal_apply_chat_template_and_processor[aya_vision]",
         ),
     ),
+    Mutation(
+        "ernie-qwen-pixel-bounds",
+        "ERNIE 4.5-VL's images counted with Qwen2-VL's pixel bounds, not its own",
+        "dataprep/policy_spec.py",
+        "        kwargs = {**ERNIE45VL_DEFAULTS, **kwargs}",
+        "        kwargs = {**kwargs}",
+        (
+            "tests/dataprep/test_qwen2vl_resize_sources.py::"
+            "test_ernie45vl_spec_equals_ernie_image_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[ernie45vl]",
+        ),
+    ),
+    Mutation(
+        "hf-ernie-vision-experts-unmarked",
+        "HFPacker leaves ERNIE's image start / end tokens to the text experts",
+        "trainer_adapter/hf_inputs.py",
+        '            types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])',
+        "            types = (ids == image_id).tolist()",
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[ernie45vl]",),
+    ),
+    Mutation(
+        "hf-ernie-flat-positions",
+        "HFPacker gives ERNIE 4.5-VL 1-D positions, not its 3-D ones",
+        "trainer_adapter/hf_inputs.py",
+        '_QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")',
+        '_QWEN = ("qwen2vl", "qwen3vl", "glm4v")',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[ernie45vl]",),
+    ),
 ]
 
 

@@ -8,9 +8,10 @@ row: ``input_ids``, ``labels`` (the assistant's text only: the template's ``gene
 or the assistant turns), position ids restarting at 0 per sample (HF's packed convention) and
 the images. Per family:
 
-* Qwen2-VL, Qwen3-VL, GLM-4.1V: ``grid_thw.prod() / merge^2`` tokens; patches +
+* Qwen2-VL, Qwen3-VL, GLM-4.1V, ERNIE 4.5-VL: ``grid_thw.prod() / merge^2`` tokens; patches +
   ``image_grid_thw``; ``[4, 1, L]`` positions, the text row first and each sample's 3-D
-  positions from the model's ``get_rope_index``.
+  positions from the model's ``get_rope_index``; ERNIE's ``moe_mm_token_type_ids`` (its
+  processor's: image tokens and their start / end for the vision experts).
 * InternVL: tiles x ``image_seq_length``; LLaVA: the patches of the processor's crop.
 * LLaVA-NeXT (anyres for every image) and LLaVA-OneVision (anyres for a sample's only image, a
   tile each for several): their processors' counts; every image's tiles ``[tiles, C, H, W]``,
@@ -57,8 +58,12 @@ FAMILIES = (
     "smolvlm",
     "mistral3",
     "aya_vision",
+    "ernie45vl",
 )
-_QWEN = ("qwen2vl", "qwen3vl", "glm4v")  # patches + grid_thw, 3-D positions from get_rope_index
+# patches + grid_thw, 3-D positions from get_rope_index
+_QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
+# per-token inputs besides the ids: Gemma 3's image mask, ERNIE's vision experts
+_PER_TOKEN = {"gemma3": "token_type_ids", "ernie45vl": "moe_mm_token_type_ids"}
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 # the processor spells each image's tokens out
 _SPELLED = (*_NESTED, "mistral3", "aya_vision")
@@ -70,10 +75,10 @@ class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
     GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | smolvlm
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
-    (Aya Vision 8B / 32B: ``AyaVisionProcessor``). ``processor``:
+    (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
-    Qwen / GLM model's ``model.model.get_rope_index`` (needed for their 3-D positions).
+    Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
     ``packing_kwargs``: give the row HF's packing kwargs too (``cu_seq_lens_q/k``,
     ``max_length_q/k``, ``seq_idx``: what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
     True, return_seq_idx=True)`` gives), for FlashAttention's varlen kernels and for decoders
@@ -188,7 +193,12 @@ class HFPacker:
             labels[0] = -100  # never predict a sample's first token from the previous sample
         text_pos = torch.arange(len(ids))[None]
         image_id = tokenizer.convert_tokens_to_ids(token)
-        extra = {"token_type_ids": (ids == image_id).long()} if self.family == "gemma3" else {}
+        extra = {}
+        if self.family == "gemma3":
+            extra["token_type_ids"] = (ids == image_id).long()
+        if self.family == "ernie45vl":  # image tokens and their start / end go to vision experts
+            types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])
+            extra["moe_mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
         if self.family in _QWEN:
             grid = processed.get("image_grid_thw")
             rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
@@ -232,10 +242,9 @@ class HFPacker:
             "labels": cat("labels", 0)[None] if parts else torch.zeros(1, 0, dtype=torch.long),
             "position_ids": cat("positions", -1) if parts else empty_pos,
         }
-        if self.family == "gemma3":
-            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
-            if parts:
-                batch["token_type_ids"] = cat("token_type_ids", 0)[None]
+        key = _PER_TOKEN.get(self.family)
+        if key is not None:
+            batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
         with_images = [p for p in parts if "pixel_values" in p]
         # SmolVLM: [1, tiles, C, H, W] per sample, each tile's pixel mask beside it
         dim = 1 if self.family == "smolvlm" else 0

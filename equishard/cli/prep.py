@@ -30,6 +30,7 @@ vision policies (--vision-policy):
   qwen2vl     Qwen2-VL smart resize (multiples of 28), 2x2 merge
               options: qwen2vl:min_pixels=3136,max_pixels=1003520
   qwen3vl     the same with Qwen3-VL's 16-px patches (multiples of 32), 65536..16777216 px
+  ernie45vl   the same with ERNIE 4.5-VL's 14-px patches, 3136..4842768 px
   llava-onevision
               LLaVA-OneVision anyres_max_9: 384px tiles (729 patches), a sample's only image
               on the best 1x1..6x6 grid + a base tile, several images one tile each
@@ -83,7 +84,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl, qwen2vl, qwen3vl, glm4v, llava-onevision, llava-next, gemma3, "
+        help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
         "smolvlm, idefics3, mistral3, pixtral or aya-vision, "
         "with options "
         "(internvl:max_tiles=6, "

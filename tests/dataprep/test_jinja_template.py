@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, SmolVLM,
-GLM-4.1V, Mistral 3, Aya Vision) a model directory is
+GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -143,6 +143,33 @@ FAMILIES = {
             "bos_token": "<BOS_TOKEN>",
             "eos_token": "<|END_OF_TURN_TOKEN|>",
             "pad_token": "<PAD>",
+        },
+    },
+    "ernie45vl": {  # Qwen2-VL's resize with its own pixel bounds; "Picture k:" before each image
+        "policy": "ernie45vl",
+        "specials": [
+            "<|begin_of_sentence|>",
+            "<|end_of_sentence|>",
+            "<unk>",
+            "<|IMAGE_PLACEHOLDER|>",
+            "<|IMAGE_START|>",
+            "<|IMAGE_END|>",
+            "<|VIDEO_PLACEHOLDER|>",
+            "<|VIDEO_START|>",
+            "<|VIDEO_END|>",
+        ],
+        "config": {
+            "bos_token": "<|begin_of_sentence|>",
+            "eos_token": "<|end_of_sentence|>",
+            "unk_token": "<unk>",
+            "extra_special_tokens": {
+                "image_token": "<|IMAGE_PLACEHOLDER|>",
+                "image_start_token": "<|IMAGE_START|>",
+                "image_end_token": "<|IMAGE_END|>",
+                "video_token": "<|VIDEO_PLACEHOLDER|>",
+                "video_start_token": "<|VIDEO_START|>",
+                "video_end_token": "<|VIDEO_END|>",
+            },
         },
     },
     "gemma3": {  # its template trims every text item; images pooled to 256 soft tokens
@@ -377,6 +404,17 @@ def processor_for(family: str, model: Path):
             spatial_merge_size=2,
             chat_template=tok.chat_template,
         )
+    if family == "ernie45vl":  # ERNIE 4.5-VL's settings (patch 14, 2x2 merge, its pixel bounds)
+        from transformers.models.ernie4_5_vl_moe import Ernie4_5_VLMoeImageProcessorPil
+        from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (
+            Ernie4_5_VLMoeProcessor,
+        )
+
+        return no_video(Ernie4_5_VLMoeProcessor)(
+            image_processor=Ernie4_5_VLMoeImageProcessorPil(),
+            tokenizer=tok,
+            chat_template=tok.chat_template,
+        )
     if family == "aya_vision":  # Aya Vision 8B's settings (SigLIP 364/14, 2x2 shuffle)
         from transformers import AyaVisionProcessor
         from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
@@ -483,7 +521,7 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
             for s in out["image_sizes"].tolist()
         ]
         return n, [576] * sum(tiles)
-    if family in ("qwen2vl", "glm4v"):
+    if family in ("qwen2vl", "glm4v", "ernie45vl"):
         return n, [int(t * h * w) for t, h, w in out["image_grid_thw"]]
     if family == "mistral3":  # each image's own resized size: its patches
         return n, [int(h // 14) * int(w // 14) for h, w in out["image_sizes"]]
@@ -527,7 +565,7 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {n} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > n // 10  # multi-image samples tried
-    if family not in ("qwen2vl", "internvl", "llava"):  # through HFPacker, not equishard's
+    if family not in ("qwen2vl", "internvl", "llava", "ernie45vl"):  # HFPacker, not equishard
         with pytest.raises(ValueError, match="HFPacker"):
             Collator(
                 tokenizer=str(model / "tokenizer.json"), vision_policy=FAMILIES[family]["policy"]

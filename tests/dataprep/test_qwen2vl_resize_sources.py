@@ -143,3 +143,40 @@ def test_qwen3vl_spec_equals_qwen3vl_image_processor():
         assert cost.vit_seq_lens == (int(t * gh * gw),), (w, h)
         assert cost.llm_tokens == int(t * gh * gw) // 4
     assert parse_vision_policy("qwen3vl:max_pixels=1000000").max_pixels == 1_000_000
+
+
+def test_ernie45vl_spec_equals_ernie_image_processor():
+    """``ernie45vl``: ERNIE 4.5-VL's own image processor (its defaults: 14-px patches, 2x2
+    merge, 3136..4842768 pixels) over 3000 sizes by its count helper, and on real images, small,
+    thin and large; an aspect ratio above 200 refused by both."""
+    import random
+
+    pytest.importorskip("transformers")
+    from PIL import Image
+    from transformers.models.ernie4_5_vl_moe import Ernie4_5_VLMoeImageProcessorPil
+
+    from dataprep.errors import SampleRejected
+    from dataprep.policy_spec import parse_vision_policy
+
+    proc = Ernie4_5_VLMoeImageProcessorPil()
+    policy = parse_vision_policy("ernie45vl")
+    rng = random.Random(3)
+    wrong = []
+    for w, h in [(rng.randint(1, 6000), rng.randint(1, 6000)) for _ in range(3000)]:
+        if max(w, h) / min(w, h) > 200:
+            continue
+        want = proc.get_number_of_image_patches(h, w, {})
+        if policy.image_cost(w, h).vit_seq_lens != (want,):
+            wrong.append(((w, h), want, policy.image_cost(w, h)))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+    for w, h in [(28, 28), (300, 200), (1001, 333), (2000, 10), (250, 4000), (3000, 2600)]:
+        out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        t, gh, gw = out["image_grid_thw"][0]
+        cost = policy.image_cost(w, h)
+        assert cost.vit_seq_lens == (int(t * gh * gw),), (w, h)
+        assert cost.llm_tokens == int(t * gh * gw) // 4
+    with pytest.raises(ValueError):
+        proc(images=[Image.new("RGB", (2010, 10))], return_tensors="np")
+    with pytest.raises(SampleRejected):
+        policy.image_cost(2010, 10)
+    assert parse_vision_policy("ernie45vl:max_pixels=1000000").max_pixels == 1_000_000

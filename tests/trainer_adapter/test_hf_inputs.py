@@ -36,9 +36,9 @@ def _vision_token_ids(tok) -> dict:
 
 
 def _rope_index(family, processor):
-    """A tiny Qwen2-VL's / GLM-4.1V's ``get_rope_index``, with the tokenizer's ids for its vision
-    tokens."""
-    if family not in ("qwen2vl", "glm4v"):
+    """A tiny Qwen2-VL's / GLM-4.1V's / ERNIE 4.5-VL's ``get_rope_index``, with the tokenizer's
+    ids for its vision tokens."""
+    if family not in ("qwen2vl", "glm4v", "ernie45vl"):
         return None
     import transformers as tf
 
@@ -51,6 +51,29 @@ def _rope_index(family, processor):
         num_attention_heads=2,
         num_key_value_heads=1,
     )
+    if family == "ernie45vl":
+        ids = tok.convert_tokens_to_ids
+        cfg = tf.Ernie4_5_VLMoeConfig(
+            text_config={
+                **text,
+                "moe_intermediate_size": [16, 16],
+                "moe_num_experts": 2,
+                "moe_k": 1,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": 1e4,
+                    "mrope_section": [2, 1, 1],
+                },
+            },
+            vision_config=dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2),
+            image_token_id=ids("<|IMAGE_PLACEHOLDER|>"),
+            image_start_token_id=ids("<|IMAGE_START|>"),
+            image_end_token_id=ids("<|IMAGE_END|>"),
+            video_token_id=ids("<|VIDEO_PLACEHOLDER|>"),
+            video_start_token_id=ids("<|VIDEO_START|>"),
+            video_end_token_id=ids("<|VIDEO_END|>"),
+        )
+        return tf.Ernie4_5_VLMoeModel(cfg).get_rope_index
     if family == "glm4v":
         ids = tok.convert_tokens_to_ids
         cfg = tf.Glm4vConfig(
@@ -92,6 +115,7 @@ MASKED = {
     "llava": ["<image>"],
     "llava_next": ["<image>"],
     "mistral3": ["[IMG]", "[IMG_BREAK]", "[IMG_END]"],
+    "ernie45vl": ["<|IMAGE_PLACEHOLDER|>"],
 }
 
 
@@ -129,6 +153,10 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
             got_types = row["token_type_ids"][0, a:b].tolist()
             assert got_types == want["token_type_ids"][0].tolist(), rec["id"]
+        if family == "ernie45vl":  # image tokens and their start / end: the vision experts'
+            got_types = row["moe_mm_token_type_ids"][0, a:b].tolist()
+            assert got_types == want["moe_mm_token_type_ids"][0].tolist(), rec["id"]
+            assert sum(got_types) > 0 or not images
         if rope is not None:  # 3-D positions: the model's, from the processor's token types
             ref, _ = rope(
                 want["input_ids"],
@@ -315,6 +343,7 @@ OTHER = {
     "qwen2vl": "qwen2vl:max_pixels=200704",
     "mistral3": "mistral3:longest_edge=700",
     "aya_vision": "aya-vision:max_tiles=4",
+    "ernie45vl": "ernie45vl:max_pixels=200704",
 }
 
 

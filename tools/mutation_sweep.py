@@ -804,6 +804,38 @@ MUTATIONS = [
         '_QWEN = ("qwen2vl", "qwen3vl", "glm4v")',
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[ernie45vl]",),
     ),
+    Mutation(
+        "gemma4-positions-stay-home",
+        "a moved Gemma 4 image runs with another image's patch positions",
+        "trainer_adapter/hf_patch_positions.py",
+        '        pos = route.send(pos.reshape(n, most * 2), one, "pixel_position_ids")'
+        ".reshape(-1, most, 2)",
+        '        pos = route.send(pos.reshape(n, most * 2), one, "pixel_position_ids")'
+        ".reshape(-1, most, 2).flip(0)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "gemma4-padding-as-patches",
+        "Gemma 4's added padding rows get position (0, 0), so the tower takes them for patches",
+        "trainer_adapter/hf_patch_positions.py",
+        "(0, 0, 0, most - rows), value=-1)",
+        "(0, 0, 0, most - rows), value=0)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "per-layer-inputs-detached",
+        "Gemma 4's per-layer inputs move without their gradient",
+        "trainer_adapter/hf_packing.py",
+        "    return route.send(rows, 0, key).reshape(1, -1, *shape)",
+        "    return route.send(rows.detach(), 0, key).reshape(1, -1, *shape)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
 ]
 
 

@@ -55,6 +55,7 @@ from trainer_adapter.hf_packing import (
     packing_spec,
     per_token_spec,
 )
+from trainer_adapter.hf_patch_positions import balance_patch_positions
 from trainer_adapter.hf_pixtral import balance_pixtral
 from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
 from trainer_adapter.item_exchange import plan_items
@@ -353,6 +354,9 @@ def balance_decoder(
             )
         text = position_ids[0] if position_ids.ndim == 3 else position_ids
         lengths = _sample_lengths(text)
+        # the head computes the loss on the home rank; a decoder without a head does not read
+        # the labels some models hand it (Gemma 4), so they stay home
+        kw.pop("labels", None)
         # one collective: the masks' names, the packing kwargs, the masks that join samples,
         # the per-token inputs (their dtypes)
         mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
@@ -395,8 +399,9 @@ def balance_decoder(
         pos_rows = position_ids.reshape(lead, position_ids.shape[-1]).T  # [L, rows]
         p = route.send(pos_rows.contiguous(), 0, "positions").T
         p = p.reshape(*position_ids.shape[:-1], -1) if position_ids.ndim == 3 else p.reshape(1, -1)
-        for key, dtype in sorted(per_token.items()):  # ERNIE's token types: with their tokens
-            kw[key] = move_per_token(kw.pop(key, None), key, dtype, int(lengths.sum()), route)
+        tie = inputs_embeds.sum() * 0  # in the graph on every rank, an empty one too
+        for key, sp in sorted(per_token.items()):  # ERNIE's token types, Gemma 4's per-layer
+            kw[key] = move_per_token(kw.pop(key, None), key, sp, int(lengths.sum()), route, tie)
         layers = int(route.table[:, 2].max()) if route.table.size else 0  # agreed by all ranks
         if layers:
             width = inputs_embeds.shape[-1]
@@ -458,9 +463,10 @@ def balance_model(
     Vision, VipLLaVA (tiles), Llama 4 (``.vision_model``: tiles; its ``.language_model`` is a
     causal LM, whose inner decoder is balanced), ERNIE 4.5-VL (a Qwen-style ``.vision_tower``;
     the wrapper follows what the tower's forward takes: ``grid_thw``, ``image_sizes``,
-    ``spatial_shapes`` (LFM2-VL: :func:`~trainer_adapter.hf_naflex.balance_naflex`) or
-    tiles). Feed each rank one packed row (:func:`balance_decoder`'s convention). Returns the
-    model."""
+    ``spatial_shapes`` (LFM2-VL: :func:`~trainer_adapter.hf_naflex.balance_naflex`),
+    ``pixel_position_ids`` (Gemma 4: :func:`~trainer_adapter.hf_patch_positions.
+    balance_patch_positions`) or tiles). Feed each rank one packed row
+    (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     if decoder is not None and hasattr(decoder, "lm_head"):  # Llama 4: a causal LM; its decoder
@@ -478,6 +484,8 @@ def balance_model(
         wrap = balance_pixtral  # Mistral 3, Pixtral: images of their own sizes
     elif "spatial_shapes" in takes:
         wrap = balance_naflex  # LFM2-VL's SigLIP2: padded patch rows of each image's grid
+    elif "pixel_position_ids" in takes:
+        wrap = balance_patch_positions  # Gemma 4: padded patch rows with their positions
     if tower is None or decoder is None:
         raise ValueError(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "

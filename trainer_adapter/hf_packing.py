@@ -35,9 +35,11 @@ __all__ = [
 ]
 
 PACKING_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
-# per-token inputs of a decoder, ``[1, L]`` beside the row: they move with their tokens
-# (ERNIE 4.5-VL's ``moe_mm_token_type_ids`` route vision tokens to its vision experts)
-PER_TOKEN_KEYS = ("moe_mm_token_type_ids",)
+# per-token inputs of a decoder, ``[1, L, ...]`` beside the row: they move with their tokens
+# (ERNIE 4.5-VL's ``moe_mm_token_type_ids`` route vision tokens to its vision experts; Gemma 4's
+# ``per_layer_inputs [1, L, layers, D]``, embeddings of each token for every layer, with their
+# gradient)
+PER_TOKEN_KEYS = ("moe_mm_token_type_ids", "per_layer_inputs")
 # decoders (config.model_type) whose recurrent layers hand the packing kwargs to their kernels
 # in transformers (`cu_seqlens=kwargs.pop("cu_seq_lens_q")`): Qwen3.5, Qwen3-Next, OLMo hybrid
 PACKED_RECURRENT = frozenset({"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "olmo_hybrid"})
@@ -131,25 +133,37 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
             )
 
 
-def per_token_spec(kw: dict) -> dict[str, str]:
-    """The per-token inputs (:data:`PER_TOKEN_KEYS`) this rank was given, with their dtypes."""
-    return {k: str(kw[k].dtype) for k in PER_TOKEN_KEYS if kw.get(k) is not None}
+def per_token_spec(kw: dict) -> dict[str, tuple]:
+    """The per-token inputs (:data:`PER_TOKEN_KEYS`) this rank was given: their dtypes and the
+    shape of one token's entry."""
+    return {
+        k: (str(kw[k].dtype), tuple(kw[k].shape[2:]))
+        for k in PER_TOKEN_KEYS
+        if kw.get(k) is not None
+    }
 
 
-def move_per_token(value, key: str, dtype: str, length: int, route) -> torch.Tensor:
-    """A per-token input ``[1, L]`` of this rank's row moved with its samples (``route``: the
-    decoder's); a rank given none (an empty rank, or a model that leaves it out) sends zeros.
-    Collective: every rank calls it for every key some rank has."""
+def move_per_token(value, key: str, spec: tuple, length: int, route, tie) -> torch.Tensor:
+    """A per-token input ``[1, L, ...]`` of this rank's row moved with its samples (``route``:
+    the decoder's; ``spec``: its agreed dtype and per-token shape); a rank given none (an empty
+    rank, or a model that leaves it out) sends zeros. Floating inputs keep their gradient (it
+    flows back through the reverse exchange; ``tie``, a zero in the graph, keeps a rank's zeros
+    in it so that every rank takes part). Collective: every rank calls it for every key some
+    rank has."""
+    dtype, shape = spec
     dt = getattr(torch, dtype.removeprefix("torch."))
     if value is None:
-        value = torch.zeros(1, length, dtype=dt)
-    if tuple(value.shape) != (1, length):
+        value = torch.zeros(1, length, *shape, dtype=dt)
+        value = value + tie.to(dt) if dt.is_floating_point else value
+    if tuple(value.shape) != (1, length, *shape):
         raise ValueError(
-            f"balance_decoder: `{key}` must be [1, L] beside the packed row of {length} tokens, "
-            f"got {tuple(value.shape)}"
+            f"balance_decoder: `{key}` must be [1, L, ...] beside the packed row of {length} "
+            f"tokens, got {tuple(value.shape)}"
         )
-    moved = route.send(value.reshape(-1, 1).to(torch.int64), 0, key)
-    return moved.reshape(1, -1).to(dt)
+    rows = value.reshape(length, int(np.prod(shape)))  # one row per token, an empty row too
+    if not dt.is_floating_point:  # ids and types travel as int64
+        return route.send(rows.to(torch.int64), 0, key).reshape(1, -1, *shape).to(dt)
+    return route.send(rows, 0, key).reshape(1, -1, *shape)
 
 
 def packing_kwargs(kw: dict, spec: dict, received: np.ndarray, device: torch.device) -> dict:

@@ -320,6 +320,8 @@ def test_packing_kwargs_equal_the_collators(seed):
         (["linear_attention", "moe", "full_attention", "mlp"], "nemotron_h", True, "(nemotron_h)"),
         (["hybrid", "hybrid"], "falcon_h1", True, "hybrid layers"),
         (["conv", "full_attention"], "lfm2", True, "conv layers"),
+        # GLM-5-Next: its linear attention takes no packing kwargs; indexed attention is masked
+        (["linear_attention", "indexed_attention"], "glm5_next_text", True, "(glm5_next_text)"),
     ],
 )
 def test_recurrent_decoders(layer_types, model_type, packed, refused):

@@ -1,12 +1,12 @@
 """Runtime balancing inside real Hugging Face VLMs (tiny configs, random weights, no download):
 Qwen2-VL (patches + grid_thw, 3-D mrope positions), Qwen2.5-VL (the same with window
 attention inside each image), Qwen3-VL (the same plus deepstack features
-injected into the first decoder layers at the visual tokens), Qwen3.5 and GLM-4.1V (Qwen-style
+injected into the first decoder layers at the visual tokens), Qwen3.5, GLM-4.1V and GLM-4.6V (Qwen-style
 towers), InternVL and LLaVA (tiles) and
 LLaVA-NeXT and LLaVA-OneVision (anyres: a varying number of tiles per image, unpadded and joined
 with newline embeddings after the tower; OneVision's multi-image samples without anyres), and
 more that teams train: Llama 4, Aya Vision, Command A Vision, VipLLaVA, Idefics2, ERNIE 4.5-VL,
-Qwen2.5-Omni's thinker, LFM2-VL (NaFlex tower). On 4 gloo ranks
+Qwen2.5-Omni's thinker, LFM2-VL (NaFlex tower), Gemma 4 (patch rows with positions). On 4 gloo ranks
 with uneven batches, an image-less rank and an empty rank, the loss and every parameter's
 gradient with encoder and LLM balancing, without balancing, and from a single process over the
 concatenated global batch agree (HF's loss runs in float32: float32 tolerance on a float64
@@ -88,6 +88,13 @@ LAYOUTS = {
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
+    # GLM-4.6V: GLM-4.1V's tower and decoder under a model class of its own
+    "glm46v": [
+        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+        [],
+        [(4, (1, 4, 4), 6)],
+        TEXT_ONLY,
+    ],
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # SmolVLM (Idefics3's architecture): tiles [1, N, C, H, W] with a pixel mask per tile
     "smolvlm": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
@@ -161,6 +168,7 @@ QWEN_STYLE = (
     "qwen35",
     "glm4v",
     "glm4v_moe",
+    "glm46v",
     "ernie45vl_moe",
     "qwen25omni",
 )
@@ -435,9 +443,10 @@ def build_model(family: str, seed: int = 0):
             video_end_token_id=995,
         )
         cls = tf.Ernie4_5_VLMoeForConditionalGeneration
-    elif family in ("glm4v", "glm4v_moe"):  # GLM-4.1V / 4.5V: a Qwen-style tower
+    elif family in ("glm4v", "glm4v_moe", "glm46v"):  # GLM-4.1V / 4.5V / 4.6V: Qwen-style
         moe = family == "glm4v_moe"
-        cfg = (tf.Glm4vMoeConfig if moe else tf.Glm4vConfig)(
+        config_cls = {"glm4v_moe": tf.Glm4vMoeConfig, "glm46v": tf.Glm46VConfig}
+        cfg = config_cls.get(family, tf.Glm4vConfig)(
             text_config={
                 **TEXT,
                 **(MOE_GLM if moe else {}),
@@ -462,7 +471,11 @@ def build_model(family: str, seed: int = 0):
             image_start_token_id=VSTART,
             image_end_token_id=VEND,
         )
-        cls = tf.Glm4vMoeForConditionalGeneration if moe else tf.Glm4vForConditionalGeneration
+        cls = {
+            "glm4v": tf.Glm4vForConditionalGeneration,
+            "glm4v_moe": tf.Glm4vMoeForConditionalGeneration,
+            "glm46v": tf.Glm46VForConditionalGeneration,
+        }[family]
     elif family == "mistral3":
         cfg = tf.Mistral3Config(
             vision_config=dict(
@@ -1036,6 +1049,7 @@ VISION_PARAMS = {
     "qwen35": ("model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight"),
     "glm4v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
     "glm4v_moe": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
+    "glm46v": ("model.visual.patch_embed.proj.weight", "model.visual.merger.down_proj.weight"),
     "lfm2vl": (
         "model.vision_tower.embeddings.patch_embedding.weight",
         "model.multi_modal_projector.linear_2.weight",

@@ -29,7 +29,7 @@ from trainer_adapter.item_outputs import route_home
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
-__all__ = ["balance_naflex"]
+__all__ = ["balance_naflex", "plan_padded_rows"]
 
 MOVED = ("pixel_attention_mask", "spatial_shapes", *PACKING_KEYS)
 
@@ -38,6 +38,24 @@ def _row_width(tower: torch.nn.Module) -> int:
     """The width of one patch row: what the tower's patch embedding (a Linear) takes."""
     embed = getattr(tower, "vision_model", tower).embeddings.patch_embedding
     return int(embed.in_features)
+
+
+def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy):
+    """The round's plan for images given as padded patch rows ``[n, P, ...]`` (every image costs
+    the same: the tower attends over all ``P`` rows); its item table is (output rows per image,
+    ``P``), the bytes moved ``P`` rows per image. Recorded on the tower."""
+    n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
+    per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
+    route = plan_items(
+        np.column_stack([out_rows, np.full(n, rows)]).reshape(-1, 2),
+        lambda t: np.ones(len(t)),  # padded attention: every image costs the same
+        group=group,
+        topology=topology,
+        policy=policy,
+        volume=lambda t: t[:, 1] * float(per_row),
+    )
+    record(tower, route)
+    return route
 
 
 def balance_naflex(
@@ -66,16 +84,7 @@ def balance_naflex(
                 f"{type(self).__name__} (balance_naflex) needs each image's "
                 "pixel_attention_mask and spatial_shapes beside pixel_values"
             )
-        per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
-        route = plan_items(
-            np.column_stack([np.ones(n, np.int64), np.full(n, rows)]).reshape(-1, 2),
-            lambda t: np.ones(len(t)),  # padded attention: every image costs the same
-            group=group,
-            topology=topology,
-            policy=policy,
-            volume=lambda t: t[:, 1] * float(per_row),
-        )
-        record(self, route)
+        route = plan_padded_rows(self, pixel_values, np.ones(n, np.int64), group, topology, policy)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None

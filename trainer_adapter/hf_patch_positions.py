@@ -23,9 +23,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from trainer_adapter.hf_naflex import plan_padded_rows
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
-from trainer_adapter.hf_rounds import install, joined, record
-from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.hf_rounds import install, joined
 from trainer_adapter.item_outputs import route_home
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -77,16 +77,7 @@ def balance_patch_positions(
             )
         n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
         tokens = _soft_tokens(pixel_position_ids, k)
-        per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
-        route = plan_items(
-            np.column_stack([tokens, np.full(n, rows)]).reshape(-1, 2),
-            lambda t: np.ones(len(t)),  # padded attention: every image costs the same
-            group=group,
-            topology=topology,
-            policy=policy,
-            volume=lambda t: t[:, 1] * float(per_row),
-        )
-        record(self, route)
+        route = plan_padded_rows(self, pixel_values, tokens, group, topology, policy)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None

@@ -358,7 +358,7 @@ def balance_decoder(
         # the labels some models hand it (Gemma 4), so they stay home
         kw.pop("labels", None)
         # one collective: the masks' names, the packing kwargs, the masks that join samples,
-        # the per-token inputs (their dtypes)
+        # the per-token inputs (their dtypes and per-token shapes)
         mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
         masks, agreed = agree_masks(masks, group, mine)
         spec = {k: v for sp, _, _ in agreed for k, v in sp.items()}

@@ -27,46 +27,28 @@ transformers = pytest.importorskip("transformers")
 
 IMG, VSTART, VEND, VIDEO = 999, 997, 996, 998
 TEXT_ONLY = [(30, None, 0), (25, None, 3), (40, None, 0)]  # long samples, no pixel_values
+# Qwen-style towers: each image a (t, h, w) patch grid; ranks uneven, empty, image-less
+QWEN_LAYOUT = [
+    [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
+    [],
+    [(4, (1, 4, 4), 6)],
+    TEXT_ONLY,
+]
 # per family and rank: samples as (text tokens before, image or None, text tokens after);
 # an image is a grid (t, h, w) of patches for Qwen2-VL, a number of tiles for InternVL / LLaVA
 LAYOUTS = {
-    "qwen2vl": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],  # an empty rank
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
+    "qwen2vl": QWEN_LAYOUT,  # rank 1 empty
     "qwen25vl": [  # Qwen2.5-VL: window attention inside each image (4 x 4-patch windows)
         [(5, (1, 8, 12), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
         [],
         [(4, (1, 4, 4), 6)],
         TEXT_ONLY,
     ],
-    "qwen3vl": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
-    "qwen35": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
-    "glm4v": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
+    "qwen3vl": QWEN_LAYOUT,
+    "qwen35": QWEN_LAYOUT,
+    "glm4v": QWEN_LAYOUT,
     # the MoE decoders teams train (Qwen3-VL-30B-A3B, GLM-4.5V): routed experts, a shared one
-    "qwen3vl_moe": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
+    "qwen3vl_moe": QWEN_LAYOUT,
     # Qwen2.5-Omni's thinker (the part that is trained): Qwen2.5-VL's tower beside an audio one
     "qwen25omni": [
         [(5, (1, 8, 12), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
@@ -76,25 +58,10 @@ LAYOUTS = {
     ],
     # ERNIE 4.5-VL: a Qwen-style tower named .vision_tower, a resampler after it, and a decoder
     # whose vision tokens go to experts of their own (moe_mm_token_type_ids, per token)
-    "ernie45vl_moe": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
-    "glm4v_moe": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
+    "ernie45vl_moe": QWEN_LAYOUT,
+    "glm4v_moe": QWEN_LAYOUT,
     # GLM-4.6V: GLM-4.1V's tower and decoder under a model class of its own
-    "glm46v": [
-        [(5, (1, 8, 10), 7), (3, (1, 8, 8), 4), (2, (1, 6, 8), 2), (9, None, 0)],
-        [],
-        [(4, (1, 4, 4), 6)],
-        TEXT_ONLY,
-    ],
+    "glm46v": QWEN_LAYOUT,
     "internvl": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],
     # SmolVLM (Idefics3's architecture): tiles [1, N, C, H, W] with a pixel mask per tile
     "smolvlm": [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY],

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer_adapter.group_errors import gather_reasons, raise_together, reason_of
+
 __all__ = ["all_to_all_rows", "collective_device", "gather_tables"]
 
 
@@ -21,21 +23,36 @@ def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     return torch.device("cpu")
 
 
-def gather_tables(local: np.ndarray, group: dist.ProcessGroup | None = None) -> list[np.ndarray]:
+def gather_tables(
+    local: np.ndarray | None,
+    group: dist.ProcessGroup | None = None,
+    *,
+    refusal: BaseException | None = None,
+    where: str = "gather_tables",
+) -> list[np.ndarray]:
     """All ranks' int64 tables ``[n_r, k]`` (``n_r`` may differ, even be 0), in rank order.
 
-    Two collectives: the row counts, then the rows padded to the longest.
+    Two collectives: the row counts, then the rows padded to the longest. A rank that cannot
+    give its table passes its error as ``refusal`` (``local`` is then ignored): every rank
+    raises :class:`~trainer_adapter.group_errors.StepRefused` with it after the counts, named
+    ``where`` (see :mod:`trainer_adapter.group_errors`).
     """
-    local = np.ascontiguousarray(local, dtype=np.int64)
-    if local.ndim != 2:
-        raise ValueError(f"gather_tables needs a 2-D table, got shape {local.shape}")
     world = dist.get_world_size(group)
     dev = collective_device(group)
-    k = local.shape[1]
+    if refusal is None:
+        local = np.ascontiguousarray(local, dtype=np.int64)
+        if local.ndim != 2:
+            refusal = ValueError(f"gather_tables needs a 2-D table, got shape {local.shape}")
     counts = torch.zeros(world, dtype=torch.int64, device=dev)
-    mine = torch.tensor([local.shape[0]], dtype=torch.int64, device=dev)
+    mine = torch.tensor(
+        [-1 if refusal is not None else local.shape[0]], dtype=torch.int64, device=dev
+    )
     _all_gather(counts, mine, group)
     counts = counts.cpu()
+    if bool((counts < 0).any()):  # a rank refused: every rank learns why and raises
+        reasons = gather_reasons(None if refusal is None else reason_of(refusal), group)
+        raise_together(reasons, where, refusal)
+    k = local.shape[1]
     longest = int(counts.max())
     padded = torch.zeros(longest, k, dtype=torch.int64)
     padded[: local.shape[0]] = torch.from_numpy(local)

@@ -44,12 +44,14 @@ import torch.distributed as dist
 
 from balancing import CostModel
 from trainer_adapter.exchange import collective_device
+from trainer_adapter.group_errors import raise_together, reason_of
 from trainer_adapter.hf_masks import agree_masks, crossing_masks, route_masks, split_masks
 from trainer_adapter.hf_naflex import balance_naflex
 from trainer_adapter.hf_packing import (
     PACKING_KEYS,
-    check_decoder,
+    check_decoder_inputs,
     check_item_inputs,
+    check_recurrent,
     move_per_token,
     packing_kwargs,
     packing_spec,
@@ -65,6 +67,7 @@ from trainer_adapter.item_outputs import (
     output_route_back,
     output_signature,
     route_home,
+    run_received,
 )
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -124,23 +127,26 @@ def balance_vision(
     width = _patch_width(tower)  # a rank without images joins with [0, width]
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
-        if not self.equishard_joining and (grid_thw is None or grid_thw.numel() == 0):
+        if not self.equishard_joining and _none(grid_thw) and _none(hidden_states):
             return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see hf_rounds
-        if policy.enabled:  # the text's packing kwargs may pass through; nothing else per-image
-            check_item_inputs(f"{type(self).__name__} (balance_vision)", (), kwargs, PACKING_KEYS)
-        grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
-        rows = grid.prod(axis=1)
-        row_bytes = (
-            hidden_states[0].numel() * hidden_states.element_size() if len(hidden_states) else 0
-        )
-
+        where = f"{type(self).__name__} (balance_vision)"
+        refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
+        try:
+            if policy.enabled:  # the text's packing kwargs may pass through; nothing else
+                check_item_inputs(where, (), kwargs, PACKING_KEYS)
+            table = _grid_table(hidden_states, grid_thw, where)
+            row_bytes = hidden_states[0].numel() * hidden_states.element_size() if len(table) else 0
+        except Exception as e:  # every rank raises it: plan_items
+            table, row_bytes, refusal = None, 0, e
         route = plan_items(
-            np.column_stack([rows, grid]).reshape(-1, 4),
+            table,
             length_cost(model, policy),
             group=group,
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
+            refusal=refusal,
+            where=where,
         )
         record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
@@ -149,10 +155,10 @@ def balance_vision(
             return inner(hidden_states, grid_thw=grid_thw, **kwargs)
         x = route.send(hidden_states, 0, "patches")
         g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
-        out = None
-        if route.received.size:
-            out = inner(x, grid_thw=g.to(device=grid_thw.device, dtype=grid_thw.dtype), **kwargs)
-        return route_home(self, out, x, route, group, own_call=not self.equishard_joining)
+        g = g.to(device=grid_thw.device, dtype=grid_thw.dtype)
+        out, failure = run_received(route, lambda: inner(x, grid_thw=g, **kwargs))
+        own = not self.equishard_joining
+        return route_home(self, out, x, route, group, own_call=own, failure=failure)
 
     def join(self) -> torch.Tensor:
         """Take part in this step's exchange with no images of this rank's own (HF skips the
@@ -162,6 +168,26 @@ def balance_vision(
         return joined(self, empty, grid_thw=torch.zeros(0, 3, dtype=torch.int64))
 
     return install(tower, forward, join)
+
+
+def _none(x) -> bool:
+    return x is None or x.numel() == 0
+
+
+def _grid_table(hidden_states, grid_thw, where: str) -> np.ndarray:
+    """The item table of a Qwen-style tower's images: (patch rows, t, h, w) per image; the
+    rows must be the patches the grids give."""
+    if grid_thw is None:
+        raise ValueError(f"{where} was given {len(hidden_states)} patch rows but no grid_thw")
+    grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
+    rows = grid.prod(axis=1)
+    if len(hidden_states) != rows.sum():
+        raise ValueError(
+            f"{where} was given {len(hidden_states)} patch rows, its grid_thw "
+            f"{grid.tolist()[:6]}{'...' if len(grid) > 6 else ''} make {int(rows.sum())}: "
+            "pixel_values and image_grid_thw must come from the same images"
+        )
+    return np.column_stack([rows, grid]).reshape(-1, 4)
 
 
 def _patch_width(tower: torch.nn.Module) -> int:
@@ -207,11 +233,23 @@ def balance_tiles(
     def forward(self, pixel_values=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
             return inner(pixel_values, *args, **kwargs)  # no round: see hf_rounds
-        if policy.enabled:
-            moved = ("patch_attention_mask", *PACKING_KEYS) if masked else PACKING_KEYS
-            check_item_inputs(f"{type(self).__name__} (balance_tiles)", args, kwargs, moved)
-        n = int(pixel_values.shape[0])
-        row_bytes = pixel_values[0].numel() * pixel_values.element_size() if n else 0
+        where = f"{type(self).__name__} (balance_tiles)"
+        refusal = None  # see balance_vision
+        try:
+            if policy.enabled:
+                moved = ("patch_attention_mask", *PACKING_KEYS) if masked else PACKING_KEYS
+                check_item_inputs(where, args, kwargs, moved)
+            n = int(pixel_values.shape[0])
+            row_bytes = pixel_values[0].numel() * pixel_values.element_size() if n else 0
+            mask = kwargs.pop("patch_attention_mask", None) if masked else None
+            if mask is None and masked:  # Idefics3 / SmolVLM: which patches are image
+                p = self.config.patch_size
+                shape = (n, pixel_values.shape[-2] // p, pixel_values.shape[-1] // p)
+                mask = torch.ones(shape, dtype=torch.bool, device=pixel_values.device)
+            if masked and len(mask) != n:
+                raise ValueError(f"{where}: {len(mask)} patch masks for {n} tiles")
+        except Exception as e:  # every rank raises it: plan_items
+            n, row_bytes, refusal = 0, 0, e
         route = plan_items(
             np.ones((n, 1), dtype=np.int64),
             lambda t: t[:, 0].astype(np.float64),
@@ -219,20 +257,22 @@ def balance_tiles(
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
+            refusal=refusal,
+            where=where,
         )
         record(self, route)
         if route.src.size == 0:  # see balance_vision
-            return None if self.equishard_joining else inner(pixel_values, *args, **kwargs)
+            if self.equishard_joining:
+                return None
+            if masked:
+                kwargs["patch_attention_mask"] = mask
+            return inner(pixel_values, *args, **kwargs)
         x = route.send(pixel_values, 0, "tiles")
-        if masked:  # Idefics3 / SmolVLM: which patches of each tile are image, not padding
-            mask = kwargs.pop("patch_attention_mask", None)
-            if mask is None:
-                p = self.config.patch_size
-                shape = (n, pixel_values.shape[-2] // p, pixel_values.shape[-1] // p)
-                mask = torch.ones(shape, dtype=torch.bool, device=pixel_values.device)
+        if masked:
             kwargs["patch_attention_mask"] = route.send(mask.to(torch.uint8), 0, "masks").bool()
-        out = inner(x, *args, **kwargs) if route.received.size else None
-        return route_home(self, out, x, route, group, own_call=not self.equishard_joining)
+        out, failure = run_received(route, lambda: inner(x, *args, **kwargs))
+        own = not self.equishard_joining
+        return route_home(self, out, x, route, group, own_call=own, failure=failure)
 
     def join(self) -> torch.Tensor:
         # every layer's states too: the model's own calls may select from them
@@ -254,6 +294,70 @@ def _sample_lengths(text_positions: torch.Tensor) -> np.ndarray:
             "(HF's packed convention); the first position is not 0"
         )
     return np.diff(np.append(starts, pos.size)).astype(np.int64)
+
+
+def _packed_row(inputs_embeds, attention_mask, position_ids):
+    """Check that this rank's decoder input is one packed row (batch size 1, no padding, HF's
+    position ids restarting per sample; Qwen's ``[4, 1, L]`` with the text row first); returns
+    (the 2-D attention mask or None, the model's 4-D masks by name or None, sample lengths)."""
+    if inputs_embeds.shape[0] != 1 or position_ids is None:
+        raise ValueError(
+            "balance_decoder needs one packed row per rank (batch size 1) with position ids "
+            f"restarting per sample; got inputs of shape {tuple(inputs_embeds.shape)} and "
+            f"position_ids {None if position_ids is None else tuple(position_ids.shape)}"
+        )
+    # a model that builds its own 4-D masks (Gemma 3) passes them: they move with the samples
+    attention_mask, masks = split_masks(attention_mask)
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
+    if position_ids.ndim == 3 and position_ids.shape[0] != 4:
+        raise ValueError(
+            "balance_decoder: 3-D position ids must be [4, 1, L] with the text positions "
+            f"first (Qwen's convention; they mark where samples start), got "
+            f"{tuple(position_ids.shape)}"
+        )
+    if position_ids.shape[-1] != inputs_embeds.shape[1]:
+        raise ValueError(
+            f"balance_decoder: position_ids {tuple(position_ids.shape)} do not cover the row "
+            f"of {inputs_embeds.shape[1]} tokens"
+        )
+    text = position_ids[0] if position_ids.ndim == 3 else position_ids
+    return attention_mask, masks, _sample_lengths(text)
+
+
+def _sample_table(lengths: np.ndarray, vmask, deep, where: str) -> np.ndarray:
+    """The decoder's item table: per sample its length, its visual tokens (Qwen3-VL's
+    ``visual_pos_masks``) and the deepstack layers (each ``[visual tokens, D]``)."""
+    visual = np.zeros_like(lengths)
+    if vmask is not None:
+        marks = vmask.reshape(-1).detach().cpu().numpy().astype(np.int64)
+        if marks.size != lengths.sum():
+            raise ValueError(
+                f"{where}: visual_pos_masks {tuple(vmask.shape)} does not cover the row of "
+                f"{int(lengths.sum())} tokens"
+            )
+        visual = np.add.reduceat(marks, np.cumsum(lengths) - lengths) if lengths.size else visual
+    layers = len(deep) if deep is not None else 0
+    if deep is not None and any(len(d) != visual.sum() for d in deep):
+        raise ValueError(
+            f"{where}: deepstack_visual_embeds have {[len(d) for d in deep]} rows, "
+            f"visual_pos_masks marks {int(visual.sum())} visual tokens"
+        )
+    return np.column_stack([lengths, visual, np.full_like(lengths, layers)]).reshape(-1, 3)
+
+
+def _agreed_per_token(specs: list[dict], where: str) -> dict:
+    """The per-token inputs of all ranks by name (dtype, per-token shape); ranks that give one
+    differently (another dtype or shape) are refused on every rank."""
+    out: dict = {}
+    for sp in specs:
+        for key, value in sp.items():
+            if out.setdefault(key, value) != value:
+                raise ValueError(
+                    f"{where}: ranks give `{key}` as {out[key]} and as {value} (dtype, "
+                    "per-token shape); every rank must give it alike"
+                )
+    return out
 
 
 def _output_class(forward) -> type:
@@ -334,59 +438,48 @@ def balance_decoder(
             if zero is not None:
                 out.last_hidden_state = out.last_hidden_state + zero
             return out
-        if inputs_embeds is None:
-            inputs_embeds = self.get_input_embeddings()(input_ids)
-        if inputs_embeds.shape[0] != 1 or position_ids is None:
-            raise ValueError(
-                "balance_decoder needs one packed row per rank (batch size 1) with position ids "
-                f"restarting per sample; got inputs of shape {tuple(inputs_embeds.shape)} and "
-                f"position_ids {None if position_ids is None else tuple(position_ids.shape)}"
+        where = f"{type(self).__name__} (balance_decoder)"
+        refusal, mine, masks = None, None, None  # see balance_vision
+        try:
+            if inputs_embeds is None:
+                inputs_embeds = self.get_input_embeddings()(input_ids)
+            attention_mask, masks, lengths = _packed_row(
+                inputs_embeds, attention_mask, position_ids
             )
-        # a model that builds its own 4-D masks (Gemma 3) passes them: they move with the samples
-        attention_mask, masks = split_masks(attention_mask)
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
-        if position_ids.ndim == 3 and position_ids.shape[0] != 4:
-            raise ValueError(
-                "balance_decoder: 3-D position ids must be [4, 1, L] with the text positions "
-                f"first (Qwen's convention; they mark where samples start), got "
-                f"{tuple(position_ids.shape)}"
-            )
-        text = position_ids[0] if position_ids.ndim == 3 else position_ids
-        lengths = _sample_lengths(text)
-        # the head computes the loss on the home rank; a decoder without a head does not read
-        # the labels some models hand it (Gemma 4), so they stay home
-        kw.pop("labels", None)
-        # one collective: the masks' names, the packing kwargs, the masks that join samples,
-        # the per-token inputs (their dtypes and per-token shapes)
-        mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
-        masks, agreed = agree_masks(masks, group, mine)
+            # the head computes the loss on the home rank; a decoder without a head does not
+            # read the labels some models hand it (Gemma 4), so they stay home
+            kw.pop("labels", None)
+            check_decoder_inputs(self, kw, lengths)  # nothing per-sample left behind
+            # Qwen3-VL's deepstack: per visual token, features added in the first decoder
+            # layers; they travel with their samples (table: length, visual tokens, layers)
+            vmask = kw.pop("visual_pos_masks", None)
+            deep = kw.pop("deepstack_visual_embeds", None)
+            table = _sample_table(lengths, vmask, deep, where)
+            # the masks that join samples, the packing kwargs, the per-token inputs (their
+            # dtypes and per-token shapes): agreed in one collective with the refusals
+            mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
+        except Exception as e:  # every rank raises it: agree_masks
+            refusal, masks = e, None
+        reason = None if refusal is None else reason_of(refusal)
+        masks, agreed = agree_masks(masks, group, (mine, reason))
+        raise_together([r for _, r in agreed], where, refusal)
+        agreed = [m for m, _ in agreed]
         spec = {k: v for sp, _, _ in agreed for k, v in sp.items()}
         crossing = sorted({k for _, names, _ in agreed for k in names})
-        per_token = {k: v for _, _, tok in agreed for k, v in tok.items()}
+        per_token = _agreed_per_token([tok for _, _, tok in agreed], where)
         if crossing:  # every rank refuses, also one whose row holds a single sample
             raise ValueError(
-                f"{type(self).__name__} (balance_decoder): the model's {', '.join(crossing)} "
+                f"{where}: the model's {', '.join(crossing)} "
                 "lets the samples of a packed row attend to each other (PaliGemma's prefix "
                 "block, token_type_ids == 0, spans every sample's image and prompt), so moving "
                 "samples would change what they see; HF's packed rows already mix them without "
                 "balancing. Balance the vision tower only (balance_model(..., llm=False)), or "
                 "give the decoder masks that keep each sample to itself"
             )
-        check_decoder(self, kw, lengths, spec)  # nothing per-sample left behind
-        # Qwen3-VL's deepstack: per visual token, features added in the first decoder layers;
-        # they travel with their samples (table: length, visual tokens, deepstack layers)
-        vmask = kw.pop("visual_pos_masks", None)
-        deep = kw.pop("deepstack_visual_embeds", None)
-        visual = np.zeros_like(lengths)
-        if vmask is not None and lengths.size:
-            marks = vmask.reshape(-1).detach().cpu().numpy().astype(np.int64)
-            visual = np.add.reduceat(marks, np.cumsum(lengths) - lengths)
-        layers = len(deep) if deep is not None else 0
-
+        check_recurrent(self, spec)  # the same on every rank: spec is agreed
         row_bytes = inputs_embeds.shape[-1] * inputs_embeds.element_size()
         route = plan_items(
-            np.column_stack([lengths, visual, np.full_like(lengths, layers)]).reshape(-1, 3),
+            table,
             length_cost(llm, policy),
             group=group,
             topology=topology,
@@ -420,9 +513,12 @@ def balance_decoder(
         if masks is not None:
             moved_masks = route_masks(masks, lengths, route, group, inputs_embeds)
         kw = packing_kwargs(kw, spec, route.table[route.received, 0], x.device)
+        got, failure = run_received(
+            route,
+            lambda: inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw),
+        )
         out, cls = None, None
-        if route.received.size:
-            got = inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw)
+        if got is not None:
             # per token: the hidden states, and an MoE decoder's router logits (each layer's
             # [tokens, experts], for the load-balancing loss its model computes on the home
             # rank over its own tokens, as without balancing)
@@ -432,7 +528,7 @@ def balance_decoder(
             cls = type(got)
         total = int(route.table[route.received, 0].sum())
         sig = None if out is None else (output_signature(out, total), cls)
-        tensor_sig, cls = output_agree(sig, group)
+        tensor_sig, cls = output_agree(sig, group, failure=failure, where=where)
         anchor = output_anchor(self) + (x.sum() * 0 if out is None else 0)  # see balance_vision
         back = output_route_back(out, tensor_sig, route, route.table[:, 0], anchor)
         hidden = back["last_hidden_state"][None]

@@ -25,7 +25,7 @@ from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_pixtral import _batch_dim
 from trainer_adapter.hf_rounds import install, joined, record
 from trainer_adapter.item_exchange import plan_items
-from trainer_adapter.item_outputs import route_home
+from trainer_adapter.item_outputs import route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -40,19 +40,25 @@ def _row_width(tower: torch.nn.Module) -> int:
     return int(embed.in_features)
 
 
-def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy):
+def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy, refusal, where):
     """The round's plan for images given as padded patch rows ``[n, P, ...]`` (every image costs
     the same: the tower attends over all ``P`` rows); its item table is (output rows per image,
-    ``P``), the bytes moved ``P`` rows per image. Recorded on the tower."""
-    n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
-    per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
+    ``P``), the bytes moved ``P`` rows per image. Recorded on the tower. ``refusal``: this
+    rank's error, raised on every rank (:mod:`trainer_adapter.group_errors`)."""
+    table, per_row = None, 0
+    if refusal is None:
+        n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
+        per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
+        table = np.column_stack([out_rows, np.full(n, rows)]).reshape(-1, 2)
     route = plan_items(
-        np.column_stack([out_rows, np.full(n, rows)]).reshape(-1, 2),
+        table,
         lambda t: np.ones(len(t)),  # padded attention: every image costs the same
         group=group,
         topology=topology,
         policy=policy,
         volume=lambda t: t[:, 1] * float(per_row),
+        refusal=refusal,
+        where=where,
     )
     record(tower, route)
     return route
@@ -76,15 +82,27 @@ def balance_naflex(
     def forward(self, pixel_values=None, pixel_attention_mask=None, spatial_shapes=None, **kw):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
             return inner(pixel_values, pixel_attention_mask, spatial_shapes, **kw)  # see hf_rounds
-        if policy.enabled:
-            check_item_inputs(f"{type(self).__name__} (balance_naflex)", (), kw, MOVED)
-        n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
-        if pixel_attention_mask is None or spatial_shapes is None:
-            raise ValueError(
-                f"{type(self).__name__} (balance_naflex) needs each image's "
-                "pixel_attention_mask and spatial_shapes beside pixel_values"
-            )
-        route = plan_padded_rows(self, pixel_values, np.ones(n, np.int64), group, topology, policy)
+        where = f"{type(self).__name__} (balance_naflex)"
+        refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
+        try:
+            if policy.enabled:
+                check_item_inputs(where, (), kw, MOVED)
+            n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
+            if pixel_attention_mask is None or spatial_shapes is None:
+                raise ValueError(
+                    f"{where} needs each image's pixel_attention_mask and spatial_shapes "
+                    "beside pixel_values"
+                )
+            if pixel_attention_mask.shape[:2] != (n, rows) or len(spatial_shapes) != n:
+                raise ValueError(
+                    f"{where}: pixel_attention_mask {tuple(pixel_attention_mask.shape)} and "
+                    f"spatial_shapes {tuple(spatial_shapes.shape)} do not match pixel_values "
+                    f"{tuple(pixel_values.shape)}"
+                )
+        except Exception as e:  # every rank raises it: plan_items
+            n, rows, refusal = 0, 0, e
+        ones = np.ones(n, np.int64)
+        route = plan_padded_rows(self, pixel_values, ones, group, topology, policy, refusal, where)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -95,12 +113,11 @@ def balance_naflex(
         mask = F.pad(pixel_attention_mask.to(torch.int64), (0, most - rows))
         mask = route.send(mask, one, "pixel_attention_mask")
         shapes = route.send(spatial_shapes.to(torch.int64), one, "spatial_shapes")
-        out = None
-        if route.received.size:
-            mask = mask.to(pixel_attention_mask.device, pixel_attention_mask.dtype)
-            shapes = shapes.to(spatial_shapes.device, spatial_shapes.dtype)
-            out = inner(x, mask, shapes, **kw)
-        home = route_home(self, out, x, route, group, own_call=not self.equishard_joining)
+        mask = mask.to(pixel_attention_mask.device, pixel_attention_mask.dtype)
+        shapes = shapes.to(spatial_shapes.device, spatial_shapes.dtype)
+        out, failure = run_received(route, lambda: inner(x, mask, shapes, **kw))
+        own = not self.equishard_joining
+        home = route_home(self, out, x, route, group, own_call=own, failure=failure)
         # per-patch outputs [n, P, ...] back to this rank's own P; the pooled [n, D] as is
         return _batch_dim(home, lambda t: t[:, :rows] if t.ndim >= 3 else t)
 

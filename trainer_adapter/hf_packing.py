@@ -27,7 +27,9 @@ __all__ = [
     "PACKED_RECURRENT",
     "PACKING_KEYS",
     "check_decoder",
+    "check_decoder_inputs",
     "check_item_inputs",
+    "check_recurrent",
     "move_per_token",
     "packing_kwargs",
     "packing_spec",
@@ -81,15 +83,50 @@ def packing_spec(kw: dict) -> dict[str, str]:
 
 
 def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec: dict) -> None:
-    """The decoder's kwargs before balancing: nothing per-sample is left behind, a recurrent
-    decoder has packing kwargs on some rank (``spec``: all ranks' :func:`packing_spec`, so
-    every rank decides alike), and this rank's agree with its position ids' ``lengths``."""
+    """The decoder's kwargs before balancing: :func:`check_decoder_inputs` (this rank's own)
+    and :func:`check_recurrent` (``spec``: all ranks' :func:`packing_spec`)."""
+    check_decoder_inputs(decoder, kw, lengths)
+    check_recurrent(decoder, spec)
+
+
+def check_decoder_inputs(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray) -> None:
+    """This rank's decoder kwargs: nothing per-sample is left behind, the packing kwargs agree
+    with its position ids' ``lengths``, the per-token inputs are ``[1, L, ...]`` beside the row.
+    Local: a wrapper takes its error into the next collective (see hf_balance)."""
     check_item_inputs(
         f"{type(decoder).__name__} (balance_decoder)",
         (),
         kw,
         ("visual_pos_masks", "deepstack_visual_embeds", *PACKING_KEYS, *PER_TOKEN_KEYS),
     )
+    length = int(lengths.sum())
+    for key in PER_TOKEN_KEYS:
+        value = kw.get(key)
+        if value is not None and tuple(value.shape[:2]) != (1, length):
+            raise ValueError(
+                f"balance_decoder: `{key}` must be [1, L, ...] beside the packed row of "
+                f"{length} tokens, got {tuple(value.shape)}"
+            )
+    want = np.concatenate([[0], np.cumsum(lengths)])
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"):
+        if kw.get(key) is None:
+            continue
+        got = kw[key].reshape(-1).detach().cpu().numpy().astype(np.int64)
+        if key == "seq_idx":  # the sample index of every token: where it changes
+            cuts = np.flatnonzero(np.diff(got)) + 1
+            got = np.concatenate([[0], cuts, [got.size]]) if got.size else np.zeros(1, np.int64)
+        if got.shape != want.shape or np.any(got != want):
+            raise ValueError(
+                f"balance_decoder: {key} gives sample boundaries {got.tolist()[:8]}..., the "
+                f"position ids (restarting at 0 per sample) give {want.tolist()[:8]}...; "
+                "build both from the same packing"
+            )
+
+
+def check_recurrent(decoder: torch.nn.Module, spec: dict) -> None:
+    """A decoder with recurrent layers is balanced only where its transformers code takes the
+    packing kwargs, and only with them on some rank (``spec``: every rank's
+    :func:`packing_spec`, so every rank decides alike)."""
     cfg = getattr(decoder, "config", None)
     # layers that keep a running state along the row (linear attention, mamba, conv, ...);
     # the attention kinds (full, sliding, chunked, ...) get their masks from the positions
@@ -117,20 +154,6 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
             "max_length_q / max_length_k or seq_idx, as DataCollatorWithFlattening("
             "return_flash_attn_kwargs=True) gives them)"
         )
-    want = np.concatenate([[0], np.cumsum(lengths)])
-    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"):
-        if kw.get(key) is None:
-            continue
-        got = kw[key].reshape(-1).detach().cpu().numpy().astype(np.int64)
-        if key == "seq_idx":  # the sample index of every token: where it changes
-            cuts = np.flatnonzero(np.diff(got)) + 1
-            got = np.concatenate([[0], cuts, [got.size]]) if got.size else np.zeros(1, np.int64)
-        if got.shape != want.shape or np.any(got != want):
-            raise ValueError(
-                f"balance_decoder: {key} gives sample boundaries {got.tolist()[:8]}..., the "
-                f"position ids (restarting at 0 per sample) give {want.tolist()[:8]}...; "
-                "build both from the same packing"
-            )
 
 
 def per_token_spec(kw: dict) -> dict[str, tuple]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from trainer_adapter.hf_naflex import plan_padded_rows
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined
-from trainer_adapter.item_outputs import route_home
+from trainer_adapter.item_outputs import route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -66,18 +66,24 @@ def balance_patch_positions(
     def forward(self, pixel_values=None, pixel_position_ids=None, **kw):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
             return inner(pixel_values, pixel_position_ids, **kw)  # no round: see hf_rounds
-        if policy.enabled:
-            check_item_inputs(
-                f"{type(self).__name__} (balance_patch_positions)", (), kw, PACKING_KEYS
-            )
-        if pixel_position_ids is None:
-            raise ValueError(
-                f"{type(self).__name__} (balance_patch_positions) needs each image's "
-                "pixel_position_ids beside pixel_values"
-            )
-        n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
-        tokens = _soft_tokens(pixel_position_ids, k)
-        route = plan_padded_rows(self, pixel_values, tokens, group, topology, policy)
+        where = f"{type(self).__name__} (balance_patch_positions)"
+        refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
+        try:
+            if policy.enabled:
+                check_item_inputs(where, (), kw, PACKING_KEYS)
+            n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
+            if pixel_position_ids is None or pixel_position_ids.shape[:2] != (n, rows):
+                got = None if pixel_position_ids is None else tuple(pixel_position_ids.shape)
+                raise ValueError(
+                    f"{where} needs each image's pixel_position_ids [n, P, 2] beside "
+                    f"pixel_values {tuple(pixel_values.shape)}, got {got}"
+                )
+            tokens = _soft_tokens(pixel_position_ids, k)
+        except Exception as e:  # every rank raises it: plan_items
+            n, rows, tokens, refusal = 0, 0, None, e
+        route = plan_padded_rows(
+            self, pixel_values, tokens, group, topology, policy, refusal, where
+        )
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -87,11 +93,12 @@ def balance_patch_positions(
         x = route.send(F.pad(pixel_values, (0, 0, 0, most - rows)), one, "patches")
         pos = F.pad(pixel_position_ids.to(torch.int64), (0, 0, 0, most - rows), value=-1)
         pos = route.send(pos.reshape(n, most * 2), one, "pixel_position_ids").reshape(-1, most, 2)
-        out = None
-        if route.received.size:
-            got = inner(x, pos.to(pixel_position_ids.device, pixel_position_ids.dtype), **kw)
-            out = type(got)(last_hidden_state=got.last_hidden_state)
-        return route_home(self, out, x, route, group, own_call=not self.equishard_joining)
+        pos = pos.to(pixel_position_ids.device, pixel_position_ids.dtype)
+        out, failure = run_received(route, lambda: inner(x, pos, **kw))
+        if out is not None:
+            out = type(out)(last_hidden_state=out.last_hidden_state)
+        own = not self.equishard_joining
+        return route_home(self, out, x, route, group, own_call=own, failure=failure)
 
     def join(self) -> torch.Tensor:
         empty = next(self.parameters()).new_zeros((0, k * k, width))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
 from trainer_adapter.item_exchange import plan_items
-from trainer_adapter.item_outputs import route_home
+from trainer_adapter.item_outputs import route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -59,25 +59,35 @@ def balance_pixtral(
     def forward(self, pixel_values=None, image_sizes=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
             return inner(pixel_values, image_sizes, *args, **kwargs)  # no round: see hf_rounds
-        if policy.enabled:
-            check_item_inputs(
-                f"{type(self).__name__} (balance_pixtral)", args, kwargs, PACKING_KEYS
-            )
-        n, _, height, width = pixel_values.shape
-        if image_sizes is None:  # the tower's own default: every image as large as the batch
-            image_sizes = [(height, width)] * n
-        sizes = torch.as_tensor(image_sizes, dtype=torch.int64).reshape(-1, 2).cpu().numpy()
-        patches = (sizes[:, 0] // p) * (sizes[:, 1] // p)
-        padded = np.tile([height, width], (n, 1))  # the largest of the whole group pads all
-
-        per_pixel = pixel_values[0, :, :1, :1].numel() * pixel_values.element_size() if n else 0
+        where = f"{type(self).__name__} (balance_pixtral)"
+        refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
+        try:
+            if policy.enabled:
+                check_item_inputs(where, args, kwargs, PACKING_KEYS)
+            n, _, height, width = pixel_values.shape
+            if image_sizes is None:  # the tower's own default: every image as large as the batch
+                image_sizes = [(height, width)] * n
+            sizes = torch.as_tensor(image_sizes, dtype=torch.int64).reshape(-1, 2).cpu().numpy()
+            if len(sizes) != n or (sizes > (height, width)).any():
+                raise ValueError(
+                    f"{where}: image_sizes {sizes.tolist()[:4]} do not fit {n} images padded to "
+                    f"{height} x {width}"
+                )
+            patches = (sizes[:, 0] // p) * (sizes[:, 1] // p)
+            padded = np.tile([height, width], (n, 1))  # the largest of the group pads all
+            table = np.column_stack([patches, sizes, padded]).reshape(-1, 5)
+            per_pixel = pixel_values[0, :, :1, :1].numel() * pixel_values.element_size() if n else 0
+        except Exception as e:  # every rank raises it: plan_items
+            table, per_pixel, refusal = None, 0, e
         route = plan_items(
-            np.column_stack([patches, sizes, padded]).reshape(-1, 5),
+            table,
             length_cost(model, policy),
             group=group,
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 1] * t[:, 2] * float(per_pixel),
+            refusal=refusal,
+            where=where,
         )
         record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
@@ -89,11 +99,11 @@ def balance_pixtral(
         x = route.send(x, np.ones_like(route.src), "images")
         mine = torch.from_numpy(sizes).to(pixel_values.device)
         got = route.send(mine, np.ones_like(route.src), "image_sizes")
-        out = None
-        if route.received.size:
-            out = inner(x, got.to(pixel_values.device), *args, **kwargs)
-            out = _batch_dim(out, lambda t: t[0])  # [1, patches, D] -> patch rows
-        home = route_home(self, out, x, route, group, own_call=not self.equishard_joining)
+        sizes_in = got.to(pixel_values.device)
+        out, failure = run_received(route, lambda: inner(x, sizes_in, *args, **kwargs))
+        out = _batch_dim(out, lambda t: t[0])  # [1, patches, D] -> patch rows
+        own = not self.equishard_joining
+        home = route_home(self, out, x, route, group, own_call=own, failure=failure)
         return _batch_dim(home, lambda t: t[None])
 
     def join(self) -> torch.Tensor:

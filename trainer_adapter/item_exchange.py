@@ -114,18 +114,25 @@ def plan_items(
     topology: Topology | None = None,
     policy: RedistributePolicy | None = None,
     volume: Callable[[np.ndarray], np.ndarray] | None = None,
+    refusal: BaseException | None = None,
+    where: str = "plan_items",
 ) -> ItemRoute:
     """Gather every rank's item table (int64 ``[n_items, k]``), compute each item's cost with
     ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (default: the cost), and
-    plan the destination of every item. Same result on every rank; collective."""
+    plan the destination of every item. Same result on every rank; collective. A rank that
+    cannot give its table passes its error as ``refusal``: every rank raises
+    :class:`~trainer_adapter.group_errors.StepRefused` (named ``where``) with it."""
     t0 = time.perf_counter()
     policy = policy or RedistributePolicy()
     topology = topology or Topology()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    local_table = np.asarray(local_table, dtype=np.int64)
-    if local_table.ndim != 2:
-        raise ValueError(f"the item table must be 2-D [items, columns], got {local_table.shape}")
-    tables = gather_tables(local_table, group)
+    if refusal is None:
+        local_table = np.asarray(local_table, dtype=np.int64)
+        if local_table.ndim != 2:
+            refusal = ValueError(
+                f"the item table must be 2-D [items, columns], got {local_table.shape}"
+            )
+    tables = gather_tables(local_table, group, refusal=refusal, where=where)
     k = local_table.shape[1]
     table = np.concatenate(tables).reshape(-1, k)
     src = np.repeat(np.arange(world), [t.shape[0] for t in tables]).astype(np.int64)

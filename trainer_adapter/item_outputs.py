@@ -12,11 +12,14 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer_adapter.group_errors import raise_together, reason_of
 from trainer_adapter.item_exchange import ItemRoute
 from trainer_adapter.redistribute import _ranges
 
@@ -26,6 +29,7 @@ __all__ = [
     "output_route_back",
     "output_signature",
     "route_home",
+    "run_received",
     "zero_of",
 ]
 
@@ -131,14 +135,32 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     return _rebuild(sig, iter(tensors))
 
 
-def output_agree(sig, group, own_call: bool = True):
+def run_received(route: ItemRoute, run: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+    """``run()`` (the module on the items this rank received; None where it received none) and
+    its error, caught: the rank takes it into :func:`output_agree`, where every rank raises it
+    (:mod:`trainer_adapter.group_errors`) instead of waiting for this one."""
+    if not route.received.size:
+        return None, None
+    try:
+        return run(), None
+    except Exception as e:  # raised on every rank by output_agree
+        return None, e
+
+
+def output_agree(
+    sig, group, own_call: bool = True, failure: BaseException | None = None, where: str = ""
+):
     """The output signature of a rank that ran the module (all ranks: the same one), taken
     from a rank that called the module with its own arguments where one ran it (``own_call``
     False: a rank that only joined the exchange, whose call may ask for more outputs, e.g.
-    every layer's hidden states, than the model's own calls do)."""
+    every layer's hidden states, than the model's own calls do). ``failure``: this rank's
+    error running the module (:func:`run_received`); every rank raises
+    :class:`~trainer_adapter.group_errors.StepRefused` if any rank has one."""
     sigs = [None] * dist.get_world_size(group)
-    dist.all_gather_object(sigs, (own_call, sig), group=group)
-    ran = [(own, s) for own, s in sigs if s is not None]
+    reason = None if failure is None else reason_of(failure)
+    dist.all_gather_object(sigs, (own_call, sig, reason), group=group)
+    raise_together([r for _, _, r in sigs], where or "the balanced module", failure)
+    ran = [(own, s) for own, s, _ in sigs if s is not None]
     return next((s for own, s in ran if own), ran[0][1] if ran else None)
 
 
@@ -151,15 +173,22 @@ def output_anchor(module: torch.nn.Module) -> torch.Tensor:
 
 
 def route_home(
-    module: torch.nn.Module, out, x: torch.Tensor, route: ItemRoute, group, own_call: bool = True
+    module: torch.nn.Module,
+    out,
+    x: torch.Tensor,
+    route: ItemRoute,
+    group,
+    own_call: bool = True,
+    failure: BaseException | None = None,
 ):
     """The outputs ``module`` made for the items this rank received (None if it received
     none), back on the items' own ranks. Rows per item are the item table's column 0 and
     ``x`` is what this rank received: on a rank that received nothing, its (empty) received
     tensor and the parameters are tied into the result, so every exchange's backward runs.
-    ``own_call``: see :func:`output_agree`."""
+    ``own_call``, ``failure``: see :func:`output_agree`."""
     rows_in = int(route.table[route.received, 0].sum())
-    sig = output_agree(None if out is None else output_signature(out, rows_in), group, own_call)
+    sig = None if out is None else output_signature(out, rows_in)
+    sig = output_agree(sig, group, own_call, failure, f"{type(module).__name__} (balanced)")
     anchor = output_anchor(module) + (x.sum() * 0 if out is None else 0)
     return output_route_back(out, sig, route, route.table[:, 0], anchor)
 

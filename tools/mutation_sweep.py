@@ -33,6 +33,7 @@ _PARITY = (
 HF = f"{_PARITY}[qwen2vl]"
 HF3 = f"{_PARITY}[qwen3vl]"
 SPLIT = "tests/trainer_adapter/test_split_samples.py"
+_GROUP = "tests/trainer_adapter/test_hf_group_errors.py::test_one_ranks_error_raised_on_every_rank"
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ MUTATIONS = [
     Mutation(
         "hf-decoder-no-positions",
         "the balanced decoder drops the moved position ids (samples attend across boundaries)",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "inner(inputs_embeds=x[None], position_ids=p,",
         "inner(inputs_embeds=x[None], position_ids=None,",
         (HF,),
@@ -179,7 +180,7 @@ MUTATIONS = [
     Mutation(
         "hf-decoder-drops-deepstack",
         "Qwen3-VL's deepstack features do not travel with moved samples (dropped on arrival)",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         'kw["deepstack_visual_embeds"] = list(d.split(width, dim=1))',
         'kw["deepstack_visual_embeds"] = [t * 0 for t in d.split(width, dim=1)]',
         (HF3,),
@@ -279,7 +280,7 @@ MUTATIONS = [
     Mutation(
         "hf-tile-mask-stays",
         "Idefics3 / SmolVLM tiles move without their patch masks",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_towers.py",
         'masked = "patch_attention_mask" in inspect.signature(inner).parameters',
         "masked = False",
         (f"{_PARITY}[smolvlm]",),
@@ -287,7 +288,7 @@ MUTATIONS = [
     Mutation(
         "hf-joined-signature",
         "a rank that only joined the tower's exchange may dictate its output structure",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_towers.py",
         "        own = not self.equishard_joining\n",
         "        own = True\n",
         (
@@ -297,7 +298,7 @@ MUTATIONS = [
     Mutation(
         "hf-gemma3-masks-stay",
         "Gemma 3's 4-D decoder masks do not move with their samples (the receiver uses none)",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "moved_masks = route_masks(masks, lengths, route, group, inputs_embeds)",
         "moved_masks = None",
         (f"{_PARITY}[gemma3]",),
@@ -305,7 +306,7 @@ MUTATIONS = [
     Mutation(
         "hf-packing-kwargs-stale",
         "HF's packing kwargs (cu_seq_lens, max_length, seq_idx) reach the decoder as the rank's own",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "kw = packing_kwargs(kw, spec, route.table[route.received, 0], x.device)",
         "kw = dict(kw)",
         (
@@ -315,7 +316,7 @@ MUTATIONS = [
     Mutation(
         "hf-packing-not-agreed",
         "a rank given no packing kwargs (the empty one) runs its received samples without them",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "spec = {k: v for sp, _, _ in agreed for k, v in sp.items()}",
         "spec = packing_spec(kw)",
         (
@@ -389,7 +390,7 @@ MUTATIONS = [
     Mutation(
         "hf-paused-decoder-balances",
         "the balanced decoder ignores paused(): generate's KV-cache calls are refused",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "        if self.equishard_paused:  # see paused()",
         "        if False:  # see paused()",
         ("tests/trainer_adapter/test_hf_generate.py",),
@@ -529,7 +530,7 @@ MUTATIONS = [
     Mutation(
         "hf-moe-router-logits-dropped",
         "the balanced decoder brings the hidden states home but not an MoE router's logits",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         'if getattr(got, "router_logits", None) is not None:',
         'if getattr(got, "router_logits", None) is None:',
         ("tests/trainer_adapter/test_hf_parity.py::test_moe_router_aux_loss_as_without_balancing",),
@@ -644,7 +645,7 @@ MUTATIONS = [
     Mutation(
         "paligemma-prefix-mask-moved",
         "a mask that joins a packed row's samples is cut into diagonal blocks and moved",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "        if crossing:  # every rank refuses",
         "        if False:  # every rank refuses",
         ("tests/trainer_adapter/test_hf_guards.py",),
@@ -652,7 +653,7 @@ MUTATIONS = [
     Mutation(
         "crossing-mask-refused-locally",
         "only the ranks whose own row joins samples refuse (a rank with one sample waits)",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "        crossing = sorted({k for _, names, _ in agreed for k in names})",
         "        crossing = crossing_masks(masks, lengths)",
         ("tests/trainer_adapter/test_hf_guards.py",),
@@ -694,7 +695,7 @@ MUTATIONS = [
     Mutation(
         "per-token-input-left-behind",
         "ERNIE's per-token expert routing stays on its rank while its samples move",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_decoder.py",
         "            kw[key] = move_per_token(kw.pop(key, None), key, sp, int(lengths.sum()), route, tie)",
         "            pass",
         (
@@ -704,7 +705,7 @@ MUTATIONS = [
     Mutation(
         "patch-row-width-from-outputs",
         "a joining rank's empty patch rows get the patch embedding's output width",
-        "trainer_adapter/hf_balance.py",
+        "trainer_adapter/hf_towers.py",
         "            return int(m.in_features)",
         "            return int(m.out_features)",
         (
@@ -835,6 +836,94 @@ MUTATIONS = [
         (
             "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
         ),
+    ),
+    Mutation(
+        "refusal-raised-alone-vision",
+        "a Qwen-style tower refuses a rank's inputs on that rank only (the others wait)",
+        "trainer_adapter/hf_towers.py",
+        "            table, row_bytes, refusal = None, 0, e\n",
+        "            raise\n",
+        (f"{_GROUP}[qwen2vl-tower-extra-input]", f"{_GROUP}[qwen2vl-tower-rows-short]"),
+    ),
+    Mutation(
+        "refusal-raised-alone-tiles",
+        "a tile tower refuses a rank's inputs on that rank only",
+        "trainer_adapter/hf_towers.py",
+        "            n, row_bytes, refusal = 0, 0, e\n",
+        "            raise\n",
+        (f"{_GROUP}[internvl-tower-extra-input]", f"{_GROUP}[smolvlm-tower-masks-short]"),
+    ),
+    Mutation(
+        "refusal-raised-alone-decoder",
+        "the decoder refuses a rank's row on that rank only",
+        "trainer_adapter/hf_decoder.py",
+        "            refusal, masks = e, None\n",
+        "            raise\n",
+        (f"{_GROUP}[qwen2vl-decoder-positions]",),
+    ),
+    Mutation(
+        "module-failure-raised-alone",
+        "a tower or decoder failing on what its rank received (out of memory) fails that rank only",
+        "trainer_adapter/item_outputs.py",
+        "        return None, e\n",
+        "        raise\n",
+        (f"{_GROUP}[qwen2vl-tower-fails]", f"{_GROUP}[qwen2vl-decoder-fails]"),
+    ),
+    Mutation(
+        "refusal-not-gathered",
+        "the item tables' gather ignores a rank's refusal (the others go on without it)",
+        "trainer_adapter/exchange.py",
+        "    if bool((counts < 0).any()):",
+        "    if False:",
+        (f"{_GROUP}[qwen2vl-tower-extra-input]",),
+    ),
+    Mutation(
+        "refusal-names-no-rank",
+        "every rank raises, but the message does not say which rank failed",
+        "trainer_adapter/group_errors.py",
+        """        f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))} of {len(reasons)}: {m}\"""",
+        "        m",
+        (f"{_GROUP}[qwen2vl-decoder-extra-input]",),
+    ),
+    Mutation(
+        "refusal-cause-dropped",
+        "the failing rank's own error is not chained (its traceback lost)",
+        "trainer_adapter/group_errors.py",
+        "raise StepRefused(message, failed) from cause",
+        "raise StepRefused(message, failed) from None",
+        (f"{_GROUP}[qwen2vl-tower-fails]",),
+    ),
+    Mutation(
+        "tower-rows-unchecked",
+        "patch rows that are not what grid_thw gives fail mid-exchange on one rank",
+        "trainer_adapter/hf_towers.py",
+        "    if len(hidden_states) != rows.sum():",
+        "    if False:",
+        (f"{_GROUP}[qwen2vl-tower-rows-short]",),
+    ),
+    Mutation(
+        "pixtral-sizes-unchecked",
+        "image_sizes that do not fit the images are not checked before the exchange",
+        "trainer_adapter/hf_pixtral.py",
+        "if len(sizes) != n or (sizes > (height, width)).any():",
+        "if False:",
+        (f"{_GROUP}[mistral3-tower-sizes-short]",),
+    ),
+    Mutation(
+        "decoder-positions-length-unchecked",
+        "position ids shorter than the row fail mid-exchange on one rank",
+        "trainer_adapter/hf_decoder.py",
+        "    if position_ids.shape[-1] != inputs_embeds.shape[1]:",
+        "    if False:",
+        (f"{_GROUP}[qwen2vl-decoder-positions-short]",),
+    ),
+    Mutation(
+        "per-token-shape-unchecked",
+        "a per-token input not [1, L] beside the row fails mid-exchange on one rank",
+        "trainer_adapter/hf_packing.py",
+        "        if value is not None and tuple(value.shape[:2]) != (1, length):",
+        "        if False:",
+        (f"{_GROUP}[qwen2vl-decoder-per-token-short]",),
     ),
 ]
 

@@ -1,0 +1,206 @@
+"""Balanced forwards for the vision towers of Hugging Face VLMs (see
+:mod:`trainer_adapter.hf_balance`).
+
+* :func:`balance_vision` — around a Qwen-style tower (``model.model.visual`` of Qwen2-VL /
+  Qwen2.5-VL). Its forward takes this rank's images (packed patches + ``grid_thw``), spreads
+  them over the group by modeled encoder cost (``alpha*patches + beta*patches^2`` per image,
+  coefficients from the tower's size), runs the tower on what this rank received and returns
+  the outputs of this rank's own images in their original order. Every per-image output (the
+  merged embeddings, the per-patch states, deepstack feature lists) travels back; gradients
+  take the reverse way. Each call is one exchange round: a model calls its tower once per
+  modality it has (images, then videos), and ranks without one join as many rounds as the
+  busiest rank makes, before the decoder's exchange (``equishard_settle``).
+* :func:`balance_tiles` — the same around tile towers (InternVL's, LLaVA's CLIP, the SigLIP of
+  LLaVA-OneVision; Idefics3's / SmolVLM's with each tile's patch mask).
+
+A rank's own inputs are checked before the round's gather and a refusal rides on it; the
+tower failing on what a rank received rides on the output agreement: every rank raises
+(:mod:`trainer_adapter.group_errors`).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
+from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.item_outputs import route_home, run_received
+from trainer_adapter.redistribute import RedistributePolicy
+from trainer_adapter.topology import Topology
+
+__all__ = ["balance_tiles", "balance_vision"]
+
+
+def balance_vision(
+    tower: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+) -> torch.nn.Module:
+    """Install the balanced forward on a Qwen-style vision tower (``forward(pixel_values,
+    grid_thw)``; one row of ``pixel_values`` per patch). Returns the tower; ``tower.last_route``
+    holds the latest plan (loads before/after, bytes moved)."""
+    policy = policy or RedistributePolicy()
+    model = tower_cost(tower, policy).vision
+    inner = tower.forward
+    width = _patch_width(tower)  # a rank without images joins with [0, width]
+
+    def forward(self, hidden_states, grid_thw=None, **kwargs):
+        if not self.equishard_joining and _none(grid_thw) and _none(hidden_states):
+            return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see hf_rounds
+        where = f"{type(self).__name__} (balance_vision)"
+        refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
+        try:
+            if policy.enabled:  # the text's packing kwargs may pass through; nothing else
+                check_item_inputs(where, (), kwargs, PACKING_KEYS)
+            table = _grid_table(hidden_states, grid_thw, where)
+            row_bytes = hidden_states[0].numel() * hidden_states.element_size() if len(table) else 0
+        except Exception as e:  # every rank raises it: plan_items
+            table, row_bytes, refusal = None, 0, e
+        route = plan_items(
+            table,
+            length_cost(model, policy),
+            group=group,
+            topology=topology,
+            policy=policy,
+            volume=lambda t: t[:, 0] * float(row_bytes),
+            refusal=refusal,
+            where=where,
+        )
+        record(self, route)
+        if route.src.size == 0:  # no images anywhere this step: nothing to exchange
+            if self.equishard_joining:
+                return None
+            return inner(hidden_states, grid_thw=grid_thw, **kwargs)
+        x = route.send(hidden_states, 0, "patches")
+        g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
+        g = g.to(device=grid_thw.device, dtype=grid_thw.dtype)
+        out, failure = run_received(route, lambda: inner(x, grid_thw=g, **kwargs))
+        own = not self.equishard_joining
+        return route_home(self, out, x, route, group, own_call=own, failure=failure)
+
+    def join(self) -> torch.Tensor:
+        """Take part in this step's exchange with no images of this rank's own (HF skips the
+        tower when ``pixel_values`` is None); returns a zero that the caller adds to its output
+        so the reverse exchange runs in the backward too."""
+        empty = next(self.parameters()).new_zeros((0, width))
+        return joined(self, empty, grid_thw=torch.zeros(0, 3, dtype=torch.int64))
+
+    return install(tower, forward, join)
+
+
+def _none(x) -> bool:
+    return x is None or x.numel() == 0
+
+
+def _grid_table(hidden_states, grid_thw, where: str) -> np.ndarray:
+    """The item table of a Qwen-style tower's images: (patch rows, t, h, w) per image; the
+    rows must be the patches the grids give."""
+    if grid_thw is None:
+        raise ValueError(f"{where} was given {len(hidden_states)} patch rows but no grid_thw")
+    grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
+    rows = grid.prod(axis=1)
+    if len(hidden_states) != rows.sum():
+        raise ValueError(
+            f"{where} was given {len(hidden_states)} patch rows, its grid_thw "
+            f"{grid.tolist()[:6]}{'...' if len(grid) > 6 else ''} make {int(rows.sum())}: "
+            "pixel_values and image_grid_thw must come from the same images"
+        )
+    return np.column_stack([rows, grid]).reshape(-1, 4)
+
+
+def _patch_width(tower: torch.nn.Module) -> int:
+    """The width of one row of a Qwen-style tower's flattened patches: what its patch
+    embedding takes (Qwen's Conv3d: channels x frames x patch^2; ERNIE's Linear: its inputs)."""
+    embed = getattr(tower, "patch_embed", None)
+    for m in embed.modules() if isinstance(embed, torch.nn.Module) else ():
+        if isinstance(m, torch.nn.Linear):
+            return int(m.in_features)
+        if isinstance(m, torch.nn.modules.conv._ConvNd):
+            return int(m.in_channels * np.prod(m.kernel_size))
+    raise ValueError(
+        f"{type(tower).__name__} takes grid_thw but has no Qwen-style patch_embed (a Linear or "
+        "Conv layer taking one row of flattened patches), so balance_vision cannot move its "
+        "inputs; balance the decoder only (balance_model(..., encoder=False))"
+    )
+
+
+def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
+    cfg = tower.config
+    size = cfg.image_size if isinstance(cfg.image_size, list | tuple) else (cfg.image_size,) * 2
+    ref = next(tower.parameters())
+    return ref.new_zeros((0, getattr(cfg, "num_channels", 3), *size))
+
+
+def balance_tiles(
+    tower: torch.nn.Module,
+    *,
+    group: dist.ProcessGroup | None = None,
+    topology: Topology | None = None,
+    policy: RedistributePolicy | None = None,
+) -> torch.nn.Module:
+    """Install the balanced forward on a tile-style vision tower (InternVL's, LLaVA's CLIP /
+    SigLIP, Idefics3's / SmolVLM's: ``forward(pixel_values)`` with one ``[C, H, W]`` tile per
+    row, every tile the same encoder cost). Tiles are spread evenly over the group; a tower that
+    takes a ``patch_attention_mask`` (Idefics3, SmolVLM: the patches of a tile that are image,
+    not padding) gets each tile's mask with it. Every per-tile output (last hidden state, pooled
+    output, the hidden states of every layer) comes back in the original order."""
+    policy = policy or RedistributePolicy()
+    inner = tower.forward
+    masked = "patch_attention_mask" in inspect.signature(inner).parameters
+
+    def forward(self, pixel_values=None, *args, **kwargs):
+        if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
+            return inner(pixel_values, *args, **kwargs)  # no round: see hf_rounds
+        where = f"{type(self).__name__} (balance_tiles)"
+        refusal = None  # see balance_vision
+        try:
+            if policy.enabled:
+                moved = ("patch_attention_mask", *PACKING_KEYS) if masked else PACKING_KEYS
+                check_item_inputs(where, args, kwargs, moved)
+            n = int(pixel_values.shape[0])
+            row_bytes = pixel_values[0].numel() * pixel_values.element_size() if n else 0
+            mask = kwargs.pop("patch_attention_mask", None) if masked else None
+            if mask is None and masked:  # Idefics3 / SmolVLM: which patches are image
+                p = self.config.patch_size
+                shape = (n, pixel_values.shape[-2] // p, pixel_values.shape[-1] // p)
+                mask = torch.ones(shape, dtype=torch.bool, device=pixel_values.device)
+            if masked and len(mask) != n:
+                raise ValueError(f"{where}: {len(mask)} patch masks for {n} tiles")
+        except Exception as e:  # every rank raises it: plan_items
+            n, row_bytes, refusal = 0, 0, e
+        route = plan_items(
+            np.ones((n, 1), dtype=np.int64),
+            lambda t: t[:, 0].astype(np.float64),
+            group=group,
+            topology=topology,
+            policy=policy,
+            volume=lambda t: t[:, 0] * float(row_bytes),
+            refusal=refusal,
+            where=where,
+        )
+        record(self, route)
+        if route.src.size == 0:  # see balance_vision
+            if self.equishard_joining:
+                return None
+            if masked:
+                kwargs["patch_attention_mask"] = mask
+            return inner(pixel_values, *args, **kwargs)
+        x = route.send(pixel_values, 0, "tiles")
+        if masked:
+            kwargs["patch_attention_mask"] = route.send(mask.to(torch.uint8), 0, "masks").bool()
+        out, failure = run_received(route, lambda: inner(x, *args, **kwargs))
+        own = not self.equishard_joining
+        return route_home(self, out, x, route, group, own_call=own, failure=failure)
+
+    def join(self) -> torch.Tensor:
+        # every layer's states too: the model's own calls may select from them
+        return joined(self, _empty_pixels(self), output_hidden_states=True, return_dict=True)
+
+    return install(tower, forward, join)

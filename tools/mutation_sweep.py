@@ -173,8 +173,8 @@ MUTATIONS = [
         "hf-decoder-no-positions",
         "the balanced decoder drops the moved position ids (samples attend across boundaries)",
         "trainer_adapter/hf_decoder.py",
-        "inner(inputs_embeds=x[None], position_ids=p,",
-        "inner(inputs_embeds=x[None], position_ids=None,",
+        "                position_ids=p,\n",
+        "                position_ids=None,\n",
         (HF,),
     ),
     Mutation(
@@ -351,8 +351,8 @@ MUTATIONS = [
         "hf-pixtral-sizes-stay",
         "Pixtral's images move without their sizes (the tower takes each as large as the padding)",
         "trainer_adapter/hf_pixtral.py",
-        "run_received(route, lambda: inner(x, sizes_in, *args, **kwargs))",
-        "run_received(route, lambda: inner(x, None, *args, **kwargs))",
+        "lambda: inner(x, sizes_in, *args,",
+        "lambda: inner(x, None, *args,",
         (f"{_PARITY}[mistral3]",),
     ),
     Mutation(
@@ -924,6 +924,32 @@ MUTATIONS = [
         "        if value is not None and tuple(value.shape[:2]) != (1, length):",
         "        if False:",
         (f"{_GROUP}[qwen2vl-decoder-per-token-short]",),
+    ),
+    Mutation(
+        "settings-not-adopted",
+        "a rank with no tiles of its own runs received ones with its own defaults (fine=False)",
+        "trainer_adapter/hf_towers.py",
+        "lambda: inner(x, *args, **{**kwargs, **route.settings})",
+        "lambda: inner(x, *args, **kwargs)",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_empty_rank_zero_receives_images[granite_docling_fine]",
+        ),
+    ),
+    Mutation(
+        "settings-not-compared",
+        "ranks calling a tower with different settings are not refused",
+        "trainer_adapter/item_exchange.py",
+        "    if distinct.size > 1:",
+        "    if False:",
+        (f"{_GROUP}[granite_docling-tower-settings-differ]",),
+    ),
+    Mutation(
+        "decoder-settings-not-compared",
+        "ranks calling the decoder with different settings are not refused",
+        "trainer_adapter/hf_decoder.py",
+        "    if len({repr(s) for s in given.values()}) > 1:",
+        "    if False:",
+        (f"{_GROUP}[qwen2vl-decoder-settings-differ]",),
     ),
 ]
 

@@ -30,6 +30,7 @@ from balancing import CostModel
 from trainer_adapter.group_errors import raise_together, reason_of
 from trainer_adapter.hf_masks import agree_masks, crossing_masks, route_masks, split_masks
 from trainer_adapter.hf_packing import (
+    call_settings,
     check_decoder_inputs,
     check_recurrent,
     move_per_token,
@@ -130,6 +131,20 @@ def _agreed_per_token(specs: list[dict], where: str) -> dict:
     return out
 
 
+def _agreed_settings(per_rank: list, where: str) -> dict:
+    """The settings (:func:`~trainer_adapter.hf_packing.call_settings`) the ranks with samples
+    call the decoder with: the same on all of them, else every rank refuses; a rank with none
+    runs what it receives with them."""
+    given = {r: s for r, s in enumerate(per_rank) if s is not None}
+    if len({repr(s) for s in given.values()}) > 1:
+        raise_together(
+            [f"called with {given[r]}" if r in given else None for r in range(len(per_rank))],
+            f"{where} (called with different settings on different ranks, so moved samples "
+            "would run under another rank's; give every rank the same)",
+        )
+    return next(iter(given.values()), {})
+
+
 def _output_class(forward) -> type:
     """The output class a decoder's ``forward`` is annotated to return (an MoE decoder's
     ``MoeModelOutputWithPast``, whose ``router_logits`` its model reads), for the output of an
@@ -209,7 +224,7 @@ def balance_decoder(
                 out.last_hidden_state = out.last_hidden_state + zero
             return out
         where = f"{type(self).__name__} (balance_decoder)"
-        refusal, mine, masks = None, None, None  # see balance_vision
+        refusal, mine, masks, settings = None, None, None, None  # see balance_vision
         try:
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings()(input_ids)
@@ -228,12 +243,14 @@ def balance_decoder(
             # the masks that join samples, the packing kwargs, the per-token inputs (their
             # dtypes and per-token shapes): agreed in one collective with the refusals
             mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
+            settings = call_settings(kw) if lengths.size else None  # see plan_items
         except Exception as e:  # every rank raises it: agree_masks
             refusal, masks = e, None
         reason = None if refusal is None else reason_of(refusal)
-        masks, agreed = agree_masks(masks, group, (mine, reason))
-        raise_together([r for _, r in agreed], where, refusal)
-        agreed = [m for m, _ in agreed]
+        masks, agreed = agree_masks(masks, group, (mine, reason, settings))
+        raise_together([r for _, r, _ in agreed], where, refusal)
+        settings = _agreed_settings([st for _, _, st in agreed], where)
+        agreed = [m for m, _, _ in agreed]
         spec = {k: v for sp, _, _ in agreed for k, v in sp.items()}
         crossing = sorted({k for _, names, _ in agreed for k in names})
         per_token = _agreed_per_token([tok for _, _, tok in agreed], where)
@@ -285,7 +302,12 @@ def balance_decoder(
         kw = packing_kwargs(kw, spec, route.table[route.received, 0], x.device)
         got, failure = run_received(
             route,
-            lambda: inner(inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **kw),
+            lambda: inner(
+                inputs_embeds=x[None],
+                position_ids=p,
+                attention_mask=moved_masks,
+                **{**kw, **settings},
+            ),
         )
         out, cls = None, None
         if got is not None:

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_packing import PACKING_KEYS, call_settings, check_item_inputs
 from trainer_adapter.hf_pixtral import _batch_dim
 from trainer_adapter.hf_rounds import install, joined, record
 from trainer_adapter.item_exchange import plan_items
@@ -40,11 +40,12 @@ def _row_width(tower: torch.nn.Module) -> int:
     return int(embed.in_features)
 
 
-def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy, refusal, where):
+def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy, refusal, where, kw):
     """The round's plan for images given as padded patch rows ``[n, P, ...]`` (every image costs
     the same: the tower attends over all ``P`` rows); its item table is (output rows per image,
     ``P``), the bytes moved ``P`` rows per image. Recorded on the tower. ``refusal``: this
-    rank's error, raised on every rank (:mod:`trainer_adapter.group_errors`)."""
+    rank's error, raised on every rank (:mod:`trainer_adapter.group_errors`); ``kw``: the
+    call's keyword inputs, whose settings the ranks agree on (``route.settings``)."""
     table, per_row = None, 0
     if refusal is None:
         n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
@@ -59,6 +60,7 @@ def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy, ref
         volume=lambda t: t[:, 1] * float(per_row),
         refusal=refusal,
         where=where,
+        settings=call_settings(kw),
     )
     record(tower, route)
     return route
@@ -102,7 +104,9 @@ def balance_naflex(
         except Exception as e:  # every rank raises it: plan_items
             n, rows, refusal = 0, 0, e
         ones = np.ones(n, np.int64)
-        route = plan_padded_rows(self, pixel_values, ones, group, topology, policy, refusal, where)
+        route = plan_padded_rows(
+            self, pixel_values, ones, group, topology, policy, refusal, where, kw
+        )
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -115,7 +119,9 @@ def balance_naflex(
         shapes = route.send(spatial_shapes.to(torch.int64), one, "spatial_shapes")
         mask = mask.to(pixel_attention_mask.device, pixel_attention_mask.dtype)
         shapes = shapes.to(spatial_shapes.device, spatial_shapes.dtype)
-        out, failure = run_received(route, lambda: inner(x, mask, shapes, **kw))
+        out, failure = run_received(
+            route, lambda: inner(x, mask, shapes, **{**kw, **route.settings})
+        )
         own = not self.equishard_joining
         home = route_home(self, out, x, route, group, own_call=own, failure=failure)
         # per-patch outputs [n, P, ...] back to this rank's own P; the pooled [n, D] as is

@@ -26,6 +26,7 @@ import torch
 __all__ = [
     "PACKED_RECURRENT",
     "PACKING_KEYS",
+    "call_settings",
     "check_decoder",
     "check_decoder_inputs",
     "check_item_inputs",
@@ -70,6 +71,37 @@ def check_item_inputs(where: str, args: tuple, kwargs: dict, moved: tuple[str, .
             "model is not supported by this wrapper; balance only the other part "
             "(balance_model(..., encoder=False) or llm=False), or open an issue naming the model"
         )
+
+
+# keyword inputs that select outputs or caching, not how the items are computed (a rank that
+# only joins an exchange asks for every output, whatever the model's own calls ask for), and
+# the loss's normalizer some models hand on with their kwargs
+_OUTPUT_KEYS = frozenset(
+    {
+        "return_dict",
+        "output_hidden_states",
+        "output_attentions",
+        "use_cache",
+        "past_key_values",
+        "num_items_in_batch",
+    }
+)
+_PLAIN = (bool, int, float, str)
+
+
+def call_settings(kwargs: dict) -> dict:
+    """The settings of a wrapped module's call: its keyword inputs that are plain values (or
+    tuples / lists of them), not per-item data, not output selection, not the text's packing
+    kwargs (Granite Docling's ``fine``, a ``vision_feature_layer``). A rank running another
+    rank's items must run them with these (see ``plan_items(settings=)``)."""
+
+    def plain(v) -> bool:
+        if isinstance(v, list | tuple):
+            return all(plain(x) for x in v)
+        return isinstance(v, _PLAIN)
+
+    skip = _OUTPUT_KEYS | set(PACKING_KEYS)
+    return {k: v for k, v in sorted(kwargs.items()) if k not in skip and plain(v)}
 
 
 def packing_spec(kw: dict) -> dict[str, str]:

@@ -82,7 +82,7 @@ def balance_patch_positions(
         except Exception as e:  # every rank raises it: plan_items
             n, rows, tokens, refusal = 0, 0, None, e
         route = plan_padded_rows(
-            self, pixel_values, tokens, group, topology, policy, refusal, where
+            self, pixel_values, tokens, group, topology, policy, refusal, where, kw
         )
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
@@ -94,7 +94,7 @@ def balance_patch_positions(
         pos = F.pad(pixel_position_ids.to(torch.int64), (0, 0, 0, most - rows), value=-1)
         pos = route.send(pos.reshape(n, most * 2), one, "pixel_position_ids").reshape(-1, most, 2)
         pos = pos.to(pixel_position_ids.device, pixel_position_ids.dtype)
-        out, failure = run_received(route, lambda: inner(x, pos, **kw))
+        out, failure = run_received(route, lambda: inner(x, pos, **{**kw, **route.settings}))
         if out is not None:
             out = type(out)(last_hidden_state=out.last_hidden_state)
         own = not self.equishard_joining

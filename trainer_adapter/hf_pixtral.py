@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_packing import PACKING_KEYS, call_settings, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import route_home, run_received
@@ -88,6 +88,7 @@ def balance_pixtral(
             volume=lambda t: t[:, 1] * t[:, 2] * float(per_pixel),
             refusal=refusal,
             where=where,
+            settings=call_settings(kwargs),
         )
         record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
@@ -100,7 +101,9 @@ def balance_pixtral(
         mine = torch.from_numpy(sizes).to(pixel_values.device)
         got = route.send(mine, np.ones_like(route.src), "image_sizes")
         sizes_in = got.to(pixel_values.device)
-        out, failure = run_received(route, lambda: inner(x, sizes_in, *args, **kwargs))
+        out, failure = run_received(
+            route, lambda: inner(x, sizes_in, *args, **{**kwargs, **route.settings})
+        )
         out = _batch_dim(out, lambda t: t[0])  # [1, patches, D] -> patch rows
         own = not self.equishard_joining
         home = route_home(self, out, x, route, group, own_call=own, failure=failure)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_packing import PACKING_KEYS, call_settings, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
 from trainer_adapter.item_exchange import plan_items
 from trainer_adapter.item_outputs import route_home, run_received
@@ -72,6 +72,7 @@ def balance_vision(
             volume=lambda t: t[:, 0] * float(row_bytes),
             refusal=refusal,
             where=where,
+            settings=call_settings(kwargs),
         )
         record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
@@ -81,7 +82,9 @@ def balance_vision(
         x = route.send(hidden_states, 0, "patches")
         g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
         g = g.to(device=grid_thw.device, dtype=grid_thw.dtype)
-        out, failure = run_received(route, lambda: inner(x, grid_thw=g, **kwargs))
+        out, failure = run_received(
+            route, lambda: inner(x, grid_thw=g, **{**kwargs, **route.settings})
+        )
         own = not self.equishard_joining
         return route_home(self, out, x, route, group, own_call=own, failure=failure)
 
@@ -184,6 +187,7 @@ def balance_tiles(
             volume=lambda t: t[:, 0] * float(row_bytes),
             refusal=refusal,
             where=where,
+            settings=call_settings(kwargs),
         )
         record(self, route)
         if route.src.size == 0:  # see balance_vision
@@ -195,7 +199,7 @@ def balance_tiles(
         x = route.send(pixel_values, 0, "tiles")
         if masked:
             kwargs["patch_attention_mask"] = route.send(mask.to(torch.uint8), 0, "masks").bool()
-        out, failure = run_received(route, lambda: inner(x, *args, **kwargs))
+        out, failure = run_received(route, lambda: inner(x, *args, **{**kwargs, **route.settings}))
         own = not self.equishard_joining
         return route_home(self, out, x, route, group, own_call=own, failure=failure)
 

@@ -16,6 +16,7 @@ Hugging Face vision towers and decoders (:mod:`trainer_adapter.hf_balance`) are 
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from trainer_adapter.exchange import gather_tables
+from trainer_adapter.group_errors import raise_together
 from trainer_adapter.redistribute import RedistributePolicy, Route, _plan_phase
 from trainer_adapter.topology import Topology
 
@@ -43,6 +45,7 @@ class ItemRoute:
     loads_before: np.ndarray = field(default_factory=lambda: np.zeros(0))
     loads_after: np.ndarray = field(default_factory=lambda: np.zeros(0))
     seconds: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -116,12 +119,20 @@ def plan_items(
     volume: Callable[[np.ndarray], np.ndarray] | None = None,
     refusal: BaseException | None = None,
     where: str = "plan_items",
+    settings: dict | None = None,
 ) -> ItemRoute:
     """Gather every rank's item table (int64 ``[n_items, k]``), compute each item's cost with
     ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (default: the cost), and
     plan the destination of every item. Same result on every rank; collective. A rank that
     cannot give its table passes its error as ``refusal``: every rank raises
-    :class:`~trainer_adapter.group_errors.StepRefused` (named ``where``) with it."""
+    :class:`~trainer_adapter.group_errors.StepRefused` (named ``where``) with it.
+
+    ``settings``: the plain values the module is called with beside its items (Granite
+    Docling's ``fine``: which path its tower takes), which every rank that runs items must run
+    them with. The ranks that bring items must agree (each item carries a fingerprint of its
+    rank's, so a clean step pays nothing more), else every rank raises; ``route.settings`` is
+    the agreed ones, also on a rank that brought none (an extra gather then, only where there
+    are settings), to call the module with on what it received."""
     t0 = time.perf_counter()
     policy = policy or RedistributePolicy()
     topology = topology or Topology()
@@ -132,10 +143,15 @@ def plan_items(
             refusal = ValueError(
                 f"the item table must be 2-D [items, columns], got {local_table.shape}"
             )
+        else:  # each item carries its rank's settings' fingerprint: the ranks must agree
+            tag = np.full((len(local_table), 1), _fingerprint(settings), dtype=np.int64)
+            local_table = np.hstack([local_table, tag])
     tables = gather_tables(local_table, group, refusal=refusal, where=where)
     k = local_table.shape[1]
     table = np.concatenate(tables).reshape(-1, k)
     src = np.repeat(np.arange(world), [t.shape[0] for t in tables]).astype(np.int64)
+    agreed = _agree_settings(table[:, -1], src, settings or {}, group, where)
+    table = table[:, :-1]
     t1 = time.perf_counter()
     c = np.asarray(cost(table), dtype=np.float64)
     vol = np.asarray(volume(table), dtype=np.float64) if volume is not None else c
@@ -144,7 +160,37 @@ def plan_items(
     dest = np.asarray(dest, dtype=np.int64)
     route = Route(rank, world, group, topology, table, src, dest, dest, dest)
     out = ItemRoute(route=route, table=table, src=src, dest=dest, method=method)
+    out.settings = agreed
     out.loads_before = before
     out.loads_after = np.bincount(dest, weights=c, minlength=world) if dest.size else before
     out.seconds = {"gather": t1 - t0, "plan": time.perf_counter() - t1}
     return out
+
+
+def _fingerprint(settings: dict | None) -> int:
+    """A fingerprint of a call's settings, the same in every process (0: none)."""
+    if not settings:
+        return 0
+    return zlib.crc32(repr(sorted(settings.items())).encode()) | (1 << 32)
+
+
+def _agree_settings(prints, src, mine: dict, group, where: str) -> dict:
+    """The settings every rank that brought items was called with (see :func:`plan_items`);
+    the same decision on every rank, from the gathered fingerprints."""
+    distinct = np.unique(prints)
+    world = dist.get_world_size(group)
+    has_items = np.bincount(src, minlength=world) > 0
+    if distinct.size == 0 or (distinct.size == 1 and distinct[0] == 0):
+        return {}
+    if distinct.size == 1 and has_items.all():
+        return mine
+    got: list = [None] * world
+    dist.all_gather_object(got, mine if has_items[dist.get_rank(group)] else None, group=group)
+    if distinct.size > 1:
+        per_rank = {r: f"called with {s}" for r, s in enumerate(got) if s is not None}
+        raise_together(
+            [per_rank.get(r) for r in range(world)],
+            f"{where} (called with different settings on different ranks, so moved items "
+            "would run under another rank's; give every rank the same)",
+        )
+    return next(s for s in got if s is not None)

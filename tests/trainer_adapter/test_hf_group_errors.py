@@ -130,10 +130,28 @@ FAULTS = {
         ),
         ["moe_mm_token_type_ids", "[1, L, ...]"],
     ),
+    # a setting the tower is called with (Granite Docling's fine connector path) differing
+    # on one rank: moved tiles would run on another rank's path
+    "tower-settings-differ": (
+        2,
+        "tower",
+        _own_calls(lambda a, k: (a, {**k, "fine": True})),
+        ["different settings", "{'fine': True}", "{'fine': False}"],
+    ),
+    # the same for the decoder (a plain keyword value one rank adds)
+    "decoder-settings-differ": (
+        0,
+        "decoder",
+        lambda m, a, k: (a, {**k, "window": 4}),
+        ["different settings", "{'window': 4}"],
+    ),
     # the decoder failing on the samples this rank received
     "decoder-fails": (2, "decoder-layer", _fail, ["RuntimeError", "out of memory"]),
 }
 REFUSALS = {"tower-fails": "RuntimeError", "decoder-fails": "RuntimeError"}
+# settings that differ are no rank's own error: every rank that brought items is named (the
+# ranks with images; with samples: all but the empty rank 1), none has a cause
+SETTINGS = {"tower-settings-differ": [0, 2], "decoder-settings-differ": [0, 2, 3]}
 _BOTH = ["tower-extra-input", "tower-fails"]
 FAMILY_FAULTS = {
     # balance_vision and balance_decoder
@@ -143,6 +161,7 @@ FAMILY_FAULTS = {
     "mistral3": [*_BOTH, "tower-sizes-short"],  # balance_pixtral
     "lfm2vl": [*_BOTH, "tower-shapes-short"],  # balance_naflex
     "gemma4": [*_BOTH, "tower-positions-short"],  # balance_patch_positions
+    "granite_docling": ["tower-settings-differ"],  # balance_tiles with a batch-wide flag
 }
 
 
@@ -211,13 +230,13 @@ def test_one_ranks_error_raised_on_every_rank(family, fault):
     for rank, run in enumerate(runs(family)):
         assert run[fault] is not None, f"rank {rank} ran the step the fault was planted in"
         message, reasons, cause = run[fault]
-        assert reasons == [faulty], message
+        assert reasons == SETTINGS.get(fault, [faulty]), message
         assert f"rank {faulty} of 4" in message
         for word in words:
             assert word in message
         # the faulty rank's own error is the cause; the others raise with none
         want = REFUSALS.get(fault, "ValueError") if rank == faulty else None
-        assert cause == want, message
+        assert cause == (None if fault in SETTINGS else want), message
         # the group stays in step: the same step again, without the fault, as a clean run
         assert run[fault + "/again"] == pytest.approx(run["clean"], rel=1e-9)
 

@@ -34,6 +34,10 @@ QWEN_LAYOUT = [
     [(4, (1, 4, 4), 6)],
     TEXT_ONLY,
 ]
+# Granite Docling: tiles [1, tiles, C, H, W] with a mask of real tiles, deepstack features;
+# "_fine": every rank's batch on its fine connector path (tile_fine_mask), which the tower
+# takes as a batch-wide flag
+GRANITE = ("granite_docling", "granite_docling_fine")
 # per family and rank: samples as (text tokens before, image or None, text tokens after);
 # an image is a grid (t, h, w) of patches for Qwen2-VL, a number of tiles for InternVL / LLaVA
 LAYOUTS = {
@@ -82,6 +86,13 @@ LAYOUTS = {
     **{
         f: [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY]
         for f in ("aya_vision", "cohere2_vision", "vipllava", "idefics2", "llama4")
+    },
+    # DeepSeek-VL and Janus (SigLIP tiles, an aligner; Janus's image-generation parts idle),
+    # Aria (Idefics3-style tiles with pixel masks, a query-attention projector, an MoE
+    # decoder), Ovis2 (a visual tokenizer: tiles to probabilities over a visual vocabulary)
+    **{
+        f: [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY]
+        for f in ("deepseek_vl", "janus", "aria", "ovis2", *GRANITE)
     },
     # Mistral 3 (Pixtral tower): images of their own sizes (height, width), padded per batch
     "mistral3": [
@@ -152,6 +163,12 @@ TOKENS_PER_TILE = {
     "cohere2_vision": 4,
     "vipllava": 16,
     "idefics2": 8,  # the resampler's latents
+    "deepseek_vl": 16,
+    "janus": 16,
+    "aria": 4,  # the projector's queries for 16 patches
+    "ovis2": 4,  # hidden stride 2
+    "granite_docling": 4,  # pixel shuffle by 2
+    "granite_docling_fine": 16,  # its fine connector path: four times as many
     "llama4": 4,
 }
 PATCH_MASKED = ("smolvlm", "idefics2")  # [1, tiles, C, H, W] with a pixel mask per tile
@@ -545,6 +562,69 @@ def build_model(family: str, seed: int = 0):
                 alignment_intermediate_size=64,
             )
             cls = tf.Cohere2VisionForConditionalGeneration
+    elif family == "deepseek_vl":
+        cfg = tf.DeepseekVLConfig(
+            vision_config=_tile_tower("siglip_vision_model"),
+            text_config={**TEXT, "model_type": "llama"},
+            image_token_id=IMG,
+        )
+        cls = tf.DeepseekVLForConditionalGeneration
+    elif family == "janus":
+        cfg = tf.JanusConfig(
+            vision_config={**_tile_tower(), "projection_dim": 32, "depth": 1},
+            text_config={**TEXT, "model_type": "llama"},
+            vq_config=dict(
+                embed_dim=8,
+                num_embeddings=16,
+                base_channels=32,  # its group norms: 32 groups
+                channel_multiplier=[1, 1],
+                num_res_blocks=1,
+                projection_dim=32,
+                image_token_embed_dim=32,
+                num_patches=16,
+            ),
+        )
+        cfg.image_token_id = IMG
+        cls = tf.JanusForConditionalGeneration
+    elif family == "aria":
+        cfg = tf.AriaConfig(
+            vision_config=_tile_tower("idefics3_vision"),
+            text_config={
+                **TEXT,
+                "model_type": "aria_text",
+                "moe_num_experts": 4,
+                "moe_topk": 2,
+                "moe_intermediate_size": 16,
+                "moe_num_shared_experts": 1,
+            },
+            image_token_id=IMG,
+            projector_patch_to_query_dict={16: TOKENS_PER_TILE["aria"]},
+        )
+        cls = tf.AriaForConditionalGeneration
+    elif family == "ovis2":
+        cfg = tf.Ovis2Config(
+            vision_config={**_tile_tower(), "hidden_stride": 2, "vocab_size": 64},
+            text_config={**TEXT, "model_type": "qwen2"},
+            image_token_id=IMG,
+            visual_indicator_token_ids=[990, 991, 992, 993, 994],
+            hidden_size=32,
+            vocab_size=1000,
+        )
+        cls = tf.Ovis2ForConditionalGeneration
+    elif family in GRANITE:
+        cfg = tf.GraniteDoclingConfig(
+            vision_config={
+                **_tile_tower(),
+                "scale_factor": 2,
+                "out_hidden_size": TEXT["hidden_size"],
+                "deepstack_visual_indexes": [0, 1],
+                "use_fine_route": True,
+            },
+            text_config={**TEXT, "model_type": "granite_docling_text", "pad_token_id": 0},
+            image_token_id=IMG,
+            density_router_hidden_size=8,
+        )
+        cls = tf.GraniteDoclingForConditionalGeneration
     elif family == "vipllava":
         cfg = tf.VipLlavaConfig(
             vision_config=_tile_tower("clip_vision_model"),
@@ -631,7 +711,7 @@ def build_model(family: str, seed: int = 0):
         )
         cls = tf.LlavaForConditionalGeneration
     cfg._attn_implementation = "sdpa"
-    if family.endswith("_moe") or family == "llama4":  # float64: grouped_mm takes no doubles
+    if family.endswith("_moe") or family in ("llama4", "aria"):  # grouped_mm takes no doubles
         cfg._experts_implementation = "eager"
     torch.manual_seed(seed)
     model = cls(cfg).double().train()
@@ -805,6 +885,16 @@ def make_batches(family: str, model, layout=None):
             batch["moe_mm_token_type_ids"] = ((ids == IMG) | (ids == VSTART) | (ids == VEND)).int()
         if family == "gemma3":  # image tokens: bidirectional inside each image
             batch["token_type_ids"] = (batch["input_ids"] == IMG).long()
+        if family == "aria" and pix:  # a pixel mask per tile; every other tile half padding
+            mask = torch.ones((len(batch["pixel_values"]), TILE, TILE), dtype=torch.bool)
+            mask[::2, :, TILE // 2 + 3 :] = False
+            batch["pixel_mask"] = mask
+        if family in GRANITE and pix:  # [1, tiles, ...], every tile real
+            batch["pixel_values"] = batch["pixel_values"][None]
+            batch["pixel_attention_mask"] = torch.ones(1, sum(map(len, pix)))
+            batch["pixel_attention_mask"] = batch["pixel_attention_mask"].bool()
+            if family == "granite_docling_fine":
+                batch["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)
         if family in PATCH_MASKED and pix:  # [1, tiles, ...]; every other tile half padding
             batch["pixel_values"] = batch["pixel_values"][None]
             mask = torch.ones((*batch["pixel_values"].shape[:2], TILE, TILE), dtype=torch.bool)
@@ -948,10 +1038,10 @@ def reference(family: str, layout=None, packing=False):
     cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in keys}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     with_images = [b for b in batches if b["pixel_values"] is not None]
-    for k in ("pixel_values", "image_grid_thw", "image_sizes"):
+    for k in ("pixel_values", "image_grid_thw", "image_sizes", "pixel_mask"):
         if (
             k in batches[0]
-            and family not in (*ANYRES, *PATCH_MASKED, "mistral3", "lfm2vl", *GEMMA4)
+            and family not in (*ANYRES, *PATCH_MASKED, *GRANITE, "mistral3", "lfm2vl", *GEMMA4)
             and with_images
         ):
             cat[k] = torch.cat([b[k] for b in with_images])
@@ -984,9 +1074,11 @@ def reference(family: str, layout=None, packing=False):
         cat["image_position_ids"] = torch.cat(
             [F.pad(q, (0, 0, 0, rows - q.shape[1]), value=-1) for q in pos]
         )
-    if family in PATCH_MASKED and with_images:  # [1, tiles, ...]: every rank's along dim 1
+    if family in (*PATCH_MASKED, *GRANITE) and with_images:  # [1, tiles, ...] along dim 1
         for k in ("pixel_values", "pixel_attention_mask"):
             cat[k] = torch.cat([b[k] for b in with_images], dim=1)
+    if family == "granite_docling_fine" and with_images:
+        cat["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)
     if packing:
         cat = _with_packing(cat)
     n = int((cat["labels"][..., 1:] != -100).sum())
@@ -1068,6 +1160,30 @@ VISION_PARAMS = {
         "model.vision_tower.embeddings.patch_embedding.weight",
         "model.multi_modal_projector.linear_2.weight",
     ),
+    "deepseek_vl": (
+        "model.vision_model.embeddings.patch_embedding.weight",
+        "model.aligner.linear2.weight",
+    ),
+    "janus": (
+        "model.vision_model.embeddings.patch_embedding.weight",
+        "model.aligner.fc1.weight",
+    ),
+    "aria": (
+        "model.vision_tower.embeddings.patch_embedding.weight",
+        "model.multi_modal_projector.query",
+    ),
+    "ovis2": (
+        "model.vision_tower.transformer.embeddings.patch_embedding.weight",
+        "model.visual_embeddings_table.weight",
+    ),
+    **{  # the connector's path the batch takes
+        f: (
+            "model.vision_model.embeddings.patch_embedding.weight",
+            f"model.vision_model.connector.{path}.projection.weight",
+            f"model.vision_model.connector.{path}.deepstack_mergers.0.linear_2.weight",
+        )
+        for f, path in zip(GRANITE, ("coarse", "fine"), strict=True)
+    },
     "idefics2": (
         "model.vision_model.embeddings.patch_embedding.weight",
         "model.connector.perceiver_resampler.norm.weight",
@@ -1099,6 +1215,7 @@ SHIFTED = (
     "llama4",
     "lfm2vl",
     "gemma4",
+    "granite_docling_fine",
 )  # the empty rank is rank 0 (Gemma 4: its rank of one short text sample)
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm", "idefics2")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]

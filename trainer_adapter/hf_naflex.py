@@ -21,10 +21,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer_adapter.hf_packing import PACKING_KEYS, call_settings, check_item_inputs
+from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_pixtral import _batch_dim
-from trainer_adapter.hf_rounds import install, joined, record
-from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.hf_rounds import install, joined, plan_round
 from trainer_adapter.item_outputs import route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -51,19 +50,17 @@ def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy, ref
         n, rows = int(pixel_values.shape[0]), int(pixel_values.shape[1])
         per_row = pixel_values[0, :1].numel() * pixel_values.element_size() if n else 0
         table = np.column_stack([out_rows, np.full(n, rows)]).reshape(-1, 2)
-    route = plan_items(
+    ctx = {"group": group, "topology": topology, "policy": policy}
+    return plan_round(
+        tower,
         table,
         lambda t: np.ones(len(t)),  # padded attention: every image costs the same
-        group=group,
-        topology=topology,
-        policy=policy,
-        volume=lambda t: t[:, 1] * float(per_row),
+        lambda t: t[:, 1] * float(per_row),
+        **ctx,
         refusal=refusal,
         where=where,
-        settings=call_settings(kw),
+        kwargs=kw,
     )
-    record(tower, route)
-    return route
 
 
 def balance_naflex(

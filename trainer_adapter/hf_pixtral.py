@@ -20,9 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from trainer_adapter.hf_packing import PACKING_KEYS, call_settings, check_item_inputs
-from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
-from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_rounds import install, joined, length_cost, plan_round, tower_cost
 from trainer_adapter.item_outputs import route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -55,6 +54,7 @@ def balance_pixtral(
     model = tower_cost(tower, policy).vision
     inner = tower.forward
     p = int(tower.patch_size)
+    ctx = {"group": group, "topology": topology, "policy": policy}
 
     def forward(self, pixel_values=None, image_sizes=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
@@ -79,18 +79,10 @@ def balance_pixtral(
             per_pixel = pixel_values[0, :, :1, :1].numel() * pixel_values.element_size() if n else 0
         except Exception as e:  # every rank raises it: plan_items
             table, per_pixel, refusal = None, 0, e
-        route = plan_items(
-            table,
-            length_cost(model, policy),
-            group=group,
-            topology=topology,
-            policy=policy,
-            volume=lambda t: t[:, 1] * t[:, 2] * float(per_pixel),
-            refusal=refusal,
-            where=where,
-            settings=call_settings(kwargs),
+        cost, volume = length_cost(model, policy), lambda t: t[:, 1] * t[:, 2] * float(per_pixel)
+        route = plan_round(
+            self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
         )
-        record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None

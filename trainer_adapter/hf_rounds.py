@@ -17,10 +17,12 @@ import numpy as np
 import torch
 
 from balancing import CostModel
+from trainer_adapter.hf_packing import call_settings
+from trainer_adapter.item_exchange import ItemRoute, plan_items
 from trainer_adapter.item_outputs import output_anchor, zero_of
 from trainer_adapter.redistribute import RedistributePolicy
 
-__all__ = ["install", "joined", "length_cost", "record", "tower_cost"]
+__all__ = ["install", "joined", "length_cost", "plan_round", "record", "tower_cost"]
 
 
 def tower_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
@@ -63,6 +65,27 @@ def record(tower: torch.nn.Module, route) -> None:
         tower.last_route = route
     tower.equishard_step_images |= bool(route.src.size)
     tower.equishard_round_images = int(route.src.size)
+
+
+def plan_round(
+    tower: torch.nn.Module, table, cost, volume, *, group, topology, policy, refusal, where, kwargs
+) -> ItemRoute:
+    """One exchange round of a balanced tower: :func:`~trainer_adapter.item_exchange.plan_items`
+    over this rank's item table (or its ``refusal``, raised on every rank), the ranks agreeing
+    on the settings of the call's ``kwargs``; recorded on the tower."""
+    route = plan_items(
+        table,
+        cost,
+        group=group,
+        topology=topology,
+        policy=policy,
+        volume=volume,
+        refusal=refusal,
+        where=where,
+        settings=call_settings(kwargs),
+    )
+    record(tower, route)
+    return route
 
 
 def _settle(tower: torch.nn.Module) -> torch.Tensor:

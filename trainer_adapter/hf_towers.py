@@ -26,9 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer_adapter.hf_packing import PACKING_KEYS, call_settings, check_item_inputs
-from trainer_adapter.hf_rounds import install, joined, length_cost, record, tower_cost
-from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
+from trainer_adapter.hf_rounds import install, joined, length_cost, plan_round, tower_cost
 from trainer_adapter.item_outputs import route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -50,6 +49,7 @@ def balance_vision(
     model = tower_cost(tower, policy).vision
     inner = tower.forward
     width = _patch_width(tower)  # a rank without images joins with [0, width]
+    ctx = {"group": group, "topology": topology, "policy": policy}
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
         if not self.equishard_joining and _none(grid_thw) and _none(hidden_states):
@@ -63,18 +63,10 @@ def balance_vision(
             row_bytes = hidden_states[0].numel() * hidden_states.element_size() if len(table) else 0
         except Exception as e:  # every rank raises it: plan_items
             table, row_bytes, refusal = None, 0, e
-        route = plan_items(
-            table,
-            length_cost(model, policy),
-            group=group,
-            topology=topology,
-            policy=policy,
-            volume=lambda t: t[:, 0] * float(row_bytes),
-            refusal=refusal,
-            where=where,
-            settings=call_settings(kwargs),
+        cost, volume = length_cost(model, policy), lambda t: t[:, 0] * float(row_bytes)
+        route = plan_round(
+            self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
         )
-        record(self, route)
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -134,6 +126,11 @@ def _patch_width(tower: torch.nn.Module) -> int:
     )
 
 
+def _tile_cost(table: np.ndarray) -> np.ndarray:
+    """Every tile the same encoder cost."""
+    return table[:, 0].astype(np.float64)
+
+
 def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
     cfg = tower.config
     size = cfg.image_size if isinstance(cfg.image_size, list | tuple) else (cfg.image_size,) * 2
@@ -157,6 +154,7 @@ def balance_tiles(
     policy = policy or RedistributePolicy()
     inner = tower.forward
     masked = "patch_attention_mask" in inspect.signature(inner).parameters
+    ctx = {"group": group, "topology": topology, "policy": policy}
 
     def forward(self, pixel_values=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
@@ -178,18 +176,10 @@ def balance_tiles(
                 raise ValueError(f"{where}: {len(mask)} patch masks for {n} tiles")
         except Exception as e:  # every rank raises it: plan_items
             n, row_bytes, refusal = 0, 0, e
-        route = plan_items(
-            np.ones((n, 1), dtype=np.int64),
-            lambda t: t[:, 0].astype(np.float64),
-            group=group,
-            topology=topology,
-            policy=policy,
-            volume=lambda t: t[:, 0] * float(row_bytes),
-            refusal=refusal,
-            where=where,
-            settings=call_settings(kwargs),
+        table, volume = np.ones((n, 1), dtype=np.int64), lambda t: t[:, 0] * float(row_bytes)
+        route = plan_round(
+            self, table, _tile_cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
         )
-        record(self, route)
         if route.src.size == 0:  # see balance_vision
             if self.equishard_joining:
                 return None

@@ -2,6 +2,7 @@
 
 from trainer_adapter.config import TrainConfig
 from trainer_adapter.exchange import all_to_all_rows, gather_tables
+from trainer_adapter.group_errors import StepRefused
 from trainer_adapter.hf_balance import balance_model, global_targets, paused
 from trainer_adapter.hf_inputs import HFPacker
 from trainer_adapter.item_exchange import ItemRoute, plan_items
@@ -20,6 +21,7 @@ __all__ = [
     "Partition",
     "RedistributePolicy",
     "Route",
+    "StepRefused",
     "Topology",
     "TrainConfig",
     "Trainer",

@@ -937,9 +937,9 @@ MUTATIONS = [
     ),
     Mutation(
         "settings-not-compared",
-        "ranks calling a tower with different settings are not refused",
+        "ranks calling a tower or the decoder with different settings are not refused",
         "trainer_adapter/item_exchange.py",
-        "    if distinct.size > 1:",
+        "    if len({repr(s) for s in given.values()}) > 1:",
         "    if False:",
         (f"{_GROUP}[granite_docling-tower-settings-differ]",),
     ),
@@ -947,8 +947,8 @@ MUTATIONS = [
         "decoder-settings-not-compared",
         "ranks calling the decoder with different settings are not refused",
         "trainer_adapter/hf_decoder.py",
-        "    if len({repr(s) for s in given.values()}) > 1:",
-        "    if False:",
+        "settings = agreed_settings([st for _, _, st in agreed], where)",
+        "settings = next((s for _, _, s in agreed if s is not None), {})",
         (f"{_GROUP}[qwen2vl-decoder-settings-differ]",),
     ),
 ]

@@ -39,7 +39,7 @@ from trainer_adapter.hf_packing import (
     per_token_spec,
 )
 from trainer_adapter.hf_rounds import length_cost
-from trainer_adapter.item_exchange import plan_items
+from trainer_adapter.item_exchange import agreed_settings, plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
     output_anchor,
@@ -129,20 +129,6 @@ def _agreed_per_token(specs: list[dict], where: str) -> dict:
                     "per-token shape); every rank must give it alike"
                 )
     return out
-
-
-def _agreed_settings(per_rank: list, where: str) -> dict:
-    """The settings (:func:`~trainer_adapter.hf_packing.call_settings`) the ranks with samples
-    call the decoder with: the same on all of them, else every rank refuses; a rank with none
-    runs what it receives with them."""
-    given = {r: s for r, s in enumerate(per_rank) if s is not None}
-    if len({repr(s) for s in given.values()}) > 1:
-        raise_together(
-            [f"called with {given[r]}" if r in given else None for r in range(len(per_rank))],
-            f"{where} (called with different settings on different ranks, so moved samples "
-            "would run under another rank's; give every rank the same)",
-        )
-    return next(iter(given.values()), {})
 
 
 def _output_class(forward) -> type:
@@ -249,7 +235,7 @@ def balance_decoder(
         reason = None if refusal is None else reason_of(refusal)
         masks, agreed = agree_masks(masks, group, (mine, reason, settings))
         raise_together([r for _, r, _ in agreed], where, refusal)
-        settings = _agreed_settings([st for _, _, st in agreed], where)
+        settings = agreed_settings([st for _, _, st in agreed], where)
         agreed = [m for m, _, _ in agreed]
         spec = {k: v for sp, _, _ in agreed for k, v in sp.items()}
         crossing = sorted({k for _, names, _ in agreed for k in names})

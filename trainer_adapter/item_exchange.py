@@ -29,7 +29,7 @@ from trainer_adapter.group_errors import raise_together
 from trainer_adapter.redistribute import RedistributePolicy, Route, _plan_phase
 from trainer_adapter.topology import Topology
 
-__all__ = ["ItemRoute", "plan_items"]
+__all__ = ["ItemRoute", "agreed_settings", "plan_items"]
 
 
 @dataclass(slots=True)
@@ -186,11 +186,19 @@ def _agree_settings(prints, src, mine: dict, group, where: str) -> dict:
         return mine
     got: list = [None] * world
     dist.all_gather_object(got, mine if has_items[dist.get_rank(group)] else None, group=group)
-    if distinct.size > 1:
-        per_rank = {r: f"called with {s}" for r, s in enumerate(got) if s is not None}
+    return agreed_settings(got, where)
+
+
+def agreed_settings(per_rank: list[dict | None], where: str) -> dict:
+    """The settings of the ranks that bring items (``per_rank``: every rank's, None where it
+    brings none): the same on all of them, else every rank raises
+    :class:`~trainer_adapter.group_errors.StepRefused` naming each rank's; ``{}`` if no rank
+    brings any. Every rank calls it with the same gathered list."""
+    given = {r: s for r, s in enumerate(per_rank) if s is not None}
+    if len({repr(s) for s in given.values()}) > 1:
         raise_together(
-            [per_rank.get(r) for r in range(world)],
+            [f"called with {given[r]}" if r in given else None for r in range(len(per_rank))],
             f"{where} (called with different settings on different ranks, so moved items "
             "would run under another rank's; give every rank the same)",
         )
-    return next(s for s in got if s is not None)
+    return next(iter(given.values()), {})

@@ -1,5 +1,5 @@
 """Train a tiny Hugging Face VLM on an equishard generation with runtime balancing, in a plain
-PyTorch DDP loop (``--parallel fsdp2``: FSDP2's ``fully_shard``). Run under torchrun (CPU: gloo;
+PyTorch DDP loop (``--parallel fsdp2``: FSDP2, ``fully_shard`` per block). Run under torchrun (CPU: gloo;
 GPU: NCCL):
 
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
@@ -389,8 +389,9 @@ def main() -> None:
         "--parallel",
         choices=["ddp", "fsdp2"],
         default="ddp",
-        help="DistributedDataParallel, or FSDP2 (fully_shard: each rank holds a shard of every "
-        "parameter; the balancing wrappers are unchanged)",
+        help="DistributedDataParallel, or FSDP2 (fully_shard on each vision block and decoder "
+        "layer, then the model: each rank holds a shard of every parameter; the balancing "
+        "wrappers are unchanged)",
     )
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -425,7 +426,14 @@ def main() -> None:
     if args.parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
-        ddp = fully_shard(model)  # one unit: the wrappers' exchanges run inside its forward
+        # per block, as accelerate and torchtitan shard: each vision block and decoder layer
+        # (HF's _no_split_modules), then the rest; a rank the balancer leaves without images
+        # runs copies so that it joins every block's all-gather (idle_ranks="auto")
+        blocks = set(model._no_split_modules or ())
+        for module in [m for m in model.modules() if type(m).__name__ in blocks]:
+            fully_shard(module)
+        ddp = fully_shard(model)
+        ddp.set_reduce_scatter_unused_params(True)  # FSDP2's find_unused_parameters
     else:
         ddp = DistributedDataParallel(model, find_unused_parameters=True)
     optim = torch.optim.AdamW(model.parameters(), lr=args.lr)

@@ -34,6 +34,8 @@ HF = f"{_PARITY}[qwen2vl]"
 HF3 = f"{_PARITY}[qwen3vl]"
 SPLIT = "tests/trainer_adapter/test_split_samples.py"
 _GROUP = "tests/trainer_adapter/test_hf_group_errors.py::test_one_ranks_error_raised_on_every_rank"
+_COPIES = "tests/trainer_adapter/test_item_copies.py"
+_FSDP = "tests/trainer_adapter/test_hf_fsdp.py"
 
 
 @dataclass(frozen=True)
@@ -539,8 +541,8 @@ MUTATIONS = [
         "hf-mixed-dtype-cast-back",
         "per-item outputs come home in the exchange's promoted dtype, not their own",
         "trainer_adapter/item_outputs.py",
-        "tensors.append(got[idx].reshape(-1, *trailing).to(kinds[k]))",
-        "tensors.append(got[idx].reshape(-1, *trailing))",
+        "tensors.append(got[idx.reshape(rows_k, *trailing)].to(kinds[k]))",
+        "tensors.append(got[idx.reshape(rows_k, *trailing)])",
         ("tests/trainer_adapter/test_hf_balance_outputs.py",),
     ),
     Mutation(
@@ -950,6 +952,70 @@ MUTATIONS = [
         "settings = agreed_settings([st for _, _, st in agreed], where)",
         "settings = next((s for _, _, s in agreed if s is not None), {})",
         (f"{_GROUP}[qwen2vl-decoder-settings-differ]",),
+    ),
+    Mutation(
+        "idle-copies-not-made",
+        "plan_items(idle=True) gives idle ranks no copy (FSDP2 per block: the group hangs)",
+        "trainer_adapter/item_exchange.py",
+        "    if idle and dest.size:",
+        "    if False:",
+        (f"{_COPIES}::test_copy_runs_on_the_idle_rank_and_changes_nothing_else",),
+    ),
+    Mutation(
+        "copy-not-tied",
+        "a copy's results dropped without the zero tie (its backward never runs on the idle rank)",
+        "trainer_adapter/item_exchange.py",
+        "                    tie = extra.sum() * 0",
+        "                    tie = None",
+        (f"{_COPIES}::test_copy_runs_on_the_idle_rank_and_changes_nothing_else",),
+    ),
+    Mutation(
+        "copy-rows-of-another-item",
+        "a copy sends the rows at its own index, not its original's",
+        "trainer_adapter/redistribute.py",
+        "            pos[mine] = pos[copy_of[mine]]",
+        "            pos[mine] = np.minimum(pos[mine], 0)",
+        (f"{_COPIES}::test_copy_runs_on_the_idle_rank_and_changes_nothing_else",),
+    ),
+    Mutation(
+        "copy-ignores-own-items",
+        "an idle rank copies the cheapest item of all, not its own (a transfer it need not make)",
+        "trainer_adapter/item_exchange.py",
+        "        pool = own if own.size else np.arange(src.size)",
+        "        pool = np.arange(src.size)",
+        (f"{_COPIES}::test_idle_copies_prefers_the_ranks_own_cheapest_then_the_cheapest_of_all",),
+    ),
+    Mutation(
+        "fsdp-not-detected",
+        "idle_ranks='auto' never sees fully_shard units (idle ranks skip sharded blocks)",
+        "trainer_adapter/item_outputs.py",
+        "    return any(isinstance(m, FSDPModule) for m in module.modules())",
+        "    return False",
+        (f"{_COPIES}::test_auto_runs_idle_ranks_where_the_module_holds_fsdp2_units",),
+    ),
+    Mutation(
+        "plain-decoder-skips-copies",
+        "balancing off, the decoder's empty rank skips its sharded layers (FSDP2 hang)",
+        "trainer_adapter/hf_decoder.py",
+        "        if not policy.enabled and not runs_everywhere(self, policy):",
+        "        if not policy.enabled:",
+        (f"{_FSDP}::test_idle_ranks_run_copies_and_nobody_hangs[qwen2vl]",),
+    ),
+    Mutation(
+        "anchor-ties-sharded-params",
+        "the zero tying a skipped tower into the graph takes FSDP2's sharded DTensor parameters",
+        "trainer_adapter/item_outputs.py",
+        "    params = [p for p in module.parameters() if p.requires_grad and not _sharded(p)]",
+        "    params = [p for p in module.parameters() if p.requires_grad]",
+        (f"{_FSDP}::test_step_without_any_image_under_fsdp2",),
+    ),
+    Mutation(
+        "join-input-from-dtensor",
+        "a joining rank builds its empty input from a sharded (DTensor) parameter",
+        "trainer_adapter/item_outputs.py",
+        "    return torch.zeros(shape, dtype=p.dtype, device=p.device)",
+        "    return p.new_zeros(shape)",
+        (f"{_FSDP}::test_balanced_under_fsdp2_per_block_equals_single_process[gemma3]",),
     ),
 ]
 

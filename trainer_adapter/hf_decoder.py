@@ -46,6 +46,7 @@ from trainer_adapter.item_outputs import (
     output_route_back,
     output_signature,
     run_received,
+    runs_everywhere,
 )
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -192,7 +193,9 @@ def balance_decoder(
         zero = None
         if vision is not None:  # every rank through as many tower rounds as the busiest
             zero = vision.equishard_settle()
-        if not policy.enabled:  # the plain decoder (an empty rank's row never reaches it)
+        if not policy.enabled and not runs_everywhere(self, policy):
+            # the plain decoder (an empty rank's row never reaches it); with idle ranks kept
+            # running (FSDP2 per block), the identity plan below, which gives them copies
             if inputs_embeds is None:
                 inputs_embeds = self.get_input_embeddings()(input_ids)
             if inputs_embeds.shape[1] == 0:
@@ -258,6 +261,7 @@ def balance_decoder(
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
+            idle=runs_everywhere(self, policy),
         )
         self.last_route = route
         x = route.send(inputs_embeds[0], 0, "embeddings")

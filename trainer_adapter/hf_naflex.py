@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_pixtral import _batch_dim
 from trainer_adapter.hf_rounds import install, joined, plan_round
-from trainer_adapter.item_outputs import route_home, run_received
+from trainer_adapter.item_outputs import param_zeros, route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -125,7 +125,7 @@ def balance_naflex(
         return _batch_dim(home, lambda t: t[:, :rows] if t.ndim >= 3 else t)
 
     def join(self) -> torch.Tensor:
-        empty = next(self.parameters()).new_zeros((0, 1, width))
+        empty = param_zeros(self, (0, 1, width))
         mask = torch.zeros(0, 1, dtype=torch.int64)
         shapes = torch.zeros(0, 2, dtype=torch.int64)
         return joined(self, empty, mask, shapes, output_hidden_states=True, return_dict=True)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from trainer_adapter.hf_naflex import plan_padded_rows
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined
-from trainer_adapter.item_outputs import route_home, run_received
+from trainer_adapter.item_outputs import param_zeros, route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -101,7 +101,7 @@ def balance_patch_positions(
         return route_home(self, out, x, route, group, own_call=own, failure=failure)
 
     def join(self) -> torch.Tensor:
-        empty = next(self.parameters()).new_zeros((0, k * k, width))
+        empty = param_zeros(self, (0, k * k, width))
         positions = torch.zeros(0, k * k, 2, dtype=torch.int64)
         return joined(self, empty, positions, return_dict=True)
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined, length_cost, plan_round, tower_cost
-from trainer_adapter.item_outputs import route_home, run_received
+from trainer_adapter.item_outputs import param_zeros, route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -103,8 +103,7 @@ def balance_pixtral(
 
     def join(self) -> torch.Tensor:
         cfg = self.config
-        ref = next(self.parameters())
-        empty = ref.new_zeros((0, cfg.num_channels, p, p))
+        empty = param_zeros(self, (0, cfg.num_channels, p, p))
         sizes = torch.zeros(0, 2, dtype=torch.int64)
         return joined(self, empty, sizes, output_hidden_states=True, return_dict=True)
 

@@ -19,7 +19,7 @@ import torch
 from balancing import CostModel
 from trainer_adapter.hf_packing import call_settings
 from trainer_adapter.item_exchange import ItemRoute, plan_items
-from trainer_adapter.item_outputs import output_anchor, zero_of
+from trainer_adapter.item_outputs import output_anchor, runs_everywhere, zero_of
 from trainer_adapter.redistribute import RedistributePolicy
 
 __all__ = ["install", "joined", "length_cost", "plan_round", "record", "tower_cost"]
@@ -61,10 +61,10 @@ def joined(tower: torch.nn.Module, *args, **kwargs) -> torch.Tensor:
 def record(tower: torch.nn.Module, route) -> None:
     """Note a round: ``last_route`` is the latest round of the step that moved any images
     (the terminal empty round of :func:`_settle` does not hide it)."""
-    if route.src.size or not tower.equishard_step_images:
+    if route.items or not tower.equishard_step_images:
         tower.last_route = route
-    tower.equishard_step_images |= bool(route.src.size)
-    tower.equishard_round_images = int(route.src.size)
+    tower.equishard_step_images |= bool(route.items)
+    tower.equishard_round_images = route.items
 
 
 def plan_round(
@@ -83,6 +83,7 @@ def plan_round(
         refusal=refusal,
         where=where,
         settings=call_settings(kwargs),
+        idle=runs_everywhere(tower, policy),
     )
     record(tower, route)
     return route

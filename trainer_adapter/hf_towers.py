@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined, length_cost, plan_round, tower_cost
-from trainer_adapter.item_outputs import route_home, run_received
+from trainer_adapter.item_outputs import param_zeros, route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
@@ -84,7 +84,7 @@ def balance_vision(
         """Take part in this step's exchange with no images of this rank's own (HF skips the
         tower when ``pixel_values`` is None); returns a zero that the caller adds to its output
         so the reverse exchange runs in the backward too."""
-        empty = next(self.parameters()).new_zeros((0, width))
+        empty = param_zeros(self, (0, width))
         return joined(self, empty, grid_thw=torch.zeros(0, 3, dtype=torch.int64))
 
     return install(tower, forward, join)
@@ -134,8 +134,7 @@ def _tile_cost(table: np.ndarray) -> np.ndarray:
 def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
     cfg = tower.config
     size = cfg.image_size if isinstance(cfg.image_size, list | tuple) else (cfg.image_size,) * 2
-    ref = next(tower.parameters())
-    return ref.new_zeros((0, getattr(cfg, "num_channels", 3), *size))
+    return param_zeros(tower, (0, getattr(cfg, "num_channels", 3), *size))
 
 
 def balance_tiles(

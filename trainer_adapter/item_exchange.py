@@ -29,13 +29,19 @@ from trainer_adapter.group_errors import raise_together
 from trainer_adapter.redistribute import RedistributePolicy, Route, _plan_phase
 from trainer_adapter.topology import Topology
 
-__all__ = ["ItemRoute", "agreed_settings", "plan_items"]
+__all__ = ["ItemRoute", "agreed_settings", "idle_copies", "plan_items"]
 
 
 @dataclass(slots=True)
 class ItemRoute:
     """The plan for one set of items. ``table`` is every rank's item table (global order:
-    source rank, then position); ``src``/``dest`` the rank of each item before/after."""
+    source rank, then position); ``src``/``dest`` the rank of each item before/after.
+
+    Copies: where the plan was asked to keep every rank running the module (``plan_items(
+    idle=True)``), each rank that would receive no item gets a copy of one (its own cheapest if
+    it had any, else the cheapest of all), appended after the ``items`` real ones: ``table``,
+    ``src`` and ``dest`` hold the copies too, ``copy_of`` the item each copies. A copy travels
+    like an item (:meth:`send`); its results are not sent home (:meth:`back`)."""
 
     route: Route
     table: np.ndarray
@@ -46,25 +52,38 @@ class ItemRoute:
     loads_after: np.ndarray = field(default_factory=lambda: np.zeros(0))
     seconds: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
+    copy_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def rank(self) -> int:
         return self.route.rank
 
     @property
+    def items(self) -> int:
+        """How many real items (not copies) the plan holds."""
+        return int(self.src.size - self.copy_of.size)
+
+    @property
     def received(self) -> np.ndarray:
-        """Global indices of the items this rank holds after the move, in arrival order."""
+        """Global indices of the items this rank holds after the move, in arrival order (a
+        copy last: its index is ``items`` or more)."""
         return np.flatnonzero(self.dest == self.rank)
 
     @property
     def own(self) -> np.ndarray:
         """Global indices of the items this rank held before the move (its local order)."""
-        return np.flatnonzero(self.src == self.rank)
+        return np.flatnonzero(self.src[: self.items] == self.rank)
 
     @property
     def moved(self) -> int:
-        """How many items of all ranks changed rank."""
-        return int((self.src != self.dest).sum())
+        """How many items of all ranks changed rank (copies not counted)."""
+        n = self.items
+        return int((self.src[:n] != self.dest[:n]).sum())
+
+    def _origin(self) -> np.ndarray | None:
+        if not self.copy_of.size:
+            return None
+        return np.concatenate([np.arange(self.items, dtype=np.int64), self.copy_of])
 
     def _rows(self, rows) -> np.ndarray:
         if isinstance(rows, int | np.integer):
@@ -81,17 +100,30 @@ class ItemRoute:
         after the move (global order). ``rows``: a column of the item table, or a count per
         item of all ranks. Collective: every rank calls it."""
         t0 = time.perf_counter()
-        out = self.route.move(x, self._rows(rows), self.src, self.dest, name)
+        rows = self._rows(rows)
+        out = self.route.move(x, rows, self.src, self.dest, name, copy_of=self._origin())
         self.seconds["exchange"] = self.seconds.get("exchange", 0.0) + time.perf_counter() - t0
         return out
 
     def back(self, y: torch.Tensor, rows, name: str = "results") -> torch.Tensor:
         """The reverse of :meth:`send`: blocks of the items this rank holds (global order) ->
-        those of the items it held before, in its original order. Differentiable."""
+        those of the items it held before, in its original order. Differentiable. A copy's
+        block stays here, tied into the result with a zero weight, so the backward runs
+        through the module that made it on every rank (FSDP2's reduce-scatters)."""
         t0 = time.perf_counter()
-        out = self.route.move(y, self._rows(rows), self.dest, self.src, name)
+        rows, n = self._rows(rows), self.items
+        tie = None
+        if self.copy_of.size:
+            here = self.received
+            real = int(rows[here[here < n]].sum())
+            if real < y.shape[0]:
+                extra = y[real:]
+                y = y[:real]
+                if extra.is_floating_point() or extra.is_complex():
+                    tie = extra.sum() * 0
+        out = self.route.move(y, rows[:n], self.dest[:n], self.src[:n], name)
         self.seconds["exchange"] = self.seconds.get("exchange", 0.0) + time.perf_counter() - t0
-        return out
+        return out if tie is None else out + tie.to(out.device)
 
     def summary(self) -> dict:
         def imb(x):
@@ -99,7 +131,8 @@ class ItemRoute:
             return float(x.max() / x.mean()) if x.size and x.mean() > 0 else 1.0
 
         return {
-            "items": int(self.src.size),
+            "items": self.items,
+            "copies": int(self.copy_of.size),
             "moved": self.moved,
             "method": self.method,
             "max_over_mean_before": imb(self.loads_before),
@@ -120,6 +153,7 @@ def plan_items(
     refusal: BaseException | None = None,
     where: str = "plan_items",
     settings: dict | None = None,
+    idle: bool = False,
 ) -> ItemRoute:
     """Gather every rank's item table (int64 ``[n_items, k]``), compute each item's cost with
     ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (default: the cost), and
@@ -132,7 +166,12 @@ def plan_items(
     them with. The ranks that bring items must agree (each item carries a fingerprint of its
     rank's, so a clean step pays nothing more), else every rank raises; ``route.settings`` is
     the agreed ones, also on a rank that brought none (an extra gather then, only where there
-    are settings), to call the module with on what it received."""
+    are settings), to call the module with on what it received.
+
+    ``idle``: keep every rank running the module whenever any does: a rank the plan gives no
+    item receives a copy of one (see :class:`ItemRoute`), whose results are dropped. For
+    modules sharded by FSDP2 per block (``fully_shard``) or ZeRO-3, whose forward and backward
+    are collectives every rank must join as often as the others."""
     t0 = time.perf_counter()
     policy = policy or RedistributePolicy()
     topology = topology or Topology()
@@ -163,8 +202,29 @@ def plan_items(
     out.settings = agreed
     out.loads_before = before
     out.loads_after = np.bincount(dest, weights=c, minlength=world) if dest.size else before
+    if idle and dest.size:
+        copy_of, to = idle_copies(c, src, dest, world)
+        out.copy_of = copy_of
+        out.table = np.concatenate([table, table[copy_of]])
+        out.src = np.concatenate([src, src[copy_of]])
+        out.dest = np.concatenate([dest, to])
     out.seconds = {"gather": t1 - t0, "plan": time.perf_counter() - t1}
     return out
+
+
+def idle_copies(
+    cost: np.ndarray, src: np.ndarray, dest: np.ndarray, world: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each rank the plan gives no item (ascending): the item it runs a copy of, its own
+    cheapest if it brought any (nothing to send), else the cheapest of all (first on ties);
+    and those ranks. The same on every rank (same inputs)."""
+    idle = np.flatnonzero(np.bincount(dest, minlength=world) == 0)
+    copy_of = np.empty(idle.size, dtype=np.int64)
+    for j, r in enumerate(idle):
+        own = np.flatnonzero(src == r)
+        pool = own if own.size else np.arange(src.size)
+        copy_of[j] = pool[np.argmin(cost[pool])]
+    return copy_of, idle.astype(np.int64)
 
 
 def _fingerprint(settings: dict | None) -> int:

@@ -28,8 +28,10 @@ __all__ = [
     "output_anchor",
     "output_route_back",
     "output_signature",
+    "param_zeros",
     "route_home",
     "run_received",
+    "runs_everywhere",
     "zero_of",
 ]
 
@@ -131,7 +133,11 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     for k, (_, (_, trailing, _, _, _)) in enumerate(leaves):
         off = item_start + per[:k].sum(axis=0)
         idx = torch.from_numpy(_ranges(off, per[k])).to(got.device)
-        tensors.append(got[idx].reshape(-1, *trailing).to(kinds[k]))
+        width = int(np.prod(trailing, dtype=np.int64))
+        rows_k = int(per[k].sum()) // width if width else 0
+        # indexed in the output's shape (not a view of the exchange's buffer, which FSDP2
+        # warns about when a sharded module returns it)
+        tensors.append(got[idx.reshape(rows_k, *trailing)].to(kinds[k]))
     return _rebuild(sig, iter(tensors))
 
 
@@ -164,9 +170,36 @@ def output_agree(
     return next((s for own, s in ran if own), ran[0][1] if ran else None)
 
 
+def _sharded(p: torch.Tensor) -> bool:
+    """A parameter FSDP2 (``fully_shard``) holds sharded: a DTensor, as outside its module's
+    forward; inside, the module's own parameters are plain unsharded tensors."""
+    return type(p).__name__ == "DTensor"
+
+
+def runs_everywhere(module: torch.nn.Module, policy) -> bool:
+    """Whether every rank runs ``module`` whenever any does (``plan_items(idle=True)``):
+    ``policy.idle_ranks`` ``run``, or ``auto`` and ``module`` holds FSDP2 units (``fully_shard``
+    on it or on its blocks), whose all-gathers would otherwise wait for the ranks skipping it."""
+    if policy.idle_ranks != "auto":
+        return policy.idle_ranks == "run"
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def param_zeros(module: torch.nn.Module, shape) -> torch.Tensor:
+    """Plain zeros of ``shape`` in the dtype and on the device of ``module``'s parameters
+    (not a DTensor where ``fully_shard`` holds them sharded: inputs for the module's call)."""
+    p = next(module.parameters())
+    return torch.zeros(shape, dtype=p.dtype, device=p.device)
+
+
 def output_anchor(module: torch.nn.Module) -> torch.Tensor:
-    """A zero that depends on every trainable parameter (their gradient becomes 0, not None)."""
-    params = [p for p in module.parameters() if p.requires_grad]
+    """A zero that depends on every trainable parameter (their gradient becomes 0, not None,
+    as DDP wants). FSDP2's sharded parameters are left out: it takes an unused one as is."""
+    params = [p for p in module.parameters() if p.requires_grad and not _sharded(p)]
     if not params:
         return torch.zeros(())
     return sum(p.reshape(-1)[:1].sum() for p in params) * 0

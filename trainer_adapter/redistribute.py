@@ -46,7 +46,12 @@ class RedistributePolicy:
     while keeping samples on their rank, overflow inside the node first). ``placement``:
     ``nodewise`` (Alg. 3) or ``identity``. ``cost``: ``modeled`` (alpha*len + beta*len^2 per
     phase, from ``cost_model``) or ``tokens``. A phase whose current max/mean is already within
-    ``1 + min_gain`` is left as it is. ``enabled=False`` moves nothing (the baseline)."""
+    ``1 + min_gain`` is left as it is. ``enabled=False`` moves nothing (the baseline).
+    ``idle_ranks`` (the Hugging Face wrappers, :mod:`trainer_adapter.hf_balance`): what a rank
+    that receives no item of a balanced module does: ``skip`` it (DDP), ``run`` it on a copy
+    of one item and drop the results (FSDP2 sharded per block, ZeRO-3: a sharded block's
+    forward and backward are collectives every rank must join), ``auto``: ``run`` where the
+    module holds ``fully_shard`` units, else ``skip``."""
 
     enabled: bool = True
     method: str = "auto"
@@ -58,6 +63,7 @@ class RedistributePolicy:
     # bytes of one image-token embedding (hidden x element size): with it, the LLM phase's
     # node-wise placement counts the embeddings' trip from encoder rank to LLM rank too
     embedding_bytes: int = 0
+    idle_ranks: str = "auto"
 
     def __post_init__(self) -> None:
         if self.method not in (*METHODS, "locality"):
@@ -66,6 +72,11 @@ class RedistributePolicy:
             )
         if self.placement not in ("nodewise", "identity"):
             raise ValueError(f"placement must be 'nodewise' or 'identity', got {self.placement!r}")
+        if self.idle_ranks not in ("auto", "run", "skip"):
+            raise ValueError(
+                f"idle_ranks must be 'auto', 'run' or 'skip', got {self.idle_ranks!r} ('run' "
+                "for modules sharded per block by FSDP2 or ZeRO-3)"
+            )
         if self.cost not in ("modeled", "tokens"):
             raise ValueError(f"cost must be 'modeled' or 'tokens', got {self.cost!r}")
         if self.embedding_bytes < 0:
@@ -152,24 +163,33 @@ class Route:
         name: str,
         *,
         stay: bool = False,
+        copy_of: np.ndarray | None = None,
     ):
         """Move per-sample row blocks from rank ``at[i]`` to rank ``to[i]`` (global arrays; -1
         skips a sample). ``x`` holds this rank's blocks in global order; the result, the blocks
         this rank receives, in global order too: on ``x``'s device, or with ``stay`` on the
-        collective's device (the GPU under NCCL), where the receiver uses it."""
+        collective's device (the GPU under NCCL), where the receiver uses it. ``copy_of``: per
+        entry, the entry whose block it sends (itself, or for a copy an earlier entry of the
+        same rank: a block sent to two ranks); ``x`` holds the blocks of the originals only."""
         keep = (at >= 0) & (to >= 0)
+        n = at.size
         mine = np.flatnonzero(keep & (at == self.rank))
         perm = mine[np.argsort(to[mine], kind="stable")]
-        local_start = _cu(rows[mine])[:-1]
-        pos = np.empty(self.num_samples, dtype=np.int64)
-        pos[mine] = local_start
+        pos = np.empty(n, dtype=np.int64)
+        if copy_of is None:
+            real = mine
+            pos[mine] = _cu(rows[mine])[:-1]
+        else:
+            real = mine[copy_of[mine] == mine]
+            pos[real] = _cu(rows[real])[:-1]
+            pos[mine] = pos[copy_of[mine]]
         idx = _ranges(pos[perm], rows[perm])
         send = np.bincount(to[perm], weights=rows[perm], minlength=self.world).astype(np.int64)
         inc = np.flatnonzero(keep & (to == self.rank))
         recv = np.bincount(at[inc], weights=rows[inc], minlength=self.world).astype(np.int64)
-        if x.shape[0] != int(rows[mine].sum()):
+        if x.shape[0] != int(rows[real].sum()):
             raise ValueError(
-                f"{name}: {x.shape[0]} rows given, the plan expects {rows[mine].sum()}"
+                f"{name}: {x.shape[0]} rows given, the plan expects {rows[real].sum()}"
             )
         out = x if np.array_equal(idx, np.arange(idx.size)) else x[torch.from_numpy(idx)]
         row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.element_size()
@@ -181,7 +201,7 @@ class Route:
         home = dev if stay else x.device
         if np.array_equal(order, inc):
             return got.to(home)
-        start = np.empty(self.num_samples, dtype=np.int64)
+        start = np.empty(n, dtype=np.int64)
         start[order] = _cu(rows[order])[:-1]
         back = _ranges(start[inc], rows[inc])
         return got[torch.from_numpy(back).to(got.device)].to(home)

@@ -962,11 +962,11 @@ MUTATIONS = [
         (f"{_COPIES}::test_copy_runs_on_the_idle_rank_and_changes_nothing_else",),
     ),
     Mutation(
-        "copy-not-tied",
-        "a copy's results dropped without the zero tie (its backward never runs on the idle rank)",
+        "copy-results-sent-home",
+        "a copy's results are not cut off before the way home",
         "trainer_adapter/item_exchange.py",
-        "                    tie = extra.sum() * 0",
-        "                    tie = None",
+        "            y = y[: int(rows[here[here < n]].sum())]",
+        "            y = y[: int(rows[here].sum())]",
         (f"{_COPIES}::test_copy_runs_on_the_idle_rank_and_changes_nothing_else",),
     ),
     Mutation(

@@ -108,22 +108,17 @@ class ItemRoute:
     def back(self, y: torch.Tensor, rows, name: str = "results") -> torch.Tensor:
         """The reverse of :meth:`send`: blocks of the items this rank holds (global order) ->
         those of the items it held before, in its original order. Differentiable. A copy's
-        block stays here, tied into the result with a zero weight, so the backward runs
-        through the module that made it on every rank (FSDP2's reduce-scatters)."""
+        block stays here: cut off, yet in the graph through the cut (its gradient a zero), so
+        the backward runs through the module that made it on every rank (FSDP2's
+        reduce-scatters)."""
         t0 = time.perf_counter()
         rows, n = self._rows(rows), self.items
-        tie = None
-        if self.copy_of.size:
+        if self.copy_of.size:  # copies arrive last
             here = self.received
-            real = int(rows[here[here < n]].sum())
-            if real < y.shape[0]:
-                extra = y[real:]
-                y = y[:real]
-                if extra.is_floating_point() or extra.is_complex():
-                    tie = extra.sum() * 0
+            y = y[: int(rows[here[here < n]].sum())]
         out = self.route.move(y, rows[:n], self.dest[:n], self.src[:n], name)
         self.seconds["exchange"] = self.seconds.get("exchange", 0.0) + time.perf_counter() - t0
-        return out if tie is None else out + tie.to(out.device)
+        return out
 
     def summary(self) -> dict:
         def imb(x):

@@ -89,10 +89,10 @@ class ItemRoute:
         if isinstance(rows, int | np.integer):
             return self.table[:, int(rows)]
         rows = np.asarray(rows, dtype=np.int64)
+        if self.copy_of.size and rows.shape == (self.items,):  # the copies' from their items'
+            rows = np.concatenate([rows, rows[self.copy_of]])
         if rows.shape != self.src.shape:
-            raise ValueError(
-                f"rows must give one count per item ({self.src.size}), got {rows.shape}"
-            )
+            raise ValueError(f"rows must give one count per item ({self.items}), got {rows.shape}")
         return rows
 
     def send(self, x: torch.Tensor, rows, name: str = "payload") -> torch.Tensor:

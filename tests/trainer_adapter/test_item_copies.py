@@ -56,6 +56,9 @@ def rank_copies(rank, world, idle):
         idle=idle,
     )
     got = route.send(x, 0, "x")
+    # a count per real item (what a caller without copies gives) works the same
+    again = route.send(x.detach(), [n for r in range(world) for n in ROWS[r]], "x again")
+    assert again.tolist() == got.tolist()
     # the module runs where items arrived (as run_received: a rank with none skips it)
     y = route.back(got * w if route.received.size else got, 0, "y")
     (y.sum() * 3).backward()

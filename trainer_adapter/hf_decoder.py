@@ -169,6 +169,8 @@ def balance_decoder(
         )
     llm = (cost_model or policy.cost_model).llm
     inner = decoder.forward
+    # the KV cache's keyword: ``cache`` from transformers 5.24, ``past_key_values`` before
+    cache_key = "cache" if "cache" in inspect.signature(inner).parameters else "past_key_values"
 
     def forward(
         self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, **kw
@@ -183,13 +185,13 @@ def balance_decoder(
             )
         # packed training: HF finds the sample boundaries from the positions only without a
         # KV cache (and a cache makes no sense for samples that moved)
-        if kw.get("past_key_values") is not None:
+        if kw.pop("past_key_values", None) is not None or kw.pop("cache", None) is not None:
             raise ValueError(
-                "balance_decoder is for training and got past_key_values (generation?): run "
-                "generate() inside `with trainer_adapter.hf_balance.paused(model):`, where "
-                "each rank runs its own inputs with no exchange"
+                "balance_decoder is for training and got a KV cache (past_key_values / cache: "
+                "generation?): run generate() inside `with trainer_adapter.hf_balance.paused("
+                "model):`, where each rank runs its own inputs with no exchange"
             )
-        kw.update(use_cache=False, past_key_values=None)
+        kw.update({"use_cache": False, cache_key: None})
         zero = None
         if vision is not None:  # every rank through as many tower rounds as the busiest
             zero = vision.equishard_settle()

@@ -83,6 +83,7 @@ _OUTPUT_KEYS = frozenset(
         "output_attentions",
         "use_cache",
         "past_key_values",
+        "cache",  # transformers 5.24's name for past_key_values
         "num_items_in_batch",
     }
 )

@@ -1264,9 +1264,32 @@ def rank_scenarios(rank, world, family):
     return out
 
 
+def skip_if_transformers_fails(family: str) -> None:
+    """Skip where the installed transformers fails the family's plain single-process step on
+    its own, equishard not involved (transformers 5.24's Llama 4 reads ``image_outputs``
+    from its language model's output, which has none); a fix upstream brings the test back."""
+    if family != "llama4":
+        return
+    model = build_model(family)
+    batch = make_batches(family, model)[0]
+    try:
+        _step(model, batch, global_count(batch))
+    except AttributeError as e:
+        if "image_outputs" in str(e):
+            import transformers
+
+            pytest.skip(f"transformers {transformers.__version__}'s {family} fails alone: {e}")
+        raise
+
+
+def global_count(batch: dict) -> int:
+    return int((batch["labels"][..., 1:] != -100).sum())
+
+
 @functools.cache
 def scenarios(family: str) -> dict[str, list]:
     """Per scenario, every rank's result (one launch per family, shared by its tests)."""
+    skip_if_transformers_fails(family)
     runs = run_ranks(rank_scenarios, 4, family, timeout=300)
     return {k: [r[k] for r in runs] for k in runs[0]}
 

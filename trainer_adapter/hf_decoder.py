@@ -195,7 +195,8 @@ def balance_decoder(
         zero = None
         if vision is not None:  # every rank through as many tower rounds as the busiest
             zero = vision.equishard_settle()
-        if not policy.enabled and not runs_everywhere(self, policy):
+        idle = runs_everywhere(self, policy)  # FSDP2 per block: idle ranks run copies
+        if not policy.enabled and not idle:
             # the plain decoder (an empty rank's row never reaches it); with idle ranks kept
             # running (FSDP2 per block), the identity plan below, which gives them copies
             if inputs_embeds is None:
@@ -263,7 +264,7 @@ def balance_decoder(
             topology=topology,
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
-            idle=runs_everywhere(self, policy),
+            idle=idle,
         )
         self.last_route = route
         x = route.send(inputs_embeds[0], 0, "embeddings")

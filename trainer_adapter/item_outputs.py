@@ -173,7 +173,9 @@ def output_agree(
 def _sharded(p: torch.Tensor) -> bool:
     """A parameter FSDP2 (``fully_shard``) holds sharded: a DTensor, as outside its module's
     forward; inside, the module's own parameters are plain unsharded tensors."""
-    return type(p).__name__ == "DTensor"
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(p, DTensor)
 
 
 def runs_everywhere(module: torch.nn.Module, policy) -> bool:

@@ -2,7 +2,8 @@
 
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
-``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``), imported when a spec names them.
+``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``), imported when a
+spec names them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ __all__ = ["parse_vision_policy"]
 
 _INT_OPTIONS = {
     "gemma3": {"image_size", "patch_size", "llm_tokens"},
+    "gemma4": {"max_soft_tokens", "patch_size", "pooling_kernel_size"},
     "glm4v": {"min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"},
     "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
@@ -37,6 +39,7 @@ _INT_OPTIONS = {
 }
 _STR_OPTIONS = {
     "gemma3": {},
+    "gemma4": {},
     "glm4v": {},
     "smolvlm": {},
     "idefics3": {},
@@ -55,8 +58,9 @@ _STR_OPTIONS = {
 def parse_vision_policy(spec: str) -> VisionPolicy:
     """Build a policy from a spec string: ``fixed:336/14``, ``internvl[:k=v,...]``,
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
-    pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``smolvlm[:k=v,...]``,
-    ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``, ``pixtral[:k=v,...]``,
+    pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``gemma4[:k=v,...]``,
+    ``smolvlm[:k=v,...]``, ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``,
+    ``pixtral[:k=v,...]``,
     ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize
     with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
@@ -71,7 +75,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     if name not in _INT_OPTIONS:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
-            "ernie45vl, llava-onevision, llava-next, gemma3, smolvlm, idefics3, glm4v, pixtral, "
+            "ernie45vl, llava-onevision, llava-next, gemma3, gemma4, smolvlm, idefics3, glm4v, pixtral, "
             "mistral3 or aya-vision"
         )
     kwargs: dict = {}
@@ -99,6 +103,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         return InternVLPolicy(**kwargs)
     if name == "gemma3":
         return Gemma3Policy(**kwargs)
+    if name == "gemma4":
+        from dataprep.gemma4_policy import Gemma4Policy
+
+        return Gemma4Policy(**kwargs)
     if name == "aya-vision":
         from dataprep.aya_policy import AyaVisionPolicy
 

@@ -34,6 +34,9 @@ Each policy reproduces the preprocessing of a published model family exactly:
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.
+* ``gemma4`` — Gemma 4 (:mod:`dataprep.gemma4_policy`): an aspect-preserving resize within a
+  patch budget, ``max_soft_tokens`` pooled soft tokens at most, every image padded to the
+  budget for the encoder.
 
 Spec strings take options (:func:`dataprep.policy_spec.parse_vision_policy`):
 ``internvl:max_tiles=6,thumbnail=0``,

@@ -45,6 +45,9 @@ vision policies (--vision-policy):
               options: mistral3:longest_edge=1540,patch_size=14,merge_size=2
   gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens
               options: gemma3:image_size=896,patch_size=14,llm_tokens=256
+  gemma4      Gemma 4: aspect kept, at most 280 soft tokens (3x3 pools of 16px patches),
+              every image padded to 2520 encoder rows
+              options: gemma4:max_soft_tokens=280 (70, 140, 280, 560 or 1120)
   smolvlm     SmolVLM: longest side to 1536, 384px tiles + a global tile, 81 tokens each
               options: smolvlm:longest_edge=2048,tile=512,patch_size=16,tokens_per_tile=64
   idefics3    the same with Idefics3-8B's 1456 / 364 / 169
@@ -85,7 +88,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "smolvlm, idefics3, mistral3, pixtral or aya-vision, "
+        "gemma4, smolvlm, idefics3, mistral3, pixtral or aya-vision, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

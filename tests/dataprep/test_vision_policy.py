@@ -457,3 +457,60 @@ def test_aya_vision_equals_its_processor(vocab, tokenizer_path, tmp_path):
         want = len(tok(prompt, add_special_tokens=False)["input_ids"])
         got = counter.count([c.text])[0] + c.llm_tokens
         assert len(c.vit_seq_lens) == n and got == want, (n, got, want)
+
+
+@pytest.mark.parametrize(
+    ("spec", "w", "h", "tokens", "rows"),
+    [
+        # budget 280 * 9 = 2520 patches of 16 px: scale sqrt(2520 * 256 / 800^2) = 1.004, each
+        # side floored to a multiple of 48: 768 -> 48x48 patches -> 16x16 soft tokens
+        ("gemma4", 800, 800, 256, 2520),
+        # scale sqrt(645120 / 500000) = 1.136: 500 -> 528 (11 x 48), 1000 -> 1104 (23 x 48):
+        # 33 x 69 patches -> 11 x 23 soft tokens
+        ("gemma4", 1000, 500, 253, 2520),
+        # the short side floors to nothing: one 48-px row of blocks, the long side
+        # floor(4000 / 10) x 48 px capped at 280 blocks (13440 px): 1 x 280 soft tokens
+        ("gemma4", 4000, 10, 280, 2520),
+        # a small image is scaled up: budget 70 * 9 = 630, scale sqrt(630 * 256 / 5000)
+        # = 5.68: 50 -> 240, 100 -> 528: 15 x 33 patches -> 5 x 11 soft tokens
+        ("gemma4:max_soft_tokens=70", 100, 50, 55, 630),
+    ],
+)
+def test_gemma4_hand_worked(spec, w, h, tokens, rows):
+    p = parse_vision_policy(spec)
+    c = p.image_cost(w, h)
+    assert c.llm_tokens == tokens and c.vit_seq_lens == (rows,)
+    assert parse_vision_policy(p.spec()) == p
+    with pytest.raises(ValueError, match="max_soft_tokens"):
+        parse_vision_policy("gemma4:max_soft_tokens=256")
+
+
+def test_gemma4_equals_its_image_processor():
+    """Soft tokens and encoder rows from an image's size alone equal what Gemma 4's image
+    processor makes of real images (``num_soft_tokens_per_image``, the padded rows of
+    ``pixel_values``), for every budget it accepts, over 600 sizes: small images scaled up,
+    large ones down, 1-px sides and extreme aspects whose short side floors to nothing."""
+    import random
+
+    from PIL import Image
+
+    transformers = pytest.importorskip("transformers")
+    rng = random.Random(11)
+    sizes = [(w, h) for w in (1, 2, 47, 48, 49, 95) for h in (1, 16, 48, 300, 1900)]
+    sizes += [(rng.randint(1, 2500), rng.randint(1, 2500)) for _ in range(90)]
+    sizes += [(rng.randint(1, 30), rng.randint(200, 9000)) for _ in range(20)]
+    wrong = []
+    for soft in (70, 140, 280, 560, 1120):
+        ip = transformers.models.gemma4.Gemma4ImageProcessorPil(max_soft_tokens=soft)
+        policy = parse_vision_policy(f"gemma4:max_soft_tokens={soft}")
+        for w, h in sizes:
+            out = ip(
+                images=[Image.new("RGB", (w, h))],
+                return_tensors="np",
+                input_data_format="channels_last",
+            )
+            want = ((int(out["pixel_values"].shape[1]),), int(out["num_soft_tokens_per_image"][0]))
+            c = policy.image_cost(w, h)
+            if (c.vit_seq_lens, c.llm_tokens) != want:
+                wrong.append(((soft, w, h), want, (c.vit_seq_lens, c.llm_tokens)))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"

@@ -24,9 +24,13 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
 * ``ernie45vl`` — ``<|IMAGE_PLACEHOLDER|>`` becomes N ``<|IMAGE_PLACEHOLDER|>`` (ERNIE 4.5-VL: the
   template writes ``Picture k:<|IMAGE_START|>`` before it and ``<|IMAGE_END|>`` after it),
 * ``gemma3`` — ``<start_of_image>`` becomes ``\\n\\n<start_of_image>`` + N ``<image_soft_token>`` +
-  ``<end_of_image>\\n\\n``.
+  ``<end_of_image>\\n\\n``,
+* ``gemma4`` — ``<|image|>`` becomes ``<|image>`` + N ``<|image|>`` + ``<image|>`` (Gemma 4's
+  processor; its template's turns open with ``<|turn>``, which tells it from GLM-4.1V's, whose
+  marker is the same).
 
-The family is found from the marker in the template source; ``PATH#images=FAMILY`` chooses it.
+The family is found from the marker in the template source (and, where two families share a
+marker, a token only one family's template writes); ``PATH#images=FAMILY`` chooses it.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ class ImageTokens:
     marker: str
     prefix: str = ""
     suffix: str = ""
+    also: str = ""  # what the template source holds besides the marker (a shared marker)
 
 
 IMAGE_TOKENS = {
@@ -64,6 +69,7 @@ IMAGE_TOKENS = {
     "internvl": ImageTokens("<IMG_CONTEXT>", "<img>", "</img>"),
     "llava": ImageTokens("<image>"),
     "gemma3": ImageTokens("<start_of_image>", "\n\n<start_of_image>", "<end_of_image>\n\n"),
+    "gemma4": ImageTokens("<|image|>", "<|image>", "<image|>", also="<|turn>"),  # before glm4v
     "glm4v": ImageTokens("<|image|>"),
     "mistral3": ImageTokens("[IMG]"),
     "ernie45vl": ImageTokens("<|IMAGE_PLACEHOLDER|>"),
@@ -190,7 +196,14 @@ class JinjaChatTemplate:
                 )
             family = value
         else:
-            family = next((f for f, t in IMAGE_TOKENS.items() if t.marker in self.source), None)
+            family = next(
+                (
+                    f
+                    for f, t in IMAGE_TOKENS.items()
+                    if t.marker in self.source and t.also in self.source
+                ),
+                None,
+            )
         if family is None:
             raise ValueError(
                 f"template {self.origin} writes none of the image markers "

@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
-For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, SmolVLM,
-GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL) a model directory is
+For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Gemma 4,
+SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -195,6 +195,36 @@ FAMILIES = {
             },
         },
     },
+    "gemma4": {  # its turn format; images resized within 280 pooled soft tokens
+        "policy": "gemma4",
+        "specials": [
+            "<bos>",
+            "<eos>",
+            "<pad>",
+            "<|turn>",
+            "<turn|>",
+            "<|image>",
+            "<image|>",
+            "<|image|>",
+            "<|audio>",
+            "<audio|>",
+            "<|audio|>",
+        ],
+        "config": {
+            "bos_token": "<bos>",
+            "eos_token": "<eos>",
+            "pad_token": "<pad>",
+            "extra_special_tokens": {
+                "boi_token": "<|image>",
+                "eoi_token": "<image|>",
+                "image_token": "<|image|>",
+                # its processor checks these whatever the inputs (the released tokenizer's)
+                "boa_token": "<|audio>",
+                "eoa_token": "<audio|>",
+                "audio_token": "<|audio|>",
+            },
+        },
+    },
 }
 
 WORDS = (
@@ -318,6 +348,27 @@ def reference_messages(record: dict) -> list[dict]:
     return out
 
 
+def gemma4_processor(tok, image_processor):
+    """transformers' ``Gemma4Processor`` without its audio feature extractor and video
+    processor (the video one needs torchvision, which has no CPU build for this torch on the
+    registry): images and text are all that is counted here."""
+    from transformers import Gemma4Processor
+
+    class ImagesOnly(Gemma4Processor):
+        def check_argument_for_proper_class(self, name, arg):
+            if arg is None and name in ("feature_extractor", "video_processor"):
+                return None
+            return super().check_argument_for_proper_class(name, arg)
+
+    return ImagesOnly(
+        feature_extractor=None,
+        image_processor=image_processor,
+        tokenizer=tok,
+        video_processor=None,
+        chat_template=tok.chat_template,
+    )
+
+
 def pixtral_processor_class():
     """transformers' ``PixtralProcessor`` (Mistral 3's). Its module imports its resize helper
     from the torchvision image processor, and torchvision is not installed here (no CPU build
@@ -439,6 +490,10 @@ def processor_for(family: str, model: Path):
         return Gemma3Processor(
             image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
         )
+    if family == "gemma4":  # the released models' settings (16-px patches, 3x3 pools, 280)
+        from transformers.models.gemma4 import Gemma4ImageProcessorPil
+
+        return gemma4_processor(tok, Gemma4ImageProcessorPil(max_soft_tokens=280))
     if family == "llava_next":  # llava-v1.6's settings (CLIP 336/14, its five grids)
         from transformers import LlavaNextProcessor
         from transformers.models.llava_next import LlavaNextImageProcessorPil
@@ -531,6 +586,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [(364 // 14) ** 2] * int(out["pixel_values"].shape[0])  # global tiles too
     if family == "gemma3":
         return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
+    if family == "gemma4":  # every image's patch rows padded to the budget
+        return n, [int(out["pixel_values"].shape[1])] * int(out["pixel_values"].shape[0])
     if family == "smolvlm":  # [1, tiles, C, H, W]: every image's tiles and global tiles
         return n, [(384 // 14) ** 2] * int(out["pixel_values"].shape[1])
     return n, [576] * int(out["pixel_values"].shape[0])
@@ -638,6 +695,14 @@ def test_template_sources_and_family_detection(tmp_path, tokenizer_path):
     with pytest.raises(ValueError, match="none of the image markers"):
         load_template(str(plain))
     assert load_template(f"{plain}#images=llava").family == "llava"
+    # Gemma 4 and GLM-4.1V write the same <|image|> marker; each template is told by its own
+    # turn tokens, and each expands it as its own processor does
+    for family, wrapped in (
+        ("gemma4", "<|image><image><image|>"),
+        ("glm4v", "<|begin_of_image|><image><|end_of_image|>"),
+    ):
+        t = load_template(str(TEMPLATES / f"{family}.jinja"))
+        assert t.family == family and wrapped in t.render(turns)
 
 
 def test_image_marker_in_text_and_template_errors_reject_the_sample(tmp_path, tokenizer_path):

@@ -18,6 +18,10 @@ the images. Per family:
   none padded, with ``image_sizes`` (OneVision's ``batch_num_images`` per sample too).
 * Gemma 3: ``image_seq_length`` soft tokens between its image start and end; ``token_type_ids``
   (1 on image tokens), which its mask makes bidirectional inside each image.
+* Gemma 4: each image's soft tokens (its image processor's ``num_soft_tokens_per_image``)
+  between ``<|image>`` and ``<image|>``; every image's patch rows padded to the budget
+  ``[n, P, C*p*p]`` with ``image_position_ids [n, P, 2]``; ``mm_token_type_ids`` (its
+  processor's: 1 on image tokens), which its vision layers' mask makes bidirectional.
 * SmolVLM / Idefics3: its processor's ``replace_image_token``, each tile's tokens behind its
   row/column marker; ``[1, tiles, C, H, W]`` with each tile's ``pixel_attention_mask``.
 * Mistral 3 / Pixtral: its processor's rows of ``[IMG]``, each closed by ``[IMG_BREAK]``, the
@@ -55,6 +59,7 @@ FAMILIES = (
     "llava_next",
     "llava_onevision",
     "gemma3",
+    "gemma4",
     "smolvlm",
     "mistral3",
     "aya_vision",
@@ -62,8 +67,12 @@ FAMILIES = (
 )
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
-# per-token inputs besides the ids: Gemma 3's image mask, ERNIE's vision experts
-_PER_TOKEN = {"gemma3": "token_type_ids", "ernie45vl": "moe_mm_token_type_ids"}
+# per-token inputs besides the ids: Gemma 3's and Gemma 4's image masks, ERNIE's vision experts
+_PER_TOKEN = {
+    "gemma3": "token_type_ids",
+    "gemma4": "mm_token_type_ids",
+    "ernie45vl": "moe_mm_token_type_ids",
+}
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 # the processor spells each image's tokens out
 _SPELLED = (*_NESTED, "mistral3", "aya_vision")
@@ -73,7 +82,7 @@ _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 @dataclass(kw_only=True)
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
-    GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | smolvlm
+    GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | gemma4 | smolvlm
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
     (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
@@ -196,6 +205,9 @@ class HFPacker:
         extra = {}
         if self.family == "gemma3":
             extra["token_type_ids"] = (ids == image_id).long()
+        if self.family == "gemma4":  # its processor's modality of each token (1: image)
+            types = self.processor.create_mm_token_type_ids([enc["input_ids"]])[0]
+            extra["mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
         if self.family == "ernie45vl":  # image tokens and their start / end go to vision experts
             types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])
             extra["moe_mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
@@ -206,6 +218,7 @@ class HFPacker:
         else:
             positions = text_pos
         processed.pop("num_crops", None)  # Gemma 3's, always 0 without pan-and-scan
+        processed.pop("num_soft_tokens_per_image", None)  # Gemma 4's, in its text
         processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
@@ -267,6 +280,10 @@ class HFPacker:
         if self.family in (*_ANYRES, "mistral3"):
             batch["image_sizes"] = (
                 torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
+            )
+        if self.family == "gemma4":  # every image padded to the same budget of rows
+            batch["image_position_ids"] = (
+                torch.cat([p["image_position_ids"] for p in with_images]) if with_images else None
             )
         if self.family == "llava_onevision":
             batch["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None

@@ -153,6 +153,10 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
             got_types = row["token_type_ids"][0, a:b].tolist()
             assert got_types == want["token_type_ids"][0].tolist(), rec["id"]
+        if family == "gemma4":  # the modality of each token: its vision layers' mask reads it
+            got_types = row["mm_token_type_ids"][0, a:b].tolist()
+            assert got_types == want["mm_token_type_ids"][0].tolist(), rec["id"]
+            assert sum(got_types) > 0 or not images
         if family == "ernie45vl":  # image tokens and their start / end: the vision experts'
             got_types = row["moe_mm_token_type_ids"][0, a:b].tolist()
             assert got_types == want["moe_mm_token_type_ids"][0].tolist(), rec["id"]
@@ -189,7 +193,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             sizes.append(want["image_sizes"])
         elif images:
             pixels.append(want["pixel_values"])
-            masks.append(want.get("pixel_attention_mask"))
+            masks.append(want.get("pixel_attention_mask", want.get("image_position_ids")))
         # the labelled tokens are the assistant's turns, in order
         got = tok.decode(row["input_ids"][0, a:b][row["labels"][0, a:b] != -100])
         answers = [t["value"] for t in rec["conversations"] if t["from"] == "gpt"]
@@ -223,6 +227,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
     if family == "smolvlm":  # each tile's pixel mask with it
         assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
+    if family == "gemma4":  # each image's patch positions with it, -1 on its padding rows
+        assert torch.equal(row["image_position_ids"], torch.cat(masks))
+        assert (row["image_position_ids"] == -1).any() and len(masks) > 6
         assert len(pixels) > 6 and row["pixel_values"].shape[1] > 4 * len(pixels)
     # HF's packing kwargs as its flattening collator gives them for these samples
     from transformers import DataCollatorWithFlattening
@@ -344,6 +351,7 @@ OTHER = {
     "mistral3": "mistral3:longest_edge=700",
     "aya_vision": "aya-vision:max_tiles=4",
     "ernie45vl": "ernie45vl:max_pixels=200704",
+    "gemma4": "gemma4:max_soft_tokens=70",
 }
 
 

@@ -6,7 +6,7 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-smolvlm | mistral3 | aya_vision | ernie45vl builds a
+gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -53,6 +53,8 @@ SPECIALS = {
                 *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]],
     "gemma3": ["<bos>", "<eos>", "<pad>", "<start_of_turn>", "<end_of_turn>",
                "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
+    "gemma4": ["<bos>", "<eos>", "<pad>", "<|turn>", "<turn|>", "<|image>", "<image|>",
+               "<|image|>", "<|audio>", "<audio|>", "<|audio|>"],
     "aya_vision": ["<PAD>", "<BOS_TOKEN>", "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>",
                    "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>", "<|SYSTEM_TOKEN|>", "<image>",
                    "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"],
@@ -103,8 +105,30 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "eoi_token": "<end_of_image>",
             "image_token": "<image_soft_token>",
         }
+    if family == "gemma4":  # its processor reads the audio tokens too, images or not
+        config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
+        config["extra_special_tokens"] = {
+            "boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
+            "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>",
+        }  # fmt: skip
     (root / "tokenizer_config.json").write_text(json.dumps(config))
     return root
+
+
+def gemma4_processor(tok, image_processor):
+    """Gemma 4's processor for images and text: built without its audio feature extractor and
+    video processor (the video one needs torchvision, which has no CPU build for this torch on
+    the registry)."""
+    from transformers import Gemma4Processor
+
+    class ImagesOnly(Gemma4Processor):
+        def check_argument_for_proper_class(self, name, arg):
+            if arg is None and name in ("feature_extractor", "video_processor"):
+                return None
+            return super().check_argument_for_proper_class(name, arg)
+
+    return ImagesOnly(feature_extractor=None, image_processor=image_processor, tokenizer=tok,
+                      video_processor=None)  # fmt: skip
 
 
 def pixtral_processor():
@@ -312,6 +336,24 @@ def build(family: str, mdir: Path):
             mm_tokens_per_image=16,
         )  # fmt: skip
         return proc, tf.Gemma3ForConditionalGeneration(cfg)
+    if family == "gemma4":  # its own tower over padded patch rows, 2x2 pools, 70 soft tokens
+        from transformers.models.gemma4 import Gemma4ImageProcessorPil
+
+        ip = Gemma4ImageProcessorPil(patch_size=7, pooling_kernel_size=2, max_soft_tokens=70)
+        cfg = tf.Gemma4Config(
+            # full attention: see Gemma 3's sliding window above; image tokens attend both ways
+            text_config={**text, "head_dim": 16, "global_head_dim": 16,
+                         "layer_types": ["full_attention"] * text["num_hidden_layers"],
+                         "hidden_size_per_layer_input": 0,
+                         "use_bidirectional_attention": "vision"},
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                               patch_size=7, pooling_kernel_size=2, position_embedding_size=64),
+            image_token_id=ids("<|image|>"),
+            boi_token_id=ids("<|image>"),
+            eoi_token_id=ids("<image|>"),
+        )  # fmt: skip
+        return gemma4_processor(tok, ip), tf.Gemma4ForConditionalGeneration(cfg)
     if family == "ernie45vl":  # Qwen-style tower, MoE decoder with vision experts, 3-D positions
         from transformers.models.ernie4_5_vl_moe import Ernie4_5_VLMoeImageProcessorPil
         from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (

@@ -84,6 +84,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "llava_next",
         "llava_onevision",
         "gemma3",
+        "gemma4",
         "smolvlm",
         "mistral3",
         "aya_vision",
@@ -93,7 +94,9 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
 def test_train_hf_example_trains_more_families(tmp_path, family):
     """Qwen3-VL (16-px patches, deepstack features, its processor), LLaVA-OneVision (anyres
     tiles, newline embeddings, multi-image samples) and Gemma 3 (its trimming template, pooled
-    soft tokens, token_type_ids), SmolVLM (tiles with their markers and pixel masks),
+    soft tokens, token_type_ids), Gemma 4 (its turn format, images of their own aspect as patch
+    rows padded to the budget with their positions, mm_token_type_ids), SmolVLM (tiles with
+    their markers and pixel masks),
     GLM-4.1V (its prompt format, two frames per image, its 3-D positions), LLaVA-NeXT
     (anyres for every image, a template that puts a turn's images first), Mistral 3 (Pixtral
     tower, images of their own sizes padded together, rows of [IMG] with breaks), Aya Vision

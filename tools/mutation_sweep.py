@@ -1017,6 +1017,61 @@ MUTATIONS = [
         "    return p.new_zeros(shape)",
         (f"{_FSDP}::test_balanced_under_fsdp2_per_block_equals_single_process[gemma3]",),
     ),
+    Mutation(
+        "gemma4-round-to-patch",
+        "Gemma 4's resized sides are multiples of the patch, not of the pooling block",
+        "dataprep/gemma4_policy.py",
+        "    side = k * patch\n",
+        "    side = patch\n",
+        (
+            "tests/dataprep/test_vision_policy.py::test_gemma4_equals_its_image_processor",
+            "tests/dataprep/test_vision_policy.py::test_gemma4_hand_worked",
+        ),
+    ),
+    Mutation(
+        "gemma4-thin-uncapped",
+        "Gemma 4's thin image keeps floor(long / short) blocks past the budget",
+        "dataprep/gemma4_policy.py",
+        "        h, w = side, min(math.floor(width / height) * side, longest)",
+        "        h, w = side, math.floor(width / height) * side",
+        ("tests/dataprep/test_vision_policy.py::test_gemma4_equals_its_image_processor",),
+    ),
+    Mutation(
+        "gemma4-real-patches",
+        "prep gives Gemma 4's encoder an image's own patches, not the padded rows it attends over",
+        "dataprep/gemma4_policy.py",
+        "    return ImageCost((budget,), patches // (k * k))",
+        "    return ImageCost((patches,), patches // (k * k))",
+        ("tests/dataprep/test_vision_policy.py::test_gemma4_equals_its_image_processor",),
+    ),
+    Mutation(
+        "gemma4-template-as-glm",
+        "a template's shared <|image|> marker is read as the first family's, turns unchecked",
+        "dataprep/jinja_template.py",
+        "if t.marker in self.source and t.also in self.source",
+        "if t.marker in self.source",
+        (
+            "tests/dataprep/test_jinja_template.py::test_template_sources_and_family_detection",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[glm4v]",
+        ),
+    ),
+    Mutation(
+        "hf-gemma4-positions-dropped",
+        "HFPacker builds Gemma 4's rows without the images' patch positions",
+        "trainer_adapter/hf_inputs.py",
+        'batch["image_position_ids"] = (',
+        'batch["image_positions"] = (',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma4]",),
+    ),
+    Mutation(
+        "hf-gemma4-types-as-ids",
+        "HFPacker marks Gemma 4's image start and end as image tokens for the bidirectional mask",
+        "trainer_adapter/hf_inputs.py",
+        "            types = self.processor.create_mm_token_type_ids([enc[\"input_ids\"]])[0]",
+        "            types = [int(t in (image_id, image_id - 1, image_id - 2)) for t in ids]",
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma4]",),
+    ),
 ]
 
 

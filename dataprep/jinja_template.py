@@ -27,10 +27,15 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
   ``<end_of_image>\\n\\n``,
 * ``gemma4`` — ``<|image|>`` becomes ``<|image>`` + N ``<|image|>`` + ``<image|>`` (Gemma 4's
   processor; its template's turns open with ``<|turn>``, which tells it from GLM-4.1V's, whose
-  marker is the same).
+  marker is the same),
+* ``deepseek_vl`` — ``<image_placeholder>`` becomes N ``<image_placeholder>`` (DeepSeek-VL),
+* ``janus`` — ``<image_placeholder>`` becomes ``<begin_of_image>`` + N ``<image_placeholder>``
+  + ``<end_of_image>`` (Janus / Janus-Pro).
 
-The family is found from the marker in the template source (and, where two families share a
-marker, a token only one family's template writes); ``PATH#images=FAMILY`` chooses it.
+The family is found from the marker in the template source (where two families share a marker,
+the one whose template also writes its own token, as Gemma 4's ``<|turn>``);
+``PATH#images=FAMILY`` chooses it, and must where the source cannot tell (DeepSeek-VL's and
+Janus's templates write the same marker, their processors expand it differently).
 """
 
 from __future__ import annotations
@@ -73,7 +78,25 @@ IMAGE_TOKENS = {
     "glm4v": ImageTokens("<|image|>"),
     "mistral3": ImageTokens("[IMG]"),
     "ernie45vl": ImageTokens("<|IMAGE_PLACEHOLDER|>"),
+    "deepseek_vl": ImageTokens("<image_placeholder>"),
+    "janus": ImageTokens("<image_placeholder>", "<begin_of_image>", "<end_of_image>"),
 }
+
+
+def _detect_family(source: str, where: str, path_text: str) -> str | None:
+    """The family whose image marker the template source writes (None: no family's). A marker
+    two families share goes to the one whose own token (``also``) is in the source too; where
+    none or several are, the source cannot tell and the user names the family."""
+    found = [f for f, t in IMAGE_TOKENS.items() if t.marker in source and t.also in source]
+    specific = [f for f in found if IMAGE_TOKENS[f].also]
+    found = specific or found
+    if len(found) > 1:
+        raise ValueError(
+            f"{where} writes {IMAGE_TOKENS[found[0]].marker}, the image marker of "
+            f"{' and '.join(found)}, whose processors expand it differently: name the family "
+            f"with '{path_text}#images=FAMILY' ({' or '.join(found)})"
+        )
+    return found[0] if found else None
 
 
 def messages_from_turns(turns: list[tuple[str, str]]) -> list[dict]:
@@ -196,14 +219,7 @@ class JinjaChatTemplate:
                 )
             family = value
         else:
-            family = next(
-                (
-                    f
-                    for f, t in IMAGE_TOKENS.items()
-                    if t.marker in self.source and t.also in self.source
-                ),
-                None,
-            )
+            family = _detect_family(self.source, f"template {self.origin}", path_text)
         if family is None:
             raise ValueError(
                 f"template {self.origin} writes none of the image markers "

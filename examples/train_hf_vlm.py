@@ -6,7 +6,7 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl builds a
+gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -61,8 +61,12 @@ SPECIALS = {
     "ernie45vl": ["<|begin_of_sentence|>", "<|end_of_sentence|>", "<unk>", "<|IMAGE_PLACEHOLDER|>",
                   "<|IMAGE_START|>", "<|IMAGE_END|>", "<|VIDEO_PLACEHOLDER|>", "<|VIDEO_START|>",
                   "<|VIDEO_END|>"],
+    "deepseek_vl": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
+    "janus": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<|User|>", "<|Assistant|>",
+              "<image_placeholder>", "<begin_of_image>", "<end_of_image>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
+NAMED = ("deepseek_vl", "janus")  # templates whose image marker another family shares
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
 
 
@@ -111,6 +115,13 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
             "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>",
         }  # fmt: skip
+    if family in NAMED:
+        config["bos_token"] = "<｜begin▁of▁sentence｜>"
+        config["eos_token"] = "<｜end▁of▁sentence｜>"
+        config["extra_special_tokens"] = {"image_token": "<image_placeholder>"}
+        if family == "janus":
+            config["extra_special_tokens"] |= {"boi_token": "<begin_of_image>",
+                                               "eoi_token": "<end_of_image>"}  # fmt: skip
     (root / "tokenizer_config.json").write_text(json.dumps(config))
     return root
 
@@ -354,6 +365,34 @@ def build(family: str, mdir: Path):
             eoi_token_id=ids("<image|>"),
         )  # fmt: skip
         return gemma4_processor(tok, ip), tf.Gemma4ForConditionalGeneration(cfg)
+    if family in NAMED:  # SigLIP: every image fit into a 56-px square and padded, (56 / 7)^2 tokens
+        from transformers.models.janus import JanusImageProcessorPil
+
+        ip = JanusImageProcessorPil(size={"height": TILE, "width": TILE}, min_size=7)
+        tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=2, image_size=TILE, patch_size=7)  # fmt: skip
+        llama = {**text, "model_type": "llama"}
+        n = (TILE // 7) ** 2
+        if family == "deepseek_vl":
+            from transformers.models.deepseek_vl import DeepseekVLImageProcessorPil
+
+            ip = DeepseekVLImageProcessorPil(size={"height": TILE, "width": TILE}, min_size=7)
+            proc = tf.DeepseekVLProcessor(image_processor=ip, tokenizer=tok, num_image_tokens=n)
+            siglip = {"model_type": "siglip_vision_model", **tower}
+            cfg = tf.DeepseekVLConfig(vision_config=siglip, text_config=llama,
+                                      image_token_id=ids("<image_placeholder>"))  # fmt: skip
+            return proc, tf.DeepseekVLForConditionalGeneration(cfg)
+        proc = tf.JanusProcessor(image_processor=ip, tokenizer=tok, num_image_tokens=n)
+        cfg = tf.JanusConfig(
+            vision_config={**tower, "projection_dim": 64, "depth": 1},
+            text_config=llama,
+            # its image-generation head, unused when it reads images
+            vq_config=dict(embed_dim=8, num_embeddings=16, base_channels=32,
+                           channel_multiplier=[1, 1], num_res_blocks=1, projection_dim=64,
+                           image_token_embed_dim=64, num_patches=n),
+        )  # fmt: skip
+        cfg.image_token_id = ids("<image_placeholder>")
+        return proc, tf.JanusForConditionalGeneration(cfg)
     if family == "ernie45vl":  # Qwen-style tower, MoE decoder with vision experts, 3-D positions
         from transformers.models.ernie4_5_vl_moe import Ernie4_5_VLMoeImageProcessorPil
         from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (
@@ -463,7 +502,9 @@ def main() -> None:
     )
     qwen_style = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
     rope = model.model.get_rope_index if args.family in qwen_style else None
-    packer = HFPacker(family=args.family, processor=processor, template=str(mdir), rope_index=rope)
+    # DeepSeek-VL's and Janus's templates write the same image marker: the family is named
+    template = f"{mdir}#images={args.family}" if args.family in NAMED else str(mdir)
+    packer = HFPacker(family=args.family, processor=processor, template=template, rope_index=rope)
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard

@@ -89,6 +89,8 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "mistral3",
         "aya_vision",
         "ernie45vl",
+        "deepseek_vl",
+        "janus",
     ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
@@ -101,8 +103,9 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
     (anyres for every image, a template that puts a turn's images first), Mistral 3 (Pixtral
     tower, images of their own sizes padded together, rows of [IMG] with breaks), Aya Vision
     (tiles with TILE_k markers, Cohere 2 decoder) and ERNIE 4.5-VL (its prompt's numbered
-    pictures, MoE decoder whose vision experts take the image tokens, 3-D positions) through the
-    same loop."""
+    pictures, MoE decoder whose vision experts take the image tokens, 3-D positions),
+    DeepSeek-VL and Janus (templates named by family, images padded square, Janus's image start
+    and end around them) through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

@@ -1048,8 +1048,8 @@ MUTATIONS = [
         "gemma4-template-as-glm",
         "a template's shared <|image|> marker is read as the first family's, turns unchecked",
         "dataprep/jinja_template.py",
-        "if t.marker in self.source and t.also in self.source",
-        "if t.marker in self.source",
+        "if t.marker in source and t.also in source]",
+        "if t.marker in source]",
         (
             "tests/dataprep/test_jinja_template.py::test_template_sources_and_family_detection",
             "tests/dataprep/test_jinja_template.py::"
@@ -1068,9 +1068,28 @@ MUTATIONS = [
         "hf-gemma4-types-as-ids",
         "HFPacker marks Gemma 4's image start and end as image tokens for the bidirectional mask",
         "trainer_adapter/hf_inputs.py",
-        "            types = self.processor.create_mm_token_type_ids([enc[\"input_ids\"]])[0]",
+        '            types = self.processor.create_mm_token_type_ids([enc["input_ids"]])[0]',
         "            types = [int(t in (image_id, image_id - 1, image_id - 2)) for t in ids]",
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma4]",),
+    ),
+    Mutation(
+        "janus-without-bounds",
+        "Janus's image tokens expanded without the <begin_of_image> / <end_of_image> around them",
+        "dataprep/jinja_template.py",
+        '"janus": ImageTokens("<image_placeholder>", "<begin_of_image>", "<end_of_image>"),',
+        '"janus": ImageTokens("<image_placeholder>"),',
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[janus]",
+        ),
+    ),
+    Mutation(
+        "shared-marker-first-family",
+        "a marker two families share is read as the first one's instead of asking which",
+        "dataprep/jinja_template.py",
+        "    if len(found) > 1:\n",
+        "    if len(found) > 9:\n",
+        ("tests/dataprep/test_jinja_template.py::test_template_sources_and_family_detection",),
     ),
 ]
 

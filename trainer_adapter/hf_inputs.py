@@ -27,6 +27,9 @@ the images. Per family:
 * Mistral 3 / Pixtral: its processor's rows of ``[IMG]``, each closed by ``[IMG_BREAK]``, the
   last by ``[IMG_END]``; every image padded to the row's largest, ``[n, C, H, W]``, with
   ``image_sizes``.
+* DeepSeek-VL and Janus: ``num_image_tokens`` ``<image_placeholder>`` per image (Janus's
+  between ``<begin_of_image>`` and ``<end_of_image>``); every image ``[n, C, H, W]`` as its
+  image processor pads it to a square.
 * Aya Vision: its processor's ``replace_image_token`` (``TILE_k`` before each grid tile's
   ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
   ``[tiles, C, H, W]``.
@@ -64,6 +67,8 @@ FAMILIES = (
     "mistral3",
     "aya_vision",
     "ernie45vl",
+    "deepseek_vl",
+    "janus",
 )
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
@@ -84,7 +89,8 @@ class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
     GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | gemma4 | smolvlm
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
-    (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL). ``processor``:
+    (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
+    (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -134,6 +140,8 @@ class HFPacker:
                 self.processor.replace_image_token(processed, image_idx=i)
                 for i in range(len(images))
             ]
+        if self.family in ("deepseek_vl", "janus"):  # a fixed count (Janus's start / end are
+            return [token * self.processor.num_image_tokens] * len(images)  # the template's)
         sizes = [(im.height, im.width) for im in images]
         mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
         if self.family == "internvl":  # the template's <img></img> are already in the text

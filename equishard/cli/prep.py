@@ -100,8 +100,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         metavar="NAME|FILE|DIR",
         help="chat template whose tokens are counted. Exact: the model's own Jinja template -- "
         "its directory, chat_template.jinja, chat_template.json or tokenizer_config.json "
-        "(image markers expanded as the Qwen2-VL, InternVL or LLaVA processor does, found "
-        "from the template; PATH#images=qwen2vl|internvl|llava to choose). Built-in "
+        "(image markers expanded as the family's processor does, the family found from the "
+        "template; PATH#images=FAMILY to choose, and for DeepSeek-VL and Janus, whose "
+        "templates write the same marker: PATH#images=deepseek_vl|janus). Built-in "
         "fallbacks: chatml, vicuna, plain, or a JSON file with fields bos, system_prompt, "
         "prefix{system,user,assistant}, suffix, image_prefix, image_suffix (default: chatml)",
     )

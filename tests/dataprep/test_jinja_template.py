@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Gemma 4,
-SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL) a model directory is
+SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -225,12 +225,52 @@ FAMILIES = {
             },
         },
     },
+    # DeepSeek-VL 1.3B and Janus: SigLIP 384/16, 576 tokens an image; both templates write
+    # <image_placeholder>, which their processors expand differently: the family is named
+    "deepseek_vl": {
+        "policy": "fixed:384/16",
+        "specials": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
+        "config": {
+            "bos_token": "<｜begin▁of▁sentence｜>",
+            "eos_token": "<｜end▁of▁sentence｜>",
+            "extra_special_tokens": {"image_token": "<image_placeholder>"},
+        },
+        "named": True,
+    },
+    "janus": {
+        "policy": "fixed:384/16",
+        "specials": [
+            "<｜begin▁of▁sentence｜>",
+            "<｜end▁of▁sentence｜>",
+            "<|User|>",
+            "<|Assistant|>",
+            "<image_placeholder>",
+            "<begin_of_image>",
+            "<end_of_image>",
+        ],
+        "config": {
+            "bos_token": "<｜begin▁of▁sentence｜>",
+            "eos_token": "<｜end▁of▁sentence｜>",
+            "extra_special_tokens": {
+                "image_token": "<image_placeholder>",
+                "boi_token": "<begin_of_image>",
+                "eoi_token": "<end_of_image>",
+            },
+        },
+        "named": True,
+    },
 }
 
 WORDS = (
     "the a photo of dog cat chart shows revenue 2023 grew by 14% what is in picture describe "
     "left right top bottom café naïve 東京 数据 🙂 <b> {json} [1] x=3; ' \" - — … \\n"
 ).split()
+
+
+def template_spec(model: Path, family: str) -> str:
+    """What ``--template`` / ``HFPacker(template=)`` take for the family's model directory: the
+    directory, with the family named where its template's marker is another family's too."""
+    return f"{model}#images={family}" if FAMILIES[family].get("named") else str(model)
 
 
 def make_model_dir(root: Path, family: str, tokenizer_path: str) -> Path:
@@ -494,6 +534,26 @@ def processor_for(family: str, model: Path):
         from transformers.models.gemma4 import Gemma4ImageProcessorPil
 
         return gemma4_processor(tok, Gemma4ImageProcessorPil(max_soft_tokens=280))
+    if family == "deepseek_vl":  # DeepSeek-VL 1.3B's settings (SigLIP 384/16, 576 tokens)
+        from transformers import DeepseekVLProcessor
+        from transformers.models.deepseek_vl import DeepseekVLImageProcessorPil
+
+        return DeepseekVLProcessor(
+            image_processor=DeepseekVLImageProcessorPil(),
+            tokenizer=tok,
+            num_image_tokens=576,
+            chat_template=tok.chat_template,
+        )
+    if family == "janus":  # Janus-Pro's understanding path (SigLIP 384/16, 576 tokens)
+        from transformers import JanusProcessor
+        from transformers.models.janus import JanusImageProcessorPil
+
+        return JanusProcessor(
+            image_processor=JanusImageProcessorPil(),
+            tokenizer=tok,
+            num_image_tokens=576,
+            chat_template=tok.chat_template,
+        )
     if family == "llava_next":  # llava-v1.6's settings (CLIP 336/14, its five grids)
         from transformers import LlavaNextProcessor
         from transformers.models.llava_next import LlavaNextImageProcessorPil
@@ -586,6 +646,9 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [(364 // 14) ** 2] * int(out["pixel_values"].shape[0])  # global tiles too
     if family == "gemma3":
         return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
+    if family in ("deepseek_vl", "janus"):  # every image resized and padded to 384 x 384
+        assert out["pixel_values"].shape[-2:] == (384, 384)
+        return n, [(384 // 16) ** 2] * int(out["pixel_values"].shape[0])
     if family == "gemma4":  # every image's patch rows padded to the budget
         return n, [int(out["pixel_values"].shape[1])] * int(out["pixel_values"].shape[0])
     if family == "smolvlm":  # [1, tiles, C, H, W]: every image's tiles and global tiles
@@ -607,7 +670,7 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
         tmp_path,
         [src],
         str(model / "tokenizer.json"),
-        template=str(model),
+        template=template_spec(model, family),
         vision_policy=FAMILIES[family]["policy"],
     )
     assert not errors, [(e["reason"], e["detail"]) for e in errors[:3]]
@@ -622,7 +685,9 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {n} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > n // 10  # multi-image samples tried
-    if family not in ("qwen2vl", "internvl", "llava", "ernie45vl"):  # HFPacker, not equishard
+    # equishard's own collator takes the fixed, InternVL and Qwen-style policies; the others
+    # are counted for HF models through HFPacker
+    if family not in ("qwen2vl", "internvl", "llava", "ernie45vl", "deepseek_vl", "janus"):
         with pytest.raises(ValueError, match="HFPacker"):
             Collator(
                 tokenizer=str(model / "tokenizer.json"), vision_policy=FAMILIES[family]["policy"]
@@ -631,7 +696,7 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
     # the trainer's collator, given the same directory, builds sequences of that length too
     collator = Collator(
         tokenizer=str(model / "tokenizer.json"),
-        template=str(model),
+        template=template_spec(model, family),
         vision_policy=FAMILIES[family]["policy"],
     )
     some = records[:12]
@@ -702,6 +767,17 @@ def test_template_sources_and_family_detection(tmp_path, tokenizer_path):
         ("glm4v", "<|begin_of_image|><image><|end_of_image|>"),
     ):
         t = load_template(str(TEMPLATES / f"{family}.jinja"))
+        assert t.family == family and wrapped in t.render(turns)
+    # DeepSeek-VL's and Janus's write the same marker and nothing that tells them apart: the
+    # family must be named, and each named one expands as its processor does
+    for family, wrapped in (
+        ("deepseek_vl", "User: <image>hi"),
+        ("janus", "<|User|>: <begin_of_image><image><end_of_image>hi"),
+    ):
+        path = TEMPLATES / f"{family}.jinja"
+        with pytest.raises(ValueError, match=r"deepseek_vl and janus.*#images=FAMILY"):
+            load_template(str(path))
+        t = load_template(f"{path}#images={family}")
         assert t.family == family and wrapped in t.render(turns)
 
 

@@ -17,6 +17,7 @@ from tests.dataprep.test_jinja_template import (
     processor_for,
     processor_images,
     reference_messages,
+    template_spec,
 )
 
 pytest.importorskip("transformers")
@@ -131,7 +132,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     packer = HFPacker(
         family=family,
         processor=processor,
-        template=str(model),
+        template=template_spec(model, family),
         rope_index=rope,
         packing_kwargs=True,
     )
@@ -376,14 +377,20 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     packer = HFPacker(
         family=family,
         processor=processor,
-        template=str(model),
+        template=template_spec(model, family),
         rope_index=_rope_index(family, processor),
         check_costs=True,
     )
     other = OTHER.get(family)
     for policy in filter(None, (SPECS[family]["policy"], other)):
         root = tmp_path / policy.replace(":", "_").replace("=", "_")
-        run(root, [src], str(model / "tokenizer.json"), template=str(model), vision_policy=policy)
+        run(
+            root,
+            [src],
+            str(model / "tokenizer.json"),
+            template=template_spec(model, family),
+            vision_policy=policy,
+        )
         cost = root / "out" / "cost.parquet"
         plan = root / "plan"
         write_plan(build_plan(read_cost_table(cost), BalanceConfig(dp=2, nodes=1, seed=0)), plan)

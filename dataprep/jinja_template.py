@@ -84,19 +84,24 @@ IMAGE_TOKENS = {
 
 
 def _detect_family(source: str, where: str, path_text: str) -> str | None:
-    """The family whose image marker the template source writes (None: no family's). A marker
-    two families share goes to the one whose own token (``also``) is in the source too; where
-    none or several are, the source cannot tell and the user names the family."""
+    """The family whose image marker the template source writes (None: no family's; the first
+    in :data:`IMAGE_TOKENS` where it writes several families' markers). A marker two families
+    share goes to the one whose own token (``also``) is in the source too; where none or
+    several are, the source cannot tell and the user names the family."""
     found = [f for f, t in IMAGE_TOKENS.items() if t.marker in source and t.also in source]
-    specific = [f for f in found if IMAGE_TOKENS[f].also]
-    found = specific or found
-    if len(found) > 1:
+    found = [f for f in found if IMAGE_TOKENS[f].also] or found
+    if not found:
+        return None
+    # markers of different families in one source: the first family's, in the table's order
+    marker = IMAGE_TOKENS[found[0]].marker
+    same = [f for f in found if IMAGE_TOKENS[f].marker == marker]
+    if len(same) > 1:
         raise ValueError(
-            f"{where} writes {IMAGE_TOKENS[found[0]].marker}, the image marker of "
-            f"{' and '.join(found)}, whose processors expand it differently: name the family "
-            f"with '{path_text}#images=FAMILY' ({' or '.join(found)})"
+            f"{where} writes {marker}, the image marker of {' and '.join(same)}, whose "
+            f"processors expand it differently: name the family with "
+            f"'{path_text}#images=FAMILY' ({' or '.join(same)})"
         )
-    return found[0] if found else None
+    return found[0]
 
 
 def messages_from_turns(turns: list[tuple[str, str]]) -> list[dict]:

@@ -779,6 +779,11 @@ def test_template_sources_and_family_detection(tmp_path, tokenizer_path):
             load_template(str(path))
         t = load_template(f"{path}#images={family}")
         assert t.family == family and wrapped in t.render(turns)
+    # markers of two families that differ (InternVL's template also writing LLaVA's <image>):
+    # the first family's, as before shared markers were told apart
+    both = tmp_path / "both.jinja"
+    both.write_text(source + "{# an image is written <image> in the record's text #}")
+    assert load_template(str(both)).family == "internvl"
 
 
 def test_image_marker_in_text_and_template_errors_reject_the_sample(tmp_path, tokenizer_path):

@@ -1087,8 +1087,8 @@ MUTATIONS = [
         "shared-marker-first-family",
         "a marker two families share is read as the first one's instead of asking which",
         "dataprep/jinja_template.py",
-        "    if len(found) > 1:\n",
-        "    if len(found) > 9:\n",
+        "    if len(same) > 1:\n",
+        "    if len(same) > 9:\n",
         ("tests/dataprep/test_jinja_template.py::test_template_sources_and_family_detection",),
     ),
 ]

@@ -366,22 +366,22 @@ def build(family: str, mdir: Path):
         )  # fmt: skip
         return gemma4_processor(tok, ip), tf.Gemma4ForConditionalGeneration(cfg)
     if family in NAMED:  # SigLIP: every image fit into a 56-px square and padded, (56 / 7)^2 tokens
+        from transformers.models.deepseek_vl import DeepseekVLImageProcessorPil
         from transformers.models.janus import JanusImageProcessorPil
 
-        ip = JanusImageProcessorPil(size={"height": TILE, "width": TILE}, min_size=7)
+        square = dict(size={"height": TILE, "width": TILE}, min_size=7)
         tower = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                      num_attention_heads=2, image_size=TILE, patch_size=7)  # fmt: skip
         llama = {**text, "model_type": "llama"}
         n = (TILE // 7) ** 2
         if family == "deepseek_vl":
-            from transformers.models.deepseek_vl import DeepseekVLImageProcessorPil
-
-            ip = DeepseekVLImageProcessorPil(size={"height": TILE, "width": TILE}, min_size=7)
+            ip = DeepseekVLImageProcessorPil(**square)
             proc = tf.DeepseekVLProcessor(image_processor=ip, tokenizer=tok, num_image_tokens=n)
             siglip = {"model_type": "siglip_vision_model", **tower}
             cfg = tf.DeepseekVLConfig(vision_config=siglip, text_config=llama,
                                       image_token_id=ids("<image_placeholder>"))  # fmt: skip
             return proc, tf.DeepseekVLForConditionalGeneration(cfg)
+        ip = JanusImageProcessorPil(**square)
         proc = tf.JanusProcessor(image_processor=ip, tokenizer=tok, num_image_tokens=n)
         cfg = tf.JanusConfig(
             vision_config={**tower, "projection_dim": 64, "depth": 1},

@@ -140,6 +140,8 @@ class HFPacker:
                 self.processor.replace_image_token(processed, image_idx=i)
                 for i in range(len(images))
             ]
+        if self.family == "gemma4":  # its image processor counted each image's soft tokens
+            return [token * int(n) for n in processed["num_soft_tokens_per_image"]]
         if self.family in ("deepseek_vl", "janus"):  # a fixed count (Janus's start / end are
             return [token * self.processor.num_image_tokens] * len(images)  # the template's)
         sizes = [(im.height, im.width) for im in images]

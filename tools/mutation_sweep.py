@@ -1091,6 +1091,14 @@ MUTATIONS = [
         "    if len(same) > 9:\n",
         ("tests/dataprep/test_jinja_template.py::test_template_sources_and_family_detection",),
     ),
+    Mutation(
+        "hf-gemma4-counts-off",
+        "HFPacker writes one soft token fewer than Gemma 4's image processor counted",
+        "trainer_adapter/hf_inputs.py",
+        'return [token * int(n) for n in processed["num_soft_tokens_per_image"]]',
+        'return [token * (int(n) - 1) for n in processed["num_soft_tokens_per_image"]]',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma4]",),
+    ),
 ]
 
 

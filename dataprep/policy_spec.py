@@ -2,7 +2,7 @@
 
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
-``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``), imported when a
+``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``), imported when a
 spec names them.
 """
 
@@ -29,6 +29,7 @@ _INT_OPTIONS = {
     "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "aya-vision": {"min_tiles", "max_tiles", "tile_size", "patch_size"},
+    "ovis2": {"max_tiles", "tile_size", "patch_size", "hidden_stride", "covering", "min_tiles"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "llava-next": {"tile_size", "patch_size"},
     "pixtral": {"longest_edge", "patch_size", "merge_size"},
@@ -45,6 +46,7 @@ _STR_OPTIONS = {
     "idefics3": {},
     "internvl": {},
     "aya-vision": {},
+    "ovis2": {},
     "llava-onevision": {},
     "llava-next": {"grids": ()},  # () : any text, checked by the policy
     "pixtral": {},
@@ -61,8 +63,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``gemma4[:k=v,...]``,
     ``smolvlm[:k=v,...]``, ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``,
     ``pixtral[:k=v,...]``,
-    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize
-    with ERNIE 4.5-VL's pixel bounds)."""
+    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``,
+    ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
     if name == "fixed":
@@ -76,7 +78,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
             "ernie45vl, llava-onevision, llava-next, gemma3, gemma4, smolvlm, idefics3, glm4v, pixtral, "
-            "mistral3 or aya-vision"
+            "mistral3, aya-vision or ovis2"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -111,6 +113,12 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         from dataprep.aya_policy import AyaVisionPolicy
 
         return AyaVisionPolicy(**kwargs)
+    if name == "ovis2":
+        from dataprep.ovis2_policy import Ovis2Policy
+
+        if "covering" in kwargs:
+            kwargs["covering"] = bool(kwargs["covering"])
+        return Ovis2Policy(**kwargs)
     if name == "glm4v":
         from dataprep.glm4v_policy import Glm4vPolicy
 

@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Gemma 4,
-SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus) a model directory is
+SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus, Ovis2) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -258,6 +258,23 @@ FAMILIES = {
             },
         },
         "named": True,
+    },
+    # Ovis2: covering tile grids of 448 px + a thumbnail, 256 atoms a tile, grid markers; its
+    # template writes <image>, as LLaVA's
+    "ovis2": {
+        "policy": "ovis2",
+        "specials": [
+            "<|endoftext|>",
+            "<|im_start|>",
+            "<|im_end|>",
+            "<IMG_ATOM>",
+            "<IMG_START>",
+            "<IMG_GRID>",
+            "<IMG_COL>",
+            "<IMG_ROW>",
+            "<IMG_END>",
+        ],
+        "config": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
     },
 }
 
@@ -554,6 +571,14 @@ def processor_for(family: str, model: Path):
             num_image_tokens=576,
             chat_template=tok.chat_template,
         )
+    if family == "ovis2":  # the converted checkpoints' settings (448-px tiles, 12 at most)
+        from transformers import Ovis2Processor
+        from transformers.models.ovis2 import Ovis2ImageProcessorPil
+
+        ip = Ovis2ImageProcessorPil(crop_to_patches=True, size={"height": 448, "width": 448})
+        return Ovis2Processor(
+            image_processor=ip, tokenizer=tok, image_seq_length=256, chat_template=tok.chat_template
+        )
     if family == "llava_next":  # llava-v1.6's settings (CLIP 336/14, its five grids)
         from transformers import LlavaNextProcessor
         from transformers.models.llava_next import LlavaNextImageProcessorPil
@@ -644,6 +669,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
     if family == "aya_vision":
         return n, [(364 // 14) ** 2] * int(out["pixel_values"].shape[0])  # global tiles too
+    if family == "ovis2":  # every tile and thumbnail
+        return n, [(448 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family == "gemma3":
         return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family in ("deepseek_vl", "janus"):  # every image resized and padded to 384 x 384

@@ -1,5 +1,6 @@
 """Vision policies against hand-worked cases of the published formulas."""
 
+import numpy as np
 import pytest
 
 from dataprep.errors import SampleRejected
@@ -514,3 +515,88 @@ def test_gemma4_equals_its_image_processor():
             if (c.vit_seq_lens, c.llm_tokens) != want:
                 wrong.append(((soft, w, h), want, (c.vit_seq_lens, c.llm_tokens)))
     assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "grid", "tiles"),
+    [
+        # one 448-px tile covers a 448 x 448 image whole: no thumbnail
+        (448, 448, (1, 1), 1),
+        # 500 x 500: one tile covers 448^2 / 500^2 = 80 % (under 90 %), so do a 1x2 or 2x1
+        # grid's cells (500 x 250, shrunk to 448 x 224); a 2x2 grid covers it all
+        (500, 500, (2, 2), 5),
+        # 896 x 448: a 1x2 cut covers it whole; transformers reads it as 2 rows, 1 column
+        (896, 448, (2, 1), 3),
+        (448, 896, (1, 2), 3),
+        # 6000 x 50: no grid of 12 tiles or fewer covers 90 %; the most covered wins: 12 cells
+        # of 500 x 50 shrunk to 448 x 44.8 each
+        (6000, 50, (12, 1), 13),
+    ],
+)
+def test_ovis2_hand_worked(w, h, grid, tiles):
+    p = parse_vision_policy("ovis2")
+    assert p.grid(w, h) == grid
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (1024,) * tiles and c.llm_tokens == 256 * tiles
+    assert parse_vision_policy(p.spec()) == p
+    rows, cols = grid
+    assert c.text.count("<IMG_ROW>") == (rows - 1 if tiles > 1 else 0)
+    assert c.text.count("<IMG_COL>") == (rows * (cols - 1) if tiles > 1 else 0)
+    with pytest.raises(ValueError, match="min_tiles"):
+        parse_vision_policy("ovis2:min_tiles=3,max_tiles=2")
+
+
+@pytest.mark.parametrize("spec", ["ovis2", "ovis2:covering=0,min_tiles=2,max_tiles=9"])
+def test_ovis2_equals_its_processor(spec, tokenizer_path, tmp_path):
+    """Grids equal the ones ``Ovis2ImageProcessor`` picks (its own grid functions) over 4000
+    sizes and its output on 40 real images (tiles and thumbnail); the prompt ``Ovis2Processor``
+    writes for each grid has as many tokens as prep's counter finds in the policy's text plus
+    the policy's atoms (hidden stride 2, and 3 with its padding)."""
+    import random
+
+    from PIL import Image
+
+    pytest.importorskip("transformers")
+    from transformers import Ovis2Processor, PreTrainedTokenizerFast
+    from transformers.models.ovis2 import image_processing_pil_ovis2 as ovis2
+
+    from dataprep.ovis2_policy import OVIS2_MARKERS
+    from dataprep.text_tokens import TokenCounter, TokenizerSpec
+
+    policy = parse_vision_policy(spec)
+    covering = policy.covering
+    kwargs = {"min_patches": policy.min_tiles, "max_patches": policy.max_tiles}
+    ip = ovis2.Ovis2ImageProcessorPil(
+        crop_to_patches=True, size={"height": 448, "width": 448},
+        use_covering_area_grid=covering, **kwargs,
+    )  # fmt: skip
+    rng = random.Random(3)
+    wrong = []
+    for w, h in [(rng.randint(1, 7000), rng.randint(1, 7000)) for _ in range(4000)]:
+        if covering:
+            cols, rows = ovis2.get_min_tile_covering_grid((h, w), 448, policy.max_tiles)
+        else:
+            cols, rows = ovis2.get_optimal_tiled_canvas((h, w), (448, 448), *kwargs.values())
+        if policy.grid(w, h) != (rows, cols):
+            wrong.append(((w, h), (rows, cols), policy.grid(w, h)))
+    for w, h in [(rng.randint(1, 2000), rng.randint(1, 2000)) for _ in range(40)]:
+        out = ip(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        want = (tuple(out["grids"][0].tolist()), (1024,) * len(out["pixel_values"]))
+        if (policy.grid(w, h), policy.image_cost(w, h).vit_seq_lens) != want:
+            wrong.append(((w, h), want, policy.image_cost(w, h)))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<IMG_ATOM>", *OVIS2_MARKERS]})
+    tok.backend_tokenizer.save(str(tmp_path / "ovis2.json"))
+    counter = TokenCounter(TokenizerSpec.parse(str(tmp_path / "ovis2.json")))
+    for stride, atoms in ((2, 256), (3, 121)):  # 32 patches a side: 16, or 11 padded
+        sep = "," if ":" in spec else ":"
+        p = parse_vision_policy(f"{spec}{sep}hidden_stride={stride}")
+        proc = Ovis2Processor(image_processor=ip, tokenizer=tok, image_seq_length=atoms)
+        for w, h in ((448, 448), (896, 448), (500, 500), (1000, 700), (6000, 50), (50, 3000)):
+            rows, cols = p.grid(w, h)
+            prompt = proc.replace_image_token({"grids": [np.array([rows, cols])]}, 0)
+            c = p.image_cost(w, h)
+            want = len(tok(prompt, add_special_tokens=False)["input_ids"])
+            got = counter.count([c.text])[0] + c.llm_tokens
+            assert c.llm_tokens == atoms * len(c.vit_seq_lens) and got == want, (w, h, got, want)

@@ -31,6 +31,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   GLM's small-image upscaling and two frames per image against the pixel bounds.
 * ``aya-vision`` — Aya Vision: InternVL's tiling with 364-px tiles and the prompt's tile
   markers (:mod:`dataprep.aya_policy`).
+* ``ovis2`` — Ovis2 (:mod:`dataprep.ovis2_policy`): the fewest 448-px tiles covering 90 % of
+  the image, a thumbnail, 256 atoms a tile and the prompt's grid markers.
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.

@@ -6,7 +6,7 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus builds a
+gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -64,6 +64,8 @@ SPECIALS = {
     "deepseek_vl": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
     "janus": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<|User|>", "<|Assistant|>",
               "<image_placeholder>", "<begin_of_image>", "<end_of_image>"],
+    "ovis2": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<IMG_ATOM>", "<IMG_START>",
+              "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 NAMED = ("deepseek_vl", "janus")  # templates whose image marker another family shares
@@ -417,6 +419,26 @@ def build(family: str, mdir: Path):
             video_end_token_id=ids("<|VIDEO_END|>"),
         )  # fmt: skip
         return proc, tf.Ernie4_5_VLMoeForConditionalGeneration(cfg)
+    if family == "ovis2":  # covering grids of up to 4 tiles + a thumbnail, a visual tokenizer
+        from transformers.models.ovis2 import Ovis2ImageProcessorPil
+
+        ip = Ovis2ImageProcessorPil(
+            crop_to_patches=True, max_patches=4, size={"height": TILE, "width": TILE}
+        )
+        # (56 / 7)^2 patches a tile, merged 2x2: 16 atoms
+        proc = tf.Ovis2Processor(image_processor=ip, tokenizer=tok, image_seq_length=16)
+        markers = ["<IMG_START>", "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"]
+        cfg = tf.Ovis2Config(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=TILE, patch_size=7,
+                               hidden_stride=2, vocab_size=64),
+            text_config={**text, "model_type": "qwen2"},
+            image_token_id=ids("<IMG_ATOM>"),
+            visual_indicator_token_ids=[ids(m) for m in markers],
+            hidden_size=text["hidden_size"],
+            vocab_size=len(tok),
+        )  # fmt: skip
+        return proc, tf.Ovis2ForConditionalGeneration(cfg)
     if family == "aya_vision":  # InternVL's tiling, up to 4 tiles + a global tile, TILE_k markers
         from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
 

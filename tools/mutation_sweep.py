@@ -1099,6 +1099,40 @@ MUTATIONS = [
         'return [token * (int(n) - 1) for n in processed["num_soft_tokens_per_image"]]',
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma4]",),
     ),
+    Mutation(
+        "ovis2-fallback-fewest",
+        "where no Ovis2 grid covers 90 %, the fewest tiles win instead of the most covering",
+        "dataprep/ovis2_policy.py",
+        "return min(scored, key=lambda s: (-s[1], s[0][0] * s[0][1]))[0]",
+        "return min(scored, key=lambda s: (s[0][0] * s[0][1], -s[1]))[0]",
+        ("tests/dataprep/test_vision_policy.py::test_ovis2_equals_its_processor",),
+    ),
+    Mutation(
+        "ovis2-covering-transposed",
+        "Ovis2's covering cuts the image into the grid's columns by rows (its processor: rows)",
+        "dataprep/ovis2_policy.py",
+        "        row_h, col_w = height // a, width // b\n",
+        "        row_h, col_w = height // b, width // a\n",
+        ("tests/dataprep/test_vision_policy.py::test_ovis2_equals_its_processor",),
+    ),
+    Mutation(
+        "ovis2-no-thumbnail",
+        "Ovis2's thumbnail tile is not counted",
+        "dataprep/ovis2_policy.py",
+        "    n = rows * cols + 1  # the thumbnail first\n",
+        "    n = rows * cols\n",
+        (
+            "tests/dataprep/test_jinja_template.py::test_counts_equal_apply_chat_template_and_processor[ovis2]",
+        ),
+    ),
+    Mutation(
+        "ovis2-rows-cols-swapped",
+        "Ovis2's grid read the original way round (a wide image a wide grid): the markers differ",
+        "dataprep/ovis2_policy.py",
+        "        return rows, cols\n",
+        "        return cols, rows\n",
+        ("tests/dataprep/test_vision_policy.py::test_ovis2_hand_worked",),
+    ),
 ]
 
 

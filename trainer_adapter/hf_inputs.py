@@ -33,6 +33,9 @@ the images. Per family:
 * Aya Vision: its processor's ``replace_image_token`` (``TILE_k`` before each grid tile's
   ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
   ``[tiles, C, H, W]``.
+* Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
+  ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
+  every tile and thumbnail ``[tiles, C, H, W]``.
 
 A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
@@ -69,6 +72,7 @@ FAMILIES = (
     "ernie45vl",
     "deepseek_vl",
     "janus",
+    "ovis2",
 )
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
@@ -80,7 +84,7 @@ _PER_TOKEN = {
 }
 _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 # the processor spells each image's tokens out
-_SPELLED = (*_NESTED, "mistral3", "aya_vision")
+_SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
 _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 
 
@@ -90,7 +94,7 @@ class HFPacker:
     GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | gemma4 | smolvlm
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
     (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
-    (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro). ``processor``:
+    (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -230,6 +234,7 @@ class HFPacker:
         processed.pop("num_crops", None)  # Gemma 3's, always 0 without pan-and-scan
         processed.pop("num_soft_tokens_per_image", None)  # Gemma 4's, in its text
         processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
+        processed.pop("grids", None)  # Ovis2's tile grids, in its text
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 

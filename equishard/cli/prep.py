@@ -54,6 +54,9 @@ vision policies (--vision-policy):
   aya-vision  Aya Vision: InternVL's tiling with 364px tiles (676 patches, 169 tokens each),
               TILE_k markers in the prompt
               options: aya-vision:min_tiles=1,max_tiles=12,tile_size=364
+  ovis2       Ovis2: the fewest 448px tiles covering 90% of the image + a thumbnail, 256
+              tokens each, grid markers in the prompt
+              options: ovis2:max_tiles=12,tile_size=448,covering=1
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -88,7 +91,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "gemma4, smolvlm, idefics3, mistral3, pixtral or aya-vision, "
+        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision or ovis2, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

@@ -145,12 +145,14 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     assert len(starts) - 1 == len(records)  # one restart per sample
     tok = processor.tokenizer
     pixels, sizes, counts, features, masks = [], [], [], [], []
+    given = set()  # every input the processor gives for these samples
     for k, rec in enumerate(records):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
         images = [load_image(str(tmp_path / n)) for n in rec["image"]]  # EXIF turns applied
         want = processor(text=[text], images=processor_images(family, images), return_tensors="pt")
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
+        given |= set(want)
         if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
             got_types = row["token_type_ids"][0, a:b].tolist()
             assert got_types == want["token_type_ids"][0].tolist(), rec["id"]
@@ -232,6 +234,12 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         assert torch.equal(row["image_position_ids"], torch.cat(masks))
         assert (row["image_position_ids"] == -1).any() and len(masks) > 6
         assert len(pixels) > 6 and row["pixel_values"].shape[1] > 4 * len(pixels)
+    # the row holds the processor's inputs (none it keeps to itself, as Ovis2's grids) besides
+    # the labels, the packed positions and HF's packing kwargs (the mask: 1 everywhere)
+    from trainer_adapter.hf_packing import PACKING_KEYS
+
+    extra = set(row) - given - {"labels", "position_ids", *PACKING_KEYS}
+    assert not extra and "attention_mask" not in row, extra
     # HF's packing kwargs as its flattening collator gives them for these samples
     from transformers import DataCollatorWithFlattening
 
@@ -353,6 +361,7 @@ OTHER = {
     "aya_vision": "aya-vision:max_tiles=4",
     "ernie45vl": "ernie45vl:max_pixels=200704",
     "gemma4": "gemma4:max_soft_tokens=70",
+    "ovis2": "ovis2:max_tiles=2",
 }
 
 

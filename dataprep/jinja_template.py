@@ -30,7 +30,9 @@ reproduced per family (:data:`IMAGE_TOKENS`), each image counting its vision pol
   marker is the same),
 * ``deepseek_vl`` — ``<image_placeholder>`` becomes N ``<image_placeholder>`` (DeepSeek-VL),
 * ``janus`` — ``<image_placeholder>`` becomes ``<begin_of_image>`` + N ``<image_placeholder>``
-  + ``<end_of_image>`` (Janus / Janus-Pro).
+  + ``<end_of_image>`` (Janus / Janus-Pro),
+* ``aria`` — ``<|img|>`` becomes N ``<|img|>`` (Aria: the template writes ``<fim_prefix>`` /
+  ``<fim_suffix>`` around it).
 
 The family is found from the marker in the template source (where two families share a marker,
 the one whose template also writes its own token, as Gemma 4's ``<|turn>``);
@@ -80,6 +82,7 @@ IMAGE_TOKENS = {
     "ernie45vl": ImageTokens("<|IMAGE_PLACEHOLDER|>"),
     "deepseek_vl": ImageTokens("<image_placeholder>"),
     "janus": ImageTokens("<image_placeholder>", "<begin_of_image>", "<end_of_image>"),
+    "aria": ImageTokens("<|img|>"),
 }
 
 

@@ -2,8 +2,8 @@
 
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
-``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``), imported when a
-spec names them.
+``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``,
+``aria_policy``), imported when a spec names them.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ _INT_OPTIONS = {
     "internvl": {"min_tiles", "max_tiles", "tile_size", "patch_size", "thumbnail"},
     "aya-vision": {"min_tiles", "max_tiles", "tile_size", "patch_size"},
     "ovis2": {"max_tiles", "tile_size", "patch_size", "hidden_stride", "covering", "min_tiles"},
+    "aria": {"max_image_size", "split", "patch_size"},
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "llava-next": {"tile_size", "patch_size"},
     "pixtral": {"longest_edge", "patch_size", "merge_size"},
@@ -47,6 +48,7 @@ _STR_OPTIONS = {
     "internvl": {},
     "aya-vision": {},
     "ovis2": {},
+    "aria": {},
     "llava-onevision": {},
     "llava-next": {"grids": ()},  # () : any text, checked by the policy
     "pixtral": {},
@@ -63,7 +65,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``gemma4[:k=v,...]``,
     ``smolvlm[:k=v,...]``, ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``,
     ``pixtral[:k=v,...]``,
-    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``,
+    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``, ``aria[:k=v,...]``,
     ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
@@ -78,7 +80,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
             "ernie45vl, llava-onevision, llava-next, gemma3, gemma4, smolvlm, idefics3, glm4v, pixtral, "
-            "mistral3, aya-vision or ovis2"
+            "mistral3, aya-vision, ovis2 or aria"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -113,6 +115,12 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         from dataprep.aya_policy import AyaVisionPolicy
 
         return AyaVisionPolicy(**kwargs)
+    if name == "aria":
+        from dataprep.aria_policy import AriaPolicy
+
+        if "split" in kwargs:
+            kwargs["split"] = bool(kwargs["split"])
+        return AriaPolicy(**kwargs)
     if name == "ovis2":
         from dataprep.ovis2_policy import Ovis2Policy
 

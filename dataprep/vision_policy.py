@@ -33,6 +33,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   markers (:mod:`dataprep.aya_policy`).
 * ``ovis2`` — Ovis2 (:mod:`dataprep.ovis2_policy`): the fewest 448-px tiles covering 90 % of
   the image, a thumbnail, 256 atoms a tile and the prompt's grid markers.
+* ``aria`` — Aria (:mod:`dataprep.aria_policy`): every image (or, split, each crop) padded to
+  980 px, a fixed number of query tokens a crop.
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.

@@ -6,7 +6,8 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 builds a
+gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 | aria
+builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -66,6 +67,7 @@ SPECIALS = {
               "<image_placeholder>", "<begin_of_image>", "<end_of_image>"],
     "ovis2": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<IMG_ATOM>", "<IMG_START>",
               "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"],
+    "aria": ["<|im_start|>", "<|im_end|>", "<pad>", "<fim_prefix>", "<fim_suffix>", "<|img|>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 NAMED = ("deepseek_vl", "janus")  # templates whose image marker another family shares
@@ -104,6 +106,9 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
     if family == "aya_vision":
         config["bos_token"], config["eos_token"] = "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"
         config["pad_token"] = "<PAD>"
+    if family == "aria":
+        config["eos_token"], config["pad_token"] = "<|im_end|>", "<pad>"
+        config["extra_special_tokens"] = {"image_token": "<|img|>"}
     if family == "gemma3":
         config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
         config["extra_special_tokens"] = {
@@ -419,6 +424,22 @@ def build(family: str, mdir: Path):
             video_end_token_id=ids("<|VIDEO_END|>"),
         )  # fmt: skip
         return proc, tf.Ernie4_5_VLMoeForConditionalGeneration(cfg)
+    if family == "aria":  # each image one 490-px crop with a pixel mask, an MoE decoder
+        from transformers.models.aria import AriaImageProcessorPil
+
+        # 35-px patches: (490 / 35)^2 = 196 patches a crop, 16 queries
+        ip = AriaImageProcessorPil(max_image_size=490)
+        proc = tf.AriaProcessor(image_processor=ip, tokenizer=tok, size_conversion={490: 16})
+        cfg = tf.AriaConfig(
+            vision_config=dict(model_type="idefics3_vision", hidden_size=32,
+                               intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=490, patch_size=35),
+            text_config={**text, "model_type": "aria_text", "moe_num_experts": 4, "moe_topk": 2,
+                         "moe_intermediate_size": 32, "moe_num_shared_experts": 1},
+            image_token_id=ids("<|img|>"),
+            projector_patch_to_query_dict={196: 16},
+        )  # fmt: skip
+        return proc, tf.AriaForConditionalGeneration(cfg)
     if family == "ovis2":  # covering grids of up to 4 tiles + a thumbnail, a visual tokenizer
         from transformers.models.ovis2 import Ovis2ImageProcessorPil
 

@@ -92,6 +92,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "deepseek_vl",
         "janus",
         "ovis2",
+        "aria",
     ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
@@ -107,7 +108,8 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
     pictures, MoE decoder whose vision experts take the image tokens, 3-D positions),
     DeepSeek-VL and Janus (templates named by family, images padded square, Janus's image start
     and end around them), Ovis2 (covering tile grids with their markers, whose embeddings
-    the visual tokenizer's table gives) through the same loop."""
+    the visual tokenizer's table gives), Aria (crops padded with pixel masks, a query
+    projector, an MoE decoder) through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

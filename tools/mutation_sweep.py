@@ -489,8 +489,8 @@ MUTATIONS = [
         "hf-llava-next-padded-tiles",
         "HFPacker gives LLaVA-NeXT a sample's images processed together (tiles padded)",
         "trainer_adapter/hf_inputs.py",
-        'if self.family == "llava_next" and images:',
-        'if self.family == "llava_next" and not images:',
+        "        if self.family in _EACH and images:\n",
+        '        if self.family in _EACH and images and self.family != "llava_next":\n',
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[llava_next]",),
     ),
     Mutation(
@@ -1132,6 +1132,30 @@ MUTATIONS = [
         "        return rows, cols\n",
         "        return cols, rows\n",
         ("tests/dataprep/test_vision_policy.py::test_ovis2_hand_worked",),
+    ),
+    Mutation(
+        "aria-split-floor",
+        "Aria's split crops floor the fitted grid by the crop size (its processor: ceil)",
+        "dataprep/aria_policy.py",
+        "    return math.ceil(h / size) * math.ceil(w / size)\n",
+        "    return max(1, h // size) * max(1, w // size)\n",
+        ("tests/dataprep/test_vision_policy.py::test_aria_equals_its_image_processor",),
+    ),
+    Mutation(
+        "hf-aria-call-crops",
+        "HFPacker gives every Aria image the most crops of its sample, as AriaProcessor's call",
+        "trainer_adapter/hf_inputs.py",
+        'return [token * (int(n) * per_crop) for n in processed["num_crops"]]',
+        'return [token * (max(processed["num_crops"]) * per_crop) for n in processed["num_crops"]]',
+        ("tests/trainer_adapter/test_hf_inputs.py::test_aria_split_counts_each_images_own_crops",),
+    ),
+    Mutation(
+        "hf-aria-no-pixel-mask",
+        "HFPacker leaves Aria's pixel masks out of the row (the tower then attends the padding)",
+        "trainer_adapter/hf_inputs.py",
+        '        if self.family == "aria":  # each crop\'s pixel mask (its padding)\n',
+        "        if False:\n",
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[aria]",),
     ),
 ]
 

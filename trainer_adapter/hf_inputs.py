@@ -33,6 +33,11 @@ the images. Per family:
 * Aya Vision: its processor's ``replace_image_token`` (``TILE_k`` before each grid tile's
   ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
   ``[tiles, C, H, W]``.
+* Aria: each image's crops x the processor's ``size_conversion`` ``<|img|>`` tokens; every crop
+  ``[crops, C, S, S]`` with its ``pixel_mask``. Each image is processed on its own, with the
+  image processor's own ``max_image_size`` and ``split_image`` (``AriaProcessor``'s call puts
+  980 and no splitting over them): that call gives every image the most crops any image of
+  the call has, more tokens than the model makes features when they differ.
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -73,6 +78,7 @@ FAMILIES = (
     "deepseek_vl",
     "janus",
     "ovis2",
+    "aria",
 )
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
@@ -86,6 +92,8 @@ _NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
 # the processor spells each image's tokens out
 _SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
 _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
+# one image at a time (the processor pads or counts a call's images together): what travels
+_EACH = {"llava_next": ("pixel_values", "image_sizes"), "aria": ("pixel_values", "pixel_mask")}
 
 
 @dataclass(kw_only=True)
@@ -94,7 +102,8 @@ class HFPacker:
     GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | gemma4 | smolvlm
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
     (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
-    (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``). ``processor``:
+    (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``) | aria
+    (Aria: ``AriaProcessor``). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -148,6 +157,9 @@ class HFPacker:
             return [token * int(n) for n in processed["num_soft_tokens_per_image"]]
         if self.family in ("deepseek_vl", "janus"):  # a fixed count (Janus's start / end are
             return [token * self.processor.num_image_tokens] * len(images)  # the template's)
+        if self.family == "aria":  # each image's own crops, a fixed count each
+            per_crop = self.processor.size_conversion[int(processed["pixel_values"].shape[-1])]
+            return [token * (int(n) * per_crop) for n in processed["num_crops"]]
         sizes = [(im.height, im.width) for im in images]
         mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
         if self.family == "internvl":  # the template's <img></img> are already in the text
@@ -160,15 +172,19 @@ class HFPacker:
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
         given = [images] if self.family in _NESTED else images
         kw = {"return_row_col_info": True} if self.family == "smolvlm" else {}
-        if self.family == "llava_next" and images:
-            # one image at a time: its processor pads a call's images to the most tiles
+        if self.family in _EACH and images:
+            # one image at a time: LLaVA-NeXT's processor pads a call's images to the most
+            # tiles, Aria's counts every image as the call's most crops
             each = [
                 self.processor.image_processor(images=[im], return_tensors="pt") for im in images
             ]
+            nested = self.family == "llava_next"  # [1, tiles, C, H, W] per call
             processed = {
-                k: torch.cat([e[k][0] if k == "pixel_values" else e[k] for e in each])
-                for k in ("pixel_values", "image_sizes")
+                k: torch.cat([e[k][0] if nested and k == "pixel_values" else e[k] for e in each])
+                for k in _EACH[self.family]
             }
+            if self.family == "aria":
+                processed["num_crops"] = [len(e["pixel_values"]) for e in each]
         elif images:
             if self.family == "mistral3":  # resized to multiples of the merged patch
                 step = self.processor.patch_size * self.processor.spatial_merge_size
@@ -231,7 +247,7 @@ class HFPacker:
             positions = torch.cat([text_pos[None], rope], dim=0)
         else:
             positions = text_pos
-        processed.pop("num_crops", None)  # Gemma 3's, always 0 without pan-and-scan
+        processed.pop("num_crops", None)  # Gemma 3's (0 without pan-and-scan), Aria's: in text
         processed.pop("num_soft_tokens_per_image", None)  # Gemma 4's, in its text
         processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
         processed.pop("grids", None)  # Ovis2's tile grids, in its text
@@ -295,6 +311,10 @@ class HFPacker:
         if self.family in (*_ANYRES, "mistral3"):
             batch["image_sizes"] = (
                 torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
+            )
+        if self.family == "aria":  # each crop's pixel mask (its padding)
+            batch["pixel_mask"] = (
+                torch.cat([p["pixel_mask"] for p in with_images]) if with_images else None
             )
         if self.family == "gemma4":  # every image padded to the same budget of rows
             batch["image_position_ids"] = (

@@ -57,6 +57,9 @@ vision policies (--vision-policy):
   ovis2       Ovis2: the fewest 448px tiles covering 90% of the image + a thumbnail, 256
               tokens each, grid markers in the prompt
               options: ovis2:max_tiles=12,tile_size=448,covering=1
+  aria        Aria: every image one crop padded to 980px (4900 patches), 256 tokens; split=1
+              cuts it into crops as its image processor's split_image
+              options: aria:max_image_size=980,split=0
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -91,7 +94,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision or ovis2, "
+        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2 or aria, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

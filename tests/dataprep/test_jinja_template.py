@@ -1,7 +1,7 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Gemma 4,
-SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus, Ovis2) a model directory is
+SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus, Ovis2, Aria) a model directory is
 made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
 the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
 ``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
@@ -275,6 +275,23 @@ FAMILIES = {
             "<IMG_END>",
         ],
         "config": {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+    },
+    # Aria: every image one crop padded to 980 px (4900 patches), 256 <|img|> tokens
+    "aria": {
+        "policy": "aria",
+        "specials": [
+            "<|im_start|>",
+            "<|im_end|>",
+            "<pad>",
+            "<fim_prefix>",
+            "<fim_suffix>",
+            "<|img|>",
+        ],
+        "config": {
+            "eos_token": "<|im_end|>",
+            "pad_token": "<pad>",
+            "extra_special_tokens": {"image_token": "<|img|>"},
+        },
     },
 }
 
@@ -571,6 +588,13 @@ def processor_for(family: str, model: Path):
             num_image_tokens=576,
             chat_template=tok.chat_template,
         )
+    if family == "aria":  # the released settings (980-px crops, not split)
+        from transformers import AriaProcessor
+        from transformers.models.aria import AriaImageProcessorPil
+
+        return AriaProcessor(
+            image_processor=AriaImageProcessorPil(), tokenizer=tok, chat_template=tok.chat_template
+        )
     if family == "ovis2":  # the converted checkpoints' settings (448-px tiles, 12 at most)
         from transformers import Ovis2Processor
         from transformers.models.ovis2 import Ovis2ImageProcessorPil
@@ -669,6 +693,9 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
     if family == "aya_vision":
         return n, [(364 // 14) ** 2] * int(out["pixel_values"].shape[0])  # global tiles too
+    if family == "aria":  # every crop padded to 980 x 980
+        assert out["pixel_values"].shape[-2:] == (980, 980)
+        return n, [(980 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family == "ovis2":  # every tile and thumbnail
         return n, [(448 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family == "gemma3":

@@ -600,3 +600,53 @@ def test_ovis2_equals_its_processor(spec, tokenizer_path, tmp_path):
             want = len(tok(prompt, add_special_tokens=False)["input_ids"])
             got = counter.count([c.text])[0] + c.llm_tokens
             assert c.llm_tokens == atoms * len(c.vit_seq_lens) and got == want, (w, h, got, want)
+
+
+@pytest.mark.parametrize(
+    ("spec", "w", "h", "crops", "patches", "tokens"),
+    [
+        ("aria", 4000, 30, 1, 4900, 256),  # not split: one 980-px crop, whatever the size
+        # 1000 x 500 split: of the 490-px grids, 2x3 (980 x 1470 px) keeps all 500000 pixels
+        # with the least left empty (2x4 keeps them too, with more empty): 1 x 2 crops of 980
+        ("aria:split=1", 1000, 500, 2, 4900, 512),
+        # the same grid cut into 490-px crops: 2 x 3, 128 tokens each
+        ("aria:split=1,max_image_size=490", 1000, 500, 6, 1225, 768),
+    ],
+)
+def test_aria_hand_worked(spec, w, h, crops, patches, tokens):
+    p = parse_vision_policy(spec)
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (patches,) * crops and c.llm_tokens == tokens
+    assert parse_vision_policy(p.spec()) == p
+    with pytest.raises(ValueError, match="490 or 980"):
+        parse_vision_policy("aria:max_image_size=448")
+
+
+@pytest.mark.parametrize("spec", ["aria:split=1", "aria:split=1,max_image_size=490", "aria"])
+def test_aria_equals_its_image_processor(spec):
+    """Crops equal ``AriaImageProcessor``'s count (``get_number_of_image_patches``) over 3000
+    sizes and its crops of 12 real images, every crop padded to ``max_image_size``."""
+    import random
+
+    from PIL import Image
+
+    pytest.importorskip("transformers")
+    from transformers.models.aria import AriaImageProcessorPil
+
+    policy = parse_vision_policy(spec)
+    ip = AriaImageProcessorPil(max_image_size=policy.max_image_size, split_image=policy.split)
+    side = policy.max_image_size // 14
+    rng = random.Random(4)
+    wrong = []
+    for w, h in [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(3000)]:
+        if ip.get_number_of_image_patches(h, w, {}) != len(policy.image_cost(w, h).vit_seq_lens):
+            wrong.append((w, h))
+    for w, h in [(rng.randint(1, 2500), rng.randint(1, 2500)) for _ in range(12)]:
+        out = ip(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        n, _, hh, ww = out["pixel_values"].shape
+        if (
+            policy.image_cost(w, h).vit_seq_lens != ((hh // 14) * (ww // 14),) * n
+            or hh != side * 14
+        ):
+            wrong.append((w, h, out["pixel_values"].shape))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"

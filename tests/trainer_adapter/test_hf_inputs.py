@@ -196,7 +196,8 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             sizes.append(want["image_sizes"])
         elif images:
             pixels.append(want["pixel_values"])
-            masks.append(want.get("pixel_attention_mask", want.get("image_position_ids")))
+            for key in ("pixel_attention_mask", "image_position_ids", "pixel_mask"):
+                masks += [want[key]] if key in want else []
         # the labelled tokens are the assistant's turns, in order
         got = tok.decode(row["input_ids"][0, a:b][row["labels"][0, a:b] != -100])
         answers = [t["value"] for t in rec["conversations"] if t["from"] == "gpt"]
@@ -230,6 +231,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
     if family == "smolvlm":  # each tile's pixel mask with it
         assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
+    if family == "aria":  # each crop's pixel mask with it, its padding off
+        assert torch.equal(row["pixel_mask"], torch.cat(masks))
+        assert not row["pixel_mask"].all() and len(masks) > 6
     if family == "gemma4":  # each image's patch positions with it, -1 on its padding rows
         assert torch.equal(row["image_position_ids"], torch.cat(masks))
         assert (row["image_position_ids"] == -1).any() and len(masks) > 6
@@ -362,6 +366,7 @@ OTHER = {
     "ernie45vl": "ernie45vl:max_pixels=200704",
     "gemma4": "gemma4:max_soft_tokens=70",
     "ovis2": "ovis2:max_tiles=2",
+    "aria": "aria:max_image_size=490",
 }
 
 
@@ -417,3 +422,62 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
                 read_all(0), read_all(1)
         else:
             assert read_all(0) + read_all(1) == len(records)
+
+
+def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):
+    """Aria with its image processor splitting: ``AriaProcessor`` writes every image of a call
+    as many tokens as the call's image with the most crops, more than a tiny Aria makes
+    features for (it refuses them); the packer gives each image its own crops' tokens, which the
+    model takes, and which prep's ``aria:split=1`` counts."""
+    import transformers as tf
+    from PIL import Image
+    from transformers.models.aria import AriaImageProcessorPil
+
+    from dataprep.policy_spec import parse_vision_policy
+    from tests.conftest import write_image
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model_dir = make_model_dir(tmp_path, "aria", tokenizer_path)
+    tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
+    ip = AriaImageProcessorPil(split_image=True, max_image_size=490)
+    # 490-px crops of 35-px patches: 196 patches, 4 queries each
+    proc = tf.AriaProcessor(
+        image_processor=ip, tokenizer=tok, size_conversion={490: 4}, chat_template=tok.chat_template
+    )
+    sizes = ((2000, 500), (400, 400))
+    paths = [tmp_path / f"{k}.png" for k in range(2)]
+    for path, (w, h) in zip(paths, sizes, strict=True):
+        write_image(path, w, h)
+    turns = [("user", "<image>a<image>b"), ("assistant", "c")]
+    packer = HFPacker(family="aria", processor=proc, template=str(model_dir))
+    sample = SimpleNamespace(meta={"turns": turns}, images=[p.read_bytes() for p in paths])
+    row = packer([sample])
+    policy = parse_vision_policy("aria:split=1,max_image_size=490")
+    crops = [len(policy.image_cost(w, h).vit_seq_lens) for w, h in sizes]
+    assert crops[0] > crops[1] and row["pixel_values"].shape[0] == sum(crops)
+    img = tok.convert_tokens_to_ids("<|img|>")
+    assert int((row["input_ids"] == img).sum()) == 4 * sum(crops)
+    record = {"conversations": [{"from": "human", "value": "<image>a<image>b"},
+                                {"from": "gpt", "value": "c"}]}  # fmt: skip
+    text = proc.apply_chat_template(reference_messages(record), tokenize=False)
+    images = [Image.open(p).convert("RGB") for p in paths]
+    kw = {"split_image": True, "max_image_size": 490}  # its call's defaults: 980, no split
+    theirs = proc(text=[text], images=images, return_tensors="pt", **kw)
+    assert int((theirs["input_ids"] == img).sum()) == 4 * len(crops) * max(crops)
+    cfg = tf.AriaConfig(
+        vision_config=dict(model_type="idefics3_vision", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=490,
+                           patch_size=35),
+        text_config=dict(model_type="aria_text", vocab_size=len(tok), hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, moe_num_experts=2, moe_topk=1,
+                         moe_intermediate_size=16, moe_num_shared_experts=1),
+        image_token_id=img,
+        projector_patch_to_query_dict={196: 4},
+    )  # fmt: skip
+    model = tf.AriaForConditionalGeneration(cfg).eval()
+    keep = ("input_ids", "pixel_values", "pixel_mask")
+    with torch.no_grad():
+        model(**{k: row[k] for k in keep}, use_cache=False)  # its own crops' tokens: taken
+        with pytest.raises(ValueError, match="do not match"):
+            model(**{k: theirs[k] for k in keep}, use_cache=False)

@@ -153,8 +153,9 @@ def _digest(obj) -> str:
 
 def with_image_text(text: str, costs: list) -> str:
     """The rendered text with each image's own prompt text (``ImageCost.text``: SmolVLM's tile
-    markers) in front of its placeholder, so that the tokenizer counts it."""
-    if not any(c.text for c in costs):
+    markers) in front of its placeholder and ``ImageCost.after`` behind it, so that the
+    tokenizer counts it as it stands in the processor's prompt."""
+    if not any(c.text or c.after for c in costs):
         return text
     parts = text.split(IMAGE_PLACEHOLDER)
     if len(parts) != len(costs) + 1:
@@ -163,7 +164,8 @@ def with_image_text(text: str, costs: list) -> str:
             f"the rendered text has {len(parts) - 1} image placeholder(s) for {len(costs)} image(s)",
         )
     return parts[0] + "".join(
-        c.text + IMAGE_PLACEHOLDER + part for c, part in zip(costs, parts[1:], strict=True)
+        c.text + IMAGE_PLACEHOLDER + c.after + part
+        for c, part in zip(costs, parts[1:], strict=True)
     )
 
 

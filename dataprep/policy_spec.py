@@ -3,7 +3,7 @@
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
 ``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``,
-``aria_policy``), imported when a spec names them.
+``aria_policy``, ``granite_docling_policy``), imported when a spec names them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,15 @@ _INT_OPTIONS = {
     "aya-vision": {"min_tiles", "max_tiles", "tile_size", "patch_size"},
     "ovis2": {"max_tiles", "tile_size", "patch_size", "hidden_stride", "covering", "min_tiles"},
     "aria": {"max_image_size", "split", "patch_size"},
+    "granite-docling": {
+        "max_tiles",
+        "min_tiles",
+        "tile_size",
+        "patch_size",
+        "tokens_per_tile",
+        "fine",
+        "split",
+    },
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "llava-next": {"tile_size", "patch_size"},
     "pixtral": {"longest_edge", "patch_size", "merge_size"},
@@ -49,6 +58,7 @@ _STR_OPTIONS = {
     "aya-vision": {},
     "ovis2": {},
     "aria": {},
+    "granite-docling": {},
     "llava-onevision": {},
     "llava-next": {"grids": ()},  # () : any text, checked by the policy
     "pixtral": {},
@@ -64,8 +74,8 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     ``qwen2vl[:k=v,...]``, ``qwen3vl[:k=v,...]`` (Qwen2-VL's resize with Qwen3-VL's patch and
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``gemma4[:k=v,...]``,
     ``smolvlm[:k=v,...]``, ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``,
-    ``pixtral[:k=v,...]``,
-    ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``, ``aria[:k=v,...]``,
+    ``pixtral[:k=v,...]``, ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``,
+    ``aria[:k=v,...]``, ``granite-docling[:k=v,...]``,
     ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
@@ -80,7 +90,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
             "ernie45vl, llava-onevision, llava-next, gemma3, gemma4, smolvlm, idefics3, glm4v, pixtral, "
-            "mistral3, aya-vision, ovis2 or aria"
+            "mistral3, aya-vision, ovis2, aria or granite-docling"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -115,6 +125,13 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         from dataprep.aya_policy import AyaVisionPolicy
 
         return AyaVisionPolicy(**kwargs)
+    if name == "granite-docling":
+        from dataprep.granite_docling_policy import GraniteDoclingPolicy
+
+        for flag in ("fine", "split"):
+            if flag in kwargs:
+                kwargs[flag] = bool(kwargs[flag])
+        return GraniteDoclingPolicy(**kwargs)
     if name == "aria":
         from dataprep.aria_policy import AriaPolicy
 

@@ -35,6 +35,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   the image, a thumbnail, 256 atoms a tile and the prompt's grid markers.
 * ``aria`` — Aria (:mod:`dataprep.aria_policy`): every image (or, split, each crop) padded to
   980 px, a fixed number of query tokens a crop.
+* ``granite-docling`` — Granite Docling (:mod:`dataprep.granite_docling_policy`): 512-px page
+  tiles on the closest-aspect grid, a thumbnail, SmolVLM-style markers in the prompt.
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.
@@ -75,11 +77,14 @@ __all__ = [
 class ImageCost:
     """What one image costs: encoder sequence length per image/tile, and LLM tokens.
     ``text``: prompt text the processor writes around the image's tokens that depends on the
-    image (SmolVLM's tile markers); prep counts it with the tokenizer, beside ``llm_tokens``."""
+    image (SmolVLM's tile markers); prep counts it with the tokenizer, beside ``llm_tokens``.
+    It stands before the template's image placeholder, ``after`` after it (text the processor
+    writes after the image's last tokens, which may join the template's text that follows)."""
 
     vit_seq_lens: tuple[int, ...]
     llm_tokens: int
     text: str = ""
+    after: str = ""
 
     @property
     def vit_tokens(self) -> int:

@@ -6,8 +6,8 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 | aria
-builds a
+gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 | aria |
+granite_docling builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -68,6 +68,9 @@ SPECIALS = {
     "ovis2": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<IMG_ATOM>", "<IMG_START>",
               "<IMG_GRID>", "<IMG_COL>", "<IMG_ROW>", "<IMG_END>"],
     "aria": ["<|im_start|>", "<|im_end|>", "<pad>", "<fim_prefix>", "<fim_suffix>", "<|img|>"],
+    "granite_docling": ["<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>",
+                        "<fake_token_around_image>", "<global-img>", "<image>",
+                        *[f"<row_{r}_col_{c}>" for r in range(1, 17) for c in range(1, 17)]],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 NAMED = ("deepseek_vl", "janus")  # templates whose image marker another family shares
@@ -106,6 +109,8 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
     if family == "aya_vision":
         config["bos_token"], config["eos_token"] = "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"
         config["pad_token"] = "<PAD>"
+    if family == "granite_docling":
+        config["eos_token"] = config["pad_token"] = "<|end_of_text|>"
     if family == "aria":
         config["eos_token"], config["pad_token"] = "<|im_end|>", "<pad>"
         config["extra_special_tokens"] = {"image_token": "<|img|>"}
@@ -424,6 +429,23 @@ def build(family: str, mdir: Path):
             video_end_token_id=ids("<|VIDEO_END|>"),
         )  # fmt: skip
         return proc, tf.Ernie4_5_VLMoeForConditionalGeneration(cfg)
+    if family == "granite_docling":  # page tiles + a thumbnail, deepstack features, a router
+        from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
+
+        ip = GraniteDoclingImageProcessorPil(max_patches=4, size={"height": TILE, "width": TILE})
+        # (56 / 7)^2 patches a tile, pixel-shuffled 2x2: 16 tokens
+        proc = tf.GraniteDoclingProcessor(image_processor=ip, tokenizer=tok, image_seq_len=16)
+        cfg = tf.GraniteDoclingConfig(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=TILE, patch_size=7,
+                               scale_factor=2, out_hidden_size=text["hidden_size"],
+                               deepstack_visual_indexes=[0, 1]),
+            text_config={**text, "model_type": "granite_docling_text",
+                         "pad_token_id": ids("<|end_of_text|>")},
+            image_token_id=ids("<image>"),
+            density_router_hidden_size=8,
+        )  # fmt: skip
+        return proc, tf.GraniteDoclingForConditionalGeneration(cfg)
     if family == "aria":  # each image one 490-px crop with a pixel mask, an MoE decoder
         from transformers.models.aria import AriaImageProcessorPil
 

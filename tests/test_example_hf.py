@@ -93,6 +93,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "janus",
         "ovis2",
         "aria",
+        "granite_docling",
     ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
@@ -109,7 +110,8 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
     DeepSeek-VL and Janus (templates named by family, images padded square, Janus's image start
     and end around them), Ovis2 (covering tile grids with their markers, whose embeddings
     the visual tokenizer's table gives), Aria (crops padded with pixel masks, a query
-    projector, an MoE decoder) through the same loop."""
+    projector, an MoE decoder), Granite Docling (page tiles with SmolVLM's markers, deepstack
+    features, a density router) through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

@@ -1157,6 +1157,47 @@ MUTATIONS = [
         "        if False:\n",
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[aria]",),
     ),
+    Mutation(
+        "granite-newline-before",
+        "a one-tile Granite Docling page's newline counted before its tokens (not joining the "
+        "template's next text)",
+        "dataprep/granite_docling_policy.py",
+        'return ImageCost((patches,), tokens, f"{FAKE}<row_1_col_1>", "\\n")',
+        'return ImageCost((patches,), tokens, f"{FAKE}<row_1_col_1>\\n")',
+        (
+            "tests/dataprep/test_vision_policy.py::test_granite_docling_prompt_counts_equal_its_processor",
+        ),
+    ),
+    Mutation(
+        "granite-no-side-cap",
+        "Granite Docling's grids allowed more than 16 tiles a side (its markers stop at 16)",
+        "dataprep/granite_docling_policy.py",
+        "    side = min(max_tiles, MAX_SIDE)\n",
+        "    side = max_tiles\n",
+        ("tests/dataprep/test_vision_policy.py::test_granite_docling_equals_its_image_processor",),
+    ),
+    Mutation(
+        "granite-fine-same-tokens",
+        "Granite Docling's fine path counted with the coarse path's tokens a tile",
+        "dataprep/granite_docling_policy.py",
+        "tokens = self.tokens_per_tile * (4 if self.fine else 1)",
+        "tokens = self.tokens_per_tile",
+        (
+            "tests/trainer_adapter/test_hf_inputs.py::"
+            "test_granite_docling_fine_route_and_spread_rule",
+        ),
+    ),
+    Mutation(
+        "hf-granite-no-fine-mask",
+        "HFPacker leaves Granite Docling's fine-path flag out of the row",
+        "trainer_adapter/hf_inputs.py",
+        'if self.family == "granite_docling" and with_images and self.fine_route:',
+        'if self.family == "granite_docling" and with_images and not self.fine_route:',
+        (
+            "tests/trainer_adapter/test_hf_inputs.py::"
+            "test_granite_docling_fine_route_and_spread_rule",
+        ),
+    ),
 ]
 
 

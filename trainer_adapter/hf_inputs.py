@@ -38,6 +38,9 @@ the images. Per family:
   image processor's own ``max_image_size`` and ``split_image`` (``AriaProcessor``'s call puts
   980 and no splitting over them): that call gives every image the most crops any image of
   the call has, more tokens than the model makes features when they differ.
+* Granite Docling: its processor's ``replace_image_token`` (SmolVLM's markers, four times the
+  tokens on the fine path); ``[1, tiles, C, H, W]`` with ``pixel_attention_mask [1, tiles]``
+  and, on the fine path, one ``tile_fine_mask`` for the row.
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -79,6 +82,7 @@ FAMILIES = (
     "janus",
     "ovis2",
     "aria",
+    "granite_docling",
 )
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
@@ -88,7 +92,9 @@ _PER_TOKEN = {
     "gemma4": "mm_token_type_ids",
     "ernie45vl": "moe_mm_token_type_ids",
 }
-_NESTED = ("llava_onevision", "smolvlm")  # a sample's images processed together
+# a sample's images processed together
+_NESTED = ("llava_onevision", "smolvlm", "granite_docling")
+_TILES = ("smolvlm", "granite_docling")  # [1, tiles, C, H, W] with a mask beside them
 # the processor spells each image's tokens out
 _SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
 _ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
@@ -103,7 +109,7 @@ class HFPacker:
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
     (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
     (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``) | aria
-    (Aria: ``AriaProcessor``). ``processor``:
+    (Aria: ``AriaProcessor``) | granite_docling (Granite Docling). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -138,7 +144,20 @@ class HFPacker:
                 "gemma3 with do_pan_and_scan=True adds crops that prep's gemma3 vision policy "
                 "does not count; build the image processor with do_pan_and_scan=False"
             )
+        if self.family == "granite_docling" and getattr(
+            self.processor.image_processor, "dense_max_patches", 0
+        ):
+            raise ValueError(
+                "granite_docling with dense_max_patches set tiles some pages by a spread rule "
+                "that prep's granite-docling vision policy does not count; build the image "
+                "processor with dense_max_patches=0"
+            )
         self._template = load_template(self.template)
+
+    @property
+    def fine_route(self) -> bool:
+        """Granite Docling: its image processor sends the pages on the fine connector path."""
+        return bool(getattr(self.processor.image_processor, "fine_route", False))
 
     def _image_texts(self, images: list, processed: dict, token: str) -> list[str]:
         """What each image's placeholder becomes, as the family's processor writes it: its
@@ -252,6 +271,7 @@ class HFPacker:
         processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
         processed.pop("grids", None)  # Ovis2's tile grids, in its text
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
+        processed.pop("tile_fine_mask", None)  # Granite Docling's: one for the row
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
     def _check_cost(self, meta: dict, built: int) -> None:
@@ -290,20 +310,22 @@ class HFPacker:
         if key is not None:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
         with_images = [p for p in parts if "pixel_values" in p]
-        # SmolVLM: [1, tiles, C, H, W] per sample, each tile's pixel mask beside it
-        dim = 1 if self.family == "smolvlm" else 0
+        # SmolVLM, Granite Docling: [1, tiles, C, H, W] per sample, each tile's mask beside it
+        dim = 1 if self.family in _TILES else 0
         if self.family == "mistral3":  # every image padded to the row's largest, with its size
             batch["pixel_values"] = _pad_images([p["pixel_values"] for p in with_images])
         else:
             batch["pixel_values"] = (
                 torch.cat([p["pixel_values"] for p in with_images], dim) if with_images else None
             )
-        if self.family == "smolvlm":
+        if self.family in _TILES:
             batch["pixel_attention_mask"] = (
                 torch.cat([p["pixel_attention_mask"] for p in with_images], 1)
                 if with_images
                 else None
             )
+        if self.family == "granite_docling" and with_images and self.fine_route:
+            batch["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)  # the row's path
         if qwen:
             batch["image_grid_thw"] = (
                 torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None

@@ -60,6 +60,10 @@ vision policies (--vision-policy):
   aria        Aria: every image one crop padded to 980px (4900 patches), 256 tokens; split=1
               cuts it into crops as its image processor's split_image
               options: aria:max_image_size=980,split=0
+  granite-docling
+              Granite Docling: 512px page tiles (aspect grid, 1..32) + a thumbnail, 64 tokens
+              each (fine=1: 256), SmolVLM's markers in the prompt
+              options: granite-docling:max_tiles=32,fine=0,split=1
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -94,7 +98,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2 or aria, "
+        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2, aria or granite-docling, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

@@ -1,13 +1,14 @@
 """Exact token counts with the model's own chat template, against transformers.
 
 For each family (Qwen2-VL, InternVL, LLaVA, LLaVA-NeXT, LLaVA-OneVision, Gemma 3, Gemma 4,
-SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus, Ovis2, Aria) a model directory is
-made the way a Hugging Face checkpoint ships one: ``tokenizer.json`` (the demo tokenizer with
-the family's special tokens added) and ``tokenizer_config.json`` holding the family's Jinja
-``chat_template``. ``prep`` reads that directory; the reference is transformers reading the
-same directory (``AutoTokenizer``), ``apply_chat_template`` and the family's processor (built
-from its classes, images expanded by the real image processor) over real image files. Every
-one of 200 generated conversations per family must give the same LLM sequence length and the
+SmolVLM, GLM-4.1V, Mistral 3, Aya Vision, ERNIE 4.5-VL, DeepSeek-VL, Janus, Ovis2, Aria, Granite
+Docling) a model directory is made the way a Hugging Face checkpoint ships one:
+``tokenizer.json`` (the demo tokenizer with the family's special tokens added) and
+``tokenizer_config.json`` holding the family's Jinja ``chat_template``. ``prep`` reads that
+directory; the reference is transformers reading the same directory (``AutoTokenizer``),
+``apply_chat_template`` and the family's processor (built from its classes, images expanded
+by the real image processor) over real image files. Every one of 200 generated conversations
+per family (fewer for the heaviest processors) must give the same LLM sequence length and the
 same encoder sequences.
 """
 
@@ -33,8 +34,9 @@ transformers = pytest.importorskip("transformers")
 TEMPLATES = Path(__file__).resolve().parents[2] / "examples" / "chat_templates"
 N = 200
 # SmolVLM's processor upscales every image to 1536 px and cuts up to 17 tiles: fewer
-# conversations here, its tile grids over many more sizes in test_smolvlm_grid_*
-N_OF = {"smolvlm": 60}
+# conversations here, its tile grids over many more sizes in test_smolvlm_grid_* (Granite
+# Docling's up to 17 tiles of 512 px too: its grids in test_granite_docling_*)
+N_OF = {"smolvlm": 60, "granite_docling": 80}
 
 FAMILIES = {
     "qwen2vl": {
@@ -292,6 +294,20 @@ FAMILIES = {
             "pad_token": "<pad>",
             "extra_special_tokens": {"image_token": "<|img|>"},
         },
+    },
+    # Granite Docling: 512-px page tiles + a thumbnail, 64 tokens each, SmolVLM's markers
+    "granite_docling": {
+        "policy": "granite-docling",
+        "specials": [
+            "<|start_of_role|>",
+            "<|end_of_role|>",
+            "<|end_of_text|>",
+            "<fake_token_around_image>",
+            "<global-img>",
+            "<image>",
+            *[f"<row_{r}_col_{c}>" for r in range(1, 17) for c in range(1, 17)],
+        ],
+        "config": {"eos_token": "<|end_of_text|>", "pad_token": "<|end_of_text|>"},
     },
 }
 
@@ -588,6 +604,16 @@ def processor_for(family: str, model: Path):
             num_image_tokens=576,
             chat_template=tok.chat_template,
         )
+    if family == "granite_docling":  # the released settings (512-px tiles, 32 at most)
+        from transformers import GraniteDoclingProcessor
+        from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
+
+        return GraniteDoclingProcessor(
+            image_processor=GraniteDoclingImageProcessorPil(),
+            tokenizer=tok,
+            image_seq_len=64,
+            chat_template=tok.chat_template,
+        )
     if family == "aria":  # the released settings (980-px crops, not split)
         from transformers import AriaProcessor
         from transformers.models.aria import AriaImageProcessorPil
@@ -693,6 +719,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
         return n, [1024] * int(out["pixel_values"].shape[0])  # tiles, thumbnails included
     if family == "aya_vision":
         return n, [(364 // 14) ** 2] * int(out["pixel_values"].shape[0])  # global tiles too
+    if family == "granite_docling":  # [1, tiles, C, H, W]: every page's tiles and thumbnail
+        return n, [(512 // 16) ** 2] * int(out["pixel_attention_mask"].sum())
     if family == "aria":  # every crop padded to 980 x 980
         assert out["pixel_values"].shape[-2:] == (980, 980)
         return n, [(980 // 14) ** 2] * int(out["pixel_values"].shape[0])

@@ -650,3 +650,131 @@ def test_aria_equals_its_image_processor(spec):
         ):
             wrong.append((w, h, out["pixel_values"].shape))
     assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "w", "h", "grid", "tiles"),
+    [
+        ("granite-docling", 512, 512, (1, 1), 1),  # one tile, no thumbnail
+        # aspect 2: 1x2 and 2x4 tie; the page has less than half of 2x4's area: 1x2 + thumbnail
+        ("granite-docling", 1000, 500, (1, 2), 3),
+        # aspect 2 and large: the tie goes to 2x4 (4x8 has 32 tiles and ties too, the page
+        # has less than half its area)
+        ("granite-docling", 2000, 1000, (2, 4), 9),
+        # aspect 50: the widest grid a side allows, 16 tiles (the markers stop at 16)
+        ("granite-docling", 5000, 100, (1, 16), 17),
+        ("granite-docling:split=0", 5000, 100, (1, 1), 1),
+    ],
+)
+def test_granite_docling_hand_worked(spec, w, h, grid, tiles):
+    p = parse_vision_policy(spec)
+    assert p.grid(w, h) == grid
+    c = p.image_cost(w, h)
+    assert c.vit_seq_lens == (1024,) * tiles and c.llm_tokens == 64 * tiles
+    assert parse_vision_policy(p.spec()) == p
+    fine = parse_vision_policy(spec + ("," if ":" in spec else ":") + "fine=1")
+    assert fine.image_cost(w, h).llm_tokens == 4 * 64 * tiles
+    # a one-tile page's newline follows its tokens (it joins the template's text after it)
+    if tiles == 1:
+        assert c.after == "\n" and not c.text.endswith("\n")
+    else:
+        assert c.after == "<fake_token_around_image>"
+
+
+@pytest.mark.parametrize(
+    ("spec", "kwargs"),
+    [
+        ("granite-docling", {}),
+        ("granite-docling:min_tiles=2,max_tiles=12", {"min_patches": 2, "max_patches": 12}),
+    ],
+)
+def test_granite_docling_equals_its_image_processor(spec, kwargs):
+    """Grids and tiles equal ``GraniteDoclingImageProcessor``'s (``get_tile_grid``,
+    ``get_number_of_image_patches``) over 4000 sizes and its tiles of 10 real pages."""
+    import random
+
+    from PIL import Image
+
+    pytest.importorskip("transformers")
+    from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
+
+    policy = parse_vision_policy(spec)
+    ip = GraniteDoclingImageProcessorPil(**kwargs)
+    rng = random.Random(6)
+    wrong = []
+    for w, h in [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(4000)]:
+        want = (ip.get_tile_grid(h, w), ip.get_number_of_image_patches(h, w))
+        if (policy.grid(w, h), len(policy.image_cost(w, h).vit_seq_lens)) != want:
+            wrong.append(((w, h), want))
+    for w, h in [(rng.randint(1, 2000), rng.randint(1, 2000)) for _ in range(10)]:
+        out = ip(images=[[Image.new("RGB", (w, h))]], return_tensors="np")
+        tiles = int(out["pixel_attention_mask"].sum())
+        if (
+            len(policy.image_cost(w, h).vit_seq_lens) != tiles
+            or out["pixel_values"].shape[-1] != 512
+        ):
+            wrong.append(((w, h), tiles))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
+def _newline_tokenizer(path) -> str:
+    """A byte-level BPE with Qwen's split pattern, trained on text full of blank lines: ``\\n\\n``
+    and ``\\n\\n\\n`` are single tokens, as in Qwen's and Granite's vocabularies."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.dataprep.test_jinja_template import QWEN_PATTERN
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(["a page\n\nof text\n\n\nhello world\nhi"] * 50, trainer)
+    tok.save(str(path))
+    return str(path)
+
+
+def test_granite_docling_prompt_counts_equal_its_processor(tmp_path):
+    """Prep's count of a page (its markers, tokens, newlines, with the template's text around)
+    equals the tokens of ``GraniteDoclingProcessor``'s prompt, coarse and fine, with a
+    tokenizer where blank lines are one token: a one-tile page's closing newline joins a
+    newline the template writes after the image into one token."""
+    pytest.importorskip("transformers")
+    from transformers import GraniteDoclingProcessor, PreTrainedTokenizerFast
+    from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
+
+    from dataprep.measure import with_image_text
+    from dataprep.records import IMAGE_PLACEHOLDER
+    from dataprep.text_tokens import TokenCounter, TokenizerSpec
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=_newline_tokenizer(tmp_path / "nl.json"))
+    markers = ["<fake_token_around_image>", "<global-img>", "<image>"]
+    markers += [f"<row_{r}_col_{c}>" for r in range(1, 17) for c in range(1, 17)]
+    tok.add_special_tokens({"additional_special_tokens": markers})
+    tok.backend_tokenizer.save(str(tmp_path / "granite.json"))
+    counter = TokenCounter(TokenizerSpec.parse(str(tmp_path / "granite.json")))
+    assert len(tok("\n\n", add_special_tokens=False)["input_ids"]) == 1
+    ip = GraniteDoclingImageProcessorPil()
+    for fine in (False, True):
+        proc = GraniteDoclingProcessor(image_processor=ip, tokenizer=tok, image_seq_len=64)
+        policy = parse_vision_policy(f"granite-docling:fine={int(fine)}")
+        for w, h in ((512, 512), (300, 200), (1000, 500), (5000, 100), (600, 2000)):
+            rows, cols = policy.grid(w, h)
+            inputs = {"rows": [[rows]], "cols": [[cols]]}
+            if fine:
+                inputs["tile_fine_mask"] = None
+            page = proc.replace_image_token(inputs, 0)
+            cost = policy.image_cost(w, h)
+            for before, after in (("hi ", "\nhello"), ("", "\n\nof text"), ("a", "hello")):
+                want = len(tok(before + page + after, add_special_tokens=False)["input_ids"])
+                text = with_image_text(before + IMAGE_PLACEHOLDER + after, [cost])
+                got = counter.count([text])[0] + cost.llm_tokens
+                assert got == want, (fine, w, h, before, after, got, want)

@@ -137,7 +137,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         packing_kwargs=True,
     )
     # SmolVLM: every image upscaled to 1536 px and cut into up to 17 tiles, so fewer samples
-    records = conversations(tmp_path, 12 if family == "smolvlm" else 24, seed=7)
+    records = conversations(
+        tmp_path, 12 if family in ("smolvlm", "granite_docling") else 24, seed=7
+    )
     samples = _samples(tmp_path, records)
     row = packer(samples)
     text_pos = row["position_ids"][0].reshape(-1)
@@ -220,7 +222,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             assert mask == want_mask, rec["id"]
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
-    tiles_dim = 1 if family == "smolvlm" else 0  # SmolVLM: [1, tiles, C, H, W]
+    tiles_dim = 1 if family in ("smolvlm", "granite_docling") else 0  # [1, tiles, C, H, W]
     if family == "mistral3":  # every image padded with zeros to the row's largest
         h, w = (max(p.shape[k] for p in pixels) for k in (1, 2))
         pixels = [
@@ -229,7 +231,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         pixels = [p[None] for p in pixels]
         assert len({p.shape for p in pixels}) == 1 and len(pixels) > 10
     assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
-    if family == "smolvlm":  # each tile's pixel mask with it
+    if family in ("smolvlm", "granite_docling"):  # each tile's mask with it
         assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
     if family == "aria":  # each crop's pixel mask with it, its padding off
         assert torch.equal(row["pixel_mask"], torch.cat(masks))
@@ -367,6 +369,7 @@ OTHER = {
     "gemma4": "gemma4:max_soft_tokens=70",
     "ovis2": "ovis2:max_tiles=2",
     "aria": "aria:max_image_size=490",
+    "granite_docling": "granite-docling:max_tiles=4",
 }
 
 
@@ -481,3 +484,52 @@ def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):
         model(**{k: row[k] for k in keep}, use_cache=False)  # its own crops' tokens: taken
         with pytest.raises(ValueError, match="do not match"):
             model(**{k: theirs[k] for k in keep}, use_cache=False)
+
+
+def test_granite_docling_fine_route_and_spread_rule(tmp_path, tokenizer_path):
+    """Granite Docling on the fine connector path: four times the tokens a tile, as
+    ``GraniteDoclingProcessor`` writes them token for token and prep's ``fine=1`` counts them,
+    with one ``tile_fine_mask`` for the row; an image processor with the spread rule on is
+    refused (prep does not count it)."""
+    import transformers as tf
+    from transformers.image_utils import load_image
+    from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
+
+    from dataprep.policy_spec import parse_vision_policy
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model = make_model_dir(tmp_path, "granite_docling", tokenizer_path)
+    tok = tf.AutoTokenizer.from_pretrained(str(model))
+    proc = tf.GraniteDoclingProcessor(
+        image_processor=GraniteDoclingImageProcessorPil(fine_route=True),
+        tokenizer=tok,
+        image_seq_len=64,
+        chat_template=tok.chat_template,
+    )
+    records = [r for r in conversations(tmp_path, 12, seed=5) if r["image"]][:4]
+    row = HFPacker(family="granite_docling", processor=proc, template=str(model))(
+        _samples(tmp_path, records)
+    )
+    starts = [
+        *(row["position_ids"][0] == 0).nonzero().reshape(-1).tolist(),
+        row["input_ids"].shape[1],
+    ]
+    policy = parse_vision_policy("granite-docling:fine=1")
+    image_id = tok.convert_tokens_to_ids("<image>")
+    for k, rec in enumerate(records):
+        text = proc.apply_chat_template(reference_messages(rec), tokenize=False)
+        images = [load_image(str(tmp_path / n)) for n in rec["image"]]
+        want = proc(text=[text], images=images, return_tensors="pt")
+        got = row["input_ids"][0, starts[k] : starts[k + 1]]
+        assert got.tolist() == want["input_ids"][0].tolist(), rec["id"]
+        sizes = [(im.width, im.height) for im in images]
+        tokens = sum(policy.image_cost(w, h).llm_tokens for w, h in sizes)
+        assert int((got == image_id).sum()) == tokens and want["tile_fine_mask"].all()
+    assert row["tile_fine_mask"].tolist() == [True]
+    dense = GraniteDoclingImageProcessorPil(dense_max_patches=64, dense_min_aspect=1.5)
+    with pytest.raises(ValueError, match="dense_max_patches"):
+        HFPacker(
+            family="granite_docling",
+            processor=tf.GraniteDoclingProcessor(image_processor=dense, tokenizer=tok),
+            template=str(model),
+        )

@@ -1,0 +1,120 @@
+"""Granite Docling's vision policy: page tiles, LLM tokens and the tile markers, from sizes alone.
+
+What ``GraniteDoclingImageProcessor`` + ``GraniteDoclingProcessor`` (transformers) do with a
+page, reproduced from the sizes in its header:
+
+1. The tile grid: among the grids of ``min_tiles..max_tiles`` tiles of ``tile_size`` px (512)
+   with at most 16 tiles a side (the tokenizer's ``<row_i_col_j>`` markers stop at 16), the one
+   whose aspect ratio is closest to the page's; where two are equally close, the later (more
+   tiles) wins while the page has more than half its area (InternVL's rule). More than one
+   tile adds the whole page resized to one tile (the thumbnail). ``split=0``
+   (``crop_to_patches=False``): one tile.
+2. Every tile is one encoder sequence of ``(tile_size / patch_size)^2`` patches (1024), its
+   connector's ``tokens_per_tile`` LLM tokens (the processor's ``image_seq_len``, 64), four times
+   as many on the fine path (``fine=1``: the processor's ``fine_route``).
+3. The prompt spells the page out, SmolVLM's way: ``<fake_token_around_image><row_r_col_c>``
+   before each tile's tokens, a newline after each row of tiles, then (more than one tile)
+   ``\\n<fake_token_around_image><global-img>``, the thumbnail's tokens and
+   ``<fake_token_around_image>``. A one-tile page is ``<fake_token_around_image><row_1_col_1>``,
+   its tokens and a newline, which joins the template's text after the image: that newline is
+   the policy's :attr:`~dataprep.vision_policy.ImageCost.after`, the rest its ``text`` (each
+   tile's tokens an ``<image>`` placeholder there, not counted).
+
+The image processor's spread rule (``dense_max_patches``, off by default) is not counted;
+``HFPacker`` refuses an image processor that has it on.
+
+Spec: ``granite-docling[:max_tiles=32,min_tiles=1,tile_size=512,patch_size=16,
+tokens_per_tile=64,fine=0,split=1]``. Its chat template writes ``<image>``, as LLaVA's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.vision_policy import ImageCost, VisionPolicy
+
+__all__ = ["GraniteDoclingPolicy", "granite_docling_grid"]
+
+FAKE, GLOBAL = "<fake_token_around_image>", "<global-img>"
+MAX_SIDE = 16  # tiles a side: the tokenizer's <row_i_col_j> markers
+
+
+@lru_cache(maxsize=65536)
+def granite_docling_grid(
+    width: int, height: int, min_tiles: int, max_tiles: int, tile: int
+) -> tuple[int, int]:
+    """The (columns, rows) grid of a page (see the module doc)."""
+    side = min(max_tiles, MAX_SIDE)
+    grids = sorted(
+        ((c, r) for c in range(1, side + 1) for r in range(1, side + 1)
+         if min_tiles <= c * r <= max_tiles),
+        key=lambda g: g[0] * g[1],
+    )  # fmt: skip
+    aspect, area = width / height, width * height
+    best, best_diff = (1, 1), float("inf")
+    for c, r in grids:
+        diff = abs(aspect - c / r)
+        if diff < best_diff:
+            best, best_diff = (c, r), diff
+        elif diff == best_diff and area > 0.5 * tile * tile * c * r:
+            best = (c, r)
+    return best
+
+
+@lru_cache(maxsize=4096)
+def _cost(rows: int, cols: int, patches: int, tokens: int) -> ImageCost:
+    if rows * cols == 1:  # the tile's tokens (the template's placeholder), then its newline
+        return ImageCost((patches,), tokens, f"{FAKE}<row_1_col_1>", "\n")
+    grid = "".join(
+        "".join(f"{FAKE}<row_{r + 1}_col_{c + 1}>{IMAGE_PLACEHOLDER}" for c in range(cols)) + "\n"
+        for r in range(rows)
+    )
+    n = rows * cols + 1  # the thumbnail last: the template's placeholder
+    return ImageCost((patches,) * n, tokens * n, f"{grid}\n{FAKE}{GLOBAL}", FAKE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GraniteDoclingPolicy(VisionPolicy):
+    max_tiles: int = 32
+    min_tiles: int = 1
+    tile_size: int = 512
+    patch_size: int = 16
+    tokens_per_tile: int = 64
+    fine: bool = False
+    split: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_tiles <= self.max_tiles:
+            raise ValueError(
+                f"granite-docling needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}.."
+                f"{self.max_tiles} (the image processor's min_patches and max_patches: 1 and 32)"
+            )
+        if self.patch_size < 1 or self.tile_size % self.patch_size or self.tokens_per_tile < 1:
+            raise ValueError(
+                f"granite-docling needs tile_size a multiple of patch_size and tokens_per_tile "
+                f">= 1, got {self.tile_size}, {self.patch_size}, {self.tokens_per_tile} "
+                "(Granite Docling 258M: 512, 16 and the processor's image_seq_len, 64)"
+            )
+
+    def grid(self, width: int, height: int) -> tuple[int, int]:
+        """(rows, columns) of the page's tiles."""
+        if not self.split or self.max_tiles <= 1:
+            return 1, 1
+        cols, rows = granite_docling_grid(
+            width, height, self.min_tiles, self.max_tiles, self.tile_size
+        )
+        return rows, cols
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        rows, cols = self.grid(width, height)
+        tokens = self.tokens_per_tile * (4 if self.fine else 1)
+        return _cost(rows, cols, (self.tile_size // self.patch_size) ** 2, tokens)
+
+    def spec(self) -> str:
+        return (
+            f"granite-docling:max_tiles={self.max_tiles},min_tiles={self.min_tiles},"
+            f"tile_size={self.tile_size},patch_size={self.patch_size},"
+            f"tokens_per_tile={self.tokens_per_tile},fine={int(self.fine)},split={int(self.split)}"
+        )

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dataprep.records import IMAGE_PLACEHOLDER
-from dataprep.vision_policy import ImageCost, VisionPolicy
+from dataprep.vision_policy import ImageCost, VisionPolicy, closest_aspect_grid
 
 __all__ = ["GraniteDoclingPolicy", "granite_docling_grid"]
 
@@ -52,15 +52,7 @@ def granite_docling_grid(
          if min_tiles <= c * r <= max_tiles),
         key=lambda g: g[0] * g[1],
     )  # fmt: skip
-    aspect, area = width / height, width * height
-    best, best_diff = (1, 1), float("inf")
-    for c, r in grids:
-        diff = abs(aspect - c / r)
-        if diff < best_diff:
-            best, best_diff = (c, r), diff
-        elif diff == best_diff and area > 0.5 * tile * tile * c * r:
-            best = (c, r)
-    return best
+    return closest_aspect_grid(width, height, grids, tile)
 
 
 @lru_cache(maxsize=4096)

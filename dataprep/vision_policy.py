@@ -68,6 +68,7 @@ __all__ = [
     "InternVLPolicy",
     "Qwen2VLPolicy",
     "VisionPolicy",
+    "closest_aspect_grid",
     "internvl_grid",
     "qwen2vl_smart_resize",
 ]
@@ -176,21 +177,29 @@ def _internvl_target_ratios(min_num: int, max_num: int) -> list[tuple[int, int]]
     return sorted(ratios, key=lambda r: r[0] * r[1])
 
 
-@lru_cache(maxsize=65536)
-def internvl_grid(width: int, height: int, min_num: int, max_num: int, image_size: int) -> tuple:
-    """The (columns, rows) tile grid InternVL's ``dynamic_preprocess`` picks for an image."""
+def closest_aspect_grid(width: int, height: int, grids, tile: int) -> tuple[int, int]:
+    """Of ``grids`` ((columns, rows), in order), the one whose aspect ratio is closest to the
+    image's; a later one as close wins while the image has more than half its area in tiles of
+    ``tile`` px (InternVL's ``find_closest_aspect_ratio``, which GOT-OCR2's, Aya Vision's and
+    Granite Docling's image processors reproduce)."""
     aspect_ratio = width / height
     best_diff = float("inf")
     best = (1, 1)
     area = width * height
-    for ratio in _internvl_target_ratios(min_num, max_num):
+    for ratio in grids:
         diff = abs(aspect_ratio - ratio[0] / ratio[1])
         if diff < best_diff:
             best_diff = diff
             best = ratio
-        elif diff == best_diff and area > 0.5 * image_size * image_size * ratio[0] * ratio[1]:
+        elif diff == best_diff and area > 0.5 * tile * tile * ratio[0] * ratio[1]:
             best = ratio
     return best
+
+
+@lru_cache(maxsize=65536)
+def internvl_grid(width: int, height: int, min_num: int, max_num: int, image_size: int) -> tuple:
+    """The (columns, rows) tile grid InternVL's ``dynamic_preprocess`` picks for an image."""
+    return closest_aspect_grid(width, height, _internvl_target_ratios(min_num, max_num), image_size)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -431,9 +431,9 @@ MUTATIONS = [
     Mutation(
         "hf-smolvlm-masks-dropped",
         "HFPacker builds SmolVLM's rows without the tiles' pixel masks",
-        "trainer_adapter/hf_inputs.py",
-        'batch["pixel_attention_mask"] = (',
-        'batch["pixel_attention_masks"] = (',
+        "trainer_adapter/hf_images.py",
+        'out["pixel_attention_mask"] = cat("pixel_attention_mask", 1)',
+        'out["pixel_attention_masks"] = cat("pixel_attention_mask", 1)',
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[smolvlm]",),
     ),
     Mutation(
@@ -1059,9 +1059,9 @@ MUTATIONS = [
     Mutation(
         "hf-gemma4-positions-dropped",
         "HFPacker builds Gemma 4's rows without the images' patch positions",
-        "trainer_adapter/hf_inputs.py",
-        'batch["image_position_ids"] = (',
-        'batch["image_positions"] = (',
+        "trainer_adapter/hf_images.py",
+        '    "gemma4": ("image_position_ids",),\n',
+        '    "gemma4": (),\n',
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma4]",),
     ),
     Mutation(
@@ -1152,9 +1152,9 @@ MUTATIONS = [
     Mutation(
         "hf-aria-no-pixel-mask",
         "HFPacker leaves Aria's pixel masks out of the row (the tower then attends the padding)",
-        "trainer_adapter/hf_inputs.py",
-        '        if self.family == "aria":  # each crop\'s pixel mask (its padding)\n',
-        "        if False:\n",
+        "trainer_adapter/hf_images.py",
+        '    "aria": ("pixel_mask",),\n',
+        '    "aria": (),\n',
         ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[aria]",),
     ),
     Mutation(
@@ -1190,9 +1190,9 @@ MUTATIONS = [
     Mutation(
         "hf-granite-no-fine-mask",
         "HFPacker leaves Granite Docling's fine-path flag out of the row",
-        "trainer_adapter/hf_inputs.py",
-        'if self.family == "granite_docling" and with_images and self.fine_route:',
-        'if self.family == "granite_docling" and with_images and not self.fine_route:',
+        "trainer_adapter/hf_images.py",
+        'if family == "granite_docling" and with_images and fine_route:',
+        'if family == "granite_docling" and with_images and not fine_route:',
         (
             "tests/trainer_adapter/test_hf_inputs.py::"
             "test_granite_docling_fine_route_and_spread_rule",

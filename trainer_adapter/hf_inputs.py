@@ -60,6 +60,7 @@ import torch
 from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
 from dataprep.records import IMAGE_PLACEHOLDER
+from trainer_adapter.hf_images import TILES, pack_images
 from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
 __all__ = ["HFPacker"]
@@ -92,12 +93,9 @@ _PER_TOKEN = {
     "gemma4": "mm_token_type_ids",
     "ernie45vl": "moe_mm_token_type_ids",
 }
-# a sample's images processed together
-_NESTED = ("llava_onevision", "smolvlm", "granite_docling")
-_TILES = ("smolvlm", "granite_docling")  # [1, tiles, C, H, W] with a mask beside them
+_NESTED = ("llava_onevision", *TILES)  # a sample's images processed together
 # the processor spells each image's tokens out
 _SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
-_ANYRES = ("llava_next", "llava_onevision")  # 4-D tiles + image_sizes
 # one image at a time (the processor pads or counts a call's images together): what travels
 _EACH = {"llava_next": ("pixel_values", "image_sizes"), "aria": ("pixel_values", "pixel_mask")}
 
@@ -309,54 +307,9 @@ class HFPacker:
         key = _PER_TOKEN.get(self.family)
         if key is not None:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
-        with_images = [p for p in parts if "pixel_values" in p]
-        # SmolVLM, Granite Docling: [1, tiles, C, H, W] per sample, each tile's mask beside it
-        dim = 1 if self.family in _TILES else 0
-        if self.family == "mistral3":  # every image padded to the row's largest, with its size
-            batch["pixel_values"] = _pad_images([p["pixel_values"] for p in with_images])
-        else:
-            batch["pixel_values"] = (
-                torch.cat([p["pixel_values"] for p in with_images], dim) if with_images else None
-            )
-        if self.family in _TILES:
-            batch["pixel_attention_mask"] = (
-                torch.cat([p["pixel_attention_mask"] for p in with_images], 1)
-                if with_images
-                else None
-            )
-        if self.family == "granite_docling" and with_images and self.fine_route:
-            batch["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)  # the row's path
-        if qwen:
-            batch["image_grid_thw"] = (
-                torch.cat([p["image_grid_thw"] for p in with_images]) if with_images else None
-            )
-        if self.family in (*_ANYRES, "mistral3"):
-            batch["image_sizes"] = (
-                torch.cat([p["image_sizes"] for p in with_images]) if with_images else None
-            )
-        if self.family == "aria":  # each crop's pixel mask (its padding)
-            batch["pixel_mask"] = (
-                torch.cat([p["pixel_mask"] for p in with_images]) if with_images else None
-            )
-        if self.family == "gemma4":  # every image padded to the same budget of rows
-            batch["image_position_ids"] = (
-                torch.cat([p["image_position_ids"] for p in with_images]) if with_images else None
-            )
-        if self.family == "llava_onevision":
-            batch["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None
+        batch |= pack_images(self.family, parts, fine_route=self.fine_route)
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
             spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}
             batch = packing_kwargs(batch, spec, lengths, batch["input_ids"].device)
         return batch
-
-
-def _pad_images(parts: list) -> torch.Tensor | None:
-    """``[n, C, H, W]`` blocks (each padded to its own largest image at the bottom and right, as
-    Pixtral's image processor pads) -> one block padded to the largest of all."""
-    if not parts:
-        return None
-    h = max(p.shape[-2] for p in parts)
-    w = max(p.shape[-1] for p in parts)
-    pad = lambda p: torch.nn.functional.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2]))  # noqa: E731
-    return torch.cat([pad(p) for p in parts])

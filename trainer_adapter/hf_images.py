@@ -1,0 +1,71 @@
+"""The image inputs of a packed row: each family's processed images, joined over the row's samples.
+
+:class:`~trainer_adapter.hf_inputs.HFPacker` processes every sample's images with the family's
+image processor; this joins them in the form the family's model takes:
+
+* most families: every image (tile, crop) along the first dimension, ``[n, C, H, W]``;
+* SmolVLM / Idefics3 and Granite Docling: ``[1, tiles, C, H, W]`` with each tile's
+  ``pixel_attention_mask`` beside it (SmolVLM's per pixel, Granite Docling's per tile), and
+  Granite Docling's one ``tile_fine_mask`` for the row on its fine connector path;
+* Mistral 3 / Pixtral: every image padded at the bottom and right to the row's largest, with
+  ``image_sizes``; LLaVA-NeXT and LLaVA-OneVision: ``image_sizes`` (OneVision's
+  ``batch_num_images`` per sample too);
+* Qwen-style: ``image_grid_thw``; Gemma 4: ``image_position_ids``; Aria: ``pixel_mask``.
+
+A row without images gets ``pixel_values=None`` (and ``None`` for the keys beside it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["TILES", "pack_images"]
+
+TILES = ("smolvlm", "granite_docling")  # [1, tiles, C, H, W] with a mask beside them
+# what travels beside pixel_values, per family, joined along the first dimension
+_BESIDE = {
+    "qwen2vl": ("image_grid_thw",),
+    "qwen3vl": ("image_grid_thw",),
+    "glm4v": ("image_grid_thw",),
+    "ernie45vl": ("image_grid_thw",),
+    "llava_next": ("image_sizes",),
+    "llava_onevision": ("image_sizes",),
+    "mistral3": ("image_sizes",),
+    "aria": ("pixel_mask",),
+    "gemma4": ("image_position_ids",),
+}
+
+
+def pack_images(family: str, parts: list[dict], *, fine_route: bool = False) -> dict:
+    """The row's image inputs from its samples' processed images (``parts``: each sample's
+    dict, ``pixel_values`` absent where it has no image)."""
+    with_images = [p for p in parts if "pixel_values" in p]
+
+    def cat(key: str, dim: int = 0):
+        return torch.cat([p[key] for p in with_images], dim) if with_images else None
+
+    out = {}
+    if family == "mistral3":  # every image padded to the row's largest, with its size
+        out["pixel_values"] = _pad_images([p["pixel_values"] for p in with_images])
+    else:
+        out["pixel_values"] = cat("pixel_values", 1 if family in TILES else 0)
+    if family in TILES:
+        out["pixel_attention_mask"] = cat("pixel_attention_mask", 1)
+    if family == "granite_docling" and with_images and fine_route:
+        out["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)  # the row's path
+    for key in _BESIDE.get(family, ()):
+        out[key] = cat(key)
+    if family == "llava_onevision":
+        out["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None
+    return out
+
+
+def _pad_images(parts: list) -> torch.Tensor | None:
+    """``[n, C, H, W]`` blocks (each padded to its own largest image at the bottom and right, as
+    Pixtral's image processor pads) -> one block padded to the largest of all."""
+    if not parts:
+        return None
+    h = max(p.shape[-2] for p in parts)
+    w = max(p.shape[-1] for p in parts)
+    pad = lambda p: torch.nn.functional.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2]))  # noqa: E731
+    return torch.cat([pad(p) for p in parts])

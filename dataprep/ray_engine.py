@@ -110,8 +110,13 @@ def ordered_map(
                 pending.append(submit(nxt))
             yield result
     finally:
-        for ref in pending:  # stopped early (error, abort): do not leave work running
-            ray.cancel(ref, force=True)
+        # stopped early (a task's error, the consumer gone): the tasks in flight finish before
+        # the error reaches the caller, so that none still writes when it reports or re-runs.
+        # Not ray.cancel: cancelling a task as it completes can crash the driver (Ray's "Check
+        # failed ... Tried to complete task that was not pending", ray-project/ray#54846, seen
+        # here with ray 2.60), which would replace the task's own error with Ray's abort.
+        if pending:
+            ray.wait(list(pending), num_returns=len(pending))
 
 
 _END = object()

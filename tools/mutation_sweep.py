@@ -1198,6 +1198,14 @@ MUTATIONS = [
             "test_granite_docling_fine_route_and_spread_rule",
         ),
     ),
+    Mutation(
+        "ray-inflight-left-writing",
+        "a Ray run stopped by a task's error returns while its other tasks still write",
+        "dataprep/ray_engine.py",
+        "            ray.wait(list(pending), num_returns=len(pending))\n",
+        "            pass\n",
+        ("tests/shards/test_ray_engine.py::test_task_error_fails_the_run_and_rerun_resumes",),
+    ),
 ]
 
 

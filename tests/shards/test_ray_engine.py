@@ -172,6 +172,11 @@ def test_task_error_fails_the_run_and_rerun_resumes(cluster, tmp_path):
     with pytest.raises(WriteError, match="cannot be read any more"):
         write_generation(WriteConfig(out=str(out), engine="ray", workers=2, **cfg))
     assert not (out / "CURRENT").exists() and not list(out.glob("gen-*"))
+    # the other tasks in flight ended before the error came back: nothing writes any more
+    listing = lambda: sorted((str(f), f.stat().st_size) for f in out.rglob("*") if f.is_file())  # noqa: E731
+    before = listing()
+    time.sleep(1.5)
+    assert listing() == before
     hidden.rename(image)
     res = write_generation(WriteConfig(out=str(out), engine="ray", workers=2, **cfg))
     assert res.generation == ref.generation

@@ -234,7 +234,16 @@ def overhead(family: str, balance: str, gen: Path, tokenizer: Path, steps: int =
            "--tokenizer", str(tokenizer), "--family", family, "--balance", balance,
            "--steps", str(steps), "--jsonl", str(log)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    for attempt in range(2):
+        log.unlink(missing_ok=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        # a rank aborted by C++ as torch tears down after every step ran ("terminate called
+        # without an active exception", seen in rare runs; tests/test_example_hf.py too): once
+        # more; any other failure, or that one twice, stops the bench
+        finished = f"{family} balance={balance}: {steps} steps" in done.stdout
+        teardown = "terminate called without an active exception" in done.stderr
+        if done.returncode == 0 or not (finished and teardown) or attempt:
+            break
     if done.returncode:
         raise RuntimeError(f"{family}/{balance} failed:\n{done.stderr[-4000:]}")
     rows = [json.loads(x) for x in log.read_text().splitlines()]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dataprep.records import IMAGE_PLACEHOLDER
-from dataprep.vision_policy import ImageCost, VisionPolicy, closest_aspect_grid
+from dataprep.vision_policy import ImageCost, VisionPolicy, closest_aspect_grid, tile_grids
 
 __all__ = ["GraniteDoclingPolicy", "granite_docling_grid"]
 
@@ -46,12 +46,7 @@ def granite_docling_grid(
     width: int, height: int, min_tiles: int, max_tiles: int, tile: int
 ) -> tuple[int, int]:
     """The (columns, rows) grid of a page (see the module doc)."""
-    side = min(max_tiles, MAX_SIDE)
-    grids = sorted(
-        ((c, r) for c in range(1, side + 1) for r in range(1, side + 1)
-         if min_tiles <= c * r <= max_tiles),
-        key=lambda g: g[0] * g[1],
-    )  # fmt: skip
+    grids = tile_grids(min_tiles, max_tiles, min(max_tiles, MAX_SIDE))
     return closest_aspect_grid(width, height, grids, tile)
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from dataprep.records import IMAGE_PLACEHOLDER
-from dataprep.vision_policy import ImageCost, VisionPolicy, internvl_grid
+from dataprep.vision_policy import ImageCost, VisionPolicy, internvl_grid, tile_grids
 
 __all__ = ["OVIS2_MARKERS", "Ovis2Policy", "ovis2_covering_grid"]
 
@@ -59,13 +59,8 @@ def ovis2_covering_grid(
 ) -> tuple[int, int]:
     """(a, b): the covering grid, a tiles by b (see the module doc; ``a`` cuts the height in
     the covering, and transformers then takes ``a`` as the number of columns)."""
-    grids = sorted(
-        ((a, b) for a in range(1, max_tiles + 1) for b in range(1, max_tiles + 1)
-         if a * b <= max_tiles),
-        key=lambda g: g[0] * g[1],
-    )  # fmt: skip
     scored = []
-    for a, b in grids:
+    for a, b in tile_grids(1, max_tiles, max_tiles):
         row_h, col_w = height // a, width // b
         area = 0.0
         for r in range(a):

@@ -71,6 +71,7 @@ __all__ = [
     "closest_aspect_grid",
     "internvl_grid",
     "qwen2vl_smart_resize",
+    "tile_grids",
 ]
 
 
@@ -175,6 +176,20 @@ def _internvl_target_ratios(min_num: int, max_num: int) -> list[tuple[int, int]]
         if min_num <= i * j <= max_num
     }
     return sorted(ratios, key=lambda r: r[0] * r[1])
+
+
+@lru_cache(maxsize=64)
+def tile_grids(min_tiles: int, max_tiles: int, max_side: int) -> tuple[tuple[int, int], ...]:
+    """Every ``a x b`` grid of ``min_tiles..max_tiles`` tiles, each side at most ``max_side``, in
+    the order GOT-OCR2's, Ovis2's and Granite Docling's image processors try them: ``a`` then
+    ``b`` ascending, sorted (stably) by tile count."""
+    grids = [
+        (a, b)
+        for a in range(1, max_side + 1)
+        for b in range(1, max_side + 1)
+        if min_tiles <= a * b <= max_tiles
+    ]
+    return tuple(sorted(grids, key=lambda g: g[0] * g[1]))
 
 
 def closest_aspect_grid(width: int, height: int, grids, tile: int) -> tuple[int, int]:

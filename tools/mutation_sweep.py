@@ -1172,8 +1172,8 @@ MUTATIONS = [
         "granite-no-side-cap",
         "Granite Docling's grids allowed more than 16 tiles a side (its markers stop at 16)",
         "dataprep/granite_docling_policy.py",
-        "    side = min(max_tiles, MAX_SIDE)\n",
-        "    side = max_tiles\n",
+        "grids = tile_grids(min_tiles, max_tiles, min(max_tiles, MAX_SIDE))",
+        "grids = tile_grids(min_tiles, max_tiles, max_tiles)",
         ("tests/dataprep/test_vision_policy.py::test_granite_docling_equals_its_image_processor",),
     ),
     Mutation(

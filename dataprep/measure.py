@@ -250,7 +250,7 @@ class Measurer:
                 headers = [_probe(r, self.check_images) for r in refs]
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
                 text = self.template.render(sample.turns)
-                text = with_image_text(text, costs)
+                text = self.policy.prompt(with_image_text(text, costs))
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue

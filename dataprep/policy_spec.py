@@ -3,7 +3,7 @@
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
 ``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``,
-``aria_policy``, ``granite_docling_policy``), imported when a spec names them.
+``aria_policy``, ``granite_docling_policy``, ``idefics2_policy``), imported when a spec names them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _INT_OPTIONS = {
     "aya-vision": {"min_tiles", "max_tiles", "tile_size", "patch_size"},
     "ovis2": {"max_tiles", "tile_size", "patch_size", "hidden_stride", "covering", "min_tiles"},
     "aria": {"max_image_size", "split", "patch_size"},
+    "idefics2": {"shortest_edge", "longest_edge", "patch_size", "tokens_per_image", "split"},
     "granite-docling": {
         "max_tiles",
         "min_tiles",
@@ -58,6 +59,7 @@ _STR_OPTIONS = {
     "aya-vision": {},
     "ovis2": {},
     "aria": {},
+    "idefics2": {},
     "granite-docling": {},
     "llava-onevision": {},
     "llava-next": {"grids": ()},  # () : any text, checked by the policy
@@ -75,7 +77,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     pixel bounds), ``llava-onevision[:k=v,...]``, ``gemma3[:k=v,...]``, ``gemma4[:k=v,...]``,
     ``smolvlm[:k=v,...]``, ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``,
     ``pixtral[:k=v,...]``, ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``,
-    ``aria[:k=v,...]``, ``granite-docling[:k=v,...]``,
+    ``aria[:k=v,...]``, ``granite-docling[:k=v,...]``, ``idefics2[:k=v,...]``,
     ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
@@ -90,7 +92,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
             "ernie45vl, llava-onevision, llava-next, gemma3, gemma4, smolvlm, idefics3, glm4v, pixtral, "
-            "mistral3, aya-vision, ovis2, aria or granite-docling"
+            "mistral3, aya-vision, ovis2, aria, granite-docling or idefics2"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -132,6 +134,12 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
             if flag in kwargs:
                 kwargs[flag] = bool(kwargs[flag])
         return GraniteDoclingPolicy(**kwargs)
+    if name == "idefics2":
+        from dataprep.idefics2_policy import Idefics2Policy
+
+        if "split" in kwargs:
+            kwargs["split"] = bool(kwargs["split"])
+        return Idefics2Policy(**kwargs)
     if name == "aria":
         from dataprep.aria_policy import AriaPolicy
 

@@ -37,6 +37,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   980 px, a fixed number of query tokens a crop.
 * ``granite-docling`` — Granite Docling (:mod:`dataprep.granite_docling_policy`): 512-px page
   tiles on the closest-aspect grid, a thumbnail, SmolVLM-style markers in the prompt.
+* ``idefics2`` — Idefics2 (:mod:`dataprep.idefics2_policy`): each image (or its four quarters
+  and itself) resized within 378..980 px, the patches it covers, 64 resampled tokens a crop.
 * ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
   patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
   (the image processor's ``do_pan_and_scan``, off by default) are not counted.
@@ -104,6 +106,11 @@ class VisionPolicy:
         """The costs of one sample's images, given their (width, height) in order (a policy
         whose image costs depend on the sample overrides this)."""
         return [self.image_cost(w, h) for w, h in sizes]
+
+    def prompt(self, text: str) -> str:
+        """The rendered text (each image's own text in place) as the family's processor
+        rewrites its whole prompt at the end (Idefics2's joined fake tokens); most leave it."""
+        return text
 
     def spec(self) -> str:
         raise NotImplementedError

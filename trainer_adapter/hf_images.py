@@ -7,6 +7,8 @@ image processor; this joins them in the form the family's model takes:
 * SmolVLM / Idefics3 and Granite Docling: ``[1, tiles, C, H, W]`` with each tile's
   ``pixel_attention_mask`` beside it (SmolVLM's per pixel, Granite Docling's per tile), and
   Granite Docling's one ``tile_fine_mask`` for the row on its fine connector path;
+* Idefics2: ``[1, crops, C, H, W]``, every crop padded at the bottom and right to the row's
+  largest, with its ``pixel_attention_mask`` (0 on the padding) beside it;
 * Mistral 3 / Pixtral: every image padded at the bottom and right to the row's largest, with
   ``image_sizes``; LLaVA-NeXT and LLaVA-OneVision: ``image_sizes`` (OneVision's
   ``batch_num_images`` per sample too);
@@ -47,6 +49,9 @@ def pack_images(family: str, parts: list[dict], *, fine_route: bool = False) -> 
     out = {}
     if family == "mistral3":  # every image padded to the row's largest, with its size
         out["pixel_values"] = _pad_images([p["pixel_values"] for p in with_images])
+    elif family == "idefics2":  # every crop padded to the row's largest, with its pixel mask
+        for key in ("pixel_values", "pixel_attention_mask"):
+            out[key] = _pad_images([p[key] for p in with_images], dim=1)
     else:
         out["pixel_values"] = cat("pixel_values", 1 if family in TILES else 0)
     if family in TILES:
@@ -60,12 +65,13 @@ def pack_images(family: str, parts: list[dict], *, fine_route: bool = False) -> 
     return out
 
 
-def _pad_images(parts: list) -> torch.Tensor | None:
-    """``[n, C, H, W]`` blocks (each padded to its own largest image at the bottom and right, as
-    Pixtral's image processor pads) -> one block padded to the largest of all."""
+def _pad_images(parts: list, dim: int = 0) -> torch.Tensor | None:
+    """Blocks of images ``[..., H, W]`` (each padded to its own largest image at the bottom and
+    right, as Pixtral's and Idefics2's image processors pad) -> one block padded to the largest
+    of all, joined along ``dim``."""
     if not parts:
         return None
     h = max(p.shape[-2] for p in parts)
     w = max(p.shape[-1] for p in parts)
     pad = lambda p: torch.nn.functional.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2]))  # noqa: E731
-    return torch.cat([pad(p) for p in parts])
+    return torch.cat([pad(p) for p in parts], dim)

@@ -41,6 +41,10 @@ the images. Per family:
 * Granite Docling: its processor's ``replace_image_token`` (SmolVLM's markers, four times the
   tokens on the fine path); ``[1, tiles, C, H, W]`` with ``pixel_attention_mask [1, tiles]``
   and, on the fine path, one ``tile_fine_mask`` for the row.
+* Idefics2: each image's crops (one, or its four quarters and itself) x ``image_seq_len``
+  ``<image>`` tokens, each crop between fake tokens, as its processor joins and spaces them
+  (:func:`~dataprep.idefics2_policy.idefics2_image_texts`); ``[1, crops, C, H, W]`` padded to
+  the row's largest crop, with ``pixel_attention_mask``.
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -58,6 +62,7 @@ import numpy as np
 import torch
 
 from dataprep.chat_template import load_template
+from dataprep.idefics2_policy import FAKE, idefics2_image_texts
 from dataprep.image_orientation import decode_image
 from dataprep.records import IMAGE_PLACEHOLDER
 from trainer_adapter.hf_images import TILES, pack_images
@@ -84,6 +89,7 @@ FAMILIES = (
     "ovis2",
     "aria",
     "granite_docling",
+    "idefics2",
 )
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
@@ -93,7 +99,7 @@ _PER_TOKEN = {
     "gemma4": "mm_token_type_ids",
     "ernie45vl": "moe_mm_token_type_ids",
 }
-_NESTED = ("llava_onevision", *TILES)  # a sample's images processed together
+_NESTED = ("llava_onevision", "idefics2", *TILES)  # a sample's images processed together
 # the processor spells each image's tokens out
 _SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
 # one image at a time (the processor pads or counts a call's images together): what travels
@@ -107,7 +113,8 @@ class HFPacker:
     (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
     (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
     (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``) | aria
-    (Aria: ``AriaProcessor``) | granite_docling (Granite Docling). ``processor``:
+    (Aria: ``AriaProcessor``) | granite_docling (Granite Docling) | idefics2 (Idefics2:
+    ``Idefics2Processor``). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -165,6 +172,10 @@ class HFPacker:
         if self.family in _QWEN:
             merge = self.processor.image_processor.merge_size**2
             return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
+        if self.family == "idefics2":  # fake tokens around each crop's, joined in between
+            crops = 5 if self.processor.image_processor.do_image_splitting else 1
+            one = FAKE + token * self.processor.image_seq_len + FAKE
+            return [(one * crops).replace(FAKE + FAKE, FAKE)] * len(images)
         if self.family in _SPELLED:  # depends on the sample's other images / the image's tiles
             return [
                 self.processor.replace_image_token(processed, image_idx=i)
@@ -222,6 +233,8 @@ class HFPacker:
             assert pix.shape[0] == 1 or pix.shape[1] == 1, pix.shape
             processed["pixel_values"] = pix.reshape(-1, *pix.shape[2:])
         text, spans = self._template.render_spans([tuple(t) for t in turns])
+        if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
+            texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
         pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
         for k, part in enumerate(text.split(IMAGE_PLACEHOLDER)):
             pieces.append(part)

@@ -64,6 +64,9 @@ vision policies (--vision-policy):
               Granite Docling: 512px page tiles (aspect grid, 1..32) + a thumbnail, 64 tokens
               each (fine=1: 256), SmolVLM's markers in the prompt
               options: granite-docling:max_tiles=32,fine=0,split=1
+  idefics2    Idefics2: each image resized within 378..980px (split=1: its four quarters
+              and itself), the 14px patches it covers, 64 resampled tokens each
+              options: idefics2:shortest_edge=378,longest_edge=980,split=0
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -98,7 +101,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2, aria or granite-docling, "
+        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2, aria, granite-docling or idefics2, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

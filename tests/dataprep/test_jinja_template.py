@@ -36,7 +36,7 @@ N = 200
 # SmolVLM's processor upscales every image to 1536 px and cuts up to 17 tiles: fewer
 # conversations here, its tile grids over many more sizes in test_smolvlm_grid_* (Granite
 # Docling's up to 17 tiles of 512 px too: its grids in test_granite_docling_*)
-N_OF = {"smolvlm": 60, "granite_docling": 80}
+N_OF = {"smolvlm": 60, "granite_docling": 80, "idefics2": 100}
 
 FAMILIES = {
     "qwen2vl": {
@@ -294,6 +294,13 @@ FAMILIES = {
             "pad_token": "<pad>",
             "extra_special_tokens": {"image_token": "<|img|>"},
         },
+    },
+    # Idefics2: each image one crop within 378..980 px, 64 resampled tokens between fake
+    # tokens (joined between adjacent images, a space after one that text follows)
+    "idefics2": {
+        "policy": "idefics2",
+        "specials": ["<s>", "</s>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
+        "config": {"bos_token": "<s>", "eos_token": "<end_of_utterance>"},
     },
     # Granite Docling: 512-px page tiles + a thumbnail, 64 tokens each, SmolVLM's markers
     "granite_docling": {
@@ -614,6 +621,16 @@ def processor_for(family: str, model: Path):
             image_seq_len=64,
             chat_template=tok.chat_template,
         )
+    if family == "idefics2":  # the image processor's defaults (378..980 px, not split)
+        from transformers import Idefics2Processor
+        from transformers.models.idefics2 import Idefics2ImageProcessorPil
+
+        return Idefics2Processor(
+            image_processor=Idefics2ImageProcessorPil(),
+            tokenizer=tok,
+            image_seq_len=64,
+            chat_template=tok.chat_template,
+        )
     if family == "aria":  # the released settings (980-px crops, not split)
         from transformers import AriaProcessor
         from transformers.models.aria import AriaImageProcessorPil
@@ -678,6 +695,15 @@ def processor_images(family: str, images: list):
     return [images] if family == "llava_onevision" else images
 
 
+def idefics2_patches(masks, patch: int) -> list[int]:
+    """Each crop's patches as ``Idefics2Model.get_image_features`` keeps them: the cells of its
+    pixel mask (``[n, H, W]``, padded to the call's largest crop) that are fully real."""
+    import torch
+
+    cells = torch.as_tensor(masks).unfold(1, patch, patch).unfold(2, patch, patch)
+    return [int(c) for c in (cells.sum(dim=(-1, -2)) == patch * patch).sum(dim=(1, 2))]
+
+
 def reference(processor, family: str, record: dict, root: Path) -> tuple[int, list[int]]:
     """(LLM sequence length, encoder sequence lengths) as transformers makes them."""
     from transformers.image_utils import load_image
@@ -724,6 +750,8 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
     if family == "aria":  # every crop padded to 980 x 980
         assert out["pixel_values"].shape[-2:] == (980, 980)
         return n, [(980 // 14) ** 2] * int(out["pixel_values"].shape[0])
+    if family == "idefics2":  # the patches each crop's pixel mask covers fully, as the model
+        return n, idefics2_patches(out["pixel_attention_mask"][0], 14)  # masks them
     if family == "ovis2":  # every tile and thumbnail
         return n, [(448 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family == "gemma3":

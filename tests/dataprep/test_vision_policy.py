@@ -778,3 +778,106 @@ def test_granite_docling_prompt_counts_equal_its_processor(tmp_path):
                 text = with_image_text(before + IMAGE_PLACEHOLDER + after, [cost])
                 got = counter.count([text])[0] + cost.llm_tokens
                 assert got == want, (fine, w, h, before, after, got, want)
+
+
+@pytest.mark.parametrize(
+    ("spec", "w", "h", "crops"),
+    [
+        # longest side 2000 -> 980, the other 245 raised to 378 on its own: 27 x 70 patches
+        ("idefics2", 2000, 500, [1890]),
+        # small: both sides raised to 378 (27 x 27 patches)
+        ("idefics2", 100, 40, [729]),
+        # split: four 250 x 1000 quarters, each to 378 x 980, and the whole image
+        ("idefics2:split=1", 2000, 500, [1890] * 5),
+        # split, odd sides: quarters of 33/34 x 50/51 px, all raised to 378 x 378
+        ("idefics2:split=1", 101, 67, [729] * 5),
+    ],
+)
+def test_idefics2_hand_worked(spec, w, h, crops):
+    p = parse_vision_policy(spec)
+    c = p.image_cost(w, h)
+    assert list(c.vit_seq_lens) == crops and c.llm_tokens == 64 * len(crops)
+    assert parse_vision_policy(p.spec()) == p
+    fake = "<fake_token_around_image>"
+    assert c.after == fake and c.text.count(fake) == len(crops)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_idefics2_equals_its_image_processor(split):
+    """Each crop's size equals ``Idefics2ImageProcessor``'s resize over 4000 sizes, and its
+    patches the cells of the pixel mask the model keeps, for 12 real images."""
+    import random
+
+    from PIL import Image
+
+    pytest.importorskip("transformers")
+    from transformers.image_utils import SizeDict
+    from transformers.models.idefics2 import Idefics2ImageProcessorPil
+    from transformers.models.idefics2.image_processing_pil_idefics2 import (
+        get_resize_output_image_size,
+    )
+
+    from dataprep.idefics2_policy import idefics2_crops, idefics2_resize
+    from tests.dataprep.test_jinja_template import idefics2_patches
+
+    size = SizeDict(shortest_edge=378, longest_edge=980)
+    rng = random.Random(8)
+    wrong = []
+    for w, h in [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(4000)]:
+        want = get_resize_output_image_size(np.zeros((3, h, w), dtype=np.uint8), size)
+        if idefics2_resize(h, w, 378, 980) != tuple(want):
+            wrong.append(((w, h), want))
+    policy = parse_vision_policy(f"idefics2:split={int(split)}")
+    ip = Idefics2ImageProcessorPil(do_image_splitting=split)
+    for w, h in [(rng.randint(1, 2500), rng.randint(1, 2500)) for _ in range(12)]:
+        out = ip(images=[[Image.new("RGB", (w, h), (200, 10, 10))]], return_tensors="np")
+        want = idefics2_patches(out["pixel_attention_mask"][0], 14)
+        if list(policy.image_cost(w, h).vit_seq_lens) != want:
+            wrong.append(((w, h), want))
+    assert len(idefics2_crops(10, 10, split)) == (5 if split else 1)
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_idefics2_prompt_counts_equal_its_processor(split, tmp_path, tokenizer_path):
+    """Prep's count of a text with images (the fake tokens around each crop, joined between
+    adjacent images; the space the processor puts after one that text follows) equals the
+    tokens of ``Idefics2Processor``'s prompt, and HFPacker's image texts are the processor's."""
+    pytest.importorskip("transformers")
+    from PIL import Image
+    from transformers import Idefics2Processor, PreTrainedTokenizerFast
+    from transformers.models.idefics2 import Idefics2ImageProcessorPil
+
+    from dataprep.idefics2_policy import FAKE, idefics2_image_texts
+    from dataprep.measure import with_image_text
+    from dataprep.records import IMAGE_PLACEHOLDER
+    from dataprep.text_tokens import TokenCounter, TokenizerSpec
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": [FAKE, "<image>", "<end_of_utterance>"]})
+    tok.backend_tokenizer.save(str(tmp_path / "idefics2.json"))
+    counter = TokenCounter(TokenizerSpec.parse(str(tmp_path / "idefics2.json")))
+    ip = Idefics2ImageProcessorPil(do_image_splitting=split)
+    proc = Idefics2Processor(image_processor=ip, tokenizer=tok, image_seq_len=64)
+    policy = parse_vision_policy(f"idefics2:split={int(split)}")
+    image = Image.new("RGB", (500, 300), (0, 90, 200))
+    per_image = (FAKE + "<image>" * 64 + FAKE) * (5 if split else 1)
+    per_image = per_image.replace(FAKE + FAKE, FAKE)
+    texts = [
+        "User:<image>What is it?",
+        "User:<image><image>\nand <image> <b>x</b><image>",
+        "<image>",
+        "<image>a<image>",
+        "a photo<image>\n<image>café",
+    ]
+    for text in texts:
+        n = text.count("<image>")
+        want = proc(text=[text], images=[[image] * n])["input_ids"][0]
+        costs = [policy.image_cost(*image.size)] * n
+        ours = policy.prompt(with_image_text(text.replace("<image>", IMAGE_PLACEHOLDER), costs))
+        got = counter.count([ours])[0] + sum(c.llm_tokens for c in costs)
+        assert got == len(want), (split, text, got, len(want))
+        parts = text.split("<image>")
+        filled = idefics2_image_texts(parts, [per_image] * n)
+        built = parts[0] + "".join(t + p for t, p in zip(filled, parts[1:], strict=True))
+        assert tok(built, add_special_tokens=False)["input_ids"] == list(want), (split, text)

@@ -230,6 +230,14 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         ]
         pixels = [p[None] for p in pixels]
         assert len({p.shape for p in pixels}) == 1 and len(pixels) > 10
+    if family == "idefics2":  # every crop padded with zeros to the row's largest, its mask too
+        h, w = (max(p.shape[k] for p in pixels) for k in (-2, -1))
+        pad = lambda p: torch.nn.functional.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2]))  # noqa: E731
+        pixels, masks = [pad(p) for p in pixels], [pad(m) for m in masks]
+        assert sum(p.shape[1] for p in pixels) > 10
+        assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
+        assert not row["pixel_attention_mask"].all()
+        tiles_dim = 1  # [1, crops, C, H, W]
     assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
     if family in ("smolvlm", "granite_docling"):  # each tile's mask with it
         assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
@@ -370,6 +378,7 @@ OTHER = {
     "ovis2": "ovis2:max_tiles=2",
     "aria": "aria:max_image_size=490",
     "granite_docling": "granite-docling:max_tiles=4",
+    "idefics2": "idefics2:split=1",
 }
 
 
@@ -484,6 +493,74 @@ def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):
         model(**{k: row[k] for k in keep}, use_cache=False)  # its own crops' tokens: taken
         with pytest.raises(ValueError, match="do not match"):
             model(**{k: theirs[k] for k in keep}, use_cache=False)
+
+
+def test_idefics2_split_crops_and_a_tiny_model(tmp_path, tokenizer_path):
+    """Idefics2 with its image processor splitting: each image's four quarters and itself, the
+    fake tokens between them joined, as ``Idefics2Processor`` writes them token for token and
+    pads them; prep's ``idefics2:split=1`` counts the sample, and a tiny Idefics2 takes the row
+    (its resampler makes as many features as the row has image tokens)."""
+    import transformers as tf
+    from transformers.image_utils import load_image
+    from transformers.models.idefics2 import Idefics2ImageProcessorPil
+
+    from dataprep.measure import with_image_text
+    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.records import IMAGE_PLACEHOLDER
+    from dataprep.text_tokens import TokenCounter, TokenizerSpec
+    from tests.conftest import write_image
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model_dir = make_model_dir(tmp_path, "idefics2", tokenizer_path)
+    tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
+    ip = Idefics2ImageProcessorPil(
+        do_image_splitting=True, size={"shortest_edge": 28, "longest_edge": 70}
+    )
+    proc = tf.Idefics2Processor(
+        image_processor=ip, tokenizer=tok, image_seq_len=4, chat_template=tok.chat_template
+    )
+    sizes = ((200, 50), (31, 45), (90, 90))
+    paths = [tmp_path / f"{k}.png" for k in range(3)]
+    for path, (w, h) in zip(paths, sizes, strict=True):
+        write_image(path, w, h)
+    say = "<image><image>a photo\n<image>"
+    turns = [("user", say), ("assistant", "a cat")]
+    packer = HFPacker(family="idefics2", processor=proc, template=str(model_dir))
+    row = packer([SimpleNamespace(meta={"turns": turns}, images=[p.read_bytes() for p in paths])])
+    record = {"conversations": [{"from": "human", "value": say}, {"from": "gpt", "value": "a cat"}]}
+    text = proc.apply_chat_template(reference_messages(record), tokenize=False)
+    theirs = proc(text=[text], images=[[load_image(str(p)) for p in paths]], return_tensors="pt")
+    assert row["input_ids"].tolist() == theirs["input_ids"].tolist()
+    assert torch.equal(row["pixel_values"], theirs["pixel_values"])
+    assert torch.equal(row["pixel_attention_mask"], theirs["pixel_attention_mask"])
+    assert row["pixel_values"].shape[1] == 15
+    # prep's count of the sample, the same split
+    policy = parse_vision_policy(
+        "idefics2:split=1,shortest_edge=28,longest_edge=70,tokens_per_image=4"
+    )
+    costs = [policy.image_cost(w, h) for w, h in sizes]
+    prompt = packer._template.render([("user", say.replace("<image>", IMAGE_PLACEHOLDER)),
+                                      ("assistant", "a cat")])  # fmt: skip
+    counted = TokenCounter(TokenizerSpec.parse(str(model_dir / "tokenizer.json"))).count(
+        [policy.prompt(with_image_text(prompt, costs))]
+    )[0]
+    assert counted + sum(c.llm_tokens for c in costs) == row["input_ids"].shape[1]
+    cfg = tf.Idefics2Config(
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                           num_attention_heads=2, image_size=70, patch_size=7),
+        perceiver_config=dict(hidden_size=32, resampler_n_latents=4, resampler_depth=1,
+                              resampler_n_heads=2, resampler_head_dim=8, num_key_value_heads=2),
+        text_config=dict(model_type="mistral", vocab_size=len(tok), hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=8),
+        image_token_id=tok.convert_tokens_to_ids("<image>"),
+    )  # fmt: skip
+    model = tf.Idefics2ForConditionalGeneration(cfg).eval()
+    keep = ("input_ids", "pixel_values", "pixel_attention_mask")
+    with torch.no_grad():
+        out = model(**{k: row[k] for k in keep}, use_cache=False)
+    image_tokens = int((row["input_ids"] == cfg.image_token_id).sum())
+    assert out.image_hidden_states.shape[0] == 15 * 4 == image_tokens
 
 
 def test_granite_docling_fine_route_and_spread_rule(tmp_path, tokenizer_path):

@@ -7,7 +7,7 @@ GPU: NCCL):
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
 gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 | aria |
-granite_docling builds a
+granite_docling | idefics2 builds a
 tiny model of that architecture from its ``transformers`` config (random weights, nothing
 downloaded), the family's processor classes from config, and a local tokenizer (the given
 tokenizer.json with the family's special tokens).
@@ -71,6 +71,7 @@ SPECIALS = {
     "granite_docling": ["<|start_of_role|>", "<|end_of_role|>", "<|end_of_text|>",
                         "<fake_token_around_image>", "<global-img>", "<image>",
                         *[f"<row_{r}_col_{c}>" for r in range(1, 17) for c in range(1, 17)]],
+    "idefics2": ["<s>", "</s>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 NAMED = ("deepseek_vl", "janus")  # templates whose image marker another family shares
@@ -111,6 +112,8 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
         config["pad_token"] = "<PAD>"
     if family == "granite_docling":
         config["eos_token"] = config["pad_token"] = "<|end_of_text|>"
+    if family == "idefics2":
+        config["bos_token"], config["eos_token"] = "<s>", "<end_of_utterance>"
     if family == "aria":
         config["eos_token"], config["pad_token"] = "<|im_end|>", "<pad>"
         config["extra_special_tokens"] = {"image_token": "<|img|>"}
@@ -446,6 +449,21 @@ def build(family: str, mdir: Path):
             density_router_hidden_size=8,
         )  # fmt: skip
         return proc, tf.GraniteDoclingForConditionalGeneration(cfg)
+    if family == "idefics2":  # each image within 28..56 px, padded with its pixel mask, a
+        from transformers.models.idefics2 import Idefics2ImageProcessorPil  # perceiver resampler
+
+        ip = Idefics2ImageProcessorPil(size={"shortest_edge": 28, "longest_edge": TILE})
+        proc = tf.Idefics2Processor(image_processor=ip, tokenizer=tok, image_seq_len=8)
+        cfg = tf.Idefics2Config(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=TILE, patch_size=7),
+            perceiver_config=dict(hidden_size=text["hidden_size"], resampler_n_latents=8,
+                                  resampler_depth=1, resampler_n_heads=2, resampler_head_dim=16,
+                                  num_key_value_heads=2),
+            text_config={**text, "model_type": "mistral", "head_dim": 16},
+            image_token_id=ids("<image>"),
+        )  # fmt: skip
+        return proc, tf.Idefics2ForConditionalGeneration(cfg)
     if family == "aria":  # each image one 490-px crop with a pixel mask, an MoE decoder
         from transformers.models.aria import AriaImageProcessorPil
 

@@ -94,6 +94,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "ovis2",
         "aria",
         "granite_docling",
+        "idefics2",
     ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
@@ -111,7 +112,8 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
     and end around them), Ovis2 (covering tile grids with their markers, whose embeddings
     the visual tokenizer's table gives), Aria (crops padded with pixel masks, a query
     projector, an MoE decoder), Granite Docling (page tiles with SmolVLM's markers, deepstack
-    features, a density router) through the same loop."""
+    features, a density router), Idefics2 (images of their own sizes padded together with
+    pixel masks, a perceiver resampler) through the same loop."""
     tf = pytest.importorskip("transformers")
     if family == "qwen3vl" and not hasattr(tf, "Qwen3VLForConditionalGeneration"):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")

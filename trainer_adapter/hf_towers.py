@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import install, joined, length_cost, plan_round, tower_cost
+from trainer_adapter.hf_tile_sizes import crop_patch_outputs, group_tile_size, pad_tiles, tile_table
 from trainer_adapter.item_outputs import param_zeros, route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -147,8 +148,10 @@ def balance_tiles(
     """Install the balanced forward on a tile-style vision tower (InternVL's, LLaVA's CLIP /
     SigLIP, Idefics3's / SmolVLM's: ``forward(pixel_values)`` with one ``[C, H, W]`` tile per
     row, every tile the same encoder cost). Tiles are spread evenly over the group; a tower that
-    takes a ``patch_attention_mask`` (Idefics3, SmolVLM: the patches of a tile that are image,
-    not padding) gets each tile's mask with it. Every per-tile output (last hidden state, pooled
+    takes a ``patch_attention_mask`` (Idefics2, Idefics3, SmolVLM: the patches of a tile that
+    are image, not padding) gets each tile's mask with it, and tiles of different sizes on the
+    ranks (Idefics2's, padded to each rank's largest image) run at the largest
+    (:mod:`trainer_adapter.hf_tile_sizes`). Every per-tile output (last hidden state, pooled
     output, the hidden states of every layer) comes back in the original order."""
     policy = policy or RedistributePolicy()
     inner = tower.forward
@@ -175,7 +178,8 @@ def balance_tiles(
                 raise ValueError(f"{where}: {len(mask)} patch masks for {n} tiles")
         except Exception as e:  # every rank raises it: plan_items
             n, row_bytes, refusal = 0, 0, e
-        table, volume = np.ones((n, 1), dtype=np.int64), lambda t: t[:, 0] * float(row_bytes)
+        table = tile_table(pixel_values) if refusal is None else np.zeros((0, 3), np.int64)
+        volume = lambda t: t[:, 0] * float(row_bytes)  # noqa: E731
         route = plan_round(
             self, table, _tile_cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
         )
@@ -185,12 +189,21 @@ def balance_tiles(
             if masked:
                 kwargs["patch_attention_mask"] = mask
             return inner(pixel_values, *args, **kwargs)
+        # the round's tile size (Idefics2: each rank's its own largest image's): hf_tile_sizes
+        size = group_tile_size(route, masked, where)
+        own_size = tuple(int(s) for s in pixel_values.shape[-2:])
+        p = self.config.patch_size if masked else 1
+        pixel_values, mask = pad_tiles(pixel_values, mask, size, p)
         x = route.send(pixel_values, 0, "tiles")
         if masked:
             kwargs["patch_attention_mask"] = route.send(mask.to(torch.uint8), 0, "masks").bool()
         out, failure = run_received(route, lambda: inner(x, *args, **{**kwargs, **route.settings}))
         own = not self.equishard_joining
-        return route_home(self, out, x, route, group, own_call=own, failure=failure)
+        out = route_home(self, out, x, route, group, own_call=own, failure=failure)
+        if own and masked:  # this rank's tiles' patches, on its own patch grid
+            grid = lambda hw: (hw[0] // p, hw[1] // p)  # noqa: E731
+            out = crop_patch_outputs(out, grid(size), grid(own_size))
+        return out
 
     def join(self) -> torch.Tensor:
         # every layer's states too: the model's own calls may select from them

@@ -16,6 +16,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.dist_helper import run_ranks
 from tests.trainer_adapter.test_hf_parity import _decoder, _step, build_model, make_batches
@@ -62,6 +63,13 @@ def _cut(name: str, index: int):
     return _own_calls(hook)
 
 
+def _grown(args, kwargs):
+    """The tiles padded by 7 px (a rank whose images the processor padded otherwise)."""
+    if "pixel_values" in kwargs:
+        return args, {**kwargs, "pixel_values": F.pad(kwargs["pixel_values"], (0, 7, 0, 7))}
+    return (F.pad(args[0], (0, 7, 0, 7)), *args[1:]), kwargs
+
+
 def _fail(module, args, kwargs):
     raise RuntimeError("CUDA out of memory (planted on this rank)")
 
@@ -91,6 +99,13 @@ FAULTS = {
         "tower",
         _cut("pixel_position_ids", 1),
         ["pixel_position_ids [n, P, 2]"],
+    ),
+    # tiles of another size on one rank, to a tower without patch masks to pad them with
+    "tower-tiles-differ": (
+        2,
+        "tower",
+        _own_calls(_grown),
+        ["tiles of different sizes", "tiles of 28 x 28 px", "tiles of 35 x 35 px"],
     ),
     # the tower failing on the images this rank received (out of memory)
     "tower-fails": (0, "tower-layer", _fail, ["RuntimeError", "out of memory"]),
@@ -151,12 +166,16 @@ FAULTS = {
 REFUSALS = {"tower-fails": "RuntimeError", "decoder-fails": "RuntimeError"}
 # settings that differ are no rank's own error: every rank that brought items is named (the
 # ranks with images; with samples: all but the empty rank 1), none has a cause
-SETTINGS = {"tower-settings-differ": [0, 2], "decoder-settings-differ": [0, 2, 3]}
+SETTINGS = {
+    "tower-settings-differ": [0, 2],
+    "decoder-settings-differ": [0, 2, 3],
+    "tower-tiles-differ": [0, 2],
+}
 _BOTH = ["tower-extra-input", "tower-fails"]
 FAMILY_FAULTS = {
     # balance_vision and balance_decoder
     "qwen2vl": [f for f in FAULTS if f.startswith("decoder") or f in ("tower-rows-short", *_BOTH)],
-    "internvl": _BOTH,  # balance_tiles
+    "internvl": [*_BOTH, "tower-tiles-differ"],  # balance_tiles
     "smolvlm": [*_BOTH, "tower-masks-short"],  # balance_tiles with patch masks
     "mistral3": [*_BOTH, "tower-sizes-short"],  # balance_pixtral
     "lfm2vl": [*_BOTH, "tower-shapes-short"],  # balance_naflex

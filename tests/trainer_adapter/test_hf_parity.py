@@ -900,6 +900,10 @@ def make_batches(family: str, model, layout=None):
             mask = torch.ones((*batch["pixel_values"].shape[:2], TILE, TILE), dtype=torch.bool)
             mask[:, ::2, :, TILE // 2 + 3 :] = False
             batch["pixel_attention_mask"] = mask
+            if family == "idefics2":  # padded to the rank's largest image: sizes differ
+                grow = 7 * (len(out) % 3) + (len(out) % 2)  # by ranks (0, 8, 14, 7 px)
+                for key in ("pixel_values", "pixel_attention_mask"):
+                    batch[key] = F.pad(batch[key], (0, grow, 0, grow))
         out.append(batch)
     return out
 
@@ -1075,8 +1079,13 @@ def reference(family: str, layout=None, packing=False):
             [F.pad(q, (0, 0, 0, rows - q.shape[1]), value=-1) for q in pos]
         )
     if family in (*PATCH_MASKED, *GRANITE) and with_images:  # [1, tiles, ...] along dim 1
-        for k in ("pixel_values", "pixel_attention_mask"):
-            cat[k] = torch.cat([b[k] for b in with_images], dim=1)
+        side = max(b["pixel_values"].shape[-1] for b in with_images)  # Idefics2's differ:
+        for k in ("pixel_values", "pixel_attention_mask"):  # padded to the largest
+            grown = [
+                F.pad(b[k], (0, side - b[k].shape[-1], 0, side - b[k].shape[-2]))
+                for b in with_images
+            ]
+            cat[k] = torch.cat(grown, dim=1)
     if family == "granite_docling_fine" and with_images:
         cat["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)
     if packing:

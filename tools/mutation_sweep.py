@@ -421,7 +421,7 @@ MUTATIONS = [
         "prep-image-text-uncounted",
         "prep leaves out the prompt text an image brings (SmolVLM's tile markers)",
         "dataprep/measure.py",
-        "                text = with_image_text(text, costs)\n",
+        "                text = self.policy.prompt(with_image_text(text, costs))\n",
         "",
         (
             "tests/dataprep/test_jinja_template.py::"
@@ -1205,6 +1205,62 @@ MUTATIONS = [
         "            ray.wait(list(pending), num_returns=len(pending))\n",
         "            pass\n",
         ("tests/shards/test_ray_engine.py::test_task_error_fails_the_run_and_rerun_resumes",),
+    ),
+    Mutation(
+        "idefics2-upscale-keeps-aspect",
+        "Idefics2's resize raises a small image's short side keeping the aspect (it does not)",
+        "dataprep/idefics2_policy.py",
+        "    return max(height, shortest), max(width, shortest)\n",
+        "    s = max(shortest / height, shortest / width, 1.0)\n"
+        "    return max(int(height * s), shortest), max(int(width * s), shortest)\n",
+        ("tests/dataprep/test_vision_policy.py::test_idefics2_equals_its_image_processor",),
+    ),
+    Mutation(
+        "idefics2-split-halves-round-up",
+        "Idefics2's quarters cut at half the size rounded up",
+        "dataprep/idefics2_policy.py",
+        "    mh, mw = height // 2, width // 2\n",
+        "    mh, mw = (height + 1) // 2, (width + 1) // 2\n",
+        ("tests/dataprep/test_vision_policy.py::test_idefics2_equals_its_image_processor",),
+    ),
+    Mutation(
+        "idefics2-no-space-after-fake",
+        "prep leaves out the space Idefics2's processor puts after a fake token text follows",
+        "dataprep/idefics2_policy.py",
+        '        return _SPACE_AFTER.sub(f"{FAKE} ", text.replace(FAKE + FAKE, FAKE))\n',
+        "        return text.replace(FAKE + FAKE, FAKE)\n",
+        ("tests/dataprep/test_vision_policy.py::test_idefics2_prompt_counts_equal_its_processor",),
+    ),
+    Mutation(
+        "idefics2-packer-keeps-double-fake",
+        "HFPacker keeps both fake tokens between adjacent Idefics2 images",
+        "dataprep/idefics2_policy.py",
+        "        if k and not parts[k] and text.startswith(FAKE):\n",
+        "        if False:\n",
+        (
+            "tests/dataprep/test_vision_policy.py::test_idefics2_prompt_counts_equal_its_processor",
+            "tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor",
+        ),
+    ),
+    Mutation(
+        "tiles-no-crop-back",
+        "balance_tiles returns outputs at the group's padded tile size, not the rank's own",
+        "trainer_adapter/hf_towers.py",
+        "        if own and masked:  # this rank's tiles' patches, on its own patch grid\n",
+        "        if False:\n",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
+    ),
+    Mutation(
+        "tiles-pad-mask-true",
+        "balance_tiles marks the patches it pads as image",
+        "trainer_adapter/hf_tile_sizes.py",
+        "            mask = torch.nn.functional.pad(mask, (0, gw, 0, gh), value=False)\n",
+        "            mask = torch.nn.functional.pad(mask, (0, gw, 0, gh), value=True)\n",
+        (
+            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+        ),
     ),
 ]
 

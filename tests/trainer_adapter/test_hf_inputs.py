@@ -610,3 +610,40 @@ def test_granite_docling_fine_route_and_spread_rule(tmp_path, tokenizer_path):
             processor=tf.GraniteDoclingProcessor(image_processor=dense, tokenizer=tok),
             template=str(model),
         )
+
+
+def test_vipllava_takes_the_llava_rows(tmp_path, tokenizer_path):
+    """VipLLaVA's checkpoints ship ``LlavaProcessor`` (CLIP 336 / 14, 576 tokens an image): the
+    ``llava`` family's rows, which prep's ``fixed:336/14`` counts, go into a tiny VipLLaVA (its
+    projector over several CLIP layers makes one feature per image token) and train."""
+    import transformers as tf
+
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model_dir = make_model_dir(tmp_path, "llava", tokenizer_path)
+    processor = processor_for("llava", model_dir)
+    packer = HFPacker(
+        family="llava", processor=processor, template=template_spec(model_dir, "llava")
+    )
+    records = conversations(tmp_path, 4, seed=5)
+    row = packer(_samples(tmp_path, records))
+    tok = processor.tokenizer
+    image = tok.convert_tokens_to_ids("<image>")
+    n_images = sum(len(r["image"]) for r in records)
+    assert n_images > 1 and int((row["input_ids"] == image).sum()) == 576 * n_images
+    cfg = tf.VipLlavaConfig(
+        vision_config=dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32,
+                           num_hidden_layers=3, num_attention_heads=2, image_size=336,
+                           patch_size=14),
+        text_config=dict(model_type="llama", vocab_size=len(tok), hidden_size=32,
+                         intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         num_key_value_heads=2),
+        image_token_index=image,
+        vision_feature_layers=[-3, -1],
+    )  # fmt: skip
+    model = tf.VipLlavaForConditionalGeneration(cfg)
+    keep = ("input_ids", "labels", "position_ids", "pixel_values")
+    out = model(**{k: row[k] for k in keep}, use_cache=False)
+    assert out.image_hidden_states.shape[:2] == (n_images, 576)
+    out.loss.backward()
+    assert model.model.multi_modal_projector.linear_1.weight.grad.abs().sum() > 0

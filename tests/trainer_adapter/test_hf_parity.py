@@ -1083,6 +1083,8 @@ def reference(family: str, layout=None, packing=False):
         for k in ("pixel_values", "pixel_attention_mask"):  # padded to the largest
             grown = [
                 F.pad(b[k], (0, side - b[k].shape[-1], 0, side - b[k].shape[-2]))
+                if family in PATCH_MASKED  # per pixel (Granite Docling's mask: per tile)
+                else b[k]
                 for b in with_images
             ]
             cat[k] = torch.cat(grown, dim=1)

@@ -1229,7 +1229,11 @@ MUTATIONS = [
         "dataprep/idefics2_policy.py",
         '        return _SPACE_AFTER.sub(f"{FAKE} ", text.replace(FAKE + FAKE, FAKE))\n',
         "        return text.replace(FAKE + FAKE, FAKE)\n",
-        ("tests/dataprep/test_vision_policy.py::test_idefics2_prompt_counts_equal_its_processor",),
+        (
+            "tests/dataprep/test_vision_policy.py::test_idefics2_prompt_counts_equal_its_processor",
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[idefics2]",
+        ),
     ),
     Mutation(
         "idefics2-packer-keeps-double-fake",
@@ -1249,7 +1253,9 @@ MUTATIONS = [
         "        if own and masked:  # this rank's tiles' patches, on its own patch grid\n",
         "        if False:\n",
         (
-            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+            "tests/trainer_adapter/test_hf_parity.py::"
+            "test_balanced_equals_unbalanced_equals_single_process[idefics2]",
+            "tests/trainer_adapter/test_hf_tile_sizes.py",
         ),
     ),
     Mutation(
@@ -1259,7 +1265,9 @@ MUTATIONS = [
         "            mask = torch.nn.functional.pad(mask, (0, gw, 0, gh), value=False)\n",
         "            mask = torch.nn.functional.pad(mask, (0, gw, 0, gh), value=True)\n",
         (
-            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+            "tests/trainer_adapter/test_hf_parity.py::"
+            "test_balanced_equals_unbalanced_equals_single_process[idefics2]",
+            "tests/trainer_adapter/test_hf_tile_sizes.py",
         ),
     ),
 ]

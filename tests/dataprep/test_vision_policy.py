@@ -821,14 +821,17 @@ def test_idefics2_equals_its_image_processor(split):
     from tests.dataprep.test_jinja_template import idefics2_patches
 
     size = SizeDict(shortest_edge=378, longest_edge=980)
+    ip = Idefics2ImageProcessorPil(do_image_splitting=split)
     rng = random.Random(8)
     wrong = []
     for w, h in [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(4000)]:
-        want = get_resize_output_image_size(np.zeros((3, h, w), dtype=np.uint8), size)
-        if idefics2_resize(h, w, 378, 980) != tuple(want):
+        image = np.broadcast_to(np.zeros(1, dtype=np.uint8), (3, h, w))  # no memory
+        crops = ip.split_images(image) if split else [image]  # the processor's own cut
+        want = [tuple(get_resize_output_image_size(c, size)) for c in crops]
+        got = [idefics2_resize(ch, cw, 378, 980) for ch, cw in idefics2_crops(w, h, split)]
+        if got != want or [c.shape[-2:] for c in crops] != idefics2_crops(w, h, split):
             wrong.append(((w, h), want))
     policy = parse_vision_policy(f"idefics2:split={int(split)}")
-    ip = Idefics2ImageProcessorPil(do_image_splitting=split)
     for w, h in [(rng.randint(1, 2500), rng.randint(1, 2500)) for _ in range(12)]:
         out = ip(images=[[Image.new("RGB", (w, h), (200, 10, 10))]], return_tensors="np")
         want = idefics2_patches(out["pixel_attention_mask"][0], 14)
@@ -869,6 +872,8 @@ def test_idefics2_prompt_counts_equal_its_processor(split, tmp_path, tokenizer_p
         "<image>",
         "<image>a<image>",
         "a photo<image>\n<image>café",
+        "<image>x=3;<image>chart",  # a space in front changes these words' token counts
+        "<image>2023 <image>{json}",
     ]
     for text in texts:
         n = text.count("<image>")

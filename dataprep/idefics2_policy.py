@@ -35,7 +35,14 @@ from functools import lru_cache
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.vision_policy import ImageCost, VisionPolicy
 
-__all__ = ["FAKE", "Idefics2Policy", "idefics2_crops", "idefics2_image_texts", "idefics2_resize"]
+__all__ = [
+    "FAKE",
+    "Idefics2Policy",
+    "idefics2_crops",
+    "idefics2_expansion",
+    "idefics2_image_texts",
+    "idefics2_resize",
+]
 
 FAKE = "<fake_token_around_image>"
 _SPACE_AFTER = re.compile(rf"{re.escape(FAKE)}(?=[^\s<])")  # the processor's own pattern
@@ -58,6 +65,12 @@ def idefics2_crops(width: int, height: int, split: bool) -> list[tuple[int, int]
     mh, mw = height // 2, width // 2
     quarters = [(mh, mw), (mh, width - mw), (height - mh, mw), (height - mh, width - mw)]
     return [*quarters, (height, width)]
+
+
+def idefics2_expansion(crop: str, crops: int) -> str:
+    """One image's text in the processor's prompt before the joining with its neighbours:
+    each crop's tokens (``crop``) between fake tokens, one fake token between two crops."""
+    return FAKE + (crop + FAKE) * crops
 
 
 def idefics2_image_texts(parts: list[str], expanded: list[str]) -> list[str]:
@@ -88,10 +101,9 @@ def _cost(width: int, height: int, policy: Idefics2Policy) -> ImageCost:
             for ch, cw in idefics2_crops(width, height, policy.split)
         )
     )
-    # the crops' tokens stand for the placeholders: a fake token before and after each
-    crops = len(seq)
-    text = FAKE + (IMAGE_PLACEHOLDER + FAKE) * (crops - 1)
-    return ImageCost(seq, policy.tokens_per_image * crops, text, FAKE)
+    # a placeholder stands for each crop's tokens; the last one's closing fake token after
+    text = idefics2_expansion(IMAGE_PLACEHOLDER, len(seq))[: -len(IMAGE_PLACEHOLDER + FAKE)]
+    return ImageCost(seq, policy.tokens_per_image * len(seq), text, FAKE)
 
 
 @dataclass(frozen=True, kw_only=True)

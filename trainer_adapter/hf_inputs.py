@@ -62,7 +62,7 @@ import numpy as np
 import torch
 
 from dataprep.chat_template import load_template
-from dataprep.idefics2_policy import FAKE, idefics2_image_texts
+from dataprep.idefics2_policy import idefics2_expansion, idefics2_image_texts
 from dataprep.image_orientation import decode_image
 from dataprep.records import IMAGE_PLACEHOLDER
 from trainer_adapter.hf_images import TILES, pack_images
@@ -174,8 +174,8 @@ class HFPacker:
             return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
         if self.family == "idefics2":  # fake tokens around each crop's, joined in between
             crops = 5 if self.processor.image_processor.do_image_splitting else 1
-            one = FAKE + token * self.processor.image_seq_len + FAKE
-            return [(one * crops).replace(FAKE + FAKE, FAKE)] * len(images)
+            crop = token * self.processor.image_seq_len
+            return [idefics2_expansion(crop, crops)] * len(images)
         if self.family in _SPELLED:  # depends on the sample's other images / the image's tiles
             return [
                 self.processor.replace_image_token(processed, image_idx=i)

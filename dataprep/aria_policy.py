@@ -22,8 +22,9 @@ most crops: with splitting, a sample whose images have different crop counts get
 tokens than the model makes features (which it refuses). Prep counts each image's own crops,
 which is what ``HFPacker(family="aria")`` builds (it processes each image on its own).
 
-Spec: ``aria[:max_image_size=980,split=0,patch_size=14]`` (the image processor's
-``max_image_size`` and ``split_image``, the vision config's ``patch_size``).
+Spec: ``aria[:max_image_size=980,split=0,patch_size=14]`` (``max_image_size`` and
+``split_image`` as the processor's call runs them: 980 and no splitting unless the call passes
+others, whatever the image processor's own attributes; the vision config's ``patch_size``).
 """
 
 from __future__ import annotations

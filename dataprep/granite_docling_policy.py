@@ -20,11 +20,16 @@ page, reproduced from the sizes in its header:
    the policy's :attr:`~dataprep.vision_policy.ImageCost.after`, the rest its ``text`` (each
    tile's tokens an ``<image>`` placeholder there, not counted).
 
-The image processor's spread rule (``dense_max_patches``, off by default) is not counted;
-``HFPacker`` refuses an image processor that has it on.
+4. The spread rule (the image processor's ``dense_max_patches``, off by default): a page whose
+   ``max_tiles`` grid leaves it under-resolved (the grid's width in pixels below
+   ``dense_max_scale`` times the page's) and whose width/height ratio is above
+   ``dense_min_aspect`` (and at most ``dense_max_aspect`` where set) takes its grid among up
+   to ``dense_max_tiles`` tiles instead (newspaper spreads, wide scans); a test whose
+   threshold is 0 is skipped, and with both of the first two 0 the rule is off.
 
 Spec: ``granite-docling[:max_tiles=32,min_tiles=1,tile_size=512,patch_size=16,
-tokens_per_tile=64,fine=0,split=1]``. Its chat template writes ``<image>``, as LLaVA's.
+tokens_per_tile=64,fine=0,split=1,dense_max_tiles=0,dense_max_scale=0,dense_min_aspect=0,
+dense_max_aspect=0]``. Its chat template writes ``<image>``, as LLaVA's.
 """
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ class GraniteDoclingPolicy(VisionPolicy):
     tokens_per_tile: int = 64
     fine: bool = False
     split: bool = True
+    dense_max_tiles: int = 0
+    dense_max_scale: float = 0.0
+    dense_min_aspect: float = 0.0
+    dense_max_aspect: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_tiles <= self.max_tiles:
@@ -84,14 +93,39 @@ class GraniteDoclingPolicy(VisionPolicy):
                 f">= 1, got {self.tile_size}, {self.patch_size}, {self.tokens_per_tile} "
                 "(Granite Docling 258M: 512, 16 and the processor's image_seq_len, 64)"
             )
+        dense = (self.dense_max_scale, self.dense_min_aspect, self.dense_max_aspect)
+        if self.dense_max_tiles < 0 or 0 < self.dense_max_tiles < self.min_tiles or min(dense) < 0:
+            raise ValueError(
+                f"granite-docling's spread rule needs dense_max_tiles 0 (off) or >= min_tiles "
+                f"and thresholds >= 0, got {self.dense_max_tiles} and {dense} (the image "
+                "processor's dense_max_patches, dense_max_scale, dense_min_aspect, "
+                "dense_max_aspect)"
+            )
+
+    def budget(self, width: int, height: int) -> int:
+        """The most tiles the page may take: ``dense_max_tiles`` where the spread rule selects
+        it (step 4 of the module doc), else ``max_tiles``."""
+        off = self.dense_max_scale <= 0 and self.dense_min_aspect <= 0
+        if not self.dense_max_tiles or off or width <= 0 or height <= 0:
+            return self.max_tiles
+        aspect = width / height
+        if self.dense_min_aspect > 0 and not aspect > self.dense_min_aspect:
+            return self.max_tiles
+        if self.dense_max_aspect > 0 and aspect > self.dense_max_aspect:
+            return self.max_tiles
+        if self.dense_max_scale > 0:
+            cols, _ = granite_docling_grid(
+                width, height, self.min_tiles, self.max_tiles, self.tile_size
+            )
+            if not cols * self.tile_size / width < self.dense_max_scale:
+                return self.max_tiles
+        return self.dense_max_tiles
 
     def grid(self, width: int, height: int) -> tuple[int, int]:
         """(rows, columns) of the page's tiles."""
-        if not self.split or self.max_tiles <= 1:
+        if not self.split or self.max_tiles <= 1 or (budget := self.budget(width, height)) <= 1:
             return 1, 1
-        cols, rows = granite_docling_grid(
-            width, height, self.min_tiles, self.max_tiles, self.tile_size
-        )
+        cols, rows = granite_docling_grid(width, height, self.min_tiles, budget, self.tile_size)
         return rows, cols
 
     def image_cost(self, width: int, height: int) -> ImageCost:
@@ -104,4 +138,11 @@ class GraniteDoclingPolicy(VisionPolicy):
             f"granite-docling:max_tiles={self.max_tiles},min_tiles={self.min_tiles},"
             f"tile_size={self.tile_size},patch_size={self.patch_size},"
             f"tokens_per_tile={self.tokens_per_tile},fine={int(self.fine)},split={int(self.split)}"
+            + (
+                f",dense_max_tiles={self.dense_max_tiles},dense_max_scale={self.dense_max_scale!r},"
+                f"dense_min_aspect={self.dense_min_aspect!r},"
+                f"dense_max_aspect={self.dense_max_aspect!r}"
+                if self.dense_max_tiles or self.dense_max_scale or self.dense_min_aspect
+                else ""
+            )
         )

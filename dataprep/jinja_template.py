@@ -241,6 +241,12 @@ class JinjaChatTemplate:
         except Exception as exc:  # a syntax error in the model's template
             raise ValueError(f"chat template {self.origin}: {exc}") from None
 
+    @property
+    def image_prefix(self) -> str:
+        """What the family's processor writes before each image's tokens, as the rendered text
+        has it before each placeholder."""
+        return self.images.prefix
+
     @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()

@@ -151,11 +151,12 @@ def _digest(obj) -> str:
     return hashlib.blake2b(obj, digest_size=8).hexdigest() if isinstance(obj, bytes) else repr(obj)
 
 
-def with_image_text(text: str, costs: list) -> str:
+def with_image_text(text: str, costs: list, prefix: str = "") -> str:
     """The rendered text with each image's own prompt text (``ImageCost.text``: SmolVLM's tile
-    markers) in front of its placeholder and ``ImageCost.after`` behind it, so that the
-    tokenizer counts it as it stands in the processor's prompt."""
-    if not any(c.text or c.after for c in costs):
+    markers) in front of its placeholder, ``ImageCost.after`` behind it and
+    ``ImageCost.before`` in front of the template's own start of the image (``prefix``), so
+    that the tokenizer counts it as it stands in the processor's prompt."""
+    if not any(c.text or c.after or c.before for c in costs):
         return text
     parts = text.split(IMAGE_PLACEHOLDER)
     if len(parts) != len(costs) + 1:
@@ -163,10 +164,18 @@ def with_image_text(text: str, costs: list) -> str:
             "template_image_mismatch",
             f"the rendered text has {len(parts) - 1} image placeholder(s) for {len(costs)} image(s)",
         )
-    return parts[0] + "".join(
-        c.text + IMAGE_PLACEHOLDER + c.after + part
-        for c, part in zip(costs, parts[1:], strict=True)
-    )
+    out = [parts[0]]
+    for c, part in zip(costs, parts[1:], strict=True):
+        if c.before:
+            if not out[-1].endswith(prefix):
+                raise SampleRejected(
+                    "template_image_mismatch",
+                    f"an image placeholder is not after the template's image start {prefix!r}",
+                )
+            cut = len(out[-1]) - len(prefix)
+            out[-1] = out[-1][:cut] + c.before + out[-1][cut:]
+        out.append(c.text + IMAGE_PLACEHOLDER + c.after + part)
+    return "".join(out)
 
 
 class Measurer:
@@ -250,7 +259,8 @@ class Measurer:
                 headers = [_probe(r, self.check_images) for r in refs]
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
                 text = self.template.render(sample.turns)
-                text = self.policy.prompt(with_image_text(text, costs))
+                text = with_image_text(text, costs, self.template.image_prefix)
+                text = self.policy.prompt(text)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue

@@ -3,7 +3,8 @@
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
 ``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``,
-``aria_policy``, ``granite_docling_policy``, ``idefics2_policy``), imported when a spec names them.
+``aria_policy``, ``granite_docling_policy``, ``idefics2_policy``, ``gemma3_policy``), imported
+when a spec names them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from dataprep.vision_policy import (
     QWEN2VL_RESIZE,
     QWEN3VL_DEFAULTS,
     FixedPolicy,
-    Gemma3Policy,
     InternVLPolicy,
     Qwen2VLPolicy,
     VisionPolicy,
@@ -22,7 +22,14 @@ from dataprep.vision_policy import (
 __all__ = ["parse_vision_policy"]
 
 _INT_OPTIONS = {
-    "gemma3": {"image_size", "patch_size", "llm_tokens"},
+    "gemma3": {
+        "image_size",
+        "patch_size",
+        "llm_tokens",
+        "pan_and_scan",
+        "min_crop_size",
+        "max_crops",
+    },
     "gemma4": {"max_soft_tokens", "patch_size", "pooling_kernel_size"},
     "glm4v": {"min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"},
     "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
@@ -40,6 +47,7 @@ _INT_OPTIONS = {
         "tokens_per_tile",
         "fine",
         "split",
+        "dense_max_tiles",
     },
     "llava-onevision": {"tile_size", "patch_size", "max_grid", "max_tiles"},
     "llava-next": {"tile_size", "patch_size"},
@@ -48,6 +56,10 @@ _INT_OPTIONS = {
     "qwen2vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
     "qwen3vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
     "ernie45vl": {"min_pixels", "max_pixels", "patch_size", "merge_size"},
+}
+_FLOAT_OPTIONS = {
+    "gemma3": {"min_ratio"},
+    "granite-docling": {"dense_max_scale", "dense_min_aspect", "dense_max_aspect"},
 }
 _STR_OPTIONS = {
     "gemma3": {},
@@ -98,6 +110,15 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, sep, value = item.partition("=")
         choices = _STR_OPTIONS[name].get(key)
+        if sep and key in _FLOAT_OPTIONS.get(name, ()):
+            try:
+                kwargs[key] = float(value)
+            except ValueError:
+                raise ValueError(
+                    f"bad option {item!r} in vision policy {spec!r}: {key} takes a number, "
+                    f"e.g. {key}=1.5"
+                ) from None
+            continue
         if sep and choices is not None:
             if choices and value not in choices:
                 raise ValueError(
@@ -107,7 +128,11 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
             kwargs[key] = value
             continue
         if not sep or key not in _INT_OPTIONS[name] or not value.isdigit():
-            allowed = ", ".join(sorted(_INT_OPTIONS[name] | set(_STR_OPTIONS[name])))
+            allowed = ", ".join(
+                sorted(
+                    _INT_OPTIONS[name] | set(_STR_OPTIONS[name]) | _FLOAT_OPTIONS.get(name, set())
+                )
+            )
             raise ValueError(
                 f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}"
                 + (" (or resize=transformers|qwen-vl-utils)" if name.startswith("qwen") else "")
@@ -118,6 +143,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
             kwargs["thumbnail"] = bool(kwargs["thumbnail"])
         return InternVLPolicy(**kwargs)
     if name == "gemma3":
+        from dataprep.gemma3_policy import Gemma3Policy
+
+        if "pan_and_scan" in kwargs:
+            kwargs["pan_and_scan"] = bool(kwargs["pan_and_scan"])
         return Gemma3Policy(**kwargs)
     if name == "gemma4":
         from dataprep.gemma4_policy import Gemma4Policy

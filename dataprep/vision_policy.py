@@ -39,9 +39,9 @@ Each policy reproduces the preprocessing of a published model family exactly:
   tiles on the closest-aspect grid, a thumbnail, SmolVLM-style markers in the prompt.
 * ``idefics2`` — Idefics2 (:mod:`dataprep.idefics2_policy`): each image (or its four quarters
   and itself) resized within 378..980 px, the patches it covers, 64 resampled tokens a crop.
-* ``gemma3`` — Gemma 3's SigLIP tower: every image resized to 896 x 896, patch 14 (4096 encoder
-  patches), average-pooled to 256 LLM tokens (``mm_tokens_per_image``). Pan-and-scan crops
-  (the image processor's ``do_pan_and_scan``, off by default) are not counted.
+* ``gemma3`` — Gemma 3 (:mod:`dataprep.gemma3_policy`): every image resized to 896 x 896, patch
+  14 (4096 encoder patches), average-pooled to 256 LLM tokens; with ``pan_and_scan=1`` a long
+  image's crops too, each an image of its own, and the sentence its processor writes.
 * ``gemma4`` — Gemma 4 (:mod:`dataprep.gemma4_policy`): an aspect-preserving resize within a
   patch budget, ``max_soft_tokens`` pooled soft tokens at most, every image padded to the
   budget for the encoder.
@@ -65,7 +65,6 @@ __all__ = [
     "QWEN2VL_RESIZE",
     "QWEN3VL_DEFAULTS",
     "FixedPolicy",
-    "Gemma3Policy",
     "ImageCost",
     "InternVLPolicy",
     "Qwen2VLPolicy",
@@ -83,12 +82,14 @@ class ImageCost:
     ``text``: prompt text the processor writes around the image's tokens that depends on the
     image (SmolVLM's tile markers); prep counts it with the tokenizer, beside ``llm_tokens``.
     It stands before the template's image placeholder, ``after`` after it (text the processor
-    writes after the image's last tokens, which may join the template's text that follows)."""
+    writes after the image's last tokens, which may join the template's text that follows),
+    ``before`` before the template's own start of the image (Gemma 3's pan-and-scan sentence)."""
 
     vit_seq_lens: tuple[int, ...]
     llm_tokens: int
     text: str = ""
     after: str = ""
+    before: str = ""
 
     @property
     def vit_tokens(self) -> int:
@@ -137,40 +138,6 @@ class FixedPolicy(VisionPolicy):
 
     def spec(self) -> str:
         return f"fixed:{self.image_size}/{self.patch_size}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Gemma3Policy(VisionPolicy):
-    """Gemma 3: a fixed square resize, ``(image_size / patch_size)^2`` encoder patches pooled
-    to ``llm_tokens`` (a square number whose side divides the patch grid's)."""
-
-    image_size: int = 896
-    patch_size: int = 14
-    llm_tokens: int = 256
-
-    def __post_init__(self) -> None:
-        side = math.isqrt(self.llm_tokens) if self.llm_tokens > 0 else 0
-        grid = self.image_size // self.patch_size if self.patch_size > 0 else 0
-        if grid <= 0 or self.image_size % self.patch_size:
-            raise ValueError(
-                f"gemma3 needs image_size divisible by patch_size, got {self.image_size}/"
-                f"{self.patch_size}; the released models use image_size=896,patch_size=14"
-            )
-        if side * side != self.llm_tokens or grid % side:
-            raise ValueError(
-                f"gemma3 pools the {grid}x{grid} patch grid to llm_tokens, which must be a square "
-                f"whose side divides {grid}, got llm_tokens={self.llm_tokens}; take the model "
-                "config's mm_tokens_per_image (256 for the released models)"
-            )
-
-    def image_cost(self, width: int, height: int) -> ImageCost:
-        return ImageCost(((self.image_size // self.patch_size) ** 2,), self.llm_tokens)
-
-    def spec(self) -> str:
-        return (
-            f"gemma3:image_size={self.image_size},patch_size={self.patch_size},"
-            f"llm_tokens={self.llm_tokens}"
-        )
 
 
 def _internvl_target_ratios(min_num: int, max_num: int) -> list[tuple[int, int]]:

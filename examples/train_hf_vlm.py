@@ -173,6 +173,11 @@ def pixtral_processor():
     return PixtralProcessor
 
 
+# what these tiny models' processor calls take besides the processors' own defaults (Aria's
+# call would put 980-px crops over its image processor's size): HFPacker's images_kwargs
+IMAGES_KWARGS = {"aria": {"max_image_size": 490}}
+
+
 def build(family: str, mdir: Path):
     """(processor, tiny model) of the family, from configs."""
     import transformers as tf
@@ -587,7 +592,13 @@ def main() -> None:
     rope = model.model.get_rope_index if args.family in qwen_style else None
     # DeepSeek-VL's and Janus's templates write the same image marker: the family is named
     template = f"{mdir}#images={args.family}" if args.family in NAMED else str(mdir)
-    packer = HFPacker(family=args.family, processor=processor, template=template, rope_index=rope)
+    packer = HFPacker(
+        family=args.family,
+        processor=processor,
+        template=template,
+        rope_index=rope,
+        images_kwargs=IMAGES_KWARGS.get(args.family, {}),
+    )
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard

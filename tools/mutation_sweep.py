@@ -421,7 +421,7 @@ MUTATIONS = [
         "prep-image-text-uncounted",
         "prep leaves out the prompt text an image brings (SmolVLM's tile markers)",
         "dataprep/measure.py",
-        "                text = self.policy.prompt(with_image_text(text, costs))\n",
+        "                text = with_image_text(text, costs, self.template.image_prefix)\n",
         "",
         (
             "tests/dataprep/test_jinja_template.py::"
@@ -1269,6 +1269,82 @@ MUTATIONS = [
             "test_balanced_equals_unbalanced_equals_single_process[idefics2]",
             "tests/trainer_adapter/test_hf_tile_sizes.py",
         ),
+    ),
+    Mutation(
+        "gemma3-sentence-dropped",
+        "Gemma 3's pan-and-scan sentence before an image with crops not counted",
+        "dataprep/gemma3_policy.py",
+        "    return replace(cost, before=BEFORE)",
+        "    return cost",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[gemma3-pan-and-scan]",
+        ),
+    ),
+    Mutation(
+        "gemma3-crops-bankers-rounding",
+        "pan-and-scan's crop count rounds half to even (2.5 -> 2) instead of up",
+        "dataprep/gemma3_policy.py",
+        "n = min(math.floor(long / short + 0.5),",
+        "n = min(round(long / short),",
+        ("tests/dataprep/test_gemma3_policy.py::test_gemma3_hand_worked",),
+    ),
+    Mutation(
+        "gemma3-small-crops-kept",
+        "pan-and-scan keeps crops narrower than min_crop_size",
+        "dataprep/gemma3_policy.py",
+        "    if min(math.ceil(width / cols), math.ceil(height / rows)) < min_crop_size:\n"
+        "        return 0, 0\n",
+        "",
+        ("tests/dataprep/test_gemma3_policy.py::test_gemma3_crops_equal_its_image_processor",),
+    ),
+    Mutation(
+        "image-before-after-start",
+        "an image's text before the template's image start goes after it instead",
+        "dataprep/measure.py",
+        "            out[-1] = out[-1][:cut] + c.before + out[-1][cut:]",
+        "            out[-1] = out[-1] + c.before",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[gemma3-pan-and-scan]",
+        ),
+    ),
+    Mutation(
+        "packer-image-processor-attributes",
+        "HFPacker runs the image processor with its own attributes, not the processor call's "
+        "defaults over them (InternVL's crop_to_patches)",
+        "trainer_adapter/hf_images.py",
+        'settings = {**(getattr(processor, "images_kwargs", None) or {}), **given}',
+        "settings = dict(given)",
+        (
+            "tests/trainer_adapter/test_hf_inputs.py::"
+            "test_packer_takes_the_image_settings_of_the_processor_call",
+        ),
+    ),
+    Mutation(
+        "packer-gemma3-block-doubled",
+        "HFPacker puts Gemma 3's whole image block where the template already wrote its start "
+        "and end",
+        "trainer_adapter/hf_inputs.py",
+        '        if self.family != "gemma3" or not n_images:',
+        "        if True:",
+        ("tests/trainer_adapter/test_hf_inputs.py::test_packer_matches_the_processor[gemma3]",),
+    ),
+    Mutation(
+        "granite-spread-rule-ignored",
+        "Granite Docling's spread rule never gives a page the larger tile budget",
+        "dataprep/granite_docling_policy.py",
+        "        return self.dense_max_tiles\n",
+        "        return self.max_tiles\n",
+        ("tests/dataprep/test_vision_policy.py::test_granite_docling_equals_its_image_processor",),
+    ),
+    Mutation(
+        "granite-spread-scale-inverted",
+        "the spread rule selects the pages the max_tiles grid resolves well instead",
+        "dataprep/granite_docling_policy.py",
+        "            if not cols * self.tile_size / width < self.dense_max_scale:",
+        "            if cols * self.tile_size / width < self.dense_max_scale:",
+        ("tests/dataprep/test_vision_policy.py::test_granite_docling_equals_its_image_processor",),
     ),
 ]
 

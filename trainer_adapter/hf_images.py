@@ -15,13 +15,16 @@ image processor; this joins them in the form the family's model takes:
 * Qwen-style: ``image_grid_thw``; Gemma 4: ``image_position_ids``; Aria: ``pixel_mask``.
 
 A row without images gets ``pixel_values=None`` (and ``None`` for the keys beside it).
+
+:func:`images_settings`: what a processor's call passes its image processor, which
+``HFPacker`` passes it too.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["TILES", "pack_images"]
+__all__ = ["TILES", "images_settings", "pack_images"]
 
 TILES = ("smolvlm", "granite_docling")  # [1, tiles, C, H, W] with a mask beside them
 # what travels beside pixel_values, per family, joined along the first dimension
@@ -75,3 +78,21 @@ def _pad_images(parts: list, dim: int = 0) -> torch.Tensor | None:
     w = max(p.shape[-1] for p in parts)
     pad = lambda p: torch.nn.functional.pad(p, (0, w - p.shape[-1], 0, h - p.shape[-2]))  # noqa: E731
     return torch.cat([pad(p) for p in parts], dim)
+
+
+def images_settings(processor, given: dict) -> dict:
+    """The keyword arguments a processor's call passes its image processor: its own defaults
+    (the class's ``images_kwargs``) under the call's ``given`` ones (a :class:`ValueError`
+    names a setting the image processor does not take)."""
+    if not isinstance(given, dict):
+        raise ValueError(f"images_kwargs must be a dict of image settings, got {given!r}")
+    valid = getattr(getattr(processor.image_processor, "valid_kwargs", None), "__annotations__", {})
+    unknown = sorted(set(given) - set(valid)) if valid else []
+    if unknown:
+        raise ValueError(
+            f"images_kwargs {unknown} are not settings of {type(processor.image_processor).__name__}"
+            f" (it takes {', '.join(sorted(valid))})"
+        )
+    settings = {**(getattr(processor, "images_kwargs", None) or {}), **given}
+    settings.pop("return_tensors", None)  # the packer's own
+    return settings

@@ -16,8 +16,10 @@ the images. Per family:
 * LLaVA-NeXT (anyres for every image) and LLaVA-OneVision (anyres for a sample's only image, a
   tile each for several): their processors' counts; every image's tiles ``[tiles, C, H, W]``,
   none padded, with ``image_sizes`` (OneVision's ``batch_num_images`` per sample too).
-* Gemma 3: ``image_seq_length`` soft tokens between its image start and end; ``token_type_ids``
-  (1 on image tokens), which its mask makes bidirectional inside each image.
+* Gemma 3: ``image_seq_length`` soft tokens between its image start and end, and with
+  pan-and-scan (``images_kwargs={"do_pan_and_scan": True}``) its processor's sentence and each
+  crop's own block after them (``replace_image_token``); every image and crop ``[n, C, H, W]``;
+  ``token_type_ids`` (1 on image tokens), which its mask makes bidirectional inside each image.
 * Gemma 4: each image's soft tokens (its image processor's ``num_soft_tokens_per_image``)
   between ``<|image>`` and ``<image|>``; every image's patch rows padded to the budget
   ``[n, P, C*p*p]`` with ``image_position_ids [n, P, 2]``; ``mm_token_type_ids`` (its
@@ -34,10 +36,9 @@ the images. Per family:
   ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
   ``[tiles, C, H, W]``.
 * Aria: each image's crops x the processor's ``size_conversion`` ``<|img|>`` tokens; every crop
-  ``[crops, C, S, S]`` with its ``pixel_mask``. Each image is processed on its own, with the
-  image processor's own ``max_image_size`` and ``split_image`` (``AriaProcessor``'s call puts
-  980 and no splitting over them): that call gives every image the most crops any image of
-  the call has, more tokens than the model makes features when they differ.
+  ``[crops, C, S, S]`` with its ``pixel_mask``. Each image is processed on its own: a call of
+  several split images gives every image the most crops any image of the call has, more
+  tokens than the model makes features when they differ.
 * Granite Docling: its processor's ``replace_image_token`` (SmolVLM's markers, four times the
   tokens on the fine path); ``[1, tiles, C, H, W]`` with ``pixel_attention_mask [1, tiles]``
   and, on the fine path, one ``tile_fine_mask`` for the row.
@@ -48,6 +49,12 @@ the images. Per family:
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
+
+The images are processed with the settings the processor's own call passes its image processor:
+the processor's defaults (its class's ``images_kwargs``: InternVL's and Aya Vision's
+``crop_to_patches=True``, Aria's ``max_image_size=980`` and no splitting, Gemma 3's pan-and-scan
+off) over the image processor's attributes, and ``HFPacker(images_kwargs=...)`` over both, as
+keyword arguments of the call would be (``processor(..., do_pan_and_scan=True)``).
 
 A rank without images gets ``pixel_values=None``:
 :func:`~trainer_adapter.hf_balance.balance_model` makes it join the tower's exchange anyway.
@@ -65,7 +72,7 @@ from dataprep.chat_template import load_template
 from dataprep.idefics2_policy import idefics2_expansion, idefics2_image_texts
 from dataprep.image_orientation import decode_image
 from dataprep.records import IMAGE_PLACEHOLDER
-from trainer_adapter.hf_images import TILES, pack_images
+from trainer_adapter.hf_images import TILES, images_settings, pack_images
 from trainer_adapter.hf_packing import PACKING_KEYS, packing_kwargs
 
 __all__ = ["HFPacker"]
@@ -125,7 +132,10 @@ class HFPacker:
     ``check_costs``: check each sample against the costs prep measured (``meta["cost"]``, in
     every equishard generation): a sample whose row is not ``llm_tokens`` long raises a
     ``ValueError`` naming it, since then prep's vision policy, template or tokenizer differ
-    from this processor and the plan balanced other lengths than the model sees."""
+    from this processor and the plan balanced other lengths than the model sees.
+    ``images_kwargs``: the image settings your processor call passes (``processor(...,
+    do_pan_and_scan=True)`` -> ``{"do_pan_and_scan": True}``); they and the processor's own
+    defaults go over the image processor's attributes, as in the processor's call."""
 
     family: str
     processor: object
@@ -133,7 +143,9 @@ class HFPacker:
     rope_index: Callable | None = None
     packing_kwargs: bool = False
     check_costs: bool = False
+    images_kwargs: dict = field(default_factory=dict)
     _template: object = field(init=False, repr=False)
+    _images_kw: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -142,27 +154,17 @@ class HFPacker:
             raise ValueError(
                 f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
             )
-        if self.family == "gemma3" and getattr(
-            self.processor.image_processor, "do_pan_and_scan", False
-        ):
-            raise ValueError(
-                "gemma3 with do_pan_and_scan=True adds crops that prep's gemma3 vision policy "
-                "does not count; build the image processor with do_pan_and_scan=False"
-            )
-        if self.family == "granite_docling" and getattr(
-            self.processor.image_processor, "dense_max_patches", 0
-        ):
-            raise ValueError(
-                "granite_docling with dense_max_patches set tiles some pages by a spread rule "
-                "that prep's granite-docling vision policy does not count; build the image "
-                "processor with dense_max_patches=0"
-            )
+        self._images_kw = images_settings(self.processor, self.images_kwargs)
         self._template = load_template(self.template)
+
+    def _setting(self, name: str):
+        """An image setting as the image processor runs it: the call's, else its own."""
+        return self._images_kw.get(name, getattr(self.processor.image_processor, name, None))
 
     @property
     def fine_route(self) -> bool:
         """Granite Docling: its image processor sends the pages on the fine connector path."""
-        return bool(getattr(self.processor.image_processor, "fine_route", False))
+        return bool(self._setting("fine_route"))
 
     def _image_texts(self, images: list, processed: dict, token: str) -> list[str]:
         """What each image's placeholder becomes, as the family's processor writes it: its
@@ -173,10 +175,10 @@ class HFPacker:
             merge = self.processor.image_processor.merge_size**2
             return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
         if self.family == "idefics2":  # fake tokens around each crop's, joined in between
-            crops = 5 if self.processor.image_processor.do_image_splitting else 1
+            crops = 5 if self._setting("do_image_splitting") else 1
             crop = token * self.processor.image_seq_len
             return [idefics2_expansion(crop, crops)] * len(images)
-        if self.family in _SPELLED:  # depends on the sample's other images / the image's tiles
+        if self.family in _SPELLED or self.family == "gemma3":  # other images / its tiles
             return [
                 self.processor.replace_image_token(processed, image_idx=i)
                 for i in range(len(images))
@@ -188,23 +190,44 @@ class HFPacker:
         if self.family == "aria":  # each image's own crops, a fixed count each
             per_crop = self.processor.size_conversion[int(processed["pixel_values"].shape[-1])]
             return [token * (int(n) * per_crop) for n in processed["num_crops"]]
-        sizes = [(im.height, im.width) for im in images]
-        mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes)
         if self.family == "internvl":  # the template's <img></img> are already in the text
-            return [token * (self.processor.image_seq_length * n) for n in mm["num_image_patches"]]
+            return [
+                token * (self.processor.image_seq_length * int(n)) for n in processed["num_patches"]
+            ]
+        sizes = [(im.height, im.width) for im in images]
+        mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes, **self._images_kw)
         return [token * n for n in mm["num_image_tokens"]]
+
+    def _image_mark(self, text: str, n_images: int) -> str:
+        """What each image's text replaces in the rendered text: its placeholder, or for Gemma 3
+        the placeholder with the template's image start and end around it (its processor
+        writes the whole block, pan-and-scan's sentence before it)."""
+        if self.family != "gemma3" or not n_images:
+            return IMAGE_PLACEHOLDER
+        soft = self.processor.tokenizer.image_token * self.processor.image_seq_length
+        mark = self.processor.full_image_sequence.replace(soft, IMAGE_PLACEHOLDER)
+        if text.count(mark) != n_images:
+            raise ValueError(
+                f"gemma3: the template wrote {text.count(mark)} of {n_images} image(s) as "
+                f"{mark!r}, the block Gemma3Processor replaces; give HFPacker Gemma 3's own "
+                "chat template (its <start_of_image> marker)"
+            )
+        return mark
 
     def sample(self, turns: list, image_bytes: list[bytes]) -> dict:
         """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
         images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
         given = [images] if self.family in _NESTED else images
-        kw = {"return_row_col_info": True} if self.family == "smolvlm" else {}
+        kw = dict(self._images_kw)
+        if self.family == "smolvlm":
+            kw["return_row_col_info"] = True
         if self.family in _EACH and images:
             # one image at a time: LLaVA-NeXT's processor pads a call's images to the most
             # tiles, Aria's counts every image as the call's most crops
             each = [
-                self.processor.image_processor(images=[im], return_tensors="pt") for im in images
+                self.processor.image_processor(images=[im], return_tensors="pt", **kw)
+                for im in images
             ]
             nested = self.family == "llava_next"  # [1, tiles, C, H, W] per call
             processed = {
@@ -216,7 +239,7 @@ class HFPacker:
         elif images:
             if self.family == "mistral3":  # resized to multiples of the merged patch
                 step = self.processor.patch_size * self.processor.spatial_merge_size
-                kw = {"patch_size": {"height": step, "width": step}}
+                kw["patch_size"] = {"height": step, "width": step}
             processed = dict(
                 self.processor.image_processor(images=given, return_tensors="pt", **kw)
             )
@@ -235,14 +258,15 @@ class HFPacker:
         text, spans = self._template.render_spans([tuple(t) for t in turns])
         if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
+        mark = self._image_mark(text, len(texts))
         pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
-        for k, part in enumerate(text.split(IMAGE_PLACEHOLDER)):
+        for k, part in enumerate(text.split(mark)):
             pieces.append(part)
             at += len(part)
             if k < len(texts):
                 pieces.append(texts[k])
-                marks.append((at, len(texts[k]) - len(IMAGE_PLACEHOLDER)))
-                at += len(IMAGE_PLACEHOLDER)
+                marks.append((at, len(texts[k]) - len(mark)))
+                at += len(mark)
         expanded = "".join(pieces)
 
         def moved(x: int) -> int:

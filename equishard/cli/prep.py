@@ -43,8 +43,9 @@ vision policies (--vision-policy):
   mistral3    Mistral 3: longest side to 1540, 14px patches merged 2x2, a row break token
               per row; pixtral: Pixtral-12B's 1024 / 16 / no merge
               options: mistral3:longest_edge=1540,patch_size=14,merge_size=2
-  gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens
-              options: gemma3:image_size=896,patch_size=14,llm_tokens=256
+  gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens;
+              pan_and_scan=1 where your processor call runs it: a long image's crops too
+              options: gemma3:pan_and_scan=1,min_crop_size=256,max_crops=4,min_ratio=1.2
   gemma4      Gemma 4: aspect kept, at most 280 soft tokens (3x3 pools of 16px patches),
               every image padded to 2520 encoder rows
               options: gemma4:max_soft_tokens=280 (70, 140, 280, 560 or 1120)
@@ -63,7 +64,8 @@ vision policies (--vision-policy):
   granite-docling
               Granite Docling: 512px page tiles (aspect grid, 1..32) + a thumbnail, 64 tokens
               each (fine=1: 256), SmolVLM's markers in the prompt
-              options: granite-docling:max_tiles=32,fine=0,split=1
+              options: granite-docling:max_tiles=32,fine=0,split=1 and the spread rule's
+              dense_max_tiles=64,dense_max_scale=0.8,dense_min_aspect=1.2,dense_max_aspect=0
   idefics2    Idefics2: each image resized within 378..980px (split=1: its four quarters
               and itself), the 14px patches it covers, 64 resampled tokens each
               options: idefics2:shortest_edge=378,longest_edge=980,split=0

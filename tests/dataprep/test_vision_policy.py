@@ -686,6 +686,14 @@ def test_granite_docling_hand_worked(spec, w, h, grid, tiles):
     [
         ("granite-docling", {}),
         ("granite-docling:min_tiles=2,max_tiles=12", {"min_patches": 2, "max_patches": 12}),
+        (  # the spread rule: wide pages its canvas leaves under-resolved get up to 64 tiles
+            "granite-docling:dense_max_tiles=64,dense_max_scale=0.8,dense_min_aspect=1.2",
+            {"dense_max_patches": 64, "dense_max_scale": 0.8, "dense_min_aspect": 1.2},
+        ),
+        (  # the aspect tests only, the widest strips kept on max_tiles
+            "granite-docling:dense_max_tiles=48,dense_min_aspect=1.3,dense_max_aspect=5.5",
+            {"dense_max_patches": 48, "dense_min_aspect": 1.3, "dense_max_aspect": 5.5},
+        ),
     ],
 )
 def test_granite_docling_equals_its_image_processor(spec, kwargs):
@@ -702,7 +710,8 @@ def test_granite_docling_equals_its_image_processor(spec, kwargs):
     ip = GraniteDoclingImageProcessorPil(**kwargs)
     rng = random.Random(6)
     wrong = []
-    for w, h in [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(4000)]:
+    sizes = [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(4000)]
+    for w, h in sizes:
         want = (ip.get_tile_grid(h, w), ip.get_number_of_image_patches(h, w))
         if (policy.grid(w, h), len(policy.image_cost(w, h).vit_seq_lens)) != want:
             wrong.append(((w, h), want))
@@ -715,6 +724,11 @@ def test_granite_docling_equals_its_image_processor(spec, kwargs):
         ):
             wrong.append(((w, h), tiles))
     assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+    if kwargs.get("dense_max_patches"):  # the rule changed many pages' grids
+        plain = parse_vision_policy("granite-docling")
+        changed = sum(policy.grid(w, h) != plain.grid(w, h) for w, h in sizes)
+        assert changed > len(sizes) // 20, changed
+    assert parse_vision_policy(policy.spec()) == policy
 
 
 def _newline_tokenizer(path) -> str:

@@ -12,6 +12,7 @@ import torch
 
 from tests.dataprep.test_jinja_template import (
     FAMILIES,
+    VARIANTS,
     conversations,
     make_model_dir,
     processor_for,
@@ -120,12 +121,14 @@ MASKED = {
 }
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *VARIANTS])
 def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     from transformers.image_utils import load_image
 
     from trainer_adapter.hf_inputs import HFPacker
 
+    call, _ = VARIANTS.get(family, ({}, None))  # the processor call's settings
+    family = family.split("-")[0]
     model = make_model_dir(tmp_path, family, tokenizer_path)
     processor = processor_for(family, model)
     rope = _rope_index(family, processor)
@@ -135,6 +138,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         template=template_spec(model, family),
         rope_index=rope,
         packing_kwargs=True,
+        images_kwargs=call,
     )
     # SmolVLM: every image upscaled to 1536 px and cut into up to 17 tiles, so fewer samples
     records = conversations(
@@ -152,7 +156,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         a, b = starts[k], starts[k + 1]
         text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
         images = [load_image(str(tmp_path / n)) for n in rec["image"]]  # EXIF turns applied
-        want = processor(text=[text], images=processor_images(family, images), return_tensors="pt")
+        want = processor(
+            text=[text], images=processor_images(family, images), return_tensors="pt", **call
+        )
         assert row["input_ids"][0, a:b].tolist() == want["input_ids"][0].tolist(), rec["id"]
         given |= set(want)
         if family == "gemma3":  # its processor marks image tokens for the bidirectional mask
@@ -222,6 +228,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             assert mask == want_mask, rec["id"]
         else:
             assert "".join(got.split()) == "".join("".join(answers).split()), rec["id"]
+    if call:  # the call's setting changed what the processor made of the images
+        n_images = sum(len(r["image"]) for r in records)
+        assert row["pixel_values"].shape[0] > n_images + len(records) // 4
     tiles_dim = 1 if family in ("smolvlm", "granite_docling") else 0  # [1, tiles, C, H, W]
     if family == "mistral3":  # every image padded with zeros to the row's largest
         h, w = (max(p.shape[k] for p in pixels) for k in (1, 2))
@@ -368,6 +377,52 @@ def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
         assert row["seq_idx"].tolist() == want["seq_idx"].tolist()
 
 
+# an image processor attribute that the processor's call overrides with its own default
+OVERRIDDEN = {
+    "internvl": ("crop_to_patches", False),  # GotOcr2ImageProcessor's default; the call crops
+    "aya_vision": ("crop_to_patches", False),
+    "aria": ("split_image", True),  # the call: 980-px crops, no splitting
+    "gemma3": ("do_pan_and_scan", True),  # the call: no pan-and-scan unless asked
+}
+
+
+@pytest.mark.parametrize("family", list(OVERRIDDEN))
+def test_packer_takes_the_image_settings_of_the_processor_call(family, tmp_path, tokenizer_path):
+    """The images are processed with what the processor's call passes its image processor (its
+    class's ``images_kwargs`` over the image processor's own attributes), not the attributes
+    alone: the packed rows equal the processor's call for an image processor whose attribute
+    the call overrides, and ``images_kwargs`` names settings the image processor takes."""
+    from transformers.image_utils import load_image
+
+    from trainer_adapter.hf_inputs import HFPacker
+
+    model = make_model_dir(tmp_path, family, tokenizer_path)
+    processor = processor_for(family, model)
+    name, value = OVERRIDDEN[family]
+    setattr(processor.image_processor, name, value)
+    if family == "gemma3":  # what the image processor would need to run pan-and-scan itself
+        processor.image_processor.pan_and_scan_min_crop_size = 256
+        processor.image_processor.pan_and_scan_max_num_crops = 4
+        processor.image_processor.pan_and_scan_min_ratio_to_activate = 1.2
+    packer = HFPacker(family=family, processor=processor, template=template_spec(model, family))
+    records = conversations(tmp_path, 6, seed=3)
+    for rec, sample in zip(records, _samples(tmp_path, records), strict=True):
+        row = packer([sample])
+        text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
+        images = [load_image(str(tmp_path / n)) for n in rec["image"]]
+        want = processor(text=[text], images=images or None, return_tensors="pt")
+        assert row["input_ids"][0].tolist() == want["input_ids"][0].tolist(), rec["id"]
+        if images:
+            assert torch.equal(row["pixel_values"], want["pixel_values"]), rec["id"]
+    with pytest.raises(ValueError, match=r"\['do_crop_everything'\] are not settings"):
+        HFPacker(
+            family=family,
+            processor=processor,
+            template=template_spec(model, family),
+            images_kwargs={"do_crop_everything": True},
+        )
+
+
 # another pixel bound than the processor's: prep's costs differ from what the model sees
 OTHER = {
     "qwen2vl": "qwen2vl:max_pixels=200704",
@@ -379,10 +434,12 @@ OTHER = {
     "aria": "aria:max_image_size=490",
     "granite_docling": "granite-docling:max_tiles=4",
     "idefics2": "idefics2:split=1",
+    "gemma3": "gemma3:pan_and_scan=1",
+    "gemma3-pan-and-scan": "gemma3",
 }
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", [*FAMILIES, *VARIANTS])
 def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     """The whole path: prep with the model's template and vision policy, plan, write, read with
     the loader; with ``check_costs`` every sample's packed length equals the cost prep measured
@@ -396,6 +453,9 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     from tests.dataprep.test_jinja_template import FAMILIES as SPECS
     from trainer_adapter.hf_inputs import HFPacker
 
+    other = OTHER.get(family)
+    call, own = VARIANTS.get(family, ({}, None))
+    family = family.split("-")[0]
     model = make_model_dir(tmp_path, family, tokenizer_path)
     processor = processor_for(family, model)
     records = conversations(tmp_path, 16, seed=11)
@@ -406,9 +466,9 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
         template=template_spec(model, family),
         rope_index=_rope_index(family, processor),
         check_costs=True,
+        images_kwargs=call,
     )
-    other = OTHER.get(family)
-    for policy in filter(None, (SPECS[family]["policy"], other)):
+    for policy in filter(None, (own or SPECS[family]["policy"], other)):
         root = tmp_path / policy.replace(":", "_").replace("=", "_")
         run(
             root,
@@ -461,7 +521,8 @@ def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):
     for path, (w, h) in zip(paths, sizes, strict=True):
         write_image(path, w, h)
     turns = [("user", "<image>a<image>b"), ("assistant", "c")]
-    packer = HFPacker(family="aria", processor=proc, template=str(model_dir))
+    kw = {"split_image": True, "max_image_size": 490}  # its call's defaults: 980, no split
+    packer = HFPacker(family="aria", processor=proc, template=str(model_dir), images_kwargs=kw)
     sample = SimpleNamespace(meta={"turns": turns}, images=[p.read_bytes() for p in paths])
     row = packer([sample])
     policy = parse_vision_policy("aria:split=1,max_image_size=490")
@@ -473,7 +534,6 @@ def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):
                                 {"from": "gpt", "value": "c"}]}  # fmt: skip
     text = proc.apply_chat_template(reference_messages(record), tokenize=False)
     images = [Image.open(p).convert("RGB") for p in paths]
-    kw = {"split_image": True, "max_image_size": 490}  # its call's defaults: 980, no split
     theirs = proc(text=[text], images=images, return_tensors="pt", **kw)
     assert int((theirs["input_ids"] == img).sum()) == 4 * len(crops) * max(crops)
     cfg = tf.AriaConfig(
@@ -569,8 +629,9 @@ def test_idefics2_split_crops_and_a_tiny_model(tmp_path, tokenizer_path):
 def test_granite_docling_fine_route_and_spread_rule(tmp_path, tokenizer_path):
     """Granite Docling on the fine connector path: four times the tokens a tile, as
     ``GraniteDoclingProcessor`` writes them token for token and prep's ``fine=1`` counts them,
-    with one ``tile_fine_mask`` for the row; an image processor with the spread rule on is
-    refused (prep does not count it)."""
+    with one ``tile_fine_mask`` for the row. With the spread rule on (``dense_max_patches``),
+    wide under-resolved pages take more tiles, the rows equal the processor's and prep's
+    ``dense_*`` options count them."""
     import transformers as tf
     from transformers.image_utils import load_image
     from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
@@ -606,13 +667,37 @@ def test_granite_docling_fine_route_and_spread_rule(tmp_path, tokenizer_path):
         tokens = sum(policy.image_cost(w, h).llm_tokens for w, h in sizes)
         assert int((got == image_id).sum()) == tokens and want["tile_fine_mask"].all()
     assert row["tile_fine_mask"].tolist() == [True]
-    dense = GraniteDoclingImageProcessorPil(dense_max_patches=64, dense_min_aspect=1.5)
-    with pytest.raises(ValueError, match="dense_max_patches"):
-        HFPacker(
-            family="granite_docling",
-            processor=tf.GraniteDoclingProcessor(image_processor=dense, tokenizer=tok),
-            template=str(model),
+    from tests.conftest import write_image
+
+    rule = {"dense_max_patches": 64, "dense_max_scale": 0.8, "dense_min_aspect": 1.5}
+    dense = tf.GraniteDoclingProcessor(
+        image_processor=GraniteDoclingImageProcessorPil(**rule),
+        tokenizer=tok,
+        image_seq_len=64,
+        chat_template=tok.chat_template,
+    )
+    policy = parse_vision_policy(
+        "granite-docling:dense_max_tiles=64,dense_max_scale=0.8,dense_min_aspect=1.5"
+    )
+    plain = parse_vision_policy("granite-docling")
+    packer = HFPacker(family="granite_docling", processor=dense, template=str(model))
+    # a wide page the rule selects (9 x 2 tiles at most 32, 14 x 3 with 64), one too narrow
+    for w, h in ((6000, 1300), (1200, 1000)):
+        path = write_image(tmp_path / f"page{w}.png", w, h)
+        record = {"conversations": [{"from": "human", "value": "<image>read"},
+                                    {"from": "gpt", "value": "ok"}]}  # fmt: skip
+        sample = SimpleNamespace(
+            meta={"turns": [("user", "<image>read"), ("assistant", "ok")]},
+            images=[path.read_bytes()],
         )
+        got = packer([sample])
+        text = dense.apply_chat_template(reference_messages(record), tokenize=False)
+        want = dense(text=[text], images=[load_image(str(path))], return_tensors="pt")
+        assert got["input_ids"][0].tolist() == want["input_ids"][0].tolist(), (w, h)
+        tiles = len(policy.image_cost(w, h).vit_seq_lens)
+        assert got["pixel_values"].shape[1] == tiles == int(want["pixel_attention_mask"].sum())
+        assert int((got["input_ids"] == image_id).sum()) == 64 * tiles
+        assert (tiles > len(plain.image_cost(w, h).vit_seq_lens)) == (w > 2 * h)
 
 
 def test_vipllava_takes_the_llava_rows(tmp_path, tokenizer_path):

@@ -1305,8 +1305,8 @@ MUTATIONS = [
         "            out[-1] = out[-1][:cut] + c.before + out[-1][cut:]",
         "            out[-1] = out[-1] + c.before",
         (
-            "tests/dataprep/test_jinja_template.py::"
-            "test_counts_equal_apply_chat_template_and_processor[gemma3-pan-and-scan]",
+            "tests/dataprep/test_gemma3_policy.py::"
+            "test_pan_and_scan_sentence_goes_before_the_template_image_start",
         ),
     ),
     Mutation(

@@ -89,16 +89,23 @@ def test_gemma3_crops_equal_its_image_processor(settings):
     assert 0.3 * len(sizes) < some < 0.95 * len(sizes)
 
 
-def test_pan_and_scan_sentence_goes_before_the_template_image_start():
+def test_pan_and_scan_sentence_goes_before_the_template_image_start(tmp_path, tokenizer_path):
+    """An image with crops: the text prep counts is ``Gemma3Processor.replace_image_token``'s
+    where the template wrote the image's block (its soft tokens the placeholder, the crops'
+    counted apart); an image without crops keeps the template's block."""
+    pytest.importorskip("transformers")
+    from tests.dataprep.test_jinja_template import make_model_dir, processor_for
+
+    processor = processor_for("gemma3", make_model_dir(tmp_path, "gemma3", tokenizer_path))
+    soft = processor.tokenizer.image_token * processor.image_seq_length
     policy = parse_vision_policy(PAS)
     start, end = "\n\n<start_of_image>", "<end_of_image>\n\n"
-    text = f"a{start}{IMAGE_PLACEHOLDER}{end}b{start}{IMAGE_PLACEHOLDER}{end}"
+    assert processor.full_image_sequence == start + soft + end  # the template family's block
+    block = start + IMAGE_PLACEHOLDER + end
     costs = [policy.image_cost(1000, 500), policy.image_cost(10, 10)]
-    got = with_image_text(text, costs, start)
-    crop = start + end
-    assert got == (
-        f"aHere is the original image {start}{IMAGE_PLACEHOLDER}{end} and here are some crops "
-        f"to help you see better {crop} {crop}b{start}{IMAGE_PLACEHOLDER}{end}"
-    )
+    got = with_image_text(f"a{block}b{block}", costs, start)
+    theirs = processor.replace_image_token({"num_crops": [2]}, 0)
+    want = theirs.replace(soft, IMAGE_PLACEHOLDER, 1).replace(soft, "")
+    assert got == f"a{want}b{block}"
     with pytest.raises(SampleRejected, match="image start"):  # another family's template
         with_image_text(f"a{IMAGE_PLACEHOLDER}b", costs[:1], start)

@@ -321,8 +321,9 @@ class HFPacker:
             raise ValueError(
                 f"sample {sid!r}: the {self.family} processor makes {built} LLM tokens of it, "
                 f"prep counted {cost['llm_tokens']}: prep's --vision-policy, --template or "
-                "--tokenizer differ from this processor, so the plan balanced other lengths "
-                "than the model sees; prep again with the model's own settings"
+                "--tokenizer differ from this processor (with this packer's images_kwargs "
+                f"{self.images_kwargs}), so the plan balanced other lengths than the model "
+                "sees; prep again with the model's own settings"
             )
 
     def __call__(self, samples: list) -> dict:

@@ -1346,6 +1346,23 @@ MUTATIONS = [
         "            if cols * self.tile_size / width < self.dense_max_scale:",
         ("tests/dataprep/test_vision_policy.py::test_granite_docling_equals_its_image_processor",),
     ),
+    Mutation(
+        "hybrid-second-tower-unbalanced",
+        "DeepSeek-VL hybrid's SAM tower (high-resolution copies) left unbalanced",
+        "trainer_adapter/hf_balance.py",
+        '    second = getattr(inner, "high_res_vision_model", None)',
+        "    second = None",
+        (f"{_PARITY}[deepseek_vl_hybrid]",),
+    ),
+    Mutation(
+        "hybrid-towers-settled-one-by-one",
+        "two towers settled one after the other: a rank without images joins the first "
+        "tower's rounds before the second's, the others took them interleaved",
+        "trainer_adapter/hf_rounds.py",
+        "    if len(towers) == 1:\n        return towers[0].equishard_settle()",
+        "    if towers:\n        return sum(t.equishard_settle() for t in towers)",
+        (f"{_PARITY}[deepseek_vl_hybrid]",),
+    ),
 ]
 
 

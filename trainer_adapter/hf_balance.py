@@ -101,7 +101,8 @@ def balance_model(
     the wrapper follows what the tower's forward takes: ``grid_thw``, ``image_sizes``,
     ``spatial_shapes`` (LFM2-VL: :func:`~trainer_adapter.hf_naflex.balance_naflex`),
     ``pixel_position_ids`` (Gemma 4: :func:`~trainer_adapter.hf_patch_positions.
-    balance_patch_positions`) or tiles). Feed each rank one packed row
+    balance_patch_positions`) or tiles), DeepSeek-VL and its hybrid (both of its towers, the
+    high-resolution SAM too). Feed each rank one packed row
     (:func:`balance_decoder`'s convention). Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
@@ -122,6 +123,9 @@ def balance_model(
         wrap = balance_naflex  # LFM2-VL's SigLIP2: padded patch rows of each image's grid
     elif "pixel_position_ids" in takes:
         wrap = balance_patch_positions  # Gemma 4: padded patch rows with their positions
+    # a second tower the model runs on the same images after the first (DeepSeek-VL's hybrid:
+    # SAM on 1024-px copies beside SigLIP on 384-px ones): balanced too, settled together
+    second = getattr(inner, "high_res_vision_model", None)
     if tower is None or decoder is None:
         raise ValueError(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "
@@ -130,14 +134,17 @@ def balance_model(
         )
     policy = policy or RedistributePolicy()
     off = RedistributePolicy(enabled=False)
+    towers = [tower] if second is None else [tower, second]
     if encoder:
         wrap(tower, group=group, topology=topology, policy=policy)
+        if second is not None:  # its forward takes the images' high-resolution copies
+            balance_tiles(second, group=group, topology=topology, policy=policy)
     if encoder or llm:
         balance_decoder(
             decoder,
             group=group,
             topology=topology,
             policy=policy if llm else off,
-            vision=tower if encoder else None,
+            vision=towers if encoder else None,
         )
     return model

@@ -38,7 +38,7 @@ from trainer_adapter.hf_packing import (
     packing_spec,
     per_token_spec,
 )
-from trainer_adapter.hf_rounds import length_cost
+from trainer_adapter.hf_rounds import length_cost, settle_together
 from trainer_adapter.item_exchange import agreed_settings, plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
@@ -155,12 +155,14 @@ def balance_decoder(
     topology: Topology | None = None,
     policy: RedistributePolicy | None = None,
     cost_model: CostModel | None = None,
-    vision: torch.nn.Module | None = None,
+    vision: torch.nn.Module | list | None = None,
 ) -> torch.nn.Module:
     """Install the balanced forward on an HF decoder (``forward(inputs_embeds=...,
     position_ids=...)``, e.g. Qwen2-VL's ``language_model``) fed one packed row per rank.
-    ``vision``: a tower wrapped by :func:`balance_vision`; on a step where this rank had no
-    images (so the model never called it) the decoder joins the tower's exchange first."""
+    ``vision``: a tower wrapped by :func:`balance_vision` (or a list of towers the model calls
+    one after the other on the same images); on a step where this rank had no images (so the
+    model never called it) the decoder joins the tower's exchange first."""
+    towers = [] if vision is None else list(vision) if isinstance(vision, list) else [vision]
     policy = policy or RedistributePolicy()
     cfg = getattr(decoder, "config", None)
     if cost_model is None and cfg is not None and getattr(cfg, "hidden_size", None):
@@ -193,8 +195,8 @@ def balance_decoder(
             )
         kw.update({"use_cache": False, cache_key: None})
         zero = None
-        if vision is not None:  # every rank through as many tower rounds as the busiest
-            zero = vision.equishard_settle()
+        if towers:  # every rank through as many tower rounds as the busiest
+            zero = settle_together(towers)
         idle = runs_everywhere(self, policy)  # FSDP2 per block: idle ranks run copies
         if not policy.enabled and not idle:
             # the plain decoder (an empty rank's row never reaches it); with idle ranks kept

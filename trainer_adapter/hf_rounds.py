@@ -5,7 +5,10 @@ Each call of a balanced tower is one exchange round that every rank of the group
 part in. A model calls its tower once per modality it has this step (Qwen2-VL: images, then
 videos), so ranks call it 0, 1 or 2 times; a rank joins the rounds it did not start itself
 (``equishard_join``: a call with no images of its own) until a round in which no rank brought
-images (``equishard_settle``). A tower's own call without images makes no round at all.
+images (``equishard_settle``). A tower's own call without images makes no round at all. A model
+with two towers that it calls one after the other for the same images (DeepSeek-VL's hybrid:
+its low- and high-resolution towers) settles them in that order, round by round
+(:func:`settle_together`), so that every rank's exchanges come in the same order.
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from trainer_adapter.item_exchange import ItemRoute, plan_items
 from trainer_adapter.item_outputs import output_anchor, runs_everywhere, zero_of
 from trainer_adapter.redistribute import RedistributePolicy
 
-__all__ = ["install", "joined", "length_cost", "plan_round", "record", "tower_cost"]
+__all__ = [
+    "install",
+    "joined",
+    "length_cost",
+    "plan_round",
+    "record",
+    "settle_together",
+    "tower_cost",
+]
 
 
 def tower_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
@@ -103,6 +114,26 @@ def _settle(tower: torch.nn.Module) -> torch.Tensor:
         if tower.equishard_round_images == 0:
             break
     tower.equishard_step_images = False
+    return zero
+
+
+def settle_together(towers: list) -> torch.Tensor | None:
+    """:func:`_settle` for towers a model calls one after the other on the same images: one
+    round of each, in that order, until a round in which no rank brought images (a rank that
+    called them joins after its calls, one that did not joins them all in the same order)."""
+    if len(towers) == 1:
+        return towers[0].equishard_settle()
+    zero = None
+    while True:
+        busy = False
+        for tower in towers:
+            z = tower.equishard_join()
+            zero = z if zero is None else zero + z
+            busy |= tower.equishard_round_images != 0
+        if not busy:
+            break
+    for tower in towers:
+        tower.equishard_step_images = False
     return zero
 
 

@@ -88,11 +88,12 @@ LAYOUTS = {
         for f in ("aya_vision", "cohere2_vision", "vipllava", "idefics2", "llama4")
     },
     # DeepSeek-VL and Janus (SigLIP tiles, an aligner; Janus's image-generation parts idle),
-    # Aria (Idefics3-style tiles with pixel masks, a query-attention projector, an MoE
-    # decoder), Ovis2 (a visual tokenizer: tiles to probabilities over a visual vocabulary)
+    # DeepSeek-VL's hybrid (a second tower, SAM, on each image's high-resolution copy), Aria
+    # (Idefics3-style tiles with pixel masks, a query-attention projector, an MoE decoder),
+    # Ovis2 (a visual tokenizer: tiles to probabilities over a visual vocabulary)
     **{
         f: [[(5, 3, 7), (3, 2, 4), (2, 2, 2), (9, None, 0)], [], [(4, 1, 6)], TEXT_ONLY]
-        for f in ("deepseek_vl", "janus", "aria", "ovis2", *GRANITE)
+        for f in ("deepseek_vl", "deepseek_vl_hybrid", "janus", "aria", "ovis2", *GRANITE)
     },
     # Mistral 3 (Pixtral tower): images of their own sizes (height, width), padded per batch
     "mistral3": [
@@ -153,6 +154,7 @@ QWEN_STYLE = (
 PATCH_ROW = {"ernie45vl_moe": 3 * 14 * 14}  # else 3 x 2 frames x 14 x 14
 OV_PINPOINTS = [[28, 28], [28, 56], [56, 28], [56, 56], [28, 84], [84, 28]]
 TILE = 28  # tile side: 7-px patches, 16 per tile
+HIRES = 32  # DeepSeek-VL hybrid's high-resolution copies: 8-px patches for its SAM tower
 # pixel shuffle 0.5 (InternVL) or by 2 (SmolVLM) / one token per patch (LLaVA)
 TOKENS_PER_TILE = {
     "internvl": 4,
@@ -164,6 +166,7 @@ TOKENS_PER_TILE = {
     "vipllava": 16,
     "idefics2": 8,  # the resampler's latents
     "deepseek_vl": 16,
+    "deepseek_vl_hybrid": 16,
     "janus": 16,
     "aria": 4,  # the projector's queries for 16 patches
     "ovis2": 4,  # hidden stride 2
@@ -569,6 +572,25 @@ def build_model(family: str, seed: int = 0):
             image_token_id=IMG,
         )
         cls = tf.DeepseekVLForConditionalGeneration
+    elif family == "deepseek_vl_hybrid":
+        cfg = tf.DeepseekVLHybridConfig(
+            vision_config=_tile_tower("siglip_vision_model"),
+            high_res_vision_config=dict(
+                hidden_size=16,
+                output_channels=8,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=HIRES,
+                patch_size=8,
+                window_size=2,
+                global_attn_indexes=[1],
+                mlp_dim=32,
+                num_pos_feats=8,
+            ),
+            text_config={**TEXT, "model_type": "llama"},
+            image_token_id=IMG,
+        )
+        cls = tf.DeepseekVLHybridForConditionalGeneration
     elif family == "janus":
         cfg = tf.JanusConfig(
             vision_config={**_tile_tower(), "projection_dim": 32, "depth": 1},
@@ -782,7 +804,7 @@ def make_batches(family: str, model, layout=None):
     anyres = family in ANYRES
     out = []
     for samples in layout or LAYOUTS[family]:
-        ids, labels, pos, pix, grids, vids, vgrids = [], [], [], [], [], [], []
+        ids, labels, pos, pix, grids, vids, vgrids, hires = [], [], [], [], [], [], [], []
         for before, image, after in samples:
             seq = list(rng.integers(3, 900, before))
             video = isinstance(image, tuple) and image[0] == "video"
@@ -821,6 +843,8 @@ def make_batches(family: str, model, layout=None):
             elif image is not None:
                 seq += [VSTART] + [IMG] * (image * TOKENS_PER_TILE[family]) + [VEND]
                 pix.append(torch.from_numpy(rng.normal(size=(image, 3, TILE, TILE))))
+                if family == "deepseek_vl_hybrid":  # each image's copy for its SAM tower
+                    hires.append(torch.from_numpy(rng.normal(size=(image, 3, HIRES, HIRES))))
             seq += list(rng.integers(3, 900, after))
             t = torch.tensor(seq)[None]
             lab = t.clone()
@@ -856,6 +880,8 @@ def make_batches(family: str, model, layout=None):
         }
         if qwen:
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
+        if family == "deepseek_vl_hybrid":
+            batch["high_res_pixel_values"] = torch.cat(hires).double() if hires else None
         if family == "mistral3" and pix:
             batch["pixel_values"] = _pad_images(pix).double()
             batch["image_sizes"] = torch.tensor(grids)
@@ -1013,11 +1039,14 @@ def rank_main(
     tower = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)
     vision_route = (tower or inner.vision_model).last_route
     llm_route = getattr(_decoder(model), "last_route", None)
+    # DeepSeek-VL hybrid's second tower (SAM on the high-resolution copies)
+    second = getattr(getattr(inner, "high_res_vision_model", None), "last_route", None)
     return {
         "loss": float(loss),
         "grads": flat.numpy(),
         "names": names,
         "moved": (vision_route.moved, llm_route.moved if llm_route else 0),
+        "second_moved": second.moved if second is not None else None,
         "loads": (llm_route.loads_before.tolist(), llm_route.loads_after.tolist())
         if llm_route
         else None,
@@ -1042,7 +1071,13 @@ def reference(family: str, layout=None, packing=False):
     cat = {k: torch.cat([b[k] for b in batches], dim=-1) for k in keys}
     cat["position_ids"] = torch.cat([b["position_ids"] for b in batches], dim=-1)
     with_images = [b for b in batches if b["pixel_values"] is not None]
-    for k in ("pixel_values", "image_grid_thw", "image_sizes", "pixel_mask"):
+    for k in (
+        "pixel_values",
+        "image_grid_thw",
+        "image_sizes",
+        "pixel_mask",
+        "high_res_pixel_values",
+    ):
         if (
             k in batches[0]
             and family not in (*ANYRES, *PATCH_MASKED, *GRANITE, "mistral3", "lfm2vl", *GEMMA4)
@@ -1174,6 +1209,11 @@ VISION_PARAMS = {
     "deepseek_vl": (
         "model.vision_model.embeddings.patch_embedding.weight",
         "model.aligner.linear2.weight",
+    ),
+    "deepseek_vl_hybrid": (  # both towers, the aligner of their features
+        "model.vision_model.embeddings.patch_embedding.weight",
+        "model.high_res_vision_model.vision_encoder.patch_embed.projection.weight",
+        "model.aligner.high_res_vision_proj.weight",
     ),
     "janus": (
         "model.vision_model.embeddings.patch_embedding.weight",
@@ -1326,6 +1366,9 @@ def test_balanced_equals_unbalanced_equals_single_process(family):
     # images and samples moved, and the LLM loads evened out
     assert balanced[0]["moved"][0] > 0 and balanced[0]["moved"][1] > 0
     assert plain[0]["moved"] == (0, 0)
+    if family == "deepseek_vl_hybrid":  # both towers balanced, the same images moved
+        assert balanced[0]["second_moved"] == balanced[0]["moved"][0]
+        assert plain[0]["second_moved"] in (0, None)
     before, after = balanced[0]["loads"]
     assert max(after) < max(before)
 

@@ -61,7 +61,7 @@ train: $(STAMP)
 
 # `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|qwen3vl|glm4v|internvl|llava|llava_next|
 # llava_onevision|gemma3|gemma4|smolvlm|mistral3|aya_vision|ernie45vl|deepseek_vl|janus|ovis2|aria|
-# granite_docling|idefics2)
+# granite_docling|idefics2|deepseek_vl_hybrid)
 # trained on the demo generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU
 # ranks, with runtime balancing (BALANCE=off|encoder|llm|both).
 train-hf: $(STAMP)

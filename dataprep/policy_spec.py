@@ -3,8 +3,8 @@
 The names and what they reproduce are listed in :mod:`dataprep.vision_policy`; the policies of
 one family each live in their own module (``anyres_policy``, ``glm4v_policy``,
 ``pixtral_policy``, ``smolvlm_policy``, ``aya_policy``, ``gemma4_policy``, ``ovis2_policy``,
-``aria_policy``, ``granite_docling_policy``, ``idefics2_policy``, ``gemma3_policy``), imported
-when a spec names them.
+``aria_policy``, ``granite_docling_policy``, ``idefics2_policy``, ``gemma3_policy``,
+``deepseek_hybrid_policy``), imported when a spec names them.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ _INT_OPTIONS = {
         "max_crops",
     },
     "gemma4": {"max_soft_tokens", "patch_size", "pooling_kernel_size"},
+    "deepseek-vl-hybrid": {"image_size", "patch_size", "high_res_size", "high_res_patch_size"},
     "glm4v": {"min_pixels", "max_pixels", "patch_size", "merge_size", "temporal_patch_size"},
     "smolvlm": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
     "idefics3": {"longest_edge", "tile", "patch_size", "tokens_per_tile", "split"},
@@ -64,6 +65,7 @@ _FLOAT_OPTIONS = {
 _STR_OPTIONS = {
     "gemma3": {},
     "gemma4": {},
+    "deepseek-vl-hybrid": {},
     "glm4v": {},
     "smolvlm": {},
     "idefics3": {},
@@ -90,6 +92,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     ``smolvlm[:k=v,...]``, ``idefics3[:k=v,...]``, ``glm4v[:k=v,...]``, ``llava-next[:k=v,...]``,
     ``pixtral[:k=v,...]``, ``mistral3[:k=v,...]``, ``aya-vision[:k=v,...]``, ``ovis2[:k=v,...]``,
     ``aria[:k=v,...]``, ``granite-docling[:k=v,...]``, ``idefics2[:k=v,...]``,
+    ``deepseek-vl-hybrid[:k=v,...]``,
     ``ernie45vl[:k=v,...]`` (Qwen2-VL's resize with ERNIE 4.5-VL's pixel bounds)."""
     name, _, opts = spec.partition(":")
     name = name.strip().lower()
@@ -104,7 +107,7 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         raise ValueError(
             f"unknown vision policy {spec!r}: choose fixed:S/P, internvl, qwen2vl, qwen3vl, "
             "ernie45vl, llava-onevision, llava-next, gemma3, gemma4, smolvlm, idefics3, glm4v, pixtral, "
-            "mistral3, aya-vision, ovis2, aria, granite-docling or idefics2"
+            "mistral3, aya-vision, ovis2, aria, granite-docling, idefics2 or deepseek-vl-hybrid"
         )
     kwargs: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
@@ -148,6 +151,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
         if "pan_and_scan" in kwargs:
             kwargs["pan_and_scan"] = bool(kwargs["pan_and_scan"])
         return Gemma3Policy(**kwargs)
+    if name == "deepseek-vl-hybrid":
+        from dataprep.deepseek_hybrid_policy import DeepseekHybridPolicy
+
+        return DeepseekHybridPolicy(**kwargs)
     if name == "gemma4":
         from dataprep.gemma4_policy import Gemma4Policy
 

@@ -6,11 +6,10 @@ GPU: NCCL):
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
 ``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
-gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | janus | ovis2 | aria |
-granite_docling | idefics2 builds a
-tiny model of that architecture from its ``transformers`` config (random weights, nothing
-downloaded), the family's processor classes from config, and a local tokenizer (the given
-tokenizer.json with the family's special tokens).
+gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | deepseek_vl_hybrid | janus |
+ovis2 | aria | granite_docling | idefics2 builds a tiny model of that architecture from its
+``transformers`` config (random weights, nothing downloaded), the family's processor classes
+from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
 before/after balancing and the step time (JSON lines in ``--jsonl``); rank 0 prints a summary.
 The lines marked "equishard" are all a loop needs to turn balancing on.
@@ -63,6 +62,7 @@ SPECIALS = {
                   "<|IMAGE_START|>", "<|IMAGE_END|>", "<|VIDEO_PLACEHOLDER|>", "<|VIDEO_START|>",
                   "<|VIDEO_END|>"],
     "deepseek_vl": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
+    "deepseek_vl_hybrid": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
     "janus": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<|User|>", "<|Assistant|>",
               "<image_placeholder>", "<begin_of_image>", "<end_of_image>"],
     "ovis2": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<IMG_ATOM>", "<IMG_START>",
@@ -74,7 +74,9 @@ SPECIALS = {
     "idefics2": ["<s>", "</s>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
-NAMED = ("deepseek_vl", "janus")  # templates whose image marker another family shares
+NAMED = ("deepseek_vl", "janus", "deepseek_vl_hybrid")  # templates whose marker others share
+# the template (and template family) a family's model ships when it is another family's
+TEMPLATE_OF = {"qwen3vl": "qwen2vl", "deepseek_vl_hybrid": "deepseek_vl"}
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
 
 
@@ -89,7 +91,7 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tok.save(str(root / "tokenizer.json"))
     # Qwen3-VL: the Qwen chat template (its image markup is Qwen2-VL's)
-    name = "qwen2vl" if family == "qwen3vl" else family
+    name = TEMPLATE_OF.get(family, family)
     config = {"chat_template": (TEMPLATES / f"{name}.jinja").read_text()}
     if family == "internvl":
         config["extra_special_tokens"] = {
@@ -394,6 +396,24 @@ def build(family: str, mdir: Path):
                      num_attention_heads=2, image_size=TILE, patch_size=7)  # fmt: skip
         llama = {**text, "model_type": "llama"}
         n = (TILE // 7) ** 2
+        if family == "deepseek_vl_hybrid":  # and SAM on each image's 2x copy, 8-px patches
+            from transformers.models.deepseek_vl_hybrid import DeepseekVLHybridImageProcessorPil
+
+            ip = DeepseekVLHybridImageProcessorPil(
+                **square, high_res_size={"height": 2 * TILE, "width": 2 * TILE}
+            )
+            proc = tf.DeepseekVLHybridProcessor(image_processor=ip, tokenizer=tok,
+                                                num_image_tokens=n)  # fmt: skip
+            cfg = tf.DeepseekVLHybridConfig(
+                vision_config={"model_type": "siglip_vision_model", **tower},
+                high_res_vision_config=dict(hidden_size=32, output_channels=16,
+                                            num_hidden_layers=2, num_attention_heads=2,
+                                            image_size=2 * TILE, patch_size=8, window_size=2,
+                                            global_attn_indexes=[1], mlp_dim=64, num_pos_feats=16),
+                text_config=llama,
+                image_token_id=ids("<image_placeholder>"),
+            )  # fmt: skip
+            return proc, tf.DeepseekVLHybridForConditionalGeneration(cfg)
         if family == "deepseek_vl":
             ip = DeepseekVLImageProcessorPil(**square)
             proc = tf.DeepseekVLProcessor(image_processor=ip, tokenizer=tok, num_image_tokens=n)
@@ -591,7 +611,8 @@ def main() -> None:
     qwen_style = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
     rope = model.model.get_rope_index if args.family in qwen_style else None
     # DeepSeek-VL's and Janus's templates write the same image marker: the family is named
-    template = f"{mdir}#images={args.family}" if args.family in NAMED else str(mdir)
+    named = TEMPLATE_OF.get(args.family, args.family)
+    template = f"{mdir}#images={named}" if args.family in NAMED else str(mdir)
     packer = HFPacker(
         family=args.family,
         processor=processor,

@@ -95,6 +95,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         "aria",
         "granite_docling",
         "idefics2",
+        "deepseek_vl_hybrid",
     ],
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):

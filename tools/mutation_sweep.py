@@ -1363,6 +1363,28 @@ MUTATIONS = [
         "    if towers:\n        return sum(t.equishard_settle() for t in towers)",
         (f"{_PARITY}[deepseek_vl_hybrid]",),
     ),
+    Mutation(
+        "hybrid-policy-one-sequence",
+        "prep counts DeepSeek-VL hybrid's SigLIP patches only, not its SAM tower's",
+        "dataprep/deepseek_hybrid_policy.py",
+        "        return ImageCost((low, high), low)",
+        "        return ImageCost((low,), low)",
+        (
+            "tests/dataprep/test_jinja_template.py::"
+            "test_counts_equal_apply_chat_template_and_processor[deepseek_vl_hybrid]",
+        ),
+    ),
+    Mutation(
+        "packer-hybrid-high-res-dropped",
+        "HFPacker leaves DeepSeek-VL hybrid's high-resolution copies out of the row",
+        "trainer_adapter/hf_images.py",
+        '    "deepseek_vl_hybrid": ("high_res_pixel_values",),\n',
+        "",
+        (
+            "tests/trainer_adapter/test_hf_inputs.py::"
+            "test_packer_matches_the_processor[deepseek_vl_hybrid]",
+        ),
+    ),
 ]
 
 

@@ -12,7 +12,8 @@ image processor; this joins them in the form the family's model takes:
 * Mistral 3 / Pixtral: every image padded at the bottom and right to the row's largest, with
   ``image_sizes``; LLaVA-NeXT and LLaVA-OneVision: ``image_sizes`` (OneVision's
   ``batch_num_images`` per sample too);
-* Qwen-style: ``image_grid_thw``; Gemma 4: ``image_position_ids``; Aria: ``pixel_mask``.
+* Qwen-style: ``image_grid_thw``; Gemma 4: ``image_position_ids``; Aria: ``pixel_mask``;
+  DeepSeek-VL's hybrid: ``high_res_pixel_values``.
 
 A row without images gets ``pixel_values=None`` (and ``None`` for the keys beside it).
 
@@ -38,6 +39,7 @@ _BESIDE = {
     "mistral3": ("image_sizes",),
     "aria": ("pixel_mask",),
     "gemma4": ("image_position_ids",),
+    "deepseek_vl_hybrid": ("high_res_pixel_values",),
 }
 
 

@@ -31,7 +31,8 @@ the images. Per family:
   ``image_sizes``.
 * DeepSeek-VL and Janus: ``num_image_tokens`` ``<image_placeholder>`` per image (Janus's
   between ``<begin_of_image>`` and ``<end_of_image>``); every image ``[n, C, H, W]`` as its
-  image processor pads it to a square.
+  image processor pads it to a square; DeepSeek-VL's hybrid: each image's high-resolution copy
+  ``high_res_pixel_values [n, C, H', W']`` beside it, for its SAM tower.
 * Aya Vision: its processor's ``replace_image_token`` (``TILE_k`` before each grid tile's
   ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
   ``[tiles, C, H, W]``.
@@ -97,7 +98,10 @@ FAMILIES = (
     "aria",
     "granite_docling",
     "idefics2",
+    "deepseek_vl_hybrid",
 )
+# a fixed number of image tokens an image (the processor's num_image_tokens)
+_FIXED = ("deepseek_vl", "janus", "deepseek_vl_hybrid")
 # patches + grid_thw, 3-D positions from get_rope_index
 _QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
 # per-token inputs besides the ids: Gemma 3's and Gemma 4's image masks, ERNIE's vision experts
@@ -121,7 +125,8 @@ class HFPacker:
     (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
     (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``) | aria
     (Aria: ``AriaProcessor``) | granite_docling (Granite Docling) | idefics2 (Idefics2:
-    ``Idefics2Processor``). ``processor``:
+    ``Idefics2Processor``) | deepseek_vl_hybrid (DeepSeek-VL 7B: ``DeepseekVLHybridProcessor``,
+    its template named ``#images=deepseek_vl``). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -185,8 +190,8 @@ class HFPacker:
             ]
         if self.family == "gemma4":  # its image processor counted each image's soft tokens
             return [token * int(n) for n in processed["num_soft_tokens_per_image"]]
-        if self.family in ("deepseek_vl", "janus"):  # a fixed count (Janus's start / end are
-            return [token * self.processor.num_image_tokens] * len(images)  # the template's)
+        if self.family in _FIXED:  # a fixed count (Janus's start / end are the template's)
+            return [token * self.processor.num_image_tokens] * len(images)
         if self.family == "aria":  # each image's own crops, a fixed count each
             per_crop = self.processor.size_conversion[int(processed["pixel_values"].shape[-1])]
             return [token * (int(n) * per_crop) for n in processed["num_crops"]]

@@ -69,6 +69,10 @@ vision policies (--vision-policy):
   idefics2    Idefics2: each image resized within 378..980px (split=1: its four quarters
               and itself), the 14px patches it covers, 64 resampled tokens each
               options: idefics2:shortest_edge=378,longest_edge=980,split=0
+  deepseek-vl-hybrid
+              DeepSeek-VL 7B: 576 tokens an image, SigLIP's 576 patches and SAM's 4096
+              (its 1024px copy) as two encoder sequences
+              options: deepseek-vl-hybrid:image_size=384,high_res_size=1024
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -103,7 +107,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default="internvl",
         metavar="P",
         help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2, aria, granite-docling or idefics2, "
+        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2, aria, granite-docling, "
+        "idefics2 or deepseek-vl-hybrid, "
         "with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "

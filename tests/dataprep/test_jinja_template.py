@@ -36,7 +36,7 @@ N = 200
 # SmolVLM's processor upscales every image to 1536 px and cuts up to 17 tiles: fewer
 # conversations here, its tile grids over many more sizes in test_smolvlm_grid_* (Granite
 # Docling's up to 17 tiles of 512 px too: its grids in test_granite_docling_*)
-N_OF = {"smolvlm": 60, "granite_docling": 80, "idefics2": 100}
+N_OF = {"smolvlm": 60, "granite_docling": 80, "idefics2": 100, "deepseek_vl_hybrid": 60}
 
 FAMILIES = {
     "qwen2vl": {
@@ -239,6 +239,18 @@ FAMILIES = {
         },
         "named": True,
     },
+    # DeepSeek-VL 7B's hybrid: the same template and tokens, a second tower (SAM, 1024 px)
+    "deepseek_vl_hybrid": {
+        "policy": "deepseek-vl-hybrid",
+        "specials": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
+        "config": {
+            "bos_token": "<｜begin▁of▁sentence｜>",
+            "eos_token": "<｜end▁of▁sentence｜>",
+            "extra_special_tokens": {"image_token": "<image_placeholder>"},
+        },
+        "named": True,
+        "images": "deepseek_vl",  # its template and the template family
+    },
     "janus": {
         "policy": "fixed:384/16",
         "specials": [
@@ -327,7 +339,8 @@ WORDS = (
 def template_spec(model: Path, family: str) -> str:
     """What ``--template`` / ``HFPacker(template=)`` take for the family's model directory: the
     directory, with the family named where its template's marker is another family's too."""
-    return f"{model}#images={family}" if FAMILIES[family].get("named") else str(model)
+    spec = FAMILIES[family]
+    return f"{model}#images={spec.get('images', family)}" if spec.get("named") else str(model)
 
 
 def make_model_dir(root: Path, family: str, tokenizer_path: str) -> Path:
@@ -343,7 +356,7 @@ def make_model_dir(root: Path, family: str, tokenizer_path: str) -> Path:
     )
     tok.save(str(model / "tokenizer.json"))
     config = {
-        "chat_template": (TEMPLATES / f"{family}.jinja").read_text(),
+        "chat_template": (TEMPLATES / f"{spec.get('images', family)}.jinja").read_text(),
         "model_max_length": 1_000_000,
         **spec["config"],
     }
@@ -601,6 +614,16 @@ def processor_for(family: str, model: Path):
             num_image_tokens=576,
             chat_template=tok.chat_template,
         )
+    if family == "deepseek_vl_hybrid":  # DeepSeek-VL 7B's settings (SigLIP 384, SAM 1024)
+        from transformers import DeepseekVLHybridProcessor
+        from transformers.models.deepseek_vl_hybrid import DeepseekVLHybridImageProcessorPil
+
+        return DeepseekVLHybridProcessor(
+            image_processor=DeepseekVLHybridImageProcessorPil(),
+            tokenizer=tok,
+            num_image_tokens=576,
+            chat_template=tok.chat_template,
+        )
     if family == "janus":  # Janus-Pro's understanding path (SigLIP 384/16, 576 tokens)
         from transformers import JanusProcessor
         from transformers.models.janus import JanusImageProcessorPil
@@ -759,6 +782,9 @@ def reference(processor, family: str, record: dict, root: Path, **call) -> tuple
         return n, [(448 // 14) ** 2] * int(out["pixel_values"].shape[0])
     if family == "gemma3":
         return n, [(896 // 14) ** 2] * int(out["pixel_values"].shape[0])
+    if family == "deepseek_vl_hybrid":  # each image in a 384 and a 1024 square: both towers'
+        assert out["high_res_pixel_values"].shape[-2:] == (1024, 1024)
+        return n, [576, (1024 // 16) ** 2] * int(out["pixel_values"].shape[0])
     if family in ("deepseek_vl", "janus"):  # every image resized and padded to 384 x 384
         assert out["pixel_values"].shape[-2:] == (384, 384)
         return n, [(384 // 16) ** 2] * int(out["pixel_values"].shape[0])

@@ -900,3 +900,19 @@ def test_idefics2_prompt_counts_equal_its_processor(split, tmp_path, tokenizer_p
         filled = idefics2_image_texts(parts, [per_image] * n)
         built = parts[0] + "".join(t + p for t, p in zip(filled, parts[1:], strict=True))
         assert tok(built, add_special_tokens=False)["input_ids"] == list(want), (split, text)
+
+
+def test_deepseek_vl_hybrid_two_sequences_an_image():
+    """DeepSeek-VL 7B: SigLIP's 24 x 24 patches are the image's tokens, SAM's 64 x 64 on the
+    1024-px copy a second encoder sequence, whatever the image's size."""
+    p = parse_vision_policy("deepseek-vl-hybrid")
+    for w, h in [(1, 1), (384, 384), (4000, 90)]:
+        c = p.image_cost(w, h)
+        assert c.vit_seq_lens == (576, 4096) and c.llm_tokens == 576
+    small = parse_vision_policy("deepseek-vl-hybrid:image_size=56,patch_size=7,high_res_size=112")
+    assert (
+        small.image_cost(9, 9).vit_seq_lens == (64, 49)
+        and parse_vision_policy(small.spec()) == small
+    )
+    with pytest.raises(ValueError, match="divisible"):
+        parse_vision_policy("deepseek-vl-hybrid:high_res_size=1000")

@@ -204,7 +204,8 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
             sizes.append(want["image_sizes"])
         elif images:
             pixels.append(want["pixel_values"])
-            for key in ("pixel_attention_mask", "image_position_ids", "pixel_mask"):
+            beside = ("pixel_attention_mask", "image_position_ids", "pixel_mask")
+            for key in (*beside, "high_res_pixel_values"):
                 masks += [want[key]] if key in want else []
         # the labelled tokens are the assistant's turns, in order
         got = tok.decode(row["input_ids"][0, a:b][row["labels"][0, a:b] != -100])
@@ -250,6 +251,9 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     assert torch.equal(row["pixel_values"], torch.cat(pixels, tiles_dim))
     if family in ("smolvlm", "granite_docling"):  # each tile's mask with it
         assert torch.equal(row["pixel_attention_mask"], torch.cat(masks, 1))
+    if family == "deepseek_vl_hybrid":  # each image's 1024-px copy for its SAM tower
+        assert torch.equal(row["high_res_pixel_values"], torch.cat(masks))
+        assert row["high_res_pixel_values"].shape[-1] == 1024 and len(masks) > 6
     if family == "aria":  # each crop's pixel mask with it, its padding off
         assert torch.equal(row["pixel_mask"], torch.cat(masks))
         assert not row["pixel_mask"].all() and len(masks) > 6

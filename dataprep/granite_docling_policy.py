@@ -134,15 +134,16 @@ class GraniteDoclingPolicy(VisionPolicy):
         return _cost(rows, cols, (self.tile_size // self.patch_size) ** 2, tokens)
 
     def spec(self) -> str:
+        dense = (self.dense_max_scale, self.dense_min_aspect, self.dense_max_aspect)
+        rule = (
+            f",dense_max_tiles={self.dense_max_tiles},dense_max_scale={dense[0]!r},"
+            f"dense_min_aspect={dense[1]!r},dense_max_aspect={dense[2]!r}"
+            if self.dense_max_tiles or any(dense)
+            else ""
+        )
         return (
             f"granite-docling:max_tiles={self.max_tiles},min_tiles={self.min_tiles},"
             f"tile_size={self.tile_size},patch_size={self.patch_size},"
             f"tokens_per_tile={self.tokens_per_tile},fine={int(self.fine)},split={int(self.split)}"
-            + (
-                f",dense_max_tiles={self.dense_max_tiles},dense_max_scale={self.dense_max_scale!r},"
-                f"dense_min_aspect={self.dense_min_aspect!r},"
-                f"dense_max_aspect={self.dense_max_aspect!r}"
-                if self.dense_max_tiles or self.dense_max_scale or self.dense_min_aspect
-                else ""
-            )
+            + rule
         )

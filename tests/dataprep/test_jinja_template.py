@@ -38,6 +38,17 @@ N = 200
 # Docling's up to 17 tiles of 512 px too: its grids in test_granite_docling_*)
 N_OF = {"smolvlm": 60, "granite_docling": 80, "idefics2": 100, "deepseek_vl_hybrid": 60}
 
+# DeepSeek-VL 1.3B: SigLIP 384/16, 576 tokens an image (its template's marker is Janus's too)
+DEEPSEEK_VL = {
+    "policy": "fixed:384/16",
+    "specials": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
+    "config": {
+        "bos_token": "<｜begin▁of▁sentence｜>",
+        "eos_token": "<｜end▁of▁sentence｜>",
+        "extra_special_tokens": {"image_token": "<image_placeholder>"},
+    },
+    "named": True,
+}
 FAMILIES = {
     "qwen2vl": {
         "policy": "qwen2vl",
@@ -229,26 +240,11 @@ FAMILIES = {
     },
     # DeepSeek-VL 1.3B and Janus: SigLIP 384/16, 576 tokens an image; both templates write
     # <image_placeholder>, which their processors expand differently: the family is named
-    "deepseek_vl": {
-        "policy": "fixed:384/16",
-        "specials": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
-        "config": {
-            "bos_token": "<｜begin▁of▁sentence｜>",
-            "eos_token": "<｜end▁of▁sentence｜>",
-            "extra_special_tokens": {"image_token": "<image_placeholder>"},
-        },
-        "named": True,
-    },
+    "deepseek_vl": DEEPSEEK_VL,
     # DeepSeek-VL 7B's hybrid: the same template and tokens, a second tower (SAM, 1024 px)
     "deepseek_vl_hybrid": {
+        **DEEPSEEK_VL,
         "policy": "deepseek-vl-hybrid",
-        "specials": ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<image_placeholder>"],
-        "config": {
-            "bos_token": "<｜begin▁of▁sentence｜>",
-            "eos_token": "<｜end▁of▁sentence｜>",
-            "extra_special_tokens": {"image_token": "<image_placeholder>"},
-        },
-        "named": True,
         "images": "deepseek_vl",  # its template and the template family
     },
     "janus": {

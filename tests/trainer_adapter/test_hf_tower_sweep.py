@@ -1,0 +1,249 @@
+"""Every vision tower that :func:`balance_model` wraps, across the VLM architectures of the
+installed ``transformers`` beyond the families of test_hf_parity: on 2 gloo ranks with uneven
+images (3 and 1), the balanced tower's outputs on each rank equal the tower's own on that rank's
+images, and the gradients summed over the ranks equal those of the unwrapped tower, the
+reference computed first in the same process with equishard not involved. Images must move.
+
+Each architecture is its own default config made tiny (hidden sizes and depths cut, patch and
+image sizes kept) in float64, in eval mode (no dropout or drop-path, whose random draws depend
+on which images a rank holds). Inputs are generic: ``[N, C, H, W]`` tiles of the config's image
+size for tile towers; for towers that take ``grid_thw``, patch rows of grids that are multiples
+of the merge size; for Pixtral's, images of their own sizes. This checks the wrapper, not the
+model's own inputs (test_hf_parity does that for its families, whole model and loss). Towers
+balance_model refuses to wrap (a ``grid_thw`` with no Qwen-style patch rows) are checked to be
+refused with the way out named. A model type missing from the installed ``transformers`` is skipped."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import pytest
+import torch
+
+from tests.dist_helper import run_ranks
+
+pytest.importorskip("transformers")
+
+# checked here on generic inputs (transformers 5.24); the parity families are in the list too,
+# as a check of the generic harness against towers whose wrappers test_hf_parity proves
+TOWERS = (
+    "aria",
+    "aya_vision",
+    "blip-2",
+    "cohere2_vision",
+    "cosmos3_omni",
+    "deepseek_vl",
+    "deepseek_vl_hybrid",
+    "exaone4_5",
+    "gemma3",
+    "glm46v",
+    "glm4v",
+    "glm4v_moe",
+    "glm5_next",
+    "glm_ocr",
+    "glmga",
+    "got_ocr2",
+    "granite_docling",
+    "hyperclovax_vision_v2",
+    "idefics2",
+    "idefics3",
+    "instructblip",
+    "instructblipvideo",
+    "internvl",
+    "janus",
+    "kosmos-2",
+    "lfm3_vl",
+    "llava",
+    "llava_next",
+    "llava_next_video",
+    "llava_onevision",
+    "mistral3",
+    "mistral_large4",
+    "nemotron_h_omni",
+    "ovis2",
+    "paligemma",
+    "pp_chart2table",
+    "qianfan_ocr",
+    "qwen2_5_vl",
+    "qwen2_vl",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen4_exp",
+    "shieldgemma2",
+    "smolvlm",
+    "step3p7",
+    "vipllava",
+)
+# towers that take grid_thw without Qwen-style patch rows: refused when wrapping
+REFUSED = ("cosmos3_edge", "hy_v4_vl", "minimax_m3_vl", "muse_glimmer", "paddleocr_vl")
+
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "out_hidden_size": 32,
+    "depth": 2,
+    "num_heads": 2,
+    "embed_dim": 32,
+    "moe_intermediate_size": 32,
+    "num_experts": 4,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_expert_intermediate_size": 32,
+    "projector_hidden_size": 32,
+}
+
+
+def _installed(model_type: str) -> str | None:
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MODELS,
+    )
+
+    return MODELS.get(model_type)
+
+
+def _tiny(cfg):
+    """The config with its widths and depths cut, every sub-config too (sizes of patches and
+    images kept, so inputs keep their shapes)."""
+    import transformers as tf
+
+    for key, value in list(vars(cfg).items()):
+        if isinstance(value, tf.PretrainedConfig):
+            _tiny(value)
+        elif key in TINY and isinstance(value, int) and not isinstance(value, bool):
+            setattr(cfg, key, TINY[key])
+        elif key == "layer_types" and isinstance(value, list):
+            setattr(cfg, key, value[: TINY["num_hidden_layers"]])
+    return cfg
+
+
+def build(model_type: str) -> torch.nn.Module:
+    import transformers as tf
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    torch.manual_seed(0)
+    model = getattr(tf, _installed(model_type))(_tiny(CONFIG_MAPPING[model_type]()))
+    return model.double().eval()
+
+
+def tower_of(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "model", model)
+    return next(
+        getattr(inner, a) for a in ("visual", "vision_tower", "vision_model") if hasattr(inner, a)
+    )
+
+
+def images(tower: torch.nn.Module, rank: int, n: int) -> tuple[tuple, dict]:
+    """``n`` generic images for the tower: tiles, or patch rows with their grids."""
+    g = torch.Generator().manual_seed(100 + rank)
+    cfg = tower.config
+    if "grid_thw" in inspect.signature(tower.forward).parameters:
+        p, merge = cfg.patch_size, getattr(cfg, "spatial_merge_size", 1) or 1
+        width = getattr(cfg, "in_channels", getattr(cfg, "num_channels", 3)) * p * p
+        width *= getattr(cfg, "temporal_patch_size", 1) or 1
+        grid = torch.tensor(
+            [[1, merge * (1 + (i + rank) % 3), merge * (2 + i % 2)] for i in range(n)]
+        )
+        rows = int(grid.prod(-1).sum())
+        return (torch.randn(rows, width, generator=g, dtype=torch.float64),), {"grid_thw": grid}
+    channels = getattr(cfg, "num_channels", 3)
+    if "image_sizes" in inspect.signature(tower.forward).parameters:  # Pixtral: own sizes
+        p = cfg.patch_size
+        sizes = torch.tensor([[p * (2 + (i + rank) % 3), p * (4 - i % 3)] for i in range(n)])
+        pixels = torch.randn(n, channels, 4 * p, 4 * p, generator=g, dtype=torch.float64)
+        return (pixels,), {"image_sizes": sizes}
+    size = cfg.image_size if isinstance(cfg.image_size, list | tuple) else (cfg.image_size,) * 2
+    return (torch.randn(n, channels, *size, generator=g, dtype=torch.float64),), {}
+
+
+def _floats(out) -> list[torch.Tensor]:
+    """Every floating tensor of a tower's output (hidden states of every layer included)."""
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, list | tuple):
+        return [t for o in out for t in _floats(o)]
+    return []
+
+
+def step(tower, args, kw) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The tower's outputs and its gradients for a fixed random weighting of every output."""
+    outs = _floats(tower(*args, **kw))
+    g = torch.Generator().manual_seed(7)
+    loss = sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in outs)
+    tower.zero_grad()
+    loss.backward()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in tower.parameters()]
+    return [t.detach() for t in outs], torch.cat([x.reshape(-1) for x in grads])
+
+
+def rank_main(rank, world):
+    import torch.distributed as dist
+
+    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    results = {}
+    for model_type in TOWERS:
+        if _installed(model_type) is None:
+            continue
+        model = build(model_type)
+        tower = tower_of(model)
+        args, kw = images(tower, rank, (3, 1)[rank])
+        ref_outs, ref_grads = step(tower, args, kw)  # the tower alone, this rank's images
+        balance_model(model, llm=False, policy=RedistributePolicy(placement="identity"))
+        outs, grads = step(tower, args, kw)
+        dist.all_reduce(ref_grads)
+        dist.all_reduce(grads)
+        results[model_type] = (ref_outs, outs, ref_grads, grads, tower.last_route.moved)
+    return results
+
+
+@functools.cache
+def runs() -> list[dict]:
+    return run_ranks(rank_main, 2, timeout=600)
+
+
+@pytest.mark.parametrize("model_type", TOWERS)
+def test_balanced_tower_equals_the_tower_alone(model_type):
+    if _installed(model_type) is None:
+        pytest.skip(f"this transformers has no {model_type}")
+    for rank, result in enumerate(runs()):
+        ref_outs, outs, ref_grads, grads, moved = result[model_type]
+        assert moved > 0, "no image moved: nothing was checked"
+        assert len(outs) == len(ref_outs)
+        for out, ref in zip(outs, ref_outs, strict=True):
+            torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10, msg=f"rank {rank}")
+        # some towers run parts in float32 (RMSNorm, position interpolation) whatever the dtype
+        scale = float(ref_grads.abs().max())
+        assert scale > 0
+        torch.testing.assert_close(grads, ref_grads, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("model_type", REFUSED)
+def test_tower_without_patch_rows_refused_when_wrapping(model_type):
+    """No step starts (no rank waits); the error names the tower and ``encoder=False``, with
+    which the decoder alone still balances."""
+    import transformers as tf
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from trainer_adapter.hf_balance import balance_model
+
+    if _installed(model_type) is None:
+        pytest.skip(f"this transformers has no {model_type}")
+    with torch.device("meta"):  # the structure only: nothing runs
+        model = getattr(tf, _installed(model_type))(_tiny(CONFIG_MAPPING[model_type]()))
+    name = type(tower_of(model)).__name__
+    with pytest.raises(ValueError, match=rf"{name} takes grid_thw .* encoder=False"):
+        balance_model(model)
+    balance_model(model, encoder=False)
+    assert any(hasattr(m, "equishard_paused") for m in model.modules())

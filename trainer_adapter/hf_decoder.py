@@ -28,7 +28,13 @@ import torch.distributed as dist
 
 from balancing import CostModel
 from trainer_adapter.group_errors import raise_together, reason_of
-from trainer_adapter.hf_masks import agree_masks, crossing_masks, route_masks, split_masks
+from trainer_adapter.hf_masks import (
+    agree_masks,
+    bidirectional_without_masks,
+    crossing_masks,
+    route_masks,
+    split_masks,
+)
 from trainer_adapter.hf_packing import (
     call_settings,
     check_decoder_inputs,
@@ -236,7 +242,8 @@ def balance_decoder(
             table = _sample_table(lengths, vmask, deep, where)
             # the masks that join samples, the packing kwargs, the per-token inputs (their
             # dtypes and per-token shapes): agreed in one collective with the refusals
-            mine = (packing_spec(kw), crossing_masks(masks, lengths), per_token_spec(kw))
+            joins = crossing_masks(masks, lengths) + bidirectional_without_masks(self, masks)
+            mine = (packing_spec(kw), joins, per_token_spec(kw))
             settings = call_settings(kw) if lengths.size else None  # see plan_items
         except Exception as e:  # every rank raises it: agree_masks
             refusal, masks = e, None
@@ -252,8 +259,9 @@ def balance_decoder(
             raise ValueError(
                 f"{where}: the model's {', '.join(crossing)} "
                 "lets the samples of a packed row attend to each other (PaliGemma's prefix "
-                "block, token_type_ids == 0, spans every sample's image and prompt), so moving "
-                "samples would change what they see; HF's packed rows already mix them without "
+                "block, token_type_ids == 0, spans every sample's image and prompt; a "
+                "bidirectional decoder given no mask sees the whole row), so moving samples "
+                "would change what they see; HF's packed rows already mix them without "
                 "balancing. Balance the vision tower only (balance_model(..., llm=False)), or "
                 "give the decoder masks that keep each sample to itself"
             )

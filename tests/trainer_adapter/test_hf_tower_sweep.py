@@ -247,3 +247,115 @@ def test_tower_without_patch_rows_refused_when_wrapping(model_type):
         balance_model(model)
     balance_model(model, encoder=False)
     assert any(hasattr(m, "equishard_paused") for m in model.modules())
+
+
+# The language models balance_model wraps, on one generic packed row per rank (samples of 5, 9
+# and 3 tokens on rank 0, one of 4 on rank 1; inputs_embeds and positions restarting per
+# sample): the balanced decoder's hidden states and summed gradients equal the plain one's.
+DECODERS = (
+    "aya_vision",
+    "cohere2_vision",
+    "cosmos3_omni",
+    "deepseek_vl",
+    "exaone4_5",
+    "gemma3",
+    "got_ocr2",
+    "granite_docling",
+    "hyperclovax_vision_v2",
+    "idefics2",
+    "idefics3",
+    "internvl",
+    "janus",
+    "llava",
+    "llava_next_video",
+    "llava_onevision",
+    "mistral3",
+    "ovis2",
+    "qianfan_ocr",
+    "qwen3_vl",
+    "shieldgemma2",
+    "smolvlm",
+    "vipllava",
+)
+# refused on every rank with the reason: recurrent layers that ignore the packing kwargs, linear
+# attention given none, a bidirectional decoder (PaliGemma's default Gemma) given no mask
+DECODERS_REFUSED = {
+    "glm5_next": "linear_attention layers",
+    "lfm3_vl": "conv layers",
+    "qwen3_5": "pass HF's packing kwargs",
+    "paligemma": "use_bidirectional_attention",
+}
+
+
+def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
+    inner = getattr(model, "model", model)
+    return getattr(inner, "language_model", None) or inner.text_model
+
+
+def decoder_step(decoder, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    lengths = ((5, 9, 3), (4,))[rank]
+    g = torch.Generator().manual_seed(50 + rank)
+    x = torch.randn(1, sum(lengths), decoder.config.hidden_size, generator=g, dtype=torch.float64)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    hidden = decoder(inputs_embeds=x, position_ids=positions, use_cache=False).last_hidden_state
+    weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(9), dtype=x.dtype)
+    decoder.zero_grad()
+    (hidden * weights).sum().backward()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in decoder.parameters()]
+    return hidden.detach(), torch.cat([x.reshape(-1) for x in grads])
+
+
+def decoder_main(rank, world):
+    import torch.distributed as dist
+
+    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    results = {}
+    for model_type in (*DECODERS, *DECODERS_REFUSED):
+        if _installed(model_type) is None:
+            continue
+        model = build(model_type)
+        decoder = decoder_of(model)
+        ref = decoder_step(decoder, rank) if model_type in DECODERS else None
+        balance_model(model, encoder=False, policy=RedistributePolicy(placement="identity"))
+        try:
+            hidden, grads = decoder_step(decoder, rank)
+        except ValueError as e:
+            results[model_type] = str(e)
+            continue
+        if ref is None:  # ran where it must be refused
+            results[model_type] = None
+            continue
+        dist.all_reduce(ref[1])
+        dist.all_reduce(grads)
+        results[model_type] = (ref, (hidden, grads), decoder.last_route.moved)
+    return results
+
+
+@functools.cache
+def decoder_runs() -> list[dict]:
+    return run_ranks(decoder_main, 2, timeout=600)
+
+
+@pytest.mark.parametrize("model_type", DECODERS)
+def test_balanced_decoder_equals_the_decoder_alone(model_type):
+    if _installed(model_type) is None:
+        pytest.skip(f"this transformers has no {model_type}")
+    for result in decoder_runs():
+        assert not isinstance(result[model_type], str), result[model_type]
+        (ref_hidden, ref_grads), (hidden, grads), moved = result[model_type]
+        assert moved > 0, "no sample moved: nothing was checked"
+        torch.testing.assert_close(hidden, ref_hidden, rtol=1e-9, atol=1e-10)
+        scale = float(ref_grads.abs().max())  # Cohere's layer norms run in float32
+        torch.testing.assert_close(grads, ref_grads, rtol=0, atol=1e-6 * scale)
+
+
+@pytest.mark.parametrize("model_type", list(DECODERS_REFUSED))
+def test_decoder_that_mixes_packed_samples_refused_on_every_rank(model_type):
+    if _installed(model_type) is None:
+        pytest.skip(f"this transformers has no {model_type}")
+    for result in decoder_runs():
+        assert isinstance(result[model_type], str), "the step ran where it must be refused"
+        assert DECODERS_REFUSED[model_type] in result[model_type]
+        assert "llm=False" in result[model_type] or "packing kwargs" in result[model_type]

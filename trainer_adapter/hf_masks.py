@@ -64,12 +64,14 @@ def crossing_masks(masks: dict | None, lengths: np.ndarray) -> list[str]:
 
 
 def bidirectional_without_masks(decoder: torch.nn.Module, masks: dict | None) -> list[str]:
-    """A decoder whose config makes its own mask bidirectional (``use_bidirectional_attention``:
-    PaliGemma's Gemma, embedding models) and that got no 4-D masks to follow: every token of
-    the packed row sees every other, whatever the positions say. Its name, else nothing."""
+    """A decoder whose config makes its own mask bidirectional (``use_bidirectional_attention``
+    True or ``"all"``: PaliGemma's Gemma, embedding models) and that got no 4-D masks to
+    follow: every token of the packed row sees every other, whatever the positions say. Its
+    name, else nothing."""
     cfg = getattr(decoder, "config", None)
     given = any(m is not None for m in (masks or {}).values())
-    if given or not getattr(cfg, "use_bidirectional_attention", False):
+    # True (Gemma 1-3's bool) or "all" (Gemma 4's; its "vision" keeps to each image's tokens)
+    if given or getattr(cfg, "use_bidirectional_attention", None) not in (True, "all"):
         return []
     return ["use_bidirectional_attention (its own mask over the whole row, none given)"]
 

@@ -392,3 +392,27 @@ def test_tower_whose_inputs_cannot_move_refused_when_wrapped():
         balance_model(model)
     balance_model(model, encoder=False)
     assert hasattr(model.model.language_model, "equishard_paused")
+
+
+@pytest.mark.parametrize(
+    "setting, masks, joins",
+    [
+        (True, None, True),  # PaliGemma's Gemma given no mask: the whole row
+        ("all", {"full_attention": None}, True),  # Gemma 4's "all", no mask built
+        ("vision", None, False),  # Gemma 4's "vision": each image's own tokens only
+        (False, None, False),
+        (None, None, False),
+        (True, {"full_attention": torch.ones(1, 1, 4, 4, dtype=torch.bool)}, False),  # it follows
+    ],
+)
+def test_bidirectional_decoder_given_no_mask_joins_samples(setting, masks, joins):
+    import types
+
+    from trainer_adapter.hf_masks import bidirectional_without_masks
+
+    decoder = types.SimpleNamespace(
+        config=types.SimpleNamespace(use_bidirectional_attention=setting)
+    )
+    found = bidirectional_without_masks(decoder, masks)
+    assert bool(found) == joins
+    assert not found or "use_bidirectional_attention" in found[0]

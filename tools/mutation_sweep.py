@@ -1385,6 +1385,28 @@ MUTATIONS = [
             "test_packer_matches_the_processor[deepseek_vl_hybrid]",
         ),
     ),
+    Mutation(
+        "decoder-bidirectional-unchecked",
+        "balance_decoder balances a bidirectional decoder given no mask (PaliGemma's Gemma)",
+        "trainer_adapter/hf_decoder.py",
+        "crossing_masks(masks, lengths) + bidirectional_without_masks(self, masks)",
+        "crossing_masks(masks, lengths)",
+        (
+            "tests/trainer_adapter/test_hf_tower_sweep.py::"
+            "test_decoder_that_mixes_packed_samples_refused_on_every_rank[paligemma]",
+        ),
+    ),
+    Mutation(
+        "pixtral-sizes-unsent",
+        "the Pixtral wrapper gives the receiving rank the sizes of other images",
+        "trainer_adapter/hf_pixtral.py",
+        'got = route.send(mine, np.ones_like(route.src), "image_sizes")',
+        'got = route.send(mine.flip(0), np.ones_like(route.src), "image_sizes")',
+        (
+            "tests/trainer_adapter/test_hf_tower_sweep.py::"
+            "test_balanced_tower_equals_the_tower_alone[mistral3]",
+        ),
+    ),
 ]
 
 

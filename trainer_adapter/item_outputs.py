@@ -154,20 +154,61 @@ def run_received(route: ItemRoute, run: Callable[[], Any]) -> tuple[Any, BaseExc
 
 
 def output_agree(
-    sig, group, own_call: bool = True, failure: BaseException | None = None, where: str = ""
+    sig,
+    group,
+    own_call: bool = True,
+    failure: BaseException | None = None,
+    where: str = "",
+    proportional: bool = False,
 ):
     """The output signature of a rank that ran the module (all ranks: the same one), taken
     from a rank that called the module with its own arguments where one ran it (``own_call``
     False: a rank that only joined the exchange, whose call may ask for more outputs, e.g.
     every layer's hidden states, than the model's own calls do). ``failure``: this rank's
     error running the module (:func:`run_received`); every rank raises
-    :class:`~trainer_adapter.group_errors.StepRefused` if any rank has one."""
+    :class:`~trainer_adapter.group_errors.StepRefused` if any rank has one.
+    ``proportional``: the ranks' outputs must have the same rows per input row (see
+    :func:`_same_fractions`), else every rank raises a ``ValueError``."""
     sigs = [None] * dist.get_world_size(group)
     reason = None if failure is None else reason_of(failure)
     dist.all_gather_object(sigs, (own_call, sig, reason), group=group)
     raise_together([r for _, _, r in sigs], where or "the balanced module", failure)
+    if proportional:
+        _same_fractions(sigs, where)
     ran = [(own, s) for own, s, _ in sigs if s is not None]
     return next((s for own, s in ran if own), ran[0][1] if ran else None)
+
+
+def _fractions(sig) -> tuple:
+    """Rows out per row in of every tensor of an output signature, in its order."""
+    kind = sig[0]
+    if kind == "tensor":
+        return ((sig[3], sig[4]),)
+    if kind == "dict":
+        return tuple(f for _, s in sig[3] for f in _fractions(s))
+    if kind == "seq":
+        return tuple(f for s in sig[2] for f in _fractions(s))
+    return ()
+
+
+def _same_fractions(sigs: list, where: str) -> None:
+    """Outputs are routed home by rows per input row, one ratio for all items (a Qwen tower's
+    merged tokens: a quarter of its patches). A module whose rows per item follow another rule
+    (a tower that merges a video's frames into one grid: ``h*w`` rows out for ``t*h*w`` in)
+    gives ranks holding different items different ratios, and routing by one ratio would hand
+    rows to the wrong items: every rank raises (all see the same signatures)."""
+    seen = {r: _fractions(s) for r, (own, s, _) in enumerate(sigs) if own and s is not None}
+    if len(set(seen.values())) > 1:
+        by_rank = "; ".join(
+            f"rank {r}: {', '.join(f'{a}/{b}' for a, b in f)}" for r, f in seen.items()
+        )
+        raise ValueError(
+            f"{where or 'the balanced module'}: its outputs are not a fixed number of rows per "
+            f"input row (rows out per row in, by rank: {by_rank}), so balancing cannot tell "
+            "which output rows belong to which image; balance the decoder only "
+            "(balance_model(..., encoder=False)) or wrap the module with a wrapper that knows "
+            "its rows per item"
+        )
 
 
 def _sharded(p: torch.Tensor) -> bool:
@@ -223,7 +264,8 @@ def route_home(
     ``own_call``, ``failure``: see :func:`output_agree`."""
     rows_in = int(route.table[route.received, 0].sum())
     sig = None if out is None else output_signature(out, rows_in)
-    sig = output_agree(sig, group, own_call, failure, f"{type(module).__name__} (balanced)")
+    where = f"{type(module).__name__} (balanced)"
+    sig = output_agree(sig, group, own_call, failure, where, proportional=True)
     anchor = output_anchor(module) + (x.sum() * 0 if out is None else 0)
     return output_route_back(out, sig, route, route.table[:, 0], anchor)
 

@@ -416,3 +416,50 @@ def test_bidirectional_decoder_given_no_mask_joins_samples(setting, masks, joins
     found = bidirectional_without_masks(decoder, masks)
     assert bool(found) == joins
     assert not found or "use_bidirectional_attention" in found[0]
+
+
+class _FramesMergedTower(torch.nn.Module):
+    """A grid_thw tower that averages a video's frames into one grid (``h*w`` rows out for
+    ``t*h*w`` in), as Kimi-K2.5's temporal merge does: its rows per item are no fixed
+    fraction of its input's."""
+
+    def __init__(self):
+        import types
+
+        super().__init__()
+        self.config = types.SimpleNamespace(hidden_size=4, num_hidden_layers=1)
+        self.patch_embed = torch.nn.Linear(6, 4)
+
+    def forward(self, hidden_states, grid_thw=None, **kwargs):
+        x, out, start = self.patch_embed(hidden_states), [], 0
+        for t, h, w in grid_thw.tolist():
+            out.append(x[start : start + t * h * w].reshape(t, h * w, -1).mean(0))
+            start += t * h * w
+        return torch.cat(out)
+
+
+def frames_merged_rank(rank, world):
+    from trainer_adapter.hf_towers import balance_vision
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    torch.manual_seed(0)
+    tower = _FramesMergedTower()
+    grids = ([[2, 2, 2]], [[1, 2, 2], [1, 2, 2]])[rank]  # rank 0: a video, rank 1: 2 images
+    grid = torch.tensor(grids)
+    x = torch.randn(int(grid.prod(-1).sum()), 6)
+    balance_vision(tower, policy=RedistributePolicy(placement="identity"))
+    try:
+        tower(x, grid_thw=grid)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def test_tower_whose_rows_per_item_vary_refused_on_every_rank():
+    """Routing a tower's outputs home by one ratio of rows out per row in (rank 0's: half, as
+    its video's two frames merge) would give rank 1's images half their rows, silently (the
+    ratios divide evenly): every rank refuses, naming the ratios it saw."""
+    for message in run_ranks(frames_merged_rank, 2, timeout=120):
+        assert message is not None, "the step ran where it must be refused"
+        assert "not a fixed number of rows per input row" in message
+        assert "encoder=False" in message

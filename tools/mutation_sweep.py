@@ -1407,6 +1407,17 @@ MUTATIONS = [
             "test_balanced_tower_equals_the_tower_alone[mistral3]",
         ),
     ),
+    Mutation(
+        "outputs-fractions-unchecked",
+        "route_home takes one rank's rows per input row for all without comparing the ranks'",
+        "trainer_adapter/item_outputs.py",
+        "where, proportional=True)",
+        "where, proportional=False)",
+        (
+            "tests/trainer_adapter/test_hf_guards.py::"
+            "test_tower_whose_rows_per_item_vary_refused_on_every_rank",
+        ),
+    ),
 ]
 
 

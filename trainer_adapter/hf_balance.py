@@ -103,7 +103,8 @@ def balance_model(
     ``pixel_position_ids`` (Gemma 4: :func:`~trainer_adapter.hf_patch_positions.
     balance_patch_positions`) or tiles), DeepSeek-VL and its hybrid (both of its towers, the
     high-resolution SAM too). Feed each rank one packed row
-    (:func:`balance_decoder`'s convention). Returns the model."""
+    (:func:`balance_decoder`'s convention). An encoder-decoder language model (Florence-2's
+    BART) is refused with ``llm=True``. Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     if decoder is not None and hasattr(decoder, "lm_head"):  # Llama 4: a causal LM; its decoder
@@ -131,6 +132,13 @@ def balance_model(
             f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "
             ".language_model/.text_model; wrap the tower and the decoder with balance_vision / "
             "balance_tiles / balance_decoder"
+        )
+    if llm and getattr(getattr(decoder, "config", None), "is_encoder_decoder", False):
+        raise ValueError(
+            f"{type(model).__name__}: its language model {type(decoder).__name__} is an "
+            "encoder-decoder (Florence-2's BART): balance_decoder moves the samples of one "
+            "packed decoder row, not encoder and decoder sequences together; balance the "
+            "vision tower only (balance_model(..., llm=False))"
         )
     policy = policy or RedistributePolicy()
     off = RedistributePolicy(enabled=False)

@@ -359,3 +359,21 @@ def test_decoder_that_mixes_packed_samples_refused_on_every_rank(model_type):
         assert isinstance(result[model_type], str), "the step ran where it must be refused"
         assert DECODERS_REFUSED[model_type] in result[model_type]
         assert "llm=False" in result[model_type] or "packing kwargs" in result[model_type]
+
+
+def test_encoder_decoder_language_model_refused_when_wrapping():
+    """Florence-2's language model is BART, an encoder-decoder: its samples are not one packed
+    decoder row, so balance_model refuses its LLM side when wrapping, naming ``llm=False``,
+    with which the tower alone is wrapped (not run: its DaViT tower is not in the sweep)."""
+    import transformers as tf
+
+    from trainer_adapter.hf_balance import balance_model
+
+    if _installed("florence2") is None:
+        pytest.skip("this transformers has no florence2")
+    with torch.device("meta"):  # the structure only: nothing runs
+        model = tf.Florence2ForConditionalGeneration(tf.Florence2Config())
+    with pytest.raises(ValueError, match=r"BartModel is an encoder-decoder .* llm=False"):
+        balance_model(model)
+    balance_model(model, llm=False)
+    assert hasattr(tower_of(model), "equishard_paused")

@@ -1,5 +1,6 @@
-"""Every vision tower that :func:`balance_model` wraps, across the VLM architectures of the
-installed ``transformers`` beyond the families of test_hf_parity: on 2 gloo ranks with uneven
+"""The vision towers :func:`balance_model` wraps across the VLM architectures of the installed
+``transformers``, beyond the families of test_hf_parity, those that take generic tiles or patch
+rows (not Kimi-K2.5's, Molmo2's, MiniCPM-V's, Inkling2's own inputs): on 2 gloo ranks with uneven
 images (3 and 1), the balanced tower's outputs on each rank equal the tower's own on that rank's
 images, and the gradients summed over the ranks equal those of the unwrapped tower, the
 reference computed first in the same process with equishard not involved. Images must move.

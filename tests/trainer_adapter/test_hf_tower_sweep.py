@@ -109,6 +109,12 @@ def _installed(model_type: str) -> str | None:
     return MODELS.get(model_type)
 
 
+def _require(model_type: str) -> None:
+    """Skip the test where the installed ``transformers`` has no ``model_type``."""
+    if _installed(model_type) is None:
+        pytest.skip(f"this transformers has no {model_type}")
+
+
 def _tiny(cfg):
     """The config with its widths and depths cut, every sub-config too (sizes of patches and
     images kept, so inputs keep their shapes)."""
@@ -216,8 +222,7 @@ def runs() -> list[dict]:
 
 @pytest.mark.parametrize("model_type", TOWERS)
 def test_balanced_tower_equals_the_tower_alone(model_type):
-    if _installed(model_type) is None:
-        pytest.skip(f"this transformers has no {model_type}")
+    _require(model_type)
     for rank, result in enumerate(runs()):
         ref_outs, outs, ref_grads, grads, moved = result[model_type]
         assert moved > 0, "no image moved: nothing was checked"
@@ -239,8 +244,7 @@ def test_tower_without_patch_rows_refused_when_wrapping(model_type):
 
     from trainer_adapter.hf_balance import balance_model
 
-    if _installed(model_type) is None:
-        pytest.skip(f"this transformers has no {model_type}")
+    _require(model_type)
     with torch.device("meta"):  # the structure only: nothing runs
         model = getattr(tf, _installed(model_type))(_tiny(CONFIG_MAPPING[model_type]()))
     name = type(tower_of(model)).__name__
@@ -341,8 +345,7 @@ def decoder_runs() -> list[dict]:
 
 @pytest.mark.parametrize("model_type", DECODERS)
 def test_balanced_decoder_equals_the_decoder_alone(model_type):
-    if _installed(model_type) is None:
-        pytest.skip(f"this transformers has no {model_type}")
+    _require(model_type)
     for result in decoder_runs():
         assert not isinstance(result[model_type], str), result[model_type]
         (ref_hidden, ref_grads), (hidden, grads), moved = result[model_type]
@@ -354,8 +357,7 @@ def test_balanced_decoder_equals_the_decoder_alone(model_type):
 
 @pytest.mark.parametrize("model_type", list(DECODERS_REFUSED))
 def test_decoder_that_mixes_packed_samples_refused_on_every_rank(model_type):
-    if _installed(model_type) is None:
-        pytest.skip(f"this transformers has no {model_type}")
+    _require(model_type)
     for result in decoder_runs():
         assert isinstance(result[model_type], str), "the step ran where it must be refused"
         assert DECODERS_REFUSED[model_type] in result[model_type]
@@ -370,8 +372,7 @@ def test_encoder_decoder_language_model_refused_when_wrapping():
 
     from trainer_adapter.hf_balance import balance_model
 
-    if _installed("florence2") is None:
-        pytest.skip("this transformers has no florence2")
+    _require("florence2")
     with torch.device("meta"):  # the structure only: nothing runs
         model = tf.Florence2ForConditionalGeneration(tf.Florence2Config())
     with pytest.raises(ValueError, match=r"BartModel is an encoder-decoder .* llm=False"):

@@ -9,6 +9,13 @@ images (``equishard_settle``). A tower's own call without images makes no round 
 with two towers that it calls one after the other for the same images (DeepSeek-VL's hybrid:
 its low- and high-resolution towers) settles them in that order, round by round
 (:func:`settle_together`), so that every rank's exchanges come in the same order.
+
+A rank that joins a round with no images of its own receives into a buffer of its own shape,
+so it takes the shape of one item row from the round's gathered table (:func:`shape_columns`,
+:func:`group_row_shape`), not from its tower's config: a tower fed rows of another layout
+(Kimi-K2.5's ``[C, p, p]`` patches, Molmo2's ``[patches, p*p*C]`` crops) would otherwise get
+rows reinterpreted in the joining rank's shape. Ranks that bring rows of different shapes stop
+the step on every rank.
 """
 
 from __future__ import annotations
@@ -20,20 +27,25 @@ import numpy as np
 import torch
 
 from balancing import CostModel
+from trainer_adapter.group_errors import raise_together
 from trainer_adapter.hf_packing import call_settings
 from trainer_adapter.item_exchange import ItemRoute, plan_items
 from trainer_adapter.item_outputs import output_anchor, runs_everywhere, zero_of
 from trainer_adapter.redistribute import RedistributePolicy
 
 __all__ = [
+    "group_row_shape",
     "install",
     "joined",
     "length_cost",
     "plan_round",
     "record",
     "settle_together",
+    "shape_columns",
     "tower_cost",
 ]
+
+ROW_DIMS = 4  # the most dims of one item row's shape that an item table carries
 
 
 def tower_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
@@ -76,6 +88,40 @@ def record(tower: torch.nn.Module, route) -> None:
         tower.last_route = route
     tower.equishard_step_images |= bool(route.items)
     tower.equishard_round_images = route.items
+
+
+def shape_columns(shape: tuple[int, ...], n: int) -> np.ndarray:
+    """``n`` item-table rows that carry one item row's ``shape`` (its dims after the first):
+    the number of dims, then the dims, 0-padded to :data:`ROW_DIMS`."""
+    if len(shape) > ROW_DIMS:
+        raise ValueError(
+            f"rows of shape {tuple(shape)} have more than {ROW_DIMS} dims after the item's, "
+            "more than a balanced tower moves; flatten them"
+        )
+    row = [len(shape), *(int(d) for d in shape), *[0] * (ROW_DIMS - len(shape))]
+    return np.tile(np.array(row, dtype=np.int64), (n, 1))
+
+
+def group_row_shape(route: ItemRoute, start: int, what: str, where: str) -> tuple[int, ...]:
+    """The row shape every item of the round has, from the gathered table's
+    :func:`shape_columns` at column ``start`` (``()`` in a round without items). Ranks that
+    brought rows of different shapes: every rank raises naming each rank's (every rank calls
+    this with the same table, so all raise or none does)."""
+    cols = route.table[: route.items, start : start + 1 + ROW_DIMS]
+    if not len(cols):
+        return ()
+    shape = lambda c: tuple(int(d) for d in c[1 : 1 + c[0]])  # noqa: E731
+    if (cols != cols[0]).any():
+        reasons: list[str | None] = [None] * route.route.world
+        for r, c in zip(route.src[: route.items], cols, strict=True):
+            reasons[int(r)] = f"{what} of shape {shape(c)}"
+        raise_together(
+            reasons,
+            f"{where}: {what} of different shapes on different ranks, which one exchange "
+            "cannot move (give every rank's tower inputs of one layout, as its processor makes "
+            "them):",
+        )
+    return shape(cols[0])
 
 
 def plan_round(

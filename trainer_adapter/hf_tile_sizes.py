@@ -19,14 +19,21 @@ import numpy as np
 import torch
 
 from trainer_adapter.group_errors import raise_together
+from trainer_adapter.hf_rounds import ROW_DIMS, shape_columns
 
 __all__ = ["crop_patch_outputs", "group_tile_size", "pad_tiles", "tile_table"]
 
 
-def tile_table(pixel_values: torch.Tensor) -> np.ndarray:
-    """The round's item table of ``[n, C, H, W]`` tiles: one row each, and its size."""
-    h, w = (int(s) for s in pixel_values.shape[-2:])
-    return np.tile(np.array([[1, h, w]], dtype=np.int64), (int(pixel_values.shape[0]), 1))
+def tile_table(pixel_values: torch.Tensor | None) -> np.ndarray:
+    """The round's item table of ``[n, ..., H, W]`` tiles (None: no table of this rank's own):
+    one row each, its size, and the shape of its dims before ``H x W`` (``[C]`` for images;
+    Molmo2's crops are ``[n, patches, p*p*C]``: none) in :func:`~trainer_adapter.hf_rounds.
+    shape_columns`' columns."""
+    if pixel_values is None:
+        return np.zeros((0, 3 + 1 + ROW_DIMS), np.int64)
+    n, (h, w) = int(pixel_values.shape[0]), (int(s) for s in pixel_values.shape[-2:])
+    sizes = np.tile(np.array([[1, h, w]], dtype=np.int64), (n, 1))
+    return np.hstack([sizes, shape_columns(pixel_values.shape[1:-2], n)])
 
 
 def group_tile_size(route, masked: bool, where: str) -> tuple[int, int] | None:

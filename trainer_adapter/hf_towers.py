@@ -27,7 +27,15 @@ import torch
 import torch.distributed as dist
 
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
-from trainer_adapter.hf_rounds import install, joined, length_cost, plan_round, tower_cost
+from trainer_adapter.hf_rounds import (
+    group_row_shape,
+    install,
+    joined,
+    length_cost,
+    plan_round,
+    shape_columns,
+    tower_cost,
+)
 from trainer_adapter.hf_tile_sizes import crop_patch_outputs, group_tile_size, pad_tiles, tile_table
 from trainer_adapter.item_outputs import param_zeros, route_home, run_received
 from trainer_adapter.redistribute import RedistributePolicy
@@ -61,6 +69,7 @@ def balance_vision(
             if policy.enabled:  # the text's packing kwargs may pass through; nothing else
                 check_item_inputs(where, (), kwargs, PACKING_KEYS)
             table = _grid_table(hidden_states, grid_thw, where)
+            table = np.hstack([table, shape_columns(hidden_states.shape[1:], len(table))])
             row_bytes = hidden_states[0].numel() * hidden_states.element_size() if len(table) else 0
         except Exception as e:  # every rank raises it: plan_items
             table, row_bytes, refusal = None, 0, e
@@ -72,6 +81,9 @@ def balance_vision(
             if self.equishard_joining:
                 return None
             return inner(hidden_states, grid_thw=grid_thw, **kwargs)
+        shape = group_row_shape(route, 4, "patch rows", where)  # the senders' (Kimi: [C, p, p])
+        if not len(hidden_states):  # a joining rank receives rows of that shape
+            hidden_states = hidden_states.reshape(0, *shape)
         x = route.send(hidden_states, 0, "patches")
         g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
         g = g.to(device=grid_thw.device, dtype=grid_thw.dtype)
@@ -132,12 +144,6 @@ def _tile_cost(table: np.ndarray) -> np.ndarray:
     return table[:, 0].astype(np.float64)
 
 
-def _empty_pixels(tower: torch.nn.Module) -> torch.Tensor:
-    cfg = tower.config
-    size = cfg.image_size if isinstance(cfg.image_size, list | tuple) else (cfg.image_size,) * 2
-    return param_zeros(tower, (0, getattr(cfg, "num_channels", 3), *size))
-
-
 def balance_tiles(
     tower: torch.nn.Module,
     *,
@@ -178,7 +184,7 @@ def balance_tiles(
                 raise ValueError(f"{where}: {len(mask)} patch masks for {n} tiles")
         except Exception as e:  # every rank raises it: plan_items
             n, row_bytes, refusal = 0, 0, e
-        table = tile_table(pixel_values) if refusal is None else np.zeros((0, 3), np.int64)
+        table = tile_table(pixel_values if refusal is None else None)
         volume = lambda t: t[:, 0] * float(row_bytes)  # noqa: E731
         route = plan_round(
             self, table, _tile_cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
@@ -191,6 +197,9 @@ def balance_tiles(
             return inner(pixel_values, *args, **kwargs)
         # the round's tile size (Idefics2: each rank's its own largest image's): hf_tile_sizes
         size = group_tile_size(route, masked, where)
+        lead = group_row_shape(route, 3, "tiles", where)  # a tile's dims before its H x W
+        if not len(pixel_values):  # a joining rank receives tiles of that layout (Molmo2's)
+            pixel_values = pixel_values.new_zeros((0, *lead, *size))
         own_size = tuple(int(s) for s in pixel_values.shape[-2:])
         p = self.config.patch_size if masked else 1
         pixel_values, mask = pad_tiles(pixel_values, mask, size, p)
@@ -207,6 +216,8 @@ def balance_tiles(
 
     def join(self) -> torch.Tensor:
         # every layer's states too: the model's own calls may select from them
-        return joined(self, _empty_pixels(self), output_hidden_states=True, return_dict=True)
+        # no tiles of its own: their layout and size come from the round's table
+        empty = param_zeros(self, (0, 0, 0, 0))
+        return joined(self, empty, output_hidden_states=True, return_dict=True)
 
     return install(tower, forward, join)

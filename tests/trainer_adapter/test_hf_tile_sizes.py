@@ -56,8 +56,11 @@ def test_padded_then_cut_equals_the_tiles_as_they_are(grow):
 
 def test_tile_table_and_an_empty_rank():
     pixels = torch.zeros(4, 3, 21, 35)
-    assert tile_table(pixels).tolist() == [[1, 21, 35]] * 4
-    assert tile_table(pixels[:0]).shape == (0, 3)
+    # one tile, its size, then its dims before H x W: 1 of them, 3 channels (0-padded to 4)
+    assert tile_table(pixels).tolist() == [[1, 21, 35, 1, 3, 0, 0, 0]] * 4
+    assert tile_table(pixels[:0]).shape == (0, 8) == tile_table(None).shape
+    # Molmo2's crops: [patches, p*p*C] rows, no dims before them
+    assert tile_table(torch.zeros(2, 729, 588)).tolist() == [[1, 729, 588, 0, 0, 0, 0, 0]] * 2
     # a rank joining the round: its empty block takes the round's size, whatever its own
     empty, mask = pad_tiles(torch.zeros(0, 3, 980, 980), torch.ones(0, 140, 140), (28, 35), 7)
     assert empty.shape == (0, 3, 28, 35) and mask.shape == (0, 4, 5)

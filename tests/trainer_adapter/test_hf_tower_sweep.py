@@ -1,15 +1,18 @@
 """The vision towers :func:`balance_model` wraps across the VLM architectures of the installed
-``transformers``, beyond the families of test_hf_parity, those that take generic tiles or patch
-rows (not Kimi-K2.5's, Molmo2's, MiniCPM-V's, Inkling2's own inputs): on 2 gloo ranks with uneven
-images (3 and 1), the balanced tower's outputs on each rank equal the tower's own on that rank's
-images, and the gradients summed over the ranks equal those of the unwrapped tower, the
-reference computed first in the same process with equishard not involved. Images must move.
+``transformers``, beyond the families of test_hf_parity (not MiniCPM-V's or Inkling2's, whose
+per-image sizes beside the pixels it refuses): on 2 gloo ranks with uneven images (3 and 1),
+and with one rank without images (2 and 0: it joins the round through ``equishard_settle``, as
+the balanced decoder makes it), the balanced tower's outputs on each rank equal the tower's own
+on that rank's images, and the gradients summed over the ranks equal those of the unwrapped
+tower, the reference computed first in the same process with equishard not involved. Images
+must move.
 
 Each architecture is its own default config made tiny (hidden sizes and depths cut, patch and
 image sizes kept) in float64, in eval mode (no dropout or drop-path, whose random draws depend
 on which images a rank holds). Inputs are generic: ``[N, C, H, W]`` tiles of the config's image
 size for tile towers; for towers that take ``grid_thw``, patch rows of grids that are multiples
-of the merge size; for Pixtral's, images of their own sizes. This checks the wrapper, not the
+of the merge size (Kimi-K2.5's as ``[C, p, p]`` patches); Molmo2's crops of patch rows; for
+Pixtral's, images of their own sizes. This checks the wrapper, not the
 model's own inputs (test_hf_parity does that for its families, whole model and loss). Towers
 balance_model refuses to wrap (a ``grid_thw`` with no Qwen-style patch rows) are checked to be
 refused with the way out named. A model type missing from the installed ``transformers`` is skipped."""
@@ -36,6 +39,7 @@ TOWERS = (
     "cosmos3_omni",
     "deepseek_vl",
     "deepseek_vl_hybrid",
+    "dots3_note",
     "exaone4_5",
     "gemma3",
     "glm46v",
@@ -53,6 +57,7 @@ TOWERS = (
     "instructblipvideo",
     "internvl",
     "janus",
+    "kimi_k25",
     "kosmos-2",
     "lfm3_vl",
     "llava",
@@ -61,6 +66,7 @@ TOWERS = (
     "llava_onevision",
     "mistral3",
     "mistral_large4",
+    "molmo2",
     "nemotron_h_omni",
     "ovis2",
     "paligemma",
@@ -79,7 +85,14 @@ TOWERS = (
     "vipllava",
 )
 # towers that take grid_thw without Qwen-style patch rows: refused when wrapping
-REFUSED = ("cosmos3_edge", "hy_v4_vl", "minimax_m3_vl", "muse_glimmer", "paddleocr_vl")
+REFUSED = (
+    "cosmos3_edge",
+    "hy_v4_vl",
+    "minimax_m3_vl",
+    "muse_glimmer",
+    "muse_spark",
+    "paddleocr_vl",
+)
 
 TINY = {
     "hidden_size": 32,
@@ -98,6 +111,9 @@ TINY = {
     "num_experts_per_tok": 2,
     "shared_expert_intermediate_size": 32,
     "projector_hidden_size": 32,
+    "num_local_experts": 4,  # dots3_note's tower
+    "adapter_in_dim": 32,
+    "adapter_out_dim": 32,
 }
 
 
@@ -146,20 +162,26 @@ def tower_of(model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
-def images(tower: torch.nn.Module, rank: int, n: int) -> tuple[tuple, dict]:
+def images(model_type: str, tower: torch.nn.Module, rank: int, n: int) -> tuple[tuple, dict]:
     """``n`` generic images for the tower: tiles, or patch rows with their grids."""
     g = torch.Generator().manual_seed(100 + rank)
     cfg = tower.config
+    channels = getattr(cfg, "in_channels", getattr(cfg, "num_channels", 3))
+    if model_type == "molmo2":  # crops of patch rows: [crops, patches, p * p * C]
+        side = cfg.image_size[0] // cfg.patch_size
+        size = (side * side, cfg.patch_size**2 * channels)
+        return (torch.randn(n, *size, generator=g, dtype=torch.float64),), {}
     if "grid_thw" in inspect.signature(tower.forward).parameters:
         p, merge = cfg.patch_size, getattr(cfg, "spatial_merge_size", 1) or 1
-        width = getattr(cfg, "in_channels", getattr(cfg, "num_channels", 3)) * p * p
-        width *= getattr(cfg, "temporal_patch_size", 1) or 1
+        merge = getattr(cfg, "merge_kernel_size", (merge,))[0]  # Kimi-K2.5's
+        row = (channels * p * p * (getattr(cfg, "temporal_patch_size", 1) or 1),)
+        if model_type == "kimi_k25":  # its Conv2d takes [C, p, p] patches
+            row = (channels, p, p)
         grid = torch.tensor(
             [[1, merge * (1 + (i + rank) % 3), merge * (2 + i % 2)] for i in range(n)]
         )
         rows = int(grid.prod(-1).sum())
-        return (torch.randn(rows, width, generator=g, dtype=torch.float64),), {"grid_thw": grid}
-    channels = getattr(cfg, "num_channels", 3)
+        return (torch.randn(rows, *row, generator=g, dtype=torch.float64),), {"grid_thw": grid}
     if "image_sizes" in inspect.signature(tower.forward).parameters:  # Pixtral: own sizes
         p = cfg.patch_size
         sizes = torch.tensor([[p * (2 + (i + rank) % 3), p * (4 - i % 3)] for i in range(n)])
@@ -182,11 +204,15 @@ def _floats(out) -> list[torch.Tensor]:
     return []
 
 
-def step(tower, args, kw) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The tower's outputs and its gradients for a fixed random weighting of every output."""
-    outs = _floats(tower(*args, **kw))
+def step(tower, args, kw, settle: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The tower's outputs and its gradients for a fixed random weighting of every output;
+    no images: none (``args`` None). ``settle``: the balanced tower's rounds are settled before
+    the backward (a rank without images joins them there), as the balanced decoder does."""
+    outs = _floats(tower(*args, **kw)) if args is not None else []
     g = torch.Generator().manual_seed(7)
     loss = sum((t * torch.randn(t.shape, generator=g, dtype=t.dtype)).sum() for t in outs)
+    if settle:
+        loss = loss + tower.equishard_settle().sum()
     tower.zero_grad()
     loss.backward()
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in tower.parameters()]
@@ -205,13 +231,21 @@ def rank_main(rank, world):
             continue
         model = build(model_type)
         tower = tower_of(model)
-        args, kw = images(tower, rank, (3, 1)[rank])
-        ref_outs, ref_grads = step(tower, args, kw)  # the tower alone, this rank's images
+        inputs = {  # no images on this rank: no call of its own
+            case: images(model_type, tower, rank, n[rank]) if n[rank] else (None, {})
+            for case, n in CASES.items()
+        }
+        # the tower alone, this rank's images (none: no call, gradients zero)
+        refs = {case: step(tower, *x) if x[0] is not None else None for case, x in inputs.items()}
         balance_model(model, llm=False, policy=RedistributePolicy(placement="identity"))
-        outs, grads = step(tower, args, kw)
-        dist.all_reduce(ref_grads)
-        dist.all_reduce(grads)
-        results[model_type] = (ref_outs, outs, ref_grads, grads, tower.last_route.moved)
+        results[model_type] = {}
+        for case, x in inputs.items():
+            outs, grads = step(tower, *x, settle=True)
+            ref_outs, ref_grads = refs[case] or ([], torch.zeros_like(grads))
+            dist.all_reduce(ref_grads)
+            dist.all_reduce(grads)
+            moved = tower.last_route.moved
+            results[model_type][case] = (ref_outs, outs, ref_grads, grads, moved)
     return results
 
 
@@ -220,11 +254,16 @@ def runs() -> list[dict]:
     return run_ranks(rank_main, 2, timeout=600)
 
 
+# images on rank 0 and rank 1
+CASES = {"uneven": (3, 1), "empty_rank": (2, 0)}
+
+
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("model_type", TOWERS)
-def test_balanced_tower_equals_the_tower_alone(model_type):
+def test_balanced_tower_equals_the_tower_alone(model_type, case):
     _require(model_type)
     for rank, result in enumerate(runs()):
-        ref_outs, outs, ref_grads, grads, moved = result[model_type]
+        ref_outs, outs, ref_grads, grads, moved = result[model_type][case]
         assert moved > 0, "no image moved: nothing was checked"
         assert len(outs) == len(ref_outs)
         for out, ref in zip(outs, ref_outs, strict=True):

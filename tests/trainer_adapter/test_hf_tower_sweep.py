@@ -418,3 +418,50 @@ def test_encoder_decoder_language_model_refused_when_wrapping():
         balance_model(model)
     balance_model(model, llm=False)
     assert hasattr(tower_of(model), "equishard_paused")
+
+
+# towers given per-image sizes beside their pixels, which the tile wrapper does not move with
+# the tiles (a receiving rank would run another rank's images with its own sizes)
+SIZED = {
+    "minicpmv4_6": "target_sizes",
+    "minicpmv4_7": "target_sizes",
+    "minicpm_ocr": "target_sizes",
+    "inkling2": "image_grid_thw",
+}
+
+
+def sized_main(rank, world):
+    from trainer_adapter.group_errors import StepRefused
+    from trainer_adapter.hf_balance import balance_model
+
+    messages = {}
+    for model_type, key in SIZED.items():
+        if _installed(model_type) is None:
+            continue
+        model = build(model_type)
+        tower = tower_of(model)
+        balance_model(model, llm=False)
+        n = (2, 1)[rank]  # the model's own call: pixels and one size row per image
+        sizes = torch.tensor([[1, 2, 2]] * n) if key == "image_grid_thw" else torch.ones(n, 2)
+        try:
+            tower(pixel_values=torch.zeros(n, 3, 4, 4, dtype=torch.float64), **{key: sizes})
+            messages[model_type] = None
+        except StepRefused as e:
+            messages[model_type] = str(e)
+    return messages
+
+
+@functools.cache
+def sized_runs() -> list[dict]:
+    return run_ranks(sized_main, 2, timeout=300)
+
+
+@pytest.mark.parametrize("model_type", list(SIZED))
+def test_tower_given_per_image_sizes_refused_on_every_rank(model_type):
+    """MiniCPM-V's ``target_sizes``, Inkling2's ``image_grid_thw``: every rank stops before
+    any image moves, naming the input and the way out (``encoder=False``)."""
+    _require(model_type)
+    for message in sized_runs():
+        assert message[model_type] is not None, "the step ran where it must be refused"
+        assert f"`{SIZED[model_type]}`" in message[model_type]
+        assert "encoder=False" in message[model_type]

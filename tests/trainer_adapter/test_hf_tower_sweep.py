@@ -294,8 +294,9 @@ def test_tower_without_patch_rows_refused_when_wrapping(model_type):
 
 
 # The language models balance_model wraps, on one generic packed row per rank (samples of 5, 9
-# and 3 tokens on rank 0, one of 4 on rank 1; inputs_embeds and positions restarting per
-# sample): the balanced decoder's hidden states and summed gradients equal the plain one's.
+# and 3 tokens on rank 0, one of 4 on rank 1, or an empty row there; inputs_embeds and
+# positions restarting per sample): the balanced decoder's hidden states and summed gradients
+# equal the plain one's.
 DECODERS = (
     "aya_vision",
     "cohere2_vision",
@@ -336,11 +337,14 @@ def decoder_of(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(inner, "language_model", None) or inner.text_model
 
 
-def decoder_step(decoder, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = ((5, 9, 3), (4,))[rank]
+# sample lengths on rank 0 and rank 1 (none: an empty row, as a rank without samples calls it)
+DECODER_CASES = {"uneven": ((5, 9, 3), (4,)), "empty_rank": ((5, 9, 3), ())}
+
+
+def decoder_step(decoder, lengths: tuple[int, ...], rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(50 + rank)
     x = torch.randn(1, sum(lengths), decoder.config.hidden_size, generator=g, dtype=torch.float64)
-    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    positions = torch.cat([torch.arange(n) for n in (*lengths, 0)])[None]
     hidden = decoder(inputs_embeds=x, position_ids=positions, use_cache=False).last_hidden_state
     weights = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(9), dtype=x.dtype)
     decoder.zero_grad()
@@ -361,19 +365,26 @@ def decoder_main(rank, world):
             continue
         model = build(model_type)
         decoder = decoder_of(model)
-        ref = decoder_step(decoder, rank) if model_type in DECODERS else None
+        cases = {c: n[rank] for c, n in DECODER_CASES.items()}
+        if model_type in DECODERS_REFUSED:
+            cases = {"uneven": cases["uneven"]}
+        # the decoder alone on this rank's samples (none: no call, gradients zero)
+        refs = {c: decoder_step(decoder, n, rank) if n else None for c, n in cases.items()}
         balance_model(model, encoder=False, policy=RedistributePolicy(placement="identity"))
-        try:
-            hidden, grads = decoder_step(decoder, rank)
-        except ValueError as e:
-            results[model_type] = str(e)
-            continue
-        if ref is None:  # ran where it must be refused
-            results[model_type] = None
-            continue
-        dist.all_reduce(ref[1])
-        dist.all_reduce(grads)
-        results[model_type] = (ref, (hidden, grads), decoder.last_route.moved)
+        results[model_type] = {}
+        for case, lengths in cases.items():
+            try:
+                hidden, grads = decoder_step(decoder, lengths, rank)
+            except ValueError as e:
+                results[model_type][case] = str(e)
+                continue
+            if model_type in DECODERS_REFUSED:  # ran where it must be refused
+                results[model_type][case] = None
+                continue
+            ref = refs[case] or (hidden[:, :0], torch.zeros_like(grads))
+            dist.all_reduce(ref[1])
+            dist.all_reduce(grads)
+            results[model_type][case] = (ref, (hidden, grads), decoder.last_route.moved)
     return results
 
 
@@ -382,12 +393,13 @@ def decoder_runs() -> list[dict]:
     return run_ranks(decoder_main, 2, timeout=600)
 
 
+@pytest.mark.parametrize("case", list(DECODER_CASES))
 @pytest.mark.parametrize("model_type", DECODERS)
-def test_balanced_decoder_equals_the_decoder_alone(model_type):
+def test_balanced_decoder_equals_the_decoder_alone(model_type, case):
     _require(model_type)
     for result in decoder_runs():
-        assert not isinstance(result[model_type], str), result[model_type]
-        (ref_hidden, ref_grads), (hidden, grads), moved = result[model_type]
+        assert not isinstance(result[model_type][case], str), result[model_type][case]
+        (ref_hidden, ref_grads), (hidden, grads), moved = result[model_type][case]
         assert moved > 0, "no sample moved: nothing was checked"
         torch.testing.assert_close(hidden, ref_hidden, rtol=1e-9, atol=1e-10)
         scale = float(ref_grads.abs().max())  # Cohere's layer norms run in float32
@@ -398,9 +410,10 @@ def test_balanced_decoder_equals_the_decoder_alone(model_type):
 def test_decoder_that_mixes_packed_samples_refused_on_every_rank(model_type):
     _require(model_type)
     for result in decoder_runs():
-        assert isinstance(result[model_type], str), "the step ran where it must be refused"
-        assert DECODERS_REFUSED[model_type] in result[model_type]
-        assert "llm=False" in result[model_type] or "packing kwargs" in result[model_type]
+        message = result[model_type]["uneven"]
+        assert isinstance(message, str), "the step ran where it must be refused"
+        assert DECODERS_REFUSED[model_type] in message
+        assert "llm=False" in message or "packing kwargs" in message
 
 
 def test_encoder_decoder_language_model_refused_when_wrapping():

@@ -1451,6 +1451,17 @@ MUTATIONS = [
             "test_ranks_giving_rows_of_different_layouts_refused_on_every_rank",
         ),
     ),
+    Mutation(
+        "merged-frames-unchecked",
+        "a frame-merging tower (Kimi-K2.5's) balances videos, routed home by one ratio of rows",
+        "trainer_adapter/hf_towers.py",
+        '    if not callable(getattr(tower, "temporal_merge", None)):',
+        "    if True:",
+        (
+            "tests/trainer_adapter/test_hf_tower_sweep.py::"
+            "test_frame_merging_tower_with_videos_refused_on_every_rank",
+        ),
+    ),
 ]
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer_adapter.group_errors import raise_together
 from trainer_adapter.hf_packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf_rounds import (
     group_row_shape,
@@ -81,6 +82,7 @@ def balance_vision(
             if self.equishard_joining:
                 return None
             return inner(hidden_states, grid_thw=grid_thw, **kwargs)
+        _refuse_merged_frames(self, route, where)
         shape = group_row_shape(route, 4, "patch rows", where)  # the senders' (Kimi: [C, p, p])
         if not len(hidden_states):  # a joining rank receives rows of that shape
             hidden_states = hidden_states.reshape(0, *shape)
@@ -101,6 +103,27 @@ def balance_vision(
         return joined(self, empty, grid_thw=torch.zeros(0, 3, dtype=torch.int64))
 
     return install(tower, forward, join)
+
+
+def _refuse_merged_frames(tower: torch.nn.Module, route, where: str) -> None:
+    """A tower that merges each video's frames into one grid (Kimi-K2.5's ``temporal_merge``:
+    ``h*w`` rows out for ``t*h*w`` in) with a video in the round: its outputs per item are not
+    proportional to the patch rows, and where every rank's mix gives the same ratio the
+    ratio check of ``route_home`` cannot see it (a video's rows would go to an image, the
+    totals right). Every rank raises, from the same gathered table."""
+    if not callable(getattr(tower, "temporal_merge", None)):
+        return
+    videos = route.table[: route.items, 1] > 1
+    if not videos.any():
+        return
+    per_rank = np.bincount(route.src[: route.items][videos], minlength=route.route.world)
+    raise_together(
+        [f"{int(k)} video(s)" if k else None for k in per_rank],
+        f"{where}: the tower merges each video's frames into one grid (temporal_merge), so a "
+        "video's outputs are not proportional to its patch rows and cannot be routed home by "
+        "rows; balance images only (videos on no rank) or the decoder only "
+        "(balance_model(..., encoder=False)):",
+    )
 
 
 def _none(x) -> bool:

@@ -478,3 +478,35 @@ def test_tower_given_per_image_sizes_refused_on_every_rank(model_type):
         assert message[model_type] is not None, "the step ran where it must be refused"
         assert f"`{SIZED[model_type]}`" in message[model_type]
         assert "encoder=False" in message[model_type]
+
+
+def kimi_videos_main(rank, world):
+    from trainer_adapter.group_errors import StepRefused
+    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    model = build("kimi_k25")
+    tower = tower_of(model)
+    balance_model(model, llm=False, policy=RedistributePolicy(placement="identity"))
+    # rank 0: two 2-frame videos and an image, rank 1: an image, all 16 patch rows; a video
+    # moves and each rank then runs a video and an image: the same ratio on both ranks
+    grid = torch.tensor(([[2, 2, 4], [2, 2, 4], [1, 4, 4]], [[1, 4, 4]])[rank])
+    p = tower.config.patch_size
+    x = torch.randn(int(grid.prod(-1).sum()), 3, p, p, dtype=torch.float64)
+    try:
+        tower(x, grid_thw=grid)
+    except StepRefused as e:
+        return str(e)
+    return None
+
+
+def test_frame_merging_tower_with_videos_refused_on_every_rank():
+    """Kimi-K2.5's tower merges a video's frames (``h*w`` rows out for ``t*h*w`` in): routed
+    home by one ratio of rows, the rows of the video each rank runs beside an image would be
+    split wrongly, the totals right (the ratios agree, so ``route_home``'s check cannot see
+    it). Every rank refuses, naming the videos; images alone balance (the sweep above)."""
+    _require("kimi_k25")
+    for message in run_ranks(kimi_videos_main, 2, timeout=300):
+        assert message is not None, "the step ran where it must be refused"
+        assert "temporal_merge" in message and "rank 0 of 2: 2 video(s)" in message
+        assert "encoder=False" in message

@@ -705,13 +705,14 @@ MUTATIONS = [
         ),
     ),
     Mutation(
-        "patch-row-width-from-outputs",
-        "a joining rank's empty patch rows get the patch embedding's output width",
+        "patch-embed-unchecked",
+        "a grid_thw tower without a Qwen-style patch embedding is wrapped (fails mid-step)",
         "trainer_adapter/hf_towers.py",
-        "            return int(m.in_features)",
-        "            return int(m.out_features)",
+        "    width = _patch_width(tower)\n",
+        "    width = 0\n",
         (
-            "tests/trainer_adapter/test_hf_parity.py::test_balanced_equals_unbalanced_equals_single_process",
+            "tests/trainer_adapter/test_hf_tower_sweep.py::"
+            "test_tower_without_patch_rows_refused_when_wrapping",
         ),
     ),
     Mutation(

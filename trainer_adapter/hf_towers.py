@@ -58,7 +58,9 @@ def balance_vision(
     policy = policy or RedistributePolicy()
     model = tower_cost(tower, policy).vision
     inner = tower.forward
-    width = _patch_width(tower)  # a rank without images joins with [0, width]
+    # refused here without a Qwen-style patch embedding; a rank without images joins with
+    # [0, width] and receives rows in the senders' layout (hf_rounds.group_row_shape)
+    width = _patch_width(tower)
     ctx = {"group": group, "topology": topology, "policy": policy}
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):

@@ -1398,6 +1398,17 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "decoder-padding-unchecked",
+        "balance_decoder takes a packed row whose attention mask marks padding",
+        "trainer_adapter/hf_decoder.py",
+        "if attention_mask is not None and not bool(attention_mask.all()):",
+        "if False:",
+        (
+            "tests/trainer_adapter/test_hf_guards.py::"
+            "test_refused_with_a_clear_error_on_every_rank[qwen35-padded-row]",
+        ),
+    ),
+    Mutation(
         "pixtral-sizes-unsent",
         "the Pixtral wrapper gives the receiving rank the sizes of other images",
         "trainer_adapter/hf_pixtral.py",

@@ -74,6 +74,13 @@ def _sample_lengths(text_positions: torch.Tensor) -> np.ndarray:
     return np.diff(np.append(starts, pos.size)).astype(np.int64)
 
 
+_PACK_IT = (
+    "Give the model this rank's samples concatenated in one row, position_ids restarting at 0 "
+    "per sample and no attention mask: pack a padded batch first (trainer_adapter.HFPacker, "
+    "or transformers' DataCollatorWithFlattening, makes such rows)"
+)
+
+
 def _packed_row(inputs_embeds, attention_mask, position_ids):
     """Check that this rank's decoder input is one packed row (batch size 1, no padding, HF's
     position ids restarting per sample; Qwen's ``[4, 1, L]`` with the text row first); returns
@@ -82,12 +89,17 @@ def _packed_row(inputs_embeds, attention_mask, position_ids):
         raise ValueError(
             "balance_decoder needs one packed row per rank (batch size 1) with position ids "
             f"restarting per sample; got inputs of shape {tuple(inputs_embeds.shape)} and "
-            f"position_ids {None if position_ids is None else tuple(position_ids.shape)}"
+            f"position_ids {None if position_ids is None else tuple(position_ids.shape)}. "
+            + _PACK_IT
         )
     # a model that builds its own 4-D masks (Gemma 3) passes them: they move with the samples
     attention_mask, masks = split_masks(attention_mask)
     if attention_mask is not None and not bool(attention_mask.all()):
-        raise ValueError("balance_decoder takes packed rows without padding (attention_mask)")
+        pads = int((attention_mask == 0).sum())
+        raise ValueError(
+            f"balance_decoder takes packed rows without padding; the attention_mask marks "
+            f"{pads} of {attention_mask.shape[-1]} tokens as padding. " + _PACK_IT
+        )
     if position_ids.ndim == 3 and position_ids.shape[0] != 4:
         raise ValueError(
             "balance_decoder: 3-D position ids must be [4, 1, L] with the text positions "

@@ -167,8 +167,34 @@ def _three_row_positions(batch):  # Qwen's mrope positions without the text row
     return {**batch, "position_ids": batch["position_ids"].expand(3, 1, -1)}
 
 
+def _padded_batch(batch):  # the row's samples as a processor call pads them: [n, longest]
+    ids, pos = batch["input_ids"][0], batch["position_ids"][0]
+    samples = torch.tensor_split(ids, torch.nonzero(pos == 0).flatten()[1:].tolist())
+    longest = max(len(s) for s in samples)
+    padded = torch.zeros(len(samples), longest, dtype=ids.dtype)
+    mask = torch.zeros(len(samples), longest, dtype=torch.long)
+    for i, s in enumerate(samples):
+        padded[i, : len(s)], mask[i, : len(s)] = s, 1
+    return {"input_ids": padded, "attention_mask": mask}  # positions left to the model
+
+
+def _padded_row(batch):  # one row, 3 padding tokens at its end
+    ids, pos = batch["input_ids"], batch["position_ids"]
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 3, dtype=ids.dtype)], 1)
+    tail = pos[:, -1:] + torch.arange(1, 4)
+    ids = torch.cat([ids, torch.zeros(1, 3, dtype=ids.dtype)], 1)
+    return {
+        **batch,
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": torch.cat([pos, tail], 1),
+    }
+
+
 CHANGES = {
     "none": lambda b: b,
+    "padded_batch": _padded_batch,
+    "padded_row": _padded_row,
     "wrong_boundaries": _wrong_boundaries,
     "three_rows": _three_row_positions,
     "packing": _packing_kwargs,
@@ -217,6 +243,20 @@ REFUSED = {  # case: (model, encoder, llm, change, words the error must hold)
         True,
         "wrong_boundaries",
         ["cu_seq_lens_q", "[0, 4, 12]", "[0, 5, 10"],
+    ),
+    "qwen35-padded-batch": (  # a padded batch, as most loops feed one: pack it first
+        "qwen35",
+        False,
+        True,
+        "padded_batch",
+        ["one packed row per rank (batch size 1)", "HFPacker", "DataCollatorWithFlattening"],
+    ),
+    "qwen35-padded-row": (
+        "qwen35",
+        False,
+        True,
+        "padded_row",
+        ["3 of 15 tokens as padding", "HFPacker", "DataCollatorWithFlattening"],
     ),
     "qwen35-three-row-positions": (
         "qwen35",

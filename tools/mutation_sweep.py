@@ -1409,6 +1409,48 @@ MUTATIONS = [
         ),
     ),
     Mutation(
+        "placeholder-own-dtype",
+        "a rank without items receives into a placeholder of its own dtype (float32 among bf16)",
+        "trainer_adapter/item_exchange.py",
+        "        if want is not None and x.dtype != want:",
+        "        if False:",
+        (
+            "tests/trainer_adapter/test_item_dtypes.py::test_rank_without_items_receives_the_senders_dtype",
+            "tests/trainer_adapter/test_item_dtypes.py::test_mixed_precision_with_an_empty_rank_as_without_balancing[mistral3]",
+        ),
+    ),
+    Mutation(
+        "deepstack-dtype-undeclared",
+        "balance_decoder does not declare the deepstack features' dtype (bf16 under autocast)",
+        "trainer_adapter/hf_decoder.py",
+        '"deepstack": deep[0].dtype if deep else None,',
+        '"deepstack": None,',
+        (
+            "tests/trainer_adapter/test_item_dtypes.py::test_mixed_precision_with_an_empty_rank_as_without_balancing[qwen3vl]",
+        ),
+    ),
+    Mutation(
+        "naflex-dtype-undeclared",
+        "the padded-rows towers (NaFlex, Gemma 4) do not declare their pixels' dtype",
+        "trainer_adapter/hf_naflex.py",
+        'dtypes={"patches": pixel_values.dtype if table is not None and len(table) else None},',
+        'dtypes={"patches": None},',
+        (
+            "tests/trainer_adapter/test_item_dtypes.py::test_mixed_precision_with_an_empty_rank_as_without_balancing[lfm2vl]",
+            "tests/trainer_adapter/test_item_dtypes.py::test_mixed_precision_with_an_empty_rank_as_without_balancing[gemma4]",
+        ),
+    ),
+    Mutation(
+        "dtypes-disagreement-unchecked",
+        "ranks giving one payload in different dtypes are not refused",
+        "trainer_adapter/item_exchange.py",
+        "        if given.size > 1:",
+        "        if False:",
+        (
+            "tests/trainer_adapter/test_item_dtypes.py::test_ranks_giving_different_dtypes_refused_on_every_rank",
+        ),
+    ),
+    Mutation(
         "pixtral-sizes-unsent",
         "the Pixtral wrapper gives the receiving rank the sizes of other images",
         "trainer_adapter/hf_pixtral.py",

@@ -287,6 +287,12 @@ def balance_decoder(
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
             idle=idle,
+            # an empty row's placeholders take these (Qwen3-VL's deepstack features come out of
+            # the tower in bf16 under autocast, the embeddings they join stay in float32)
+            dtypes={
+                "embeddings": inputs_embeds.dtype if lengths.size else None,
+                "deepstack": deep[0].dtype if deep else None,
+            },
         )
         self.last_route = route
         x = route.send(inputs_embeds[0], 0, "embeddings")

@@ -81,8 +81,9 @@ def balance_pixtral(
             table, per_pixel, refusal = None, 0, e
         cost, volume = length_cost(model, policy), lambda t: t[:, 1] * t[:, 2] * float(per_pixel)
         route = plan_round(
-            self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
-        )
+            self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs,
+            dtypes={"images": pixel_values.dtype if refusal is None and len(table) else None},
+        )  # fmt: skip
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None

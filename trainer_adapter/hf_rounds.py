@@ -125,11 +125,24 @@ def group_row_shape(route: ItemRoute, start: int, what: str, where: str) -> tupl
 
 
 def plan_round(
-    tower: torch.nn.Module, table, cost, volume, *, group, topology, policy, refusal, where, kwargs
+    tower: torch.nn.Module,
+    table,
+    cost,
+    volume,
+    *,
+    group,
+    topology,
+    policy,
+    refusal,
+    where,
+    kwargs,
+    dtypes: dict | None = None,
 ) -> ItemRoute:
     """One exchange round of a balanced tower: :func:`~trainer_adapter.item_exchange.plan_items`
     over this rank's item table (or its ``refusal``, raised on every rank), the ranks agreeing
-    on the settings of the call's ``kwargs``; recorded on the tower."""
+    on the settings of the call's ``kwargs`` and on the ``dtypes`` of its payloads (a rank
+    joining without images receives pixels in the senders' dtype, not its parameters');
+    recorded on the tower."""
     route = plan_items(
         table,
         cost,
@@ -141,6 +154,7 @@ def plan_round(
         where=where,
         settings=call_settings(kwargs),
         idle=runs_everywhere(tower, policy),
+        dtypes=dtypes,
     )
     record(tower, route)
     return route

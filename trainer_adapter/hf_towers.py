@@ -74,12 +74,14 @@ def balance_vision(
             table = _grid_table(hidden_states, grid_thw, where)
             table = np.hstack([table, shape_columns(hidden_states.shape[1:], len(table))])
             row_bytes = hidden_states[0].numel() * hidden_states.element_size() if len(table) else 0
+            dtypes = {"patches": hidden_states.dtype if len(table) else None}
         except Exception as e:  # every rank raises it: plan_items
-            table, row_bytes, refusal = None, 0, e
+            table, row_bytes, refusal, dtypes = None, 0, e, None
         cost, volume = length_cost(model, policy), lambda t: t[:, 0] * float(row_bytes)
         route = plan_round(
-            self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
-        )
+            self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs,
+            dtypes=dtypes,
+        )  # fmt: skip
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:
                 return None
@@ -212,8 +214,9 @@ def balance_tiles(
         table = tile_table(pixel_values if refusal is None else None)
         volume = lambda t: t[:, 0] * float(row_bytes)  # noqa: E731
         route = plan_round(
-            self, table, _tile_cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs
-        )
+            self, table, _tile_cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs,
+            dtypes={"tiles": pixel_values.dtype if n else None},
+        )  # fmt: skip
         if route.src.size == 0:  # see balance_vision
             if self.equishard_joining:
                 return None

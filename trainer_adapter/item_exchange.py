@@ -41,7 +41,11 @@ class ItemRoute:
     idle=True)``), each rank that would receive no item gets a copy of one (its own cheapest if
     it had any, else the cheapest of all), appended after the ``items`` real ones: ``table``,
     ``src`` and ``dest`` hold the copies too, ``copy_of`` the item each copies. A copy travels
-    like an item (:meth:`send`); its results are not sent home (:meth:`back`)."""
+    like an item (:meth:`send`); its results are not sent home (:meth:`back`).
+
+    ``dtypes``: the dtype of each payload by name, agreed by the ranks that bring items
+    (``plan_items(dtypes=)``); :meth:`send` gives an empty payload of a rank without items
+    that dtype, so that it receives (and in the backward sends) what the others send."""
 
     route: Route
     table: np.ndarray
@@ -53,6 +57,7 @@ class ItemRoute:
     seconds: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     copy_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dtypes: dict = field(default_factory=dict)
 
     @property
     def rank(self) -> int:
@@ -101,6 +106,12 @@ class ItemRoute:
         item of all ranks. Collective: every rank calls it."""
         t0 = time.perf_counter()
         rows = self._rows(rows)
+        want = self.dtypes.get(name)
+        if want is not None and x.dtype != want:
+            # a rank without items of its own holds a placeholder, made in its own dtype (its
+            # parameters', its embeddings'): it receives the senders' dtype instead
+            assert not len(x), f"{name}: {x.dtype} given, {want} declared to plan_items"
+            x = x.to(want)
         out = self.route.move(x, rows, self.src, self.dest, name, copy_of=self._origin())
         self.seconds["exchange"] = self.seconds.get("exchange", 0.0) + time.perf_counter() - t0
         return out
@@ -149,6 +160,7 @@ def plan_items(
     where: str = "plan_items",
     settings: dict | None = None,
     idle: bool = False,
+    dtypes: dict[str, torch.dtype | None] | None = None,
 ) -> ItemRoute:
     """Gather every rank's item table (int64 ``[n_items, k]``), compute each item's cost with
     ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (default: the cost), and
@@ -166,7 +178,12 @@ def plan_items(
     ``idle``: keep every rank running the module whenever any does: a rank the plan gives no
     item receives a copy of one (see :class:`ItemRoute`), whose results are dropped. For
     modules sharded by FSDP2 per block (``fully_shard``) or ZeRO-3, whose forward and backward
-    are collectives every rank must join as often as the others."""
+    are collectives every rank must join as often as the others.
+
+    ``dtypes``: the dtype of each payload this rank will :meth:`~ItemRoute.send`, by its name
+    (the same names on every rank; None where this rank has no items to say it for). The ranks
+    that bring items must agree, else every rank raises naming each rank's; ``route.dtypes``
+    holds the agreed ones (carried in the gathered table: no collective more)."""
     t0 = time.perf_counter()
     policy = policy or RedistributePolicy()
     topology = topology or Topology()
@@ -177,15 +194,18 @@ def plan_items(
             refusal = ValueError(
                 f"the item table must be 2-D [items, columns], got {local_table.shape}"
             )
-        else:  # each item carries its rank's settings' fingerprint: the ranks must agree
-            tag = np.full((len(local_table), 1), _fingerprint(settings), dtype=np.int64)
-            local_table = np.hstack([local_table, tag])
+        else:  # each item carries its rank's dtypes and settings' fingerprint: ranks agree
+            codes = [_dtype_code(dt) for _, dt in sorted((dtypes or {}).items())]
+            tag = [*codes, _fingerprint(settings)]
+            local_table = np.hstack([local_table, np.tile(np.int64(tag), (len(local_table), 1))])
     tables = gather_tables(local_table, group, refusal=refusal, where=where)
     k = local_table.shape[1]
     table = np.concatenate(tables).reshape(-1, k)
     src = np.repeat(np.arange(world), [t.shape[0] for t in tables]).astype(np.int64)
     agreed = _agree_settings(table[:, -1], src, settings or {}, group, where)
-    table = table[:, :-1]
+    names = sorted(dtypes or {})
+    agreed_dtypes = _agree_dtypes(names, table[:, k - 1 - len(names) : k - 1], src, world, where)
+    table = table[:, : k - 1 - len(names)]
     t1 = time.perf_counter()
     c = np.asarray(cost(table), dtype=np.float64)
     vol = np.asarray(volume(table), dtype=np.float64) if volume is not None else c
@@ -195,6 +215,7 @@ def plan_items(
     route = Route(rank, world, group, topology, table, src, dest, dest, dest)
     out = ItemRoute(route=route, table=table, src=src, dest=dest, method=method)
     out.settings = agreed
+    out.dtypes = agreed_dtypes
     out.loads_before = before
     out.loads_after = np.bincount(dest, weights=c, minlength=world) if dest.size else before
     if idle and dest.size:
@@ -220,6 +241,47 @@ def idle_copies(
         pool = own if own.size else np.arange(src.size)
         copy_of[j] = pool[np.argmin(cost[pool])]
     return copy_of, idle.astype(np.int64)
+
+
+_DTYPES = tuple(
+    getattr(torch, n)
+    for n in (
+        "float32 float64 float16 bfloat16 uint8 int8 int16 int32 int64 bool complex64 "
+        "complex128 float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz uint16 uint32 "
+        "uint64"
+    ).split()
+    if hasattr(torch, n)
+)
+
+
+def _dtype_code(dtype: torch.dtype | None) -> int:
+    """A dtype as a table entry: its place in :data:`_DTYPES` from 1; 0 for none given, -1
+    for one not listed (compared as such, not cast to)."""
+    if dtype is None:
+        return 0
+    return _DTYPES.index(dtype) + 1 if dtype in _DTYPES else -1
+
+
+def _agree_dtypes(names: list[str], codes: np.ndarray, src, world: int, where: str) -> dict:
+    """Each payload's dtype among the items that give one (see :func:`plan_items`); ranks that
+    give one payload in different dtypes: every rank raises, naming each rank's."""
+    out = {}
+    for j, name in enumerate(names):
+        col = codes[:, j]
+        given = np.unique(col[col != 0])
+        if given.size > 1:
+            reasons: list[str | None] = [None] * world
+            for r, c in zip(src, col, strict=True):
+                if c:
+                    reasons[int(r)] = f"{name} in {_DTYPES[c - 1] if c > 0 else 'another dtype'}"
+            raise_together(
+                reasons,
+                f"{where}: {name} in different dtypes on different ranks, which one exchange "
+                "cannot move (give every rank's inputs in one dtype):",
+            )
+        if given.size and given[0] > 0:
+            out[name] = _DTYPES[int(given[0]) - 1]
+    return out
 
 
 def _fingerprint(settings: dict | None) -> int:

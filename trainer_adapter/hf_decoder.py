@@ -287,6 +287,7 @@ def balance_decoder(
             policy=policy,
             volume=lambda t: t[:, 0] * float(row_bytes),
             idle=idle,
+            where=where,
             # an empty row's placeholders take these (Qwen3-VL's deepstack features come out of
             # the tower in bf16 under autocast, the embeddings they join stay in float32)
             dtypes={

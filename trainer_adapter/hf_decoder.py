@@ -291,7 +291,7 @@ def balance_decoder(
             # an empty row's placeholders take these (Qwen3-VL's deepstack features come out of
             # the tower in bf16 under autocast, the embeddings they join stay in float32)
             dtypes={
-                "embeddings": inputs_embeds.dtype if lengths.size else None,
+                "embeddings": inputs_embeds.dtype,
                 "deepstack": deep[0].dtype if deep else None,
             },
         )

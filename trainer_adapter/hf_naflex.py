@@ -60,7 +60,7 @@ def plan_padded_rows(tower, pixel_values, out_rows, group, topology, policy, ref
         refusal=refusal,
         where=where,
         kwargs=kw,
-        dtypes={"patches": pixel_values.dtype if table is not None and len(table) else None},
+        dtypes={"patches": getattr(pixel_values, "dtype", None)},
     )
 
 

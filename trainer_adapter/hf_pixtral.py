@@ -82,7 +82,7 @@ def balance_pixtral(
         cost, volume = length_cost(model, policy), lambda t: t[:, 1] * t[:, 2] * float(per_pixel)
         route = plan_round(
             self, table, cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs,
-            dtypes={"images": pixel_values.dtype if refusal is None and len(table) else None},
+            dtypes={"images": getattr(pixel_values, "dtype", None)},
         )  # fmt: skip
         if route.src.size == 0:  # no images anywhere this step: nothing to exchange
             if self.equishard_joining:

@@ -74,7 +74,7 @@ def balance_vision(
             table = _grid_table(hidden_states, grid_thw, where)
             table = np.hstack([table, shape_columns(hidden_states.shape[1:], len(table))])
             row_bytes = hidden_states[0].numel() * hidden_states.element_size() if len(table) else 0
-            dtypes = {"patches": hidden_states.dtype if len(table) else None}
+            dtypes = {"patches": hidden_states.dtype}
         except Exception as e:  # every rank raises it: plan_items
             table, row_bytes, refusal, dtypes = None, 0, e, None
         cost, volume = length_cost(model, policy), lambda t: t[:, 0] * float(row_bytes)
@@ -215,7 +215,7 @@ def balance_tiles(
         volume = lambda t: t[:, 0] * float(row_bytes)  # noqa: E731
         route = plan_round(
             self, table, _tile_cost, volume, **ctx, refusal=refusal, where=where, kwargs=kwargs,
-            dtypes={"tiles": pixel_values.dtype if n else None},
+            dtypes={"tiles": getattr(pixel_values, "dtype", None)},
         )  # fmt: skip
         if route.src.size == 0:  # see balance_vision
             if self.equishard_joining:

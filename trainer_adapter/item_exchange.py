@@ -181,7 +181,8 @@ def plan_items(
     are collectives every rank must join as often as the others.
 
     ``dtypes``: the dtype of each payload this rank will :meth:`~ItemRoute.send`, by its name
-    (the same names on every rank; None where this rank has no items to say it for). The ranks
+    (the same names on every rank; None where it has none). Each of this rank's items carries
+    them, so a rank without items (its placeholders in its own dtype) says nothing; the ranks
     that bring items must agree, else every rank raises naming each rank's; ``route.dtypes``
     holds the agreed ones (carried in the gathered table: no collective more)."""
     t0 = time.perf_counter()

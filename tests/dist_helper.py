@@ -4,15 +4,32 @@ timeout (a hang fails).
 Ranks are started by a fork server that has imported torch (and transformers, where installed)
 once for the whole test session: a fresh, single-threaded process, so each rank starts as clean
 as a spawned one without importing torch again (most of a small multi-rank test's time on a
-2-core machine). Each rank gets the caller's environment of the moment, as a spawned one would."""
+2-core machine). Each rank gets the caller's environment of the moment, as a spawned one would.
+
+A failing run says why on any machine: the ranks meet through a file store (no TCP port picked
+in advance that another process can take before rank 0 binds it); a rank that dies without a
+result (killed for memory, a crash) is named with its exit code at once; after one rank's error
+the others get a short grace, not the whole timeout (they may wait in a collective for it); on a
+timeout, each hanging rank's Python stack is part of the failure. A rank's result travels
+pickled through a pipe and is held by the caller: one over ``max_result_bytes`` is refused
+(compare on the ranks and return the verdict, not the tensors)."""
 
 from __future__ import annotations
 
+import datetime
 import multiprocessing as mp
 import os
 import pickle
+import queue as q
+import signal
 import socket
+import tempfile
+import time
 import traceback
+from pathlib import Path
+
+MAX_RESULT_BYTES = 512 << 20  # per rank; the default of run_ranks' max_result_bytes
+GRACE_S = 20.0  # how long the other ranks get after one rank's error
 
 
 def free_port() -> int:
@@ -25,57 +42,129 @@ _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "numpy", "transformers"])
 
 
-def _entry(fn, rank, world, port, queue, args, backend, env):
+def _entry(fn, rank, world, store, queue, args, backend, env, timeout, stacks, max_bytes):
+    import faulthandler
+
     import torch.distributed as dist
 
     os.environ.clear()
-    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        if backend == "nccl":
-            import torch
+    # a function that starts its own group the usual way still finds an address
+    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    with open(stacks, "w") as dump:
+        faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
+        try:
+            if backend == "nccl":
+                import torch
 
-            torch.cuda.set_device(rank)
-        dist.init_process_group(backend, rank=rank, world_size=world)
-        # pickled by value here: a tensor put on the queue as is travels as a shared-memory
-        # handle that the parent can only open while this process lives (a race at exit)
-        queue.put((rank, "ok", pickle.dumps(fn(rank, world, *args))))
-    except BaseException:
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+                torch.cuda.set_device(rank)
+            # a collective that waits past the run's timeout raises here, naming itself
+            dist.init_process_group(
+                backend,
+                init_method=f"file://{store}",
+                rank=rank,
+                world_size=world,
+                timeout=datetime.timedelta(seconds=timeout),
+            )
+            # pickled by value here: a tensor put on the queue as is travels as a shared-memory
+            # handle that the parent can only open while this process lives (a race at exit)
+            value = pickle.dumps(fn(rank, world, *args))
+            if len(value) > max_bytes:
+                raise ValueError(
+                    f"the result is {len(value) >> 20} MiB pickled (at most "
+                    f"{max_bytes >> 20} MiB): compare on the ranks and return the verdict"
+                )
+            queue.put((rank, "ok", value))
+        except BaseException:
+            queue.put((rank, "error", traceback.format_exc()))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
 
 
-def run_ranks(fn, world: int, *args, timeout: float = 120.0, backend: str = "gloo") -> list:
+def _stack(path: Path) -> str:
+    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+    return "\n".join(lines[-60:]) or "(no stack: the rank did not answer the signal)"
+
+
+def run_ranks(
+    fn,
+    world: int,
+    *args,
+    timeout: float = 120.0,
+    backend: str = "gloo",
+    max_result_bytes: int = MAX_RESULT_BYTES,
+) -> list:
     """``fn(rank, world, *args)`` on every rank; returns results by rank. ``fn`` must be importable."""
-    queue = _CTX.Queue()
-    port = free_port()
-    env = dict(os.environ)
-    procs = [
-        _CTX.Process(target=_entry, args=(fn, r, world, port, queue, args, backend, env))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    results, errors = {}, []
-    import queue as q
-
-    try:
-        for _ in range(world):
-            rank, status, value = queue.get(timeout=timeout)
-            if status == "ok":
-                results[rank] = pickle.loads(value)
-            else:
-                errors.append(f"rank {rank}:\n{value}")
-    except q.Empty:
-        errors.append(
-            f"timed out after {timeout} s: {world - len(results) - len(errors)} rank(s) hang"
-        )
-    finally:
+    with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
+        queue = _CTX.Queue()
+        env = dict(os.environ)
+        stacks = [Path(tmp, f"stack{r}.txt") for r in range(world)]
+        store = Path(tmp, "store")
+        procs = [
+            _CTX.Process(
+                target=_entry,
+                args=(
+                    fn,
+                    r,
+                    world,
+                    store,
+                    queue,
+                    args,
+                    backend,
+                    env,
+                    timeout,
+                    stacks[r],
+                    max_result_bytes,
+                ),
+            )
+            for r in range(world)
+        ]
         for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
+            p.start()
+        results, errors = {}, {}
+        deadline = time.monotonic() + timeout
+        try:
+            while len(results) + len(errors) < world:
+                now = time.monotonic()
+                if now >= deadline:
+                    hung = [r for r in range(world) if r not in results and r not in errors]
+                    for r in hung:
+                        if procs[r].is_alive():
+                            os.kill(procs[r].pid, signal.SIGUSR1)
+                    time.sleep(2)
+                    what = "timed out" if not errors else "still running after another's error"
+                    for r in hung:
+                        errors[r] = f"{what} after {timeout:.0f} s; its stack:\n{_stack(stacks[r])}"
+                    break
+                try:
+                    rank, status, value = queue.get(timeout=min(1.0, deadline - now))
+                except q.Empty:
+                    # a rank that ended without a word (killed for memory, a crash) is named
+                    for r, p in enumerate(procs):
+                        if r in results or r in errors or p.exitcode is None:
+                            continue
+                        try:  # its result may still be in the pipe
+                            rank, status, value = queue.get(timeout=1.0)
+                            break
+                        except q.Empty:
+                            errors[r] = f"ended with exit code {p.exitcode} and no result" + (
+                                " (killed by a signal: out of memory?)" if p.exitcode < 0 else ""
+                            )
+                            deadline = min(deadline, time.monotonic() + min(GRACE_S, timeout))
+                    else:
+                        continue
+                if status == "ok":
+                    results[rank] = pickle.loads(value)
+                else:
+                    errors[rank] = value
+                    deadline = min(deadline, time.monotonic() + min(GRACE_S, timeout))
+        finally:
+            for r, p in enumerate(procs):
+                if r in results or r in errors:  # it has answered: let it end its group
+                    p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
     if errors:
-        raise AssertionError("\n".join(errors))
+        raise AssertionError("\n".join(f"rank {r}: {errors[r]}" for r in sorted(errors)))
     return [results[r] for r in range(world)]

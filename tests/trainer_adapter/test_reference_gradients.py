@@ -147,7 +147,7 @@ def test_every_layout_gives_the_single_process_gradient(train_generation, refere
         for redistribute in (True, False):
             by_world.setdefault(layout[0] * layout[1], []).append((*layout, redistribute))
     for world, layouts in sorted(by_world.items()):
-        per_rank = run_ranks(_distributed, world, gen, layouts, timeout=600)
+        per_rank = run_ranks(_distributed, world, gen, layouts, timeout=480)
         for k, layout in enumerate(layouts):
             covered: set[str] = set()
             for rank_results in per_rank:
@@ -205,9 +205,9 @@ def _trajectory(rank, world, gen, layouts):
 def test_pipelined_updates_follow_the_flat_run_over_ten_steps(train_generation):
     """Per-parameter update direction of every step under each schedule against pp = 1."""
     gen = str(train_generation)
-    (flat,) = run_ranks(_trajectory, 1, gen, [(1, 1, "1f1b", 1)], timeout=600)[0]
+    (flat,) = run_ranks(_trajectory, 1, gen, [(1, 1, "1f1b", 1)], timeout=480)[0]
     piped = [(1, 2, "gpipe", 1), (1, 2, "1f1b", 1), (1, 2, "interleaved1f1b", 2)]
-    per_rank = run_ranks(_trajectory, 2, gen, piped, timeout=600)
+    per_rank = run_ranks(_trajectory, 2, gen, piped, timeout=480)
     for k, layout in enumerate(piped):
         worst = 1.0
         for history in (per_rank[0][k], per_rank[1][k]):

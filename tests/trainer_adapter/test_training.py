@@ -102,7 +102,7 @@ def test_dp2_pp2_trains_and_sees_every_sample_once(train_generation, tmp_path, s
         "lr": 3e-3,
         "microbatches": 2,
     }
-    recs = run_ranks(_train, 4, cfg, str(log), timeout=600)[0]
+    recs = run_ranks(_train, 4, cfg, str(log), timeout=480)[0]
     assert len(recs) == steps
     losses = [r["loss"] for r in recs]
     assert np.mean(losses[-2:]) < np.mean(losses[:2])  # it learns
@@ -131,7 +131,7 @@ def test_interleaved_schedule_runs(train_generation, tmp_path):
         "microbatches": 2,
         "virtual_stages": 2,
     }
-    recs = run_ranks(_train, 2, cfg, None, timeout=600)[0]
+    recs = run_ranks(_train, 2, cfg, None, timeout=480)[0]
     assert len(recs) == 2 and all(np.isfinite(r["loss"]) for r in recs)
 
 

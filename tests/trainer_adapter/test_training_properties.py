@@ -234,7 +234,7 @@ def _one_step_each_method(rank, world, gen):
 
 
 def test_every_method_trains_under_pp_within_the_memory_cap(train_generation):
-    got = run_ranks(_one_step_each_method, 4, str(train_generation), timeout=600)[0]
+    got = run_ranks(_one_step_each_method, 4, str(train_generation), timeout=480)[0]
     losses = {round(v["loss"], 4) for v in got.values()}
     assert len(losses) == 1, got  # the same loss whatever the placement
     # (a replica over the cap would not fit its microbatches: the step would have raised)

@@ -1,0 +1,87 @@
+"""The multi-rank helper's failures say what happened, quickly: a rank's error with its
+traceback (the other rank, waiting in a collective for it, does not hold the run to its
+timeout), a rank that dies without a result named with its exit code, a hang with the hanging
+rank's stack, a result too large to carry refused. Each run here is a few seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.dist_helper import run_ranks
+
+
+def _sum(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    x = torch.tensor([rank + 1.0])
+    dist.all_reduce(x)
+    return float(x)
+
+
+def _rank1_raises(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        raise KeyError("planted on rank 1")
+    dist.all_reduce(torch.ones(1))  # waits for rank 1, which never comes
+
+
+def _rank1_dies(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer does
+    dist.all_reduce(torch.ones(1))  # waits for rank 1
+
+
+def _rank0_sleeps_in_a_named_function(rank, world):
+    if rank == 0:
+        _wait_forever()
+
+
+def _wait_forever():
+    time.sleep(600)
+
+
+def _huge(rank, world):
+    import torch
+
+    return torch.zeros(9 << 20, dtype=torch.float64)  # 72 MiB
+
+
+def test_results_by_rank():
+    assert run_ranks(_sum, 3, timeout=60) == [6.0, 6.0, 6.0]
+
+
+def test_an_error_fails_fast_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(AssertionError) as e:
+        run_ranks(_rank1_raises, 2, timeout=300)
+    assert "rank 1:" in str(e.value) and "KeyError: 'planted on rank 1'" in str(e.value)
+    assert time.monotonic() - start < 120, "waited for the timeout, not the grace"
+
+
+def test_a_rank_killed_is_named_with_its_exit_code():
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match=r"rank 1: ended with exit code -9 and no result"):
+        run_ranks(_rank1_dies, 2, timeout=300)
+    assert time.monotonic() - start < 120
+
+
+def test_a_hang_shows_the_hanging_ranks_stack():
+    with pytest.raises(AssertionError) as e:
+        run_ranks(_rank0_sleeps_in_a_named_function, 2, timeout=8)
+    assert "rank 0: timed out after 8 s" in str(e.value)
+    assert "_wait_forever" in str(e.value)
+
+
+def test_a_result_too_large_to_carry_is_refused():
+    with pytest.raises(AssertionError, match=r"72 MiB pickled \(at most 64 MiB\): compare on"):
+        run_ranks(_huge, 1, timeout=60, max_result_bytes=64 << 20)

@@ -1458,7 +1458,7 @@ MUTATIONS = [
         'got = route.send(mine.flip(0), np.ones_like(route.src), "image_sizes")',
         (
             "tests/trainer_adapter/test_hf_tower_sweep.py::"
-            "test_balanced_tower_equals_the_tower_alone[mistral3]",
+            "test_balanced_tower_equals_the_tower_alone[mistral3-uneven]",
         ),
     ),
     Mutation(

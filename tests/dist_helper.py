@@ -26,6 +26,7 @@ import socket
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 MAX_RESULT_BYTES = 512 << 20  # per rank; the default of run_ranks' max_result_bytes
@@ -42,36 +43,35 @@ _CTX = mp.get_context("forkserver")
 _CTX.set_forkserver_preload(["torch", "torch.distributed", "numpy", "transformers"])
 
 
-def _entry(fn, rank, world, store, queue, args, backend, env, timeout, stacks, max_bytes):
+def _entry(fn, rank, world, queue, args, run):
     import faulthandler
 
     import torch.distributed as dist
 
     os.environ.clear()
-    # a function that starts its own group the usual way still finds an address
-    os.environ.update(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    with open(stacks, "w") as dump:
+    os.environ.update(run.env)
+    with open(run.stacks[rank], "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
         try:
-            if backend == "nccl":
+            if run.backend == "nccl":
                 import torch
 
                 torch.cuda.set_device(rank)
             # a collective that waits past the run's timeout raises here, naming itself
             dist.init_process_group(
-                backend,
-                init_method=f"file://{store}",
+                run.backend,
+                init_method=f"file://{run.store}",
                 rank=rank,
                 world_size=world,
-                timeout=datetime.timedelta(seconds=timeout),
+                timeout=datetime.timedelta(seconds=run.timeout),
             )
             # pickled by value here: a tensor put on the queue as is travels as a shared-memory
             # handle that the parent can only open while this process lives (a race at exit)
             value = pickle.dumps(fn(rank, world, *args))
-            if len(value) > max_bytes:
+            if len(value) > run.max_bytes:
                 raise ValueError(
                     f"the result is {len(value) >> 20} MiB pickled (at most "
-                    f"{max_bytes >> 20} MiB): compare on the ranks and return the verdict"
+                    f"{run.max_bytes >> 20} MiB): compare on the ranks and return the verdict"
                 )
             queue.put((rank, "ok", value))
         except BaseException:
@@ -79,6 +79,18 @@ def _entry(fn, rank, world, store, queue, args, backend, env, timeout, stacks, m
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every rank of one run is started with."""
+
+    env: dict
+    store: Path
+    stacks: list[Path]
+    backend: str
+    timeout: float
+    max_bytes: int
 
 
 def _stack(path: Path) -> str:
@@ -97,67 +109,45 @@ def run_ranks(
     """``fn(rank, world, *args)`` on every rank; returns results by rank. ``fn`` must be importable."""
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         queue = _CTX.Queue()
-        env = dict(os.environ)
         stacks = [Path(tmp, f"stack{r}.txt") for r in range(world)]
-        store = Path(tmp, "store")
+        run = _Run(dict(os.environ), Path(tmp, "store"), stacks, backend, timeout, max_result_bytes)
         procs = [
-            _CTX.Process(
-                target=_entry,
-                args=(
-                    fn,
-                    r,
-                    world,
-                    store,
-                    queue,
-                    args,
-                    backend,
-                    env,
-                    timeout,
-                    stacks[r],
-                    max_result_bytes,
-                ),
-            )
-            for r in range(world)
+            _CTX.Process(target=_entry, args=(fn, r, world, queue, args, run)) for r in range(world)
         ]
         for p in procs:
             p.start()
         results, errors = {}, {}
         deadline = time.monotonic() + timeout
+        grace = min(GRACE_S, timeout)
         try:
-            while len(results) + len(errors) < world:
-                now = time.monotonic()
-                if now >= deadline:
-                    hung = [r for r in range(world) if r not in results and r not in errors]
-                    for r in hung:
+            while pending := [r for r in range(world) if r not in results and r not in errors]:
+                if time.monotonic() >= deadline:
+                    for r in pending:
                         if procs[r].is_alive():
                             os.kill(procs[r].pid, signal.SIGUSR1)
                     time.sleep(2)
-                    what = "timed out" if not errors else "still running after another's error"
-                    for r in hung:
+                    what = "still running after another's error" if errors else "timed out"
+                    for r in pending:
                         errors[r] = f"{what} after {timeout:.0f} s; its stack:\n{_stack(stacks[r])}"
                     break
+                # a rank that had ended before this wait and sends nothing in it never will
+                # (its result, if any, was in the pipe before it could exit)
+                ended = [r for r in pending if procs[r].exitcode is not None]
                 try:
-                    rank, status, value = queue.get(timeout=min(1.0, deadline - now))
+                    rank, status, value = queue.get(timeout=1.0)
                 except q.Empty:
-                    # a rank that ended without a word (killed for memory, a crash) is named
-                    for r, p in enumerate(procs):
-                        if r in results or r in errors or p.exitcode is None:
-                            continue
-                        try:  # its result may still be in the pipe
-                            rank, status, value = queue.get(timeout=1.0)
-                            break
-                        except q.Empty:
-                            errors[r] = f"ended with exit code {p.exitcode} and no result" + (
-                                " (killed by a signal: out of memory?)" if p.exitcode < 0 else ""
-                            )
-                            deadline = min(deadline, time.monotonic() + min(GRACE_S, timeout))
-                    else:
-                        continue
+                    for r in ended:  # killed for memory, a crash
+                        code = procs[r].exitcode
+                        errors[r] = f"ended with exit code {code} and no result" + (
+                            " (killed by a signal: out of memory?)" if code < 0 else ""
+                        )
+                        deadline = min(deadline, time.monotonic() + grace)
+                    continue
                 if status == "ok":
                     results[rank] = pickle.loads(value)
                 else:
                     errors[rank] = value
-                    deadline = min(deadline, time.monotonic() + min(GRACE_S, timeout))
+                    deadline = min(deadline, time.monotonic() + grace)
         finally:
             for r, p in enumerate(procs):
                 if r in results or r in errors:  # it has answered: let it end its group

@@ -36,3 +36,31 @@ def write_image(
 def tokenizer_path() -> str:
     with resources.as_file(resources.files("dataprep") / "assets" / "demo_tokenizer.json") as p:
         return str(p)
+
+
+def _machine() -> str:
+    """The cores and memory the tests ran with, as this process sees them (a failing run on
+    another machine is read with it: a CPU-time cap or a smaller memory shows here)."""
+    import os
+
+    quota = Path("/sys/fs/cgroup/cpu.max")
+    cap = quota.read_text().split() if quota.exists() else ["max"]
+    cap = "none" if cap[0] == "max" else f"{int(cap[0]) / int(cap[1]):g} cores"
+    pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = Path("/sys/fs/cgroup/memory.max")
+    limit = limit.read_text().strip() if limit.exists() else "max"
+    limit = "none" if limit == "max" else f"{int(limit) / 2**30:.1f} GiB"
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+    except ImportError:
+        threads = "no torch"
+    return (
+        f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable, CPU-time cap "
+        f"{cap}, {pages / 2**30:.0f} GiB memory (cap {limit}); torch threads in pytest: {threads}"
+    )
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(_machine())

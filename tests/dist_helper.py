@@ -4,7 +4,11 @@ timeout (a hang fails).
 Ranks are started by a fork server that has imported torch (and transformers, where installed)
 once for the whole test session: a fresh, single-threaded process, so each rank starts as clean
 as a spawned one without importing torch again (most of a small multi-rank test's time on a
-2-core machine). Each rank gets the caller's environment of the moment, as a spawned one would.
+2-core machine). Each rank gets the caller's environment of the moment, as a spawned one would,
+and one compute thread, as torchrun gives each rank by default (OMP_NUM_THREADS=1): N ranks
+with a thread per core each oversubscribe the cores, and a kernel made of many small parallel
+regions (a depthwise conv in float64 runs one per channel) then crawls where the cores are
+busy or CPU time is capped.
 
 A failing run says why on any machine: the ranks meet through a file store (no TCP port picked
 in advance that another process can take before rank 0 binds it); a rank that dies without a
@@ -31,6 +35,7 @@ from pathlib import Path
 
 MAX_RESULT_BYTES = 512 << 20  # per rank; the default of run_ranks' max_result_bytes
 GRACE_S = 20.0  # how long the other ranks get after one rank's error
+RANK_THREADS = 1  # torch's compute threads in each rank (torchrun's default)
 
 
 def free_port() -> int:
@@ -46,16 +51,16 @@ _CTX.set_forkserver_preload(["torch", "torch.distributed", "numpy", "transformer
 def _entry(fn, rank, world, queue, args, run):
     import faulthandler
 
+    import torch
     import torch.distributed as dist
 
     os.environ.clear()
     os.environ.update(run.env)
+    torch.set_num_threads(RANK_THREADS)
     with open(run.stacks[rank], "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
         try:
             if run.backend == "nccl":
-                import torch
-
                 torch.cuda.set_device(rank)
             # a collective that waits past the run's timeout raises here, naming itself
             dist.init_process_group(

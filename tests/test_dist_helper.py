@@ -56,8 +56,19 @@ def _huge(rank, world):
     return torch.zeros(9 << 20, dtype=torch.float64)  # 72 MiB
 
 
+def _threads(rank, world):
+    import torch
+
+    return torch.get_num_threads()
+
+
 def test_results_by_rank():
     assert run_ranks(_sum, 3, timeout=60) == [6.0, 6.0, 6.0]
+
+
+def test_each_rank_computes_on_one_thread():
+    """As under torchrun: ranks sharing the cores do not oversubscribe them."""
+    assert run_ranks(_threads, 2, timeout=60) == [1, 1]
 
 
 def test_an_error_fails_fast_with_its_traceback():

@@ -114,6 +114,8 @@ TINY = {
     "num_local_experts": 4,  # dots3_note's tower
     "adapter_in_dim": 32,
     "adapter_out_dim": 32,
+    "linear_num_heads": 2,  # GLM-5-Next's linear attention: a depthwise conv per channel
+    "linear_head_dim": 16,
 }
 
 

@@ -64,7 +64,6 @@ def _distributed(rank, world, gen, layouts):
     from trainer_adapter import TrainConfig, Trainer
     from trainer_adapter.trainer import empty_batch
 
-    torch.set_num_threads(1)
     manifest, collate, mcfg = _collate_and_model(gen)
     lens = collate(_samples(manifest, GROUPS))["llm_lens"]
     total, longest = int(lens.sum()), int(lens.max())
@@ -179,7 +178,6 @@ def _trajectory(rank, world, gen, layouts):
     from trainer_adapter import TrainConfig, Trainer
     from trainer_adapter.trainer import empty_batch
 
-    torch.set_num_threads(1)
     manifest, collate, mcfg = _collate_and_model(gen)
     runs = []
     for dp, pp, schedule, virtual in layouts:

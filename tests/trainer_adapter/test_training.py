@@ -36,7 +36,6 @@ def _invariance(rank, world, gen):
     from trainer_adapter import TrainConfig, Trainer, VLMConfig
     from trainer_adapter.train import build_collator
 
-    torch.set_num_threads(1)  # 4 ranks share this machine's cores
     cfg = TrainConfig(shards=gen, dp=world, pp=1, steps=1, method="lpt")
     manifest = open_generation(gen)
     collate = build_collator(cfg, manifest)
@@ -81,7 +80,6 @@ def _train(rank, world, cfg_kw, log):
     from trainer_adapter import TrainConfig
     from trainer_adapter.train import run
 
-    torch.set_num_threads(1)
     recs = run(TrainConfig(**cfg_kw, log=log))
     return recs
 

@@ -195,7 +195,6 @@ def _one_step_each_method(rank, world, gen):
     from trainer_adapter.train import build_collator
     from trainer_adapter.trainer import auto_mb_tokens, empty_batch
 
-    torch.set_num_threads(1)
     manifest = open_generation(gen)
     collate = build_collator(TrainConfig(shards=gen, dp=1), manifest)
     mcfg = VLMConfig.preset("tiny", vocab_size=collate.vocab_size, patch_dim=588, merge=2)

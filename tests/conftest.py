@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import math
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -38,14 +40,34 @@ def tokenizer_path() -> str:
         return str(p)
 
 
+def _cpu_cap() -> float | None:
+    """The cgroup's CPU-time cap in cores (None: uncapped)."""
+    quota = Path("/sys/fs/cgroup/cpu.max")
+    cap = quota.read_text().split() if quota.exists() else ["max"]
+    return None if cap[0] == "max" else int(cap[0]) / int(cap[1])
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity, cut to a CPU-time cap."""
+    cores = len(os.sched_getaffinity(0))
+    cap = _cpu_cap()
+    return cores if cap is None else max(1, min(cores, math.ceil(cap)))
+
+
+def pytest_configure(config):
+    """torch takes a thread per core the host has; in a container with fewer cores (a CPU-time
+    cap on a large host) the surplus threads only contend: cut to the usable cores."""
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
+
+
 def _machine() -> str:
     """The cores and memory the tests ran with, as this process sees them (a failing run on
     another machine is read with it: a CPU-time cap or a smaller memory shows here)."""
-    import os
-
-    quota = Path("/sys/fs/cgroup/cpu.max")
-    cap = quota.read_text().split() if quota.exists() else ["max"]
-    cap = "none" if cap[0] == "max" else f"{int(cap[0]) / int(cap[1]):g} cores"
+    cap = _cpu_cap()
     pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     limit = Path("/sys/fs/cgroup/memory.max")
     limit = limit.read_text().strip() if limit.exists() else "max"
@@ -58,7 +80,8 @@ def _machine() -> str:
         threads = "no torch"
     return (
         f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable, CPU-time cap "
-        f"{cap}, {pages / 2**30:.0f} GiB memory (cap {limit}); torch threads in pytest: {threads}"
+        f"{'none' if cap is None else f'{cap:g} cores'}, {pages / 2**30:.0f} GiB memory "
+        f"(cap {limit}); torch threads in pytest: {threads}"
     )
 
 

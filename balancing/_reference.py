@@ -1,4 +1,4 @@
-"""Plain-Python twins of the numba kernels in ``_kernels.py``, written for clarity, not speed.
+"""Plain-Python twins of the numba kernels in ``balancing._kernels``, written for clarity, not speed.
 Tests check that kernel and reference agree exactly over many seeds."""
 
 from __future__ import annotations

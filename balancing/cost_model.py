@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from balancing._kernels import _nb_sample_costs
+from balancing._kernels.tables import _nb_sample_costs
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from balancing._kernels import _nb_apply_round, _nb_best_fit, _nb_isf_round
+from balancing._kernels.isf import _nb_apply_round, _nb_best_fit, _nb_isf_round
 
 __all__ = [
     "FLAG_ISF",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancing._kernels import _nb_group_max
+from balancing._kernels.tables import _nb_group_max
 
 __all__ = ["dist_ratio", "efficiency", "pad_ratio", "step_dist_ratios"]
 

@@ -15,12 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing._kernels import (
-    _nb_argsort_desc,
-    _nb_greedy_node_assign,
-    _nb_local_first,
-    _nb_refine_swaps,
-)
+from balancing._kernels.partition import _nb_argsort_desc
+from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
+from balancing._kernels.refine import _nb_refine_swaps
 from balancing.post_balance import PostBalance
 
 __all__ = [

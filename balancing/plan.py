@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from balancing._kernels import STAT_COUNT, STAT_SUM_V, _nb_counting_argsort
+from balancing._kernels.tables import STAT_COUNT, STAT_SUM_V, _nb_counting_argsort
 from balancing.auto_params import auto_isf_params
 from balancing.cost_model import CostModel, sample_costs
 from balancing.isf import FLAG_LAST_STEP, FLAG_NAMES, FLAG_OVERSIZE, ISFParams, isf_group

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from balancing._kernels import (
+from balancing._kernels.tables import (
     STAT_SUM_V,
     _nb_block_stats,
     _nb_group_stats,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing._kernels import (
+from balancing._kernels.partition import (
     _nb_argsort_desc,
     _nb_karmarkar_karp,
     _nb_lpt,
@@ -34,8 +34,8 @@ from balancing._kernels import (
     _nb_lpt_quadratic,
     _nb_padded_attention,
     _nb_padded_batches,
-    _nb_refine_swaps,
 )
+from balancing._kernels.refine import _nb_refine_swaps
 
 __all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing._kernels import _nb_1f1b_times
+from balancing._kernels.schedule import _nb_1f1b_times
 
 __all__ = ["PipelineTimes", "inter_microbatch_reorder", "intra_batch_reorder", "pipeline_times"]
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing._kernels import _nb_counting_argsort, _nb_lpt_capped, _nb_place_on_nodes
+from balancing._kernels.partition import _nb_lpt_capped
+from balancing._kernels.placement import _nb_place_on_nodes
+from balancing._kernels.tables import _nb_counting_argsort
 
 __all__ = ["StepAssignment", "assign_steps"]
 

@@ -69,7 +69,7 @@ def simulate(seed: int = 0, device: str = "cpu", model_size: str = "tiny") -> di
     from balancing import CostModel, post_balance
     from balancing.plan import BalanceConfig, build_plan
     from bench._internvl import cost_table, load_lengths
-    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+    from trainer_adapter.train.model import VisionLanguageModel, VLMConfig
 
     torch.set_num_threads(1)
     dev = torch.device(device)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from balancing._kernels import _nb_argsort_desc, _nb_lpt
+from balancing._kernels.partition import _nb_argsort_desc, _nb_lpt
 from balancing.nodewise import (
     inter_node_volume,
     locality_balance,

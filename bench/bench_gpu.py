@@ -2,7 +2,7 @@
 
 1. ``equishard train`` on one GPU (NCCL, DP 1), the ``1b`` VLM with adaptive recomputation, in
    fp32 and in bf16 mixed precision, on a demo generation planned for one rank (4 samples per
-   step): step time, tokens/s, model TFLOP/s and MFU (``trainer_adapter.flops``: model FLOPs of
+   step): step time, tokens/s, model TFLOP/s and MFU (``trainer_adapter.train.flops``: model FLOPs of
    the real tokens over the GPU's dense peak), peak memory, what recomputation chose.
 2. The pipeline with one GPU: a PP-stage pipeline needs a GPU per stage, so each stage of the
    ``1b`` LLM (partitioned by the trainer's OmniBal search over layer times measured here) runs
@@ -157,7 +157,7 @@ def _allocated(dev) -> int:
 def _layer_times(llm, loss_fn, tokens: int, auto, dev) -> np.ndarray:
     """Forward + backward seconds of the embedding, one block (all alike) and the head over a
     row of ``tokens`` tokens (``profile_layers``: synchronized, median of three)."""
-    from trainer_adapter.partition import profile_layers
+    from trainer_adapter.train.partition import profile_layers
 
     x = torch.randn(tokens, llm.cfg.llm_hidden, device=dev, requires_grad=True)
     ids = torch.randint(0, llm.cfg.vocab_size, (tokens,), device=dev)
@@ -175,8 +175,8 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
     """Per layout, the mean over PIPE_STEPS steps (the heaviest replica of each) of the replayed
     1F1B pipeline with pass times measured on this GPU."""
     from bench.bench_pipeline import _steps
-    from trainer_adapter.model import LanguageModel, VLMConfig
-    from trainer_adapter.pipeline import LMLoss
+    from trainer_adapter.train.model import LanguageModel, VLMConfig
+    from trainer_adapter.train.pipeline import LMLoss
 
     cfg = VLMConfig.preset(model, vocab_size=vocab, patch_dim=588)
     torch.manual_seed(0)
@@ -204,11 +204,11 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
 
 def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
     """One (pp, microbatches) layout: partition, then each picked step measured and replayed."""
-    from trainer_adapter.flops import training_flops
-    from trainer_adapter.partition import search_partition, stage_ranges
-    from trainer_adapter.pipeline import StageModule, bucket_ladder, doc_rows, plan_step
-    from trainer_adapter.split_samples import _single_stage_order, chain_actions
-    from trainer_adapter.trainer import _blocks_of, auto_mb_tokens
+    from trainer_adapter.train.flops import training_flops
+    from trainer_adapter.train.partition import search_partition, stage_ranges
+    from trainer_adapter.train.pipeline import StageModule, bucket_ladder, doc_rows, plan_step
+    from trainer_adapter.train.split_samples import _single_stage_order, chain_actions
+    from trainer_adapter.train.trainer import _blocks_of, auto_mb_tokens
 
     mb_max = auto_mb_tokens(loads, n_micro)
     buckets = bucket_ladder(mb_max, 1.08)
@@ -342,7 +342,7 @@ def run() -> dict:
         pipe = _pipeline(table, plan8, dev)
     md = [
         f"On one {name} (torch {torch.__version__}, CUDA {torch.version.cuda}). MFU = model "
-        "FLOPs of the real tokens (`trainer_adapter.flops`: matrix products and attention, "
+        "FLOPs of the real tokens (`trainer_adapter.train.flops`: matrix products and attention, "
         "causal attention counted half, recomputation not counted) over the dense peak "
         f"({', '.join(f'{k} {v / 1e12:.0f} TFLOP/s' for k, v in (PEAKS.get(next((k for k in PEAKS if k in name), ''), {})).items())}).",
         "",

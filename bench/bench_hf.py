@@ -296,7 +296,7 @@ def run() -> dict:
             "| --- | --- | ---: | ---: | ---: |",
         ]
         raw["overhead"] = {}
-        from trainer_adapter.hf_inputs import FAMILIES  # every family the example trains
+        from trainer_adapter.hf.inputs import FAMILIES  # every family the example trains
 
         for family in FAMILIES:
             for balance in ("off", "encoder", "llm", "both"):

@@ -22,8 +22,8 @@ from balancing.plan import BalanceConfig, build_plan
 from bench._internvl import cost_table as internvl_table
 from bench._internvl import load_lengths
 from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
-from trainer_adapter.pipeline import bucket_ladder, plan_step
-from trainer_adapter.trainer import auto_mb_tokens
+from trainer_adapter.train.pipeline import bucket_ladder, plan_step
+from trainer_adapter.train.trainer import auto_mb_tokens
 
 DP, NODES, TARGET = 8, 2, 0.10
 LAYOUTS = [(2, 4), (4, 8)]  # (pp, microbatches): the default 2 x pp, and PP4 with 8
@@ -163,7 +163,7 @@ def run() -> dict:
 
 _BUILD = """
 import resource, sys, torch
-from trainer_adapter.model import VisionLanguageModel, VLMConfig
+from trainer_adapter.train.model import VisionLanguageModel, VLMConfig
 keep = set(sys.argv[1].split(',')) if sys.argv[1] else None
 cfg = VLMConfig.preset('1b', vocab_size=151_646, patch_dim=588)
 m = VisionLanguageModel(cfg, keep_llm=None if keep is None else keep.__contains__)
@@ -180,7 +180,7 @@ def _weights_table(raw: dict) -> list[str]:
     import subprocess
     import sys
 
-    from trainer_adapter.partition import layer_count_partition, stage_ranges
+    from trainer_adapter.train.partition import layer_count_partition, stage_ranges
 
     n_blocks = 16  # the 1b preset's LLM layers
     names = ["tok,pos"] + [f"block{i}" for i in range(n_blocks)] + ["norm,head"]

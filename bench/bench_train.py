@@ -26,7 +26,7 @@ STEPS = 8
 
 def _train(rank, world, gen, redistribute):
     from trainer_adapter import TrainConfig
-    from trainer_adapter.train import run
+    from trainer_adapter.train.loop import run
 
     torch.set_num_threads(1)
     cfg = TrainConfig(
@@ -93,8 +93,8 @@ def _redistribute_only(rank, world, seed, iters):
 
 
 def _partition_rows():
-    from trainer_adapter.model import VisionLanguageModel, VLMConfig
-    from trainer_adapter.partition import (
+    from trainer_adapter.train.model import VisionLanguageModel, VLMConfig
+    from trainer_adapter.train.partition import (
         layer_count_partition,
         profile_layers,
         score_partition,

@@ -1,6 +1,5 @@
 """dataprep: read VLM datasets and measure every sample's vision and text cost."""
 
-from dataprep.anyres_policy import OneVisionPolicy
 from dataprep.cost_table import (
     COST_SCHEMA,
     ERRORS_SCHEMA,
@@ -11,9 +10,9 @@ from dataprep.cost_table import (
 from dataprep.demo import make_demo
 from dataprep.errors import DataprepError, ErrorRateExceeded, SampleRejected
 from dataprep.merge import merge_cost_tables
-from dataprep.policy_spec import parse_vision_policy
+from dataprep.policies import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, parse_vision_policy
+from dataprep.policies.anyres import OneVisionPolicy
 from dataprep.prep import PrepConfig, PrepResult, run_prep
-from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy
 
 __all__ = [
     "COST_SCHEMA",

@@ -23,10 +23,10 @@ from dataprep.cost_table import COST_SCHEMA
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
 from dataprep.image_refs import image_ref
+from dataprep.policies import VisionPolicy
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
 from dataprep.records import IMAGE_PLACEHOLDER, normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
-from dataprep.vision_policy import VisionPolicy
 
 __all__ = ["ChunkResult", "Measurer", "error_row", "fingerprint", "record_bytes"]
 

@@ -37,7 +37,7 @@ from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
-from dataprep.policy_spec import parse_vision_policy
+from dataprep.policies import parse_vision_policy
 from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.text_tokens import TokenCounter, TokenizerSpec

@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from shards import GroupDataset, RankInfo
 from trainer_adapter import RedistributePolicy
-from trainer_adapter.hf_balance import balance_model, global_targets  # equishard
-from trainer_adapter.hf_inputs import HFPacker  # equishard
+from trainer_adapter.hf.balance import balance_model, global_targets  # equishard
+from trainer_adapter.hf.inputs import HFPacker  # equishard
 
 TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 SPECIALS = {

@@ -25,9 +25,14 @@ from PIL import Image
 
 from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
-from dataprep.policy_spec import parse_vision_policy
+from dataprep.policies import (
+    FixedPolicy,
+    InternVLPolicy,
+    Qwen2VLPolicy,
+    internvl_grid,
+    parse_vision_policy,
+)
 from dataprep.records import IMAGE_PLACEHOLDER
-from dataprep.vision_policy import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, internvl_grid
 
 __all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 

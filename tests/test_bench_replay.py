@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.bench_gpu import replay
-from trainer_adapter.split_samples import _single_stage_order, chain_actions
+from trainer_adapter.train.split_samples import _single_stage_order, chain_actions
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])

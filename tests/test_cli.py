@@ -30,10 +30,10 @@ def test_prep_help_explains_every_option(capsys):
     ]:
         assert opt in out
     # every policy the spec parser knows has a line of its own in the policies section
-    from dataprep.policy_spec import _INT_OPTIONS
+    from dataprep.policies import POLICIES
 
     policies = out.split("vision policies (--vision-policy):")[1].split("examples:")[0]
-    for name in _INT_OPTIONS:
+    for name in POLICIES:
         assert re.search(rf"^  {re.escape(name)}\b|; {re.escape(name)}:", policies, re.M), name
 
 

@@ -1,17 +1,30 @@
-"""trainer_adapter: runtime DP redistribution and pipelined training on equishard shards."""
+"""trainer_adapter: runtime DP redistribution and pipelined training on equishard shards.
 
-from trainer_adapter.config import TrainConfig
+The top level is the thin, model-agnostic core: :mod:`.topology` (who is where),
+:mod:`.exchange` (the collectives), :mod:`.redistribute` (equishard's collated batches),
+:mod:`.item_exchange` and :mod:`.item_outputs` (any module's items, there and back) and
+:mod:`.group_errors` (one rank's error raised on every rank). Two wings build on it and never
+on each other: :mod:`trainer_adapter.hf` (Hugging Face models in the user's own loop) and
+:mod:`trainer_adapter.train` (the reference pipelined trainer behind ``equishard train``).
+"""
+
 from trainer_adapter.exchange import all_to_all_rows, gather_tables
 from trainer_adapter.group_errors import StepRefused
-from trainer_adapter.hf_balance import balance_model, global_targets, paused
-from trainer_adapter.hf_inputs import HFPacker
+from trainer_adapter.hf import HFPacker, balance_model, global_targets, paused
 from trainer_adapter.item_exchange import ItemRoute, plan_items
-from trainer_adapter.model import VisionLanguageModel, VLMConfig
-from trainer_adapter.partition import Partition, layer_count_partition, search_partition
-from trainer_adapter.pipeline import SCHEDULES, plan_microbatches
 from trainer_adapter.redistribute import LocalBatch, RedistributePolicy, Route, redistribute
 from trainer_adapter.topology import Topology
-from trainer_adapter.trainer import Trainer
+from trainer_adapter.train import (
+    SCHEDULES,
+    Partition,
+    TrainConfig,
+    Trainer,
+    VisionLanguageModel,
+    VLMConfig,
+    layer_count_partition,
+    plan_microbatches,
+    search_partition,
+)
 
 __all__ = [
     "SCHEDULES",

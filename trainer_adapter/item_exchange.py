@@ -10,7 +10,7 @@ moves only what changes rank, differentiable — and results come home with
 :meth:`ItemRoute.back`, in each rank's original item order. Ranks may hold no items.
 
 :func:`trainer_adapter.redistribute` (equishard's own collated batches) and the wrappers for
-Hugging Face vision towers and decoders (:mod:`trainer_adapter.hf_balance`) are built on it.
+Hugging Face vision towers and decoders (:mod:`trainer_adapter.hf.balance`) are built on it.
 """
 
 from __future__ import annotations

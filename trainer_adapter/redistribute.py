@@ -47,7 +47,7 @@ class RedistributePolicy:
     ``nodewise`` (Alg. 3) or ``identity``. ``cost``: ``modeled`` (alpha*len + beta*len^2 per
     phase, from ``cost_model``) or ``tokens``. A phase whose current max/mean is already within
     ``1 + min_gain`` is left as it is. ``enabled=False`` moves nothing (the baseline).
-    ``idle_ranks`` (the Hugging Face wrappers, :mod:`trainer_adapter.hf_balance`): what a rank
+    ``idle_ranks`` (the Hugging Face wrappers, :mod:`trainer_adapter.hf.balance`): what a rank
     that receives no item of a balanced module does: ``skip`` it (DDP), ``run`` it on a copy
     of one item and drop the results (FSDP2 sharded per block, ZeRO-3: a sharded block's
     forward and backward are collectives every rank must join), ``auto``: ``run`` where the

@@ -153,7 +153,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import fail
     from shards.manifest import ManifestError, open_generation
-    from trainer_adapter.config import TrainConfig
+    from trainer_adapter.train.config import TrainConfig
 
     if args.nproc != args.dp * args.pp:
         return fail(f"--nproc {args.nproc} must equal --dp x --pp = {args.dp * args.pp}")
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         "--standalone",
         f"--nproc-per-node={args.nproc}",
         "-m",
-        "trainer_adapter.train",
+        "trainer_adapter.train.loop",
         "--config",
         json.dumps(cfg.to_dict()),
     ]

@@ -9,7 +9,7 @@ import pytest
 
 from dataprep.errors import SampleRejected
 from dataprep.measure import with_image_text
-from dataprep.policy_spec import parse_vision_policy
+from dataprep.policies import parse_vision_policy
 from dataprep.records import IMAGE_PLACEHOLDER
 
 PAS = "gemma3:pan_and_scan=1"
@@ -62,7 +62,7 @@ def test_gemma3_crops_equal_its_image_processor(settings):
     pytest.importorskip("transformers")
     from transformers.models.gemma3 import Gemma3ImageProcessorPil
 
-    from dataprep.gemma3_policy import gemma3_crops
+    from dataprep.policies.gemma3 import gemma3_crops
 
     ip = Gemma3ImageProcessorPil()
     spec = PAS + "".join(f",{k}={v}" for k, v in settings.items())

@@ -150,7 +150,7 @@ def test_turned_photo_costs_what_the_model_sees(tmp_path):
     """A 600 x 200 photo stored sideways (orientation 6): Pixtral and LLaVA-NeXT count rows of
     patches with a break / newline token each, so the turned image costs other tokens; prep
     counts the displayed 200 x 600, which equals the stored-upright image's count."""
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
 
     sideways = probe_image_bytes(image_bytes(600, 200, "JPEG", orientation=6), "x")
     upright = probe_image_bytes(image_bytes(200, 600, "JPEG"), "x")

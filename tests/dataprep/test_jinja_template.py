@@ -1078,7 +1078,7 @@ def test_smolvlm_grid_equals_the_image_processor(split):
     from PIL import Image
     from transformers.models.smolvlm import SmolVLMImageProcessorPil
 
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
 
     tile, longest = 48, 4 * 48
     ip = SmolVLMImageProcessorPil(

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dataprep.errors import SampleRejected
-from dataprep.vision_policy import Qwen2VLPolicy, qwen2vl_smart_resize
+from dataprep.policies import Qwen2VLPolicy, qwen2vl_smart_resize
 
 SIDES = [1, 3, 10, 13, 14, 27, 28, 29, 41, 42, 55, 56, 57, 99, 100, 224, 333, 448, 500, 999, 1000]
 SIDES += [1023, 1500, 2000, 2999, 3000, 4000, 5000, 8000]
@@ -118,7 +118,7 @@ def test_qwen3vl_spec_equals_qwen3vl_image_processor():
     from PIL import Image
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
 
     proc = Qwen2VLImageProcessorPil(
         size={"shortest_edge": 65536, "longest_edge": 16777216},
@@ -156,7 +156,7 @@ def test_ernie45vl_spec_equals_ernie_image_processor():
     from transformers.models.ernie4_5_vl_moe import Ernie4_5_VLMoeImageProcessorPil
 
     from dataprep.errors import SampleRejected
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
 
     proc = Ernie4_5_VLMoeImageProcessorPil()
     policy = parse_vision_policy("ernie45vl")

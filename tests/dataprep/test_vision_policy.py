@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from dataprep.errors import SampleRejected
-from dataprep.policy_spec import parse_vision_policy
-from dataprep.vision_policy import (
+from dataprep.policies import (
     FixedPolicy,
     InternVLPolicy,
     Qwen2VLPolicy,
     internvl_grid,
+    parse_vision_policy,
     qwen2vl_smart_resize,
 )
 
@@ -423,7 +423,7 @@ def test_aya_vision_equals_its_processor(vocab, tokenizer_path, tmp_path):
     from transformers import AyaVisionProcessor, PreTrainedTokenizerFast
     from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
 
-    from dataprep.aya_policy import AYA_MARKERS
+    from dataprep.policies.aya import AYA_MARKERS
     from dataprep.text_tokens import TokenCounter, TokenizerSpec
 
     if vocab == "merging":
@@ -560,7 +560,7 @@ def test_ovis2_equals_its_processor(spec, tokenizer_path, tmp_path):
     from transformers import Ovis2Processor, PreTrainedTokenizerFast
     from transformers.models.ovis2 import image_processing_pil_ovis2 as ovis2
 
-    from dataprep.ovis2_policy import OVIS2_MARKERS
+    from dataprep.policies.ovis2 import OVIS2_MARKERS
     from dataprep.text_tokens import TokenCounter, TokenizerSpec
 
     policy = parse_vision_policy(spec)
@@ -831,7 +831,7 @@ def test_idefics2_equals_its_image_processor(split):
         get_resize_output_image_size,
     )
 
-    from dataprep.idefics2_policy import idefics2_crops, idefics2_resize
+    from dataprep.policies.idefics2 import idefics2_crops, idefics2_resize
     from tests.dataprep.test_jinja_template import idefics2_patches
 
     size = SizeDict(shortest_edge=378, longest_edge=980)
@@ -865,8 +865,8 @@ def test_idefics2_prompt_counts_equal_its_processor(split, tmp_path, tokenizer_p
     from transformers import Idefics2Processor, PreTrainedTokenizerFast
     from transformers.models.idefics2 import Idefics2ImageProcessorPil
 
-    from dataprep.idefics2_policy import FAKE, idefics2_image_texts
     from dataprep.measure import with_image_text
+    from dataprep.policies.idefics2 import FAKE, idefics2_image_texts
     from dataprep.records import IMAGE_PLACEHOLDER
     from dataprep.text_tokens import TokenCounter, TokenizerSpec
 

@@ -72,7 +72,7 @@ def test_recompute_flag_reaches_the_ranks(train_generation):
 def test_backend_choice():
     import pytest
 
-    from trainer_adapter.train import resolve_backend
+    from trainer_adapter.train.loop import resolve_backend
 
     assert resolve_backend("auto", 0, 4, False, 0) == "gloo"
     assert resolve_backend("auto", 1, 2, True, 2) == "nccl"

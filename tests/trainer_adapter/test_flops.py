@@ -1,12 +1,12 @@
-"""Model FLOPs (trainer_adapter.flops) against torch's own FlopCounterMode on the real model."""
+"""Model FLOPs (trainer_adapter.train.flops) against torch's own FlopCounterMode on the real model."""
 
 from __future__ import annotations
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from trainer_adapter.flops import block_forward_flops, training_flops
-from trainer_adapter.model import VisionLanguageModel, VLMConfig
+from trainer_adapter.train.flops import block_forward_flops, training_flops
+from trainer_adapter.train.model import VisionLanguageModel, VLMConfig
 
 CFG = VLMConfig(
     vocab_size=300,

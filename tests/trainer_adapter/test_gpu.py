@@ -20,7 +20,7 @@ def _step(rank, world, gen, precisions):
     every parameter's gradient, on the CPU."""
     from shards import open_generation, read_group
     from trainer_adapter import TrainConfig, Trainer, VLMConfig
-    from trainer_adapter.train import build_collator
+    from trainer_adapter.train.loop import build_collator
 
     manifest = open_generation(gen)
     index = manifest.group_index()
@@ -70,8 +70,8 @@ def test_attention_flops_match_torchs_count_of_the_gpu_kernels():
     leave out as they leave out activation recomputation (backward = 2 x forward)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from trainer_adapter.flops import block_forward_flops
-    from trainer_adapter.model import Block
+    from trainer_adapter.train.flops import block_forward_flops
+    from trainer_adapter.train.model import Block
 
     torch.manual_seed(0)
     lens = [64, 200, 17]

@@ -51,7 +51,7 @@ def _loss(out) -> torch.Tensor:
 def rank_main(rank, world):
     import torch.distributed as dist
 
-    from trainer_adapter.hf_balance import balance_tiles
+    from trainer_adapter.hf.balance import balance_tiles
     from trainer_adapter.redistribute import RedistributePolicy
 
     tower = balance_tiles(MixedTower(), policy=RedistributePolicy(placement="identity"))

@@ -50,7 +50,7 @@ def rank_step(rank, world, family, balanced, layout, checkpointing=False):
     import torch
     import torch.distributed as dist
 
-    from trainer_adapter.hf_balance import balance_model, global_targets
+    from trainer_adapter.hf.balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = parity.build_model(family)

@@ -28,7 +28,7 @@ def _prompts(model, rank):
 
 
 def rank_main(rank, world):
-    from trainer_adapter.hf_balance import balance_model, paused
+    from trainer_adapter.hf.balance import balance_model, paused
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build_model("qwen2vl").eval()

@@ -198,7 +198,7 @@ def _run(family, fault, rank):
     """A balanced step of a fresh model; the fault planted on its rank. Returns the model,
     this rank's batch, its global target count and the error (or None)."""
     from trainer_adapter.group_errors import StepRefused
-    from trainer_adapter.hf_balance import balance_model, global_targets
+    from trainer_adapter.hf.balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build_model(family)

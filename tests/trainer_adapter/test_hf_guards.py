@@ -127,7 +127,7 @@ def rank_main(rank, world, name, encoder, llm, enabled, change):
     summed over ranks and the samples the decoder moved. ``change`` alters the row first."""
     import torch.distributed as dist
 
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
     from trainer_adapter.redistribute import RedistributePolicy
 
     model, batch = MODELS[name](rank)
@@ -336,7 +336,7 @@ def test_paligemma_tower_balances():
 def test_crossing_masks_finds_masks_that_join_samples():
     """Block-diagonal masks (causal or with bidirectional blocks inside a sample) cross
     nothing; one allowed entry outside the samples' blocks is found, bool or additive."""
-    from trainer_adapter.hf_masks import crossing_masks
+    from trainer_adapter.hf.masks import crossing_masks
 
     lengths = np.array([3, 2, 4])
     causal = torch.ones(9, 9, dtype=torch.bool).tril()
@@ -361,7 +361,7 @@ def test_packing_kwargs_equal_the_collators(seed):
     the collator's kwargs for that row and refuses them for another."""
     from transformers import DataCollatorWithFlattening
 
-    from trainer_adapter.hf_packing import check_decoder, packing_kwargs, packing_spec
+    from trainer_adapter.hf.packing import check_decoder, packing_kwargs, packing_spec
 
     lengths = np.random.default_rng(seed).integers(1, 30, size=int(seed) + 1)
     collator = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
@@ -402,7 +402,7 @@ def test_recurrent_decoders(layer_types, model_type, packed, refused):
     state-carrying kinds and no stateless ones."""
     import types
 
-    from trainer_adapter.hf_packing import check_decoder
+    from trainer_adapter.hf.packing import check_decoder
 
     decoder = torch.nn.Linear(1, 1)
     decoder.config = types.SimpleNamespace(layer_types=layer_types, model_type=model_type)
@@ -424,7 +424,7 @@ def test_tower_whose_inputs_cannot_move_refused_when_wrapped():
     and the decoder alone still wraps."""
     import transformers as tf
 
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
 
     with torch.device("meta"):  # the structure only: nothing runs
         model = tf.PaddleOCRVLForConditionalGeneration(tf.PaddleOCRVLConfig())
@@ -448,7 +448,7 @@ def test_tower_whose_inputs_cannot_move_refused_when_wrapped():
 def test_bidirectional_decoder_given_no_mask_joins_samples(setting, masks, joins):
     import types
 
-    from trainer_adapter.hf_masks import bidirectional_without_masks
+    from trainer_adapter.hf.masks import bidirectional_without_masks
 
     decoder = types.SimpleNamespace(
         config=types.SimpleNamespace(use_bidirectional_attention=setting)
@@ -479,7 +479,7 @@ class _FramesMergedTower(torch.nn.Module):
 
 
 def frames_merged_rank(rank, world):
-    from trainer_adapter.hf_towers import balance_vision
+    from trainer_adapter.hf.towers import balance_vision
     from trainer_adapter.redistribute import RedistributePolicy
 
     torch.manual_seed(0)

@@ -125,7 +125,7 @@ MASKED = {
 def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     from transformers.image_utils import load_image
 
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     call, _ = VARIANTS.get(family, ({}, None))  # the processor call's settings
     family = family.split("-")[0]
@@ -263,7 +263,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         assert len(pixels) > 6 and row["pixel_values"].shape[1] > 4 * len(pixels)
     # the row holds the processor's inputs (none it keeps to itself, as Ovis2's grids) besides
     # the labels, the packed positions and HF's packing kwargs (the mask: 1 everywhere)
-    from trainer_adapter.hf_packing import PACKING_KEYS
+    from trainer_adapter.hf.packing import PACKING_KEYS
 
     extra = set(row) - given - {"labels", "position_ids", *PACKING_KEYS}
     assert not extra and "attention_mask" not in row, extra
@@ -298,7 +298,7 @@ def test_qwen3vl_packer_matches_its_processor(model, tmp_path, tokenizer_path):
     from transformers.image_utils import load_image
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     model_dir = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)  # Qwen's template, tokens
     qwen2 = processor_for("qwen2vl", model_dir)
@@ -398,7 +398,7 @@ def test_packer_takes_the_image_settings_of_the_processor_call(family, tmp_path,
     the call overrides, and ``images_kwargs`` names settings the image processor takes."""
     from transformers.image_utils import load_image
 
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     model = make_model_dir(tmp_path, family, tokenizer_path)
     processor = processor_for(family, model)
@@ -455,7 +455,7 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     from shards.writer import WriteConfig, write_generation
     from tests.dataprep.helpers import run, write_jsonl
     from tests.dataprep.test_jinja_template import FAMILIES as SPECS
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     other = OTHER.get(family)
     call, own = VARIANTS.get(family, ({}, None))
@@ -509,9 +509,9 @@ def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):
     from PIL import Image
     from transformers.models.aria import AriaImageProcessorPil
 
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
     from tests.conftest import write_image
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     model_dir = make_model_dir(tmp_path, "aria", tokenizer_path)
     tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
@@ -569,11 +569,11 @@ def test_idefics2_split_crops_and_a_tiny_model(tmp_path, tokenizer_path):
     from transformers.models.idefics2 import Idefics2ImageProcessorPil
 
     from dataprep.measure import with_image_text
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
     from dataprep.records import IMAGE_PLACEHOLDER
     from dataprep.text_tokens import TokenCounter, TokenizerSpec
     from tests.conftest import write_image
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     model_dir = make_model_dir(tmp_path, "idefics2", tokenizer_path)
     tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
@@ -640,8 +640,8 @@ def test_granite_docling_fine_route_and_spread_rule(tmp_path, tokenizer_path):
     from transformers.image_utils import load_image
     from transformers.models.granite_docling import GraniteDoclingImageProcessorPil
 
-    from dataprep.policy_spec import parse_vision_policy
-    from trainer_adapter.hf_inputs import HFPacker
+    from dataprep.policies import parse_vision_policy
+    from trainer_adapter.hf.inputs import HFPacker
 
     model = make_model_dir(tmp_path, "granite_docling", tokenizer_path)
     tok = tf.AutoTokenizer.from_pretrained(str(model))
@@ -710,7 +710,7 @@ def test_vipllava_takes_the_llava_rows(tmp_path, tokenizer_path):
     projector over several CLIP layers makes one feature per image token) and train."""
     import transformers as tf
 
-    from trainer_adapter.hf_inputs import HFPacker
+    from trainer_adapter.hf.inputs import HFPacker
 
     model_dir = make_model_dir(tmp_path, "llava", tokenizer_path)
     processor = processor_for("llava", model_dir)

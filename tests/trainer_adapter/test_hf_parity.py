@@ -1006,7 +1006,7 @@ def rank_main(
     not; ``aux``: an MoE model's router load-balancing loss added to the loss."""
     import torch.distributed as dist
 
-    from trainer_adapter.hf_balance import balance_model, global_targets
+    from trainer_adapter.hf.balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build_model(family)

@@ -82,7 +82,7 @@ def _step(tower, args, kw, settle: bool):
 def empty_rank_main(rank, world, kind):
     import torch.distributed as dist
 
-    from trainer_adapter.hf_towers import balance_tiles, balance_vision
+    from trainer_adapter.hf.towers import balance_tiles, balance_vision
     from trainer_adapter.redistribute import RedistributePolicy
 
     torch.manual_seed(0)
@@ -112,7 +112,7 @@ def test_rank_without_images_receives_rows_of_the_senders_layout(kind):
 
 def mixed_layouts_main(rank, world):
     from trainer_adapter.group_errors import StepRefused
-    from trainer_adapter.hf_towers import balance_vision
+    from trainer_adapter.hf.towers import balance_vision
 
     torch.manual_seed(0)
     tower = _ConvPatchTower().double()

@@ -1,4 +1,4 @@
-"""Tiles padded to a larger size and their outputs cut back (trainer_adapter.hf_tile_sizes),
+"""Tiles padded to a larger size and their outputs cut back (trainer_adapter.hf.tile_sizes),
 against the tower run on the tiles as they are: a tiny Idefics2 vision tower (patch masks) gives
 the same last hidden state, every layer's hidden states and attention maps on the rank's own
 patch grid either way."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_adapter.hf_tile_sizes import crop_patch_outputs, pad_tiles, tile_table
+from trainer_adapter.hf.tile_sizes import crop_patch_outputs, pad_tiles, tile_table
 
 pytest.importorskip("transformers")
 

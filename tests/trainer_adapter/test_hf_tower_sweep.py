@@ -242,7 +242,7 @@ def mismatch(outs, ref_outs, grads, ref_grads) -> str | None:
 def rank_main(rank, world, model_type):
     import torch.distributed as dist
 
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build(model_type)
@@ -292,7 +292,7 @@ def test_tower_without_patch_rows_refused_when_wrapping(model_type):
     import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
 
     _require(model_type)
     with torch.device("meta"):  # the structure only: nothing runs
@@ -367,7 +367,7 @@ def decoder_step(decoder, lengths: tuple[int, ...], rank: int) -> tuple[torch.Te
 def decoder_main(rank, world, model_type):
     import torch.distributed as dist
 
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build(model_type)
@@ -429,7 +429,7 @@ def test_encoder_decoder_language_model_refused_when_wrapping():
     with which the tower alone is wrapped (not run: its DaViT tower is not in the sweep)."""
     import transformers as tf
 
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
 
     _require("florence2")
     with torch.device("meta"):  # the structure only: nothing runs
@@ -452,7 +452,7 @@ SIZED = {
 
 def sized_main(rank, world):
     from trainer_adapter.group_errors import StepRefused
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
 
     messages = {}
     for model_type, key in SIZED.items():
@@ -489,7 +489,7 @@ def test_tower_given_per_image_sizes_refused_on_every_rank(model_type):
 
 def kimi_videos_main(rank, world):
     from trainer_adapter.group_errors import StepRefused
-    from trainer_adapter.hf_balance import balance_model
+    from trainer_adapter.hf.balance import balance_model
     from trainer_adapter.redistribute import RedistributePolicy
 
     model = build("kimi_k25")

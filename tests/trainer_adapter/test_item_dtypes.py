@@ -114,7 +114,7 @@ def model_rank(rank, world, family, how):
     import torch.distributed as dist
 
     from tests.trainer_adapter.test_hf_parity import build_model, make_batches
-    from trainer_adapter.hf_balance import balance_model, global_targets
+    from trainer_adapter.hf.balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
     out = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer_adapter.model import (
+from trainer_adapter.train.model import (
     Block,
     VisionLanguageModel,
     VLMConfig,
@@ -37,7 +37,7 @@ def test_image_tokens_per_unit_follow_the_merge():
     [("internvl", 2), ("fixed:336/14", 1), ("qwen2vl", 2)],
 )
 def test_merge_matches_the_policy_token_count(spec, merge):
-    from dataprep.policy_spec import parse_vision_policy
+    from dataprep.policies import parse_vision_policy
 
     pol = parse_vision_policy(spec)
     assert merge_for_policy(pol) == merge
@@ -90,7 +90,7 @@ def test_a_pipeline_rank_builds_only_its_layers_with_the_whole_models_values():
     import torch
     from torch import nn
 
-    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+    from trainer_adapter.train.model import VisionLanguageModel, VLMConfig
 
     cfg = VLMConfig.preset("tiny", vocab_size=97)
     torch.manual_seed(3)

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer_adapter.partition import (
+from trainer_adapter.train.partition import (
     anchor_partition,
     layer_count_partition,
     partition_candidates,
@@ -18,7 +18,7 @@ from trainer_adapter.partition import (
     search_partition,
     stage_ranges,
 )
-from trainer_adapter.pipeline import doc_rows, pack_rows, plan_microbatches
+from trainer_adapter.train.pipeline import doc_rows, pack_rows, plan_microbatches
 
 
 def test_paper_example_candidate_count():

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from trainer_adapter.recompute import adaptive_recompute, set_recompute
+from trainer_adapter.train.recompute import adaptive_recompute, set_recompute
 
 
 @dataclass
@@ -127,7 +127,7 @@ def test_needs_cuda_without_a_measure():
 
 
 def test_recomputed_block_gives_the_same_gradients():
-    from trainer_adapter.model import Block
+    from trainer_adapter.train.model import Block
 
     torch.manual_seed(0)
     blk = Block(16, 2, 2, causal=True)
@@ -143,7 +143,7 @@ def test_recomputed_block_gives_the_same_gradients():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_adaptive_recompute_on_a_real_gpu():
-    from trainer_adapter.model import VisionLanguageModel, VLMConfig
+    from trainer_adapter.train.model import VisionLanguageModel, VLMConfig
 
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -186,7 +186,7 @@ def test_probes_only_run_when_every_rank_has_the_margin_free():
 
 
 def test_optimizer_state_is_primed_without_changing_training():
-    from trainer_adapter.recompute import prime_optimizer_state
+    from trainer_adapter.train.recompute import prime_optimizer_state
 
     def run(prime: bool):
         torch.manual_seed(0)
@@ -210,7 +210,7 @@ def test_plans_for_a_heavier_step_than_the_trial_batch():
     """Trials on a batch half as heavy as the largest group: activations measured at half their
     worst size. Planned with the ratio, the heaviest step fits the budget; planned on the trial
     batch alone, it would not (what an H100 run showed: later steps over the budget)."""
-    from trainer_adapter.recompute import scaled_peak
+    from trainer_adapter.train.recompute import scaled_peak
 
     static, per_v, per_t, base_act = 30.0, 4.0, 3.0, 10.0
 
@@ -239,7 +239,7 @@ def test_plans_for_a_heavier_step_than_the_trial_batch():
 
 
 def test_heaviest_ratio_from_the_generation_loads():
-    from trainer_adapter.train import _heaviest_ratio
+    from trainer_adapter.train.loop import _heaviest_ratio
 
     batch = {"llm_lens": torch.tensor([100, 300]), "vit_lens": torch.tensor([0, 1000])}
     loads = {"max_group_llm_tokens": 600, "max_group_vit_tokens": 3000}

@@ -39,7 +39,7 @@ RTOL = 2e-5  # of each parameter's largest gradient entry (float32, sums in othe
 def _collate_and_model(gen):
     from shards import open_generation
     from trainer_adapter import TrainConfig, VLMConfig
-    from trainer_adapter.train import build_collator
+    from trainer_adapter.train.loop import build_collator
 
     manifest = open_generation(gen)
     collate = build_collator(TrainConfig(shards=gen, dp=1), manifest)
@@ -62,7 +62,7 @@ def _distributed(rank, world, gen, layouts):
     import torch.distributed as dist
 
     from trainer_adapter import TrainConfig, Trainer
-    from trainer_adapter.trainer import empty_batch
+    from trainer_adapter.train.trainer import empty_batch
 
     manifest, collate, mcfg = _collate_and_model(gen)
     lens = collate(_samples(manifest, GROUPS))["llm_lens"]
@@ -99,7 +99,7 @@ def _distributed(rank, world, gen, layouts):
 def _reference(gen):
     """One process, no process group: the global batch through the model's modules."""
     from shards.collate import normalize_patches
-    from trainer_adapter.model import VisionLanguageModel
+    from trainer_adapter.train.model import VisionLanguageModel
 
     manifest, collate, mcfg = _collate_and_model(gen)
     b = collate(_samples(manifest, GROUPS))
@@ -176,7 +176,7 @@ STEPS = 10
 def _trajectory(rank, world, gen, layouts):
     """Parameters after each of STEPS optimizer steps (the ones this rank holds), per layout."""
     from trainer_adapter import TrainConfig, Trainer
-    from trainer_adapter.trainer import empty_batch
+    from trainer_adapter.train.trainer import empty_batch
 
     manifest, collate, mcfg = _collate_and_model(gen)
     runs = []

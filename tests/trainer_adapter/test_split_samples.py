@@ -20,16 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.distributed.pipelining.schedules import _ComputationType
 
-from trainer_adapter.microbatches import (
+from trainer_adapter.train.microbatches import (
     bucket_ladder,
     doc_rows,
     pack_rows,
     plan_microbatches,
     plan_step,
 )
-from trainer_adapter.model import LanguageModel, VLMConfig
-from trainer_adapter.pipeline import StageModule
-from trainer_adapter.split_samples import chain_actions, unit_order
+from trainer_adapter.train.model import LanguageModel, VLMConfig
+from trainer_adapter.train.pipeline import StageModule
+from trainer_adapter.train.split_samples import chain_actions, unit_order
 
 
 def _check_plan(lengths, n_rows, cap, plan):

@@ -34,7 +34,7 @@ def _samples_for(rank, manifest, collate):
 def _invariance(rank, world, gen):
     from shards import open_generation
     from trainer_adapter import TrainConfig, Trainer, VLMConfig
-    from trainer_adapter.train import build_collator
+    from trainer_adapter.train.loop import build_collator
 
     cfg = TrainConfig(shards=gen, dp=world, pp=1, steps=1, method="lpt")
     manifest = open_generation(gen)
@@ -78,7 +78,7 @@ def test_redistribution_gives_the_same_loss_and_gradients(train_generation):
 
 def _train(rank, world, cfg_kw, log):
     from trainer_adapter import TrainConfig
-    from trainer_adapter.train import run
+    from trainer_adapter.train.loop import run
 
     recs = run(TrainConfig(**cfg_kw, log=log))
     return recs
@@ -145,7 +145,7 @@ def test_train_config_rejects_bad_settings():
 
 
 def test_empty_rank_batch_is_well_formed():
-    from trainer_adapter.trainer import empty_batch
+    from trainer_adapter.train.trainer import empty_batch
 
     b = empty_batch(12, 7)
     assert b["input_ids"].numel() == 0 and b["patches"].shape == (0, 12)
@@ -164,7 +164,7 @@ def test_pipelined_loss_equals_the_unpipelined_one(train_generation):
 def test_a_different_tokenizer_than_prep_is_refused(train_generation, tmp_path):
     from shards import open_generation
     from trainer_adapter import TrainConfig
-    from trainer_adapter.train import build_collator
+    from trainer_adapter.train.loop import build_collator
 
     m = open_generation(train_generation)
     tok = json.loads(Path(m.raw["prep"]["tokenizer"]["path"]).read_text())

@@ -15,8 +15,8 @@ from balancing import inter_microbatch_reorder
 from balancing.isf import FLAG_ISF, FLAG_LEFTOVER, FLAG_OVERSIZE, ISFParams, isf_group
 from tests.dist_helper import run_ranks
 from tests.trainer_adapter.synthetic import batch_of
-from trainer_adapter.model import shifted_labels
-from trainer_adapter.pipeline import plan_microbatches
+from trainer_adapter.train.model import shifted_labels
+from trainer_adapter.train.pipeline import plan_microbatches
 
 
 def one_f_one_b_makespan(fwd: list[float], p: int) -> float:
@@ -192,8 +192,8 @@ def _one_step_each_method(rank, world, gen):
 
     from shards import open_generation, read_group
     from trainer_adapter import TrainConfig, Trainer, VLMConfig
-    from trainer_adapter.train import build_collator
-    from trainer_adapter.trainer import auto_mb_tokens, empty_batch
+    from trainer_adapter.train.loop import build_collator
+    from trainer_adapter.train.trainer import auto_mb_tokens, empty_batch
 
     manifest = open_generation(gen)
     collate = build_collator(TrainConfig(shards=gen, dp=1), manifest)
@@ -243,7 +243,7 @@ def test_every_method_trains_under_pp_within_the_memory_cap(train_generation):
 
 
 def test_bucket_ladder_and_per_step_row_size():
-    from trainer_adapter.pipeline import bucket_ladder, plan_step
+    from trainer_adapter.train.pipeline import bucket_ladder, plan_step
 
     ladder = bucket_ladder(4000, 1.1)
     assert ladder[-1] == 4000 and ladder == sorted(set(ladder)) and ladder[0] == 64
@@ -266,7 +266,7 @@ def test_bucket_ladder_and_per_step_row_size():
 
 
 def test_loss_and_head_skip_padding_without_changing_the_result():
-    from trainer_adapter.pipeline import LMLoss
+    from trainer_adapter.train.pipeline import LMLoss
 
     torch.manual_seed(0)
     logits = torch.randn(1, 12, 30)

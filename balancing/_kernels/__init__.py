@@ -1,0 +1,98 @@
+"""numba kernels of the balancing stage, one module per algorithm: :mod:`.isf` (offline ISF
+grouping), :mod:`.tables` (per-sample and per-group tables of a plan), :mod:`.heap` (the indexed
+heap the runtime kernels share), :mod:`.partition` (runtime partition of one step over ranks),
+:mod:`.refine` (swap refinement), :mod:`.placement` (groups onto nodes and ranks, node-wise
+assignment) and :mod:`.schedule` (the 1F1B timeline).
+
+Each kernel has a plain-Python twin in ``balancing._reference`` and a test that both agree over
+many seeds. Kernels take and return numpy arrays only; randomness is drawn by the caller, so a
+kernel is a pure function of its inputs.
+"""
+
+from balancing._kernels.heap import (
+    _ih_fix,
+    _ih_heapify,
+    _ih_init,
+    _ih_less,
+    _ih_swap,
+)
+from balancing._kernels.isf import (
+    _nb_apply_round,
+    _nb_best_fit,
+    _nb_isf_round,
+)
+from balancing._kernels.partition import (
+    _nb_argsort_desc,
+    _nb_karmarkar_karp,
+    _nb_lpt,
+    _nb_lpt_capped,
+    _nb_lpt_quadratic,
+    _nb_padded_attention,
+    _nb_padded_batches,
+)
+from balancing._kernels.placement import (
+    _nb_greedy_node_assign,
+    _nb_local_first,
+    _nb_place_on_nodes,
+)
+from balancing._kernels.refine import (
+    _nb_refine_swaps,
+    _seg_reinsert,
+)
+from balancing._kernels.schedule import (
+    _nb_1f1b_times,
+)
+from balancing._kernels.tables import (
+    STAT_COUNT,
+    STAT_MAX_T,
+    STAT_MAX_V,
+    STAT_SUM_T,
+    STAT_SUM_TC,
+    STAT_SUM_V,
+    STAT_SUM_VC,
+    _add_to_stats,
+    _nb_block_stats,
+    _nb_counting_argsort,
+    _nb_group_max,
+    _nb_group_stats,
+    _nb_sample_costs,
+    _nb_stats_pad_ratios,
+)
+
+__all__ = [
+    "STAT_COUNT",
+    "STAT_MAX_T",
+    "STAT_MAX_V",
+    "STAT_SUM_T",
+    "STAT_SUM_TC",
+    "STAT_SUM_V",
+    "STAT_SUM_VC",
+    "_add_to_stats",
+    "_ih_fix",
+    "_ih_heapify",
+    "_ih_init",
+    "_ih_less",
+    "_ih_swap",
+    "_nb_1f1b_times",
+    "_nb_apply_round",
+    "_nb_argsort_desc",
+    "_nb_best_fit",
+    "_nb_block_stats",
+    "_nb_counting_argsort",
+    "_nb_greedy_node_assign",
+    "_nb_group_max",
+    "_nb_group_stats",
+    "_nb_isf_round",
+    "_nb_karmarkar_karp",
+    "_nb_local_first",
+    "_nb_lpt",
+    "_nb_lpt_capped",
+    "_nb_lpt_quadratic",
+    "_nb_padded_attention",
+    "_nb_padded_batches",
+    "_nb_place_on_nodes",
+    "_nb_refine_swaps",
+    "_nb_sample_costs",
+    "_nb_stats_pad_ratios",
+    "_seg_reinsert",
+]

@@ -1,0 +1,84 @@
+"""What every vision policy shares: :class:`ImageCost` (one image's encoder and LLM cost), the
+:class:`VisionPolicy` base class, and the tile-grid helpers of the tiling families."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+
+
+@dataclass(frozen=True, slots=True)
+class ImageCost:
+    """What one image costs: encoder sequence length per image/tile, and LLM tokens.
+    ``text``: prompt text the processor writes around the image's tokens that depends on the
+    image (SmolVLM's tile markers); prep counts it with the tokenizer, beside ``llm_tokens``.
+    It stands before the template's image placeholder, ``after`` after it (text the processor
+    writes after the image's last tokens, which may join the template's text that follows),
+    ``before`` before the template's own start of the image (Gemma 3's pan-and-scan sentence)."""
+
+    vit_seq_lens: tuple[int, ...]
+    llm_tokens: int
+    text: str = ""
+    after: str = ""
+    before: str = ""
+
+    @property
+    def vit_tokens(self) -> int:
+        return sum(self.vit_seq_lens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionPolicy:
+    """Base class; subclasses implement :meth:`image_cost` and :meth:`spec`."""
+
+    def image_cost(self, width: int, height: int) -> ImageCost:
+        raise NotImplementedError
+
+    def sample_costs(self, sizes: list[tuple[int, int]]) -> list[ImageCost]:
+        """The costs of one sample's images, given their (width, height) in order (a policy
+        whose image costs depend on the sample overrides this)."""
+        return [self.image_cost(w, h) for w, h in sizes]
+
+    def prompt(self, text: str) -> str:
+        """The rendered text (each image's own text in place) as the family's processor
+        rewrites its whole prompt at the end (Idefics2's joined fake tokens); most leave it."""
+        return text
+
+    def spec(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"spec": self.spec(), "kind": type(self).__name__, **asdict(self)}
+
+
+@lru_cache(maxsize=64)
+def tile_grids(min_tiles: int, max_tiles: int, max_side: int) -> tuple[tuple[int, int], ...]:
+    """Every ``a x b`` grid of ``min_tiles..max_tiles`` tiles, each side at most ``max_side``, in
+    the order GOT-OCR2's, Ovis2's and Granite Docling's image processors try them: ``a`` then
+    ``b`` ascending, sorted (stably) by tile count."""
+    grids = [
+        (a, b)
+        for a in range(1, max_side + 1)
+        for b in range(1, max_side + 1)
+        if min_tiles <= a * b <= max_tiles
+    ]
+    return tuple(sorted(grids, key=lambda g: g[0] * g[1]))
+
+
+def closest_aspect_grid(width: int, height: int, grids, tile: int) -> tuple[int, int]:
+    """Of ``grids`` ((columns, rows), in order), the one whose aspect ratio is closest to the
+    image's; a later one as close wins while the image has more than half its area in tiles of
+    ``tile`` px (InternVL's ``find_closest_aspect_ratio``, which GOT-OCR2's, Aya Vision's and
+    Granite Docling's image processors reproduce)."""
+    aspect_ratio = width / height
+    best_diff = float("inf")
+    best = (1, 1)
+    area = width * height
+    for ratio in grids:
+        diff = abs(aspect_ratio - ratio[0] / ratio[1])
+        if diff < best_diff:
+            best_diff = diff
+            best = ratio
+        elif diff == best_diff and area > 0.5 * tile * tile * ratio[0] * ratio[1]:
+            best = ratio
+    return best

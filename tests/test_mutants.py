@@ -1,0 +1,46 @@
+"""The mutation sweep's data (``tests/mutants/*.toml``) stays runnable: every planted bug still
+applies to the code as it is and names tests that exist. A mutant whose snippet moved or whose
+test was renamed would otherwise be reported only when someone runs the slow sweep."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tools"))
+from mutation_sweep import load_mutations  # noqa: E402
+
+MUTATIONS = load_mutations()
+
+
+def test_names_are_unique():
+    names = [m.name for m in MUTATIONS]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+@pytest.mark.parametrize("m", MUTATIONS, ids=lambda m: m.name)
+def test_mutant_applies_and_names_existing_tests(m):
+    path = REPO / m.file
+    assert path.is_file(), f"{m.name}: {m.file} does not exist"
+    assert m.file.startswith(f"{m.package}/") or m.package == "cli", (
+        f"{m.name} plants a bug in {m.file} but is listed in tests/mutants/{m.package}.toml"
+    )
+    found = path.read_text().count(m.old)
+    assert found == m.occurrences, (
+        f"{m.name}: its snippet occurs {found}x in {m.file} (expected {m.occurrences}); "
+        "the code moved: update the mutant in tests/mutants/"
+    )
+    assert m.old != m.new and m.tests
+    for test in m.tests:
+        file, _, node = test.partition("::")
+        assert (REPO / file).is_file(), f"{m.name}: test file {file} does not exist"
+        if node:
+            func = node.split("[")[0].split("::")[-1]
+            source = (REPO / file).read_text()
+            assert re.search(rf"^\s*def {re.escape(func)}\(", source, re.M), (
+                f"{m.name}: {file} has no test {func}"
+            )

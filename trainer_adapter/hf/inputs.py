@@ -1,0 +1,358 @@
+"""Turn equishard samples into a Hugging Face VLM's inputs: one packed row per rank.
+
+:class:`HFPacker` renders each sample with the model's own chat template (the same
+:class:`~dataprep.jinja_template.JinjaChatTemplate` prep counted with), preprocesses its images
+with the model's own image processor, expands every image marker to the image tokens the
+family's processor writes, tokenizes with the model's tokenizer, and packs the samples in one
+row: ``input_ids``, ``labels`` (the assistant's text only: the template's ``generation`` spans
+or the assistant turns), position ids restarting at 0 per sample (HF's packed convention) and
+the images. Per family:
+
+* Qwen2-VL, Qwen3-VL, GLM-4.1V, ERNIE 4.5-VL: ``grid_thw.prod() / merge^2`` tokens; patches +
+  ``image_grid_thw``; ``[4, 1, L]`` positions, the text row first and each sample's 3-D
+  positions from the model's ``get_rope_index``; ERNIE's ``moe_mm_token_type_ids`` (its
+  processor's: image tokens and their start / end for the vision experts).
+* InternVL: tiles x ``image_seq_length``; LLaVA: the patches of the processor's crop.
+* LLaVA-NeXT (anyres for every image) and LLaVA-OneVision (anyres for a sample's only image, a
+  tile each for several): their processors' counts; every image's tiles ``[tiles, C, H, W]``,
+  none padded, with ``image_sizes`` (OneVision's ``batch_num_images`` per sample too).
+* Gemma 3: ``image_seq_length`` soft tokens between its image start and end, and with
+  pan-and-scan (``images_kwargs={"do_pan_and_scan": True}``) its processor's sentence and each
+  crop's own block after them (``replace_image_token``); every image and crop ``[n, C, H, W]``;
+  ``token_type_ids`` (1 on image tokens), which its mask makes bidirectional inside each image.
+* Gemma 4: each image's soft tokens (its image processor's ``num_soft_tokens_per_image``)
+  between ``<|image>`` and ``<image|>``; every image's patch rows padded to the budget
+  ``[n, P, C*p*p]`` with ``image_position_ids [n, P, 2]``; ``mm_token_type_ids`` (its
+  processor's: 1 on image tokens), which its vision layers' mask makes bidirectional.
+* SmolVLM / Idefics3: its processor's ``replace_image_token``, each tile's tokens behind its
+  row/column marker; ``[1, tiles, C, H, W]`` with each tile's ``pixel_attention_mask``.
+* Mistral 3 / Pixtral: its processor's rows of ``[IMG]``, each closed by ``[IMG_BREAK]``, the
+  last by ``[IMG_END]``; every image padded to the row's largest, ``[n, C, H, W]``, with
+  ``image_sizes``.
+* DeepSeek-VL and Janus: ``num_image_tokens`` ``<image_placeholder>`` per image (Janus's
+  between ``<begin_of_image>`` and ``<end_of_image>``); every image ``[n, C, H, W]`` as its
+  image processor pads it to a square; DeepSeek-VL's hybrid: each image's high-resolution copy
+  ``high_res_pixel_values [n, C, H', W']`` beside it, for its SAM tower.
+* Aya Vision: its processor's ``replace_image_token`` (``TILE_k`` before each grid tile's
+  ``<|IMG_PATCH|>`` tokens, ``TILE_GLOBAL`` before the global tile's); every tile
+  ``[tiles, C, H, W]``.
+* Aria: each image's crops x the processor's ``size_conversion`` ``<|img|>`` tokens; every crop
+  ``[crops, C, S, S]`` with its ``pixel_mask``. Each image is processed on its own: a call of
+  several split images gives every image the most crops any image of the call has, more
+  tokens than the model makes features when they differ.
+* Granite Docling: its processor's ``replace_image_token`` (SmolVLM's markers, four times the
+  tokens on the fine path); ``[1, tiles, C, H, W]`` with ``pixel_attention_mask [1, tiles]``
+  and, on the fine path, one ``tile_fine_mask`` for the row.
+* Idefics2: each image's crops (one, or its four quarters and itself) x ``image_seq_len``
+  ``<image>`` tokens, each crop between fake tokens, as its processor joins and spaces them
+  (:func:`~dataprep.policies.idefics2.idefics2_image_texts`); ``[1, crops, C, H, W]`` padded to
+  the row's largest crop, with ``pixel_attention_mask``.
+* Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
+  ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
+  every tile and thumbnail ``[tiles, C, H, W]``.
+
+The images are processed with the settings the processor's own call passes its image processor:
+the processor's defaults (its class's ``images_kwargs``: InternVL's and Aya Vision's
+``crop_to_patches=True``, Aria's ``max_image_size=980`` and no splitting, Gemma 3's pan-and-scan
+off) over the image processor's attributes, and ``HFPacker(images_kwargs=...)`` over both, as
+keyword arguments of the call would be (``processor(..., do_pan_and_scan=True)``).
+
+A rank without images gets ``pixel_values=None``:
+:func:`~trainer_adapter.hf.balance.balance_model` makes it join the tower's exchange anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from dataprep.chat_template import load_template
+from dataprep.image_orientation import decode_image
+from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
+from dataprep.records import IMAGE_PLACEHOLDER
+from trainer_adapter.hf.images import TILES, images_settings, pack_images
+from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
+
+__all__ = ["HFPacker"]
+
+FAMILIES = (
+    "qwen2vl",
+    "qwen3vl",
+    "glm4v",
+    "internvl",
+    "llava",
+    "llava_next",
+    "llava_onevision",
+    "gemma3",
+    "gemma4",
+    "smolvlm",
+    "mistral3",
+    "aya_vision",
+    "ernie45vl",
+    "deepseek_vl",
+    "janus",
+    "ovis2",
+    "aria",
+    "granite_docling",
+    "idefics2",
+    "deepseek_vl_hybrid",
+)
+# a fixed number of image tokens an image (the processor's num_image_tokens)
+_FIXED = ("deepseek_vl", "janus", "deepseek_vl_hybrid")
+# patches + grid_thw, 3-D positions from get_rope_index
+_QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
+# per-token inputs besides the ids: Gemma 3's and Gemma 4's image masks, ERNIE's vision experts
+_PER_TOKEN = {
+    "gemma3": "token_type_ids",
+    "gemma4": "mm_token_type_ids",
+    "ernie45vl": "moe_mm_token_type_ids",
+}
+_NESTED = ("llava_onevision", "idefics2", *TILES)  # a sample's images processed together
+# the processor spells each image's tokens out
+_SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
+# one image at a time (the processor pads or counts a call's images together): what travels
+_EACH = {"llava_next": ("pixel_values", "image_sizes"), "aria": ("pixel_values", "pixel_mask")}
+
+
+@dataclass(kw_only=True)
+class HFPacker:
+    """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
+    GLM-4.5V, GLM-4.6V) | internvl | llava | llava_next | llava_onevision | gemma3 | gemma4 | smolvlm
+    (SmolVLM, Idefics3) | mistral3 (Mistral 3, Pixtral: ``PixtralProcessor``) | aya_vision
+    (Aya Vision 8B / 32B: ``AyaVisionProcessor``) | ernie45vl (ERNIE 4.5-VL) | deepseek_vl
+    (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``) | aria
+    (Aria: ``AriaProcessor``) | granite_docling (Granite Docling) | idefics2 (Idefics2:
+    ``Idefics2Processor``) | deepseek_vl_hybrid (DeepSeek-VL 7B: ``DeepseekVLHybridProcessor``,
+    its template named ``#images=deepseek_vl``). ``processor``:
+    the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
+    the chat template spec prep used (a model directory or template file). ``rope_index``: the
+    Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
+    ``packing_kwargs``: give the row HF's packing kwargs too (``cu_seq_lens_q/k``,
+    ``max_length_q/k``, ``seq_idx``: what ``DataCollatorWithFlattening(return_flash_attn_kwargs=
+    True, return_seq_idx=True)`` gives), for FlashAttention's varlen kernels and for decoders
+    with recurrent layers (Qwen3.5's linear attention); an empty row gets none.
+    ``check_costs``: check each sample against the costs prep measured (``meta["cost"]``, in
+    every equishard generation): a sample whose row is not ``llm_tokens`` long raises a
+    ``ValueError`` naming it, since then prep's vision policy, template or tokenizer differ
+    from this processor and the plan balanced other lengths than the model sees.
+    ``images_kwargs``: the image settings your processor call passes (``processor(...,
+    do_pan_and_scan=True)`` -> ``{"do_pan_and_scan": True}``); they and the processor's own
+    defaults go over the image processor's attributes, as in the processor's call."""
+
+    family: str
+    processor: object
+    template: str
+    rope_index: Callable | None = None
+    packing_kwargs: bool = False
+    check_costs: bool = False
+    images_kwargs: dict = field(default_factory=dict)
+    _template: object = field(init=False, repr=False)
+    _images_kw: dict = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
+        if self.family in _QWEN and self.rope_index is None:
+            raise ValueError(
+                f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
+            )
+        self._images_kw = images_settings(self.processor, self.images_kwargs)
+        self._template = load_template(self.template)
+
+    def _setting(self, name: str):
+        """An image setting as the image processor runs it: the call's, else its own."""
+        return self._images_kw.get(name, getattr(self.processor.image_processor, name, None))
+
+    @property
+    def fine_route(self) -> bool:
+        """Granite Docling: its image processor sends the pages on the fine connector path."""
+        return bool(self._setting("fine_route"))
+
+    def _image_texts(self, images: list, processed: dict, token: str) -> list[str]:
+        """What each image's placeholder becomes, as the family's processor writes it: its
+        image tokens (``token`` repeated), SmolVLM's with its tile markers around them."""
+        if not images:
+            return []
+        if self.family in _QWEN:
+            merge = self.processor.image_processor.merge_size**2
+            return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
+        if self.family == "idefics2":  # fake tokens around each crop's, joined in between
+            crops = 5 if self._setting("do_image_splitting") else 1
+            crop = token * self.processor.image_seq_len
+            return [idefics2_expansion(crop, crops)] * len(images)
+        if self.family in _SPELLED or self.family == "gemma3":  # other images / its tiles
+            return [
+                self.processor.replace_image_token(processed, image_idx=i)
+                for i in range(len(images))
+            ]
+        if self.family == "gemma4":  # its image processor counted each image's soft tokens
+            return [token * int(n) for n in processed["num_soft_tokens_per_image"]]
+        if self.family in _FIXED:  # a fixed count (Janus's start / end are the template's)
+            return [token * self.processor.num_image_tokens] * len(images)
+        if self.family == "aria":  # each image's own crops, a fixed count each
+            per_crop = self.processor.size_conversion[int(processed["pixel_values"].shape[-1])]
+            return [token * (int(n) * per_crop) for n in processed["num_crops"]]
+        if self.family == "internvl":  # the template's <img></img> are already in the text
+            return [
+                token * (self.processor.image_seq_length * int(n)) for n in processed["num_patches"]
+            ]
+        sizes = [(im.height, im.width) for im in images]
+        mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes, **self._images_kw)
+        return [token * n for n in mm["num_image_tokens"]]
+
+    def _image_mark(self, text: str, n_images: int) -> str:
+        """What each image's text replaces in the rendered text: its placeholder, or for Gemma 3
+        the placeholder with the template's image start and end around it (its processor
+        writes the whole block, pan-and-scan's sentence before it)."""
+        if self.family != "gemma3" or not n_images:
+            return IMAGE_PLACEHOLDER
+        soft = self.processor.tokenizer.image_token * self.processor.image_seq_length
+        mark = self.processor.full_image_sequence.replace(soft, IMAGE_PLACEHOLDER)
+        if text.count(mark) != n_images:
+            raise ValueError(
+                f"gemma3: the template wrote {text.count(mark)} of {n_images} image(s) as "
+                f"{mark!r}, the block Gemma3Processor replaces; give HFPacker Gemma 3's own "
+                "chat template (its <start_of_image> marker)"
+            )
+        return mark
+
+    def sample(self, turns: list, image_bytes: list[bytes]) -> dict:
+        """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
+        images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
+        # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
+        given = [images] if self.family in _NESTED else images
+        kw = dict(self._images_kw)
+        if self.family == "smolvlm":
+            kw["return_row_col_info"] = True
+        if self.family in _EACH and images:
+            # one image at a time: LLaVA-NeXT's processor pads a call's images to the most
+            # tiles, Aria's counts every image as the call's most crops
+            each = [
+                self.processor.image_processor(images=[im], return_tensors="pt", **kw)
+                for im in images
+            ]
+            nested = self.family == "llava_next"  # [1, tiles, C, H, W] per call
+            processed = {
+                k: torch.cat([e[k][0] if nested and k == "pixel_values" else e[k] for e in each])
+                for k in _EACH[self.family]
+            }
+            if self.family == "aria":
+                processed["num_crops"] = [len(e["pixel_values"]) for e in each]
+        elif images:
+            if self.family == "mistral3":  # resized to multiples of the merged patch
+                step = self.processor.patch_size * self.processor.spatial_merge_size
+                kw["patch_size"] = {"height": step, "width": step}
+            processed = dict(
+                self.processor.image_processor(images=given, return_tensors="pt", **kw)
+            )
+        else:
+            processed = {}
+        # the token repeated per image (Gemma 3's processor names its image start token so)
+        tokenizer = self.processor.tokenizer
+        token = tokenizer.image_token if self.family == "gemma3" else self.processor.image_token
+        texts = self._image_texts(images, processed, token)
+        if self.family == "llava_onevision" and images:
+            # [images, tiles, C, H, W] -> every tile in order: one image is cut anyres, several
+            # are a tile each, so no padding is dropped; the model takes the 4-D form as is
+            pix = processed["pixel_values"]
+            assert pix.shape[0] == 1 or pix.shape[1] == 1, pix.shape
+            processed["pixel_values"] = pix.reshape(-1, *pix.shape[2:])
+        text, spans = self._template.render_spans([tuple(t) for t in turns])
+        if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
+            texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
+        mark = self._image_mark(text, len(texts))
+        pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
+        for k, part in enumerate(text.split(mark)):
+            pieces.append(part)
+            at += len(part)
+            if k < len(texts):
+                pieces.append(texts[k])
+                marks.append((at, len(texts[k]) - len(mark)))
+                at += len(mark)
+        expanded = "".join(pieces)
+
+        def moved(x: int) -> int:
+            return x + sum(d for p, d in marks if p < x)
+
+        out_spans = [(moved(a), moved(b)) for a, b in spans]
+        enc = tokenizer(expanded, add_special_tokens=False, return_offsets_mapping=True)
+        ids = torch.tensor(enc["input_ids"], dtype=torch.long)
+        offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
+        target = np.zeros(len(ids), dtype=bool)
+        for a, b in out_spans:
+            # a token that overlaps the trained text is a target (its first token may carry
+            # the space or newline of the template in front of it)
+            target |= (offsets[:, 1] > a) & (offsets[:, 0] < b) & (offsets[:, 1] > offsets[:, 0])
+        labels = torch.where(torch.from_numpy(target), ids, torch.full_like(ids, -100))
+        if len(labels):
+            labels[0] = -100  # never predict a sample's first token from the previous sample
+        text_pos = torch.arange(len(ids))[None]
+        image_id = tokenizer.convert_tokens_to_ids(token)
+        extra = {}
+        if self.family == "gemma3":
+            extra["token_type_ids"] = (ids == image_id).long()
+        if self.family == "gemma4":  # its processor's modality of each token (1: image)
+            types = self.processor.create_mm_token_type_ids([enc["input_ids"]])[0]
+            extra["mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
+        if self.family == "ernie45vl":  # image tokens and their start / end go to vision experts
+            types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])
+            extra["moe_mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
+        if self.family in _QWEN:
+            grid = processed.get("image_grid_thw")
+            rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
+            positions = torch.cat([text_pos[None], rope], dim=0)
+        else:
+            positions = text_pos
+        processed.pop("num_crops", None)  # Gemma 3's (0 without pan-and-scan), Aria's: in text
+        processed.pop("num_soft_tokens_per_image", None)  # Gemma 4's, in its text
+        processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
+        processed.pop("grids", None)  # Ovis2's tile grids, in its text
+        processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
+        processed.pop("tile_fine_mask", None)  # Granite Docling's: one for the row
+        return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
+
+    def _check_cost(self, meta: dict, built: int) -> None:
+        cost = meta.get("cost")
+        sid = meta.get("sample_id", "?")
+        if not isinstance(cost, dict) or "llm_tokens" not in cost:
+            raise ValueError(
+                f"sample {sid!r} has no prep costs (meta['cost']): check_costs needs samples "
+                "read from an equishard generation"
+            )
+        if int(cost["llm_tokens"]) != built:
+            raise ValueError(
+                f"sample {sid!r}: the {self.family} processor makes {built} LLM tokens of it, "
+                f"prep counted {cost['llm_tokens']}: prep's --vision-policy, --template or "
+                "--tokenizer differ from this processor (with this packer's images_kwargs "
+                f"{self.images_kwargs}), so the plan balanced other lengths than the model "
+                "sees; prep again with the model's own settings"
+            )
+
+    def __call__(self, samples: list) -> dict:
+        """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
+        parts = [self.sample(s.meta["turns"], list(s.images)) for s in samples]
+        if self.check_costs:
+            for s, p in zip(samples, parts, strict=True):
+                self._check_cost(s.meta, len(p["input_ids"]))
+        qwen = self.family in _QWEN
+        cat = lambda key, dim: torch.cat([p[key] for p in parts], dim=dim)  # noqa: E731
+        empty_pos = torch.zeros((4, 1, 0) if qwen else (1, 0), dtype=torch.long)
+        batch = {
+            "input_ids": cat("input_ids", 0)[None]
+            if parts
+            else torch.zeros(1, 0, dtype=torch.long),
+            "labels": cat("labels", 0)[None] if parts else torch.zeros(1, 0, dtype=torch.long),
+            "position_ids": cat("positions", -1) if parts else empty_pos,
+        }
+        key = _PER_TOKEN.get(self.family)
+        if key is not None:
+            batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
+        batch |= pack_images(self.family, parts, fine_route=self.fine_route)
+        if self.packing_kwargs and parts:
+            lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
+            spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}
+            batch = packing_kwargs(batch, spec, lengths, batch["input_ids"].device)
+        return batch

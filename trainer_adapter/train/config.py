@@ -1,0 +1,112 @@
+"""Configuration of a training run (``equishard train``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from trainer_adapter.train.pipeline import SCHEDULES
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """One training run over a shard generation, DP x PP ranks.
+
+    ``tokenizer``/``vision_policy``/``template`` default to what the generation was prepared with
+    (its manifest records them); ``mb_tokens`` (tokens per pipeline microbatch) defaults to a size
+    that fits the generation's largest sample and group.
+    """
+
+    shards: str  # a generation or root: a directory or an fsspec URL (s3://bucket/prefix)
+    dp: int
+    pp: int = 1
+    steps: int = 10
+    schedule: str = "1f1b"
+    microbatches: int | None = None
+    virtual_stages: int = 2
+    model: str = "tiny"
+    mb_tokens: int | None = None
+    # microbatch row sizes form a ladder up to mb_tokens, each this much larger than the last;
+    # a step runs the smallest that holds its load (1.0: one fixed size, mb_tokens)
+    bucket_ratio: float = 1.08
+    # cut samples across microbatches where whole samples leave rows uneven (attention is
+    # carried across the cut; the chain of rows runs backward in reverse)
+    split_samples: bool = True
+    lr: float = 1e-3
+    seed: int = 0
+    redistribute: bool = True
+    method: str = "auto"
+    placement: str = "nodewise"
+    ranks_per_node: int | None = None
+    workers: int = 1
+    tokenizer: str | None = None
+    shards_cache: str | None = None  # a local directory keeping what is read from a URL --shards
+    vision_policy: str | None = None
+    template: str | None = None
+    recompute: str = "off"
+    memory_fraction: float = 0.9
+    precision: str = "fp32"  # bf16: autocast (fp32 weights, gradients, optimizer state and loss)
+    backend: str = "auto"  # auto: NCCL with a GPU per local rank, gloo without CUDA
+    partition_radius: int = 1
+    partition_top_k: int = 3
+    log: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dp < 1 or self.pp < 1:
+            raise ValueError(f"dp and pp must be >= 1, got dp={self.dp}, pp={self.pp}")
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(
+                f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
+            )
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
+        if self.schedule == "interleaved1f1b":
+            if self.virtual_stages < 2:
+                raise ValueError("interleaved1f1b needs virtual_stages >= 2 (stages per rank)")
+            if self.n_microbatches % self.pp:
+                raise ValueError(
+                    f"interleaved1f1b needs microbatches divisible by pp={self.pp}, "
+                    f"got {self.n_microbatches}"
+                )
+        if not 1.0 <= self.bucket_ratio < float("inf"):
+            raise ValueError(
+                f"bucket_ratio must be >= 1 (1: one microbatch size), got {self.bucket_ratio}"
+            )
+        if self.mb_tokens is not None and self.mb_tokens < 1:
+            raise ValueError(f"mb_tokens must be >= 1, got {self.mb_tokens}")
+        if self.recompute not in ("off", "all", "adaptive"):
+            raise ValueError(
+                f"recompute must be off, all or adaptive (GPU only), got {self.recompute!r}"
+            )
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(
+                f"precision must be fp32 or bf16 (mixed precision), got {self.precision!r}"
+            )
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if self.ranks_per_node is not None and self.ranks_per_node < 1:
+            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.microbatches if self.microbatches is not None else 2 * self.pp
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.virtual_stages if self.schedule == "interleaved1f1b" else 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)

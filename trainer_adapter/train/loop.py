@@ -1,0 +1,318 @@
+"""The training loop behind ``equishard train``; one process per rank, started by torchrun.
+
+``python -m torch.distributed.run --standalone --nproc-per-node N -m trainer_adapter.train.loop
+--config '<TrainConfig as JSON>'``. Logs one line per step on rank 0 (and JSON lines to
+``TrainConfig.log``): step time, tokens/s, per-rank loads before/after redistribution (max/mean
+per phase), bytes moved inside and across nodes, and the measured bubble fraction per stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer_adapter.train.config import TrainConfig
+from trainer_adapter.train.model import VLMConfig, merge_for_policy
+from trainer_adapter.train.trainer import Trainer, auto_mb_tokens, empty_batch
+
+__all__ = ["build_collator", "main", "run"]
+
+
+def build_collator(cfg: TrainConfig, manifest):
+    """The collator matching how the generation was prepared (overridable in ``cfg``)."""
+    from shards import Collator
+    from shards.reader import sha256_of
+
+    prep = manifest.raw.get("prep") or {}
+    recorded = prep.get("tokenizer") or {}
+    tok = cfg.tokenizer or recorded.get("path")
+    if not tok or not Path(tok).is_file():
+        raise ValueError(
+            f"tokenizer {tok!r} (from the generation's manifest) not found; pass --tokenizer "
+            "path/to/tokenizer.json (the one prep counted with)"
+        )
+    if recorded.get("sha256") and sha256_of(Path(tok)) != recorded["sha256"]:
+        raise ValueError(
+            f"{tok} is not the tokenizer the generation was prepared with (sha256 differs from "
+            f"{recorded['sha256'][:12]}...): token counts and the runtime balance would not match"
+        )
+    policy = cfg.vision_policy or (prep.get("vision_policy") or {}).get("spec")
+    template = cfg.template or (prep.get("template") or {}).get("name")
+    if not policy or not template:
+        raise ValueError(
+            f"{manifest.path}: the manifest records no vision policy/template; pass "
+            "--vision-policy and --template as given to prep"
+        )
+    # images travel between ranks as uint8 pixels; the trainer normalizes them on the device
+    return Collator(tokenizer=tok, template=template, vision_policy=policy, pixels="uint8")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _heaviest_ratio(loads: dict | None, batch: dict) -> float:
+    """How much heavier the generation's largest group is than ``batch`` (the larger of the
+    LLM and the encoder ratio; 1 where unknown or the batch is empty)."""
+    ratios = [1.0]
+    for key, lens in (("max_group_llm_tokens", "llm_lens"), ("max_group_vit_tokens", "vit_lens")):
+        have = float(batch[lens].sum()) if len(batch[lens]) else 0.0
+        if loads and loads.get(key) and have > 0:
+            ratios.append(float(loads[key]) / have)
+    return max(ratios)
+
+
+def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict, loads: dict | None) -> None:
+    """Recompute nothing, everything, or what memory requires (OmniBal A.1.1, GPU only), planned
+    for the generation's heaviest group although the trials run on ``batch``."""
+    from trainer_adapter.train.recompute import (
+        adaptive_recompute,
+        cuda_peak,
+        prime_optimizer_state,
+        scaled_peak,
+        set_recompute,
+    )
+
+    vit = list(trainer.model.vision.blocks)
+    llm = [b for st in trainer.stages for b in st.blocks] or list(trainer.model.llm.blocks)
+    if cfg.recompute != "adaptive":
+        set_recompute(vit, 0 if cfg.recompute == "all" else len(vit))
+        set_recompute(llm, 0 if cfg.recompute == "all" else len(llm))
+        return
+    if trainer.device.type != "cuda":
+        raise ValueError("--recompute adaptive measures GPU memory; use off or all on a CPU")
+    prime_optimizer_state(trainer.optimizer)  # its state is memory every step holds
+
+    def agree(oom: bool) -> bool:
+        flag = torch.tensor([int(oom)], device=trainer.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def step():
+        trainer.forward_backward(batch)
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+    budget = torch.cuda.get_device_properties(trainer.device).total_memory * cfg.memory_fraction
+    torch.cuda.synchronize(trainer.device)
+    torch.cuda.empty_cache()
+    static = float(torch.cuda.memory_reserved(trainer.device))  # weights, optimizer state
+    # every rank plans for the heaviest step any replica may see (a PP stage past the first
+    # reads no batch of its own)
+    heaviest = torch.tensor([_heaviest_ratio(loads, batch)], device=trainer.device)
+    dist.all_reduce(heaviest, op=dist.ReduceOp.MAX)
+    ratio = float(heaviest.item())
+    r = adaptive_recompute(
+        step, vit, llm, budget, agree=agree, measure=scaled_peak(cuda_peak, static, ratio)
+    )
+    if dist.get_rank() == 0:
+        print(
+            f"recompute: {len(vit) - r.vit_plain}/{len(vit)} ViT and "
+            f"{len(llm) - r.llm_plain}/{len(llm)} LLM blocks recomputed on rank 0 "
+            f"(saves {r.saving_vit / 2**20:.1f} / {r.saving_llm / 2**20:.1f} MiB per block; "
+            f"peak {r.peak / 2**30:.2f} GiB of {budget / 2**30:.2f} for the heaviest group, "
+            f"{ratio:.2f}x the trial batch; {r.trials} trial steps)",
+            flush=True,
+        )
+
+
+def run(cfg: TrainConfig) -> list[dict]:
+    """Train on an initialized default process group; returns rank 0's step records."""
+    from torch.utils.data import DataLoader
+
+    from shards import GroupDataset, RankInfo, open_generation
+
+    rank = dist.get_rank()
+    manifest = open_generation(cfg.shards, cache_dir=cfg.shards_cache)
+    collate = build_collator(cfg, manifest)
+    loads = manifest.raw.get("loads")
+    mb_tokens = cfg.mb_tokens
+    if cfg.pp > 1 and mb_tokens is None:
+        if not loads:
+            raise ValueError(f"{manifest.path}: no load summary in the manifest; pass --mb-tokens")
+        mb_tokens = auto_mb_tokens(loads, cfg.n_microbatches)
+    model_cfg = VLMConfig.preset(
+        cfg.model,
+        vocab_size=collate.vocab_size,
+        patch_dim=3 * collate._policy.patch_size**2,
+        merge=merge_for_policy(collate._policy),
+    )
+    rpn = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
+    trainer = Trainer(cfg, model_cfg, mb_tokens=mb_tokens or 0, ranks_per_node=rpn)
+    replica, stage = trainer.replica, trainer.stage
+    batches = iter(())
+    if stage == 0:
+        ds = GroupDataset(
+            manifest,
+            RankInfo(rank=replica, world_size=cfg.dp, node=rank // rpn),
+            seed=cfg.seed,
+            transform=collate,
+        )
+        loader = DataLoader(ds, batch_size=None, num_workers=cfg.workers)
+
+        def forever():
+            epoch = 0
+            while True:
+                ds.set_epoch(epoch)
+                yield from loader
+                epoch += 1
+
+        batches = forever()
+    empty = empty_batch(model_cfg.patch_dim, collate.image_token_id)
+    first = next(batches) if stage == 0 else None
+    _set_recompute(cfg, trainer, first["samples"] if first is not None else empty, loads)
+    log = open(cfg.log, "a") if cfg.log and rank == 0 else None  # noqa: SIM115
+    records = []
+    if rank == 0 and trainer.partition is not None:
+        print(
+            f"pipeline partition (embedding, {model_cfg.llm_layers} blocks, head over "
+            f"{cfg.pp * cfg.stages_per_rank} stages): cuts {trainer.partition['bounds']}, "
+            f"microbatches {cfg.n_microbatches} x up to {mb_tokens} tokens "
+            f"({len(trainer.buckets)} row sizes)",
+            flush=True,
+        )
+    for step in range(cfg.steps):
+        item = (first if step == 0 else next(batches)) if stage == 0 else None
+        batch = item["samples"] if item is not None else empty
+        out = trainer.step(batch)
+        mine = {
+            "rank": rank,
+            "stage": stage,
+            "busy": out["stage_busy"],
+            "flops": out["model_flops"],
+            "peak": (out.get("peak_allocated"), out.get("peak_reserved")),
+            "sample_ids": list(batch["sample_ids"]),
+            "epoch": item["epoch"] if item else None,
+            "step": item["step"] if item else None,
+        }
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        if rank != 0:
+            continue
+        r = out["route"]
+        moved = r["bytes"]
+        intra = sum(v["intra_node"] for v in moved.values())
+        inter = sum(v["inter_node"] for v in moved.values())
+        flops = sum(e["flops"] for e in every)
+        bubbles = {}
+        if cfg.pp > 1:
+            for s in range(cfg.pp):
+                busy = [e["busy"] for e in every if e["stage"] == s]
+                bubbles[s] = float(1.0 - np.mean(busy) / out["llm_seconds"]) if busy else 0.0
+        rec = {
+            "step": step,
+            "seconds": out["seconds"],
+            "loss": out["loss"],
+            "tokens_per_second": out["llm_tokens"] / out["seconds"],
+            "llm_tokens": out["llm_tokens"],
+            "vit_tokens": out["vit_tokens"],
+            "loads_max_over_mean": {
+                k[: -len("_max_over_mean")]: v for k, v in r.items() if k.endswith("_max_over_mean")
+            },
+            "methods": r["methods"],
+            "bytes_intra_node": intra,
+            "bytes_inter_node": inter,
+            "redistribute_seconds": out["redistribute_seconds"],
+            "bubble_per_stage": bubbles,
+            # model FLOPs of the step over all ranks (trainer_adapter.train.flops), per GPU per second
+            "model_flops": flops,
+            "tflops_per_rank": flops / out["seconds"] / len(every) / 1e12,
+            "precision": cfg.precision,
+            # CUDA only: the largest rank's peak allocated and reserved bytes in the step
+            "peak_allocated": max((e["peak"][0] or 0) for e in every) or None,
+            "peak_reserved": max((e["peak"][1] or 0) for e in every) or None,
+            "mb_tokens": out["pipeline"].get("mb_tokens"),
+            "padding": out["pipeline"].get("padding"),
+            "empty_microbatches": out["pipeline"].get("empty_microbatches"),
+            "cut_samples": out["pipeline"].get("cut_samples"),
+            "longest_chain": out["pipeline"].get("longest_chain"),
+            "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
+            "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
+        }
+        records.append(rec)
+        lm = rec["loads_max_over_mean"]
+        print(
+            f"step {step:4d}  {out['seconds']:6.2f} s  loss {out['loss']:.4f}  "
+            f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.3g} TFLOP/s/rank  "
+            + (f"peak {rec['peak_reserved'] / 2**30:.1f} GiB  " if rec["peak_reserved"] else "")
+            + f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
+            f"llm {lm['llm_before']:.3f}->{lm['llm_after']:.3f}  moved intra "
+            f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
+            + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")
+            + (
+                f"  rows {'/'.join(map(str, rec['mb_tokens']))} tok, padding {rec['padding']:.1%}, "
+                f"{rec['empty_microbatches']} empty, {rec['cut_samples']} cut"
+                if rec["mb_tokens"]
+                else ""
+            ),
+            flush=True,
+        )
+        if log:
+            log.write(json.dumps(rec) + "\n")
+            log.flush()
+    if log:
+        log.close()
+    if rank == 0 and records:
+        first, last = records[0]["loss"], records[-1]["loss"]
+        seen = sum(len(v) for r in records for v in r["samples"].values())
+        print(
+            f"train: {len(records)} steps, loss {first:.4f} -> {last:.4f}, {seen} samples "
+            f"read, mean step {np.mean([r['seconds'] for r in records]):.2f} s",
+            flush=True,
+        )
+    return records
+
+
+def resolve_backend(
+    requested: str, local_rank: int, local_world: int, cuda: bool, gpus: int
+) -> str:
+    """The process group backend: NCCL needs its own GPU for every rank of a node."""
+    if requested == "gloo" or (requested == "auto" and not cuda):
+        return "gloo"
+    if not cuda:
+        raise ValueError("--backend nccl needs CUDA, and this machine has no CUDA device")
+    if max(local_world, local_rank + 1) > gpus:
+        raise ValueError(
+            f"{local_world} processes on this node but {gpus} GPU(s): NCCL needs one GPU per "
+            "process; start at most that many (--nproc) or use --backend gloo (CPU training)"
+        )
+    return "nccl"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="one rank of equishard train (started by torchrun)")
+    ap.add_argument("--config", required=True, help="TrainConfig as JSON")
+    args = ap.parse_args(argv)
+    cfg = TrainConfig(**json.loads(args.config))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    cuda = torch.cuda.is_available()
+    backend = resolve_backend(
+        cfg.backend,
+        local_rank,
+        int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+        cuda,
+        torch.cuda.device_count() if cuda else 0,
+    )
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    try:
+        run(cfg)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

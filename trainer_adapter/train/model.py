@@ -1,0 +1,323 @@
+"""A small but real vision-language model in plain PyTorch, built for packed variable lengths.
+
+* ``VisionEncoder``: a ViT over per-image (or per-tile) patch sequences — patch embedding, 2-D
+  learned positions from each unit's patch grid, pre-norm transformer blocks with bidirectional
+  attention inside each unit (units of one grid shape are batched).
+* ``Projector``: pixel shuffle (merge ``m x m`` neighbouring patches, as InternVL's 0.5
+  downsample and Qwen2-VL's 2x2 merge do) and an MLP into the LLM's width, so each unit yields
+  exactly the image tokens the vision policy counted.
+* ``LanguageModel``: token + position embeddings, decoder blocks with causal attention inside
+  each packed sample (``cu_seqlens``; SDPA per sample, so cost follows sum(len^2), not the padded
+  length), final norm and LM head.
+
+Sizes go from ``tiny`` (tests, CPU) to ``1b`` (GPU) through :meth:`VLMConfig.preset`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+__all__ = [
+    "Block",
+    "LanguageModel",
+    "Projector",
+    "VLMConfig",
+    "VisionEncoder",
+    "VisionLanguageModel",
+]
+
+_PRESETS = {
+    # vit hidden, layers, heads; llm hidden, layers, heads
+    "tiny": (32, 2, 2, 64, 4, 2),
+    "small": (256, 6, 4, 512, 8, 8),
+    "1b": (1024, 24, 16, 2048, 16, 16),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VLMConfig:
+    vocab_size: int
+    patch_dim: int = 3 * 14 * 14
+    merge: int = 2
+    vit_hidden: int = 32
+    vit_layers: int = 2
+    vit_heads: int = 2
+    llm_hidden: int = 64
+    llm_layers: int = 4
+    llm_heads: int = 2
+    max_grid: int = 128
+    max_positions: int = 32768
+    mlp_ratio: int = 4
+
+    def __post_init__(self) -> None:
+        for name in (
+            "vocab_size",
+            "patch_dim",
+            "merge",
+            "vit_hidden",
+            "vit_layers",
+            "llm_hidden",
+            "llm_layers",
+            "max_grid",
+            "max_positions",
+            "mlp_ratio",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for h, n, what in (
+            (self.vit_hidden, self.vit_heads, "vit"),
+            (self.llm_hidden, self.llm_heads, "llm"),
+        ):
+            if n < 1 or h % n:
+                raise ValueError(f"{what}_hidden {h} must be a multiple of {what}_heads {n}")
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> VLMConfig:
+        if name not in _PRESETS:
+            raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(_PRESETS)}")
+        vh, vl, vn, lh, ll, ln = _PRESETS[name]
+        base = cls(
+            vocab_size=overrides.pop("vocab_size"),
+            vit_hidden=vh,
+            vit_layers=vl,
+            vit_heads=vn,
+            llm_hidden=lh,
+            llm_layers=ll,
+            llm_heads=ln,
+        )
+        return replace(base, **overrides)
+
+
+def merge_for_policy(policy) -> int:
+    """The patch merge that turns a vision policy's encoder patches into its LLM tokens."""
+    from dataprep.policies import FixedPolicy, InternVLPolicy, Qwen2VLPolicy
+
+    if isinstance(policy, FixedPolicy):
+        return 1
+    if isinstance(policy, InternVLPolicy):
+        return round(1 / policy.downsample_ratio)
+    if isinstance(policy, Qwen2VLPolicy):
+        return policy.merge_size
+    raise ValueError(f"no patch merge known for {type(policy).__name__}")
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block; attention runs inside each segment of the packed sequence."""
+
+    def __init__(self, hidden: int, heads: int, mlp_ratio: int, causal: bool) -> None:
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.recompute = (
+            False  # recompute activations in backward (trainer_adapter.train.recompute)
+        )
+        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.mlp = nn.Sequential(
+            nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(), nn.Linear(mlp_ratio * hidden, hidden)
+        )
+
+    def _attend(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [batch, len, hidden], attention within each row."""
+        b, n, h = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.proj(o.transpose(1, 2).reshape(b, n, h))
+
+    def _attend_kv(self, y: torch.Tensor, prefix) -> tuple[torch.Tensor, tuple]:
+        """One causal segment [len, hidden] after ``prefix`` (keys, values [heads, p, d] of the
+        same sample's earlier tokens, or None); returns its output and its own keys, values."""
+        n, h = y.shape
+        q, k, v = self.qkv(y).view(n, 3, self.heads, h // self.heads).permute(1, 2, 0, 3)
+        if prefix is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        else:
+            p = prefix[0].shape[1]
+            mask = torch.ones(n, p + n, dtype=torch.bool, device=y.device).tril(p)
+            kk, vv = torch.cat([prefix[0], k], 1), torch.cat([prefix[1], v], 1)
+            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        return self.proj(o.transpose(0, 1).reshape(n, h)), (k, v)
+
+    def forward_chunk(self, x: torch.Tensor, seg_lens: list[int], prefix=None, keep=None):
+        """Packed ``x`` [total, hidden] whose first segment may continue a sample cut in an
+        earlier chunk (``prefix``: that sample's keys and values here) and whose segment number
+        ``keep`` may go on in a later one; returns the output and that segment's keys and
+        values (None without ``keep``)."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward_chunk, x, seg_lens, prefix, keep, use_reentrant=False)
+        return self._forward_chunk(x, seg_lens, prefix, keep)
+
+    def _forward_chunk(self, x, seg_lens, prefix, keep):
+        y = self.norm1(x)
+        parts, outs, kept = torch.split(y, seg_lens), [], None
+        for i, part in enumerate(parts):
+            if i == keep or (i == 0 and prefix is not None):
+                o, kv = self._attend_kv(part, prefix if i == 0 else None)
+                kept = kv if i == keep else kept
+            else:
+                o = self._attend(part[None])[0]
+            outs.append(o)
+        x = x + torch.cat(outs)
+        return x + self.mlp(self.norm2(x)), kept
+
+    def forward(self, x: torch.Tensor, seg_lens: list[int] | None = None) -> torch.Tensor:
+        """``x``: [batch, len, hidden] (one segment per row), or [total, hidden] packed with
+        ``seg_lens`` summing to ``total``."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, seg_lens, use_reentrant=False)
+        return self._forward(x, seg_lens)
+
+    def _forward(self, x: torch.Tensor, seg_lens: list[int] | None) -> torch.Tensor:
+        y = self.norm1(x)
+        if seg_lens is None:
+            a = self._attend(y)
+        else:
+            parts = torch.split(y, seg_lens) if seg_lens else []
+            a = torch.cat([self._attend(p[None])[0] for p in parts]) if parts else self.proj(y)
+        x = x + a
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, cfg: VLMConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = nn.Linear(cfg.patch_dim, cfg.vit_hidden)
+        self.row = nn.Embedding(cfg.max_grid, cfg.vit_hidden)
+        self.col = nn.Embedding(cfg.max_grid, cfg.vit_hidden)
+        self.blocks = nn.ModuleList(
+            Block(cfg.vit_hidden, cfg.vit_heads, cfg.mlp_ratio, causal=False)
+            for _ in range(cfg.vit_layers)
+        )
+        self.norm = nn.LayerNorm(cfg.vit_hidden)
+
+    def forward(self, patches: torch.Tensor, units_hw: torch.Tensor) -> torch.Tensor:
+        """[P, patch_dim] patches of units with grids ``units_hw`` [U, 2] -> [P, vit_hidden]."""
+        x = self.patch_embed(patches)
+        if units_hw.shape[0] == 0:
+            return self.norm(x)
+        hw = units_hw.tolist()
+        if max(max(h, w) for h, w in hw) > self.cfg.max_grid:
+            raise ValueError(f"a unit's patch grid exceeds max_grid={self.cfg.max_grid}; raise it")
+        starts = [0]
+        for h, w in hw:
+            starts.append(starts[-1] + h * w)
+        out = None  # the blocks' output dtype (fp32 residuals, also under bf16 autocast)
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for i, s in enumerate(hw):
+            shapes.setdefault(tuple(s), []).append(i)
+        for (h, w), ids in shapes.items():
+            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in ids]).to(x.device)
+            grid = torch.arange(h * w, device=x.device)
+            y = x[rows].view(len(ids), h * w, -1) + self.row(grid // w) + self.col(grid % w)
+            for blk in self.blocks:
+                y = blk(y)
+            y = y.reshape(len(ids) * h * w, -1)
+            out = (y.new_empty(x.shape[0], y.shape[1]) if out is None else out).index_copy(
+                0, rows, y
+            )
+        return self.norm(out)
+
+
+class Projector(nn.Module):
+    """Pixel shuffle by ``merge`` and an MLP: [P, vit_hidden] -> [P / merge^2, llm_hidden]."""
+
+    def __init__(self, cfg: VLMConfig) -> None:
+        super().__init__()
+        self.m = cfg.merge
+        d = cfg.vit_hidden * cfg.merge**2
+        self.mlp = nn.Sequential(
+            nn.LayerNorm(d),
+            nn.Linear(d, cfg.llm_hidden),
+            nn.GELU(),
+            nn.Linear(cfg.llm_hidden, cfg.llm_hidden),
+        )
+
+    def forward(self, x: torch.Tensor, units_hw: torch.Tensor) -> torch.Tensor:
+        m, c = self.m, x.shape[-1]
+        parts, start = [], 0
+        for h, w in units_hw.tolist():
+            if h % m or w % m:
+                raise ValueError(f"a {h}x{w} patch grid does not merge by {m}x{m}")
+            u = x[start : start + h * w].view(h // m, m, w // m, m, c)
+            parts.append(u.permute(0, 2, 1, 3, 4).reshape(h * w // (m * m), m * m * c))
+            start += h * w
+        merged = torch.cat(parts) if parts else x.new_zeros(0, m * m * c)
+        return self.mlp(merged)
+
+
+class LanguageModel(nn.Module):
+    """``keep`` (a pipeline rank's share): called with ``"tok"``, ``"pos"``, ``"block{i}"``,
+    ``"norm"``, ``"head"``; a part it refuses is dropped right after it is built (an
+    ``nn.Identity`` stands in), so the random numbers drawn, and with them every kept part's
+    initial values, are those of the whole model from the same seed, while memory holds at most
+    the kept parts and one more."""
+
+    def __init__(self, cfg: VLMConfig, keep=None) -> None:
+        super().__init__()
+        self.cfg = cfg
+
+        def part(name, make):
+            mod = make()
+            return mod if keep is None or keep(name) else nn.Identity()
+
+        self.tok = part("tok", lambda: nn.Embedding(cfg.vocab_size, cfg.llm_hidden))
+        self.pos = part("pos", lambda: nn.Embedding(cfg.max_positions, cfg.llm_hidden))
+        self.blocks = nn.ModuleList(
+            part(f"block{i}", lambda: Block(cfg.llm_hidden, cfg.llm_heads, cfg.mlp_ratio, True))
+            for i in range(cfg.llm_layers)
+        )
+        self.norm = part("norm", lambda: nn.LayerNorm(cfg.llm_hidden))
+        self.head = part("head", lambda: nn.Linear(cfg.llm_hidden, cfg.vocab_size))
+
+    def embed(self, input_ids, position_ids, image_embeds, image_token_id: int) -> torch.Tensor:
+        """Token + position embeddings, image tokens replaced by ``image_embeds`` in order."""
+        if position_ids.numel() and int(position_ids.max()) >= self.cfg.max_positions:
+            raise ValueError(f"a sample is longer than max_positions={self.cfg.max_positions}")
+        x = self.tok(input_ids)
+        mask = (input_ids == image_token_id).unsqueeze(-1)
+        if int(mask.sum()) != image_embeds.shape[0]:
+            raise ValueError(
+                f"{int(mask.sum())} image tokens but {image_embeds.shape[0]} image embeddings"
+            )
+        # with no image tokens, keep the (empty) exchange in the graph: its backward is a collective
+        x = (
+            x.masked_scatter(mask, image_embeds.to(x.dtype))
+            if mask.any()
+            else x + 0 * image_embeds.sum()
+        )
+        return x + self.pos(position_ids)
+
+    def forward_blocks(self, x, seg_lens: list[int], lo: int = 0, hi: int | None = None):
+        for blk in self.blocks[lo:hi]:
+            x = blk(x, seg_lens)
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x))
+
+
+class VisionLanguageModel(nn.Module):
+    def __init__(self, cfg: VLMConfig, keep_llm=None) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vision = VisionEncoder(cfg)
+        self.projector = Projector(cfg)
+        self.llm = LanguageModel(cfg, keep=keep_llm)
+
+    def encode_images(self, patches: torch.Tensor, units_hw: torch.Tensor) -> torch.Tensor:
+        """Image-token embeddings, unit by unit: [sum over units of h*w/merge^2, llm_hidden]."""
+        return self.projector(self.vision(patches, units_hw), units_hw)
+
+
+def shifted_labels(labels: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """Next-token targets inside each packed sample (the last token of a sample predicts none)."""
+    out = torch.roll(labels, -1)
+    if labels.numel():
+        out[(cu_seqlens[1:].long() - 1)[cu_seqlens[1:] > cu_seqlens[:-1]]] = -100
+    return out

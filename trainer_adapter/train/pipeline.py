@@ -1,0 +1,168 @@
+"""Pipelined LLM stages under ``torch.distributed.pipelining``, fed with fixed-shape microbatches.
+
+Each replica's samples are packed into ``n_microbatches`` rows of one of a few fixed sizes, the
+smallest that holds the step (:mod:`trainer_adapter.train.microbatches`; samples may be cut across rows,
+:mod:`trainer_adapter.train.split_samples`). The last stage runs the head on real tokens only and the
+loss skips padding. A stage passes ``(hidden, doc)`` on; ``doc`` codes each token's sample
+(``2 * sample + goes_on``, -1 is padding), so attention stays inside each sample and a cut
+sample's pieces attend across the cut.
+
+Busy time per stage is measured for the bubble report: forward by timing the stage's forward,
+backward by identity autograd functions at the stage's output and input that stamp the clock when
+the gradient passes (on a GPU after a synchronize, so the kernels are timed, not their launch).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trainer_adapter.train.microbatches import (
+    MicrobatchPlan,
+    bucket_ladder,
+    doc_rows,
+    pack_rows,
+    plan_microbatches,
+    plan_step,
+)
+from trainer_adapter.train.model import LanguageModel
+from trainer_adapter.train.split_samples import SampleCarry
+
+__all__ = [
+    "SCHEDULES",
+    "LMLoss",
+    "MicrobatchPlan",
+    "StageModule",
+    "StageTimer",
+    "bucket_ladder",
+    "doc_rows",
+    "make_schedule",
+    "pack_rows",
+    "plan_microbatches",
+    "plan_step",
+]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+
+
+@dataclass(slots=True)
+class StageTimer:
+    """Busy seconds of one stage's forward and backward passes since :meth:`reset`."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    _open: list = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.forward = self.backward = 0.0
+        self._open.clear()
+
+    @property
+    def busy(self) -> float:
+        return self.forward + self.backward
+
+
+def _clock(t: torch.Tensor) -> float:
+    """Seconds now, once the work queued on ``t``'s device is done (GPU kernels run
+    asynchronously: without the synchronize a stage would time its kernel launches)."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)
+    return time.perf_counter()
+
+
+class _Stamp(torch.autograd.Function):
+    """Identity; in backward, opens (``start``) or closes a backward interval on the timer."""
+
+    @staticmethod
+    def forward(ctx, x, timer, start):
+        ctx.timer, ctx.start = timer, start
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        now = _clock(grad)
+        if ctx.start:
+            ctx.timer._open.append(now)
+        elif ctx.timer._open:
+            ctx.timer.backward += now - ctx.timer._open.pop()
+        return grad, None, None
+
+
+class StageModule(nn.Module):
+    """LLM blocks ``[lo, hi)``; the last stage adds the final norm and the LM head."""
+
+    def __init__(self, llm: LanguageModel, lo: int, hi: int, *, last: bool) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(llm.blocks[lo:hi])
+        self.last = last
+        if last:
+            self.norm, self.head = llm.norm, llm.head
+        self.timer = StageTimer()
+        self.carry = SampleCarry()  # keys/values of a sample cut across microbatches
+
+    def forward(self, h: torch.Tensor, doc: torch.Tensor):
+        t0 = _clock(h)
+        x = h[0]
+        if x.requires_grad:
+            x = _Stamp.apply(x, self.timer, False)
+        # samples fill the row from its start; the padding after them skips the blocks
+        n_real = int((doc[0] >= 0).sum())
+        y = x[:n_real]
+        codes, counts = torch.unique_consecutive(doc[0, :n_real], return_counts=True)
+        codes, seg = codes.tolist(), counts.tolist()
+        cont = bool(codes) and self.carry.continues(codes[0] // 2)
+        # the piece cut at this row's end (odd code): it goes on in the next row of its chain
+        keep = next((i for i, c in enumerate(codes) if c % 2), None)
+        if cont or keep is not None:  # a sample cut across microbatches: attend across the cut
+            kvs = []
+            for i, blk in enumerate(self.blocks):
+                y, kv = blk.forward_chunk(y, seg, self.carry.prefix(i) if cont else None, keep)
+                kvs.append(kv)
+            self.carry.push(
+                None if keep is None else codes[keep] // 2, kvs, extends=cont and keep == 0
+            )
+        else:
+            self.carry.reset()
+            for blk in self.blocks:
+                y = blk(y, seg)
+        if self.last:  # the head runs on the real tokens only; padding rows stay zero
+            out = self.head(self.norm(y))
+            if n_real < x.shape[0]:
+                out = torch.cat([out, out.new_zeros(x.shape[0] - n_real, out.shape[-1])])
+        else:
+            out = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
+        if out.requires_grad:
+            out = _Stamp.apply(out, self.timer, True)
+        self.timer.forward += _clock(out) - t0
+        return out[None] if self.last else (out[None], doc)
+
+
+def make_schedule(name: str, stages: list, n_microbatches: int, loss_fn):
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+    if name == "interleaved1f1b":
+        return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    if len(stages) != 1:
+        raise ValueError(f"schedule {name} runs one stage per rank, got {len(stages)}")
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
+    return cls(stages[0], n_microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+class LMLoss:
+    """Summed next-token cross entropy of a microbatch over ``normalizer`` (the global number of
+    target tokens of the step, set before each step), so microbatch losses add up to the mean."""
+
+    def __init__(self, normalizer: float = 1.0) -> None:
+        self.normalizer = normalizer
+
+    def __call__(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        target = target.reshape(-1)
+        keep = target != -100  # padding and non-target positions cost nothing
+        logits = logits.reshape(-1, logits.shape[-1])[keep]
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()  # the loss in at least fp32
+        return F.cross_entropy(logits, target[keep], reduction="sum") / self.normalizer

@@ -1,0 +1,470 @@
+"""One training step over DP x PP ranks: redistribute, encode, exchange, pipeline, all-reduce.
+
+Rank ``replica * pp + stage``. Stage-0 ranks read the shards (one loader rank per replica). Each
+step, on every rank:
+
+1. :func:`redistribute` over all ranks: the vision plan spreads encoder work over every rank (the
+   encoder is replicated), the LLM plan gives each replica an even share (its stage 0 gets token
+   ids, its last stage the labels);
+2. the encoder runs on this rank's images; :meth:`Route.send_image_embeddings` sends the image
+   tokens straight to their replica's stage 0 (one exchange);
+3. with pp == 1 the LLM runs in-process; otherwise stage 0 packs its samples into fixed-shape
+   microbatches (ordered for 1F1B by MMScale's reordering) and the schedule runs them; the
+   gradient of stage 0's input goes back through the exchange into the encoder on every rank;
+4. gradients are summed over the ranks that hold each parameter (the loss is already divided by
+   the global number of target tokens, so the result is the same with or without step 1).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from balancing import CostModel
+from shards.collate import normalize_patches
+from trainer_adapter.redistribute import RedistributePolicy, redistribute
+from trainer_adapter.topology import Topology
+from trainer_adapter.train.config import TrainConfig
+from trainer_adapter.train.flops import training_flops
+from trainer_adapter.train.model import VisionLanguageModel, VLMConfig, shifted_labels
+from trainer_adapter.train.partition import profile_layers, search_partition, stage_ranges
+from trainer_adapter.train.pipeline import (
+    LMLoss,
+    StageModule,
+    bucket_ladder,
+    doc_rows,
+    make_schedule,
+    pack_rows,
+    plan_step,
+)
+from trainer_adapter.train.split_samples import ChainSchedule
+
+__all__ = ["Trainer", "auto_mb_tokens", "empty_batch"]
+
+_LLM, _TGT = 0, 4
+
+
+def empty_batch(patch_dim: int, image_token_id: int, patch_dtype=torch.uint8) -> dict:
+    """A collated batch with no samples (ranks that read no data still join the collectives;
+    ``patch_dtype`` as the other ranks' collator gives, uint8 from ``build_collator``)."""
+    z = torch.zeros(0, dtype=torch.long)
+    return {
+        "input_ids": z,
+        "labels": z,
+        "position_ids": z,
+        "cu_seqlens": torch.zeros(1, dtype=torch.int32),
+        "patches": torch.zeros(0, patch_dim, dtype=patch_dtype),
+        "patch_cu_seqlens": torch.zeros(1, dtype=torch.int32),
+        "llm_lens": z,
+        "vit_lens": z,
+        "units_hw": torch.zeros(0, 2, dtype=torch.long),
+        "num_units": z,
+        "image_token_id": image_token_id,
+        "sample_ids": [],
+    }
+
+
+def auto_mb_tokens(loads: dict, n_microbatches: int) -> int:
+    """Microbatch size that fits the largest sample and, with slack for packing, the largest
+    group (each replica reads one group per step; redistribution evens replicas towards the
+    step's mean, which is at most that)."""
+    per_replica = loads["max_group_llm_tokens"]
+    need = max(loads["max_sample_llm_tokens"], math.ceil(1.5 * per_replica / n_microbatches))
+    return int(math.ceil(need / 64) * 64)
+
+
+def _blocks_of(lo: int, hi: int, n_blocks: int) -> range:
+    """LLM blocks of pipelined layers [lo, hi) (layer 0 is the embedding, n_blocks + 1 the head)."""
+    return range(max(lo - 1, 0), min(hi - 1, n_blocks))
+
+
+class Trainer:
+    def __init__(
+        self, cfg: TrainConfig, model_cfg: VLMConfig, *, mb_tokens: int, ranks_per_node: int = 1
+    ) -> None:
+        self.cfg, self.mb_tokens = cfg, mb_tokens
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.world != cfg.world_size:
+            raise ValueError(f"{self.world} processes, but dp x pp = {cfg.world_size}")
+        self.pp, self.replica, self.stage = cfg.pp, self.rank // cfg.pp, self.rank % cfg.pp
+        self.device = torch.device("cpu")
+        if dist.get_backend() == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.topology = Topology.pipeline(dp=cfg.dp, pp=cfg.pp, ranks_per_node=ranks_per_node)
+        cm = CostModel.from_dims(
+            vit_hidden=model_cfg.vit_hidden,
+            vit_layers=model_cfg.vit_layers,
+            llm_hidden=model_cfg.llm_hidden,
+            llm_layers=model_cfg.llm_layers,
+        )
+        self.cost_model = cm
+        # image-token embeddings as they travel: bf16 under autocast (the projector's output)
+        self._embedding_bytes = model_cfg.llm_hidden * (2 if cfg.precision == "bf16" else 4)
+        self.set_redistribution(cfg.redistribute)
+        # every rank creates every group, in the same order
+        pp_groups = [dist.new_group([r * cfg.pp + s for s in range(cfg.pp)]) for r in range(cfg.dp)]
+        self.stage_groups = [
+            dist.new_group([r * cfg.pp + s for r in range(cfg.dp)]) for s in range(cfg.pp)
+        ]
+        self.partition = None
+        self.stages: list[StageModule] = []
+        keep = None
+        if cfg.pp > 1 and torch.torch_version.TorchVersion(torch.__version__) < (2, 13):
+            raise RuntimeError(
+                f"pipeline parallelism (pp={cfg.pp}) needs torch >= 2.13, found "
+                f"{torch.__version__}: older torch.distributed.pipelining marks the integer "
+                "sample-layout input of a stage as requiring grad and fails; upgrade torch or "
+                "train with pp=1"
+            )
+        if cfg.pp > 1:  # the partition first: a rank then builds only its own LLM layers
+            keep = self._choose_partition(model_cfg, pp_groups[self.replica])
+        torch.manual_seed(cfg.seed)
+        # every rank draws the whole model's random numbers from one seed, so its parts are
+        # exactly the single-process model's; the layers of other stages are dropped as they
+        # are built, so neither host nor device memory ever holds the whole LLM
+        self.model = VisionLanguageModel(model_cfg, keep_llm=keep).to(self.device)
+        self.loss_fn = LMLoss()
+        if cfg.pp > 1:
+            self._build_stages()
+        owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
+        self._reduce = [(owned, None)]  # (params, group): None is the world
+        llm = self.model.llm
+        if cfg.pp == 1:
+            self._reduce.append((list(llm.parameters()), None))
+        else:
+            mine = [p for st in self.stages for p in st.parameters()]
+            if self.stage == 0:
+                mine += [*llm.tok.parameters(), *llm.pos.parameters()]
+            self._reduce.append((list(dict.fromkeys(mine)), self.stage_groups[self.stage]))
+        self.params = [p for ps, _ in self._reduce for p in ps]
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr)
+        # no set-up gradient may reach the first optimizer step (the partition search profiles
+        # a probe apart from the model; forward_backward clears what trials or callers leave)
+        self.model.zero_grad(set_to_none=True)
+
+    def set_redistribution(self, enabled: bool) -> None:
+        self.policy = RedistributePolicy(
+            enabled=enabled,
+            method=self.cfg.method,
+            placement=self.cfg.placement,
+            cost_model=self.cost_model,
+            llm_memory_cap=self.cfg.n_microbatches * self.mb_tokens if self.cfg.pp > 1 else None,
+            embedding_bytes=self._embedding_bytes,
+        )
+
+    # ------------------------------------------------------------------ pipeline set-up
+    def _layer_fns(self, model_cfg: VLMConfig):
+        """Callables running each pipelined layer (embedding, blocks, head) on a typical row, on
+        a probe of one block (the LLM's blocks are alike) built apart from the model, and the
+        probe modules each layer range uses."""
+        from dataclasses import replace
+
+        from trainer_adapter.train.model import LanguageModel
+
+        n_blocks, t = model_cfg.llm_layers, self.mb_tokens
+        probe = LanguageModel(replace(model_cfg, llm_layers=1))
+        seg = [min(512, t)] * (t // min(512, t)) + ([t % min(512, t)] if t % min(512, t) else [])
+        ids = torch.randint(0, model_cfg.vocab_size, (t,))
+        pos = torch.cat([torch.arange(s) for s in seg]).to(self.device)
+        x = probe.tok(ids).detach().to(self.device)
+        ids = ids.to(self.device)
+        block = probe.blocks[0]
+
+        def layers(lo, hi):
+            mods = [probe.pos] if lo == 0 else []
+            mods += [block] if len(_blocks_of(lo, hi, n_blocks)) else []
+            return mods + ([probe.norm, probe.head] if hi > n_blocks + 1 else [])
+
+        def run(lo, hi):
+            def fn():
+                h = x.detach().requires_grad_()
+                y = h
+                for i in range(lo, hi):
+                    if i == 0:
+                        y = y + probe.pos(pos)
+                    elif i <= n_blocks:
+                        y = block(y, seg)
+                    else:
+                        y = F.cross_entropy(probe.logits(y), ids, reduction="sum")
+                y.sum().backward()
+
+            return fn
+
+        return run, layers
+
+    def _choose_partition(self, model_cfg: VLMConfig, pp_group):
+        """OmniBal's partition search on rank 0 (shared with every rank); returns which LLM
+        parts this rank keeps."""
+        cfg = self.cfg
+        n_blocks = model_cfg.llm_layers
+        n_stages = cfg.pp * cfg.stages_per_rank
+        n_layers = n_blocks + 2
+        if n_stages > n_layers:
+            raise ValueError(f"{n_stages} pipeline stages for {n_layers} layers; use fewer stages")
+        bounds = [None]
+        if self.rank == 0:  # profile and search on one rank, then share the choice
+            run, layers = self._layer_fns(model_cfg)
+
+            def timed(lo, hi, repeats):
+                """Seconds of layers [lo, hi); the probe visits the device for the measurement
+                only."""
+                mods = layers(lo, hi)
+                for m in mods:
+                    m.to(self.device)
+                try:
+                    return profile_layers([run(lo, hi)], repeats=repeats)[0]
+                finally:
+                    for m in mods:
+                        m.cpu()
+
+            times = np.array([timed(i, i + 1, 2) for i in range(n_layers)])
+            acts = [float(self.mb_tokens * model_cfg.llm_hidden)] * n_layers
+
+            def trial(b):
+                return max(timed(lo, hi, 1) for lo, hi in stage_ranges(b, n_layers))
+
+            best, ranked = search_partition(
+                times,
+                acts,
+                n_stages,
+                radius=cfg.partition_radius,
+                top_k=cfg.partition_top_k,
+                comm_weight=0.0,
+                trial=trial,
+            )
+            bounds = [
+                {
+                    "bounds": best.bounds,
+                    "layer_seconds": times.tolist(),
+                    "candidates": [(p.bounds, p.variance, p.trial_seconds) for p in ranked],
+                }
+            ]
+        dist.broadcast_object_list(bounds, src=0)
+        self.partition = bounds[0]
+        ranges = stage_ranges(self.partition["bounds"], n_layers)
+        self._pp_group, self._n_stages, self._n_blocks = pp_group, n_stages, n_blocks
+        self._ranges = ranges
+        mine = list(range(self.stage, n_stages, cfg.pp))
+        own = set()
+        for k in mine:
+            lo, hi = ranges[k]
+            own |= {f"block{i}" for i in _blocks_of(lo, hi, n_blocks)}
+        if 0 in mine:
+            own |= {"tok", "pos"}
+        if n_stages - 1 in mine:
+            own |= {"norm", "head"}
+        return own.__contains__
+
+    def _build_stages(self) -> None:
+        """This rank's stage modules over the layers it kept."""
+        cfg, llm = self.cfg, self.model.llm
+        for k in range(self.stage, self._n_stages, cfg.pp):
+            blocks = _blocks_of(*self._ranges[k], self._n_blocks)
+            last = k == self._n_stages - 1
+            self.stages.append(StageModule(llm, blocks.start, blocks.stop, last=last))
+        self.buckets = bucket_ladder(self.mb_tokens, cfg.bucket_ratio)
+        self._schedules: dict[int, object] = {}
+
+    def _stage_shapes(self, stage: StageModule, mb_tokens: int) -> dict:
+        """A stage's input and output shapes, given up front (meta tensors): without them
+        ``torch.distributed.pipelining`` infers them by running the stage forward and backward
+        on uninitialised receive buffers inside the first step, and our stages' forward reads
+        its sample layout from that input (segments, cut samples), so a run over garbage is
+        both slow and unsafe (observed: a later microbatch's loss and every gradient off by up
+        to 15 %, intermittently, with gloo)."""
+        llm = self.model.llm.cfg
+        dtype = next(self.model.vision.parameters()).dtype
+
+        def hidden(width, dt=dtype):
+            return torch.empty(1, mb_tokens, width, dtype=dt, device="meta", requires_grad=True)
+
+        doc = torch.empty(1, mb_tokens, dtype=torch.int64, device="meta")
+        # under bf16 autocast the residual stream stays fp32 and the LM head's logits are bf16
+        logits = torch.bfloat16 if self.cfg.precision == "bf16" else dtype
+        out = hidden(llm.vocab_size, logits) if stage.last else (hidden(llm.llm_hidden), doc)
+        return {"input_args": (hidden(llm.llm_hidden), doc), "output_args": out}
+
+    def _schedule(self, mb_tokens: int, chains: tuple[int, ...]):
+        """The schedule for microbatch rows of ``mb_tokens`` (built on first use, then reused:
+        a pipeline schedule runs one fixed shape); where samples are cut across rows, the
+        chain schedule (a chain's backwards in reverse), set to this step's chains."""
+        from torch.distributed.pipelining import PipelineStage
+
+        chained = any(c > 1 for c in chains)
+        key = (mb_tokens, chained)
+        if key not in self._schedules:
+            cfg, n_stages = self.cfg, self._n_stages
+            pipe = [
+                PipelineStage(
+                    m,
+                    k,
+                    n_stages,
+                    self.device,
+                    group=self._pp_group,
+                    **self._stage_shapes(m, mb_tokens),
+                )
+                for m, k in zip(self.stages, range(self.stage, n_stages, cfg.pp), strict=True)
+            ]
+            make = ChainSchedule if chained else make_schedule
+            self._schedules[key] = make(cfg.schedule, pipe, cfg.n_microbatches, self.loss_fn)
+        schedule = self._schedules[key]
+        if chained:
+            schedule.set_chains(chains)
+        return schedule
+
+    def microbatch_plans(self, route) -> list[tuple[int, object]]:
+        """(row size, plan) of every replica's samples this step (each rank of a replica computes
+        the same, from the shared route table)."""
+        out = []
+        for r in range(self.cfg.dp):
+            lens = route.table[route.llm_samples(r * self.pp), _LLM]
+            out.append(
+                plan_step(
+                    lens,
+                    self.cfg.n_microbatches,
+                    self.buckets,
+                    self.pp,
+                    alpha=self.cost_model.llm.alpha,
+                    beta=self.cost_model.llm.beta,
+                    split=self.cfg.split_samples,
+                )
+            )
+        return out
+
+    # ------------------------------------------------------------------ one step
+    def forward_backward(self, batch: dict) -> dict:
+        """Gradients of this step's loss, summed over ranks (any gradient left from before —
+        profiling, recomputation trials, a caller's own backward — is dropped first, since the
+        gradients are all-reduced in place); returns the step's measurements."""
+        self.model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        local, route = redistribute(batch, None, self.topology, self.policy)
+        t_redis = time.perf_counter() - t0
+        with self._autocast():
+            return self._forward_backward(local, route, t_redis)
+
+    def _autocast(self):
+        """bf16 mixed precision: matrix products in bf16 under autocast, weights, gradients and
+        optimizer state in fp32 (the loss is computed in fp32, ``LMLoss``)."""
+        return torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"
+        )
+
+    def _forward_backward(self, local, route, t_redis: float) -> dict:
+        model = self.model
+        dtype = next(model.vision.parameters()).dtype  # the model may run in another precision
+        # uint8 pixels (a quarter of fp32's bytes) reach this rank's device, normalized there
+        patches = normalize_patches(local.patches.to(self.device), dtype)
+        emb = model.encode_images(patches, local.units_hw)
+        img = route.send_image_embeddings(emb)
+        normalizer = float(max(route.table[:, _TGT].sum(), 1))
+        self.loss_fn.normalizer = normalizer
+        lens = route.table[local.llm_index, _LLM]
+        loss_sum = torch.zeros((), device=self.device)
+        for st in self.stages:
+            st.timer.reset()
+            st.carry.reset()
+        t_llm = time.perf_counter()
+        pipeline = {}
+        if self.pp == 1:
+            x = model.llm.embed(
+                local.input_ids.to(self.device),
+                local.position_ids.to(self.device),
+                img,
+                local.image_token_id,
+            )
+            h = model.llm.forward_blocks(x, lens.tolist())
+            tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
+            loss = self.loss_fn(model.llm.logits(h), tgt)
+            loss.backward()
+            loss_sum = loss.detach()
+        else:
+            mine = route.llm_samples(self.replica * self.pp)  # the replica's stage 0
+            rlens = route.table[mine, _LLM]
+            cu = np.concatenate([[0], np.cumsum(rlens)])
+            plans = self.microbatch_plans(route)
+            mb, plan = plans[self.replica]
+            schedule = self._schedule(mb, plan.chains)
+            slots = sum(m * self.cfg.n_microbatches for m, _ in plans)
+            pipeline = {
+                "mb_tokens": [m for m, _ in plans],
+                "padding": 1.0 - float(route.table[:, _LLM].sum()) / slots if slots else 0.0,
+                "empty_microbatches": sum(sum(1 for r in p.rows if not r) for _, p in plans),
+                "cut_samples": sum(p.n_cut for _, p in plans),
+                "longest_chain": max(max(p.chains) for _, p in plans),
+            }
+            if self.stage == 0:
+                x = model.llm.embed(
+                    local.input_ids.to(self.device),
+                    local.position_ids.to(self.device),
+                    img,
+                    local.image_token_id,
+                )
+                packed = pack_rows(x, cu, plan, mb, 0.0)
+                leaf = packed.detach().requires_grad_()
+                schedule.step(leaf, doc_rows(plan, rlens, mb).to(self.device))
+                packed.backward(leaf.grad)
+            elif self.stage == self.pp - 1:
+                tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
+                losses: list = []
+                schedule.step(target=pack_rows(tgt, cu, plan, mb, -100), losses=losses)
+                loss_sum = torch.stack(losses).sum().detach()
+                img.backward(torch.zeros_like(img))
+            else:
+                schedule.step()
+                img.backward(torch.zeros_like(img))
+        t_llm = time.perf_counter() - t_llm
+        # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
+        llm_lens = lens.tolist() if self.pp == 1 else rlens.tolist() if self.stage == 0 else []
+        units = local.units_hw.prod(dim=1).tolist() if local.units_hw.numel() else []
+        flops = training_flops(model.cfg, llm_lens, units)
+        self._all_reduce_grads()
+        dist.all_reduce(loss_sum)
+        summary = route.summary()
+        return {
+            "loss": float(loss_sum),
+            "targets": normalizer,
+            "llm_tokens": int(route.table[:, _LLM].sum()),
+            "vit_tokens": int(route.table[:, 1].sum()),
+            "redistribute_seconds": t_redis,
+            "llm_seconds": t_llm,
+            "stage_busy": sum(st.timer.busy for st in self.stages),
+            "model_flops": flops,
+            "route": summary,
+            "loads": {k: np.asarray(v).tolist() for k, v in route.loads.items()},
+            # row size per replica, padding share of all microbatch slots, empty microbatches
+            "pipeline": pipeline,
+        }
+
+    def _all_reduce_grads(self) -> None:
+        for params, group in self._reduce:
+            if not params:
+                continue
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            off = 0
+            for p in params:
+                n = p.numel()
+                p.grad = flat[off : off + n].view_as(p).clone()
+                off += n
+
+    def step(self, batch: dict) -> dict:
+        t0 = time.perf_counter()
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        out = self.forward_backward(batch)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            out["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
+            out["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
+        out["seconds"] = time.perf_counter() - t0
+        return out

@@ -81,7 +81,7 @@ def balance_naflex(
 
     def forward(self, pixel_values=None, pixel_attention_mask=None, spatial_shapes=None, **kw):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
-            return inner(pixel_values, pixel_attention_mask, spatial_shapes, **kw)  # see hf_rounds
+            return inner(pixel_values, pixel_attention_mask, spatial_shapes, **kw)  # see hf.rounds
         where = f"{type(self).__name__} (balance_naflex)"
         refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
         try:

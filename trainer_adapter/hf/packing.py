@@ -125,7 +125,7 @@ def check_decoder(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray, spec:
 def check_decoder_inputs(decoder: torch.nn.Module, kw: dict, lengths: np.ndarray) -> None:
     """This rank's decoder kwargs: nothing per-sample is left behind, the packing kwargs agree
     with its position ids' ``lengths``, the per-token inputs are ``[1, L, ...]`` beside the row.
-    Local: a wrapper takes its error into the next collective (see hf_balance)."""
+    Local: a wrapper takes its error into the next collective (see hf.balance)."""
     check_item_inputs(
         f"{type(decoder).__name__} (balance_decoder)",
         (),

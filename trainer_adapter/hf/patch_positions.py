@@ -65,7 +65,7 @@ def balance_patch_positions(
 
     def forward(self, pixel_values=None, pixel_position_ids=None, **kw):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
-            return inner(pixel_values, pixel_position_ids, **kw)  # no round: see hf_rounds
+            return inner(pixel_values, pixel_position_ids, **kw)  # no round: see hf.rounds
         where = f"{type(self).__name__} (balance_patch_positions)"
         refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
         try:

@@ -58,7 +58,7 @@ def balance_pixtral(
 
     def forward(self, pixel_values=None, image_sizes=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
-            return inner(pixel_values, image_sizes, *args, **kwargs)  # no round: see hf_rounds
+            return inner(pixel_values, image_sizes, *args, **kwargs)  # no round: see hf.rounds
         where = f"{type(self).__name__} (balance_pixtral)"
         refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
         try:

@@ -59,13 +59,13 @@ def balance_vision(
     model = tower_cost(tower, policy).vision
     inner = tower.forward
     # refused here without a Qwen-style patch embedding; a rank without images joins with
-    # [0, width] and receives rows in the senders' layout (hf_rounds.group_row_shape)
+    # [0, width] and receives rows in the senders' layout (hf.rounds.group_row_shape)
     width = _patch_width(tower)
     ctx = {"group": group, "topology": topology, "policy": policy}
 
     def forward(self, hidden_states, grid_thw=None, **kwargs):
         if not self.equishard_joining and _none(grid_thw) and _none(hidden_states):
-            return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see hf_rounds
+            return inner(hidden_states, grid_thw=grid_thw, **kwargs)  # no round: see hf.rounds
         where = f"{type(self).__name__} (balance_vision)"
         refusal = None  # this rank's, raised on every rank by plan_items (group_errors)
         try:
@@ -193,7 +193,7 @@ def balance_tiles(
 
     def forward(self, pixel_values=None, *args, **kwargs):
         if not self.equishard_joining and (pixel_values is None or len(pixel_values) == 0):
-            return inner(pixel_values, *args, **kwargs)  # no round: see hf_rounds
+            return inner(pixel_values, *args, **kwargs)  # no round: see hf.rounds
         where = f"{type(self).__name__} (balance_tiles)"
         refusal = None  # see balance_vision
         try:
@@ -223,7 +223,7 @@ def balance_tiles(
             if masked:
                 kwargs["patch_attention_mask"] = mask
             return inner(pixel_values, *args, **kwargs)
-        # the round's tile size (Idefics2: each rank's its own largest image's): hf_tile_sizes
+        # the round's tile size (Idefics2: each rank's its own largest image's): hf.tile_sizes
         size = group_tile_size(route, masked, where)
         lead = group_row_shape(route, 3, "tiles", where)  # a tile's dims before its H x W
         if not len(pixel_values):  # a joining rank receives tiles of that layout (Molmo2's)

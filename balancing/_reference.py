@@ -217,3 +217,68 @@ def sample_costs(vit, llm, seq_lens, a_v, b_v, a_t, b_t):
         vc.append(a_v * float(v) + b_v * sq)
         tc.append(a_t * float(x) + b_t * float(x) * float(x))
     return vc, tc
+
+
+def place_on_nodes(loads_v, loads_t, nodes, per_node):
+    """Per step, groups heaviest (vision + LLM) first onto the node with a free slot whose larger
+    phase load after adding the group is lowest (the first such node on a tie)."""
+    node_out, local_out = [], []
+    for lv, lt in zip(loads_v, loads_t, strict=True):
+        d = len(lv)
+        order = sorted(range(d), key=lambda i: -(lv[i] + lt[i]))  # stable, like mergesort
+        nv, nt, used = [0.0] * nodes, [0.0] * nodes, [0] * nodes
+        node, local = [-1] * d, [-1] * d
+        for g in order:
+            free = [n for n in range(nodes) if used[n] < per_node]
+            best = min(free, key=lambda n: (max(nv[n] + lv[g], nt[n] + lt[g]), n))
+            node[g], local[g] = best, used[best]
+            used[best] += 1
+            nv[best] += lv[g]
+            nt[best] += lt[g]
+        node_out.append(node)
+        local_out.append(local)
+    return node_out, local_out
+
+
+def local_first(lengths, order, src, d, per_node, target):
+    """Keep items at home while under ``target``, then the lightest rank of the node that stays
+    under it, then the lightest rank anywhere (the first one on a tie)."""
+    loads = [0.0] * d
+    dest = [-1] * len(lengths)
+    pending = []
+    for i in order:
+        r = src[i]
+        if loads[r] == 0 or loads[r] + lengths[i] <= target:
+            dest[i] = r
+            loads[r] += lengths[i]
+        else:
+            pending.append(i)
+    rest = []
+    for i in pending:
+        base = (src[i] // per_node) * per_node
+        fits = [r for r in range(base, base + per_node) if loads[r] + lengths[i] <= target]
+        if fits:
+            r = min(fits, key=lambda r: (loads[r], r))
+            dest[i] = r
+            loads[r] += lengths[i]
+        else:
+            rest.append(i)
+    for i in rest:
+        r = min(range(d), key=lambda r: (loads[r], r))
+        dest[i] = r
+        loads[r] += lengths[i]
+    return dest, loads
+
+
+def greedy_node_assign(benefit, per_node):
+    """Batches to nodes, the (batch, node) pair of highest benefit first (ties: row-major)."""
+    d, nodes = len(benefit), len(benefit[0])
+    pairs = sorted(
+        ((j, n) for j in range(d) for n in range(nodes)), key=lambda p: -benefit[p[0]][p[1]]
+    )
+    node_of, used = [-1] * d, [0] * nodes
+    for j, n in pairs:
+        if node_of[j] < 0 and used[n] < per_node:
+            node_of[j] = n
+            used[n] += 1
+    return node_of

@@ -230,6 +230,20 @@ _J = json.dumps({"sample_id": "x", "images": [], "turns": [["user", "hi"]]}).enc
             ],
             "incomplete",
         ),
+        # image members the json does not list: a sample holds exactly what it names
+        ([("a.json", _J, "f"), ("a.0.jpg", b"\xff\xd8", "f")], "incomplete"),
+        (
+            [
+                (
+                    "a.json",
+                    json.dumps({"sample_id": "a", "images": ["0.jpg"], "turns": []}).encode(),
+                    "f",
+                ),
+                ("a.0.jpg", b"\xff\xd8", "f"),
+                ("a.1.jpg", b"\xff\xd8", "f"),
+            ],
+            "incomplete",
+        ),
     ],
 )
 def test_hostile_or_malformed_members_are_rejected(gen_copy, members, match):

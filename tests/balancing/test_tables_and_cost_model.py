@@ -1,0 +1,65 @@
+"""The plan's table kernels without a twin, against numpy and Python's own sort, and the cost
+model's coefficients against the formula it states (worked by hand).
+
+Planted bugs these catch: the counting sort losing its stability (samples of one step reordered
+between runs of the same plan), group maxima that are not maxima, causal attention costed as
+full attention, the projection cost counted for one layer only, the vision cost squaring the
+sum of a sample's image sequences instead of summing their squares."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from balancing import _kernels as K
+from balancing.cost_model import CostModel, PhaseCost, sample_costs
+
+SEEDS = range(25)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_counting_argsort_is_pythons_stable_sort(seed):
+    rng = np.random.default_rng(seed)
+    n_keys = int(rng.integers(1, 12))
+    keys = rng.integers(0, n_keys, int(rng.integers(0, 300)))  # many ties
+    got = K._nb_counting_argsort(keys, n_keys)
+    assert got.tolist() == sorted(range(len(keys)), key=lambda i: keys[i])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_group_max_is_numpys_per_group_maximum(seed):
+    rng = np.random.default_rng(seed)
+    n_groups = int(rng.integers(1, 20))
+    ids = rng.integers(0, n_groups, int(rng.integers(1, 200)))
+    x = rng.exponential(100.0, ids.size)
+    want = np.zeros(n_groups)
+    np.maximum.at(want, ids, x)
+    assert K._nb_group_max(ids, x, n_groups).tolist() == want.tolist()
+
+
+def test_phase_cost_from_dims_is_the_stated_formula():
+    """alpha = 24 h^2 L (projections and MLP per token), beta = 4 h L per squared sequence
+    length (attention), half of it for causal attention; h = 2, L = 3 by hand."""
+    full = PhaseCost.from_dims(hidden=2, layers=3, causal=False)
+    causal = PhaseCost.from_dims(hidden=2, layers=3, causal=True)
+    assert (full.alpha, full.beta) == (24 * 4 * 3, 4 * 2 * 3) == (288, 24)
+    assert (causal.alpha, causal.beta) == (288, 12)
+    m = CostModel.from_dims(vit_hidden=2, vit_layers=3, llm_hidden=5, llm_layers=7)
+    assert (m.vision.alpha, m.vision.beta) == (288, 24)  # the encoder attends both ways
+    assert (m.llm.alpha, m.llm.beta) == (24 * 25 * 7, 2 * 5 * 7)
+
+
+def test_sample_costs_sum_the_squares_of_each_image_sequence():
+    table = pa.table(
+        {
+            "vit_tokens": pa.array([0, 30, 8], pa.int64()),
+            "vit_seq_lens": pa.array([[], [10, 20], [8]], pa.list_(pa.int32())),
+            "llm_tokens": pa.array([5, 40, 3], pa.int64()),
+        }
+    )
+    model = CostModel(vision=PhaseCost(alpha=2.0, beta=3.0), llm=PhaseCost(alpha=5.0, beta=7.0))
+    vc, tc = sample_costs(table, model)
+    # by hand: 2*30 + 3*(10^2 + 20^2) = 1560 (not 3*(30^2)); 2*8 + 3*64 = 208
+    assert vc.tolist() == [0.0, 1560.0, 208.0]
+    assert tc.tolist() == [5 * 5 + 7 * 25, 5 * 40 + 7 * 1600, 5 * 3 + 7 * 9]

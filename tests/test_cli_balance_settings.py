@@ -48,19 +48,15 @@ def _cli_plan(cost, out, extra=()):
     return plan, json.loads((out / "report.json").read_text())
 
 
-def _api_plan(cost, **caps):
+def _given() -> dict:
+    """SETTINGS as BalanceConfig's keyword arguments."""
     s = SETTINGS
-    cfg = BalanceConfig(
-        dp=s["dp"],
-        nodes=s["nodes"],
-        target_batch=s["target_batch"],
-        seed=s["seed"],
-        rounds=s["rounds"],
-        slack=s["slack"],
-        cost_model=CostModel.from_dims(**s["dims"]),
-        **caps,
-    )
-    return build_plan(read_cost_table(cost), cfg)
+    given = {k: s[k] for k in ("dp", "nodes", "target_batch", "seed", "rounds", "slack")}
+    return {**given, "cost_model": CostModel.from_dims(**s["dims"])}
+
+
+def _api_plan(cost, **overrides):
+    return build_plan(read_cost_table(cost), BalanceConfig(**{**_given(), **overrides}))
 
 
 def _rows(plan: dict) -> list[tuple]:
@@ -81,10 +77,7 @@ def test_cli_plan_equals_the_api_plan_with_the_same_settings(cost_table, tmp_pat
 def test_every_setting_changes_the_plan(cost_table):
     """Each setting above moves the plan on this table, so the comparison sees a dropped one."""
     base = _rows(_api_plan(cost_table).plan.to_pydict())
-    s = SETTINGS
-    given = dict(dp=s["dp"], nodes=s["nodes"], target_batch=s["target_batch"], seed=s["seed"])
-    given.update(rounds=s["rounds"], slack=s["slack"], cost_model=CostModel.from_dims(**s["dims"]))
     swapped = CostModel.from_dims(vit_hidden=2048, vit_layers=20, llm_hidden=768, llm_layers=12)
     for field, other in [("seed", 12), ("rounds", 3), ("slack", 0.3), ("cost_model", swapped)]:
-        plan = build_plan(read_cost_table(cost_table), BalanceConfig(**{**given, field: other}))
+        plan = _api_plan(cost_table, **{field: other})
         assert _rows(plan.plan.to_pydict()) != base, field

@@ -59,7 +59,7 @@ def image_ref(item, input_path: str, opts: ReadOptions, where: str) -> ImageRef:
         raise SampleRejected(
             "missing_image", f"{where}: image reference {item!r:.80} is not a path"
         )
-    root = opts.image_root or os.path.dirname(input_path)
+    root = opts.root_for(input_path) or os.path.dirname(input_path)
     path = os.path.join(root, item)
     if not opts.allow_outside_image_root and not _inside(path, root):
         raise SampleRejected(

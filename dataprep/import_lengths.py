@@ -16,6 +16,7 @@ silently.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections import Counter
@@ -81,27 +82,59 @@ class ImportResult:
     reasons: dict[str, int] = field(default_factory=dict)
 
 
-def _entries(path: Path) -> list:
-    """The file's entries: a JSON list, or one JSON value per line."""
-    text = path.read_text(encoding="utf-8")
+# plausible per-sample bounds: far above any real sample (InternVL's dynamic tiling gives at
+# most tens of tiles an image), far below what would overflow a cost-table column
+MAX_TILES = 1 << 16
+MAX_TOKENS = 1 << 26
+_OFFSETS = 1 << 31  # a list column's 32-bit offsets: tiles per chunk stay below
+
+
+class _BadLine:
+    """A line of a JSON-lines file that is not JSON: that entry's errors row."""
+
+    def __init__(self, line: int, why: str) -> None:
+        self.line, self.why = line, why
+
+
+def _entries(path: Path) -> list[tuple[int | None, object]]:
+    """The file's entries as ``(line number or None, value)``: a JSON list, or one JSON value
+    per line (a line that is not JSON is kept as a :class:`_BadLine`, not the whole file's
+    failure)."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as first:
-        try:
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the length file ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as first:
+        out: list[tuple[int | None, object]] = []
+        for no, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append((no, json.loads(line)))
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                out.append((no, _BadLine(no, f"line {no} is not JSON ({_short(exc)})")))
+        if out and all(isinstance(v, _BadLine) for _, v in out):
             raise ValueError(
-                f"{path}: neither a JSON list nor JSON lines ({first}); the length format is "
-                '[{"vit_num": 1, "token_num": 358, "image_flags": 1}, ...]'
+                f"{path}: neither a JSON list nor JSON lines ({_short(first)}); the length "
+                'format is [{"vit_num": 1, "token_num": 358, "image_flags": 1}, ...]'
             ) from None
+        return out
     if isinstance(data, dict):  # one JSON object per line, but only one line
-        return [data]
+        return [(1, data)]
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of samples, got {type(data).__name__}")
-    return data
+    return [(None, v) for v in data]
+
+
+def _short(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200] if str(exc) else type(exc).__name__
 
 
 def _why_not(entry, cfg: ImportLengthsConfig) -> str | None:
+    if isinstance(entry, _BadLine):
+        return entry.why
     if not isinstance(entry, dict):
         return f"entry is a {type(entry).__name__}, not an object with {list(KEYS)}"
     missing = [k for k in KEYS if k not in entry]
@@ -110,7 +143,11 @@ def _why_not(entry, cfg: ImportLengthsConfig) -> str | None:
     for k in KEYS:
         v = entry[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            return f"{k} must be an integer >= 0, got {v!r}"
+            return f"{k} must be an integer >= 0, got {v!r:.80}"
+    if entry["vit_num"] > MAX_TILES:
+        return f"vit_num {entry['vit_num']:.3g} is above the plausible {MAX_TILES} tiles a sample"
+    if entry["token_num"] > MAX_TOKENS:
+        return f"token_num {entry['token_num']:.3g} is above the plausible {MAX_TOKENS} a sample"
     if entry["image_flags"] > entry["vit_num"]:
         return f"image_flags {entry['image_flags']} exceeds vit_num {entry['vit_num']}"
     if entry["token_num"] < entry["image_flags"] * cfg.tokens_per_tile:
@@ -125,10 +162,23 @@ def _table(entries: list[dict], ids: list[str], source: str, cfg: ImportLengthsC
     tiles = np.array([e["vit_num"] for e in entries], dtype=np.int64)
     real = np.array([e["image_flags"] for e in entries], dtype=np.int64)
     llm = np.array([e["token_num"] for e in entries], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int32)
-    seq = pa.ListArray.from_arrays(
-        pa.array(offsets), pa.array(np.full(offsets[-1], cfg.patches_per_tile, np.int32))
-    )
+    # vit_seq_lens is a list column with 32-bit offsets: one chunk per < 2^31 tiles
+    ends = np.cumsum(tiles)
+    cuts = [0]
+    while cuts[-1] < len(tiles):
+        base = ends[cuts[-1] - 1] if cuts[-1] else 0
+        cuts.append(max(cuts[-1] + 1, int(np.searchsorted(ends, base + _OFFSETS - 1, "right"))))
+    chunks = []
+    for lo, hi in itertools.pairwise(cuts):
+        offsets = np.concatenate([[0], np.cumsum(tiles[lo:hi])])
+        assert offsets[-1] < _OFFSETS, "a chunk of tiles overflows 32-bit list offsets"
+        chunks.append(
+            pa.ListArray.from_arrays(
+                pa.array(offsets.astype(np.int32)),
+                pa.array(np.full(int(offsets[-1]), cfg.patches_per_tile, np.int32)),
+            )
+        )
+    seq = pa.chunked_array(chunks, pa.list_(pa.int32()))
     return pa.table(
         {
             "sample_id": pa.array(ids, pa.string()),
@@ -154,7 +204,7 @@ def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
     for path in map(Path, cfg.inputs):
         source = path.stem
         good, ids = [], []
-        for i, entry in enumerate(_entries(path)):
+        for i, (line, entry) in enumerate(_entries(path)):
             result.n_in += 1
             why = _why_not(entry, cfg)
             if why is None:
@@ -165,10 +215,10 @@ def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
                 {
                     "source": source,
                     "location": f"{path}#{i}",
-                    "line": None,
+                    "line": line,
                     "sample_id": f"{source}:{i}",
                     "reason": "invalid_lengths",
-                    "detail": f"{path} entry {i}: {why}",
+                    "detail": f"{path} entry {i}{f' (line {line})' if line else ''}: {why}",
                 }
             )
         tables.append(_table(good, ids, source, cfg))

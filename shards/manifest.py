@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from shards.publish import CURRENT, parse_current, read_current
+from shards.publish import CURRENT, parse_current, read_current, valid_generation_name
 from shards.storage import GenerationFiles, is_url
 
 __all__ = [
@@ -78,6 +79,9 @@ class Manifest:
     report: dict
     raw: dict
     files: GenerationFiles | None = None  # how its shards are read (None: the local directory)
+    carried: dict | None = (
+        None  # files beside the shards (cost table, plan): name -> (bytes, sha256)
+    )
 
     @property
     def storage(self) -> GenerationFiles:
@@ -108,10 +112,47 @@ def _need(d: dict, key: str, typ, where: str):
     return v
 
 
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def check_digest(value: str, where: str) -> str:
+    """A sha256 from a manifest, checked before it names a cache file: 64 lowercase hex."""
+    if not (isinstance(value, str) and _DIGEST.fullmatch(value)):
+        raise ManifestError(
+            f"{where}: sha256 {str(value)[:80]!r} is not a sha256 digest (64 lowercase hex "
+            "characters); the manifest is damaged or was not written by equishard"
+        )
+    return value
+
+
+def check_generation_name(name: str, where: str, field: str = "generation") -> str:
+    """A generation id from a manifest or CURRENT: one plain directory name, never a path."""
+    if not valid_generation_name(name):
+        raise ManifestError(
+            f"{where}: {field} {name[:80]!r} is not a generation name (one directory name, no "
+            "path separators, not hidden)"
+        )
+    return name
+
+
+def _count(d: dict, key: str, where: str) -> int:
+    v = _need(d, key, int, where)
+    if v < 0:
+        raise ManifestError(f"{where}: field {key!r} is {v}, it cannot be negative")
+    return v
+
+
 def _safe_path(name: str, gen_dir: Path | None, where: str, dirs: dict) -> None:
     """A shard path must stay inside its generation: relative, no ``..``, no symlink out."""
     p = PurePosixPath(name)
-    if not name or p.is_absolute() or ".." in p.parts or "\\" in name:
+    parts = name.split("/")
+    if (
+        not name
+        or p.is_absolute()
+        or {"", ".", ".."} & set(parts)
+        or "\\" in name
+        or "\x00" in name
+    ):
         raise ManifestError(f"{where}: shard path {name!r} leaves the generation directory")
     if gen_dir is None:  # an object store: no symlinks, a key is what it names
         return
@@ -263,9 +304,9 @@ def load_manifest(
             _safe_path(_need(sh, "file", str, w), gen_dir, w, real_dirs)
             shard = Shard(
                 file=_need(sh, "file", str, w),
-                bytes=_need(sh, "bytes", int, w),
-                sha256=_need(sh, "sha256", str, w),
-                samples=_need(sh, "samples", int, w),
+                bytes=_count(sh, "bytes", w),
+                sha256=check_digest(_need(sh, "sha256", str, w), w),
+                samples=_count(sh, "samples", w),
                 groups=tuple(groups),
             )
             if sum(g.samples for g in groups) != shard.samples:
@@ -308,10 +349,22 @@ def load_manifest(
     if len(streams) != nodes * per:
         raise ManifestError(f"{path}: {len(streams)} streams for a layout of {nodes} x {per} ranks")
     _check_structure(path, streams, steps, nodes, per, totals, raw.get("report") or {})
+    carried = {}
+    for name, spec in _need(raw, "files", dict, str(path)).items() if "files" in raw else ():
+        w = f"{path} files[{name!r}]"
+        if not isinstance(spec, dict):
+            raise ManifestError(f"{w}: expected an object with bytes and sha256")
+        _safe_path(name, gen_dir, w, real_dirs)
+        carried[name] = (_count(spec, "bytes", w), check_digest(_need(spec, "sha256", str, w), w))
+    parent = raw.get("parent")
+    if parent is not None:
+        if not isinstance(parent, str):
+            raise ManifestError(f"{path}: field 'parent' is {type(parent).__name__}, expected str")
+        check_generation_name(parent, str(path), "parent")
     return Manifest(
         path=gen_dir if gen_dir is not None else files.location,
-        generation=_need(raw, "generation", str, str(path)),
-        parent=raw.get("parent"),
+        generation=check_generation_name(_need(raw, "generation", str, str(path)), str(path)),
+        parent=parent,
         steps=steps,
         nodes=nodes,
         gpus_per_node=per,
@@ -320,6 +373,7 @@ def load_manifest(
         report=raw.get("report", {}),
         raw=raw,
         files=files if files.remote or files.cache_dir else None,
+        carried=carried,
     )
 
 

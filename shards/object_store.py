@@ -30,10 +30,12 @@ from pathlib import Path
 
 from shards.errors import WriteError
 from shards.manifest import MANIFEST, load_manifest
-from shards.publish import CURRENT, fsync_dir, parse_current, set_current
+from shards.publish import CURRENT, fsync_dir, parse_current, set_current, valid_generation_name
 from shards.storage import GenerationFiles, is_url, join_url
 
 __all__ = [
+    "ConcurrentPublishError",
+    "current_tag",
     "default_staging",
     "fetch_generation",
     "publish_generation",
@@ -59,11 +61,88 @@ def _files(local_gen: Path) -> list[str]:
     return sorted(out)
 
 
+class ConcurrentPublishError(WriteError):
+    """Another writer moved ``CURRENT`` after this one read it: this publish did not happen."""
+
+
+def _inside(root: Path, name: str) -> Path:
+    """``root / name`` for a name read from a manifest or a listing, refused unless it stays
+    inside ``root`` (the manifest loader checked it already; this guards every local write)."""
+    top = os.path.realpath(root)
+    path = os.path.realpath(os.path.join(top, name))
+    if not path.startswith(top + os.sep):
+        raise WriteError(f"{name!r} would be written outside {root}; refusing it")
+    return Path(path)
+
+
+def _local_sha256(path: Path) -> str:
+    return GenerationFiles(path.parent).sha256(path.name)
+
+
+def current_tag(root_url: str, *, storage_options: dict | None = None):
+    """``(generation, tag)`` of ``root_url/CURRENT``: the name it holds and the store's ETag of
+    that object (``(None, None)`` when there is none). Give it back to
+    :func:`publish_generation` as ``expect_current`` to publish only if nobody moved it since."""
+    root = GenerationFiles(root_url, storage_options=storage_options)
+    try:
+        root.fs.invalidate_cache()
+        info = root.fs.info(root.full_path(CURRENT))
+        text = root.read_bytes(CURRENT).decode()
+    except FileNotFoundError:
+        return None, None
+    tag = info.get("ETag") or info.get("etag")
+    name = parse_current(text, root_url)
+    # the tag read with the name must still hold it (a move between the two reads)
+    if tag is not None and (root.fs.info(root.full_path(CURRENT)).get("ETag") != tag):
+        return current_tag(root_url, storage_options=storage_options)
+    return name, tag
+
+
+def _move_current(root: GenerationFiles, generation: str, expect) -> None:
+    """Point ``CURRENT`` at ``generation``. With ``expect=(name, tag)``: only while it still
+    holds ``name`` (an S3 conditional PUT, ``If-Match`` its tag, or ``If-None-Match: *`` when
+    there was none): of two nights published from one parent exactly one moves it."""
+    data = (generation + "\n").encode()
+    path = root.full_path(CURRENT)
+    if expect is None or not {"s3", "s3a"} & set(_protocols_of(root)):
+        # other stores (gs://, az://, memory://): one writer per root at a time (README)
+        root.fs.pipe_file(path, data)
+        return
+    name, tag = expect
+    cond = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
+    try:
+        root.fs.pipe_file(path, data, **cond)
+        return
+    except OSError as exc:
+        now, _ = current_tag(root.location, storage_options=root.storage_options)
+        if now == generation:
+            return  # a retried PUT that had landed
+        raise ConcurrentPublishError(
+            f"{root.where(CURRENT)}: another writer moved CURRENT from {name} to {now} while "
+            f"this run published {generation} (the store refused the conditional write: "
+            f"{exc}); {generation} is not CURRENT. Run again: it starts from {now}"
+        ) from None
+
+
+def _protocols_of(files: GenerationFiles) -> tuple[str, ...]:
+    p = files.fs.protocol
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
 def publish_generation(
-    local_gen: str | os.PathLike, root_url: str, *, storage_options: dict | None = None
+    local_gen: str | os.PathLike,
+    root_url: str,
+    *,
+    storage_options: dict | None = None,
+    expect_current: tuple[str | None, str | None] | None = None,
 ) -> dict:
     """Upload the complete local generation ``local_gen`` to ``root_url/<its id>`` (manifest
-    last) and point ``root_url/CURRENT`` at it. Returns ``{"uploaded", "skipped", "bytes"}``."""
+    last) and point ``root_url/CURRENT`` at it. Returns ``{"uploaded", "skipped", "bytes"}``.
+
+    An object already in the store (a resumed upload) is kept only when its sha256 equals the
+    local file's, never for its size alone. With ``expect_current`` (from :func:`current_tag`),
+    CURRENT moves only if it still names what it named then; otherwise
+    :class:`ConcurrentPublishError` and CURRENT stays where the other writer put it."""
     if not is_url(root_url):
         raise ValueError(f"{root_url!r} is not a URL (e.g. s3://bucket/prefix)")
     local_gen = Path(local_gen)
@@ -75,7 +154,13 @@ def publish_generation(
         raise WriteError(f"{local_gen}: no manifest; publish only a complete generation")
     local = {n: (local_gen / n).stat().st_size for n in names if n != MANIFEST}
     have = gen.sizes() if gen.is_dir() else {}
-    todo = [n for n, size in local.items() if have.get(n) != size]
+    digests = {sh.file: sh.sha256 for st in m.streams for sh in st.shards}
+    todo = []
+    for n, size in local.items():
+        if have.get(n) != size:
+            todo.append(n)
+        elif gen.sha256(n) != (digests.get(n) or _local_sha256(local_gen / n)):
+            todo.append(n)  # a leftover of the right size but other bytes: upload again
     if todo:
         gen.fs.put([str(local_gen / n) for n in todo], [gen.full_path(n) for n in todo])
     after = gen.sizes()
@@ -86,7 +171,7 @@ def publish_generation(
                 "nothing was published, run again"
             )
     gen.fs.pipe_file(gen.full_path(MANIFEST), (local_gen / MANIFEST).read_bytes())
-    root.fs.pipe_file(root.full_path(CURRENT), (m.generation + "\n").encode())
+    _move_current(root, m.generation, expect_current)
     return {
         "uploaded": len(todo) + 1,
         "skipped": len(local) - len(todo),
@@ -102,35 +187,82 @@ def read_remote_current(root_url: str, *, storage_options: dict | None = None) -
         return None
 
 
+def _wanted(m) -> dict[str, str | None]:
+    """What a local copy of a generation needs: its shards and the files carried beside them
+    (cost table, plan, the nightly errors table), each with the digest the manifest gives."""
+    from shards.energon import DATASET_YAML, ENERGON_DIR
+    from shards.parent import COST_FILE, PLAN_FILE
+
+    out: dict[str, str | None] = {sh.file: sh.sha256 for st in m.streams for sh in st.shards}
+    if m.carried:
+        out.update({n: digest for n, (_, digest) in m.carried.items()})
+    else:  # a manifest from before carried files were listed: the two the nights read
+        out.update({COST_FILE: None, PLAN_FILE: None})
+    out[f"{ENERGON_DIR}/{DATASET_YAML}"] = None  # only a marker: the parent had Energon's files
+    out.pop(MANIFEST, None)
+    return out
+
+
+def _check_copy(dest: Path, manifest: bytes) -> bool:
+    """Whether a local copy is the generation the store holds: the same manifest bytes, every
+    shard and carried file with the manifest's sha256."""
+    try:
+        if (dest / MANIFEST).read_bytes() != manifest:
+            return False
+        m = load_manifest(dest)
+    except (OSError, ValueError):
+        return False
+    for name, digest in _wanted(m).items():
+        if digest is not None and (
+            not (dest / name).is_file() or _local_sha256(dest / name) != digest
+        ):
+            return False
+    return True
+
+
 def fetch_generation(
     root_url: str, generation: str, local_root: str | os.PathLike, *, storage_options=None
 ) -> Path:
-    """A local copy of ``root_url/generation`` under ``local_root`` (kept if already there and
-    complete), every shard checked against the manifest's sha256; CURRENT there names it."""
+    """A local copy of ``root_url/generation`` under ``local_root``, made of exactly what its
+    manifest names (each shard and carried file checked against its sha256; any other key under
+    the prefix is never fetched, so no key can choose a local path). A copy already there is kept
+    only when it checks out the same way; a damaged one is dropped and fetched again. CURRENT
+    there names it."""
     local_root = Path(local_root)
     local_root.mkdir(parents=True, exist_ok=True)
+    if not valid_generation_name(generation):
+        raise WriteError(f"{root_url}: {generation!r} is not a generation name")
     dest = local_root / generation
-    if (dest / MANIFEST).exists():
-        load_manifest(dest)
-    else:
-        src = GenerationFiles(join_url(root_url, generation), storage_options=storage_options)
+    src = GenerationFiles(join_url(root_url, generation), storage_options=storage_options)
+    manifest = src.read_bytes(MANIFEST)
+    if dest.exists() and not _check_copy(dest, manifest):
+        trash = local_root / f".trash-{generation}"
+        shutil.rmtree(trash, ignore_errors=True)
+        os.replace(dest, trash)  # damaged or stale: fetched again below
+        shutil.rmtree(trash, ignore_errors=True)
+    if not dest.exists():
         m = load_manifest(src)
         tmp = local_root / f".fetch-{generation}"
         shutil.rmtree(tmp, ignore_errors=True)
-        names = [n for n in src.sizes() if n != MANIFEST]
-        for n in names:
-            (tmp / n).parent.mkdir(parents=True, exist_ok=True)
-        src.fs.get([src.full_path(n) for n in names], [str(tmp / n) for n in names])
-        (tmp / MANIFEST).write_bytes(src.read_bytes(MANIFEST))
-        local = load_manifest(tmp)
-        for st in local.streams:
-            for sh in st.shards:
-                digest = GenerationFiles(tmp).sha256(sh.file)
-                if digest != sh.sha256:
-                    raise WriteError(
-                        f"{src.where(sh.file)}: sha256 {digest} != the manifest's {sh.sha256}"
-                    )
-        assert m.generation == local.generation
+        tmp.mkdir()
+        listing = src.sizes()
+        names = [n for n in _wanted(m) if n in listing]
+        targets = [_inside(tmp, n) for n in names]
+        for t in targets:
+            t.parent.mkdir(parents=True, exist_ok=True)
+        if names:
+            src.fs.get([src.full_path(n) for n in names], [str(t) for t in targets])
+        (tmp / MANIFEST).write_bytes(manifest)
+        load_manifest(tmp)
+        for name, digest in _wanted(m).items():
+            if digest is None:
+                continue
+            got = _local_sha256(tmp / name) if (tmp / name).is_file() else "missing"
+            if got != digest:
+                raise WriteError(
+                    f"{src.where(name)}: sha256 {got} != the manifest's {digest}; the "
+                    "generation in the store is damaged"
+                )
         os.replace(tmp, dest)
         fsync_dir(local_root)
     set_current(local_root, generation)
@@ -140,6 +272,8 @@ def fetch_generation(
 def remove_remote_generation(root_url: str, generation: str, *, storage_options=None) -> None:
     """Delete ``root_url/generation``: the manifest first (it stops being a generation), then
     the rest."""
+    if not valid_generation_name(generation):
+        raise WriteError(f"{root_url}: {generation!r} is not a generation name")
     gen = GenerationFiles(join_url(root_url, generation), storage_options=storage_options)
     if gen.exists(MANIFEST):
         gen.fs.rm_file(gen.full_path(MANIFEST))

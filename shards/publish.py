@@ -11,17 +11,23 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
+import time
 from pathlib import Path
 
 __all__ = [
     "CURRENT",
+    "HISTORY",
     "atomic_write_bytes",
     "fsync_dir",
+    "note_current",
     "parse_current",
     "read_current",
+    "read_history",
     "set_current",
     "try_lock",
+    "valid_generation_name",
 ]
 
 CURRENT = "CURRENT"
@@ -61,11 +67,21 @@ def read_current(root: str | os.PathLike) -> str | None:
     return parse_current(text, str(root))
 
 
+def valid_generation_name(name: str) -> bool:
+    """One plain directory name: not empty, not hidden, no path separator or NUL, <= 255."""
+    return bool(
+        name
+        and not name.startswith(".")
+        and not {"/", "\\", "\x00"} & set(name)
+        and len(name) <= 255
+    )
+
+
 def parse_current(text: str, root: str) -> str | None:
     """The generation a ``CURRENT`` file's ``text`` names (None if empty); ``ValueError`` for a
     name that would leave ``root``."""
     name = text.strip()
-    if name and (name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name):
+    if name and not valid_generation_name(name):
         raise ValueError(
             f"{root}/{CURRENT} names {name!r}, not a generation inside {root}; write the "
             "name of one of its gen-* directories there"
@@ -73,8 +89,51 @@ def parse_current(text: str, root: str) -> str | None:
     return name or None
 
 
+HISTORY = "CURRENT.history"  # one JSON line per move of CURRENT and per night's start
+_HISTORY_LINES = 2000
+
+
+def note_current(root: str | os.PathLike, generation: str, event: str = "current") -> None:
+    """Append ``{"event", "generation", "at"}`` to the root's CURRENT history (what retention
+    keeps by: a generation that was CURRENT within the last nights stays, whatever its files'
+    times say). Kept to its last lines; never read for anything but keeping more."""
+    path = Path(root) / HISTORY
+    line = json.dumps({"event": event, "generation": generation, "at": time.time()}) + "\n"
+    try:
+        old = path.read_text(errors="replace").splitlines(keepends=True)
+    except FileNotFoundError:
+        old = []
+    if len(old) < _HISTORY_LINES:
+        with open(path, "a") as f:
+            f.write(line)
+            f.flush()
+            os.fsync(f.fileno())
+    else:
+        atomic_write_bytes(path, "".join([*old[-_HISTORY_LINES // 2 :], line]).encode())
+
+
+def read_history(root: str | os.PathLike) -> list[tuple[str, str]]:
+    """``(event, generation)`` in order; lines that are not what :func:`note_current` writes
+    (a damaged or hand-edited file) are left out."""
+    try:
+        text = (Path(root) / HISTORY).read_text(errors="replace")
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            rec = json.loads(line)
+            event, gen = rec["event"], rec["generation"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(event, str) and isinstance(gen, str) and valid_generation_name(gen):
+            out.append((event, gen))
+    return out
+
+
 def set_current(root: str | os.PathLike, generation: str) -> None:
     atomic_write_bytes(Path(root) / CURRENT, (generation + "\n").encode())
+    note_current(root, generation)
 
 
 def try_lock(path: str | os.PathLike):

@@ -39,7 +39,14 @@ import pyarrow.parquet as pq
 from dataprep.ray_engine import ENGINES
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
-from shards.publish import CURRENT, atomic_write_bytes, read_current, try_lock
+from shards.publish import (
+    CURRENT,
+    atomic_write_bytes,
+    note_current,
+    read_current,
+    read_history,
+    try_lock,
+)
 from shards.storage import is_url
 
 __all__ = [
@@ -153,7 +160,9 @@ def collect_generations(root: Path, keep: int) -> list[str]:
     generation is kept when it is one of the first ``keep`` on the CURRENT -> parent chain, or
     one of the ``keep`` most recently published, or published after the oldest generation kept
     on the chain (so after a rollback of CURRENT, the generations rolled back from stay until
-    the chain has moved past them). CURRENT is never removed."""
+    the chain has moved past them), or CURRENT at any time within the last ``keep`` nights by
+    the root's CURRENT history (``CURRENT.history``: manifest times can lie, e.g. after a copy
+    or a fetch). CURRENT is never removed."""
     current = read_current(root)
     if current is None:
         return []
@@ -167,7 +176,7 @@ def collect_generations(root: Path, keep: int) -> list[str]:
     on_chain = chain[:keep]
     recent = sorted(complete, key=lambda n: complete[n], reverse=True)[:keep]
     oldest_kept = min(complete[n] for n in on_chain)
-    kept = set(on_chain) | set(recent) | {current}
+    kept = set(on_chain) | set(recent) | {current} | _current_lately(root, keep)
     removed = []
     for name in sorted(complete):
         if name in kept or complete[name] > oldest_kept:
@@ -181,6 +190,15 @@ def collect_generations(root: Path, keep: int) -> list[str]:
     for t in root.glob(".trash-gen-*"):  # left by a crash during an earlier collection
         shutil.rmtree(t, ignore_errors=True)
     return removed
+
+
+def _current_lately(root: Path, keep: int) -> set[str]:
+    """Every generation that was CURRENT within the last ``keep`` nights, by the root's CURRENT
+    history (not by manifest times, which a rollback, a copy or a fetch can make lie)."""
+    history = read_history(root)
+    nights = [i for i, (event, _) in enumerate(history) if event == "night"]
+    start = nights[-keep] if len(nights) >= keep else 0
+    return {gen for _, gen in history[start:]}
 
 
 def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: dict, out: Path):
@@ -223,6 +241,19 @@ def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: d
     return combined, counts, deleted | updated
 
 
+def _night_meta(meta: dict, cfg: RebalanceConfig) -> dict:
+    """The combined table's metadata: the parent's, plus the image root this night's inputs
+    were measured under, per input, so write reads every sample's images from the root its
+    cost row was measured under (never the parent's root for a new sample)."""
+    ro = dict(meta.get("read_options") or {})
+    root = cfg.image_root or ro.get("image_root")
+    night = {str(Path(p).resolve()) for p in cfg.new}
+    roots = [(p, r) for p, r in ro.get("image_roots") or () if p not in night]
+    if root:
+        roots += [(p, str(Path(root).resolve())) for p in sorted(night)]
+    return {**meta, "read_options": {**ro, "image_roots": roots}}
+
+
 NIGHT_ERRORS = "night.errors.parquet"  # the night's rejected samples, carried in its generation
 
 
@@ -259,26 +290,30 @@ def _record_night(root: Path, summary: dict) -> None:
 def _rebalance_store(cfg: RebalanceConfig) -> RebalanceResult:
     """Rebalance the generation root at an object-store URL through a local staging root."""
     from shards.object_store import (
+        current_tag,
         default_staging,
         fetch_generation,
         publish_generation,
-        read_remote_current,
         remove_remote_generation,
     )
 
     url, opts = cfg.current, cfg.storage_options
-    cur = read_remote_current(url, storage_options=opts)
+    # CURRENT's name and the store's tag of it: the publish moves CURRENT only if it still
+    # holds them (S3 If-Match), so of two nights from one parent exactly one publishes
+    cur, tag = current_tag(url, storage_options=opts)
     if cur is None:
         raise ManifestError(
             f"{url}: no {CURRENT}; write the first generation with 'equishard write'"
         )
     staging = Path(cfg.staging or default_staging(url))
-    fetch_generation(url, cur, staging, storage_options=opts)  # kept from the last night if there
+    fetch_generation(url, cur, staging, storage_options=opts)  # kept from the last night if sound
     res = run_rebalance(replace(cfg, current=str(staging)))
     if res.status == "in_progress":
         return res
     if res.generation != cur:
-        publish_generation(staging / res.generation, url, storage_options=opts)
+        publish_generation(
+            staging / res.generation, url, storage_options=opts, expect_current=(cur, tag)
+        )
     for gen in res.removed:  # the local retention, mirrored once CURRENT has moved on
         remove_remote_generation(url, gen, storage_options=opts)
     return res
@@ -317,6 +352,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             f"{root}: no {CURRENT} generation; write the first one with 'equishard write'"
         )
     parent = load_manifest(root / cur)
+    note_current(root, cur, "night")  # what was CURRENT when this night began (a rollback too)
     key = _night_key(cfg)
     done = parent.raw.get("nightly", {})
     if done.get("key") == key:  # this night is CURRENT already: finish any leftover work
@@ -381,7 +417,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         table_metadata(new_path)["counts"] if cfg.new else {"in": 0, "rejected": 0, "cached": 0}
     )
     combined, counts, changed = _combine(
-        parent_cost, new, read_deletions(cfg.delete), meta, work / "cost.parquet"
+        parent_cost, new, read_deletions(cfg.delete), _night_meta(meta, cfg), work / "cost.parquet"
     )
     counts.update(
         read=new_meta["in"], rejected=new_meta["rejected"], not_reread=new_meta.get("cached", 0)

@@ -10,8 +10,13 @@ second epoch reads no object twice: a group's range as ``<sha256>/<offset>-<leng
 verified whole (``verify=True``) as ``<sha256>.tar``, from which its groups are then read, so
 the bytes used are the bytes verified. Cache files are written to a temporary name and renamed,
 which makes one cache directory safe to share between ranks and DataLoader workers (fsspec's own
-``blockcache`` keeps one metadata file per cache that concurrent processes overwrite). Cached
-bytes go through the same member checks as fresh ones on every read.
+``blockcache`` keeps one metadata file per cache that concurrent processes overwrite).
+
+Nothing in the cache is trusted for being there: a cache file's name is built only from a
+checked digest (64 lowercase hex characters, so it never leaves the cache directory); a group's
+range is stored with the sha256 of its bytes and read back only when they still match; a whole
+shard is hashed again on every ``sha256`` call, and its groups are read from it only after it
+matched in this process. A damaged cache file is dropped and the bytes fetched again.
 """
 
 from __future__ import annotations
@@ -19,9 +24,63 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 from pathlib import Path
 
-__all__ = ["GenerationFiles", "is_url", "join_url"]
+__all__ = ["GenerationFiles", "bounded_options", "is_url", "join_url", "store_limits"]
+
+TIMEOUT_ENV, RETRIES_ENV = "EQUISHARD_STORE_TIMEOUT", "EQUISHARD_STORE_RETRIES"
+DEFAULT_TIMEOUT, DEFAULT_RETRIES = 30.0, 3
+
+
+def store_limits() -> tuple[float, int]:
+    """(seconds a store request may wait for a connection or a read, attempts per request):
+    ``$EQUISHARD_STORE_TIMEOUT`` and ``$EQUISHARD_STORE_RETRIES`` (set by the CLI's
+    ``--store-timeout`` and ``--store-retries``), else 30 s and 3."""
+    try:
+        timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+        retries = int(os.environ.get(RETRIES_ENV) or DEFAULT_RETRIES)
+    except ValueError:
+        raise ValueError(
+            f"${TIMEOUT_ENV} must be seconds and ${RETRIES_ENV} a whole number, got "
+            f"{os.environ.get(TIMEOUT_ENV)!r} and {os.environ.get(RETRIES_ENV)!r}"
+        ) from None
+    if not (0 < timeout < float("inf")) or retries < 1:
+        raise ValueError(
+            f"${TIMEOUT_ENV} must be > 0 seconds and ${RETRIES_ENV} >= 1, got {timeout} and "
+            f"{retries}"
+        )
+    return timeout, retries
+
+
+def bounded_options(url: str, options: dict) -> tuple[dict, int | None]:
+    """fsspec options for ``url`` with every request bounded: for S3, botocore's connect and
+    read timeouts and its attempts (unless ``options`` set them), and the attempts of s3fs's
+    own retry loop (returned). An endpoint that never answers then fails a request after
+    about ``timeout x attempts`` seconds, not botocore's defaults times s3fs's retries."""
+    if not url.startswith(("s3://", "s3a://")):
+        return dict(options), None
+    timeout, retries = store_limits()
+    opts = dict(options)
+    cfg = dict(opts.get("config_kwargs") or {})
+    cfg.setdefault("connect_timeout", timeout)
+    cfg.setdefault("read_timeout", timeout)
+    cfg.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
+    opts["config_kwargs"] = cfg
+    return opts, retries
+
+
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_TRAILER = 32  # a cached range ends with the sha256 (raw bytes) of what precedes it
+
+
+def _check_digest(sha256: str) -> str:
+    if not _DIGEST.fullmatch(sha256):
+        raise ValueError(
+            f"{sha256[:80]!r} is not a sha256 digest (64 lowercase hex characters); it cannot "
+            "name a cache file"
+        )
+    return sha256
 
 
 def is_url(location: str | os.PathLike) -> bool:
@@ -53,6 +112,7 @@ class GenerationFiles:
         self.storage_options = dict(storage_options or {})
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._fs, self._pid = None, None
+        self._whole_ok: set[str] = set()  # digests of whole cached shards checked in this process
         if self.remote:
             self.location = os.fspath(location).rstrip("/")
             self._root = self._root_of(self.location)
@@ -70,7 +130,10 @@ class GenerationFiles:
         if self._fs is None or self._pid != os.getpid():
             import fsspec
 
-            self._fs, _ = fsspec.core.url_to_fs(self.location, **self.storage_options)
+            opts, retries = bounded_options(self.location, self.storage_options)
+            self._fs, _ = fsspec.core.url_to_fs(self.location, **opts)
+            if retries is not None:
+                self._fs.retries = retries  # s3fs's own retry loop (around botocore's)
             self._pid = os.getpid()
         return self._fs
 
@@ -78,7 +141,7 @@ class GenerationFiles:
         return self.fs._strip_protocol(location)  # the filesystem's path for the URL
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None, "_pid": None}
+        return {**self.__dict__, "_fs": None, "_pid": None, "_whole_ok": set()}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -155,10 +218,13 @@ class GenerationFiles:
         cache = self._cache_paths(sha256, offset, length)
         if cache is not None:
             whole, part = cache
-            for path, at in ((whole, offset), (part, 0)):
-                with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
-                    f.seek(at)
+            if sha256 in self._whole_ok:  # hashed whole in this process: its bytes are known
+                with contextlib.suppress(FileNotFoundError), open(whole, "rb") as f:
+                    f.seek(offset)
                     return f.read(length)
+            hit = _read_part(part, length)
+            if hit is not None:
+                return hit
         data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)
         if len(data) > length:  # a server that ignores Range sends the whole object
             raise OSError(
@@ -167,7 +233,7 @@ class GenerationFiles:
                 "a server or store that supports them (every object store does)"
             )
         if cache is not None and len(data) == length:
-            _atomic_write(cache[1], data)
+            _atomic_write(cache[1], data + hashlib.sha256(data).digest())
         return data
 
     def sha256(self, name: str, expected: str = "") -> str:
@@ -180,9 +246,14 @@ class GenerationFiles:
                     h.update(block)
             return h.hexdigest()
         keep = self.cache_dir is not None and expected
-        whole = self.cache_dir / f"{expected}.tar" if keep else None
+        whole = self.cache_dir / f"{_check_digest(expected)}.tar" if keep else None
         if whole is not None and whole.exists():
-            return expected  # kept only after it matched
+            # a cache hit is checked like a fresh fetch: hashed again, dropped when it differs
+            with contextlib.suppress(FileNotFoundError):
+                if _file_sha256(whole) == expected:
+                    self._whole_ok.add(expected)
+                    return expected
+                whole.unlink()
         tmp = whole.with_name(f".{whole.name}.tmp-{os.getpid()}") if whole is not None else None
         if tmp is not None:
             tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +271,7 @@ class GenerationFiles:
             digest = h.hexdigest()
             if tmp is not None and digest == expected:
                 os.replace(tmp, whole)
+                self._whole_ok.add(expected)
             return digest
         finally:
             if tmp is not None:
@@ -209,12 +281,38 @@ class GenerationFiles:
     def _cache_paths(self, sha256: str, offset: int, length: int) -> tuple[Path, Path] | None:
         if self.cache_dir is None or not sha256:
             return None
+        _check_digest(sha256)
+        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 < length):
+            raise ValueError(f"byte range {offset!r}+{length!r} cannot name a cache file")
         return self.cache_dir / f"{sha256}.tar", self.cache_dir / sha256 / f"{offset}-{length}"
 
 
 def _protocols(fs) -> tuple[str, ...]:
     p = fs.protocol
     return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_part(path: Path, length: int) -> bytes | None:
+    """A cached range's bytes when the file is whole and its trailer digest matches; a damaged
+    or foreign file is removed (None: fetch again)."""
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    data, digest = blob[:-_TRAILER], blob[-_TRAILER:]
+    if len(blob) == length + _TRAILER and hashlib.sha256(data).digest() == digest:
+        return data
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    return None
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

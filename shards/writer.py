@@ -290,11 +290,15 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
 
 def _write_to_store(cfg: WriteConfig, progress: bool) -> WriteResult:
     """Write locally in the staging root, then publish to the object store at ``cfg.out``."""
-    from shards.object_store import default_staging, publish_generation
+    from shards.object_store import current_tag, default_staging, publish_generation
 
     staging = cfg.staging or str(default_staging(cfg.out))
+    # CURRENT as it was before this write: it moves only if no other writer moved it meanwhile
+    expect = current_tag(cfg.out, storage_options=cfg.storage_options)
     local = write_generation(replace(cfg, out=staging), progress)
-    publish_generation(local.path, cfg.out, storage_options=cfg.storage_options)
+    publish_generation(
+        local.path, cfg.out, storage_options=cfg.storage_options, expect_current=expect
+    )
     return replace(local, path=join_url(cfg.out, local.generation))
 
 
@@ -421,11 +425,15 @@ def _write_all(
         },
     }
     manifest.update(cfg.manifest_extra or {})
+    carried = {}  # files carried beside the shards, named with their digest in the manifest
     for src, name in (
         (Path(cfg.cost_table), COST_FILE),
         (Path(cfg.plan_dir) / "plan.parquet", PLAN_FILE),
         *((Path(src), name) for name, src in (cfg.extra_files or {}).items()),
     ):
-        atomic_write_bytes(stage / name, src.read_bytes())
+        data = src.read_bytes()
+        atomic_write_bytes(stage / name, data)
+        carried[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["files"] = carried
     atomic_write_bytes(stage / MANIFEST, json.dumps(manifest, indent=1).encode())
     shutil.rmtree(stage / ".parts", ignore_errors=True)

@@ -40,6 +40,20 @@ class ReadOptions:
     text_column: str | None = None
     # read image paths that resolve outside image_root (off by default: dataprep.image_refs)
     allow_outside_image_root: bool = False
+    # (input path, image root) for inputs measured under another root than ``image_root``
+    # (a nightly rebalance's new inputs with --image-root): their images are read from there
+    image_roots: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:  # from JSON metadata: lists of lists
+        roots = tuple((str(p), str(r)) for p, r in self.image_roots)
+        object.__setattr__(self, "image_roots", roots)
+
+    def root_for(self, input_path: str) -> str | None:
+        """The image root of one input's relative image paths (None: the input's directory)."""
+        for path, root in self.image_roots:
+            if path == input_path:
+                return root
+        return self.image_root
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from dataprep.errors import DataprepError
 
     try:
+        if getattr(args, "apply_store", None) is not None:
+            args.apply_store(args)
         return int(args.run(args) or 0)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -7,7 +7,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["add_engine_args", "check_output", "check_output_dir", "fail", "format_table"]
+__all__ = [
+    "add_engine_args",
+    "add_store_args",
+    "check_output",
+    "check_output_dir",
+    "fail",
+    "format_table",
+]
 
 
 def fail(message: str, code: int = 2) -> int:
@@ -32,6 +39,43 @@ def add_engine_args(p, what: str) -> None:
         help="the Ray cluster to run on: auto, HOST:PORT or ray://HOST:10001 (default: "
         "$RAY_ADDRESS, else start a local cluster)",
     )
+
+
+def add_store_args(p) -> None:
+    """``--store-timeout`` and ``--store-retries`` for a subcommand that may read or write an
+    object store: every request is bounded (set as ``$EQUISHARD_STORE_TIMEOUT`` and
+    ``$EQUISHARD_STORE_RETRIES``, so worker processes and training ranks started by the command
+    inherit them)."""
+    p.add_argument(
+        "--store-timeout",
+        type=float,
+        metavar="S",
+        help="object stores: seconds a request may wait to connect or for data before it is "
+        "retried (default: $EQUISHARD_STORE_TIMEOUT, else 30)",
+    )
+    p.add_argument(
+        "--store-retries",
+        type=int,
+        metavar="N",
+        help="object stores: attempts per request before the command fails naming the object "
+        "(default: $EQUISHARD_STORE_RETRIES, else 3); an endpoint that never answers fails "
+        "after about S x N seconds",
+    )
+    p.set_defaults(apply_store=_apply_store_args)
+
+
+def _apply_store_args(args) -> None:
+    from shards.storage import RETRIES_ENV, TIMEOUT_ENV, store_limits
+
+    if args.store_timeout is not None:
+        if not 0 < args.store_timeout < float("inf"):
+            raise ValueError(f"--store-timeout must be > 0 seconds, got {args.store_timeout}")
+        os.environ[TIMEOUT_ENV] = repr(args.store_timeout)
+    if args.store_retries is not None:
+        if args.store_retries < 1:
+            raise ValueError(f"--store-retries must be >= 1, got {args.store_retries}")
+        os.environ[RETRIES_ENV] = str(args.store_retries)
+    store_limits()  # a bad value in the environment is an error before any work
 
 
 def check_output_dir(path: str | os.PathLike) -> None:

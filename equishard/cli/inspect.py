@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from equishard.cli._common import add_store_args
+
 __all__ = ["add_parser", "run"]
 
 
@@ -18,6 +20,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_store_args(p)
     p.set_defaults(run=run)
 
 

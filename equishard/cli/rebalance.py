@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from equishard.cli._common import add_engine_args
+from equishard.cli._common import add_engine_args, add_store_args
 
 __all__ = ["add_parser", "run"]
 
@@ -81,6 +81,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "fetched into and the new one written in before upload (default: $EQUISHARD_STAGING or "
         "~/.cache/equishard/staging/<hash of the URL>)",
     )
+    add_store_args(p)
     p.set_defaults(run=run)
 
 

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from equishard.cli._common import add_store_args
+
 __all__ = ["add_parser", "run"]
 
 
@@ -147,6 +149,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="process group backend (default auto: NCCL with one GPU per process, else gloo)",
     )
     p.add_argument("--log", default=None, metavar="JSONL", help="append per-step records here")
+    add_store_args(p)
     p.set_defaults(run=run)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from equishard.cli._common import add_store_args
+
 __all__ = ["add_parser", "run"]
 
 
@@ -22,6 +24,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="a generation directory, or a root with CURRENT; also an object-store URL",
     )
     p.add_argument("--fast", action="store_true", help="checksums only, do not read samples")
+    add_store_args(p)
     p.set_defaults(run=run)
 
 

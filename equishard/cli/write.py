@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from equishard.cli._common import add_engine_args
+from equishard.cli._common import add_engine_args, add_store_args
 
 __all__ = ["add_parser", "run"]
 
@@ -69,6 +69,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "'rebalance' keeps doing so for generations that have it",
     )
     add_engine_args(p, "write streams")
+    add_store_args(p)
     p.set_defaults(run=run)
 
 

@@ -5,8 +5,6 @@ the local cache, integrity checks, exactly-once and resume of the loader, rebala
 from __future__ import annotations
 
 import asyncio
-import logging
-import re
 import shutil
 import subprocess
 import sys
@@ -21,63 +19,11 @@ from shards.reader import ShardError
 from shards.rebalance import run_rebalance
 from shards.verify import verify_generation
 from shards.writer import WriteConfig, write_generation
+from tests.shards.conftest import s3_env as _env
+from tests.shards.conftest import s3fs_of as _fs
 from tests.shards.nightly import _night
 
-moto_server = pytest.importorskip("moto.server")
 s3fs = pytest.importorskip("s3fs")
-
-KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
-
-
-class _Requests(logging.Handler):
-    """The server's access log: one line per HTTP request it served."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))  # no colours
-
-
-@pytest.fixture(scope="module")
-def s3():
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    log = _Requests()
-    werkzeug = logging.getLogger("werkzeug")
-    werkzeug.addHandler(log)
-    werkzeug.setLevel(logging.INFO)
-    werkzeug.propagate = False
-    endpoint = f"http://{host}:{port}"
-    opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    s3fs.S3FileSystem(**opts).mkdir("bkt")
-    yield {"endpoint": endpoint, "opts": opts, "log": log}
-    werkzeug.removeHandler(log)
-    werkzeug.propagate = True
-    server.stop()
-
-
-@pytest.fixture
-def bucket(s3, request):
-    """A fresh prefix of the test bucket for one test."""
-    return f"s3://bkt/{request.node.name}"
-
-
-def _env(s3) -> dict:
-    import os
-
-    return {
-        **os.environ,
-        **KEYS,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": s3["endpoint"],
-    }
-
-
-def _fs(s3):
-    return s3fs.S3FileSystem(**s3["opts"], use_listings_cache=False)
 
 
 def _publish(s3, gen_root: Path, url: str) -> str:

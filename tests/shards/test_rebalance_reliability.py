@@ -152,3 +152,69 @@ def test_generation_measured_before_displayed_sizes_is_not_extended(tmp_path, mo
         run_rebalance(_night(root, 2))
     assert cur in str(e.value)
     assert read_current(root) == cur
+
+
+def test_keep_counts_nights_not_manifest_times(root):
+    """Retention after a rollback when the manifests' times lie (copied, restored or fetched
+    generations): what was CURRENT within the last ``--keep`` nights stays (bug: g3, CURRENT
+    minutes before the rollback, was deleted because its manifest looked old)."""
+    import os
+
+    g0 = read_current(root)
+    g2 = run_rebalance(_night(root, 2)).generation
+    g3 = run_rebalance(_night(root, 3)).generation
+    for g in (g2, g3):  # a restore from backup set every time to a year ago
+        old = (root / g0 / "manifest.json").stat().st_mtime - 365 * 86400
+        os.utime(root / g / "manifest.json", (old, old))
+    set_current(root, g0)  # the operator rolls back
+    r = run_rebalance(_night(root, 3, keep=2))
+    assert r.status == "published"
+    assert (root / g3).exists() and (root / g0).exists(), r.removed
+    assert g3 not in r.removed
+
+
+def _images_of(jsonl: Path) -> dict[str, list[str]]:
+    out = {}
+    for line in jsonl.read_text().splitlines():
+        rec = json.loads(line)
+        imgs = rec.get("image") or rec.get("images") or []
+        out[rec["id"]] = [imgs] if isinstance(imgs, str) else list(imgs)
+    return out
+
+
+def test_new_samples_take_their_images_from_the_night_image_root(tmp_path):
+    """``rebalance --image-root NEW``: prep measures the night's samples under NEW, and write
+    must read their bytes there too. The parent's root holds files of the same names and sizes
+    with other bytes: every published image of a new sample is NEW's file (bug: write resolved
+    them against the parent's root and published the wrong images)."""
+    import shutil
+
+    from tests.shards.nightly import first_night
+
+    root = first_night(tmp_path / "n")  # its own: the parent's image root is altered below
+    raw = root.parent / "raw"
+    new_root = tmp_path / "new-root"
+    shutil.copytree(raw / "images", new_root / "images")
+    wanted = _images_of(raw / "day-2.jsonl")
+    names = {n for imgs in wanted.values() for n in imgs}
+    assert names
+    for n in names:  # the parent's copies: same name and size, other bytes
+        data = bytearray((raw / n).read_bytes())
+        mid = len(data) // 2
+        data[mid : mid + 16] = bytes(b ^ 0x55 for b in data[mid : mid + 16])
+        (raw / n).write_bytes(bytes(data))
+    res = run_rebalance(_night(root, 2, image_root=str(new_root)))
+    assert res.status == "published"
+    from shards.dataset import GroupDataset, RankInfo
+
+    m = open_generation(root)
+    seen = 0
+    for rank in range(m.dp):
+        for batch in GroupDataset(root, RankInfo(rank=rank, world_size=m.dp), shuffle=False):
+            for s in batch["samples"]:
+                sid = s.meta["sample_id"]
+                if sid in wanted and wanted[sid]:
+                    got = s.images
+                    assert got == [(new_root / n).read_bytes() for n in wanted[sid]], sid
+                    seen += 1
+    assert seen > 0

@@ -1,0 +1,99 @@
+"""``import-lengths`` on numbers from someone else's JSON (issue #37 item 6): every entry outside
+a plausible range, and every line that is not JSON, is that entry's errors row naming the file;
+the rest import; nothing wraps, goes negative or aborts the whole import."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from dataprep.cost_table import errors_path, read_cost_table
+from dataprep.import_lengths import MAX_TILES, ImportLengthsConfig, import_lengths
+
+GOOD = {"vit_num": 2, "token_num": 600, "image_flags": 2}
+
+HOSTILE = {
+    "vit_num past int32 (wrapped offsets)": {
+        "vit_num": 2**31 + 5,
+        "token_num": 600,
+        "image_flags": 1,
+    },
+    "vit_num past int64": {"vit_num": 2**70, "token_num": 600, "image_flags": 1},
+    "token_num past int64": {"vit_num": 1, "token_num": 2**80, "image_flags": 1},
+    "token_num huge": {"vit_num": 1, "token_num": 10**15, "image_flags": 1},
+    "vit_num just above the bound": {"vit_num": MAX_TILES + 1, "token_num": 600, "image_flags": 0},
+    "float": {"vit_num": 1.5, "token_num": 600, "image_flags": 1},
+    "nan-like string": {"vit_num": "NaN", "token_num": 600, "image_flags": 1},
+    "negative": {"vit_num": -1, "token_num": 600, "image_flags": 0},
+}
+
+
+def _check_table(out, n_good: int) -> None:
+    t = read_cost_table(out)
+    assert t.num_rows == n_good
+    for col in ("vit_tokens", "llm_tokens", "text_tokens"):
+        assert pc.min(t[col]).as_py() >= 0, col
+    # every row agrees with itself: vit_tokens is the sum of its sequences
+    seq = t["vit_seq_lens"].to_pylist()
+    assert [sum(s) for s in seq] == t["vit_tokens"].to_pylist()
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_one_implausible_entry_is_its_own_errors_row(tmp_path, case):
+    src = tmp_path / "lengths.json"
+    src.write_text(json.dumps([GOOD, HOSTILE[case], GOOD]))
+    res = import_lengths(
+        ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / "c.parquet"))
+    )
+    assert (res.n_in, res.n_written, res.n_rejected) == (3, 2, 1)
+    _check_table(tmp_path / "c.parquet", 2)
+    errs = pq.read_table(errors_path(tmp_path / "c.parquet")).to_pylist()
+    assert [e["sample_id"] for e in errs] == ["lengths:1"]
+    assert str(src) in errs[0]["detail"] and errs[0]["reason"] == "invalid_lengths"
+
+
+def test_bad_lines_of_a_jsonl_file_are_their_own_rows(tmp_path):
+    """One line that is not JSON (truncated, binary, not UTF-8) is that line's row, as prep does
+    (bug: the whole import failed on it)."""
+    src = tmp_path / "lengths.jsonl"
+    lines = [json.dumps(GOOD), '{"vit_num": 1, "token', json.dumps(GOOD)]
+    src.write_bytes(
+        ("\n".join(lines) + "\n").encode() + b"\xff\xfe{bad\n" + json.dumps(GOOD).encode()
+    )
+    res = import_lengths(
+        ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / "c.parquet"))
+    )
+    assert (res.n_in, res.n_written, res.n_rejected) == (5, 3, 2)
+    errs = pq.read_table(errors_path(tmp_path / "c.parquet")).to_pylist()
+    assert [e["line"] for e in errs] == [2, 4]
+    assert all(str(src) in e["detail"] and "not JSON" in e["detail"] for e in errs)
+    _check_table(tmp_path / "c.parquet", 3)
+
+
+def test_a_file_that_is_not_lengths_at_all_names_the_file(tmp_path):
+    src = tmp_path / "junk.json"
+    src.write_bytes(b"\x00\x01 not json at all \xff")
+    with pytest.raises(ValueError, match="junk.json"):
+        import_lengths(ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / "c.parquet")))
+
+
+def test_many_tiles_in_total_stay_exact(tmp_path, monkeypatch):
+    """More tiles in one file than one chunk's 32-bit list offsets hold (here the limit is made
+    small: the real one needs 8 GiB of tiles): the table is built in chunks, every row exact
+    (bug: the offsets wrapped silently and rows contradicted themselves)."""
+    import dataprep.import_lengths as il
+
+    monkeypatch.setattr(il, "_OFFSETS", 100)
+    entries = [{"vit_num": k % 37, "token_num": 10 + k, "image_flags": 0} for k in range(300)]
+    src = tmp_path / "big.json"
+    src.write_text(json.dumps(entries))
+    res = import_lengths(
+        ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / "c.parquet"))
+    )
+    assert res.n_written == len(entries)
+    t = read_cost_table(tmp_path / "c.parquet")
+    assert [len(s) for s in t["vit_seq_lens"].to_pylist()] == [e["vit_num"] for e in entries]
+    _check_table(tmp_path / "c.parquet", len(entries))

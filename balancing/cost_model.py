@@ -14,6 +14,8 @@ real hardware. Costs are in FLOPs (or the calibration's unit); only ratios matte
 from __future__ import annotations
 
 import json
+import math
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,9 +33,14 @@ class PhaseCost:
     beta: float
 
     def __post_init__(self) -> None:
-        if self.alpha < 0 or self.beta < 0 or self.alpha + self.beta == 0:
+        ok = all(
+            isinstance(c, numbers.Real) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
+            for c in (self.alpha, self.beta)
+        )
+        if not ok or self.alpha + self.beta == 0 or not math.isfinite(self.alpha + self.beta):
             raise ValueError(
-                f"cost coefficients must be >= 0 and not both 0, got {self.alpha}, {self.beta}"
+                f"cost coefficients must be finite numbers >= 0 and not both 0, got "
+                f"{self.alpha!r}, {self.beta!r}"
             )
 
     @classmethod

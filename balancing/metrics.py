@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from balancing._kernels.tables import _nb_group_max
+from balancing.checks import finite_nonnegative
 
 __all__ = ["dist_ratio", "efficiency", "pad_ratio", "step_dist_ratios"]
 
@@ -42,8 +43,10 @@ def pad_ratio(lengths: np.ndarray, batch_ids: np.ndarray) -> float:
 
     ``lengths[i]`` is sample i's length and ``batch_ids[i]`` (a non-negative integer) its batch.
     """
-    lengths = np.ascontiguousarray(lengths, dtype=np.float64)
+    lengths = finite_nonnegative(lengths)
     batch_ids = np.ascontiguousarray(batch_ids, dtype=np.int64)
+    if batch_ids.shape != lengths.shape:
+        raise ValueError(f"{batch_ids.size} batch ids for {lengths.size} lengths")
     if lengths.size == 0:
         return 0.0
     n_batches = int(batch_ids.max()) + 1

@@ -18,6 +18,7 @@ import numpy as np
 from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
 from balancing._kernels.refine import _nb_refine_swaps
+from balancing.checks import finite_nonnegative, ranks_in
 from balancing.post_balance import PostBalance
 
 __all__ = [
@@ -139,8 +140,11 @@ def nodewise_permutation(
     """Choose which rank receives each new batch (Alg. 3); see the module docstring."""
     from scipy.optimize import linear_sum_assignment
 
-    if per_node < 1 or d % per_node:
+    if d < 1 or per_node < 1 or d % per_node:
         raise ValueError(f"d={d} ranks must split into whole nodes of {per_node}")
+    volume = finite_nonnegative(volume, "volume")
+    src = ranks_in(src, d, "src", volume.size)
+    dest = ranks_in(dest, d, "dest", volume.size)
     v = volume_matrix(src, dest, volume, d)
     nodes = d // per_node
     if nodes == 1:
@@ -175,8 +179,12 @@ def locality_balance(
 
     ``src[i]`` is the rank that holds item i now. The result's ``dest`` are ranks.
     """
-    x = np.ascontiguousarray(lengths, dtype=np.float64)
-    src = np.ascontiguousarray(src, dtype=np.int64)
+    if d < 1 or per_node < 1 or d % per_node:
+        raise ValueError(f"d={d} ranks must split into whole nodes of {per_node}")
+    if not (np.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
+    x = finite_nonnegative(lengths)
+    src = ranks_in(src, d, "src", x.size)
     order = _nb_argsort_desc(x)
     dest = np.empty(x.size, dtype=np.int64)
     target = x.sum() / d * (1.0 + tolerance)

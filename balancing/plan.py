@@ -116,6 +116,9 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     d = nodes * per
     v = table.column("vit_tokens").to_numpy().astype(np.int64, copy=False)
     t = table.column("llm_tokens").to_numpy().astype(np.int64, copy=False)
+    # ISF groups by tokens; a sample of no tokens at all (a table of zeros, imported or made by
+    # hand) still counts as one, so such samples spread by count instead of piling into one group
+    t_group = np.maximum(t, 1)
     vc, tc = sample_costs(table, cfg.cost_model)
     loads = {
         "vit_tokens": v.astype(np.float64),
@@ -136,13 +139,18 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         )
     else:
         params = auto_isf_params(
-            v, t, target_batch=cfg.target_batch, seed=cfg.seed, slack=cfg.slack, rounds=cfg.rounds
+            v,
+            t_group,
+            target_batch=cfg.target_batch,
+            seed=cfg.seed,
+            slack=cfg.slack,
+            rounds=cfg.rounds,
         )
     timings["params"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
-    groups = isf_group(v, t, params, rng)
+    groups = isf_group(v, t_group, params, rng)
     timings["isf"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()

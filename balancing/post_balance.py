@@ -36,6 +36,7 @@ from balancing._kernels.partition import (
     _nb_padded_batches,
 )
 from balancing._kernels.refine import _nb_refine_swaps
+from balancing.checks import finite_nonnegative
 
 __all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
 
@@ -116,12 +117,16 @@ def post_balance(
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if d < 1:
         raise ValueError(f"need at least one batch, got d={d}")
-    x = np.ascontiguousarray(lengths, dtype=np.float64)
+    x = finite_nonnegative(lengths)
     n = x.size
-    if n and x.min() < 0:
-        raise ValueError("lengths must be >= 0")
-    mem = x if memory is None else np.ascontiguousarray(memory, dtype=np.float64)
+    mem = x if memory is None else finite_nonnegative(memory, "memory")
+    if mem.shape != x.shape:
+        raise ValueError(f"memory has {mem.size} items, lengths {n}; give one per item")
     cap = float(memory_cap or 0.0)
+    if not (np.isfinite(cap) and cap >= 0):
+        raise ValueError(f"memory_cap must be finite and >= 0, got {memory_cap!r}")
+    if not (np.isfinite(tolerance) and tolerance >= 0):
+        raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
     if cap > 0:
         if mem.size and mem.max() > cap:
             i = int(mem.argmax())

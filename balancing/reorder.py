@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancing._kernels.schedule import _nb_1f1b_times
+from balancing.checks import finite_nonnegative, ranks_in
 
 __all__ = ["PipelineTimes", "inter_microbatch_reorder", "intra_batch_reorder", "pipeline_times"]
 
@@ -23,7 +24,7 @@ __all__ = ["PipelineTimes", "inter_microbatch_reorder", "intra_batch_reorder", "
 def intra_batch_reorder(sizes: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """(order, group): sample order with the m DP groups' samples consecutive, and the group of
     each sample (input index)."""
-    sizes = np.asarray(sizes, dtype=np.float64)
+    sizes = finite_nonnegative(sizes, "sizes")
     if m < 1:
         raise ValueError(f"need at least one DP group, got {m}")
     asc = np.argsort(sizes, kind="stable")
@@ -55,7 +56,7 @@ class PipelineTimes:
 
 
 def _as_stages(x: np.ndarray, p: int | None) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
+    x = finite_nonnegative(x, "stage times")
     if x.ndim == 1:
         if p is None:
             raise ValueError(
@@ -71,7 +72,11 @@ def pipeline_times(
     """Simulated 1F1B timeline. 1-D times apply to all ``p`` stages; ``bwd`` defaults to 2x fwd."""
     f = _as_stages(fwd, p)
     b = _as_stages(bwd, f.shape[0]) if bwd is not None else 2.0 * f
-    o = np.arange(f.shape[1]) if order is None else np.asarray(order, dtype=np.int64)
+    if b.shape != f.shape:
+        raise ValueError(f"bwd has shape {b.shape}, fwd {f.shape}; give one time per microbatch")
+    o = np.arange(f.shape[1]) if order is None else ranks_in(order, f.shape[1], "order")
+    if np.unique(o).size != o.size or o.size != f.shape[1]:
+        raise ValueError(f"order must be a permutation of 0..{f.shape[1] - 1}")
     return PipelineTimes(*_nb_1f1b_times(f, b, o))
 
 

@@ -76,7 +76,7 @@ def test_bad_lines_of_a_jsonl_file_are_their_own_rows(tmp_path):
 def test_a_file_that_is_not_lengths_at_all_names_the_file(tmp_path):
     src = tmp_path / "junk.json"
     src.write_bytes(b"\x00\x01 not json at all \xff")
-    with pytest.raises(ValueError, match="junk.json"):
+    with pytest.raises(ValueError, match=r"junk\.json"):
         import_lengths(ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / "c.parquet")))
 
 

@@ -503,3 +503,17 @@ def test_tower_whose_rows_per_item_vary_refused_on_every_rank():
         assert message is not None, "the step ran where it must be refused"
         assert "not a fixed number of rows per input row" in message
         assert "encoder=False" in message
+
+
+@pytest.mark.parametrize("grid", [[[-1, -2, 8]], [[1, 0, 4], [1, 2, 2]], [[2, -2, -4]]])
+def test_grid_thw_with_negative_or_zero_entries_is_refused(grid):
+    """Issue #37 item 12: negative grids whose product matches the patch rows (bug: accepted,
+    and the route was planned on nonsense image shapes)."""
+    from trainer_adapter.hf.towers import _grid_table
+
+    g = torch.tensor(grid)
+    rows = max(int(g.prod(dim=1).sum()), 0)
+    with pytest.raises(ValueError, match="must be >= 1"):
+        _grid_table(torch.zeros(rows, 4), g, "Tower")
+    good = torch.tensor([[1, 2, 8]])
+    assert _grid_table(torch.zeros(16, 4), good, "Tower").tolist() == [[16, 1, 2, 8]]

@@ -68,7 +68,7 @@ def balance_pixtral(
             if image_sizes is None:  # the tower's own default: every image as large as the batch
                 image_sizes = [(height, width)] * n
             sizes = torch.as_tensor(image_sizes, dtype=torch.int64).reshape(-1, 2).cpu().numpy()
-            if len(sizes) != n or (sizes > (height, width)).any():
+            if len(sizes) != n or (sizes > (height, width)).any() or (sizes < 1).any():
                 raise ValueError(
                     f"{where}: image_sizes {sizes.tolist()[:4]} do not fit {n} images padded to "
                     f"{height} x {width}"

@@ -140,6 +140,12 @@ def _grid_table(hidden_states, grid_thw, where: str) -> np.ndarray:
     if grid_thw is None:
         raise ValueError(f"{where} was given {len(hidden_states)} patch rows but no grid_thw")
     grid = grid_thw.detach().to("cpu", torch.int64).reshape(-1, 3).numpy()
+    if (grid < 1).any():  # negative pairs multiply to a plausible row count: refuse each
+        bad = int(np.flatnonzero((grid < 1).any(axis=1))[0])
+        raise ValueError(
+            f"{where}: grid_thw of image {bad} is {grid[bad].tolist()}; every t, h and w must "
+            "be >= 1 (a processor's image_grid_thw)"
+        )
     rows = grid.prod(axis=1)
     if len(hidden_states) != rows.sum():
         raise ValueError(

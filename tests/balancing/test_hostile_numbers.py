@@ -1,0 +1,98 @@
+"""Odd but valid, and invalid, numbers where lengths enter the balancing algorithms (issue #37
+item 10): ties and zeros spread by count; NaN, inf, negatives and out-of-range ranks are refused
+by name instead of silently piling everything on one batch (or indexing outside an array in a
+kernel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from balancing.cost_model import PhaseCost
+from balancing.nodewise import locality_balance, nodewise_permutation
+from balancing.plan import BalanceConfig, build_plan
+from balancing.post_balance import METHODS, post_balance
+from balancing.reorder import inter_microbatch_reorder, intra_batch_reorder, pipeline_times
+
+BAD = {"nan": np.nan, "+inf": np.inf, "-inf": -np.inf, "negative": -1.0}
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_post_balance_refuses_nan_inf_and_negatives(method, bad):
+    """Bug: NaN and +inf were accepted (Karmarkar-Karp put everything on one batch)."""
+    x = np.arange(1.0, 17.0)
+    x[5] = BAD[bad]
+    with pytest.raises(ValueError, match=r"item 5"):
+        post_balance(x, 4, method=method)
+
+
+@pytest.mark.parametrize("bad", sorted(BAD))
+def test_memory_and_runtime_entry_points_refuse_them_too(bad):
+    x = np.arange(1.0, 17.0)
+    y = x.copy()
+    y[3] = BAD[bad]
+    src = np.arange(16) % 4
+    with pytest.raises(ValueError, match="memory"):
+        post_balance(x, 4, method="lpt", memory=y, memory_cap=1e9)
+    with pytest.raises(ValueError, match="item 3"):
+        locality_balance(y, src, 4, 2)
+    with pytest.raises(ValueError, match="volume"):
+        nodewise_permutation(src, src[::-1].copy(), y, 4, 2)
+    with pytest.raises(ValueError, match="sizes"):
+        intra_batch_reorder(y, 2)
+    with pytest.raises(ValueError, match="stage times"):
+        inter_microbatch_reorder(y, 2)
+    with pytest.raises(ValueError, match="stage times"):
+        pipeline_times(y, p=2)
+
+
+def test_ranks_outside_the_range_are_refused_not_indexed():
+    """A rank id >= d or < 0 would index outside the kernels' arrays (numba does not check)."""
+    x = np.ones(8)
+    for bad in (4, -1, 10**9):
+        src = np.zeros(8, dtype=np.int64)
+        src[2] = bad
+        with pytest.raises(ValueError, match=r"src\[2\]"):
+            locality_balance(x, src, 4, 2)
+        with pytest.raises(ValueError, match=r"dest\[2\]"):
+            nodewise_permutation(np.zeros(8, dtype=np.int64), src, x, 4, 2)
+    with pytest.raises(ValueError, match="permutation"):
+        pipeline_times(np.ones(4), p=2, order=[0, 0, 1, 2])
+    with pytest.raises(ValueError, match="order"):
+        pipeline_times(np.ones(4), p=2, order=[0, 1, 2, 7])
+
+
+@pytest.mark.parametrize("alpha, beta", [(np.nan, 1.0), (1.0, np.inf), (-1.0, 2.0), (0, 0)])
+def test_cost_coefficients_must_be_finite(alpha, beta):
+    with pytest.raises(ValueError, match="finite"):
+        PhaseCost(alpha=alpha, beta=beta)
+
+
+def _table(v: int, t: int, n: int) -> pa.Table:
+    return pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(n)],
+            "source": ["x"] * n,
+            "num_images": pa.array([1 if v else 0] * n, pa.int32()),
+            "vit_tokens": pa.array([v] * n, pa.int64()),
+            "vit_seq_lens": pa.array([[v] if v else [] for _ in range(n)], pa.list_(pa.int32())),
+            "llm_tokens": pa.array([t] * n, pa.int64()),
+            "text_tokens": pa.array([t] * n, pa.int64()),
+        }
+    )
+
+
+@pytest.mark.parametrize("v, t", [(0, 0), (0, 7), (300, 300)])
+@pytest.mark.parametrize("dp, batch, n", [(4, 4, 64), (8, 3, 100)])
+def test_equal_or_zero_costs_spread_by_count(v, t, dp, batch, n):
+    """Every sample alike (all zero, or all equal): the reference answer is a count-balanced
+    plan, every rank within one group's worth of n / dp samples and groups near the target
+    batch (bug: an all-zero table became one group of every sample on one rank)."""
+    plan = build_plan(_table(v, t, n), BalanceConfig(dp=dp, nodes=1, target_batch=batch)).plan
+    per_rank = np.bincount(plan.column("rank").to_numpy(), minlength=dp)
+    sizes = np.unique(plan.column("group_id").to_numpy(), return_counts=True)[1]
+    assert plan.num_rows == n
+    assert sizes.max() <= 2 * batch, sizes
+    assert per_rank.max() - per_rank.min() <= 2 * batch, per_rank

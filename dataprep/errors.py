@@ -7,7 +7,7 @@ concerns one sample: the sample goes to the errors table with its reason and the
 
 from __future__ import annotations
 
-__all__ = ["REASONS", "DataprepError", "ErrorRateExceeded", "SampleRejected"]
+__all__ = ["REASONS", "DataprepError", "ErrorRateExceeded", "SampleRejected", "describe"]
 
 # Every reason a sample can be rejected for, with the sentence the summary prints for it.
 REASONS: dict[str, str] = {
@@ -20,6 +20,8 @@ REASONS: dict[str, str] = {
     "invalid_text": "the text is not valid Unicode (a lone surrogate) or the tokenizer rejects it",
     "invalid_lengths": "an entry of an imported length file is not a sample's lengths",
     "template_error": "the model's chat template refuses the conversation (raise_exception)",
+    "template_limit": "rendering the chat template went past its time or size limit per sample "
+    "($EQUISHARD_TEMPLATE_SECONDS, $EQUISHARD_TEMPLATE_CHARS)",
     "template_image_mismatch": "the chat template wrote another number of image markers than "
     "the sample has images (a marker typed in the text, or a template that drops images)",
     "assistant_not_rendered": "the chat template changes or drops an assistant turn's text and "
@@ -66,3 +68,13 @@ class SampleRejected(Exception):
 
     def __reduce__(self):  # travels to worker processes inside work units (tar scans)
         return (SampleRejected, (self.reason, self.detail))
+
+
+def describe(exc: BaseException) -> str:
+    """An exception as a message that is never empty: its text, else its type (a MemoryError or
+    a bare exception says nothing by itself); both where the text does not name the type."""
+    text = str(exc).strip()
+    name = type(exc).__name__
+    if not text:
+        return name
+    return text if isinstance(exc, (ValueError, SampleRejected)) else f"{name}: {text}"

@@ -50,8 +50,16 @@ from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
-from dataprep.errors import SampleRejected
+from dataprep.errors import SampleRejected, describe
 from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.template_limits import (
+    RenderLimits,
+    TemplateLimit,
+    bounded,
+    bounded_range,
+    check_result,
+    tick,
+)
 
 __all__ = ["IMAGE_TOKENS", "ImageTokens", "JinjaChatTemplate", "messages_from_turns"]
 
@@ -149,14 +157,42 @@ def _environment():
             x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
         )
 
-    env = ImmutableSandboxedEnvironment(
+    class Bounded(ImmutableSandboxedEnvironment):
+        """The sandbox transformers uses, with every call, lookup and operation counted
+        against the render's time and size limits (:mod:`dataprep.template_limits`)."""
+
+        intercepted_binops = frozenset({"*", "**", "+"})
+
+        def call_binop(self, context, operator, left, right):
+            check_result(operator, left, right)
+            return super().call_binop(context, operator, left, right)
+
+        def call(__self, __context, __obj, *args, **kwargs):
+            tick()
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def getattr(self, obj, attribute):
+            tick()
+            return super().getattr(obj, attribute)
+
+        def getitem(self, obj, argument):
+            tick()
+            return super().getitem(obj, argument)
+
+    def strftime_now(fmt):
+        if not isinstance(fmt, str) or len(fmt) > 256:
+            raise TemplateLimit("strftime_now was given a format longer than 256 characters")
+        return datetime.now().strftime(fmt)
+
+    env = Bounded(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[Generation, jinja2.ext.loopcontrols],
     )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = strftime_now
+    env.globals["range"] = bounded_range
     return env
 
 
@@ -236,10 +272,17 @@ class JinjaChatTemplate:
             )
         self.family = family
         self.images = IMAGE_TOKENS[family]
+        self.limits = RenderLimits.from_env()
+        if len(self.source) > self.limits.source_chars:
+            raise ValueError(
+                f"chat template {self.origin}: {len(self.source)} characters, more than the "
+                f"{self.limits.source_chars} a chat template may have"
+            )
         try:
-            self._template = _environment().from_string(self.source)
-        except Exception as exc:  # a syntax error in the model's template
-            raise ValueError(f"chat template {self.origin}: {exc}") from None
+            with bounded(self.limits):
+                self._template = _environment().from_string(self.source)
+        except (Exception, TemplateLimit) as exc:  # a syntax error in the model's template
+            raise ValueError(f"chat template {self.origin}: {describe(exc)}") from None
 
     @property
     def image_prefix(self) -> str:
@@ -254,14 +297,30 @@ class JinjaChatTemplate:
     def _render_marked(self, turns: list[tuple[str, str]]) -> str:
         n_images = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
         try:
-            text = self._template.render(
-                messages=messages_from_turns(turns),
-                add_generation_prompt=False,
-                **self.special_tokens,
-            )
+            with bounded(self.limits):
+                pieces, size = [], 0
+                for piece in self._template.generate(
+                    messages=messages_from_turns(turns),
+                    add_generation_prompt=False,
+                    **self.special_tokens,
+                ):
+                    size += len(piece)
+                    if size > self.limits.chars:
+                        raise TemplateLimit(
+                            f"the rendered text passed the {self.limits.chars}-character limit "
+                            "per sample"
+                        )
+                    pieces.append(piece)
+                    tick()
+                text = "".join(pieces)
+        except TemplateLimit as exc:
+            raise SampleRejected(
+                "template_limit", f"chat template {self.origin}: {describe(exc)}"
+            ) from None
         except Exception as exc:
             raise SampleRejected(
-                "template_error", f"the chat template refuses the conversation: {exc}"
+                "template_error",
+                f"chat template {self.origin} refuses the conversation: {describe(exc)}",
             ) from None
         found = text.count(self.images.marker)
         if found != n_images:

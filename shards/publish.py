@@ -13,7 +13,6 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 from pathlib import Path
 
 __all__ = [
@@ -94,11 +93,12 @@ _HISTORY_LINES = 2000
 
 
 def note_current(root: str | os.PathLike, generation: str, event: str = "current") -> None:
-    """Append ``{"event", "generation", "at"}`` to the root's CURRENT history (what retention
-    keeps by: a generation that was CURRENT within the last nights stays, whatever its files'
-    times say). Kept to its last lines; never read for anything but keeping more."""
+    """Append ``{"event", "generation"}`` to the root's CURRENT history (what retention keeps
+    by: a generation that became CURRENT within the last nights stays, whatever its files'
+    times say). No time stamps, so the same runs write the same bytes; kept to its last lines;
+    never read for anything but keeping more."""
     path = Path(root) / HISTORY
-    line = json.dumps({"event": event, "generation": generation, "at": time.time()}) + "\n"
+    line = json.dumps({"event": event, "generation": generation}) + "\n"
     try:
         old = path.read_text(errors="replace").splitlines(keepends=True)
     except FileNotFoundError:

@@ -193,12 +193,16 @@ def collect_generations(root: Path, keep: int) -> list[str]:
 
 
 def _current_lately(root: Path, keep: int) -> set[str]:
-    """Every generation that was CURRENT within the last ``keep`` nights, by the root's CURRENT
-    history (not by manifest times, which a rollback, a copy or a fetch can make lie)."""
-    history = read_history(root)
-    nights = [i for i, (event, _) in enumerate(history) if event == "night"]
-    start = nights[-keep] if len(nights) >= keep else 0
-    return {gen for _, gen in history[start:]}
+    """Every generation that became CURRENT within the last ``keep`` nights by the root's CURRENT
+    history (a night's publish, or a move by hand such as a rollback, seen when the next night
+    starts), not by manifest times, which a rollback, a copy or a fetch can make lie."""
+    night, last, became = 0, None, []
+    for event, gen in read_history(root):
+        night += event == "night"
+        if gen != last:
+            became.append((night, gen))
+        last = gen
+    return {gen for n, gen in became if n > night - keep}
 
 
 def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: dict, out: Path):
@@ -352,9 +356,10 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             f"{root}: no {CURRENT} generation; write the first one with 'equishard write'"
         )
     parent = load_manifest(root / cur)
-    note_current(root, cur, "night")  # what was CURRENT when this night began (a rollback too)
     key = _night_key(cfg)
     done = parent.raw.get("nightly", {})
+    if done.get("key") != key:  # a night that does something: what was CURRENT as it began
+        note_current(root, cur, "night")
     if done.get("key") == key:  # this night is CURRENT already: finish any leftover work
         removed = finish_night(root, cur, cfg.keep)
         return RebalanceResult(

@@ -49,8 +49,8 @@ class ISFParams:
                 f"filter targets must satisfy 0 < qf <= q, got qf_v={self.qf_v} (q_v={self.q_v}), "
                 f"qf_t={self.qf_t} (q_t={self.q_t})"
             )
-        if self.rounds < 1:
-            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
+        if not 1 <= self.rounds <= 1000:
+            raise ValueError(f"rounds must be 1..1000, got {self.rounds}")
 
 
 @dataclass(slots=True)

@@ -51,6 +51,9 @@ PLAN_SCHEMA = pa.schema(
 )
 
 
+MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
+
+
 @dataclass(frozen=True, kw_only=True)
 class BalanceConfig:
     dp: int
@@ -70,8 +73,11 @@ class BalanceConfig:
         for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if self.rounds < 1:
-            raise ValueError(f"--rounds must be >= 1, got {self.rounds}")
+        if not 1 <= self.rounds <= MAX_ROUNDS:
+            raise ValueError(
+                f"--rounds must be 1..{MAX_ROUNDS}, got {self.rounds}: ISF keeps most groups in "
+                "its first rounds, and what is left after 10 is packed best-fit anyway"
+            )
         if not 0 <= self.slack < 1:
             raise ValueError(f"--slack must be in [0, 1), got {self.slack}")
         for name, value in (("--q-v", self.q_v), ("--q-t", self.q_t)):

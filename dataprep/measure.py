@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from dataprep.chat_template import ChatTemplate
 from dataprep.cost_table import COST_SCHEMA
-from dataprep.errors import SampleRejected
+from dataprep.errors import SampleRejected, describe
 from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
 from dataprep.image_refs import image_ref
 from dataprep.policies import VisionPolicy
@@ -38,6 +38,8 @@ class ChunkResult:
     n_in: int = 0
     batch: pa.RecordBatch | None = None
     errors: list[dict] = field(default_factory=list)
+    # damaged byte ranges of tars: errors-table rows that are not samples (not in ``n_in``)
+    ranges: list[dict] = field(default_factory=list)
     # rows the cache already has: (position among the unit's rows, sample_id, location, source,
     # cache_key); ``batch`` holds the other positions in order
     cached: list[tuple[int, str, str, str, str]] = field(default_factory=list)
@@ -237,9 +239,12 @@ class Measurer:
         pending = []
         texts = []
         for rec in read_unit(unit, self.opts):
-            out.n_in += 1
             location = f"{unit.path}#{rec.index}"
-            sample_id = None
+            if not rec.sample:
+                out.ranges.append(error_row(unit.source, location, rec.line, None, rec.error))
+                continue
+            out.n_in += 1
+            sample_id = rec.key
             try:
                 if rec.error is not None:
                     raise rec.error
@@ -265,9 +270,7 @@ class Measurer:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))
                 continue
             except Exception as exc:  # whatever else is wrong with one record is its own row
-                err = SampleRejected(
-                    "unreadable_record", f"{location}: {type(exc).__name__}: {exc}"
-                )
+                err = SampleRejected("unreadable_record", f"{location}: {describe(exc)}")
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, err))
                 continue
             texts.append(text)

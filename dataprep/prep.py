@@ -112,6 +112,7 @@ class PrepResult:
     n_written: int = 0
     n_rejected: int = 0
     n_cached: int = 0
+    damaged_ranges: int = 0  # byte ranges of tars that held no sample (rows of the errors table)
     reasons: dict[str, int] = field(default_factory=dict)
     percentiles: dict[str, dict[str, float]] = field(default_factory=dict)
     modalities: dict[str, int] = field(default_factory=dict)
@@ -272,6 +273,7 @@ def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dic
             "in": result.n_in,
             "written": result.n_written,
             "rejected": result.n_rejected,
+            "damaged_ranges": result.damaged_ranges,
             "cached": result.n_cached,
         },
     }
@@ -312,6 +314,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     tmp_err = err_path.with_name(f".{err_path.name}.tmp-{os.getpid()}")
     seen: set[str] = set()
     errors: list[dict] = []
+    ranges: list[dict] = []
     stats = {"vit_tokens": [], "llm_tokens": [], "num_images": []}
     modalities: Counter = Counter()
     cache = read_cost_table(cfg.cache).select(COST_SCHEMA.names) if cfg.cache else None
@@ -327,6 +330,8 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
             for chunk in _results(cfg, units):
                 result.n_in += chunk.n_in
                 errors.extend(chunk.errors)
+                ranges.extend(chunk.ranges)
+                result.damaged_ranges = len(ranges)
                 result.n_cached += len(chunk.cached)
                 batch = _with_cached(chunk, cache, cache_where) if chunk.cached else chunk.batch
                 ids = batch.column("sample_id").to_pylist()
@@ -356,7 +361,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                     modalities.update(batch.column("modality").to_pylist())
                 result.n_written += batch.num_rows
                 result.n_rejected = len(errors)
-                bar.update(chunk.n_in)
+                bar.update(chunk.n_in + len(chunk.ranges))
                 if result.n_rejected > cfg.max_error_rate * expected:
                     aborted = ErrorRateExceeded(
                         f"{result.n_rejected} of {expected} samples rejected, above --max-error-rate "
@@ -371,7 +376,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
         tmp_out.unlink(missing_ok=True)  # interrupted: leave no temp file behind
         raise
     writer.close()
-    err_table = pa.Table.from_pylist(errors, schema=ERRORS_SCHEMA)
+    err_table = pa.Table.from_pylist(errors + ranges, schema=ERRORS_SCHEMA)
     pq.write_table(err_table, tmp_err)
     os.replace(tmp_err, err_path)
     if aborted is not None:
@@ -380,10 +385,11 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
             out_path.unlink()
             aborted.args = (f"{aborted.args[0]}; the older {out_path} was removed",)
         raise aborted
-    if result.n_in != expected or result.n_in != result.n_written + result.n_rejected:
+    if result.n_in + len(ranges) != expected or result.n_in != result.n_written + result.n_rejected:
         tmp_out.unlink(missing_ok=True)
         raise DataprepError(
-            f"internal count mismatch: expected {expected}, read {result.n_in}, written "
+            f"internal count mismatch: expected {expected}, read {result.n_in} (and "
+            f"{len(ranges)} damaged ranges), written "
             f"{result.n_written} + rejected {result.n_rejected}; nothing was published"
         )
     os.replace(tmp_out, out_path)

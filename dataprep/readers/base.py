@@ -31,6 +31,8 @@ class RawRecord:
     raw: bytes | None = None  # the record's bytes when the input has them (for fingerprints)
     images: list | None = None  # images found by the reader itself (tar members), else None
     error: SampleRejected | None = None
+    key: str | None = None  # the sample's id where the reader knows it though it cannot read it
+    sample: bool = True  # False: a damaged byte range of a tar, reported but not a sample
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -216,14 +216,17 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
             if not unit.keeps(index):
                 continue
             if error is not None:
-                yield RawRecord(index=index, error=error)
+                if key.startswith("@"):  # a damaged range: reported, never a sample
+                    yield RawRecord(index=index, error=error, sample=False)
+                else:
+                    yield RawRecord(index=index, error=error, key=key)
                 continue
             by_suffix = {suffix.lower(): (name, off, size) for name, suffix, off, size in members}
             if "json" not in by_suffix:
                 err = SampleRejected(
                     "missing_text", f"{unit.path}: sample {key!r} has no .json member"
                 )
-                yield RawRecord(index=index, error=err)
+                yield RawRecord(index=index, error=err, key=key)
                 continue
             _, off, size = by_suffix["json"]
             f.seek(off)
@@ -245,7 +248,7 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
             try:
                 record = load_record(raw, f"{unit.path}: {key!a}.json")
             except SampleRejected as err:
-                yield RawRecord(index=index, raw=raw, error=err)
+                yield RawRecord(index=index, raw=raw, error=err, key=key)
                 continue
             if isinstance(record, dict) and not any(
                 k in record for k in ("id", "sample_id", "uid")

@@ -214,6 +214,11 @@ def print_summary(res) -> None:
         print(
             f"  reused:       {res.n_cached} rows from the cache (unchanged samples, not re-read)"
         )
+    if res.damaged_ranges:
+        print(
+            f"  damaged:      {res.damaged_ranges} byte range(s) of tars held no readable "
+            "sample (rows of the errors table with no sample_id; not counted as samples)"
+        )
     if res.modalities:
         print("  modality:     " + ", ".join(f"{k} {v}" for k, v in res.modalities.items()))
     if res.reasons:

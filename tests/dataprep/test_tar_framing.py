@@ -44,6 +44,20 @@ def _gnu_keys(path: Path) -> set[str]:
     return {name.split(".", 1)[0] for name in out.split()}
 
 
+def _counted(res, rows, errors) -> None:
+    """Issue #37 item 13: every rejected sample's row names it in ``sample_id`` (its key), a
+    damaged range's row has none and is not counted as a sample: in = written + rejected."""
+    samples = [e for e in errors if e["sample_id"] is not None]
+    ranges = [e for e in errors if e["sample_id"] is None]
+    assert all(e["sample_id"] for e in samples)
+    assert all("hold no valid tar header" in e["detail"] for e in ranges)
+    assert len(ranges) == res.damaged_ranges
+    assert res.n_in == len(rows) + len(samples) == res.n_written + res.n_rejected
+    for e in samples:
+        if e["reason"] == "tar_framing":
+            assert f"'{e['sample_id']}'" in e["detail"]
+
+
 def _flip_checksum(data: bytearray, header_offset: int) -> None:
     data[header_offset + 148] ^= 0x01  # one bit of the header checksum field
 
@@ -72,7 +86,7 @@ def test_flipped_header_checksum_resynchronizes(tmp_path, tokenizer_path):
         e["detail"].split("sample '")[1].split("'")[0] for e in framing if "borders" in e["detail"]
     }
     assert listed == got | rejected
-    assert res.n_in == len(rows) + len(errors)
+    _counted(res, rows, errors)
 
 
 def test_member_longer_than_its_header_says(tmp_path, tokenizer_path):
@@ -109,7 +123,7 @@ def test_member_longer_than_its_header_says(tmp_path, tokenizer_path):
         e["reason"] == "tar_framing" and "hold no valid tar header" in e["detail"] for e in errors
     )
     assert "s002" not in got  # its json was cut at 40 bytes
-    assert res.n_in == len(rows) + len(errors)
+    _counted(res, rows, errors)
 
 
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
@@ -126,7 +140,7 @@ def test_every_listed_key_is_accounted_for(tmp_path, tokenizer_path, where):
         named |= {k for k in listed if f"'{k}'" in e["detail"] or f"{k}." in e["detail"]}
     assert listed <= named
     assert any(e["reason"] == "tar_framing" and str(victim.offset) in e["detail"] for e in errors)
-    assert res.n_in == len(rows) + len(errors)
+    _counted(res, rows, errors)
 
 
 def test_garbage_after_the_end_marker_says_the_rest_was_not_read(tmp_path, tokenizer_path):
@@ -150,7 +164,8 @@ def test_garbage_right_after_the_last_member(tmp_path, tokenizer_path):
     assert len(rows) == N - 1  # the last sample borders the damaged range
     assert {e["reason"] for e in errors} == {"tar_framing"} and len(errors) == 2
     assert any(str(end) in e["detail"] and "rest of the tar" in e["detail"] for e in errors)
-    assert res.n_in == N + 1
+    assert res.n_in == N and res.damaged_ranges == 1  # the range is reported, not a sample
+    _counted(res, rows, errors)
 
 
 def test_member_name_not_utf8_is_that_samples_row(tmp_path, tokenizer_path):

@@ -38,7 +38,7 @@ from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.policies import parse_vision_policy
-from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
+from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from dataprep.workers import exit_with_parent
@@ -67,6 +67,7 @@ class PrepConfig:
     allow_outside_image_root: bool = False  # read image paths that resolve outside image_root
     engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (dataprep.ray_engine)
     ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
+    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -228,7 +229,9 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
     """Measured units in input order; at most 2 units per worker in flight."""
     if cfg.engine == "ray":
         task_cfg = _absolute(cfg)
-        opts = RayOptions(address=cfg.ray_address, num_cpus=cfg.workers)
+        opts = RayOptions(
+            address=cfg.ray_address, num_cpus=cfg.workers, task_timeout=cfg.task_timeout
+        )
         yield from ordered_map(
             _measure_task,
             ((task_cfg, u) for u in units),

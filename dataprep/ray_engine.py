@@ -20,9 +20,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENGINES", "RayOptions", "init_ray", "ordered_map"]
+__all__ = ["DEFAULT_TASK_TIMEOUT", "ENGINES", "RayOptions", "init_ray", "ordered_map"]
 
 ENGINES = ("local", "ray")
+DEFAULT_TASK_TIMEOUT = 1800.0
 _HINT = "install Ray with: pip install 'equishard[ray]'"
 
 
@@ -36,10 +37,18 @@ class RayOptions:
     address: str | None = None
     num_cpus: int | None = None
     max_retries: int = 3
+    # seconds a task may run before it counts as stuck (a frozen worker, a hung mount): it is
+    # killed and run again, up to max_retries times, then the run fails naming it; None: no limit
+    task_timeout: float | None = DEFAULT_TASK_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.task_timeout is not None and not 0 < self.task_timeout < float("inf"):
+            raise ValueError(
+                f"--task-timeout must be > 0 seconds (0 on the command line: no limit), got "
+                f"{self.task_timeout}"
+            )
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ValueError(f"num_cpus must be >= 1 (or None for all), got {self.num_cpus}")
 
@@ -91,32 +100,66 @@ def ordered_map(
     def submit(x):
         return remote.remote(*x) if star else remote.remote(x)
 
+    label = name or getattr(fn, "__name__", "task")
     it = iter(items)
-    pending: deque = deque(submit(x) for _, x in zip(range(inflight), it, strict=False))
+    # (ref, item, tries): a stuck task is killed and its item submitted again
+    pending: deque = deque([submit(x), x, 1] for _, x in zip(range(inflight), it, strict=False))
     try:
         while pending:
-            ref = pending.popleft()
+            entry = pending[0]
             try:
-                result = ray.get(ref)
+                result = ray.get(entry[0], timeout=opts.task_timeout)
+            except ray.exceptions.GetTimeoutError:
+                ray.cancel(entry[0], force=True)  # a frozen worker is killed, not waited for
+                if entry[2] > opts.max_retries:
+                    pending.popleft()
+                    raise RuntimeError(
+                        f"a Ray task of {label} made no progress for {opts.task_timeout:g} s, "
+                        f"{entry[2]} times (item {_describe(entry[1])}); a frozen worker or a "
+                        "hung mount? nothing was published; raise --task-timeout if the task "
+                        "needs longer, or run again to resume"
+                    ) from None
+                entry[0], entry[2] = submit(entry[1]), entry[2] + 1
+                continue
             except ray.exceptions.RayTaskError as exc:
+                pending.popleft()
                 raise _cause(exc) from None
             except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as exc:
+                pending.popleft()
                 raise RuntimeError(
-                    f"a Ray task of {name or fn.__name__} failed {opts.max_retries + 1} times "
+                    f"a Ray task of {label} failed {opts.max_retries + 1} times "
                     f"(its worker or node died): {exc}; nothing was published, run again to resume"
                 ) from None
+            pending.popleft()
             nxt = next(it, _END)
             if nxt is not _END:
-                pending.append(submit(nxt))
+                pending.append([submit(nxt), nxt, 1])
             yield result
     finally:
         # stopped early (a task's error, the consumer gone): the tasks in flight finish before
         # the error reaches the caller, so that none still writes when it reports or re-runs.
-        # Not ray.cancel: cancelling a task as it completes can crash the driver (Ray's "Check
-        # failed ... Tried to complete task that was not pending", ray-project/ray#54846, seen
-        # here with ray 2.60), which would replace the task's own error with Ray's abort.
+        # Not ray.cancel while they run: cancelling a task as it completes can crash the driver
+        # (Ray's "Check failed ... Tried to complete task that was not pending",
+        # ray-project/ray#54846, seen here with ray 2.60). Only a task still running after the
+        # task timeout is killed (it is stuck, not completing).
         if pending:
-            ray.wait(list(pending), num_returns=len(pending))
+            refs = [e[0] for e in pending]
+            _, stuck = ray.wait(refs, num_returns=len(refs), timeout=opts.task_timeout)
+            for ref in stuck:
+                ray.cancel(ref, force=True)
+
+
+def _describe(item) -> str:
+    """A short name of a work item for messages (a work unit's input and records)."""
+    if isinstance(item, tuple):
+        item = item[-1]
+    path = getattr(item, "path", None)
+    if path is not None:
+        first = getattr(item, "first", 0)
+        return f"{path} records {first}..{first + getattr(item, 'count', 0) - 1}"
+    if isinstance(item, dict) and "rank" in item:
+        return f"stream of rank {item['rank']}"
+    return repr(item)[:120]
 
 
 _END = object()

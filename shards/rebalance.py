@@ -36,7 +36,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.ray_engine import ENGINES
+from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.publish import (
@@ -71,6 +71,7 @@ class RebalanceConfig:
     progress: bool = False
     engine: str = "local"  # "ray": prep and write in Ray tasks (dataprep.ray_engine)
     ray_address: str | None = None
+    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
     # ``current`` may be an object-store URL: its CURRENT generation is fetched into the local
     # root ``staging`` (default: shards.object_store.default_staging), rebalanced there, and the
     # new generation published back (shards.object_store)
@@ -413,6 +414,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
                 progress=cfg.progress,
                 engine=cfg.engine,
                 ray_address=cfg.ray_address,
+                task_timeout=cfg.task_timeout,
             )
         )
     phases["prep"] = time.perf_counter() - t1
@@ -489,6 +491,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             energon=has_energon_metadata(parent.path),  # loadable by Energon like its parent
             engine=cfg.engine,
             ray_address=cfg.ray_address,
+            task_timeout=cfg.task_timeout,
         ),
         progress=cfg.progress,
     )

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.image_orientation import IMAGE_SIZES
-from dataprep.ray_engine import ENGINES, RayOptions, ordered_map
+from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
 from dataprep.workers import exit_with_parent
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
@@ -73,6 +73,7 @@ class WriteConfig:
     energon: bool = False
     engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
     ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
+    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
     # ``out`` may be an object-store URL (s3://bucket/prefix, any fsspec URL): the generation is
     # then written in the local root ``staging`` (default: shards.object_store.default_staging)
     # and uploaded, manifest last, CURRENT last of all (shards.object_store)
@@ -345,7 +346,9 @@ def _write_all(
     results: dict[int, list[dict]] = {}
     bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
     if cfg.engine == "ray":
-        opts = RayOptions(address=cfg.ray_address, num_cpus=cfg.workers)
+        opts = RayOptions(
+            address=cfg.ray_address, num_cpus=cfg.workers, task_timeout=cfg.task_timeout
+        )
         for job, shards in zip(
             jobs,
             ordered_map(

@@ -39,6 +39,15 @@ def add_engine_args(p, what: str) -> None:
         help="the Ray cluster to run on: auto, HOST:PORT or ray://HOST:10001 (default: "
         "$RAY_ADDRESS, else start a local cluster)",
     )
+    p.add_argument(
+        "--task-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="with --engine ray: a task still running after S seconds counts as stuck (a "
+        "frozen worker, a hung mount): it is killed and run again, and after 3 tries the run "
+        "fails naming it (default: 1800; 0: no limit)",
+    )
 
 
 def add_store_args(p) -> None:

@@ -268,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress and not args.json,
             engine=args.engine,
             ray_address=args.ray_address,
+            task_timeout=args.task_timeout or None,
         )
         res = run_prep(cfg)
     except (ValueError, DataprepError) as exc:

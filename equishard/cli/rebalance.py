@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.json,
             engine=args.engine,
             ray_address=args.ray_address,
+            task_timeout=args.task_timeout or None,
             staging=args.staging,
         )
     except ValueError as exc:

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             energon=args.energon,
             engine=args.engine,
             ray_address=args.ray_address,
+            task_timeout=args.task_timeout or None,
             staging=args.staging,
         )
         r = write_generation(cfg, progress=True)

@@ -205,3 +205,37 @@ def test_shards_the_driver_cannot_see_are_not_published(gen_inputs, tmp_path, mo
     assert not (out / "CURRENT").exists()
     monkeypatch.setattr(writer, "write_stream", real)
     assert write_generation(cfg).samples > 0  # the re-run rewrites the lost shard
+
+
+def _freezes_once(marker_dir: str, x: int) -> int:
+    """A task whose worker freezes (SIGSTOP: a hung mount, a stuck node) the first time it
+    runs item 2, or every time for item 99."""
+    marker = Path(marker_dir) / f"ran-{x}"
+    if x == 99 or (x == 2 and not marker.exists()):
+        marker.touch()
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return x * x
+
+
+def test_a_frozen_ray_worker_is_killed_and_its_task_retried(cluster, tmp_path):
+    """Issue #37 item 8: a task that makes no progress for --task-timeout is killed and run
+    again; the results are still every item's, in order (bug: ray.get waited forever)."""
+    from dataprep.ray_engine import RayOptions, ordered_map
+
+    opts = RayOptions(address=cluster, task_timeout=4, max_retries=2)
+    t0 = time.monotonic()
+    got = list(ordered_map(_freezes_once, [(str(tmp_path), x) for x in range(5)], opts=opts,
+                           inflight=2, star=True))  # fmt: skip
+    assert got == [x * x for x in range(5)]
+    assert time.monotonic() - t0 < 90
+
+
+def test_a_task_stuck_every_time_fails_the_run_naming_it(cluster, tmp_path):
+    from dataprep.ray_engine import RayOptions, ordered_map
+
+    opts = RayOptions(address=cluster, task_timeout=3, max_retries=1)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"made no progress for 3 s, 2 times \(item 99\)"):
+        list(ordered_map(_freezes_once, [(str(tmp_path), 1), (str(tmp_path), 99)], opts=opts,
+                         inflight=2, star=True))  # fmt: skip
+    assert time.monotonic() - t0 < 90

@@ -15,6 +15,7 @@ import os
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -253,11 +254,24 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
             ex.submit(_measure_in_worker, u)
             for _, u in zip(range(2 * cfg.workers), it, strict=False)
         )
+        order = deque(u for u in units[: len(inflight)])
         while inflight:
-            result = inflight.popleft().result()
+            unit = order.popleft()
+            try:
+                result = inflight.popleft().result(timeout=cfg.task_timeout)
+            except FutureTimeout:
+                for proc in list(getattr(ex, "_processes", {}).values()):
+                    proc.kill()  # a frozen worker (a hung mount) is not waited for
+                raise DataprepError(
+                    f"a prep worker made no progress for {cfg.task_timeout:g} s on {unit.path} "
+                    f"records {unit.first}..{unit.first + unit.count - 1} (a hung mount or a "
+                    "frozen process?); nothing was written; raise --task-timeout if it needs "
+                    "longer"
+                ) from None
             nxt = next(it, None)
             if nxt is not None:
                 inflight.append(ex.submit(_measure_in_worker, nxt))
+                order.append(nxt)
             yield result
 
 

@@ -81,8 +81,8 @@ class RedistributePolicy:
             raise ValueError(f"cost must be 'modeled' or 'tokens', got {self.cost!r}")
         if self.embedding_bytes < 0:
             raise ValueError(f"embedding_bytes must be >= 0, got {self.embedding_bytes}")
-        if self.min_gain < 0:
-            raise ValueError(f"min_gain must be >= 0, got {self.min_gain}")
+        if not 0 <= self.min_gain < float("inf"):  # NaN fails this too
+            raise ValueError(f"min_gain must be finite and >= 0, got {self.min_gain}")
         if self.llm_memory_cap is not None and self.llm_memory_cap <= 0:
             raise ValueError(f"llm_memory_cap must be > 0 tokens, got {self.llm_memory_cap}")
 

@@ -96,3 +96,16 @@ def test_equal_or_zero_costs_spread_by_count(v, t, dp, batch, n):
     assert plan.num_rows == n
     assert sizes.max() <= 2 * batch, sizes
     assert per_rank.max() - per_rank.min() <= 2 * batch, per_rank
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -1.0])
+def test_config_numbers_must_be_finite(value):
+    """NaN passes a plain ``x < 0`` check: every float a user sets is checked to be finite."""
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    with pytest.raises(ValueError, match="finite"):
+        RedistributePolicy(min_gain=value)
+    with pytest.raises(ValueError):
+        BalanceConfig(dp=4, nodes=1, target_batch=value)
+    with pytest.raises(ValueError):
+        BalanceConfig(dp=4, nodes=1, slack=value)

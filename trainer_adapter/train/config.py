@@ -89,8 +89,8 @@ class TrainConfig:
             raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.lr < float("inf"):  # NaN fails this too
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
         if self.ranks_per_node is not None and self.ranks_per_node < 1:

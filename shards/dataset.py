@@ -158,6 +158,8 @@ class GroupDataset(IterableDataset):
     # ------------------------------------------------------------------ state
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (call before iterating each epoch)."""
+        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be a whole number >= 0, got {epoch!r}")
         if epoch != self.epoch:
             self._pos[0] = epoch
             self._pos[1] = 0
@@ -187,12 +189,16 @@ class GroupDataset(IterableDataset):
             raise ValueError(
                 f"state was saved with seed {state['seed']}, this loader has seed {self.seed}"
             )
+        for key in ("epoch", "consumed_slots"):  # a checkpoint is read back from outside
+            v = state[key]
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < 1 << 62:
+                raise ValueError(f"loader state {key} is {v!r}; it must be a whole number >= 0")
         if not 0 <= state["consumed_slots"] <= self.slots_per_epoch:
             raise ValueError(
                 f"consumed_slots {state['consumed_slots']} outside [0, {self.slots_per_epoch}]"
             )
-        self._pos[0] = state["epoch"]
-        self._pos[1] = state["consumed_slots"]
+        self._pos[0] = int(state["epoch"])
+        self._pos[1] = int(state["consumed_slots"])
 
     # ------------------------------------------------------------------ reading
     def _read(self, plan_rank: int, plan_step: int) -> tuple[list, list[str]]:

@@ -58,6 +58,17 @@ def bounded_options(url: str, options: dict) -> tuple[dict, int | None]:
     read timeouts and its attempts (unless ``options`` set them), and the attempts of s3fs's
     own retry loop (returned). An endpoint that never answers then fails a request after
     about ``timeout x attempts`` seconds, not botocore's defaults times s3fs's retries."""
+    if url.startswith(("http://", "https://")):  # aiohttp: per connect and per read
+        import aiohttp
+
+        timeout, _ = store_limits()
+        opts = dict(options)
+        client = dict(opts.get("client_kwargs") or {})
+        client.setdefault(
+            "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+        )
+        opts["client_kwargs"] = client
+        return opts, None
     if not url.startswith(("s3://", "s3a://")):
         return dict(options), None
     timeout, retries = store_limits()

@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +151,20 @@ def test_the_model_is_not_the_identity(generation, gen_inputs):
     assert model.steps > 3
     assert model.step_order(0, 0) != model.step_order(0, 1)
     assert model.step_order(0, 0) != model.step_order(1, 0)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("epoch", -1), ("epoch", 1.5), ("epoch", True), ("epoch", 2**70), ("consumed_slots", -2),
+     ("consumed_slots", "3"), ("consumed_slots", 2.0)],
+)  # fmt: skip
+def test_a_checkpointed_state_from_outside_is_checked(generation, key, value):
+    """A loader state read back from a checkpoint is outside data: every number is a whole
+    number in range, refused by name (bug: a negative or fractional epoch was taken and broke
+    the schedule's seeds at the next iteration)."""
+    ds = GroupDataset(generation, RankInfo(rank=0, world_size=2))
+    state = {**ds.state_dict(0), key: value}
+    with pytest.raises(ValueError, match=key):
+        ds.load_state_dict(state)
+    with pytest.raises(ValueError, match="epoch"):
+        ds.set_epoch(-1)

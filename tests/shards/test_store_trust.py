@@ -294,7 +294,8 @@ def test_two_night_processes_never_lose_a_night(s3, root, tmp_path):
 
 
 # ------------------------------------------------------------------ 8: bounded waits
-def test_an_endpoint_that_never_answers_fails_within_the_store_timeout(tmp_path):
+@pytest.mark.parametrize("scheme", ["s3", "http"])
+def test_an_endpoint_that_never_answers_fails_within_the_store_timeout(tmp_path, scheme):
     """A store endpoint that accepts connections and never answers: ``verify`` fails after
     about ``--store-timeout x --store-retries`` seconds, naming the URL (bug: botocore's
     defaults times s3fs's retries took ~410 s per request, with no way to set them)."""
@@ -314,11 +315,13 @@ def test_an_endpoint_that_never_answers_fails_within_the_store_timeout(tmp_path)
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    env = {**s3_env({"endpoint": f"http://127.0.0.1:{sock.getsockname()[1]}"})}
+    endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    env = {**s3_env({"endpoint": endpoint})}
+    url = "s3://bkt/silent" if scheme == "s3" else f"{endpoint}/silent"
     t0 = time.monotonic()
     try:
         r = subprocess.run(
-            [sys.executable, "-m", "equishard", "verify", "s3://bkt/silent",
+            [sys.executable, "-m", "equishard", "verify", url,
              "--store-timeout", "1", "--store-retries", "2"],
             capture_output=True, text=True, env=env, timeout=120,
         )  # fmt: skip
@@ -329,7 +332,7 @@ def test_an_endpoint_that_never_answers_fails_within_the_store_timeout(tmp_path)
             c.close()
         sock.close()
     took = time.monotonic() - t0
-    assert r.returncode != 0 and "s3://bkt/silent" in r.stdout + r.stderr, r.stderr[-2000:]
+    assert r.returncode != 0 and url in r.stdout + r.stderr, r.stderr[-2000:]
     assert took < 60, took
 
 
@@ -349,3 +352,5 @@ def test_store_limits_refuse_nonsense(monkeypatch):
         "retries": {"max_attempts": 1, "mode": "standard"},
     }
     assert bounded_options("gs://b/x", {"a": 1}) == ({"a": 1}, None)
+    http, _ = bounded_options("https://host/gen", {})
+    assert http["client_kwargs"]["timeout"].sock_read == 5.0

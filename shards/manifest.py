@@ -356,6 +356,15 @@ def load_manifest(
             raise ManifestError(f"{w}: expected an object with bytes and sha256")
         _safe_path(name, gen_dir, w, real_dirs)
         carried[name] = (_count(spec, "bytes", w), check_digest(_need(spec, "sha256", str, w), w))
+    loads = raw.get("loads")  # sizes the trainer's buffers: whole numbers in a sane range
+    if loads is not None:
+        if not isinstance(loads, dict):
+            raise ManifestError(f"{path}: field 'loads' is {type(loads).__name__}, expected object")
+        for k, v in loads.items():
+            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 40):
+                raise ManifestError(
+                    f"{path}: loads.{k} is {v!r:.40}; it must be a whole number of tokens >= 0"
+                )
     parent = raw.get("parent")
     if parent is not None:
         if not isinstance(parent, str):

@@ -77,6 +77,8 @@ HOSTILE = {
         lambda r: r["files"].update({"../../cost.parquet": r["files"]["cost.parquet"]}),
         "leaves",
     ),
+    "loads negative": (lambda r: r["loads"].update(max_group_llm_tokens=-5), "loads"),
+    "loads a string": (lambda r: r["loads"].update(max_group_llm_tokens="1e12"), "loads"),
     "carried file digest": (
         lambda r: r["files"]["cost.parquet"].update(sha256="../x"),
         "sha256",

@@ -77,4 +77,8 @@ def describe(exc: BaseException) -> str:
     name = type(exc).__name__
     if not text:
         return name
-    return text if isinstance(exc, (ValueError, SampleRejected)) else f"{name}: {text}"
+    ours = type(exc).__module__.split(".")[0] in _OURS
+    return text if ours or isinstance(exc, ValueError) else f"{name}: {text}"
+
+
+_OURS = {"dataprep", "shards", "balancing", "trainer_adapter", "equishard"}

@@ -30,7 +30,7 @@ from typing import BinaryIO
 
 from PIL import Image
 
-from dataprep.errors import SampleRejected
+from dataprep.errors import SampleRejected, describe
 from dataprep.image_orientation import TURNED, displayed_orientation
 
 __all__ = [
@@ -221,11 +221,11 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header
             if check == "decode" and fmt in SUPPORTED_FORMATS:
                 im.load()
     except Image.DecompressionBombError as exc:
-        raise SampleRejected("image_too_large", f"{where}: {exc}") from None
+        raise SampleRejected("image_too_large", f"{where}: {describe(exc)}") from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         if check == "decode" and "truncated" in str(exc):
-            raise SampleRejected("truncated_image", f"{where}: {exc}") from None
-        raise SampleRejected("corrupt_image", f"{where}: cannot parse ({exc})") from None
+            raise SampleRejected("truncated_image", f"{where}: {describe(exc)}") from None
+        raise SampleRejected("corrupt_image", f"{where}: cannot parse ({describe(exc)})") from None
     with im:
         if fmt not in SUPPORTED_FORMATS:
             raise SampleRejected(

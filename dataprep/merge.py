@@ -23,7 +23,7 @@ from dataprep.cost_table import (
     read_cost_table,
     table_metadata,
 )
-from dataprep.errors import DataprepError
+from dataprep.errors import DataprepError, describe
 
 __all__ = ["merge_cost_tables"]
 
@@ -74,7 +74,7 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         try:
             metas.append(table_metadata(p))
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
-            raise DataprepError(f"{p}: {exc}") from None
+            raise DataprepError(f"{p}: {describe(exc)}") from None
     ref = metas[0]
     for p, m in zip(parts, metas, strict=False):
         for key in _MUST_MATCH:

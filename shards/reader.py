@@ -18,6 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from dataprep.errors import describe
 from shards.manifest import Group, Shard
 from shards.storage import GenerationFiles
 
@@ -57,7 +58,7 @@ def _check_members(data: bytes, where: str) -> None:
                 if m.offset_data + m.size > len(data):
                     raise ShardError(f"{where}: member {m.name!r} is truncated")
     except tarfile.TarError as exc:
-        raise ShardError(f"{where}: unreadable tar data ({exc})") from None
+        raise ShardError(f"{where}: unreadable tar data ({describe(exc)})") from None
 
 
 def read_group(

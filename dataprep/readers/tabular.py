@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.errors import DataprepError
+from dataprep.errors import DataprepError, describe
 from dataprep.readers.base import RawRecord, ReadOptions, WorkUnit
 
 __all__ = ["is_hf_dataset_dir", "read_hf", "read_parquet", "scan_hf", "scan_parquet"]
@@ -67,7 +67,7 @@ def scan_parquet(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
     try:
         meta = pq.ParquetFile(path).metadata
     except (pa.ArrowInvalid, OSError) as exc:
-        raise DataprepError(f"{path}: not a readable Parquet file ({exc})") from None
+        raise DataprepError(f"{path}: not a readable Parquet file ({describe(exc)})") from None
     first = 0
     for rg in range(meta.num_row_groups):
         n = meta.row_group(rg).num_rows
@@ -106,7 +106,9 @@ def _load_hf(path: str):
         try:
             ds = datasets.load_from_disk(path)
         except (FileNotFoundError, ValueError) as exc:
-            raise DataprepError(f"{path}: not a dataset saved with save_to_disk ({exc})") from None
+            raise DataprepError(
+                f"{path}: not a dataset saved with save_to_disk ({describe(exc)})"
+            ) from None
         _HF_CACHE.clear()  # one dataset at a time per process
         _HF_CACHE[path] = ds
     return ds

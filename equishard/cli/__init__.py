@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     args = build_parser().parse_args(argv)
-    from dataprep.errors import DataprepError
+    from dataprep.errors import DataprepError, describe
 
     try:
         if getattr(args, "apply_store", None) is not None:
@@ -70,12 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, DataprepError) as exc:
         if os.environ.get("EQUISHARD_TRACEBACK"):
             raise
-        print(f"equishard {args.command}: error: {exc}", file=sys.stderr)
+        print(f"equishard {args.command}: error: {describe(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:
         if os.environ.get("EQUISHARD_TRACEBACK"):
             raise
-        print(f"equishard {args.command}: failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"equishard {args.command}: failed: {describe(exc)}", file=sys.stderr)
         return 1
 
 

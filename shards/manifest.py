@@ -268,6 +268,8 @@ def load_manifest(
         ) from None
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: not UTF-8 text ({exc})") from None
+    except ValueError as exc:  # not a regular file, or far too large
+        raise ManifestError(str(exc)) from None
     if not text.strip():
         raise ManifestError(f"{path}: empty manifest")
     try:
@@ -424,7 +426,7 @@ def _open_remote(url: str, storage_options: dict | None, cache_dir) -> Manifest:
         if root.exists(MANIFEST):
             return load_manifest(root)
         try:
-            text = root.read_bytes(CURRENT).decode()
+            text = root.read_bytes(CURRENT, 4096).decode("utf-8", errors="replace")
         except FileNotFoundError:
             raise ManifestError(
                 f"{url}: neither a generation (no manifest.json) nor a root with a CURRENT "
@@ -437,6 +439,10 @@ def _open_remote(url: str, storage_options: dict | None, cache_dir) -> Manifest:
         if current is None:
             raise ManifestError(f"{url}/{CURRENT} is empty")
         return load_manifest(root.child(current))
+    except ManifestError:
+        raise
+    except ValueError as exc:  # CURRENT or the manifest is not a small regular object
+        raise ManifestError(str(exc)) from None
     except (OSError, PermissionError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise ManifestError(f"{url}: not found ({exc})") from None

@@ -87,7 +87,7 @@ def current_tag(root_url: str, *, storage_options: dict | None = None):
     try:
         root.fs.invalidate_cache()
         info = root.fs.info(root.full_path(CURRENT))
-        text = root.read_bytes(CURRENT).decode()
+        text = root.read_bytes(CURRENT, 4096).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None, None
     tag = info.get("ETag") or info.get("etag")
@@ -182,7 +182,8 @@ def publish_generation(
 def read_remote_current(root_url: str, *, storage_options: dict | None = None) -> str | None:
     root = GenerationFiles(root_url, storage_options=storage_options)
     try:
-        return parse_current(root.read_bytes(CURRENT).decode(), root_url)
+        text = root.read_bytes(CURRENT, 4096).decode("utf-8", errors="replace")
+        return parse_current(text, root_url)
     except FileNotFoundError:
         return None
 

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from pathlib import Path
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "parse_current",
     "read_current",
     "read_history",
+    "read_small",
     "set_current",
     "try_lock",
     "valid_generation_name",
@@ -56,11 +58,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def read_small(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of a small file that equishard wrote but anyone could have replaced: it must
+    be a regular file (a FIFO would block the read forever, a device never end) of at most
+    ``limit`` bytes; ``ValueError`` naming it otherwise, ``FileNotFoundError`` if absent."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError(f"{path}: not a regular file (a FIFO, device or directory)")
+    if st.st_size > limit:
+        raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} such a file holds")
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"{path}: grew past {limit} bytes while being read")
+    return data
+
+
 def read_current(root: str | os.PathLike) -> str | None:
     """The generation id ``CURRENT`` names, or None when the root has none yet. A name that
     would leave the root (a path, ``..``, a hidden entry) raises ``ValueError``."""
     try:
-        text = (Path(root) / CURRENT).read_text()
+        text = read_small(Path(root) / CURRENT, 4096).decode("utf-8", errors="replace")
     except FileNotFoundError:
         return None
     return parse_current(text, str(root))
@@ -100,9 +118,12 @@ def note_current(root: str | os.PathLike, generation: str, event: str = "current
     path = Path(root) / HISTORY
     line = json.dumps({"event": event, "generation": generation}) + "\n"
     try:
-        old = path.read_text(errors="replace").splitlines(keepends=True)
+        old = read_small(path, 16 << 20).decode(errors="replace").splitlines(keepends=True)
     except FileNotFoundError:
         old = []
+    except ValueError:  # replaced by something that is not this file (a FIFO): start anew
+        atomic_write_bytes(path, line.encode())
+        return
     if len(old) < _HISTORY_LINES:
         with open(path, "a") as f:
             f.write(line)
@@ -116,8 +137,8 @@ def read_history(root: str | os.PathLike) -> list[tuple[str, str]]:
     """``(event, generation)`` in order; lines that are not what :func:`note_current` writes
     (a damaged or hand-edited file) are left out."""
     try:
-        text = (Path(root) / HISTORY).read_text(errors="replace")
-    except FileNotFoundError:
+        text = read_small(Path(root) / HISTORY, 16 << 20).decode(errors="replace")
+    except (FileNotFoundError, ValueError):
         return []
     out = []
     for line in text.splitlines():

@@ -45,6 +45,7 @@ from shards.publish import (
     note_current,
     read_current,
     read_history,
+    read_small,
     try_lock,
 )
 from shards.storage import is_url
@@ -285,9 +286,9 @@ def _record_night(root: Path, summary: dict) -> None:
     """Write ``LAST_NIGHT.json`` unless it already says exactly this (a re-run writes nothing)."""
     path = root / "LAST_NIGHT.json"
     try:
-        if json.loads(path.read_text()) == summary:
+        if json.loads(read_small(path, 1 << 20)) == summary:
             return
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (FileNotFoundError, ValueError):  # absent, damaged, or not a regular file: rewrite
         pass
     atomic_write_bytes(path, json.dumps(summary).encode())
 

@@ -31,6 +31,7 @@ __all__ = ["GenerationFiles", "bounded_options", "is_url", "join_url", "store_li
 
 TIMEOUT_ENV, RETRIES_ENV = "EQUISHARD_STORE_TIMEOUT", "EQUISHARD_STORE_RETRIES"
 DEFAULT_TIMEOUT, DEFAULT_RETRIES = 30.0, 3
+SMALL_FILE_LIMIT = 1 << 30  # a manifest of millions of groups stays far below
 
 
 def store_limits() -> tuple[float, int]:
@@ -186,10 +187,17 @@ class GenerationFiles:
     def is_dir(self) -> bool:
         return self.fs.isdir(self._root) if self.remote else os.path.isdir(self._root)
 
-    def read_bytes(self, name: str) -> bytes:
-        """The whole of a small file (manifest, CURRENT); FileNotFoundError if absent."""
+    def read_bytes(self, name: str, limit: int = SMALL_FILE_LIMIT) -> bytes:
+        """The whole of a small file (manifest, CURRENT) of at most ``limit`` bytes: a regular
+        file (a FIFO put there would block forever), ``ValueError`` when larger;
+        FileNotFoundError if absent."""
         if not self.remote:
-            return Path(self.full_path(name)).read_bytes()
+            from shards.publish import read_small
+
+            return read_small(self.full_path(name), limit)
+        size = self.fs.size(self.full_path(name))
+        if size is not None and size > limit:
+            raise ValueError(f"{self.where(name)}: {size} bytes, more than the {limit} it may hold")
         return self.fs.cat_file(self.full_path(name))
 
     def size(self, name: str) -> int | None:

@@ -94,10 +94,11 @@ class _Requests(logging.Handler):
         self.lines.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))  # no colours
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3():
     """A local S3 server (moto in server mode, HTTP on 127.0.0.1) with bucket ``bkt``, used
-    through s3fs exactly as a bucket would be; one per test module."""
+    through s3fs exactly as a bucket would be; one per session (moto keeps its buckets in the
+    process, so every server would share them anyway); tests use prefixes of their own."""
     moto_server = pytest.importorskip("moto.server")
     s3fs = pytest.importorskip("s3fs")
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

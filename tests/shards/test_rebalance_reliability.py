@@ -218,3 +218,37 @@ def test_new_samples_take_their_images_from_the_night_image_root(tmp_path):
                     assert got == [(new_root / n).read_bytes() for n in wanted[sid]], sid
                     seen += 1
     assert seen > 0
+
+
+def test_files_replaced_by_fifos_never_hang_a_reader_or_a_night(root, tmp_path):
+    """Issue #37, unbounded waits: CURRENT, a manifest, the CURRENT history or LAST_NIGHT.json
+    replaced by a FIFO (whose read would block forever) is refused by name, or rewritten, at
+    once; every command finishes under its timeout."""
+    import os
+
+    from shards.manifest import ManifestError, load_manifest
+
+    os.mkfifo(root / "CURRENT.history.new")
+    os.replace(root / "CURRENT.history.new", root / "CURRENT.history")
+    (root / "LAST_NIGHT.json").unlink(missing_ok=True)
+    os.mkfifo(root / "LAST_NIGHT.json")
+    r = subprocess.run(
+        _rebalance_cmd(root, "--new", str(root.parent / "raw" / "day-2.jsonl"), "--json"),
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert r.returncode == 0 and json.loads(r.stdout)["status"] == "published", r.stderr
+    assert (root / "LAST_NIGHT.json").is_file() and (root / "CURRENT.history").is_file()
+    gen = read_current(root)
+    (root / gen / "manifest.json").rename(tmp_path / "manifest.json")
+    os.mkfifo(root / gen / "manifest.json")
+    try:
+        load_manifest(root / gen)
+    except ManifestError as exc:
+        assert "not a regular file" in str(exc)
+    else:
+        raise AssertionError("a FIFO manifest was read")
+    (root / "CURRENT").unlink()
+    os.mkfifo(root / "CURRENT")
+    v = subprocess.run([sys.executable, "-m", "equishard", "verify", str(root)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert v.returncode != 0 and "not a regular file" in v.stdout + v.stderr

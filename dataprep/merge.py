@@ -111,6 +111,7 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
     total = {k: sum(m["counts"][k] for m in metas) for k in ("in", "written", "rejected")}
     total["written"] -= len(dup_rows)
     total["rejected"] += len(dup_rows)
+    total["damaged_ranges"] = sum(m["counts"].get("damaged_ranges", 0) for m in metas)
     total["cached"] = sum(m["counts"].get("cached", 0) for m in metas)
     meta = {**ref, "shard": {"index": 0, "num_shards": 1}, "counts": total}
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})

@@ -84,18 +84,24 @@ def current_tag(root_url: str, *, storage_options: dict | None = None):
     that object (``(None, None)`` when there is none). Give it back to
     :func:`publish_generation` as ``expect_current`` to publish only if nobody moved it since."""
     root = GenerationFiles(root_url, storage_options=storage_options)
-    try:
+    for _ in range(5):
+        try:
+            root.fs.invalidate_cache()
+            info = root.fs.info(root.full_path(CURRENT))
+            text = root.read_bytes(CURRENT, 4096).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return None, None
+        tag = _etag(info)
+        name = parse_current(text, root_url)
+        # the tag read with the name must still hold it (a move between the two reads)
         root.fs.invalidate_cache()
-        info = root.fs.info(root.full_path(CURRENT))
-        text = root.read_bytes(CURRENT, 4096).decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        return None, None
-    tag = info.get("ETag") or info.get("etag")
-    name = parse_current(text, root_url)
-    # the tag read with the name must still hold it (a move between the two reads)
-    if tag is not None and (root.fs.info(root.full_path(CURRENT)).get("ETag") != tag):
-        return current_tag(root_url, storage_options=storage_options)
-    return name, tag
+        if tag is None or _etag(root.fs.info(root.full_path(CURRENT))) == tag:
+            return name, tag
+    raise ConcurrentPublishError(f"{root.where(CURRENT)}: moves faster than it can be read")
+
+
+def _etag(info: dict) -> str | None:
+    return info.get("ETag") or info.get("etag")
 
 
 def _move_current(root: GenerationFiles, generation: str, expect) -> None:

@@ -52,6 +52,7 @@ PLAN_SCHEMA = pa.schema(
 
 
 MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
+MAX_RANKS = 1 << 20  # data-parallel ranks a plan may have (arrays of this size are made)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,8 +69,8 @@ class BalanceConfig:
     cost_model: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
-        if self.dp < 1:
-            raise ValueError(f"--dp must be >= 1, got {self.dp}")
+        if not 1 <= self.dp <= MAX_RANKS:
+            raise ValueError(f"--dp must be 1..{MAX_RANKS}, got {self.dp}")
         for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

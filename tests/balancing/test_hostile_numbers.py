@@ -109,3 +109,9 @@ def test_config_numbers_must_be_finite(value):
         BalanceConfig(dp=4, nodes=1, target_batch=value)
     with pytest.raises(ValueError):
         BalanceConfig(dp=4, nodes=1, slack=value)
+
+
+def test_rank_counts_past_the_bound_are_refused():
+    """``--dp 10**12`` would make arrays of that size: refused by name at once."""
+    with pytest.raises(ValueError, match="--dp must be"):
+        BalanceConfig(dp=10**12, nodes=1)

@@ -356,3 +356,14 @@ def test_store_limits_refuse_nonsense(monkeypatch):
     assert bounded_options("gs://b/x", {"a": 1}) == ({"a": 1}, None)
     http, _ = bounded_options("https://host/gen", {})
     assert http["client_kwargs"]["timeout"].sock_read == 5.0
+
+
+def test_a_huge_step_count_is_refused_without_building_it(gen_copy):
+    """``layout.steps`` comes from the manifest: a value of 10^15 is refused at once (bug: the
+    check built a list of that many steps and never returned)."""
+    gen = gen_copy / (gen_copy / "CURRENT").read_text().strip()
+    _tamper(gen, lambda r: r["layout"].update(steps=10**15))
+    t0 = time.monotonic()
+    with pytest.raises(ManifestError, match="no group for step"):
+        load_manifest(gen)
+    assert time.monotonic() - t0 < 10

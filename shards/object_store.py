@@ -31,7 +31,7 @@ from pathlib import Path
 from shards.errors import WriteError
 from shards.manifest import MANIFEST, load_manifest
 from shards.publish import CURRENT, fsync_dir, parse_current, set_current, valid_generation_name
-from shards.storage import GenerationFiles, is_url, join_url
+from shards.storage import GenerationFiles, is_url, join_url, sha256_of
 
 __all__ = [
     "ConcurrentPublishError",
@@ -73,10 +73,6 @@ def _inside(root: Path, name: str) -> Path:
     if not path.startswith(top + os.sep):
         raise WriteError(f"{name!r} would be written outside {root}; refusing it")
     return Path(path)
-
-
-def _local_sha256(path: Path) -> str:
-    return GenerationFiles(path.parent).sha256(path.name)
 
 
 def current_tag(root_url: str, *, storage_options: dict | None = None):
@@ -165,7 +161,7 @@ def publish_generation(
     for n, size in local.items():
         if have.get(n) != size:
             todo.append(n)
-        elif gen.sha256(n) != (digests.get(n) or _local_sha256(local_gen / n)):
+        elif gen.sha256(n) != (digests.get(n) or sha256_of(local_gen / n)):
             todo.append(n)  # a leftover of the right size but other bytes: upload again
     if todo:
         gen.fs.put([str(local_gen / n) for n in todo], [gen.full_path(n) for n in todo])
@@ -220,9 +216,7 @@ def _check_copy(dest: Path, manifest: bytes) -> bool:
     except (OSError, ValueError):
         return False
     for name, digest in _wanted(m).items():
-        if digest is not None and (
-            not (dest / name).is_file() or _local_sha256(dest / name) != digest
-        ):
+        if digest is not None and (not (dest / name).is_file() or sha256_of(dest / name) != digest):
             return False
     return True
 
@@ -264,7 +258,7 @@ def fetch_generation(
         for name, digest in _wanted(m).items():
             if digest is None:
                 continue
-            got = _local_sha256(tmp / name) if (tmp / name).is_file() else "missing"
+            got = sha256_of(tmp / name) if (tmp / name).is_file() else "missing"
             if got != digest:
                 raise WriteError(
                     f"{src.where(name)}: sha256 {got} != the manifest's {digest}; the "

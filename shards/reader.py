@@ -11,7 +11,6 @@ accepted, and decoding is explicit (JSON, Pillow): nothing is ever unpickled.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
@@ -20,7 +19,7 @@ from pathlib import Path, PurePosixPath
 
 from dataprep.errors import describe
 from shards.manifest import Group, Shard
-from shards.storage import GenerationFiles
+from shards.storage import GenerationFiles, sha256_of
 
 __all__ = ["IMAGE_EXTS", "ShardError", "ShardSample", "read_group", "sha256_of"]
 
@@ -36,14 +35,6 @@ class ShardSample:
     key: str
     meta: dict
     images: list[bytes]
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _check_members(data: bytes, where: str) -> None:

@@ -27,7 +27,14 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["GenerationFiles", "bounded_options", "is_url", "join_url", "store_limits"]
+__all__ = [
+    "GenerationFiles",
+    "bounded_options",
+    "is_url",
+    "join_url",
+    "sha256_of",
+    "store_limits",
+]
 
 TIMEOUT_ENV, RETRIES_ENV = "EQUISHARD_STORE_TIMEOUT", "EQUISHARD_STORE_RETRIES"
 DEFAULT_TIMEOUT, DEFAULT_RETRIES = 30.0, 3
@@ -258,18 +265,15 @@ class GenerationFiles:
     def sha256(self, name: str, expected: str = "") -> str:
         """The sha256 of ``name``, streamed. Remote with a cache directory: the shard is kept
         there when it matches ``expected`` (its groups are then read from that copy)."""
-        h = hashlib.sha256()
         if not self.remote:
-            with open(self.full_path(name), "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
-            return h.hexdigest()
+            return sha256_of(self.full_path(name))
+        h = hashlib.sha256()
         keep = self.cache_dir is not None and expected
         whole = self.cache_dir / f"{_check_digest(expected)}.tar" if keep else None
         if whole is not None and whole.exists():
             # a cache hit is checked like a fresh fetch: hashed again, dropped when it differs
             with contextlib.suppress(FileNotFoundError):
-                if _file_sha256(whole) == expected:
+                if sha256_of(whole) == expected:
                     self._whole_ok.add(expected)
                     return expected
                 whole.unlink()
@@ -311,10 +315,11 @@ def _protocols(fs) -> tuple[str, ...]:
     return (p,) if isinstance(p, str) else tuple(p)
 
 
-def _file_sha256(path: Path) -> str:
+def sha256_of(path: str | os.PathLike) -> str:
+    """The sha256 of a local file, streamed."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
+        for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
 

@@ -7,8 +7,9 @@
   downsample and Qwen2-VL's 2x2 merge do) and an MLP into the LLM's width, so each unit yields
   exactly the image tokens the vision policy counted.
 * ``LanguageModel``: token + position embeddings, decoder blocks with causal attention inside
-  each packed sample (``cu_seqlens``; SDPA per sample, so cost follows sum(len^2), not the padded
-  length), final norm and LM head.
+  each packed sample (``trainer_adapter.train.attention``: one varlen flash-attention call per row
+  on a GPU in bf16, else SDPA per sample; cost follows sum(len^2), not the padded length), final
+  norm and LM head.
 
 Sizes go from ``tiny`` (tests, CPU) to ``1b`` (GPU) through :meth:`VLMConfig.preset`.
 """
@@ -21,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from trainer_adapter.train.attention import packed_attention, prefix_attention
 
 __all__ = [
     "Block",
@@ -129,19 +132,14 @@ class Block(nn.Module):
         o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
         return self.proj(o.transpose(1, 2).reshape(b, n, h))
 
-    def _attend_kv(self, y: torch.Tensor, prefix) -> tuple[torch.Tensor, tuple]:
-        """One causal segment [len, hidden] after ``prefix`` (keys, values [heads, p, d] of the
-        same sample's earlier tokens, or None); returns its output and its own keys, values."""
+    def _qkv(self, y: torch.Tensor):
+        """Packed ``y`` [total, hidden] -> queries, keys, values, each [total, heads, dim]."""
         n, h = y.shape
-        q, k, v = self.qkv(y).view(n, 3, self.heads, h // self.heads).permute(1, 2, 0, 3)
-        if prefix is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        else:
-            p = prefix[0].shape[1]
-            mask = torch.ones(n, p + n, dtype=torch.bool, device=y.device).tril(p)
-            kk, vv = torch.cat([prefix[0], k], 1), torch.cat([prefix[1], v], 1)
-            o = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
-        return self.proj(o.transpose(0, 1).reshape(n, h)), (k, v)
+        return self.qkv(y).view(n, 3, self.heads, h // self.heads).unbind(1)
+
+    def _attend_packed(self, q, k, v, seg_lens: list[int]) -> torch.Tensor:
+        o = packed_attention(q, k, v, seg_lens, self.causal)
+        return self.proj(o.reshape(o.shape[0], -1))
 
     def forward_chunk(self, x: torch.Tensor, seg_lens: list[int], prefix=None, keep=None):
         """Packed ``x`` [total, hidden] whose first segment may continue a sample cut in an
@@ -153,15 +151,39 @@ class Block(nn.Module):
         return self._forward_chunk(x, seg_lens, prefix, keep)
 
     def _forward_chunk(self, x, seg_lens, prefix, keep):
+        assert self.causal, "samples are cut across chunks in causal blocks only"
         y = self.norm1(x)
-        parts, outs, kept = torch.split(y, seg_lens), [], None
-        for i, part in enumerate(parts):
-            if i == keep or (i == 0 and prefix is not None):
-                o, kv = self._attend_kv(part, prefix if i == 0 else None)
-                kept = kv if i == keep else kept
-            else:
-                o = self._attend(part[None])[0]
-            outs.append(o)
+        q, k, v = self._qkv(y)
+        offsets = [0]
+        for n in seg_lens:
+            offsets.append(offsets[-1] + n)
+        own = {keep} - {None} | ({0} if prefix is not None else set())
+        outs, kept, run = [], None, []  # run: segments in a row that attend only inside
+
+        def flush():
+            if run:
+                part = slice(offsets[run[0]], offsets[run[-1] + 1])
+                outs.append(
+                    self._attend_packed(q[part], k[part], v[part], [seg_lens[j] for j in run])
+                )
+                run.clear()
+
+        for i in range(len(seg_lens)):
+            if i not in own:
+                run.append(i)
+                continue
+            flush()
+            part = slice(offsets[i], offsets[i + 1])
+            # these very tensors feed the attention, so the carry's gradient hooks on them fire
+            ki, vi = k[part].transpose(0, 1), v[part].transpose(0, 1)
+            kk, vv = ki, vi
+            if i == 0 and prefix is not None:  # continues a sample cut in an earlier chunk
+                kk, vv = torch.cat([prefix[0], ki], 1), torch.cat([prefix[1], vi], 1)
+            o = prefix_attention(q[part].transpose(0, 1), kk, vv).transpose(0, 1)
+            outs.append(self.proj(o.reshape(seg_lens[i], -1)))
+            if i == keep:  # this segment goes on in a later chunk: its own keys and values
+                kept = (ki, vi)
+        flush()
         x = x + torch.cat(outs)
         return x + self.mlp(self.norm2(x)), kept
 
@@ -176,9 +198,10 @@ class Block(nn.Module):
         y = self.norm1(x)
         if seg_lens is None:
             a = self._attend(y)
+        elif seg_lens:
+            a = self._attend_packed(*self._qkv(y), seg_lens)
         else:
-            parts = torch.split(y, seg_lens) if seg_lens else []
-            a = torch.cat([self._attend(p[None])[0] for p in parts]) if parts else self.proj(y)
+            a = self.proj(y)
         x = x + a
         return x + self.mlp(self.norm2(x))
 
@@ -276,22 +299,24 @@ class LanguageModel(nn.Module):
         self.head = part("head", lambda: nn.Linear(cfg.llm_hidden, cfg.vocab_size))
 
     def embed(self, input_ids, position_ids, image_embeds, image_token_id: int) -> torch.Tensor:
-        """Token + position embeddings, image tokens replaced by ``image_embeds`` in order."""
-        if position_ids.numel() and int(position_ids.max()) >= self.cfg.max_positions:
-            raise ValueError(f"a sample is longer than max_positions={self.cfg.max_positions}")
+        """Token + position embeddings, image tokens replaced by ``image_embeds`` in order.
+        The inputs are checked while they are on the host (``check_inputs``): on a GPU the
+        trainer checks them before the copy, so the step has no device-to-host sync here."""
+        if not input_ids.is_cuda:
+            self.check_inputs(input_ids, position_ids, image_embeds.shape[0], image_token_id)
         x = self.tok(input_ids)
         mask = (input_ids == image_token_id).unsqueeze(-1)
-        if int(mask.sum()) != image_embeds.shape[0]:
-            raise ValueError(
-                f"{int(mask.sum())} image tokens but {image_embeds.shape[0]} image embeddings"
-            )
-        # with no image tokens, keep the (empty) exchange in the graph: its backward is a collective
-        x = (
-            x.masked_scatter(mask, image_embeds.to(x.dtype))
-            if mask.any()
-            else x + 0 * image_embeds.sum()
-        )
+        # with no image tokens the (empty) embeddings stay in the graph: their backward is a
+        # collective that every rank must join
+        x = x.masked_scatter(mask, image_embeds.to(x.dtype))
         return x + self.pos(position_ids)
+
+    def check_inputs(self, input_ids, position_ids, n_image_embeds: int, image_token_id: int):
+        if position_ids.numel() and int(position_ids.max()) >= self.cfg.max_positions:
+            raise ValueError(f"a sample is longer than max_positions={self.cfg.max_positions}")
+        n_image = int((input_ids == image_token_id).sum())
+        if n_image != n_image_embeds:
+            raise ValueError(f"{n_image} image tokens but {n_image_embeds} image embeddings")
 
     def forward_blocks(self, x, seg_lens: list[int], lo: int = 0, hi: int | None = None):
         for blk in self.blocks[lo:hi]:

@@ -31,6 +31,7 @@ from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.flops import training_flops
+from trainer_adapter.train.loss import chunk_tokens_for, chunked_lm_loss
 from trainer_adapter.train.model import VisionLanguageModel, VLMConfig, shifted_labels
 from trainer_adapter.train.partition import profile_layers, search_partition, stage_ranges
 from trainer_adapter.train.pipeline import (
@@ -129,6 +130,7 @@ class Trainer:
         # are built, so neither host nor device memory ever holds the whole LLM
         self.model = VisionLanguageModel(model_cfg, keep_llm=keep).to(self.device)
         self.loss_fn = LMLoss()
+        self.loss_chunk_tokens = chunk_tokens_for(model_cfg.vocab_size)
         if cfg.pp > 1:
             self._build_stages()
         owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
@@ -371,6 +373,10 @@ class Trainer:
             st.carry.reset()
         t_llm = time.perf_counter()
         pipeline = {}
+        if self.stage == 0:  # on the host, before the copy (no device sync in the step)
+            model.llm.check_inputs(
+                local.input_ids, local.position_ids, img.shape[0], local.image_token_id
+            )
         if self.pp == 1:
             x = model.llm.embed(
                 local.input_ids.to(self.device),
@@ -379,8 +385,14 @@ class Trainer:
                 local.image_token_id,
             )
             h = model.llm.forward_blocks(x, lens.tolist())
-            tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
-            loss = self.loss_fn(model.llm.logits(h), tgt)
+            # the head and the loss chunk by chunk at the target positions only (no full logits)
+            loss = chunked_lm_loss(
+                h,
+                shifted_labels(local.labels, local.label_cu_seqlens),
+                model.llm.logits,
+                normalizer=normalizer,
+                chunk_tokens=self.loss_chunk_tokens,
+            )
             loss.backward()
             loss_sum = loss.detach()
         else:

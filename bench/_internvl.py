@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "internvl_lengths"
+# beside the checkout; a GPU machine gets a copy carried with the tree (tools/gpu_check.sh)
+DATA = Path(
+    os.environ.get("EQUISHARD_INTERNVL_LENGTHS")
+    or Path(__file__).resolve().parents[2] / "shared" / "data" / "internvl_lengths"
+)
 FILES = ("ai2d_train_12k_wh_token_lengths.json", "chartqa_train_18k_wh_token_lengths.json")
+
+
+def available() -> bool:
+    return all((DATA / name).is_file() for name in FILES)
+
+
+def synthetic_lengths(n: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Stand-in lengths of the same shape (1-12 tiles, 256 LLM tokens each plus text) for dry
+    runs on machines without the statistics; never used for a reported figure."""
+    rng = np.random.default_rng(seed)
+    tiles = np.minimum(12, 1 + rng.poisson(3.0, n))
+    return tiles, tiles * 256 + rng.integers(20, 400, n)
 
 
 def load_lengths() -> tuple[np.ndarray, np.ndarray]:

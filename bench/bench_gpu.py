@@ -73,21 +73,32 @@ def _generation(root: Path, dp: int, target_batch: int, samples: int = 400):
     return table, plan.plan, out
 
 
-def _train(gen: Path, precision: str, log: Path) -> dict:
+def _train(
+    gen: Path,
+    precision: str,
+    log: Path,
+    *,
+    model: str = "1b",
+    backend: str = "nccl",
+    steps: int = STEPS,
+    recompute: str = "adaptive",
+    extra: tuple[str, ...] = (),
+    env: dict | None = None,
+) -> dict:
     cmd = [
         sys.executable, "-m", "equishard", "train", "--shards", str(gen), "--nproc", "1",
-        "--dp", "1", "--steps", str(STEPS), "--model", "1b", "--recompute", "adaptive",
-        "--backend", "nccl", "--precision", precision, "--log", str(log),
+        "--dp", "1", "--steps", str(steps), "--model", model, "--recompute", recompute,
+        "--backend", backend, "--precision", precision, "--log", str(log), *extra,
     ]  # fmt: skip
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     print(res.stdout[-3000:], res.stderr[-3000:], flush=True)
     res.check_returncode()
     recs = [json.loads(x) for x in log.read_text().splitlines()]
-    warm = recs[2:]  # the first steps compile kernels and grow the caching allocator
+    warm = recs[2:] or recs  # the first steps compile kernels and grow the caching allocator
     secs = np.array([r["seconds"] for r in warm])
     tok = np.array([r["llm_tokens"] for r in warm])
     flops = np.array([r["model_flops"] for r in warm])
-    peak = _peak(precision)
+    peak = _peak(precision) if torch.cuda.is_available() else None
     found = re.search(r"recompute: (.*)", res.stdout)
     return {
         "precision": precision,
@@ -97,8 +108,9 @@ def _train(gen: Path, precision: str, log: Path) -> dict:
         "tokens_per_s": float(tok.sum() / secs.sum()),
         "tflops": float(flops.sum() / secs.sum() / 1e12),
         "mfu": float(flops.sum() / secs.sum() / peak) if peak else None,
-        "peak_allocated": max(r["peak_allocated"] for r in recs),
-        "peak_reserved": max(r["peak_reserved"] for r in recs),
+        "peak_allocated": max(r["peak_allocated"] or 0 for r in recs),
+        "peak_reserved": max(r["peak_reserved"] or 0 for r in recs),
+        "step_times": [r["seconds"] for r in recs],
         "loss": (recs[0]["loss"], recs[-1]["loss"]),
         "recompute": found.group(1) if found else "",
     }

@@ -119,9 +119,17 @@ def _veomni_greedy(images_len: np.ndarray, ranks: int) -> np.ndarray:
     return dest
 
 
-def simulate(seed: int = 0, size: str = "tiny", device: str = "cpu", scale: int = SCALE) -> dict:
+def simulate(
+    seed: int = 0,
+    size: str = "tiny",
+    device: str = "cpu",
+    scale: int = SCALE,
+    steps: int = STEPS,
+    lengths: tuple[np.ndarray, np.ndarray] | None = None,
+) -> dict:
     """``size`` tiny on the CPU (lengths scaled by ``scale``); on a GPU, ``2b`` in bf16 at the
-    real lengths (``scale=1``: 1,024 patches per tile)."""
+    real lengths (``scale=1``: 1,024 patches per tile). ``lengths``: (tiles, LLM tokens) per
+    sample instead of the InternVL statistics (dry runs)."""
     from balancing import CostModel, post_balance
     from balancing.plan import BalanceConfig, build_plan
     from bench._internvl import cost_table, load_lengths
@@ -132,13 +140,13 @@ def simulate(seed: int = 0, size: str = "tiny", device: str = "cpu", scale: int 
         model = model.to(torch.bfloat16)
     patches = 1024 // scale
     vit_t, llm_t = _timers(model, patches, device)
-    tiles, llm = load_lengths()
+    tiles, llm = load_lengths() if lengths is None else lengths
     llm = np.maximum(1, llm // scale)
     rng = np.random.default_rng(seed)
     vd, ve, _, lh, ll, *_ = SIZES[size]
     cm = CostModel.from_dims(vit_hidden=ve, vit_layers=vd, llm_hidden=lh, llm_layers=ll)
     rand_steps = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         pick = rng.choice(tiles.size, RANKS * BATCH, replace=False).reshape(RANKS, BATCH)
         rand_steps.append([pick[r] for r in range(RANKS)])
     plan = build_plan(
@@ -148,7 +156,7 @@ def simulate(seed: int = 0, size: str = "tiny", device: str = "cpu", scale: int 
     step, rank = plan.column("step").to_numpy(), plan.column("rank").to_numpy()
     isf_steps = [
         [sid[(step == s) & (rank == r)] for r in range(RANKS)]
-        for s in rng.choice(np.unique(step)[:-1], STEPS, replace=False)
+        for s in rng.choice(np.unique(step)[:-1], steps, replace=False)
     ]
 
     def run(steps, how: str):

@@ -45,6 +45,10 @@ SIZES = {
 }
 
 
+# the rotary halves of a head split over (time, height, width): sums to head_dim / 2
+MROPE = {"tiny": [8, 4, 4], "2b": [16, 24, 24]}  # 2b: Qwen2-VL-2B's own
+
+
 def _model(seed: int = 0, size: str = "tiny"):
     import transformers as tf
 
@@ -52,7 +56,7 @@ def _model(seed: int = 0, size: str = "tiny"):
     cfg = tf.Qwen2VLConfig(
         text_config=dict(vocab_size=vocab, hidden_size=lh, intermediate_size=mlp,
                          num_hidden_layers=ll, num_attention_heads=ln, num_key_value_heads=lk,
-                         rope_scaling={"type": "mrope", "mrope_section": [8, 4, 4]},
+                         rope_scaling={"type": "mrope", "mrope_section": MROPE[size]},
                          max_position_embeddings=32768),
         vision_config=dict(depth=vd, embed_dim=ve, hidden_size=lh, num_heads=vh),
         image_token_id=vocab - 1, video_token_id=vocab - 2, vision_start_token_id=vocab - 3,

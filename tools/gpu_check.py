@@ -226,6 +226,20 @@ def _sync_probe(dev, dry: bool) -> dict:
             )
         loss.backward()
 
+    losses = {}
+    for enabled in (False, True):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=enabled):
+            x = model.llm.embed(ids.to(dev), pos.to(dev), img, 4095)
+            h = model.llm.forward_blocks(x, lens)
+            losses["bf16" if enabled else "fp32"] = float(
+                chunked_lm_loss(
+                    h,
+                    shifted_labels(labels, cu),
+                    model.llm.logits,
+                    normalizer=1.0,
+                    chunk_tokens=512,
+                )
+            )
     step()
     _sync(dev)
     with warnings.catch_warnings(record=True) as seen:
@@ -235,8 +249,16 @@ def _sync_probe(dev, dry: bool) -> dict:
             step()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    syncs = [str(w.message).splitlines()[0][:160] for w in seen if "synchroniz" in str(w.message)]
-    return {"host_syncs": len(syncs), "sync_messages": sorted(set(syncs))[:10]}
+    syncs = [
+        str(w.message).splitlines()[0][:160]
+        for w in seen
+        if "synchroniz" in str(w.message) and "prototype feature" not in str(w.message)
+    ]
+    return {
+        "host_syncs": len(syncs),
+        "sync_messages": sorted(set(syncs))[:10],
+        "model_loss": losses,
+    }
 
 
 def _stage_probe(dev, dry: bool) -> dict:

@@ -35,6 +35,7 @@ def _step(rank, world, gen, precisions):
         mcfg = VLMConfig.preset("tiny", vocab_size=collate.vocab_size, patch_dim=588, merge=2)
         trainer = Trainer(cfg, mcfg, mb_tokens=0)
         res = trainer.forward_backward(collate(samples))
+        assert res["autocast"] == (precision == "bf16"), (precision, res["autocast"])
         out[precision] = (
             res["loss"],
             str(trainer.device),

@@ -440,6 +440,7 @@ class Trainer:
         summary = route.summary()
         return {
             "loss": float(loss_sum),
+            "autocast": torch.is_autocast_enabled(self.device.type),
             "targets": normalizer,
             "llm_tokens": int(route.table[:, _LLM].sum()),
             "vit_tokens": int(route.table[:, 1].sum()),

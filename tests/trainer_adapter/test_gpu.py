@@ -57,7 +57,10 @@ def test_a_gpu_step_over_nccl_equals_the_cpu_step_over_gloo(train_generation):
         torch.testing.assert_close(g, ref, rtol=0, atol=1e-4 * float(ref.abs().max()), msg=name)
     # bf16 autocast: fp32 weights and loss, bf16 products; close to fp32, not equal
     b_loss, _, b_grads = gpu["bf16"]
-    assert b_loss == pytest.approx(loss, rel=2e-2) and b_loss != loss
+    # (a random-init tiny model's loss sits near log(vocab), where bf16 may not move it by one
+    # fp32 step, as seen on an H200; its gradients always move)
+    assert b_loss == pytest.approx(loss, rel=2e-2)
+    assert any(not torch.equal(b_grads[n], grads[n]) for n in grads), "bf16 changed nothing"
     for name, g in b_grads.items():
         ref = grads[name].flatten().double()
         cos = float(torch.nn.functional.cosine_similarity(g.flatten().double(), ref, dim=0))

@@ -45,7 +45,9 @@ def _peak(precision: str) -> float | None:
     return next((p[precision] for k, p in PEAKS.items() if k in name), None)
 
 
-def _generation(root: Path, dp: int, target_batch: int, samples: int = 400):
+def _generation(
+    root: Path, dp: int, target_batch: int, samples: int = 400, policy: str = "internvl"
+):
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
     from shards.writer import WriteConfig, write_generation
@@ -59,6 +61,7 @@ def _generation(root: Path, dp: int, target_batch: int, samples: int = 400):
                 output=str(root / "cost.parquet"),
                 tokenizer=str(raw / "tokenizer.json"),
                 image_root=str(raw),
+                vision_policy=policy,
             )
         )
     table = read_cost_table(root / "cost.parquet")

@@ -590,7 +590,10 @@ def main() -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", rank % torch.cuda.device_count()) if backend == "nccl" else None
+    # torchrun's LOCAL_RANK names this process's GPU on its node (rank % device_count is wrong
+    # when nodes hold different numbers of processes)
+    local = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+    device = torch.device("cuda", local) if backend == "nccl" else None
     if device is not None:
         torch.cuda.set_device(device)
     torch.manual_seed(0)  # every rank builds the same initial weights

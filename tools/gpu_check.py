@@ -355,19 +355,26 @@ def step_hf_dp(dry: bool, work: Path) -> dict:
     }
 
 
+def _demo(dry: bool) -> dict:
+    """The demo set the training steps use: 400 samples with InternVL's tiling on the GPU; a
+    few samples of one tile per image in a dry run (a CPU trains 12k-token steps for minutes)."""
+    return dict(samples=48, policy="internvl:max_tiles=1,thumbnail=0") if dry else {}
+
+
 def step_train(dry: bool, work: Path) -> dict:
     from bench.bench_gpu import _generation, _train
 
     _device(dry)
-    _, _, gen = _generation(work, dp=1, target_batch=4, samples=40 if dry else 400)
+    _, _, gen = _generation(work, dp=1, target_batch=1 if dry else 4, **_demo(dry))
     kw = (
-        dict(model="tiny", backend="gloo", steps=3, recompute="off")
+        dict(model="tiny", backend="gloo", steps=2, recompute="off")
         if dry
         else dict(model="1b", backend="nccl", steps=10, extra=("--memory-fraction", "0.55"))
     )
     out = {}
     partial = work / "train.partial.json"
-    for attention in ("auto", "segments"):
+    # on the CPU both name the per-sample path: the dry run takes it once
+    for attention in ("auto",) if dry else ("auto", "segments"):
         env = {**os.environ, "EQUISHARD_ATTENTION": attention}
         try:
             out[attention] = _train(gen, "bf16", work / f"train-{attention}.jsonl", env=env, **kw)
@@ -405,7 +412,7 @@ def step_pipeline(dry: bool, work: Path) -> dict:
     dev = _device(dry)
     if dry:
         bg.PIPE_STEPS, bg.LAYOUTS = 1, [(2, 4)]
-    table, plan8, _ = bg._generation(work, dp=8, target_batch=4, samples=120 if dry else 400)
+    table, plan8, _ = bg._generation(work, dp=8, target_batch=4, **_demo(dry))
     if dry:
         return {"layouts": bg._pipeline(table, plan8, dev, model="tiny", vocab=1000)}
     return {"layouts": bg._pipeline(table, plan8, dev)}
@@ -463,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                 "status": "skipped",
                 "reason": f"budget spent ({args.budget:.0f} s)",
             }
+            failed = True
             continue
         cmd = [sys.executable, __file__, "--out", str(out), "--step", name, "--work", str(work)]
         if args.dry_run:

@@ -7,6 +7,8 @@ are counted in rows (the first dimension) and may be zero in any direction.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -19,7 +21,15 @@ __all__ = ["all_to_all_rows", "collective_device", "gather_tables"]
 def collective_device(group: dist.ProcessGroup | None = None) -> torch.device:
     """Where this group's collectives want their tensors: the current GPU for NCCL, else CPU."""
     if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
+        current = torch.cuda.current_device()
+        local = os.environ.get("LOCAL_RANK")
+        if local is not None and torch.cuda.device_count() > 1 and int(local) != current:
+            raise RuntimeError(
+                f"this process has LOCAL_RANK={local} but its current CUDA device is cuda:{current}"
+                ": every rank's NCCL collectives would run on one GPU. Call "
+                "torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before training"
+            )
+        return torch.device("cuda", current)
     return torch.device("cpu")
 
 

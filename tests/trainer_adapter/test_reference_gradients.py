@@ -58,7 +58,7 @@ def _samples(manifest, groups):
     return out
 
 
-def _distributed(rank, world, gen, layouts):
+def _distributed(rank, world, gen, layouts, precision="fp32"):
     import torch.distributed as dist
 
     from trainer_adapter import TrainConfig, Trainer
@@ -72,7 +72,7 @@ def _distributed(rank, world, gen, layouts):
         cfg = TrainConfig(
             shards=gen, dp=dp, pp=pp, steps=1, schedule=schedule, microbatches=2 * pp,
             virtual_stages=virtual, redistribute=redistribute, method="lpt", seed=7,
-            partition_top_k=1, split_samples=split,
+            partition_top_k=1, split_samples=split, precision=precision,
         )  # fmt: skip
         # rows that hold what the heaviest replica reads (3 of the 5 groups), and any sample
         mb = max(longest, -(-int(0.8 * total) // cfg.n_microbatches))
@@ -90,7 +90,14 @@ def _distributed(rank, world, gen, layouts):
         held = sum(p.numel() for p in trainer.model.parameters())
         cut = out["pipeline"].get("cut_samples", 0)
         results.append(
-            {"loss": out["loss"], "grads": grads, "moved": moved, "held": held, "cut": cut}
+            {
+                "loss": out["loss"],
+                "grads": grads,
+                "moved": moved,
+                "held": held,
+                "cut": cut,
+                "autocast": out["autocast"],
+            }
         )
         dist.barrier()
     return results
@@ -168,6 +175,32 @@ def test_every_layout_gives_the_single_process_gradient(train_generation, refere
                 )
             if redistribute and dp > 1:
                 assert moved > 0, layout  # samples really moved
+
+
+def test_pipeline_stages_under_bf16_autocast_stay_close_to_the_fp32_reference(
+    train_generation, reference
+):
+    """PP 2 with samples cut across microbatches, bf16 autocast on the CPU (the GPU's mixed
+    precision: bf16 products, fp32 weights, residuals and loss) against the single-process fp32
+    gradient: close, not equal. Catches a stage or the schedule's carried activations and
+    gradients losing their dtype between stages (a bf16 tensor where the schedule expects fp32
+    fails the shape/dtype check, or the gradient reaches the wrong stage)."""
+    layout = (2, 2, "1f1b", 1, True, False)
+    per_rank = run_ranks(_distributed, 4, str(train_generation), [layout], "bf16", timeout=300)
+    loss, grads = reference
+    covered: set[str] = set()
+    for rank_results in per_rank:
+        res = rank_results[0]
+        assert res["autocast"] is True and res["cut"] > 0
+        assert res["loss"] == pytest.approx(loss, rel=2e-2)
+        for name, g in res["grads"].items():
+            ref = grads[name].ravel().astype(np.float64)
+            cos = float(g.ravel() @ ref / (np.linalg.norm(g) * np.linalg.norm(ref) + 1e-30))
+            assert cos > 0.98, (name, cos)
+        covered |= set(res["grads"])
+    assert covered == set(grads)
+    bf16 = {n: g for r in per_rank for n, g in r[0]["grads"].items()}
+    assert any(not np.array_equal(bf16[n], grads[n]) for n in bf16), "bf16 changed nothing"
 
 
 STEPS = 10

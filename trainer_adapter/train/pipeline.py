@@ -67,10 +67,12 @@ class StageTimer:
 
 
 def _clock(t: torch.Tensor) -> float:
-    """Seconds now, once the work queued on ``t``'s device is done (GPU kernels run
-    asynchronously: without the synchronize a stage would time its kernel launches)."""
+    """Seconds now, once the work queued on ``t``'s current stream is done (GPU kernels run
+    asynchronously: without the wait a stage would time its kernel launches). Only the compute
+    stream is waited on: a device-wide synchronize would also wait on NCCL's streams, where a
+    posted receive waits on a peer stage (serializing the pipeline, or deadlocking it)."""
     if t.is_cuda:
-        torch.cuda.synchronize(t.device)
+        torch.cuda.current_stream(t.device).synchronize()
     return time.perf_counter()
 
 

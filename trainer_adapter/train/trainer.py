@@ -218,8 +218,9 @@ class Trainer:
                 mods = layers(lo, hi)
                 for m in mods:
                     m.to(self.device)
-                try:
-                    return profile_layers([run(lo, hi)], repeats=repeats)[0]
+                try:  # in the step's precision: bf16 layers time as they will run
+                    with self._autocast():
+                        return profile_layers([run(lo, hi)], repeats=repeats)[0]
                 finally:
                     for m in mods:
                         m.cpu()

@@ -1,0 +1,74 @@
+"""The GPU command (``tools/gpu_check.sh``) in its CPU dry run: every step runs the code path it
+runs on a GPU (the probe's kernels, the simulated DP, ``equishard train``, ``pytest -m gpu``
+collected, the 1F1B replay) at tiny sizes, and its summary holds each step's results.
+
+Planted bugs this catches: a step that no longer runs (an import or argument rotted since the
+last GPU run), a result the summary drops, a chunked loss or a stage under bf16 that drifts from
+its reference, a failed or skipped step that still exits 0."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tools" / "gpu_check.sh"
+
+
+def _run(out: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out), *args], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    res = _run(out, "--dry-run")
+    return res, out, json.loads((out / "summary.json").read_text())
+
+
+def test_every_step_runs_in_the_dry_run_and_the_summary_holds_its_results(dry_run):
+    res, out, summary = dry_run
+    assert res.returncode == 0, res.stdout + res.stderr
+    steps = summary["steps"]
+    assert list(steps) == ["probe", "hf_dp", "train", "pytest_gpu", "pipeline"]
+    assert all(s["status"] == "ok" for s in steps.values()), steps
+    # the device tool brings back at most 8 files: the summary, the driver's log, one per step
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["summary.json", "gpu_check.log", *(f"{n}.log" for n in steps)]
+    )
+
+    probe = steps["probe"]["result"]
+    assert not any("error" in probe[k] for k in ("attention", "loss", "pipeline_stage"))
+    assert probe["loss"]["loss_chunked"] == pytest.approx(probe["loss"]["loss_full"], rel=1e-5)
+    assert max(probe["loss"]["grad_rel_diff"]) < 1e-3
+    assert probe["attention"]["cut_sample_rel_diff"] < 2e-2  # bf16 against fp32
+    assert probe["pipeline_stage"]["cut_samples"] >= 1
+    assert probe["pipeline_stage"]["bf16_vs_fp32_grad_cosine"] > 0.99
+
+    rows = steps["hf_dp"]["result"]["rows"]
+    assert len(rows) == 5
+    assert all(0 < r["efficiency"] <= 1 and r["tokens_per_s"] > 0 for r in rows.values())
+
+    train = steps["train"]["result"]["auto"]
+    assert train["steps"] == 2 and train["precision"] == "bf16" and train["tokens_per_s"] > 0
+
+    assert steps["pytest_gpu"]["result"]["returncode"] == 0  # collected
+    layouts = steps["pipeline"]["result"]["layouts"]
+    assert layouts and all("steps" in lay and lay["steps"] for lay in layouts)
+
+
+def test_a_spent_budget_or_an_unknown_step_is_not_a_success(tmp_path):
+    res = _run(tmp_path / "a", "--dry-run", "--budget", "1", "--only", "probe")
+    assert res.returncode == 1
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["steps"]["probe"]["status"] == "skipped"
+    res = _run(tmp_path / "b", "--dry-run", "--only", "probe,warp")
+    assert res.returncode == 2 and "unknown step(s) warp" in res.stderr

@@ -181,7 +181,7 @@ def _layer_times(llm, loss_fn, tokens: int, auto, dev) -> np.ndarray:
             [
                 lambda: llm.tok(ids).sum().backward(),
                 lambda: llm.blocks[0](x, [tokens]).sum().backward(),
-                lambda: loss_fn(llm.logits(x), ids).backward(),
+                lambda: loss_fn(llm.norm(x), ids.cpu()).backward(),
             ]
         )
 
@@ -190,8 +190,8 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
     """Per layout, the mean over PIPE_STEPS steps (the heaviest replica of each) of the replayed
     1F1B pipeline with pass times measured on this GPU."""
     from bench.bench_pipeline import _steps
+    from trainer_adapter.train.loss import ChunkedLMLoss, chunk_tokens_for
     from trainer_adapter.train.model import LanguageModel, VLMConfig
-    from trainer_adapter.train.pipeline import LMLoss
 
     cfg = VLMConfig.preset(model, vocab_size=vocab, patch_dim=588)
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def _pipeline(table, plan, dev, model: str = "1b", vocab: int = 151_646) -> list
     }
     rng = np.random.default_rng(0)
     picked = [steps[i] for i in rng.choice(len(steps) - 1, PIPE_STEPS, replace=False)]
-    loss_fn = LMLoss(1000.0)
+    loss_fn = ChunkedLMLoss(llm.head, chunk_tokens_for(vocab), 1000.0)  # as the trainer's
     auto = torch.autocast(dev.type, dtype=torch.bfloat16)
     out = []
     for pp, n_micro in LAYOUTS:
@@ -242,8 +242,8 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
         lens = max(ranks, key=lambda x: x.sum())  # the slowest replica sets the step
         mb, mplan = plan_step(lens, n_micro, buckets, pp, split=True)
         doc = doc_rows(mplan, lens, mb).to(dev)
-        tgt = torch.randint(0, cfg.vocab_size, (n_micro, mb), device=dev)
-        tgt[doc < 0] = -100
+        tgt = torch.randint(0, cfg.vocab_size, (n_micro, mb))  # on the host, as the trainer's
+        tgt[doc.cpu() < 0] = -100
         fwd, bwd, act = {}, {}, dict.fromkeys(range(pp), 0.0)
         starts = np.cumsum([0, *mplan.chains])
         for s, st in enumerate(stages):

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["chunk_tokens_for", "chunked_lm_loss"]
+__all__ = ["ChunkedLMLoss", "chunk_tokens_for", "chunked_lm_loss"]
 
 # logits of one chunk in fp32: 256 MiB, e.g. 442 tokens of a 151,646-token vocabulary (a
 # 442 x 2048 x 151,646 product still fills an H100; 1 GiB chunks saved little over full logits)
@@ -77,3 +77,23 @@ def chunked_lm_loss(
         else:
             total = total + _chunk_loss(picked[part], wanted[part], project)
     return total / normalizer
+
+
+class ChunkedLMLoss:
+    """The pipeline's loss: the last stage hands over its final-norm hidden states (a row of
+    ``[1, tokens, width]``, padding included) and this runs the LM head and the cross entropy
+    chunk by chunk (``chunked_lm_loss``); ``normalizer`` is set before each step (the global
+    number of target tokens), so microbatch losses add up to the step's mean. Targets given on
+    the host need no device sync to find the target positions."""
+
+    def __init__(self, head, chunk_tokens: int, normalizer: float = 1.0) -> None:
+        self.head, self.chunk_tokens, self.normalizer = head, chunk_tokens, normalizer
+
+    def __call__(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return chunked_lm_loss(
+            hidden.reshape(-1, hidden.shape[-1]),
+            target.reshape(-1),
+            self.head,
+            normalizer=self.normalizer,
+            chunk_tokens=self.chunk_tokens,
+        )

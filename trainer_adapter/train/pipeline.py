@@ -95,7 +95,8 @@ class _Stamp(torch.autograd.Function):
 
 
 class StageModule(nn.Module):
-    """LLM blocks ``[lo, hi)``; the last stage adds the final norm and the LM head."""
+    """LLM blocks ``[lo, hi)``; the last stage adds the final norm and holds the LM head, which
+    its loss runs (``trainer_adapter.train.loss.ChunkedLMLoss``: no full logits)."""
 
     def __init__(self, llm: LanguageModel, lo: int, hi: int, *, last: bool) -> None:
         super().__init__()
@@ -131,8 +132,9 @@ class StageModule(nn.Module):
             self.carry.reset()
             for blk in self.blocks:
                 y = blk(y, seg)
-        if self.last:  # the head runs on the real tokens only; padding rows stay zero
-            out = self.head(self.norm(y))
+        if self.last:  # the final norm on the real tokens (padding rows stay zero); the LM
+            # head runs inside the loss, chunked at the target positions (ChunkedLMLoss)
+            out = self.norm(y)
             if n_real < x.shape[0]:
                 out = torch.cat([out, out.new_zeros(x.shape[0] - n_real, out.shape[-1])])
         else:

@@ -31,11 +31,10 @@ from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.flops import training_flops
-from trainer_adapter.train.loss import chunk_tokens_for, chunked_lm_loss
+from trainer_adapter.train.loss import ChunkedLMLoss, chunk_tokens_for, chunked_lm_loss
 from trainer_adapter.train.model import VisionLanguageModel, VLMConfig, shifted_labels
 from trainer_adapter.train.partition import profile_layers, search_partition, stage_ranges
 from trainer_adapter.train.pipeline import (
-    LMLoss,
     StageModule,
     bucket_ladder,
     doc_rows,
@@ -129,8 +128,10 @@ class Trainer:
         # exactly the single-process model's; the layers of other stages are dropped as they
         # are built, so neither host nor device memory ever holds the whole LLM
         self.model = VisionLanguageModel(model_cfg, keep_llm=keep).to(self.device)
-        self.loss_fn = LMLoss()
         self.loss_chunk_tokens = chunk_tokens_for(model_cfg.vocab_size)
+        # the pipeline's last stage: head + loss chunked (on other PP ranks the head is an
+        # Identity stand-in and the loss is never called)
+        self.loss_fn = ChunkedLMLoss(self.model.llm.head, self.loss_chunk_tokens)
         if cfg.pp > 1:
             self._build_stages()
         owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
@@ -287,9 +288,9 @@ class Trainer:
             return torch.empty(1, mb_tokens, width, dtype=dt, device="meta", requires_grad=True)
 
         doc = torch.empty(1, mb_tokens, dtype=torch.int64, device="meta")
-        # under bf16 autocast the residual stream stays fp32 and the LM head's logits are bf16
-        logits = torch.bfloat16 if self.cfg.precision == "bf16" else dtype
-        out = hidden(llm.vocab_size, logits) if stage.last else (hidden(llm.llm_hidden), doc)
+        # the last stage hands its loss the final norm's output: fp32 also under bf16 autocast
+        # (layer norm runs in fp32 there), the LM head runs inside the loss
+        out = hidden(llm.llm_hidden) if stage.last else (hidden(llm.llm_hidden), doc)
         return {"input_args": (hidden(llm.llm_hidden), doc), "output_args": out}
 
     def _schedule(self, mb_tokens: int, chains: tuple[int, ...]):
@@ -353,7 +354,7 @@ class Trainer:
 
     def _autocast(self):
         """bf16 mixed precision: matrix products in bf16 under autocast, weights, gradients and
-        optimizer state in fp32 (the loss is computed in fp32, ``LMLoss``)."""
+        optimizer state in fp32 (the loss is computed in fp32, ``chunked_lm_loss``)."""
         return torch.autocast(
             self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"
         )
@@ -423,7 +424,8 @@ class Trainer:
                 schedule.step(leaf, doc_rows(plan, rlens, mb).to(self.device))
                 packed.backward(leaf.grad)
             elif self.stage == self.pp - 1:
-                tgt = shifted_labels(local.labels, local.label_cu_seqlens).to(self.device)
+                # targets stay on the host: the loss finds their positions without a device sync
+                tgt = shifted_labels(local.labels, local.label_cu_seqlens)
                 losses: list = []
                 schedule.step(target=pack_rows(tgt, cu, plan, mb, -100), losses=losses)
                 loss_sum = torch.stack(losses).sum().detach()

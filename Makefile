@@ -29,7 +29,7 @@ NIGHT_OUT ?= build/nightly
 # `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (README, "On a GPU")
 GPU_OUT ?= build/gpu-smoke
 
-.PHONY: install shards train train-hf nightly-demo gpu-smoke test test-all bench lint clean
+.PHONY: install shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint clean
 
 install: $(STAMP)
 
@@ -99,6 +99,11 @@ gpu-smoke: $(STAMP)
 	$(BIN)/python -m equishard train --shards $(GPU_OUT)/shards --nproc 1 --dp 1 --steps 10 \
 		--model 1b --recompute adaptive --backend nccl --precision bf16 --log $(GPU_OUT)/train.jsonl
 	$(BIN)/python bench/run.py --only gpu --out BENCHMARKS.md
+
+# `make gpu-check`: the whole GPU check in one command on the machine's own Python and torch
+# (tools/gpu_check.sh; no install step: a GPU machine may have no network)
+gpu-check:
+	bash tools/gpu_check.sh $(GPU_OUT)
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
 test: $(STAMP)

@@ -226,3 +226,26 @@ def test_chain_schedules_run_every_chain_backward_in_reverse(name, pp, chains):
         actions[rank] = chain_actions(order, units)[rank]
     assert sum(units) == sum(chains)
     _simulate(actions, pp * virtual, units)
+
+
+def test_a_stage_reads_its_row_layouts_from_the_host_when_given():
+    """With the trainer's host layouts (``row_layouts``) a stage never reads the layout from
+    its device input (on a GPU, a sync per microbatch): rows whose device layout is garbage
+    give the same output as the true layout, and the layouts are used up in row order."""
+    from trainer_adapter.train.pipeline import row_layouts
+
+    llm = _tiny_llm()
+    lengths = np.array([30, 7, 5, 12, 3])
+    plan = plan_microbatches(lengths, 3, 20, 1, split=True)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    x = torch.randn(int(lengths.sum()), 64, dtype=torch.float64)
+    rows, docs = pack_rows(x, cu, plan, 20, 0.0), doc_rows(plan, lengths, 20)
+    stage = StageModule(llm, 0, len(llm.blocks), last=False)
+    want = [stage(rows[k][None], docs[k][None])[0][0] for k in range(3)]
+    stage.carry.reset()
+    stage.host_rows = row_layouts(docs)
+    garbage = torch.full_like(docs, 7)
+    got = [stage(rows[k][None], garbage[k][None])[0][0] for k in range(3)]
+    assert not stage.host_rows
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)

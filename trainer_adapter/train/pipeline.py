@@ -15,6 +15,7 @@ the gradient passes (on a GPU after a synchronize, so the kernels are timed, not
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +45,8 @@ __all__ = [
     "pack_rows",
     "plan_microbatches",
     "plan_step",
+    "row_layout",
+    "row_layouts",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
@@ -106,17 +109,19 @@ class StageModule(nn.Module):
             self.norm, self.head = llm.norm, llm.head
         self.timer = StageTimer()
         self.carry = SampleCarry()  # keys/values of a sample cut across microbatches
+        # this step's row layouts in forward order (``row_layouts``), set by the trainer; a
+        # stage's forwards run its microbatches in order under every schedule here
+        self.host_rows: deque | None = None
 
     def forward(self, h: torch.Tensor, doc: torch.Tensor):
         t0 = _clock(h)
         x = h[0]
         if x.requires_grad:
             x = _Stamp.apply(x, self.timer, False)
-        # samples fill the row from its start; the padding after them skips the blocks
-        n_real = int((doc[0] >= 0).sum())
+        # samples fill the row from its start; the padding after them skips the blocks. The
+        # layout comes from the host where the trainer gave it (no device sync per microbatch)
+        n_real, codes, seg = self.host_rows.popleft() if self.host_rows else row_layout(doc[0])
         y = x[:n_real]
-        codes, counts = torch.unique_consecutive(doc[0, :n_real], return_counts=True)
-        codes, seg = codes.tolist(), counts.tolist()
         cont = bool(codes) and self.carry.continues(codes[0] // 2)
         # the piece cut at this row's end (odd code): it goes on in the next row of its chain
         keep = next((i for i, c in enumerate(codes) if c % 2), None)
@@ -143,6 +148,18 @@ class StageModule(nn.Module):
             out = _Stamp.apply(out, self.timer, True)
         self.timer.forward += _clock(out) - t0
         return out[None] if self.last else (out[None], doc)
+
+
+def row_layout(doc_row: torch.Tensor) -> tuple[int, list[int], list[int]]:
+    """(real tokens, segment codes, segment lengths) of one ``doc_rows`` row."""
+    n_real = int((doc_row >= 0).sum())
+    codes, counts = torch.unique_consecutive(doc_row[:n_real], return_counts=True)
+    return n_real, codes.tolist(), counts.tolist()
+
+
+def row_layouts(doc: torch.Tensor) -> deque:
+    """Every row's ``row_layout`` of a host ``doc_rows`` tensor, in microbatch order."""
+    return deque(row_layout(row) for row in doc)
 
 
 def make_schedule(name: str, stages: list, n_microbatches: int, loss_fn):

@@ -41,6 +41,7 @@ from trainer_adapter.train.pipeline import (
     make_schedule,
     pack_rows,
     plan_step,
+    row_layouts,
 )
 from trainer_adapter.train.split_samples import ChainSchedule
 
@@ -412,6 +413,9 @@ class Trainer:
                 "cut_samples": sum(p.n_cut for _, p in plans),
                 "longest_chain": max(max(p.chains) for _, p in plans),
             }
+            doc = doc_rows(plan, rlens, mb)  # on the host: every stage reads its rows' layout
+            for st in self.stages:
+                st.host_rows = row_layouts(doc)
             if self.stage == 0:
                 x = model.llm.embed(
                     local.input_ids.to(self.device),
@@ -421,7 +425,7 @@ class Trainer:
                 )
                 packed = pack_rows(x, cu, plan, mb, 0.0)
                 leaf = packed.detach().requires_grad_()
-                schedule.step(leaf, doc_rows(plan, rlens, mb).to(self.device))
+                schedule.step(leaf, doc.to(self.device))
                 packed.backward(leaf.grad)
             elif self.stage == self.pp - 1:
                 # targets stay on the host: the loss finds their positions without a device sync
@@ -433,6 +437,9 @@ class Trainer:
             else:
                 schedule.step()
                 img.backward(torch.zeros_like(img))
+            for st in self.stages:  # every row's layout was read, by its own forward
+                assert not st.host_rows, f"{len(st.host_rows)} row layouts left unread"
+                st.host_rows = None
         t_llm = time.perf_counter() - t_llm
         # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
         llm_lens = lens.tolist() if self.pp == 1 else rlens.tolist() if self.stage == 0 else []

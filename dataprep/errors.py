@@ -22,6 +22,8 @@ REASONS: dict[str, str] = {
     "template_error": "the model's chat template refuses the conversation (raise_exception)",
     "template_limit": "rendering the chat template went past its time or size limit per sample "
     "($EQUISHARD_TEMPLATE_SECONDS, $EQUISHARD_TEMPLATE_CHARS)",
+    "template_no_image_family": "the sample has images but the chat template writes no image "
+    "marker (a text LLM's template): name the model family with --template PATH#images=FAMILY",
     "template_image_mismatch": "the chat template wrote another number of image markers than "
     "the sample has images (a marker typed in the text, or a template that drops images)",
     "assistant_not_rendered": "the chat template changes or drops an assistant turn's text and "

@@ -115,9 +115,41 @@ def _detect_family(source: str, where: str, path_text: str) -> str | None:
     return found[0]
 
 
-def messages_from_turns(turns: list[tuple[str, str]]) -> list[dict]:
-    """The messages a template renders: each turn's text split at ``<image>`` into text and
-    image content items (empty text pieces left out)."""
+_CONTENT_FORMS = ("parts", "string")
+_PROBE = ("Q7pr0be question", "A7pr0be answer")
+
+
+def _detect_content(render) -> str:
+    """The content form a template takes, found by rendering a probe conversation both ways:
+    ``parts`` where a list of content items renders its text as text (multimodal templates),
+    else ``string`` where plain strings do (text LLM templates: Qwen2.5, Llama 3, Mistral,
+    InternLM2 write the content as it is, and print a list's repr or fail on it). ``render``
+    takes messages and returns the text, raising where the template refuses them."""
+    q, a = _PROBE
+    for form in _CONTENT_FORMS:
+        try:
+            text = render(messages_from_turns([("user", q), ("assistant", a)], form))
+        except Exception:  # this form is refused: try the other one
+            continue
+        if q in text and a in text and "'type'" not in text and '"type"' not in text:
+            return form
+    return "parts"  # neither renders cleanly: samples will say why, one by one
+
+
+def messages_from_turns(
+    turns: list[tuple[str, str]], content: str = "parts", marker: str | None = None
+) -> list[dict]:
+    """The messages a template renders. ``parts``: each turn's text split at ``<image>`` into
+    text and image content items (empty text pieces left out). ``string``: each turn's text as
+    one string, every ``<image>`` written as the family's image ``marker`` (what a user's
+    training code puts in the text for a template that takes string content)."""
+    if content == "string":
+        out = []
+        for role, text in turns:
+            if marker is not None:
+                text = text.replace(IMAGE_PLACEHOLDER, marker)
+            out.append({"role": role, "content": text})
+        return out
     messages = []
     for role, text in turns:
         content: list[dict] = []
@@ -244,6 +276,23 @@ def _specials(config: dict) -> dict[str, str]:
     return {k: t for k in _SPECIAL if (t := _token_text(config.get(k))) is not None}
 
 
+def _options(spec: str, fragment: str) -> dict[str, str]:
+    """``PATH#images=FAMILY&content=string``: the family whose processor expands the image
+    marker, and the form the template takes a message's content in (``parts``, ``string``)."""
+    out: dict[str, str] = {}
+    usage = (
+        f"template {spec!r}: write PATH#images=FAMILY (one of {', '.join(IMAGE_TOKENS)}) and/or "
+        f"PATH#content=FORM (one of {', '.join(_CONTENT_FORMS)}), joined by '&'"
+    )
+    for item in filter(None, fragment.split("&")):
+        key, _, value = item.partition("=")
+        allowed = {"images": IMAGE_TOKENS, "content": _CONTENT_FORMS}.get(key)
+        if allowed is None or value not in allowed or key in out:
+            raise ValueError(usage)
+        out[key] = value
+    return out
+
+
 class JinjaChatTemplate:
     """A model's Jinja chat template, with the family's image expansion; same interface as
     :class:`~dataprep.chat_template.ChatTemplate` (``render``, ``render_spans``, ``describe``)."""
@@ -253,25 +302,15 @@ class JinjaChatTemplate:
         self.name = spec
         self.path = Path(path_text)
         self.source, self.special_tokens, self.origin = _read_source(self.path)
-        family = None
-        if fragment:
-            key, _, value = fragment.partition("=")
-            if key != "images" or value not in IMAGE_TOKENS:
-                raise ValueError(
-                    f"template {spec!r}: write PATH#images=FAMILY with FAMILY one of "
-                    f"{', '.join(IMAGE_TOKENS)}"
-                )
-            family = value
-        else:
-            family = _detect_family(self.source, f"template {self.origin}", path_text)
+        options = _options(spec, fragment)
+        family = options.get("images")
         if family is None:
-            raise ValueError(
-                f"template {self.origin} writes none of the image markers "
-                f"{[t.marker for t in IMAGE_TOKENS.values()]}: name the family with "
-                f"'{path_text}#images=FAMILY' ({', '.join(IMAGE_TOKENS)})"
-            )
+            family = _detect_family(self.source, f"template {self.origin}", path_text)
+        # None: the template writes no image marker; text-only samples render, a sample with
+        # images is refused with the fix (name the family)
         self.family = family
-        self.images = IMAGE_TOKENS[family]
+        self.images = IMAGE_TOKENS[family] if family else None
+        self._path_text = path_text
         self.limits = RenderLimits.from_env()
         if len(self.source) > self.limits.source_chars:
             raise ValueError(
@@ -283,12 +322,19 @@ class JinjaChatTemplate:
                 self._template = _environment().from_string(self.source)
         except (Exception, TemplateLimit) as exc:  # a syntax error in the model's template
             raise ValueError(f"chat template {self.origin}: {describe(exc)}") from None
+        self.content = options.get("content") or _detect_content(self._probe)
+
+    def _probe(self, messages: list[dict]) -> str:
+        with bounded(self.limits):
+            # special tokens a template file alone does not define render as empty here
+            tokens = {**dict.fromkeys(_SPECIAL, ""), **self.special_tokens}
+            return self._template.render(messages=messages, add_generation_prompt=False, **tokens)
 
     @property
     def image_prefix(self) -> str:
         """What the family's processor writes before each image's tokens, as the rendered text
         has it before each placeholder."""
-        return self.images.prefix
+        return self.images.prefix if self.images else ""
 
     @cached_property
     def sha256(self) -> str:
@@ -296,11 +342,19 @@ class JinjaChatTemplate:
 
     def _render_marked(self, turns: list[tuple[str, str]]) -> str:
         n_images = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+        if n_images and self.images is None:
+            raise SampleRejected(
+                "template_no_image_family",
+                f"the sample has {n_images} image(s) but chat template {self.origin} writes no "
+                f"image marker: name the model family with '{self._path_text}#images=FAMILY' "
+                f"({', '.join(IMAGE_TOKENS)})",
+            )
+        marker = self.images.marker if self.images else None
         try:
             with bounded(self.limits):
                 pieces, size = [], 0
                 for piece in self._template.generate(
-                    messages=messages_from_turns(turns),
+                    messages=messages_from_turns(turns, self.content, marker),
                     add_generation_prompt=False,
                     **self.special_tokens,
                 ):
@@ -322,6 +376,8 @@ class JinjaChatTemplate:
                 "template_error",
                 f"chat template {self.origin} refuses the conversation: {describe(exc)}",
             ) from None
+        if self.images is None:
+            return text
         found = text.count(self.images.marker)
         if found != n_images:
             raise SampleRejected(
@@ -402,5 +458,6 @@ class JinjaChatTemplate:
             "source": str(self.origin.resolve()),
             "sha256": self.sha256,
             "image_tokens": self.family,
+            "content": self.content,
             "special_tokens": self.special_tokens,
         }

@@ -903,11 +903,24 @@ def test_template_sources_and_family_detection(tmp_path, tokenizer_path):
     assert named.render(turns) == want
     with pytest.raises(ValueError, match="images=FAMILY"):
         load_template(f"{model}#images=nope")
+    # a template that writes no image marker (a text LLM's): text-only samples render, a sample
+    # with images is refused with the fix
     plain = tmp_path / "plain.jinja"
-    plain.write_text("{% for m in messages %}{{ m['role'] }}{% endfor %}")
-    with pytest.raises(ValueError, match="none of the image markers"):
-        load_template(str(plain))
-    assert load_template(f"{plain}#images=llava").family == "llava"
+    plain.write_text("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }};{% endfor %}")
+    text_only = load_template(str(plain))
+    assert text_only.family is None and text_only.content == "string"
+    assert text_only.render([("user", "hi"), ("assistant", "yo")]) == "user:hi;assistant:yo;"
+    with pytest.raises(SampleRejected) as rejected:
+        text_only.render(turns)
+    assert rejected.value.reason == "template_no_image_family"
+    assert "#images=FAMILY" in str(rejected.value)
+    named_plain = load_template(f"{plain}#images=llava")
+    assert named_plain.family == "llava"
+    assert named_plain.render(turns) == "user:<image>hi;assistant:yo;"
+    assert load_template(f"{plain}#images=llava&content=parts").content == "parts"
+    for bad in ("#content=list", "#images=llava&images=qwen2vl", "#colour=red"):
+        with pytest.raises(ValueError, match="content=FORM"):
+            load_template(f"{plain}{bad}")
     # Gemma 4 and GLM-4.1V write the same <|image|> marker; each template is told by its own
     # turn tokens, and each expands it as its own processor does
     for family, wrapped in (

@@ -41,6 +41,7 @@ from dataprep.measure import ChunkResult, Measurer
 from dataprep.policies import parse_vision_policy
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
+from dataprep.setting_checks import check_settings, settings_summary
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from dataprep.workers import exit_with_parent
 
@@ -119,6 +120,9 @@ class PrepResult:
     percentiles: dict[str, dict[str, float]] = field(default_factory=dict)
     modalities: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    # what the counts were measured with, and what looked wrong about it (setting_checks)
+    settings: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -322,11 +326,18 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     for p in (out_path, err_path):
         remove_stale_temps(p)  # left by a killed run
+    # the template, policy and tokenizer against each other, before anything is measured
+    warned = check_settings(cfg.template, cfg.vision_policy, cfg.tokenizer)
     units = scan_inputs(list(cfg.inputs), cfg.chunk_size)
     if cfg.num_shards > 1:
         units = split_units(units, cfg.shard_index, cfg.num_shards)
     expected = sum(u.kept for u in units)
-    result = PrepResult(output=str(out_path), errors_output=str(err_path))
+    result = PrepResult(
+        output=str(out_path),
+        errors_output=str(err_path),
+        settings=settings_summary(cfg.template, cfg.vision_policy, cfg.tokenizer),
+        warnings=warned,
+    )
     tmp_out = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     tmp_err = err_path.with_name(f".{err_path.name}.tmp-{os.getpid()}")
     seen: set[str] = set()

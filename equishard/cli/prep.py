@@ -209,18 +209,24 @@ def print_summary(res) -> None:
         f"\nprep: {res.n_in} samples in = {res.n_written} written + {res.n_rejected} rejected "
         f"({res.seconds:.1f} s, {rate:,.0f} samples/s)"
     )
-    print(f"  cost table:   {res.output}\n  errors table: {res.errors_output}")
+    print(f"  cost table:     {res.output}\n  errors table:   {res.errors_output}")
+    for key, label in (("template", "template"), ("vision_policy", "vision policy"),
+                       ("tokenizer", "tokenizer")):  # fmt: skip
+        if res.settings.get(key):
+            print(f"  {label + ':':<15} {res.settings[key]}")
+    for w in res.warnings:
+        print(f"  warning:        {w}")
     if res.n_cached:
         print(
-            f"  reused:       {res.n_cached} rows from the cache (unchanged samples, not re-read)"
+            f"  reused:         {res.n_cached} rows from the cache (unchanged samples, not re-read)"
         )
     if res.damaged_ranges:
         print(
-            f"  damaged:      {res.damaged_ranges} byte range(s) of tars held no readable "
+            f"  damaged:        {res.damaged_ranges} byte range(s) of tars held no readable "
             "sample (rows of the errors table with no sample_id; not counted as samples)"
         )
     if res.modalities:
-        print("  modality:     " + ", ".join(f"{k} {v}" for k, v in res.modalities.items()))
+        print("  modality:       " + ", ".join(f"{k} {v}" for k, v in res.modalities.items()))
     if res.reasons:
         print("\nrejected by reason:")
         print(

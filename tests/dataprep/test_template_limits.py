@@ -104,7 +104,8 @@ def test_prep_goes_on_past_a_hostile_sample(tmp_path, monkeypatch, tokenizer_pat
     data.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "c.parquet"
     res = run_prep(PrepConfig(inputs=(str(data),), output=str(out), tokenizer=tokenizer_path,
-                              template=f"{path}#images=qwen2vl", max_error_rate=0.5))  # fmt: skip
+                              template=f"{path}#images=qwen2vl", vision_policy="qwen2vl",
+                              max_error_rate=0.5))  # fmt: skip
     assert (res.n_in, res.n_written, res.n_rejected) == (6, 5, 1)
     errs = pq.read_table(errors_path(out)).to_pylist()
     assert [(e["sample_id"], e["reason"]) for e in errs] == [("s3", "template_limit")]

@@ -78,7 +78,8 @@ def test_hostile_store_and_nights_through_every_stage(s3, root, tmp_path):
     data.write_text("\n".join(json.dumps(x) for x in day) + "\n")
     cost = tmp_path / "tpl" / "cost.parquet"
     r = _cli(env, "prep", str(data), "--tokenizer", str(raw / "tokenizer.json"), "--template",
-             f"{tpl}#images=qwen2vl", "--image-root", str(raw), "--max-error-rate", "0.5",
+             f"{tpl}#images=qwen2vl", "--vision-policy", "qwen2vl", "--image-root", str(raw),
+             "--max-error-rate", "0.5",
              "--json", "-o", str(cost), timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)

@@ -1,0 +1,115 @@
+"""prep checks its template, vision policy and tokenizer against each other before measuring.
+
+Anchors: the pairs of the exact-count tests (``test_jinja_template.FAMILIES``: each family's
+template with the policy whose counts equal transformers' processor) must all pass; a template
+of one family with another family's policy is refused naming both; a tokenizer of another model
+(the demo tokenizer under Qwen's template, which it splits ``<|image_pad|>`` for) and a forgotten
+``--template`` beside a tokenizer that ships one are warned about in the summary and ``--json``.
+
+Planted bugs this catches: the family check dropped or inverted, a template's special tokens not
+checked against the tokenizer, the shipped-template warning missing, the summary not echoing
+the settings."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from dataprep.setting_checks import POLICY_TEMPLATE_FAMILIES, check_settings
+from tests.dataprep.helpers import run, write_jsonl
+from tests.dataprep.test_jinja_template import FAMILIES, TEMPLATES, make_model_dir, template_spec
+
+pytest.importorskip("transformers")
+
+
+def _records():
+    return [{"id": "a", "conversations": [{"from": "human", "value": "hi"},
+                                           {"from": "gpt", "value": "hello there"}]}]  # fmt: skip
+
+
+def test_every_family_of_the_exact_count_tests_passes_with_its_policy(tmp_path, tokenizer_path):
+    for family, spec in FAMILIES.items():
+        model = make_model_dir(tmp_path, family, tokenizer_path)
+        warned = check_settings(
+            template_spec(model, family), spec["policy"], str(model / "tokenizer.json")
+        )
+        assert warned == [], (family, warned)
+    assert {p.partition(":")[0] for p in (s["policy"] for s in FAMILIES.values())} <= set(
+        POLICY_TEMPLATE_FAMILIES
+    )
+
+
+@pytest.mark.parametrize(
+    "family,policy", [("qwen2vl", "internvl"), ("internvl", "qwen2vl"), ("llava", "gemma3")]
+)
+def test_a_template_and_a_policy_of_different_models_are_refused_before_measuring(
+    family, policy, tmp_path, tokenizer_path
+):
+    model = make_model_dir(tmp_path, family, tokenizer_path)
+    src = write_jsonl(tmp_path / "d.jsonl", _records())
+    with pytest.raises(
+        ValueError, match=rf"{family} family's image marker.*--vision-policy {policy}"
+    ):
+        run(
+            tmp_path,
+            [src],
+            str(model / "tokenizer.json"),
+            template=str(model),
+            vision_policy=policy,
+        )
+    assert not (tmp_path / "out" / "cost.parquet").exists()  # nothing measured or written
+
+
+def test_a_tokenizer_without_the_templates_tokens_and_a_forgotten_template_are_warned(
+    tmp_path, tokenizer_path
+):
+    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
+    src = write_jsonl(tmp_path / "d.jsonl", _records())
+    # the demo tokenizer lacks Qwen's special tokens
+    res, rows, _ = run(tmp_path / "a", [src], tokenizer_path, template=str(model),
+                       vision_policy="qwen2vl")  # fmt: skip
+    assert rows and any("'<|image_pad|>'" in w for w in res.warnings), res.warnings
+    assert any("'<|vision_start|>'" in w for w in res.warnings)
+    assert not any("'<|im_start|>'" in w for w in res.warnings)  # the demo tokenizer has it
+    # the model's own tokenizer, no --template: its folder ships the template
+    res, _, _ = run(tmp_path / "b", [src], str(model / "tokenizer.json"), vision_policy="qwen2vl")
+    assert len(res.warnings) == 1 and "no --template given" in res.warnings[0]
+    assert str(model) in res.warnings[0] and "chatml" in res.warnings[0]
+    # both given right: nothing to say, and the summary names what was used
+    res, _, _ = run(tmp_path / "c", [src], str(model / "tokenizer.json"), template=str(model),
+                    vision_policy="qwen2vl")  # fmt: skip
+    assert res.warnings == []
+    assert res.settings["vision_policy"].startswith("qwen2vl:")
+    assert "images: qwen2vl" in res.settings["template"]
+    assert res.settings["tokenizer"] == str(model / "tokenizer.json")
+
+
+def test_the_cli_summary_and_json_echo_the_settings_and_warnings(tmp_path, tokenizer_path):
+    model = make_model_dir(tmp_path, "internvl", tokenizer_path)
+    src = write_jsonl(tmp_path / "d.jsonl", _records())
+    base = [sys.executable, "-m", "equishard", "prep", str(src), "--tokenizer", tokenizer_path,
+            "--template", str(model), "--vision-policy", "internvl", "--no-progress"]  # fmt: skip
+    out = subprocess.run([*base, "-o", str(tmp_path / "t.parquet")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"template: +.*internvl-model \(jinja, images: internvl", out.stdout)
+    assert re.search(r"vision policy: +internvl:", out.stdout)
+    assert "warning:" in out.stdout and "'<IMG_CONTEXT>'" in out.stdout
+    got = subprocess.run([*base, "-o", str(tmp_path / "j.parquet"), "--json"], capture_output=True,
+                         text=True)  # fmt: skip
+    data = json.loads(got.stdout)
+    assert data["settings"]["tokenizer"] == tokenizer_path and data["warnings"]
+
+
+def test_shipped_templates_are_all_checked_for_their_tokens():
+    """Every shipped template names at least its image marker among the tokens it writes."""
+    from dataprep.chat_template import load_template
+    from dataprep.setting_checks import _template_tokens
+
+    for path in sorted(TEMPLATES.glob("*.jinja")):
+        named = "#images=janus" if path.stem in ("janus", "deepseek_vl") else ""
+        t = load_template(f"{path}{named}")
+        assert t.images.marker in _template_tokens(t), path.name

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["POLICY_TEMPLATE_FAMILIES", "check_settings", "settings_summary"]
+__all__ = ["POLICY_TEMPLATE_FAMILIES", "check_family", "check_settings", "settings_summary"]
 
 _LLAVA_LIKE = ("llava",)  # the templates that write a plain <image>
 # vision policy name -> the template image families (dataprep.jinja_template.IMAGE_TOKENS) of
@@ -81,22 +81,28 @@ def _shipped_template(tokenizer_path: str) -> Path | None:
     return None
 
 
+def check_family(template, template_spec: str, policy_spec: str) -> None:
+    """Refuses a template whose image marker is another model family's than the vision
+    policy's (prep and every consumer that renders with a template and counts images)."""
+    family = getattr(template, "family", None)
+    name = _policy_name(policy_spec)
+    expected = POLICY_TEMPLATE_FAMILIES.get(name)
+    if family is not None and expected is not None and family not in expected:
+        raise ValueError(
+            f"template {template_spec} writes the {family} family's image marker, but "
+            f"vision policy {policy_spec} counts images as {name} does (its templates are "
+            f"{' or '.join(expected)}): the lengths would mix one model's text with another's "
+            "images. Use the template and the vision policy of the model you train"
+        )
+
+
 def check_settings(template_spec: str, policy_spec: str, tokenizer: str | None) -> list[str]:
     """Refuses (``ValueError``) a template and vision policy of different model families;
     returns the warnings about the tokenizer and a forgotten ``--template``."""
     from dataprep.chat_template import BUILTIN_TEMPLATES, load_template
 
     template = load_template(template_spec)
-    family = getattr(template, "family", None)
-    name = _policy_name(policy_spec)
-    expected = POLICY_TEMPLATE_FAMILIES.get(name)
-    if family is not None and expected is not None and family not in expected:
-        raise ValueError(
-            f"--template {template_spec} writes the {family} family's image marker, but "
-            f"--vision-policy {policy_spec} counts images as {name} does (its templates are "
-            f"{' or '.join(expected)}): the cost table would mix one model's text with another's "
-            "images. Use the template and the vision policy of the model you train"
-        )
+    check_family(template, template_spec, policy_spec)
     warnings: list[str] = []
     if not tokenizer or tokenizer.startswith("estimate"):
         return warnings

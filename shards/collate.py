@@ -33,6 +33,7 @@ from dataprep.policies import (
     parse_vision_policy,
 )
 from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.setting_checks import check_family
 
 __all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
@@ -87,6 +88,7 @@ class Collator:
         object.__setattr__(self, "_tok", tok)
         object.__setattr__(self, "_tmpl", load_template(self.template))
         policy = parse_vision_policy(self.vision_policy)
+        check_family(self._tmpl, self.template, self.vision_policy)
         # the exact classes: a subclass (Aya Vision's tiling) writes its own prompt text
         if type(policy) not in (FixedPolicy, InternVLPolicy, Qwen2VLPolicy):
             raise ValueError(

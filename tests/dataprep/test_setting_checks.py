@@ -52,7 +52,7 @@ def test_a_template_and_a_policy_of_different_models_are_refused_before_measurin
     model = make_model_dir(tmp_path, family, tokenizer_path)
     src = write_jsonl(tmp_path / "d.jsonl", _records())
     with pytest.raises(
-        ValueError, match=rf"{family} family's image marker.*--vision-policy {policy}"
+        ValueError, match=rf"{family} family's image marker.*vision policy {policy}"
     ):
         run(
             tmp_path,
@@ -113,3 +113,15 @@ def test_shipped_templates_are_all_checked_for_their_tokens():
         named = "#images=janus" if path.stem in ("janus", "deepseek_vl") else ""
         t = load_template(f"{path}{named}")
         assert t.images.marker in _template_tokens(t), path.name
+
+
+def test_the_collator_refuses_a_template_of_another_family_at_construction(
+    tmp_path, tokenizer_path
+):
+    from shards.collate import Collator
+
+    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
+    tok = str(model / "tokenizer.json")
+    with pytest.raises(ValueError, match=r"qwen2vl family's image marker.*vision policy internvl"):
+        Collator(tokenizer=tok, template=str(model), vision_policy="internvl")
+    Collator(tokenizer=tok, template=str(model), vision_policy="qwen2vl")

@@ -83,4 +83,6 @@ def inspect_generation(path: str | os.PathLike, *, storage_options: dict | None 
         "streams": streams,
         "balance": m.report.get("metrics", {}).get("balanced", {}),
         "nightly": m.raw.get("nightly"),
+        # what the costs were measured with: a consumer rebuilds the same lengths from it
+        "prep": m.raw.get("prep") or {},
     }

@@ -142,3 +142,30 @@ def test_balance_refuses_a_cost_table_row_it_cannot_use(
     code = main(["balance", str(tmp_path / "bad.parquet"), "--dp", "4", "-o", str(tmp_path / "p")])
     err = capsys.readouterr().err
     assert code == 2 and why in err and "bad.parquet" in err and "rows [0" in err, err
+
+
+def test_inspect_names_what_the_costs_were_measured_with(made):
+    """The generation describes its prep settings: inspect prints the policy, template and
+    tokenizer (with its digest) that prep recorded, and --json carries them whole."""
+    import hashlib
+
+    out = subprocess.run(
+        [sys.executable, "-m", "equishard", "inspect", str(made["gen"])],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    tok = made["demo"] / "tokenizer.json"
+    digest = hashlib.sha256(tok.read_bytes()).hexdigest()
+    assert "measured with: vision policy internvl:" in out.stdout
+    assert "template chatml (" in out.stdout
+    assert f"tokenizer {tok.resolve()} (sha256 {digest[:12]})" in out.stdout
+    info = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "equishard", "inspect", str(made["gen"]), "--json"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    assert info["prep"]["tokenizer"]["sha256"] == digest
+    assert info["prep"]["vision_policy"]["spec"].startswith("internvl:")

@@ -50,6 +50,31 @@ def run(args: argparse.Namespace) -> int:
             f"{b['dist_ratio_llm']:.4f} (LLM), "
             f"efficiency {b['efficiency_vit']:.4f} / {b['efficiency_llm']:.4f}"
         )
+    prep = info.get("prep") or {}
+    if prep:
+        t = prep.get("template") or {}
+        tok = prep.get("tokenizer") or {}
+        pol = prep.get("vision_policy") or {}
+        family = f", images: {t['image_tokens']}" if t.get("image_tokens") else ""
+        content = f", content: {t['content']}" if t.get("content") else ""
+        print(f"  measured with: vision policy {pol.get('spec', '?')}")
+        print(
+            f"                 template {t.get('source') or t.get('name', '?')}"
+            f" ({t.get('kind', 'builtin')}{family}{content}"
+            + (f", sha256 {t['sha256'][:12]}" if t.get("sha256") else "")
+            + ")"
+        )
+        if tok.get("mode") == "tokenizer":
+            print(
+                f"                 tokenizer {tok.get('path')} (sha256 {tok.get('sha256', '')[:12]})"
+            )
+        elif tok:
+            print(f"                 tokenizer estimate, {tok.get('chars_per_token')} chars/token")
+        roots = (prep.get("read_options") or {}).get("image_roots") or {}
+        root = (prep.get("read_options") or {}).get("image_root")
+        if roots or root:
+            where = sorted(set(roots.values()) | ({root} if root else set()))
+            print(f"                 image root(s) {', '.join(where)}")
     night = info.get("nightly")
     if night:
         c, p = night["counts"], night["plan"]

@@ -108,6 +108,9 @@ def check_settings(template_spec: str, policy_spec: str, tokenizer: str | None) 
         return warnings
     from tokenizers import Tokenizer
 
+    from dataprep.text_tokens import TokenizerSpec
+
+    tokenizer = TokenizerSpec.parse(tokenizer).path  # a model directory: its tokenizer.json
     tok = Tokenizer.from_file(tokenizer)
     for text in _template_tokens(template):
         n = len(tok.encode(text, add_special_tokens=False).ids)

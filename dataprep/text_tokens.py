@@ -62,6 +62,14 @@ class TokenizerSpec:
                     f"bad estimate mode {value!r}: chars_per_token must be a number"
                 ) from None
             return cls(estimate_chars_per_token=cpt)
+        if Path(value).is_dir():  # a model directory, as --template takes: its tokenizer.json
+            inner = Path(value) / "tokenizer.json"
+            if not inner.is_file():
+                raise ValueError(
+                    f"tokenizer directory {value} has no tokenizer.json: pass the model's "
+                    "directory as downloaded from its Hugging Face repository, or the file"
+                )
+            return cls(path=str(inner))
         return cls(path=value)
 
     def describe(self) -> dict:

@@ -125,3 +125,17 @@ def test_the_collator_refuses_a_template_of_another_family_at_construction(
     with pytest.raises(ValueError, match=r"qwen2vl family's image marker.*vision policy internvl"):
         Collator(tokenizer=tok, template=str(model), vision_policy="internvl")
     Collator(tokenizer=tok, template=str(model), vision_policy="qwen2vl")
+
+
+def test_tokenizer_takes_a_model_directory_as_template_does(tmp_path, tokenizer_path):
+    model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
+    src = write_jsonl(tmp_path / "d.jsonl", _records())
+    by_dir, rows_dir, _ = run(tmp_path / "a", [src], str(model), template=str(model),
+                              vision_policy="qwen2vl")  # fmt: skip
+    _, rows_file, _ = run(tmp_path / "b", [src], str(model / "tokenizer.json"),
+                                template=str(model), vision_policy="qwen2vl")  # fmt: skip
+    assert by_dir.warnings == [] and rows_dir == rows_file
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
+        run(tmp_path / "c", [src], str(empty))

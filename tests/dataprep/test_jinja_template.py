@@ -1073,7 +1073,13 @@ def test_template_that_hides_the_answer_rejects_the_sample_in_prep(tmp_path, tok
         {"id": "kept", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "42"}]},
     ]  # fmt: skip
     src = write_jsonl(tmp_path / "data.jsonl", records)
-    res, rows, errors = run(tmp_path, [src], tokenizer_path, template=f"{path}#images=llava")
+    res, rows, errors = run(
+        tmp_path,
+        [src],
+        tokenizer_path,
+        template=f"{path}#images=llava",
+        vision_policy="fixed:336/14",
+    )
     assert (res.n_written, res.n_rejected) == (1, 1)
     assert [r["sample_id"] for r in rows] == ["kept"]
     assert [(e["sample_id"], e["reason"]) for e in errors] == [("hidden", "assistant_not_rendered")]

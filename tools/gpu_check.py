@@ -40,6 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._timing import best_time  # noqa: E402  (the repository root on the path first)
+from bench.bench_gpu import _sync  # noqa: E402
+
 # (step, seconds it may take on one H100)
 STEPS = [("probe", 75), ("hf_dp", 170), ("train", 150), ("pytest_gpu", 60), ("pipeline", 120)]
 
@@ -52,24 +55,6 @@ def _device(dry: bool):
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: run with --dry-run on a CPU")
     return torch.device("cuda")
-
-
-def _sync(dev) -> None:
-    import torch
-
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _best(fn, dev, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        _sync(dev)
-        t0 = time.perf_counter()
-        fn()
-        _sync(dev)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def _rel(a, b) -> float:
@@ -100,14 +85,14 @@ def _attention_probe(dev, dry: bool) -> dict:
         return o, grads
 
     o_seg, g_seg = run("segments")
-    out["segments_seconds"] = _best(lambda: run("segments"), dev)
+    out["segments_seconds"] = best_time(lambda: run("segments"), 3, dev)
     if att.attention_backend(q) == "varlen":
         o_var, g_var = run("varlen")
         out["varlen_vs_segments_rel_diff"] = {
             "out": _rel(o_var, o_seg),
             **{f"grad_{n}": _rel(a, b) for n, a, b in zip("qkv", g_var, g_seg, strict=True)},
         }
-        out["varlen_seconds"] = _best(lambda: run("varlen"), dev)
+        out["varlen_seconds"] = best_time(lambda: run("varlen"), 3, dev)
     else:
         out["varlen"] = f"not run here ({dev.type}, {dtype}): the flash kernel is CUDA-only"
 

@@ -3,7 +3,9 @@ Tests check that kernel and reference agree exactly over many seeds."""
 
 from __future__ import annotations
 
+import bisect
 import heapq
+import math
 
 
 def isf_round(vo, to, qv, qt, qfv, qft):
@@ -238,6 +240,97 @@ def place_on_nodes(loads_v, loads_t, nodes, per_node):
         node_out.append(node)
         local_out.append(local)
     return node_out, local_out
+
+
+def refine(lengths, order, bins, d, target, max_steps, cap, cap_lengths, max_count, moves):
+    """-> (bins, loads); see ``_nb_refine``. Brute force over every bin and item per step."""
+    n = len(lengths)
+    bins = list(bins)
+    loads = [0.0] * d
+    mem = [0.0] * d
+    count = [0] * d
+    for i in range(n):
+        loads[bins[i]] += lengths[i]
+        mem[bins[i]] += cap_lengths[i]
+        count[bins[i]] += 1
+    top = max(count) if d else 0
+    width = top + max(4, top // 2)
+    if max_count > 0:
+        width = max(top, min(width, max_count))
+    rank = {i: n - 1 - k for k, i in enumerate(order)}
+    asc = sorted(lengths)
+
+    def members(b):  # ascending length, ties by the ascending rank
+        return sorted((i for i in range(n) if bins[i] == b), key=lambda i: rank[i])
+
+    def pair(a, b):
+        """(x item, y item or None) closest to gap/2 in (0, gap), or None."""
+        gap = loads[a] - loads[b]
+        half = gap / 2
+        best, best_err = None, math.inf
+        for i in members(a):
+            x = lengths[i]
+            fits = cap <= 0 or mem[b] + cap_lengths[i] <= cap
+            if moves and count[b] < width and 0 < x < gap and fits and abs(x - half) < best_err:
+                best, best_err = (i, None), abs(x - half)
+            below = [j for j in members(b) if lengths[j] < x - half]
+            above = [j for j in members(b) if lengths[j] >= x - half]
+            for j in below[-1:] + above[:1]:  # the two items of b around x - gap/2
+                delta = x - lengths[j]
+                if not 0 < delta < gap:
+                    continue
+                dm = cap_lengths[i] - cap_lengths[j]
+                if cap > 0 and (mem[b] + dm > cap or mem[a] - dm > cap):
+                    continue
+                if abs(delta - half) < best_err:
+                    best, best_err = (i, j), abs(delta - half)
+        return best
+
+    for _ in range(max_steps):
+        a = min(range(d), key=lambda c: (-loads[c], c))
+        if loads[a] <= target:
+            break
+        b = min(range(d), key=lambda c: (loads[c], c))
+        op = pair(a, b)
+        if op is None:  # the bin of the item y < x (x in a) with the least load_bin - y
+            slack = 0.0
+            for i in sorted(members(a), key=lambda i: -rank[i]):
+                x = lengths[i]
+                q = bisect.bisect_left(asc, x)
+                cands = [j for j in range(n) if rank[j] < q]
+                if not cands:
+                    continue
+                j = min(cands, key=lambda j: (loads[bins[j]] - lengths[j], rank[j]))
+                if loads[a] - x - (loads[bins[j]] - lengths[j]) > slack:
+                    slack = loads[a] - x - (loads[bins[j]] - lengths[j])
+                    b = bins[j]
+            if slack > 0:
+                op = pair(a, b)
+        if op is None and (cap > 0 or max_count > 0):
+            for b in sorted(range(d), key=lambda c: (loads[c], c)):
+                if loads[b] >= loads[a]:
+                    break
+                op = pair(a, b)
+                if op is not None:
+                    break
+        if op is None:
+            break
+        i, j = op
+        delta, dm = lengths[i], cap_lengths[i]
+        count[a] -= 1
+        count[b] += 1
+        if j is not None:
+            bins[j] = a
+            delta -= lengths[j]
+            dm -= cap_lengths[j]
+            count[a] += 1
+            count[b] -= 1
+        bins[i] = b
+        loads[a] -= delta
+        loads[b] += delta
+        mem[a] -= dm
+        mem[b] += dm
+    return bins, loads
 
 
 def local_first(lengths, order, src, d, per_node, target):

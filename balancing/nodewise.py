@@ -17,7 +17,7 @@ import numpy as np
 
 from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
-from balancing._kernels.refine import _nb_refine_swaps
+from balancing._kernels.refine import _nb_refine
 from balancing.checks import finite_nonnegative, ranks_in
 from balancing.post_balance import PostBalance
 
@@ -189,5 +189,5 @@ def locality_balance(
     dest = np.empty(x.size, dtype=np.int64)
     target = x.sum() / d * (1.0 + tolerance)
     _nb_local_first(x, order, src, d, per_node, target, dest)
-    loads = _nb_refine_swaps(x, order, dest, d, target, 4 * d, 0.0, x)
+    loads = _nb_refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
     return PostBalance(dest=dest, loads=loads, method="locality")

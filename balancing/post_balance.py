@@ -10,10 +10,14 @@ Methods (``method=``):
 * ``padded`` — padded batching, cost = count x longest, by binary search (Alg. 2);
 * ``quadratic`` — LPT with a tolerance tie-break on sum of squares (Alg. 4);
 * ``padded_attention`` — padded attention blocks, then LPT (Alg. 5);
-* ``auto`` — ``kk_equal`` for near-uniform lengths, else ``lpt``; ``best`` — both, keep the better.
+* ``auto`` — ``lpt``; on steps of at most ``AUTO_SECOND_OPINION`` items that it leaves above
+  the tolerance, also ``kk_equal`` refined with moves, keeping the better;
+* ``best`` — ``lpt`` and ``kk_equal``, keeping the better.
 
-``lpt``, ``kk*``, ``auto`` and ``best`` are refined by swaps between the heaviest and lightest
-batch until the heaviest is within ``tolerance`` of the mean. ``max_count`` limits samples per
+``lpt``, ``kk*``, ``auto`` and ``best`` are then refined: the heaviest batch moves one item to,
+or swaps one with, the lightest batch that can take it (``kk_equal``: swaps only, so counts stay
+equal), until the heaviest is within ``tolerance`` of the mean or no step lowers it.
+``max_count`` limits samples per
 batch; ``memory_cap`` limits the sum of ``memory`` (default: the lengths) per batch, with a
 :class:`MemoryCapError` when no placement under it is found. Every method honours the cap: a
 method that cannot build under one (``kk*``, ``padded*``, ``quadratic``) runs as usual and, when
@@ -35,10 +39,14 @@ from balancing._kernels.partition import (
     _nb_padded_attention,
     _nb_padded_batches,
 )
-from balancing._kernels.refine import _nb_refine_swaps
+from balancing._kernels.refine import _nb_refine
 from balancing.checks import finite_nonnegative
 
 __all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
+
+# auto also tries equal-count KK on at most this many items when refined LPT stops above the
+# tolerance: on small steps either can win by a few per cent; on large ones LPT wins on average
+AUTO_SECOND_OPINION = 1024
 
 METHODS = ("auto", "best", "lpt", "kk", "kk_equal", "padded", "quadratic", "padded_attention")
 
@@ -72,10 +80,6 @@ def batch_loads(
     mx = np.zeros(d)
     np.maximum.at(mx, dest, lengths)
     return mx * np.bincount(dest, minlength=d)
-
-
-def _near_uniform(x: np.ndarray, d: int) -> bool:
-    return x.size >= 2 * d and x.max() <= 3.0 * x.mean()
 
 
 def _over_cap(dest: np.ndarray, d: int, cap: float, mem: np.ndarray) -> bool:
@@ -159,9 +163,30 @@ def post_balance(
             if m == "lpt" or (max_count is None and memory_cap is None)
         ]
         return min(candidates, key=lambda r: r.loads.max())
-    chosen = method
     if method == "auto":
-        chosen = "kk_equal" if _near_uniform(x, d) and max_count is None and cap == 0 else "lpt"
+        first = post_balance(
+            x,
+            d,
+            method="lpt",
+            tolerance=tolerance,
+            max_count=max_count,
+            memory_cap=memory_cap,
+            memory=memory,
+            max_swaps=max_swaps,
+        )
+        if n > AUTO_SECOND_OPINION or max_count is not None or cap > 0:
+            return first
+        if first.loads.max() <= x.sum() / d * (1.0 + tolerance):
+            return first
+        dest = np.zeros(n, dtype=np.int64)  # equal-count KK, then refined with moves too
+        _nb_karmarkar_karp(x, order, d, True, dest)
+        steps = max_swaps if max_swaps is not None else 4 * d
+        target = x.sum() / d * (1.0 + tolerance)
+        loads = _nb_refine(x, order, dest, d, target, steps, 0.0, x, 0, True)
+        if loads.max() < first.loads.max():
+            return PostBalance(dest=dest, loads=loads, method="kk_equal + moves")
+        return first
+    chosen = method
     if chosen in ("kk", "kk_equal") and max_count is not None:
         raise ValueError(f"{chosen} does not support max_count; use lpt")
     if chosen == "lpt":
@@ -200,6 +225,7 @@ def post_balance(
     target = x.sum() / d * (1.0 + tolerance)
     loads = np.bincount(dest, weights=x, minlength=d)
     if loads.max() > target:
-        swaps = max_swaps if max_swaps is not None else 4 * d
-        loads = _nb_refine_swaps(x, order, dest, d, target, swaps, cap, mem)
+        steps = max_swaps if max_swaps is not None else 4 * d
+        moves = chosen != "kk_equal"  # equal counts stay equal: swaps only
+        loads = _nb_refine(x, order, dest, d, target, steps, cap, mem, max_count or 0, moves)
     return PostBalance(dest=dest, loads=loads, method=chosen)

@@ -1,7 +1,7 @@
 """numba kernels of the balancing stage, one module per algorithm: :mod:`.isf` (offline ISF
 grouping), :mod:`.tables` (per-sample and per-group tables of a plan), :mod:`.heap` (the indexed
 heap the runtime kernels share), :mod:`.partition` (runtime partition of one step over ranks),
-:mod:`.refine` (swap refinement), :mod:`.placement` (groups onto nodes and ranks, node-wise
+:mod:`.refine` (move and swap refinement), :mod:`.placement` (groups onto nodes and ranks, node-wise
 assignment) and :mod:`.schedule` (the 1F1B timeline).
 
 Each kernel has a plain-Python twin in ``balancing._reference`` and a test that both agree over
@@ -36,8 +36,7 @@ from balancing._kernels.placement import (
     _nb_place_on_nodes,
 )
 from balancing._kernels.refine import (
-    _nb_refine_swaps,
-    _seg_reinsert,
+    _nb_refine,
 )
 from balancing._kernels.schedule import (
     _nb_1f1b_times,
@@ -91,8 +90,7 @@ __all__ = [
     "_nb_padded_attention",
     "_nb_padded_batches",
     "_nb_place_on_nodes",
-    "_nb_refine_swaps",
+    "_nb_refine",
     "_nb_sample_costs",
     "_nb_stats_pad_ratios",
-    "_seg_reinsert",
 ]

@@ -139,3 +139,45 @@ def test_sample_costs(seed):
     ref_vc, ref_tc = R.sample_costs(vit.tolist(), llm.tolist(), seq_lens, *coef)
     np.testing.assert_array_equal(vc, ref_vc)
     np.testing.assert_array_equal(tc, ref_tc)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("caps", ["none", "count", "memory"])
+def test_refine(seed, caps):
+    """Moves and swaps, the tree's choice of partner past the lightest bin, and the walk under a
+    cap: the same loads and the same lengths in every bin as the brute-force reference."""
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(1, 9))
+    n = int(rng.integers(1, 6 * d + 2))
+    x = _lengths(rng, n, heavy=seed % 2 == 0)
+    mem = x.copy()
+    cap, max_count = 0.0, 0
+    if caps == "memory":  # distinct memories, so which of two equal lengths moves is one answer
+        x = x + rng.random(n)
+        mem = rng.integers(1, 100, n) + rng.random(n)
+        cap = float(mem.sum() / d * 1.3 + mem.max())
+    bins = rng.integers(0, d, n)
+    if caps == "count":
+        max_count = int(np.bincount(bins, minlength=d).max()) + int(rng.integers(0, 2))
+    order = K._nb_argsort_desc(x)
+    target = x.sum() / d * (1.0 + [0.0, 1e-3, 0.05][seed % 3])
+    moves = seed % 4 != 1
+    got = bins.copy()
+    loads = K._nb_refine(x, order, got, d, target, 4 * d, cap, mem, max_count, moves)
+    ref_bins, ref_loads = R.refine(
+        x.tolist(),
+        order.tolist(),
+        bins.tolist(),
+        d,
+        target,
+        4 * d,
+        cap,
+        mem.tolist(),
+        max_count,
+        moves,
+    )
+    assert loads.tolist() == ref_loads
+    for b in range(d):
+        assert sorted(x[got == b].tolist()) == sorted(x[np.array(ref_bins) == b].tolist())
+    if not moves:
+        assert (np.bincount(got, minlength=d) == np.bincount(bins, minlength=d)).all()

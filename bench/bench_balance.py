@@ -216,9 +216,9 @@ def _runtime(lines: list[str], raw: dict) -> None:
         )
     lines += [
         "",
-        "`auto` picks equal-count Karmarkar-Karp for near-uniform lengths (longest <= 3x mean) and "
-        "LPT otherwise; both are followed by swap refinement (heaviest vs lightest rank). `best` runs "
-        "both and keeps the better. What limits d = 2560: LPT's 153,600 dependent updates of a "
+        "`auto` is LPT followed by the move-and-swap refinement (the heaviest rank against the "
+        "lightest that can take a move or swap); `best` also runs equal-count Karmarkar-Karp and "
+        "keeps the better. What limits d = 2560: LPT's 153,600 dependent updates of a "
         "12-level tournament tree (~40 ns each, ~6 ms), then the swap refinement down to the 2e-5 tolerance (~5,000 swaps of ~1 us, each a merge walk over two ranks' sorted items); and the 59 merges of 2,560-wide partial solutions "
         "in KK, each needing a sort.",
         "",

@@ -29,6 +29,7 @@ BENCHMARKS = {
     "pipeline": "bench.bench_pipeline",
     "nightly": "bench.bench_nightly",
     "hf": "bench.bench_hf",
+    "runtime": "bench.bench_runtime",
     "scaleout": "bench.bench_scaleout",
     "gpu": "bench.bench_gpu",
 }

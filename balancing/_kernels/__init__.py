@@ -36,7 +36,15 @@ from balancing._kernels.placement import (
     _nb_place_on_nodes,
 )
 from balancing._kernels.refine import (
+    _fix_bin,
+    _insert_sorted,
     _nb_refine,
+    _pair_step,
+    _remove_at,
+    _slot_sift,
+    _slot_up,
+    _tree_prefix_min,
+    _tree_set,
 )
 from balancing._kernels.schedule import (
     _nb_1f1b_times,
@@ -67,11 +75,13 @@ __all__ = [
     "STAT_SUM_V",
     "STAT_SUM_VC",
     "_add_to_stats",
+    "_fix_bin",
     "_ih_fix",
     "_ih_heapify",
     "_ih_init",
     "_ih_less",
     "_ih_swap",
+    "_insert_sorted",
     "_nb_1f1b_times",
     "_nb_apply_round",
     "_nb_argsort_desc",
@@ -93,4 +103,10 @@ __all__ = [
     "_nb_refine",
     "_nb_sample_costs",
     "_nb_stats_pad_ratios",
+    "_pair_step",
+    "_remove_at",
+    "_slot_sift",
+    "_slot_up",
+    "_tree_prefix_min",
+    "_tree_set",
 ]

@@ -1,0 +1,124 @@
+"""Runtime post-balancing over the issue-41 grid: d ranks x B samples per rank, on the real
+InternVL LLM lengths as token counts and as modeled cost (a 2B LLM: alpha * n + beta * n^2).
+
+For every cell: ``auto`` against the most even of every other method (target: within 0.1 %),
+its median time, and ``locality_balance`` against ``post_balance`` at B >= 4 (target: within
+0.5 %), with the share of moved bytes that stays inside a node once Alg. 3 places the batches.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import numpy as np
+
+from balancing.nodewise import locality_balance, nodewise_permutation
+from balancing.post_balance import post_balance
+from bench._internvl import load_lengths
+
+GRID_D = (8, 64, 512, 2560)
+GRID_B = (1, 4, 16)
+PER_NODE = 8
+KK_MAX_ITEMS = 2048  # unequal KK takes seconds beyond this (d-wide merges per item)
+
+
+def _modeled(n: np.ndarray) -> np.ndarray:
+    h, layers = 1536, 28
+    return 24.0 * h * h * layers * n + 2.0 * h * layers * n * n
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1000
+
+
+def _cell(llm: np.ndarray, cost: str, d: int, b: int, rng) -> dict:
+    reps = 5 if d <= 64 else 2
+    auto, rival, ms, loc, pb, inside = [], [], [], [], [], []
+    for _ in range(reps):
+        x = llm[rng.integers(0, llm.size, d * b)].astype(np.float64)
+        if cost == "modeled":
+            x = _modeled(x)
+        methods = ["lpt", "kk_equal", "best"] + (["kk"] if x.size <= KK_MAX_ITEMS else [])
+        auto.append(post_balance(x, d, method="auto").imbalance)
+        rival.append(min(post_balance(x, d, method=m).imbalance for m in methods))
+        ms.append(_median_ms(lambda x=x: post_balance(x, d, method="auto"), 7))
+        if b >= 4 and d >= PER_NODE:
+            src = np.repeat(np.arange(d), b)
+            r = locality_balance(x, src, d, PER_NODE)
+            rank = nodewise_permutation(src, r.dest, x, d, PER_NODE).rank_of_batch[r.dest]
+            moved = rank != src
+            loc.append(r.imbalance)
+            pb.append(auto[-1])
+            same = (rank // PER_NODE) == (src // PER_NODE)
+            inside.append(float(x[moved & same].sum() / max(x[moved].sum(), 1e-300)))
+    row = {
+        "cost": cost,
+        "d": d,
+        "B": b,
+        "auto": float(np.mean(auto)),
+        "best_other": float(np.mean(rival)),
+        "worst_ratio": float(max(a / r for a, r in zip(auto, rival, strict=True))),
+        "auto_ms": float(np.median(ms)),
+    }
+    if loc:
+        row |= {"locality": float(np.mean(loc)), "post_balance": float(np.mean(pb))}
+        row |= {
+            "locality_ratio": float(np.mean(loc) / np.mean(pb)),
+            "inside": float(np.mean(inside)),
+        }
+    return row
+
+
+def run() -> dict:
+    _, llm = load_lengths()
+    post_balance(np.arange(1.0, 40.0), 4)  # compile outside the timings
+    rng = np.random.default_rng(0)
+    rows = [_cell(llm, c, d, b, rng) for c in ("tokens", "modeled") for d in GRID_D for b in GRID_B]
+    lines = [
+        "### Runtime post-balancing over the grid (real InternVL lengths; mean of 5 draws at d <= 64, 2 above)",
+        "",
+        "| cost | d | B | auto max/mean | most even other method | worst auto / other | auto time | "
+        "locality_balance vs post_balance | moved bytes kept in a node |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ok = "met" if r["worst_ratio"] <= 1.001 else "**not met**"
+        loc = "-"
+        if "locality" in r:
+            met = "met" if r["locality_ratio"] <= 1.005 else "**not met**"
+            loc = f"{r['locality']:.5f} vs {r['post_balance']:.5f} ({met})"
+        inside = f"{r['inside']:.0%}" if "inside" in r else "-"
+        lines.append(
+            f"| {r['cost']} | {r['d']} | {r['B']} | {r['auto']:.5f} | {r['best_other']:.5f} | "
+            f"{r['worst_ratio']:.5f} ({ok}) | {r['auto_ms']:.2f} ms | {loc} | {inside} |"
+        )
+    lines += [
+        "",
+        "Other methods: `lpt`, `kk_equal`, `best`, and unequal `kk` up to 2,048 items (it takes "
+        "seconds beyond). Targets: auto within 0.1 % of the most even (per draw, worst shown); "
+        "locality_balance within 0.5 % of post_balance at B >= 4. Before the move-and-swap "
+        "refinement (2026-11-27, this machine) `auto` forced equal counts at B = 4 and gave "
+        "1.012-1.076, and `locality_balance` stalled at 1.07-1.17; `auto` took 0.2 / 0.5 / 1.7 ms "
+        "at d = 64 / 512 / 2560 with B = 4. The refinement now keeps moving the heaviest rank's "
+        "load until no move or swap lowers it: at B = 4 and d = 2560 that is ~10,000 steps of ~1 us "
+        "(each a merge walk over two ranks and a min-tree query), the price of halving the spread.",
+        "",
+    ]
+    for line in lines:
+        print(line)
+    return {
+        "title": "Runtime balancing grid",
+        "markdown": "\n".join(lines),
+        "raw": json.loads(json.dumps(rows, default=float)),
+    }
+
+
+if __name__ == "__main__":
+    run()

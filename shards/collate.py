@@ -72,6 +72,50 @@ class Collator:
     template: str = "chatml"
     vision_policy: str = "internvl"
     pixels: str = "normalized"  # or "uint8": raw pixel bytes, normalized later on the device
+    # each sample's lengths against the costs prep recorded in it (meta["cost"]), where present
+    check_costs: bool = True
+
+    @classmethod
+    def from_generation(
+        cls,
+        generation,
+        *,
+        tokenizer: str | None = None,
+        template: str | None = None,
+        vision_policy: str | None = None,
+        pixels: str = "normalized",
+        check_costs: bool = True,
+    ) -> Collator:
+        """The collator of what a generation (a :class:`~shards.Manifest` or its path) was
+        measured with: the tokenizer, template and vision policy prep recorded. Each may be
+        given (a copy elsewhere, a model directory); one that differs from the recorded
+        setting is a :class:`~shards.prep_settings.SettingsMismatch` naming both."""
+        from shards.manifest import Manifest, open_generation
+        from shards.prep_settings import PrepSettings
+
+        m = generation if isinstance(generation, Manifest) else open_generation(generation)
+        rec = PrepSettings.from_manifest(m)
+        return cls(
+            tokenizer=rec.resolve_tokenizer(tokenizer),
+            template=rec.resolve_template(template)[0],
+            vision_policy=rec.resolve_policy(vision_policy),
+            pixels=pixels,
+            check_costs=check_costs,
+        )
+
+    def _check_cost(self, meta: dict, llm: int, vit: int) -> None:
+        cost = meta.get("cost")
+        if not self.check_costs or not isinstance(cost, dict):
+            return
+        for name, built in (("llm_tokens", llm), ("vit_tokens", vit)):
+            if name in cost and int(cost[name]) != built:
+                raise ValueError(
+                    f"sample {meta.get('sample_id')!r}: this collator makes {built} {name} of "
+                    f"it, prep counted {cost[name]}: its tokenizer, template "
+                    f"({self.template!r}) or vision policy ({self.vision_policy!r}) differ from "
+                    "prep's, so the plan balanced other lengths than the model sees; build it "
+                    "with Collator.from_generation (check_costs=False turns this check off)"
+                )
 
     def __post_init__(self) -> None:
         if self.pixels not in ("normalized", "uint8"):
@@ -172,6 +216,7 @@ class Collator:
                     n_vit += u.shape[0]
             vit_lens.append(n_vit)
             num_units.append(len(units_hw) - sum(num_units))
+            self._check_cost(s.meta, len(sample_ids), n_vit)
         patch_dim = 3 * self._policy.patch_size**2
         pcu = np.concatenate([[0], np.cumsum([u.shape[0] for u in units])]).astype(np.int32)
         return {

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from shards.prep_settings import SettingsMismatch
 from tests.dataprep.test_jinja_template import (
     FAMILIES,
     VARIANTS,
@@ -493,11 +494,33 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
                 int((step["samples"]["position_ids"][0].reshape(-1) == 0).sum()) for step in data
             )
 
+        settings = {"family": family, "rope_index": packer.rope_index, "images_kwargs": call}
+        if policy == other and family == "qwen2vl":  # refused when built from the generation
+            with pytest.raises(SettingsMismatch, match=r"max_pixels 1003520 \(processor\)"):
+                HFPacker.from_generation(gen, processor, **settings)
+        elif policy != other:  # from the generation: its template, costs checked by default
+            built = HFPacker.from_generation(gen, processor, **settings)
+            assert built.check_costs and built._template.describe() == packer._template.describe()
         if policy == other:
             with pytest.raises(ValueError, match=r"sample 'c\d+'.*prep counted"):
                 read_all(0), read_all(1)
         else:
             assert read_all(0) + read_all(1) == len(records)
+
+
+def test_a_processor_of_another_family_than_the_generation_is_refused():
+    from trainer_adapter.hf.policy_check import FAMILY_POLICIES, check_processor_policy
+
+    settings = {"min_pixels": 3136, "max_pixels": 50176, "patch_size": 14, "merge_size": 2}
+    qwen = SimpleNamespace(family="qwen2vl", _setting=settings.get)
+    check_processor_policy(qwen, {"spec": "qwen2vl:max_pixels=50176", **settings})
+    with pytest.raises(SettingsMismatch, match=r"'internvl:max_tiles=6'.*qwen2vl"):
+        check_processor_policy(qwen, {"spec": "internvl:max_tiles=6"})
+    with pytest.raises(SettingsMismatch, match=r"min_pixels 3136 \(processor\) vs 784"):
+        check_processor_policy(qwen, {"spec": "qwen2vl", **settings, "min_pixels": 784})
+    from trainer_adapter.hf.inputs import FAMILIES as PACKER_FAMILIES
+
+    assert set(FAMILY_POLICIES) == set(PACKER_FAMILIES)
 
 
 def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):

@@ -170,6 +170,6 @@ def test_a_different_tokenizer_than_prep_is_refused(train_generation, tmp_path):
     tok = json.loads(Path(m.raw["prep"]["tokenizer"]["path"]).read_text())
     other = tmp_path / "other.json"
     other.write_text(json.dumps(tok, indent=1))  # same content, other bytes: another sha256
-    with pytest.raises(ValueError, match="not the tokenizer the generation was prepared with"):
+    with pytest.raises(ValueError, match="not the one the generation was measured with"):
         build_collator(TrainConfig(shards=str(train_generation), dp=1, tokenizer=str(other)), m)
     assert build_collator(TrainConfig(shards=str(train_generation), dp=1), m).vocab_size > 0

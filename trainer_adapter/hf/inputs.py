@@ -75,6 +75,7 @@ from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER
 from trainer_adapter.hf.images import TILES, images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
+from trainer_adapter.hf.policy_check import check_processor_policy
 
 __all__ = ["HFPacker"]
 
@@ -137,7 +138,9 @@ class HFPacker:
     ``check_costs``: check each sample against the costs prep measured (``meta["cost"]``, in
     every equishard generation): a sample whose row is not ``llm_tokens`` long raises a
     ``ValueError`` naming it, since then prep's vision policy, template or tokenizer differ
-    from this processor and the plan balanced other lengths than the model sees.
+    from this processor and the plan balanced other lengths than the model sees. On by default
+    for samples that carry costs (None); True also refuses samples without; False: off.
+    :meth:`from_generation` takes the template and checks the policy from the generation.
     ``images_kwargs``: the image settings your processor call passes (``processor(...,
     do_pan_and_scan=True)`` -> ``{"do_pan_and_scan": True}``); they and the processor's own
     defaults go over the image processor's attributes, as in the processor's call."""
@@ -147,7 +150,7 @@ class HFPacker:
     template: str
     rope_index: Callable | None = None
     packing_kwargs: bool = False
-    check_costs: bool = False
+    check_costs: bool | None = None
     images_kwargs: dict = field(default_factory=dict)
     _template: object = field(init=False, repr=False)
     _images_kw: dict = field(init=False, repr=False)
@@ -314,10 +317,33 @@ class HFPacker:
         processed.pop("tile_fine_mask", None)  # Granite Docling's: one for the row
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
+    @classmethod
+    def from_generation(
+        cls, generation, processor, *, family: str, template: str | None = None, **kwargs
+    ) -> HFPacker:
+        """The packer for a generation (a :class:`~shards.Manifest` or its path): the chat
+        template prep measured with (``template`` may name the same one elsewhere), refused at
+        construction, naming both, when the generation's vision policy is not this family's or
+        (Qwen-VL) its pixel bounds differ from the processor's; every sample's row is checked
+        against prep's costs (``check_costs=False`` turns that off)."""
+        from shards.manifest import Manifest, open_generation
+        from shards.prep_settings import PrepSettings
+
+        m = generation if isinstance(generation, Manifest) else open_generation(generation)
+        rec = PrepSettings.from_manifest(m)
+        kwargs.setdefault("check_costs", True)
+        packer = cls(
+            family=family, processor=processor, template=rec.resolve_template(template)[0], **kwargs
+        )
+        check_processor_policy(packer, rec.vision_policy)
+        return packer
+
     def _check_cost(self, meta: dict, built: int) -> None:
         cost = meta.get("cost")
         sid = meta.get("sample_id", "?")
         if not isinstance(cost, dict) or "llm_tokens" not in cost:
+            if self.check_costs is None:
+                return
             raise ValueError(
                 f"sample {sid!r} has no prep costs (meta['cost']): check_costs needs samples "
                 "read from an equishard generation"
@@ -328,13 +354,14 @@ class HFPacker:
                 f"prep counted {cost['llm_tokens']}: prep's --vision-policy, --template or "
                 "--tokenizer differ from this processor (with this packer's images_kwargs "
                 f"{self.images_kwargs}), so the plan balanced other lengths than the model "
-                "sees; prep again with the model's own settings"
+                "sees; prep again with the model's own settings (check_costs=False turns this "
+                "check off)"
             )
 
     def __call__(self, samples: list) -> dict:
         """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
         parts = [self.sample(s.meta["turns"], list(s.images)) for s in samples]
-        if self.check_costs:
+        if self.check_costs is not False:
             for s, p in zip(samples, parts, strict=True):
                 self._check_cost(s.meta, len(p["input_ids"]))
         qwen = self.family in _QWEN

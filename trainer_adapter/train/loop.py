@@ -13,7 +13,6 @@ import json
 import os
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,32 +26,18 @@ __all__ = ["build_collator", "main", "run"]
 
 
 def build_collator(cfg: TrainConfig, manifest):
-    """The collator matching how the generation was prepared (overridable in ``cfg``)."""
+    """The collator of what the generation was measured with (``cfg`` may name the same
+    settings elsewhere; a different one is refused, naming both)."""
     from shards import Collator
-    from shards.reader import sha256_of
 
-    prep = manifest.raw.get("prep") or {}
-    recorded = prep.get("tokenizer") or {}
-    tok = cfg.tokenizer or recorded.get("path")
-    if not tok or not Path(tok).is_file():
-        raise ValueError(
-            f"tokenizer {tok!r} (from the generation's manifest) not found; pass --tokenizer "
-            "path/to/tokenizer.json (the one prep counted with)"
-        )
-    if recorded.get("sha256") and sha256_of(Path(tok)) != recorded["sha256"]:
-        raise ValueError(
-            f"{tok} is not the tokenizer the generation was prepared with (sha256 differs from "
-            f"{recorded['sha256'][:12]}...): token counts and the runtime balance would not match"
-        )
-    policy = cfg.vision_policy or (prep.get("vision_policy") or {}).get("spec")
-    template = cfg.template or (prep.get("template") or {}).get("name")
-    if not policy or not template:
-        raise ValueError(
-            f"{manifest.path}: the manifest records no vision policy/template; pass "
-            "--vision-policy and --template as given to prep"
-        )
     # images travel between ranks as uint8 pixels; the trainer normalizes them on the device
-    return Collator(tokenizer=tok, template=template, vision_policy=policy, pixels="uint8")
+    return Collator.from_generation(
+        manifest,
+        tokenizer=cfg.tokenizer,
+        template=cfg.template,
+        vision_policy=cfg.vision_policy,
+        pixels="uint8",
+    )
 
 
 def _fmt_bytes(n: float) -> str:

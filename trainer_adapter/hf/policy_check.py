@@ -1,0 +1,78 @@
+"""A Hugging Face processor checked against the vision policy a generation was measured with,
+at construction (:meth:`HFPacker.from_generation`), so a mismatch is one error naming both values
+instead of other lengths at sample N: the policy must be this model family's, and for Qwen-VL the
+processor's pixel bounds, patch and merge sizes (with the packer's ``images_kwargs`` over them,
+as the processor call runs them) must equal the policy's."""
+
+from __future__ import annotations
+
+from shards.prep_settings import SettingsMismatch
+
+__all__ = ["FAMILY_POLICIES", "check_processor_policy"]
+
+# packer family -> the vision policies (dataprep.policies names) that count its images
+FAMILY_POLICIES = {
+    "qwen2vl": ("qwen2vl",),
+    "qwen3vl": ("qwen3vl",),
+    "glm4v": ("glm4v",),
+    "internvl": ("internvl",),
+    "llava": ("fixed",),
+    "llava_next": ("llava-next",),
+    "llava_onevision": ("llava-onevision",),
+    "gemma3": ("gemma3",),
+    "gemma4": ("gemma4",),
+    "smolvlm": ("smolvlm", "idefics3"),
+    "mistral3": ("mistral3", "pixtral"),
+    "aya_vision": ("aya-vision",),
+    "ernie45vl": ("ernie45vl",),
+    "deepseek_vl": ("fixed",),
+    "janus": ("fixed",),
+    "ovis2": ("ovis2",),
+    "aria": ("aria",),
+    "granite_docling": ("granite-docling",),
+    "idefics2": ("idefics2",),
+    "deepseek_vl_hybrid": ("deepseek-vl-hybrid",),
+}
+
+
+def _qwen_processor_bounds(packer) -> dict:
+    """(min_pixels, max_pixels, patch_size, merge_size) as the image processor runs them."""
+    size = packer._setting("size")
+    get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
+    return {
+        "min_pixels": packer._setting("min_pixels") or get("shortest_edge"),
+        "max_pixels": packer._setting("max_pixels") or get("longest_edge"),
+        "patch_size": packer._setting("patch_size"),
+        "merge_size": packer._setting("merge_size"),
+    }
+
+
+def check_processor_policy(packer, policy: dict) -> None:
+    """Raise :class:`SettingsMismatch` when ``policy`` (a generation's recorded vision policy)
+    does not count images as ``packer``'s processor makes them."""
+    from dataprep.policies import parse_vision_policy
+
+    spec = str(policy.get("spec", "?"))
+    allowed = FAMILY_POLICIES[packer.family]
+    # a spec names its policy class's form (ernie45vl and qwen3vl write qwen2vl:...)
+    canonical = {parse_vision_policy(n if n != "fixed" else "fixed:1/1").spec() for n in allowed}
+    if spec.partition(":")[0] not in {c.partition(":")[0] for c in canonical}:
+        raise SettingsMismatch(
+            f"the generation was measured with vision policy {spec!r}, but the {packer.family} "
+            f"processor counts images as {' or '.join(allowed)} does: prep with the model's "
+            "policy, or pack with the family the generation was measured for"
+        )
+    if packer.family not in ("qwen2vl", "qwen3vl"):
+        return
+    have = _qwen_processor_bounds(packer)
+    diff = [
+        f"{k} {have[k]!r} (processor) vs {policy.get(k)!r} (prep)"
+        for k in have
+        if have[k] is not None and k in policy and int(have[k]) != int(policy[k])
+    ]
+    if diff:
+        raise SettingsMismatch(
+            f"the {packer.family} processor resizes images otherwise than vision policy {spec!r} "
+            f"the generation was measured with: {'; '.join(diff)}; build the processor with "
+            "the policy's bounds (or pass them in images_kwargs), or prep with the processor's"
+        )

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancing import first_call
 from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
 from balancing._kernels.refine import _nb_refine
@@ -155,8 +156,11 @@ def nodewise_permutation(
         method = "milp"
     else:
         benefit = v.reshape(nodes, per_node, d).sum(axis=1).T.copy()  # [batch, node]
-        node_of = np.empty(d, dtype=np.int64)
-        _nb_greedy_node_assign(benefit, per_node, node_of)
+        if first_call.kernels_ready():
+            node_of = np.empty(d, dtype=np.int64)
+            _nb_greedy_node_assign(benefit, per_node, node_of)
+        else:  # its exact twin while the kernels compile
+            node_of = first_call.greedy_node_assign(benefit, per_node)
         method = "greedy"
     rank_of = np.empty(d, dtype=np.int64)
     for n in range(nodes):
@@ -185,9 +189,14 @@ def locality_balance(
         raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
     x = finite_nonnegative(lengths)
     src = ranks_in(src, d, "src", x.size)
+    target = x.sum() / d * (1.0 + tolerance)
+    if not first_call.kernels_ready():  # exact twins while the kernels compile
+        order = first_call.argsort_desc(x)
+        dest = first_call.local_first(x, order, src, d, per_node, target)
+        loads = first_call.refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
+        return PostBalance(dest=dest, loads=loads, method="locality")
     order = _nb_argsort_desc(x)
     dest = np.empty(x.size, dtype=np.int64)
-    target = x.sum() / d * (1.0 + tolerance)
     _nb_local_first(x, order, src, d, per_node, target, dest)
     loads = _nb_refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
     return PostBalance(dest=dest, loads=loads, method="locality")

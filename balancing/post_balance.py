@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from balancing import first_call
 from balancing._kernels.partition import (
     _nb_argsort_desc,
     _nb_karmarkar_karp,
@@ -143,7 +144,8 @@ def post_balance(
             )
     if max_count is not None and max_count * d < n:
         raise ValueError(f"{n} items cannot fit {d} batches of at most {max_count}")
-    order = _nb_argsort_desc(x)
+    py = not first_call.kernels_ready()  # exact twins while the kernels compile
+    order = first_call.argsort_desc(x) if py else _nb_argsort_desc(x)
     dest = np.zeros(n, dtype=np.int64)
     if n == 0:
         return PostBalance(dest=dest, loads=np.zeros(d), method=method)
@@ -179,10 +181,14 @@ def post_balance(
         if first.loads.max() <= x.sum() / d * (1.0 + tolerance):
             return first
         dest = np.zeros(n, dtype=np.int64)  # equal-count KK, then refined with moves too
-        _nb_karmarkar_karp(x, order, d, True, dest)
+        if py:
+            dest[:] = first_call.karmarkar_karp(x, order, d, True)
+        else:
+            _nb_karmarkar_karp(x, order, d, True, dest)
         steps = max_swaps if max_swaps is not None else 4 * d
         target = x.sum() / d * (1.0 + tolerance)
-        loads = _nb_refine(x, order, dest, d, target, steps, 0.0, x, 0, True)
+        refine = first_call.refine if py else _nb_refine
+        loads = refine(x, order, dest, d, target, steps, 0.0, x, 0, True)
         if loads.max() < first.loads.max():
             return PostBalance(dest=dest, loads=loads, method="kk_equal + moves")
         return first
@@ -191,7 +197,10 @@ def post_balance(
         raise ValueError(f"{chosen} does not support max_count; use lpt")
     if chosen == "lpt":
         if max_count is None and cap == 0:
-            _nb_lpt(x, order, d, dest)
+            if py:
+                dest[:] = first_call.lpt(x, order, d)
+            else:
+                _nb_lpt(x, order, d, dest)
         else:
             bad = _nb_lpt_capped(x, order, d, max_count or 0, cap, mem, dest)
             if bad >= 0:
@@ -201,7 +210,10 @@ def post_balance(
                     f"{bad} larger items; raise the cap or the number of ranks"
                 )
     elif chosen in ("kk", "kk_equal"):
-        _nb_karmarkar_karp(x, order, d, chosen == "kk_equal", dest)
+        if py and (chosen == "kk_equal" or n * d <= 100_000):  # the twin's unequal KK is O(n d)
+            dest[:] = first_call.karmarkar_karp(x, order, d, chosen == "kk_equal")
+        else:
+            _nb_karmarkar_karp(x, order, d, chosen == "kk_equal", dest)
     elif chosen == "padded":
         asc = order[::-1].copy()
         runs = np.empty(n, dtype=np.int64)
@@ -227,5 +239,6 @@ def post_balance(
     if loads.max() > target:
         steps = max_swaps if max_swaps is not None else 4 * d
         moves = chosen != "kk_equal"  # equal counts stay equal: swaps only
-        loads = _nb_refine(x, order, dest, d, target, steps, cap, mem, max_count or 0, moves)
+        refine = first_call.refine if py else _nb_refine
+        loads = refine(x, order, dest, d, target, steps, cap, mem, max_count or 0, moves)
     return PostBalance(dest=dest, loads=loads, method=chosen)

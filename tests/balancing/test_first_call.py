@@ -1,0 +1,93 @@
+"""The runtime entry points' first calls (issue 41): until numba has compiled the kernels, exact
+pure-Python twins run. Exact, because every rank computes the same plan on its own, and one rank
+may still be compiling while another already runs the kernels: each twin is checked against its
+kernel (the independent brute-force reference checks the kernels) over many seeds, and every
+entry point against itself in both modes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from balancing import _kernels as K
+from balancing import first_call as F
+from balancing.nodewise import locality_balance, nodewise_permutation
+from balancing.post_balance import post_balance
+
+
+def _case(seed: int):
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(1, 40))
+    n = int(rng.integers(1, 8 * d + 2))
+    if seed % 2:
+        x = rng.integers(1, 500, n).astype(np.float64)  # many ties
+    else:
+        x = np.round(np.exp(rng.normal(6.0, 1.2, n)))
+    return rng, d, n, x
+
+
+@pytest.mark.parametrize("seed", range(120))
+def test_refine_twin_takes_the_kernels_steps(seed):
+    rng, d, n, x = _case(seed)
+    mem, cap, max_count = x.copy(), 0.0, 0
+    if seed % 3 == 1:
+        mem = rng.integers(1, 100, n) + rng.random(n)
+        cap = float(mem.sum() / d * 1.3 + mem.max())
+    bins = rng.integers(0, d, n)
+    if seed % 3 == 2:
+        max_count = int(np.bincount(bins, minlength=d).max()) + int(rng.integers(0, 2))
+    order = K._nb_argsort_desc(x)
+    target = x.sum() / d * (1.0 + [0.0, 1e-3, 0.05][seed % 3])
+    moves = seed % 4 != 1
+    got, want = bins.copy(), bins.copy()
+    loads = F.refine(x, order, got, d, target, 4 * d, cap, mem, max_count, moves)
+    ref = K._nb_refine(x, order, want, d, target, 4 * d, cap, mem, max_count, moves)
+    assert got.tolist() == want.tolist() and loads.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_partition_twins_equal_their_kernels(seed):
+    rng, d, n, x = _case(seed)
+    order = K._nb_argsort_desc(x)
+    assert F.argsort_desc(x).tolist() == order.tolist()
+    out = np.zeros(n, dtype=np.int64)
+    K._nb_lpt(x, order, d, out)
+    assert F.lpt(x, order, d).tolist() == out.tolist()
+    for equal in (True, False):
+        K._nb_karmarkar_karp(x, order, d, equal, out)
+        assert F.karmarkar_karp(x, order, d, equal).tolist() == out.tolist()
+    per = max(1, d // int(rng.integers(1, 5)))
+    dd = per * max(1, d // per)
+    src = rng.integers(0, dd, n)
+    target = x.sum() / dd * 1.0001
+    K._nb_local_first(x, order, src, dd, per, target, out)
+    assert F.local_first(x, order, src, dd, per, target).tolist() == out.tolist()
+    nodes = max(1, dd // per)
+    benefit = rng.integers(0, 6, (nodes * per, nodes)).astype(np.float64)  # many ties
+    node_of = np.empty(nodes * per, dtype=np.int64)
+    K._nb_greedy_node_assign(benefit, per, node_of)
+    assert F.greedy_node_assign(benefit, per).tolist() == node_of.tolist()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_entry_point_gives_the_same_plan_in_both_modes(seed, monkeypatch):
+    rng, d, n, x = _case(seed)
+    d = 8 * max(1, d // 8)
+    src = rng.integers(0, d, n)
+    plans = {}
+    for mode in ("python", "kernels"):
+        monkeypatch.setenv("EQUISHARD_FIRST_CALL", mode)
+        assert F.kernels_ready() == (mode == "kernels")
+        got = [post_balance(x, d, method=m) for m in ("auto", "lpt", "best", "kk_equal", "kk")]
+        got.append(locality_balance(x, src, d, 8))
+        got.append(post_balance(x, d, method="auto", max_count=-(-n // d) + 1))
+        res = [(r.dest.tolist(), r.loads.tolist(), r.method) for r in got]
+        nw = nodewise_permutation(src, got[-2].dest, x, d, 8, exact_max_d=0)
+        plans[mode] = (res, nw.rank_of_batch.tolist())
+    assert plans["python"] == plans["kernels"]
+
+
+def test_a_bad_mode_is_refused(monkeypatch):
+    monkeypatch.setenv("EQUISHARD_FIRST_CALL", "fast")
+    with pytest.raises(ValueError, match="auto, kernels or python"):
+        post_balance(np.ones(4), 2)

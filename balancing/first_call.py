@@ -12,6 +12,7 @@ kernels are ready every call uses them. ``EQUISHARD_FIRST_CALL=kernels`` always 
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import heapq
 import os
@@ -66,6 +67,13 @@ def warm_up() -> None:
     _READY.set()
 
 
+def _finish_at_exit() -> None:
+    """A process that exits while the thread compiles waits for it (numba then caches the
+    kernels for the next process; tearing the interpreter down under a compile is unsafe)."""
+    if _thread is not None and _thread.is_alive():
+        _thread.join(timeout=600)
+
+
 def start_warming() -> None:
     """Start compiling the kernels in a daemon thread, once per process."""
     global _thread
@@ -73,6 +81,7 @@ def start_warming() -> None:
         if _thread is None and not _READY.is_set():
             _thread = threading.Thread(target=warm_up, name="equishard-numba-warm", daemon=True)
             _thread.start()
+            atexit.register(_finish_at_exit)
 
 
 _FORKED_MID_COMPILE = False

@@ -2,8 +2,9 @@
 
 With an empty numba cache (a fresh container, a read-only site-packages) the runtime kernels take
 many seconds to compile, and every rank of a training job would wait that long at its first step.
-So the first call starts compiling them in a background thread (:func:`start_warming`; or
-:func:`warm_up` at start-up, blocking) and, until they are ready, runs exact pure-Python twins
+So the first call starts compiling them in the background (:func:`start_warming`: a child
+process compiles into numba's cache once the first call has returned, then a thread loads them;
+or :func:`warm_up` at start-up, blocking) and, until they are ready, runs exact pure-Python twins
 of the same kernels: the same plan to the bit (the runtime plan must be the same on every rank,
 whichever path a rank took), checked against the kernels over many seeds in the tests. Once the
 kernels are ready every call uses them. ``EQUISHARD_FIRST_CALL=kernels`` always runs the kernels
@@ -14,15 +15,19 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import contextlib
+import functools
 import heapq
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
 
 from balancing import _reference as R
 
-__all__ = ["kernels_ready", "lpt", "refine", "start_warming", "warm_up"]
+__all__ = ["entry_point", "kernels_ready", "lpt", "refine", "start_warming", "warm_up"]
 
 _READY = threading.Event()
 _STARTED = threading.Lock()
@@ -61,16 +66,52 @@ def _mode() -> str:
     return mode
 
 
+_FIRST_DONE = threading.Event()  # an entry point's first call has returned
+
+
+def entry_point(fn):
+    """Mark a runtime entry point: the background compile starts once its first call (on the
+    twins) has returned, so that call does not share the interpreter with the compiler."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _FIRST_DONE.set()
+
+    return wrapper
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) every runtime kernel now, in this thread."""
     _compile_all()
     _READY.set()
 
 
+_IN_PROCESS = threading.Event()  # the background thread compiles or loads in this process
+
+
+def _warm_in_background() -> None:
+    """Compile in a child process (numba writes its cache; the compiler holds this process's
+    interpreter lock for seconds at a time otherwise), then load the kernels from the cache
+    here. Where the child cannot help (no writable cache), compile here."""
+    _FIRST_DONE.wait(timeout=30)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = "from balancing.first_call import _compile_all; _compile_all()"
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, timeout=900, check=False
+        )
+    _IN_PROCESS.set()
+    warm_up()
+
+
 def _finish_at_exit() -> None:
-    """A process that exits while the thread compiles waits for it (numba then caches the
-    kernels for the next process; tearing the interpreter down under a compile is unsafe)."""
-    if _thread is not None and _thread.is_alive():
+    """A process that exits while the thread compiles or loads kernels in it waits for it
+    (tearing the interpreter down under a compile is unsafe); a child compiling on its own
+    goes on and leaves the kernels in numba's cache for the next process."""
+    if _thread is not None and _thread.is_alive() and _IN_PROCESS.is_set():
         _thread.join(timeout=600)
 
 
@@ -79,7 +120,9 @@ def start_warming() -> None:
     global _thread
     with _STARTED:
         if _thread is None and not _READY.is_set():
-            _thread = threading.Thread(target=warm_up, name="equishard-numba-warm", daemon=True)
+            _thread = threading.Thread(
+                target=_warm_in_background, name="equishard-numba-warm", daemon=True
+            )
             _thread.start()
             atexit.register(_finish_at_exit)
 
@@ -250,14 +293,19 @@ def refine(x, order, bins, d, target, max_steps, cap, cap_lengths, max_count, mo
                     for i in items[c]:
                         val[rank[i]] = loads[c] - xs[i]
             slack = 0.0
+            # prefix minima of val and, for each, the first leaf holding it (the tree's answer)
+            top_q = bisect.bisect_left(ascending, xs[items[a][-1]]) if items[a] else 0
+            run_min = np.minimum.accumulate(val[:top_q])
+            neg = -run_min
             for ia in reversed(items[a]):
                 xa = xs[ia]
                 q = bisect.bisect_left(ascending, xa)
                 if q == 0:
                     continue
-                leaf = int(np.argmin(val[:q]))
-                if loads[a] - xa - val[leaf] > slack:
-                    slack = loads[a] - xa - val[leaf]
+                best = float(run_min[q - 1])
+                if loads[a] - xa - best > slack:
+                    slack = loads[a] - xa - best
+                    leaf = int(np.searchsorted(neg, -best, side="left"))
                     b = b_of[order_l[n - 1 - leaf]]
             if slack > 0:
                 pa, pb = _pair_step(xs, items, lens, a, b, loads[a] - loads[b], *args)

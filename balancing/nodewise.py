@@ -129,6 +129,7 @@ def _exact_nodes(v: np.ndarray, per_node: int) -> np.ndarray:
     return np.asarray(res.x[:nx]).reshape(d, nodes).argmax(axis=1)
 
 
+@first_call.entry_point
 def nodewise_permutation(
     src: np.ndarray,
     dest: np.ndarray,
@@ -176,6 +177,7 @@ def nodewise_permutation(
     return NodewiseResult(rank_of, method, tot0, tot1, max0, max1)
 
 
+@first_call.entry_point
 def locality_balance(
     lengths: np.ndarray, src: np.ndarray, d: int, per_node: int, *, tolerance: float = 2e-5
 ) -> PostBalance:

@@ -105,6 +105,7 @@ def _within_cap(
     return PostBalance(dest, batch_loads(x, dest, d), f"lpt ({result.method} broke the memory cap)")
 
 
+@first_call.entry_point
 def post_balance(
     lengths: np.ndarray,
     d: int,

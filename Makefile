@@ -37,6 +37,8 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "torch==2.13.0"
 	$(BIN)/python -m pip install -e ".[dev]"
+	@# compile the runtime balancing kernels into numba's cache now, not at a job's first step
+	$(BIN)/python -c "from balancing.first_call import warm_up; warm_up()"
 	@touch $(STAMP)
 
 # The whole pipeline on the embedded demo set.

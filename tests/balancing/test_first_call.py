@@ -19,10 +19,8 @@ def _case(seed: int):
     rng = np.random.default_rng(seed)
     d = int(rng.integers(1, 40))
     n = int(rng.integers(1, 8 * d + 2))
-    if seed % 2:
-        x = rng.integers(1, 500, n).astype(np.float64)  # many ties
-    else:
-        x = np.round(np.exp(rng.normal(6.0, 1.2, n)))
+    ties = rng.integers(1, 500, n).astype(np.float64)  # many ties
+    x = ties if seed % 2 else np.round(np.exp(rng.normal(6.0, 1.2, n)))
     return rng, d, n, x
 
 

@@ -59,6 +59,29 @@ def _compile_all() -> None:
     _nb_greedy_node_assign(np.zeros((d, d)), 1, np.empty(d, dtype=np.int64))
 
 
+def _kernels() -> tuple:
+    from balancing import _kernels as K
+
+    return (
+        K._nb_argsort_desc,
+        K._nb_lpt,
+        K._nb_lpt_capped,
+        K._nb_karmarkar_karp,
+        K._nb_refine,
+        K._nb_local_first,
+        K._nb_greedy_node_assign,
+    )
+
+
+def _cached() -> bool:
+    """Whether numba's cache holds every runtime kernel already (an index file for each):
+    then the kernels load in about a second where they are first called, as before."""
+    try:
+        return all(os.path.exists(k._cache._cache_file._index_path) for k in _kernels())
+    except (AttributeError, OSError):  # another numba's internals: take the twins' path
+        return False
+
+
 def _mode() -> str:
     mode = os.environ.get("EQUISHARD_FIRST_CALL", "auto")
     if mode not in ("auto", "kernels", "python"):
@@ -147,6 +170,9 @@ def kernels_ready() -> bool:
     the background when they are not ready yet)."""
     mode = _mode()
     if _READY.is_set() or (mode == "kernels" and not _FORKED_MID_COMPILE):
+        return True
+    if mode == "auto" and not _FORKED_MID_COMPILE and _thread is None and _cached():
+        _READY.set()  # loaded on demand from the cache, no compile to wait for
         return True
     if mode == "auto" and not _FORKED_MID_COMPILE:
         start_warming()

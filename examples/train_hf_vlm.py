@@ -622,6 +622,11 @@ def main() -> None:
         template=template,
         rope_index=rope,
         images_kwargs=IMAGES_KWARGS.get(args.family, {}),
+        # the demo generation's costs were counted with InternVL tiles and chatml, not with this
+        # family's processor and template, so its lengths differ from the rows built here: the
+        # cost check (on by default) would stop at the first sample. Prep with the model's own
+        # template and policy and build the packer with HFPacker.from_generation instead.
+        check_costs=False,
     )
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":

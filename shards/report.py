@@ -48,12 +48,14 @@ def step_loads(plan, cost, d: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _png(fig) -> str:
+def _png(fig, bar=None) -> str:
     import matplotlib.pyplot as plt
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     plt.close(fig)
+    if bar is not None:
+        bar.update()
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -66,7 +68,7 @@ def _per_step(loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dist, eff
 
 
-def _figures(m, plan, cost) -> list[tuple[str, str, str]]:
+def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -83,7 +85,7 @@ def _figures(m, plan, cost) -> list[tuple[str, str, str]]:
     ax[1].set(title="LLM tokens per sample", xlabel="tokens")
     ax[2].bar(*np.unique(im, return_counts=True), color="#55a868")
     ax[2].set(title="images per sample", xlabel="images")
-    figs.append(("Samples", "What each sample costs the encoder and the LLM.", _png(fig)))
+    figs.append(("Samples", "What each sample costs the encoder and the LLM.", _png(fig, bar)))
 
     loads = step_loads(plan, cost, m.dp)
     from matplotlib.ticker import MaxNLocator
@@ -112,7 +114,7 @@ def _figures(m, plan, cost) -> list[tuple[str, str, str]]:
             "Each column is a global step, each row a DP rank; "
             "white is the step's mean, red a straggler, blue an idle rank. Before: random "
             "batches of the same samples; after: this generation's plan.",
-            _png(fig),
+            _png(fig, bar),
         )
     )
 
@@ -126,9 +128,7 @@ def _figures(m, plan, cost) -> list[tuple[str, str, str]]:
     ax[0].set(title="dist ratio per step (0 = even)", xlabel="step")
     ax[1].set(title="efficiency per step (mean / max, 1 = even)", xlabel="step", ylim=(0, 1.05))
     ax[0].legend(fontsize=8)
-    figs.append(
-        ("Balance over steps", "Dist ratio and efficiency of every step, per DESIGN.md.", _png(fig))
-    )
+    figs.append(("Balance over steps", "Dist ratio and efficiency of every step.", _png(fig, bar)))
 
     gid = plan.column("group_id").to_numpy()
     _, sizes = np.unique(gid, return_counts=True)
@@ -138,7 +138,7 @@ def _figures(m, plan, cost) -> list[tuple[str, str, str]]:
     ax[0].set(title="samples per group", xlabel="group size", ylabel="groups")
     ax[1].hist(shard_mib, bins=20, color="#937860")
     ax[1].set(title="shard sizes", xlabel="MiB", ylabel="shards")
-    figs.append(("Groups and shards", "", _png(fig)))
+    figs.append(("Groups and shards", "", _png(fig, bar)))
     return figs
 
 
@@ -153,9 +153,11 @@ def _table(rows: list[tuple[str, object]]) -> str:
     )
 
 
-def render_report(generation: str | Path, output: str | Path) -> Path:
-    """Write the HTML report of a generation (directory, or root with CURRENT) to ``output``."""
+def render_report(generation: str | Path, output: str | Path, *, progress: bool = False) -> Path:
+    """Write the HTML report of a generation (directory, or root with CURRENT) to ``output``;
+    ``progress``: a bar over reading the tables, the four figures and writing the page."""
     import pyarrow.parquet as pq
+    from tqdm import tqdm
 
     from dataprep.cost_table import read_cost_table
     from shards.manifest import open_generation
@@ -169,6 +171,8 @@ def render_report(generation: str | Path, output: str | Path) -> Path:
         )
     cost = read_cost_table(io.BytesIO(files.read_bytes("cost.parquet")))
     plan = pq.read_table(io.BytesIO(files.read_bytes("plan.parquet")))
+    bar = tqdm(total=6, desc="report", unit="step", disable=not progress, leave=False)
+    bar.update()  # the tables read
     r = m.report
     bal, rnd = r["metrics"]["balanced"], r["metrics"]["random"]
     summary = _table(
@@ -224,7 +228,7 @@ def render_report(generation: str | Path, output: str | Path) -> Path:
         )
     sections = "".join(
         f"<h2>{html.escape(title)}</h2><p>{html.escape(text)}</p><img alt='{html.escape(title)}' src='{src}'>"
-        for title, text, src in _figures(m, plan, cost)
+        for title, text, src in _figures(m, plan, cost, bar)
     )
     page = f"""<!doctype html><html><head><meta charset="utf-8">
 <title>equishard report: {html.escape(m.generation)}</title>
@@ -239,4 +243,6 @@ text-align:left}}img{{max-width:100%}}h1{{font-size:1.6em}}</style></head><body>
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
+    bar.update()
+    bar.close()
     return out

@@ -16,6 +16,7 @@ class VerifyResult:
     generation: str
     shards: int = 0
     samples: int = 0
+    expected: int = 0  # samples the manifest lists
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -24,37 +25,43 @@ class VerifyResult:
 
 
 def verify_generation(
-    path: str | os.PathLike, *, deep: bool = True, storage_options: dict | None = None
+    path: str | os.PathLike,
+    *,
+    deep: bool = True,
+    storage_options: dict | None = None,
+    progress: bool = False,
 ) -> VerifyResult:
     """Check every shard's sha256 and, with ``deep``, read every group and count its samples
-    (a local generation or root, or one at an fsspec URL)."""
+    (a local generation or root, or one at an fsspec URL); ``progress``: a bar over the shards."""
+    from tqdm import tqdm
+
     try:
         m = open_generation(path, storage_options=storage_options)
     except ManifestError as exc:
         return VerifyResult(generation="?", problems=[str(exc)])
-    res = VerifyResult(generation=m.generation)
+    res = VerifyResult(generation=m.generation, expected=m.totals.get("samples", 0))
     files = m.storage
-    for st in m.streams:
-        for sh in st.shards:
-            res.shards += 1
-            fp = files.where(sh.file)
-            try:
-                digest = files.sha256(sh.file)
-            except FileNotFoundError:
-                res.problems.append(f"{fp}: missing")
-                continue
-            if digest != sh.sha256:
-                res.problems.append(f"{fp}: sha256 {digest} != manifest {sh.sha256}")
-                continue
-            if deep:
-                for g in sh.groups:
-                    try:
-                        samples, _ = read_group(files, sh, g)
-                        res.samples += len(samples)
-                    except ShardError as exc:
-                        res.problems.append(str(exc))
-            else:
-                res.samples += sh.samples
+    shards = [sh for st in m.streams for sh in st.shards]
+    for sh in tqdm(shards, desc="verify", unit="shard", disable=not progress, leave=False):
+        res.shards += 1
+        fp = files.where(sh.file)
+        try:
+            digest = files.sha256(sh.file)
+        except FileNotFoundError:
+            res.problems.append(f"{fp}: missing")
+            continue
+        if digest != sh.sha256:
+            res.problems.append(f"{fp}: sha256 {digest} != manifest {sh.sha256}")
+            continue
+        if deep:
+            for g in sh.groups:
+                try:
+                    samples, _ = read_group(files, sh, g)
+                    res.samples += len(samples)
+                except ShardError as exc:
+                    res.problems.append(str(exc))
+        else:
+            res.samples += sh.samples
     return res
 
 

@@ -9,17 +9,42 @@ from pathlib import Path
 
 __all__ = [
     "add_engine_args",
+    "add_json_arg",
     "add_store_args",
     "check_output",
     "check_output_dir",
     "fail",
     "format_table",
+    "print_json",
 ]
 
 
 def fail(message: str, code: int = 2) -> int:
     print(f"equishard: error: {message}", file=sys.stderr)
     return code
+
+
+def add_json_arg(p) -> None:
+    """``--json``: one JSON line on stdout instead of the readable summary (see print_json)."""
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON line instead of the summary: command, status, counts "
+        "(in / out / rejected) and what the command made or checked",
+    )
+
+
+def print_json(command: str, *, ok: bool, n_in: int, n_out: int, rejected: int, **fields) -> None:
+    """The machine-readable summary every artifact command prints with ``--json``: one line,
+    the same shape everywhere: ``{"command", "status": "ok" | "failed", "counts": {"in",
+    "out", "rejected"}, ...}``, the command's own fields after those (paths, ids, problems).
+    ``in`` is what the command read, ``out`` what it wrote or found intact, ``rejected`` what it
+    turned away or found broken."""
+    import json
+
+    counts = {"in": int(n_in), "out": int(n_out), "rejected": int(rejected)}
+    status = "ok" if ok else "failed"
+    print(json.dumps({"command": command, "status": status, "counts": counts, **fields}))
 
 
 def add_engine_args(p, what: str) -> None:

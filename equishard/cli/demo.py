@@ -8,6 +8,8 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    from equishard.cli._common import add_json_arg
+
     p = sub.add_parser(
         name,
         help="write a deterministic LLaVA-format demo dataset with real images",
@@ -41,12 +43,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="also split it into day-1.jsonl, day-2.jsonl, ... for the nightly job: each later "
         "day adds new records, updates 5 earlier ones and lists 3 to delete in day-K.delete",
     )
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataprep.demo import make_demo, split_days
-    from equishard.cli._common import check_output_dir, fail
+    from equishard.cli._common import check_output_dir, fail, print_json
 
     if args.days is not None and args.days < 2:
         return fail(f"--days must be >= 2 (day 1 and at least one later day), got {args.days}")
@@ -58,11 +61,15 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             images=args.images,
             mix=args.mix,
-            progress=True,
+            progress=not args.json,
         )
         days = split_days(args.out_dir, days=args.days, seed=args.seed) if args.days else []
     except ValueError as exc:
         return fail(str(exc))
+    if args.json:
+        fields = {"path": str(s.out_dir), "images": s.images, "days": [str(d) for d in days]}
+        print_json("demo", ok=True, n_in=s.samples, n_out=s.samples, rejected=0, **fields)
+        return 0
     if days:
         print("demo: nightly arrivals " + ", ".join(str(d) for d in days))
     print(

@@ -8,6 +8,8 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    from equishard.cli._common import add_json_arg
+
     p = sub.add_parser(
         name,
         help="turn OmniBal/InternVL length files (vit_num, token_num, image_flags) into a cost table",
@@ -40,12 +42,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default=256,
         help="LLM tokens per real tile (default 256: 1024 patches after 0.5 pixel shuffle)",
     )
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from dataprep.import_lengths import ImportLengthsConfig, import_lengths
-    from equishard.cli._common import check_output
+    from equishard.cli._common import check_output, print_json
 
     cfg = ImportLengthsConfig(
         inputs=tuple(args.inputs),
@@ -55,6 +58,13 @@ def run(args: argparse.Namespace) -> int:
     )
     check_output(args.output)
     r = import_lengths(cfg)
+    if args.json:
+        fields = {"output": r.output, "errors_output": r.errors_output, "reasons": r.reasons}
+        print_json(
+            "import-lengths", ok=True, n_in=r.n_in, n_out=r.n_written, rejected=r.n_rejected,
+            **fields,
+        )  # fmt: skip
+        return 0
     print(
         f"import-lengths: {r.n_in} samples in = {r.n_written} written + {r.n_rejected} rejected"
         f" -> {r.output}"

@@ -8,6 +8,8 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    from equishard.cli._common import add_json_arg
+
     p = sub.add_parser(
         name,
         help="write an HTML balance report of a generation (plots, no network needed)",
@@ -21,17 +23,26 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
     )
     p.add_argument("-o", "--output", default="report.html", help="HTML file (default report.html)")
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from equishard.cli._common import check_output, fail
+    from equishard.cli._common import check_output, fail, print_json
     from shards.report import render_report
 
     try:
         check_output(args.output)
-        out = render_report(args.generation, args.output)
+        out = render_report(args.generation, args.output, progress=not args.json)
     except ValueError as exc:
         return fail(str(exc))
+    if args.json:
+        from shards.manifest import open_generation
+
+        m = open_generation(args.generation)
+        n = m.totals["samples"]
+        fields = {"generation": m.generation, "output": str(out), "bytes": out.stat().st_size}
+        print_json("report", ok=True, n_in=n, n_out=n, rejected=0, **fields)
+        return 0
     print(f"report: {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained)")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from equishard.cli._common import add_store_args
+from equishard.cli._common import add_json_arg, add_store_args
 
 __all__ = ["add_parser", "run"]
 
@@ -25,13 +25,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     p.add_argument("--fast", action="store_true", help="checksums only, do not read samples")
     add_store_args(p)
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from equishard.cli._common import fail
+    from equishard.cli._common import fail, print_json
     from shards.storage import is_url
     from shards.verify import verify_generation
 
@@ -40,7 +41,12 @@ def run(args: argparse.Namespace) -> int:
             f"{args.generation}: not a generation directory or a root with CURRENT"
             + (" (it is a file)" if Path(args.generation).exists() else " (no such directory)")
         )
-    r = verify_generation(args.generation, deep=not args.fast)
+    r = verify_generation(args.generation, deep=not args.fast, progress=not args.json)
+    if args.json:
+        fields = {"generation": r.generation, "shards": r.shards, "problems": r.problems}
+        bad = max(r.expected - r.samples, 0) if r.problems else 0
+        print_json("verify", ok=r.ok, n_in=r.expected, n_out=r.samples, rejected=bad, **fields)
+        return 0 if r.ok else 1
     for problem in r.problems:
         print(f"PROBLEM: {problem}")
     print(

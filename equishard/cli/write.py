@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from equishard.cli._common import add_engine_args, add_store_args
+from equishard.cli._common import add_engine_args, add_json_arg, add_store_args
 
 __all__ = ["add_parser", "run"]
 
@@ -70,11 +70,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     add_engine_args(p, "write streams")
     add_store_args(p)
+    add_json_arg(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from equishard.cli._common import check_output_dir, fail
+    from equishard.cli._common import check_output_dir, fail, print_json
     from shards.storage import is_url
     from shards.writer import WriteConfig, WriteError, parse_size, write_generation
 
@@ -95,9 +96,14 @@ def run(args: argparse.Namespace) -> int:
             task_timeout=args.task_timeout or None,
             staging=args.staging,
         )
-        r = write_generation(cfg, progress=True)
+        r = write_generation(cfg, progress=not args.json)
     except (ValueError, WriteError, OSError) as exc:
         return fail(str(exc))
+    if args.json:
+        fields = {"generation": r.generation, "path": str(r.path), "parent": r.parent}
+        fields |= {"reused": r.reused, "groups": r.groups, "shards": r.shards, "bytes": r.bytes}
+        print_json("write", ok=True, n_in=r.samples, n_out=r.samples, rejected=0, **fields)
+        return 0
     state = "already complete, nothing written" if r.reused else "published"
     print(
         f"\nwrite: generation {r.generation} {state}\n  {r.path}\n"

@@ -29,7 +29,7 @@ NIGHT_OUT ?= build/nightly
 # `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (README, "On a GPU")
 GPU_OUT ?= build/gpu-smoke
 
-.PHONY: install shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint clean
+.PHONY: install shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean
 
 install: $(STAMP)
 
@@ -121,6 +121,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# the documentation site (docs/, mkdocs.yml) into site/; --strict: a broken link fails it
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+# the built site in headless Chromium (Debian's chromium: apt-get install chromium): the home
+# page and two others render their navigation, code blocks and the report picture
+docs-check: docs
+	$(BIN)/python tools/docs_render_check.py site build/docs-check
+
 clean:
-	rm -rf build .pytest_cache .ruff_cache .hypothesis
+	rm -rf build site .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -not -path "./$(VENV)/*" -prune -exec rm -rf {} +

@@ -174,6 +174,25 @@ def test_the_site_builds_strictly(tmp_path):
         assert name in api
 
 
+@pytest.mark.slow
+def test_the_site_renders_in_chromium(tmp_path):
+    """``make docs-check``: navigation, code blocks and the report picture as a browser shows
+    them (needs Debian's chromium; skipped without it)."""
+    pytest.importorskip("mkdocs")
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import docs_render_check
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    if docs_render_check.chromium() is None:
+        pytest.skip("no chromium on PATH")
+    site = tmp_path / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    cmd = [sys.executable, "-m", "mkdocs", "build", "-d", str(site)]
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env=env, timeout=600)
+    assert docs_render_check.check(site, tmp_path / "shots") == []
+
+
 # ------------------------------------------------------------------ running the snippets
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, str]:

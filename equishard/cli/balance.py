@@ -178,8 +178,10 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         return fail(str(exc))
     write_plan(result, args.output)
-    if args.json:
-        print(json.dumps(result.report, indent=2))
+    if args.json:  # report.json with the shape every command's --json has in front
+        r = result.report
+        counts = {**r["counts"], "rejected": 0}  # balance drops nothing: in == out
+        print(json.dumps({"command": "balance", "status": "ok", **r, "counts": counts}))
     else:
         print_report(result.report, args.output)
     return 0

@@ -280,7 +280,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, DataprepError) as exc:
         return fail(str(exc))
     if args.json:
-        print(json.dumps(res.as_dict(), indent=2))
+        counts = {"in": res.n_in, "out": res.n_written, "rejected": res.n_rejected}
+        print(json.dumps({"command": "prep", "status": "ok", "counts": counts, **res.as_dict()}))
     else:
         print_summary(res)
     return 0

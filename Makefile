@@ -23,6 +23,8 @@ TRAIN_ARGS ?= --nproc 4 --dp 2 --pp 2 --steps 6 --schedule 1f1b
 FAMILY ?= qwen2vl
 BALANCE ?= both
 PARALLEL ?= ddp
+HF_OUT ?= build/train-hf-$(FAMILY)
+HF_FALLBACK ?= --vision-policy internvl:max_tiles=4,tile_size=56
 # `make nightly-demo`: the demo set arriving over two days; day 1 through the full pipeline,
 # day 2 (new samples, 5 updates, 3 deletions) through `equishard rebalance`, then the report
 NIGHT_OUT ?= build/nightly
@@ -65,14 +67,27 @@ train: $(STAMP)
 # llava_onevision|gemma3|gemma4|smolvlm|mistral3|aya_vision|ernie45vl|deepseek_vl|janus|ovis2|aria|
 # granite_docling|idefics2|deepseek_vl_hybrid)
 # trained on the demo generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU
-# ranks, with runtime balancing (BALANCE=off|encoder|llm|both).
+# ranks, with runtime balancing (BALANCE=off|encoder|llm|both). The demo set is prepped with the
+# family's tokenizer, template and vision policy (examples/train_hf_vlm.py --print-prep-args:
+# qwen2vl, internvl), so every sample's packed length is checked against prep's count; other
+# families train on a generation measured with InternVL tiles (HF_FALLBACK), unchecked.
 train-hf: $(STAMP)
-	@test -f $(TRAIN_OUT)/shards/CURRENT || $(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 \
-		NODES=2 BATCH=3 POLICY="internvl:max_tiles=4,tile_size=56"
+	@test -f $(HF_OUT)/shards/CURRENT || { \
+	  $(BIN)/equishard demo $(HF_OUT)/raw --samples 96 --seed $(SEED) && \
+	  ARGS=$$(PYTHONPATH=. $(BIN)/python examples/train_hf_vlm.py --family $(FAMILY) \
+	    --tokenizer $(HF_OUT)/raw/tokenizer.json --print-prep-args $(HF_OUT)/model 2>/dev/null \
+	    || echo "--tokenizer $(HF_OUT)/raw/tokenizer.json $(HF_FALLBACK)") && \
+	  echo "prep settings: $$ARGS" && \
+	  $(BIN)/equishard prep $(HF_OUT)/raw/demo.jsonl --image-root $(HF_OUT)/raw $$ARGS \
+	    --workers $(WORKERS) -o $(HF_OUT)/cost.parquet && \
+	  $(BIN)/equishard balance $(HF_OUT)/cost.parquet --dp 4 --nodes 2 --target-batch 3 \
+	    --seed $(SEED) -o $(HF_OUT)/plan && \
+	  $(BIN)/equishard write $(HF_OUT)/plan --cost-table $(HF_OUT)/cost.parquet \
+	    --out $(HF_OUT)/shards --workers $(WORKERS); }
 	OMP_NUM_THREADS=1 $(BIN)/torchrun --nproc-per-node 4 examples/train_hf_vlm.py \
-		--shards $(TRAIN_OUT)/shards --tokenizer $(TRAIN_OUT)/raw/tokenizer.json \
+		--shards $(HF_OUT)/shards --tokenizer $(HF_OUT)/raw/tokenizer.json \
 		--family $(FAMILY) --balance $(BALANCE) --parallel $(PARALLEL) --steps 6 \
-		--jsonl $(TRAIN_OUT)/train-hf.jsonl
+		--jsonl $(HF_OUT)/train-hf.jsonl
 
 nightly-demo: $(STAMP)
 	rm -rf $(NIGHT_OUT)

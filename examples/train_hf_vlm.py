@@ -175,6 +175,39 @@ def pixtral_processor():
     return PixtralProcessor
 
 
+# the vision policy that counts what each tiny model's processor (below) makes of an image: prep
+# with it, the tokenizer and the template of model_dir(), and the packer checks every sample's
+# length against prep's count (``--print-prep-args``; ``make train-hf`` does this)
+PREP_POLICY = {
+    "qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",  # 56*56 .. 28*28*64
+    "internvl": f"internvl:max_tiles=4,tile_size={TILE},patch_size=7",
+}
+
+
+def prep_args(family: str, tokenizer: str, root: Path) -> list[str]:
+    """``equishard prep`` options that measure what this family's tiny model sees: its
+    tokenizer and chat template (written to ``root``) and its vision policy."""
+    mdir = model_dir(family, tokenizer, root)
+    named = TEMPLATE_OF.get(family, family)
+    template = f"{mdir}#images={named}" if family in NAMED else str(mdir)
+    return ["--tokenizer", str(mdir / "tokenizer.json"), "--template", template,
+            "--vision-policy", PREP_POLICY[family]]  # fmt: skip
+
+
+def measured_for(shards: str, family: str) -> bool:
+    """Whether the generation was prepped with this family's policy (PREP_POLICY)."""
+    from shards.manifest import open_generation
+    from shards.prep_settings import PrepSettings
+
+    spec = PrepSettings.from_manifest(open_generation(shards)).vision_policy["spec"]
+    want = PREP_POLICY.get(family)
+    if want is None:
+        return False
+    from dataprep.policies import parse_vision_policy
+
+    return parse_vision_policy(spec) == parse_vision_policy(want)
+
+
 # what these tiny models' processor calls take besides the processors' own defaults (Aria's
 # call would put 980-px crops over its image processor's size): HFPacker's images_kwargs
 IMAGES_KWARGS = {"aria": {"max_image_size": 490}}
@@ -570,7 +603,7 @@ def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--shards", required=True, help="generation root written by 'make shards'")
+    p.add_argument("--shards", help="generation root written by 'make shards'")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (the demo's)")
     p.add_argument("--family", choices=FAMILIES, default="qwen2vl")
     p.add_argument("--balance", choices=["off", "encoder", "llm", "both"], default="both")
@@ -585,7 +618,21 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--jsonl", default=None, help="JSON lines file, one line per step and rank")
+    p.add_argument(
+        "--print-prep-args",
+        metavar="DIR",
+        help="write the family's tiny model folder (tokenizer.json with its special tokens, its "
+        "chat template) to DIR, print the 'equishard prep' options that measure what it sees "
+        f"(families: {', '.join(PREP_POLICY)}) and exit",
+    )
     args = p.parse_args()
+    if args.print_prep_args:
+        if args.family not in PREP_POLICY:
+            p.error(f"--print-prep-args: no prep settings for {args.family} yet")
+        print(" ".join(prep_args(args.family, args.tokenizer, Path(args.print_prep_args))))
+        return
+    if not args.shards:
+        p.error("--shards is required")
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend)
@@ -616,18 +663,27 @@ def main() -> None:
     # DeepSeek-VL's and Janus's templates write the same image marker: the family is named
     named = TEMPLATE_OF.get(args.family, args.family)
     template = f"{mdir}#images={named}" if args.family in NAMED else str(mdir)
-    packer = HFPacker(
-        family=args.family,
-        processor=processor,
-        template=template,
-        rope_index=rope,
-        images_kwargs=IMAGES_KWARGS.get(args.family, {}),
-        # the demo generation's costs were counted with InternVL tiles and chatml, not with this
-        # family's processor and template, so its lengths differ from the rows built here: the
-        # cost check (on by default) would stop at the first sample. Prep with the model's own
-        # template and policy and build the packer with HFPacker.from_generation instead.
-        check_costs=False,
-    )
+    images_kwargs = IMAGES_KWARGS.get(args.family, {})
+    if measured_for(args.shards, args.family):
+        # equishard: the template prep measured with, the processor's pixel bounds checked
+        # against prep's policy, and every sample's length against prep's count
+        packer = HFPacker.from_generation(
+            args.shards, processor, family=args.family, template=template, rope_index=rope,
+            images_kwargs=images_kwargs,
+        )  # fmt: skip
+    else:
+        # a generation prepped with other settings (the demo's InternVL tiles and chatml): its
+        # lengths differ from the rows built here, so the cost check would stop at the first
+        # sample. Prep with --print-prep-args' options to train on checked lengths.
+        if rank == 0:
+            print(f"note: {args.shards} was not prepped with {args.family}'s settings: sample "
+                  "lengths are not checked against prep (see --print-prep-args)")  # fmt: skip
+        packer = HFPacker(
+            family=args.family, processor=processor, template=template, rope_index=rope,
+            images_kwargs=images_kwargs, check_costs=False,
+        )  # fmt: skip
+    if rank == 0:
+        print(f"costs checked against prep: {packer.check_costs is not False}")
     data = GroupDataset(args.shards, RankInfo(rank=rank, world_size=world), transform=packer)
     if args.parallel == "fsdp2":
         from torch.distributed.fsdp import fully_shard

@@ -16,6 +16,7 @@ from equishard.cli import main
 from tests.shards.conftest import build_inputs
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
+PREP_FAMILIES = ("qwen2vl", "internvl")  # the example's PREP_POLICY: prep counts what it trains
 
 
 def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int, family: str = "qwen2vl"):
@@ -48,19 +49,40 @@ def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int, family: 
             break
     assert out.returncode == 0, f"{out.stdout[-1500:]}\n{out.stderr[-3000:]}"
     assert done in out.stdout
-    return [json.loads(line) for line in log.read_text().splitlines()]
+    checked = "costs checked against prep: True" in out.stdout
+    return [{**json.loads(line), "checked": checked} for line in log.read_text().splitlines()]
+
+
+def family_generation(root: Path, family: str) -> tuple[Path, Path]:
+    """The demo set prepped as ``make train-hf`` preps it: with the family's tiny model's
+    tokenizer, chat template and vision policy (the example's --print-prep-args)."""
+    from dataprep import make_demo
+
+    demo = root / "demo"
+    make_demo(demo, samples=40, seed=5, images=12)
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[1])}
+    cmd = [sys.executable, str(EXAMPLE), "--family", family, "--tokenizer"]
+    cmd += [str(demo / "tokenizer.json"), "--print-prep-args", str(root / "model")]
+    prep = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()
+    cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
+    args = ["prep", str(demo / "demo.jsonl"), "--image-root", str(demo), *prep, "--no-progress"]
+    assert main([*args, "-o", str(cost)]) == 0
+    assert main(["balance", str(cost), "--dp", "2", "--target-batch", "3", "-o", str(plan)]) == 0
+    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    return demo, gen
 
 
 def test_train_hf_example_runs_under_torchrun(tmp_path):
     """DDP and FSDP2 (``fully_shard``) both train with balancing on, and to the same losses step
     after step (the same global gradients, each applied by AdamW to full or sharded weights)."""
     pytest.importorskip("transformers")
-    demo, cost, plan = build_inputs(tmp_path, samples=40, dp=2, nodes=1)
-    gen = tmp_path / "shards"
-    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    # prepped with the model's own settings: every sample's packed row is as long as prep
+    # counted it (the packer checks each one; a difference stops the run naming the sample)
+    demo, gen = family_generation(tmp_path, "qwen2vl")
     steps = 3
     runs = {p: _train(gen, demo, tmp_path / f"{p}.jsonl", p, steps) for p in ("ddp", "fsdp2")}
     for rows in runs.values():
+        assert all(r["checked"] for r in rows)
         assert sorted((r["step"], r["rank"]) for r in rows) == [
             (s, r) for s in range(steps) for r in range(2)
         ]
@@ -79,6 +101,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
 @pytest.mark.parametrize(
     "family",
     [
+        "internvl",
         "qwen3vl",
         "glm4v",
         "llava_next",
@@ -120,10 +143,14 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
         pytest.skip(f"transformers {tf.__version__} has no Qwen3-VL")
     if family == "smolvlm":
         pytest.importorskip("num2words")  # SmolVLMProcessor needs it
-    demo, cost, plan = build_inputs(tmp_path, samples=24, dp=2, nodes=1)
-    gen = tmp_path / "shards"
-    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    if family in PREP_FAMILIES:  # prepped with its tiny model's settings: lengths checked
+        demo, gen = family_generation(tmp_path, family)
+    else:
+        demo, cost, plan = build_inputs(tmp_path, samples=24, dp=2, nodes=1)
+        gen = tmp_path / "shards"
+        assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
     rows = _train(gen, demo, tmp_path / "run.jsonl", "ddp", 2, family=family)
+    assert all(r["checked"] for r in rows) == (family in PREP_FAMILIES)
     assert sorted((r["step"], r["rank"]) for r in rows) == [
         (s, r) for s in range(2) for r in range(2)
     ]

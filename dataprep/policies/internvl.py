@@ -77,7 +77,10 @@ class InternVLPolicy(VisionPolicy):
         return ImageCost((self.patches_per_tile,) * tiles, self.llm_tokens_per_tile * tiles)
 
     def spec(self) -> str:
+        # patch_size only where it is not InternVL's 14, so the specs of existing tables stay
+        # as they were; every field the counts depend on is in it (parsed back, the same policy)
+        patch = f",patch_size={self.patch_size}" if self.patch_size != 14 else ""
         return (
             f"internvl:min_tiles={self.min_tiles},max_tiles={self.max_tiles},"
-            f"tile_size={self.tile_size},thumbnail={int(self.thumbnail)}"
+            f"tile_size={self.tile_size},thumbnail={int(self.thumbnail)}{patch}"
         )

@@ -46,11 +46,11 @@ def run(args: argparse.Namespace) -> int:
         fields = {"generation": r.generation, "shards": r.shards, "problems": r.problems}
         bad = max(r.expected - r.samples, 0) if r.problems else 0
         print_json("verify", ok=r.ok, n_in=r.expected, n_out=r.samples, rejected=bad, **fields)
-        return 0 if r.ok else 1
-    for problem in r.problems:
-        print(f"PROBLEM: {problem}")
-    print(
-        f"verify: generation {r.generation}: {r.shards} shards, {r.samples} samples checked, "
-        f"{len(r.problems)} problem(s) -> {'OK' if r.ok else 'FAILED'}"
-    )
+    else:
+        for problem in r.problems:
+            print(f"PROBLEM: {problem}")
+        print(
+            f"verify: generation {r.generation}: {r.shards} shards, {r.samples} samples checked, "
+            f"{len(r.problems)} problem(s) -> {'OK' if r.ok else 'FAILED'}"
+        )
     return 0 if r.ok else 1

@@ -916,3 +916,51 @@ def test_deepseek_vl_hybrid_two_sequences_an_image():
     )
     with pytest.raises(ValueError, match="divisible"):
         parse_vision_policy("deepseek-vl-hybrid:high_res_size=1000")
+
+
+# ---------------------------------------------- a recorded spec rebuilds the policy it names
+def _other_values(fam, base, opt):
+    cur = getattr(base, opt, None)
+    if opt in fam.flags:
+        return [1 - int(cur)]
+    if opt in fam.ints:
+        return [v for v in (cur * 2 if cur else 1, cur // 2 if cur else 2, (cur or 0) + 1) if v]
+    if opt in fam.floats:
+        return [cur * 1.5 if cur else 0.5]
+    return [c for c in fam.strings[opt] if c != cur]
+
+
+SIZES = [(w, h) for w in (17, 224, 448, 640, 1000, 1920, 3000) for h in (31, 336, 512, 1080, 4000)]
+
+
+def test_every_option_of_every_policy_survives_its_recorded_spec():
+    """prep records ``policy.spec()``; rebalance measures new nights with it, and the collators
+    rebuild the policy from it. An option the spec leaves out is silently reset to its default
+    there (the bug: ``internvl:patch_size=7`` recorded without its patch size, so a night's new
+    samples were counted with 14-px patches). Every option of every registered family, moved
+    off its default where the policy accepts the value, must give the same counts after its
+    spec is parsed back (gemma3's crop options with pan-and-scan on: off, they count nothing)."""
+    from dataprep.errors import SampleRejected
+    from dataprep.policies.registry import POLICIES, parse_vision_policy
+
+    checked = 0
+    for name, fam in POLICIES.items():
+        extra = ",pan_and_scan=1" if name == "gemma3" else ""
+        base = parse_vision_policy(name + extra.replace(",", ":", 1))
+        for opt in sorted(fam.ints | fam.floats | set(fam.strings)):
+            for value in _other_values(fam, base, opt):
+                spec = f"{name}:{opt}={value}{extra}"
+                try:
+                    policy = parse_vision_policy(spec)
+                except ValueError:
+                    continue  # a value this policy refuses: try the next
+                again = parse_vision_policy(policy.spec())
+                for w, h in SIZES:
+                    try:
+                        want = policy.image_cost(w, h)
+                    except (ValueError, SampleRejected):  # a size this policy rejects
+                        continue
+                    assert again.image_cost(w, h) == want, (spec, policy.spec(), (w, h))
+                checked += 1
+                break
+    assert checked >= 60

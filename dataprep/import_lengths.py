@@ -16,10 +16,13 @@ silently.
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import itertools
 import json
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +90,9 @@ class ImportResult:
 MAX_TILES = 1 << 16
 MAX_TOKENS = 1 << 26
 _OFFSETS = 1 << 31  # a list column's 32-bit offsets: tiles per chunk stay below
+_STREAM_BYTES = 64 << 20  # files this large are parsed as they are read (small ones whole)
+_WINDOW = 1 << 20  # characters of a streamed JSON list decoded at a time
+_BATCH = 1 << 18  # entries per written row group: memory stays flat with the input's length
 
 
 class _BadLine:
@@ -96,10 +102,25 @@ class _BadLine:
         self.line, self.why = line, why
 
 
-def _entries(path: Path) -> list[tuple[int | None, object]]:
+def _entries(path: Path) -> Iterator[tuple[int | None, object]]:
     """The file's entries as ``(line number or None, value)``: a JSON list, or one JSON value
     per line (a line that is not JSON is kept as a :class:`_BadLine`, not the whole file's
-    failure)."""
+    failure). A file of ``_STREAM_BYTES`` or more is read as it is parsed (a list value by
+    value, JSON lines line by line), so memory does not grow with its length."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4096).lstrip()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the length file ({exc.strerror or exc})") from None
+    if size >= _STREAM_BYTES and head[:1] == b"[":
+        return _list_entries(path)
+    if size >= _STREAM_BYTES and head[:1] == b"{":
+        return _line_entries(path)
+    return iter(_whole_entries(path))
+
+
+def _whole_entries(path: Path) -> list[tuple[int | None, object]]:
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -107,14 +128,7 @@ def _entries(path: Path) -> list[tuple[int | None, object]]:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as first:
-        out: list[tuple[int | None, object]] = []
-        for no, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                out.append((no, json.loads(line)))
-            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-                out.append((no, _BadLine(no, f"line {no} is not JSON ({_short(exc)})")))
+        out = list(_line_entries(path, raw.splitlines()))
         if out and all(isinstance(v, _BadLine) for _, v in out):
             raise ValueError(
                 f"{path}: neither a JSON list nor JSON lines ({_short(first)}); the length "
@@ -126,6 +140,108 @@ def _entries(path: Path) -> list[tuple[int | None, object]]:
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of samples, got {type(data).__name__}")
     return [(None, v) for v in data]
+
+
+def _line_entries(path: Path, lines=None) -> Iterator[tuple[int | None, object]]:
+    """One JSON value per line, a line that is not JSON its own :class:`_BadLine`; a file none
+    of whose lines is JSON is refused whole (streamed: when its end is reached)."""
+    good = bad = 0
+    with contextlib.ExitStack() as stack:
+        if lines is None:
+            lines = stack.enter_context(open(path, "rb"))
+        for no, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+                good += 1
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+                value = _BadLine(no, f"line {no} is not JSON ({_short(exc)})")
+                bad += 1
+            yield no, value
+    if bad and not good and lines is None:
+        raise ValueError(
+            f"{path}: no line of it is JSON; the length format is JSON lines or a list"
+        )
+
+
+def _list_entries(path: Path) -> Iterator[tuple[int | None, object]]:
+    """The values of a JSON list, decoded one at a time from a window of the file."""
+    decoder = json.JSONDecoder()
+    utf8 = codecs.getincrementaldecoder("utf-8")()
+    with open(path, "rb") as f:
+        buf, pos, eof, done = "", 0, False, 0
+
+        def more(need: int = _WINDOW) -> None:
+            nonlocal buf, pos, eof, done
+            while not eof and len(buf) - pos < need:
+                chunk = f.read(_WINDOW)
+                eof = not chunk
+                try:
+                    text = utf8.decode(chunk, final=eof)
+                except UnicodeDecodeError as exc:
+                    raise ValueError(
+                        f"{path}: not UTF-8 near byte {f.tell()} ({exc.reason})"
+                    ) from None
+                done += pos
+                buf, pos = buf[pos:] + text, 0
+
+        def skip() -> str:
+            nonlocal pos
+            while True:
+                more(1)
+                while pos < len(buf) and buf[pos] in " \t\r\n":
+                    pos += 1
+                if pos < len(buf) or eof:
+                    return buf[pos : pos + 1]
+
+        def broken(why: str) -> ValueError:
+            return ValueError(f"{path}: not a JSON list at character {done + pos} ({why})")
+
+        if skip() != "[":
+            raise broken("it does not start with '['")
+        pos += 1
+        if skip() == "]":
+            pos += 1
+        else:
+            while True:
+                skip()
+                # fast path: every value up to the window's last "}," decoded in one call (the
+                # prefix parses as whole values only when the cut is between two of them)
+                cut = buf.rfind("},", pos)
+                if cut > pos:
+                    try:
+                        values = json.loads(f"[{buf[pos : cut + 1]}]")
+                    except (json.JSONDecodeError, RecursionError):
+                        values = None
+                    if values is not None:
+                        for value in values:
+                            yield None, value
+                        pos = cut + 2
+                        continue
+                need = _WINDOW
+                while True:  # a value and the character after it in the window
+                    more(need)
+                    try:
+                        value, end = decoder.raw_decode(buf, pos)
+                    except (json.JSONDecodeError, RecursionError) as exc:
+                        if eof:
+                            raise broken(_short(exc)) from None
+                        need *= 2  # a value longer than the window
+                        continue
+                    if end < len(buf) or eof:
+                        break
+                    need *= 2
+                pos = end
+                yield None, value
+                sep = skip()
+                pos += 1
+                if sep == "]":
+                    break
+                if sep != ",":
+                    raise broken(f"expected ',' or ']', found {sep or 'the end'!r}")
+        if skip():
+            raise broken("there is more after the list's end")
 
 
 def _short(exc: BaseException) -> str:
@@ -192,54 +308,97 @@ def _table(entries: list[dict], ids: list[str], source: str, cfg: ImportLengthsC
     )
 
 
+class _Sink:
+    """The two tables being written, a batch at a time: rows of good entries, errors rows."""
+
+    def __init__(self, writer, err_writer, cfg: ImportLengthsConfig, result: ImportResult):
+        self.writer, self.err_writer, self.cfg, self.result = writer, err_writer, cfg, result
+        self.schema = writer.schema.remove_metadata()
+        self.reasons: Counter = Counter()
+        self.good: list[dict] = []
+        self.ids: list[str] = []
+        self.errors: list[dict] = []
+
+    def flush(self, source: str, *, last: bool = False) -> None:
+        """Write what is held; ``last``: also an empty table where no entry was good."""
+        if self.good or (last and not self.result.n_written):
+            table = conform_cost_table(
+                _table(self.good, self.ids, source, self.cfg), self.cfg.output
+            )
+            self.writer.write_table(table.select(self.schema.names).cast(self.schema))
+            self.result.n_written += len(self.good)
+            self.good, self.ids = [], []
+        if self.errors:
+            self.err_writer.write_table(pa.Table.from_pylist(self.errors, schema=ERRORS_SCHEMA))
+            self.result.n_rejected += len(self.errors)
+            self.reasons.update(e["reason"] for e in self.errors)
+            self.errors = []
+
+    def read(self, path: Path) -> None:
+        source = path.stem
+        for i, (line, entry) in enumerate(_entries(path)):
+            self.result.n_in += 1
+            why = _why_not(entry, self.cfg)
+            if why is None:
+                self.good.append(entry)
+                self.ids.append(f"{source}:{i}")
+            else:
+                where = f"{path} entry {i}{f' (line {line})' if line else ''}"
+                self.errors.append(
+                    {
+                        "source": source,
+                        "location": f"{path}#{i}",
+                        "line": line,
+                        "sample_id": f"{source}:{i}",
+                        "reason": "invalid_lengths",
+                        "detail": f"{where}: {why}",
+                    }
+                )
+            if len(self.good) + len(self.errors) >= _BATCH:
+                self.flush(source)
+        self.flush(source, last=str(path) == self.cfg.inputs[-1])
+
+
 def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
-    """Write ``cfg.output`` (cost table) and its errors table from the length files."""
+    """Write ``cfg.output`` (cost table) and its errors table from the length files, a batch of
+    entries at a time (memory does not grow with the inputs' length)."""
     out = Path(cfg.output)
     err_out = errors_path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     for p in (out, err_out):
         remove_stale_temps(p)
     result = ImportResult(output=str(out), errors_output=str(err_out))
-    tables, errors = [], []
-    for path in map(Path, cfg.inputs):
-        source = path.stem
-        good, ids = [], []
-        for i, (line, entry) in enumerate(_entries(path)):
-            result.n_in += 1
-            why = _why_not(entry, cfg)
-            if why is None:
-                good.append(entry)
-                ids.append(f"{source}:{i}")
-                continue
-            errors.append(
-                {
-                    "source": source,
-                    "location": f"{path}#{i}",
-                    "line": line,
-                    "sample_id": f"{source}:{i}",
-                    "reason": "invalid_lengths",
-                    "detail": f"{path} entry {i}{f' (line {line})' if line else ''}: {why}",
-                }
-            )
-        tables.append(_table(good, ids, source, cfg))
-    table = conform_cost_table(pa.concat_tables(tables), out).select(COST_SCHEMA.names)
-    result.n_written, result.n_rejected = table.num_rows, len(errors)
-    assert result.n_in == result.n_written + result.n_rejected, "a length entry went missing"
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "imported_from": {
-            "format": "omnibal-lengths",
-            "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
-            "patches_per_tile": cfg.patches_per_tile,
-            "tokens_per_tile": cfg.tokens_per_tile,
-        },
-        "counts": {"in": result.n_in, "written": result.n_written, "rejected": result.n_rejected},
-    }
-    table = table.replace_schema_metadata({METADATA_KEY: json.dumps(meta)})
     tmp, tmp_err = (p.with_name(f".{p.name}.tmp-{os.getpid()}") for p in (out, err_out))
-    pq.write_table(pa.Table.from_pylist(errors, schema=ERRORS_SCHEMA), tmp_err)
-    pq.write_table(table, tmp)
+    try:
+        with (
+            pq.ParquetWriter(tmp, COST_SCHEMA.remove_metadata()) as writer,
+            pq.ParquetWriter(tmp_err, ERRORS_SCHEMA) as err_writer,
+        ):
+            sink = _Sink(writer, err_writer, cfg, result)
+            for path in cfg.inputs:
+                sink.read(Path(path))
+            assert result.n_in == result.n_written + result.n_rejected, "an entry went missing"
+            meta = {
+                "format_version": FORMAT_VERSION,
+                "imported_from": {
+                    "format": "omnibal-lengths",
+                    "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
+                    "patches_per_tile": cfg.patches_per_tile,
+                    "tokens_per_tile": cfg.tokens_per_tile,
+                },
+                "counts": {
+                    "in": result.n_in,
+                    "written": result.n_written,
+                    "rejected": result.n_rejected,
+                },
+            }
+            # in the file's key-value metadata, where table_metadata() reads it
+            writer.add_key_value_metadata({METADATA_KEY: json.dumps(meta)})
+    except BaseException:
+        for p in (tmp, tmp_err):
+            p.unlink(missing_ok=True)
+        raise
     os.replace(tmp_err, err_out)
     os.replace(tmp, out)
-    result.reasons = dict(Counter(e["reason"] for e in errors))
+    result.reasons = dict(sink.reasons)
     return result

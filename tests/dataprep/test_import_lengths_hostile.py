@@ -97,3 +97,60 @@ def test_many_tiles_in_total_stay_exact(tmp_path, monkeypatch):
     t = read_cost_table(tmp_path / "c.parquet")
     assert [len(s) for s in t["vit_seq_lens"].to_pylist()] == [e["vit_num"] for e in entries]
     _check_table(tmp_path / "c.parquet", len(entries))
+
+
+@pytest.mark.parametrize("window", [7, 300])  # 300: several values a window (one-call path)
+@pytest.mark.parametrize("form", ["list", "list-pretty", "jsonl"])
+def test_a_streamed_file_gives_what_json_loads_gives(tmp_path, monkeypatch, form, window):
+    """Large files are parsed as they are read, a window and a batch at a time (10M entries in
+    bounded memory). Made to stream with a window of 7 characters and batches of 5 entries, the
+    tables equal the ones built from ``json.loads`` of the whole file (the reference), hostile
+    entries, unicode and values longer than the window included."""
+    import dataprep.import_lengths as il
+
+    rng = __import__("random").Random(3)
+    entries = [
+        {"vit_num": rng.randrange(0, 9), "token_num": 3000 + k, "image_flags": 0, "note": "é✓"}
+        for k in range(57)
+    ]
+    entries[4] = {"vit_num": -2, "token_num": 1, "image_flags": 0}
+    entries[9] = "not an object"
+    entries[20] = {"vit_num": 1, "token_num": 700, "image_flags": 1, "pad": "x" * 50}
+    entries[31] = [1, 2, {"deep": [3, 4]}]
+    if form == "jsonl":
+        text = "\n".join(json.dumps(e) for e in entries) + "\n"
+    else:
+        text = json.dumps(entries, indent=2 if form == "list-pretty" else None)
+    src = tmp_path / "big.json"
+    src.write_text(text)
+    cfg = lambda out: ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / out))  # noqa: E731
+    ref = import_lengths(cfg("ref.parquet"))
+    monkeypatch.setattr(il, "_STREAM_BYTES", 0)
+    monkeypatch.setattr(il, "_WINDOW", window)
+    monkeypatch.setattr(il, "_BATCH", 5)
+    got = import_lengths(cfg("got.parquet"))
+    assert (got.n_in, got.n_written, got.n_rejected) == (ref.n_in, ref.n_written, ref.n_rejected)
+    assert (got.n_in, got.n_rejected) == (57, 3)
+    for name in ("ref.parquet", "got.parquet"):
+        _check_table(tmp_path / name, 54)
+    assert pq.read_table(tmp_path / "got.parquet").equals(pq.read_table(tmp_path / "ref.parquet"))
+    errs = [
+        pq.read_table(errors_path(tmp_path / n)).to_pylist() for n in ("ref.parquet", "got.parquet")
+    ]
+    assert [e["detail"] for e in errs[1]] == [e["detail"] for e in errs[0]]
+
+
+@pytest.mark.parametrize(
+    "text", ['[{"vit_num": 1, "token_num": 9, "image_flags": 0} {"x": 1}]', "[1, 2", "[1] [2]"]
+)
+def test_a_broken_streamed_list_names_the_file_and_where(tmp_path, monkeypatch, text):
+    import dataprep.import_lengths as il
+
+    monkeypatch.setattr(il, "_STREAM_BYTES", 0)
+    monkeypatch.setattr(il, "_WINDOW", 4)
+    src = tmp_path / "broken.json"
+    src.write_text(text)
+    out = tmp_path / "c.parquet"
+    with pytest.raises(ValueError, match=r"broken\.json: not a JSON list at character \d+"):
+        import_lengths(ImportLengthsConfig(inputs=(str(src),), output=str(out)))
+    assert not out.exists() and not list(tmp_path.glob(".*tmp*"))  # nothing half-written

@@ -28,7 +28,7 @@ HF_FALLBACK ?= --vision-policy internvl:max_tiles=4,tile_size=56
 # `make nightly-demo`: the demo set arriving over two days; day 1 through the full pipeline,
 # day 2 (new samples, 5 updates, 3 deletions) through `equishard rebalance`, then the report
 NIGHT_OUT ?= build/nightly
-# `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (README, "On a GPU")
+# `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (docs/training/equishard-train.md, "On a GPU")
 GPU_OUT ?= build/gpu-smoke
 
 .PHONY: install shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean

@@ -158,7 +158,7 @@ def _published_at(gen_dir: Path) -> int:
 
 
 def collect_generations(root: Path, keep: int) -> list[str]:
-    """Remove old generations; returns the removed ids. The rule (README, "Retention"): a
+    """Remove old generations; returns the removed ids. The rule (docs/nightly.md, "Retention"): a
     generation is kept when it is one of the first ``keep`` on the CURRENT -> parent chain, or
     one of the ``keep`` most recently published, or published after the oldest generation kept
     on the chain (so after a rollback of CURRENT, the generations rolled back from stay until

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import logging
 import math
 import os
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -87,3 +89,39 @@ def _machine() -> str:
 
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(_machine())
+
+
+# --------------------------------------------------------------- a real S3 server (moto)
+class _Requests(logging.Handler):
+    """The server's access log: one line per HTTP request it served."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))  # no colours
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """A local S3 server (moto in server mode, HTTP on 127.0.0.1) with bucket ``bkt``, used
+    through s3fs exactly as a bucket would be; one per session (moto keeps its buckets in the
+    process, so every server would share them anyway); tests use prefixes of their own."""
+    moto_server = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    log = _Requests()
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(log)
+    werkzeug.setLevel(logging.INFO)
+    werkzeug.propagate = False
+    endpoint = f"http://{host}:{port}"
+    opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    s3fs.S3FileSystem(**opts).mkdir("bkt")
+    yield {"endpoint": endpoint, "opts": opts, "log": log}
+    werkzeug.removeHandler(log)
+    werkzeug.propagate = True
+    server.stop()

@@ -22,7 +22,7 @@ import pytest
 
 from equishard.cli import build_parser, main
 from shards import GroupDataset, RankInfo, open_generation
-from tests.shards.conftest import build_inputs, s3, s3_env  # noqa: F401  (s3: a fixture)
+from tests.shards.conftest import build_inputs, s3_env
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -296,7 +296,7 @@ def test_loader_loop_snippet_gives_every_group_once_per_epoch(paths):
     assert got[1] != got[0]
 
 
-def test_s3_snippet_reads_the_generation_from_a_bucket(paths, s3, tmp_path):  # noqa: F811
+def test_s3_snippet_reads_the_generation_from_a_bucket(paths, s3, tmp_path):
     url = "s3://bkt/docs-snippet/vlm-shards"
     env = s3_env(s3)
     cmd = [sys.executable, "-m", "equishard", "write", paths["plan"], "--cost-table"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -82,42 +81,8 @@ def root(night1, tmp_path) -> Path:
     return dst / "shards"
 
 
-# --------------------------------------------------------------- a real S3 server (moto)
-class _Requests(logging.Handler):
-    """The server's access log: one line per HTTP request it served."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(re.sub(r"\x1b\[[0-9;]*m", "", record.getMessage()))  # no colours
-
-
-@pytest.fixture(scope="session")
-def s3():
-    """A local S3 server (moto in server mode, HTTP on 127.0.0.1) with bucket ``bkt``, used
-    through s3fs exactly as a bucket would be; one per session (moto keeps its buckets in the
-    process, so every server would share them anyway); tests use prefixes of their own."""
-    moto_server = pytest.importorskip("moto.server")
-    s3fs = pytest.importorskip("s3fs")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    log = _Requests()
-    werkzeug = logging.getLogger("werkzeug")
-    werkzeug.addHandler(log)
-    werkzeug.setLevel(logging.INFO)
-    werkzeug.propagate = False
-    endpoint = f"http://{host}:{port}"
-    opts = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    s3fs.S3FileSystem(**opts).mkdir("bkt")
-    yield {"endpoint": endpoint, "opts": opts, "log": log}
-    werkzeug.removeHandler(log)
-    werkzeug.propagate = True
-    server.stop()
-
-
+# a real S3 server (moto): the session fixture ``s3`` is in tests/conftest.py (one server for
+# every test that needs one: moto keeps its buckets in the process)
 @pytest.fixture
 def bucket(s3, request):
     """A fresh prefix of the test bucket for one test."""

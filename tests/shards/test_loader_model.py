@@ -8,7 +8,7 @@ slots, and rank ``r`` of ``w`` reads slots ``c + r, c + r + w, ...`` from where 
 resumed (``c`` consumed slots, 0 at an epoch's start). A group is the plan's samples of one
 (plan rank, plan step). Checked over random world sizes, epochs, seeds, DataLoader worker
 counts, resume points, a DP size that changes at the resume, and the order of
-``set_epoch`` / ``load_state_dict`` (the README's loop calls ``load_state_dict`` first).
+``set_epoch`` / ``load_state_dict`` (a torchtitan-style loop calls ``load_state_dict`` first).
 
 Planted bugs these catch: ``set_epoch`` after ``load_state_dict`` restarting the epoch (every
 sample of the interrupted epoch trained twice), a resume that skips or repeats a step, another

@@ -319,9 +319,9 @@ class _Sink:
         self.ids: list[str] = []
         self.errors: list[dict] = []
 
-    def flush(self, source: str, *, last: bool = False) -> None:
-        """Write what is held; ``last``: also an empty table where no entry was good."""
-        if self.good or (last and not self.result.n_written):
+    def flush(self, source: str) -> None:
+        """Write what is held."""
+        if self.good:
             table = conform_cost_table(
                 _table(self.good, self.ids, source, self.cfg), self.cfg.output
             )
@@ -356,7 +356,7 @@ class _Sink:
                 )
             if len(self.good) + len(self.errors) >= _BATCH:
                 self.flush(source)
-        self.flush(source, last=str(path) == self.cfg.inputs[-1])
+        self.flush(source)
 
 
 def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:

@@ -25,6 +25,8 @@ PAGES = {
     "getting-started/": ["md-nav", "highlight", "equishard prep"],  # code blocks
     "preparing/vision-policies/": ["md-nav", "<table", "qwen2vl"],  # the policy table
 }
+# headless Chromium on a machine without a display or network (tests/shards/test_rebalance.py
+# renders the HTML report with the same flags)
 FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -34,7 +36,6 @@ FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1280,1600",
 ]
 
 
@@ -64,7 +65,7 @@ def check(site: Path, out: Path) -> list[str]:
             url = base + page
             name = page.strip("/").replace("/", "-") or "index"
             with tempfile.TemporaryDirectory() as profile:
-                run = [browser, *FLAGS, f"--user-data-dir={profile}"]
+                run = [browser, *FLAGS, "--window-size=1280,1600", f"--user-data-dir={profile}"]
                 dom = subprocess.run(
                     [*run, "--dump-dom", url], capture_output=True, text=True, timeout=120
                 ).stdout

@@ -1,5 +1,6 @@
 """MkDocs hook: replace ``<!-- cli-reference -->`` with every subcommand's ``--help``, taken from
-the argparse definitions of ``equishard.cli`` when the site is built (so it cannot go stale)."""
+the argparse definitions of ``equishard.cli``, and ``<!-- api-reference -->`` with a mkdocstrings
+block per name of each package's ``__all__``, when the site is built (so neither can go stale)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,6 @@ def render() -> str:
     for name, p in sub.choices.items():
         out += [f"## equishard {name}", "", "```text", _help(p).rstrip(), "```", ""]
     return "\n".join(out)
-
-
-def on_page_markdown(markdown: str, page, config, files) -> str:
-    if MARKER not in markdown:
-        return markdown
-    return markdown.replace(MARKER, render())
 
 
 API_MARKER = "<!-- api-reference -->"
@@ -61,9 +56,10 @@ def render_api() -> str:
     return "\n".join(out)
 
 
-_page_markdown = on_page_markdown
-
-
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    markdown = _page_markdown(markdown, page, config, files)
-    return markdown.replace(API_MARKER, render_api()) if API_MARKER in markdown else markdown
+    """The CLI page's and the API page's generated parts, where their markers are."""
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, render())
+    if API_MARKER in markdown:
+        markdown = markdown.replace(API_MARKER, render_api())
+    return markdown

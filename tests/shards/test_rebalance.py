@@ -163,6 +163,17 @@ def test_report_is_self_contained(root, tmp_path):
     assert "Since the parent generation" in page and "http" not in page.replace("http-equiv", "")
 
 
+def _chromium_flags() -> list[str]:
+    """The headless flags tools/docs_render_check.py starts Chromium with."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "tools" / "docs_render_check.py"
+    spec = importlib.util.spec_from_file_location("docs_render_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FLAGS
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium")
 def test_report_renders_in_headless_chromium(root, tmp_path):
@@ -175,14 +186,7 @@ def test_report_renders_in_headless_chromium(root, tmp_path):
     subprocess.run(
         [
             "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *_chromium_flags(),
             f"--user-data-dir={tmp_path / 'profile'}",
             "--window-size=1300,2400",
             f"--screenshot={shot}",

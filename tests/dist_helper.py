@@ -1,10 +1,11 @@
 """Run a function on N ranks of a real process group (gloo; NCCL with one GPU per rank), under a
 timeout (a hang fails).
 
-Ranks are started by a fork server that has imported torch (and transformers, where installed)
-once for the whole test session: a fresh, single-threaded process, so each rank starts as clean
-as a spawned one without importing torch again (most of a small multi-rank test's time on a
-2-core machine). Each rank gets the caller's environment of the moment, as a spawned one would,
+Ranks are started by a fork server that has imported torch, transformers' model base and
+equishard's packages, and loaded the runtime numba kernels, once for the whole test session
+(tests/rank_preload.py): a fresh, single-threaded process, so each rank starts as clean as a
+spawned one without importing them again (most of a small multi-rank test's time on a 2-core
+machine). Each rank gets the caller's environment of the moment, as a spawned one would,
 and one compute thread, as torchrun gives each rank by default (OMP_NUM_THREADS=1): N ranks
 with a thread per core each oversubscribe the cores, and a kernel made of many small parallel
 regions (a depthwise conv in float64 runs one per channel) then crawls where the cores are
@@ -45,7 +46,7 @@ def free_port() -> int:
 
 
 _CTX = mp.get_context("forkserver")
-_CTX.set_forkserver_preload(["torch", "torch.distributed", "numpy", "transformers"])
+_CTX.set_forkserver_preload(["tests.rank_preload"])  # what every rank needs, imported once
 
 
 def _entry(fn, rank, world, queue, args, run):

@@ -8,7 +8,7 @@ tower, the reference computed first in the same process with equishard not invol
 must move.
 
 Each architecture is its own default config made tiny (hidden sizes and depths cut, patch and
-image sizes kept) in float64, in eval mode (no dropout or drop-path, whose random draws depend
+image sizes kept but for the towers of SMALLER_IMAGES) in float64, in eval mode (no dropout or drop-path, whose random draws depend
 on which images a rank holds). Inputs are generic: ``[N, C, H, W]`` tiles of the config's image
 size for tile towers; for towers that take ``grid_thw``, patch rows of grids that are multiples
 of the merge size (Kimi-K2.5's as ``[C, p, p]`` patches); Molmo2's crops of patch rows; for
@@ -119,6 +119,12 @@ TINY = {
 }
 
 
+# towers whose default images cost seconds a step in float64 (GOT-OCR2's 1024-px SAM encoder:
+# 4,096 patches; Step3p7's 728 px), at a smaller size their position tables are built for: the
+# wrapper moves whole tiles whatever their size
+SMALLER_IMAGES = {"got_ocr2": 256, "pp_chart2table": 256, "step3p7": 224}
+
+
 def _installed(model_type: str) -> str | None:
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MODELS,
@@ -152,8 +158,11 @@ def build(model_type: str) -> torch.nn.Module:
     import transformers as tf
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    cfg = _tiny(CONFIG_MAPPING[model_type]())
+    if model_type in SMALLER_IMAGES:
+        cfg.vision_config.image_size = SMALLER_IMAGES[model_type]
     torch.manual_seed(0)
-    model = getattr(tf, _installed(model_type))(_tiny(CONFIG_MAPPING[model_type]()))
+    model = getattr(tf, _installed(model_type))(cfg)
     return model.double().eval()
 
 

@@ -8,8 +8,8 @@ tower, the reference computed first in the same process with equishard not invol
 must move.
 
 Each architecture is its own default config made tiny (hidden sizes and depths cut, patch and
-image sizes kept but for the towers of SMALLER_IMAGES) in float64, in eval mode (no dropout or drop-path, whose random draws depend
-on which images a rank holds). Inputs are generic: ``[N, C, H, W]`` tiles of the config's image
+image sizes kept but for the towers of SMALLER_IMAGES) in float64, in eval mode (no dropout
+or drop-path, whose random draws depend on which images a rank holds). Inputs are generic: ``[N, C, H, W]`` tiles of the config's image
 size for tile towers; for towers that take ``grid_thw``, patch rows of grids that are multiples
 of the merge size (Kimi-K2.5's as ``[C, p, p]`` patches); Molmo2's crops of patch rows; for
 Pixtral's, images of their own sizes. This checks the wrapper, not the

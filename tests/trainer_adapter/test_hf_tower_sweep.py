@@ -9,13 +9,14 @@ must move.
 
 Each architecture is its own default config made tiny (hidden sizes and depths cut, patch and
 image sizes kept but for the towers of SMALLER_IMAGES) in float64, in eval mode (no dropout
-or drop-path, whose random draws depend on which images a rank holds). Inputs are generic: ``[N, C, H, W]`` tiles of the config's image
-size for tile towers; for towers that take ``grid_thw``, patch rows of grids that are multiples
-of the merge size (Kimi-K2.5's as ``[C, p, p]`` patches); Molmo2's crops of patch rows; for
-Pixtral's, images of their own sizes. This checks the wrapper, not the
-model's own inputs (test_hf_parity does that for its families, whole model and loss). Towers
-balance_model refuses to wrap (a ``grid_thw`` with no Qwen-style patch rows) are checked to be
-refused with the way out named. A model type missing from the installed ``transformers`` is skipped."""
+or drop-path, whose random draws depend on which images a rank holds). Inputs are generic:
+``[N, C, H, W]`` tiles of the config's image size for tile towers; for towers that take
+``grid_thw``, patch rows of grids that are multiples of the merge size (Kimi-K2.5's as
+``[C, p, p]`` patches); Molmo2's crops of patch rows; for Pixtral's, images of their own sizes.
+This checks the wrapper, not the model's own inputs (test_hf_parity does that for its families,
+whole model and loss). Towers balance_model refuses to wrap (a ``grid_thw`` with no Qwen-style
+patch rows) are checked to be refused with the way out named. A model type missing from the
+installed ``transformers`` is skipped."""
 
 from __future__ import annotations
 

@@ -63,14 +63,23 @@ def _entry(fn, rank, world, queue, args, run):
         try:
             if run.backend == "nccl":
                 torch.cuda.set_device(rank)
-            # a collective that waits past the run's timeout raises here, naming itself
-            dist.init_process_group(
-                run.backend,
-                init_method=f"file://{run.store}",
-                rank=rank,
-                world_size=world,
-                timeout=datetime.timedelta(seconds=run.timeout),
-            )
+            if run.port:  # the caller's own init_process_group() meets as under torchrun
+                os.environ.update(
+                    RANK=str(rank),
+                    LOCAL_RANK=str(rank),
+                    WORLD_SIZE=str(world),
+                    LOCAL_WORLD_SIZE=str(world),
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(run.port),
+                )
+            else:  # a collective that waits past the run's timeout raises here, naming itself
+                dist.init_process_group(
+                    run.backend,
+                    init_method=f"file://{run.store}",
+                    rank=rank,
+                    world_size=world,
+                    timeout=datetime.timedelta(seconds=run.timeout),
+                )
             # pickled by value here: a tensor put on the queue as is travels as a shared-memory
             # handle that the parent can only open while this process lives (a race at exit)
             value = pickle.dumps(fn(rank, world, *args))
@@ -97,6 +106,7 @@ class _Run:
     backend: str
     timeout: float
     max_bytes: int
+    port: int  # 0: the group is made for ``fn``; else torchrun's variables, MASTER_PORT this
 
 
 def _stack(path: Path) -> str:
@@ -111,12 +121,18 @@ def run_ranks(
     timeout: float = 120.0,
     backend: str = "gloo",
     max_result_bytes: int = MAX_RESULT_BYTES,
+    torchrun_env: bool = False,
 ) -> list:
-    """``fn(rank, world, *args)`` on every rank; returns results by rank. ``fn`` must be importable."""
+    """``fn(rank, world, *args)`` on every rank; returns results by rank. ``fn`` must be importable.
+    ``torchrun_env``: no process group is made for ``fn``; each rank gets the variables torchrun
+    sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``), so a
+    training script's own ``init_process_group()`` runs as it does under torchrun."""
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         queue = _CTX.Queue()
         stacks = [Path(tmp, f"stack{r}.txt") for r in range(world)]
-        run = _Run(dict(os.environ), Path(tmp, "store"), stacks, backend, timeout, max_result_bytes)
+        port = free_port() if torchrun_env else 0
+        env, store = dict(os.environ), Path(tmp, "store")
+        run = _Run(env, store, stacks, backend, timeout, max_result_bytes, port)
         procs = [
             _CTX.Process(target=_entry, args=(fn, r, world, queue, args, run)) for r in range(world)
         ]

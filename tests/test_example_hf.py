@@ -1,6 +1,11 @@
 """``examples/train_hf_vlm.py`` (what ``make train-hf`` runs) trains under torchrun on a real
 generation: every step runs on every rank, the loss is finite and the same on all ranks (it is
-the global mean), and balancing never raises the slowest rank's modeled LLM load."""
+the global mean), and balancing never raises the slowest rank's modeled LLM load.
+
+The first test launches it with torchrun itself; the other families run the same script, its
+``__main__`` as torchrun runs it, on ranks of the test session's fork server with torchrun's
+variables set (tests/dist_helper.py): two fresh interpreters importing torch and transformers
+were most of a family's time."""
 
 from __future__ import annotations
 
@@ -19,11 +24,30 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
 PREP_FAMILIES = ("qwen2vl", "internvl")  # the example's PREP_POLICY: prep counts what it trains
 
 
-def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int, family: str = "qwen2vl"):
-    from tests.dist_helper import free_port
+def example_rank(rank: int, world: int, argv: list[str]) -> str:
+    """The example's ``__main__`` on one rank (torchrun's variables set); its stdout."""
+    import contextlib
+    import io
+    import runpy
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    cmd += ["--master-port", str(free_port()), str(EXAMPLE)]
+    out = io.StringIO()
+    sys.argv = [str(EXAMPLE), *argv]
+    with contextlib.redirect_stdout(out):
+        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    return out.getvalue()
+
+
+def _train(
+    gen: Path,
+    demo: Path,
+    log: Path,
+    parallel: str,
+    steps: int,
+    family: str = "qwen2vl",
+    torchrun: bool = True,
+):
+    from tests.dist_helper import free_port, run_ranks
+
     args = [
         "--shards",
         str(gen),
@@ -32,15 +56,19 @@ def _train(gen: Path, demo: Path, log: Path, parallel: str, steps: int, family: 
         "--steps",
         str(steps),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE.parents[1])}
+    args += ["--family", family, "--balance", "both", "--parallel", parallel, "--jsonl", str(log)]
     done = f"{family} balance=both: {steps} steps"
+    if not torchrun:  # the script on fork-server ranks
+        stdout = run_ranks(example_rank, 2, args, timeout=400, torchrun_env=True)[0]
+        assert done in stdout, stdout[-1500:]
+        checked = "costs checked against prep: True" in stdout
+        return [{**json.loads(line), "checked": checked} for line in log.read_text().splitlines()]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    cmd += ["--master-port", str(free_port()), str(EXAMPLE)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(EXAMPLE.parents[1])}
     for attempt in range(2):
         log.unlink(missing_ok=True)
-        out = subprocess.run(
-            [*cmd, *args, "--family", family, "--balance", "both", "--parallel", parallel,
-             "--jsonl", str(log)],
-            capture_output=True, text=True, env=env, timeout=400,
-        )  # fmt: skip
+        out = subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=400)
         # seen once in a CI run of the whole suite (not in 20 runs of these tests alone): a
         # rank aborted by C++ ("terminate called without an active exception") as torch tore
         # down after every step had run; only that, after a complete run, is tried once more
@@ -149,7 +177,7 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
         demo, cost, plan = build_inputs(tmp_path, samples=24, dp=2, nodes=1)
         gen = tmp_path / "shards"
         assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
-    rows = _train(gen, demo, tmp_path / "run.jsonl", "ddp", 2, family=family)
+    rows = _train(gen, demo, tmp_path / "run.jsonl", "ddp", 2, family=family, torchrun=False)
     assert all(r["checked"] for r in rows) == (family in PREP_FAMILIES)
     assert sorted((r["step"], r["rank"]) for r in rows) == [
         (s, r) for s in range(2) for r in range(2)

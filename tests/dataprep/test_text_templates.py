@@ -90,7 +90,9 @@ def _reference(processor, record: dict, root: Path) -> int:
     ]
     text = processor.tokenizer.apply_chat_template(messages, tokenize=False)
     images = [load_image(str(root / name)) for name in record["image"]] or None
-    out = processor(text=[text], images=images, return_tensors="np")
+    # pixels unscaled and unnormalized: the length depends on the resized sizes only
+    pixels = {"do_rescale": False, "do_normalize": False} if images else {}
+    out = processor(text=[text], images=images, return_tensors="np", **pixels)
     return int(out["input_ids"].shape[1])
 
 

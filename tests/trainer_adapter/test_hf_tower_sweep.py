@@ -124,6 +124,8 @@ TINY = {
 # 4,096 patches; Step3p7's 728 px), at a smaller size their position tables are built for: the
 # wrapper moves whole tiles whatever their size
 SMALLER_IMAGES = {"got_ocr2": 256, "pp_chart2table": 256, "step3p7": 224}
+# Ovis2's visual tokenizer ends in a 16k-way softmax over every patch: a 1k one still checks it
+SMALLER_VISION = {"ovis2": {"vocab_size": 1024}}
 
 
 def _installed(model_type: str) -> str | None:
@@ -162,6 +164,8 @@ def build(model_type: str) -> torch.nn.Module:
     cfg = _tiny(CONFIG_MAPPING[model_type]())
     if model_type in SMALLER_IMAGES:
         cfg.vision_config.image_size = SMALLER_IMAGES[model_type]
+    for key, value in SMALLER_VISION.get(model_type, {}).items():
+        setattr(cfg.vision_config, key, value)
     torch.manual_seed(0)
     model = getattr(tf, _installed(model_type))(cfg)
     return model.double().eval()

@@ -11,6 +11,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dataprep.repeated_ids import repeated_mask
+
 __all__ = [
     "COST_SCHEMA",
     "ERRORS_SCHEMA",
@@ -119,10 +121,9 @@ def _bad_rows(table: pa.Table) -> list[tuple[str, pa.Array]]:
     """(what is wrong, row mask) for each rule a row of the table breaks."""
     ids = table.column("sample_id")
     rules = [("sample_id is missing or empty", pc.or_kleene(pc.is_null(ids), pc.equal(ids, "")))]
-    counts = pc.value_counts(ids)
-    dup = counts.filter(pc.greater(counts.field("counts"), 1)).field("values")
-    if len(dup):
-        rules.append(("sample_id appears more than once", pc.is_in(ids, value_set=dup)))
+    repeated = repeated_mask(ids)
+    if repeated.any():
+        rules.append(("sample_id appears more than once", pa.array(repeated)))
     for name in ("num_images", "vit_tokens", "llm_tokens", "text_tokens"):
         col = table.column(name)
         rules.append(
@@ -170,10 +171,13 @@ def _modality(num_images: pa.ChunkedArray) -> pa.Array:
     return pa.array(np.where(n == 0, "text", np.where(n == 1, "image", "multi-image")))
 
 
-def conform_cost_table(table: pa.Table, path: str | Path) -> pa.Table:
+def conform_cost_table(
+    table: pa.Table, path: str | Path, *, required_only: bool = False
+) -> pa.Table:
     """The table in :data:`COST_SCHEMA`'s columns and types: required columns checked, missing
     optional ones filled (``modality`` from ``num_images``, the rest null), other integer widths
-    cast; extra columns (``audio_tokens``, your own) are kept after them."""
+    cast; extra columns (``audio_tokens``, your own) are kept after them. ``required_only``:
+    :data:`REQUIRED_COLUMNS` alone, in their types."""
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
         raise ValueError(
@@ -184,6 +188,8 @@ def conform_cost_table(table: pa.Table, path: str | Path) -> pa.Table:
         )
     columns = {}
     for f in COST_SCHEMA:
+        if required_only and f.name not in REQUIRED_COLUMNS:
+            continue
         if f.name in table.column_names:
             col = table.column(f.name)
             if col.type != f.type:
@@ -199,16 +205,26 @@ def conform_cost_table(table: pa.Table, path: str | Path) -> pa.Table:
             col = pa.nulls(table.num_rows, f.type)
         columns[f.name] = col
     extra = {c: table.column(c) for c in table.column_names if c not in columns}
-    fields = [*COST_SCHEMA, *(pa.field(c, col.type) for c, col in extra.items())]
+    if required_only:
+        extra = {}
+    known = [f for f in COST_SCHEMA if f.name in columns]
+    fields = [*known, *(pa.field(c, col.type) for c, col in extra.items())]
     schema = pa.schema(fields, metadata=table.schema.metadata)
     return pa.table({**columns, **extra}, schema=schema)
 
 
-def read_cost_table(path: str | Path, *, validate: bool = True) -> pa.Table:
+def read_cost_table(
+    path: str | Path, *, validate: bool = True, required_only: bool = False
+) -> pa.Table:
     """Read a cost table: the required columns must be there, optional ones are filled
     (:func:`conform_cost_table`), and (``validate``) every row must be usable
-    (:func:`validate_cost_table`)."""
-    table = conform_cost_table(pq.ParquetFile(path).read(), path)
+    (:func:`validate_cost_table`). ``required_only``: only :data:`REQUIRED_COLUMNS` are read
+    (what balancing needs: at 10M rows the other columns are half the reading)."""
+    file = pq.ParquetFile(path)
+    names = None
+    if required_only:
+        names = [c for c in file.schema_arrow.names if c in REQUIRED_COLUMNS]
+    table = conform_cost_table(file.read(columns=names), path, required_only=required_only)
     if validate:
         validate_cost_table(table, path)
     return table

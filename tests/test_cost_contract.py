@@ -33,6 +33,20 @@ def _foreign_table(n: int = 40) -> pa.Table:
     )
 
 
+def test_balance_reads_the_required_columns_alone_in_their_types(tmp_path):
+    """What ``balance`` reads (``required_only``): the required columns of the full read, cast
+    alike; an extra column of the other tool's is left out, a missing required one refused."""
+    path = tmp_path / "theirs.parquet"
+    theirs = _foreign_table().append_column("their_score", pa.array([0.5] * 40))
+    pq.write_table(theirs, path)
+    lean = read_cost_table(path, required_only=True)
+    assert lean.column_names == list(REQUIRED_COLUMNS)
+    assert lean.equals(read_cost_table(path).select(list(REQUIRED_COLUMNS)))
+    pq.write_table(theirs.drop_columns(["text_tokens"]), path)
+    with pytest.raises(ValueError, match=r"lacks required column\(s\) \['text_tokens'\]"):
+        read_cost_table(path, required_only=True)
+
+
 def test_required_columns_alone_balance(tmp_path, capsys):
     path = tmp_path / "theirs.parquet"
     pq.write_table(_foreign_table(), path)

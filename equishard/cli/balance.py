@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
             cost_model=model,
         )
         check_output_dir(args.output)
-        table = read_cost_table(args.cost_table)
+        table = read_cost_table(args.cost_table, required_only=True)
         result = build_plan(table, cfg)
     except (ValueError, OSError) as exc:
         return fail(str(exc))

@@ -24,16 +24,52 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
 PREP_FAMILIES = ("qwen2vl", "internvl")  # the example's PREP_POLICY: prep counts what it trains
 
 
+class _MainReturned(Exception):
+    """Raised in a rank as the example's ``main()`` ends (after its own
+    ``destroy_process_group()``)."""
+
+
+_ENDED: list[BaseException] = []  # the ended runs' tracebacks, holding their frames
+
+
 def example_rank(rank: int, world: int, argv: list[str]) -> str:
-    """The example's ``__main__`` on one rank (torchrun's variables set); its stdout."""
+    """The example's ``__main__`` on one rank (torchrun's variables set); its stdout.
+
+    Under torchrun the process ends where ``main()`` returns, and its training objects (DDP's
+    reducer, the process groups' threads) are never torn down. Returning from ``main()`` here
+    would tear them down while the other rank is gone, and that can wait forever (seen in CI:
+    one rank stuck after ``main()`` had returned). So the rank stops ``main()`` at its
+    ``destroy_process_group()`` with an exception and keeps its traceback, and with it
+    ``main()``'s frame: the rank process then ends without finalizing anything, as under
+    torchrun, once ``main()``'s open files are flushed (its JSON lines log)."""
     import contextlib
     import io
     import runpy
 
+    import torch.distributed as dist
+
+    destroy = dist.destroy_process_group
+
+    def destroy_and_end(*args, **kwargs):
+        destroy(*args, **kwargs)
+        raise _MainReturned
+
     out = io.StringIO()
     sys.argv = [str(EXAMPLE), *argv]
-    with contextlib.redirect_stdout(out):
-        runpy.run_path(str(EXAMPLE), run_name="__main__")
+    dist.destroy_process_group = destroy_and_end  # in this rank process only
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(EXAMPLE), run_name="__main__")
+    except _MainReturned as ended:
+        _ENDED.append(ended)
+        tb = ended.__traceback__
+        while tb is not None:  # what an ending process does for its open files
+            for value in tb.tb_frame.f_locals.values():
+                if isinstance(value, io.IOBase) and not value.closed:
+                    value.flush()
+            tb = tb.tb_next
+    finally:
+        dist.destroy_process_group = destroy
     return out.getvalue()
 
 

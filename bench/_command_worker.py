@@ -1,15 +1,14 @@
 """Subprocess for the command rows of the scale benchmark: the commands as a user runs them on N
-rows resampled from the real data, each a fresh ``python -m equishard`` process, timed from
-outside (wall) with its peak RSS (this worker's only child at that moment).
+rows resampled from the real data, each a fresh ``equishard`` process, timed from outside
+(wall), with its own peak RSS.
 
     python bench/_command_worker.py N WORK_DIR
 
 prints one JSON line: ``balance`` (DP 64 on 8 nodes, reading the cost table and writing the
 plan) and ``import_lengths`` (a JSON list of N OmniBal/InternVL entries), each with seconds and
-peak RSS."""
+peak RSS (the process's own VmHWM)."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,19 +22,34 @@ sys.path.insert(0, str(ROOT))
 
 from bench._internvl import load_lengths, resampled  # noqa: E402
 
+# the command in a fresh interpreter that reports its own peak RSS at exit: VmHWM belongs to
+# the address space made at exec, whereas wait4's ru_maxrss also counts the high-water mark of
+# the forking parent's (this worker's) address space that exec replaced
+_SHIM = """
+import atexit, runpy, sys
+def peak():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            print("VMHWM_KB", line.split()[1], file=sys.stderr)
+atexit.register(peak)
+sys.argv = ["equishard", *sys.argv[1:]]
+runpy.run_module("equishard", run_name="__main__")
+"""
+
 
 def _timed(args: list[str], work: Path) -> dict:
-    """One fresh CLI process: its wall time and its own peak RSS (``wait4``'s usage of it)."""
+    """One fresh CLI process: its wall time and its own peak RSS."""
     log = work / "stderr.txt"
     t0 = time.perf_counter()
     with open(log, "w") as err:
-        cmd = [sys.executable, "-m", "equishard", *args]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
+        cmd = [sys.executable, "-c", _SHIM, *args]
+        code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT).returncode
     seconds = time.perf_counter() - t0
-    if status:
-        raise SystemExit(f"equishard {args[0]} failed: {log.read_text()[-2000:]}")
-    return {"seconds": round(seconds, 2), "peak_rss_mb": round(usage.ru_maxrss / 1024)}
+    text = log.read_text()
+    if code:
+        raise SystemExit(f"equishard {args[0]} failed: {text[-2000:]}")
+    kb = int(text.rsplit("VMHWM_KB", 1)[1].split()[0])
+    return {"seconds": round(seconds, 2), "peak_rss_mb": round(kb / 1024)}
 
 
 def main() -> None:

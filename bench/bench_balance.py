@@ -174,7 +174,7 @@ def _scale(lines: list[str], raw: dict) -> None:
         "### The commands at 10M rows, as a user runs them",
         "",
         "Each a fresh `python -m equishard` process, timed from outside; peak RSS is the "
-        "process's own (`wait4`).",
+        "process's own (`VmHWM`, read as it exits).",
         "",
         "| command | wall | target | peak RSS | target |",
         "|---|---|---|---|---|",

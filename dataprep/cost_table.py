@@ -204,9 +204,11 @@ def conform_cost_table(
         else:
             col = pa.nulls(table.num_rows, f.type)
         columns[f.name] = col
-    extra = {c: table.column(c) for c in table.column_names if c not in columns}
-    if required_only:
-        extra = {}
+    extra = (
+        {}
+        if required_only
+        else {c: table.column(c) for c in table.column_names if c not in columns}
+    )
     known = [f for f in COST_SCHEMA if f.name in columns]
     fields = [*known, *(pa.field(c, col.type) for c, col in extra.items())]
     schema = pa.schema(fields, metadata=table.schema.metadata)

@@ -64,7 +64,7 @@ def _nb_repeated(offsets, data, valid, table, tags):
 
 def _buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(offsets as int64, bytes as uint8, validity) of a string or large_string array."""
-    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    wide = pa.types.is_large_string(arr.type)
     _, offsets, data = arr.buffers()
     offsets = np.frombuffer(offsets, np.int64 if wide else np.int32)
     offsets = offsets[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)

@@ -97,7 +97,8 @@ def _train(
     print(res.stdout[-3000:], res.stderr[-3000:], flush=True)
     res.check_returncode()
     recs = [json.loads(x) for x in log.read_text().splitlines()]
-    warm = recs[2:] or recs  # the first steps compile kernels and grow the caching allocator
+    # the first steps compile kernels and grow the caching allocator; profiled steps run slower
+    warm = [r for r in recs[2:] if not r.get("profiled")] or recs
     secs = np.array([r["seconds"] for r in warm])
     tok = np.array([r["llm_tokens"] for r in warm])
     flops = np.array([r["model_flops"] for r in warm])
@@ -116,6 +117,9 @@ def _train(
         "step_times": [r["seconds"] for r in recs],
         "loss": (recs[0]["loss"], recs[-1]["loss"]),
         "recompute": found.group(1) if found else "",
+        # CUDA: the caching allocator's frees-and-retries and cudaMallocs over the whole run
+        "alloc_retries": recs[-1].get("alloc_retries"),
+        "device_allocs": recs[-1].get("device_allocs"),
     }
 
 

@@ -13,7 +13,10 @@ one is recorded and the next one runs), within one overall budget (``--budget``,
    real InternVL lengths: random, random + encoder-only greedy (VeOmni), random + equishard
    runtime balancing, ISF shards, ISF + runtime (``bench.bench_hf.simulate``).
 3. ``train``: ``equishard train --model 1b --precision bf16`` on one GPU (varlen attention and
-   the chunked loss), then the same with per-sample attention (``EQUISHARD_ATTENTION=segments``).
+   the chunked loss, adaptive recomputation in 55 % of the card), then the same under the
+   allocator's expandable segments, without recomputation, and a short run profiled
+   (``--profile``: its top kernels and host operators, the device's busy share, the stalling
+   runtime calls; the ops table goes to the step's log).
 4. ``pytest_gpu``: ``pytest -m gpu``.
 5. ``pipeline``: the 1F1B stage replay (``bench.bench_gpu._pipeline``).
 
@@ -44,7 +47,7 @@ from bench._timing import best_time  # noqa: E402  (the repository root on the p
 from bench.bench_gpu import _sync  # noqa: E402
 
 # (step, seconds it may take on one H100)
-STEPS = [("probe", 75), ("hf_dp", 170), ("train", 150), ("pytest_gpu", 60), ("pipeline", 120)]
+STEPS = [("probe", 75), ("hf_dp", 170), ("train", 420), ("pytest_gpu", 60), ("pipeline", 120)]
 
 
 def _device(dry: bool):
@@ -346,6 +349,16 @@ def _demo(dry: bool) -> dict:
     return dict(samples=48, policy="internvl:max_tiles=1,thumbnail=0") if dry else {}
 
 
+# the training runs on a GPU: the default path, the same under the allocator's expandable
+# segments, without recomputation, and a shorter run profiled (its ops table goes to the log)
+TRAIN_VARIANTS = {
+    "auto": ({}, ()),
+    "auto, expandable segments": ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, ()),
+    "auto, no recompute": ({}, ("--recompute", "off")),
+    "auto, profiled": ({}, ("--steps", "6", "--profile-steps", "3:5")),
+}
+
+
 def step_train(dry: bool, work: Path) -> dict:
     from bench.bench_gpu import _generation, _train
 
@@ -354,17 +367,26 @@ def step_train(dry: bool, work: Path) -> dict:
     kw = (
         dict(model="tiny", backend="gloo", steps=2, recompute="off")
         if dry
-        else dict(model="1b", backend="nccl", steps=10, extra=("--memory-fraction", "0.55"))
+        else dict(model="1b", backend="nccl", steps=10)
     )
     out = {}
     partial = work / "train.partial.json"
-    # on the CPU both name the per-sample path: the dry run takes it once
-    for attention in ("auto",) if dry else ("auto", "segments"):
-        env = {**os.environ, "EQUISHARD_ATTENTION": attention}
+    # the dry run takes one path, profiled (on the CPU every attention choice is per-sample)
+    variants = {"auto": ({}, ("--profile-steps", "1:2"))} if dry else TRAIN_VARIANTS
+    for name, (env_extra, args) in variants.items():
+        env = {**os.environ, "EQUISHARD_ATTENTION": "auto", **env_extra}
+        prof = work / f"profile-{len(out)}"
+        extra = ("--memory-fraction", "0.55", *args) if not dry else args
+        if "--profile-steps" in args:
+            extra = (*extra, "--profile", str(prof))
         try:
-            out[attention] = _train(gen, "bf16", work / f"train-{attention}.jsonl", env=env, **kw)
-        except Exception as exc:  # recorded; the other attention path still runs
-            out[attention] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+            res = _train(gen, "bf16", work / f"train-{len(out)}.jsonl", env=env, extra=extra, **kw)
+            if (prof / "rank0-summary.json").exists():
+                res["profile"] = json.loads((prof / "rank0-summary.json").read_text())
+                print((prof / "rank0-ops.txt").read_text(), flush=True)
+            out[name] = res
+        except Exception as exc:  # recorded; the other runs still go on
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
         partial.write_text(json.dumps(out))
     if all("error" in r for r in out.values()):
         raise SystemExit("every training run failed: " + json.dumps(out)[:3000])

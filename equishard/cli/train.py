@@ -149,6 +149,24 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="process group backend (default auto: NCCL with one GPU per process, else gloo)",
     )
     p.add_argument("--log", default=None, metavar="JSONL", help="append per-step records here")
+    p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="profile steps --profile-steps with torch's profiler; each rank writes its top "
+        "operators and kernels, device busy share and stalling calls into DIR",
+    )
+    p.add_argument(
+        "--profile-steps",
+        default="3:5",
+        metavar="A:B",
+        help="the profiled window, steps A to B-1 (default 3:5, after warm-up)",
+    )
+    p.add_argument(
+        "--profile-trace",
+        action="store_true",
+        help="also write each rank's chrome trace of the window (large) into --profile",
+    )
     add_store_args(p)
     p.set_defaults(run=run)
 
@@ -193,6 +211,9 @@ def run(args: argparse.Namespace) -> int:
             precision=args.precision,
             backend=args.backend,
             log=args.log,
+            profile=args.profile,
+            profile_steps=args.profile_steps,
+            profile_trace=args.profile_trace,
         )
     except ValueError as exc:
         return fail(str(exc))

@@ -35,11 +35,25 @@ def test_train_runs_through_torchrun(train_generation, tmp_path):
         "0",
         "--log",
         str(log),
+        "--profile",
+        str(tmp_path / "prof"),
+        "--profile-steps",
+        "1:2",
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "step    1" in r.stdout and "train: 2 steps" in r.stdout
     recs = [json.loads(x) for x in log.read_text().splitlines()]
     assert len(recs) == 2 and all(x["bytes_inter_node"] == 0 for x in recs)  # one node
+    # the profiled window is step 1 alone, on every rank
+    assert [x["profiled"] for x in recs] == [False, True]
+    assert "profile: steps 1:2" in r.stdout
+    for rank in (0, 1):
+        summary = json.loads((tmp_path / "prof" / f"rank{rank}-summary.json").read_text())
+        assert summary["steps"] == 1 and summary["device_busy_s"] is None  # no GPU here
+        assert any(op["name"] in ("aten::mm", "aten::addmm") for op in summary["top_host"])
+        assert "aten::" in (tmp_path / "prof" / f"rank{rank}-ops.txt").read_text()
+    summary0 = json.loads((tmp_path / "prof" / "rank0-summary.json").read_text())
+    assert summary0["wall_s"] == recs[1]["seconds"]
 
 
 def test_train_rejects_a_layout_that_does_not_add_up(train_generation):

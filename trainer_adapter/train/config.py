@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from trainer_adapter.train.pipeline import SCHEDULES
+from trainer_adapter.train.profile import parse_steps
 
 __all__ = ["TrainConfig"]
 
@@ -51,6 +52,9 @@ class TrainConfig:
     partition_radius: int = 1
     partition_top_k: int = 3
     log: str | None = None
+    profile: str | None = None  # a directory: torch profiler tables of steps profile_steps
+    profile_steps: str = "3:5"  # A:B, steps A to B - 1
+    profile_trace: bool = False  # also the chrome trace of the window (large)
 
     def __post_init__(self) -> None:
         if self.dp < 1 or self.pp < 1:
@@ -93,6 +97,12 @@ class TrainConfig:
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        _, b = parse_steps(self.profile_steps)
+        if self.profile is not None and b > self.steps:
+            raise ValueError(
+                f"profile steps {self.profile_steps} end after the run's {self.steps} steps; "
+                f"profile an earlier window or raise steps"
+            )
         if self.ranks_per_node is not None and self.ranks_per_node < 1:
             raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.model import VLMConfig, merge_for_policy
+from trainer_adapter.train.profile import StepProfiler, parse_steps
 from trainer_adapter.train.trainer import Trainer, auto_mb_tokens, empty_batch
 
 __all__ = ["build_collator", "main", "run"]
@@ -167,10 +168,19 @@ def run(cfg: TrainConfig) -> list[dict]:
             f"({len(trainer.buckets)} row sizes)",
             flush=True,
         )
+    prof = None
+    if cfg.profile:
+        a, b = parse_steps(cfg.profile_steps)
+        prof = StepProfiler(cfg.profile, a, b, rank=rank, device=trainer.device,
+                            trace=cfg.profile_trace)  # fmt: skip
     for step in range(cfg.steps):
         item = (first if step == 0 else next(batches)) if stage == 0 else None
         batch = item["samples"] if item is not None else empty
+        if prof:
+            prof.before(step)
         out = trainer.step(batch)
+        if prof:
+            prof.after(step, out["seconds"])
         mine = {
             "rank": rank,
             "stage": stage,
@@ -217,6 +227,10 @@ def run(cfg: TrainConfig) -> list[dict]:
             # CUDA only: the largest rank's peak allocated and reserved bytes in the step
             "peak_allocated": max((e["peak"][0] or 0) for e in every) or None,
             "peak_reserved": max((e["peak"][1] or 0) for e in every) or None,
+            # CUDA only, rank 0, cumulative: the caching allocator's retries and cudaMallocs
+            "alloc_retries": out.get("alloc_retries"),
+            "device_allocs": out.get("device_allocs"),
+            "profiled": bool(prof and prof.active(step)),
             "mb_tokens": out["pipeline"].get("mb_tokens"),
             "padding": out["pipeline"].get("padding"),
             "empty_microbatches": out["pipeline"].get("empty_microbatches"),
@@ -246,6 +260,15 @@ def run(cfg: TrainConfig) -> list[dict]:
         if log:
             log.write(json.dumps(rec) + "\n")
             log.flush()
+    if prof:
+        prof.close()  # a window the loop did not finish
+        if rank == 0 and prof.summary:
+            share = prof.summary["device_busy_share"]
+            print(
+                f"profile: steps {cfg.profile_steps} in {cfg.profile}"
+                + (f", device busy {share:.0%} of the wall" if share is not None else ""),
+                flush=True,
+            )
     if log:
         log.close()
     if rank == 0 and records:

@@ -489,5 +489,10 @@ class Trainer:
             torch.cuda.synchronize(self.device)
             out["peak_allocated"] = torch.cuda.max_memory_allocated(self.device)
             out["peak_reserved"] = torch.cuda.max_memory_reserved(self.device)
+            stats = torch.cuda.memory_stats(self.device)
+            # cumulative: the allocator's frees-and-retries (each one stalls the step) and its
+            # device allocations (cudaMalloc calls) since the start
+            out["alloc_retries"] = stats.get("num_alloc_retries", 0)
+            out["device_allocs"] = stats.get("num_device_alloc", 0)
         out["seconds"] = time.perf_counter() - t0
         return out

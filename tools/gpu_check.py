@@ -13,8 +13,8 @@ one is recorded and the next one runs), within one overall budget (``--budget``,
    real InternVL lengths: random, random + encoder-only greedy (VeOmni), random + equishard
    runtime balancing, ISF shards, ISF + runtime (``bench.bench_hf.simulate``).
 3. ``train``: ``equishard train --model 1b --precision bf16`` on one GPU (varlen attention and
-   the chunked loss, adaptive recomputation in 55 % of the card), then the same under the
-   allocator's expandable segments, without recomputation, and a short run profiled
+   the chunked loss, adaptive recomputation in 55 % of the card), then the same with torch's
+   own attention kernels (``EQUISHARD_SDPA=torch``), without recomputation, and a short run profiled
    (``--profile``: its top kernels and host operators, the device's busy share, the stalling
    runtime calls; the ops table goes to the step's log).
 4. ``pytest_gpu``: ``pytest -m gpu``.
@@ -349,11 +349,12 @@ def _demo(dry: bool) -> dict:
     return dict(samples=48, policy="internvl:max_tiles=1,thumbnail=0") if dry else {}
 
 
-# the training runs on a GPU: the default path, the same under the allocator's expandable
-# segments, without recomputation, and a shorter run profiled (its ops table goes to the log)
+# the training runs on a GPU: the default path, the same with torch's own attention kernel
+# choice (cuDNN's on Hopper), without recomputation, and a shorter run profiled (its ops table
+# goes to the log)
 TRAIN_VARIANTS = {
     "auto": ({}, ()),
-    "auto, expandable segments": ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, ()),
+    "auto, torch's SDPA choice": ({"EQUISHARD_SDPA": "torch"}, ()),
     "auto, no recompute": ({}, ("--recompute", "off")),
     "auto, profiled": ({}, ("--steps", "6", "--profile-steps", "3:5")),
 }

@@ -88,3 +88,32 @@ def test_attention_flops_match_torchs_count_of_the_gpu_kernels():
         ours = 3 * block_forward_flops(0, sum(n * n for n in lens), 64, 4, causal=causal)
         fused_backward = (1 + 2.5) / 3  # torch's count over ours, per score computed
         assert attn == pytest.approx(ours * fused_backward * (2 if causal else 1), rel=1e-9)
+
+
+def test_the_vision_encoders_attention_runs_no_cudnn_kernel_and_keeps_its_values():
+    """The vision blocks attend over a batch of tiles whose count changes every step; cuDNN's
+    attention builds a graph on the host for each new shape (2.5 ms a call on an H200), so
+    ``sdpa`` leaves it out. The bf16 output and input gradient stay those of fp32 on the CPU."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer_adapter.train.model import Block
+
+    torch.manual_seed(0)
+    blk = Block(256, 4, 4, causal=False)
+    x = torch.randn(3, 1024, 256, requires_grad=True)
+    ref = blk(x)
+    ref.square().sum().backward()
+    blk_gpu = blk.cuda()
+    xg = x.detach().cuda().requires_grad_()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = blk_gpu(xg)
+        y.float().square().sum().backward()
+        torch.cuda.synchronize()
+    kernels = [e.key for e in prof.key_averages() if e.device_type == DeviceType.CUDA]
+    assert any("flash" in k.lower() for k in kernels), kernels
+    assert not any("cudnn" in k.lower() for k in kernels), kernels
+    torch.testing.assert_close(y.float().cpu(), ref.detach(), rtol=0, atol=0.05)
+    g, gref = xg.grad.cpu().flatten().double(), x.grad.flatten().double()
+    assert float(torch.nn.functional.cosine_similarity(g, gref, dim=0)) > 0.99

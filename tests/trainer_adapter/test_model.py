@@ -108,3 +108,19 @@ def test_a_pipeline_rank_builds_only_its_layers_with_the_whole_models_values():
             assert torch.equal(mine[name], p), name
     assert isinstance(part.llm.tok, nn.Identity) and isinstance(part.llm.blocks[0], nn.Identity)
     assert sum(p.numel() for p in part.parameters()) < sum(p.numel() for p in whole.parameters())
+
+
+def test_the_vision_encoder_batching_units_by_shape_equals_encoding_each_unit_alone():
+    """Units of one grid shape run as one batch; interleaved shapes must land back in place.
+    Reference: each unit encoded on its own (a batch of one), concatenated in order."""
+    torch.manual_seed(0)
+    model = VisionLanguageModel(_cfg(merge=1))
+    hw = torch.tensor([[2, 2], [4, 2], [2, 2], [3, 3], [4, 2], [1, 5]])
+    n = int(hw.prod(dim=1).sum())
+    patches = torch.randn(n, 12)
+    got = model.vision(patches, hw)
+    parts, start = [], 0
+    for h, w in hw.tolist():
+        parts.append(model.vision(patches[start : start + h * w], torch.tensor([[h, w]])))
+        start += h * w
+    torch.testing.assert_close(got, torch.cat(parts), rtol=1e-5, atol=1e-5)

@@ -129,3 +129,32 @@ def test_auto_runs_the_per_sample_path_on_the_cpu_and_refusals_name_the_cause(mo
         att.attention_backend(q)
     monkeypatch.setenv("EQUISHARD_ATTENTION", "segments")
     assert att.attention_backend(q) == "segments"
+
+
+def test_sdpa_leaves_cudnn_out_on_cuda_and_changes_nothing_elsewhere(monkeypatch):
+    """cuDNN's attention builds a graph on the host per new shape (2.5 ms a call on an H200,
+    the vision tiles' batch changes every step): on CUDA ``sdpa`` allows flash, memory-efficient
+    and math only, unless EQUISHARD_SDPA=torch; elsewhere torch chooses as before."""
+    from torch.nn.attention import SDPBackend
+
+    from trainer_adapter.train.attention import sdpa, sdpa_backends
+
+    monkeypatch.delenv("EQUISHARD_SDPA", raising=False)
+    allowed = sdpa_backends("cuda")
+    assert allowed[0] == SDPBackend.FLASH_ATTENTION and SDPBackend.CUDNN_ATTENTION not in allowed
+    assert SDPBackend.EFFICIENT_ATTENTION in allowed and SDPBackend.MATH in allowed
+    assert sdpa_backends("cpu") is None and sdpa_backends("cuda", "torch") is None
+    monkeypatch.setenv("EQUISHARD_SDPA", "torch")
+    assert sdpa_backends("cuda") is None
+    monkeypatch.setenv("EQUISHARD_SDPA", "cudnn")
+    with pytest.raises(ValueError, match="EQUISHARD_SDPA='cudnn' is not one of fused, torch"):
+        sdpa_backends("cuda")
+    monkeypatch.delenv("EQUISHARD_SDPA")
+    q, k, v = (torch.randn(2, 4, 33, 16) for _ in range(3))
+    for causal in (False, True):
+        torch.testing.assert_close(
+            sdpa(q, k, v, is_causal=causal),
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
+            rtol=0,
+            atol=0,
+        )

@@ -54,3 +54,20 @@ def test_profile_steps_are_checked_where_they_enter():
         TrainConfig(shards="x", dp=1, steps=4, profile="p", profile_steps="3:5")
     TrainConfig(shards="x", dp=1, steps=5, profile="p", profile_steps="3:5")
     TrainConfig(shards="x", dp=1, steps=2)  # the default window matters only with --profile
+
+
+def test_sync_sites_count_the_lines_that_synchronized():
+    """The sync debug mode warns once per synchronizing call; the summary names each line."""
+    import warnings
+
+    from trainer_adapter.train.profile import sync_sites
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+        warnings.warn("an unrelated warning", stacklevel=1)
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
+    sites = sync_sites(caught)
+    assert sorted(sites.values()) == [1, 3] and all(":" in k for k in sites)
+    assert next(iter(sites.values())) == 3  # most frequent first

@@ -19,11 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer_adapter.train.attention import packed_attention, prefix_attention
+from trainer_adapter.train.attention import packed_attention, prefix_attention, sdpa
 
 __all__ = [
     "Block",
@@ -129,7 +128,7 @@ class Block(nn.Module):
         """x: [batch, len, hidden], attention within each row."""
         b, n, h = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        o = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        o = sdpa(q, k, v, is_causal=self.causal)
         return self.proj(o.transpose(1, 2).reshape(b, n, h))
 
     def _qkv(self, y: torch.Tensor):
@@ -234,8 +233,17 @@ class VisionEncoder(nn.Module):
         shapes: dict[tuple[int, int], list[int]] = {}
         for i, s in enumerate(hw):
             shapes.setdefault(tuple(s), []).append(i)
+        # every group's rows in one copy, not blocking the host (a blocking copy per group
+        # would wait for the previous groups' blocks to run: a host sync mid-step)
+        index = torch.cat(
+            [torch.arange(starts[i], starts[i + 1]) for ids in shapes.values() for i in ids]
+        )
+        pinned = index.pin_memory() if x.is_cuda else index
+        index = pinned.to(x.device, non_blocking=x.is_cuda)
+        at = 0
         for (h, w), ids in shapes.items():
-            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in ids]).to(x.device)
+            rows = index[at : at + len(ids) * h * w]
+            at += len(ids) * h * w
             grid = torch.arange(h * w, device=x.device)
             y = x[rows].view(len(ids), h * w, -1) + self.row(grid // w) + self.col(grid % w)
             for blk in self.blocks:

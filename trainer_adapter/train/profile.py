@@ -10,6 +10,8 @@ rank writes, into ``DIR``:
   (their share of the wall: what the GPU waited for the host), the top operators, and the counts
   of the runtime calls that stall a step (device allocations and frees, synchronizations, copies
   to the host);
+* on a GPU, ``sync_sites`` in the summary: the lines of Python that made the host wait for the
+  device (``torch.cuda.set_sync_debug_mode("warn")`` during the window), with their counts;
 * ``rank{r}-trace.json.gz`` with ``--profile-trace``: the timeline for chrome://tracing or
   Perfetto.
 """
@@ -17,6 +19,8 @@ rank writes, into ``DIR``:
 from __future__ import annotations
 
 import json
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -54,6 +58,7 @@ class StepProfiler:
         self.out, self.start, self.stop = Path(out), start, stop
         self.rank, self.cuda, self.trace = rank, torch.device(device).type == "cuda", trace
         self.prof = None
+        self._caught = None  # catch_warnings of the sync debug mode, while the window is open
         self.summary: dict | None = None  # the window's figures, once it closed
         self.wall = 0.0
         self.steps = 0
@@ -66,6 +71,11 @@ class StepProfiler:
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
             self.prof = profile(activities=acts, record_shapes=False)
             self.prof.start()
+            if self.cuda:
+                self._caught = warnings.catch_warnings(record=True)
+                self._records = self._caught.__enter__()
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
 
     def after(self, step: int, seconds: float) -> None:
         if self.prof is None or not self.active(step):
@@ -81,8 +91,15 @@ class StepProfiler:
             return None
         prof, self.prof = self.prof, None
         prof.stop()
+        sites = None
+        if self._caught is not None:
+            torch.cuda.set_sync_debug_mode(0)
+            self._caught.__exit__(None, None, None)
+            self._caught = None
+            sites = sync_sites(self._records)
         self.out.mkdir(parents=True, exist_ok=True)
         summary = summarize(prof, self.wall, self.steps, cuda=self.cuda)
+        summary["sync_sites"] = sites
         sort = "self_device_time_total" if self.cuda else "self_cpu_time_total"
         table = prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70)
         (self.out / f"rank{self.rank}-ops.txt").write_text(table)
@@ -91,6 +108,17 @@ class StepProfiler:
             prof.export_chrome_trace(str(self.out / f"rank{self.rank}-trace.json.gz"))
         self.summary = summary
         return summary
+
+
+def sync_sites(records: list[warnings.WarningMessage], top: int = 20) -> dict[str, int]:
+    """``file:line`` -> how often it made a synchronizing CUDA call (the sync debug mode's
+    warnings), most frequent first."""
+    counts = Counter(
+        f"{Path(w.filename).parent.name}/{Path(w.filename).name}:{w.lineno}"
+        for w in records
+        if "synchroniz" in str(w.message)
+    )
+    return dict(counts.most_common(top))
 
 
 def summarize(prof, wall: float, steps: int, *, cuda: bool, top: int = 15) -> dict:

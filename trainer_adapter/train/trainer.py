@@ -146,7 +146,10 @@ class Trainer:
                 mine += [*llm.tok.parameters(), *llm.pos.parameters()]
             self._reduce.append((list(dict.fromkeys(mine)), self.stage_groups[self.stage]))
         self.params = [p for ps, _ in self._reduce for p in ps]
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr)
+        # on CUDA one fused kernel updates every parameter (foreach kernels took 26 ms of a
+        # 0.68 s `1b` step on an H200)
+        fused = True if self.device.type == "cuda" else None
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, fused=fused)
         # no set-up gradient may reach the first optimizer step (the partition search profiles
         # a probe apart from the model; forward_backward clears what trials or callers leave)
         self.model.zero_grad(set_to_none=True)
@@ -365,6 +368,10 @@ class Trainer:
         dtype = next(model.vision.parameters()).dtype  # the model may run in another precision
         # uint8 pixels (a quarter of fp32's bytes) reach this rank's device, normalized there
         patches = normalize_patches(local.patches.to(self.device), dtype)
+        # the token inputs too, while the device is idle: a blocking copy after the encoder's
+        # kernels are queued would hold the host until they ran (a host sync mid-step)
+        ids = local.input_ids.to(self.device)
+        pos = local.position_ids.to(self.device)
         emb = model.encode_images(patches, local.units_hw)
         img = route.send_image_embeddings(emb)
         normalizer = float(max(route.table[:, _TGT].sum(), 1))
@@ -381,12 +388,7 @@ class Trainer:
                 local.input_ids, local.position_ids, img.shape[0], local.image_token_id
             )
         if self.pp == 1:
-            x = model.llm.embed(
-                local.input_ids.to(self.device),
-                local.position_ids.to(self.device),
-                img,
-                local.image_token_id,
-            )
+            x = model.llm.embed(ids, pos, img, local.image_token_id)
             h = model.llm.forward_blocks(x, lens.tolist())
             # the head and the loss chunk by chunk at the target positions only (no full logits)
             loss = chunked_lm_loss(
@@ -417,12 +419,7 @@ class Trainer:
             for st in self.stages:
                 st.host_rows = row_layouts(doc)
             if self.stage == 0:
-                x = model.llm.embed(
-                    local.input_ids.to(self.device),
-                    local.position_ids.to(self.device),
-                    img,
-                    local.image_token_id,
-                )
+                x = model.llm.embed(ids, pos, img, local.image_token_id)
                 packed = pack_rows(x, cu, plan, mb, 0.0)
                 leaf = packed.detach().requires_grad_()
                 schedule.step(leaf, doc.to(self.device))

@@ -1,22 +1,40 @@
 """shards: balanced, node-aware WebDataset shard generations and the loader that streams them.
 
-The loader's names (``GroupDataset``, ``Collator``, ...) need torch and are imported on first
-use (PEP 562), so the writer's worker processes and the CLI commands that only write, verify or
-inspect shards start without importing torch.
+Every name is imported on first use (PEP 562): the writer's worker processes and the commands
+that only write, verify or inspect shards start without torch, and a training process that only
+streams shards (``GroupDataset``) loads neither the writer nor the prep pipeline.
 """
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
-from shards.manifest import Manifest, ManifestError, load_manifest, open_generation
-from shards.reader import ShardError, read_group
-from shards.verify import VerifyResult, inspect_generation, verify_generation
-from shards.writer import WriteConfig, WriteError, WriteResult, parse_size, write_generation
+if TYPE_CHECKING:  # what type checkers and the docs site (griffe) read; no import at run time
+    from shards.collate import Collator
+    from shards.dataset import GroupDataset, RankInfo, merge_states
+    from shards.manifest import Manifest, ManifestError, load_manifest, open_generation
+    from shards.reader import ShardError, read_group
+    from shards.verify import VerifyResult, inspect_generation, verify_generation
+    from shards.writer import WriteConfig, WriteError, WriteResult, parse_size, write_generation
 
 _LAZY = {
     "Collator": "shards.collate",
     "GroupDataset": "shards.dataset",
     "RankInfo": "shards.dataset",
     "merge_states": "shards.dataset",
+    "Manifest": "shards.manifest",
+    "ManifestError": "shards.manifest",
+    "load_manifest": "shards.manifest",
+    "open_generation": "shards.manifest",
+    "ShardError": "shards.reader",
+    "read_group": "shards.reader",
+    "VerifyResult": "shards.verify",
+    "inspect_generation": "shards.verify",
+    "verify_generation": "shards.verify",
+    "WriteConfig": "shards.writer",
+    "WriteError": "shards.writer",
+    "WriteResult": "shards.writer",
+    "parse_size": "shards.writer",
+    "write_generation": "shards.writer",
 }
 
 __all__ = [

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from shards.manifest import Manifest, open_generation
 from shards.reader import ShardError, read_group
@@ -55,6 +55,11 @@ class RankInfo:
             return self.worker_id, self.num_workers or 1
         info = get_worker_info()
         return (info.id, info.num_workers) if info is not None else (0, 1)
+
+
+def _as_is(item):
+    """The loader's collate function: a group goes to the training loop as the dataset gave it."""
+    return item
 
 
 def merge_states(states: list[dict]) -> dict:
@@ -156,6 +161,20 @@ class GroupDataset(IterableDataset):
         return [self._start_slot + t * w + self.rank.rank for t in range(len(self))]
 
     # ------------------------------------------------------------------ state
+    def loader(self, **kwargs) -> DataLoader:
+        """A ``DataLoader`` over this dataset as it is meant to be read: one group per step
+        (``batch_size=None``) handed over as the transform made it. A plain
+        ``DataLoader(ds, batch_size=None)`` walks every group's nested data to convert it
+        (``default_convert``), a third of the loop for groups of raw bytes. ``kwargs`` go to
+        the ``DataLoader`` (``num_workers``, ``persistent_workers``, ``pin_memory``, ...)."""
+        for fixed in ("batch_size", "collate_fn", "sampler", "batch_sampler", "shuffle"):
+            if fixed in kwargs:
+                raise ValueError(
+                    f"loader() sets {fixed} itself (one whole group per step, in the plan's "
+                    f"order); build a DataLoader yourself to change it"
+                )
+        return DataLoader(self, batch_size=None, collate_fn=_as_is, **kwargs)
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (call before iterating each epoch)."""
         if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:

@@ -1,18 +1,24 @@
-"""Read one group of a shard: its exact byte range, checked, parsed by ``webdataset``.
+"""Read one group of a shard: its exact byte range, checked, split into samples.
 
-Before webdataset sees the bytes, every member header is checked with ``tarfile``: names that are
-absolute or contain ``..``, links and other non-regular members are rejected (webdataset itself
+The member headers are parsed once, with ``tarfile``, and each is checked as it comes: names that
+are absolute or contain ``..``, links and other non-regular members are rejected (webdataset itself
 would pass such names through and silently drop links), as is a member whose data runs past the
-range (truncation). webdataset's ``tar_file_iterator`` and ``group_by_keys`` then split members
-into samples (rejecting duplicate keys), and every sample must be complete: a ``.json`` whose
-``images`` list names exactly the image members present. Only ``.json`` and image members are
-accepted, and decoding is explicit (JSON, Pillow): nothing is ever unpickled.
+range (truncation). Members become samples by webdataset's rules (``group_by_keys`` with
+``base_plus_ext``: the key is the name up to the first dot of its last part, the suffix the rest,
+lower-cased; a new key starts a new sample; a repeated suffix is an error; names with no suffix
+and webdataset's ``__meta__`` members are skipped), so a sample reads as ``webdataset`` reads it
+(a test compares the two on written shards and on hand-made tars). Each member's bytes are one
+slice of the range read, with no second parse and no copy through a tar stream. Every sample must
+be complete: a ``.json`` whose ``images`` list names exactly the image members present. Only
+``.json`` and image members are accepted, and decoding is explicit (JSON, Pillow): nothing is
+ever unpickled.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -37,7 +43,14 @@ class ShardSample:
     images: list[bytes]
 
 
-def _check_members(data: bytes, where: str) -> None:
+_WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
+_WDS_META = re.compile(r"__[^/]*__($|/)")  # webdataset's tar_file_iterator skip_meta
+
+
+def _members(data: bytes, where: str) -> list[tuple[str, bytes]]:
+    """(name, bytes) of every member of a group's tar bytes, each checked as its header is read."""
+    out = []
+    view = memoryview(data)
     try:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
             for m in tf:
@@ -48,8 +61,36 @@ def _check_members(data: bytes, where: str) -> None:
                     raise ShardError(f"{where}: member {m.name!r} is a link or not a regular file")
                 if m.offset_data + m.size > len(data):
                     raise ShardError(f"{where}: member {m.name!r} is truncated")
+                out.append((m.name, bytes(view[m.offset_data : m.offset_data + m.size])))
     except tarfile.TarError as exc:
         raise ShardError(f"{where}: unreadable tar data ({describe(exc)})") from None
+    return out
+
+
+def split_samples(members: list[tuple[str, bytes]], url: str) -> list[dict]:
+    """Members -> samples ``{"__key__", "__url__", suffix: bytes, ...}``, as webdataset's
+    ``tar_file_iterator`` + ``group_by_keys`` make them (see the module's note)."""
+    samples: list[dict] = []
+    current: dict | None = None
+    for name, payload in members:
+        if ("/" not in name and name.startswith("__") and name.endswith("__")) or (
+            _WDS_META.match(name)
+        ):
+            continue
+        found = _WDS_KEY.match(name)
+        if not found:
+            continue
+        prefix, suffix = found.group(1), found.group(2).lower()
+        if current is None or prefix != current["__key__"]:
+            if current is not None:
+                samples.append(current)
+            current = {"__key__": prefix, "__url__": url}
+        if suffix in current:
+            raise ValueError(f"{name}: duplicate file name in tar file {suffix} {current.keys()}")
+        current[suffix] = payload
+    if current is not None:
+        samples.append(current)
+    return samples
 
 
 def read_group(
@@ -58,8 +99,6 @@ def read_group(
     """Samples of one group (its byte range only, also from an object store: ``gen_dir`` may
     be a :class:`~shards.storage.GenerationFiles`); with ``keep_going``, broken samples are
     skipped and their errors returned instead of raised (a partial sample is never returned)."""
-    from webdataset.tariterators import group_by_keys, tar_file_iterator
-
     files = gen_dir if isinstance(gen_dir, GenerationFiles) else GenerationFiles(gen_dir)
     path = files.where(shard.file)
     where = f"{path} (step {group.step}, bytes {group.offset}+{group.length})"
@@ -76,9 +115,7 @@ def read_group(
             return [], [err] * max(group.samples, 1)
         raise ShardError(err)
     try:
-        _check_members(data, where)
-        members = ({**m, "__url__": path} for m in tar_file_iterator(io.BytesIO(data)))
-        raw = list(group_by_keys(members))
+        raw = split_samples(_members(data, where), str(path))
     except (ShardError, ValueError) as exc:
         if keep_going:
             return [], [str(exc)] * max(group.samples, 1)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
@@ -236,3 +238,28 @@ def test_uint8_pixels_normalize_to_the_float_collation(generation, gen_inputs):
     assert np.array_equal(raw["patches"][start].numpy(), pixels[:14, :14].reshape(-1))
     with pytest.raises(ValueError, match="pixels"):
         Collator(tokenizer=tok, pixels="fp8")
+
+
+def _sizes(samples):
+    """A transform whose output default_convert would change (numpy arrays)."""
+    return {"ids": [s.key for s in samples], "sizes": np.array([len(s.images) for s in samples])}
+
+
+def test_loader_hands_groups_over_as_the_transform_made_them(generation):
+    """``ds.loader()`` reads the same groups in the same order as ``DataLoader(batch_size=None)``
+    (here with two workers and a resume), without converting the transform's output; it refuses
+    the settings it fixes. Catches a loader that batches, reorders or converts groups."""
+    m = open_generation(generation)
+    rank = RankInfo(rank=1, world_size=m.dp)
+    plain = list(DataLoader(GroupDataset(generation, rank, transform=_sizes), batch_size=None))
+    ds = GroupDataset(generation, rank, transform=_sizes)
+    got = list(ds.loader(num_workers=2))
+    assert [b["samples"]["ids"] for b in got] == [b["samples"]["ids"] for b in plain]
+    assert all(isinstance(b["samples"]["sizes"], np.ndarray) for b in got)
+    assert all(isinstance(b["samples"]["sizes"], torch.Tensor) for b in plain)  # converted
+    ds.load_state_dict(ds.state_dict(3))
+    assert [b["samples"]["ids"] for b in ds.loader(num_workers=1)] == [
+        b["samples"]["ids"] for b in plain[3:]
+    ]
+    with pytest.raises(ValueError, match="loader\\(\\) sets batch_size itself"):
+        ds.loader(batch_size=4)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -69,6 +70,30 @@ class RecordStore:
         self._units: dict[str, list[WorkUnit]] = {}
         self._lines: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._cache: OrderedDict[int, dict[int, RawRecord]] = OrderedDict()
+        # open JSONL inputs, most recent last: a record is a seek and a line read, not an open
+        self._handles: OrderedDict[str, BinaryIO] = OrderedDict()
+
+    def __enter__(self) -> RecordStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the inputs kept open; the store opens them again if used afterwards."""
+        while self._handles:
+            self._handles.popitem()[1].close()
+
+    def _handle(self, path: str) -> BinaryIO:
+        f = self._handles.get(path)
+        if f is None:
+            f = open(path, "rb")  # noqa: SIM115 - kept open, closed by close()
+            self._handles[path] = f
+            if len(self._handles) > self.cached_units:
+                self._handles.popitem(last=False)[1].close()
+        else:
+            self._handles.move_to_end(path)
+        return f
 
     def _jsonl_index(self, path: str) -> tuple[np.ndarray, np.ndarray]:
         """Byte offset and line number of every record (non-blank line) of a JSONL file."""
@@ -110,9 +135,9 @@ class RecordStore:
             offsets, lines = self._jsonl_index(path)
             if not 0 <= index < offsets.size:
                 raise DataprepError(f"{path}: no record {index}; the input changed since prep ran")
-            with open(path, "rb") as f:
-                f.seek(int(offsets[index]))
-                raw = f.readline()
+            f = self._handle(path)
+            f.seek(int(offsets[index]))
+            raw = f.readline()
             raw = raw[:-1] if raw.endswith(b"\n") else raw  # as prep's reader split it
             line = int(lines[index])
             try:

@@ -134,12 +134,12 @@ def write_stream(job: dict) -> list[dict]:
     next_step = done[-1]["groups"][-1][0] + 1 if done else -1
     groups = _groups(job, next_step)
     g = next(groups, None)
-    store = RecordStore(ReadOptions(**job["read_options"]))
     verified: set[str] = set(job.get("parent_verified", ()))
     parent_groups: dict = {}
     k = len(done)
     finishing = []
     with (
+        RecordStore(ReadOptions(**job["read_options"])) as store,
         ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-write") as writer,
         ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-sync") as syncer,
     ):

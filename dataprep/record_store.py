@@ -9,6 +9,7 @@ JSON, row numbers for Parquet/HF. Image bytes are read when asked for, never cac
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,7 @@ class RecordStore:
         self._cache: OrderedDict[int, dict[int, RawRecord]] = OrderedDict()
         # open JSONL inputs, most recent last: a record is a seek and a line read, not an open
         self._handles: OrderedDict[str, BinaryIO] = OrderedDict()
+        self._sources: dict[str, tuple[str, bool]] = {}
 
     def __enter__(self) -> RecordStore:
         return self
@@ -95,19 +97,21 @@ class RecordStore:
             self._handles.move_to_end(path)
         return f
 
-    def _jsonl_index(self, path: str) -> tuple[np.ndarray, np.ndarray]:
-        """Byte offset and line number of every record (non-blank line) of a JSONL file."""
+    def _jsonl_index(self, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Byte offset, end (past its newline) and line number of every record (non-blank
+        line) of a JSONL file."""
         idx = self._lines.get(path)
         if idx is None:
-            offsets, lines = [], []
+            offsets, ends, lines = [], [], []
             pos = 0
             with open(path, "rb") as f:
                 for no, line in enumerate(f, start=1):
                     if line.strip():
                         offsets.append(pos)
+                        ends.append(pos + len(line))
                         lines.append(no)
                     pos += len(line)
-            idx = (np.array(offsets, dtype=np.int64), np.array(lines, dtype=np.int64))
+            idx = tuple(np.array(v, dtype=np.int64) for v in (offsets, ends, lines))
             self._lines[path] = idx
         return idx
 
@@ -132,12 +136,11 @@ class RecordStore:
 
     def _record(self, path: str, index: int) -> RawRecord:
         if path.endswith(".jsonl"):
-            offsets, lines = self._jsonl_index(path)
+            offsets, ends, lines = self._jsonl_index(path)
             if not 0 <= index < offsets.size:
                 raise DataprepError(f"{path}: no record {index}; the input changed since prep ran")
-            f = self._handle(path)
-            f.seek(int(offsets[index]))
-            raw = f.readline()
+            start = int(offsets[index])  # one positioned read of the line, newline included
+            raw = os.pread(self._handle(path).fileno(), int(ends[index]) - start, start)
             raw = raw[:-1] if raw.endswith(b"\n") else raw  # as prep's reader split it
             line = int(lines[index])
             try:
@@ -157,6 +160,13 @@ class RecordStore:
             self._cache.move_to_end(key)
         return records[index]
 
+    def _source(self, path: str) -> tuple[str, bool]:
+        """An input's sample-id source (its name without the suffix) and whether it is a
+        directory (an HF dataset on disk), looked up once per input."""
+        p = Path(path)
+        self._sources[path] = (p.stem if p.suffix else p.name, p.is_dir())
+        return self._sources[path]
+
     def get(self, location: str) -> RawSample:
         """The sample at ``input#index``; :class:`SampleRejected` if it no longer reads cleanly.
         Images are resolved by the same rule as prep's (:func:`dataprep.image_refs.image_ref`)."""
@@ -166,9 +176,8 @@ class RecordStore:
         rec = self._record(path, int(idx))
         if rec.error is not None:
             raise rec.error
-        p = Path(path)
-        source = p.stem if p.suffix else p.name
-        if p.is_dir():  # HF splits carry their split in the source
+        source, is_dir = self._sources.get(path) or self._source(path)
+        if is_dir:  # HF splits carry their split in the source
             source = self._unit_for(path, int(idx)).source
         sid = sample_id_of(rec.record, f"{source}:{rec.index}")
         sample = normalize_record(rec.record, sid, images=rec.images)

@@ -59,6 +59,8 @@ def _members(data: bytes, where: str) -> list[tuple[str, bytes]]:
                     raise ShardError(f"{where}: member {m.name!r} leaves the archive")
                 if not m.isreg():
                     raise ShardError(f"{where}: member {m.name!r} is a link or not a regular file")
+                if m.issparse():  # its stored bytes are not its content; the writer never makes one
+                    raise ShardError(f"{where}: member {m.name!r} is a sparse file")
                 if m.offset_data + m.size > len(data):
                     raise ShardError(f"{where}: member {m.name!r} is truncated")
                 out.append((m.name, bytes(view[m.offset_data : m.offset_data + m.size])))

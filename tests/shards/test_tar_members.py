@@ -91,3 +91,18 @@ def test_the_reader_splits_members_into_samples_as_webdataset_does(members):
             ours()
         return
     assert ours() == want
+
+
+def test_a_sparse_member_is_refused_by_name():
+    """A GNU sparse member's stored bytes are not its content (readers expand its map); the
+    writer never makes one, so the reader refuses it instead of slicing the wrong bytes."""
+    from shards.reader import ShardError, _members
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tf:
+        info = tarfile.TarInfo("k.json")
+        info.size = 4
+        info.type = tarfile.GNUTYPE_SPARSE
+        tf.addfile(info, io.BytesIO(b"{}  "))
+    with pytest.raises(ShardError, match=r"'k\.json' is a sparse file"):
+        _members(buf.getvalue(), "shard-0.tar")

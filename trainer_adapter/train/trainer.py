@@ -368,10 +368,11 @@ class Trainer:
         dtype = next(model.vision.parameters()).dtype  # the model may run in another precision
         # uint8 pixels (a quarter of fp32's bytes) reach this rank's device, normalized there
         patches = normalize_patches(local.patches.to(self.device), dtype)
-        # the token inputs too, while the device is idle: a blocking copy after the encoder's
-        # kernels are queued would hold the host until they ran (a host sync mid-step)
-        ids = local.input_ids.to(self.device)
-        pos = local.position_ids.to(self.device)
+        # the token inputs too (stage 0 embeds them), while the device is idle: a blocking copy
+        # after the encoder's kernels are queued would hold the host until they ran
+        if self.stage == 0:
+            ids = local.input_ids.to(self.device)
+            pos = local.position_ids.to(self.device)
         emb = model.encode_images(patches, local.units_hw)
         img = route.send_image_embeddings(emb)
         normalizer = float(max(route.table[:, _TGT].sum(), 1))

@@ -123,11 +123,14 @@ gpu-check:
 	bash tools/gpu_check.sh $(GPU_OUT)
 
 # Default test run: everything but tests marked slow or gpu-only... gpu tests skip themselves.
+# a worker per usable core (at most 4), each taking whole test files (a file's shared fixtures
+# and its cached multi-rank runs stay in one process); TEST_WORKERS=0 runs in this process
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --out BENCHMARKS.md

@@ -56,14 +56,22 @@ def usable_cores() -> int:
     return cores if cap is None else max(1, min(cores, math.ceil(cap)))
 
 
+def worker_threads() -> int:
+    """torch's compute threads for this pytest process: the usable cores shared among
+    pytest-xdist's workers (``make test`` runs one per core), at least one."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, usable_cores() // max(1, workers))
+
+
 def pytest_configure(config):
     """torch takes a thread per core the host has; in a container with fewer cores (a CPU-time
-    cap on a large host) the surplus threads only contend: cut to the usable cores."""
+    cap on a large host), or beside other test workers, the surplus threads only contend (a
+    kernel of many small parallel regions crawls): cut to this process's share of the cores."""
     try:
         import torch
     except ImportError:
         return
-    torch.set_num_threads(min(torch.get_num_threads(), usable_cores()))
+    torch.set_num_threads(min(torch.get_num_threads(), worker_threads()))
 
 
 def _machine() -> str:

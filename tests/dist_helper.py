@@ -58,6 +58,10 @@ def _entry(fn, rank, world, queue, args, run):
     os.environ.clear()
     os.environ.update(run.env)
     torch.set_num_threads(RANK_THREADS)
+    # a forkserver's child inherits "forkserver" as its start method: a rank's DataLoader
+    # workers would each start a fresh fork server (an interpreter importing torch: ~8 s a
+    # rank); a torchrun rank has the platform's default
+    mp.set_start_method(None, force=True)
     with open(run.stacks[rank], "w") as dump:
         faulthandler.register(signal.SIGUSR1, file=dump, all_threads=True)
         try:

@@ -66,6 +66,24 @@ def test_results_by_rank():
     assert run_ranks(_sum, 3, timeout=60) == [6.0, 6.0, 6.0]
 
 
+def _start_method(rank, world):
+    import multiprocessing as mp
+
+    return mp.get_start_method()
+
+
+def test_a_rank_starts_its_workers_as_a_torchrun_rank_does():
+    """A rank's start method for its own processes (DataLoader workers) is a fresh
+    interpreter's, not the fork server's it came from (with which each rank's loader started a
+    fork server of its own: seconds per rank)."""
+    import subprocess
+    import sys
+
+    code = "import multiprocessing as mp; print(mp.get_start_method())"
+    fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run_ranks(_start_method, 2, timeout=60) == [fresh.stdout.strip()] * 2
+
+
 def test_each_rank_computes_on_one_thread():
     """As under torchrun: ranks sharing the cores do not oversubscribe them."""
     assert run_ranks(_threads, 2, timeout=60) == [1, 1]

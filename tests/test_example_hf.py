@@ -137,14 +137,19 @@ def family_generation(root: Path, family: str) -> tuple[Path, Path]:
 
 
 def test_train_hf_example_runs_under_torchrun(tmp_path):
-    """DDP and FSDP2 (``fully_shard``) both train with balancing on, and to the same losses step
-    after step (the same global gradients, each applied by AdamW to full or sharded weights)."""
+    """DDP (under torchrun itself) and FSDP2 (``fully_shard``, the script's ``__main__`` on
+    fork-server ranks with torchrun's variables) both train with balancing on, and to the same
+    losses step after step (the same global gradients, each applied by AdamW to full or sharded
+    weights)."""
     pytest.importorskip("transformers")
     # prepped with the model's own settings: every sample's packed row is as long as prep
     # counted it (the packer checks each one; a difference stops the run naming the sample)
     demo, gen = family_generation(tmp_path, "qwen2vl")
     steps = 3
-    runs = {p: _train(gen, demo, tmp_path / f"{p}.jsonl", p, steps) for p in ("ddp", "fsdp2")}
+    runs = {
+        p: _train(gen, demo, tmp_path / f"{p}.jsonl", p, steps, torchrun=p == "ddp")
+        for p in ("ddp", "fsdp2")
+    }
     for rows in runs.values():
         assert all(r["checked"] for r in rows)
         assert sorted((r["step"], r["rank"]) for r in rows) == [

@@ -32,7 +32,7 @@ from tests.dataprep.helpers import run, write_jsonl
 transformers = pytest.importorskip("transformers")
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "examples" / "chat_templates"
-N = 200
+N = 120
 # SmolVLM's processor upscales every image to 1536 px and cuts up to 17 tiles: fewer
 # conversations here, its tile grids over many more sizes in test_smolvlm_grid_* (Granite
 # Docling's up to 17 tiles of 512 px too: its grids in test_granite_docling_*)

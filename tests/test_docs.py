@@ -197,7 +197,9 @@ def test_the_site_renders_in_chromium(tmp_path):
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("snippets")
-    demo, cost, plan = build_inputs(root, samples=48)
+    # one 448-px tile an image: the snippets' models train on rows of hundreds of tokens, not
+    # thousands (a toy LLM's attention over 10k-token rows took seconds a step on a CPU)
+    demo, cost, plan = build_inputs(root, samples=48, vision_policy="internvl:max_tiles=1")
     gen = root / "shards"
     args = ["write", str(plan), "--cost-table", str(cost), "--out", str(gen), "--energon"]
     assert main(args) == 0

@@ -15,7 +15,13 @@ from shards.writer import WriteConfig, write_generation
 
 
 def build_inputs(
-    root: Path, samples: int = 90, seed: int = 5, dp: int = 4, nodes: int = 2, plan_seed: int = 0
+    root: Path,
+    samples: int = 90,
+    seed: int = 5,
+    dp: int = 4,
+    nodes: int = 2,
+    plan_seed: int = 0,
+    vision_policy: str = "internvl",
 ):
     demo = root / "demo"
     if not demo.exists():
@@ -27,6 +33,7 @@ def build_inputs(
                 inputs=(str(demo / "demo.jsonl"),),
                 output=str(cost),
                 tokenizer=str(demo / "tokenizer.json"),
+                vision_policy=vision_policy,
             )
         )
     plan_dir = root / f"plan-{plan_seed}"

@@ -38,6 +38,7 @@ PEAKS = {
 STEPS, TRAIN_BATCH = 10, 4
 LAYOUTS = [(2, 4), (4, 8)]  # (pp, microbatches), 1F1B
 PIPE_STEPS = 4
+LAYER_REPEATS = 3  # timed calls of each layer (after a warm-up) for the stage partition
 
 
 def _peak(precision: str) -> float | None:
@@ -175,7 +176,7 @@ def _allocated(dev) -> int:
 
 def _layer_times(llm, loss_fn, tokens: int, auto, dev) -> np.ndarray:
     """Forward + backward seconds of the embedding, one block (all alike) and the head over a
-    row of ``tokens`` tokens (``profile_layers``: synchronized, median of three)."""
+    row of ``tokens`` tokens (``profile_layers``: synchronized, median of LAYER_REPEATS)."""
     from trainer_adapter.train.partition import profile_layers
 
     x = torch.randn(tokens, llm.cfg.llm_hidden, device=dev, requires_grad=True)
@@ -186,7 +187,8 @@ def _layer_times(llm, loss_fn, tokens: int, auto, dev) -> np.ndarray:
                 lambda: llm.tok(ids).sum().backward(),
                 lambda: llm.blocks[0](x, [tokens]).sum().backward(),
                 lambda: loss_fn(llm.norm(x), ids.cpu()).backward(),
-            ]
+            ],
+            repeats=LAYER_REPEATS,
         )
 
 

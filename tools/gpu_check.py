@@ -419,7 +419,7 @@ def step_pipeline(dry: bool, work: Path) -> dict:
 
     dev = _device(dry)
     if dry:
-        bg.PIPE_STEPS, bg.LAYOUTS = 1, [(2, 4)]
+        bg.PIPE_STEPS, bg.LAYOUTS, bg.LAYER_REPEATS = 1, [(2, 4)], 1
     table, plan8, _ = bg._generation(work, dp=8, target_batch=4, **_demo(dry))
     if dry:
         return {"layouts": bg._pipeline(table, plan8, dev, model="tiny", vocab=1000)}

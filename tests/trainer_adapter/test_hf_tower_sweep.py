@@ -126,6 +126,17 @@ TINY = {
 SMALLER_IMAGES = {"got_ocr2": 256, "pp_chart2table": 256, "step3p7": 224}
 # Ovis2's visual tokenizer ends in a 16k-way softmax over every patch: a 1k one still checks it
 SMALLER_VISION = {"ovis2": {"vocab_size": 1024}}
+# Janus's image-generation side (a VQ model and its 16k-code head, 110M of its 120M weights at
+# default widths), never run by these tests, cut to its smallest widths: built in milliseconds
+SMALLER_VQ = {
+    "janus": {
+        "base_channels": 32,  # GroupNorm of 32 groups
+        "latent_channels": 32,
+        "projection_dim": 32,
+        "image_token_embed_dim": 32,
+        "num_embeddings": 1024,
+    }
+}
 
 
 def _installed(model_type: str) -> str | None:
@@ -166,6 +177,8 @@ def build(model_type: str) -> torch.nn.Module:
         cfg.vision_config.image_size = SMALLER_IMAGES[model_type]
     for key, value in SMALLER_VISION.get(model_type, {}).items():
         setattr(cfg.vision_config, key, value)
+    for key, value in SMALLER_VQ.get(model_type, {}).items():
+        setattr(cfg.vq_config, key, value)
     torch.manual_seed(0)
     model = getattr(tf, _installed(model_type))(cfg)
     return model.double().eval()

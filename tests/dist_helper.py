@@ -6,6 +6,8 @@ equishard's packages, and loaded the runtime numba kernels, once for the whole t
 (tests/rank_preload.py): a fresh, single-threaded process, so each rank starts as clean as a
 spawned one without importing them again (most of a small multi-rank test's time on a 2-core
 machine). Each rank gets the caller's environment of the moment, as a spawned one would,
+and the platform's start method for its own processes (a DataLoader's workers fork from the
+rank, as under torchrun, not from a fork server of their own),
 and one compute thread, as torchrun gives each rank by default (OMP_NUM_THREADS=1): N ranks
 with a thread per core each oversubscribe the cores, and a kernel made of many small parallel
 regions (a depthwise conv in float64 runs one per channel) then crawls where the cores are

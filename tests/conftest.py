@@ -74,6 +74,34 @@ def pytest_configure(config):
     torch.set_num_threads(min(torch.get_num_threads(), worker_threads()))
 
 
+# the longest files (about a minute and a half or more each on 2 cores), first: make test gives
+# whole files to its workers in collection order, so one started last would run alone at the end
+LONGEST_FIRST = (
+    "test_example_hf.py",
+    "trainer_adapter/test_hf_tower_sweep.py",
+    "trainer_adapter/test_hf_inputs.py",
+    "dataprep/test_jinja_template.py",
+    "test_docs.py",
+    "trainer_adapter/test_hf_parity.py",
+    "trainer_adapter/test_reference_gradients.py",
+    "test_gpu_check.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files of LONGEST_FIRST ahead of the rest, each file's tests in their own order."""
+    tests = Path(__file__).resolve().parent
+
+    def rank(item) -> int:
+        try:
+            name = Path(str(item.path)).resolve().relative_to(tests).as_posix()
+        except ValueError:
+            return len(LONGEST_FIRST)
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the order within a file and among the rest is kept
+
+
 def _machine() -> str:
     """The cores and memory the tests ran with, as this process sees them (a failing run on
     another machine is read with it: a CPU-time cap or a smaller memory shows here)."""

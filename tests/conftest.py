@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(session, config, items):
 
     def rank(item) -> int:
         try:
-            name = Path(str(item.path)).resolve().relative_to(tests).as_posix()
+            name = item.path.resolve().relative_to(tests).as_posix()
         except ValueError:
             return len(LONGEST_FIRST)
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)

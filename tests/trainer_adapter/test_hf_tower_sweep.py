@@ -117,13 +117,30 @@ TINY = {
     "adapter_out_dim": 32,
     "linear_num_heads": 2,  # GLM-5-Next's linear attention: a depthwise conv per channel
     "linear_head_dim": 16,
+    "ffn_dim": 64,  # OPT's (BLIP-2's decoder)
+    "word_embed_proj_dim": 32,
+    # embeddings of the token ids, which no test here feeds (towers take pixels, decoders
+    # inputs_embeds): 256k rows were most of a build and of the gradients all-reduced
+    "vocab_size": 1024,
 }
 
 
 # towers whose default images cost seconds a step in float64 (GOT-OCR2's 1024-px SAM encoder:
-# 4,096 patches; Step3p7's 728 px), at a smaller size their position tables are built for: the
-# wrapper moves whole tiles whatever their size
-SMALLER_IMAGES = {"got_ocr2": 256, "pp_chart2table": 256, "step3p7": 224}
+# 4,096 patches; Step3p7's 728 px) or most of their run (tiles of 384-512 px), at a smaller
+# size their position tables are built for (a multiple of patch x merge): the wrapper moves
+# whole tiles whatever their size
+SMALLER_IMAGES = {
+    "got_ocr2": 256,
+    "pp_chart2table": 256,
+    "step3p7": 224,
+    "cohere2_vision": 256,
+    "qianfan_ocr": (224, 224),
+    "internvl": (224, 224),
+    "granite_docling": 256,
+    "aya_vision": 224,
+    "llava_onevision": 224,
+    "janus": 224,
+}
 # Ovis2's visual tokenizer ends in a 16k-way softmax over every patch: a 1k one still checks it
 SMALLER_VISION = {"ovis2": {"vocab_size": 1024}}
 # Janus's image-generation side (a VQ model and its 16k-code head, 110M of its 120M weights at
@@ -165,6 +182,9 @@ def _tiny(cfg):
             setattr(cfg, key, TINY[key])
         elif key == "layer_types" and isinstance(value, list):
             setattr(cfg, key, value[: TINY["num_hidden_layers"]])
+    pad = getattr(cfg, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= getattr(cfg, "vocab_size", pad + 1):
+        cfg.pad_token_id = cfg.vocab_size - 1  # an embedding's padding row: in its table
     return cfg
 
 

@@ -43,8 +43,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._timing import best_time  # noqa: E402  (the repository root on the path first)
-from bench.bench_gpu import _sync  # noqa: E402
 
 # (step, seconds it may take on one H100)
 STEPS = [("probe", 75), ("hf_dp", 170), ("train", 420), ("pytest_gpu", 60), ("pipeline", 120)]
@@ -66,9 +64,17 @@ def _rel(a, b) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
 
+def _sync(dev) -> None:
+    """The benchmark's device sync (imported here: the driver process never imports torch)."""
+    from bench.bench_gpu import _sync as sync
+
+    sync(dev)
+
+
 def _attention_probe(dev, dry: bool) -> dict:
     import torch
 
+    from bench._timing import best_time
     from trainer_adapter.train import attention as att
 
     lens = [30, 7, 12, 1] if dry else [1800, 700, 3100, 400, 2048, 1]

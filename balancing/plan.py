@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,6 +135,11 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         "llm_cost": tc,
     }
     timings["costs"] = time.perf_counter() - t0
+    # the report's random-batching baseline reads only the loads: on another core (its kernel
+    # releases the GIL) while ISF groups and the steps are assigned
+    pool = ThreadPoolExecutor(1, thread_name_prefix="equishard-random-baseline")
+    random_job = pool.submit(random_batching_metrics, loads, cfg.target_batch, cfg.seed, d)
+    pool.shutdown(wait=False)  # the job runs on; the pool takes no other
 
     t1 = time.perf_counter()
     if cfg.q_v is not None:
@@ -178,7 +184,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     step_loads = step_loads_of(stats, a.step, rank, a.n_steps, d)
     pads = pad_ratios(stats)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
-    random = random_batching_metrics(loads, cfg.target_batch, cfg.seed, d)
+    random = random_job.result()
     timings["metrics"] = time.perf_counter() - t1
 
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
@@ -271,7 +277,9 @@ def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
     out = Path(plan_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".plan.parquet.tmp-{os.getpid()}"
-    pq.write_table(result.plan, tmp)
+    # dictionaries for the few-valued columns only: the per-group ones repeat in runs, which
+    # plain encoding and compression take faster (at 10M rows 1.4 s, was 1.8 s; ~4 % larger)
+    pq.write_table(result.plan, tmp, use_dictionary=["group_flag", "node", "local_rank", "rank"])
     os.replace(tmp, out / "plan.parquet")
     tmp = out / f".report.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(result.report, indent=2) + "\n")

@@ -20,6 +20,7 @@ __all__ = [
     "METADATA_KEY",
     "OPTIONAL_COLUMNS",
     "REQUIRED_COLUMNS",
+    "check_repeated_ids",
     "conform_cost_table",
     "errors_path",
     "read_cost_table",
@@ -117,13 +118,12 @@ def table_metadata(path: str | Path, *, required: bool = True) -> dict:
     return json.loads(meta[METADATA_KEY])
 
 
-def _bad_rows(table: pa.Table) -> list[tuple[str, pa.Array]]:
+def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.Array]]:
     """(what is wrong, row mask) for each rule a row of the table breaks."""
     ids = table.column("sample_id")
     rules = [("sample_id is missing or empty", pc.or_kleene(pc.is_null(ids), pc.equal(ids, "")))]
-    repeated = repeated_mask(ids)
-    if repeated.any():
-        rules.append(("sample_id appears more than once", pa.array(repeated)))
+    if repeated_ids:
+        rules += _repeated_rule(ids)
     for name in ("num_images", "vit_tokens", "llm_tokens", "text_tokens"):
         col = table.column(name)
         rules.append(
@@ -151,10 +151,28 @@ def _any_negative(seq) -> pa.Array:
     return pa.array(bad)
 
 
-def validate_cost_table(table: pa.Table, path: str | Path) -> None:
+def _repeated_rule(ids: pa.ChunkedArray) -> list[tuple[str, pa.Array]]:
+    repeated = repeated_mask(ids)
+    return [("sample_id appears more than once", pa.array(repeated))] if repeated.any() else []
+
+
+def validate_cost_table(table: pa.Table, path: str | Path, *, repeated_ids: bool = True) -> None:
     """Refuse a table with a row that cannot be balanced or written (a missing or repeated id,
-    a missing or negative count), naming the file, the rows' ids and the rule."""
-    for why, mask in _bad_rows(table):
+    a missing or negative count), naming the file, the rows' ids and the rule.
+    ``repeated_ids=False``: every rule but the repeated ids (most of the time at 10M rows), which
+    :func:`check_repeated_ids` then checks, e.g. in a thread beside balancing: a repeated id
+    changes no count the balancer reads, only which rows the output may hold."""
+    _refuse(table, path, _bad_rows(table, repeated_ids))
+
+
+def check_repeated_ids(table: pa.Table, path: str | Path) -> None:
+    """:func:`validate_cost_table`'s repeated-``sample_id`` rule alone (its kernel releases the
+    GIL, so a thread runs it beside other work)."""
+    _refuse(table, path, _repeated_rule(table.column("sample_id")))
+
+
+def _refuse(table: pa.Table, path: str | Path, rules: list[tuple[str, pa.Array]]) -> None:
+    for why, mask in rules:
         mask = pc.fill_null(mask, False)
         if pc.any(mask).as_py():
             bad = table.filter(mask)

@@ -18,7 +18,7 @@ from numba import njit
 __all__ = ["repeated_mask", "repeated_reference"]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: balance runs it beside the build, in a thread
 def _nb_repeated(offsets, data, valid, table, tags):
     """``out[i]``: row ``i``'s bytes ``data[offsets[i]:offsets[i + 1]]`` equal another valid
     row's. Invalid (null) rows are never repeats. ``table``: -1s, a power of two at least twice

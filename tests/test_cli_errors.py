@@ -142,6 +142,8 @@ def test_balance_refuses_a_cost_table_row_it_cannot_use(
     code = main(["balance", str(tmp_path / "bad.parquet"), "--dp", "4", "-o", str(tmp_path / "p")])
     err = capsys.readouterr().err
     assert code == 2 and why in err and "bad.parquet" in err and "rows [0" in err, err
+    # refused before any plan is written (the repeated ids are checked beside the build)
+    assert not (tmp_path / "p" / "plan.parquet").exists()
 
 
 def test_inspect_names_what_the_costs_were_measured_with(made):

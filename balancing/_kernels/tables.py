@@ -78,7 +78,7 @@ def _nb_group_stats(ids, v, t, vc, tc, n_groups):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # nogil: the random baseline runs beside ISF, in a thread
 def _nb_block_stats(perm, b, v, t, vc, tc):
     """``_nb_group_stats`` for the groups ``perm[k*b:(k+1)*b]`` (the last may be short): random
     batching, read in batch order, without materializing each sample's batch id."""

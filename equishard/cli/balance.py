@@ -144,9 +144,11 @@ def print_report(report: dict, plan_dir: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from balancing.cost_model import CostModel
     from balancing.plan import BalanceConfig, build_plan, write_plan
-    from dataprep.cost_table import read_cost_table
+    from dataprep.cost_table import check_repeated_ids, read_cost_table, validate_cost_table
     from equishard.cli._common import check_output_dir, fail
 
     try:
@@ -173,8 +175,14 @@ def run(args: argparse.Namespace) -> int:
             cost_model=model,
         )
         check_output_dir(args.output)
-        table = read_cost_table(args.cost_table, required_only=True)
-        result = build_plan(table, cfg)
+        table = read_cost_table(args.cost_table, required_only=True, validate=False)
+        # every rule the balancer's counts depend on first; the repeated-id check (most of the
+        # checking at 10M rows) on the other core while the plan is built, before it is written
+        with ThreadPoolExecutor(1) as pool:
+            ids_checked = pool.submit(check_repeated_ids, table, args.cost_table)
+            validate_cost_table(table, args.cost_table, repeated_ids=False)
+            result = build_plan(table, cfg)
+            ids_checked.result()
     except (ValueError, OSError) as exc:
         return fail(str(exc))
     write_plan(result, args.output)

@@ -142,9 +142,7 @@ def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
         images_kwargs=call,
     )
     # SmolVLM: every image upscaled to 1536 px and cut into up to 17 tiles, so fewer samples
-    records = conversations(
-        tmp_path, 8 if family in ("smolvlm", "granite_docling") else 16, seed=7
-    )
+    records = conversations(tmp_path, 8 if family in ("smolvlm", "granite_docling") else 16, seed=7)
     samples = _samples(tmp_path, records)
     row = packer(samples)
     text_pos = row["position_ids"][0].reshape(-1)

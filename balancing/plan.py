@@ -186,10 +186,18 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
     random = random_job.result()
     timings["metrics"] = time.perf_counter() - t1
+    # the per-sample loads are done with: their 400 MB at 10M rows are not held while the plan's
+    # columns are made (the command's peak)
+    del loads, v, t, t_group, vc, tc
+    sample_flag = flags[groups.group_of]  # each sample's ISF group's kind (before the last step)
+    kept_per_round = groups.kept_per_round
+    del groups  # its sample -> group column too (80 MB)
 
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
     order = _nb_counting_argsort(slot[a.group_of], a.n_steps * d)
     g = a.group_of[order]
+    sample_ids = table.column("sample_id").take(pa.array(order))
+    del order  # before the columns are made: the command's peak memory is there
     # per-group columns in their final types first, then one gather per column
     per_group = {
         "step": a.step,
@@ -211,14 +219,14 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         pa.array(cols["group_flag"], pa.int8()), pa.array(FLAG_NAMES)
     ).cast(pa.string())
     plan = pa.table(
-        {"sample_id": table.column("sample_id").take(pa.array(order)), **cols},
+        {"sample_id": sample_ids, **cols},
         schema=PLAN_SCHEMA,
     )
     nonempty = gsize > 0  # dissolved groups and empty last-step slots hold no samples
     flag_counts = np.bincount(flags[nonempty], minlength=len(FLAG_NAMES))
     oversize_ids = (
         table.column("sample_id")
-        .take(pa.array(np.flatnonzero(flags[groups.group_of] == FLAG_OVERSIZE)[:20]))
+        .take(pa.array(np.flatnonzero(sample_flag == FLAG_OVERSIZE)[:20]))
         .to_pylist()
     )
     last = a.last_step_groups
@@ -231,9 +239,9 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             "groups_by_flag": {
                 name: int(c) for name, c in zip(FLAG_NAMES, flag_counts, strict=True)
             },
-            "oversize_samples": int((flags[groups.group_of] == FLAG_OVERSIZE).sum()),
+            "oversize_samples": int((sample_flag == FLAG_OVERSIZE).sum()),
             "oversize_sample_ids": oversize_ids,
-            "leftover_samples": int((flags[groups.group_of] == 1).sum()),
+            "leftover_samples": int((sample_flag == 1).sum()),
             "avg_group_size": round(n / max(int(nonempty.sum()), 1), 4),
         },
         "last_step": {
@@ -261,7 +269,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
                 "rounds": params.rounds,
                 "slack": cfg.slack,
                 "auto": cfg.q_v is None,
-                "kept_per_round": groups.kept_per_round,
+                "kept_per_round": kept_per_round,
             },
             "cost_model": cfg.cost_model.describe(),
         },

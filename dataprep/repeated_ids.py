@@ -21,7 +21,7 @@ __all__ = ["repeated_mask", "repeated_reference"]
 @njit(cache=True, nogil=True)  # nogil: balance runs it beside the build, in a thread
 def _nb_repeated(offsets, data, valid, table, tags):
     """``out[i]``: row ``i``'s bytes ``data[offsets[i]:offsets[i + 1]]`` equal another valid
-    row's. Invalid (null) rows are never repeats. ``table``: -1s, a power of two at least twice
+    row's. Invalid (null) rows are never repeats. ``table``: -1s, a power of two at least 1.5 times
     the rows (the slots of the rows seen); ``tags``: as long, each slot's hash's high bits (the
     bytes of a slot's row are read only where they agree)."""
     n = offsets.shape[0] - 1
@@ -89,7 +89,9 @@ def repeated_mask(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
         raise TypeError(f"repeated_mask takes a string column, got {ids.type}")
     if len(ids) == 0:
         return np.zeros(0, bool)
-    cap = 1 << max(4, (2 * len(ids) - 1).bit_length())  # a load of at most one half
+    # a load of at most two thirds: 134 MB of slots at 10M rows (268 MB at one half), probed
+    # past a taken slot mostly by its tag alone
+    cap = 1 << max(4, (len(ids) + len(ids) // 2).bit_length())
     table = np.full(cap, -1, np.int32 if len(ids) < 2**31 else np.int64)
     return _nb_repeated(*_buffers(ids), table, np.zeros(cap, np.uint32))
 

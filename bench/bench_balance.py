@@ -143,16 +143,17 @@ def _scale(lines: list[str], raw: dict) -> None:
         )
     lines += [
         "",
-        "Time in process is the median of three builds in one process. This VM's timings vary "
-        "by about 15 % from run to run, so the 10M build sits at its 10 s target rather than "
-        "safely under it: repeated runs of this benchmark land on either side of it; peak RSS includes the input table itself. What limits "
-        "the 10M case: memory traffic over the per-sample arrays and, on this VM, the cost of "
-        "first touching freshly allocated pages (so the build avoids full-length temporaries: "
-        "one-pass kernels for the sample costs and the per-group statistics, ISF rounds that "
-        "shuffle (index, loads) records in place and read them sequentially, plan columns "
-        "repeated per group run). The rest is inherent: ten shuffles, the random-batching "
-        "baseline of the report (a random gather per sample) and the sorts of the step "
-        "assignment.",
+        "Time in process is the median of three builds in one process; peak RSS includes the "
+        "input table itself. The report's random-batching baseline runs on the second core "
+        "while ISF groups (its kernel releases the GIL), and the per-sample loads, ISF's "
+        "sample-to-group column and the sort order are let go before the plan's columns are "
+        "made. What limits the 10M case: ISF's ten Fisher-Yates shuffles of the remaining "
+        "(index, loads) records (37.6M records in all at 10M rows, about 2 s of random memory "
+        "access: a cache-friendlier shuffle would draw another permutation, so another plan, "
+        "for the same seed), the first touch of freshly allocated pages on this VM (the plan's "
+        "eleven per-sample columns: ~1.5 s), and the sorts of the step assignment. The command "
+        "adds reading the table (~1.2 s), the repeated-id check (1.25 s, on the second core "
+        "beside the build) and writing plan.parquet (~1.4 s).",
         "",
     ]
     with tempfile.TemporaryDirectory(prefix="equishard-bench-") as work:

@@ -18,11 +18,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,7 +32,6 @@ import pyarrow.parquet as pq
 from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
-from dataprep.workers import exit_with_parent
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
@@ -42,6 +39,7 @@ from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shard
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.storage import is_url, join_url
+from shards.stream_pool import run_streams
 from shards.stream_writer import COST_FIELDS, write_stream
 from shards.wids_index import WIDS_INDEX, write_wids_index
 
@@ -358,21 +356,8 @@ def _write_all(
         ):
             results[job["rank"]] = shards
             bar.update()
-    elif cfg.workers == 1:
-        for job in jobs:
-            results[job["rank"]] = write_stream(job)
-            bar.update()
-    else:
-        with ProcessPoolExecutor(
-            cfg.workers,
-            mp_context=mp.get_context("spawn"),
-            initializer=exit_with_parent,  # never outlive a killed writer (its lock is gone)
-            initargs=(os.getpid(),),
-        ) as ex:
-            futures = {ex.submit(write_stream, job): job["rank"] for job in jobs}
-            for fut, rank in futures.items():
-                results[rank] = fut.result()
-                bar.update()
+    else:  # this process writes streams too (shards/stream_pool.py)
+        results = run_streams(jobs, cfg.workers, write_stream, bar.update)
     bar.close()
     streams = []
     for job in jobs:

@@ -1,0 +1,91 @@
+"""The writer's streams over ``workers`` processes, this one included.
+
+``equishard write --workers N`` used to hand every stream to N spawned processes while this one
+waited: each spends its first ~0.3-0.7 s importing the writer, so on a small set two workers
+were slower than one (BENCHMARKS.md). Here this process writes streams too, from the back of
+the list, while N - 1 spawned workers take them from the front as each becomes free: a worker
+that is still starting costs nothing, and ``--workers`` is never slower than one process by more
+than a worker's start. Which process writes a stream changes none of its bytes
+(:func:`shards.stream_writer.write_stream` depends on its job alone).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+from dataprep.workers import exit_with_parent
+
+__all__ = ["run_streams"]
+
+
+def run_streams(
+    jobs: list[dict], workers: int, fn: Callable[[dict], list[dict]], done: Callable[[], None]
+) -> dict[int, list[dict]]:
+    """``fn(job)`` for every job, keyed by ``job["rank"]``; ``done()`` after each. The first
+    error (a worker's or this process's) is raised once the running streams end; no stream
+    starts after it."""
+    pending = deque(jobs)
+    results: dict[int, list[dict]] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def take(front: bool) -> dict | None:
+        with lock:
+            if errors or not pending:
+                return None
+            return pending.popleft() if front else pending.pop()
+
+    if workers <= 1 or len(jobs) <= 1:
+        while (job := take(front=True)) is not None:
+            results[job["rank"]] = fn(job)
+            done()
+        return results
+
+    def feed(pool: ProcessPoolExecutor) -> None:
+        """Keep each spawned worker busy with the next stream from the front."""
+        running: dict[Future, int] = {}
+        while True:
+            while len(running) < workers - 1 and (job := take(front=True)) is not None:
+                running[pool.submit(fn, job)] = job["rank"]
+            if not running:
+                return
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                rank = running.pop(fut)
+                try:
+                    value = fut.result()
+                except BaseException as exc:  # a worker's error, or its death
+                    with lock:
+                        errors.append(exc)
+                    continue
+                with lock:
+                    results[rank] = value
+                done()
+
+    with ProcessPoolExecutor(
+        workers - 1,
+        mp_context=mp.get_context("spawn"),
+        initializer=exit_with_parent,  # never outlive a killed writer (its lock is gone)
+        initargs=(os.getpid(),),
+    ) as pool:
+        feeder = threading.Thread(target=feed, args=(pool,), name="equishard-write-feeder")
+        feeder.start()
+        try:
+            while (job := take(front=False)) is not None:  # this process: from the back
+                value = fn(job)
+                with lock:
+                    results[job["rank"]] = value
+                done()
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+        finally:
+            feeder.join()  # the workers' running streams end; no new one starts after an error
+    if errors:
+        raise errors[0]
+    return results

@@ -1,0 +1,79 @@
+"""The writer's process pool (shards/stream_pool.py) against a reference model of it: every
+job's result exactly once, keyed by its rank, whichever process ran it; the calling process
+writes streams too (from the back) while the spawned workers take them from the front; the
+first error, a worker's or the caller's, is raised and no stream starts after it.
+
+Planted bugs this catches: the caller only waiting (``--workers 2`` slower than 1, the old
+pool), a result filed under another job's rank, a worker's error swallowed, streams still
+started after an error, a job run twice."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from shards.stream_pool import run_streams
+
+
+def record(job: dict) -> list[dict]:
+    """A stream that says who wrote it (a spawned worker imports this module by name). The
+    caller's streams first wait (up to a minute) until a spawned worker has started one: on a
+    busy machine a worker's start-up can outlast all of the caller's streams."""
+    if os.getpid() == job["caller"]:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            not p.name.endswith(f"-{job['caller']}") for p in Path(job["log"]).iterdir()
+        ):
+            time.sleep(0.01)
+    Path(job["log"], f"{job['rank']}-{os.getpid()}").touch()
+    time.sleep(job.get("sleep", 0.0))
+    if job.get("fail"):
+        raise ValueError(f"stream {job['rank']} failed")
+    return [{"rank": job["rank"], "pid": os.getpid()}]
+
+
+def _jobs(tmp_path: Path, n: int, **extra) -> list[dict]:
+    base = {"log": str(tmp_path), "sleep": 0.05, "caller": os.getpid()}
+    return [{"rank": r, **base, **extra} for r in range(n)]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_every_stream_once_under_its_rank_and_the_caller_writes_too(tmp_path, workers):
+    jobs = _jobs(tmp_path, 24)
+    if workers == 1:  # no worker to wait for
+        jobs = [{**job, "caller": -1} for job in jobs]
+    ticks = []
+    got = run_streams(jobs, workers, record, lambda: ticks.append(1))
+    assert sorted(got) == list(range(24)) and len(ticks) == 24
+    assert all(got[r][0]["rank"] == r for r in got)
+    written = sorted(p.name for p in tmp_path.iterdir())
+    assert [int(n.split("-")[0]) for n in written] == sorted(range(24), key=str)  # each once
+    pids = {got[r][0]["pid"] for r in got}
+    assert os.getpid() in pids  # the caller wrote streams
+    if workers == 1:
+        assert pids == {os.getpid()}
+    else:  # the caller takes from the back: the last stream is its own
+        assert got[23][0]["pid"] == os.getpid()
+        assert len(pids) > 1, "no spawned worker wrote a stream"
+
+
+def test_a_workers_error_is_raised_and_no_stream_starts_after_it(tmp_path):
+    # every stream fails, the caller's from the back included: whichever fails first is raised
+    jobs = _jobs(tmp_path, 40, fail=True, caller=-1)
+    with pytest.raises(ValueError, match=r"stream \d+ failed"):
+        run_streams(jobs, 2, record, lambda: None)
+    # at most the streams already running when the first failed, far from all 40
+    assert len(list(tmp_path.iterdir())) <= 4
+
+
+def test_a_workers_error_reaches_the_caller(tmp_path):
+    jobs = _jobs(tmp_path, 6)
+    jobs[0]["fail"] = True  # the front: a spawned worker's first stream
+    jobs[0]["sleep"] = 0.0
+    for job in jobs[1:]:
+        job["sleep"] = 0.5  # the caller, started once the worker has, still writes as it fails
+    with pytest.raises(ValueError, match="stream 0 failed"):
+        run_streams(jobs, 2, record, lambda: None)

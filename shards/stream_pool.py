@@ -3,10 +3,11 @@
 ``equishard write --workers N`` used to hand every stream to N spawned processes while this one
 waited: each spends its first ~0.3-0.7 s importing the writer, so on a small set two workers
 were slower than one (BENCHMARKS.md). Here this process writes streams too, from the back of
-the list, while N - 1 spawned workers take them from the front as each becomes free: a worker
-that is still starting costs nothing, and ``--workers`` is never slower than one process by more
-than a worker's start. Which process writes a stream changes none of its bytes
-(:func:`shards.stream_writer.write_stream` depends on its job alone).
+the list, while spawned workers take them from the front as each becomes free: a worker that is
+still starting costs nothing. One stream keeps two cores busy (this thread encodes, a writer
+thread hashes and writes), so at most usable cores / 2 processes run: more only contend (on 2
+cores, a second process made ``--workers 2`` slower than 1). Which process writes a stream
+changes none of its bytes (:func:`shards.stream_writer.write_stream` depends on its job alone).
 """
 
 from __future__ import annotations
@@ -17,10 +18,34 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from pathlib import Path
 
 from dataprep.workers import exit_with_parent
 
-__all__ = ["run_streams"]
+__all__ = ["run_streams", "stream_processes", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity, cut to a cgroup's CPU-time cap; or
+    ``EQUISHARD_CORES`` where set (a container whose affinity shows the host's cores)."""
+    given = os.environ.get("EQUISHARD_CORES", "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ValueError(f"EQUISHARD_CORES must be a whole number >= 1, got {given!r}")
+        return int(given)
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores
+
+
+def stream_processes(workers: int, streams: int) -> int:
+    """The processes ``--workers`` runs for ``streams`` streams, this one included."""
+    return max(1, min(workers, streams, usable_cores() // 2))
 
 
 def run_streams(
@@ -29,6 +54,7 @@ def run_streams(
     """``fn(job)`` for every job, keyed by ``job["rank"]``; ``done()`` after each. The first
     error (a worker's or this process's) is raised once the running streams end; no stream
     starts after it."""
+    workers = stream_processes(workers, len(jobs))
     pending = deque(jobs)
     results: dict[int, list[dict]] = {}
     errors: list[BaseException] = []
@@ -40,7 +66,7 @@ def run_streams(
                 return None
             return pending.popleft() if front else pending.pop()
 
-    if workers <= 1 or len(jobs) <= 1:
+    if workers == 1:
         while (job := take(front=True)) is not None:
             results[job["rank"]] = fn(job)
             done()

@@ -33,7 +33,9 @@ def _alive(pid: int) -> bool:
 
 
 def _kill_once_workers_run(cmd: list[str], workers: int) -> set[int]:
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # the writer runs at most half the cores' processes: seen as 8 cores, it starts its workers
+    env = {**os.environ, "EQUISHARD_CORES": "8"}
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.monotonic() + 60
     kids: set[int] = set()
     while time.monotonic() < deadline and p.poll() is None:
@@ -104,9 +106,9 @@ def test_killed_write_leaves_no_workers(big_demo, tmp_path):
     out = tmp_path / "shards"
     cmd = [
         sys.executable, "-m", "equishard", "write", str(plan), "--cost-table", str(cost),
-        "--out", str(out), "--workers", "2", "--shard-size", "64KB",
+        "--out", str(out), "--workers", "3", "--shard-size", "64KB",
     ]  # fmt: skip
-    kids = _kill_once_workers_run(cmd, 2)
+    kids = _kill_once_workers_run(cmd, 2)  # two spawned workers beside the writing process
     assert _all_gone(kids), f"orphaned writer workers: {[k for k in kids if _alive(k)]}"
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
     time.sleep(1.0)

@@ -60,7 +60,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--workers",
         type=int,
         default=1,
-        help="writer processes, one stream each at a time (default: 1)",
+        help="writer processes, one stream each at a time, this one included (default: 1); "
+        "each keeps two cores busy, so at most usable cores / 2 run (EQUISHARD_CORES "
+        "overrides the cores seen)",
     )
     p.add_argument(
         "--energon",

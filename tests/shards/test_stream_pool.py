@@ -1,7 +1,8 @@
 """The writer's process pool (shards/stream_pool.py) against a reference model of it: every
 job's result exactly once, keyed by its rank, whichever process ran it; the calling process
 writes streams too (from the back) while the spawned workers take them from the front; the
-first error, a worker's or the caller's, is raised and no stream starts after it.
+first error, a worker's or the caller's, is raised and no stream starts after it; at most half
+the usable cores' processes run.
 
 Planted bugs this catches: the caller only waiting (``--workers 2`` slower than 1, the old
 pool), a result filed under another job's rank, a worker's error swallowed, streams still
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shards.stream_pool import run_streams
+from shards import stream_pool
+from shards.stream_pool import run_streams, stream_processes
 
 
 def record(job: dict) -> list[dict]:
@@ -40,8 +42,13 @@ def _jobs(tmp_path: Path, n: int, **extra) -> list[dict]:
     return [{"rank": r, **base, **extra} for r in range(n)]
 
 
+@pytest.fixture
+def eight_cores(monkeypatch):
+    monkeypatch.setattr(stream_pool, "usable_cores", lambda: 8)
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
-def test_every_stream_once_under_its_rank_and_the_caller_writes_too(tmp_path, workers):
+def test_every_stream_once_under_its_rank_and_the_caller_writes_too(tmp_path, workers, eight_cores):
     jobs = _jobs(tmp_path, 24)
     if workers == 1:  # no worker to wait for
         jobs = [{**job, "caller": -1} for job in jobs]
@@ -60,7 +67,7 @@ def test_every_stream_once_under_its_rank_and_the_caller_writes_too(tmp_path, wo
         assert len(pids) > 1, "no spawned worker wrote a stream"
 
 
-def test_a_workers_error_is_raised_and_no_stream_starts_after_it(tmp_path):
+def test_a_workers_error_is_raised_and_no_stream_starts_after_it(tmp_path, eight_cores):
     # every stream fails, the caller's from the back included: whichever fails first is raised
     jobs = _jobs(tmp_path, 40, fail=True, caller=-1)
     with pytest.raises(ValueError, match=r"stream \d+ failed"):
@@ -69,7 +76,7 @@ def test_a_workers_error_is_raised_and_no_stream_starts_after_it(tmp_path):
     assert len(list(tmp_path.iterdir())) <= 4
 
 
-def test_a_workers_error_reaches_the_caller(tmp_path):
+def test_a_workers_error_reaches_the_caller(tmp_path, eight_cores):
     jobs = _jobs(tmp_path, 6)
     jobs[0]["fail"] = True  # the front: a spawned worker's first stream
     jobs[0]["sleep"] = 0.0
@@ -77,3 +84,29 @@ def test_a_workers_error_reaches_the_caller(tmp_path):
         job["sleep"] = 0.5  # the caller, started once the worker has, still writes as it fails
     with pytest.raises(ValueError, match="stream 0 failed"):
         run_streams(jobs, 2, record, lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("cores", "workers", "streams", "want"),
+    [(2, 2, 8, 1), (2, 4, 8, 1), (4, 4, 8, 2), (16, 4, 8, 4), (16, 8, 3, 3), (1, 2, 8, 1)],
+)
+def test_processes_are_capped_at_half_the_usable_cores(monkeypatch, cores, workers, streams, want):
+    """A stream keeps two cores busy: on 2 cores a second process only contended (--workers 2
+    was slower than 1 in BENCHMARKS.md)."""
+    monkeypatch.setattr(stream_pool, "usable_cores", lambda: cores)
+    assert stream_processes(workers, streams) == want
+
+
+def test_on_two_cores_workers_2_runs_in_this_process_alone(tmp_path, monkeypatch):
+    monkeypatch.setattr(stream_pool, "usable_cores", lambda: 2)
+    jobs = [{**job, "caller": -1} for job in _jobs(tmp_path, 6)]
+    got = run_streams(jobs, 2, record, lambda: None)
+    assert {got[r][0]["pid"] for r in got} == {os.getpid()}
+
+
+def test_equishard_cores_overrides_the_cores_seen(monkeypatch):
+    monkeypatch.setenv("EQUISHARD_CORES", "6")
+    assert stream_pool.usable_cores() == 6 and stream_processes(8, 10) == 3
+    monkeypatch.setenv("EQUISHARD_CORES", "two")
+    with pytest.raises(ValueError, match="EQUISHARD_CORES must be a whole number"):
+        stream_pool.usable_cores()

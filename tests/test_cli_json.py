@@ -1,5 +1,5 @@
 """``--json`` on every command that makes or checks an artifact (demo, prep, import-lengths,
-merge, write, verify, report): one JSON line on stdout and nothing else, the same shape
+merge, write, verify, report, rebalance): one JSON line on stdout and nothing else, the same shape
 everywhere (``command``, ``status``, ``counts``: ``in`` / ``out`` / ``rejected``), each count
 checked against the artifact itself (the rows of the table, the manifest, the records)."""
 
@@ -102,3 +102,33 @@ def test_merge_write_verify_report_json(capsys, made, tmp_path):
     assert doc["status"] == "failed" and doc["problems"]
     assert doc["counts"]["rejected"] > 0
     assert doc["counts"]["out"] + doc["counts"]["rejected"] == doc["counts"]["in"]
+
+
+def test_rebalance_json_has_the_same_front_and_counts_the_night(capsys, tmp_path):
+    """A night (new samples, updates, deletions) in the common shape: ``in`` is the samples
+    carried in plus the new entries read, ``out`` the new generation's samples (its manifest),
+    ``rejected`` the new entries prep refused; the night's own counts follow."""
+    from dataprep.demo import split_days
+    from shards import open_generation
+
+    raw = tmp_path / "raw"
+    assert main(["demo", str(raw), "--samples", "30", "--seed", "4", "--images", "6"]) == 0
+    split_days(raw, days=2, updates=3, deletions=2, seed=4)
+    cost, plan, root = tmp_path / "cost.parquet", tmp_path / "plan", tmp_path / "shards"
+    tok = ["--tokenizer", str(raw / "tokenizer.json"), "--image-root", str(raw)]
+    assert main(["prep", str(raw / "day-1.jsonl"), *tok, "--no-progress", "-o", str(cost)]) == 0
+    assert main(["balance", str(cost), "--dp", "2", "-o", str(plan)]) == 0
+    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(root)]) == 0
+    carried = open_generation(root).totals["samples"]
+    night = ["rebalance", "--current", str(root), "--new", str(raw / "day-2.jsonl")]
+    doc = run_json(capsys, [*night, "--delete", str(raw / "day-2.delete")])
+    c = doc["counts"]
+    assert doc["status"] == "published"
+    read = len((raw / "day-2.jsonl").read_text().splitlines())
+    assert c["in"] == carried + read and c["carried_in"] == carried and c["read"] == read
+    assert c["out"] == open_generation(root).totals["samples"]
+    assert c["out"] == carried + c["new"] - c["deleted"] and c["deleted"] == 2
+    assert c["updated"] == 3 and c["rejected"] == 0
+    # docs/reference/cli.md: what entered is written, refused, deleted or replaced
+    gone = c["rejected"] + c["deleted"] + c["updated"] + c["unchanged_resubmitted"]
+    assert c["in"] == c["out"] + gone

@@ -110,11 +110,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         r = run_rebalance(cfg)
     except Exception as exc:  # the scheduler needs one line and a non-zero exit
-        summary = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        summary = {
+            "command": "rebalance",
+            "status": "failed",
+            "error": f"{type(exc).__name__}: {exc}",
+            "counts": _counts({}),
+        }
         print(json.dumps(summary))
         print(f"equishard rebalance: FAILED, CURRENT unchanged: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    summary = r.as_dict()
+    summary = {"command": "rebalance", **r.as_dict(), "counts": _counts(r.counts)}
     if r.status == "in_progress":
         if args.json:
             print(json.dumps(summary))
@@ -153,3 +158,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  removed old generations: {', '.join(r.removed)}")
     print("  (--json prints this summary as one JSON line for a scheduler)")
     return EXIT_OK
+
+
+def _counts(counts: dict) -> dict:
+    """The night's counts in the shape every command's --json has in front: ``in`` (the
+    generation's samples carried in and the new entries read), ``out``, ``rejected``; then the
+    night's own (new, updated, deleted, ...)."""
+    entered = counts.get("carried_in", 0) + counts.get("read", 0)
+    front = {"in": entered, "out": counts.get("out", 0), "rejected": counts.get("rejected", 0)}
+    return {**front, **counts}

@@ -68,9 +68,9 @@ train: $(STAMP)
 # granite_docling|idefics2|deepseek_vl_hybrid)
 # trained on the demo generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU
 # ranks, with runtime balancing (BALANCE=off|encoder|llm|both). The demo set is prepped with the
-# family's tokenizer, template and vision policy (examples/train_hf_vlm.py --print-prep-args:
-# qwen2vl, internvl), so every sample's packed length is checked against prep's count; other
-# families train on a generation measured with InternVL tiles (HF_FALLBACK), unchecked.
+# family's tokenizer, template and vision policy (examples/train_hf_vlm.py --print-prep-args,
+# every family), so every sample's packed length is checked against prep's count (a family
+# without prep settings would train on InternVL tiles, HF_FALLBACK, unchecked).
 train-hf: $(STAMP)
 	@test -f $(HF_OUT)/shards/CURRENT || { \
 	  $(BIN)/equishard demo $(HF_OUT)/raw --samples 96 --seed $(SEED) && \

@@ -181,6 +181,26 @@ def pixtral_processor():
 PREP_POLICY = {
     "qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",  # 56*56 .. 28*28*64
     "internvl": f"internvl:max_tiles=4,tile_size={TILE},patch_size=7",
+    "qwen3vl": "qwen2vl:min_pixels=4096,max_pixels=65536,patch_size=16,merge_size=2",
+    "glm4v": "glm4v:min_pixels=3136,max_pixels=100352",
+    "gemma3": f"gemma3:image_size={TILE},patch_size=7,llm_tokens=16",
+    "smolvlm": f"smolvlm:longest_edge={4 * TILE},tile={TILE},patch_size=7,tokens_per_tile=16",
+    "llava_onevision": f"llava-onevision:tile_size={TILE},patch_size=7,max_grid=3,max_tiles=9",
+    "mistral3": "mistral3:longest_edge=112,patch_size=14,merge_size=2",
+    "llava_next": f"llava-next:tile_size={TILE},patch_size=7,grids=1x2.2x1.2x2.3x1.1x3",
+    "gemma4": "gemma4:max_soft_tokens=70,patch_size=7,pooling_kernel_size=2",
+    "ernie45vl": "ernie45vl:min_pixels=3136,max_pixels=50176",
+    "llava": f"fixed:{TILE}/7",
+    "deepseek_vl": f"fixed:{TILE}/7",
+    "janus": f"fixed:{TILE}/7",
+    "deepseek_vl_hybrid": f"deepseek-vl-hybrid:image_size={TILE},patch_size=7,"
+    f"high_res_size={2 * TILE},high_res_patch_size=8",
+    "ovis2": f"ovis2:max_tiles=4,tile_size={TILE},patch_size=7,hidden_stride=2",
+    "aria": "aria:max_image_size=490,patch_size=35,tokens=16",  # its size_conversion
+    "idefics2": f"idefics2:shortest_edge=28,longest_edge={TILE},patch_size=7,tokens_per_image=8",
+    "granite_docling": f"granite-docling:max_tiles=4,tile_size={TILE},patch_size=7,"
+    "tokens_per_tile=16",
+    "aya_vision": f"aya-vision:max_tiles=4,tile_size={TILE},patch_size=7",
 }
 
 

@@ -21,7 +21,19 @@ from equishard.cli import main
 from tests.shards.conftest import build_inputs
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
-PREP_FAMILIES = ("qwen2vl", "internvl")  # the example's PREP_POLICY: prep counts what it trains
+
+
+def _prep_families() -> tuple[str, ...]:
+    """The example's PREP_POLICY families: prep counts what their tiny models train on."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_hf_vlm", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.PREP_POLICY)
+
+
+PREP_FAMILIES = _prep_families()
 
 
 class _MainReturned(Exception):
@@ -171,6 +183,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     "family",
     [
         "internvl",
+        "llava",
         "qwen3vl",
         "glm4v",
         "llava_next",

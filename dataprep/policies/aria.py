@@ -22,9 +22,11 @@ most crops: with splitting, a sample whose images have different crop counts get
 tokens than the model makes features (which it refuses). Prep counts each image's own crops,
 which is what ``HFPacker(family="aria")`` builds (it processes each image on its own).
 
-Spec: ``aria[:max_image_size=980,split=0,patch_size=14]`` (``max_image_size`` and
+Spec: ``aria[:max_image_size=980,split=0,patch_size=14,tokens=0]`` (``max_image_size`` and
 ``split_image`` as the processor's call runs them: 980 and no splitting unless the call passes
-others, whatever the image processor's own attributes; the vision config's ``patch_size``).
+others, whatever the image processor's own attributes; the vision config's ``patch_size``;
+``tokens``: the LLM tokens a crop where a model's ``size_conversion`` differs from the
+released one, 0 for 128 at 490 px and 256 at 980 px).
 """
 
 from __future__ import annotations
@@ -58,8 +60,14 @@ class AriaPolicy(VisionPolicy):
     max_image_size: int = 980
     split: bool = False
     patch_size: int = 14
+    tokens: int = 0  # LLM tokens a crop; 0: ARIA_TOKENS[max_image_size]
 
     def __post_init__(self) -> None:
+        if self.tokens < 0:
+            raise ValueError(
+                f"aria needs tokens >= 0 (the LLM tokens a crop, its processor's "
+                f"size_conversion; 0 for the released {ARIA_TOKENS}), got {self.tokens}"
+            )
         if self.max_image_size not in ARIA_TOKENS:
             raise ValueError(
                 f"aria needs max_image_size 490 or 980 (what its image processor accepts), got "
@@ -77,10 +85,11 @@ class AriaPolicy(VisionPolicy):
     def image_cost(self, width: int, height: int) -> ImageCost:
         n = self.crops(width, height)
         patches = (self.max_image_size // self.patch_size) ** 2
-        return ImageCost((patches,) * n, ARIA_TOKENS[self.max_image_size] * n)
+        return ImageCost((patches,) * n, (self.tokens or ARIA_TOKENS[self.max_image_size]) * n)
 
     def spec(self) -> str:
+        tokens = f",tokens={self.tokens}" if self.tokens else ""  # the released counts: unsaid
         return (
             f"aria:max_image_size={self.max_image_size},split={int(self.split)},"
-            f"patch_size={self.patch_size}"
+            f"patch_size={self.patch_size}{tokens}"
         )

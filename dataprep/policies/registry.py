@@ -106,7 +106,7 @@ POLICIES: dict[str, PolicyFamily] = {
         ("max_tiles", "tile_size", "patch_size", "hidden_stride", "min_tiles"),
         ("covering",),
     ),
-    "aria": _family(AriaPolicy, ("max_image_size", "patch_size"), ("split",)),
+    "aria": _family(AriaPolicy, ("max_image_size", "patch_size", "tokens"), ("split",)),
     "granite-docling": _family(
         GraniteDoclingPolicy,
         ("max_tiles", "min_tiles", "tile_size", "patch_size", "tokens_per_tile", "dense_max_tiles"),

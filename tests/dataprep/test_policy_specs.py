@@ -1,0 +1,73 @@
+"""Every setting a vision policy takes survives the spec prep records (rule 2: the generation
+describes itself completely). For every family of the registry and every option it accepts, a
+policy with that option changed from its default is written with ``spec()`` and parsed back:
+it must be the same policy. A consumer that rebuilds the policy from the manifest (the
+loader's collator, ``HFPacker.from_generation``, ``equishard train``) otherwise measures with
+the default where prep used the user's value.
+
+Planted bug this catches: a ``spec()`` that leaves out an option (Aria's ``tokens`` was left
+out when it was added: a generation prepped with 16 tokens a crop read back as 128)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dataprep.policies import parse_vision_policy
+from dataprep.policies.registry import POLICIES
+
+# options a policy reads only under another (its spec leaves them out otherwise): changed with
+# that one set, and checked to change no count without it
+ONLY_WITH = {
+    ("gemma3", "min_crop_size"): {"pan_and_scan": True},
+    ("gemma3", "max_crops"): {"pan_and_scan": True},
+    ("gemma3", "min_ratio"): {"pan_and_scan": True},
+}
+SIZES = [(w, h) for w in (8, 300, 901, 1999, 4000) for h in (8, 450, 1200, 3100)]
+
+
+def _changed(value):
+    """Candidate values other than ``value``, likeliest valid first."""
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [v for v in (value * 2, value + 1, value // 2, 16, 4, 2, 1, 490, 980) if v != value]
+    if isinstance(value, float):
+        return [v for v in (value + 0.5, value * 2, 1.5, 0.5) if v != value]
+    return []
+
+
+def _options(name: str) -> list[str]:
+    fam = POLICIES[name]
+    return sorted(fam.ints | fam.flags | fam.floats | set(fam.strings))
+
+
+@pytest.mark.parametrize(
+    ("name", "option"), [(n, o) for n in POLICIES for o in _options(n)], ids=lambda x: str(x)
+)
+def test_every_option_round_trips_through_the_spec(name, option):
+    base = parse_vision_policy(name)
+    assert parse_vision_policy(base.spec()) == base
+    fam = POLICIES[name]
+    if (name, option) in ONLY_WITH:
+        for value in _changed(getattr(base, option))[:2]:  # inert without the other option
+            inert = dataclasses.replace(base, **{option: value})
+            assert all(inert.image_cost(w, h) == base.image_cost(w, h) for w, h in SIZES)
+        base = dataclasses.replace(base, **ONLY_WITH[(name, option)])
+    if option in fam.strings:  # named choices: each one
+        choices = fam.strings[option] or ()
+        values = [c for c in choices if c != getattr(base, option)]
+    else:
+        values = _changed(getattr(base, option))
+    tried = 0
+    for value in values:
+        try:
+            policy = dataclasses.replace(base, **{option: value})
+        except (ValueError, TypeError):
+            continue  # not a valid value for this family
+        tried += 1
+        back = parse_vision_policy(policy.spec())
+        assert back == policy, f"{name}: {option}={value!r} is lost in {policy.spec()!r}"
+    if option not in fam.strings or fam.strings[option]:
+        assert tried, f"no valid changed value of {option} tried for {name}"

@@ -151,3 +151,28 @@ def test_cli_round_trip(tmp_path):
     assert report["counts"]["in"] == report["counts"]["out"] == 300
     for key in ("pad_ratio_vit", "dist_ratio_vit", "dist_ratio_llm", "efficiency_llm_cost"):
         assert key in report["metrics"]["balanced"] and key in report["metrics"]["random"]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_report_counts_the_samples_isf_left_over_or_found_oversize(seed):
+    """The report's ``leftover_samples`` / ``oversize_samples`` are the samples of ISF's
+    leftover and oversize groups, counted before the last step re-packs some of them (the
+    plan's own ``group_flag`` then says 'last-step'): recounted here from ISF run alone with the
+    report's caps and the plan's seed. Planted bug this catches: the counts read through the
+    step assignment's group ids (so a dissolved oversize group's samples are not counted)."""
+    rng = np.random.default_rng(seed)
+    n = 101 + seed
+    v = rng.integers(0, 3, n)
+    v[rng.random(n) < 0.06] = 40  # oversize: over any cap chosen from the data
+    t = rng.integers(50, 2000, n)
+    res = build_plan(_table(v, t), BalanceConfig(dp=8, seed=seed, target_batch=4))
+    p = res.report["parameters"]["isf"]
+    caps = ISFParams(q_v=p["q_v"], q_t=p["q_t"], qf_v=p["qf_v"], qf_t=p["qf_t"], rounds=p["rounds"])
+    alone = isf_group(v * 1024, np.maximum(t, 1), caps, np.random.default_rng(seed))
+    kind = alone.flags[alone.group_of]
+    counts = res.report["counts"]
+    assert counts["leftover_samples"] == int((kind == FLAG_LEFTOVER).sum())
+    assert counts["oversize_samples"] == int((kind == FLAG_OVERSIZE).sum()) > 0
+    final = res.plan.column("group_flag").to_pylist()
+    assert final.count("oversize") <= counts["oversize_samples"]
+    assert final.count("leftover") <= counts["leftover_samples"]

@@ -39,7 +39,7 @@ from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shard
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.storage import is_url, join_url
-from shards.stream_pool import run_streams
+from shards.stream_pool import run_streams, usable_cores
 from shards.stream_writer import COST_FIELDS, write_stream
 from shards.wids_index import WIDS_INDEX, write_wids_index
 
@@ -83,6 +83,8 @@ class WriteConfig:
             raise ValueError(f"--shard-size must be at least 1KB, got {self.shard_size} bytes")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if self.workers > 1 and self.engine == "local":
+            usable_cores()  # EQUISHARD_CORES checked here, before anything is staged
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.ray_address and self.engine != "ray":

@@ -110,3 +110,19 @@ def test_equishard_cores_overrides_the_cores_seen(monkeypatch):
     monkeypatch.setenv("EQUISHARD_CORES", "two")
     with pytest.raises(ValueError, match="EQUISHARD_CORES must be a whole number"):
         stream_pool.usable_cores()
+
+
+def test_a_bad_equishard_cores_is_refused_before_anything_is_staged(monkeypatch, tmp_path):
+    from shards.writer import WriteConfig
+
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    for f in (plan / "plan.parquet", plan / "report.json", tmp_path / "cost.parquet"):
+        f.write_bytes(b"")
+    monkeypatch.setenv("EQUISHARD_CORES", "0")
+    kw = dict(
+        plan_dir=str(plan), cost_table=str(tmp_path / "cost.parquet"), out=str(tmp_path / "o")
+    )
+    with pytest.raises(ValueError, match="EQUISHARD_CORES must be a whole number >= 1, got '0'"):
+        WriteConfig(workers=2, **kw)
+    WriteConfig(workers=1, **kw)  # one process: the cores are never asked

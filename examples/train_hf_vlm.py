@@ -755,6 +755,10 @@ def main() -> None:
                 rec["balance_seconds"] += sum(route.seconds.values())
                 rec[f"{name}_before"] = route.loads_before.tolist()
                 rec[f"{name}_after"] = route.loads_after.tolist()
+                # the slowest rank's load over the mean: 1.0 is even
+                ratios = route.summary()
+                rec[f"{name}_max_over_mean_before"] = ratios["max_over_mean_before"]
+                rec[f"{name}_max_over_mean_after"] = ratios["max_over_mean_after"]
         everyone = [None] * world
         dist.all_gather_object(everyone, rec)
         if rank == 0:

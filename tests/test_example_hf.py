@@ -173,6 +173,11 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
         for r in rows:
             assert max(r["llm_after"]) <= max(r["llm_before"]) + 1e-6
             assert max(r["encoder_after"]) <= max(r["encoder_before"]) + 1e-6
+            for name in ("llm", "encoder"):  # the logged ratios are the loads' max / mean
+                for when in ("before", "after"):
+                    loads = r[f"{name}_{when}"]
+                    want = max(loads) / (sum(loads) / len(loads)) if sum(loads) > 0 else 1.0
+                    assert r[f"{name}_max_over_mean_{when}"] == pytest.approx(want)
     ddp = [r["loss"] for r in runs["ddp"] if r["rank"] == 0]
     fsdp = [r["loss"] for r in runs["fsdp2"] if r["rank"] == 0]
     assert fsdp == pytest.approx(ddp, rel=1e-5)

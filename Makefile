@@ -63,9 +63,9 @@ train: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
 		--log $(TRAIN_OUT)/train.jsonl
 
-# `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|qwen3vl|glm4v|internvl|llava|llava_next|
-# llava_onevision|gemma3|gemma4|smolvlm|mistral3|aya_vision|ernie45vl|deepseek_vl|janus|ovis2|aria|
-# granite_docling|idefics2|deepseek_vl_hybrid)
+# `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|qwen25vl|qwen3vl|glm4v|internvl|llava|
+# llava_next|llava_onevision|gemma3|gemma4|smolvlm|mistral3|aya_vision|ernie45vl|deepseek_vl|janus|
+# ovis2|aria|granite_docling|idefics2|deepseek_vl_hybrid)
 # trained on the demo generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU
 # ranks, with runtime balancing (BALANCE=off|encoder|llm|both). The demo set is prepped with the
 # family's tokenizer, template and vision policy (examples/train_hf_vlm.py --print-prep-args,

@@ -5,13 +5,14 @@ GPU: NCCL):
     torchrun --nproc-per-node 4 examples/train_hf_vlm.py --shards build/train-demo/shards \\
         --tokenizer build/train-demo/raw/tokenizer.json --family qwen2vl --balance both
 
-``--family`` qwen2vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
+``--family`` qwen2vl | qwen25vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
 gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | deepseek_vl_hybrid | janus |
 ovis2 | aria | granite_docling | idefics2 builds a tiny model of that architecture from its
 ``transformers`` config (random weights, nothing downloaded), the family's processor classes
 from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
-before/after balancing and the step time (JSON lines in ``--jsonl``); rank 0 prints a summary.
+before/after balancing with their max/mean ratios, and the step time (JSON lines in
+``--jsonl``); rank 0 prints a summary.
 The lines marked "equishard" are all a loop needs to turn balancing on.
 """
 
@@ -37,6 +38,8 @@ TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
 SPECIALS = {
     "qwen2vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
+    "qwen25vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
     "qwen3vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
     "glm4v": ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|endoftext|>",
@@ -76,7 +79,10 @@ SPECIALS = {
 FAMILIES = list(SPECIALS)
 NAMED = ("deepseek_vl", "janus", "deepseek_vl_hybrid")  # templates whose marker others share
 # the template (and template family) a family's model ships when it is another family's
-TEMPLATE_OF = {"qwen3vl": "qwen2vl", "deepseek_vl_hybrid": "deepseek_vl"}
+TEMPLATE_OF = {"qwen25vl": "qwen2vl", "qwen3vl": "qwen2vl", "deepseek_vl_hybrid": "deepseek_vl"}
+# the HFPacker family of a model whose processor makes another family's rows (Qwen2.5-VL's:
+# Qwen2-VL's patch rows, grids and tokens; its tower differs, window attention)
+PACKER_OF = {"qwen25vl": "qwen2vl"}
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
 
 
@@ -181,6 +187,7 @@ def pixtral_processor():
 PREP_POLICY = {
     "qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",  # 56*56 .. 28*28*64
     "internvl": f"internvl:max_tiles=4,tile_size={TILE},patch_size=7",
+    "qwen25vl": "qwen2vl:min_pixels=3136,max_pixels=50176",
     "qwen3vl": "qwen2vl:min_pixels=4096,max_pixels=65536,patch_size=16,merge_size=2",
     "glm4v": "glm4v:min_pixels=3136,max_pixels=100352",
     "gemma3": f"gemma3:image_size={TILE},patch_size=7,llm_tokens=16",
@@ -260,6 +267,21 @@ def build(family: str, mdir: Path):
             vision_end_token_id=ids("<|vision_end|>"),
         )
         return proc, tf.Qwen2VLForConditionalGeneration(cfg)
+    if family == "qwen25vl":  # Qwen2-VL's rows; a tower of windowed attention (block 0)
+        from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+        ip = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+        proc = no_video(tf.Qwen2_5_VLProcessor)(image_processor=ip, tokenizer=tok)
+        cfg = tf.Qwen2_5_VLConfig(
+            text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]}},
+            vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                               out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]),
+            image_token_id=ids("<|image_pad|>"),
+            video_token_id=ids("<|video_pad|>"),
+            vision_start_token_id=ids("<|vision_start|>"),
+            vision_end_token_id=ids("<|vision_end|>"),
+        )  # fmt: skip
+        return proc, tf.Qwen2_5_VLForConditionalGeneration(cfg)
     if family == "qwen3vl":  # 16-px patches; deepstack features into the first decoder layers
         from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -678,17 +700,18 @@ def main() -> None:
         llm=args.balance in ("llm", "both"),
         policy=RedistributePolicy(placement="identity"),
     )
-    qwen_style = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
+    qwen_style = ("qwen2vl", "qwen25vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
     rope = model.model.get_rope_index if args.family in qwen_style else None
     # DeepSeek-VL's and Janus's templates write the same image marker: the family is named
     named = TEMPLATE_OF.get(args.family, args.family)
     template = f"{mdir}#images={named}" if args.family in NAMED else str(mdir)
     images_kwargs = IMAGES_KWARGS.get(args.family, {})
+    packer_family = PACKER_OF.get(args.family, args.family)
     if measured_for(args.shards, args.family):
         # equishard: the template prep measured with, the processor's pixel bounds checked
         # against prep's policy, and every sample's length against prep's count
         packer = HFPacker.from_generation(
-            args.shards, processor, family=args.family, template=template, rope_index=rope,
+            args.shards, processor, family=packer_family, template=template, rope_index=rope,
             images_kwargs=images_kwargs,
         )  # fmt: skip
     else:
@@ -699,7 +722,7 @@ def main() -> None:
             print(f"note: {args.shards} was not prepped with {args.family}'s settings: sample "
                   "lengths are not checked against prep (see --print-prep-args)")  # fmt: skip
         packer = HFPacker(
-            family=args.family, processor=processor, template=template, rope_index=rope,
+            family=packer_family, processor=processor, template=template, rope_index=rope,
             images_kwargs=images_kwargs, check_costs=False,
         )  # fmt: skip
     if rank == 0:

@@ -188,6 +188,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     "family",
     [
         "internvl",
+        "qwen25vl",
         "llava",
         "qwen3vl",
         "glm4v",

@@ -35,13 +35,12 @@ from trainer_adapter.hf.balance import balance_model, global_targets  # equishar
 from trainer_adapter.hf.inputs import HFPacker  # equishard
 
 TEMPLATES = Path(__file__).resolve().parent / "chat_templates"
+_QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"]  # fmt: skip
 SPECIALS = {
-    "qwen2vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
-    "qwen25vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                 "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
-    "qwen3vl": ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"],
+    "qwen2vl": _QWEN_SPECIALS,
+    "qwen25vl": _QWEN_SPECIALS,
+    "qwen3vl": _QWEN_SPECIALS,
     "glm4v": ["[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|endoftext|>",
               "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>",
               "<|end_of_video|>", "<|video|>"],
@@ -246,6 +245,10 @@ def build(family: str, mdir: Path):
 
     tok = tf.AutoTokenizer.from_pretrained(str(mdir))
     ids = tok.convert_tokens_to_ids
+    # the Qwen-style configs' vision token ids (Qwen2-VL, Qwen2.5-VL, Qwen3-VL)
+    qwen_ids = {f"{k}_token_id": ids(f"<|{t}|>") for k, t in (
+        ("image", "image_pad"), ("video", "video_pad"),
+        ("vision_start", "vision_start"), ("vision_end", "vision_end"))}  # fmt: skip
     text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)  # fmt: skip
 
@@ -261,10 +264,7 @@ def build(family: str, mdir: Path):
         cfg = tf.Qwen2VLConfig(
             text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]}},
             vision_config=dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2),
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
+            **qwen_ids,
         )
         return proc, tf.Qwen2VLForConditionalGeneration(cfg)
     if family == "qwen25vl":  # Qwen2-VL's rows; a tower of windowed attention (block 0)
@@ -276,10 +276,7 @@ def build(family: str, mdir: Path):
             text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [4, 2, 2]}},
             vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                                out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]),
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
+            **qwen_ids,
         )  # fmt: skip
         return proc, tf.Qwen2_5_VLForConditionalGeneration(cfg)
     if family == "qwen3vl":  # 16-px patches; deepstack features into the first decoder layers
@@ -297,10 +294,7 @@ def build(family: str, mdir: Path):
             vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                                patch_size=16, out_hidden_size=64, num_position_embeddings=64,
                                deepstack_visual_indexes=[0, 1]),
-            image_token_id=ids("<|image_pad|>"),
-            video_token_id=ids("<|video_pad|>"),
-            vision_start_token_id=ids("<|vision_start|>"),
-            vision_end_token_id=ids("<|vision_end|>"),
+            **qwen_ids,
         )  # fmt: skip
         return proc, tf.Qwen3VLForConditionalGeneration(cfg)
     if family == "glm4v":  # GLM-4.1V: a Qwen-style tower, each image two frames

@@ -21,7 +21,14 @@ import pyarrow.parquet as pq
 from balancing._kernels.tables import STAT_COUNT, STAT_SUM_V, _nb_counting_argsort
 from balancing.auto_params import auto_isf_params
 from balancing.cost_model import CostModel, sample_costs
-from balancing.isf import FLAG_LAST_STEP, FLAG_NAMES, FLAG_OVERSIZE, ISFParams, isf_group
+from balancing.isf import (
+    FLAG_LAST_STEP,
+    FLAG_LEFTOVER,
+    FLAG_NAMES,
+    FLAG_OVERSIZE,
+    ISFParams,
+    isf_group,
+)
 from balancing.plan_quality import (
     PHASES,
     group_stats,
@@ -241,7 +248,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             },
             "oversize_samples": int((sample_flag == FLAG_OVERSIZE).sum()),
             "oversize_sample_ids": oversize_ids,
-            "leftover_samples": int((sample_flag == 1).sum()),
+            "leftover_samples": int((sample_flag == FLAG_LEFTOVER).sum()),
             "avg_group_size": round(n / max(int(nonempty.sum()), 1), 4),
         },
         "last_step": {

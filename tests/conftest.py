@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import logging
-import math
 import os
 import re
 from importlib import resources
@@ -50,10 +49,11 @@ def _cpu_cap() -> float | None:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on: its affinity, cut to a CPU-time cap."""
-    cores = len(os.sched_getaffinity(0))
-    cap = _cpu_cap()
-    return cores if cap is None else max(1, min(cores, math.ceil(cap)))
+    """The cores this process may run on: its affinity, cut to a CPU-time cap (the writer's
+    own count, shards.stream_pool)."""
+    from shards.stream_pool import usable_cores as cores
+
+    return cores()
 
 
 def worker_threads() -> int:

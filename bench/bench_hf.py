@@ -244,7 +244,8 @@ def overhead(family: str, balance: str, gen: Path, tokenizer: Path, steps: int =
            "--master-port", str(free_port()),
            str(HERE.parent / "examples" / "train_hf_vlm.py"), "--shards", str(gen),
            "--tokenizer", str(tokenizer), "--family", family, "--balance", balance,
-           "--steps", str(steps), "--jsonl", str(log)]  # fmt: skip
+           "--steps", str(steps), "--jsonl", str(log),
+           "--no-measure"]  # fmt: skip  # each mode's own overhead: phases off not dry-run
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent)}
     for attempt in range(2):
         log.unlink(missing_ok=True)

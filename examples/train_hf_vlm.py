@@ -12,7 +12,9 @@ ovis2 | aria | granite_docling | idefics2 builds a tiny model of that architectu
 from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
 before/after balancing with their max/mean ratios, and the step time (JSON lines in
-``--jsonl``); rank 0 prints a summary.
+``--jsonl``); rank 0 prints a summary. A phase not balanced (both under ``off``) is measured
+all the same: its loads, and the max/mean balancing would have given (``*_planned``), from a
+dry run of the plan that moves nothing (``--no-measure``: the plain baseline, not wrapped).
 The lines marked "equishard" are all a loop needs to turn balancing on.
 """
 
@@ -651,6 +653,12 @@ def main() -> None:
         "layer, then the model: each rank holds a shard of every parameter; the balancing "
         "wrappers are unchanged)",
     )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="leave the phases that --balance does not balance as they are (by default they are "
+        "measured by a dry run of the plan: one small gather per call, nothing moved)",
+    )
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--jsonl", default=None, help="JSON lines file, one line per step and rank")
@@ -693,6 +701,7 @@ def main() -> None:
         encoder=args.balance in ("encoder", "both"),
         llm=args.balance in ("llm", "both"),
         policy=RedistributePolicy(placement="identity"),
+        measure=not args.no_measure,  # the loads of a phase not balanced are logged too
     )
     qwen_style = ("qwen2vl", "qwen25vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
     rope = model.model.get_rope_index if args.family in qwen_style else None
@@ -776,6 +785,9 @@ def main() -> None:
                 ratios = route.summary()
                 rec[f"{name}_max_over_mean_before"] = ratios["max_over_mean_before"]
                 rec[f"{name}_max_over_mean_after"] = ratios["max_over_mean_after"]
+                # what balancing gives (a phase not balanced: what it would have given)
+                rec[f"{name}_max_over_mean_planned"] = ratios["max_over_mean_planned"]
+                rec[f"{name}_balanced"] = not route.method.startswith("dry run")
         everyone = [None] * world
         dist.all_gather_object(everyone, rec)
         if rank == 0:

@@ -93,6 +93,8 @@ def _train(
     steps: int,
     family: str = "qwen2vl",
     torchrun: bool = True,
+    balance: str = "both",
+    extra: tuple[str, ...] = (),
 ):
     from tests.dist_helper import free_port, run_ranks
 
@@ -104,8 +106,9 @@ def _train(
         "--steps",
         str(steps),
     ]
-    args += ["--family", family, "--balance", "both", "--parallel", parallel, "--jsonl", str(log)]
-    done = f"{family} balance=both: {steps} steps"
+    args += ["--family", family, "--balance", balance, "--parallel", parallel, "--jsonl", str(log)]
+    args += list(extra)
+    done = f"{family} balance={balance}: {steps} steps"
     if not torchrun:  # the script on fork-server ranks
         stdout = run_ranks(example_rank, 2, args, timeout=400, torchrun_env=True)[0]
         assert done in stdout, stdout[-1500:]
@@ -244,3 +247,43 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
     ]
     assert all(0 < r["loss"] < 20 for r in rows)
     assert any(sum(r["encoder_before"]) > 0 for r in rows)  # images reached the tower
+    for r in rows:  # balanced: the plan's loads are the loads after
+        for name in ("llm", "encoder"):
+            assert r[f"{name}_balanced"]
+            assert r[f"{name}_max_over_mean_planned"] == r[f"{name}_max_over_mean_after"]
+
+
+def test_balance_off_logs_the_loads_balancing_would_have_evened(tmp_path):
+    """``--balance off`` logs the loads its steps had, and what balancing would have made of
+    them (a dry run of the plan that moves nothing): checked against a balanced run of the same
+    steps (the same batches, so the same loads before; its loads after are what the dry run
+    planned; the same losses, since balancing moves work, not results) and against the plain
+    baseline (``--no-measure``: nothing wrapped, nothing logged, the same losses again).
+    Bugs caught: loads not logged with balancing off; a dry run that moves items (its loads
+    after differ from before) or plans differently from the balanced run."""
+    pytest.importorskip("transformers")
+    demo, gen = family_generation(tmp_path, "qwen2vl")
+    run = lambda balance, *extra: _train(  # noqa: E731
+        gen, demo, tmp_path / f"{balance}{len(extra)}.jsonl", "ddp", 3, torchrun=False,
+        balance=balance, extra=extra,
+    )  # fmt: skip
+    off, both, plain = run("off"), run("both"), run("off", "--no-measure")
+    key = lambda r: (r["step"], r["rank"])  # noqa: E731
+    off, both, plain = (sorted(x, key=key) for x in (off, both, plain))
+    assert [key(r) for r in off] == [key(r) for r in both] == [key(r) for r in plain]
+    moved = 0.0
+    for o, b, p in zip(off, both, plain, strict=True):
+        assert o["loss"] == pytest.approx(b["loss"], rel=1e-5) == pytest.approx(p["loss"])
+        assert not any(k.startswith(("llm_", "encoder_")) for k in p)  # the plain baseline
+        for name in ("llm", "encoder"):
+            assert not o[f"{name}_balanced"] and b[f"{name}_balanced"]
+            assert o[f"{name}_before"] == pytest.approx(b[f"{name}_before"])
+            assert o[f"{name}_after"] == o[f"{name}_before"]  # nothing moved
+            loads = o[f"{name}_before"]
+            assert o[f"{name}_max_over_mean_before"] == pytest.approx(
+                max(loads) / (sum(loads) / len(loads))
+            )
+            want = b[f"{name}_max_over_mean_after"]  # what balancing made of the same loads
+            assert o[f"{name}_max_over_mean_planned"] == pytest.approx(want)
+            moved += o[f"{name}_max_over_mean_before"] - o[f"{name}_max_over_mean_planned"]
+    assert moved > 0.05  # the steps were uneven, and the plan would have evened them

@@ -54,6 +54,9 @@ class ItemRoute:
     method: str = ""
     loads_before: np.ndarray = field(default_factory=lambda: np.zeros(0))
     loads_after: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    # the loads the plan gives: ``loads_after``, but under ``policy.dry_run`` (nothing moves)
+    # the loads it would have given
+    loads_planned: np.ndarray = field(default_factory=lambda: np.zeros(0))
     seconds: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     copy_of: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -143,6 +146,7 @@ class ItemRoute:
             "method": self.method,
             "max_over_mean_before": imb(self.loads_before),
             "max_over_mean_after": imb(self.loads_after),
+            "max_over_mean_planned": imb(self.loads_planned),
             "bytes": {k: dict(v) for k, v in self.route.bytes.items()},
             "seconds": dict(self.seconds),
         }
@@ -211,7 +215,7 @@ def plan_items(
     c = np.asarray(cost(table), dtype=np.float64)
     vol = np.asarray(volume(table), dtype=np.float64) if volume is not None else c
     ranks = tuple(range(world))
-    dest, method, before = _plan_phase(c, src, ranks, topology, policy, vol)
+    dest, method, before, planned = _plan_phase(c, src, ranks, topology, policy, vol)
     dest = np.asarray(dest, dtype=np.int64)
     route = Route(rank, world, group, topology, table, src, dest, dest, dest)
     out = ItemRoute(route=route, table=table, src=src, dest=dest, method=method)
@@ -219,6 +223,7 @@ def plan_items(
     out.dtypes = agreed_dtypes
     out.loads_before = before
     out.loads_after = np.bincount(dest, weights=c, minlength=world) if dest.size else before
+    out.loads_planned = planned
     if idle and dest.size:
         copy_of, to = idle_copies(c, src, dest, world)
         out.copy_of = copy_of

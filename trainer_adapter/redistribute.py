@@ -47,6 +47,10 @@ class RedistributePolicy:
     ``nodewise`` (Alg. 3) or ``identity``. ``cost``: ``modeled`` (alpha*len + beta*len^2 per
     phase, from ``cost_model``) or ``tokens``. A phase whose current max/mean is already within
     ``1 + min_gain`` is left as it is. ``enabled=False`` moves nothing (the baseline).
+    ``dry_run``: plan as balancing would, run every check it runs, then move nothing: every
+    item stays on its rank (no exchange; the small gather of per-item lengths still runs) and
+    the route records the loads the ranks have and the loads the plan would have given
+    (``*_planned``): what an unbalanced run would have gained, measured on its own steps.
     ``idle_ranks`` (the Hugging Face wrappers, :mod:`trainer_adapter.hf.balance`): what a rank
     that receives no item of a balanced module does: ``skip`` it (DDP), ``run`` it on a copy
     of one item and drop the results (FSDP2 sharded per block, ZeRO-3: a sharded block's
@@ -64,8 +68,15 @@ class RedistributePolicy:
     # node-wise placement counts the embeddings' trip from encoder rank to LLM rank too
     embedding_bytes: int = 0
     idle_ranks: str = "auto"
+    dry_run: bool = False
 
     def __post_init__(self) -> None:
+        if self.dry_run and not self.enabled:
+            raise ValueError(
+                "dry_run=True plans without moving and enabled=False does not plan: give "
+                "dry_run=True alone to measure what balancing would give, enabled=False alone "
+                "for the plain baseline"
+            )
         if self.method not in (*METHODS, "locality"):
             raise ValueError(
                 f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}, locality"
@@ -195,7 +206,10 @@ class Route:
         row_bytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.element_size()
         self._count_bytes(name, rows[keep], at[keep], to[keep], row_bytes)
         dev = collective_device(self.group)
-        got = all_to_all_rows(out.to(dev), send.tolist(), recv.tolist(), self.group)
+        if (at[keep] == to[keep]).all():  # nothing changes rank (the same plan on every
+            got = out.to(dev)  # rank, so every rank skips the exchange): no collective
+        else:
+            got = all_to_all_rows(out.to(dev), send.tolist(), recv.tolist(), self.group)
         # rows arrive by source rank; put them in global order
         order = inc[np.argsort(at[inc], kind="stable")]
         home = dev if stay else x.device
@@ -288,7 +302,27 @@ def _extra_sources(extra, ranks, topo) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
-    """Destination rank of each item (-1 items skipped) and the method that ran. ``traffic``
+    """Destination rank of each item, the method that ran, the loads of the phase's ranks
+    before, and the loads the plan gives. Under ``policy.dry_run`` every item stays on its rank
+    (the plan's loads are what it would have given)."""
+    dest, method, before = _plan(cost, src, ranks, topo, policy, volume, cap, traffic)
+    where = {r: j for j, r in enumerate(ranks)}
+    at = np.array([where[int(r)] for r in dest], dtype=np.int64)
+    planned = np.bincount(at, weights=cost, minlength=len(ranks)) if at.size else before
+    if not policy.dry_run:
+        return dest, method, before, planned
+    outside = sorted({int(s) for s in src} - set(where))
+    if outside:
+        raise ValueError(
+            f"dry_run keeps every item on its rank, but ranks {outside} hold items and take no "
+            f"part in this phase (its ranks: {tuple(ranks)}); dry-run a topology whose phases "
+            "run on every rank"
+        )
+    return np.asarray(src, dtype=np.int64).copy(), f"dry run ({method})", before, planned
+
+
+def _plan(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
+    """Destination rank of each item and the method that ran, and the loads before. ``traffic``
     (bytes per item from its own rank, and (source rank, bytes) per item from elsewhere) is what
     the node-wise placement keeps inside nodes; by default ``volume`` from the item's rank."""
     ranks_arr = np.asarray(ranks, dtype=np.int64)
@@ -370,7 +404,7 @@ def redistribute(
     has_vit = table[:, _VIT] > 0
     patch_bytes = table[:, _VIT] * batch["patches"].shape[-1] * batch["patches"].element_size()
     vit_dest = np.full(src.size, -1, dtype=np.int64)
-    vd, vmethod, vbefore = _plan_phase(
+    vd, vmethod, vbefore, vplanned = _plan_phase(
         vit_cost[has_vit], src[has_vit], vision_ranks, topology, policy, patch_bytes[has_vit]
     )
     vit_dest[has_vit] = vd
@@ -378,7 +412,7 @@ def redistribute(
     if policy.embedding_bytes:  # the LLM placement also weighs the embeddings' trip
         own = table[:, _LLM] * _TOKEN_BYTES
         traffic = (own, (vit_dest, table[:, _IMG] * policy.embedding_bytes))
-    llm_dest, lmethod, lbefore = _plan_phase(
+    llm_dest, lmethod, lbefore, lplanned = _plan_phase(
         llm_cost,
         src,
         llm_ranks,
@@ -403,6 +437,9 @@ def redistribute(
         "llm_after": np.bincount(
             [lj[int(r)] for r in llm_dest], weights=llm_cost, minlength=len(llm_ranks)
         ),
+        # what the plan gives (the same as after, but under dry_run: what it would have given)
+        "vision_planned": vplanned,
+        "llm_planned": lplanned,
     }
     route.seconds["gather"] = t1 - t0
     route.seconds["plan"] = time.perf_counter() - t1

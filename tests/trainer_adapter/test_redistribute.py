@@ -9,6 +9,7 @@ import torch
 
 from tests.dist_helper import run_ranks
 from tests.trainer_adapter.synthetic import per_sample, synthetic_batch
+from trainer_adapter import RedistributePolicy
 
 COUNTS = {4: [5, 0, 2, 9], 2: [0, 6], 3: [7, 1, 0]}
 
@@ -88,6 +89,47 @@ def test_disabled_moves_nothing():
     assert all(
         v == {"intra_node": 0.0, "inter_node": 0.0} for v in got[0]["summary"]["bytes"].values()
     )
+
+
+def _counting_exchanges(rank, world, counts, policy_kw, ranks_per_node):
+    """:func:`_redistribute`, counting the all_to_all calls this rank makes."""
+    import torch.distributed as dist
+
+    calls, a2a = [], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return a2a(*args, **kwargs)
+
+    dist.all_to_all_single = counted
+    try:
+        return {**_redistribute(rank, world, counts, policy_kw, ranks_per_node), "a2a": len(calls)}
+    finally:
+        dist.all_to_all_single = a2a
+
+
+def test_dry_run_plans_as_balancing_and_moves_nothing():
+    """``dry_run``: the loads the balanced run reaches are recorded as planned (the same plan),
+    every sample stays where it was and no exchange runs at all (a plan that moves nothing
+    skips the all_to_all on every rank). Bugs caught: a dry run that moves samples, plans
+    differently from the balanced run, or still pays for the exchanges."""
+    kw = {"method": "lpt", "cost": "tokens"}
+    dry = run_ranks(_counting_exchanges, 4, COUNTS[4], {**kw, "dry_run": True}, 2, timeout=120)
+    real = run_ranks(_counting_exchanges, 4, COUNTS[4], kw, 2, timeout=120)
+    offs = np.cumsum([0, *COUNTS[4]])
+    for r, g in enumerate(dry):
+        assert g["llm_index"] == list(range(offs[r], offs[r + 1]))
+        assert g["a2a"] == 0 and real[r]["a2a"] > 0
+        assert g["to_source"] == [float(i) for i in range(offs[r], offs[r + 1])]
+    loads, want = dry[0]["loads"], real[0]["loads"]
+    for phase in ("vision", "llm"):
+        assert loads[f"{phase}_before"] == want[f"{phase}_before"]
+        assert loads[f"{phase}_after"] == loads[f"{phase}_before"]  # nothing moved
+        assert loads[f"{phase}_planned"] == want[f"{phase}_after"] == want[f"{phase}_planned"]
+        assert dry[0]["summary"]["methods"][phase].startswith("dry run")
+    assert max(loads["llm_planned"]) < max(loads["llm_before"])
+    with pytest.raises(ValueError, match="dry_run=True alone"):
+        RedistributePolicy(enabled=False, dry_run=True)
 
 
 def test_nodewise_permutation_lowers_inter_node_bytes():
@@ -185,10 +227,10 @@ def test_own_items_are_kept_only_where_they_hold_the_memory_cap(min_gain):
     cost = tokens**2  # attention-bound: the long sample is the most expensive rank alone
     policy = RedistributePolicy(method="lpt", cost="tokens", min_gain=min_gain)
     cap = 3000
-    dest, method, before = _plan_phase(cost, src, [0, 1], Topology(), policy, tokens, cap=cap)
+    dest, method, before, _ = _plan_phase(cost, src, [0, 1], Topology(), policy, tokens, cap=cap)
     held = np.bincount(dest, weights=tokens, minlength=2)
     assert held.max() <= cap, (method, held)
     assert not method.startswith("kept") and not np.array_equal(dest, src)
     assert before.argmax() == 1  # the long sample's rank was the costliest before
-    kept, method, _ = _plan_phase(cost, src, [0, 1], Topology(), policy, tokens, cap=None)
+    kept, method, _, _ = _plan_phase(cost, src, [0, 1], Topology(), policy, tokens, cap=None)
     assert method.startswith("kept") and np.array_equal(kept, src)

@@ -28,6 +28,7 @@ rank (:mod:`trainer_adapter.group_errors`). :func:`balance_model` installs the r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 
 import torch
@@ -88,6 +89,7 @@ def balance_model(
     llm: bool = True,
     topology: Topology | None = None,
     policy: RedistributePolicy | None = None,
+    measure: bool = False,
 ) -> torch.nn.Module:
     """Balance a ``transformers`` VLM in place: its vision tower (``encoder``) and/or its
     language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / GLM-4.1V
@@ -104,7 +106,13 @@ def balance_model(
     balance_patch_positions`) or tiles), DeepSeek-VL and its hybrid (both of its towers, the
     high-resolution SAM too). Feed each rank one packed row
     (:func:`balance_decoder`'s convention). An encoder-decoder language model (Florence-2's
-    BART) is refused with ``llm=True``. Returns the model."""
+    BART) is refused with ``llm=True``.
+
+    ``measure``: a phase not balanced (``encoder=False`` or ``llm=False``) is still planned, as
+    a dry run (``RedistributePolicy.dry_run``): none of its items moves, and its module's
+    ``last_route`` holds the loads the ranks had and the loads balancing would have given. A
+    run with balancing off then logs what it would have gained, at the price of one small
+    gather of item lengths per call. Returns the model."""
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     if decoder is not None and hasattr(decoder, "lm_head"):  # Llama 4: a causal LM; its decoder
@@ -133,7 +141,8 @@ def balance_model(
             ".language_model/.text_model; wrap the tower and the decoder with balance_vision / "
             "balance_tiles / balance_decoder"
         )
-    if llm and getattr(getattr(decoder, "config", None), "is_encoder_decoder", False):
+    two_stack = getattr(getattr(decoder, "config", None), "is_encoder_decoder", False)
+    if llm and two_stack:
         raise ValueError(
             f"{type(model).__name__}: its language model {type(decoder).__name__} is an "
             "encoder-decoder (Florence-2's BART): balance_decoder moves the samples of one "
@@ -141,18 +150,22 @@ def balance_model(
             "vision tower only (balance_model(..., llm=False))"
         )
     policy = policy or RedistributePolicy()
+    # a phase not balanced: measured (a dry run of the plan) or left as it is
     off = RedistributePolicy(enabled=False)
+    idle = dataclasses.replace(policy, enabled=True, dry_run=True) if measure else off
     towers = [tower] if second is None else [tower, second]
-    if encoder:
-        wrap(tower, group=group, topology=topology, policy=policy)
+    if encoder or measure:
+        vision = policy if encoder else idle
+        wrap(tower, group=group, topology=topology, policy=vision)
         if second is not None:  # its forward takes the images' high-resolution copies
-            balance_tiles(second, group=group, topology=topology, policy=policy)
-    if encoder or llm:
+            balance_tiles(second, group=group, topology=topology, policy=vision)
+    if encoder or llm or measure:
         balance_decoder(
             decoder,
             group=group,
             topology=topology,
-            policy=policy if llm else off,
-            vision=towers if encoder else None,
+            # an encoder-decoder's (Florence-2's BART) samples are not planned: not measured
+            policy=policy if llm else (off if two_stack else idle),
+            vision=towers if encoder or measure else None,
         )
     return model

@@ -382,12 +382,23 @@ def greedy_node_assign(benefit: np.ndarray, per_node: int) -> np.ndarray:
     node_of = np.full(d, -1, dtype=np.int64)
     used = [0] * nodes
     left = d
-    for p in np.argsort(-benefit.ravel(), kind="stable").tolist():
+    flat = benefit.ravel()
+    # the pairs of positive benefit in the kernel's order; the rest (benefits are volumes, so
+    # >= 0: zeros) follow in row-major order, which the loop below walks without sorting them
+    # (a batch gets the first node with room): d x nodes pairs are 800k at d = 2560
+    pos = np.flatnonzero(flat > 0) if (flat >= 0).all() else np.arange(flat.size)
+    for p in pos[np.argsort(-flat[pos], kind="stable")].tolist():
         j, n = divmod(p, nodes)
         if node_of[j] < 0 and used[n] < per_node:
             node_of[j] = n
             used[n] += 1
             left -= 1
             if not left:
-                break
+                return node_of
+    n = 0
+    for j in np.flatnonzero(node_of < 0).tolist():
+        while used[n] >= per_node:
+            n += 1
+        node_of[j] = n
+        used[n] += 1
     return node_of

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from balancing import CostModel, locality_balance, nodewise_permutation, post_balance
-from balancing.post_balance import METHODS
+from balancing.post_balance import METHODS, MemoryCapError
 from trainer_adapter.exchange import all_to_all_rows, collective_device, gather_tables
 from trainer_adapter.topology import Topology
 
@@ -304,20 +304,27 @@ def _extra_sources(extra, ranks, topo) -> tuple[np.ndarray, np.ndarray, np.ndarr
 def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
     """Destination rank of each item, the method that ran, the loads of the phase's ranks
     before, and the loads the plan gives. Under ``policy.dry_run`` every item stays on its rank
-    (the plan's loads are what it would have given)."""
-    dest, method, before = _plan(cost, src, ranks, topo, policy, volume, cap, traffic)
+    (the plan's loads are what it would have given; a plan the memory cap refuses, the loads
+    before, the method saying why)."""
     where = {r: j for j, r in enumerate(ranks)}
-    at = np.array([where[int(r)] for r in dest], dtype=np.int64)
-    planned = np.bincount(at, weights=cost, minlength=len(ranks)) if at.size else before
-    if not policy.dry_run:
-        return dest, method, before, planned
     outside = sorted({int(s) for s in src} - set(where))
-    if outside:
+    if policy.dry_run and outside:
         raise ValueError(
             f"dry_run keeps every item on its rank, but ranks {outside} hold items and take no "
             f"part in this phase (its ranks: {tuple(ranks)}); dry-run a topology whose phases "
             "run on every rank"
         )
+    try:
+        dest, method, before = _plan(cost, src, ranks, topo, policy, volume, cap, traffic)
+    except MemoryCapError as e:  # a dry run measures: no plan under the cap is a finding
+        if not policy.dry_run:
+            raise
+        dest, method = np.asarray(src, dtype=np.int64), f"no plan under the memory cap: {e}"
+        before = np.bincount([where[int(r)] for r in src], weights=cost, minlength=len(ranks))
+    at = np.array([where[int(r)] for r in dest], dtype=np.int64)
+    planned = np.bincount(at, weights=cost, minlength=len(ranks)) if at.size else before
+    if not policy.dry_run:
+        return dest, method, before, planned
     return np.asarray(src, dtype=np.int64).copy(), f"dry run ({method})", before, planned
 
 

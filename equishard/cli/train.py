@@ -93,7 +93,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.add_argument(
         "--no-redistribute",
         action="store_true",
-        help="train on the groups as read (the baseline to compare against)",
+        help="train on the groups as read (the baseline to compare against); each step still "
+        "logs the max/mean redistribution would have given (a dry run: nothing moves)",
     )
     p.add_argument(
         "--method",

@@ -55,6 +55,7 @@ def _invariance(rank, world, gen):
         "diff": diff,
         "scale": scale,
         "on": on["route"],
+        "off": off["route"],
         "n": len(batch["sample_ids"]),
     }
 
@@ -74,6 +75,16 @@ def test_redistribution_gives_the_same_loss_and_gradients(train_generation):
     assert route["bytes"]["tokens"]["intra_node"] + route["bytes"]["tokens"]["inter_node"] > 0
     assert route["llm_after_max_over_mean"] < route["llm_before_max_over_mean"]
     assert route["vision_after_max_over_mean"] < route["vision_before_max_over_mean"]
+    # the baseline moved nothing and measured what balancing made of the same step (a dry run)
+    off = got[0]["off"]
+    assert all(v["intra_node"] + v["inter_node"] == 0 for v in off["bytes"].values())
+    for phase in ("vision", "llm"):
+        assert off["methods"][phase].startswith("dry run")
+        assert off[f"{phase}_before_max_over_mean"] == route[f"{phase}_before_max_over_mean"]
+        assert off[f"{phase}_after_max_over_mean"] == off[f"{phase}_before_max_over_mean"]
+        assert off[f"{phase}_planned_max_over_mean"] == pytest.approx(
+            route[f"{phase}_after_max_over_mean"]
+        )
 
 
 def _train(rank, world, cfg_kw, log):
@@ -154,11 +165,16 @@ def test_empty_rank_batch_is_well_formed():
 
 def test_pipelined_loss_equals_the_unpipelined_one(train_generation):
     """Packing into fixed-shape microbatches, 1F1B ordering and labels on the last stage change
-    nothing about the first step's loss (same init, same data)."""
+    nothing about the first step's loss (same init, same data); nor does redistribution, which
+    the unpipelined run leaves off (the baseline: a dry run that logs what it would have given)."""
     base = {"shards": str(train_generation), "dp": 2, "steps": 1, "workers": 0}
-    flat = run_ranks(_train, 2, {**base, "pp": 1}, None, timeout=300)[0]
+    flat = run_ranks(_train, 2, {**base, "pp": 1, "redistribute": False}, None, timeout=300)[0]
     piped = run_ranks(_train, 4, {**base, "pp": 2, "microbatches": 4}, None, timeout=300)[0]
     assert piped[0]["loss"] == pytest.approx(flat[0]["loss"], rel=1e-5)
+    lm = flat[0]["loads_max_over_mean"]
+    assert flat[0]["methods"]["llm"].startswith("dry run") and flat[0]["bytes_inter_node"] == 0
+    assert lm["llm_after"] == lm["llm_before"] and lm["llm_planned"] <= lm["llm_before"]
+    assert not piped[0]["methods"]["llm"].startswith("dry run")
 
 
 def test_a_different_tokenizer_than_prep_is_refused(train_generation, tmp_path):

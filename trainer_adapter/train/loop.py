@@ -49,6 +49,14 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
+def _loads(lm: dict, phase: str, methods: dict) -> str:
+    """A phase's max/mean before -> after; a dry run's (the baseline): what it had and, in
+    brackets, what balancing would have made of it."""
+    if methods.get(phase, "").startswith("dry run"):
+        return f"{lm[f'{phase}_before']:.3f} (balanced: {lm[f'{phase}_planned']:.3f})"
+    return f"{lm[f'{phase}_before']:.3f}->{lm[f'{phase}_after']:.3f}"
+
+
 def _heaviest_ratio(loads: dict | None, batch: dict) -> float:
     """How much heavier the generation's largest group is than ``batch`` (the larger of the
     LLM and the encoder ratio; 1 where unknown or the batch is empty)."""
@@ -245,8 +253,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             f"step {step:4d}  {out['seconds']:6.2f} s  loss {out['loss']:.4f}  "
             f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.3g} TFLOP/s/rank  "
             + (f"peak {rec['peak_reserved'] / 2**30:.1f} GiB  " if rec["peak_reserved"] else "")
-            + f"max/mean vision {lm['vision_before']:.3f}->{lm['vision_after']:.3f}  "
-            f"llm {lm['llm_before']:.3f}->{lm['llm_after']:.3f}  moved intra "
+            + f"max/mean vision {_loads(lm, 'vision', r['methods'])}  "
+            f"llm {_loads(lm, 'llm', r['methods'])}  moved intra "
             f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
             + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")
             + (

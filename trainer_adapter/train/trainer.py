@@ -155,8 +155,10 @@ class Trainer:
         self.model.zero_grad(set_to_none=True)
 
     def set_redistribution(self, enabled: bool) -> None:
+        """Balance each step's phases, or (``enabled=False``, the baseline) move nothing and
+        record what balancing would have given: a dry run of the same plan."""
         self.policy = RedistributePolicy(
-            enabled=enabled,
+            dry_run=not enabled,
             method=self.cfg.method,
             placement=self.cfg.placement,
             cost_model=self.cost_model,

@@ -135,15 +135,20 @@ def run() -> dict:
         "1.012-1.076, and `locality_balance` stalled at 1.07-1.17; `auto` took 0.2 / 0.5 / 1.7 ms "
         "at d = 64 / 512 / 2560 with B = 4. The refinement now keeps moving the heaviest rank's "
         "load until no move or swap lowers it: at B = 4 and d = 2560 that is ~10,000 steps of ~1 us "
-        "(each a merge walk over two ranks and a min-tree query), the price of halving the spread.",
+        "(each a merge walk over two ranks and a min-tree query), the price of halving the spread. "
+        "Since 2026-11-28 `auto` also runs unequal KK (refined) on steps of at most 65,536 items x "
+        "ranks (`AUTO_KK_WORK`: up to 64 x 16, 512 x 1), where it is the most even method about as "
+        "often as LPT is; beyond, its d-wide merges cost 50-200 ms at 512 x 4 (2,048 items), 40-150x "
+        "auto's time, so there auto stays with LPT and equal KK: the 512 x 4 row's gap is KK's on "
+        "one draw of two.",
         "",
     ]
     lines += [
         "### First call in a fresh process, empty numba cache",
         "",
         "| d x B | import | post_balance | locality_balance | nodewise_permutation | HF wrapper plan | "
-        "then kernels ready after | steady post_balance |",
-        "|---|---|---|---|---|---|---|---|",
+        "then kernels ready after | steady post_balance | target |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in first:
         calls = [r[f"{k}_s"] for k in ENTRY_POINTS]
@@ -151,7 +156,7 @@ def run() -> dict:
         lines.append(
             f"| {r['d']} x {r['B']} | {r['import_s']:.2f} s | "
             + " | ".join(f"{c:.3f} s" for c in calls)
-            + f" | {r['compile_s']:.1f} s | {r['steady_post_balance_s'] * 1000:.2f} ms ({met}) |"
+            + f" | {r['compile_s']:.1f} s | {r['steady_post_balance_s'] * 1000:.2f} ms | {met} |"
         )
     lines += [
         "",

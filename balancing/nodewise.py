@@ -20,7 +20,7 @@ from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
 from balancing._kernels.refine import _nb_refine
 from balancing.checks import finite_nonnegative, ranks_in
-from balancing.post_balance import PostBalance
+from balancing.post_balance import PostBalance, post_balance
 
 __all__ = [
     "NodewiseResult",
@@ -179,26 +179,58 @@ def nodewise_permutation(
 
 @first_call.entry_point
 def locality_balance(
-    lengths: np.ndarray, src: np.ndarray, d: int, per_node: int, *, tolerance: float = 2e-5
+    lengths: np.ndarray,
+    src: np.ndarray,
+    d: int,
+    per_node: int,
+    *,
+    tolerance: float = 2e-5,
+    max_loss: float = 0.005,
 ) -> PostBalance:
     """Balance ``lengths`` over d ranks moving as little as possible, and inside nodes first.
 
-    ``src[i]`` is the rank that holds item i now. The result's ``dest`` are ranks.
+    ``src[i]`` is the rank that holds item i now. The result's ``dest`` are ranks. Ranks keep
+    their own items up to the mean load, then the refinement evens the rest. ``max_loss``: how
+    much heavier than :func:`post_balance`'s heaviest rank the result's may be (checked only
+    when the plan's heaviest is above the mean by more than that). Beyond it, ranks keep their
+    items up to post_balance's heaviest load instead; failing that too, post_balance's batches
+    are placed on the ranks by :func:`nodewise_permutation` (most of each batch's volume stays
+    in its node). ``method`` says which plan was taken.
     """
     if d < 1 or per_node < 1 or d % per_node:
         raise ValueError(f"d={d} ranks must split into whole nodes of {per_node}")
     if not (np.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")
+    if not (np.isfinite(max_loss) and max_loss >= 0):
+        raise ValueError(f"max_loss must be finite and >= 0, got {max_loss!r}")
     x = finite_nonnegative(lengths)
     src = ranks_in(src, d, "src", x.size)
-    target = x.sum() / d * (1.0 + tolerance)
-    if not first_call.kernels_ready():  # exact twins while the kernels compile
-        order = first_call.argsort_desc(x)
-        dest = first_call.local_first(x, order, src, d, per_node, target)
-        loads = first_call.refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
+    mean = x.sum() / d
+    target = mean * (1.0 + tolerance)
+    py = not first_call.kernels_ready()  # exact twins while the kernels compile
+    order = first_call.argsort_desc(x) if py else _nb_argsort_desc(x)
+    dest, loads = _local(x, order, src, d, per_node, target, target, py)
+    if not x.size or loads.max() <= mean * (1.0 + max_loss):
         return PostBalance(dest=dest, loads=loads, method="locality")
-    order = _nb_argsort_desc(x)
+    pb = post_balance(x, d, tolerance=tolerance)
+    bound = pb.loads.max() * (1.0 + max_loss)
+    if loads.max() <= bound:
+        return PostBalance(dest=dest, loads=loads, method="locality")
+    dest, loads = _local(x, order, src, d, per_node, pb.loads.max(), target, py)
+    if loads.max() <= bound:
+        return PostBalance(dest=dest, loads=loads, method="locality (kept up to post_balance's)")
+    dest = nodewise_permutation(src, pb.dest, x, d, per_node).rank_of_batch[pb.dest]
+    return PostBalance(dest=dest, loads=np.bincount(dest, weights=x, minlength=d), method=(
+        f"{pb.method} + nodewise (locality above post_balance by more than max_loss)"
+    ))  # fmt: skip
+
+
+def _local(x, order, src, d: int, per_node: int, keep: float, target: float, py: bool):
+    """Ranks keep their items up to ``keep``, the overflow goes inside the node first, then
+    the refinement lowers the heaviest toward ``target``: (dest, loads)."""
+    if py:
+        dest = first_call.local_first(x, order, src, d, per_node, keep)
+        return dest, first_call.refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
     dest = np.empty(x.size, dtype=np.int64)
-    _nb_local_first(x, order, src, d, per_node, target, dest)
-    loads = _nb_refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
-    return PostBalance(dest=dest, loads=loads, method="locality")
+    _nb_local_first(x, order, src, d, per_node, keep, dest)
+    return dest, _nb_refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)

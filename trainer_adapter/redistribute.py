@@ -354,7 +354,7 @@ def _plan(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
     if policy.method == "locality" and identity_ok:
         pb = locality_balance(cost, src_j, d, per_node or d)
         if not cap or np.bincount(pb.dest, weights=mem, minlength=d).max() <= cap:
-            return ranks_arr[pb.dest], "locality", before
+            return ranks_arr[pb.dest], pb.method, before
         # locality moves only the excess and cannot see a memory cap: the capped plan instead
     method = "lpt" if policy.method == "locality" else policy.method
     pb = post_balance(cost, d, method=method, memory_cap=cap, memory=volume if cap else None)

@@ -207,7 +207,9 @@ class Route:
         self._count_bytes(name, rows[keep], at[keep], to[keep], row_bytes)
         dev = collective_device(self.group)
         if (at[keep] == to[keep]).all():  # nothing changes rank (the same plan on every
-            got = out.to(dev)  # rank, so every rank skips the exchange): no collective
+            # rank, so every rank skips the exchange): no collective; a tensor of its own, as
+            # the exchange gives, so that nothing done to it reaches the caller's
+            got = out.to(dev, copy=out is x)
         else:
             got = all_to_all_rows(out.to(dev), send.tolist(), recv.tolist(), self.group)
         # rows arrive by source rank; put them in global order

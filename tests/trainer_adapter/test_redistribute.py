@@ -132,6 +132,24 @@ def test_dry_run_plans_as_balancing_and_moves_nothing():
         RedistributePolicy(enabled=False, dry_run=True)
 
 
+def _dry_send(rank, world):
+    from trainer_adapter.item_exchange import plan_items
+
+    table = np.array([[2], [3]]) if rank == 0 else np.array([[1]])
+    route = plan_items(table, lambda t: t[:, 0] * 1.0, policy=RedistributePolicy(dry_run=True))
+    x = torch.arange(int(table.sum()) * 2, dtype=torch.float32).reshape(-1, 2)
+    y = route.send(x, 0)
+    y.add_(1)  # what a module does with its inputs must not reach the caller's tensor
+    return bool(torch.equal(y - 1, x)), y.data_ptr() != x.data_ptr()
+
+
+def test_a_send_that_moves_nothing_gives_a_tensor_of_its_own():
+    """Skipping the exchange where nothing moves returns what the exchange would: the same rows
+    in a tensor of their own. Bug caught: the caller's tensor handed back (an in-place change
+    to a module's input would change the batch the caller holds)."""
+    assert run_ranks(_dry_send, 2) == [(True, True), (True, True)]
+
+
 def test_nodewise_permutation_lowers_inter_node_bytes():
     """2 nodes x 2 ranks: the same LPT batches, placed by Alg. 3 or as they come."""
     kw = {"method": "lpt", "cost": "tokens"}

@@ -3,6 +3,7 @@
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -88,6 +89,23 @@ def test_locality_balance_within_max_loss_of_post_balance(lengths, nodes, per, s
     assert r.dest.shape == x.shape and ((r.dest >= 0) & (r.dest < d)).all()
     assert np.allclose(r.loads, np.bincount(r.dest, weights=x, minlength=d))
     assert r.loads.max() <= post_balance(x, d).loads.max() * 1.005 * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("d", [16, 32])
+def test_locality_balance_within_max_loss_on_vlm_lengths(d):
+    """The same bound on VLM-shaped lengths at 4 samples per rank, where the locality plan's
+    own local optimum lands above it on some draws (seeds 1 and 2 at d = 16, 6 at d = 32:
+    0.56-0.61 % above post_balance's): those take the fallback, the rest keep their plan."""
+    from bench._internvl import synthetic_lengths
+
+    methods = set()
+    for seed in range(8):
+        _, llm = synthetic_lengths(d * 4, seed=seed)
+        x = llm.astype(np.float64)
+        r = locality_balance(x, np.repeat(np.arange(d), 4), d, 8)
+        assert r.loads.max() <= post_balance(x, d).loads.max() * 1.005, (seed, r.method)
+        methods.add(r.method)
+    assert "locality" in methods and len(methods) > 1
 
 
 def test_locality_balance_keeps_its_own_plan_where_it_is_even():

@@ -308,26 +308,33 @@ def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
     before, and the loads the plan gives. Under ``policy.dry_run`` every item stays on its rank
     (the plan's loads are what it would have given; a plan the memory cap refuses, the loads
     before, the method saying why)."""
-    where = {r: j for j, r in enumerate(ranks)}
-    outside = sorted({int(s) for s in src} - set(where))
-    if policy.dry_run and outside:
-        raise ValueError(
-            f"dry_run keeps every item on its rank, but ranks {outside} hold items and take no "
-            f"part in this phase (its ranks: {tuple(ranks)}); dry-run a topology whose phases "
-            "run on every rank"
-        )
+    if policy.dry_run:
+        outside = np.setdiff1d(src, ranks).tolist()
+        if outside:
+            raise ValueError(
+                f"dry_run keeps every item on its rank, but ranks {outside} hold items and take "
+                f"no part in this phase (its ranks: {tuple(ranks)}); dry-run a topology whose "
+                "phases run on every rank"
+            )
     try:
         dest, method, before = _plan(cost, src, ranks, topo, policy, volume, cap, traffic)
     except MemoryCapError as e:  # a dry run measures: no plan under the cap is a finding
         if not policy.dry_run:
             raise
         dest, method = np.asarray(src, dtype=np.int64), f"no plan under the memory cap: {e}"
-        before = np.bincount([where[int(r)] for r in src], weights=cost, minlength=len(ranks))
-    at = np.array([where[int(r)] for r in dest], dtype=np.int64)
-    planned = np.bincount(at, weights=cost, minlength=len(ranks)) if at.size else before
+        before = np.bincount(_phase_index(dest, ranks), weights=cost, minlength=len(ranks))
+    planned = np.bincount(_phase_index(dest, ranks), weights=cost, minlength=len(ranks))
     if not policy.dry_run:
         return dest, method, before, planned
     return np.asarray(src, dtype=np.int64).copy(), f"dry run ({method})", before, planned
+
+
+def _phase_index(r: np.ndarray, ranks) -> np.ndarray:
+    """Each of ``r`` (ranks of the phase) as its place in ``ranks``."""
+    r = np.asarray(r, dtype=np.int64)
+    lut = np.full(max(max(ranks), int(r.max(initial=0))) + 1, -1, dtype=np.int64)
+    lut[list(ranks)] = np.arange(len(ranks))
+    return lut[r]
 
 
 def _plan(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
@@ -435,16 +442,14 @@ def redistribute(
     label_dest = np.array([pair[int(r)] for r in llm_dest], dtype=np.int64)
     route = Route(rank, world, process_group, topology, table, src, vit_dest, llm_dest, label_dest)
     route.methods = {"vision": vmethod, "llm": lmethod}
-    vj = {r: j for j, r in enumerate(vision_ranks)}
-    lj = {r: j for j, r in enumerate(llm_ranks)}
     route.loads = {
         "vision_before": vbefore,
         "vision_after": np.bincount(
-            [vj[int(r)] for r in vd], weights=vit_cost[has_vit], minlength=len(vision_ranks)
+            _phase_index(vd, vision_ranks), weights=vit_cost[has_vit], minlength=len(vision_ranks)
         ),
         "llm_before": lbefore,
         "llm_after": np.bincount(
-            [lj[int(r)] for r in llm_dest], weights=llm_cost, minlength=len(llm_ranks)
+            _phase_index(llm_dest, llm_ranks), weights=llm_cost, minlength=len(llm_ranks)
         ),
         # what the plan gives (the same as after, but under dry_run: what it would have given)
         "vision_planned": vplanned,

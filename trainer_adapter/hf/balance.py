@@ -152,10 +152,10 @@ def balance_model(
     policy = policy or RedistributePolicy()
     # a phase not balanced: measured (a dry run of the plan) or left as it is
     off = RedistributePolicy(enabled=False)
-    idle = dataclasses.replace(policy, enabled=True, dry_run=True) if measure else off
+    unbalanced = dataclasses.replace(policy, enabled=True, dry_run=True) if measure else off
     towers = [tower] if second is None else [tower, second]
     if encoder or measure:
-        vision = policy if encoder else idle
+        vision = policy if encoder else unbalanced
         wrap(tower, group=group, topology=topology, policy=vision)
         if second is not None:  # its forward takes the images' high-resolution copies
             balance_tiles(second, group=group, topology=topology, policy=vision)
@@ -165,7 +165,7 @@ def balance_model(
             group=group,
             topology=topology,
             # an encoder-decoder's (Florence-2's BART) samples are not planned: not measured
-            policy=policy if llm else (off if two_stack else idle),
+            policy=policy if llm else (off if two_stack else unbalanced),
             vision=towers if encoder or measure else None,
         )
     return model

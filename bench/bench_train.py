@@ -183,7 +183,7 @@ def run() -> dict:
         f"| {np.median([x['llm_before'] for x in lm_on]):.3f} -> {np.median([x['llm_after'] for x in lm_on]):.3f} "
         f"| {np.median([x['vision_before'] for x in lm_on]):.3f} -> {np.median([x['vision_after'] for x in lm_on]):.3f} |",
         f"| without | {step_off * 1000:.0f} ms | {med(off, 'redistribute_seconds') * 1000:.1f} ms "
-        f"(lengths gathered, nothing moved) | | | |",
+        f"(lengths gathered and planned as a dry run, nothing moved) | | | |",
         "",
         "On this CPU the step is dominated by image decoding and the model's matmuls spread over 4 "
         "processes on 2 cores, so wall time does not show the balance gain; the overhead column is "

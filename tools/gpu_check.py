@@ -13,8 +13,8 @@ one is recorded and the next one runs), within one overall budget (``--budget``,
    real InternVL lengths: random, random + encoder-only greedy (VeOmni), random + equishard
    runtime balancing, ISF shards, ISF + runtime (``bench.bench_hf.simulate``).
 3. ``train``: ``equishard train --model 1b --precision bf16`` on one GPU (varlen attention and
-   the chunked loss, adaptive recomputation in 55 % of the card), then the same with torch's
-   own attention kernels (``EQUISHARD_SDPA=torch``), without recomputation, and a short run profiled
+   the chunked loss, adaptive recomputation in 55 % of the card), then the same with the blocks
+   compiled (``--compile``), compiled without recomputation, and a short compiled run profiled
    (``--profile``: its top kernels and host operators, the device's busy share, the stalling
    runtime calls; the ops table goes to the step's log).
 4. ``pytest_gpu``: ``pytest -m gpu``.
@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 
 # (step, seconds it may take on one H100)
-STEPS = [("probe", 75), ("hf_dp", 170), ("train", 420), ("pytest_gpu", 60), ("pipeline", 120)]
+STEPS = [("probe", 75), ("hf_dp", 170), ("train", 420), ("pytest_gpu", 150), ("pipeline", 150)]
 
 
 def _device(dry: bool):
@@ -355,14 +355,13 @@ def _demo(dry: bool) -> dict:
     return dict(samples=48, policy="internvl:max_tiles=1,thumbnail=0") if dry else {}
 
 
-# the training runs on a GPU: the default path, the same with torch's own attention kernel
-# choice (cuDNN's on Hopper), without recomputation, and a shorter run profiled (its ops table
-# goes to the log)
+# the training runs on a GPU: the default path, the same with the blocks compiled, compiled
+# without recomputation, and a shorter compiled run profiled (its ops table goes to the log)
 TRAIN_VARIANTS = {
     "auto": ({}, ()),
-    "auto, torch's SDPA choice": ({"EQUISHARD_SDPA": "torch"}, ()),
-    "auto, no recompute": ({}, ("--recompute", "off")),
-    "auto, profiled": ({}, ("--steps", "6", "--profile-steps", "3:5")),
+    "auto, compiled": ({}, ("--compile",)),
+    "compiled, no recompute": ({}, ("--compile", "--recompute", "off")),
+    "auto, compiled, profiled": ({}, ("--compile", "--steps", "6", "--profile-steps", "3:5")),
 }
 
 
@@ -378,8 +377,9 @@ def step_train(dry: bool, work: Path) -> dict:
     )
     out = {}
     partial = work / "train.partial.json"
-    # the dry run takes one path, profiled (on the CPU every attention choice is per-sample)
-    variants = {"auto": ({}, ("--profile-steps", "1:2"))} if dry else TRAIN_VARIANTS
+    # the dry run takes one path, compiled and profiled (on the CPU every attention choice is
+    # per-sample)
+    variants = {"auto": ({}, ("--compile", "--profile-steps", "1:2"))} if dry else TRAIN_VARIANTS
     for name, (env_extra, args) in variants.items():
         env = {**os.environ, "EQUISHARD_ATTENTION": "auto", **env_extra}
         prof = work / f"profile-{len(out)}"

@@ -144,6 +144,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "fp32, matrix products in bf16; the loss in fp32) (default fp32)",
     )
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the transformer blocks' norms, projections, MLP and residuals with "
+        "torch.compile (fused kernels, cheap activations recomputed instead of kept; the first "
+        "steps pay the compile; attention stays the flash path)",
+    )
+    p.add_argument(
         "--backend",
         default="auto",
         choices=("auto", "nccl", "gloo"),
@@ -210,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             recompute=args.recompute,
             memory_fraction=args.memory_fraction,
             precision=args.precision,
+            compile=args.compile,
             backend=args.backend,
             log=args.log,
             profile=args.profile,

@@ -48,6 +48,8 @@ class TrainConfig:
     recompute: str = "off"
     memory_fraction: float = 0.9
     precision: str = "fp32"  # bf16: autocast (fp32 weights, gradients, optimizer state and loss)
+    # torch.compile the transformer blocks' work around attention (model.compile_blocks)
+    compile: bool = False
     backend: str = "auto"  # auto: NCCL with a GPU per local rank, gloo without CUDA
     partition_radius: int = 1
     partition_top_k: int = 3

@@ -31,6 +31,7 @@ __all__ = [
     "VLMConfig",
     "VisionEncoder",
     "VisionLanguageModel",
+    "compile_blocks",
 ]
 
 _PRESETS = {
@@ -108,15 +109,50 @@ def merge_for_policy(policy) -> int:
     raise ValueError(f"no patch merge known for {type(policy).__name__}")
 
 
+def _pre(block: Block, x: torch.Tensor) -> torch.Tensor:
+    """A block's first norm and query/key/value projection: [total, hidden] -> [total, 3 hidden]."""
+    return block.qkv(block.norm1(x))
+
+
+def _post(block: Block, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """A block's output projection, residuals and MLP, around the attention's output ``o``."""
+    x = x + block.proj(o)
+    return x + block.mlp(block.norm2(x))
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(fn):
+    """``fn`` compiled once per process, shared by every block (parameters are graph inputs, so
+    blocks of any width reuse the same code; token counts are symbolic, no recompile per step)."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+
+def compile_blocks(model: nn.Module, enabled: bool = True) -> int:
+    """Run the element-wise work of ``model``'s transformer blocks compiled (``torch.compile``:
+    norms, bias, GELU and residual adds fused around the matrix products; attention stays the
+    eager flash path, whose sample layout changes every step). Returns the blocks switched."""
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    for blk in blocks:
+        blk.compiled = enabled
+    return len(blocks)
+
+
 class Block(nn.Module):
     """Pre-norm transformer block; attention runs inside each segment of the packed sequence."""
 
     def __init__(self, hidden: int, heads: int, mlp_ratio: int, causal: bool) -> None:
         super().__init__()
         self.heads, self.causal = heads, causal
-        self.recompute = (
-            False  # recompute activations in backward (trainer_adapter.train.recompute)
-        )
+        # recompute activations in backward (trainer_adapter.train.recompute)
+        self.recompute = False
+        # run the work around attention (norms, projections, MLP, residuals) compiled by
+        # torch.compile (``compile_blocks``): fused element-wise kernels, and cheap activations
+        # recomputed in backward instead of kept
+        self.compiled = False
         self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
@@ -124,21 +160,18 @@ class Block(nn.Module):
             nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(), nn.Linear(mlp_ratio * hidden, hidden)
         )
 
-    def _attend(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [batch, len, hidden], attention within each row."""
-        b, n, h = x.shape
-        q, k, v = self.qkv(x).view(b, n, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        o = sdpa(q, k, v, is_causal=self.causal)
-        return self.proj(o.transpose(1, 2).reshape(b, n, h))
+    def _part(self, fn):
+        return _compiled(fn) if self.compiled else fn
 
-    def _qkv(self, y: torch.Tensor):
-        """Packed ``y`` [total, hidden] -> queries, keys, values, each [total, heads, dim]."""
-        n, h = y.shape
-        return self.qkv(y).view(n, 3, self.heads, h // self.heads).unbind(1)
+    def _qkv(self, x: torch.Tensor):
+        """Packed ``x`` [total, hidden] -> queries, keys, values, each [total, heads, dim]."""
+        n, h = x.shape
+        return self._part(_pre)(self, x).view(n, 3, self.heads, h // self.heads).unbind(1)
 
-    def _attend_packed(self, q, k, v, seg_lens: list[int]) -> torch.Tensor:
-        o = packed_attention(q, k, v, seg_lens, self.causal)
-        return self.proj(o.reshape(o.shape[0], -1))
+    def _post(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """The block's output from its input ``x`` [total, hidden] and the attention's output
+        ``o`` [total, heads, dim]."""
+        return self._part(_post)(self, x, o.reshape(o.shape[0], -1))
 
     def forward_chunk(self, x: torch.Tensor, seg_lens: list[int], prefix=None, keep=None):
         """Packed ``x`` [total, hidden] whose first segment may continue a sample cut in an
@@ -151,8 +184,7 @@ class Block(nn.Module):
 
     def _forward_chunk(self, x, seg_lens, prefix, keep):
         assert self.causal, "samples are cut across chunks in causal blocks only"
-        y = self.norm1(x)
-        q, k, v = self._qkv(y)
+        q, k, v = self._qkv(x)
         offsets = [0]
         for n in seg_lens:
             offsets.append(offsets[-1] + n)
@@ -163,7 +195,9 @@ class Block(nn.Module):
             if run:
                 part = slice(offsets[run[0]], offsets[run[-1] + 1])
                 outs.append(
-                    self._attend_packed(q[part], k[part], v[part], [seg_lens[j] for j in run])
+                    packed_attention(
+                        q[part], k[part], v[part], [seg_lens[j] for j in run], self.causal
+                    )
                 )
                 run.clear()
 
@@ -178,13 +212,11 @@ class Block(nn.Module):
             kk, vv = ki, vi
             if i == 0 and prefix is not None:  # continues a sample cut in an earlier chunk
                 kk, vv = torch.cat([prefix[0], ki], 1), torch.cat([prefix[1], vi], 1)
-            o = prefix_attention(q[part].transpose(0, 1), kk, vv).transpose(0, 1)
-            outs.append(self.proj(o.reshape(seg_lens[i], -1)))
+            outs.append(prefix_attention(q[part].transpose(0, 1), kk, vv).transpose(0, 1))
             if i == keep:  # this segment goes on in a later chunk: its own keys and values
                 kept = (ki, vi)
         flush()
-        x = x + torch.cat(outs)
-        return x + self.mlp(self.norm2(x)), kept
+        return self._post(x, torch.cat(outs)), kept
 
     def forward(self, x: torch.Tensor, seg_lens: list[int] | None = None) -> torch.Tensor:
         """``x``: [batch, len, hidden] (one segment per row), or [total, hidden] packed with
@@ -194,15 +226,15 @@ class Block(nn.Module):
         return self._forward(x, seg_lens)
 
     def _forward(self, x: torch.Tensor, seg_lens: list[int] | None) -> torch.Tensor:
-        y = self.norm1(x)
-        if seg_lens is None:
-            a = self._attend(y)
-        elif seg_lens:
-            a = self._attend_packed(*self._qkv(y), seg_lens)
-        else:
-            a = self.proj(y)
-        x = x + a
-        return x + self.mlp(self.norm2(x))
+        if seg_lens is None:  # [batch, len, hidden]: attention within each row
+            b, n, h = x.shape
+            flat = x.reshape(b * n, h)
+            q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self._qkv(flat))
+            o = sdpa(q, k, v, is_causal=self.causal).transpose(1, 2).reshape(b * n, h)
+            return self._post(flat, o).view(b, n, h)
+        if not seg_lens:  # no tokens: every parameter stays in the (empty) graph, eagerly
+            return _post(self, x, _pre(self, x)[:, : x.shape[1]])
+        return self._post(x, packed_attention(*self._qkv(x), seg_lens, self.causal))
 
 
 class VisionEncoder(nn.Module):

@@ -32,7 +32,12 @@ from trainer_adapter.topology import Topology
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.flops import training_flops
 from trainer_adapter.train.loss import ChunkedLMLoss, chunk_tokens_for, chunked_lm_loss
-from trainer_adapter.train.model import VisionLanguageModel, VLMConfig, shifted_labels
+from trainer_adapter.train.model import (
+    VisionLanguageModel,
+    VLMConfig,
+    compile_blocks,
+    shifted_labels,
+)
 from trainer_adapter.train.partition import profile_layers, search_partition, stage_ranges
 from trainer_adapter.train.pipeline import (
     StageModule,
@@ -129,6 +134,7 @@ class Trainer:
         # exactly the single-process model's; the layers of other stages are dropped as they
         # are built, so neither host nor device memory ever holds the whole LLM
         self.model = VisionLanguageModel(model_cfg, keep_llm=keep).to(self.device)
+        compile_blocks(self.model, cfg.compile)
         self.loss_chunk_tokens = chunk_tokens_for(model_cfg.vocab_size)
         # the pipeline's last stage: head + loss chunked (on other PP ranks the head is an
         # Identity stand-in and the loss is never called)

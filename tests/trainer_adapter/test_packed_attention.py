@@ -8,8 +8,10 @@ per-sample path on the GPU by ``tools/gpu_check.py``.
 
 Planted bugs this catches: samples attending across their boundary, the causal mask off or
 aligned to the upper left for a continued sample (its queries are the last ``n`` of ``p + n``
-keys), cumulative offsets off by one sample, the causal keyword not passed on either torch
-signature, and ``auto`` choosing the CUDA-only kernel on the CPU."""
+keys), a continued sample's attention that no fused kernel can serve (3-D inputs: the math
+kernel then materializes its scores, ~4x slower pipeline rows on an H200), cumulative
+offsets off by one sample, the causal keyword not passed on either torch signature, and
+``auto`` choosing the CUDA-only kernel on the CPU."""
 
 from __future__ import annotations
 
@@ -54,15 +56,25 @@ def test_segments_equal_the_whole_row_reference_forward_and_backward(seg_lens, c
 
 
 @pytest.mark.parametrize("p,n", [(0, 6), (5, 1), (9, 4), (3, 11)])
-def test_a_continued_sample_sees_its_earlier_tokens_causally(p, n):
+def test_a_continued_sample_sees_its_earlier_tokens_causally_through_a_fused_kernel(p, n):
     """Queries are the last n of p + n positions of one sample: the reference is the whole
-    sample's causal attention, of which the last n rows are taken."""
+    sample's causal attention, of which the last n rows are taken. Only the flash kernel is
+    allowed (the CPU has one; like CUDA's it takes 4-D inputs only): a call that only the math
+    kernel can serve, which materializes the n x (p + n) scores, fails here."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     q, k, v = _qkv(p + n, p + n)
-    got = att.prefix_attention(
-        *(t[p:].transpose(0, 1) if t is q else t.transpose(0, 1) for t in (q, k, v))
-    )
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        got = att.prefix_attention(
+            *(t[p:].transpose(0, 1) if t is q else t.transpose(0, 1) for t in (q, k, v))
+        )
+        w = torch.randn(got.shape, dtype=torch.float64)
+        grads = torch.autograd.grad((got.double() * w).sum(), (q, k, v))
     ref = _reference(q, k, v, [p + n], True)[p:]
     torch.testing.assert_close(got.transpose(0, 1).double(), ref, rtol=1e-5, atol=1e-6)
+    want = torch.autograd.grad((ref.transpose(0, 1) * w).sum(), (q, k, v))
+    for a, b in zip(grads, want, strict=True):
+        torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-5)
 
 
 def _fake_varlen(style: str, calls: list):

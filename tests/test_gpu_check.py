@@ -4,7 +4,8 @@ collected, the 1F1B replay) at tiny sizes, and its summary holds each step's res
 
 Planted bugs this catches: a step that no longer runs (an import or argument rotted since the
 last GPU run), a result the summary drops, a chunked loss or a stage under bf16 that drifts from
-its reference, a failed or skipped step that still exits 0."""
+its reference, a cut sample's attention falling to the math kernel (as the probe's own call did in
+H200 run 9), a failed or skipped step that still exits 0."""
 
 from __future__ import annotations
 
@@ -50,6 +51,9 @@ def test_every_step_runs_in_the_dry_run_and_the_summary_holds_its_results(dry_ru
     assert probe["loss"]["loss_chunked"] == pytest.approx(probe["loss"]["loss_full"], rel=1e-5)
     assert max(probe["loss"]["grad_rel_diff"]) < 1e-3
     assert probe["attention"]["cut_sample_rel_diff"] < 2e-2  # bf16 against fp32
+    # a cut sample's attention in a fused kernel (the CPU's flash), not the math one
+    cut = probe["attention"]["cut_sample_kernels_lower_right_bias"]
+    assert any("flash" in k for k in cut) and not any("math" in k for k in cut), cut
     assert probe["pipeline_stage"]["cut_samples"] >= 1
     assert probe["pipeline_stage"]["bf16_vs_fp32_grad_cosine"] > 0.99
 

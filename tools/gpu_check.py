@@ -105,10 +105,11 @@ def _attention_probe(dev, dry: bool) -> dict:
     else:
         out["varlen"] = f"not run here ({dev.type}, {dtype}): the flash kernel is CUDA-only"
 
-    # a cut sample: queries are the last n of p + n keys
+    # a cut sample: queries are the last n of p + n keys ([heads, tokens, dim], as a block
+    # passes them; run 9 passed them batched, which a 5-D call then sent to the math kernel)
     p, n = (9, 5) if dry else (3000, 1000)
-    qs = torch.randn(1, heads, n, dim, device=dev, dtype=dtype)
-    ks = torch.randn(1, heads, p + n, dim, device=dev, dtype=dtype)
+    qs = torch.randn(heads, n, dim, device=dev, dtype=dtype)
+    ks = torch.randn(heads, p + n, dim, device=dev, dtype=dtype)
     mask = torch.ones(n, p + n, dtype=torch.bool, device=dev).tril(p)
 
     def kernels(fn) -> list[str]:
@@ -127,11 +128,13 @@ def _attention_probe(dev, dry: bool) -> dict:
 
     out["cut_sample_kernels_lower_right_bias"] = kernels(lambda: att.prefix_attention(qs, ks, ks))
     out["cut_sample_kernels_boolean_mask"] = kernels(
-        lambda: torch.nn.functional.scaled_dot_product_attention(qs, ks, ks, attn_mask=mask)
+        lambda: torch.nn.functional.scaled_dot_product_attention(
+            qs[None], ks[None], ks[None], attn_mask=mask
+        )
     )
     ref = torch.nn.functional.scaled_dot_product_attention(
-        qs.float(), ks.float(), ks.float(), attn_mask=mask
-    )
+        qs[None].float(), ks[None].float(), ks[None].float(), attn_mask=mask
+    )[0]
     out["cut_sample_rel_diff"] = _rel(att.prefix_attention(qs, ks, ks), ref)
     return out
 

@@ -145,6 +145,7 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     query ``i`` sees keys ``0 .. p + i``."""
     from torch.nn.attention.bias import causal_lower_right
 
+    assert q.dim() == k.dim() == v.dim() == 3, (q.shape, k.shape, v.shape)
     n, m = q.shape[-2], k.shape[-2]
     # a batch dimension: every fused kernel (flash, memory-efficient, also the CPU's flash)
     # takes 4-D inputs only, and 3-D ones fall to the math kernel, which materializes the

@@ -118,6 +118,7 @@ def _train(
         "step_times": [r["seconds"] for r in recs],
         "loss": (recs[0]["loss"], recs[-1]["loss"]),
         "recompute": found.group(1) if found else "",
+        "compiled_blocks": recs[-1].get("compiled_blocks"),
         # CUDA: the caching allocator's frees-and-retries and cudaMallocs over the whole run
         "alloc_retries": recs[-1].get("alloc_retries"),
         "device_allocs": recs[-1].get("device_allocs"),

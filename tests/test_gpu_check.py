@@ -63,6 +63,7 @@ def test_every_step_runs_in_the_dry_run_and_the_summary_holds_its_results(dry_ru
 
     train = steps["train"]["result"]["auto"]
     assert train["steps"] == 2 and train["precision"] == "bf16" and train["tokens_per_s"] > 0
+    assert train["compiled_blocks"] == 6  # --compile: the tiny model's 2 ViT and 4 LLM blocks
     assert train["profile"]["steps"] == 1 and train["profile"]["top_host"]  # step 1 profiled
 
     assert steps["pytest_gpu"]["result"]["returncode"] == 0  # collected

@@ -1,6 +1,9 @@
 """The mutation sweep's data (``tests/mutants/*.toml``) stays runnable: every planted bug still
-applies to the code as it is and names tests that exist. A mutant whose snippet moved or whose
-test was renamed would otherwise be reported only when someone runs the slow sweep."""
+applies to the code as it is, leaves a file Python can still compile, and names tests that exist.
+A mutant whose snippet moved or whose test was renamed would otherwise be reported only when
+someone runs the slow sweep; one whose planted code does not compile (a ``\n`` inside a TOML
+literal string stays a backslash and an n) is "caught" by a SyntaxError at import, whatever
+the tests check: two such were listed as caught until 2026-11-28."""
 
 from __future__ import annotations
 
@@ -35,6 +38,14 @@ def test_mutant_applies_and_names_existing_tests(m):
         "the code moved: update the mutant in tests/mutants/"
     )
     assert m.old != m.new and m.tests
+    if m.file.endswith(".py"):
+        try:
+            compile(path.read_text().replace(m.old, m.new), m.file, "exec")
+        except SyntaxError as exc:
+            pytest.fail(
+                f"{m.name}: the planted code does not compile ({exc}); a test failing "
+                "on it proves nothing"
+            )
     for test in m.tests:
         file, _, node = test.partition("::")
         assert (REPO / file).is_file(), f"{m.name}: test file {file} does not exist"

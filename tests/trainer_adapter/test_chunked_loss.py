@@ -100,7 +100,10 @@ def test_bf16_logits_outside_autocast_are_upcast_before_the_loss():
 
 def test_the_full_logits_are_never_saved_for_the_backward():
     """Every tensor autograd keeps for the backward is smaller than one chunk's logits (the
-    full-logits loss keeps a tokens x vocabulary tensor)."""
+    full-logits loss keeps a tokens x vocabulary tensor), and the head never runs over more than
+    one chunk's rows, in the forward or in the backward's recomputation (a single chunk of every
+    target row, under checkpointing, keeps nothing in the forward but makes the full logits in
+    the backward)."""
     norm, head, hidden, target = _setup(1, tokens=400, vocab=3000)
     chunk = 64
     largest = []
@@ -109,12 +112,20 @@ def test_the_full_logits_are_never_saved_for_the_backward():
         largest.append(t.numel())
         return t
 
+    rows = []  # the rows the head runs over, call by call (forward, then backward's recompute)
+
+    def project(h):
+        rows.append(h.shape[0])
+        return head(norm(h))
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = chunked_lm_loss(
-            hidden, target, lambda h: head(norm(h)), normalizer=1.0, chunk_tokens=chunk
-        )
+        loss = chunked_lm_loss(hidden, target, project, normalizer=1.0, chunk_tokens=chunk)
     assert max(largest) < chunk * 3000
+    n_forward = len(rows)
     loss.backward()  # the chunks' logits are recomputed here, one at a time
+    n_target = int((target != -100).sum())
+    assert n_forward == len(rows) - n_forward == -(-n_target // chunk), rows
+    assert max(rows) <= chunk and sum(rows) == 2 * n_target, rows
     largest.clear()
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         LMLoss(1.0)(head(norm(hidden)), target)

@@ -232,6 +232,7 @@ def run(cfg: TrainConfig) -> list[dict]:
             "model_flops": flops,
             "tflops_per_rank": flops / out["seconds"] / len(every) / 1e12,
             "precision": cfg.precision,
+            "compiled_blocks": trainer.compiled_blocks,
             # CUDA only: the largest rank's peak allocated and reserved bytes in the step
             "peak_allocated": max((e["peak"][0] or 0) for e in every) or None,
             "peak_reserved": max((e["peak"][1] or 0) for e in every) or None,

@@ -135,6 +135,8 @@ class Trainer:
         # are built, so neither host nor device memory ever holds the whole LLM
         self.model = VisionLanguageModel(model_cfg, keep_llm=keep).to(self.device)
         compile_blocks(self.model, cfg.compile)
+        # the blocks that run compiled (each step's log record carries the count)
+        self.compiled_blocks = sum(getattr(m, "compiled", False) for m in self.model.modules())
         self.loss_chunk_tokens = chunk_tokens_for(model_cfg.vocab_size)
         # the pipeline's last stage: head + loss chunked (on other PP ranks the head is an
         # Identity stand-in and the loss is never called)

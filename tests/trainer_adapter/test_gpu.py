@@ -126,3 +126,40 @@ def test_compiled_blocks_equal_the_eager_model_on_the_gpu():
 
     compare_compiled(torch.device("cuda"), autocast=False, rel=1e-4)
     compare_compiled(torch.device("cuda"), autocast=True, rel=3e-2)
+
+
+def test_a_pipeline_stage_step_takes_no_host_sync_and_still_times_its_passes():
+    """The stage's clock on CUDA: timing events on the compute stream, no synchronize per
+    microbatch (CUDA's sync debug mode raises on any); the busy times are read after the step."""
+    import numpy as np
+
+    from trainer_adapter.train.model import LanguageModel, VLMConfig
+    from trainer_adapter.train.pipeline import (
+        StageModule,
+        doc_rows,
+        plan_microbatches,
+        row_layouts,
+    )
+
+    dev = torch.device("cuda")
+    llm = LanguageModel(VLMConfig.preset("small", vocab_size=512)).to(dev)
+    stage = StageModule(llm, 0, len(llm.blocks), last=False)
+    lengths = np.array([700, 300, 1200, 500])
+    plan = plan_microbatches(lengths, 2, 1536, 1, split=True)
+    doc = doc_rows(plan, lengths, 1536)
+    hs = [
+        torch.randn(1, 1536, llm.cfg.llm_hidden, device=dev, requires_grad=True) for _ in range(2)
+    ]
+    docs = doc.to(dev)
+    stage.host_rows = row_layouts(doc)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            outs = [stage(h, docs[k : k + 1])[0] for k, h in enumerate(hs)]
+        for out in reversed(outs):
+            out.backward(torch.ones_like(out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert stage.timer.forward > 0 and stage.timer.backward > 0
+    assert len(stage.timer._forward) == 2 and len(stage.timer._backward) == 2

@@ -54,29 +54,56 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 
 @dataclass(slots=True)
 class StageTimer:
-    """Busy seconds of one stage's forward and backward passes since :meth:`reset`."""
+    """Busy seconds of one stage's forward and backward passes since :meth:`reset`.
 
-    forward: float = 0.0
-    backward: float = 0.0
-    _open: list = field(default_factory=list)
+    Each pass is an interval between two marks (``_mark``): on CUDA a pair of timing events
+    recorded on the compute stream, so a step takes no host sync per microbatch (a sync there
+    also stops the host from queuing the next microbatch's kernels while this one runs); the
+    sums are read after the step, and reading waits for the last event only. Elsewhere the
+    marks are ``perf_counter`` readings."""
+
+    _forward: list = field(default_factory=list)  # (start, end) marks
+    _backward: list = field(default_factory=list)
+    _open: list = field(default_factory=list)  # backward starts awaiting their end
 
     def reset(self) -> None:
-        self.forward = self.backward = 0.0
+        self._forward.clear()
+        self._backward.clear()
         self._open.clear()
+
+    @property
+    def forward(self) -> float:
+        return _seconds(self._forward)
+
+    @property
+    def backward(self) -> float:
+        return _seconds(self._backward)
 
     @property
     def busy(self) -> float:
         return self.forward + self.backward
 
 
-def _clock(t: torch.Tensor) -> float:
-    """Seconds now, once the work queued on ``t``'s current stream is done (GPU kernels run
-    asynchronously: without the wait a stage would time its kernel launches). Only the compute
-    stream is waited on: a device-wide synchronize would also wait on NCCL's streams, where a
-    posted receive waits on a peer stage (serializing the pipeline, or deadlocking it)."""
+def _mark(t: torch.Tensor):
+    """A point on ``t``'s device timeline: a timing event recorded on its current stream (CUDA:
+    kernels run asynchronously, and only the compute stream is marked, never NCCL's, where a
+    posted receive waits on a peer stage), else the host clock."""
     if t.is_cuda:
-        torch.cuda.current_stream(t.device).synchronize()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(t.device))
+        return event
     return time.perf_counter()
+
+
+def _seconds(intervals: list) -> float:
+    total = 0.0
+    for start, end in intervals:
+        if isinstance(start, float):
+            total += end - start
+        else:
+            end.synchronize()
+            total += start.elapsed_time(end) / 1000.0
+    return total
 
 
 class _Stamp(torch.autograd.Function):
@@ -89,11 +116,11 @@ class _Stamp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        now = _clock(grad)
+        now = _mark(grad)
         if ctx.start:
             ctx.timer._open.append(now)
         elif ctx.timer._open:
-            ctx.timer.backward += now - ctx.timer._open.pop()
+            ctx.timer._backward.append((ctx.timer._open.pop(), now))
         return grad, None, None
 
 
@@ -114,7 +141,7 @@ class StageModule(nn.Module):
         self.host_rows: deque | None = None
 
     def forward(self, h: torch.Tensor, doc: torch.Tensor):
-        t0 = _clock(h)
+        t0 = _mark(h)
         x = h[0]
         if x.requires_grad:
             x = _Stamp.apply(x, self.timer, False)
@@ -146,7 +173,7 @@ class StageModule(nn.Module):
             out = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
         if out.requires_grad:
             out = _Stamp.apply(out, self.timer, True)
-        self.timer.forward += _clock(out) - t0
+        self.timer._forward.append((t0, _mark(out)))
         return out[None] if self.last else (out[None], doc)
 
 

@@ -8,7 +8,7 @@ one is recorded and the next one runs), within one overall budget (``--budget``,
    attention kernel serves a cut sample (lower-right causal bias vs a boolean mask); the chunked
    LM loss against the full-logits loss (value, gradients, peak memory); host syncs in a model
    step counted by ``torch.cuda.set_sync_debug_mode``; a pipeline stage with a cut sample under
-   bf16 autocast against fp32, timed by the pipeline's synchronized clock.
+   bf16 autocast against fp32, timed by the stage's clock (CUDA timing events).
 2. ``hf_dp``: simulated 8-rank DP with a Qwen2-VL-2B-shaped model (random weights, bf16) on the
    real InternVL lengths: random, random + encoder-only greedy (VeOmni), random + equishard
    runtime balancing, ISF shards, ISF + runtime (``bench.bench_hf.simulate``).
@@ -260,7 +260,7 @@ def _sync_probe(dev, dry: bool) -> dict:
 
 def _stage_probe(dev, dry: bool) -> dict:
     """A pipeline stage (cut sample carried across rows) under bf16 autocast vs fp32, on this
-    device, timed by the stage's synchronized clock; rows backward last to first."""
+    device, timed by the stage's clock (CUDA timing events); rows backward last to first."""
     import numpy as np
     import torch
 

@@ -86,14 +86,23 @@ class ChunkedLMLoss:
     number of target tokens), so microbatch losses add up to the step's mean. Targets given on
     the host need no device sync to find the target positions."""
 
-    def __init__(self, head, chunk_tokens: int, normalizer: float = 1.0) -> None:
+    def __init__(self, head, chunk_tokens: int, normalizer: float = 1.0, timer=None) -> None:
         self.head, self.chunk_tokens, self.normalizer = head, chunk_tokens, normalizer
+        # the last pipeline stage's StageTimer: the LM head and the loss are that stage's work
+        # (the schedule runs them after its forward), so their passes count as its busy time
+        self.timer = timer
 
     def __call__(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return chunked_lm_loss(
-            hidden.reshape(-1, hidden.shape[-1]),
-            target.reshape(-1),
-            self.head,
-            normalizer=self.normalizer,
-            chunk_tokens=self.chunk_tokens,
+        from trainer_adapter.train.pipeline import timed_pass
+
+        return timed_pass(
+            self.timer,
+            lambda h: chunked_lm_loss(
+                h.reshape(-1, h.shape[-1]),
+                target.reshape(-1),
+                self.head,
+                normalizer=self.normalizer,
+                chunk_tokens=self.chunk_tokens,
+            ),
+            hidden,
         )

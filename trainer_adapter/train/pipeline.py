@@ -47,6 +47,7 @@ __all__ = [
     "plan_step",
     "row_layout",
     "row_layouts",
+    "timed_pass",
 ]
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
@@ -124,6 +125,21 @@ class _Stamp(torch.autograd.Function):
         return grad, None, None
 
 
+def timed_pass(timer: StageTimer | None, fn, x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` as one pass on ``timer``: its forward from before to after, and its backward
+    from the output's gradient arriving to the input's leaving (the stamps around it)."""
+    if timer is None:
+        return fn(x)
+    t0 = _mark(x)
+    if x.requires_grad:
+        x = _Stamp.apply(x, timer, False)
+    out = fn(x)
+    if out.requires_grad:
+        out = _Stamp.apply(out, timer, True)
+    timer._forward.append((t0, _mark(out)))
+    return out
+
+
 class StageModule(nn.Module):
     """LLM blocks ``[lo, hi)``; the last stage adds the final norm and holds the LM head, which
     its loss runs (``trainer_adapter.train.loss.ChunkedLMLoss``: no full logits)."""
@@ -141,10 +157,10 @@ class StageModule(nn.Module):
         self.host_rows: deque | None = None
 
     def forward(self, h: torch.Tensor, doc: torch.Tensor):
-        t0 = _mark(h)
-        x = h[0]
-        if x.requires_grad:
-            x = _Stamp.apply(x, self.timer, False)
+        out = timed_pass(self.timer, lambda x: self._run(x, doc), h[0])
+        return out[None] if self.last else (out[None], doc)
+
+    def _run(self, x: torch.Tensor, doc: torch.Tensor) -> torch.Tensor:
         # samples fill the row from its start; the padding after them skips the blocks. The
         # layout comes from the host where the trainer gave it (no device sync per microbatch)
         n_real, codes, seg = self.host_rows.popleft() if self.host_rows else row_layout(doc[0])
@@ -165,16 +181,13 @@ class StageModule(nn.Module):
             for blk in self.blocks:
                 y = blk(y, seg)
         if self.last:  # the final norm on the real tokens (padding rows stay zero); the LM
-            # head runs inside the loss, chunked at the target positions (ChunkedLMLoss)
+            # head runs inside the loss, chunked at the target positions (ChunkedLMLoss), which
+            # times its passes on this stage's timer
             out = self.norm(y)
             if n_real < x.shape[0]:
                 out = torch.cat([out, out.new_zeros(x.shape[0] - n_real, out.shape[-1])])
-        else:
-            out = torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
-        if out.requires_grad:
-            out = _Stamp.apply(out, self.timer, True)
-        self.timer._forward.append((t0, _mark(out)))
-        return out[None] if self.last else (out[None], doc)
+            return out
+        return torch.cat([y, x[n_real:]]) if n_real < x.shape[0] else y
 
 
 def row_layout(doc_row: torch.Tensor) -> tuple[int, list[int], list[int]]:

@@ -285,6 +285,8 @@ class Trainer:
             blocks = _blocks_of(*self._ranges[k], self._n_blocks)
             last = k == self._n_stages - 1
             self.stages.append(StageModule(llm, blocks.start, blocks.stop, last=last))
+            if last:  # the schedule runs the LM head and the loss after this stage's forward
+                self.loss_fn.timer = self.stages[-1].timer
         self.buckets = bucket_ladder(self.mb_tokens, cfg.bucket_ratio)
         self._schedules: dict[int, object] = {}
 

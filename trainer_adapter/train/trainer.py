@@ -185,6 +185,7 @@ class Trainer:
 
         n_blocks, t = model_cfg.llm_layers, self.mb_tokens
         probe = LanguageModel(replace(model_cfg, llm_layers=1))
+        compile_blocks(probe, self.cfg.compile)  # timed as the stages will run it
         seg = [min(512, t)] * (t // min(512, t)) + ([t % min(512, t)] if t % min(512, t) else [])
         ids = torch.randint(0, model_cfg.vocab_size, (t,))
         pos = torch.cat([torch.arange(s) for s in seg]).to(self.device)

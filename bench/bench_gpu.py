@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -228,7 +227,14 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
     """One (pp, microbatches) layout: partition, then each picked step measured and replayed."""
     from trainer_adapter.train.flops import training_flops
     from trainer_adapter.train.partition import search_partition, stage_ranges
-    from trainer_adapter.train.pipeline import StageModule, bucket_ladder, doc_rows, plan_step
+    from trainer_adapter.train.pipeline import (
+        StageModule,
+        _mark,
+        _seconds,
+        bucket_ladder,
+        doc_rows,
+        plan_step,
+    )
     from trainer_adapter.train.split_samples import _single_stage_order, chain_actions
     from trainer_adapter.train.trainer import _blocks_of, auto_mb_tokens
 
@@ -257,28 +263,28 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
             st.carry.reset()
             # chain by chain, as the schedule holds them: its rows forward, then backward
             # last row first (a cut sample's later piece sends gradient to the earlier)
+            # each pass between two marks (CUDA: timing events on the compute stream, no host
+            # sync between passes, so the host queues ahead as in training), read per chain
             for a, b in itertools.pairwise(starts):
-                outs = {}
+                outs, marks = {}, {}
                 base = _allocated(dev)
                 for m in range(a, b):
                     h = torch.randn(1, mb, cfg.llm_hidden, device=dev, requires_grad=True)
-                    _sync(dev)
-                    t0 = time.perf_counter()
+                    t0 = _mark(h)
                     with auto:
                         y = st(h, doc[m : m + 1])
                         y = loss_fn(y, tgt[m]) if st.last else y[0]
-                    _sync(dev)
-                    fwd[(s, m)] = time.perf_counter() - t0
+                    marks[("F", m)] = (t0, _mark(y))
                     outs[m] = y
                 act[s] = max(act[s], (_allocated(dev) - base) / (b - a))
                 for m in reversed(range(a, b)):
                     y = outs.pop(m)
-                    _sync(dev)
-                    t0 = time.perf_counter()
+                    t0 = _mark(y)
                     y.backward() if st.last else y.backward(torch.ones_like(y))
-                    _sync(dev)
-                    bwd[(s, m)] = time.perf_counter() - t0
+                    marks[("B", m)] = (t0, _mark(y))
                 del y
+                for (kind, m), pair in marks.items():
+                    (fwd if kind == "F" else bwd)[(s, m)] = _seconds([pair])
             st.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
@@ -378,7 +384,8 @@ def run() -> dict:
         "### Pipeline, 1F1B, bf16: stages measured on this GPU, order replayed",
         "",
         "One GPU cannot run a PP>1 pipeline (NCCL needs a GPU per rank), so each stage's real "
-        "passes are measured one after another on it and the 1F1B order over the step's chains "
+        "passes are measured one after another on it (CUDA timing events around each pass, no "
+        "host sync between passes) and the 1F1B order over the step's chains "
         f"(`ChainSchedule`'s order) is replayed with those times, transfers taken as free. "
         f"{PIPE_STEPS} steps of a DP-8 demo plan (target batch 4), the heaviest replica of "
         "each; the trainer's row ladder with samples cut across rows. MFU over PP GPUs. Peak "

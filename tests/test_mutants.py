@@ -55,3 +55,28 @@ def test_mutant_applies_and_names_existing_tests(m):
             assert re.search(rf"^\s*def {re.escape(func)}\(", source, re.M), (
                 f"{m.name}: {file} has no test {func}"
             )
+
+
+def test_the_sweep_counts_a_failing_test_as_caught_and_a_broken_import_as_nothing(tmp_path):
+    """A tiny project run through the sweep's own test runner: a behaviour change its test sees
+    is caught, an untested one is missed, and planted code that cannot import is reported
+    broken (the planted-SyntaxError mutants listed as caught until 2026-11-28)."""
+    from mutation_sweep import _run_tests, _verdict
+
+    (tmp_path / "mod.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "test_mod.py").write_text(
+        "from mod import double\n\n\ndef test_double():\n    assert double(3) == 6\n"
+    )
+    verdicts = {}
+    for name, body in {
+        "none": "def double(x):\n    return 2 * x\n",
+        "behaviour": "def double(x):\n    return 3 * x\n",
+        "syntax": "def double(x):\n    return 2 * x\\n\n",
+        "import": "raise ImportError('planted')\n",
+    }.items():
+        (tmp_path / "mod.py").write_text(body)
+        code, _, tail = _run_tests(tmp_path, ("test_mod.py",), 60)
+        verdicts[name] = _verdict(code, tail)
+    assert verdicts["none"] == "MISSED"
+    assert verdicts["behaviour"] == "caught"
+    assert verdicts["syntax"].startswith("BROKEN") and verdicts["import"].startswith("BROKEN")

@@ -4,7 +4,8 @@ The mutants are data, one TOML file per package under ``tests/mutants/``: each r
 snippet of one file (the snippet must occur there exactly as written, ``occurrences`` times, 1
 unless given, so a mutant that no longer applies is reported instead of silently passing) and
 names the tests that must fail. Before any mutant, the same tests run on the unmodified copy and
-must pass; a mutant counts as caught when its tests fail. ``tests/test_mutants.py`` checks, in
+must pass; a mutant counts as caught when its tests fail (not when a test module fails to
+import: the planted code is then broken, reported as such). ``tests/test_mutants.py`` checks, in
 ``make test``, that every mutant still applies and names tests that exist.
 
     .venv/bin/python tools/mutation_sweep.py            # all, a markdown table at the end
@@ -70,7 +71,18 @@ def _scratch() -> Path:
     return dst
 
 
-def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool, float, str]:
+def _verdict(returncode: int, tail: str) -> str:
+    """A mutant is caught when its tests fail or error while running; pytest's exit code 2
+    (interrupted: a test module failed to import) means the planted code itself is broken, which
+    proves nothing about the tests."""
+    if returncode == 0:
+        return "MISSED"
+    if returncode == 2 or "during collection" in tail:
+        return "BROKEN (the planted code fails at import)"
+    return "caught"
+
+
+def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, float, str]:
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
     t0 = time.perf_counter()
     try:
@@ -83,9 +95,9 @@ def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[bool
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return False, time.perf_counter() - t0, "timed out"
+        return 1, time.perf_counter() - t0, "timed out"
     tail = [x for x in r.stdout.splitlines() if x.strip()][-1:] or [""]
-    return r.returncode == 0, time.perf_counter() - t0, tail[0]
+    return r.returncode, time.perf_counter() - t0, tail[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     root = _scratch()
     try:
         needed = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
-        ok, secs, tail = _run_tests(root, needed, args.timeout)
+        code, secs, tail = _run_tests(root, needed, args.timeout)
+        ok = code == 0
         print(f"unmutated copy: {'pass' if ok else 'FAIL'} ({secs:.0f} s) {tail}", flush=True)
         if not ok:
             print("the tests fail without any mutation; fix that first", file=sys.stderr)
@@ -126,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             path.write_text(original.replace(m.old, m.new))
             try:
-                passed, secs, tail = _run_tests(root, m.tests, args.timeout)
+                code, secs, tail = _run_tests(root, m.tests, args.timeout)
             finally:
                 path.write_text(original)
-            rows.append((m, "MISSED" if passed else "caught", secs, tail))
+            rows.append((m, _verdict(code, tail), secs, tail))
             print(f"{m.name}: {rows[-1][1]} ({secs:.0f} s) {tail}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)

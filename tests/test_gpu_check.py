@@ -78,3 +78,25 @@ def test_a_spent_budget_or_an_unknown_step_is_not_a_success(tmp_path):
     assert summary["steps"]["probe"]["status"] == "skipped"
     res = _run(tmp_path / "b", "--dry-run", "--only", "probe,warp")
     assert res.returncode == 2 and "unknown step(s) warp" in res.stderr
+
+
+def test_every_gpu_training_variant_is_a_valid_train_command():
+    """The GPU run's variants beyond the dry run's (their flags would otherwise first meet the
+    parser on a lent GPU): each parses as `equishard train` and gives a valid TrainConfig."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from gpu_check import TRAIN_VARIANTS
+
+    from equishard.cli import build_parser
+    from trainer_adapter.train.config import TrainConfig
+
+    parser = build_parser()
+    for name, (env, args) in TRAIN_VARIANTS.items():
+        base = ["train", "--shards", "gen", "--nproc", "1", "--dp", "1", "--model", "1b"]
+        a = parser.parse_args(
+            [*base, "--recompute", "adaptive", "--memory-fraction", "0.55", *args]
+        )
+        cfg = TrainConfig(shards="gen", dp=1, recompute=a.recompute, precision="bf16",
+                          memory_fraction=a.memory_fraction, compile=a.compile, steps=a.steps,
+                          profile="p", profile_steps=a.profile_steps)  # fmt: skip
+        assert cfg.steps >= 6, name
+        assert all(k in ("EQUISHARD_SDPA", "PYTORCH_CUDA_ALLOC_CONF") for k in env), name

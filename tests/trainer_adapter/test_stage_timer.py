@@ -165,3 +165,54 @@ def test_the_trainer_times_its_loss_on_the_last_stage(train_generation):
 
     got = run_ranks(_last_stage_timer, 2, str(train_generation), timeout=120)
     assert got == [[], [True]]  # rank 1 holds the last stage, whose timer the loss shares
+
+
+def _head_rows(rank, world, gen, share):
+    from shards import open_generation
+    from trainer_adapter import TrainConfig, Trainer, VLMConfig
+    from trainer_adapter.train import model as M
+    from trainer_adapter.train.loop import build_collator
+
+    rows = []
+    logits = M.LanguageModel.logits
+
+    def recording(self, x):
+        rows.append(x.shape[0])
+        return logits(self, x)
+
+    M.LanguageModel.logits = recording
+    cfg = TrainConfig(shards=gen, dp=1, pp=2, steps=1, microbatches=2)
+    collate = build_collator(cfg, open_generation(gen))
+    mcfg = VLMConfig.preset("tiny", vocab_size=collate.vocab_size, patch_dim=588, merge=2)
+    Trainer(cfg, mcfg, mb_tokens=64, target_share=share)
+    return rows
+
+
+@pytest.mark.parametrize("share", [1.0, 0.25])
+def test_the_partition_times_the_head_at_the_target_positions_only(train_generation, share):
+    """Rank 0 times each pipelined layer to search the partition: the LM head must run as in
+    training, over the row's target positions (here a share of its 64 tokens), forward and
+    the backward's recompute, not over every token."""
+    if torch.torch_version.TorchVersion(torch.__version__) < (2, 13):
+        pytest.skip("pipeline parallelism needs torch >= 2.13")
+    from tests.dist_helper import run_ranks
+
+    rows = run_ranks(_head_rows, 2, str(train_generation), share, timeout=120)[0]
+    assert rows and set(rows) == {round(share * 64)}, rows
+
+
+def test_the_target_share_is_the_labelled_share_of_the_first_groups(train_generation):
+    """Reference: the collator's labels of the same groups, counted here."""
+    from shards import open_generation, read_group
+    from trainer_adapter import TrainConfig
+    from trainer_adapter.train.loop import build_collator, target_share
+
+    m = open_generation(train_generation)
+    collate = build_collator(TrainConfig(shards=str(train_generation), dp=1), m)
+    index = m.group_index()
+    labels = torch.cat(
+        [collate(read_group(m.path, *index[k])[0])["labels"] for k in sorted(index)[:3]]
+    )
+    want = float((labels != -100).float().mean())
+    assert 0 < want < 1  # image tokens and prompts have no target
+    assert target_share(m, collate, groups=3) == pytest.approx(want)

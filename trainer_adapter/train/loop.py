@@ -121,6 +121,21 @@ def _set_recompute(cfg: TrainConfig, trainer: Trainer, batch: dict, loads: dict 
         )
 
 
+def target_share(manifest, collate, groups: int = 8) -> float:
+    """The share of LLM tokens with a next-token target in the generation's first ``groups``
+    groups (image tokens, prompts and the template's own tokens have none); 1.0 for none."""
+    from shards import read_group
+
+    index = manifest.group_index()
+    tokens = targets = 0
+    for key in sorted(index)[:groups]:
+        shard, g = index[key]
+        labels = collate(read_group(manifest.storage, shard, g)[0])["labels"]
+        tokens += labels.numel()
+        targets += int((labels != -100).sum())
+    return targets / tokens if targets else 1.0
+
+
 def run(cfg: TrainConfig) -> list[dict]:
     """Train on an initialized default process group; returns rank 0's step records."""
     from torch.utils.data import DataLoader
@@ -143,7 +158,12 @@ def run(cfg: TrainConfig) -> list[dict]:
         merge=merge_for_policy(collate._policy),
     )
     rpn = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
-    trainer = Trainer(cfg, model_cfg, mb_tokens=mb_tokens or 0, ranks_per_node=rpn)
+    # rank 0 searches the pipeline partition: it times the LM head over the share of tokens
+    # that carry a target in this generation (its first groups, as the collator labels them)
+    share = target_share(manifest, collate) if cfg.pp > 1 and rank == 0 else 1.0
+    trainer = Trainer(
+        cfg, model_cfg, mb_tokens=mb_tokens or 0, ranks_per_node=rpn, target_share=share
+    )
     replica, stage = trainer.replica, trainer.stage
     batches = iter(())
     if stage == 0:
@@ -245,6 +265,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             "empty_microbatches": out["pipeline"].get("empty_microbatches"),
             "cut_samples": out["pipeline"].get("cut_samples"),
             "longest_chain": out["pipeline"].get("longest_chain"),
+            # PP: the share of tokens the partition search timed the LM head over
+            "partition_target_share": trainer.target_share if cfg.pp > 1 else None,
             "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
             "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
         }

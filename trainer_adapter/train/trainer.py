@@ -23,7 +23,6 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from balancing import CostModel
 from shards.collate import normalize_patches
@@ -91,9 +90,23 @@ def _blocks_of(lo: int, hi: int, n_blocks: int) -> range:
 
 class Trainer:
     def __init__(
-        self, cfg: TrainConfig, model_cfg: VLMConfig, *, mb_tokens: int, ranks_per_node: int = 1
+        self,
+        cfg: TrainConfig,
+        model_cfg: VLMConfig,
+        *,
+        mb_tokens: int,
+        ranks_per_node: int = 1,
+        target_share: float = 1.0,
     ) -> None:
+        if not 0.0 < target_share <= 1.0:
+            raise ValueError(
+                f"target_share must be in (0, 1] (the share of LLM tokens with a next-token "
+                f"target), got {target_share}"
+            )
         self.cfg, self.mb_tokens = cfg, mb_tokens
+        # the pipeline partition times the LM head and loss over this share of a row's tokens:
+        # training runs them at the target positions only (image tokens and prompts have none)
+        self.target_share = target_share
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.world != cfg.world_size:
             raise ValueError(f"{self.world} processes, but dp x pp = {cfg.world_size}")
@@ -190,7 +203,11 @@ class Trainer:
         ids = torch.randint(0, model_cfg.vocab_size, (t,))
         pos = torch.cat([torch.arange(s) for s in seg]).to(self.device)
         x = probe.tok(ids).detach().to(self.device)
-        ids = ids.to(self.device)
+        # the head and loss as training runs them: chunked, at the target positions only (the
+        # row's first target_share of tokens here), the chunks' head recomputed in backward
+        target = ids.clone()
+        target[max(1, round(self.target_share * t)) :] = -100
+        chunk = chunk_tokens_for(model_cfg.vocab_size)
         block = probe.blocks[0]
 
         def layers(lo, hi):
@@ -208,7 +225,9 @@ class Trainer:
                     elif i <= n_blocks:
                         y = block(y, seg)
                     else:
-                        y = F.cross_entropy(probe.logits(y), ids, reduction="sum")
+                        y = chunked_lm_loss(
+                            y, target, probe.logits, normalizer=1.0, chunk_tokens=chunk
+                        )
                 y.sum().backward()
 
             return fn

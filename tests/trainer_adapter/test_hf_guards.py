@@ -517,3 +517,28 @@ def test_grid_thw_with_negative_or_zero_entries_is_refused(grid):
         _grid_table(torch.zeros(rows, 4), g, "Tower")
     good = torch.tensor([[1, 2, 8]])
     assert _grid_table(torch.zeros(16, 4), good, "Tower").tolist() == [[16, 1, 2, 8]]
+
+
+def _joined_on_rank0(rank, world):
+    """PaliGemma balanced with the decoder's masks reported as joining samples on rank 0 only
+    (as transformers <= 5.23 built its prefix mask over a packed row; rank 1's row holds one
+    sample, which crosses nothing)."""
+    import trainer_adapter.hf.decoder as decoder
+
+    found = decoder.crossing_masks
+    decoder.crossing_masks = lambda masks, lengths: ["attention_mask"] if rank == 0 else []
+    try:
+        return rank_main(rank, world, "paligemma", False, True, True, "none")
+    finally:
+        decoder.crossing_masks = found
+
+
+def test_a_mask_joining_samples_on_one_rank_is_refused_on_every_rank():
+    """The refusal is agreed: a rank whose own row crosses nothing refuses too, instead of
+    waiting in an exchange the refusing rank never joins (independent of which transformers
+    builds such masks; test_refused_with_a_clear_error_on_every_rank covers a real one where
+    the installed transformers has it)."""
+    got = run_ranks(_joined_on_rank0, 2, timeout=180)
+    for message in got:
+        assert isinstance(message, str), "the step ran where it must be refused"
+        assert "attention_mask" in message and "attend to each other" in message

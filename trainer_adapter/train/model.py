@@ -16,6 +16,7 @@ Sizes go from ``tiny`` (tests, CPU) to ``1b`` (GPU) through :meth:`VLMConfig.pre
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -120,15 +121,11 @@ def _post(block: Block, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
     return x + block.mlp(block.norm2(x))
 
 
-_COMPILED: dict = {}
-
-
+@functools.cache
 def _compiled(fn):
     """``fn`` compiled once per process, shared by every block (parameters are graph inputs, so
     blocks of any width reuse the same code; token counts are symbolic, no recompile per step)."""
-    if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn, dynamic=True)
-    return _COMPILED[fn]
+    return torch.compile(fn, dynamic=True)
 
 
 def compile_blocks(model: nn.Module, enabled: bool = True) -> int:

@@ -18,6 +18,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 from dataprep.workers import exit_with_parent
@@ -48,12 +49,37 @@ def stream_processes(workers: int, streams: int) -> int:
     return max(1, min(workers, streams, usable_cores() // 2))
 
 
+class _AtOnce:
+    """The default ``local`` of :func:`run_streams`: ``fn(job)`` run when submitted."""
+
+    def __init__(self, fn: Callable[[dict], list[dict]]) -> None:
+        self.fn = fn
+
+    def __enter__(self) -> _AtOnce:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def submit(self, job: dict) -> Future:
+        fut: Future = Future()
+        fut.set_result(self.fn(job))
+        return fut
+
+
 def run_streams(
-    jobs: list[dict], workers: int, fn: Callable[[dict], list[dict]], done: Callable[[], None]
+    jobs: list[dict],
+    workers: int,
+    fn: Callable[[dict], list[dict]],
+    done: Callable[[], None],
+    local: Callable[[], AbstractContextManager] | None = None,
 ) -> dict[int, list[dict]]:
     """``fn(job)`` for every job, keyed by ``job["rank"]``; ``done()`` after each. The first
     error (a worker's or this process's) is raised once the running streams end; no stream
-    starts after it."""
+    starts after it. Spawned workers run ``fn``; this process runs its streams through
+    ``local()`` (default: ``fn`` at once), a context manager whose ``submit(job)`` returns a
+    future of ``fn(job)``'s result and may still be completing one stream while the next is
+    submitted (:class:`shards.stream_writer.StreamWriter`); leaving it waits for them all."""
     workers = stream_processes(workers, len(jobs))
     pending = deque(jobs)
     results: dict[int, list[dict]] = {}
@@ -66,10 +92,35 @@ def run_streams(
                 return None
             return pending.popleft() if front else pending.pop()
 
+    def write_here(front: bool) -> None:
+        """This process's streams; each finished one is filed as soon as it is seen done."""
+        submitted: deque[tuple[int, Future]] = deque()
+
+        def file_done(wait: bool) -> None:
+            while submitted and (wait or submitted[0][1].done()):
+                rank, fut = submitted.popleft()
+                try:
+                    value = fut.result()
+                except BaseException as exc:
+                    with lock:
+                        errors.append(exc)
+                    continue
+                with lock:
+                    results[rank] = value
+                done()
+
+        try:
+            with (local or (lambda: _AtOnce(fn)))() as writer:
+                while (job := take(front)) is not None:
+                    submitted.append((job["rank"], writer.submit(job)))
+                    file_done(wait=False)
+        finally:
+            file_done(wait=True)
+
     if workers == 1:
-        while (job := take(front=True)) is not None:
-            results[job["rank"]] = fn(job)
-            done()
+        write_here(front=True)
+        if errors:
+            raise errors[0]
         return results
 
     def feed(pool: ProcessPoolExecutor) -> None:
@@ -102,11 +153,7 @@ def run_streams(
         feeder = threading.Thread(target=feed, args=(pool,), name="equishard-write-feeder")
         feeder.start()
         try:
-            while (job := take(front=False)) is not None:  # this process: from the back
-                value = fn(job)
-                with lock:
-                    results[job["rank"]] = value
-                done()
+            write_here(front=False)  # this process: from the back
         except BaseException as exc:
             with lock:
                 errors.append(exc)

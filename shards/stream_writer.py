@@ -3,9 +3,10 @@
 A shard is written as ``.partial``, fsynced and renamed, then a sidecar under ``.parts/``
 records its size, checksum and groups; a re-run keeps the finished prefix of shards and resumes
 at the first unfinished one, so the output is byte-identical to an uninterrupted run. Workers
-run :func:`write_stream` in parallel processes, one stream each; inside one, the caller's
-thread reads samples and encodes members while a writer thread hashes and writes the bytes and
-a sync thread completes finished shards (see :class:`_ShardFile`).
+run streams in parallel processes; inside one, a :class:`StreamWriter` writes its streams one
+after another: the caller's thread reads samples and encodes members while a writer thread
+hashes and writes the bytes and a sync thread completes finished shards (see
+:class:`_ShardFile`), the last shards of one stream while the next is encoded.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
 from shards.tar_members import add_member, image_ext, sample_doc, sample_key
 
-__all__ = ["COST_FIELDS", "read_sample", "write_stream"]
+__all__ = ["COST_FIELDS", "StreamWriter", "read_sample", "write_stream"]
 
 # cost-table fields copied into each sample's document (``cost``)
 COST_FIELDS = (
@@ -112,40 +113,75 @@ def read_sample(
 
 def write_stream(job: dict) -> list[dict]:
     """Write (or finish) one stream; returns its shards' sidecars in order."""
-    stage = Path(job["stage"])
-    sdir = stage / job["dir"]
-    parts = stage / ".parts" / job["dir"]
-    sdir.mkdir(parents=True, exist_ok=True)
-    parts.mkdir(parents=True, exist_ok=True)
-    for stale in sdir.glob("*.partial"):
-        stale.unlink()
-    done: list[dict] = []
-    while True:  # keep the finished prefix of shards; anything after a gap is redone
-        side = parts / f"shard-{len(done):06d}.json"
-        tar = sdir / f"shard-{len(done):06d}.tar"
-        if not side.exists() or not tar.exists():
-            break
-        meta = json.loads(side.read_text())
-        if tar.stat().st_size != meta["bytes"]:
-            break
-        done.append(meta)
-    for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
-        extra.unlink()
-    next_step = done[-1]["groups"][-1][0] + 1 if done else -1
-    groups = _groups(job, next_step)
-    g = next(groups, None)
-    verified: set[str] = set(job.get("parent_verified", ()))
-    parent_groups: dict = {}
-    k = len(done)
-    finishing = []
-    with (
-        RecordStore(ReadOptions(**job["read_options"])) as store,
-        ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-write") as writer,
-        ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-sync") as syncer,
-    ):
+    with StreamWriter() as w:
+        return w.submit(job).result()
+
+
+class StreamWriter:
+    """Writes streams one after another in this process. They share one record store (an
+    input's index is built once, not once per stream) and one writer and one sync thread, so a
+    stream's last shard is hashed, written, fsynced and recorded while the next stream is
+    encoded; at most ``_ShardFile._INFLIGHT`` batches of bytes wait for the writer thread
+    across all of them. Use as a context manager: leaving it waits for every queued write."""
+
+    def __init__(self) -> None:
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-write")
+        self.syncer = ThreadPoolExecutor(1, thread_name_prefix="equishard-shard-sync")
+        self.inflight: deque[Future] = deque()
+        self._store: RecordStore | None = None
+        self._store_options: dict | None = None
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.writer.shutdown(wait=True)
+        self.syncer.shutdown(wait=True)
+        if self._store is not None:
+            self._store.close()
+
+    def _store_for(self, read_options: dict) -> RecordStore:
+        if self._store is None or read_options != self._store_options:
+            if self._store is not None:
+                self._store.close()
+            self._store = RecordStore(ReadOptions(**read_options))
+            self._store_options = dict(read_options)
+        return self._store
+
+    def submit(self, job: dict) -> Future:
+        """Encode one stream now (in the caller's thread); the future gives its shards'
+        sidecars in order once the last one is synced and recorded. A sample that cannot be
+        written raises here; a failed write or sync fails the future."""
+        stage = Path(job["stage"])
+        sdir = stage / job["dir"]
+        parts = stage / ".parts" / job["dir"]
+        sdir.mkdir(parents=True, exist_ok=True)
+        parts.mkdir(parents=True, exist_ok=True)
+        for stale in sdir.glob("*.partial"):
+            stale.unlink()
+        done: list[dict] = []
+        while True:  # keep the finished prefix of shards; anything after a gap is redone
+            side = parts / f"shard-{len(done):06d}.json"
+            tar = sdir / f"shard-{len(done):06d}.tar"
+            if not side.exists() or not tar.exists():
+                break
+            meta = json.loads(side.read_text())
+            if tar.stat().st_size != meta["bytes"]:
+                break
+            done.append(meta)
+        for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
+            extra.unlink()
+        next_step = done[-1]["groups"][-1][0] + 1 if done else -1
+        groups = _groups(job, next_step)
+        g = next(groups, None)
+        verified: set[str] = set(job.get("parent_verified", ()))
+        parent_groups: dict = {}
+        store = self._store_for(job["read_options"])
+        k = len(done)
+        finishing = []
         while g is not None:
             name = f"shard-{k:06d}.tar"
-            sink = _ShardFile(sdir / (name + ".partial"), writer, syncer)
+            sink = _ShardFile(sdir / (name + ".partial"), self)
             meta_groups = []
             samples = 0
             with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tf:
@@ -163,8 +199,8 @@ def write_stream(job: dict) -> list[dict]:
             meta = {"file": f"{job['dir']}/{name}", "samples": samples, "groups": meta_groups}
             finishing.append(sink.finish(sdir / name, parts / f"shard-{k:06d}.json", meta))
             k += 1
-        done += [f.result() for f in finishing]
-    return done
+        # the sync thread completes shards in order: this runs after the stream's last one
+        return self.syncer.submit(lambda: done + [f.result() for f in finishing])
 
 
 def _groups(job: dict, next_step: int) -> Iterator[dict]:
@@ -224,7 +260,7 @@ def _add_group(tf, g: dict, job: dict, store: RecordStore, verified: set, parent
 
 
 class _ShardFile(io.RawIOBase):
-    """The ``.partial`` file of one shard, written by the stream's writer thread.
+    """The ``.partial`` file of one shard, written by the :class:`StreamWriter`'s writer thread.
 
     ``write`` only collects bytes; every ~1 MiB they go to the writer thread, which hashes and
     writes them in order (both release the GIL) while the caller reads and encodes the next
@@ -236,15 +272,16 @@ class _ShardFile(io.RawIOBase):
     """
 
     _BATCH = 1 << 20
-    _INFLIGHT = 32  # batches queued at most (bounds memory when the disk is slower)
+    _INFLIGHT = 32  # batches queued at most, all shards together (bounds memory on a slow disk)
 
-    def __init__(self, path: Path, pool: ThreadPoolExecutor, syncer: ThreadPoolExecutor) -> None:
-        self.path, self.pool, self.syncer = path, pool, syncer
+    def __init__(self, path: Path, threads: StreamWriter) -> None:
+        self.path, self.pool, self.syncer = path, threads.writer, threads.syncer
+        self._inflight = threads.inflight
         self.f = open(path, "wb")  # noqa: SIM115 - closed by the I/O thread in _finish
         self.h = hashlib.sha256()
         self.n = self._held = 0
         self._chunks: list[bytes] = []
-        self._queued: deque = deque()
+        self._last: Future | None = None
         self._error: BaseException | None = None
 
     def writable(self) -> bool:
@@ -263,10 +300,11 @@ class _ShardFile(io.RawIOBase):
         return len(b)
 
     def _queue(self) -> None:
-        while len(self._queued) >= self._INFLIGHT:
-            self._queued.popleft().result()
+        while len(self._inflight) >= self._INFLIGHT:
+            self._inflight.popleft().result()
         chunks, self._chunks, self._held = self._chunks, [], 0
-        self._queued.append(self.pool.submit(self._write_chunks, chunks))
+        self._last = self.pool.submit(self._write_chunks, chunks)
+        self._inflight.append(self._last)
 
     def _write_chunks(self, chunks: list[bytes]) -> None:
         if self._error is not None:
@@ -284,9 +322,9 @@ class _ShardFile(io.RawIOBase):
     def finish(self, final: Path, sidecar: Path, meta: dict) -> Future:
         """Queue the shard's completion; the future gives its sidecar (``meta`` + bytes, sha256)."""
         self._queue()
-        last = self._queued.pop()  # the others' outcome reaches _finish through self._error
-        self._queued.clear()
-        return self.syncer.submit(self._finish, last, final, sidecar, meta)
+        # the writer thread runs batches in order; the others' outcome reaches _finish through
+        # self._error
+        return self.syncer.submit(self._finish, self._last, final, sidecar, meta)
 
     def _finish(self, last: Future, final: Path, sidecar: Path, meta: dict) -> dict:
         try:

@@ -40,7 +40,7 @@ from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_curr
 from shards.reader import sha256_of
 from shards.storage import is_url, join_url
 from shards.stream_pool import run_streams, usable_cores
-from shards.stream_writer import COST_FIELDS, write_stream
+from shards.stream_writer import COST_FIELDS, StreamWriter, write_stream
 from shards.wids_index import WIDS_INDEX, write_wids_index
 
 __all__ = [
@@ -359,7 +359,7 @@ def _write_all(
             results[job["rank"]] = shards
             bar.update()
     else:  # this process writes streams too (shards/stream_pool.py)
-        results = run_streams(jobs, cfg.workers, write_stream, bar.update)
+        results = run_streams(jobs, cfg.workers, write_stream, bar.update, local=StreamWriter)
     bar.close()
     streams = []
     for job in jobs:

@@ -189,21 +189,22 @@ def test_shards_the_driver_cannot_see_are_not_published(gen_inputs, tmp_path, mo
     import shards.writer as writer
 
     _, cost, plan = gen_inputs
-    real = writer.write_stream
+    real = writer.StreamWriter
 
-    def lost(job):
-        done = real(job)
-        if job["rank"] == 2:
-            (Path(job["stage"]) / done[0]["file"]).unlink()
-        return done
+    class Lost(real):
+        def submit(self, job):
+            fut = super().submit(job)
+            if job["rank"] == 2:
+                (Path(job["stage"]) / fut.result()[0]["file"]).unlink()
+            return fut
 
-    monkeypatch.setattr(writer, "write_stream", lost)
+    monkeypatch.setattr(writer, "StreamWriter", Lost)
     out = tmp_path / "gens"
     cfg = WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(out), shard_size=60_000)
     with pytest.raises(WriteError, match=r"rank 2: .* missing here.*every Ray node shares"):
         write_generation(cfg)
     assert not (out / "CURRENT").exists()
-    monkeypatch.setattr(writer, "write_stream", real)
+    monkeypatch.setattr(writer, "StreamWriter", real)
     assert write_generation(cfg).samples > 0  # the re-run rewrites the lost shard
 
 

@@ -126,3 +126,52 @@ def test_a_bad_equishard_cores_is_refused_before_anything_is_staged(monkeypatch,
     with pytest.raises(ValueError, match="EQUISHARD_CORES must be a whole number >= 1, got '0'"):
         WriteConfig(workers=2, **kw)
     WriteConfig(workers=1, **kw)  # one process: the cores are never asked
+
+
+class _Later:
+    """A ``local`` writer whose streams complete only after the next one was submitted (the
+    way :class:`shards.stream_writer.StreamWriter` syncs a stream's last shard while the next
+    is encoded); ``fail`` names a rank whose future fails."""
+
+    def __init__(self, log: list, fail: int | None = None) -> None:
+        self.log, self.fail, self.open = log, fail, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for rank, fut in self.open:
+            self._complete(rank, fut)
+
+    def _complete(self, rank, fut):
+        if rank == self.fail:
+            fut.set_exception(ValueError(f"stream {rank}'s sync failed"))
+        else:
+            fut.set_result([{"rank": rank}])
+        self.log.append(("done", rank))
+
+    def submit(self, job):
+        from concurrent.futures import Future
+
+        self.log.append(("submit", job["rank"]))
+        for rank, fut in self.open:  # the one before completes while this one is encoded
+            self._complete(rank, fut)
+        self.open = [(job["rank"], Future())]
+        return self.open[0][1]
+
+
+@pytest.mark.timeout(20)  # a pool that waits for each stream before the next never returns
+def test_streams_completing_after_the_next_is_submitted_are_all_filed(tmp_path):
+    log, ticks = [], []
+    jobs = [{**job, "caller": -1} for job in _jobs(tmp_path, 5)]
+    got = run_streams(jobs, 1, record, lambda: ticks.append(1), local=lambda: _Later(log))
+    assert got == {r: [{"rank": r}] for r in range(5)} and len(ticks) == 5
+
+
+def test_a_late_failure_of_a_local_stream_is_raised_and_stops_new_streams(tmp_path):
+    log = []
+    jobs = [{**job, "caller": -1} for job in _jobs(tmp_path, 8)]
+    with pytest.raises(ValueError, match="stream 1's sync failed"):
+        run_streams(jobs, 1, record, lambda: None, local=lambda: _Later(log, fail=1))
+    # stream 1 fails as stream 2 is submitted, and is seen at once: nothing after stream 2
+    assert max(r for what, r in log if what == "submit") == 2

@@ -134,17 +134,22 @@ def error_row(source, location, line, sample_id, exc: SampleRejected) -> dict:
     }
 
 
-def cache_key(raw: bytes, refs: list[ImageRef]) -> str:
-    """Changes when the record's bytes or any image file changes (size, mtime); no image reads."""
+def cache_key(raw: bytes, refs: list[ImageRef], stats: list | None = None) -> str:
+    """Changes when the record's bytes or any image file changes (size, mtime); no image reads.
+    ``stats``: each ref's file status where the caller has it (the writer's, taken after it
+    read the bytes it writes), instead of a separate ``os.stat``; None for embedded bytes."""
     h = hashlib.blake2b(raw, digest_size=16)
-    for r in refs:
+    for k, r in enumerate(refs):
         if r.data is not None:
             h.update(b"|d" + hashlib.blake2b(r.data, digest_size=16).digest())
             continue
-        try:
-            st = os.stat(r.path)
-        except OSError:
-            return ""  # unreadable: measure it (and reject it with a reason)
+        if stats is not None:
+            st = stats[k]
+        else:
+            try:
+                st = os.stat(r.path)
+            except OSError:
+                return ""  # unreadable: measure it (and reject it with a reason)
         h.update(f"|{r.path}:{st.st_size}:{st.st_mtime_ns}:{r.offset}:{r.size}".encode())
     return h.hexdigest()
 

@@ -18,7 +18,7 @@ from typing import BinaryIO
 import numpy as np
 
 from dataprep.errors import DataprepError, SampleRejected
-from dataprep.image_header import open_image_file
+from dataprep.image_header import read_image_file
 from dataprep.image_refs import image_ref
 from dataprep.measure import record_bytes
 from dataprep.readers import ImageRef, RawRecord, ReadOptions, detect_reader, read_unit
@@ -28,7 +28,7 @@ from dataprep.readers.tabular import scan_hf, scan_parquet
 from dataprep.readers.wds import scan_wds
 from dataprep.records import normalize_record, sample_id_of
 
-__all__ = ["RawSample", "RecordStore", "image_bytes"]
+__all__ = ["RawSample", "RecordStore", "read_image"]
 
 _SCANS = {
     "jsonl": scan_jsonl,
@@ -47,16 +47,17 @@ class RawSample:
     raw: bytes = b""  # the record's bytes, as prep fingerprinted them
 
 
-def image_bytes(ref: ImageRef) -> bytes:
-    """The original encoded bytes of one image."""
+def read_image(ref: ImageRef) -> tuple[bytes, os.stat_result | None]:
+    """The original encoded bytes of one image, and the status of the file they were read from
+    (taken after the read; None for bytes embedded in the record)."""
     if ref.data is not None:
-        return ref.data
+        return ref.data, None
     if ref.size is None:  # a file of its own: must still be a regular file
-        with open_image_file(ref.path) as f:
-            return f.read()
+        return read_image_file(ref.path)
     with open(ref.path, "rb") as f:
         f.seek(ref.offset)
-        return f.read(ref.size)
+        data = f.read(ref.size)
+        return data, os.fstat(f.fileno())
 
 
 class RecordStore:

@@ -25,7 +25,7 @@ from dataprep.errors import DataprepError, SampleRejected
 from dataprep.image_header import probe_image_bytes
 from dataprep.measure import cache_key, fingerprint
 from dataprep.readers import ReadOptions
-from dataprep.record_store import RecordStore, image_bytes
+from dataprep.record_store import RecordStore, read_image
 from shards.errors import WriteError
 from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
@@ -65,14 +65,16 @@ def read_sample(
         return parent_sample(s["parent"], s["sample_id"], verified, groups)
     try:
         sample = store.get(s["location"])
-        # unchanged since prep by its cache key (record bytes, image sizes and mtimes: no decode)?
-        # then the fingerprint holds; otherwise the images are probed and fingerprinted again
+        read = [read_image(r) for r in sample.images]
+        imgs = [data for data, _ in read]
+        # unchanged since prep by its cache key (record bytes, image sizes and mtimes, the status
+        # of each file as it was after its bytes were read: no decode)? then the fingerprint
+        # holds; otherwise the images are probed and fingerprinted again
         same = (
             not stored_sizes
             and bool(s.get("cache_key"))
-            and cache_key(sample.raw, sample.images) == s["cache_key"]
+            and cache_key(sample.raw, sample.images, [st for _, st in read]) == s["cache_key"]
         )
-        imgs = [image_bytes(r) for r in sample.images]
         headers = (
             None
             if same

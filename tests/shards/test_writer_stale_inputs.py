@@ -137,3 +137,38 @@ def test_cost_table_from_before_displayed_sizes_is_checked_image_by_image(
     # without a turned photo the older table still writes (its counts are right)
     (root / "demo" / rec["image"]).write_bytes(image_bytes(640, 200, "JPEG"))
     assert write_as_before(tmp_path / "out2").generation
+
+
+def test_image_replaced_while_the_writer_opens_it_is_refused(inputs, tmp_path, monkeypatch):
+    """For the moment the writer opens it, the image's path holds another picture; right after,
+    the original is back (every other sample sees it unchanged). The cache key must describe the
+    bytes read, so its status comes from the opened file after the read; a key from a status
+    taken before the open still matches prep's, and the other picture would go into the shard
+    under the original's costs."""
+    import os
+
+    import dataprep.image_header as ih
+    from tests.conftest import image_bytes
+
+    demo, cost, plan_dir = inputs
+    target = str(demo / _first_with_image(demo)["image"])
+    real = ih._open_regular
+    swapped = []
+
+    def swapped_on_open(path):
+        if str(path) != target or swapped:
+            return real(path)
+        swapped.append(path)
+        os.replace(target, target + ".orig")  # the original file, its mtime kept
+        with open(target, "wb") as f:
+            f.write(image_bytes(1999, 1001))
+        os.utime(target, ns=(1, 1))
+        try:
+            return real(path)
+        finally:
+            os.replace(target + ".orig", target)
+
+    monkeypatch.setattr(ih, "_open_regular", swapped_on_open)
+    with pytest.raises(WriteError, match="changed since prep"):
+        _write(cost, plan_dir, tmp_path / "out")
+    assert swapped and not list((tmp_path / "out").glob("gen-*"))

@@ -337,7 +337,7 @@ def _write_all(
 ) -> None:
     from tqdm import tqdm
 
-    plan = pq.read_table(Path(cfg.plan_dir) / "plan.parquet")
+    plan = pq.ParquetFile(Path(cfg.plan_dir) / "plan.parquet").read()  # no pyarrow.dataset
     report = json.loads((Path(cfg.plan_dir) / "report.json").read_text())
     cost = read_cost_table(cfg.cost_table)
     params = report["parameters"]

@@ -1,8 +1,10 @@
 """The duplicate-``sample_id`` kernel against two independent answers: a Counter over Python
 strings and pyarrow's own ``value_counts``, over ids drawn from a small alphabet (many repeats,
 ids that share prefixes or differ only in length), nulls and empty strings, unicode, chunked,
-sliced and 64-bit-offset columns. Planted bugs this catches: only the later copy marked, a
-prefix taken for a repeat, a hash slot taken for a match, a null counted as an id."""
+sliced and 64-bit-offset columns; and the size rule that picks pyarrow for small columns (no
+numba import) and the kernel for large ones. Planted bugs this catches: only the later copy
+marked, a prefix taken for a repeat, a hash slot taken for a match, a null counted as an id, a
+large column sent through the slow path or a small one through numba's start-up."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dataprep.repeated_ids as rid
 from dataprep.cost_table import validate_cost_table
-from dataprep.repeated_ids import repeated_mask, repeated_reference
+from dataprep.repeated_ids import repeated_mask_arrow, repeated_reference
+from dataprep.repeated_ids import repeated_mask_numba as repeated_mask
 
 IDS = st.lists(st.one_of(st.none(), st.text(alphabet="ab1é", max_size=3)), max_size=60)
 
@@ -37,8 +41,9 @@ def test_kernel_equals_a_counter_and_pyarrow(ids, chunks, large):
     kind = pa.large_string() if large else pa.string()
     cuts = np.linspace(0, len(ids), chunks + 1).astype(int)
     column = pa.chunked_array([pa.array(ids[a:b], kind) for a, b in itertools.pairwise(cuts)], kind)
-    np.testing.assert_array_equal(repeated_mask(column), want)
-    np.testing.assert_array_equal(repeated_mask(pa.array(ids, kind)), want)
+    for mask in (repeated_mask, repeated_mask_arrow, rid.repeated_mask):
+        np.testing.assert_array_equal(mask(column), want)
+        np.testing.assert_array_equal(mask(pa.array(ids, kind)), want)
 
 
 @settings(max_examples=100, deadline=None)
@@ -85,3 +90,29 @@ def test_the_cost_table_check_names_the_repeated_rows():
 def test_a_column_of_another_type_is_refused():
     with pytest.raises(TypeError, match="string column"):
         repeated_mask(pa.array([1, 2, 1]))
+
+
+def test_small_columns_skip_numba_and_large_ones_take_the_kernel(monkeypatch):
+    """At most SMALL rows: pyarrow alone (a small write never imports numba); above: the kernel
+    (pyarrow's value_counts took 5-9 s at 10M ids)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pyarrow as pa; from dataprep.cost_table import validate_cost_table; "
+        "from dataprep.repeated_ids import repeated_mask; "
+        "repeated_mask(pa.array([f'id-{i}' for i in range(1000)] + ['id-3'])); "
+        "print('numba' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+    assert rid.SMALL >= 100_000  # pyarrow's speed there: well under numba's start-up
+    ids = pa.array([f"id-{i}" for i in range(40)] + ["id-7"])
+    took = []
+    monkeypatch.setattr(rid, "repeated_mask_arrow", lambda a: took.append("arrow") or [])
+    monkeypatch.setattr(rid, "repeated_mask_numba", lambda a: took.append("numba") or [])
+    monkeypatch.setattr(rid, "SMALL", 41)
+    rid.repeated_mask(ids)
+    monkeypatch.setattr(rid, "SMALL", 40)
+    rid.repeated_mask(ids)
+    assert took == ["arrow", "numba"]

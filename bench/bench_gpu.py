@@ -229,10 +229,10 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
     from trainer_adapter.train.partition import search_partition, stage_ranges
     from trainer_adapter.train.pipeline import (
         StageModule,
-        _mark,
-        _seconds,
         bucket_ladder,
+        device_mark,
         doc_rows,
+        interval_seconds,
         plan_step,
     )
     from trainer_adapter.train.split_samples import _single_stage_order, chain_actions
@@ -270,21 +270,21 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
                 base = _allocated(dev)
                 for m in range(a, b):
                     h = torch.randn(1, mb, cfg.llm_hidden, device=dev, requires_grad=True)
-                    t0 = _mark(h)
+                    t0 = device_mark(h)
                     with auto:
                         y = st(h, doc[m : m + 1])
                         y = loss_fn(y, tgt[m]) if st.last else y[0]
-                    marks[("F", m)] = (t0, _mark(y))
+                    marks[("F", m)] = (t0, device_mark(y))
                     outs[m] = y
                 act[s] = max(act[s], (_allocated(dev) - base) / (b - a))
                 for m in reversed(range(a, b)):
                     y = outs.pop(m)
-                    t0 = _mark(y)
+                    t0 = device_mark(y)
                     y.backward() if st.last else y.backward(torch.ones_like(y))
-                    marks[("B", m)] = (t0, _mark(y))
+                    marks[("B", m)] = (t0, device_mark(y))
                 del y
                 for (kind, m), pair in marks.items():
-                    (fwd if kind == "F" else bwd)[(s, m)] = _seconds([pair])
+                    (fwd if kind == "F" else bwd)[(s, m)] = interval_seconds([pair])
             st.zero_grad(set_to_none=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()

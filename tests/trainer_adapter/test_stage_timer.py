@@ -16,7 +16,12 @@ import torch
 from torch import nn
 
 from trainer_adapter.train.model import LanguageModel, VLMConfig
-from trainer_adapter.train.pipeline import StageModule, _seconds, doc_rows, plan_microbatches
+from trainer_adapter.train.pipeline import (
+    StageModule,
+    doc_rows,
+    interval_seconds,
+    plan_microbatches,
+)
 
 
 class _Sleep(torch.autograd.Function):
@@ -111,9 +116,9 @@ class _Event:
 
 def test_event_intervals_are_waited_on_and_read_in_seconds():
     pairs = [(_Event(10.0), _Event(35.0)), (_Event(40.0), _Event(41.5))]
-    assert _seconds(pairs) == pytest.approx(0.0265)
+    assert interval_seconds(pairs) == pytest.approx(0.0265)
     assert all(end.waited for _, end in pairs)
-    assert _seconds([(1.0, 1.25), (2.0, 2.5)]) == pytest.approx(0.75)
+    assert interval_seconds([(1.0, 1.25), (2.0, 2.5)]) == pytest.approx(0.75)
 
 
 def test_the_lm_head_and_loss_count_as_their_stage_s_busy_time():

@@ -40,7 +40,9 @@ __all__ = [
     "StageModule",
     "StageTimer",
     "bucket_ladder",
+    "device_mark",
     "doc_rows",
+    "interval_seconds",
     "make_schedule",
     "pack_rows",
     "plan_microbatches",
@@ -57,7 +59,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 class StageTimer:
     """Busy seconds of one stage's forward and backward passes since :meth:`reset`.
 
-    Each pass is an interval between two marks (``_mark``): on CUDA a pair of timing events
+    Each pass is an interval between two marks (``device_mark``): on CUDA a pair of timing events
     recorded on the compute stream, so a step takes no host sync per microbatch (a sync there
     also stops the host from queuing the next microbatch's kernels while this one runs); the
     sums are read after the step, and reading waits for the last event only. Elsewhere the
@@ -74,18 +76,18 @@ class StageTimer:
 
     @property
     def forward(self) -> float:
-        return _seconds(self._forward)
+        return interval_seconds(self._forward)
 
     @property
     def backward(self) -> float:
-        return _seconds(self._backward)
+        return interval_seconds(self._backward)
 
     @property
     def busy(self) -> float:
         return self.forward + self.backward
 
 
-def _mark(t: torch.Tensor):
+def device_mark(t: torch.Tensor):
     """A point on ``t``'s device timeline: a timing event recorded on its current stream (CUDA:
     kernels run asynchronously, and only the compute stream is marked, never NCCL's, where a
     posted receive waits on a peer stage), else the host clock."""
@@ -96,7 +98,9 @@ def _mark(t: torch.Tensor):
     return time.perf_counter()
 
 
-def _seconds(intervals: list) -> float:
+def interval_seconds(intervals: list) -> float:
+    """The summed length of ``(start, end)`` pairs of :func:`device_mark` marks (waits for each
+    end event on CUDA)."""
     total = 0.0
     for start, end in intervals:
         if isinstance(start, float):
@@ -117,7 +121,7 @@ class _Stamp(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        now = _mark(grad)
+        now = device_mark(grad)
         if ctx.start:
             ctx.timer._open.append(now)
         elif ctx.timer._open:
@@ -130,13 +134,13 @@ def timed_pass(timer: StageTimer | None, fn, x: torch.Tensor) -> torch.Tensor:
     from the output's gradient arriving to the input's leaving (the stamps around it)."""
     if timer is None:
         return fn(x)
-    t0 = _mark(x)
+    t0 = device_mark(x)
     if x.requires_grad:
         x = _Stamp.apply(x, timer, False)
     out = fn(x)
     if out.requires_grad:
         out = _Stamp.apply(out, timer, True)
-    timer._forward.append((t0, _mark(out)))
+    timer._forward.append((t0, device_mark(out)))
     return out
 
 

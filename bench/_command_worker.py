@@ -37,6 +37,20 @@ runpy.run_module("equishard", run_name="__main__")
 """
 
 
+_TOUCH = """
+import os, sys, time
+import numpy as np
+n = int(sys.argv[1])
+t0 = time.perf_counter()
+a = np.ones(n, np.int8)
+first = time.perf_counter() - t0
+del a
+t0 = time.perf_counter()
+a = np.ones(n, np.int8)
+print(first, time.perf_counter() - t0, os.times().system)
+"""
+
+
 def _timed(args: list[str], work: Path) -> dict:
     """One fresh CLI process: its wall time and its own peak RSS."""
     log = work / "stderr.txt"
@@ -60,6 +74,15 @@ def main() -> None:
     plan = work / "plan"
     balance = _timed(["balance", str(cost), "--dp", "64", "--nodes", "8", "-o", str(plan)], work)
     cost.unlink()
+    # this machine's price of fresh memory: a fresh process touching as many bytes as the
+    # balance command's peak, once (pages never used by it) and again (pages it already has)
+    touch = subprocess.run(
+        [sys.executable, "-c", _TOUCH, str(balance["peak_rss_mb"] << 20)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    first, again, sys_s = (float(x) for x in touch.stdout.split())
     # the lengths file as OmniBal/InternVL write it, written in slices to keep this worker small
     tiles, llm = load_lengths()
     idx = np.random.default_rng(1).integers(0, tiles.size, n)
@@ -85,6 +108,7 @@ def main() -> None:
             {
                 "rows": n,
                 "balance": balance,
+                "touch": {"first": first, "again": again, "sys_seconds": sys_s},
                 "import_lengths": {**imported, "json_mb": round(size_mb)},
             }
         )

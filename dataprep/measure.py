@@ -21,7 +21,7 @@ import pyarrow as pa
 from dataprep.chat_template import ChatTemplate
 from dataprep.cost_table import COST_SCHEMA
 from dataprep.errors import SampleRejected, describe
-from dataprep.image_header import ImageHeader, probe_image, probe_image_bytes, probe_image_file
+from dataprep.image_header import ImageHeader, open_image_file, probe_image, probe_image_bytes
 from dataprep.image_refs import image_ref
 from dataprep.policies import VisionPolicy
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
@@ -90,13 +90,18 @@ class _Window:
         return self._pos
 
 
-def _probe(ref: ImageRef, check: str) -> ImageHeader:
+def _probe(ref: ImageRef, check: str) -> tuple[ImageHeader, os.stat_result | None]:
+    """An image's header, and the status of the file it was read from, taken after the probe
+    (None for bytes embedded in the record)."""
     if ref.data is not None:
-        return probe_image_bytes(ref.data, ref.where, check)
+        return probe_image_bytes(ref.data, ref.where, check), None
     if ref.size is None:
-        return probe_image_file(ref.path, check)
+        with open_image_file(ref.path) as f:
+            header = probe_image(f, os.fstat(f.fileno()).st_size, ref.path, check)
+            return header, os.fstat(f.fileno())
     with open(ref.path, "rb") as f:
-        return probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where, check)
+        header = probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where, check)
+        return header, os.fstat(f.fileno())
 
 
 def record_bytes(rec) -> bytes:
@@ -266,7 +271,13 @@ class Measurer:
                     out.cached.append((position, sample_id, location, unit.source, key))
                     out.cached_lines.append(rec.line)
                     continue
-                headers = [_probe(r, self.check_images) for r in refs]
+                probed = [_probe(r, self.check_images) for r in refs]
+                headers = [h for h, _ in probed]
+                if cache_key(raw, refs, [st for _, st in probed]) != key:
+                    # an image changed between the key's stat and the probe (or during it): the
+                    # costs are of whatever was read, so no later run may take this sample as
+                    # unchanged by its key; write checks its fingerprint instead
+                    key = ""
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
                 text = self.template.render(sample.turns)
                 text = with_image_text(text, costs, self.template.image_prefix)

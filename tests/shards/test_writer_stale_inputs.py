@@ -172,3 +172,44 @@ def test_image_replaced_while_the_writer_opens_it_is_refused(inputs, tmp_path, m
     with pytest.raises(WriteError, match="changed since prep"):
         _write(cost, plan_dir, tmp_path / "out")
     assert swapped and not list((tmp_path / "out").glob("gen-*"))
+
+
+def test_image_swapped_while_prep_measures_it_is_refused_by_write(
+    gen_inputs, tmp_path, monkeypatch
+):
+    """Prep's sibling of the case above: for the moment prep opens an image to measure it, its
+    path holds another picture, then the original is back. The costs are the other picture's;
+    the cache key, taken from a stat before the probe, describes the original. Prep must not
+    store that key (the file it measured is not the one the key names), so write checks the
+    fingerprint and refuses, instead of writing the original under the other's costs."""
+    import os
+
+    import dataprep.image_header as ih
+    from tests.conftest import image_bytes
+
+    demo, _cost, _plan = gen_inputs
+    root = tmp_path / "in"
+    shutil.copytree(demo, root / "demo")
+    target = str(root / "demo" / _first_with_image(root / "demo")["image"])
+    real = ih._open_regular
+    swapped = []
+
+    def swapped_on_open(path):
+        if str(path) != target or swapped:
+            return real(path)
+        swapped.append(path)
+        os.replace(target, target + ".orig")
+        with open(target, "wb") as f:
+            f.write(image_bytes(1999, 1001))
+        os.utime(target, ns=(1, 1))
+        try:
+            return real(path)
+        finally:
+            os.replace(target + ".orig", target)
+
+    monkeypatch.setattr(ih, "_open_regular", swapped_on_open)
+    _demo, cost, plan_dir = build_inputs(root)  # prep (in this process) and balance
+    monkeypatch.setattr(ih, "_open_regular", real)
+    assert swapped
+    with pytest.raises(WriteError, match="changed since prep"):
+        _write(cost, plan_dir, tmp_path / "out")

@@ -175,3 +175,41 @@ def test_a_late_failure_of_a_local_stream_is_raised_and_stops_new_streams(tmp_pa
         run_streams(jobs, 1, record, lambda: None, local=lambda: _Later(log, fail=1))
     # stream 1 fails as stream 2 is submitted, and is seen at once: nothing after stream 2
     assert max(r for what, r in log if what == "submit") == 2
+
+
+class _Logged:
+    """A ``local`` writer that notes which instance, in which process, wrote each stream (a
+    spawned worker imports this module by name)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def submit(self, job):
+        from concurrent.futures import Future
+
+        Path(job["via"], f"{job['rank']}-{os.getpid()}-{id(self)}").touch()
+        fut = Future()
+        fut.set_result(record(job))
+        return fut
+
+
+def test_each_process_writes_all_its_streams_through_one_local_writer(tmp_path, eight_cores):
+    """This process and every spawned worker make their ``local`` writer once and run every
+    stream they take through it (the writer's record store: an input indexed once per process,
+    not once per stream)."""
+    log, via = tmp_path / "log", tmp_path / "via"
+    log.mkdir()
+    via.mkdir()
+    jobs = [{**job, "via": str(via)} for job in _jobs(log, 12)]
+    got = run_streams(jobs, 3, record, lambda: None, local=_Logged)
+    assert sorted(got) == list(range(12))
+    notes = [p.name.split("-") for p in via.iterdir()]
+    assert sorted(int(rank) for rank, _, _ in notes) == list(range(12))  # all through one
+    writers: dict[str, set] = {}
+    for _, pid, writer in notes:
+        writers.setdefault(pid, set()).add(writer)
+    assert len(writers) > 1, "no spawned worker wrote a stream"
+    assert all(len(w) == 1 for w in writers.values()), writers

@@ -150,6 +150,13 @@ def run_streams(
         initializer=exit_with_parent,  # never outlive a killed writer (its lock is gone)
         initargs=(os.getpid(),),
     ) as pool:
+        # a worker is spawned by the thread that submits to the pool, and the kernel's
+        # parent-death signal (exit_with_parent) follows that *thread*: spawned by the feeder,
+        # the workers were SIGKILLed when it ended, one perhaps still holding the result queue's
+        # lock (the others then hung at shutdown). So all are spawned here, by the thread that
+        # outlives the pool, with a task that returns at once (nobody waits for it)
+        for _ in range(workers - 1):
+            pool.submit(os.getpid)
         feeder = threading.Thread(target=feed, args=(pool,), name="equishard-write-feeder")
         feeder.start()
         try:

@@ -11,6 +11,7 @@ started after an error, a job run twice."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -175,3 +176,26 @@ def test_a_late_failure_of_a_local_stream_is_raised_and_stops_new_streams(tmp_pa
         run_streams(jobs, 1, record, lambda: None, local=lambda: _Later(log, fail=1))
     # stream 1 fails as stream 2 is submitted, and is seen at once: nothing after stream 2
     assert max(r for what, r in log if what == "submit") == 2
+
+
+def test_workers_are_spawned_by_the_thread_that_outlives_the_pool(
+    tmp_path, eight_cores, monkeypatch
+):
+    """The kernel's parent-death signal (``exit_with_parent``) follows the thread that spawned a
+    worker: spawned by the feeder thread, workers were SIGKILLed as it ended, and one killed while
+    holding the result queue's lock hung the pool's shutdown (seen in CI). Every worker must be
+    spawned by the calling thread."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    spawners = []
+
+    class Recording(ProcessPoolExecutor):
+        def _spawn_process(self):
+            spawners.append(threading.current_thread().name)
+            super()._spawn_process()
+
+    monkeypatch.setattr(stream_pool, "ProcessPoolExecutor", Recording)
+    jobs = _jobs(tmp_path, 12)
+    got = run_streams(jobs, 3, record, lambda: None)
+    assert sorted(got) == list(range(12))
+    assert spawners == [threading.current_thread().name] * 2, spawners

@@ -139,58 +139,15 @@ def test_cost_table_from_before_displayed_sizes_is_checked_image_by_image(
     assert write_as_before(tmp_path / "out2").generation
 
 
-def test_image_replaced_while_the_writer_opens_it_is_refused(inputs, tmp_path, monkeypatch):
-    """For the moment the writer opens it, the image's path holds another picture; right after,
-    the original is back (every other sample sees it unchanged). The cache key must describe the
-    bytes read, so its status comes from the opened file after the read; a key from a status
-    taken before the open still matches prep's, and the other picture would go into the shard
-    under the original's costs."""
+def _swap_on_first_open(monkeypatch, target: str) -> list:
+    """The first time ``target`` is opened as an image, its path holds another picture (mtime
+    1 ns) for that open only; the original file, its mtime kept, is back right after. Returns
+    the list that records the swap."""
     import os
 
     import dataprep.image_header as ih
     from tests.conftest import image_bytes
 
-    demo, cost, plan_dir = inputs
-    target = str(demo / _first_with_image(demo)["image"])
-    real = ih._open_regular
-    swapped = []
-
-    def swapped_on_open(path):
-        if str(path) != target or swapped:
-            return real(path)
-        swapped.append(path)
-        os.replace(target, target + ".orig")  # the original file, its mtime kept
-        with open(target, "wb") as f:
-            f.write(image_bytes(1999, 1001))
-        os.utime(target, ns=(1, 1))
-        try:
-            return real(path)
-        finally:
-            os.replace(target + ".orig", target)
-
-    monkeypatch.setattr(ih, "_open_regular", swapped_on_open)
-    with pytest.raises(WriteError, match="changed since prep"):
-        _write(cost, plan_dir, tmp_path / "out")
-    assert swapped and not list((tmp_path / "out").glob("gen-*"))
-
-
-def test_image_swapped_while_prep_measures_it_is_refused_by_write(
-    gen_inputs, tmp_path, monkeypatch
-):
-    """Prep's sibling of the case above: for the moment prep opens an image to measure it, its
-    path holds another picture, then the original is back. The costs are the other picture's;
-    the cache key, taken from a stat before the probe, describes the original. Prep must not
-    store that key (the file it measured is not the one the key names), so write checks the
-    fingerprint and refuses, instead of writing the original under the other's costs."""
-    import os
-
-    import dataprep.image_header as ih
-    from tests.conftest import image_bytes
-
-    demo, _cost, _plan = gen_inputs
-    root = tmp_path / "in"
-    shutil.copytree(demo, root / "demo")
-    target = str(root / "demo" / _first_with_image(root / "demo")["image"])
     real = ih._open_regular
     swapped = []
 
@@ -208,8 +165,40 @@ def test_image_swapped_while_prep_measures_it_is_refused_by_write(
             os.replace(target + ".orig", target)
 
     monkeypatch.setattr(ih, "_open_regular", swapped_on_open)
+    return swapped
+
+
+def test_image_replaced_while_the_writer_opens_it_is_refused(inputs, tmp_path, monkeypatch):
+    """For the moment the writer opens it, the image's path holds another picture; right after,
+    the original is back (every other sample sees it unchanged). The cache key must describe the
+    bytes read, so its status comes from the opened file after the read; a key from a status
+    taken before the open still matches prep's, and the other picture would go into the shard
+    under the original's costs."""
+
+    demo, cost, plan_dir = inputs
+    target = str(demo / _first_with_image(demo)["image"])
+    swapped = _swap_on_first_open(monkeypatch, target)
+    with pytest.raises(WriteError, match="changed since prep"):
+        _write(cost, plan_dir, tmp_path / "out")
+    assert swapped and not list((tmp_path / "out").glob("gen-*"))
+
+
+def test_image_swapped_while_prep_measures_it_is_refused_by_write(
+    gen_inputs, tmp_path, monkeypatch
+):
+    """Prep's sibling of the case above: for the moment prep opens an image to measure it, its
+    path holds another picture, then the original is back. The costs are the other picture's;
+    the cache key, taken from a stat before the probe, describes the original. Prep must not
+    store that key (the file it measured is not the one the key names), so write checks the
+    fingerprint and refuses, instead of writing the original under the other's costs."""
+
+    demo, _cost, _plan = gen_inputs
+    root = tmp_path / "in"
+    shutil.copytree(demo, root / "demo")
+    target = str(root / "demo" / _first_with_image(root / "demo")["image"])
+    swapped = _swap_on_first_open(monkeypatch, target)
     _demo, cost, plan_dir = build_inputs(root)  # prep (in this process) and balance
-    monkeypatch.setattr(ih, "_open_regular", real)
+    monkeypatch.undo()
     assert swapped
     with pytest.raises(WriteError, match="changed since prep"):
         _write(cost, plan_dir, tmp_path / "out")

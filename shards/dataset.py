@@ -121,7 +121,6 @@ class GroupDataset(IterableDataset):
         # of this object, but see set_epoch / load_state_dict made in the main process.
         self._pos = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._index = self.manifest.group_index()
-        self._verified: set[str] = set()
 
     @property
     def epoch(self) -> int:
@@ -225,9 +224,15 @@ class GroupDataset(IterableDataset):
         if where is None:
             return [], []  # an empty slot of the short last step
         shard, group = where
-        if self.verify and shard.file not in self._verified:
+        if self.verify and not self._files.checked(shard.sha256):
+            # hashed once per process, with its groups' ranges: every group read from it later
+            # is compared with the bytes that matched (read_group fails on a changed one)
             try:
-                digest = self._files.sha256(shard.file, expected=shard.sha256)
+                digest = self._files.sha256(
+                    shard.file,
+                    expected=shard.sha256,
+                    ranges=[(g.offset, g.length) for g in shard.groups],
+                )
             except OSError as exc:  # missing, unreadable, or replaced while being read
                 raise ShardError(
                     f"{self._files.where(shard.file)}: cannot read for its checksum "
@@ -238,7 +243,6 @@ class GroupDataset(IterableDataset):
                     f"{self._files.where(shard.file)}: sha256 {digest} does not match the "
                     f"manifest's {shard.sha256}"
                 )
-            self._verified.add(shard.file)
         return read_group(self._files, shard, group, keep_going=self.on_error == "skip")
 
     def _transform(self, samples: list) -> tuple[object, list[str]]:

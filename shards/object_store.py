@@ -163,6 +163,14 @@ def publish_generation(
             todo.append(n)
         elif gen.sha256(n) != (digests.get(n) or sha256_of(local_gen / n)):
             todo.append(n)  # a leftover of the right size but other bytes: upload again
+    for n in todo:  # a local file damaged since it was written is never published
+        want = digests.get(n) or (m.carried or {}).get(n, (None, None))[1]
+        got = sha256_of(local_gen / n) if want else None
+        if got != want:
+            raise WriteError(
+                f"{local_gen / n}: sha256 {got} != the manifest's {want}; the local generation "
+                "is damaged, nothing was published (write it again)"
+            )
     if todo:
         gen.fs.put([str(local_gen / n) for n in todo], [gen.full_path(n) for n in todo])
     after = gen.sizes()

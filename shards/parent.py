@@ -1,6 +1,7 @@
 """Reuse of the parent generation by a nightly rebalance: kept groups and unchanged samples
-are taken from the parent's shards (each shard's sha256 checked once before any of its bytes
-are used) instead of being read again from the raw data.
+are taken from the parent's shards instead of being read again from the raw data. Each shard is
+checked against its manifest's sha256 once, and each group's bytes are checked against the
+digest taken from that same read whenever they are used.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 
 from shards.errors import WriteError
 from shards.manifest import load_manifest
-from shards.reader import sha256_of
+from shards.range_digests import hash_file, range_sha256
 from shards.tar_members import add_member, sample_doc, sample_key
 
 __all__ = [
@@ -32,26 +33,51 @@ __all__ = [
 COST_FILE, PLAN_FILE = "cost.parquet", "plan.parquet"  # carried in every generation
 
 
-def parent_group(src: dict, verified: set[str], parse: bool = True) -> list:
-    """The samples of one group of the parent generation, as ``(meta, images)``.
+def _verify(srcs: list[dict]) -> None:
+    """Hash the shard of ``srcs`` (parent groups of one file) once against its manifest and
+    give each group the sha256 of its own bytes from that same read (``src["digest"]``)."""
+    path = Path(srcs[0]["gen_dir"]) / srcs[0]["file"]
+    try:
+        digest, parts = hash_file(path, [(s["group"][2], s["group"][3]) for s in srcs])
+    except OSError as exc:
+        raise WriteError(f"{path}: cannot read the parent shard ({exc})") from None
+    if digest != srcs[0]["sha256"]:
+        raise WriteError(
+            f"{path}: sha256 {digest} does not match its manifest; the parent generation is "
+            "damaged, rebuild without reusing it"
+        )
+    for s in srcs:
+        s["digest"] = parts[(s["group"][2], s["group"][3])].hex()
 
-    The parent shard's sha256 is checked once before any of its bytes are used, so the group
-    is parsed with ``tarfile`` alone (the reader's member checks ran when it was written)."""
-    gen_dir = Path(src["gen_dir"])
-    if src["file"] not in verified:
-        digest = sha256_of(gen_dir / src["file"])
-        if digest != src["sha256"]:
-            raise WriteError(
-                f"{gen_dir / src['file']}: sha256 {digest} does not match its manifest; the "
-                "parent generation is damaged, rebuild without reusing it"
-            )
-        verified.add(src["file"])
-    if not parse:
-        return []
+
+def _group_bytes(src: dict) -> bytes:
+    """A parent group's bytes, refused unless they are the bytes hashed when its shard was
+    checked (a shard changed after :func:`verify_parent_shards` never reaches a new one)."""
+    if "digest" not in src:
+        _verify([src])
     _, _, offset, length = src["group"]
-    with open(gen_dir / src["file"], "rb") as f:
-        f.seek(offset)
-        data = f.read(length)
+    path = Path(src["gen_dir"]) / src["file"]
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+    except OSError as exc:
+        raise WriteError(f"{path}: cannot read the parent shard ({exc})") from None
+    if len(data) != length:
+        raise WriteError(f"{path}: truncated at group {src['group']}")
+    if range_sha256(data).hex() != src["digest"]:
+        raise WriteError(
+            f"{path}: group {src['group']} is not the bytes checked against the manifest's "
+            "sha256: the parent shard changed after it was verified; rebuild without reusing it"
+        )
+    return data
+
+
+def parent_group(src: dict) -> list:
+    """The samples of one group of the parent generation, as ``(meta, images)``: parsed with
+    ``tarfile`` alone from bytes equal to the ones whose shard matched its sha256 (the reader's
+    member checks ran when it was written)."""
+    data = _group_bytes(src)
     members: dict[str, bytes] = {}
     order: list[str] = []
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
@@ -64,28 +90,23 @@ def parent_group(src: dict, verified: set[str], parse: bool = True) -> list:
         meta = json.loads(members[key + ".json"])
         out.append((meta, [members[f"{key}.{n}"] for n in meta["images"]]))
     if len(out) != src["group"][1]:
-        raise WriteError(f"{gen_dir / src['file']}: group {src['group']} holds {len(out)} samples")
+        where = Path(src["gen_dir"]) / src["file"]
+        raise WriteError(f"{where}: group {src['group']} holds {len(out)} samples")
     return out
 
 
-def copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> None:
+def copy_group(tf: tarfile.TarFile, g: dict, rank: int) -> None:
     """Re-emit a kept group from the parent generation's shard (checked, never re-encoded).
 
     A group that keeps its step number (and so its keys and documents) is the same bytes: they
-    are copied as they are, after the shard's sha256 was checked."""
+    are copied as they are, once equal to the bytes that matched the shard's sha256."""
     src = g["from"]
     if src["group"][0] == g["step"]:
-        parent_group(src, verified, parse=False)
-        path = Path(src["gen_dir"]) / src["file"]
-        with open(path, "rb") as f:
-            f.seek(src["group"][2])
-            data = f.read(src["group"][3])
-        if len(data) != src["group"][3]:
-            raise WriteError(f"{path}: truncated at group {src['group']}")
+        data = _group_bytes(src)
         tf.fileobj.write(data)
         tf.offset += len(data)
         return
-    got = parent_group(src, verified)
+    got = parent_group(src)
     want = [s["sample_id"] for s in g["samples"]]
     if [meta["sample_id"] for meta, _ in got] != want:
         raise WriteError(f"{g['from']['gen_dir']}: group {g['from']['group']} does not hold {want}")
@@ -96,14 +117,14 @@ def copy_group(tf: tarfile.TarFile, g: dict, rank: int, verified: set[str]) -> N
             add_member(tf, f"{key}.{name}", b)
 
 
-def parent_sample(src: dict, sample_id: str, verified: set[str], cache: dict):
+def parent_sample(src: dict, sample_id: str, cache: dict):
     """(turns, image names, image bytes) of an unchanged sample, from the parent generation's
     group ``src``; ``cache`` keeps the 64 most recently parsed parent groups."""
     key = (src["file"], src["group"][2])
     if key not in cache:
         if len(cache) >= 64:
             cache.pop(next(iter(cache)))
-        cache[key] = {meta["sample_id"]: (meta, im) for meta, im in parent_group(src, verified)}
+        cache[key] = {meta["sample_id"]: (meta, im) for meta, im in parent_group(src)}
     meta, images = cache[key][sample_id]
     return meta["turns"], meta["images"], images
 
@@ -156,15 +177,13 @@ def reuse_index(
     )
 
 
-def verify_parent_shards(sources) -> list:
-    """sha256 of every parent shard the plan copies from (``sources``: the parent groups it
-    uses), each checked once (not per stream)."""
-    files = {src["file"]: src for src in sources}
-    for f, src in sorted(files.items()):
-        digest = sha256_of(Path(src["gen_dir"]) / f)
-        if digest != src["sha256"]:
-            raise WriteError(
-                f"{Path(src['gen_dir']) / f}: sha256 {digest} does not match its manifest; the "
-                "parent generation is damaged, rebuild without reusing it"
-            )
-    return sorted(files)
+def verify_parent_shards(sources) -> None:
+    """Check every parent shard the plan copies from (``sources``: the parent groups it uses)
+    against its manifest's sha256, each read once (not per stream); every group in
+    ``sources`` gets the digest of its bytes from that read, which each later read of the
+    group (:func:`copy_group`, :func:`parent_sample`, in whatever process) must match."""
+    by_file: dict[str, list[dict]] = {}
+    for src in sources:
+        by_file.setdefault(src["file"], []).append(src)
+    for _, srcs in sorted(by_file.items()):
+        _verify(srcs)

@@ -7,8 +7,11 @@ never downloaded to read a group), ``sha256`` streams a whole shard through the 
 ``sizes`` lists the generation once (one LIST, not a HEAD per shard). With ``cache_dir``, fetched
 bytes are kept on local disk, content-addressed by the shard's sha256 from the manifest, so a
 second epoch reads no object twice: a group's range as ``<sha256>/<offset>-<length>``, a shard
-verified whole (``verify=True``) as ``<sha256>.tar``, from which its groups are then read, so
-the bytes used are the bytes verified. Cache files are written to a temporary name and renamed,
+verified whole (``verify=True``) as ``<sha256>.tar``, from which its groups are then read.
+A shard hashed with its groups' ranges (``sha256(..., ranges=)``) keeps each range's digest from
+the bytes that matched, and every later ``read_range`` of it, local, cached or fetched, is
+compared with it: the bytes used are the bytes verified, even when the file changed since.
+Cache files are written to a temporary name and renamed,
 which makes one cache directory safe to share between ranks and DataLoader workers (fsspec's own
 ``blockcache`` keeps one metadata file per cache that concurrent processes overwrite).
 
@@ -25,7 +28,10 @@ import contextlib
 import hashlib
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
+
+from shards.range_digests import RangeDigests, hash_file, range_sha256
 
 __all__ = [
     "GenerationFiles",
@@ -132,6 +138,8 @@ class GenerationFiles:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self._fs, self._pid = None, None
         self._whole_ok: set[str] = set()  # digests of whole cached shards checked in this process
+        # shard digest -> {(offset, length): sha256 of that range}, from bytes that matched it
+        self._checked: dict[str, dict[tuple[int, int], bytes]] = {}
         if self.remote:
             self.location = os.fspath(location).rstrip("/")
             self._root = self._root_of(self.location)
@@ -160,7 +168,7 @@ class GenerationFiles:
         return self.fs._strip_protocol(location)  # the filesystem's path for the URL
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None, "_pid": None, "_whole_ok": set()}
+        return {**self.__dict__, "_fs": None, "_pid": None, "_whole_ok": set(), "_checked": {}}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -234,9 +242,30 @@ class GenerationFiles:
         prefix = self._root.rstrip("/") + "/"
         return {k[len(prefix) :]: int(v["size"]) for k, v in found.items() if k.startswith(prefix)}
 
+    def checked(self, sha256: str) -> bool:
+        """Whether a shard of this digest was hashed with its ranges in this process."""
+        return sha256 in self._checked
+
     def read_range(self, name: str, offset: int, length: int, sha256: str = "") -> bytes:
         """``length`` bytes of ``name`` from ``offset`` (fewer if the file is shorter).
-        ``sha256`` (the shard's digest from the manifest) keys the local cache."""
+        ``sha256`` (the shard's digest from the manifest) keys the local cache; when the shard
+        was hashed with this range (:meth:`sha256`), the bytes must equal the ones hashed then,
+        else ``OSError``."""
+        data = self._read_range(name, offset, length, sha256)
+        known = self._checked.get(sha256, {}).get((offset, length)) if sha256 else None
+        if known is None or range_sha256(data) == known:
+            return data
+        if self._drop_cached(sha256, offset, length):  # a cached copy changed: ask the store
+            data = self._read_range(name, offset, length, sha256)
+        if range_sha256(data) != known:
+            raise OSError(
+                f"{self.where(name)}: bytes {offset}+{length} are not the ones checked against "
+                "the manifest's sha256 earlier in this process: the shard changed after it was "
+                "verified"
+            )
+        return data
+
+    def _read_range(self, name: str, offset: int, length: int, sha256: str) -> bytes:
         if not self.remote:
             with open(self.full_path(name), "rb") as f:
                 f.seek(offset)
@@ -262,20 +291,24 @@ class GenerationFiles:
             _atomic_write(cache[1], data + hashlib.sha256(data).digest())
         return data
 
-    def sha256(self, name: str, expected: str = "") -> str:
+    def sha256(self, name: str, expected: str = "", ranges: Iterable[tuple[int, int]] = ()) -> str:
         """The sha256 of ``name``, streamed. Remote with a cache directory: the shard is kept
-        there when it matches ``expected`` (its groups are then read from that copy)."""
+        there when it matches ``expected`` (its groups are then read from that copy). When it
+        matches, the digests of ``ranges`` (its groups' byte ranges) taken in the same pass
+        are kept, and :meth:`read_range` checks those ranges against them from then on."""
         if not self.remote:
-            return sha256_of(self.full_path(name))
-        h = hashlib.sha256()
+            digest, parts = hash_file(self.full_path(name), ranges)
+            return self._matched(digest, expected, parts)
+        h = RangeDigests(ranges)
         keep = self.cache_dir is not None and expected
         whole = self.cache_dir / f"{_check_digest(expected)}.tar" if keep else None
         if whole is not None and whole.exists():
             # a cache hit is checked like a fresh fetch: hashed again, dropped when it differs
             with contextlib.suppress(FileNotFoundError):
-                if sha256_of(whole) == expected:
+                digest, parts = hash_file(whole, ranges)
+                if digest == expected:
                     self._whole_ok.add(expected)
-                    return expected
+                    return self._matched(digest, expected, parts)
                 whole.unlink()
         tmp = whole.with_name(f".{whole.name}.tmp-{os.getpid()}") if whole is not None else None
         if tmp is not None:
@@ -295,11 +328,28 @@ class GenerationFiles:
             if tmp is not None and digest == expected:
                 os.replace(tmp, whole)
                 self._whole_ok.add(expected)
-            return digest
+            return self._matched(digest, expected, h.ranges())
         finally:
             if tmp is not None:
                 with contextlib.suppress(FileNotFoundError):
                     tmp.unlink()
+
+    def _drop_cached(self, sha256: str, offset: int, length: int) -> bool:
+        """Forget the local copies of a range (the whole shard kept and the range's own
+        file); False when there are none to forget (a local generation, no cache)."""
+        cache = self._cache_paths(sha256, offset, length) if self.remote else None
+        if cache is None:
+            return False
+        self._whole_ok.discard(sha256)
+        for path in cache:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return True
+
+    def _matched(self, digest: str, expected: str, parts: dict) -> str:
+        if expected and digest == expected:
+            self._checked.setdefault(expected, {}).update(parts)
+        return digest
 
     def _cache_paths(self, sha256: str, offset: int, length: int) -> tuple[Path, Path] | None:
         if self.cache_dir is None or not sha256:

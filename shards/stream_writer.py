@@ -49,7 +49,6 @@ COST_FIELDS = (
 def read_sample(
     s: dict,
     store: RecordStore,
-    verified: set[str],
     groups: dict,
     check: str = "header",
     stored_sizes: bool = False,
@@ -62,7 +61,7 @@ def read_sample(
     ``stored_sizes``: prep counted images as stored, not as displayed; every sample's images
     are probed again (a turned photo's fingerprint differs)."""
     if s.get("parent"):
-        return parent_sample(s["parent"], s["sample_id"], verified, groups)
+        return parent_sample(s["parent"], s["sample_id"], groups)
     try:
         sample = store.get(s["location"])
         read = [read_image(r) for r in sample.images]
@@ -176,7 +175,6 @@ class StreamWriter:
         next_step = done[-1]["groups"][-1][0] + 1 if done else -1
         groups = _groups(job, next_step)
         g = next(groups, None)
-        verified: set[str] = set(job.get("parent_verified", ()))
         parent_groups: dict = {}
         store = self._store_for(job["read_options"])
         k = len(done)
@@ -190,9 +188,9 @@ class StreamWriter:
                 while g is not None:
                     start = tf.offset
                     if g.get("from"):
-                        copy_group(tf, g, job["rank"], verified)
+                        copy_group(tf, g, job["rank"])
                     else:
-                        _add_group(tf, g, job, store, verified, parent_groups)
+                        _add_group(tf, g, job, store, parent_groups)
                     meta_groups.append([g["step"], len(g["samples"]), start, tf.offset - start])
                     samples += len(g["samples"])
                     g = next(groups, None)
@@ -237,13 +235,12 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
         yield g
 
 
-def _add_group(tf, g: dict, job: dict, store: RecordStore, verified: set, parent_groups: dict):
+def _add_group(tf, g: dict, job: dict, store: RecordStore, parent_groups: dict):
     rank = job["rank"]
     for pos, s in enumerate(g["samples"]):
         turns, names, imgs = read_sample(
             s,
             store,
-            verified,
             parent_groups,
             job.get("check_images", "header"),
             job.get("stored_sizes", False),

@@ -188,7 +188,7 @@ def _jobs(
     kept = {(int(r), int(s)) for r, s in zip(rank[pstep >= 0], pstep[pstep >= 0], strict=True)}
     used = _group_pairs(unchanged.column("rank"), unchanged.column("step"))
     sources = [groups[k] for k in kept | used]
-    verified = verify_parent_shards(sources) if sources else []
+    verify_parent_shards(sources)  # each source gets its group's digest, carried in the jobs
     order = np.argsort(rank, kind="stable")  # plan order within each rank
     bounds = np.searchsorted(rank[order], np.arange(nodes * per + 1))
     jobs = []
@@ -207,7 +207,6 @@ def _jobs(
                 "parents": {
                     k: groups[k] for k in _group_pairs(mine["from_rank"], mine["from_step"])
                 },
-                "parent_verified": verified,
                 "shard_size": cfg.shard_size,
                 "read_options": read_options,
                 "check_images": check_images,

@@ -29,6 +29,7 @@ from dataprep.record_store import RecordStore, read_image
 from shards.errors import WriteError
 from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
+from shards.stream_resume import finished_prefix
 from shards.tar_members import add_member, image_ext, sample_doc, sample_key
 
 __all__ = ["COST_FIELDS", "StreamWriter", "read_sample", "write_stream"]
@@ -160,16 +161,9 @@ class StreamWriter:
         parts.mkdir(parents=True, exist_ok=True)
         for stale in sdir.glob("*.partial"):
             stale.unlink()
-        done: list[dict] = []
-        while True:  # keep the finished prefix of shards; anything after a gap is redone
-            side = parts / f"shard-{len(done):06d}.json"
-            tar = sdir / f"shard-{len(done):06d}.tar"
-            if not side.exists() or not tar.exists():
-                break
-            meta = json.loads(side.read_text())
-            if tar.stat().st_size != meta["bytes"]:
-                break
-            done.append(meta)
+        # keep the finished prefix of shards that checks out; from the first that does not
+        # (missing, damaged, foreign, not the plan's next groups) everything is written again
+        done, _ = finished_prefix(job, sdir, parts)
         for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
             extra.unlink()
         next_step = done[-1]["groups"][-1][0] + 1 if done else -1

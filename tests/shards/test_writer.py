@@ -258,3 +258,71 @@ def test_a_half_done_atomic_write_of_a_killed_run_is_not_published(
     monkeypatch.setattr(w, "atomic_write_bytes", real)
     write_generation(cfg)
     assert _files(tmp_path / "g") == _files(generation)
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def _edit_sidecar(path: Path, edit) -> None:
+    meta = json.loads(path.read_text())
+    edit(meta)
+    path.write_text(json.dumps(meta))
+
+
+LEFTOVER_DAMAGE = {
+    # a finished shard changed at rest after its sidecar was written (same size)
+    "shard bytes": lambda tar, side: _flip_byte(tar),
+    "sidecar not JSON": lambda tar, side: side.write_text('{"file": '),
+    "sidecar size a float": lambda tar, side: _edit_sidecar(
+        side, lambda m: m.update(bytes=float(m["bytes"]))
+    ),
+    # groups that are not the plan's next ones: the resume would skip planned steps
+    "sidecar steps": lambda tar, side: _edit_sidecar(
+        side, lambda m: [g.__setitem__(0, g[0] + 1) for g in m["groups"]]
+    ),
+    "sidecar names another file": lambda tar, side: _edit_sidecar(
+        side, lambda m: m.update(file="../../outside.tar")
+    ),
+    "sidecar sha256 a path": lambda tar, side: _edit_sidecar(
+        side, lambda m: m.update(sha256="../../" + "a" * 58)
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", LEFTOVER_DAMAGE, ids=list(LEFTOVER_DAMAGE))
+def test_a_resumed_write_rewrites_leftovers_that_do_not_check_out(
+    gen_inputs, generation, tmp_path, monkeypatch, damage
+):
+    """The staging directory a killed run leaves is read back by the next run: a finished
+    shard is kept only when its sidecar parses, names it, lists the plan's next groups, and the
+    file has the sidecar's size and sha256. Whatever was damaged, the finished generation is
+    byte-identical to an uninterrupted run's (bug: a shard of the right size was kept, so a
+    changed byte went into a manifest that vouched for it; a broken sidecar crashed every
+    later run; a sidecar with other steps made the resume skip planned groups)."""
+    import shards.writer as w
+
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
+    )
+
+    def killed(path, data):
+        raise SystemExit("killed before the manifest")
+
+    real = w.atomic_write_bytes
+    monkeypatch.setattr(w, "atomic_write_bytes", killed)
+    with pytest.raises(SystemExit):
+        write_generation(cfg)
+    monkeypatch.setattr(w, "atomic_write_bytes", real)
+    (stage,) = (tmp_path / "g").glob(".staging-*")
+    tars = sorted(stage.glob("node-*/rank-*/shard-000000.tar"))
+    assert tars
+    for tar in tars[:2]:
+        side = stage / ".parts" / tar.relative_to(stage).with_suffix(".json")
+        assert side.is_file()
+        LEFTOVER_DAMAGE[damage](tar, side)
+    write_generation(cfg)
+    assert _files(tmp_path / "g") == _files(generation)

@@ -32,13 +32,13 @@ from dataprep.cost_table import (
     errors_path,
     read_cost_table,
     remove_stale_temps,
-    table_metadata,
 )
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.policies import parse_vision_policy
+from dataprep.prep_cache import cache_keys, check_cache_settings, with_cached
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.setting_checks import check_settings, settings_summary
@@ -128,43 +128,9 @@ class PrepResult:
         return asdict(self)
 
 
-def _cache_keys(cfg: PrepConfig) -> dict[str, str]:
-    if not cfg.cache:
-        return {}
-    t = read_cost_table(cfg.cache).select(["sample_id", "cache_key", "num_images"])
-    # a table from before images were counted as displayed (EXIF orientation applied): its
-    # rows with images are measured again, a photo stored sideways may count otherwise now
-    stored_sizes = table_metadata(cfg.cache).get("image_sizes") != IMAGE_SIZES
-    return {
-        sid: key
-        for sid, key, n in zip(
-            t.column("sample_id").to_pylist(),
-            t.column("cache_key").to_pylist(),
-            t.column("num_images").to_pylist(),
-            strict=True,
-        )
-        if key and not (stored_sizes and n)
-    }
-
-
-def _with_cached(chunk: ChunkResult, cache: pa.Table, where: dict[str, int]) -> pa.RecordBatch:
-    """The chunk's rows in input order: measured ones and the cache's rows for the rest."""
-    if not chunk.cached:
-        return chunk.batch
-    pos, sids, locs, sources, keys = zip(*chunk.cached, strict=True)
-    rows = cache.take(pa.array([where[s] for s in sids]))
-    for name, values in (("location", locs), ("source", sources), ("cache_key", keys)):
-        rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(values))
-    both = pa.concat_tables([pa.Table.from_batches([chunk.batch]), rows.select(COST_SCHEMA.names)])
-    n = both.num_rows
-    measured_pos = np.setdiff1d(np.arange(n), np.array(pos))
-    order = np.argsort(np.concatenate([measured_pos, np.array(pos)]), kind="stable")
-    return both.take(pa.array(order)).combine_chunks().to_batches()[0]
-
-
 def _measurer(cfg: PrepConfig) -> Measurer:
     return Measurer(
-        cache=_cache_keys(cfg),
+        cache=cache_keys(cfg),
         policy=parse_vision_policy(cfg.vision_policy),
         template=load_template(cfg.template),
         counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
@@ -328,6 +294,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
         remove_stale_temps(p)  # left by a killed run
     # the template, policy and tokenizer against each other, before anything is measured
     warned = check_settings(cfg.template, cfg.vision_policy, cfg.tokenizer)
+    check_cache_settings(cfg)  # a cache of other settings would lend its counts to this table
     units = scan_inputs(list(cfg.inputs), cfg.chunk_size)
     if cfg.num_shards > 1:
         units = split_units(units, cfg.shard_index, cfg.num_shards)
@@ -361,7 +328,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                 ranges.extend(chunk.ranges)
                 result.damaged_ranges = len(ranges)
                 result.n_cached += len(chunk.cached)
-                batch = _with_cached(chunk, cache, cache_where) if chunk.cached else chunk.batch
+                batch = with_cached(chunk, cache, cache_where) if chunk.cached else chunk.batch
                 ids = batch.column("sample_id").to_pylist()
                 lines = chunk.row_lines()
                 keep = np.ones(len(ids), dtype=bool)

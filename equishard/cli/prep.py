@@ -184,7 +184,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         default=None,
         help="an earlier cost table: a sample whose id and cache key (record bytes, image file "
         "sizes and mtimes) match keeps its row, without its images being read or its text "
-        "tokenized (prep settings must be the same)",
+        "tokenized. Its tokenizer (by content), template and vision policy must be this "
+        "prep's and its image check at least as strict, else it is refused",
     )
     p.add_argument(
         "--max-error-rate",

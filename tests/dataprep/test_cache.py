@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
 from dataprep.demo import split_days
 
@@ -122,3 +124,73 @@ def test_cache_from_before_displayed_sizes_measures_image_rows_again(tmp_path):
     assert read_cost_table(tmp_path / "b.parquet").equals(read_cost_table(first))
     # from a table that says its sizes are displayed, every row is reused
     assert _prep(demo, tmp_path / "c.parquet", cache=str(first)).n_cached == r.n_in
+
+
+def _prep_with(demo, out, **kw):
+    base = dict(
+        inputs=(str(demo / "demo.jsonl"),),
+        output=str(out),
+        tokenizer=str(demo / "tokenizer.json"),
+        image_root=str(demo),
+        chunk_size=9,
+    )
+    return run_prep(PrepConfig(**{**base, **kw}))
+
+
+OTHER_SETTINGS = {
+    "tokenizer": dict(tokenizer="estimate:chars_per_token=3"),
+    "vision_policy": dict(vision_policy="fixed:336/14"),
+    "template": dict(template="vicuna"),
+}
+
+
+@pytest.mark.parametrize("setting", OTHER_SETTINGS, ids=list(OTHER_SETTINGS))
+def test_a_cache_measured_with_other_settings_is_refused(tmp_path, setting):
+    """``--cache`` reuses rows by sample id and cache key (the record and image files), which
+    say nothing of how the row was counted: a cost table of another tokenizer, policy or
+    template would lend its counts to this prep's table, labelled with this prep's settings
+    (bug: every row reused, the table's text or vision tokens those of the other setting).
+    Reference: the same prep without a cache counts otherwise."""
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=30, seed=2, images=8)
+    first = tmp_path / "a.parquet"
+    _prep_with(demo, first)
+    fresh = read_cost_table(
+        _prep_with(demo, tmp_path / "f.parquet", **OTHER_SETTINGS[setting]).output
+    )
+    assert not fresh.equals(read_cost_table(first))  # the setting does change the counts
+    out = tmp_path / "b.parquet"
+    with pytest.raises(ValueError, match=f"measured with other settings.*{setting}"):
+        _prep_with(demo, out, cache=str(first), **OTHER_SETTINGS[setting])
+    assert not out.exists()
+
+
+def test_a_cache_is_used_when_only_the_tokenizer_path_differs(tmp_path):
+    """The tokenizer is compared by its bytes: the same file at another path (a copy on
+    another machine, a nightly run given --tokenizer) reuses every row."""
+    import shutil
+
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=30, seed=2, images=8)
+    first = tmp_path / "a.parquet"
+    _prep_with(demo, first)
+    moved = tmp_path / "elsewhere" / "tok.json"
+    moved.parent.mkdir()
+    shutil.copy(demo / "tokenizer.json", moved)
+    r = _prep_with(demo, tmp_path / "b.parquet", cache=str(first), tokenizer=str(moved))
+    assert r.n_cached == r.n_in == 30
+
+
+def test_a_cache_of_header_checked_images_is_refused_for_a_decode_prep(tmp_path):
+    """Rows whose images were only header-checked cannot stand in for a prep that decodes
+    every image (bug: a truncated image inside a cached row passed --check-images decode);
+    a decode-checked cache serves a header prep."""
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=30, seed=2, images=8)
+    header, decode = tmp_path / "h.parquet", tmp_path / "d.parquet"
+    _prep_with(demo, header)
+    with pytest.raises(ValueError, match="checked images with 'header'"):
+        _prep_with(demo, tmp_path / "x.parquet", cache=str(header), check_images="decode")
+    _prep_with(demo, decode, check_images="decode")
+    r = _prep_with(demo, tmp_path / "y.parquet", cache=str(decode))
+    assert r.n_cached == r.n_in == 30

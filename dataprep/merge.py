@@ -1,7 +1,9 @@
 """Combine the partial cost tables of a split prep run (``--shard-index K --num-shards N``).
 
-The parts must come from the same inputs, vision policy, tokenizer and template, and together
-cover every shard exactly once; they are concatenated in shard order, so the result equals the
+The parts must come from the same inputs, vision policy, tokenizer (compared by its bytes: a
+copy at another path on another machine is the same) and template, with the same image check,
+and together cover every shard exactly once (each part's position and counts are checked as
+they are read); they are concatenated in shard order, so the result equals the
 table one unsplit run writes. A ``sample_id`` in more than one part follows a single run's rule:
 the first one is kept, later ones go to the errors table as ``duplicate_id``.
 """
@@ -24,18 +26,35 @@ from dataprep.cost_table import (
     table_metadata,
 )
 from dataprep.errors import DataprepError, describe
+from dataprep.prep_cache import counts_identity
 
 __all__ = ["merge_cost_tables"]
 
-_MUST_MATCH = (
-    "format_version",
-    "vision_policy",
-    "tokenizer",
-    "template",
-    "inputs",
-    "read_options",
-    "image_sizes",
-)
+_MUST_MATCH = ("format_version", "inputs", "read_options", "image_sizes", "check_images")
+_COUNTS = ("in", "written", "rejected")
+_DEFAULTS = {"check_images": "header"}  # a part from before prep recorded its image check
+
+
+def _checked(path: str, m: dict) -> dict:
+    """A part's metadata with its shard position and counts checked (they come from a file:
+    a malformed one is an error naming it, not a KeyError or a wrong total)."""
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    shard, counts = m.get("shard"), m.get("counts")
+    if not (
+        isinstance(shard, dict) and count(shard.get("index")) and count(shard.get("num_shards"))
+    ):
+        raise DataprepError(f"{path}: metadata 'shard' must hold whole numbers index, num_shards")
+    if not shard["index"] < shard["num_shards"]:
+        raise DataprepError(f"{path}: shard index {shard['index']} of {shard['num_shards']}")
+    if not (isinstance(counts, dict) and all(count(counts.get(k)) for k in _COUNTS)):
+        raise DataprepError(f"{path}: metadata 'counts' must hold whole numbers {_COUNTS}")
+    for k in ("damaged_ranges", "cached"):
+        if k in counts and not count(counts[k]):
+            raise DataprepError(f"{path}: metadata count {k!r} must be a whole number >= 0")
+    return m
 
 
 def _first_of_each_id(table: pa.Table) -> tuple[pa.Table, list[dict]]:
@@ -72,16 +91,22 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
     metas = []
     for p in parts:
         try:
-            metas.append(table_metadata(p))
+            metas.append(_checked(p, table_metadata(p)))
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
             raise DataprepError(f"{p}: {describe(exc)}") from None
     ref = metas[0]
     for p, m in zip(parts, metas, strict=False):
-        for key in _MUST_MATCH:
-            if m.get(key) != ref.get(key):
-                raise DataprepError(
-                    f"{p}: its {key} differs from {parts[0]}'s; merge only parts of one prep run"
-                )
+        # the settings by what decides the counts (a tokenizer at another path on another
+        # machine is the same tokenizer), the rest as recorded
+        differ = [
+            k for k in _MUST_MATCH if m.get(k, _DEFAULTS.get(k)) != ref.get(k, _DEFAULTS.get(k))
+        ]
+        if counts_identity(m) != counts_identity(ref):
+            differ.insert(0, "tokenizer, template or vision policy")
+        if differ:
+            raise DataprepError(
+                f"{p}: its {differ[0]} differs from {parts[0]}'s; merge only parts of one prep run"
+            )
     num = {m["shard"]["num_shards"] for m in metas}
     if len(num) != 1:
         raise DataprepError(f"parts disagree on --num-shards: {sorted(num)}")

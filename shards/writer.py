@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.image_orientation import IMAGE_SIZES
@@ -36,6 +35,7 @@ from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
 from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
+from shards.plan_input import read_plan
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.storage import is_url, join_url
@@ -134,18 +134,12 @@ def generation_id(
 
 
 def _jobs(
-    plan, cost, stage: Path, cfg: WriteConfig, prep_meta: dict, nodes: int, per: int
+    plan, cost, where, stage: Path, cfg: WriteConfig, prep_meta: dict, nodes: int, per: int
 ) -> list[dict]:
-    """One job per plan rank: its plan rows joined with their cost-table columns, in plan order,
-    as an Arrow table (columnar: cheap to build and to send to a worker process; the worker
-    turns rows into groups a batch at a time), plus the parent-generation sources it reuses."""
-    where = pc.index_in(plan.column("sample_id"), value_set=cost.column("sample_id"))
-    if where.null_count:
-        missing = plan.column("sample_id").filter(pc.is_null(where)).to_pylist()
-        raise WriteError(
-            f"{len(missing)} plan samples are not in the cost table, e.g. {missing[:3]}; "
-            "write with the cost table the plan was made from"
-        )
+    """One job per plan rank: its plan rows joined with their cost-table columns (``where``:
+    each plan row's index in ``cost``), in plan order, as an Arrow table (columnar: cheap to
+    build and to send to a worker process; the worker turns rows into groups a batch at a
+    time), plus the parent-generation sources it reuses."""
     parent_col = (
         plan.column("parent_step")
         if "parent_step" in plan.column_names
@@ -259,6 +253,9 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
             gen, str(final), m.parent, t["samples"], t["groups"], t["shards"], t["bytes"], True
         )
     stage = root / f".staging-{gen}"
+    # the plan checked against itself and the cost table before anything is staged
+    cost = read_cost_table(cfg.cost_table)
+    inputs = (cost, read_plan(cfg.plan_dir, cost, cfg.cost_table))  # shards/plan_input.py
     stage.mkdir(exist_ok=True)
     lock = try_lock(stage / ".lock")
     if lock is None:
@@ -266,7 +263,7 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     try:
         _clean_stale_staging(root, stage.name)
         if not (stage / MANIFEST).exists():
-            _write_all(cfg, stage, gen, parent, digests, progress)
+            _write_all(cfg, stage, gen, parent, digests, progress, inputs)
         for stale in stage.glob(".*.tmp-*"):  # an atomic write a killed run left half done
             stale.unlink()
         # a run killed after the manifest but during this removal left part files behind
@@ -333,15 +330,13 @@ def _write_all(
     parent: str | None,
     digests: tuple[str, str],
     progress: bool,
+    inputs: tuple,
 ) -> None:
     from tqdm import tqdm
 
-    plan = pq.ParquetFile(Path(cfg.plan_dir) / "plan.parquet").read()  # no pyarrow.dataset
-    report = json.loads((Path(cfg.plan_dir) / "report.json").read_text())
-    cost = read_cost_table(cfg.cost_table)
-    params = report["parameters"]
-    nodes, per = params["nodes"], params["gpus_per_node"]
-    jobs = _jobs(plan, cost, stage, cfg, table_metadata(cfg.cost_table, required=False), nodes, per)
+    cost, (plan, report, nodes, per, where) = inputs
+    meta = table_metadata(cfg.cost_table, required=False)
+    jobs = _jobs(plan, cost, where, stage, cfg, meta, nodes, per)
     results: dict[int, list[dict]] = {}
     bar = tqdm(total=len(jobs), unit="stream", desc="write", disable=None if progress else True)
     if cfg.engine == "ray":

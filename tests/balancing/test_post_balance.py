@@ -192,16 +192,19 @@ def test_auto_is_as_even_as_every_method_with_four_samples_per_rank(d, cost):
 )
 def test_auto_is_at_least_as_even_as_lpt_and_kk_on_small_steps(lengths, d, square):
     """On small steps (here at most 4,000 items x ranks), auto's plan is at least as even as
-    refined LPT's and unequal KK's (each run on its own, the independent reference): on such
-    steps either can be the more even by a per cent or so (4 samples per rank, modeled
-    attention cost). Bug caught: auto that leaves unequal KK out (it stopped at LPT's or equal
-    KK's plan, 1.007 where KK reaches 1.0056)."""
+    refined LPT's and unequal KK's (each run on its own, the independent reference), or
+    within its tolerance of the mean (where it stops by design: a heaviest batch 2e-5 above
+    the mean is even enough; hypothesis found a step where KK's plan was 2.5e-6 more even
+    than that). On such steps either rival can be the more even by a per cent or so (4
+    samples per rank, modeled attention cost). Bug caught: auto that leaves unequal KK out (it
+    stopped at LPT's or equal KK's plan, 1.007 where KK reaches 1.0056)."""
     x = np.array(lengths, dtype=np.float64)
     if square:  # attention-bound cost: a few items dominate
         x = 24.0 * 1536**2 * x + 2.0 * 1536 * x * x
     auto = post_balance(x, d, method="auto").loads.max()
+    even_enough = x.sum() / d * (1.0 + 2e-5)  # post_balance's default tolerance
     for method in ("lpt", "kk"):
-        assert auto <= post_balance(x, d, method=method).loads.max()
+        assert auto <= max(post_balance(x, d, method=method).loads.max(), even_enough)
 
 
 def test_auto_takes_unequal_kk_where_it_is_the_most_even():

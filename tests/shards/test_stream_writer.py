@@ -16,11 +16,11 @@ import threading
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 import shards.stream_writer as sw
 from dataprep import read_cost_table
+from shards.plan_input import read_plan
 from shards.stream_writer import StreamWriter, write_stream
 from shards.writer import WriteConfig, _jobs
 
@@ -30,8 +30,9 @@ def _stream_jobs(gen_inputs, stage: Path, shard_size: int = 60_000) -> list[dict
     cfg = WriteConfig(
         plan_dir=str(plan_dir), cost_table=str(cost), out=str(stage), shard_size=shard_size
     )
-    plan = pq.read_table(plan_dir / "plan.parquet")
-    return _jobs(plan, read_cost_table(cost), stage, cfg, {}, 2, 2)
+    table = read_cost_table(cost)
+    plan, _, nodes, per, where = read_plan(plan_dir, table, str(cost))
+    return _jobs(plan, table, where, stage, cfg, {}, nodes, per)
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -214,15 +214,16 @@ def test_each_job_carries_only_its_own_rows(gen_inputs, tmp_path):
     import pickle
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from dataprep import read_cost_table
+    from shards.plan_input import read_plan
     from shards.writer import _jobs
 
     _, cost, plan_dir = gen_inputs
-    plan = pq.read_table(plan_dir / "plan.parquet")
+    table = read_cost_table(cost)
+    plan, _, nodes, per, where = read_plan(plan_dir, table, str(cost))
     cfg = WriteConfig(plan_dir=str(plan_dir), cost_table=str(cost), out=str(tmp_path / "o"))
-    jobs = _jobs(plan, read_cost_table(cost), tmp_path, cfg, {}, 2, 2)
+    jobs = _jobs(plan, table, where, tmp_path, cfg, {}, nodes, per)
     assert sum(j["rows"].num_rows for j in jobs) == plan.num_rows
     for j in jobs:
         assert set(j["rows"].column("sample_id").to_pylist()) == set(

@@ -1,0 +1,177 @@
+"""``write`` checks the plan it is given (``shards/plan_input.py``) before it stages anything:
+a plan is a file from outside like any input.
+
+The central case is rule 2 (the generation is the single source of truth): a plan balanced with
+another cost table, here the same demo prepped with another tokenizer, was written with this
+table's counts, its steps even only by the other table's numbers (bug: it wrote and published
+silently). Reference: the group sums the plan records, recomputed from the cost table by hand.
+The others are hand-edited plans, which failed only after every shard was written, or with a
+KeyError."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dataprep import PrepConfig, read_cost_table, run_prep
+from shards.errors import WriteError
+from shards.writer import WriteConfig, write_generation
+
+
+def _write(plan_dir: Path, cost: Path, out: Path):
+    return write_generation(WriteConfig(plan_dir=str(plan_dir), cost_table=str(cost), out=str(out)))
+
+
+def test_a_plan_balanced_with_another_cost_table_is_refused(gen_inputs, tmp_path):
+    demo, cost, plan_dir = gen_inputs
+    other = tmp_path / "other.parquet"
+    run_prep(
+        PrepConfig(
+            inputs=(str(demo / "demo.jsonl"),),
+            output=str(other),
+            tokenizer="estimate:chars_per_token=2",
+        )
+    )
+    # the reference: the plan's recorded group sums against the other table's, by hand
+    plan = pq.read_table(plan_dir / "plan.parquet").to_pylist()
+    cols = read_cost_table(other).select(["sample_id", "llm_tokens"]).to_pydict()
+    llm = dict(zip(cols["sample_id"], cols["llm_tokens"], strict=True))
+    sums: dict[int, int] = {}
+    for r in plan:
+        sums[r["group_id"]] = sums.get(r["group_id"], 0) + llm[r["sample_id"]]
+    assert any(sums[r["group_id"]] != r["group_llm_tokens"] for r in plan)
+    out = tmp_path / "g"
+    with pytest.raises(WriteError, match="made from another cost table") as err:
+        _write(plan_dir, other, out)
+    assert str(other) in str(err.value)
+    assert not out.exists() or not any(out.iterdir())
+    # with the table the plan was made from it writes
+    assert _write(plan_dir, cost, tmp_path / "ok").samples == len(plan)
+
+
+def _edit_plan(plan_dir: Path, dst: Path, edit) -> Path:
+    shutil.copytree(plan_dir, dst)
+    t = pq.read_table(dst / "plan.parquet")
+    pq.write_table(edit(t), dst / "plan.parquet")
+    return dst
+
+
+def _set(t: pa.Table, name: str, i: int, value) -> pa.Table:
+    col = t.column(name).to_pylist()
+    col[i] = value
+    return t.set_column(
+        t.schema.get_field_index(name), name, pa.array(col, t.schema.field(name).type)
+    )
+
+
+def _edit_report(plan_dir: Path, dst: Path, edit) -> Path:
+    shutil.copytree(plan_dir, dst)
+    rep = json.loads((dst / "report.json").read_text())
+    edit(rep)
+    (dst / "report.json").write_text(json.dumps(rep))
+    return dst
+
+
+def _last_in_group(t: pa.Table) -> int:
+    """A row whose group has more than one row."""
+    g = t.column("group_id").to_pylist()
+    return next(i for i in range(1, len(g)) if g[i] == g[i - 1])
+
+
+def _onto_row0(t: pa.Table) -> pa.Table:
+    """The one row of a one-sample group moved onto row 0's (rank, step)."""
+    g = t.column("group_id").to_pylist()
+    i = next(i for i in range(1, len(g)) if g.count(g[i]) == 1 and g[i] != g[0])
+    return _set(_set(t, "step", i, t["step"][0].as_py()), "rank", i, t["rank"][0].as_py())
+
+
+PLANS = {
+    "report: fewer ranks than the plan uses": (
+        lambda p, d: _edit_report(p, d, lambda r: r["parameters"].update(nodes=1, gpus_per_node=1)),
+        "outside 0..0",
+    ),
+    "report: not JSON": (
+        lambda p, d: (shutil.copytree(p, d), (d / "report.json").write_text("{"), d)[-1],
+        "not a readable plan report",
+    ),
+    "report: no parameters": (
+        lambda p, d: _edit_report(p, d, lambda r: r.pop("parameters")),
+        "must hold 'parameters'",
+    ),
+    "report: nodes a string": (
+        lambda p, d: _edit_report(p, d, lambda r: r["parameters"].update(nodes="2")),
+        "whole numbers",
+    ),
+    "plan: a sample twice": (
+        lambda p, d: _edit_report(
+            _edit_plan(p, d, lambda t: pa.concat_tables([t, t.slice(0, 1)])),
+            d.with_name(d.name + "-r"),
+            lambda r: r["counts"].update(out=r["counts"]["out"] + 1),
+        ),
+        "is planned 2 times",
+    ),
+    "plan: a row fewer than the report": (
+        lambda p, d: _edit_plan(p, d, lambda t: t.slice(0, t.num_rows - 1)),
+        "rows, its report",
+    ),
+    "plan: a step past the report's": (
+        lambda p, d: _edit_plan(p, d, lambda t: _set(t, "step", 0, 10**9)),
+        "outside 0..",
+    ),
+    "plan: a group split over two ranks": (
+        lambda p, d: _edit_plan(
+            p,
+            d,
+            lambda t: _set(
+                t, "rank", _last_in_group(t), (t["rank"][_last_in_group(t)].as_py() + 1) % 4
+            ),
+        ),
+        "more than one rank value",
+    ),
+    "plan: group_size not its rows": (
+        lambda p, d: _edit_plan(
+            p,
+            d,
+            lambda t: t.set_column(
+                t.schema.get_field_index("group_size"),
+                "group_size",
+                pa.array([7] * t.num_rows, pa.int32()),
+            ),
+        ),
+        "group_size 7",
+    ),
+    "plan: two groups on one rank's step": (
+        lambda p, d: _edit_plan(p, d, _onto_row0),
+        "has more than one group at step",
+    ),
+    "plan: a null step": (
+        lambda p, d: _edit_plan(p, d, lambda t: _set(t, "step", 0, None)),
+        "null",
+    ),
+    "plan: steps as floats": (
+        lambda p, d: _edit_plan(
+            p,
+            d,
+            lambda t: t.set_column(
+                t.schema.get_field_index("step"), "step", t["step"].cast(pa.float64())
+            ),
+        ),
+        "not integers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", PLANS, ids=list(PLANS))
+def test_a_malformed_plan_is_refused_before_anything_is_written(gen_inputs, tmp_path, case):
+    _, cost, plan_dir = gen_inputs
+    make, message = PLANS[case]
+    bad = make(plan_dir, tmp_path / "plan")
+    out = tmp_path / "g"
+    with pytest.raises(WriteError, match=message):
+        _write(bad, cost, out)
+    assert not list(out.glob("*/manifest.json")) and not list(out.glob(".staging-*/node-*"))

@@ -16,13 +16,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from shards.errors import WriteError
-from shards.manifest import load_manifest
+from shards.manifest import ManifestError, load_manifest
 from shards.range_digests import hash_file, range_sha256
+from shards.storage import sha256_of
 from shards.tar_members import add_member, sample_doc, sample_key
 
 __all__ = [
     "COST_FILE",
     "PLAN_FILE",
+    "checked_carried",
     "copy_group",
     "parent_group",
     "parent_sample",
@@ -31,6 +33,24 @@ __all__ = [
 ]
 
 COST_FILE, PLAN_FILE = "cost.parquet", "plan.parquet"  # carried in every generation
+
+
+def checked_carried(m, name: str) -> Path:
+    """The file ``name`` (cost table, plan) carried in generation ``m``, checked against the
+    sha256 its manifest records: a copy damaged or edited after the write would lend a night
+    other fingerprints (samples taken as unchanged), costs or groups. A manifest from before
+    carried files were listed records none, and its files are taken as they are."""
+    path = Path(m.path) / name
+    if not m.carried or name not in m.carried:
+        return path
+    digest = m.carried[name][1]
+    got = sha256_of(path) if path.is_file() else "missing"
+    if got != digest:
+        raise ManifestError(
+            f"{path}: sha256 {got} != the manifest's {digest}: the generation's {name} changed "
+            "after it was written; restore it (or the generation) before a night reuses it"
+        )
+    return path
 
 
 def _verify(srcs: list[dict]) -> None:
@@ -161,6 +181,8 @@ def reuse_index(
     pplan, pcost = m.path / PLAN_FILE, m.path / COST_FILE
     if not (pplan.exists() and pcost.exists()) or not groups:
         return groups, none
+    for name in (PLAN_FILE, COST_FILE):  # they say which samples are unchanged: as written
+        checked_carried(m, name)
     then = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).join(
         pq.read_table(pcost, columns=["sample_id", "fingerprint"]), "sample_id"
     )

@@ -48,6 +48,13 @@ def _digest(d: dict, key: str, where: str) -> str | None:
     return v
 
 
+def _ratio(tok: dict, where: str) -> float:
+    v = tok.get("chars_per_token")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+        raise ValueError(f"{where}: tokenizer chars_per_token must be a number > 0, got {v!r:.80}")
+    return float(v)
+
+
 def _file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -66,6 +73,7 @@ class PrepSettings:
     template_sha256: str | None = None
     tokenizer: str | None = None
     tokenizer_sha256: str | None = None
+    tokenizer_estimate: float | None = None  # chars per token, when prep estimated text tokens
 
     @classmethod
     def from_manifest(cls, manifest) -> PrepSettings:
@@ -97,7 +105,14 @@ class PrepSettings:
             if tok_mode == "tokenizer"
             else None,
             tokenizer_sha256=_digest(tok, "sha256", f"{where} (tokenizer)"),
+            tokenizer_estimate=None if tok_mode == "tokenizer" else _ratio(tok, where),
         )
+
+    def tokenizer_spec(self) -> str:
+        """What prep's ``--tokenizer`` was: the recorded path, or its estimate."""
+        if self.tokenizer is not None:
+            return self.tokenizer
+        return f"estimate:chars_per_token={self.tokenizer_estimate!r}"
 
     def resolve_tokenizer(self, given: str | None = None) -> str:
         """The tokenizer file to use: ``given`` (a file or a model directory) or the recorded

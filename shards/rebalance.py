@@ -349,6 +349,8 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     from dataprep import PrepConfig, run_prep
     from dataprep.cost_table import read_cost_table, table_metadata
     from dataprep.image_orientation import IMAGE_SIZES
+    from shards.parent import checked_carried
+    from shards.prep_settings import PrepSettings
     from shards.writer import WriteConfig, write_generation
 
     t0 = time.perf_counter()
@@ -382,7 +384,15 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         )
     work = root / f".nightly-{hashlib.sha256((key + cur).encode()).hexdigest()[:16]}"
     work.mkdir(exist_ok=True)
+    for carried in (pcost_path, pplan_path):  # as the parent wrote them (its manifest's sha256)
+        checked_carried(parent, carried.name)
     meta = table_metadata(pcost_path)
+    try:  # the new samples are measured exactly as the parent's were: its recorded settings
+        recorded = PrepSettings.from_manifest(parent)
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
+    if cfg.tokenizer and recorded.tokenizer is not None:  # another copy: the same bytes
+        recorded.resolve_tokenizer(cfg.tokenizer)
     parent_cost = read_cost_table(pcost_path)  # read once: checked here, combined below
     if meta.get("image_sizes") != IMAGE_SIZES and any(parent_cost.column("num_images").to_pylist()):
         raise ManifestError(
@@ -401,9 +411,9 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             PrepConfig(
                 inputs=tuple(cfg.new),
                 output=str(new_path),
-                tokenizer=cfg.tokenizer or meta["tokenizer"]["path"],
-                vision_policy=meta["vision_policy"]["spec"],
-                template=meta["template"]["name"],
+                tokenizer=cfg.tokenizer or recorded.tokenizer_spec(),
+                vision_policy=recorded.vision_policy["spec"],
+                template=recorded.template,
                 image_root=cfg.image_root or ro.get("image_root"),
                 image_column=ro.get("image_column"),
                 text_column=ro.get("text_column"),

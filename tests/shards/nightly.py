@@ -13,7 +13,7 @@ from shards.rebalance import RebalanceConfig
 from shards.writer import WriteConfig, write_generation
 
 
-def first_night(root: Path) -> Path:
+def first_night(root: Path, tokenizer: str | None = None) -> Path:
     raw = root / "raw"
     make_demo(raw, samples=150, seed=4, images=40)
     split_days(raw, days=3, seed=4)
@@ -22,7 +22,7 @@ def first_night(root: Path) -> Path:
         PrepConfig(
             inputs=(str(raw / "day-1.jsonl"),),
             output=str(cost),
-            tokenizer=str(raw / "tokenizer.json"),
+            tokenizer=tokenizer or str(raw / "tokenizer.json"),
             image_root=str(raw),
         )
     )

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import fcntl
 import json
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from shards import open_generation, verify_generation
 from shards.publish import read_current, set_current
@@ -252,3 +254,90 @@ def test_files_replaced_by_fifos_never_hang_a_reader_or_a_night(root, tmp_path):
     v = subprocess.run([sys.executable, "-m", "equishard", "verify", str(root)],
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert v.returncode != 0 and "not a regular file" in v.stdout + v.stderr
+
+
+def _edit_fingerprint(path: Path) -> None:
+    """The carried cost table rewritten as a valid table with one fingerprint changed."""
+    import pyarrow as pa
+
+    t = pq.read_table(path)
+    fp = t.column("fingerprint").to_pylist()
+    fp[0] = "0" * len(fp[0] or "x")
+    i = t.schema.get_field_index("fingerprint")
+    pq.write_table(t.set_column(i, "fingerprint", pa.array(fp, t.schema.field(i).type)), path)
+
+
+def test_a_night_refuses_a_parent_whose_carried_tables_changed(root):
+    """The parent's cost table and plan tell a night which samples are unchanged (their
+    fingerprints) and where its groups lie; they are checked against the sha256 the parent's
+    manifest records before use (bug: an edited copy was believed, and a sample marked
+    unchanged there was copied from the parent's shards although its raw data had changed)."""
+    from shards.manifest import ManifestError
+
+    cur = read_current(root)
+    for name in ("cost.parquet", "plan.parquet"):
+        path = root / cur / name
+        keep = path.read_bytes()
+        if name == "cost.parquet":
+            _edit_fingerprint(path)
+        else:
+            path.write_bytes(keep[:-1] + bytes([keep[-1] ^ 1]))
+        with pytest.raises(ManifestError, match=re.escape(name) + " changed after it was written"):
+            run_rebalance(_night(root, 2))
+        assert read_current(root) == cur
+        path.write_bytes(keep)
+    assert run_rebalance(_night(root, 2)).status == "published"
+
+
+def test_write_reusing_a_parent_checks_its_carried_tables(root):
+    """The same check where write reads the parent's tables to find unchanged samples
+    (``reuse_index``), whoever calls it."""
+    import pyarrow as pa
+
+    from dataprep import read_cost_table
+    from shards.manifest import ManifestError
+    from shards.parent import reuse_index
+
+    gen = root / read_current(root)
+    cost = read_cost_table(gen / "cost.parquet")
+    step = pa.array([0] * cost.num_rows, pa.int64())
+    groups, unchanged = reuse_index(str(gen), step, cost)
+    assert groups and unchanged.num_rows == cost.num_rows  # the reference: all unchanged
+    _edit_fingerprint(gen / "cost.parquet")
+    with pytest.raises(ManifestError, match=r"cost\.parquet changed after it was written"):
+        reuse_index(str(gen), step, cost)
+
+
+def test_a_night_measures_new_samples_with_the_parents_estimate(tmp_path):
+    """A parent prepped with an estimate (``--tokenizer estimate:chars_per_token=3``, no
+    tokenizer file): the night measures its new samples the same way and publishes (bug: it
+    looked up the recorded tokenizer's path, and a KeyError stopped every night)."""
+    from tests.shards.nightly import first_night
+
+    root = first_night(tmp_path / "n", tokenizer="estimate:chars_per_token=3")
+    r = run_rebalance(_night(root, 2))
+    assert r.status == "published"
+    m = open_generation(root)
+    assert m.raw["prep"]["tokenizer"] == {"mode": "estimate", "chars_per_token": 3.0}
+    new = pq.read_table(root / m.generation / "cost.parquet")
+    raw = (tmp_path / "n" / "raw" / "day-2.jsonl").read_text().splitlines()
+    day2 = {json.loads(line)["id"] for line in raw}
+    assert day2 & set(new.column("sample_id").to_pylist())
+
+
+def test_a_night_given_another_tokenizer_is_refused_naming_it(root, tmp_path):
+    """``--tokenizer`` names where the parent's tokenizer is now; a file with other bytes would
+    count the new samples otherwise than the parent's: refused before anything is measured."""
+    from shards.prep_settings import SettingsMismatch
+
+    other = tmp_path / "other-tokenizer.json"
+    tok = json.loads((root.parent / "raw" / "tokenizer.json").read_text())
+    tok.setdefault("added_tokens", []).append(
+        {"id": 99_999, "content": "<extra>", "single_word": False, "lstrip": False,
+         "rstrip": False, "normalized": False, "special": True}
+    )  # fmt: skip
+    other.write_text(json.dumps(tok))
+    cur = read_current(root)
+    with pytest.raises(SettingsMismatch, match=r"other-tokenizer\.json"):
+        run_rebalance(_night(root, 2, tokenizer=str(other)))
+    assert read_current(root) == cur

@@ -45,14 +45,30 @@ class RankInfo:
     num_workers: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rank < self.world_size:
+        # each value decides which slots this reader takes: one out of range reads nothing, or
+        # another reader's slots, silently (a sample then trained twice or never)
+        for name in ("rank", "world_size", "node", "local_rank", "worker_id", "num_workers"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise ValueError(f"RankInfo.{name} must be a whole number, got {v!r}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(
                 f"rank must be in [0, world_size), got {self.rank} of {self.world_size}"
+            )
+        if self.node < 0 or (self.local_rank is not None and self.local_rank < 0):
+            raise ValueError(f"node and local_rank must be >= 0, got {self.node}, {self.local_rank}")
+        if (self.worker_id is None) != (self.num_workers is None):
+            raise ValueError(
+                "give worker_id and num_workers together (or neither: the DataLoader's are used)"
+            )
+        if self.worker_id is not None and not 0 <= self.worker_id < self.num_workers:
+            raise ValueError(
+                f"worker_id must be in [0, num_workers), got {self.worker_id} of {self.num_workers}"
             )
 
     def worker(self) -> tuple[int, int]:
         if self.worker_id is not None:
-            return self.worker_id, self.num_workers or 1
+            return self.worker_id, self.num_workers
         info = get_worker_info()
         return (info.id, info.num_workers) if info is not None else (0, 1)
 

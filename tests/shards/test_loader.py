@@ -263,3 +263,23 @@ def test_loader_hands_groups_over_as_the_transform_made_them(generation):
     ]
     with pytest.raises(ValueError, match="loader\\(\\) sets batch_size itself"):
         ds.loader(batch_size=4)
+
+
+BAD_RANKS = {
+    "worker past the workers": dict(rank=0, world_size=2, worker_id=2, num_workers=2),
+    "worker without a count": dict(rank=0, world_size=2, worker_id=1),
+    "count without a worker": dict(rank=0, world_size=2, num_workers=2),
+    "rank a float": dict(rank=1.0, world_size=2),
+    "rank a bool": dict(rank=True, world_size=2),
+    "no ranks": dict(rank=0, world_size=0),
+    "negative node": dict(rank=0, world_size=1, node=-1),
+    "negative local rank": dict(rank=0, world_size=1, local_rank=-1),
+}
+
+
+@pytest.mark.parametrize("case", BAD_RANKS, ids=list(BAD_RANKS))
+def test_a_rank_description_that_would_read_other_slots_is_refused(case):
+    """RankInfo decides which slots a reader takes; a worker id past the worker count (or one
+    given without it) read no slot at all, silently: those samples were never trained."""
+    with pytest.raises(ValueError, match="RankInfo|rank must|worker|node"):
+        RankInfo(**BAD_RANKS[case])

@@ -281,5 +281,5 @@ BAD_RANKS = {
 def test_a_rank_description_that_would_read_other_slots_is_refused(case):
     """RankInfo decides which slots a reader takes; a worker id past the worker count (or one
     given without it) read no slot at all, silently: those samples were never trained."""
-    with pytest.raises(ValueError, match="RankInfo|rank must|worker|node"):
+    with pytest.raises(ValueError, match=r"RankInfo|rank must|worker|node"):
         RankInfo(**BAD_RANKS[case])

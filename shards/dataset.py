@@ -56,7 +56,9 @@ class RankInfo:
                 f"rank must be in [0, world_size), got {self.rank} of {self.world_size}"
             )
         if self.node < 0 or (self.local_rank is not None and self.local_rank < 0):
-            raise ValueError(f"node and local_rank must be >= 0, got {self.node}, {self.local_rank}")
+            raise ValueError(
+                f"node and local_rank must be >= 0, got {self.node}, {self.local_rank}"
+            )
         if (self.worker_id is None) != (self.num_workers is None):
             raise ValueError(
                 "give worker_id and num_workers together (or neither: the DataLoader's are used)"

@@ -92,22 +92,26 @@ def run_streams(
                 return None
             return pending.popleft() if front else pending.pop()
 
+    def file(rank: int, fut: Future) -> None:
+        """A finished stream's outcome: its sidecars under its rank, or its error (a worker's,
+        or its death), raised once the running streams end."""
+        try:
+            value = fut.result()
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+            return
+        with lock:
+            results[rank] = value
+        done()
+
     def write_here(front: bool) -> None:
         """This process's streams; each finished one is filed as soon as it is seen done."""
         submitted: deque[tuple[int, Future]] = deque()
 
         def file_done(wait: bool) -> None:
             while submitted and (wait or submitted[0][1].done()):
-                rank, fut = submitted.popleft()
-                try:
-                    value = fut.result()
-                except BaseException as exc:
-                    with lock:
-                        errors.append(exc)
-                    continue
-                with lock:
-                    results[rank] = value
-                done()
+                file(*submitted.popleft())
 
         try:
             with (local or (lambda: _AtOnce(fn)))() as writer:
@@ -133,16 +137,7 @@ def run_streams(
                 return
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
-                rank = running.pop(fut)
-                try:
-                    value = fut.result()
-                except BaseException as exc:  # a worker's error, or its death
-                    with lock:
-                        errors.append(exc)
-                    continue
-                with lock:
-                    results[rank] = value
-                done()
+                file(running.pop(fut), fut)
 
     with ProcessPoolExecutor(
         workers - 1,

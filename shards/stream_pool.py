@@ -12,6 +12,7 @@ changes none of its bytes (:func:`shards.stream_writer.write_stream` depends on 
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import threading
@@ -49,6 +50,24 @@ def stream_processes(workers: int, streams: int) -> int:
     return max(1, min(workers, streams, usable_cores() // 2))
 
 
+# a spawned worker's own ``local`` writer, made once when the worker starts (None in this
+# process and where no ``local`` is given): every stream the worker takes goes through it
+_WORKER = None
+
+
+def _start_worker(parent: int, local: Callable[[], AbstractContextManager] | None) -> None:
+    exit_with_parent(parent)  # never outlive a killed writer (its lock is gone)
+    if local is not None:
+        global _WORKER
+        manager = local()
+        _WORKER = manager.__enter__()
+        atexit.register(manager.__exit__, None, None, None)
+
+
+def _in_worker(fn: Callable[[dict], list[dict]], job: dict) -> list[dict]:
+    return fn(job) if _WORKER is None else _WORKER.submit(job).result()
+
+
 class _AtOnce:
     """The default ``local`` of :func:`run_streams`: ``fn(job)`` run when submitted."""
 
@@ -76,10 +95,12 @@ def run_streams(
 ) -> dict[int, list[dict]]:
     """``fn(job)`` for every job, keyed by ``job["rank"]``; ``done()`` after each. The first
     error (a worker's or this process's) is raised once the running streams end; no stream
-    starts after it. Spawned workers run ``fn``; this process runs its streams through
-    ``local()`` (default: ``fn`` at once), a context manager whose ``submit(job)`` returns a
-    future of ``fn(job)``'s result and may still be completing one stream while the next is
-    submitted (:class:`shards.stream_writer.StreamWriter`); leaving it waits for them all."""
+    starts after it. With ``local`` (a context manager factory whose ``submit(job)`` returns a
+    future of ``fn(job)``'s result, e.g. :class:`shards.stream_writer.StreamWriter`), this
+    process runs its streams through one ``local()``, which may still be completing one stream
+    while the next is submitted (leaving it waits for them all), and each spawned worker makes
+    its own once and runs every stream it takes through it (an input's index is built once per
+    process); without, both run ``fn`` once per stream."""
     workers = stream_processes(workers, len(jobs))
     pending = deque(jobs)
     results: dict[int, list[dict]] = {}
@@ -132,7 +153,7 @@ def run_streams(
         running: dict[Future, int] = {}
         while True:
             while len(running) < workers - 1 and (job := take(front=True)) is not None:
-                running[pool.submit(fn, job)] = job["rank"]
+                running[pool.submit(_in_worker, fn, job)] = job["rank"]
             if not running:
                 return
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -142,8 +163,8 @@ def run_streams(
     with ProcessPoolExecutor(
         workers - 1,
         mp_context=mp.get_context("spawn"),
-        initializer=exit_with_parent,  # never outlive a killed writer (its lock is gone)
-        initargs=(os.getpid(),),
+        initializer=_start_worker,
+        initargs=(os.getpid(), local),
     ) as pool:
         # a worker is spawned by the thread that submits to the pool, and the kernel's
         # parent-death signal (exit_with_parent) follows that *thread*: spawned by the feeder,

@@ -199,3 +199,41 @@ def test_workers_are_spawned_by_the_thread_that_outlives_the_pool(
     got = run_streams(jobs, 3, record, lambda: None)
     assert sorted(got) == list(range(12))
     assert spawners == [threading.current_thread().name] * 2, spawners
+
+
+class _Logged:
+    """A ``local`` writer that notes which instance, in which process, wrote each stream (a
+    spawned worker imports this module by name)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def submit(self, job):
+        from concurrent.futures import Future
+
+        Path(job["via"], f"{job['rank']}-{os.getpid()}-{id(self)}").touch()
+        fut = Future()
+        fut.set_result(record(job))
+        return fut
+
+
+def test_each_process_writes_all_its_streams_through_one_local_writer(tmp_path, eight_cores):
+    """This process and every spawned worker make their ``local`` writer once and run every
+    stream they take through it (the writer's record store: an input indexed once per process,
+    not once per stream)."""
+    log, via = tmp_path / "log", tmp_path / "via"
+    log.mkdir()
+    via.mkdir()
+    jobs = [{**job, "via": str(via)} for job in _jobs(log, 12)]
+    got = run_streams(jobs, 3, record, lambda: None, local=_Logged)
+    assert sorted(got) == list(range(12))
+    notes = [p.name.split("-") for p in via.iterdir()]
+    assert sorted(int(rank) for rank, _, _ in notes) == list(range(12))  # all through one
+    writers: dict[str, set] = {}
+    for _, pid, writer in notes:
+        writers.setdefault(pid, set()).add(writer)
+    assert len(writers) > 1, "no spawned worker wrote a stream"
+    assert all(len(w) == 1 for w in writers.values()), writers

@@ -41,14 +41,21 @@ def test_byte_identical_and_idempotent(gen_inputs, generation, tmp_path):
     assert stamp == {p: p.stat().st_mtime_ns for p in (tmp_path / "again").rglob("*.tar")}
 
 
-def test_parallel_writer_processes_write_the_same_bytes(gen_inputs, generation, tmp_path):
+@pytest.mark.parametrize("cores", [None, "8"])
+def test_parallel_writer_processes_write_the_same_bytes(
+    gen_inputs, generation, tmp_path, monkeypatch, cores
+):
+    """--workers 3: on 2 cores one process; seen as 8 cores, two spawned workers besides this
+    process, each writing its streams through its own StreamWriter."""
     _, cost, plan = gen_inputs
+    if cores:
+        monkeypatch.setenv("EQUISHARD_CORES", cores)
     cfg = WriteConfig(
         plan_dir=str(plan),
         cost_table=str(cost),
         out=str(tmp_path / "w2"),
         shard_size=200_000,
-        workers=2,
+        workers=3,
     )
     write_generation(cfg)
     assert _files(tmp_path / "w2") == _files(generation)

@@ -74,6 +74,11 @@ def _columns(plan: pa.Table, path: Path) -> None:
     for c in ("sample_id", *_INT_COLUMNS):
         if plan.column(c).null_count:
             raise WriteError(f"{path}: column {c} has {plan.column(c).null_count} null(s)")
+    if "parent_step" in plan.column_names:  # a night's plan: the parent step kept, or -1
+        col = plan.column("parent_step")
+        low = pc.min(col).as_py() if pa.types.is_integer(col.type) and len(col) else -1
+        if not pa.types.is_integer(col.type) or col.null_count or low < -1:
+            raise WriteError(f"{path}: column parent_step must hold steps >= 0, or -1 (none)")
 
 
 def _np(col) -> np.ndarray:

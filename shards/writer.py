@@ -29,8 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dataprep.cost_table import read_cost_table, table_metadata
+from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
+from dataprep.readers import ReadOptions
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
@@ -167,8 +169,7 @@ def _jobs(
             **{c: picked.column(c) for c in picked.column_names},
         }
     )
-    read_options = prep_meta.get("read_options") or {}
-    check_images = prep_meta.get("check_images", "header")
+    read_options, check_images = _prep_options(prep_meta, cfg.cost_table)
     # prep counted images as stored (an equishard from before EXIF orientation was applied):
     # every image is probed again, so a photo stored sideways stops with a clear error
     stored_sizes = bool(prep_meta) and prep_meta.get("image_sizes") != IMAGE_SIZES
@@ -180,6 +181,12 @@ def _jobs(
     rows = rows.append_column("from_step", unchanged.column("step").take(at))
     pstep = np.asarray(parent_col.to_numpy(zero_copy_only=False), dtype=np.int64)
     kept = {(int(r), int(s)) for r, s in zip(rank[pstep >= 0], pstep[pstep >= 0], strict=True)}
+    if kept - groups.keys():
+        r, s = min(kept - groups.keys())
+        raise WriteError(
+            f"{cfg.plan_dir}: the plan keeps rank {r}'s group of step {s} of the parent "
+            f"generation {cfg.reuse_from}, which has no such group; plan against that parent"
+        )
     used = _group_pairs(unchanged.column("rank"), unchanged.column("step"))
     sources = [groups[k] for k in kept | used]
     verify_parent_shards(sources)  # each source gets its group's digest, carried in the jobs
@@ -208,6 +215,24 @@ def _jobs(
             }
         )
     return jobs
+
+
+def _prep_options(meta: dict, where: str) -> tuple[dict, str]:
+    """How prep read the raw data (its reader options, its image check), from the cost table's
+    metadata: checked here, since each stream's worker builds its reader from them."""
+    ro = meta.get("read_options") or {}
+    check = meta.get("check_images", "header")
+    try:
+        if not isinstance(ro, dict):
+            raise TypeError(f"an object expected, got {type(ro).__name__}")
+        ReadOptions(**ro)
+    except (TypeError, ValueError) as exc:
+        raise WriteError(
+            f"{where}: its recorded read_options are not prep's ({exc}); prep it again"
+        ) from None
+    if check not in CHECKS:
+        raise WriteError(f"{where}: its recorded check_images {check!r:.40} is not one of {CHECKS}")
+    return ro, check
 
 
 def _group_pairs(rank, step) -> set[tuple[int, int]]:

@@ -149,6 +149,12 @@ PLANS = {
         lambda p, d: _edit_plan(p, d, _onto_row0),
         "has more than one group at step",
     ),
+    "plan: a parent step below -1": (
+        lambda p, d: _edit_plan(
+            p, d, lambda t: t.append_column("parent_step", pa.array([-2] * t.num_rows, pa.int64()))
+        ),
+        "parent_step",
+    ),
     "plan: a null step": (
         lambda p, d: _edit_plan(p, d, lambda t: _set(t, "step", 0, None)),
         "null",
@@ -175,3 +181,55 @@ def test_a_malformed_plan_is_refused_before_anything_is_written(gen_inputs, tmp_
     with pytest.raises(WriteError, match=message):
         _write(bad, cost, out)
     assert not list(out.glob("*/manifest.json")) and not list(out.glob(".staging-*/node-*"))
+
+
+def _with_meta(cost: Path, dst: Path, edit) -> Path:
+    from dataprep.cost_table import METADATA_KEY, table_metadata
+
+    meta = table_metadata(cost)
+    edit(meta)
+    t = pq.read_table(cost)
+    pq.write_table(t.replace_schema_metadata({METADATA_KEY: json.dumps(meta)}), dst)
+    return dst
+
+
+PREP_META = {
+    "read_options not an object": (lambda m: m.update(read_options=["image_root"]), "read_options"),
+    "read_options with a foreign key": (
+        lambda m: m["read_options"].update(shell="rm -rf /"),
+        "read_options",
+    ),
+    "check_images unknown": (lambda m: m.update(check_images="none"), "check_images"),
+}
+
+
+@pytest.mark.parametrize("case", PREP_META, ids=list(PREP_META))
+def test_a_cost_table_whose_recorded_reading_is_not_preps_is_refused(gen_inputs, tmp_path, case):
+    """Each stream's worker builds its reader from the cost table's recorded read options and
+    image check: malformed ones are refused before anything is staged (bug: a TypeError in
+    every worker, or an unknown check taken as no check)."""
+    _, cost, plan_dir = gen_inputs
+    edit, message = PREP_META[case]
+    bad = _with_meta(cost, tmp_path / "cost.parquet", edit)
+    out = tmp_path / "g"
+    with pytest.raises(WriteError, match=message):
+        _write(plan_dir, bad, out)
+    assert not list(out.glob("*/manifest.json"))
+
+
+def test_a_plan_keeping_a_group_its_parent_lacks_is_refused(gen_inputs, generation, tmp_path):
+    """A night's plan keeps parent groups by (rank, parent step); one the parent generation
+    does not have is refused naming it (bug: a KeyError from the writer's index)."""
+    _, cost, plan_dir = gen_inputs
+    steps = pq.read_table(plan_dir / "plan.parquet").column("step").to_pylist()
+    bad = _edit_plan(
+        plan_dir,
+        tmp_path / "plan",
+        lambda t: t.append_column("parent_step", pa.array([max(steps) + 5] * t.num_rows)),
+    )
+    parent = generation / (generation / "CURRENT").read_text().strip()
+    cfg = WriteConfig(
+        plan_dir=str(bad), cost_table=str(cost), out=str(tmp_path / "g"), reuse_from=str(parent)
+    )
+    with pytest.raises(WriteError, match="which has no such group"):
+        write_generation(cfg)

@@ -30,10 +30,12 @@ import pyarrow.parquet as pq
 
 from dataprep.repeated_ids import repeated_mask
 from shards.errors import WriteError
+from shards.publish import read_small
 
 __all__ = ["read_plan"]
 
 MAX_RANKS = 1 << 20
+REPORT_LIMIT = 64 << 20  # a report lists at most 20 sample ids: kilobytes
 _INT_COLUMNS = ("group_id", "step", "rank", "group_size", "group_vit_tokens", "group_llm_tokens")
 
 
@@ -43,7 +45,7 @@ def _whole(v, lo: int, hi: int) -> bool:
 
 def _report(path: Path) -> tuple[dict, int, int, int, int]:
     try:
-        report = json.loads(path.read_bytes())
+        report = json.loads(read_small(path, REPORT_LIMIT))  # a FIFO never blocks the write
     except (OSError, ValueError) as exc:
         raise WriteError(f"{path}: not a readable plan report ({exc})") from None
     params = report.get("parameters") if isinstance(report, dict) else None

@@ -16,9 +16,12 @@ from pathlib import Path
 import numpy as np
 
 from shards.manifest import check_digest
+from shards.publish import read_small
 from shards.storage import sha256_of
 
 __all__ = ["finished_prefix", "plan_groups"]
+
+SIDECAR_LIMIT = 256 << 20  # one shard's groups: far below
 
 
 def plan_groups(rows) -> list[tuple[int, int]]:
@@ -34,8 +37,8 @@ def plan_groups(rows) -> list[tuple[int, int]]:
 
 
 def _sidecar(path: Path) -> dict | None:
-    try:
-        meta = json.loads(path.read_bytes())
+    try:  # a regular file of bounded size: a FIFO left there never blocks the resume
+        meta = json.loads(read_small(path, SIDECAR_LIMIT))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict):

@@ -294,6 +294,7 @@ LEFTOVER_DAMAGE = {
     "sidecar names another file": lambda tar, side: _edit_sidecar(
         side, lambda m: m.update(file="../../outside.tar")
     ),
+    "sidecar a FIFO": lambda tar, side: (side.unlink(), os.mkfifo(side)),
     "sidecar sha256 a path": lambda tar, side: _edit_sidecar(
         side, lambda m: m.update(sha256="../../" + "a" * 58)
     ),

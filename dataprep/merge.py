@@ -23,6 +23,7 @@ from dataprep.cost_table import (
     METADATA_KEY,
     errors_path,
     read_cost_table,
+    regular_file,
     table_metadata,
 )
 from dataprep.errors import DataprepError, describe
@@ -93,7 +94,8 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         try:
             metas.append(_checked(p, table_metadata(p)))
         except (OSError, ValueError, pa.ArrowInvalid) as exc:
-            raise DataprepError(f"{p}: {describe(exc)}") from None
+            msg = describe(exc)
+            raise DataprepError(msg if msg.startswith(str(p)) else f"{p}: {msg}") from None
     ref = metas[0]
     for p, m in zip(parts, metas, strict=False):
         # the settings by what decides the counts (a tokenizer at another path on another
@@ -131,7 +133,10 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         ep = errors_path(p)
         if not ep.exists():
             raise DataprepError(f"{p}: its errors table {ep} is missing; copy it next to the part")
-        err_tables.append(pq.read_table(ep, schema=ERRORS_SCHEMA))
+        try:
+            err_tables.append(pq.read_table(regular_file(ep), schema=ERRORS_SCHEMA))
+        except (OSError, ValueError, pa.ArrowException) as exc:
+            raise DataprepError(f"{ep}: {describe(exc)}") from None
     errors = pa.concat_tables([*err_tables, pa.Table.from_pylist(dup_rows, schema=ERRORS_SCHEMA)])
     total = {k: sum(m["counts"][k] for m in metas) for k in ("in", "written", "rejected")}
     total["written"] -= len(dup_rows)

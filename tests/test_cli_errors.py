@@ -4,6 +4,7 @@ piped into a reader that closes early ends quietly."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,24 @@ def test_inspect_names_what_the_costs_were_measured_with(made):
     )
     assert info["prep"]["tokenizer"]["sha256"] == digest
     assert info["prep"]["vision_policy"]["spec"].startswith("internvl:")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["merge", "{fifo}", "-o", "{out}/m.parquet"],
+        ["balance", "{fifo}", "--dp", "2", "-o", "{out}/p"],
+    ],
+    ids=["merge", "balance"],
+)
+def test_a_fifo_given_as_a_table_is_refused_not_read(tmp_path, command):
+    """Opening a FIFO waits for a writer: a cost table path that names one blocked merge and
+    balance forever (bug: the command hung). Refused at once, naming it, exit 2."""
+    fifo = tmp_path / "cost.parquet"
+    os.mkfifo(fifo)
+    args = [a.format(fifo=fifo, out=tmp_path) for a in command]
+    r = subprocess.run(
+        [sys.executable, "-m", "equishard", *args], capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 2, r.stderr
+    assert "not a regular file" in r.stderr and str(fifo) in r.stderr

@@ -107,16 +107,19 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
     return removed
 
 
-def regular_file(path: str | Path) -> Path:
+def regular_file(path):
     """``path`` when it is a regular file: a FIFO given as a table would block its reader
-    forever (opening one waits for a writer), a directory or device is no table either."""
+    forever (opening one waits for a writer), a directory or device is no table either. A
+    file object (bytes already read, e.g. from an object store) is returned as it is."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: no such file") from None
     if not stat.S_ISREG(st.st_mode):
         raise ValueError(f"{path}: not a regular file (a FIFO, device or directory), not a table")
-    return Path(path)
+    return path
 
 
 def table_metadata(path: str | Path, *, required: bool = True) -> dict:

@@ -96,6 +96,8 @@ class WriteConfig:
             Path(self.plan_dir) / "report.json",
             Path(self.cost_table),
         ):
+            if f.exists() and not f.is_file():
+                raise ValueError(f"{f}: not a regular file (a FIFO, device or directory)")
             if not f.is_file():
                 raise ValueError(
                     f"{f} does not exist: run 'equishard prep' and 'equishard balance' first"

@@ -179,14 +179,19 @@ def test_inspect_names_what_the_costs_were_measured_with(made):
     [
         ["merge", "{fifo}", "-o", "{out}/m.parquet"],
         ["balance", "{fifo}", "--dp", "2", "-o", "{out}/p"],
+        ["write", "{out}/plan", "--cost-table", "{fifo}", "--out", "{out}/g"],
     ],
-    ids=["merge", "balance"],
+    ids=["merge", "balance", "write"],
 )
 def test_a_fifo_given_as_a_table_is_refused_not_read(tmp_path, command):
     """Opening a FIFO waits for a writer: a cost table path that names one blocked merge and
-    balance forever (bug: the command hung). Refused at once, naming it, exit 2."""
+    balance forever (bug: the command hung; write said it did not exist). Refused at once,
+    naming it, exit 2."""
     fifo = tmp_path / "cost.parquet"
     os.mkfifo(fifo)
+    (tmp_path / "plan").mkdir()  # write's plan: files that exist (checked first)
+    for name in ("plan.parquet", "report.json"):
+        (tmp_path / "plan" / name).write_text("")
     args = [a.format(fifo=fifo, out=tmp_path) for a in command]
     r = subprocess.run(
         [sys.executable, "-m", "equishard", *args], capture_output=True, text=True, timeout=60

@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -273,7 +274,7 @@ class GenerationFiles:
         cache = self._cache_paths(sha256, offset, length)
         if cache is not None:
             whole, part = cache
-            if sha256 in self._whole_ok:  # hashed whole in this process: its bytes are known
+            if sha256 in self._whole_ok and _regular(whole):  # hashed whole in this process
                 with contextlib.suppress(FileNotFoundError), open(whole, "rb") as f:
                     f.seek(offset)
                     return f.read(length)
@@ -288,7 +289,8 @@ class GenerationFiles:
                 "a server or store that supports them (every object store does)"
             )
         if cache is not None and len(data) == length:
-            _atomic_write(cache[1], data + hashlib.sha256(data).digest())
+            with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
+                _atomic_write(cache[1], data + hashlib.sha256(data).digest())
         return data
 
     def sha256(self, name: str, expected: str = "", ranges: Iterable[tuple[int, int]] = ()) -> str:
@@ -302,7 +304,7 @@ class GenerationFiles:
         h = RangeDigests(ranges)
         keep = self.cache_dir is not None and expected
         whole = self.cache_dir / f"{_check_digest(expected)}.tar" if keep else None
-        if whole is not None and whole.exists():
+        if whole is not None and _regular(whole):
             # a cache hit is checked like a fresh fetch: hashed again, dropped when it differs
             with contextlib.suppress(FileNotFoundError):
                 digest, parts = hash_file(whole, ranges)
@@ -374,9 +376,24 @@ def sha256_of(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
+def _regular(path: Path) -> bool:
+    """Whether a cache entry is a regular file to read; anything else put there (a FIFO, which
+    would block the read forever, a device, a link to one) is removed and counts as a miss."""
+    try:
+        if stat.S_ISREG(os.stat(path).st_mode):
+            return True
+    except FileNotFoundError:
+        return False
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return False
+
+
 def _read_part(path: Path, length: int) -> bytes | None:
     """A cached range's bytes when the file is whole and its trailer digest matches; a damaged
     or foreign file is removed (None: fetch again)."""
+    if not _regular(path):
+        return None
     try:
         blob = path.read_bytes()
     except FileNotFoundError:

@@ -200,3 +200,43 @@ def test_publish_refuses_a_local_shard_damaged_since_it_was_written(s3, gen_copy
         publish_generation(gen, bucket, storage_options=s3["opts"])
     assert sh.file in str(err.value)
     assert read_remote_current(bucket, storage_options=s3["opts"]) is None
+
+
+def test_fifos_put_in_the_cache_never_block_the_loader(s3, generation, bucket, tmp_path):
+    """A cache directory is read back on the next epoch: a kept whole shard or a cached range
+    replaced by a FIFO (opening one waits for a writer) is removed and read from the store
+    again (bug: the loader blocked forever on the cache file). Reference: a loader without a
+    cache."""
+    import os
+    import threading
+
+    from tests.shards.test_store_trust import _batches, _publish
+
+    _publish(s3, generation, bucket)
+    info = RankInfo(rank=0, world_size=2)
+    want = _batches(GroupDataset(bucket, info, storage_options=s3["opts"], shuffle=False))
+    fifos = []
+    for verify in (False, True):
+        cache = tmp_path / f"cache-{verify}"
+        opts = dict(storage_options=s3["opts"], cache_dir=cache, shuffle=False, verify=verify)
+        assert _batches(GroupDataset(bucket, info, **opts)) == want  # fills the cache
+        kept = sorted(cache.glob("*.tar")) if verify else sorted(cache.rglob("*-*"))
+        assert kept
+        for path in kept:
+            path.unlink()
+            os.mkfifo(path)
+            fifos.append(path)
+        got = []
+        reader = threading.Thread(
+            target=lambda o=opts, g=got: g.append(_batches(GroupDataset(bucket, info, **o))),
+            daemon=True,
+        )
+        reader.start()
+        reader.join(60)
+        try:
+            assert not reader.is_alive(), "the loader blocked on a FIFO in its cache"
+        finally:  # a reader stuck opening a FIFO is let go (planted bug: fail, never hang)
+            for path in fifos:
+                with contextlib.suppress(OSError):
+                    os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        assert got == [want]

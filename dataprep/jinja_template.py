@@ -61,7 +61,17 @@ from dataprep.template_limits import (
     tick,
 )
 
-__all__ = ["IMAGE_TOKENS", "ImageTokens", "JinjaChatTemplate", "messages_from_turns"]
+__all__ = [
+    "IMAGE_TOKENS",
+    "RENDERING_KEYS",
+    "ImageTokens",
+    "JinjaChatTemplate",
+    "messages_from_turns",
+]
+
+# the fields of ``JinjaChatTemplate.describe()`` that decide what it renders (its name and source
+# path may differ from machine to machine): two templates count alike when these are equal
+RENDERING_KEYS = ("kind", "sha256", "image_tokens", "content", "special_tokens")
 
 # what `ChatTemplate.render` marks: the start and end of a generation block (private use chars)
 _GEN_OPEN, _GEN_CLOSE = "\ue000", "\ue001"

@@ -22,14 +22,13 @@ import pyarrow as pa
 from dataprep.chat_template import load_template
 from dataprep.cost_table import COST_SCHEMA, read_cost_table, table_metadata
 from dataprep.image_orientation import IMAGE_SIZES
+from dataprep.jinja_template import RENDERING_KEYS
 from dataprep.measure import ChunkResult
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
 
 __all__ = ["cache_keys", "check_cache_settings", "counts_identity", "with_cached"]
 
-# what decides a Jinja template's rendering (its path may differ from machine to machine)
-_JINJA_KEYS = ("kind", "sha256", "image_tokens", "content", "special_tokens")
 _STRICTNESS = {"header": 0, "decode": 1}
 
 
@@ -44,7 +43,7 @@ def counts_identity(meta: dict) -> dict:
         tok = {k: tok.get(k) for k in keep}
     tmpl = meta.get("template")
     if isinstance(tmpl, dict) and tmpl.get("kind") == "jinja":
-        tmpl = {k: tmpl.get(k) for k in _JINJA_KEYS}
+        tmpl = {k: tmpl.get(k) for k in RENDERING_KEYS}
     # one JSON round trip: a tuple here and a list read back compare equal
     return json.loads(
         json.dumps({"tokenizer": tok, "vision_policy": meta.get("vision_policy"), "template": tmpl})

@@ -22,8 +22,6 @@ from pathlib import Path
 __all__ = ["PrepSettings", "SettingsMismatch"]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-# what decides a Jinja template's rendering (its path may differ from machine to machine)
-_JINJA_KEYS = ("sha256", "image_tokens", "content", "special_tokens")
 
 
 class SettingsMismatch(ValueError):
@@ -142,6 +140,7 @@ class PrepSettings:
         """The template object: ``given`` (a spec) or the recorded one, which must render what
         prep rendered (same built-in fields, or same Jinja source and options)."""
         from dataprep.chat_template import load_template
+        from dataprep.jinja_template import RENDERING_KEYS
 
         spec = given or self.template
         try:
@@ -151,7 +150,7 @@ class PrepSettings:
                 f"template {spec!r} (from {'the caller' if given else self.where}): {exc}"
             ) from None
         have = json.loads(json.dumps(tmpl.describe()))
-        keys = _JINJA_KEYS if self.template_sha256 else tuple(self.template_fields)
+        keys = RENDERING_KEYS if self.template_sha256 else tuple(self.template_fields)
         diff = [k for k in keys if have.get(k) != self.template_fields.get(k)]
         if diff:
             raise SettingsMismatch(

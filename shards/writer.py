@@ -425,9 +425,7 @@ def _write_all(
         # What the loader's collator and the trainer need to match prep: the vision policy,
         # tokenizer and template the costs were counted with, and the largest loads to size
         # fixed-shape pipeline microbatches.
-        "prep": {
-            k: v for k, v in table_metadata(cfg.cost_table, required=False).items() if k != "inputs"
-        },
+        "prep": {k: v for k, v in meta.items() if k != "inputs"},
         "loads": {
             "max_sample_llm_tokens": _max(cost, "llm_tokens"),
             "max_sample_vit_tokens": _max(cost, "vit_tokens"),

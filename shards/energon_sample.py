@@ -3,12 +3,13 @@ use it through :func:`shards.energon.equishard_cooker`)."""
 
 from __future__ import annotations
 
-import json
 import re
 
 from megatron.energon import Sample, basic_sample_keys, stateless
 from megatron.energon.edataclass import edataclass
 from PIL import Image, ImageOps
+
+from shards.sample_doc import SampleDocError, parse_sample_doc
 
 __all__ = ["EquishardSample", "cook_equishard"]
 
@@ -42,7 +43,11 @@ def cook_equishard(raw: dict) -> EquishardSample:
     for _, value in images:
         if isinstance(value, Image.Image):
             ImageOps.exif_transpose(value, in_place=True)
-    record = raw["json"]
-    if isinstance(record, bytes | str):
-        record = json.loads(record)
+    where = f"{raw.get('__url__', '?')}: sample {raw.get('__key__')!r}"
+    record = parse_sample_doc(raw["json"], where)  # bytes, or what energon's decoder made
+    parts = sorted(part for part in raw if _IMAGE_PART.match(part))
+    if sorted(record["images"]) != parts:
+        raise SampleDocError(
+            f"{where} is incomplete: its .json lists {record['images']}, it holds {parts}"
+        )
     return EquishardSample(**basic_sample_keys(raw), record=record, images=[v for _, v in images])

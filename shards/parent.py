@@ -6,8 +6,6 @@ digest taken from that same read whenever they are used.
 
 from __future__ import annotations
 
-import io
-import json
 import tarfile
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pyarrow.parquet as pq
 from shards.errors import WriteError
 from shards.manifest import ManifestError, load_manifest
 from shards.range_digests import hash_file, range_sha256
+from shards.reader import ShardError, group_samples
 from shards.storage import sha256_of
 from shards.tar_members import add_member, sample_doc, sample_key
 
@@ -93,43 +92,37 @@ def _group_bytes(src: dict) -> bytes:
     return data
 
 
-def parent_group(src: dict) -> list:
-    """The samples of one group of the parent generation, as ``(meta, images)``: parsed with
-    ``tarfile`` alone from bytes equal to the ones whose shard matched its sha256 (the reader's
-    member checks ran when it was written)."""
-    data = _group_bytes(src)
-    members: dict[str, bytes] = {}
-    order: list[str] = []
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tf:
-        for m in tf:
-            members[m.name] = data[m.offset_data : m.offset_data + m.size]
-            if m.name.endswith(".json"):
-                order.append(m.name[: -len(".json")])
-    out = []
-    for key in order:
-        meta = json.loads(members[key + ".json"])
-        out.append((meta, [members[f"{key}.{n}"] for n in meta["images"]]))
-    if len(out) != src["group"][1]:
-        where = Path(src["gen_dir"]) / src["file"]
-        raise WriteError(f"{where}: group {src['group']} holds {len(out)} samples")
-    return out
+def parent_group(src: dict, data: bytes | None = None) -> list:
+    """The samples of one group of the parent generation, as ``(meta, images)``: from bytes
+    equal to the ones whose shard matched its sha256 (``data``, or read here), each sample
+    checked as the loader checks it (members, document, place in the group:
+    :func:`shards.reader.group_samples`): a parent this night did not write is outside data."""
+    where = f"{Path(src['gen_dir']) / src['file']} (parent group {src['group']})"
+    step, count = src["group"][0], src["group"][1]
+    data = _group_bytes(src) if data is None else data
+    try:
+        got, _ = group_samples(data, where, src["file"], step, count)
+    except ShardError as exc:
+        raise WriteError(f"the parent generation's shard is not readable: {exc}") from None
+    return [(s.meta, s.images) for s in got]
 
 
 def copy_group(tf: tarfile.TarFile, g: dict, rank: int) -> None:
-    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded).
+    """Re-emit a kept group from the parent generation's shard (checked, never re-encoded):
+    its samples must be the plan's, each one readable as the loader reads it.
 
     A group that keeps its step number (and so its keys and documents) is the same bytes: they
     are copied as they are, once equal to the bytes that matched the shard's sha256."""
     src = g["from"]
+    data = _group_bytes(src)
+    got = parent_group(src, data)
+    want = [s["sample_id"] for s in g["samples"]]
+    if [meta["sample_id"] for meta, _ in got] != want:
+        raise WriteError(f"{src['gen_dir']}: group {src['group']} does not hold {want}")
     if src["group"][0] == g["step"]:
-        data = _group_bytes(src)
         tf.fileobj.write(data)
         tf.offset += len(data)
         return
-    got = parent_group(src)
-    want = [s["sample_id"] for s in g["samples"]]
-    if [meta["sample_id"] for meta, _ in got] != want:
-        raise WriteError(f"{g['from']['gen_dir']}: group {g['from']['group']} does not hold {want}")
     for pos, (meta, images) in enumerate(got):
         key = sample_key(g["step"], pos, meta["sample_id"])
         add_member(tf, key + ".json", sample_doc(meta, g["step"], g["group_id"], rank))
@@ -145,6 +138,11 @@ def parent_sample(src: dict, sample_id: str, cache: dict):
         if len(cache) >= 64:
             cache.pop(next(iter(cache)))
         cache[key] = {meta["sample_id"]: (meta, im) for meta, im in parent_group(src)}
+    if sample_id not in cache[key]:
+        raise WriteError(
+            f"{Path(src['gen_dir']) / src['file']}: parent group {src['group']} does not hold "
+            f"{sample_id!r}, which the parent's plan puts there"
+        )
     meta, images = cache[key][sample_id]
     return meta["turns"], meta["images"], images
 

@@ -17,7 +17,6 @@ ever unpickled.
 from __future__ import annotations
 
 import io
-import json
 import re
 import tarfile
 from dataclasses import dataclass
@@ -25,9 +24,10 @@ from pathlib import Path, PurePosixPath
 
 from dataprep.errors import describe
 from shards.manifest import Group, Shard
+from shards.sample_doc import SampleDocError, check_place, parse_sample_doc
 from shards.storage import GenerationFiles, sha256_of
 
-__all__ = ["IMAGE_EXTS", "ShardError", "ShardSample", "read_group", "sha256_of"]
+__all__ = ["IMAGE_EXTS", "ShardError", "ShardSample", "group_samples", "read_group", "sha256_of"]
 
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp"})
 
@@ -116,43 +116,53 @@ def read_group(
         if keep_going:
             return [], [err] * max(group.samples, 1)
         raise ShardError(err)
+    return group_samples(data, where, str(path), group.step, group.samples, keep_going)
+
+
+def group_samples(
+    data: bytes, where: str, url: str, step: int, count: int, keep_going: bool = False
+) -> tuple[list[ShardSample], list[str]]:
+    """The samples in one group's tar bytes (``count`` of them, the group of ``step``), each
+    checked: its members, its document (:mod:`shards.sample_doc`) and its place in the group;
+    with ``keep_going``, broken samples are returned as errors instead of raised."""
     try:
-        raw = split_samples(_members(data, where), str(path))
+        raw = split_samples(_members(data, where), url)
     except (ShardError, ValueError) as exc:
         if keep_going:
-            return [], [str(exc)] * max(group.samples, 1)
+            return [], [str(exc)] * max(count, 1)
         raise ShardError(str(exc)) from None
     out: list[ShardSample] = []
     errors: list[str] = []
-    for r in raw:
+    for pos, r in enumerate(raw):
         key = r["__key__"]
         try:
             if "json" not in r:
                 raise ShardError(f"{where}: sample {key!r} has no .json member")
-            meta = json.loads(r["json"])
-            names = meta.get("images", [])
             present = {k for k in r if not k.startswith("__") and k != "json"}
             unknown = {k for k in present if k.rsplit(".", 1)[-1] not in IMAGE_EXTS}
             if unknown:
                 raise ShardError(
                     f"{where}: sample {key!r} has members of unaccepted type {sorted(unknown)}"
                 )
+            meta = parse_sample_doc(r["json"], f"{where}: sample {key!r}")  # shards/sample_doc.py
+            names = meta["images"]
             if set(names) != present:
                 raise ShardError(
                     f"{where}: sample {key!r} is incomplete: json lists {names}, tar holds {sorted(present)}"
                 )
+            check_place(meta, key, step, pos, where)
             out.append(ShardSample(key=key, meta=meta, images=[r[n] for n in names]))
-        except (ShardError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (ShardError, SampleDocError) as exc:
             if not keep_going:
                 raise ShardError(str(exc)) from None
             errors.append(str(exc))
-    if len(out) + len(errors) != group.samples:
-        msg = f"{where}: {len(out) + len(errors)} samples in the tar, the manifest says {group.samples}"
+    if len(out) + len(errors) != count:
+        msg = f"{where}: {len(out) + len(errors)} samples in the tar, the manifest says {count}"
         if not keep_going:
             raise ShardError(msg)
-        if len(out) + len(errors) > group.samples:
+        if len(out) + len(errors) > count:
             # more samples than were written: which ones belong is unknowable, so none is
             # delivered (each of the group's samples is reported skipped)
-            return [], [msg] * max(group.samples, 1)
-        errors += [msg] * (group.samples - len(out) - len(errors))
+            return [], [msg] * max(count, 1)
+        errors += [msg] * (count - len(out) - len(errors))
     return out, errors

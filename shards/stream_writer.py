@@ -29,22 +29,11 @@ from dataprep.record_store import RecordStore, read_image
 from shards.errors import WriteError
 from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
+from shards.sample_doc import COST_FIELDS, sample_doc, sample_key
 from shards.stream_resume import finished_prefix
-from shards.tar_members import add_member, image_ext, sample_doc, sample_key
+from shards.tar_members import add_member, image_ext
 
 __all__ = ["COST_FIELDS", "StreamWriter", "read_sample", "write_stream"]
-
-# cost-table fields copied into each sample's document (``cost``)
-COST_FIELDS = (
-    "num_images",
-    "vit_tokens",
-    "vit_seq_lens",
-    "llm_tokens",
-    "text_tokens",
-    "modality",
-    "image_widths",
-    "image_heights",
-)
 
 
 def read_sample(

@@ -10,16 +10,14 @@ extended header) :func:`add_member` fills a cached ustar header instead of build
 
 from __future__ import annotations
 
-import json
-import re
 import tarfile
 
 from dataprep.errors import SampleRejected
+from shards.sample_doc import sample_doc, sample_key  # re-exported: how a sample is named
 
 __all__ = ["add_member", "image_ext", "sample_doc", "sample_key"]
 
 _MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
-_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def image_ext(data: bytes) -> str:
@@ -29,20 +27,6 @@ def image_ext(data: bytes) -> str:
     if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "webp"
     raise SampleRejected("unsupported_format", "image bytes are not JPEG, PNG, GIF, WebP or BMP")
-
-
-def sample_key(step: int, pos: int, sample_id: str) -> str:
-    """A WebDataset key: no dots (they start the extension), unique within a shard."""
-    return f"{step:07d}_{pos:03d}_{_KEY_UNSAFE.sub('_', sample_id)[:60]}"
-
-
-def sample_doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
-    """A sample's ``.json`` member: its metadata plus where the plan put it."""
-    return json.dumps(
-        {**meta, "step": step, "group_id": group_id, "rank": rank},
-        sort_keys=True,
-        ensure_ascii=False,
-    ).encode()
 
 
 def _tarinfo(name: str, size: int) -> tarfile.TarInfo:

@@ -209,7 +209,18 @@ def _install(root: Path, data: bytes, n_samples: int) -> None:
     p.write_text(json.dumps(raw))
 
 
-_J = json.dumps({"sample_id": "x", "images": [], "turns": [["user", "hi"]]}).encode()
+def _doc(sample_id: str, images: list[str], **fields) -> bytes:
+    """A sample document as the writer writes it (shards/sample_doc.py), with ``fields`` changed."""
+    n = len(images)
+    cost = {"num_images": n, "vit_tokens": 256 * n, "vit_seq_lens": [256] * n, "llm_tokens": 9,
+            "text_tokens": 3, "modality": "image" if n else "text", "image_widths": [448] * n,
+            "image_heights": [448] * n}  # fmt: skip
+    doc = {"sample_id": sample_id, "source": "t", "images": images, "turns": [["user", "hi"]],
+           "cost": cost, "step": 0, "group_id": 0, "rank": 0}  # fmt: skip
+    return json.dumps({**doc, **fields}).encode()
+
+
+_J = _doc("x", [])
 
 
 @pytest.mark.parametrize(
@@ -221,24 +232,14 @@ _J = json.dumps({"sample_id": "x", "images": [], "turns": [["user", "hi"]]}).enc
         ([("a.json", _J, "f"), ("a.json", _J, "f")], "duplicate"),
         ([("a.json", _J, "f"), ("a.pyd", b"\x80\x04K\x01.", "f")], "unaccepted"),
         (
-            [
-                (
-                    "a.json",
-                    json.dumps({"sample_id": "a", "images": ["0.jpg"], "turns": []}).encode(),
-                    "f",
-                )
-            ],
+            [("a.json", _doc("a", ["0.jpg"]), "f")],
             "incomplete",
         ),
         # image members the json does not list: a sample holds exactly what it names
         ([("a.json", _J, "f"), ("a.0.jpg", b"\xff\xd8", "f")], "incomplete"),
         (
             [
-                (
-                    "a.json",
-                    json.dumps({"sample_id": "a", "images": ["0.jpg"], "turns": []}).encode(),
-                    "f",
-                ),
+                ("a.json", _doc("a", ["0.jpg"]), "f"),
                 ("a.0.jpg", b"\xff\xd8", "f"),
                 ("a.1.jpg", b"\xff\xd8", "f"),
             ],

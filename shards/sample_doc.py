@@ -1,0 +1,137 @@
+"""A sample's ``.json`` member, both ways: the document the writer puts next to its images, and
+the checks a reader applies to it before anything downstream uses a field of it.
+
+The document is read from a shard, which is outside data for every reader that does not verify
+the shard's sha256 (and for a night that reuses a parent it did not write): every field a
+consumer reads is checked for its type here, where it enters, so that a damaged or hand-made
+document is that sample's error naming the shard and the sample, never an ``AttributeError``
+deep in a collator. A reader that knows where the sample lies (:func:`check_place`) also checks
+that the document and the member's key say the same place: a sample spliced in from another
+group, step or position is refused.
+
+Fields (all written by :func:`sample_doc`): ``sample_id``, ``source``, ``images`` (member names
+``0.jpg``, ``1.png``, ...), ``turns`` (``[role, text]`` pairs), ``cost`` (the cost table's
+fields in :data:`COST_FIELDS`), and where the plan put it: ``step``, ``group_id``, ``rank``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+__all__ = ["COST_FIELDS", "SampleDocError", "check_place", "parse_sample_doc", "sample_doc"]
+
+# cost-table fields copied into each sample's document (``cost``)
+COST_FIELDS = (
+    "num_images",
+    "vit_tokens",
+    "vit_seq_lens",
+    "llm_tokens",
+    "text_tokens",
+    "modality",
+    "image_widths",
+    "image_heights",
+)
+_COUNTS = ("num_images", "vit_tokens", "llm_tokens", "text_tokens")
+_LISTS = ("vit_seq_lens", "image_widths", "image_heights")
+_IMAGE_NAME = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp|gif|bmp)$")
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+class SampleDocError(ValueError):
+    """A sample's document is not what the writer writes (the message names the field)."""
+
+
+def sample_key(step: int, pos: int, sample_id: str) -> str:
+    """A WebDataset key: no dots (they start the extension), unique within a shard."""
+    return f"{step:07d}_{pos:03d}_{_KEY_UNSAFE.sub('_', sample_id)[:60]}"
+
+
+def sample_doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
+    """A sample's ``.json`` member: its metadata plus where the plan put it."""
+    return json.dumps(
+        {**meta, "step": step, "group_id": group_id, "rank": rank},
+        sort_keys=True,
+        ensure_ascii=False,
+    ).encode()
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _cost(cost) -> str | None:
+    """Why ``cost`` is not a cost table row as the writer copies it (None: it is)."""
+    if not isinstance(cost, dict):
+        return f"'cost' is {type(cost).__name__}, not an object"
+    missing = [f for f in COST_FIELDS if f not in cost]
+    if missing:
+        return f"'cost' lacks {missing}"
+    bad = [f for f in _COUNTS if not _count(cost[f])]
+    bad += [f for f in _LISTS if not isinstance(cost[f], list) or not all(map(_count, cost[f]))]
+    if not isinstance(cost["modality"], str):
+        bad.append("modality")
+    if bad:
+        return f"'cost' fields {bad} are not counts (whole numbers >= 0, or lists of them)"
+    if sum(cost["vit_seq_lens"]) != cost["vit_tokens"]:
+        return f"'cost': vit_seq_lens sum to {sum(cost['vit_seq_lens'])}, vit_tokens is {cost['vit_tokens']}"
+    n, widths, heights = cost["num_images"], cost["image_widths"], cost["image_heights"]
+    if len(widths) != n or len(heights) != n:
+        return f"'cost': {n} images with {len(widths)} widths and {len(heights)} heights"
+    return None
+
+
+def _problem(doc) -> str | None:
+    if not isinstance(doc, dict):
+        return f"the document is a JSON {type(doc).__name__}, not an object"
+    sid = doc.get("sample_id")
+    if not isinstance(sid, str) or not sid:
+        return "'sample_id' is not a non-empty string"
+    if not isinstance(doc.get("source"), str):
+        return "'source' is not a string"
+    names = doc.get("images")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        return "'images' is not a list of member names"
+    for i, n in enumerate(names):
+        found = _IMAGE_NAME.match(n)
+        if not found or int(found.group(1)) != i:
+            return f"image {i} is named {n!r}, not {i}.<jpg|png|webp|gif|bmp>"
+    turns = doc.get("turns")
+    if not isinstance(turns, list) or not all(
+        isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in turns
+    ):
+        return "'turns' is not a list of [role, text] string pairs"
+    why = _cost(doc.get("cost"))
+    if why:
+        return why
+    if doc["cost"]["num_images"] != len(names):
+        return f"'cost' counts {doc['cost']['num_images']} images, 'images' names {len(names)}"
+    if not all(_count(doc.get(f)) for f in ("step", "group_id", "rank")):
+        return "'step', 'group_id' and 'rank' are not all whole numbers >= 0"
+    return None
+
+
+def parse_sample_doc(raw: bytes | str | dict, where: str) -> dict:
+    """The checked document of one sample (``raw``: the ``.json`` member's bytes, or the object
+    a peer reader decoded); :class:`SampleDocError` naming ``where`` and the field otherwise."""
+    doc = raw
+    if isinstance(raw, bytes | str):
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise SampleDocError(f"{where}: its .json is not JSON ({exc})") from None
+    why = _problem(doc)
+    if why:
+        raise SampleDocError(f"{where}: its .json is not a sample document: {why}")
+    return doc
+
+
+def check_place(doc: dict, key: str, step: int, pos: int, where: str) -> None:
+    """The document at position ``pos`` of the group of ``step``, under member key ``key``:
+    both must say that place (a sample from another group, step or position is refused)."""
+    want = sample_key(step, pos, doc["sample_id"])
+    if doc["step"] != step or key != want:
+        raise SampleDocError(
+            f"{where}: sample {doc['sample_id']!r} (key {key!r}, step {doc['step']}) is not the "
+            f"group's sample {pos} of step {step} (key {want!r}): it belongs elsewhere"
+        )

@@ -83,11 +83,29 @@ class CostModel:
                 llm=PhaseCost(**data["llm"]),
                 source=f"calibration {path}",
             )
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # also UTF-8 and NaN/< 0
             raise ValueError(
                 f"calibration file {path}: {exc}; expected "
                 '{"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}}'
             ) from None
+
+    @classmethod
+    def from_record(cls, record, where: str) -> CostModel:
+        """The cost model a plan report recorded (:meth:`describe`'s form), checked: a
+        ``ValueError`` naming ``where`` and the field for anything else."""
+        try:
+            if not isinstance(record, dict) or set(record) != {"source", "vision", "llm"}:
+                raise TypeError("expected exactly 'source', 'vision' and 'llm'")
+            if not isinstance(record["source"], str):
+                raise TypeError("'source' is not a string")
+            phases = {}
+            for name in ("vision", "llm"):
+                if not isinstance(record[name], dict) or set(record[name]) != {"alpha", "beta"}:
+                    raise TypeError(f"'{name}' is not {{'alpha': A, 'beta': B}}")
+                phases[name] = PhaseCost(**record[name])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{where}: the recorded cost model is not valid ({exc})") from None
+        return cls(**phases, source=record["source"])
 
     def describe(self) -> dict:
         return {

@@ -103,6 +103,55 @@ class BalanceConfig:
         if not 1 <= self.target_batch < float("inf"):
             raise ValueError(f"--target-batch must be a number >= 1, got {self.target_batch}")
 
+    @classmethod
+    def from_report(cls, params, where: str) -> BalanceConfig:
+        """The configuration a plan was balanced with, from its report's ``parameters`` (as
+        recorded in a generation's manifest), so that a night balances its new samples exactly
+        as the parent's were: layout, target batch, seed, ISF rounds and slack, explicit
+        ``q_v``/``q_t`` (an automatic choice is made again for the night's samples), cost
+        model. A ``ValueError`` naming ``where`` and the field for anything not recorded so."""
+
+        def whole(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
+
+        if not isinstance(params, dict):
+            raise ValueError(f"{where}: the plan report records no 'parameters' object")
+        isf = params.get("isf", {})
+        if not isinstance(isf, dict):
+            raise ValueError(f"{where}: parameters.isf is not an object")
+        bad = [k for k in ("dp", "nodes", "gpus_per_node", "seed") if not whole(params.get(k))]
+        bad += [k for k in ("rounds",) if k in isf and not whole(isf[k])]
+        if isf.get("auto") is False:
+            bad += [f"isf.{k}" for k in ("q_v", "q_t") if not whole(isf.get(k))]
+        numbers = {"target_batch": params.get("target_batch"), "isf.slack": isf.get("slack", 0)}
+        bad += [
+            k
+            for k, v in numbers.items()
+            if not isinstance(v, int | float) or isinstance(v, bool) or v != v
+        ]
+        if bad:
+            raise ValueError(f"{where}: plan parameters {bad} are missing or not numbers")
+        cm = params.get("cost_model")
+        try:
+            return cls(
+                dp=params["dp"],
+                nodes=params["nodes"],
+                gpus_per_node=params["gpus_per_node"],
+                target_batch=params["target_batch"],
+                seed=params["seed"],
+                rounds=isf.get("rounds", 10),
+                slack=isf.get("slack", 0.05),
+                q_v=isf["q_v"] if isf.get("auto") is False else None,
+                q_t=isf["q_t"] if isf.get("auto") is False else None,
+                cost_model=CostModel.from_record(cm, "cost_model")
+                if cm is not None
+                else CostModel(),
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"{where}: the recorded plan parameters are not valid: {exc}"
+            ) from None
+
     @property
     def topology(self) -> tuple[int, int]:
         if self.nodes is None and self.gpus_per_node is None:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 import shutil
 from pathlib import Path
 
 from shards.errors import WriteError
+from shards.manifest import Manifest, open_generation
 from shards.publish import atomic_write_bytes
 
 __all__ = [
@@ -55,16 +55,16 @@ def _preparator():
     return WebdatasetPreparator
 
 
-def write_energon_metadata(gen_dir: str | Path, *, workers: int = 1) -> list[str]:
-    """Prepare the generation in ``gen_dir`` for Energon; returns the split part names."""
+def write_energon_metadata(m: Manifest, *, workers: int = 1) -> list[str]:
+    """Prepare the generation of ``m`` (a loaded, checked local generation) for Energon;
+    returns the split part names."""
     preparator = _preparator()
-    gen_dir = Path(gen_dir)
-    manifest = json.loads((gen_dir / "manifest.json").read_text())
-    paths = [shard["file"] for st in manifest["streams"] for shard in st["shards"]]
+    gen_dir = Path(m.path)
+    paths = [sh.file for st in m.streams for sh in st.shards]
     streams = [
-        (f"node-{st['node']:03d}-rank-{st['local_rank']:03d}", st["shards"][0]["file"])
-        for st in manifest["streams"]
-        if st["shards"]
+        (f"node-{st.node:03d}-rank-{st.local_rank:03d}", st.shards[0].file)
+        for st in m.streams
+        if st.shards
     ]
     patterns = [("train", ".*")] + [
         (name, re.escape(first.rsplit("/", 1)[0] + "/")) for name, first in streams
@@ -89,7 +89,7 @@ def write_energon_metadata(gen_dir: str | Path, *, workers: int = 1) -> list[str
         "__class__: CrudeWebdataset\n"
         "subflavors:\n"
         "  equishard: true\n"
-        f"  generation: {manifest['generation']}\n"
+        f"  generation: {m.generation}\n"
     )
     atomic_write_bytes(gen_dir / ENERGON_DIR / DATASET_YAML, dataset_yaml.encode())
     return [name for name, _ in patterns]
@@ -107,7 +107,6 @@ def equishard_cooker():
 
 def group_sizes(generation) -> dict[tuple[int, int], int]:
     """(rank, step) -> number of samples in that balanced group, from the manifest."""
-    from shards.manifest import open_generation
 
     m = open_generation(generation)
     return {

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from shards.manifest_fields import extras_problem, report_problem
 from shards.publish import CURRENT, parse_current, read_current, valid_generation_name
 from shards.storage import GenerationFiles, is_url
 
@@ -182,7 +183,7 @@ def _check_structure(
     if ranks != list(range(nodes * per)):
         raise ManifestError(f"{path}: stream ranks {ranks} are not 0..{nodes * per - 1} once each")
     files: set[str] = set()
-    short = bool((report.get("last_step") or {}).get("short"))
+    short = bool(report.get("last_step", {}).get("short"))
     lacking_last = 0
     n_groups = n_bytes = 0
     for st in streams:
@@ -230,10 +231,11 @@ def _check_structure(
                     f"{where}: no group for step(s) {missing[:10]}; every rank needs exactly one "
                     "group per step"
                 )
-    if lacking_last and lacking_last > (report.get("last_step") or {}).get("empty_ranks", 0):
+    empty = report.get("last_step", {}).get("empty_ranks", 0)
+    if lacking_last and lacking_last > empty:
         raise ManifestError(
             f"{path}: {lacking_last} ranks lack a group in the last step, the plan left "
-            f"{(report.get('last_step') or {}).get('empty_ranks', 0)} empty"
+            f"{empty} empty"
         )
     for key, value in (("groups", n_groups), ("shards", len(files)), ("bytes", n_bytes)):
         if key in totals and totals[key] != value:
@@ -352,7 +354,11 @@ def load_manifest(
         )
     if len(streams) != nodes * per:
         raise ManifestError(f"{path}: {len(streams)} streams for a layout of {nodes} x {per} ranks")
-    _check_structure(path, streams, steps, nodes, per, totals, raw.get("report") or {})
+    report = raw.get("report", {})
+    why = report_problem(report)
+    if why:
+        raise ManifestError(f"{path}: {why}")
+    _check_structure(path, streams, steps, nodes, per, totals, report)
     carried = {}
     for name, spec in _need(raw, "files", dict, str(path)).items() if "files" in raw else ():
         w = f"{path} files[{name!r}]"
@@ -360,15 +366,9 @@ def load_manifest(
             raise ManifestError(f"{w}: expected an object with bytes and sha256")
         _safe_path(name, gen_dir, w, real_dirs)
         carried[name] = (_count(spec, "bytes", w), check_digest(_need(spec, "sha256", str, w), w))
-    loads = raw.get("loads")  # sizes the trainer's buffers: whole numbers in a sane range
-    if loads is not None:
-        if not isinstance(loads, dict):
-            raise ManifestError(f"{path}: field 'loads' is {type(loads).__name__}, expected object")
-        for k, v in loads.items():
-            if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 40):
-                raise ManifestError(
-                    f"{path}: loads.{k} is {v!r:.40}; it must be a whole number of tokens >= 0"
-                )
+    why = extras_problem(raw)  # loads, shard_size, nightly: shards/manifest_fields.py
+    if why:
+        raise ManifestError(f"{path}: {why}")
     parent = raw.get("parent")
     if parent is not None:
         if not isinstance(parent, str):
@@ -383,7 +383,7 @@ def load_manifest(
         gpus_per_node=per,
         streams=tuple(sorted(streams, key=lambda s: s.rank)),
         totals=totals,
-        report=raw.get("report", {}),
+        report=report,
         raw=raw,
         files=files if files.remote or files.cache_dir else None,
         carried=carried,

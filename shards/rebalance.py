@@ -343,7 +343,6 @@ def run_rebalance(cfg: RebalanceConfig) -> RebalanceResult:
 
 
 def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
-    from balancing.cost_model import CostModel, PhaseCost
     from balancing.incremental import incremental_plan
     from balancing.plan import BalanceConfig, write_plan
     from dataprep import PrepConfig, run_prep
@@ -460,20 +459,10 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             collect_generations(root, cfg.keep),
             time.perf_counter() - t0,
         )
-    params = parent.report["parameters"]
-    cm = params.get("cost_model") or {}
-    bcfg = BalanceConfig(
-        dp=params["dp"],
-        nodes=params["nodes"],
-        gpus_per_node=params["gpus_per_node"],
-        target_batch=params["target_batch"],
-        seed=params["seed"],
-        cost_model=CostModel(
-            vision=PhaseCost(**cm["vision"]), llm=PhaseCost(**cm["llm"]), source=cm["source"]
-        )
-        if cm
-        else CostModel(),
-    )
+    try:  # balanced exactly as the parent was: its recorded parameters
+        bcfg = BalanceConfig.from_report(parent.report.get("parameters"), str(parent.path))
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
     phases["combine"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     result = incremental_plan(pq.read_table(pplan_path), combined, changed, bcfg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from shards.manifest import Manifest
 from shards.publish import atomic_write_bytes
 
 __all__ = ["WIDS_INDEX", "write_wids_index"]
@@ -13,21 +14,20 @@ __all__ = ["WIDS_INDEX", "write_wids_index"]
 WIDS_INDEX = "wids-index.json"
 
 
-def write_wids_index(gen_dir: str | Path) -> Path:
-    """Write the index next to ``manifest.json``: every shard in stream order, its sample count
-    and size; URLs are relative, so wids resolves them against the index's own location."""
-    gen_dir = Path(gen_dir)
-    manifest = json.loads((gen_dir / "manifest.json").read_text())
+def write_wids_index(m: Manifest) -> Path:
+    """Write the index next to the manifest of ``m`` (a loaded, checked local generation): every
+    shard in stream order, its sample count and size; URLs are relative, so wids resolves them
+    against the index's own location."""
     index = {
         "__kind__": "wids-shard-index-v1",
         "wids_version": 1,
-        "name": manifest["generation"],
+        "name": m.generation,
         "shardlist": [
-            {"url": shard["file"], "nsamples": shard["samples"], "filesize": shard["bytes"]}
-            for stream in manifest["streams"]
-            for shard in stream["shards"]
+            {"url": sh.file, "nsamples": sh.samples, "filesize": sh.bytes}
+            for st in m.streams
+            for sh in st.shards
         ],
     }
-    path = gen_dir / WIDS_INDEX
+    path = Path(m.path) / WIDS_INDEX
     atomic_write_bytes(path, json.dumps(index, indent=1).encode())
     return path

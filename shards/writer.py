@@ -35,8 +35,8 @@ from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, order
 from dataprep.readers import ReadOptions
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
-from shards.manifest import FORMAT_VERSION, MANIFEST, load_manifest
-from shards.parent import COST_FILE, PLAN_FILE, reuse_index, verify_parent_shards
+from shards.manifest import FORMAT_VERSION, MANIFEST, ManifestError, load_manifest
+from shards.parent import COST_FILE, PLAN_FILE, checked_carried, reuse_index, verify_parent_shards
 from shards.plan_input import read_plan
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
@@ -268,11 +268,11 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     final = root / gen
     parent = read_current(root)
     if (final / MANIFEST).exists():
-        m = load_manifest(final)
+        m = load_manifest(final)  # checked: structure, names inside the generation, sizes
         if not (final / WIDS_INDEX).exists():  # written by an equishard without it
-            write_wids_index(final)
+            write_wids_index(m)
         if cfg.energon and not has_energon_metadata(final):  # written before without --energon
-            write_energon_metadata(final, workers=cfg.workers)
+            write_energon_metadata(m, workers=cfg.workers)
         if parent != gen:
             set_current(root, gen)
         t = m.totals
@@ -289,15 +289,18 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
         raise WriteError(f"another writer is writing {gen} into {root}; wait for it to finish")
     try:
         _clean_stale_staging(root, stage.name)
+        if (stage / MANIFEST).exists() and not _staged_intact(stage, gen):
+            (stage / MANIFEST).unlink()  # written again below, from checked shards only
         if not (stage / MANIFEST).exists():
             _write_all(cfg, stage, gen, parent, digests, progress, inputs)
         for stale in stage.glob(".*.tmp-*"):  # an atomic write a killed run left half done
             stale.unlink()
         # a run killed after the manifest but during this removal left part files behind
         shutil.rmtree(stage / ".parts", ignore_errors=True)
-        write_wids_index(stage)
+        staged = load_manifest(stage)
+        write_wids_index(staged)
         if cfg.energon and not has_energon_metadata(stage):
-            write_energon_metadata(stage, workers=cfg.workers)
+            write_energon_metadata(staged, workers=cfg.workers)
         os.replace(stage, final)  # the atomic publish
         fsync_dir(root)
         with contextlib.suppress(FileNotFoundError):
@@ -309,6 +312,22 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     t = m.totals
     return WriteResult(
         gen, str(final), m.parent, t["samples"], t["groups"], t["shards"], t["bytes"], False
+    )
+
+
+def _staged_intact(stage: Path, gen: str) -> bool:
+    """Whether the manifest a killed run left in ``stage`` (it died before the rename that
+    publishes) may be published as it is: it must be this generation's, and every shard and
+    carried file it names must match its sha256 (a leftover damaged since, or not the one this
+    plan makes, is written again, as a finished shard without a matching sidecar is)."""
+    try:
+        m = load_manifest(stage)
+        for name in m.carried or ():
+            checked_carried(m, name)
+    except ManifestError:
+        return False
+    return m.generation == gen and all(
+        sha256_of(stage / sh.file) == sh.sha256 for st in m.streams for sh in st.shards
     )
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from balancing.cost_model import CostModel
 from balancing.incremental import incremental_plan
 from balancing.plan import BalanceConfig, build_plan
 from dataprep.cost_table import COST_SCHEMA
@@ -98,3 +102,49 @@ def test_a_different_layout_rebuilds_everything():
     res = incremental_plan(parent, old, set(), CFG)
     assert res.report["incremental"]["full_rebuild"]
     assert res.report["incremental"]["kept_steps"] == 0
+
+
+_CONFIGS = [
+    {"dp": 4, "nodes": 2, "target_batch": 3},
+    {"dp": 6, "gpus_per_node": 3, "target_batch": 2.5, "seed": 7, "rounds": 3, "slack": 0.2},
+    {"dp": 2, "q_v": 6000, "q_t": 5000, "rounds": 25, "slack": 0.0, "seed": 11},
+    {
+        "dp": 8,
+        "nodes": 4,
+        "target_batch": 5,
+        "cost_model": CostModel.from_dims(vit_hidden=64, vit_layers=2, llm_hidden=96, llm_layers=3),
+    },
+]
+
+
+@pytest.mark.parametrize("kw", _CONFIGS)
+def test_the_report_records_the_configuration_a_night_rebuilds(kw):
+    """A night balances its samples with the parent's configuration, rebuilt from the plan
+    report the parent's manifest carries (BalanceConfig.from_report). The anchor is the
+    configuration itself: what the report records must rebuild it field for field (bug: the
+    night used the default rounds, slack and automatic q_v/q_t whatever the parent used)."""
+    cfg = BalanceConfig(**kw)
+    report = build_plan(_table(200, 3), cfg).report
+    again = BalanceConfig.from_report(report["parameters"], "report.json")
+    nodes, per = cfg.topology
+    assert again == replace(cfg, nodes=nodes, gpus_per_node=per)
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda p: p.pop("dp"), r"\['dp'\]"),
+        (lambda p: p.update(seed=1.5), r"\['seed'\]"),
+        (lambda p: p.update(target_batch="4"), "target_batch"),
+        (lambda p: p["isf"].update(rounds=True), "rounds"),
+        (lambda p: p["isf"].update(auto=False, q_v=None), "isf.q_v"),
+        (lambda p: p.update(cost_model={"vision": [], "llm": {}, "source": ""}), "cost model"),
+        (lambda p: p["cost_model"]["llm"].update(alpha=float("nan")), "cost model"),
+        (lambda p: p.update(dp=3), "--dp is 3"),
+    ],
+)
+def test_a_recorded_configuration_that_is_not_one_is_refused_naming_it(edit, match):
+    params = build_plan(_table(60, 1), BalanceConfig(dp=4, nodes=2)).report["parameters"]
+    edit(params)
+    with pytest.raises(ValueError, match=match):
+        BalanceConfig.from_report(params, "report.json")

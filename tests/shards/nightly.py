@@ -13,7 +13,7 @@ from shards.rebalance import RebalanceConfig
 from shards.writer import WriteConfig, write_generation
 
 
-def first_night(root: Path, tokenizer: str | None = None) -> Path:
+def first_night(root: Path, tokenizer: str | None = None, **balance) -> Path:
     raw = root / "raw"
     make_demo(raw, samples=150, seed=4, images=40)
     split_days(raw, days=3, seed=4)
@@ -27,7 +27,10 @@ def first_night(root: Path, tokenizer: str | None = None) -> Path:
         )
     )
     write_plan(
-        build_plan(read_cost_table(cost), BalanceConfig(dp=4, nodes=2, target_batch=3)),
+        build_plan(
+            read_cost_table(cost),
+            BalanceConfig(**{"dp": 4, "nodes": 2, "target_batch": 3, **balance}),
+        ),
         root / "plan",
     )
     write_generation(

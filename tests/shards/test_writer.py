@@ -335,3 +335,45 @@ def test_a_resumed_write_rewrites_leftovers_that_do_not_check_out(
         LEFTOVER_DAMAGE[damage](tar, side)
     write_generation(cfg)
     assert _files(tmp_path / "g") == _files(generation)
+
+
+STAGED_DAMAGE = {
+    "a shard's bytes": lambda stage: _flip_byte(sorted(stage.glob("node-*/rank-*/*.tar"))[0]),
+    "the carried cost table": lambda stage: _flip_byte(stage / "cost.parquet"),
+    "the manifest not JSON": lambda stage: (stage / "manifest.json").write_text('{"format'),
+    "the manifest another generation's": lambda stage: _edit_sidecar(
+        stage / "manifest.json", lambda m: m.update(generation="gen-0123456789abcdef")
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", STAGED_DAMAGE, ids=list(STAGED_DAMAGE))
+def test_a_run_killed_after_its_manifest_publishes_only_checked_files(
+    gen_inputs, generation, tmp_path, monkeypatch, damage
+):
+    """A run killed after writing the staged manifest, before the rename that publishes it:
+    the next run published the staged directory as it found it (bug: a shard or carried file
+    changed since, or a manifest that is not this generation's, went out under CURRENT). Now
+    the staged manifest is kept only when it is this generation's and every file it names
+    matches its sha256; otherwise the generation is written again, byte-identical to a clean
+    run's."""
+    import shards.writer as w
+
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
+    )
+
+    def killed(m):
+        raise SystemExit("killed after the manifest")
+
+    real = w.write_wids_index
+    monkeypatch.setattr(w, "write_wids_index", killed)
+    with pytest.raises(SystemExit):
+        write_generation(cfg)
+    monkeypatch.setattr(w, "write_wids_index", real)
+    (stage,) = (tmp_path / "g").glob(".staging-*")
+    assert (stage / "manifest.json").is_file()
+    STAGED_DAMAGE[damage](stage)
+    write_generation(cfg)
+    assert _files(tmp_path / "g") == _files(generation)

@@ -48,7 +48,7 @@ from shards.publish import (
     read_small,
     try_lock,
 )
-from shards.storage import is_url
+from shards.storage import is_url, sha256_of
 
 __all__ = [
     "RebalanceConfig",
@@ -263,6 +263,28 @@ def _night_meta(meta: dict, cfg: RebalanceConfig) -> dict:
 NIGHT_ERRORS = "night.errors.parquet"  # the night's rejected samples, carried in its generation
 
 
+_MEASURED = ("new.parquet", "new.errors.parquet")  # the night's prep of its new samples
+
+
+def _measured(work: Path) -> bool:
+    """Whether the new samples' tables a killed run of this night left in ``work`` may be used
+    again: only when both are the bytes whose sha256 was recorded right after prep wrote them
+    (a table damaged or edited since is measured again, as a finished shard is written again)."""
+    try:
+        record = json.loads(read_small(work / "measured.json", 4096))
+        return isinstance(record, dict) and all(
+            (work / name).is_file() and record.get(name) == sha256_of(work / name)
+            for name in _MEASURED
+        )
+    except (OSError, ValueError):  # absent, damaged, or not a regular file
+        return False
+
+
+def _record_measured(work: Path) -> None:
+    record = {name: sha256_of(work / name) for name in _MEASURED}
+    atomic_write_bytes(work / "measured.json", json.dumps(record).encode())
+
+
 def finish_night(root: Path, generation: str, keep: int) -> list[str]:
     """What follows the publish of a nightly generation, each step idempotent, so a run killed
     anywhere after CURRENT moved is finished by the next one: the night's errors table (carried
@@ -404,7 +426,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     new_path = work / "new.parquet"
     phases = {}
     t1 = time.perf_counter()
-    if cfg.new and not new_path.exists():
+    if cfg.new and not _measured(work):
         ro = meta.get("read_options") or {}
         run_prep(
             PrepConfig(
@@ -427,6 +449,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
                 task_timeout=cfg.task_timeout,
             )
         )
+        _record_measured(work)
     phases["prep"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     new = read_cost_table(new_path) if cfg.new else parent_cost.slice(0, 0)

@@ -65,3 +65,54 @@ def test_a_parent_record_a_night_cannot_use_is_refused_naming_it(root, case):
     with pytest.raises(ManifestError, match=match):
         run_rebalance(_night(root, 2))
     assert read_current(root) == before
+
+
+LEFTOVER = {
+    # a row's count edited, the table still valid: it would be balanced and written as measured
+    "a count edited": lambda work: _edit_table(work / "new.parquet"),
+    "the errors table gone": lambda work: (work / "new.errors.parquet").unlink(),
+    "the record not JSON": lambda work: (work / "measured.json").write_text("{"),
+    "no record (killed before it)": lambda work: (work / "measured.json").unlink(missing_ok=True),
+}
+
+
+def _edit_table(path):
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    col = t.column("llm_tokens")
+    t = t.set_column(
+        t.schema.get_field_index("llm_tokens"), "llm_tokens", pc.add(col, pa.scalar(7, col.type))
+    )
+    pq.write_table(t, path)
+
+
+@pytest.mark.parametrize("damage", LEFTOVER, ids=list(LEFTOVER))
+def test_a_resumed_night_measures_again_what_it_cannot_trust(root, night1, monkeypatch, damage):
+    """A night killed after measuring its new samples leaves their tables in its work
+    directory; the next run reused any ``new.parquet`` it found (bug: a table damaged or edited
+    since was balanced and published as measured). Now it is reused only with the sha256
+    recorded right after prep wrote it; anything else is measured again, and the night ends in
+    the generation a night never interrupted makes."""
+    import shutil
+
+    import shards.rebalance as rb
+
+    want = run_rebalance(_night(root, 2)).generation  # uninterrupted, then the same again
+    shutil.rmtree(root.parent)
+    shutil.copytree(night1.parent, root.parent, symlinks=True)
+
+    def killed(*a, **k):
+        raise SystemExit("killed after prep")
+
+    real = rb._combine
+    monkeypatch.setattr(rb, "_combine", killed)
+    with pytest.raises(SystemExit):
+        run_rebalance(_night(root, 2))
+    monkeypatch.setattr(rb, "_combine", real)
+    (work,) = root.glob(".nightly-*")
+    assert (work / "new.parquet").is_file()
+    LEFTOVER[damage](work)
+    assert run_rebalance(_night(root, 2)).generation == want

@@ -88,7 +88,7 @@ def merge_states(states: list[dict]) -> dict:
     ranks = sorted(s.get("rank") for s in states)
     if ranks != list(range(world)):
         raise ValueError(f"states of ranks {ranks} given; need exactly one per rank 0..{world - 1}")
-    keys = ("generation", "seed", "epoch", "consumed_slots", "world_size")
+    keys = ("generation", "seed", "shuffle", "epoch", "consumed_slots", "world_size")
     first = {k: states[0].get(k) for k in keys}
     for s in states[1:]:
         if {k: s.get(k) for k in keys} != first:
@@ -206,6 +206,7 @@ class GroupDataset(IterableDataset):
         return {
             "generation": self.manifest.generation,
             "seed": self.seed,
+            "shuffle": self.shuffle,  # with the seed, it decides the order of the steps
             "epoch": self.epoch,
             "consumed_slots": consumed,
             "world_size": self.rank.world_size,
@@ -224,6 +225,12 @@ class GroupDataset(IterableDataset):
         if state["seed"] != self.seed:
             raise ValueError(
                 f"state was saved with seed {state['seed']}, this loader has seed {self.seed}"
+            )
+        if state.get("shuffle") is not None and state["shuffle"] is not self.shuffle:
+            raise ValueError(
+                f"state was saved with shuffle={state['shuffle']!r}, this loader has "
+                f"shuffle={self.shuffle}: the steps come in another order, so resuming would "
+                "repeat some and skip others; build the loader as the state was saved"
             )
         for key in ("epoch", "consumed_slots"):  # a checkpoint is read back from outside
             v = state[key]

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from balancing._kernels.tables import _nb_sample_costs
+from dataprep.local_files import read_small
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 
@@ -77,13 +78,13 @@ class CostModel:
     @classmethod
     def from_calibration(cls, path: str | Path) -> CostModel:
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(read_small(path, 1 << 20).decode("utf-8"))
             return cls(
                 vision=PhaseCost(**data["vision"]),
                 llm=PhaseCost(**data["llm"]),
                 source=f"calibration {path}",
             )
-        except (OSError, ValueError, KeyError, TypeError) as exc:  # also UTF-8 and NaN/< 0
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(
                 f"calibration file {path}: {exc}; expected "
                 '{"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}}'

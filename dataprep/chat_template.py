@@ -14,6 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dataprep.local_files import read_small
 from dataprep.records import IMAGE_PLACEHOLDER
 
 __all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "load_template"]
@@ -32,6 +33,22 @@ class ChatTemplate:
     image_suffix: str = ""
 
     def __post_init__(self) -> None:
+        # a template file is outside data: every field is checked here, not per sample
+        texts = {
+            k: getattr(self, k) for k in ("name", "bos", "suffix", "image_prefix", "image_suffix")
+        }
+        bad = [k for k, v in texts.items() if not isinstance(v, str)]
+        if self.system_prompt is not None and not isinstance(self.system_prompt, str):
+            bad.append("system_prompt")
+        if not isinstance(self.prefix, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in self.prefix.items()
+        ):
+            bad.append("prefix")
+        if bad:
+            raise ValueError(
+                f"template {self.name!r}: field(s) {bad} must be text (prefix: an object of "
+                "role -> text, system_prompt: text or null)"
+            )
         missing = {"system", "user", "assistant"} - set(self.prefix)
         if missing:
             raise ValueError(
@@ -132,8 +149,8 @@ def load_template(name_or_path: str):
             "prefix, suffix, image_prefix, image_suffix"
         )
     try:
-        fields = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        fields = json.loads(read_small(path, 1 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSON, UTF-8, a FIFO, a huge file
         raise ValueError(f"template file {path}: {exc}") from None
     if isinstance(fields, dict) and "chat_template" in fields:
         return JinjaChatTemplate(name_or_path)

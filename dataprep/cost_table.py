@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dataprep.local_files import regular_file
 from dataprep.repeated_ids import repeated_mask
 
 __all__ = [
@@ -25,7 +25,6 @@ __all__ = [
     "conform_cost_table",
     "errors_path",
     "read_cost_table",
-    "regular_file",
     "remove_stale_temps",
     "table_metadata",
     "validate_cost_table",
@@ -107,25 +106,10 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
     return removed
 
 
-def regular_file(path):
-    """``path`` when it is a regular file: a FIFO given as a table would block its reader
-    forever (opening one waits for a writer), a directory or device is no table either. A
-    file object (bytes already read, e.g. from an object store) is returned as it is."""
-    if not isinstance(path, (str, os.PathLike)):
-        return path
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such file") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path}: not a regular file (a FIFO, device or directory), not a table")
-    return path
-
-
 def table_metadata(path: str | Path, *, required: bool = True) -> dict:
     """The equishard metadata of a cost table (vision policy, tokenizer, template, counts);
     ``required=False`` gives ``{}`` for a table another tool wrote."""
-    meta = pq.read_metadata(regular_file(path)).metadata or {}
+    meta = pq.read_metadata(regular_file(path, "table")).metadata or {}
     if METADATA_KEY not in meta:
         if not required:
             return {}
@@ -257,7 +241,7 @@ def read_cost_table(
     (:func:`conform_cost_table`), and (``validate``) every row must be usable
     (:func:`validate_cost_table`). ``required_only``: only :data:`REQUIRED_COLUMNS` are read
     (what balancing needs: at 10M rows the other columns are half the reading)."""
-    file = pq.ParquetFile(regular_file(path))
+    file = pq.ParquetFile(regular_file(path, "table"))
     names = None
     if required_only:
         names = [c for c in file.schema_arrow.names if c in REQUIRED_COLUMNS]

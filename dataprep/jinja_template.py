@@ -51,6 +51,7 @@ from functools import cached_property
 from pathlib import Path
 
 from dataprep.errors import SampleRejected, describe
+from dataprep.local_files import read_small
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.template_limits import (
     RenderLimits,
@@ -68,6 +69,8 @@ __all__ = [
     "JinjaChatTemplate",
     "messages_from_turns",
 ]
+
+TEMPLATE_FILE_LIMIT = 64 << 20  # a template or a tokenizer_config.json is read whole
 
 # the fields of ``JinjaChatTemplate.describe()`` that decide what it renders (its name and source
 # path may differ from machine to machine): two templates count alike when these are equal
@@ -247,7 +250,7 @@ def _token_text(value) -> str | None:
 def _read_source(path: Path) -> tuple[str, dict[str, str], Path]:
     """(template source, special tokens, file it came from) for a file or model directory."""
     if path.is_dir():
-        found = [path / f for f in _FILES if (path / f).is_file()]
+        found = [path / f for f in _FILES if (path / f).exists()]  # a FIFO there: refused
         candidates = [f for f in found if f.suffix == ".jinja" or "chat_template" in _load(f)]
         if not candidates:
             raise ValueError(
@@ -256,10 +259,13 @@ def _read_source(path: Path) -> tuple[str, dict[str, str], Path]:
             )
         source, _, origin = _read_source(candidates[0])
         config = path / "tokenizer_config.json"
-        special = _specials(_load(config)) if config.is_file() else {}
+        special = _specials(_load(config)) if config.exists() else {}
         return source, special, origin
     if path.suffix == ".jinja":
-        return path.read_text(encoding="utf-8"), {}, path
+        try:
+            return read_small(path, TEMPLATE_FILE_LIMIT).decode("utf-8"), {}, path
+        except (OSError, ValueError) as exc:  # also a FIFO, a huge file, not UTF-8
+            raise ValueError(f"chat template file {path}: {exc}") from None
     data = _load(path)
     if "chat_template" not in data:
         raise ValueError(f"{path}: no 'chat_template' key")
@@ -274,8 +280,8 @@ def _read_source(path: Path) -> tuple[str, dict[str, str], Path]:
 
 def _load(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(read_small(path, TEMPLATE_FILE_LIMIT).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSON, UTF-8, a FIFO, a huge file
         raise ValueError(f"chat template file {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"chat template file {path}: expected a JSON object")

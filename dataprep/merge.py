@@ -23,10 +23,10 @@ from dataprep.cost_table import (
     METADATA_KEY,
     errors_path,
     read_cost_table,
-    regular_file,
     table_metadata,
 )
 from dataprep.errors import DataprepError, describe
+from dataprep.local_files import regular_file
 from dataprep.prep_cache import counts_identity
 
 __all__ = ["merge_cost_tables"]
@@ -134,7 +134,7 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
         if not ep.exists():
             raise DataprepError(f"{p}: its errors table {ep} is missing; copy it next to the part")
         try:
-            err_tables.append(pq.read_table(regular_file(ep), schema=ERRORS_SCHEMA))
+            err_tables.append(pq.read_table(regular_file(ep, "table"), schema=ERRORS_SCHEMA))
         except (OSError, ValueError, pa.ArrowException) as exc:
             raise DataprepError(f"{ep}: {describe(exc)}") from None
     errors = pa.concat_tables([*err_tables, pa.Table.from_pylist(dup_rows, schema=ERRORS_SCHEMA)])

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataprep.local_files import regular_file
 from dataprep.records import IMAGE_PLACEHOLDER
 
 __all__ = ["TokenCounter", "TokenizerSpec"]
@@ -70,12 +71,14 @@ class TokenizerSpec:
                     "directory as downloaded from its Hugging Face repository, or the file"
                 )
             return cls(path=str(inner))
+        if Path(value).exists():  # a FIFO or device would block Tokenizer.from_file forever
+            regular_file(value, "tokenizer.json")
         return cls(path=value)
 
     def describe(self) -> dict:
         if self.path is None:
             return {"mode": "estimate", "chars_per_token": self.estimate_chars_per_token}
-        digest = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
+        digest = hashlib.sha256(Path(regular_file(self.path)).read_bytes()).hexdigest()
         return {"mode": "tokenizer", "path": str(Path(self.path).resolve()), "sha256": digest}
 
 

@@ -25,6 +25,7 @@ from PIL import Image
 
 from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
+from dataprep.local_files import regular_file
 from dataprep.policies import (
     FixedPolicy,
     InternVLPolicy,
@@ -122,7 +123,7 @@ class Collator:
             raise ValueError(f"pixels must be 'normalized' or 'uint8', got {self.pixels!r}")
         from tokenizers import AddedToken, Tokenizer
 
-        tok = Tokenizer.from_file(self.tokenizer)
+        tok = Tokenizer.from_file(regular_file(self.tokenizer, "tokenizer.json"))
         tok.add_special_tokens(
             [
                 AddedToken(t, special=True, normalized=False)

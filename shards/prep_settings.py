@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataprep.local_files import regular_file
+
 __all__ = ["PrepSettings", "SettingsMismatch"]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -54,7 +56,7 @@ def _ratio(tok: dict, where: str) -> float:
 
 
 def _file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return hashlib.sha256(Path(regular_file(path, "tokenizer.json")).read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True, kw_only=True)

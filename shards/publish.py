@@ -13,8 +13,9 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 from pathlib import Path
+
+from dataprep.local_files import read_small  # re-exported: shards read small files through it
 
 __all__ = [
     "CURRENT",
@@ -56,22 +57,6 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     fsync_dir(path.parent)
-
-
-def read_small(path: str | os.PathLike, limit: int) -> bytes:
-    """The bytes of a small file that equishard wrote but anyone could have replaced: it must
-    be a regular file (a FIFO would block the read forever, a device never end) of at most
-    ``limit`` bytes; ``ValueError`` naming it otherwise, ``FileNotFoundError`` if absent."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"{path}: not a regular file (a FIFO, device or directory)")
-    if st.st_size > limit:
-        raise ValueError(f"{path}: {st.st_size} bytes, more than the {limit} such a file holds")
-    with open(path, "rb") as f:
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(f"{path}: grew past {limit} bytes while being read")
-    return data
 
 
 def read_current(root: str | os.PathLike) -> str | None:

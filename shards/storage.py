@@ -28,10 +28,10 @@ import contextlib
 import hashlib
 import os
 import re
-import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+from dataprep.local_files import read_small, regular_file
 from shards.range_digests import RangeDigests, hash_file, range_sha256
 
 __all__ = [
@@ -208,8 +208,6 @@ class GenerationFiles:
         file (a FIFO put there would block forever), ``ValueError`` when larger;
         FileNotFoundError if absent."""
         if not self.remote:
-            from shards.publish import read_small
-
             return read_small(self.full_path(name), limit)
         size = self.fs.size(self.full_path(name))
         if size is not None and size > limit:
@@ -380,13 +378,14 @@ def _regular(path: Path) -> bool:
     """Whether a cache entry is a regular file to read; anything else put there (a FIFO, which
     would block the read forever, a device, a link to one) is removed and counts as a miss."""
     try:
-        if stat.S_ISREG(os.stat(path).st_mode):
-            return True
+        regular_file(path)
+        return True
     except FileNotFoundError:
         return False
-    with contextlib.suppress(OSError):
-        path.unlink()
-    return False
+    except ValueError:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return False
 
 
 def _read_part(path: Path, length: int) -> bytes | None:

@@ -198,3 +198,67 @@ def test_a_fifo_given_as_a_table_is_refused_not_read(tmp_path, command):
     )
     assert r.returncode == 2, r.stderr
     assert "not a regular file" in r.stderr and str(fifo) in r.stderr
+
+
+def _model_dir_with(tmp: Path, name: str) -> Path:
+    d = tmp / "model"
+    d.mkdir()
+    os.mkfifo(d / name)
+    return d
+
+
+NAMED_FILES = {
+    # what a user names: a template file, a model directory whose template or config is a
+    # FIFO, a tokenizer, a calibration; each blocked its command forever (reading a FIFO waits
+    # for a writer) or read a file of any size whole
+    "template .jinja": (lambda t: _fifo(t / "t.jinja"), "prep", "--template"),
+    "template dir's chat_template.jinja": (
+        lambda t: _model_dir_with(t, "chat_template.jinja"),
+        "prep",
+        "--template",
+    ),
+    "template dir's tokenizer_config.json": (
+        lambda t: _model_dir_with(t, "tokenizer_config.json"),
+        "prep",
+        "--template",
+    ),
+    "template JSON of 2 GB": (lambda t: _sparse(t / "t.jinja", 2 << 30), "prep", "--template"),
+    "tokenizer": (lambda t: _fifo(t / "tokenizer.json"), "prep", "--tokenizer"),
+    "calibration": (lambda t: _fifo(t / "cal.json"), "balance", "--calibration"),
+    "calibration of 2 GB": (lambda t: _sparse(t / "cal.json", 2 << 30), "balance", "--calibration"),
+}
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def _sparse(path: Path, size: int) -> Path:
+    with open(path, "wb") as f:
+        f.truncate(size)  # no disk used: its size alone is refused
+    return path
+
+
+@pytest.mark.parametrize("case", NAMED_FILES, ids=list(NAMED_FILES))
+def test_a_named_file_that_is_no_regular_file_is_refused_not_read(made, tmp_path, case):
+    """Refused at once naming the file, exit 2 (bug: prep --template x.jinja and
+    balance --calibration hung forever on a FIFO; a template or calibration of any size was
+    read whole)."""
+    make, command, flag = NAMED_FILES[case]
+    bad = make(tmp_path)
+    tok, jl = str(made["demo"] / "tokenizer.json"), str(made["demo"] / "demo.jsonl")
+    args = {
+        "prep": ["prep", jl, "--tokenizer", tok, "-o", str(tmp_path / "c.parquet")],
+        "balance": ["balance", str(made["cost"]), "--dp", "2", "-o", str(tmp_path / "p")],
+    }[command]
+    args = [a for a in args if not (flag == "--tokenizer" and a in ("--tokenizer", tok))]
+    r = subprocess.run(
+        [sys.executable, "-m", "equishard", *args, flag, str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and bad.name in r.stderr
+    assert "not a regular file" in r.stderr or "bytes, more than" in r.stderr

@@ -157,3 +157,27 @@ def test_the_content_form_is_detected_by_rendering(tmp_path):
         assert load_template(str(DATA / f"{name}.jinja")).content == "string", name
     forced = load_template(f"{DATA / 'llama3.jinja'}#content=parts")
     assert forced.content == "parts"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bos": 5},
+        {"suffix": None},
+        {"system_prompt": ["hi"]},
+        {"prefix": {"system": "S", "user": 1, "assistant": "A"}},
+        {"prefix": "SUA"},
+        {"image_prefix": {"a": 1}},
+    ],
+)
+def test_a_json_template_with_fields_that_are_not_text_is_refused(tmp_path, fields):
+    """A template file is outside data: a field that is not text failed every sample at render
+    time (prep rejected all of them, a TypeError per sample) instead of the template at load.
+    Refused where it is loaded, naming the field."""
+    base = {"prefix": {"system": "S", "user": "U", "assistant": "A"}}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({**base, **fields}))
+    with pytest.raises(ValueError, match=rf"\[{'|'.join(repr(k) for k in fields)}\] must be text"):
+        load_template(str(path))
+    path.write_text(json.dumps(base))
+    assert load_template(str(path)).render([("user", "hi")]) == "Uhi"  # the same, all text

@@ -61,8 +61,8 @@ def _hostile(step: int) -> dict:
         "cost a count as text": _edit(good, cost={**good["cost"], "llm_tokens": "9"}),
         "cost a bool": _edit(good, cost={**good["cost"], "vit_tokens": True}),
         "cost negative": _edit(good, cost={**good["cost"], "text_tokens": -1}),
-        "cost inconsistent": _edit(good, cost={**good["cost"], "vit_tokens": 7}),
-        "images and cost disagree": _edit(good, cost={**good["cost"], "num_images": 2}),
+        "cost a list where a count is": _edit(good, cost={**good["cost"], "num_images": [1]}),
+        "cost lengths as text": _edit(good, cost={**good["cost"], "vit_seq_lens": ["256"]}),
         "step not a number": _edit(good, step="0"),
     }
 

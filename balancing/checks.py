@@ -12,7 +12,7 @@ __all__ = ["finite_nonnegative", "ranks_in"]
 
 def finite_nonnegative(values, name: str = "lengths") -> np.ndarray:
     """``values`` as a contiguous float64 array; ``ValueError`` naming the first item that is
-    NaN, infinite or negative."""
+    NaN, infinite or negative, or saying that their sum is not finite."""
     x = np.ascontiguousarray(values, dtype=np.float64)
     if x.size:
         bad = ~np.isfinite(x) | (x < 0)
@@ -21,6 +21,13 @@ def finite_nonnegative(values, name: str = "lengths") -> np.ndarray:
             raise ValueError(
                 f"{name} must be finite and >= 0; item {i} is {x.ravel()[i]!r} "
                 f"({int(bad.sum())} such item(s) of {x.size})"
+            )
+        with np.errstate(over="ignore"):
+            total = x.sum()
+        if not np.isfinite(total):  # each finite, their sum not: every batch's load reads inf
+            raise ValueError(
+                f"{name} sum past the largest float (largest item {x.max()!r}); give them in "
+                "units whose total is finite (tokens, not FLOPs squared)"
             )
     return x
 

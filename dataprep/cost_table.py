@@ -52,6 +52,12 @@ COST_SCHEMA = pa.schema(
         ("cache_key", pa.string()),
     ]
 )
+# plausible per-sample bounds, far above any real sample (a long video is millions of tokens):
+# a table's sums over billions of such samples stay inside 64-bit integers (the lengths in
+# vit_seq_lens are 32-bit: bounded by their type)
+MAX_SAMPLE_TOKENS = 1 << 32
+MAX_SAMPLE_IMAGES = 1 << 20
+
 REQUIRED_COLUMNS = (
     "sample_id",
     "source",
@@ -130,11 +136,16 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
         rules.append(
             (f"{name} is missing or negative", pc.or_kleene(pc.is_null(col), pc.less(col, 0)))
         )
+        top = MAX_SAMPLE_IMAGES if name == "num_images" else MAX_SAMPLE_TOKENS
+        rules.append(  # sums of such counts overflow 64-bit integers: the plan would be wrong
+            (f"{name} is above the plausible {top} a sample", pc.greater(col, top))
+        )
     seq = table.column("vit_seq_lens")
     rules.append(("vit_seq_lens is missing", pc.is_null(seq)))
-    smallest = pc.min(pc.list_flatten(seq)).as_py() if table.num_rows else None
+    flat = pc.list_flatten(seq)
+    smallest = pc.min(flat).as_py() if table.num_rows else None
     if smallest is not None and smallest < 0:
-        rules.append(("vit_seq_lens holds a negative length", _any_negative(seq)))
+        rules.append(("vit_seq_lens holds a negative length", _rows_where(seq, pc.less(flat, 0))))
     rules.append(
         (
             "llm_tokens is less than text_tokens",
@@ -144,11 +155,13 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
     return rules
 
 
-def _any_negative(seq) -> pa.Array:
+def _rows_where(seq, flat_mask) -> pa.Array:
+    """Rows of the list column ``seq`` with an element where ``flat_mask`` (over its flattened
+    values) is true."""
     parents = pc.list_parent_indices(seq)
-    neg = pc.less(pc.list_flatten(seq), 0)
     bad = np.zeros(len(seq), dtype=bool)
-    bad[np.asarray(parents)[np.asarray(neg.to_numpy(zero_copy_only=False), dtype=bool)]] = True
+    hit = np.asarray(flat_mask.to_numpy(zero_copy_only=False), dtype=bool)
+    bad[np.asarray(parents)[hit]] = True
     return pa.array(bad)
 
 

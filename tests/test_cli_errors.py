@@ -125,6 +125,10 @@ def _with_row0(table, column: str, value, typ):
         ("sample_id", None, "string", "sample_id is missing"),
         ("sample_id", "DUP", "string", None),
         ("vit_seq_lens", [-3], "list<int32>", "negative length"),
+        # sums of such counts overflow 64-bit integers (the plan was made, silently wrong)
+        ("llm_tokens", 2**62, "int64", "llm_tokens is above the plausible"),
+        ("vit_tokens", 2**40, "int64", "vit_tokens is above the plausible"),
+        ("num_images", 2**30, "int32", "num_images is above the plausible"),
     ],
 )
 def test_balance_refuses_a_cost_table_row_it_cannot_use(
@@ -133,7 +137,8 @@ def test_balance_refuses_a_cost_table_row_it_cannot_use(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    types = {"int64": pa.int64(), "string": pa.string(), "list<int32>": pa.list_(pa.int32())}
+    types = {"int64": pa.int64(), "int32": pa.int32(), "string": pa.string()}
+    types["list<int32>"] = pa.list_(pa.int32())
     t = pq.read_table(made["cost"])
     meta = t.schema.metadata
     if value == "DUP":

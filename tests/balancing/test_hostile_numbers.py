@@ -28,6 +28,15 @@ def test_post_balance_refuses_nan_inf_and_negatives(method, bad):
         post_balance(x, 4, method=method)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_lengths_whose_sum_is_not_finite_are_refused(method):
+    """Each finite, their sum not: every batch's load read inf, so any split looked as even
+    as any other (bug: accepted, the loads came back [inf, 1e308])."""
+    x = np.array([1e308, 1e308, 1e308, 1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="sum past the largest float"):
+        post_balance(x, 2, method=method)
+
+
 @pytest.mark.parametrize("bad", sorted(BAD))
 def test_memory_and_runtime_entry_points_refuse_them_too(bad):
     x = np.arange(1.0, 17.0)

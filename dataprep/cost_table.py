@@ -122,7 +122,13 @@ def table_metadata(path: str | Path, *, required: bool = True) -> dict:
         raise ValueError(
             f"{path}: not an equishard cost table (no {METADATA_KEY.decode()} metadata)"
         )
-    return json.loads(meta[METADATA_KEY])
+    try:
+        out = json.loads(meta[METADATA_KEY])
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, nested too deep
+        raise ValueError(f"{path}: its equishard metadata is not JSON ({exc})") from None
+    if not isinstance(out, dict):
+        raise ValueError(f"{path}: its equishard metadata is not a JSON object")
+    return out
 
 
 def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.Array]]:

@@ -278,7 +278,7 @@ def load_manifest(
         raise ManifestError(f"{path}: empty manifest")
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # also JSON nested too deep
         raise ManifestError(f"{path}: invalid JSON ({exc})") from None
     if not isinstance(raw, dict):
         raise ManifestError(f"{path}: expected a JSON object")

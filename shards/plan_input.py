@@ -46,7 +46,7 @@ def _whole(v, lo: int, hi: int) -> bool:
 def _report(path: Path) -> tuple[dict, int, int, int, int]:
     try:
         report = json.loads(read_small(path, REPORT_LIMIT))  # a FIFO never blocks the write
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise WriteError(f"{path}: not a readable plan report ({exc})") from None
     params = report.get("parameters") if isinstance(report, dict) else None
     counts = report.get("counts") if isinstance(report, dict) else None

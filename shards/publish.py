@@ -130,7 +130,7 @@ def read_history(root: str | os.PathLike) -> list[tuple[str, str]]:
         try:
             rec = json.loads(line)
             event, gen = rec["event"], rec["generation"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             continue
         if isinstance(event, str) and isinstance(gen, str) and valid_generation_name(gen):
             out.append((event, gen))

@@ -143,7 +143,7 @@ def read_deletions(path: str | None) -> list[str]:
     if text.lstrip().startswith("["):
         try:
             ids = json.loads(text)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             raise ValueError(f"{path}: not a valid JSON list of sample ids ({exc})") from None
         if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
             raise ValueError(f"{path}: a JSON deletion list must hold sample_id strings only")
@@ -276,7 +276,7 @@ def _measured(work: Path) -> bool:
             (work / name).is_file() and record.get(name) == sha256_of(work / name)
             for name in _MEASURED
         )
-    except (OSError, ValueError):  # absent, damaged, or not a regular file
+    except (OSError, ValueError, RecursionError):  # absent, damaged, or not a regular file
         return False
 
 
@@ -310,7 +310,7 @@ def _record_night(root: Path, summary: dict) -> None:
     try:
         if json.loads(read_small(path, 1 << 20)) == summary:
             return
-    except (FileNotFoundError, ValueError):  # absent, damaged, or not a regular file: rewrite
+    except (FileNotFoundError, ValueError, RecursionError):  # absent, damaged, not a file
         pass
     atomic_write_bytes(path, json.dumps(summary).encode())
 

@@ -39,7 +39,7 @@ def plan_groups(rows) -> list[tuple[int, int]]:
 def _sidecar(path: Path) -> dict | None:
     try:  # a regular file of bounded size: a FIFO left there never blocks the resume
         meta = json.loads(read_small(path, SIDECAR_LIMIT))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: JSON nested too deep
         return None
     if not isinstance(meta, dict):
         return None

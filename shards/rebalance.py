@@ -27,28 +27,34 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
+from shards.night_inputs import (
+    combine_tables,
+    measured,
+    night_key,
+    night_meta,
+    read_deletions,
+    record_measured,
+)
 from shards.publish import (
     CURRENT,
     atomic_write_bytes,
     note_current,
     read_current,
-    read_history,
     read_small,
     try_lock,
 )
-from shards.storage import is_url, sha256_of
+from shards.retention import collect_generations
+from shards.storage import is_url
 
 __all__ = [
     "RebalanceConfig",
@@ -113,176 +119,7 @@ class RebalanceResult:
         return asdict(self)
 
 
-def _night_key(cfg: RebalanceConfig) -> str:
-    h = hashlib.sha256(b"equishard-night-v1|")
-    for p in cfg.new:
-        st = os.stat(p)
-        h.update(f"{Path(p).resolve()}|{st.st_size}|{st.st_mtime_ns}|".encode())
-    if cfg.delete:
-        h.update(b"delete|" + Path(cfg.delete).read_bytes())
-    h.update(f"{cfg.image_root}|{cfg.tokenizer}".encode())
-    return h.hexdigest()[:24]
-
-
-def read_deletions(path: str | None) -> list[str]:
-    """Sample ids to delete: one per line (``#`` comments), or a JSON list of strings. A list
-    that is neither raises ``ValueError`` naming the file and what is wrong."""
-    if not path:
-        return []
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{path}: the deletion list is not a regular file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: the deletion list is not UTF-8 text ({exc})") from None
-    if text.lstrip().startswith("{"):
-        raise ValueError(
-            f"{path}: a JSON deletion list must be a list of sample ids, not an object"
-        )
-    if text.lstrip().startswith("["):
-        try:
-            ids = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise ValueError(f"{path}: not a valid JSON list of sample ids ({exc})") from None
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise ValueError(f"{path}: a JSON deletion list must hold sample_id strings only")
-        return ids
-    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-
-
-def _published_at(gen_dir: Path) -> int:
-    """When a generation was published: its manifest is written last, just before the rename
-    that publishes it, and the rename keeps its mtime."""
-    return (gen_dir / "manifest.json").stat().st_mtime_ns
-
-
-def collect_generations(root: Path, keep: int) -> list[str]:
-    """Remove old generations; returns the removed ids. The rule (docs/nightly.md, "Retention"): a
-    generation is kept when it is one of the first ``keep`` on the CURRENT -> parent chain, or
-    one of the ``keep`` most recently published, or published after the oldest generation kept
-    on the chain (so after a rollback of CURRENT, the generations rolled back from stay until
-    the chain has moved past them), or CURRENT at any time within the last ``keep`` nights by
-    the root's CURRENT history (``CURRENT.history``: manifest times can lie, e.g. after a copy
-    or a fetch). CURRENT is never removed."""
-    current = read_current(root)
-    if current is None:
-        return []
-    chain, g = [], current
-    while g and (root / g / "manifest.json").exists() and g not in chain:
-        chain.append(g)
-        g = load_manifest(root / g, check_files=False).parent
-    complete = {
-        d.name: _published_at(d) for d in root.glob("gen-*") if (d / "manifest.json").exists()
-    }
-    on_chain = chain[:keep]
-    recent = sorted(complete, key=lambda n: complete[n], reverse=True)[:keep]
-    oldest_kept = min(complete[n] for n in on_chain)
-    kept = set(on_chain) | set(recent) | {current} | _current_lately(root, keep)
-    removed = []
-    for name in sorted(complete):
-        if name in kept or complete[name] > oldest_kept:
-            continue
-        d = root / name
-        trash = root / f".trash-{name}"
-        os.replace(d, trash)  # disappears at once for new readers
-        shutil.rmtree(trash, ignore_errors=True)
-        (root / "errors" / f"{name}.errors.parquet").unlink(missing_ok=True)
-        removed.append(name)
-    for t in root.glob(".trash-gen-*"):  # left by a crash during an earlier collection
-        shutil.rmtree(t, ignore_errors=True)
-    return removed
-
-
-def _current_lately(root: Path, keep: int) -> set[str]:
-    """Every generation that became CURRENT within the last ``keep`` nights by the root's CURRENT
-    history (a night's publish, or a move by hand such as a rollback, seen when the next night
-    starts), not by manifest times, which a rollback, a copy or a fetch can make lie."""
-    night, last, became = 0, None, []
-    for event, gen in read_history(root):
-        night += event == "night"
-        if gen != last:
-            became.append((night, gen))
-        last = gen
-    return {gen for n, gen in became if n > night - keep}
-
-
-def _combine(parent_cost: pa.Table, new: pa.Table, deletions: list[str], meta: dict, out: Path):
-    """(combined table, counts, changed ids); writes ``out`` atomically."""
-    old_ids = parent_cost.column("sample_id").to_pylist()
-    old_fp = dict(zip(old_ids, parent_cost.column("fingerprint").to_pylist(), strict=True))
-    new_ids = new.column("sample_id").to_pylist()
-    new_fp = new.column("fingerprint").to_pylist()
-    deleted = set(deletions)
-    updated = {i for i, f in zip(new_ids, new_fp, strict=True) if i in old_fp and old_fp[i] != f}
-    unchanged = {i for i, f in zip(new_ids, new_fp, strict=True) if old_fp.get(i) == f}
-    added = [i for i in new_ids if i not in old_fp]
-    keep_old = pa.array([i not in deleted and i not in updated for i in old_ids], pa.bool_())
-    keep_new = pa.array([i not in deleted and i not in unchanged for i in new_ids], pa.bool_())
-    combined = pa.concat_tables(
-        [parent_cost.filter(keep_old), new.filter(keep_new)]
-    ).combine_chunks()
-    applied = deleted & (set(old_ids) | set(new_ids))
-    counts = {
-        "carried_in": len(old_ids),
-        "new": len(added),
-        "updated": len(updated - deleted),
-        "unchanged_resubmitted": len(unchanged - deleted),
-        "deleted": len(applied & (set(old_ids) | set(added))),
-        "deletions_not_found": len(deleted - applied),
-        "out": combined.num_rows,
-    }
-    if counts["out"] != counts["carried_in"] + counts["new"] - counts["deleted"]:
-        raise AssertionError(f"count mismatch: {counts}")
-    meta = {
-        **meta,
-        "counts": {"in": combined.num_rows, "written": combined.num_rows, "rejected": 0},
-    }
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    pq.write_table(
-        combined.replace_schema_metadata({b"equishard.cost_table": json.dumps(meta).encode()}),
-        tmp,
-    )
-    os.replace(tmp, out)
-    return combined, counts, deleted | updated
-
-
-def _night_meta(meta: dict, cfg: RebalanceConfig) -> dict:
-    """The combined table's metadata: the parent's, plus the image root this night's inputs
-    were measured under, per input, so write reads every sample's images from the root its
-    cost row was measured under (never the parent's root for a new sample)."""
-    ro = dict(meta.get("read_options") or {})
-    root = cfg.image_root or ro.get("image_root")
-    night = {str(Path(p).resolve()) for p in cfg.new}
-    roots = [(p, r) for p, r in ro.get("image_roots") or () if p not in night]
-    if root:
-        roots += [(p, str(Path(root).resolve())) for p in sorted(night)]
-    return {**meta, "read_options": {**ro, "image_roots": roots}}
-
-
 NIGHT_ERRORS = "night.errors.parquet"  # the night's rejected samples, carried in its generation
-
-
-_MEASURED = ("new.parquet", "new.errors.parquet")  # the night's prep of its new samples
-
-
-def _measured(work: Path) -> bool:
-    """Whether the new samples' tables a killed run of this night left in ``work`` may be used
-    again: only when both are the bytes whose sha256 was recorded right after prep wrote them
-    (a table damaged or edited since is measured again, as a finished shard is written again)."""
-    try:
-        record = json.loads(read_small(work / "measured.json", 4096))
-        return isinstance(record, dict) and all(
-            (work / name).is_file() and record.get(name) == sha256_of(work / name)
-            for name in _MEASURED
-        )
-    except (OSError, ValueError, RecursionError):  # absent, damaged, or not a regular file
-        return False
-
-
-def _record_measured(work: Path) -> None:
-    record = {name: sha256_of(work / name) for name in _MEASURED}
-    atomic_write_bytes(work / "measured.json", json.dumps(record).encode())
 
 
 def finish_night(root: Path, generation: str, keep: int) -> list[str]:
@@ -381,7 +218,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             f"{root}: no {CURRENT} generation; write the first one with 'equishard write'"
         )
     parent = load_manifest(root / cur)
-    key = _night_key(cfg)
+    key = night_key(cfg)
     done = parent.raw.get("nightly", {})
     if done.get("key") != key:  # a night that does something: what was CURRENT as it began
         note_current(root, cur, "night")
@@ -426,7 +263,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     new_path = work / "new.parquet"
     phases = {}
     t1 = time.perf_counter()
-    if cfg.new and not _measured(work):
+    if cfg.new and not measured(work):
         ro = meta.get("read_options") or {}
         run_prep(
             PrepConfig(
@@ -449,15 +286,15 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
                 task_timeout=cfg.task_timeout,
             )
         )
-        _record_measured(work)
+        record_measured(work)
     phases["prep"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     new = read_cost_table(new_path) if cfg.new else parent_cost.slice(0, 0)
     new_meta = (
         table_metadata(new_path)["counts"] if cfg.new else {"in": 0, "rejected": 0, "cached": 0}
     )
-    combined, counts, changed = _combine(
-        parent_cost, new, read_deletions(cfg.delete), _night_meta(meta, cfg), work / "cost.parquet"
+    combined, counts, changed = combine_tables(
+        parent_cost, new, read_deletions(cfg.delete), night_meta(meta, cfg), work / "cost.parquet"
     )
     counts.update(
         read=new_meta["in"], rejected=new_meta["rejected"], not_reread=new_meta.get("cached", 0)

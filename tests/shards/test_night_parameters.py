@@ -107,11 +107,11 @@ def test_a_resumed_night_measures_again_what_it_cannot_trust(root, night1, monke
     def killed(*a, **k):
         raise SystemExit("killed after prep")
 
-    real = rb._combine
-    monkeypatch.setattr(rb, "_combine", killed)
+    real = rb.combine_tables
+    monkeypatch.setattr(rb, "combine_tables", killed)
     with pytest.raises(SystemExit):
         run_rebalance(_night(root, 2))
-    monkeypatch.setattr(rb, "_combine", real)
+    monkeypatch.setattr(rb, "combine_tables", real)
     (work,) = root.glob(".nightly-*")
     assert (work / "new.parquet").is_file()
     LEFTOVER[damage](work)

@@ -34,7 +34,14 @@ def report_problem(report) -> str | None:
     for key in ("in", "out", "groups", "steps"):
         if key in counts and not _whole(counts[key]):
             return f"report.counts.{key} is {counts[key]!r:.40}, expected a count"
+    for name, values in report.get("metrics", {}).items():  # shown by report and inspect
+        if not isinstance(values, dict) or not all(map(_number, values.values())):
+            return f"report.metrics.{name} is not an object of numbers"
     return None
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def extras_problem(raw: dict) -> str | None:
@@ -57,4 +64,11 @@ def extras_problem(raw: dict) -> str | None:
         for key in ("counts", "plan"):
             if key in nightly and not isinstance(nightly[key], dict):
                 return f"nightly.{key} is {type(nightly[key]).__name__}, expected object"
+        counts, plan = nightly.get("counts", {}), nightly.get("plan", {})
+        steps = {k: plan.get(k, 0) for k in ("kept_steps", "rebuilt_parent_steps", "new_steps")}
+        if not all(map(_whole, [*counts.values(), *steps.values()])):
+            return "nightly.counts and the plan's step counts must be counts (whole numbers >= 0)"
+        why = plan.get("rebuilt_because", {})
+        if not isinstance(why, dict) or not all(map(_whole, why.values())):
+            return "nightly.plan.rebuilt_because must be an object of counts"
     return None

@@ -47,6 +47,14 @@ HOSTILE = {
     ),
     "shard_size as text": (lambda m: m.update(shard_size="1GB"), "shard_size is '1GB'"),
     "nightly a list": (lambda m: m.update(nightly=[1]), "field 'nightly' is list"),
+    "nightly counts as text": (
+        lambda m: m.update(nightly={"key": "k", "counts": {"new": "3"}, "plan": {}}),
+        "nightly.counts",
+    ),
+    "metrics not numbers": (
+        lambda m: m["report"]["metrics"].update(balanced={"efficiency_vit": "0.9"}),
+        "report.metrics.balanced",
+    ),
     "last step short as text": (
         lambda m: m["report"]["last_step"].update(short="no"),
         "last_step.short",

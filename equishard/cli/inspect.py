@@ -70,11 +70,13 @@ def run(args: argparse.Namespace) -> int:
             )
         elif tok:
             print(f"                 tokenizer estimate, {tok.get('chars_per_token')} chars/token")
-        roots = (prep.get("read_options") or {}).get("image_roots") or {}
-        root = (prep.get("read_options") or {}).get("image_root")
-        if roots or root:
-            where = sorted(set(roots.values()) | ({root} if root else set()))
-            print(f"                 image root(s) {', '.join(where)}")
+        ro = prep.get("read_options") or {}
+        # image_roots: [input, root] pairs, one per night's input (shards/night_inputs.py)
+        pairs = ro.get("image_roots") if isinstance(ro.get("image_roots"), list) else []
+        where = {p[1] for p in pairs if isinstance(p, list | tuple) and len(p) == 2}
+        where |= {ro.get("image_root")} if ro.get("image_root") else set()
+        if where:
+            print(f"                 image root(s) {', '.join(sorted(map(str, where)))}")
     night = info.get("nightly")
     if night:
         c, p = night["counts"], night["plan"]

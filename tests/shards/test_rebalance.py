@@ -220,3 +220,20 @@ def test_rebuilt_samples_come_from_the_parent_shards_not_the_raw_files(root):
     got = _all_samples(root)
     gone = set((raw / "day-2.delete").read_text().split())
     assert before - gone <= set(got)
+
+
+def test_inspect_shows_a_nights_generation(root, capsys):
+    """A night records the image root of each input as [input, root] pairs; inspect read them
+    as a mapping (bug: 'equishard inspect' failed with AttributeError on every nightly
+    generation). Its summary names the roots and the night's counts, and --json holds them."""
+    from equishard.cli import main
+
+    r = run_rebalance(_night(root, 2))
+    assert main(["inspect", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert main(["inspect", str(root), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    roots = {p[1] for p in info["prep"]["read_options"]["image_roots"]}
+    assert len(roots) == 1 and f"image root(s) {roots.pop()}\n" in out
+    c = r.counts
+    assert f"{c['carried_in']} carried + {c['new']} new - {c['deleted']} deleted" in out

@@ -50,7 +50,7 @@ shards: $(STAMP)
 		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy $(POLICY) \
 		--workers $(WORKERS) --engine $(ENGINE) -o $(OUT)/cost.parquet
 	$(BIN)/equishard balance $(OUT)/cost.parquet --dp $(DP) --nodes $(NODES) \
-		--target-batch $(BATCH) --seed $(SEED) -o $(OUT)/plan
+		--target-batch $(BATCH) --seed $(SEED) $(PLAN_ARGS) -o $(OUT)/plan
 	$(BIN)/equishard write $(OUT)/plan --cost-table $(OUT)/cost.parquet --out $(OUT)/shards \
 		--shard-size $(SHARD_SIZE) --workers $(WORKERS) --engine $(ENGINE)
 	$(BIN)/equishard verify $(OUT)/shards
@@ -59,7 +59,8 @@ shards: $(STAMP)
 
 train: $(STAMP)
 	$(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 NODES=2 BATCH=3 \
-		POLICY="internvl:max_tiles=4,tile_size=56"
+		POLICY="internvl:max_tiles=4,tile_size=56" \
+		PLAN_ARGS="--vit-hidden 32 --vit-layers 2 --llm-hidden 64 --llm-layers 4"
 	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
 		--log $(TRAIN_OUT)/train.jsonl
 

@@ -95,3 +95,26 @@ def test_backend_choice():
         resolve_backend("auto", 0, 4, True, 1)
     with pytest.raises(ValueError, match="no CUDA"):
         resolve_backend("nccl", 0, 1, False, 0)
+
+
+def test_a_plan_balanced_for_another_models_costs_is_named(train_generation):
+    """The plan report records the cost model the steps were balanced for; training another
+    model (its own hidden sizes and layers) trained on steps even for the other model's mix of
+    linear and quadratic work, without a word. Anchor: the recorded cost model against the one
+    CostModel.from_dims gives for each model's dimensions."""
+    from types import SimpleNamespace
+
+    from balancing import CostModel
+    from shards import open_generation
+    from trainer_adapter.train.loop import plan_cost_note
+
+    m = open_generation(train_generation)
+    recorded = m.report["parameters"]["cost_model"]
+    same = CostModel.from_dims(vit_hidden=1024, vit_layers=24, llm_hidden=4096, llm_layers=32)
+    assert recorded == same.describe()  # balanced with the defaults
+    tiny = SimpleNamespace(vit_hidden=32, vit_layers=2, llm_hidden=64, llm_layers=4)
+    note = plan_cost_note(m, tiny)
+    assert "vision 1024x24, llm 4096x32" in note and "vision 32x2, llm 64x4" in note
+    # the same dimensions (or any with the same ratio of quadratic to linear work): no note
+    alike = SimpleNamespace(vit_hidden=1024, vit_layers=12, llm_hidden=4096, llm_layers=64)
+    assert plan_cost_note(m, alike) is None

@@ -136,6 +136,39 @@ def target_share(manifest, collate, groups: int = 8) -> float:
     return targets / tokens if targets else 1.0
 
 
+def plan_cost_note(manifest, model_cfg: VLMConfig) -> str | None:
+    """What to tell the user when the generation's plan was balanced for another model's
+    costs than the one being trained (the plan report records its cost model): its steps are
+    even for that model's mix of linear and quadratic work, not this one's. None when alike."""
+    from balancing import BalanceConfig, CostModel
+
+    params = manifest.report.get("parameters")
+    try:
+        plan = BalanceConfig.from_report(params, str(manifest.path)).cost_model
+    except ValueError:
+        return None  # a report without parameters: nothing recorded to compare
+    here = CostModel.from_dims(
+        vit_hidden=model_cfg.vit_hidden,
+        vit_layers=model_cfg.vit_layers,
+        llm_hidden=model_cfg.llm_hidden,
+        llm_layers=model_cfg.llm_layers,
+    )
+    # only the ratio of quadratic to linear work decides which groups are alike
+    alike = all(
+        abs(a.beta / a.alpha - b.beta / b.alpha) <= 0.01 * (b.beta / b.alpha)
+        for a, b in ((plan.vision, here.vision), (plan.llm, here.llm))
+        if a.alpha and b.alpha
+    )
+    if alike:
+        return None
+    return (
+        f"note: the plan was balanced for {plan.source}; this model is {here.source.split(': ')[1]}"
+        ": its steps are even for the other model's costs (runtime balancing evens each step "
+        "anyway). Balance with this model's --vit-hidden/--vit-layers/--llm-hidden/"
+        "--llm-layers (or --calibration) for steps even for it"
+    )
+
+
 def run(cfg: TrainConfig) -> list[dict]:
     """Train on an initialized default process group; returns rank 0's step records."""
     from torch.utils.data import DataLoader
@@ -157,6 +190,8 @@ def run(cfg: TrainConfig) -> list[dict]:
         patch_dim=3 * collate._policy.patch_size**2,
         merge=merge_for_policy(collate._policy),
     )
+    if rank == 0 and (note := plan_cost_note(manifest, model_cfg)):
+        print(note, flush=True)
     rpn = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
     # rank 0 searches the pipeline partition: it times the LM head over the share of tokens
     # that carry a target in this generation (its first groups, as the collator labels them)

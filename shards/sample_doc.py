@@ -38,6 +38,7 @@ _LISTS = ("vit_seq_lens", "image_widths", "image_heights")
 _MAY_BE_NULL = frozenset({"text_tokens", "image_widths", "image_heights", "modality"})
 _IMAGE_NAME = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp|gif|bmp)$")
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+_ROLES = frozenset({"system", "user", "assistant"})  # the roles prep normalizes turns to
 
 
 class SampleDocError(ValueError):
@@ -105,6 +106,9 @@ def _problem(doc) -> str | None:
         isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in turns
     ):
         return "'turns' is not a list of [role, text] string pairs"
+    roles = {role for role, _ in turns} - _ROLES
+    if roles:
+        return f"'turns' has role(s) {sorted(roles)}, not system, user or assistant"
     why = _cost(doc.get("cost"))
     if why:
         return why

@@ -57,6 +57,7 @@ def _hostile(step: int) -> dict:
         "image name with a path": _edit(good, images=["../0.jpg"]),
         "sample_id missing": _edit(good, sample_id=None),
         "turns not pairs": _edit(good, turns=[["user"]]),
+        "a role prep never writes": _edit(good, turns=[["tool", "hi"]]),
         "cost missing": _edit(good, cost=None),
         "cost a count as text": _edit(good, cost={**good["cost"], "llm_tokens": "9"}),
         "cost a bool": _edit(good, cost={**good["cost"], "vit_tokens": True}),

@@ -74,7 +74,12 @@ def incremental_plan(
     )
     kept = parent.filter(pa.array(keep_mask)).select(PLAN_SCHEMA.names)
     kept_ids = kept.column("sample_id").to_pylist()
-    assert all(i in live for i in kept_ids), "a kept sample is missing from the cost table"
+    lost = [i for i in kept_ids if i not in live]
+    if lost:  # the parent's plan and cost table disagree (neither is this night's to trust)
+        raise ValueError(
+            f"the parent plan keeps {len(lost)} sample(s) its cost table does not hold, e.g. "
+            f"{lost[:3]}: the parent's plan and cost table are not one generation's"
+        )
     old_steps = np.unique(kept.column("step").to_numpy())
     kept_set = set(kept_ids)
     pool = cost.filter(pa.array([i not in kept_set for i in cost.column("sample_id").to_pylist()]))

@@ -148,3 +148,14 @@ def test_a_recorded_configuration_that_is_not_one_is_refused_naming_it(edit, mat
     edit(params)
     with pytest.raises(ValueError, match=match):
         BalanceConfig.from_report(params, "report.json")
+
+
+def test_a_parent_plan_keeping_a_sample_its_table_lacks_is_refused():
+    """The parent's plan and cost table come from outside (a generation's carried files): a
+    plan that keeps a sample the table does not hold was an assert (gone under python -O, and
+    then a plan row without a cost row)."""
+    old = _table(200, 4)
+    parent = build_plan(old, CFG).plan
+    cost = old.filter(pc.not_equal(old.column("sample_id"), "s7"))  # not deleted: just absent
+    with pytest.raises(ValueError, match=r"does not hold, e\.g\. \['s7'\]"):
+        incremental_plan(parent, cost, set(), CFG)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from trainer_adapter.group_errors import raise_together, reason_of
 from trainer_adapter.item_exchange import ItemRoute
-from trainer_adapter.redistribute import _ranges
+from trainer_adapter.route import _ranges
 
 __all__ = [
     "output_agree",

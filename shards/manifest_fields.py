@@ -53,7 +53,9 @@ def extras_problem(raw: dict) -> str | None:
         for k, v in loads.items():
             if not _whole(v):
                 return f"loads.{k} is {v!r:.40}; it must be a whole number of tokens >= 0"
-    if "shard_size" in raw and not (_whole(raw["shard_size"]) and raw["shard_size"] >= 1024):
+    if "shard_size" in raw and not (
+        _whole(raw["shard_size"], 1 << 63) and raw["shard_size"] >= 1024
+    ):
         return f"shard_size is {raw['shard_size']!r:.40}, expected a whole number of bytes >= 1024"
     nightly = raw.get("nightly")
     if nightly is not None:

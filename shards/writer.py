@@ -81,8 +81,11 @@ class WriteConfig:
     storage_options: dict | None = None
 
     def __post_init__(self) -> None:
-        if self.shard_size < 1024:
-            raise ValueError(f"--shard-size must be at least 1KB, got {self.shard_size} bytes")
+        if not 1024 <= self.shard_size <= MAX_SHARD_SIZE:
+            raise ValueError(
+                f"--shard-size must be 1KB to 1PB, got {self.shard_size} bytes (a shard is "
+                "closed after the group that reaches it)"
+            )
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if self.workers > 1 and self.engine == "local":
@@ -116,10 +119,13 @@ class WriteResult:
     reused: bool
 
 
+MAX_SHARD_SIZE = 1 << 50  # 1 PiB: any larger size means one shard per stream anyway
+
+
 def parse_size(text: str) -> int:
     """'1GB', '512MB', '64k', '1000' -> bytes (powers of 1024)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not m:
+    if not m or len(m.group(1)) > 20:  # more digits than any size: float('9' * 400) is inf
         raise ValueError(f"bad size {text!r}: write e.g. 1GB, 256MB or 1048576")
     return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
 

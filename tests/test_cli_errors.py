@@ -66,6 +66,33 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
         (["merge", cost, "-o", str(unwritable / "d" / "m.parquet")], "blocker"),
         (["demo", str(tmp / "demo"), "--days", "0"], "--days"),
         (["verify", str(tmp / "nothing-here")], "no such"),
+        # more digits than any size (float() made it inf: an OverflowError traceback)
+        (
+            [
+                "write",
+                plan,
+                "--cost-table",
+                cost,
+                "--out",
+                str(tmp / "g"),
+                "--shard-size",
+                "9" * 40,
+            ],
+            "bad size",
+        ),
+        (
+            [
+                "write",
+                plan,
+                "--cost-table",
+                cost,
+                "--out",
+                str(tmp / "g"),
+                "--shard-size",
+                "2048TB",
+            ],
+            "1PB",
+        ),
     ]
 
 

@@ -377,3 +377,17 @@ def test_a_run_killed_after_its_manifest_publishes_only_checked_files(
     STAGED_DAMAGE[damage](stage)
     write_generation(cfg)
     assert _files(tmp_path / "g") == _files(generation)
+
+
+def test_a_generation_with_shards_larger_than_a_tib_loads(gen_inputs, tmp_path):
+    """--shard-size 2TB (one shard per stream) writes a manifest whose shard_size its own
+    loader refused (the manifest check capped it at 2^40 bytes)."""
+    from shards import open_generation
+
+    _, cost, plan = gen_inputs
+    root = tmp_path / "g"
+    write_generation(
+        WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(root), shard_size=2 << 40)
+    )
+    m = open_generation(root)
+    assert m.raw["shard_size"] == 2 << 40 and all(len(st.shards) == 1 for st in m.streams)

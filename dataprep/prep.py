@@ -102,6 +102,14 @@ class PrepConfig:
             raise ValueError(
                 f"--cache {self.cache}: no such cost table; give the cost table of an earlier prep"
             )
+        for out in (Path(self.output), errors_path(self.output)):  # never over an input
+            for given in self.inputs:
+                if out.is_file() and Path(given).is_file() and os.path.samefile(out, given):
+                    what = "cost" if out == Path(self.output) else "errors"
+                    raise ValueError(
+                        f"output {out} is the input {given}: prep would replace its own input "
+                        f"with its {what} table; write it elsewhere (e.g. -o build/cost.parquet)"
+                    )
         parse_vision_policy(self.vision_policy)  # validates the spec early
         TokenizerSpec.parse(self.tokenizer)
         load_template(self.template)

@@ -265,3 +265,19 @@ def test_unreadable_inputs_stop_with_the_file_named(tmp_path, tokenizer_path):
     ]:
         with pytest.raises(DataprepError, match=match):
             run(tmp_path, [tmp_path / bad], tokenizer_path)
+
+
+@pytest.mark.parametrize("which", ["cost", "errors"])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, tokenizer_path, which):
+    """A Parquet dataset given as input and as -o (or as the errors table next to -o): prep
+    replaced the user's dataset with its cost table (data loss, exit 0)."""
+    import pyarrow as pa
+
+    data = tmp_path / ("in.parquet" if which == "cost" else "out.errors.parquet")
+    rows = [{"id": "a", "conversations": json.dumps([{"from": "human", "value": "hi"}])}]
+    pq.write_table(pa.Table.from_pylist(rows), data)
+    before = data.read_bytes()
+    out = data if which == "cost" else tmp_path / "out.parquet"
+    with pytest.raises(ValueError, match=rf"is the input .*its {which} table"):
+        PrepConfig(inputs=(str(data),), output=str(out), tokenizer=tokenizer_path)
+    assert data.read_bytes() == before

@@ -11,6 +11,7 @@ answers from a few words to ~2k tokens. The same seed gives the same bytes.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import dataclass
 from importlib import resources
@@ -142,6 +143,36 @@ def demo_text_corpus(seed: int, n: int) -> list[str]:
     return [_question(rng) + "\n" + _answer(rng) for _ in range(n)]
 
 
+MARKER = ".equishard-demo"  # in a directory the demo wrote: running it there again is safe
+_DEMO_IMAGE = re.compile(r"^\d{6}\.(jpg|png)$")
+_DEMO_FILES = re.compile(r"^(demo\.jsonl|tokenizer\.json|images|day-\d+\.(jsonl|delete))$")
+
+
+def _check_ours(out: Path) -> None:
+    """The demo replaces ``demo.jsonl``, ``images/`` and ``tokenizer.json`` in ``out``: only in a
+    new or empty directory, or one a demo wrote (its marker, or, from before the marker, nothing
+    but the demo's own files); never in a user's dataset (its images/ would be deleted)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"{out}: not a directory; give a new or empty directory for the demo")
+    entries = {p.name for p in out.iterdir()}
+    if not entries or MARKER in entries:
+        return
+    images = out / "images"
+    ours = (
+        (out / "demo.jsonl").is_file()
+        and all(_DEMO_FILES.match(e) for e in entries)
+        and (not images.is_dir() or all(_DEMO_IMAGE.match(p.name) for p in images.iterdir()))
+    )
+    if not ours:
+        raise ValueError(
+            f"{out} holds files the demo did not write ({', '.join(sorted(entries)[:5])}): the "
+            "demo replaces demo.jsonl, images/ and tokenizer.json there; give a new or empty "
+            "directory"
+        )
+
+
 def make_demo(
     out_dir: str | Path,
     *,
@@ -163,10 +194,14 @@ def make_demo(
     if mix not in ("default", "single-image"):
         raise ValueError(f"mix must be 'default' or 'single-image', got {mix!r}")
     out = Path(out_dir)
+    _check_ours(out)
     img_dir = out / "images"
     if img_dir.exists():
         shutil.rmtree(img_dir)
     img_dir.mkdir(parents=True)
+    (out / MARKER).write_text(
+        "written by equishard demo: it replaces demo.jsonl, images/, tokenizer.json\n"
+    )
     rng = np.random.default_rng(seed)
 
     # Image counts per sample, then the pool of distinct image files.

@@ -281,3 +281,23 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, toke
     with pytest.raises(ValueError, match=rf"is the input .*its {which} table"):
         PrepConfig(inputs=(str(data),), output=str(out), tokenizer=tokenizer_path)
     assert data.read_bytes() == before
+
+
+def test_the_demo_never_writes_over_a_users_directory(tmp_path):
+    """``equishard demo DIR`` deleted DIR/images/ and replaced DIR/tokenizer.json whatever they
+    were (a user's dataset lost its images). It writes into a new or empty directory, or one a
+    demo wrote (again and again, as make shards does), and refuses any other."""
+    user = tmp_path / "mine"
+    (user / "images").mkdir(parents=True)
+    (user / "images" / "cat.jpg").write_bytes(b"precious")
+    (user / "tokenizer.json").write_text("precious")
+    with pytest.raises(ValueError, match="holds files the demo did not write"):
+        make_demo(user, samples=3)
+    assert (user / "images" / "cat.jpg").read_bytes() == b"precious"
+    assert (user / "tokenizer.json").read_text() == "precious"
+    demo = tmp_path / "demo"
+    first = make_demo(demo, samples=3, seed=1)
+    again = make_demo(demo, samples=3, seed=1)  # its own directory: replaced, the same
+    assert first == again and (demo / "demo.jsonl").is_file()
+    (demo / ".equishard-demo").unlink()  # a demo from before the marker: its files alone
+    make_demo(demo, samples=3, seed=1)

@@ -384,7 +384,10 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     os.replace(tmp_err, err_path)
     if aborted is not None:
         tmp_out.unlink(missing_ok=True)
-        if out_path.exists():  # an older run's table must not sit beside this run's errors
+        if cfg.cache and out_path.exists() and os.path.samefile(out_path, cfg.cache):
+            # refreshed in place: the table this run reused is the user's, kept as it was
+            aborted.args = (f"{aborted.args[0]}; {out_path} (this run's --cache) is kept",)
+        elif out_path.exists():  # an older run's table must not sit beside this run's errors
             out_path.unlink()
             aborted.args = (f"{aborted.args[0]}; the older {out_path} was removed",)
         raise aborted

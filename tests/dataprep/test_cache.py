@@ -194,3 +194,29 @@ def test_a_cache_of_header_checked_images_is_refused_for_a_decode_prep(tmp_path)
     _prep_with(demo, decode, check_images="decode")
     r = _prep_with(demo, tmp_path / "y.parquet", cache=str(decode))
     assert r.n_cached == r.n_in == 30
+
+
+def test_an_aborted_refresh_in_place_keeps_the_cache(tmp_path):
+    """``prep NEW -o cost.parquet --cache cost.parquet`` refreshes a table in place; a run that
+    stops on its error rate removed the older table beside its new errors, which here is the
+    user's cache (a full prep of everything to get it back). It is kept, and said so."""
+    from dataprep import ErrorRateExceeded
+
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=30, seed=2, images=8)
+    cost = tmp_path / "cost.parquet"
+    _prep(demo, cost)
+    before = cost.read_bytes()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "conversations": []}\n' * 5)
+    cfg = PrepConfig(
+        inputs=(str(demo / "demo.jsonl"), str(bad)),
+        output=str(cost),
+        tokenizer=str(demo / "tokenizer.json"),
+        image_root=str(demo),
+        cache=str(cost),
+        max_error_rate=0.0,
+    )
+    with pytest.raises(ErrorRateExceeded, match="this run's --cache\\) is kept"):
+        run_prep(cfg)
+    assert cost.read_bytes() == before

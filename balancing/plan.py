@@ -38,6 +38,7 @@ from balancing.plan_quality import (
     step_loads_of,
 )
 from balancing.steps import assign_steps
+from dataprep.values import is_count, is_number
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 
@@ -111,24 +112,17 @@ class BalanceConfig:
         ``q_v``/``q_t`` (an automatic choice is made again for the night's samples), cost
         model. A ``ValueError`` naming ``where`` and the field for anything not recorded so."""
 
-        def whole(v) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 63
-
         if not isinstance(params, dict):
             raise ValueError(f"{where}: the plan report records no 'parameters' object")
         isf = params.get("isf", {})
         if not isinstance(isf, dict):
             raise ValueError(f"{where}: parameters.isf is not an object")
-        bad = [k for k in ("dp", "nodes", "gpus_per_node", "seed") if not whole(params.get(k))]
-        bad += [k for k in ("rounds",) if k in isf and not whole(isf[k])]
+        bad = [k for k in ("dp", "nodes", "gpus_per_node", "seed") if not is_count(params.get(k))]
+        bad += [k for k in ("rounds",) if k in isf and not is_count(isf[k])]
         if isf.get("auto") is False:
-            bad += [f"isf.{k}" for k in ("q_v", "q_t") if not whole(isf.get(k))]
+            bad += [f"isf.{k}" for k in ("q_v", "q_t") if not is_count(isf.get(k))]
         numbers = {"target_batch": params.get("target_batch"), "isf.slack": isf.get("slack", 0)}
-        bad += [
-            k
-            for k, v in numbers.items()
-            if not isinstance(v, int | float) or isinstance(v, bool) or v != v
-        ]
+        bad += [k for k, v in numbers.items() if not is_number(v) or v != v]
         if bad:
             raise ValueError(f"{where}: plan parameters {bad} are missing or not numbers")
         cm = params.get("cost_model")

@@ -28,6 +28,7 @@ from dataprep.cost_table import (
 from dataprep.errors import DataprepError, describe
 from dataprep.local_files import regular_file
 from dataprep.prep_cache import counts_identity
+from dataprep.values import is_count
 
 __all__ = ["merge_cost_tables"]
 
@@ -40,20 +41,19 @@ def _checked(path: str, m: dict) -> dict:
     """A part's metadata with its shard position and counts checked (they come from a file:
     a malformed one is an error naming it, not a KeyError or a wrong total)."""
 
-    def count(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
     shard, counts = m.get("shard"), m.get("counts")
     if not (
-        isinstance(shard, dict) and count(shard.get("index")) and count(shard.get("num_shards"))
+        isinstance(shard, dict)
+        and is_count(shard.get("index"))
+        and is_count(shard.get("num_shards"))
     ):
         raise DataprepError(f"{path}: metadata 'shard' must hold whole numbers index, num_shards")
     if not shard["index"] < shard["num_shards"]:
         raise DataprepError(f"{path}: shard index {shard['index']} of {shard['num_shards']}")
-    if not (isinstance(counts, dict) and all(count(counts.get(k)) for k in _COUNTS)):
+    if not (isinstance(counts, dict) and all(is_count(counts.get(k)) for k in _COUNTS)):
         raise DataprepError(f"{path}: metadata 'counts' must hold whole numbers {_COUNTS}")
     for k in ("damaged_ranges", "cached"):
-        if k in counts and not count(counts[k]):
+        if k in counts and not is_count(counts[k]):
             raise DataprepError(f"{path}: metadata count {k!r} must be a whole number >= 0")
     return m
 

@@ -8,13 +8,15 @@ Each check returns why a field is not what the writer writes (None: it is), and
 
 from __future__ import annotations
 
+from dataprep.values import is_count, is_number
+
 __all__ = ["extras_problem", "report_problem"]
 
 _BIG = 1 << 40
 
 
 def _whole(v, hi: int = _BIG) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < hi
+    return is_count(v, 0, hi)
 
 
 def report_problem(report) -> str | None:
@@ -35,13 +37,9 @@ def report_problem(report) -> str | None:
         if key in counts and not _whole(counts[key]):
             return f"report.counts.{key} is {counts[key]!r:.40}, expected a count"
     for name, values in report.get("metrics", {}).items():  # shown by report and inspect
-        if not isinstance(values, dict) or not all(map(_number, values.values())):
+        if not isinstance(values, dict) or not all(map(is_number, values.values())):
             return f"report.metrics.{name} is not an object of numbers"
     return None
-
-
-def _number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
 
 
 def extras_problem(raw: dict) -> str | None:

@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.repeated_ids import repeated_mask
+from dataprep.values import is_count
 from shards.errors import WriteError
 from shards.publish import read_small
 
@@ -37,10 +38,6 @@ __all__ = ["read_plan"]
 MAX_RANKS = 1 << 20
 REPORT_LIMIT = 64 << 20  # a report lists at most 20 sample ids: kilobytes
 _INT_COLUMNS = ("group_id", "step", "rank", "group_size", "group_vit_tokens", "group_llm_tokens")
-
-
-def _whole(v, lo: int, hi: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
 def _report(path: Path) -> tuple[dict, int, int, int, int]:
@@ -53,13 +50,16 @@ def _report(path: Path) -> tuple[dict, int, int, int, int]:
     if not isinstance(params, dict) or not isinstance(counts, dict):
         raise WriteError(f"{path}: a plan report must hold 'parameters' and 'counts' objects")
     nodes, per = params.get("nodes"), params.get("gpus_per_node")
-    if not (_whole(nodes, 1, MAX_RANKS) and _whole(per, 1, MAX_RANKS)) or nodes * per > MAX_RANKS:
+    if (
+        not (is_count(nodes, 1, MAX_RANKS + 1) and is_count(per, 1, MAX_RANKS + 1))
+        or nodes * per > MAX_RANKS
+    ):
         raise WriteError(
             f"{path}: parameters nodes={nodes!r}, gpus_per_node={per!r} must be whole numbers "
             f">= 1 with at most {MAX_RANKS} ranks in all"
         )
     out, steps = counts.get("out"), counts.get("steps")
-    if not (_whole(out, 0, 1 << 40) and _whole(steps, 0, 1 << 40)):
+    if not (is_count(out, 0, 1 << 40) and is_count(steps, 0, 1 << 40)):
         raise WriteError(f"{path}: counts out={out!r}, steps={steps!r} must be whole numbers")
     return report, nodes, per, out, steps
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 
+from dataprep.values import is_count
+
 __all__ = ["COST_FIELDS", "SampleDocError", "check_place", "parse_sample_doc", "sample_doc"]
 
 # cost-table fields copied into each sample's document (``cost``)
@@ -59,10 +61,6 @@ def sample_doc(meta: dict, step: int, group_id: int, rank: int) -> bytes:
     ).encode()
 
 
-def _count(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
 def _cost(cost) -> str | None:
     """Why ``cost`` is not a cost table row as the writer copies it (None: it is). Types only:
     what the numbers say is the cost table's business (a table another tool made may count
@@ -73,11 +71,11 @@ def _cost(cost) -> str | None:
     if missing:
         return f"'cost' lacks {missing}"
     present = {f: cost[f] for f in COST_FIELDS if not (cost[f] is None and f in _MAY_BE_NULL)}
-    bad = [f for f in _COUNTS if f in present and not _count(present[f])]
+    bad = [f for f in _COUNTS if f in present and not is_count(present[f])]
     bad += [
         f
         for f in _LISTS
-        if f in present and not (isinstance(present[f], list) and all(map(_count, present[f])))
+        if f in present and not (isinstance(present[f], list) and all(map(is_count, present[f])))
     ]
     if "modality" in present and not isinstance(present["modality"], str):
         bad.append("modality")
@@ -112,7 +110,7 @@ def _problem(doc) -> str | None:
     why = _cost(doc.get("cost"))
     if why:
         return why
-    if not all(_count(doc.get(f)) for f in ("step", "group_id", "rank")):
+    if not all(is_count(doc.get(f)) for f in ("step", "group_id", "rank")):
         return "'step', 'group_id' and 'rank' are not all whole numbers >= 0"
     return None
 

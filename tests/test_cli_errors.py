@@ -30,7 +30,11 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
     unwritable = tmp / "blocker"  # a file: nothing can be created below it (even as root)
     unwritable.write_text("")
     prep = ["prep", jl, "--tokenizer", tok, "-o", str(tmp / "c.parquet")]
+    (tmp / "pl").mkdir()  # a cost table named as the plan balance writes into that directory
+    own = tmp / "pl" / "plan.parquet"
+    own.write_bytes(Path(cost).read_bytes())
     return [
+        (["balance", str(own), "--dp", "4", "-o", str(tmp / "pl")], "is the plan's own"),
         (["balance", cost, "--dp", "4", "--nodes", "0", "-o", str(tmp / "p")], "--nodes"),
         (
             ["balance", cost, "--dp", "4", "--target-batch", "0.5", "-o", str(tmp / "p")],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
 __all__ = ["add_parser", "print_report", "run"]
 
@@ -175,6 +177,13 @@ def run(args: argparse.Namespace) -> int:
             cost_model=model,
         )
         check_output_dir(args.output)
+        for name in ("plan.parquet", "report.json"):  # written there: never over the input
+            out = Path(args.output) / name
+            if out.is_file() and os.path.samefile(out, args.cost_table):
+                raise ValueError(
+                    f"{args.cost_table} is the plan's own {out}: balance would replace its cost "
+                    "table with the plan; give another -o directory"
+                )
         table = read_cost_table(args.cost_table, required_only=True, validate=False)
         # every rule the balancer's counts depend on first; the repeated-id check (most of the
         # checking at 10M rows) on the other core while the plan is built, before it is written

@@ -152,6 +152,14 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
     smallest = pc.min(flat).as_py() if table.num_rows else None
     if smallest is not None and smallest < 0:
         rules.append(("vit_seq_lens holds a negative length", _rows_where(seq, pc.less(flat, 0))))
+    for name in ("vit_seq_lens", "image_widths", "image_heights"):  # a null inside a list: a
+        if name in table.column_names:  # sample document no reader takes (shards/sample_doc.py)
+            col = table.column(name)
+            values = pc.list_flatten(col)
+            if values.null_count:
+                rules.append(
+                    (f"{name} holds a missing value", _rows_where(col, pc.is_null(values)))
+                )
     rules.append(
         (
             "llm_tokens is less than text_tokens",

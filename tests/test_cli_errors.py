@@ -156,6 +156,8 @@ def _with_row0(table, column: str, value, typ):
         ("sample_id", None, "string", "sample_id is missing"),
         ("sample_id", "DUP", "string", None),
         ("vit_seq_lens", [-3], "list<int32>", "negative length"),
+        # written into the sample's document, which no reader takes
+        ("vit_seq_lens", [1024, None], "list<int32>", "vit_seq_lens holds a missing value"),
         # sums of such counts overflow 64-bit integers (the plan was made, silently wrong)
         ("llm_tokens", 2**62, "int64", "llm_tokens is above the plausible"),
         ("vit_tokens", 2**40, "int64", "vit_tokens is above the plausible"),
@@ -298,3 +300,27 @@ def test_a_named_file_that_is_no_regular_file_is_refused_not_read(made, tmp_path
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and bad.name in r.stderr
     assert "not a regular file" in r.stderr or "bytes, more than" in r.stderr
+
+
+def test_write_refuses_a_missing_image_size_inside_a_row(made, tmp_path, capsys):
+    """A null inside a row's image_widths (balance reads only the required columns) went into
+    the sample's document, which every reader then refused: a generation nobody could read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(made["cost"])
+    meta = t.schema.metadata
+    row = next(i for i, n in enumerate(t.column("num_images").to_pylist()) if n)
+    widths = t.column("image_widths").to_pylist()
+    widths[row] = [None] * len(widths[row])
+    bad = t.set_column(
+        t.schema.get_field_index("image_widths"),
+        "image_widths",
+        pa.array(widths, pa.list_(pa.int32())),
+    ).replace_schema_metadata(meta)
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    argv = ["write", str(made["plan"]), "--cost-table", str(tmp_path / "bad.parquet")]
+    assert main([*argv, "--out", str(tmp_path / "g")]) == 2
+    err = capsys.readouterr().err
+    assert "image_widths holds a missing value" in err and "bad.parquet" in err
+    assert not (tmp_path / "g" / "CURRENT").exists()

@@ -90,8 +90,8 @@ def _problem(doc) -> str | None:
     sid = doc.get("sample_id")
     if not isinstance(sid, str) or not sid:
         return "'sample_id' is not a non-empty string"
-    if not isinstance(doc.get("source"), str):
-        return "'source' is not a string"
+    if doc.get("source") is not None and not isinstance(doc["source"], str):
+        return "'source' is not a string"  # null: a cost table another tool made left it out
     names = doc.get("images")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         return "'images' is not a list of member names"

@@ -161,8 +161,15 @@ def render_report(generation: str | Path, output: str | Path, *, progress: bool 
 
     from dataprep.cost_table import read_cost_table
     from shards.manifest import open_generation
+    from shards.storage import is_url
 
     m = open_generation(generation)
+    local = not is_url(m.path)
+    if local and Path(output).resolve().is_relative_to(Path(m.path).resolve()):
+        raise ValueError(  # a published generation never changes (its files are checksummed)
+            f"{output} is inside the generation {m.path}: write the report elsewhere (e.g. next "
+            "to it, in the generation root)"
+        )
     files = m.storage  # local, or an object store (the two tables are small: read whole)
     if not files.exists("cost.parquet") or not files.exists("plan.parquet"):
         raise ValueError(

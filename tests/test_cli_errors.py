@@ -65,6 +65,8 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
         (["inspect", cost], "not a generation"),
         (["report", cost, "-o", str(tmp / "r.html")], "not a generation"),
         (["report", gen, "-o", str(unwritable / "x" / "r.html")], "blocker"),
+        # a published generation never changes: -o over its manifest broke it
+        (["report", gen, "-o", str(next(Path(gen).glob("gen-*/manifest.json")))], "is inside"),
         (["balance", cost, "--dp", "4", "-o", str(unwritable / "plan")], "blocker"),
         (["write", plan, "--cost-table", cost, "--out", str(unwritable / "g")], "blocker"),
         (["merge", cost, "-o", str(unwritable / "d" / "m.parquet")], "blocker"),

@@ -67,6 +67,8 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
         (["report", gen, "-o", str(unwritable / "x" / "r.html")], "blocker"),
         # a published generation never changes: -o over its manifest broke it
         (["report", gen, "-o", str(next(Path(gen).glob("gen-*/manifest.json")))], "is inside"),
+        ([*prep[:-2], "-o", str(next(Path(gen).glob("gen-*/cost.parquet")))], "is inside"),
+        (["balance", cost, "--dp", "4", "-o", str(next(Path(gen).glob("gen-*")))], "is inside"),
         (["balance", cost, "--dp", "4", "-o", str(unwritable / "plan")], "blocker"),
         (["write", plan, "--cost-table", cost, "--out", str(unwritable / "g")], "blocker"),
         (["merge", cost, "-o", str(unwritable / "d" / "m.parquet")], "blocker"),

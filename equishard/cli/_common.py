@@ -112,10 +112,27 @@ def _apply_store_args(args) -> None:
     store_limits()  # a bad value in the environment is an error before any work
 
 
+def _inside_generation(p: Path) -> Path | None:
+    """The published generation directory ``p`` is in (or is), if any."""
+    from shards.publish import valid_generation_name
+
+    for d in (p.resolve(), *p.resolve().parents):
+        if valid_generation_name(d.name) and (d / "manifest.json").is_file():
+            return d
+    return None
+
+
 def check_output_dir(path: str | os.PathLike) -> None:
-    """Make sure directory ``path`` exists (created if needed) and is writable; ``ValueError``
+    """Make sure directory ``path`` exists (created if needed) and is writable, and is not in
+    a published generation (it never changes: its files are checksummed); ``ValueError``
     naming it otherwise, before any work is done."""
     p = Path(path)
+    gen = _inside_generation(p)
+    if gen is not None:
+        raise ValueError(
+            f"{p} is inside the published generation {gen}, which never changes; write "
+            "elsewhere (e.g. beside the generation root)"
+        )
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

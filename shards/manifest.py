@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from shards.manifest_fields import extras_problem, report_problem
+from shards.manifest_structure import structure_problem
 from shards.publish import CURRENT, parse_current, read_current, valid_generation_name
 from shards.storage import GenerationFiles, is_url
 
@@ -170,84 +171,6 @@ def _safe_path(name: str, gen_dir: Path | None, where: str, dirs: dict) -> None:
         raise ManifestError(f"{where}: shard path {name!r} resolves outside {gen_dir}")
 
 
-def _check_structure(
-    path: Path, streams: list[Stream], steps: int, nodes: int, per: int, totals: dict, report: dict
-) -> None:
-    """What the loader's exactly-once promise rests on: ranks 0..D-1 each once at their (node,
-    local rank); every stream has exactly one group per step (only the short last step may lack
-    some, as many as the plan says); group byte ranges lie inside their shard in order; shard
-    files are distinct; totals and the plan report agree with the groups."""
-    if steps < 1:
-        raise ManifestError(f"{path}: layout.steps is {steps}; a generation has at least one step")
-    ranks = sorted(st.rank for st in streams)
-    if ranks != list(range(nodes * per)):
-        raise ManifestError(f"{path}: stream ranks {ranks} are not 0..{nodes * per - 1} once each")
-    files: set[str] = set()
-    short = bool(report.get("last_step", {}).get("short"))
-    lacking_last = 0
-    n_groups = n_bytes = 0
-    for st in streams:
-        where = f"{path} stream of rank {st.rank}"
-        if (st.node, st.local_rank) != divmod(st.rank, per):
-            raise ManifestError(
-                f"{where}: node {st.node}, local rank {st.local_rank} do not match rank {st.rank} "
-                f"with {per} ranks per node"
-            )
-        seen: list[int] = []
-        for sh in st.shards:
-            if sh.file in files:
-                raise ManifestError(f"{where}: shard {sh.file} is listed twice")
-            files.add(sh.file)
-            n_bytes += sh.bytes
-            end = 0
-            for g in sh.groups:
-                if (
-                    g.samples < 0
-                    or g.offset < end
-                    or g.length <= 0
-                    or g.offset + g.length > sh.bytes
-                ):
-                    raise ManifestError(
-                        f"{where}: group of step {g.step} in {sh.file} has byte range "
-                        f"{g.offset}+{g.length} (samples {g.samples}), outside the shard's "
-                        f"{sh.bytes} bytes or overlapping the group before it"
-                    )
-                end = g.offset + g.length
-                seen.append(g.step)
-        n_groups += len(seen)
-        if seen != sorted(set(seen)):
-            raise ManifestError(f"{where}: steps {seen} are not one group per step in order")
-        if seen and not 0 <= seen[0] <= seen[-1] < steps:
-            raise ManifestError(f"{where}: a group's step is outside 0..{steps - 1} (layout.steps)")
-        # seen is sorted and distinct: it is 0..steps-1 exactly when it has ``steps`` entries
-        # (never a list of ``steps`` items: that number comes from the manifest)
-        if len(seen) != steps:
-            if short and len(seen) == steps - 1 and (not seen or seen[-1] == steps - 2):
-                lacking_last += 1
-            else:
-                have = set(seen)
-                missing = [s for s in range(min(steps, len(seen) + 10)) if s not in have]
-                raise ManifestError(
-                    f"{where}: no group for step(s) {missing[:10]}; every rank needs exactly one "
-                    "group per step"
-                )
-    empty = report.get("last_step", {}).get("empty_ranks", 0)
-    if lacking_last and lacking_last > empty:
-        raise ManifestError(
-            f"{path}: {lacking_last} ranks lack a group in the last step, the plan left "
-            f"{empty} empty"
-        )
-    for key, value in (("groups", n_groups), ("shards", len(files)), ("bytes", n_bytes)):
-        if key in totals and totals[key] != value:
-            raise ManifestError(f"{path}: totals.{key} is {totals[key]}, the streams hold {value}")
-    counts = report.get("counts") or {}
-    for key, value in (("out", totals.get("samples")), ("groups", n_groups), ("steps", steps)):
-        if key in counts and counts[key] != value:
-            raise ManifestError(
-                f"{path}: the plan report says {counts[key]} {key}, the manifest has {value}"
-            )
-
-
 def load_manifest(
     gen_dir: str | os.PathLike | GenerationFiles,
     *,
@@ -358,7 +281,9 @@ def load_manifest(
     why = report_problem(report)
     if why:
         raise ManifestError(f"{path}: {why}")
-    _check_structure(path, streams, steps, nodes, per, totals, report)
+    why = structure_problem(path, streams, steps, nodes, per, totals, report)
+    if why:
+        raise ManifestError(why)
     carried = {}
     for name, spec in _need(raw, "files", dict, str(path)).items() if "files" in raw else ():
         w = f"{path} files[{name!r}]"

@@ -56,6 +56,17 @@ def _drop_group(raw):
     raw["report"]["counts"]["groups"] -= 1
 
 
+def _overlapping_groups(raw):
+    """The second group starts inside the first (a reader would hand some bytes out twice)."""
+    groups = _shard_with_groups(raw)["groups"]
+    groups[1][2] = groups[0][2] + groups[0][3] - 512
+
+
+def _group_past_its_shard(raw):
+    sh = _shard_with_groups(raw)
+    sh["groups"][-1][3] = sh["bytes"]  # its range runs past the shard's end
+
+
 def _dotdot_path(raw):
     raw["streams"][0]["shards"][0]["file"] = "../outside.tar"
 
@@ -74,6 +85,8 @@ def _rank_twice(raw):
         (_lower_steps, "outside 0"),
         (_same_step_twice, "one group per step"),
         (_drop_group, "no group for step"),
+        (_overlapping_groups, "overlapping the group before it"),
+        (_group_past_its_shard, "outside the shard's"),
         (_dotdot_path, "leaves the generation"),
         (_absolute_path, "leaves the generation"),
         (_rank_twice, "once each"),

@@ -159,3 +159,25 @@ def test_a_parent_plan_keeping_a_sample_its_table_lacks_is_refused():
     cost = old.filter(pc.not_equal(old.column("sample_id"), "s7"))  # not deleted: just absent
     with pytest.raises(ValueError, match=r"does not hold, e\.g\. \['s7'\]"):
         incremental_plan(parent, cost, set(), CFG)
+
+
+def test_steps_stay_numbered_in_order_when_early_steps_vanish():
+    """Every sample of the parent's first half of steps is deleted: the kept steps' numbers are
+    then past the night's step count, so they must be renumbered (bug: kept at their parent
+    numbers, the plan's steps had holes and the fresh short step could land before kept ones).
+    Reference: steps 0..N-1 each present, and only the last one may have ranks without a group."""
+    old = _table(300, 9)
+    parent = build_plan(old, CFG).plan
+    steps = parent.column("step").to_numpy()
+    ids = parent.column("sample_id").to_pylist()
+    gone = {i for i, s in zip(ids, steps.tolist(), strict=True) if s < steps.max() // 2}
+    keep = pc.invert(pc.is_in(old.column("sample_id"), pa.array(sorted(gone), pa.string())))
+    res = incremental_plan(parent, old.filter(keep), gone, CFG)
+    st = res.plan.column("step").to_numpy()
+    assert set(st.tolist()) == set(range(int(st.max()) + 1))
+    ranks = res.plan.group_by("step").aggregate([("rank", "count_distinct")]).to_pydict()
+    short = [
+        s for s, n in zip(ranks["step"], ranks["rank_count_distinct"], strict=True) if n < CFG.dp
+    ]
+    assert short in ([], [int(st.max())])
+    assert res.report["incremental"]["kept_steps"] > 0

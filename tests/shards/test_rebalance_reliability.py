@@ -341,3 +341,24 @@ def test_a_night_given_another_tokenizer_is_refused_naming_it(root, tmp_path):
     with pytest.raises(SettingsMismatch, match=r"other-tokenizer\.json"):
         run_rebalance(_night(root, 2, tokenizer=str(other)))
     assert read_current(root) == cur
+
+
+def test_history_lines_not_written_by_equishard_are_left_out(tmp_path):
+    """read_history's contract: only lines as note_current writes them (an event string and a
+    generation name inside the root); a damaged or hand-edited line is left out, never a path."""
+    from shards.publish import note_current, read_history
+
+    (tmp_path / "CURRENT.history").write_text(
+        "\n".join(
+            [
+                json.dumps({"event": "current", "generation": "../../elsewhere"}),
+                json.dumps({"event": 5, "generation": "gen-0123456789abcdef"}),
+                json.dumps(["current", "gen-0123456789abcdef"]),
+                "not json",
+                json.dumps({"event": "night", "generation": "/abs"}),
+            ]
+        )
+        + "\n"
+    )
+    note_current(tmp_path, "gen-0123456789abcdef", "night")
+    assert read_history(tmp_path) == [("night", "gen-0123456789abcdef")]

@@ -301,3 +301,15 @@ def test_the_demo_never_writes_over_a_users_directory(tmp_path):
     assert first == again and (demo / "demo.jsonl").is_file()
     (demo / ".equishard-demo").unlink()  # a demo from before the marker: its files alone
     make_demo(demo, samples=3, seed=1)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 100])
+def test_errors_name_the_line_of_the_file_blank_lines_counted(tmp_path, tokenizer_path, chunk):
+    """An errors row names the line an editor shows (1-based, blank lines counted), whatever
+    the work units' size. Reference: the lines written here."""
+    good = json.dumps(llava("a"))
+    lines = [good, "", "", "{not json", good.replace('"a"', '"b"'), "   ", "", "[1, 2"]
+    path = tmp_path / "d.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    _, _, errors = run(tmp_path, [path], tokenizer_path, chunk_size=chunk)
+    assert sorted(e["line"] for e in errors) == [4, 8]

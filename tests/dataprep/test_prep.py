@@ -313,3 +313,35 @@ def test_errors_name_the_line_of_the_file_blank_lines_counted(tmp_path, tokenize
     path.write_text("\n".join(lines) + "\n")
     _, _, errors = run(tmp_path, [path], tokenizer_path, chunk_size=chunk)
     assert sorted(e["line"] for e in errors) == [4, 8]
+
+
+def test_a_parquet_input_of_many_row_groups_splits_into_shards_exactly(tmp_path, tokenizer_path):
+    """Each record of a Parquet input has one global index across its row groups; prep split
+    into shards keeps records [T*k/N, T*(k+1)/N) of the whole input in shard k (a planted bug,
+    every row group numbering its records from 0, put the whole input in shard 0 and the other
+    shards empty, which a check of the ids alone did not see). Reference: the input's order."""
+    import pyarrow as pa
+
+    rows = [{"id": f"p{i}", **{k: v for k, v in llava(f"p{i}").items() if k != "id"}}
+            for i in range(23)]  # fmt: skip
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=5)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 5
+    ids, sizes = [], []
+    for k in range(3):
+        out = tmp_path / f"part{k}.parquet"
+        run_prep(
+            PrepConfig(
+                inputs=(str(path),),
+                output=str(out),
+                tokenizer=tokenizer_path,
+                shard_index=k,
+                num_shards=3,
+            )
+        )
+        got = pq.read_table(out).column("sample_id").to_pylist()
+        ids += got
+        sizes.append(len(got))
+    assert sorted(ids) == sorted(r["id"] for r in rows)
+    assert sizes == [7, 8, 8]  # records [23k/3, 23(k+1)/3) of the whole input, in order
+    assert ids == [r["id"] for r in rows]

@@ -33,6 +33,7 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
     (tmp / "pl").mkdir()  # a cost table named as the plan balance writes into that directory
     own = tmp / "pl" / "plan.parquet"
     own.write_bytes(Path(cost).read_bytes())
+    write = ["write", plan, "--cost-table", cost, "--out", str(tmp / "g")]
     return [
         (["balance", str(own), "--dp", "4", "-o", str(tmp / "pl")], "is the plan's own"),
         (["balance", cost, "--dp", "4", "--nodes", "0", "-o", str(tmp / "p")], "--nodes"),
@@ -75,32 +76,8 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
         (["demo", str(tmp / "demo"), "--days", "0"], "--days"),
         (["verify", str(tmp / "nothing-here")], "no such"),
         # more digits than any size (float() made it inf: an OverflowError traceback)
-        (
-            [
-                "write",
-                plan,
-                "--cost-table",
-                cost,
-                "--out",
-                str(tmp / "g"),
-                "--shard-size",
-                "9" * 40,
-            ],
-            "bad size",
-        ),
-        (
-            [
-                "write",
-                plan,
-                "--cost-table",
-                cost,
-                "--out",
-                str(tmp / "g"),
-                "--shard-size",
-                "2048TB",
-            ],
-            "1PB",
-        ),
+        ([*write, "--shard-size", "9" * 40], "bad size"),
+        ([*write, "--shard-size", "2048TB"], "1PB"),
     ]
 
 

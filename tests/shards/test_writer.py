@@ -280,6 +280,27 @@ def _edit_sidecar(path: Path, edit) -> None:
     path.write_text(json.dumps(meta))
 
 
+def _killed_write(gen_inputs, tmp_path, monkeypatch, at: str):
+    """(config, staging directory) of a write killed when it calls ``shards.writer.<at>``
+    (``atomic_write_bytes``: before the manifest; ``write_wids_index``: right after it)."""
+    import shards.writer as w
+
+    _, cost, plan = gen_inputs
+    cfg = WriteConfig(
+        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
+    )
+
+    def killed(*args):
+        raise SystemExit(f"killed at {at}")
+
+    monkeypatch.setattr(w, at, killed)
+    with pytest.raises(SystemExit):
+        write_generation(cfg)
+    monkeypatch.undo()
+    (stage,) = (tmp_path / "g").glob(".staging-*")
+    return cfg, stage
+
+
 LEFTOVER_DAMAGE = {
     # a finished shard changed at rest after its sidecar was written (same size)
     "shard bytes": lambda tar, side: _flip_byte(tar),
@@ -311,22 +332,7 @@ def test_a_resumed_write_rewrites_leftovers_that_do_not_check_out(
     byte-identical to an uninterrupted run's (bug: a shard of the right size was kept, so a
     changed byte went into a manifest that vouched for it; a broken sidecar crashed every
     later run; a sidecar with other steps made the resume skip planned groups)."""
-    import shards.writer as w
-
-    _, cost, plan = gen_inputs
-    cfg = WriteConfig(
-        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
-    )
-
-    def killed(path, data):
-        raise SystemExit("killed before the manifest")
-
-    real = w.atomic_write_bytes
-    monkeypatch.setattr(w, "atomic_write_bytes", killed)
-    with pytest.raises(SystemExit):
-        write_generation(cfg)
-    monkeypatch.setattr(w, "atomic_write_bytes", real)
-    (stage,) = (tmp_path / "g").glob(".staging-*")
+    cfg, stage = _killed_write(gen_inputs, tmp_path, monkeypatch, "atomic_write_bytes")
     tars = sorted(stage.glob("node-*/rank-*/shard-000000.tar"))
     assert tars
     for tar in tars[:2]:
@@ -357,22 +363,7 @@ def test_a_run_killed_after_its_manifest_publishes_only_checked_files(
     the staged manifest is kept only when it is this generation's and every file it names
     matches its sha256; otherwise the generation is written again, byte-identical to a clean
     run's."""
-    import shards.writer as w
-
-    _, cost, plan = gen_inputs
-    cfg = WriteConfig(
-        plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "g"), shard_size=200_000
-    )
-
-    def killed(m):
-        raise SystemExit("killed after the manifest")
-
-    real = w.write_wids_index
-    monkeypatch.setattr(w, "write_wids_index", killed)
-    with pytest.raises(SystemExit):
-        write_generation(cfg)
-    monkeypatch.setattr(w, "write_wids_index", real)
-    (stage,) = (tmp_path / "g").glob(".staging-*")
+    cfg, stage = _killed_write(gen_inputs, tmp_path, monkeypatch, "write_wids_index")
     assert (stage / "manifest.json").is_file()
     STAGED_DAMAGE[damage](stage)
     write_generation(cfg)

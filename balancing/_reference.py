@@ -375,3 +375,79 @@ def greedy_node_assign(benefit, per_node):
             node_of[j] = n
             used[n] += 1
     return node_of
+
+
+def one_f_one_b_times(fwd, bwd, order):
+    """-> (start_f, end_f, start_b, end_b), lists [stage][position]; see ``_nb_1f1b_times``.
+
+    Written as a longest path over the schedule's dependency graph (Kahn's order): each stage's
+    op sequence (min(p - s - 1, l) warm-up forwards, then forward/backward pairs, then the
+    remaining backwards) plus data edges (forward from stage s - 1, backward from stage s + 1;
+    the last stage's backward after its own forward)."""
+    p, m = len(fwd), len(order)
+    seq = []
+    for s in range(p):
+        warm = min(p - s - 1, m)
+        ops = [("f", j) for j in range(warm)]
+        for j in range(warm, m):
+            ops += [("f", j), ("b", j - warm)]
+        ops += [("b", j) for j in range(m - warm, m)]
+        seq.append(ops)
+    preds = {}
+    for s, ops in enumerate(seq):
+        for k, (kind, j) in enumerate(ops):
+            before = [(s, *ops[k - 1])] if k else []
+            if kind == "f" and s > 0:
+                before.append((s - 1, "f", j))
+            if kind == "b":
+                before.append((s + 1, "b", j) if s < p - 1 else (s, "f", j))
+            preds[(s, kind, j)] = before
+    waiting = {n: len(b) for n, b in preds.items()}
+    after = {n: [] for n in preds}
+    for n, b in preds.items():
+        for q in b:
+            after[q].append(n)
+    ready = [n for n, c in waiting.items() if c == 0]
+    start, end = {}, {}
+    while ready:
+        n = ready.pop()
+        s, kind, j = n
+        start[n] = max((end[q] for q in preds[n]), default=0.0)
+        end[n] = start[n] + (fwd if kind == "f" else bwd)[s][order[j]]
+        for q in after[n]:
+            waiting[q] -= 1
+            if waiting[q] == 0:
+                ready.append(q)
+    assert len(end) == len(preds), "the 1F1B schedule has a cycle"
+
+    def table(d, kind):
+        return [[d[(s, kind, j)] for j in range(m)] for s in range(p)]
+
+    return table(start, "f"), table(end, "f"), table(start, "b"), table(end, "b")
+
+
+def swap_descent(fwd, bwd, order, max_passes, max_evals):
+    """-> order list; see ``_nb_swap_descent`` (makespans from ``one_f_one_b_times``)."""
+
+    def makespan(o):
+        return max((x for row in one_f_one_b_times(fwd, bwd, o)[3] for x in row), default=0.0)
+
+    o = list(order)
+    best = makespan(o)
+    evals = 0
+    for _ in range(max_passes):
+        improved = False
+        for i in range(len(o) - 1):
+            for j in range(i + 1, len(o)):
+                if evals >= max_evals:
+                    return o
+                evals += 1
+                o[i], o[j] = o[j], o[i]
+                val = makespan(o)
+                if val < best - 1e-12 * best:
+                    best, improved = val, True
+                else:
+                    o[i], o[j] = o[j], o[i]
+        if not improved:
+            break
+    return o

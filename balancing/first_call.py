@@ -57,6 +57,11 @@ def _compile_all() -> None:
     _nb_refine(x, order, dest, d, 0.0, 4, 0.0, x, 0, True)
     _nb_local_first(x, order, np.zeros(x.size, dtype=np.int64), d, 1, 7.5, dest)
     _nb_greedy_node_assign(np.zeros((d, d)), 1, np.empty(d, dtype=np.int64))
+    # the 1F1B microbatch ordering: no twins, every rank runs its kernels (so the stages of a
+    # pipeline order alike); compiled here so a trainer's first step does not wait for it
+    from balancing.reorder import inter_microbatch_reorder
+
+    inter_microbatch_reorder(x, 2)
 
 
 def _kernels() -> tuple:

@@ -27,6 +27,7 @@ BENCHMARKS = {
     "shards": "bench.bench_shards",
     "train": "bench.bench_train",
     "pipeline": "bench.bench_pipeline",
+    "order": "bench.bench_order",
     "nightly": "bench.bench_nightly",
     "hf": "bench.bench_hf",
     "runtime": "bench.bench_runtime",

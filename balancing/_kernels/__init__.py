@@ -47,7 +47,10 @@ from balancing._kernels.refine import (
     _tree_set,
 )
 from balancing._kernels.schedule import (
+    _nb_1f1b_ops,
     _nb_1f1b_times,
+    _nb_makespan,
+    _nb_swap_descent,
 )
 from balancing._kernels.tables import (
     STAT_COUNT,
@@ -82,6 +85,7 @@ __all__ = [
     "_ih_less",
     "_ih_swap",
     "_insert_sorted",
+    "_nb_1f1b_ops",
     "_nb_1f1b_times",
     "_nb_apply_round",
     "_nb_argsort_desc",
@@ -97,12 +101,14 @@ __all__ = [
     "_nb_lpt",
     "_nb_lpt_capped",
     "_nb_lpt_quadratic",
+    "_nb_makespan",
     "_nb_padded_attention",
     "_nb_padded_batches",
     "_nb_place_on_nodes",
     "_nb_refine",
     "_nb_sample_costs",
     "_nb_stats_pad_ratios",
+    "_nb_swap_descent",
     "_pair_step",
     "_remove_at",
     "_slot_sift",

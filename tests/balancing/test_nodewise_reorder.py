@@ -14,7 +14,7 @@ from balancing.nodewise import (
     volume_matrix,
 )
 from balancing.post_balance import post_balance
-from balancing.reorder import inter_microbatch_reorder, intra_batch_reorder, pipeline_times
+from balancing.reorder import intra_batch_reorder
 
 
 def _brute_force_best_max(v, per_node):
@@ -118,38 +118,6 @@ def test_locality_balance_keeps_its_own_plan_where_it_is_even():
     r = locality_balance(x, src, d, per)
     assert r.method == "locality" and r.imbalance <= 1.005
     assert (r.dest == src).mean() > 0.5
-
-
-def test_pipeline_simulator_hand_worked():
-    # 2 stages, 2 microbatches, forward 1, backward 2 everywhere:
-    # stage0 F0 [0,1] F1 [1,2]; stage1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7];
-    # stage0 B0 [4,6] B1 [7,9]
-    t = pipeline_times(np.ones(2), p=2)
-    assert t.start_f.tolist() == [[0, 1], [1, 4]]
-    assert t.end_b.tolist() == [[6, 9], [4, 7]]
-    assert t.makespan == 9
-    assert np.isclose(t.bubble_fraction(np.ones((2, 2)), 2 * np.ones((2, 2))), 1 - 12 / 18)
-
-
-@settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), p=st.integers(2, 5), extra=st.integers(0, 8))
-def test_inter_microbatch_reorder_is_a_permutation_and_never_slower(seed, p, extra):
-    rng = np.random.default_rng(seed)
-    n_mb = p + extra
-    enc = rng.lognormal(0, 0.7, n_mb)
-    f = np.vstack([enc, np.full((p - 1, n_mb), enc.mean())])
-    order = inter_microbatch_reorder(f, p)
-    assert sorted(order.tolist()) == list(range(n_mb))
-    assert pipeline_times(f, order=order).makespan <= pipeline_times(f).makespan + 1e-9
-
-
-def test_inter_microbatch_reorder_puts_smallest_first_and_last():
-    w = np.array([5.0, 1.0, 9.0, 2.0, 7.0, 3.0, 8.0, 0.5])
-    f = np.vstack([w, np.full((2, 8), 4.0)])
-    order = inter_microbatch_reorder(f, 3)
-    if not (order == np.arange(8)).all():
-        assert order[0] == 7  # the smallest first
-        assert set(order[-2:].tolist()) == {1, 3}  # the p - 1 = 2 next smallest last
 
 
 def test_intra_batch_reorder_hand_worked():

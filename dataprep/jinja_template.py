@@ -42,9 +42,11 @@ Janus's templates write the same marker, their processors expand it differently)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
+from collections.abc import Sized
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
@@ -57,8 +59,10 @@ from dataprep.template_limits import (
     RenderLimits,
     TemplateLimit,
     bounded,
+    bounded_call,
     bounded_range,
     check_result,
+    check_value,
     tick,
 )
 
@@ -178,7 +182,9 @@ def messages_from_turns(
 def _environment():
     import jinja2
     from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator
     from jinja2.ext import Extension
+    from jinja2.runtime import str_join
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     class Generation(Extension):
@@ -194,6 +200,16 @@ def _environment():
         def _mark(self, caller):
             return _GEN_OPEN + caller() + _GEN_CLOSE
 
+    class BoundedCodeGenerator(CodeGenerator):
+        """``a ~ b`` compiled to ``environment.concat``, where its size is checked."""
+
+        def visit_Concat(self, node, frame):
+            self.write("environment.concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
+
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
@@ -206,7 +222,8 @@ def _environment():
         """The sandbox transformers uses, with every call, lookup and operation counted
         against the render's time and size limits (:mod:`dataprep.template_limits`)."""
 
-        intercepted_binops = frozenset({"*", "**", "+"})
+        intercepted_binops = frozenset({"*", "**", "+", "%"})
+        code_generator_class = BoundedCodeGenerator
 
         def call_binop(self, context, operator, left, right):
             check_result(operator, left, right)
@@ -214,7 +231,21 @@ def _environment():
 
         def call(__self, __context, __obj, *args, **kwargs):
             tick()
-            return super().call(__context, __obj, *args, **kwargs)
+            method = getattr(__obj, "__wrapped__", __obj)  # str.format: the sandbox's wrapper
+            name = getattr(method, "__name__", "call")
+            args = _materialized(name, args)
+            return bounded_call(
+                name,
+                lambda *a, **k: super(Bounded, __self).call(__context, __obj, *a, **k),
+                getattr(method, "__self__", None),
+                args,
+                kwargs,
+            )
+
+        def concat(self, parts):
+            """``a ~ b``: refused when the joined text would pass the size limit."""
+            check_value(parts, "the template's ~")
+            return str_join(parts)
 
         def getattr(self, obj, attribute):
             tick()
@@ -229,16 +260,48 @@ def _environment():
             raise TemplateLimit("strftime_now was given a format longer than 256 characters")
         return datetime.now().strftime(fmt)
 
+    def finalize(value):
+        check_value(value, "the template's {{ ... }}")
+        return value
+
     env = Bounded(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[Generation, jinja2.ext.loopcontrols],
+        finalize=finalize,
     )
     env.filters["tojson"] = tojson
+    env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     env.globals["range"] = bounded_range
     return env
+
+
+def _materialized(name: str, args: tuple) -> tuple:
+    """A ``join`` over an iterator (a ``range``): its items in a list, so the size check counts
+    them (at most the sandbox's 100000 a range may have)."""
+    if name == "join" and args and not isinstance(args[0], Sized):
+        return (list(args[0]), *args[1:])
+    return args
+
+
+def _bounded_filter(name: str, f):
+    """A filter called through :func:`bounded_call`: the context Jinja passes first to some
+    filters is left out of the checks."""
+    from jinja2.utils import _PassArg
+
+    skip = 1 if _PassArg.from_obj(f) is not None else 0
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        lead = args[:skip]
+        value, *rest = _materialized(name, args[skip:])
+        return bounded_call(
+            name, lambda *a, **k: f(*lead, value, *a, **k), value, tuple(rest), kwargs
+        )
+
+    return wrapper
 
 
 def _token_text(value) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+import tracemalloc
 
 import pyarrow.parquet as pq
 import pytest
@@ -35,6 +36,27 @@ HOSTILE = {
     "doubling by +": "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
     "{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
 }
+# Values of gigabytes built in one step, before the time limit can see them (each rendered,
+# or died of a MemoryError or the OOM killer, before these limits): the size of every value an
+# operation, a filter or a method builds, and every number that sizes one, is checked first.
+BUILT_HUGE = {
+    "doubling by ~": "{% set ns = namespace(s='x') %}{% for i in range(40) %}"
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+    "a % format's width": "{{ ('%01000000000d' % 1) | length }}",
+    "a % format's width taken from its arguments": "{{ ('%0*d' % (1000000000, 1)) | length }}",
+    "str.format's width": "{{ '{:>1000000000}'.format('x') | length }}",
+    "the replace filter multiplying": "{{ ('x' * 4000000) | replace('x', 'x' * 4000) | length }}",
+    "str.replace multiplying": "{{ ('x' * 4000000).replace('x', 'x' * 4000) | length }}",
+    "the center filter's width": "{{ 'x' | center(1000000000) | length }}",
+    "str.zfill's width": "{{ 'x'.zfill(1000000000) | length }}",
+    "indenting many lines": "{{ ('\\n' * 1000000) | indent(4000, true) | length }}",
+    "joining a range with a long separator": "{{ range(99999) | join('x' * 1000) | length }}",
+    "a list repeating a long string": "{{ (['x' * 1000000] * 1000) | length }}",
+    "a long string printed many times": "{% set s = 'x' * 1000000 %}"
+    "{{ [s, s, s, s, s] | string | length }}",
+    "a tower of powers": "{{ ((2 ** 4096) ** 4096) ** 4096 > 1 }}",
+}
+HOSTILE |= BUILT_HUGE
 
 
 def _template(tmp_path, body: str):
@@ -57,10 +79,32 @@ def test_a_template_past_a_limit_rejects_the_sample_naming_it(tmp_path, monkeypa
     assert "limit" in str(e.value) and str(tmp_path / "t.jinja") in str(e.value)
 
 
+@pytest.mark.parametrize("case", sorted(BUILT_HUGE))
+def test_a_value_past_the_size_limit_is_refused_before_it_is_built(tmp_path, monkeypatch, case):
+    """Bug: such a value was built (a gigabyte, or until memory ran out) and refused, if at all,
+    only afterwards, by the time limit or the size of the output. Python's allocations while
+    the sample renders stay within a few times the limit (4 M characters)."""
+    monkeypatch.setenv("EQUISHARD_TEMPLATE_SECONDS", "5")
+    t = _template(tmp_path, BUILT_HUGE[case])
+    tracemalloc.start()
+    try:
+        with pytest.raises(SampleRejected) as e:
+            t.render(TURNS)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert e.value.reason == "template_limit"
+    assert "took longer" not in str(e.value)  # refused for its size, not timed out
+    assert peak < 64 << 20, f"{peak / 2**20:.0f} MiB allocated"
+
+
 def test_the_limits_leave_a_normal_template_alone(tmp_path, monkeypatch):
     monkeypatch.setenv("EQUISHARD_TEMPLATE_SECONDS", "1")
     t = _template(tmp_path, "{% for i in range(50) %}{{ 'ab' * 20 }}{% endfor %}")
     assert t.render(TURNS).startswith("user: <image>")
+    # values up to the limit (4,194,304 characters) are built and measured as ever
+    near = "{{ ('x' * 4000000) | replace('x', 'y') | length }} {{ '%05d' % 7 }} {{ 'a' ~ 'b' }}"
+    assert _template(tmp_path, near).render(TURNS).endswith("4000000 00007 ab")
 
 
 def test_a_template_too_large_to_compile_is_refused_at_load(tmp_path):

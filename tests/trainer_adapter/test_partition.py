@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from trainer_adapter.train.partition import (
     anchor_partition,
     layer_count_partition,
     partition_candidates,
+    profile_layers,
     score_partition,
     search_partition,
     stage_ranges,
@@ -53,6 +55,33 @@ def test_search_uses_the_trial_to_pick():
     assert len(ranked) == 3 and best.trial_seconds == min(p.trial_seconds for p in ranked)
     no_trial, _ = search_partition(times, [1.0] * 8, 2, radius=2, comm_weight=0.0)
     assert no_trial.bounds == (4,)
+
+
+def test_profile_excludes_the_warm_up_and_takes_the_median():
+    """Bugs: the first call (compilation, allocation) timed as a layer's cost; one slow run (a
+    GC pause, another process) taken as it. Each layer runs once untimed, then ``repeats``
+    times; its time is the median."""
+    calls = []
+
+    def layer(delays):
+        def fn():
+            calls.append(fn)
+            time.sleep(delays[min(calls.count(fn), len(delays)) - 1])
+
+        return fn
+
+    slow_first = layer([0.3, 0.002, 0.002, 0.002])
+    one_outlier = layer([0.002, 0.002, 0.002, 0.3])
+    out = profile_layers([slow_first, one_outlier], repeats=3)
+    assert calls.count(slow_first) == calls.count(one_outlier) == 4
+    assert (out < 0.1).all(), out
+
+
+def test_partition_refuses_times_that_are_not_numbers():
+    with pytest.raises(ValueError, match="finite"):
+        search_partition([1.0, float("nan"), 1.0], [1.0] * 3, 2)
+    with pytest.raises(ValueError, match="finite"):
+        search_partition([1.0] * 3, [1.0, float("inf"), 1.0], 2)
 
 
 @settings(max_examples=60, deadline=None)

@@ -55,8 +55,8 @@ def _check(times: np.ndarray, n: int) -> None:
         raise ValueError(f"need at least one pipeline stage, got {n}")
     if times.size < n:
         raise ValueError(f"{times.size} layers cannot fill {n} stages (each needs one)")
-    if (times < 0).any():
-        raise ValueError("layer times must be >= 0")
+    if not np.isfinite(times).all() or (times < 0).any():
+        raise ValueError("layer times must be finite and >= 0")
 
 
 def anchor_partition(times: Sequence[float], n: int) -> tuple[int, ...]:
@@ -128,6 +128,9 @@ def search_partition(
     _check(t, n)
     if len(activations) != t.size:
         raise ValueError(f"{len(activations)} activation sizes for {t.size} layers")
+    acts = np.asarray(activations, dtype=np.float64)
+    if not np.isfinite(acts).all() or (acts < 0).any():
+        raise ValueError("activation sizes must be finite and >= 0")
     if top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}")
     anchor = anchor_partition(t, n)

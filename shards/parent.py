@@ -6,6 +6,7 @@ digest taken from that same read whenever they are used.
 
 from __future__ import annotations
 
+import hashlib
 import tarfile
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from shards.tar_members import add_member, sample_doc, sample_key
 __all__ = [
     "COST_FILE",
     "PLAN_FILE",
+    "carried_bytes",
     "checked_carried",
     "copy_group",
     "parent_group",
@@ -50,6 +52,28 @@ def checked_carried(m, name: str) -> Path:
             "after it was written; restore it (or the generation) before a night reuses it"
         )
     return path
+
+
+def carried_bytes(m, name: str) -> bytes:
+    """The bytes of the file ``name`` carried in generation ``m``, local or in an object store,
+    checked against the size and sha256 its manifest records (as :func:`checked_carried`)."""
+    files = m.storage
+    if not m.carried or name not in m.carried:
+        return files.read_bytes(name)
+    size, digest = m.carried[name]
+    try:
+        data = files.read_bytes(name, limit=size)
+    except ValueError as exc:  # larger than recorded
+        raise ManifestError(
+            f"{exc}: the generation's {name} changed after it was written"
+        ) from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != digest:
+        raise ManifestError(
+            f"{files.where(name)}: sha256 {got} != the manifest's {digest}: the generation's "
+            f"{name} changed after it was written; restore it (or the generation)"
+        )
+    return data
 
 
 def _verify(srcs: list[dict]) -> None:

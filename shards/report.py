@@ -21,14 +21,25 @@ import numpy as np
 __all__ = ["render_report", "step_loads"]
 
 
-def step_loads(plan, cost, d: int) -> dict[str, np.ndarray]:
-    """[steps, d] loads per phase for the plan ('after') and for random batching ('before')."""
+def step_loads(plan, cost, d: int, steps: int | None = None) -> dict[str, np.ndarray]:
+    """[steps, d] loads per phase for the plan ('after') and for random batching ('before');
+    ``ValueError`` for a plan whose samples, steps (``steps``: how many) or ranks are not the
+    cost table's and the layout's."""
     where = {s: i for i, s in enumerate(cost.column("sample_id").to_pylist())}
+    missing = [s for s in plan.column("sample_id").to_pylist() if s not in where]
+    if missing:
+        raise ValueError(
+            f"the plan holds {len(missing)} sample(s) the cost table lacks (first {missing[0]!r})"
+        )
     rows = np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
     v = cost.column("vit_tokens").to_numpy().astype(np.float64)
     t = cost.column("llm_tokens").to_numpy().astype(np.float64)
-    step = plan.column("step").to_numpy()
+    step = plan.column("step").to_numpy().astype(np.int64)
     rank = plan.column("rank").to_numpy().astype(np.int64)
+    if steps is not None and ((step < 0) | (step >= steps)).any():
+        raise ValueError(f"the plan has steps outside 0..{steps - 1}, the manifest's steps")
+    if ((rank < 0) | (rank >= d)).any():
+        raise ValueError(f"the plan has ranks outside 0..{d - 1}, the manifest's layout")
     n_steps = int(step.max()) + 1 if step.size else 0
     slot = step * d + rank
     out = {
@@ -87,7 +98,10 @@ def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
     ax[2].set(title="images per sample", xlabel="images")
     figs.append(("Samples", "What each sample costs the encoder and the LLM.", _png(fig, bar)))
 
-    loads = step_loads(plan, cost, m.dp)
+    try:
+        loads = step_loads(plan, cost, m.dp, m.steps)
+    except ValueError as exc:
+        raise ValueError(f"{m.storage.where('plan.parquet')}: {exc}") from None
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 7), sharey="row", constrained_layout=True)
@@ -161,6 +175,7 @@ def render_report(generation: str | Path, output: str | Path, *, progress: bool 
 
     from dataprep.cost_table import read_cost_table
     from shards.manifest import open_generation
+    from shards.parent import COST_FILE, PLAN_FILE, carried_bytes
     from shards.storage import is_url
 
     m = open_generation(generation)
@@ -171,13 +186,14 @@ def render_report(generation: str | Path, output: str | Path, *, progress: bool 
             "to it, in the generation root)"
         )
     files = m.storage  # local, or an object store (the two tables are small: read whole)
-    if not files.exists("cost.parquet") or not files.exists("plan.parquet"):
+    if not files.exists(COST_FILE) or not files.exists(PLAN_FILE):
         raise ValueError(
             f"{m.path}: no cost.parquet/plan.parquet in the generation; rewrite it "
             "with this equishard's 'write' to carry them"
         )
-    cost = read_cost_table(io.BytesIO(files.read_bytes("cost.parquet")))
-    plan = pq.read_table(io.BytesIO(files.read_bytes("plan.parquet")))
+    # checked against the manifest: an edited plan with a step of 10^12 sized the heatmaps
+    cost = read_cost_table(io.BytesIO(carried_bytes(m, COST_FILE)))
+    plan = pq.read_table(io.BytesIO(carried_bytes(m, PLAN_FILE)))
     bar = tqdm(total=6, desc="report", unit="step", disable=not progress, leave=False)
     bar.update()  # the tables read
     r = m.report

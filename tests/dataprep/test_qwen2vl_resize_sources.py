@@ -19,7 +19,10 @@ from dataprep.policies import Qwen2VLPolicy, qwen2vl_smart_resize
 
 SIDES = [1, 3, 10, 13, 14, 27, 28, 29, 41, 42, 55, 56, 57, 99, 100, 224, 333, 448, 500, 999, 1000]
 SIDES += [1023, 1500, 2000, 2999, 3000, 4000, 5000, 8000]
+# the last: a small max_pixels, where a long thin image's short side shrinks below 28 px and
+# transformers keeps it at 28 (the only bounds under which that branch is reached)
 BOUNDS = [(56 * 56, 28 * 28 * 1280), (256 * 28 * 28, 1280 * 28 * 28), (3136, 200_000)]
+BOUNDS += [(3136, 12_544)]
 GRID = [(h, w, lo, hi) for h, w in itertools.product(SIDES, SIDES) for lo, hi in BOUNDS]
 
 

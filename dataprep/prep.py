@@ -43,6 +43,7 @@ from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, order
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.setting_checks import check_settings, settings_summary
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
+from dataprep.values import check_task_timeout
 from dataprep.workers import exit_with_parent
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
@@ -82,6 +83,7 @@ class PrepConfig:
             )
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_task_timeout(self.task_timeout)
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.ray_address and self.engine != "ray":

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from dataprep.values import check_task_timeout
+
 __all__ = ["DEFAULT_TASK_TIMEOUT", "ENGINES", "RayOptions", "init_ray", "ordered_map"]
 
 ENGINES = ("local", "ray")
@@ -44,11 +46,7 @@ class RayOptions:
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
-        if self.task_timeout is not None and not 0 < self.task_timeout < float("inf"):
-            raise ValueError(
-                f"--task-timeout must be > 0 seconds (0 on the command line: no limit), got "
-                f"{self.task_timeout}"
-            )
+        check_task_timeout(self.task_timeout)
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ValueError(f"num_cpus must be >= 1 (or None for all), got {self.num_cpus}")
 

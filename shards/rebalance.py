@@ -35,6 +35,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from dataprep.values import check_task_timeout
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.night_inputs import (
@@ -96,6 +97,7 @@ class RebalanceConfig:
             raise ValueError(f"--keep must be >= 1 (CURRENT is always kept), got {self.keep}")
         if self.workers < 1:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        check_task_timeout(self.task_timeout)
         for p in (*self.new, *([self.delete] if self.delete else [])):
             if not Path(p).exists():
                 raise ValueError(f"{p} does not exist")

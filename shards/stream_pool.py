@@ -16,6 +16,7 @@ import atexit
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -92,6 +93,7 @@ def run_streams(
     fn: Callable[[dict], list[dict]],
     done: Callable[[], None],
     local: Callable[[], AbstractContextManager] | None = None,
+    timeout: float | None = None,
 ) -> dict[int, list[dict]]:
     """``fn(job)`` for every job, keyed by ``job["rank"]``; ``done()`` after each. The first
     error (a worker's or this process's) is raised once the running streams end; no stream
@@ -100,7 +102,13 @@ def run_streams(
     process runs its streams through one ``local()``, which may still be completing one stream
     while the next is submitted (leaving it waits for them all), and each spawned worker makes
     its own once and runs every stream it takes through it (an input's index is built once per
-    process); without, both run ``fn`` once per stream."""
+    process); without, both run ``fn`` once per stream.
+
+    ``timeout``: a spawned worker's stream still running after that many seconds counts as stuck
+    (a frozen process, a hung mount): the workers are killed and :class:`TimeoutError` names the
+    stream. This process's own streams cannot be timed out from inside it."""
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise ValueError(f"timeout must be > 0 seconds or None, got {timeout}")
     workers = stream_processes(workers, len(jobs))
     pending = deque(jobs)
     results: dict[int, list[dict]] = {}
@@ -150,15 +158,35 @@ def run_streams(
 
     def feed(pool: ProcessPoolExecutor) -> None:
         """Keep each spawned worker busy with the next stream from the front."""
-        running: dict[Future, int] = {}
+        running: dict[Future, tuple[int, float]] = {}  # rank, when submitted
         while True:
             while len(running) < workers - 1 and (job := take(front=True)) is not None:
-                running[pool.submit(_in_worker, fn, job)] = job["rank"]
+                running[pool.submit(_in_worker, fn, job)] = (job["rank"], time.monotonic())
             if not running:
                 return
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            left = None
+            if timeout is not None:
+                oldest = min(t0 for _, t0 in running.values())
+                left = max(0.0, oldest + timeout - time.monotonic())
+            finished, _ = wait(running, timeout=left, return_when=FIRST_COMPLETED)
             for fut in finished:
-                file(running.pop(fut), fut)
+                file(running.pop(fut)[0], fut)
+            stuck = [
+                rank
+                for fut, (rank, t0) in running.items()
+                if timeout is not None and time.monotonic() - t0 >= timeout and not fut.done()
+            ]
+            if stuck:
+                with lock:
+                    errors.append(
+                        TimeoutError(
+                            f"a write worker made no progress for {timeout:g} s on stream "
+                            f"{min(stuck)} (a hung mount or a frozen process?)"
+                        )
+                    )
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.kill()  # a frozen worker is not waited for
+                return
 
     with ProcessPoolExecutor(
         workers - 1,

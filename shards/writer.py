@@ -33,6 +33,7 @@ from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
 from dataprep.readers import ReadOptions
+from dataprep.values import check_task_timeout
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, ManifestError, load_manifest
@@ -73,7 +74,8 @@ class WriteConfig:
     energon: bool = False
     engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
     ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
-    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
+    # a stream stuck longer: a Ray task is retried, a local worker process fails the write
+    task_timeout: float | None = DEFAULT_TASK_TIMEOUT
     # ``out`` may be an object-store URL (s3://bucket/prefix, any fsspec URL): the generation is
     # then written in the local root ``staging`` (default: shards.object_store.default_staging)
     # and uploaded, manifest last, CURRENT last of all (shards.object_store)
@@ -81,6 +83,7 @@ class WriteConfig:
     storage_options: dict | None = None
 
     def __post_init__(self) -> None:
+        check_task_timeout(self.task_timeout)
         if not 1024 <= self.shard_size <= MAX_SHARD_SIZE:
             raise ValueError(
                 f"--shard-size must be 1KB to 1PB, got {self.shard_size} bytes (a shard is "
@@ -405,7 +408,19 @@ def _write_all(
             results[job["rank"]] = shards
             bar.update()
     else:  # this process writes streams too (shards/stream_pool.py)
-        results = run_streams(jobs, cfg.workers, write_stream, bar.update, local=StreamWriter)
+        try:
+            results = run_streams(
+                jobs,
+                cfg.workers,
+                write_stream,
+                bar.update,
+                local=StreamWriter,
+                timeout=cfg.task_timeout,
+            )
+        except TimeoutError as exc:
+            raise WriteError(
+                f"{exc}; nothing was published; raise --task-timeout if a stream needs longer"
+            ) from None
     bar.close()
     streams = []
     for job in jobs:

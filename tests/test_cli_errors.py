@@ -61,6 +61,10 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
             "finite",
         ),
         ([*prep, "--cache", str(tmp / "missing.parquet")], "--cache"),
+        # a negative timeout failed every task at once, NaN never timed out
+        ([*prep, "--task-timeout", "-1"], "--task-timeout"),
+        ([*prep, "--task-timeout", "nan"], "--task-timeout"),
+        ([*write, "--task-timeout", "-5"], "--task-timeout"),
         (["prep", jl, "--tokenizer", tok, "-o", str(unwritable / "sub" / "c.parquet")], "blocker"),
         (["verify", cost], "not a generation"),
         (["inspect", cost], "not a generation"),

@@ -69,9 +69,10 @@ def add_engine_args(p, what: str) -> None:
         type=float,
         default=1800.0,
         metavar="S",
-        help="with --engine ray: a task still running after S seconds counts as stuck (a "
-        "frozen worker, a hung mount): it is killed and run again, and after 3 tries the run "
-        "fails naming it (default: 1800; 0: no limit)",
+        help="a task still running after S seconds counts as stuck (a frozen worker, a hung "
+        "mount): with --engine ray it is killed and run again, and after 3 tries the run fails "
+        "naming it; a local worker process is killed and the run fails naming it at once "
+        "(default: 1800; 0: no limit)",
     )
 
 

@@ -237,3 +237,21 @@ def test_each_process_writes_all_its_streams_through_one_local_writer(tmp_path, 
         writers.setdefault(pid, set()).add(writer)
     assert len(writers) > 1, "no spawned worker wrote a stream"
     assert all(len(w) == 1 for w in writers.values()), writers
+
+
+def test_a_stuck_worker_fails_the_run_naming_its_stream(tmp_path, eight_cores):
+    """Bug: a spawned worker frozen on a stream (a hung mount) hung ``write --workers N``
+    forever; the local engine had no ``--task-timeout``. Now the run fails naming the stream
+    once it has run ``timeout`` seconds, the workers killed."""
+    jobs = _jobs(tmp_path, 2)
+    jobs[0]["sleep"] = 60  # the front: a spawned worker's
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="no progress for 3 s on stream 0"):
+        run_streams(jobs, 2, record, lambda: None, timeout=3)
+    assert time.monotonic() - t0 < 45  # not the stream's 60 s
+
+
+def test_a_timeout_that_is_not_a_positive_number_is_refused(tmp_path):
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="timeout"):
+            run_streams(_jobs(tmp_path, 1), 1, record, lambda: None, timeout=bad)

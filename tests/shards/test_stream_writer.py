@@ -22,7 +22,8 @@ import shards.stream_writer as sw
 from dataprep import read_cost_table
 from shards.plan_input import read_plan
 from shards.stream_writer import StreamWriter, write_stream
-from shards.writer import WriteConfig, _jobs
+from shards.write_jobs import stream_jobs
+from shards.writer import WriteConfig
 
 
 def _stream_jobs(gen_inputs, stage: Path, shard_size: int = 60_000) -> list[dict]:
@@ -32,7 +33,7 @@ def _stream_jobs(gen_inputs, stage: Path, shard_size: int = 60_000) -> list[dict
     )
     table = read_cost_table(cost)
     plan, _, nodes, per, where = read_plan(plan_dir, table, str(cost))
-    return _jobs(plan, table, where, stage, cfg, {}, nodes, per)
+    return stream_jobs(plan, table, where, stage, cfg, {}, nodes, per)
 
 
 def _tree(root: Path) -> dict[str, bytes]:

@@ -113,9 +113,9 @@ def test_a_parent_shard_changed_after_its_check_never_reaches_the_next_generatio
     written; one changes right after that check (another job, a disk fault). The night fails
     naming the shard and CURRENT stays (bug: the changed bytes were copied into the new
     generation, whose manifest then vouched for them)."""
-    import shards.writer as writer
+    import shards.write_jobs as write_jobs
 
-    real = writer.verify_parent_shards
+    real = write_jobs.verify_parent_shards
     changed = []
 
     def check_then_change(sources):
@@ -128,7 +128,7 @@ def test_a_parent_shard_changed_after_its_check_never_reaches_the_next_generatio
                 changed.append(path)
                 return
 
-    monkeypatch.setattr(writer, "verify_parent_shards", check_then_change)
+    monkeypatch.setattr(write_jobs, "verify_parent_shards", check_then_change)
     before = read_current(root)
     with pytest.raises(WriteError, match="changed after it was verified") as err:
         run_rebalance(_night(root, 2))

@@ -224,13 +224,13 @@ def test_each_job_carries_only_its_own_rows(gen_inputs, tmp_path):
 
     from dataprep import read_cost_table
     from shards.plan_input import read_plan
-    from shards.writer import _jobs
+    from shards.write_jobs import stream_jobs
 
     _, cost, plan_dir = gen_inputs
     table = read_cost_table(cost)
     plan, _, nodes, per, where = read_plan(plan_dir, table, str(cost))
     cfg = WriteConfig(plan_dir=str(plan_dir), cost_table=str(cost), out=str(tmp_path / "o"))
-    jobs = _jobs(plan, table, where, tmp_path, cfg, {}, nodes, per)
+    jobs = stream_jobs(plan, table, where, tmp_path, cfg, {}, nodes, per)
     assert sum(j["rows"].num_rows for j in jobs) == plan.num_rows
     for j in jobs:
         assert set(j["rows"].column("sample_id").to_pylist()) == set(

@@ -271,7 +271,7 @@ def test_a_step_is_left_as_it_is_only_within_min_gain(min_gain, kept):
     cost = np.array([8.0, 3.0, 5.0, 2.0])
     src = np.array([0, 0, 1, 1])
     policy = RedistributePolicy(method="lpt", cost="tokens", min_gain=min_gain)
-    dest, method, before, planned = _plan_phase(cost, src, [0, 1], Topology(), policy, cost)
+    dest, method, before, _ = _plan_phase(cost, src, [0, 1], Topology(), policy, cost)
     assert before.tolist() == [11.0, 7.0]
     if kept:
         assert method == "kept (within min_gain)" and np.array_equal(dest, src)

@@ -1,9 +1,11 @@
-"""``equishard report`` reads the generation's carried cost table and plan: only as written.
+"""The files a generation carries beside its shards (``cost.parquet``, ``plan.parquet``) are
+used only as written: ``equishard report`` reads them checked, ``equishard verify`` checks them.
 
 Bugs these catch: the report read ``plan.parquet`` and ``cost.parquet`` as found (neither was
 checked against the sha256 the manifest records, locally or in an object store), so an edited
 plan drew heatmaps of other steps, or, with a step of 10^12, sized them past memory; a plan
-holding a sample the cost table lacks failed with a bare KeyError."""
+holding a sample the cost table lacks failed with a bare KeyError; ``verify`` said OK for a
+generation whose plan had been edited (a night then refused it)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ import pytest
 
 from shards.manifest import ManifestError, open_generation
 from shards.report import render_report, step_loads
+from shards.verify import verify_generation
 
 
 def _gen_dir(root):
@@ -95,3 +98,18 @@ def test_step_loads_sums_each_ranks_samples(generation):
         want[s, r] += llm[sid]
     assert np.array_equal(loads["llm_after"], want)
     assert loads["llm_before"].sum() <= sum(llm.values())
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_verify_checks_the_carried_files(gen_copy, fast):
+    assert verify_generation(gen_copy, deep=not fast).ok
+    gen = Path(_gen_dir(gen_copy))
+    plan = gen / "plan.parquet"
+    data = bytearray(plan.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    plan.write_bytes(bytes(data))
+    (gen / "cost.parquet").unlink()
+    r = verify_generation(gen_copy, deep=not fast)
+    assert not r.ok
+    assert any("plan.parquet: sha256" in p for p in r.problems), r.problems
+    assert any("cost.parquet: missing" in p for p in r.problems), r.problems

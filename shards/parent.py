@@ -7,6 +7,7 @@ digest taken from that same read whenever they are used.
 from __future__ import annotations
 
 import hashlib
+import io
 import tarfile
 from pathlib import Path
 
@@ -58,8 +59,8 @@ def carried_bytes(m, name: str) -> bytes:
     """The bytes of the file ``name`` carried in generation ``m``, local or in an object store,
     checked against the size and sha256 its manifest records (as :func:`checked_carried`)."""
     files = m.storage
-    if not m.carried or name not in m.carried:
-        return files.read_bytes(name)
+    if not m.carried or name not in m.carried:  # a manifest from before they were recorded
+        return files.read_bytes(name, limit=1 << 40)
     size, digest = m.carried[name]
     try:
         data = files.read_bytes(name, limit=size)
@@ -203,10 +204,15 @@ def reuse_index(
     pplan, pcost = m.path / PLAN_FILE, m.path / COST_FILE
     if not (pplan.exists() and pcost.exists()) or not groups:
         return groups, none
-    for name in (PLAN_FILE, COST_FILE):  # they say which samples are unchanged: as written
-        checked_carried(m, name)
-    then = pq.read_table(pplan, columns=["sample_id", "rank", "step"]).join(
-        pq.read_table(pcost, columns=["sample_id", "fingerprint"]), "sample_id"
+    # they say which samples are unchanged: as written, and the bytes checked are those read
+    plan = pq.read_table(
+        io.BytesIO(carried_bytes(m, PLAN_FILE)), columns=["sample_id", "rank", "step"]
+    )
+    then = plan.join(
+        pq.read_table(
+            io.BytesIO(carried_bytes(m, COST_FILE)), columns=["sample_id", "fingerprint"]
+        ),
+        "sample_id",
     )
     now = cost.select(["sample_id", "fingerprint"]).rename_columns(["sample_id", "fp_now"])
     both = then.join(now, "sample_id")  # samples in both; a missing fingerprint counts as changed

@@ -26,6 +26,7 @@ rebalance runs per root at a time (a lock); a second returns ``in_progress`` at 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import shutil
 import time
@@ -209,7 +210,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     from dataprep import PrepConfig, run_prep
     from dataprep.cost_table import read_cost_table, table_metadata
     from dataprep.image_orientation import IMAGE_SIZES
-    from shards.parent import checked_carried
+    from shards.parent import COST_FILE, PLAN_FILE, carried_bytes
     from shards.prep_settings import PrepSettings
     from shards.writer import WriteConfig, write_generation
 
@@ -244,16 +245,18 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         )
     work = root / f".nightly-{hashlib.sha256((key + cur).encode()).hexdigest()[:16]}"
     work.mkdir(exist_ok=True)
-    for carried in (pcost_path, pplan_path):  # as the parent wrote them (its manifest's sha256)
-        checked_carried(parent, carried.name)
-    meta = table_metadata(pcost_path)
+    # as the parent wrote them (its manifest's sha256), and these bytes are the ones used: the
+    # files were read again later (the plan after prep's minutes), unchecked by then
+    pcost_bytes = carried_bytes(parent, COST_FILE)
+    parent_plan = pq.read_table(io.BytesIO(carried_bytes(parent, PLAN_FILE)))
+    meta = table_metadata(io.BytesIO(pcost_bytes))
     try:  # the new samples are measured exactly as the parent's were: its recorded settings
         recorded = PrepSettings.from_manifest(parent)
     except ValueError as exc:
         raise ManifestError(str(exc)) from None
     if cfg.tokenizer and recorded.tokenizer is not None:  # another copy: the same bytes
         recorded.resolve_tokenizer(cfg.tokenizer)
-    parent_cost = read_cost_table(pcost_path)  # read once: checked here, combined below
+    parent_cost = read_cost_table(io.BytesIO(pcost_bytes))
     if meta.get("image_sizes") != IMAGE_SIZES and any(parent_cost.column("num_images").to_pylist()):
         raise ManifestError(
             f"{parent.path}: its samples were measured by an equishard that counted images as "
@@ -267,6 +270,8 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     t1 = time.perf_counter()
     if cfg.new and not measured(work):
         ro = meta.get("read_options") or {}
+        cache = work / "parent-cost.parquet"  # prep's cache: the checked bytes, not the path
+        atomic_write_bytes(cache, pcost_bytes)
         run_prep(
             PrepConfig(
                 inputs=tuple(cfg.new),
@@ -281,7 +286,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
                 check_images=meta.get("check_images", "header"),
                 workers=cfg.workers,
                 max_error_rate=cfg.max_error_rate,
-                cache=str(pcost_path),
+                cache=str(cache),
                 progress=cfg.progress,
                 engine=cfg.engine,
                 ray_address=cfg.ray_address,
@@ -327,7 +332,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         raise ManifestError(str(exc)) from None
     phases["combine"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    result = incremental_plan(pq.read_table(pplan_path), combined, changed, bcfg)
+    result = incremental_plan(parent_plan, combined, changed, bcfg)
     write_plan(result, work / "plan")
     phases["plan"] = time.perf_counter() - t1
     t1 = time.perf_counter()

@@ -13,7 +13,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
         help="check every shard checksum and sample count (non-zero exit on any problem)",
-        description="Check a generation: the manifest, every shard's sha256, and (unless --fast)\n"
+        description="Check a generation: the manifest, every shard's sha256 and the sha256 of the\n"
+        "cost table and plan it carries, and (unless --fast)\n"
         "every group's samples: complete, safe, and as many as the manifest says.\n"
         "Exit code 1 on any mismatch.",
         formatter_class=argparse.RawDescriptionHelpFormatter,

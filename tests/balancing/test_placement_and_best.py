@@ -122,3 +122,37 @@ def test_best_wins_on_inputs_where_either_candidate_is_better(lengths, winner):
     loads = {m: post_balance(x, 4, method=m).loads.max() for m in ("lpt", "kk_equal")}
     assert loads[winner] < max(loads.values())
     assert post_balance(x, 4, method="best").loads.max() == loads[winner]
+
+
+def test_a_steps_node_placement_is_near_the_best_by_brute_force():
+    """assign_steps places a step's groups on nodes by both phases' loads, each over its mean
+    (vision patches and LLM tokens are on different scales). Anchor: the best placement by
+    brute force over every assignment of 6 groups to 2 nodes of 3 ranks, objective the heaviest
+    node in either phase (loads over their mean). Measured 2026-11-29: 0.034 above the best on
+    average, 0.16 at worst; with LLM loads left in raw tokens (bug: the vision phase ignored),
+    0.12 and 0.56."""
+    import itertools
+
+    from balancing.steps import assign_steps
+
+    nodes, per = 2, 3
+    d = nodes * per
+
+    def heaviest(node, v, t):
+        nv = np.bincount(node, v, nodes) / v.sum() * nodes
+        nt = np.bincount(node, t, nodes) / t.sum() * nodes
+        return max(nv.max(), nt.max())
+
+    excess = []
+    for seed in range(60):
+        rng = np.random.default_rng(seed)
+        v = rng.choice([0, 1, 2, 4, 5], d).astype(float) * 1024
+        v[0] = max(v[0], 1024.0)
+        t = rng.integers(200, 3000, d).astype(float)
+        loads = {"vit_tokens": v, "llm_tokens": t, "vit_cost": v, "llm_cost": t}
+        a = assign_steps(
+            np.arange(d), d, loads, nodes=nodes, gpus_per_node=per, rng=np.random.default_rng(0)
+        )
+        best = min(heaviest(np.array(p) // per, v, t) for p in itertools.permutations(range(d)))
+        excess.append(heaviest(a.node, v, t) - best)
+    assert np.mean(excess) < 0.07 and max(excess) < 0.3, (np.mean(excess), max(excess))

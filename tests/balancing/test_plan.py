@@ -191,3 +191,16 @@ def test_report_counts_the_samples_isf_left_over_or_found_oversize(seed):
     final = res.plan.column("group_flag").to_pylist()
     assert final.count("oversize") <= counts["oversize_samples"]
     assert final.count("leftover") <= counts["leftover_samples"]
+
+
+def test_auto_params_round_vision_caps_to_the_datas_granularity():
+    """InternVL-style vision loads come in tiles of 1024 patches: a cap between two multiples
+    acts as the lower one, and a filter target rounded down from it can never be met exactly.
+    Both are multiples of the data's granularity (the gcd of its loads)."""
+    rng = np.random.default_rng(1)
+    v = rng.choice([0, 1, 3, 5, 12], 5000) * 1024
+    t = v // 4 + rng.integers(30, 900, v.size)
+    for b in (2, 5, 9):
+        p = auto_isf_params(v, t, target_batch=b)
+        assert p.q_v % 1024 == 0 and p.qf_v % 1024 == 0, p
+        assert 0 < p.qf_v <= p.q_v

@@ -31,26 +31,28 @@ def _times(rng, p, m):
     return f, b
 
 
+def _draw(seed: int, max_stages: int, max_mb: int):
+    """(rng, forward, backward, order) of a random pipeline of up to the given sizes."""
+    rng = np.random.default_rng(seed)
+    p, m = int(rng.integers(1, max_stages + 1)), int(rng.integers(0, max_mb + 1))
+    f, b = _times(rng, p, m)
+    return rng, f, b, rng.permutation(m).astype(np.int64)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_1f1b_timeline_equals_a_longest_path_over_its_dependency_graph(seed):
-    rng = np.random.default_rng(seed)
-    p, m = int(rng.integers(1, 6)), int(rng.integers(0, 10))
-    f, b = _times(rng, p, m)
-    order = rng.permutation(m).astype(np.int64)
+    _, f, b, order = _draw(seed, 5, 9)
     got = _nb_1f1b_times(f, b, order)
     want = R.one_f_one_b_times(f.tolist(), b.tolist(), order.tolist())
     for g, w in zip(got, want, strict=True):
         assert g.tolist() == w
-    ops = _nb_1f1b_ops(p, m)
+    ops = _nb_1f1b_ops(*f.shape)
     assert _nb_makespan(f, b, order, *ops) == max((x for r in want[3] for x in r), default=0.0)
 
 
 @pytest.mark.parametrize("seed", range(30))
 def test_swap_descent_equals_its_twin(seed):
-    rng = np.random.default_rng(seed)
-    p, m = int(rng.integers(1, 5)), int(rng.integers(0, 8))
-    f, b = _times(rng, p, m)
-    order = rng.permutation(m).astype(np.int64)
+    rng, f, b, order = _draw(seed, 4, 7)
     passes, evals = int(rng.integers(0, 4)), int(rng.integers(0, 60))
     got = _nb_swap_descent(f, b, order, passes, evals)
     assert got.tolist() == R.swap_descent(f.tolist(), b.tolist(), order.tolist(), passes, evals)

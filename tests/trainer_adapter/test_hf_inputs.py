@@ -493,8 +493,10 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
             )
 
         settings = {"family": family, "rope_index": packer.rope_index, "images_kwargs": call}
-        if policy == other and family == "qwen2vl":  # refused when built from the generation
-            with pytest.raises(SettingsMismatch, match=r"max_pixels 1003520 \(processor\)"):
+        # refused when built from the generation: pixel bounds, tile counts the processor has
+        if policy == other and family in ("qwen2vl", "ernie45vl", "aya_vision", "ovis2"):
+            want = {"aya_vision": "max_tiles 12", "ovis2": "max_tiles 12"}.get(family, "max_pixels")
+            with pytest.raises(SettingsMismatch, match=want + r" \d* ?\(processor\)"):
                 HFPacker.from_generation(gen, processor, **settings)
         elif policy != other:  # from the generation: its template, costs checked by default
             built = HFPacker.from_generation(gen, processor, **settings)
@@ -519,6 +521,32 @@ def test_a_processor_of_another_family_than_the_generation_is_refused():
     from trainer_adapter.hf.inputs import FAMILIES as PACKER_FAMILIES
 
     assert set(FAMILY_POLICIES) == set(PACKER_FAMILIES)
+
+
+@pytest.mark.parametrize(
+    "processor, message",
+    [
+        ({"crop_to_patches": True, "min_patches": 1, "max_patches": 12}, None),
+        ({"crop_to_patches": True, "min_patches": 1, "max_patches": 6}, "max_tiles 6"),
+        ({"crop_to_patches": True, "min_patches": 2, "max_patches": 12}, "min_tiles 2"),
+        ({"crop_to_patches": False, "min_patches": 1, "max_patches": 12}, "max_tiles 1"),
+        ({"crop_to_patches": True, "min_patches": 1, "max_patches": 12, "h": 384}, "tile_size 384"),
+    ],
+)
+def test_a_tilers_processor_is_checked_against_the_recorded_tiles(processor, message):
+    """Bug: an InternVL (Aya Vision, Ovis2) processor that tiles otherwise than the policy prep
+    used (fewer tiles, no cropping, another tile size) was found only at the first sample whose
+    image it changes, possibly far into a run; it is refused when the packer is built."""
+    from trainer_adapter.hf.policy_check import check_processor_policy
+
+    settings = {**processor, "size": {"height": processor.get("h", 448), "width": 448}}
+    packer = SimpleNamespace(family="internvl", _setting=settings.get)
+    policy = {"spec": "internvl", "min_tiles": 1, "max_tiles": 12, "tile_size": 448}
+    if message is None:
+        check_processor_policy(packer, policy)
+    else:
+        with pytest.raises(SettingsMismatch, match=message + r" \(processor\) vs"):
+            check_processor_policy(packer, policy)
 
 
 def test_aria_split_counts_each_images_own_crops(tmp_path, tokenizer_path):

@@ -1,8 +1,10 @@
 """A Hugging Face processor checked against the vision policy a generation was measured with,
 at construction (:meth:`HFPacker.from_generation`), so a mismatch is one error naming both values
 instead of other lengths at sample N: the policy must be this model family's, and for Qwen-VL the
-processor's pixel bounds, patch and merge sizes (with the packer's ``images_kwargs`` over them,
-as the processor call runs them) must equal the policy's."""
+processor's pixel bounds, patch and merge sizes, and for the GOT-OCR2-style tilers (InternVL, Aya
+Vision, Ovis2) its tile counts and tile size (with the packer's ``images_kwargs`` over them, as
+the processor call runs them) must equal the policy's. Before, a tiler's other tile bounds were
+found only at the first sample whose image they change, possibly far into a run."""
 
 from __future__ import annotations
 
@@ -35,13 +37,31 @@ FAMILY_POLICIES = {
 }
 
 
+_QWEN_LIKE = ("qwen2vl", "qwen3vl", "ernie45vl")  # Qwen2-VL's image processor
+_TILERS = ("internvl", "aya_vision", "ovis2")  # min_patches..max_patches tiles of size x size
+
+
+def _size(packer, key: str):
+    size = packer._setting("size")
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+def _tiler_settings(packer) -> dict:
+    """(min_tiles, max_tiles, tile_size) as the image processor runs them; without
+    ``crop_to_patches`` every image is one tile."""
+    crop = packer._setting("crop_to_patches")
+    return {
+        "min_tiles": packer._setting("min_patches"),
+        "max_tiles": 1 if crop is False else packer._setting("max_patches"),
+        "tile_size": _size(packer, "height"),
+    }
+
+
 def _qwen_processor_bounds(packer) -> dict:
     """(min_pixels, max_pixels, patch_size, merge_size) as the image processor runs them."""
-    size = packer._setting("size")
-    get = (lambda k: size.get(k)) if isinstance(size, dict) else (lambda k: getattr(size, k, None))
     return {
-        "min_pixels": packer._setting("min_pixels") or get("shortest_edge"),
-        "max_pixels": packer._setting("max_pixels") or get("longest_edge"),
+        "min_pixels": packer._setting("min_pixels") or _size(packer, "shortest_edge"),
+        "max_pixels": packer._setting("max_pixels") or _size(packer, "longest_edge"),
         "patch_size": packer._setting("patch_size"),
         "merge_size": packer._setting("merge_size"),
     }
@@ -62,9 +82,12 @@ def check_processor_policy(packer, policy: dict) -> None:
             f"processor counts images as {' or '.join(allowed)} does: prep with the model's "
             "policy, or pack with the family the generation was measured for"
         )
-    if packer.family not in ("qwen2vl", "qwen3vl"):
+    if packer.family in _QWEN_LIKE:
+        have = _qwen_processor_bounds(packer)
+    elif packer.family in _TILERS:
+        have = _tiler_settings(packer)
+    else:
         return
-    have = _qwen_processor_bounds(packer)
     diff = [
         f"{k} {have[k]!r} (processor) vs {policy.get(k)!r} (prep)"
         for k in have

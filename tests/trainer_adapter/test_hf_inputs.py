@@ -442,6 +442,20 @@ OTHER = {
 }
 
 
+# families whose processor settings are checked against the policy when the packer is built:
+# OTHER's policy refused there, naming the processor's value
+REFUSED_AT_ONCE = {
+    "qwen2vl": "max_pixels 1003520",
+    "ernie45vl": r"max_pixels \d+",
+    "aya_vision": "max_tiles 12",
+    "ovis2": "max_tiles 12",
+    "mistral3": r"longest_edge \d+",
+    "aria": r"max_image_size \d+",
+    "idefics2": "split False",
+    "gemma3": "pan_and_scan (True|False)",
+}
+
+
 @pytest.mark.parametrize("family", [*FAMILIES, *VARIANTS])
 def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     """The whole path: prep with the model's template and vision policy, plan, write, read with
@@ -494,9 +508,8 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
 
         settings = {"family": family, "rope_index": packer.rope_index, "images_kwargs": call}
         # refused when built from the generation: pixel bounds, tile counts the processor has
-        if policy == other and family in ("qwen2vl", "ernie45vl", "aya_vision", "ovis2"):
-            want = {"aya_vision": "max_tiles 12", "ovis2": "max_tiles 12"}.get(family, "max_pixels")
-            with pytest.raises(SettingsMismatch, match=want + r" \d* ?\(processor\)"):
+        if policy == other and family in REFUSED_AT_ONCE:
+            with pytest.raises(SettingsMismatch, match=REFUSED_AT_ONCE[family] + r" \(processor\)"):
                 HFPacker.from_generation(gen, processor, **settings)
         elif policy != other:  # from the generation: its template, costs checked by default
             built = HFPacker.from_generation(gen, processor, **settings)

@@ -2,8 +2,9 @@
 at construction (:meth:`HFPacker.from_generation`), so a mismatch is one error naming both values
 instead of other lengths at sample N: the policy must be this model family's, and for Qwen-VL the
 processor's pixel bounds, patch and merge sizes, and for the GOT-OCR2-style tilers (InternVL, Aya
-Vision, Ovis2) its tile counts and tile size (with the packer's ``images_kwargs`` over them, as
-the processor call runs them) must equal the policy's. Before, a tiler's other tile bounds were
+Vision, Ovis2) its tile counts and tile size, Mistral 3's longest edge, Aria's image size and
+splitting, Idefics2's splitting and Gemma 3's pan-and-scan (with the packer's ``images_kwargs``
+over them, as the processor call runs them) must equal the policy's. Before, a tiler's other tile bounds were
 found only at the first sample whose image they change, possibly far into a run."""
 
 from __future__ import annotations
@@ -57,6 +58,25 @@ def _tiler_settings(packer) -> dict:
     }
 
 
+# other families: policy field -> (the processor call's setting, a key inside it)
+_SETTINGS = {
+    "mistral3": {"longest_edge": ("size", "longest_edge")},
+    "aria": {"max_image_size": ("max_image_size", None), "split": ("split_image", None)},
+    "idefics2": {"split": ("do_image_splitting", None)},
+    "gemma3": {"pan_and_scan": ("do_pan_and_scan", None)},
+}
+
+
+def _settings_of(packer) -> dict:
+    out = {}
+    for field, (name, key) in _SETTINGS[packer.family].items():
+        v = packer._setting(name)
+        if key is not None:
+            v = v.get(key) if isinstance(v, dict) else getattr(v, key, None)
+        out[field] = v
+    return out
+
+
 def _qwen_processor_bounds(packer) -> dict:
     """(min_pixels, max_pixels, patch_size, merge_size) as the image processor runs them."""
     return {
@@ -86,6 +106,8 @@ def check_processor_policy(packer, policy: dict) -> None:
         have = _qwen_processor_bounds(packer)
     elif packer.family in _TILERS:
         have = _tiler_settings(packer)
+    elif packer.family in _SETTINGS:
+        have = _settings_of(packer)
     else:
         return
     diff = [

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shards.parent import COST_FILE, PLAN_FILE, carried_bytes
+
 __all__ = ["render_report", "step_loads"]
 
 
@@ -101,7 +103,7 @@ def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
     try:
         loads = step_loads(plan, cost, m.dp, m.steps)
     except ValueError as exc:
-        raise ValueError(f"{m.storage.where('plan.parquet')}: {exc}") from None
+        raise ValueError(f"{m.storage.where(PLAN_FILE)}: {exc}") from None
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 7), sharey="row", constrained_layout=True)
@@ -175,7 +177,6 @@ def render_report(generation: str | Path, output: str | Path, *, progress: bool 
 
     from dataprep.cost_table import read_cost_table
     from shards.manifest import open_generation
-    from shards.parent import COST_FILE, PLAN_FILE, carried_bytes
     from shards.storage import is_url
 
     m = open_generation(generation)

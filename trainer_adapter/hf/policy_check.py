@@ -42,9 +42,13 @@ _QWEN_LIKE = ("qwen2vl", "qwen3vl", "ernie45vl")  # Qwen2-VL's image processor
 _TILERS = ("internvl", "aya_vision", "ovis2")  # min_patches..max_patches tiles of size x size
 
 
+def _field(value, key: str):
+    """``value[key]`` of a dict setting, or its attribute (transformers' SizeDict)."""
+    return value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+
+
 def _size(packer, key: str):
-    size = packer._setting("size")
-    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+    return _field(packer._setting("size"), key)
 
 
 def _tiler_settings(packer) -> dict:
@@ -71,9 +75,7 @@ def _settings_of(packer) -> dict:
     out = {}
     for field, (name, key) in _SETTINGS[packer.family].items():
         v = packer._setting(name)
-        if key is not None:
-            v = v.get(key) if isinstance(v, dict) else getattr(v, key, None)
-        out[field] = v
+        out[field] = v if key is None else _field(v, key)
     return out
 
 

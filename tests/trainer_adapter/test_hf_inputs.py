@@ -453,6 +453,8 @@ REFUSED_AT_ONCE = {
     "aria": r"max_image_size \d+",
     "idefics2": "split False",
     "gemma3": "pan_and_scan (True|False)",
+    "gemma4": "max_soft_tokens 280",
+    "granite_docling": "max_tiles 32",
 }
 
 

@@ -324,7 +324,8 @@ class HFPacker:
         """The packer for a generation (a :class:`~shards.Manifest` or its path): the chat
         template prep measured with (``template`` may name the same one elsewhere), refused at
         construction, naming both, when the generation's vision policy is not this family's or
-        (Qwen-VL) its pixel bounds differ from the processor's; every sample's row is checked
+        a setting it models differs from the processor's (:mod:`~trainer_adapter.hf.policy_check`:
+        pixel bounds, tiles, tokens a tile, ...); every sample's row is checked
         against prep's costs (``check_costs=False`` turns that off)."""
         from shards.manifest import Manifest, open_generation
         from shards.prep_settings import PrepSettings
@@ -335,6 +336,7 @@ class HFPacker:
         packer = cls(
             family=family, processor=processor, template=rec.resolve_template(template)[0], **kwargs
         )
+        rec.resolve_policy()  # the recorded fields are its spec's
         check_processor_policy(packer, rec.vision_policy)
         return packer
 

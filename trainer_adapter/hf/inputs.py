@@ -76,6 +76,7 @@ from dataprep.records import IMAGE_PLACEHOLDER
 from trainer_adapter.hf.images import TILES, images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
+from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
 
 __all__ = ["HFPacker"]
 
@@ -319,14 +320,23 @@ class HFPacker:
 
     @classmethod
     def from_generation(
-        cls, generation, processor, *, family: str, template: str | None = None, **kwargs
+        cls,
+        generation,
+        processor,
+        *,
+        family: str,
+        template: str | None = None,
+        tokenizer: str | None = None,
+        **kwargs,
     ) -> HFPacker:
         """The packer for a generation (a :class:`~shards.Manifest` or its path): the chat
         template prep measured with (``template`` may name the same one elsewhere), refused at
         construction, naming both, when the generation's vision policy is not this family's or
         a setting it models differs from the processor's (:mod:`~trainer_adapter.hf.policy_check`:
-        pixel bounds, tiles, tokens a tile, ...); every sample's row is checked
-        against prep's costs (``check_costs=False`` turns that off)."""
+        pixel bounds, tiles, tokens a tile, ...), or when the processor's tokenizer is not the
+        one prep counted with (:mod:`~trainer_adapter.hf.tokenizer_check`; ``tokenizer`` names
+        prep's file or model directory where the recorded path is not at hand); every sample's
+        row is checked against prep's costs (``check_costs=False`` turns that off)."""
         from shards.manifest import Manifest, open_generation
         from shards.prep_settings import PrepSettings
 
@@ -338,6 +348,7 @@ class HFPacker:
         )
         rec.resolve_policy()  # the recorded fields are its spec's
         check_processor_policy(packer, rec.vision_policy)
+        check_processor_tokenizer(processor, rec, tokenizer)
         return packer
 
     def _check_cost(self, meta: dict, built: int) -> None:

@@ -1,0 +1,180 @@
+"""The processor's tokenizer checked against the one prep counted with when the packer is built
+(:mod:`trainer_adapter.hf.tokenizer_check`). Each changed tokenizer is anchored to what it does:
+it makes other ids than prep's for the same text (with the same lengths where the change is a
+swap of two ids, which no per-sample length check can see), and is refused naming the
+difference; prep's own tokenizer, loaded by transformers into the family's processor, passes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+
+from shards.prep_settings import PrepSettings, SettingsMismatch
+from tests.dataprep.test_jinja_template import (
+    FAMILIES,
+    conversations,
+    make_model_dir,
+    processor_for,
+    reference_messages,
+    template_spec,
+)
+
+pytest.importorskip("transformers")
+
+FAMILY = "internvl"  # its image tokens are added beyond the vocabulary
+
+
+def _recorded(path: Path, where: str = "gen") -> PrepSettings:
+    """What a generation records of prep's tokenizer: its path and its bytes' digest."""
+    return PrepSettings(
+        where=where,
+        vision_policy={},
+        template="x",
+        template_fields={},
+        tokenizer=str(path),
+        tokenizer_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+    )
+
+
+def _edited(root: Path, tokenizer_path: str, name: str, edit) -> Path:
+    """The family's model directory with its tokenizer.json edited by ``edit``."""
+    model = make_model_dir(root / name, FAMILY, tokenizer_path)
+    data = json.loads((model / "tokenizer.json").read_text())
+    edit(data)
+    (model / "tokenizer.json").write_text(json.dumps(data))
+    return model
+
+
+def _texts(root: Path, processor) -> list[str]:
+    """Rendered conversations, and the image tokens the processor writes into them."""
+    rendered = [
+        processor.apply_chat_template(reference_messages(rec), tokenize=False)
+        for rec in conversations(root, 12, seed=7)
+    ]
+    return [*rendered, "<img>" + "<IMG_CONTEXT>" * 4 + "</img>", "The Image Shows Tokyo"]
+
+
+def _ids(tokenizer_file: Path, texts: list[str]) -> list[list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+def _swap_two_ids(data: dict) -> None:
+    """The ids of two common tokens exchanged: every length stays, the ids do not."""
+    vocab = data["model"]["vocab"]
+    a, b = vocab["Ġthe"], vocab["Ġof"]
+    vocab["Ġthe"], vocab["Ġof"] = b, a
+
+
+def _drop_merges(data: dict) -> None:
+    """The merges that make ``Ġthe`` gone: the same vocabulary, other pieces."""
+    merges = data["model"]["merges"]
+    data["model"]["merges"] = [m for m in merges if "".join(m) not in ("Ġthe", "Ġth")]
+
+
+def _lowercase(data: dict) -> None:
+    data["normalizer"] = {"type": "Lowercase"}
+
+
+def _move_image_token(data: dict) -> None:
+    """The added ``<IMG_CONTEXT>`` (InternVL's image token) and ``<video>`` tokens at each
+    other's ids (``tokenizers`` numbers the added tokens beyond the vocabulary in their order)."""
+    tokens = data["added_tokens"]
+    i, j = (
+        next(k for k, t in enumerate(tokens) if t["content"] == c)
+        for c in ("<IMG_CONTEXT>", "<video>")
+    )
+    tokens[i], tokens[j] = (
+        {**tokens[j], "id": tokens[i]["id"]},
+        {**tokens[i], "id": tokens[j]["id"]},
+    )
+
+
+CHANGES = [
+    (_swap_two_ids, r"model differs at model\['vocab'\]"),
+    (_drop_merges, r"model differs at model\['merges'\]"),
+    (_lowercase, r"normalizer differs"),
+    (_move_image_token, r"of prep's tokens have other ids, e.g. '<IMG_CONTEXT>'"),
+]
+
+
+@pytest.mark.parametrize("edit, names", CHANGES, ids=[c[0].__name__[1:] for c in CHANGES])
+def test_a_processor_with_another_tokenizer_is_refused(edit, names, tmp_path, tokenizer_path):
+    """Bug: a processor whose tokenizer is not prep's (another vocabulary, merges, normalizer,
+    added token ids) was found only where a sample's length differs, and never where only ids
+    do: refused when the packer is built, naming where the tokenizers differ."""
+    from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
+
+    prep_model = make_model_dir(tmp_path / "prep", FAMILY, tokenizer_path)
+    prep_file = prep_model / "tokenizer.json"
+    check_processor_tokenizer(processor_for(FAMILY, prep_model), _recorded(prep_file))
+
+    model = _edited(tmp_path, tokenizer_path, "other", edit)
+    processor = processor_for(FAMILY, model)
+    texts = _texts(tmp_path, processor)
+    theirs, ours = _ids(model / "tokenizer.json", texts), _ids(prep_file, texts)
+    assert theirs != ours  # the anchor: other ids for the same text
+    if edit is _swap_two_ids:  # the same lengths: no per-sample length check sees it
+        assert [len(t) for t in theirs] == [len(t) for t in ours]
+    with pytest.raises(SettingsMismatch, match=names):
+        check_processor_tokenizer(processor, _recorded(prep_file))
+
+
+def test_a_tokenizer_not_at_hand_is_named_or_given(tmp_path, tokenizer_path):
+    """Where the recorded file is gone (trained on another machine), a warning says the
+    tokenizers were not compared; the file given in its place must have prep's bytes."""
+    from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
+
+    prep_model = make_model_dir(tmp_path / "prep", FAMILY, tokenizer_path)
+    recorded = _recorded(prep_model / "tokenizer.json")
+    copy = make_model_dir(tmp_path / "copy", FAMILY, tokenizer_path)
+    other = _edited(tmp_path, tokenizer_path, "other", _swap_two_ids)
+    processor = processor_for(FAMILY, copy)
+    (prep_model / "tokenizer.json").unlink()
+    with pytest.warns(UserWarning, match=r"gen: the tokenizer prep counted with .* not at hand"):
+        check_processor_tokenizer(processor, recorded)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_processor_tokenizer(processor, recorded, str(copy))  # a directory: its file
+        given = str(other / "tokenizer.json")  # refused for its bytes, before any comparison
+        with pytest.raises(SettingsMismatch, match=rf"^tokenizer {re.escape(given)} is not the"):
+            check_processor_tokenizer(processor, recorded, given)
+
+
+def test_from_generation_refuses_a_processor_with_another_tokenizer(tmp_path, tokenizer_path):
+    """The whole path: a generation prepped with one tokenizer, a packer built for it from a
+    processor whose tokenizer swaps two ids (every length equal) is refused."""
+    from balancing.plan import BalanceConfig, build_plan, write_plan
+    from dataprep import read_cost_table
+    from shards.writer import WriteConfig, write_generation
+    from tests.dataprep.helpers import run, write_jsonl
+    from trainer_adapter.hf.inputs import HFPacker
+
+    prep_model = make_model_dir(tmp_path / "prep", FAMILY, tokenizer_path)
+    src = write_jsonl(tmp_path / "data.jsonl", conversations(tmp_path, 8, seed=3))
+    run(
+        tmp_path,
+        [src],
+        str(prep_model / "tokenizer.json"),
+        template=template_spec(prep_model, FAMILY),
+        vision_policy=FAMILIES[FAMILY]["policy"],
+    )
+    cost = tmp_path / "out" / "cost.parquet"
+    write_plan(
+        build_plan(read_cost_table(cost), BalanceConfig(dp=1, nodes=1, seed=0)), tmp_path / "plan"
+    )
+    gen = tmp_path / "gen"
+    write_generation(
+        WriteConfig(plan_dir=str(tmp_path / "plan"), cost_table=str(cost), out=str(gen))
+    )
+    HFPacker.from_generation(gen, processor_for(FAMILY, prep_model), family=FAMILY)
+    other = processor_for(FAMILY, _edited(tmp_path, tokenizer_path, "other", _swap_two_ids))
+    with pytest.raises(SettingsMismatch, match=r"tokenizer is not the one .* model differs"):
+        HFPacker.from_generation(gen, other, family=FAMILY)

@@ -235,8 +235,9 @@ def _layout(pp, n_micro, llm, cfg, loads, picked, loss_fn, auto, dev) -> dict:
         interval_seconds,
         plan_step,
     )
+    from trainer_adapter.train.pipeline_setup import blocks_of as _blocks_of
     from trainer_adapter.train.split_samples import _single_stage_order, chain_actions
-    from trainer_adapter.train.trainer import _blocks_of, auto_mb_tokens
+    from trainer_adapter.train.trainer import auto_mb_tokens
 
     mb_max = auto_mb_tokens(loads, n_micro)
     buckets = bucket_ladder(mb_max, 1.08)

@@ -1,9 +1,10 @@
 """A tokenizer whose post-processor adds a BOS token (Llama's, Mistral's, Gemma's tokenizer.json
 do): the chat template writes every token of a row, so prep counts, the collator and the
 Hugging Face packer build and the setting checks read the rendered text without the
-post-processor's tokens, as Hugging Face's own chat path does (``apply_chat_template(tokenize=True)`` encodes without them, the
-peer reference here). Before, only tokenizers without such a post-processor were tested: a
-count with the BOS added (one token more per sample than the model sees) passed."""
+post-processor's tokens, as Hugging Face's own chat path does: the peer reference here is
+``apply_chat_template(tokenize=True)``, which encodes without them. Before, only tokenizers
+without such a post-processor were tested: a count with the BOS added (one token more per
+sample than the model sees) passed."""
 
 from __future__ import annotations
 

@@ -154,3 +154,27 @@ def test_energon_metadata_added_to_an_existing_generation_and_kept_by_rebalance(
     assert child != gen and has_energon_metadata(child)
     ids = [s.record["sample_id"] for s in _energon_read(child, "train")]
     assert len(ids) == len(set(ids)) == open_generation(child).totals["samples"]
+
+
+def test_group_sizes_count_each_balanced_groups_samples(generation, gen_inputs):
+    """``group_sizes`` (what an Energon ``batch_group_criterion`` batches by) against the
+    records in the tars, read with tarfile, and the plan's rows: (global rank, step) -> the
+    samples of that group, on a generation of two nodes (a key by local rank merges the nodes'
+    groups)."""
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    from shards.energon import group_sizes
+
+    _, _, plan_dir = gen_inputs
+    records = [s["record"] for stream in tar_samples(generation).values() for s in stream]
+    plan = pq.read_table(plan_dir / "plan.parquet").to_pydict()
+    assert len(set(plan["node"])) == 2
+    want = Counter((r["rank"], r["step"]) for r in records)
+    assert want == Counter(zip(plan["rank"], plan["step"], strict=True))
+    assert group_sizes(read_current_path(generation)) == dict(want)
+
+
+def read_current_path(root: Path) -> Path:
+    return root / read_current(root)

@@ -109,6 +109,50 @@ def lpt_capped(lengths, order, d, max_count, cap, cap_lengths):
     return out, -1
 
 
+def lpt_quadratic(lengths, order, d, tolerance):
+    """-> {item: bin}, OrchMLLM Alg. 4: each item (largest first) onto the batch its CMP puts on
+    top: among the batches whose sums lie within ``tolerance`` of the lightest (lowest index on
+    equal sums), the smallest sum of squares, the lightest itself where it has that smallest
+    sum, else the lowest index."""
+    lin = [0.0] * d
+    sq = [0.0] * d
+    out = {}
+    for i in order:
+        m = min(range(d), key=lambda b: (lin[b], b))
+        tied = [b for b in range(d) if b == m or lin[b] - lin[m] < tolerance]
+        b = min(tied, key=lambda c: (sq[c], c != m, c))
+        lin[b] += lengths[i]
+        sq[b] += lengths[i] * lengths[i]
+        out[i] = b
+    return out
+
+
+def padded_attention(lengths, order, d, bound):
+    """-> {item: bin}, OrchMLLM Alg. 5: items largest first fill padded batches in turn, a
+    batch taking the next item while its padded size (count x its first, largest length; the
+    paper's line 6 writes the new item's length, which in descending order never exceeds it)
+    stays within ``bound``; once d batches are open, the rest go LPT onto the batch sums
+    (lightest, lowest index on ties)."""
+    batches: list[list[int]] = []
+    k = 0
+    for k, i in enumerate(order):  # noqa: B007 (k: where the padded phase stopped)
+        last = batches[-1] if batches else None
+        if last is None or (len(last) + 1) * lengths[last[0]] > bound:
+            if len(batches) == d:
+                break
+            batches.append([])
+        batches[-1].append(i)
+    else:
+        k = len(order)
+    sums = [sum(lengths[i] for i in b) for b in batches] + [0.0] * (d - len(batches))
+    out = {i: b for b, members in enumerate(batches) for i in members}
+    for i in order[k:]:
+        b = min(range(d), key=lambda c: (sums[c], c))
+        out[i] = b
+        sums[b] += lengths[i]
+    return out
+
+
 def karmarkar_karp(lengths, order, d, equal_count):
     """-> {item: subset}; see ``_nb_karmarkar_karp`` (same tie-breaking)."""
     n = len(order)

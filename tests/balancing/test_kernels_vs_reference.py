@@ -181,3 +181,33 @@ def test_refine(seed, caps):
         assert sorted(x[got == b].tolist()) == sorted(x[np.array(ref_bins) == b].tolist())
     if not moves:
         assert (np.bincount(got, minlength=d) == np.bincount(bins, minlength=d)).all()
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("heavy", [False, True])
+def test_lpt_quadratic(seed, heavy):
+    """OrchMLLM Alg. 4 (the ``quadratic`` post-balancing method)."""
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 300)), int(rng.integers(1, 24))
+    x = _lengths(rng, n, heavy)
+    order = K._nb_argsort_desc(x)
+    tol = float(x.sum() / d * rng.choice([0.0, 0.01, 0.05, 0.3]))
+    out = np.empty(n, dtype=np.int64)
+    K._nb_lpt_quadratic(x, order, d, tol, out)
+    assert dict(enumerate(out.tolist())) == R.lpt_quadratic(x.tolist(), order.tolist(), d, tol)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("heavy", [False, True])
+def test_padded_attention(seed, heavy):
+    """OrchMLLM Alg. 5 (the ``padded_attention`` post-balancing method), with the bound it is
+    given in use (LPT's largest sum) and tighter or looser ones."""
+    rng = np.random.default_rng(seed)
+    n, d = int(rng.integers(1, 300)), int(rng.integers(1, 24))
+    x = _lengths(rng, n, heavy)
+    order = K._nb_argsort_desc(x)
+    probe = np.empty(n, dtype=np.int64)
+    bound = float(K._nb_lpt(x, order, d, probe).max() * rng.choice([0.5, 1.0, 1.5]))
+    out = np.empty(n, dtype=np.int64)
+    K._nb_padded_attention(x, order, d, bound, out)
+    assert dict(enumerate(out.tolist())) == R.padded_attention(x.tolist(), order.tolist(), d, bound)

@@ -166,6 +166,39 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
             pc.fill_null(pc.less(table.column("llm_tokens"), table.column("text_tokens")), False),
         )
     )
+    rules += _consistency_rules(table, seq)
+    return rules
+
+
+def _consistency_rules(table: pa.Table, seq) -> list[tuple[str, pa.Array]]:
+    """The columns of a row agree (DESIGN.md): ``vit_tokens`` is the sum of ``vit_seq_lens``
+    (balancing reads the one, the cost model and the encoder the other) and image sizes, where
+    given, are one per image (a text-only sample may still run the encoder on a dummy tile, as
+    InternVL's do: its sequences are not refused). A table made by hand or another tool that
+    breaks them would be balanced by other numbers than the model runs."""
+    n = table.num_rows
+    values = pc.list_flatten(seq)
+    if not n or values.null_count:  # a null inside the list is its own rule
+        return []
+    parents = np.asarray(pc.list_parent_indices(seq))
+    lens = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float64)
+    sums = np.bincount(parents, weights=lens, minlength=n)
+    vit = table.column("vit_tokens").to_numpy(zero_copy_only=False)
+    rules = [
+        (
+            "vit_tokens is not the sum of vit_seq_lens",
+            pa.array(np.asarray(vit != sums, dtype=bool) & ~np.isnan(vit.astype(np.float64))),
+        ),
+    ]
+    for name in ("image_widths", "image_heights"):
+        if name in table.column_names:
+            given = pc.list_value_length(table.column(name))  # null where not given
+            rules.append(
+                (
+                    f"{name} does not hold one size per image (num_images)",
+                    pc.fill_null(pc.not_equal(given, table.column("num_images")), False),
+                )
+            )
     return rules
 
 

@@ -1,0 +1,87 @@
+"""A cost table made by hand or by another tool enters through ``read_cost_table``: its columns
+must agree within each row as DESIGN.md defines them. ``vit_tokens`` is the sum of the row's
+``vit_seq_lens`` (balancing groups by the one, the cost model and the encoder run the other),
+and image sizes, where given, are one per image. Before, a row breaking either was balanced by
+numbers the model never runs; now the file, the rule and the sample are named (and ``equishard
+balance`` exits 2 with that line)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dataprep.cost_table import read_cost_table
+
+
+def _table(**columns) -> pa.Table:
+    base = {
+        "sample_id": ["text", "one", "tiles", "dummy"],
+        "source": ["hand"] * 4,
+        "num_images": pa.array([0, 1, 1, 0], pa.int32()),
+        "vit_tokens": pa.array([0, 1024, 2304, 1024], pa.int64()),
+        # InternVL runs a dummy tile for a text-only sample: a sequence without an image
+        "vit_seq_lens": pa.array([[], [1024], [1024, 1024, 256], [1024]], pa.list_(pa.int32())),
+        "llm_tokens": pa.array([40, 300, 800, 50], pa.int64()),
+        "text_tokens": pa.array([40, 44, 32, 50], pa.int64()),
+        "image_widths": pa.array([[], [640], [1200], None], pa.list_(pa.int32())),
+        "image_heights": pa.array([[], [480], [300], None], pa.list_(pa.int32())),
+    }
+    return pa.table({**base, **columns})
+
+
+def _write(tmp_path, table) -> str:
+    path = tmp_path / "cost.parquet"
+    pq.write_table(table, path)
+    return str(path)
+
+
+def test_a_consistent_hand_made_table_is_read(tmp_path):
+    table = read_cost_table(_write(tmp_path, _table()))
+    assert table.column("sample_id").to_pylist() == ["text", "one", "tiles", "dummy"]
+
+
+@pytest.mark.parametrize(
+    "columns, rule, sample",
+    [
+        (
+            {"vit_tokens": pa.array([0, 1024, 1024, 1024], pa.int64())},
+            "vit_tokens is not the sum of vit_seq_lens",
+            "tiles",
+        ),
+        (
+            {"vit_seq_lens": pa.array([[], [1024], [1024], [1024]], pa.list_(pa.int32()))},
+            "vit_tokens is not the sum of vit_seq_lens",
+            "tiles",
+        ),
+        (
+            {"vit_tokens": pa.array([256, 1024, 2304, 1024], pa.int64())},
+            "vit_tokens is not the sum of vit_seq_lens",
+            "text",
+        ),
+        (
+            {"image_widths": pa.array([[], [640, 640], [1200], None], pa.list_(pa.int32()))},
+            r"image_widths does not hold one size per image \(num_images\)",
+            "one",
+        ),
+        (
+            {"image_heights": pa.array([[], [480], [], None], pa.list_(pa.int32()))},
+            r"image_heights does not hold one size per image \(num_images\)",
+            "tiles",
+        ),
+    ],
+    ids=["vit-tokens-short", "seq-lens-short", "text-with-vit-tokens", "widths", "heights"],
+)
+def test_a_row_whose_columns_disagree_is_refused_naming_it(tmp_path, columns, rule, sample):
+    path = _write(tmp_path, _table(**columns))
+    with pytest.raises(ValueError, match=rf"cost.parquet: 1 row\(s\) where {rule}.*'{sample}'"):
+        read_cost_table(path)
+
+
+def test_balance_exits_2_naming_the_row(tmp_path, capsys):
+    from equishard.cli import main
+
+    path = _write(tmp_path, _table(vit_tokens=pa.array([0, 1024, 1024, 1024], pa.int64())))
+    assert main(["balance", path, "-o", str(tmp_path / "plan"), "--dp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "vit_tokens is not the sum of vit_seq_lens" in err and "'tiles'" in err

@@ -3,12 +3,13 @@
 
 The scan reads tar headers only and records each member's data offset; workers then read the
 ``.json`` member and only the header and tail of each image member. Hostile members (``..`` or
-absolute names, links, devices, names that are not
-UTF-8) and duplicate members reject their sample. A tar cut short rejects the sample being read
-when it ends (``truncated_archive``) and keeps the ones before it. A damaged header (or a member
-whose data runs past its declared size) does not end the tar: the damaged byte range becomes its
-own errors row (``tar_framing``, with its byte offsets), reading resumes at the next valid header,
-and the samples on both sides of the range are rejected as possibly incomplete.
+absolute names, links, devices, names that are not UTF-8) and duplicate members (the same
+suffix in any case, or two images at one place) reject their sample. A tar cut short rejects
+the sample being read when it ends (``truncated_archive``) and keeps the ones before it. A
+damaged header (or a member whose data runs past its declared size) does not end the tar: the
+damaged byte range becomes its own errors row (``tar_framing``, with its byte offsets), reading
+resumes at the next valid header, and the samples on both sides of the range are rejected as
+possibly incomplete.
 """
 
 from __future__ import annotations
@@ -51,6 +52,32 @@ def _name_problem(name: str) -> str | None:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return f"member name {name!a} is not valid UTF-8"
+    return None
+
+
+def _image_index(suffix: str) -> int | None:
+    """An image member's place among its sample's images (-1 unnumbered), None for others."""
+    m = _INDEXED_IMAGE.match(suffix)
+    return None if m is None else (int(m.group(1)) if m.group(1) is not None else -1)
+
+
+def _duplicate(path: Path, name: str, suffix: str, members: list) -> SampleRejected | None:
+    """A member of the same sample that this one would shadow or tie with: the same suffix
+    (``KEY.JPG`` beside ``KEY.jpg`` too: members are read by lower-case suffix, one would be
+    dropped unseen), or an image at the same place (``KEY.0.jpg`` and ``KEY.0.png``, or two
+    unnumbered images: no order between them)."""
+    index = _image_index(suffix)
+    for other, s, _, _ in members:
+        if s.lower() == suffix.lower():
+            why = "appears twice" if s == suffix else f"and {other!a} differ only in case"
+            return SampleRejected("duplicate_member", f"{path}: {name!a} {why}")
+        if index is not None and _image_index(s) == index:
+            place = "unnumbered" if index < 0 else f"numbered {index}"
+            return SampleRejected(
+                "duplicate_member",
+                f"{path}: {name!a} and {other!a} are both {place} images of one sample: their "
+                "order is not defined; number them KEY.0.jpg, KEY.1.png, ...",
+            )
     return None
 
 
@@ -172,8 +199,8 @@ def _groups(
         bad = _name_problem(m.name) or _unsafe(m)
         if bad and error is None:
             error = SampleRejected("unsafe_member", f"{path}: {bad}")
-        if any(s == suffix for _, s, _, _ in members) and error is None:
-            error = SampleRejected("duplicate_member", f"{path}: {m.name!a} appears twice")
+        if error is None:
+            error = _duplicate(path, m.name, suffix, members)
         members.append((m.name, suffix, m.offset_data, m.size))
         end = m.offset_data + m.size
     if key is None:
@@ -233,9 +260,8 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
             raw = f.read(size)
             images = []
             for suffix, (name, off, size) in by_suffix.items():
-                m = _INDEXED_IMAGE.match(suffix)
-                if m:
-                    order = int(m.group(1)) if m.group(1) is not None else -1
+                order = _image_index(suffix)
+                if order is not None:
                     images.append(
                         (
                             order,

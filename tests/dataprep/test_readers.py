@@ -1,11 +1,13 @@
 """Every reader on tiny real inputs made in tmp_path, through the prep stage."""
 
 import json
+import re
 import tarfile
 
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from tests.conftest import image_bytes, write_image
 from tests.dataprep.helpers import add_member, llava, run, write_jsonl
@@ -184,3 +186,29 @@ def test_truncated_tar_keeps_complete_samples_and_rejects_the_cut_one(tmp_path, 
     _res, rows, errors = run(tmp_path, [tmp_path / "cut.tar"], tokenizer_path)
     assert [r["sample_id"] for r in rows] == ["k0", "k1"]
     assert [e["reason"] for e in errors] == ["truncated_archive"]
+
+
+@pytest.mark.parametrize(
+    "members, why",
+    [
+        (("k.json", "k.JSON"), r"'k.JSON' and 'k.json' differ only in case"),
+        (("k.json", "k.jpg", "k.JPG"), r"'k.JPG' and 'k.jpg' differ only in case"),
+        (("k.json", "k.0.jpg", "k.0.png"), r"'k.0.png' and 'k.0.jpg' are both numbered 0 images"),
+        (("k.json", "k.jpg", "k.png"), r"'k.png' and 'k.jpg' are both unnumbered images"),
+    ],
+    ids=["json-case", "image-case", "same-number", "two-unnumbered"],
+)
+def test_a_member_another_would_shadow_rejects_its_sample(tmp_path, tokenizer_path, members, why):
+    """Bug: members are read by lower-case suffix, so ``k.JPG`` beside ``k.jpg`` (or
+    ``k.JSON`` beside ``k.json``) dropped one unseen, and two images at one place had no
+    order; the sample is rejected naming both members, the other samples are read."""
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        for name in members:
+            data = _conv_json() if name.lower().endswith("json") else image_bytes(64, 48)
+            add_member(tf, name, data)
+        add_member(tf, "ok.json", _conv_json())
+        add_member(tf, "ok.0.jpg", image_bytes(64, 48))
+    _res, rows, errors = run(tmp_path, [tmp_path / "s.tar"], tokenizer_path)
+    assert [r["sample_id"] for r in rows] == ["ok"]
+    assert [e["reason"] for e in errors] == ["duplicate_member"]
+    assert re.search(why, errors[0]["detail"]), errors[0]["detail"]

@@ -28,6 +28,8 @@ HOSTILE = {
     "float": {"vit_num": 1.5, "token_num": 600, "image_flags": 1},
     "nan-like string": {"vit_num": "NaN", "token_num": 600, "image_flags": 1},
     "negative": {"vit_num": -1, "token_num": 600, "image_flags": 0},
+    # JSON true is Python's 1: a flag where a count belongs, never a count
+    "boolean": {"vit_num": True, "token_num": 600, "image_flags": 1},
 }
 
 

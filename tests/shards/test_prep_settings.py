@@ -105,6 +105,20 @@ def test_hostile_recorded_settings_are_refused_where_they_enter(generation, path
         PrepSettings.from_manifest(bad)
 
 
+@pytest.mark.parametrize("ratio", [0, -4.0, float("inf"), True, "4", None])
+def test_a_hostile_recorded_estimate_is_refused(generation, ratio):
+    """An estimate-mode generation's chars_per_token must be a number > 0: 0 would count every
+    sample's text as infinite (or, as a flag, 1 char a token)."""
+    m = open_generation(generation)
+    raw = json.loads(json.dumps(m.raw))
+    raw["prep"]["tokenizer"] = {"mode": "estimate", "chars_per_token": ratio}
+    bad = type(m)(**{**{f: getattr(m, f) for f in m.__dataclass_fields__}, "raw": raw})
+    with pytest.raises(ValueError, match="chars_per_token must be a number > 0"):
+        PrepSettings.from_manifest(bad)
+    raw["prep"]["tokenizer"]["chars_per_token"] = 3.5
+    assert PrepSettings.from_manifest(bad).tokenizer_estimate == 3.5
+
+
 def test_a_generation_without_prep_settings_says_what_to_give(generation):
     m = open_generation(generation)
     bare = type(m)(**{**{f: getattr(m, f) for f in m.__dataclass_fields__}, "raw": {}})

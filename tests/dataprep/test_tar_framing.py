@@ -86,6 +86,7 @@ def test_flipped_header_checksum_resynchronizes(tmp_path, tokenizer_path):
         e["detail"].split("sample '")[1].split("'")[0] for e in framing if "borders" in e["detail"]
     }
     assert listed == got | rejected
+    assert "s004" in rejected  # after the damage: its first header may have been the lost one
     _counted(res, rows, errors)
 
 
@@ -180,3 +181,20 @@ def test_member_name_not_utf8_is_that_samples_row(tmp_path, tokenizer_path):
     assert (
         bad["reason"] == "unsafe_member" and "UTF-8" in bad["detail"] and "ok.tar" in bad["detail"]
     )
+
+
+def test_a_tar_without_its_end_marker_rejects_its_last_sample(tmp_path, tokenizer_path):
+    """A tar that stops right after a member's data, without the two zero blocks a complete
+    tar ends with, may have lost the rest of its last sample (its image, its next members):
+    that sample is rejected as truncated, every other sample is read."""
+    members = _tar(tmp_path / "ok.tar")
+    last = members[-1]
+    end = last.offset_data + (last.size + 511) // 512 * 512
+    (tmp_path / "cut.tar").write_bytes((tmp_path / "ok.tar").read_bytes()[:end])
+    res, rows, errors = run(tmp_path, [tmp_path / "cut.tar"], tokenizer_path)
+    assert {r["sample_id"] for r in rows} == {f"s{i:03d}" for i in range(N - 1)}
+    assert [(e["sample_id"], e["reason"]) for e in errors] == [
+        (f"s{N - 1:03d}", "truncated_archive")
+    ]
+    assert "no end-of-archive marker" in errors[0]["detail"]
+    _counted(res, rows, errors)

@@ -117,6 +117,15 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--workers", type=int, default=1, help="DataLoader workers per reading rank (default 1)"
     )
     p.add_argument(
+        "--loader-timeout",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="seconds a DataLoader worker may take to read and collate one group before the "
+        "run fails naming it (with --workers >= 1; default 600): a read stuck on a hung mount "
+        "ends the run instead of holding every rank",
+    )
+    p.add_argument(
         "--tokenizer",
         default=None,
         help="tokenizer.json (default: the one prep used, from the manifest)",
@@ -211,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             placement=args.placement,
             ranks_per_node=args.ranks_per_node,
             workers=args.workers,
+            loader_timeout=args.loader_timeout,
             tokenizer=args.tokenizer,
             vision_policy=args.vision_policy,
             template=args.template,

@@ -41,6 +41,7 @@ class TrainConfig:
     placement: str = "nodewise"
     ranks_per_node: int | None = None
     workers: int = 1
+    loader_timeout: float = 600.0  # seconds a DataLoader worker may take for one group
     tokenizer: str | None = None
     shards_cache: str | None = None  # a local directory keeping what is read from a URL --shards
     vision_policy: str | None = None
@@ -99,6 +100,11 @@ class TrainConfig:
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
         if self.workers < 0:
             raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if not 0 < self.loader_timeout < float("inf"):  # NaN fails this too
+            raise ValueError(
+                f"loader_timeout must be finite seconds > 0, got {self.loader_timeout}: a worker "
+                "stuck on a read (a hung mount) would otherwise hold every rank forever"
+            )
         _, b = parse_steps(self.profile_steps)
         if self.profile is not None and b > self.steps:
             raise ValueError(

@@ -23,7 +23,7 @@ from trainer_adapter.train.model import VLMConfig, merge_for_policy
 from trainer_adapter.train.profile import StepProfiler, parse_steps
 from trainer_adapter.train.trainer import Trainer, auto_mb_tokens, empty_batch
 
-__all__ = ["build_collator", "main", "run"]
+__all__ = ["build_collator", "group_batches", "main", "run"]
 
 
 def build_collator(cfg: TrainConfig, manifest):
@@ -169,10 +169,32 @@ def plan_cost_note(manifest, model_cfg: VLMConfig) -> str | None:
     )
 
 
-def run(cfg: TrainConfig) -> list[dict]:
-    """Train on an initialized default process group; returns rank 0's step records."""
+def group_batches(ds, workers: int, timeout: float):
+    """This rank's collated groups, epoch after epoch, read by ``workers`` DataLoader workers
+    (0: in this process). A worker that takes more than ``timeout`` seconds for one group (a
+    read stuck on a hung mount) ends the run with a :class:`TimeoutError` naming the
+    generation, instead of holding this rank, and every rank waiting on it, forever."""
     from torch.utils.data import DataLoader
 
+    loader = DataLoader(ds, batch_size=None, num_workers=workers, timeout=timeout if workers else 0)
+    epoch = 0
+    while True:
+        ds.set_epoch(epoch)
+        try:
+            yield from loader
+        except RuntimeError as exc:
+            if "timed out" not in str(exc):
+                raise
+            raise TimeoutError(
+                f"{ds.manifest.path}: a DataLoader worker of rank {ds.rank.rank} took more than "
+                f"{timeout:g} s for one group (a read stuck on a hung mount or a slow store?); "
+                "raise --loader-timeout if groups are that slow to read"
+            ) from exc
+        epoch += 1
+
+
+def run(cfg: TrainConfig) -> list[dict]:
+    """Train on an initialized default process group; returns rank 0's step records."""
     from shards import GroupDataset, RankInfo, open_generation
 
     rank = dist.get_rank()
@@ -208,16 +230,7 @@ def run(cfg: TrainConfig) -> list[dict]:
             seed=cfg.seed,
             transform=collate,
         )
-        loader = DataLoader(ds, batch_size=None, num_workers=cfg.workers)
-
-        def forever():
-            epoch = 0
-            while True:
-                ds.set_epoch(epoch)
-                yield from loader
-                epoch += 1
-
-        batches = forever()
+        batches = group_batches(ds, cfg.workers, cfg.loader_timeout)
     empty = empty_batch(model_cfg.patch_dim, collate.image_token_id)
     first = next(batches) if stage == 0 else None
     _set_recompute(cfg, trainer, first["samples"] if first is not None else empty, loads)

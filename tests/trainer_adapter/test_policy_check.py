@@ -125,6 +125,8 @@ CHANGED = [
     ("ovis2", _set("pr", "image_seq_length", 64), r"tokens per tile 64", {}),
     ("aya_vision", _set("pr", "img_size", 448), r"tokens per tile 256", {}),
     ("mistral3", _set("pr", "spatial_merge_size", 1), r"merge_size 1", {}),
+    ("aria", _set("pr", "size_conversion", {490: 128, 980: 200}), r"tokens per crop 200", {}),
+    ("aria", lambda p: (p, {"split_image": True}), r"split True", {}),
     ("idefics2", _set("pr", "image_seq_len", 32), r"tokens_per_image 32", {}),
     (
         "idefics2",

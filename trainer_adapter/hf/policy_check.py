@@ -151,6 +151,18 @@ def _aya_tokens(packer):
     return (size // patch) ** 2 if size and patch else None
 
 
+def _aria_tokens(packer):
+    """Aria's LLM tokens a crop: its processor's ``size_conversion`` at the crop size."""
+    table, size = _proc("size_conversion")(packer), packer._setting("max_image_size")
+    return None if not isinstance(table, dict) or size is None else table.get(int(size))
+
+
+def _aria_policy_tokens(policy) -> int:
+    from dataprep.policies.aria import ARIA_TOKENS
+
+    return policy.tokens or ARIA_TOKENS[policy.max_image_size]
+
+
 def _when_pan_and_scan(name: str):
     """A pan-and-scan setting, which counts only when the call pans and scans."""
     return lambda packer: packer._setting(name) if packer._setting("do_pan_and_scan") else None
@@ -194,7 +206,11 @@ CHECKS = {
         ("patch_size", _ip("patch_size", "height")),
         ("merge_size", _proc("spatial_merge_size")),
     ),
-    "aria": (("max_image_size", _ip("max_image_size")), ("split", _ip("split_image"))),
+    "aria": (
+        ("max_image_size", _ip("max_image_size")),
+        ("split", _ip("split_image")),
+        ("tokens per crop", _aria_tokens, _aria_policy_tokens),
+    ),
     "idefics2": (
         ("shortest_edge", _ip("size", "shortest_edge")),
         ("longest_edge", _ip("size", "longest_edge")),

@@ -212,3 +212,12 @@ def test_a_member_another_would_shadow_rejects_its_sample(tmp_path, tokenizer_pa
     assert [r["sample_id"] for r in rows] == ["ok"]
     assert [e["reason"] for e in errors] == ["duplicate_member"]
     assert re.search(why, errors[0]["detail"]), errors[0]["detail"]
+
+
+def test_an_upper_case_suffix_picks_the_same_reader(tmp_path, tokenizer_path):
+    """Files exported by other tools come as DATA.JSONL or SHARD.TAR: the suffix is read
+    case-insensitively, as each reader's own format, not refused as an unknown one."""
+    path = tmp_path / "DATA.JSONL"
+    path.write_text(json.dumps(llava("a")) + "\n" + json.dumps(llava("b")) + "\n")
+    _res, rows, errors = run(tmp_path, [path], tokenizer_path)
+    assert [r["sample_id"] for r in rows] == ["a", "b"] and errors == []

@@ -9,6 +9,7 @@ resize with Qwen3-VL's patch and pixel bounds). Adding a policy is one module an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from dataprep.policies.anyres import LlavaNextPolicy, OneVisionPolicy
@@ -149,14 +150,19 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
     options: dict = {}
     for item in filter(None, (o.strip() for o in opts.split(","))):
         key, sep, value = item.partition("=")
+        if key in options:  # the last would win unseen
+            raise ValueError(f"bad vision policy {spec!r}: option {key} is given twice")
         if sep and key in family.floats:
             try:
-                options[key] = float(value)
+                number = float(value)
             except ValueError:
+                number = math.nan
+            if not math.isfinite(number):  # nan and inf pass every comparison check wrongly
                 raise ValueError(
-                    f"bad option {item!r} in vision policy {spec!r}: {key} takes a number, "
-                    f"e.g. {key}=1.5"
-                ) from None
+                    f"bad option {item!r} in vision policy {spec!r}: {key} takes a finite "
+                    f"number, e.g. {key}=1.5"
+                )
+            options[key] = number
             continue
         choices = family.strings.get(key)
         if sep and choices is not None:
@@ -172,6 +178,10 @@ def parse_vision_policy(spec: str) -> VisionPolicy:
             raise ValueError(
                 f"bad option {item!r} in vision policy {spec!r}: use KEY=INT with KEY in {allowed}"
                 + (" (or resize=transformers|qwen-vl-utils)" if name.startswith("qwen") else "")
+            )
+        if key in family.flags and value not in ("0", "1"):
+            raise ValueError(
+                f"bad option {item!r} in vision policy {spec!r}: {key} is a switch, 0 or 1"
             )
         options[key] = bool(int(value)) if key in family.flags else int(value)
     return family.build(options)

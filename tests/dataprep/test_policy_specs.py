@@ -71,3 +71,27 @@ def test_every_option_round_trips_through_the_spec(name, option):
         assert back == policy, f"{name}: {option}={value!r} is lost in {policy.spec()!r}"
     if option not in fam.strings or fam.strings[option]:
         assert tried, f"no valid changed value of {option} tried for {name}"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("gemma3:pan_and_scan=1,min_ratio=nan", r"min_ratio takes a finite number"),
+        ("gemma3:pan_and_scan=1,min_ratio=inf", r"min_ratio takes a finite number"),
+        ("granite-docling:dense_max_scale=nan", r"dense_max_scale takes a finite number"),
+        ("gemma3:pan_and_scan=2", r"pan_and_scan is a switch, 0 or 1"),
+        ("internvl:thumbnail=7", r"thumbnail is a switch, 0 or 1"),
+        ("internvl:max_tiles=6,max_tiles=12", r"option max_tiles is given twice"),
+        ("qwen2vl:max_pixels=50176,max_pixels=1003520", r"option max_pixels is given twice"),
+    ],
+)
+def test_a_spec_whose_numbers_would_be_misread_is_refused(spec, message):
+    """Bug: ``nan`` or ``inf`` passed as a threshold (every comparison with them is false, so
+    Gemma 3's pan-and-scan or Granite Docling's spread rule silently changed), a switch given 2
+    read as on, and an option given twice kept its last value unseen."""
+    with pytest.raises(ValueError, match=message):
+        parse_vision_policy(spec)
+    # the well-formed spellings of the same options are taken
+    ok = spec.replace("nan", "1.5").replace("inf", "1.5").replace("=2", "=1").replace("=7", "=0")
+    if "twice" not in message:
+        parse_vision_policy(ok)

@@ -155,7 +155,7 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
     for name in ("vit_seq_lens", "image_widths", "image_heights"):  # a null inside a list: a
         if name in table.column_names:  # sample document no reader takes (shards/sample_doc.py)
             col = table.column(name)
-            values = pc.list_flatten(col)
+            values = flat if name == "vit_seq_lens" else pc.list_flatten(col)
             if values.null_count:
                 rules.append(
                     (f"{name} holds a missing value", _rows_where(col, pc.is_null(values)))
@@ -166,7 +166,8 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
             pc.fill_null(pc.less(table.column("llm_tokens"), table.column("text_tokens")), False),
         )
     )
-    rules += _consistency_rules(table, seq)
+    if not flat.null_count:  # a null inside the list is its own rule above
+        rules += _consistency_rules(table, seq)
     return rules
 
 
@@ -185,8 +186,7 @@ def _consistency_rules(table: pa.Table, seq) -> list[tuple[str, pa.Array]]:
     given, are one per image (a text-only sample may still run the encoder on a dummy tile, as
     InternVL's do: its sequences are not refused). A table made by hand or another tool that
     breaks them would be balanced by other numbers than the model runs."""
-    n = table.num_rows
-    if not n or pc.list_flatten(seq).null_count:  # a null inside the list is its own rule
+    if not table.num_rows:
         return []
     sums = np.concatenate([_list_sums(chunk) for chunk in seq.chunks])
     vit = table.column("vit_tokens").to_numpy(zero_copy_only=False)

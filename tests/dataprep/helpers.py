@@ -47,3 +47,17 @@ def add_member(tf: tarfile.TarFile, name: str, data: bytes, **attrs) -> None:
     for k, v in attrs.items():
         setattr(info, k, v)
     tf.addfile(info, io.BytesIO(data))
+
+
+def write_test_generation(root: Path, cost: Path, dp: int = 1) -> Path:
+    """A generation of ``cost`` (balanced for ``dp`` ranks on one node) written under
+    ``root / "gen"``; its root, with CURRENT."""
+    from balancing.plan import BalanceConfig, build_plan, write_plan
+    from dataprep import read_cost_table
+    from shards.writer import WriteConfig, write_generation
+
+    plan = root / "plan"
+    write_plan(build_plan(read_cost_table(cost), BalanceConfig(dp=dp, nodes=1, seed=0)), plan)
+    gen = root / "gen"
+    write_generation(WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(gen)))
+    return gen

@@ -723,16 +723,16 @@ def idefics2_patches(masks, patch: int) -> list[int]:
     return [int(c) for c in (cells.sum(dim=(-1, -2)) == patch * patch).sum(dim=(1, 2))]
 
 
-def reference(processor, family: str, record: dict, root: Path, **call) -> tuple[int, list[int]]:
-    """(LLM sequence length, encoder sequence lengths) as transformers makes them (``call``:
-    keyword arguments of the processor call, e.g. Gemma 3's ``do_pan_and_scan=True``)."""
+def processor_call(processor, family: str, record: dict, root: Path, **call) -> tuple:
+    """(the processor's output, the record's images) for one record, as a transformers user
+    makes it: the chat template rendered, the images loaded (EXIF orientation applied), the
+    processor called on both (``call``: keyword arguments of the call, e.g. Gemma 3's
+    ``do_pan_and_scan=True``). Pixels are left unscaled and unnormalized (a third of the
+    processor's time): the counts depend on the resized sizes and tile grids only."""
     from transformers.image_utils import load_image
 
     text = processor.apply_chat_template(reference_messages(record), tokenize=False)
-    # as a transformers user loads them (EXIF orientation applied)
     images = [load_image(str(root / name)) for name in record["image"]]
-    # pixels left unscaled and unnormalized (a third of the processor's time): the counts
-    # depend on the resized sizes and tile grids only
     pixels = {"do_rescale": False, "do_normalize": False} if images else {}
     out = processor(
         text=[text],
@@ -741,6 +741,13 @@ def reference(processor, family: str, record: dict, root: Path, **call) -> tuple
         **pixels,
         **call,
     )
+    return out, images
+
+
+def reference(processor, family: str, record: dict, root: Path, **call) -> tuple[int, list[int]]:
+    """(LLM sequence length, encoder sequence lengths) as transformers makes them (``call``:
+    keyword arguments of the processor call, e.g. Gemma 3's ``do_pan_and_scan=True``)."""
+    out, images = processor_call(processor, family, record, root, **call)
     n = int(out["input_ids"].shape[1])
     if not images:
         return n, []

@@ -60,11 +60,8 @@ def _hf_lengths(model, records) -> dict[str, int]:
 
 
 def test_prep_and_the_collator_count_what_the_template_writes(bos_model, tmp_path):
-    from balancing.plan import BalanceConfig, build_plan, write_plan
-    from dataprep import read_cost_table
     from shards import Collator, GroupDataset, RankInfo
-    from shards.writer import WriteConfig, write_generation
-    from tests.dataprep.helpers import run, write_jsonl
+    from tests.dataprep.helpers import run, write_jsonl, write_test_generation
 
     records = conversations(tmp_path, 24, seed=4)
     src = write_jsonl(tmp_path / "data.jsonl", records)
@@ -80,11 +77,7 @@ def test_prep_and_the_collator_count_what_the_template_writes(bos_model, tmp_pat
     counted = dict(zip(table["sample_id"], table["llm_tokens"], strict=True))
     assert counted == _hf_lengths(bos_model, records)
     # the collator builds those lengths (it refuses a row of another length than prep's)
-    write_plan(build_plan(read_cost_table(cost), BalanceConfig(dp=1, nodes=1)), tmp_path / "plan")
-    gen = tmp_path / "gen"
-    write_generation(
-        WriteConfig(plan_dir=str(tmp_path / "plan"), cost_table=str(cost), out=str(gen))
-    )
+    gen = write_test_generation(tmp_path, cost)
     built = {}
     for step in GroupDataset(
         gen, RankInfo(rank=0, world_size=1), transform=Collator.from_generation(gen)

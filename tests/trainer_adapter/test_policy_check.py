@@ -16,9 +16,8 @@ from tests.dataprep.test_jinja_template import (
     VARIANTS,
     conversations,
     make_model_dir,
+    processor_call,
     processor_for,
-    processor_images,
-    reference_messages,
     template_spec,
 )
 
@@ -160,20 +159,9 @@ def _records(root) -> list[dict]:
 
 def _outputs(processor, family, records, root, call) -> list:
     """What the processor makes of each conversation: its tokens and the shape of every array."""
-    from transformers.image_utils import load_image
-
     out = []
     for rec in records:
-        text = processor.apply_chat_template(reference_messages(rec), tokenize=False)
-        images = [load_image(str(root / n)) for n in rec["image"]]
-        pixels = {"do_rescale": False, "do_normalize": False} if images else {}
-        got = processor(
-            text=[text],
-            images=processor_images(family, images),
-            return_tensors="np",
-            **pixels,
-            **call,
-        )
+        got, _ = processor_call(processor, family, rec, root, **call)
         out.append({k: getattr(v, "shape", v) for k, v in got.items() if k != "attention_mask"})
         out[-1]["input_ids"] = got["input_ids"][0].tolist()
     return out

@@ -151,10 +151,7 @@ def test_a_tokenizer_not_at_hand_is_named_or_given(tmp_path, tokenizer_path):
 def test_from_generation_refuses_a_processor_with_another_tokenizer(tmp_path, tokenizer_path):
     """The whole path: a generation prepped with one tokenizer, a packer built for it from a
     processor whose tokenizer swaps two ids (every length equal) is refused."""
-    from balancing.plan import BalanceConfig, build_plan, write_plan
-    from dataprep import read_cost_table
-    from shards.writer import WriteConfig, write_generation
-    from tests.dataprep.helpers import run, write_jsonl
+    from tests.dataprep.helpers import run, write_jsonl, write_test_generation
     from trainer_adapter.hf.inputs import HFPacker
 
     prep_model = make_model_dir(tmp_path / "prep", FAMILY, tokenizer_path)
@@ -167,13 +164,7 @@ def test_from_generation_refuses_a_processor_with_another_tokenizer(tmp_path, to
         vision_policy=FAMILIES[FAMILY]["policy"],
     )
     cost = tmp_path / "out" / "cost.parquet"
-    write_plan(
-        build_plan(read_cost_table(cost), BalanceConfig(dp=1, nodes=1, seed=0)), tmp_path / "plan"
-    )
-    gen = tmp_path / "gen"
-    write_generation(
-        WriteConfig(plan_dir=str(tmp_path / "plan"), cost_table=str(cost), out=str(gen))
-    )
+    gen = write_test_generation(tmp_path, cost)
     HFPacker.from_generation(gen, processor_for(FAMILY, prep_model), family=FAMILY)
     other = processor_for(FAMILY, _edited(tmp_path, tokenizer_path, "other", _swap_two_ids))
     with pytest.raises(SettingsMismatch, match=r"tokenizer is not the one .* model differs"):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancing._kernels.isf import _nb_apply_round, _nb_best_fit, _nb_isf_round
+from dataprep.values import check_count
 
 __all__ = [
     "FLAG_ISF",
@@ -42,6 +43,9 @@ class ISFParams:
     window: int = 64  # open groups considered by the best-fit packing of leftovers
 
     def __post_init__(self) -> None:
+        for name in ("q_v", "q_t", "qf_v", "qf_t"):  # int64 in the kernels: whole tokens
+            check_count(name, getattr(self, name), 1)
+        check_count("window (open groups)", self.window, 1, 1 << 16)
         if self.q_v <= 0 or self.q_t <= 0:
             raise ValueError(f"caps must be > 0, got q_v={self.q_v}, q_t={self.q_t}")
         if not (0 < self.qf_v <= self.q_v and 0 < self.qf_t <= self.q_t):
@@ -49,8 +53,7 @@ class ISFParams:
                 f"filter targets must satisfy 0 < qf <= q, got qf_v={self.qf_v} (q_v={self.q_v}), "
                 f"qf_t={self.qf_t} (q_t={self.q_t})"
             )
-        if not 1 <= self.rounds <= 1000:
-            raise ValueError(f"rounds must be 1..1000, got {self.rounds}")
+        check_count("rounds", self.rounds, 1, 1000)
 
 
 @dataclass(slots=True)

@@ -38,7 +38,7 @@ from balancing.plan_quality import (
     step_loads_of,
 )
 from balancing.steps import assign_steps
-from dataprep.values import is_count, is_number
+from dataprep.values import check_count, check_real, is_count, is_number
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 
@@ -78,21 +78,18 @@ class BalanceConfig:
     cost_model: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.dp <= MAX_RANKS:
-            raise ValueError(f"--dp must be 1..{MAX_RANKS}, got {self.dp}")
+        check_count("--dp", self.dp, 1, MAX_RANKS)
         for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
-        if not 1 <= self.rounds <= MAX_ROUNDS:
+            check_count(name, value, 1, MAX_RANKS, none=True)
+        if not is_count(self.rounds, 1, MAX_ROUNDS + 1):
             raise ValueError(
-                f"--rounds must be 1..{MAX_ROUNDS}, got {self.rounds}: ISF keeps most groups in "
+                f"--rounds must be 1..{MAX_ROUNDS}, got {self.rounds!r}: ISF keeps most groups in "
                 "its first rounds, and what is left after 10 is packed best-fit anyway"
             )
-        if not 0 <= self.slack < 1:
-            raise ValueError(f"--slack must be in [0, 1), got {self.slack}")
+        check_count("--seed", self.seed, 0, (1 << 63) - 1)
+        check_real("--slack", self.slack, 0.0, 1.0)
         for name, value in (("--q-v", self.q_v), ("--q-t", self.q_t)):
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 token, got {value}")
+            check_count(f"{name} (tokens)", value, 1, none=True)
         nodes, per = self.topology
         if nodes * per != self.dp:
             raise ValueError(
@@ -101,8 +98,7 @@ class BalanceConfig:
             )
         if (self.q_v is None) != (self.q_t is None):
             raise ValueError("give both --q-v and --q-t, or neither to choose them automatically")
-        if not 1 <= self.target_batch < float("inf"):
-            raise ValueError(f"--target-batch must be a number >= 1, got {self.target_batch}")
+        check_real("--target-batch", self.target_batch, 1.0)
 
     @classmethod
     def from_report(cls, params, where: str) -> BalanceConfig:

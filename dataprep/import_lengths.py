@@ -39,6 +39,7 @@ from dataprep.cost_table import (
     errors_path,
     remove_stale_temps,
 )
+from dataprep.values import check_count
 
 __all__ = ["ImportLengthsConfig", "ImportResult", "import_lengths"]
 
@@ -62,11 +63,9 @@ class ImportLengthsConfig:
             raise ValueError(
                 f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)"
             )
-        if self.patches_per_tile < 1 or self.tokens_per_tile < 0:
-            raise ValueError(
-                f"--patches-per-tile must be >= 1 and --tokens-per-tile >= 0, got "
-                f"{self.patches_per_tile} and {self.tokens_per_tile} (InternVL: 1024 and 256)"
-            )
+        # InternVL: 1024 and 256; both multiply a row's tile count into its int32 lengths
+        check_count("--patches-per-tile (InternVL: 1024)", self.patches_per_tile, 1, 1 << 20)
+        check_count("--tokens-per-tile (InternVL: 256)", self.tokens_per_tile, 0, 1 << 20)
         sources = [Path(p).stem for p in self.inputs]
         if len(set(sources)) != len(sources):
             raise ValueError(

@@ -43,8 +43,8 @@ from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, order
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.setting_checks import check_settings, settings_summary
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
-from dataprep.values import check_task_timeout
-from dataprep.workers import exit_with_parent
+from dataprep.values import check_count, check_flag, check_real, check_task_timeout
+from dataprep.workers import MAX_WORKERS, exit_with_parent
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
 
@@ -81,21 +81,22 @@ class PrepConfig:
             raise ValueError(
                 f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)"
             )
-        if self.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        check_count("--workers", self.workers, 1, MAX_WORKERS)
         check_task_timeout(self.task_timeout)
         if self.engine not in ENGINES:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.ray_address and self.engine != "ray":
             raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
-        if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        check_count("chunk_size (samples)", self.chunk_size, 1, 1 << 24)
+        check_count("--num-shards", self.num_shards, 1, 1 << 20)
+        check_count("--shard-index", self.shard_index, 0, 1 << 20)
+        for name in ("progress", "allow_outside_image_root"):
+            check_flag(name, getattr(self, name))
         if not 0 <= self.shard_index < self.num_shards:
             raise ValueError(
                 f"--shard-index must be in [0, --num-shards), got {self.shard_index} of {self.num_shards}"
             )
-        if not 0.0 <= self.max_error_rate <= 1.0:
-            raise ValueError(f"max_error_rate must be in [0, 1], got {self.max_error_rate}")
+        check_real("--max-error-rate", self.max_error_rate, 0.0, 1.0, hi_open=False)
         if self.check_images not in CHECKS:
             raise ValueError(
                 f"--check-images must be one of {', '.join(CHECKS)}, got {self.check_images!r}"

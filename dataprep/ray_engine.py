@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dataprep.values import check_task_timeout
+from dataprep.values import check_count, check_task_timeout
 
 __all__ = ["DEFAULT_TASK_TIMEOUT", "ENGINES", "RayOptions", "init_ray", "ordered_map"]
 
@@ -44,11 +44,9 @@ class RayOptions:
     task_timeout: float | None = DEFAULT_TASK_TIMEOUT
 
     def __post_init__(self) -> None:
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        check_count("max_retries", self.max_retries, 0, 1000)
         check_task_timeout(self.task_timeout)
-        if self.num_cpus is not None and self.num_cpus < 1:
-            raise ValueError(f"num_cpus must be >= 1 (or None for all), got {self.num_cpus}")
+        check_count("num_cpus (None: all)", self.num_cpus, 1, 1 << 20, none=True)
 
 
 def init_ray(opts: RayOptions):

@@ -29,6 +29,8 @@ import time
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 
+from dataprep.values import check_count, check_real
+
 __all__ = [
     "RenderLimits",
     "TemplateLimit",
@@ -71,11 +73,11 @@ class RenderLimits:
             ) from None
 
     def __post_init__(self) -> None:
-        if not (0 < self.seconds < float("inf")) or self.chars < 1 or self.source_chars < 1:
-            raise ValueError(
-                f"render limits must be positive and finite, got seconds={self.seconds}, "
-                f"chars={self.chars}, source_chars={self.source_chars}"
-            )
+        check_real(
+            "render limit seconds ($EQUISHARD_TEMPLATE_SECONDS)", self.seconds, 0.0, lo_open=True
+        )
+        check_count("render limit chars ($EQUISHARD_TEMPLATE_CHARS)", self.chars, 1, 1 << 40)
+        check_count("render limit source_chars", self.source_chars, 1, 1 << 40)
 
 
 class _Budget(threading.local):

@@ -17,9 +17,12 @@ import signal
 import threading
 import time
 
-__all__ = ["exit_with_parent"]
+__all__ = ["MAX_WORKERS", "exit_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
+# worker processes a stage may start (--workers); more is a typo or a unit mix-up, and each is a
+# process holding its own interpreter and tables
+MAX_WORKERS = 1024
 
 
 def _watch(parent: int) -> None:

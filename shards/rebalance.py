@@ -36,7 +36,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
-from dataprep.values import check_task_timeout
+from dataprep.values import check_count, check_flag, check_real, check_task_timeout
+from dataprep.workers import MAX_WORKERS
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.night_inputs import (
@@ -94,10 +95,10 @@ class RebalanceConfig:
             raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
         if not self.new and not self.delete:
             raise ValueError("nothing to do: give new inputs (--new) and/or a deletion list")
-        if self.keep < 1:
-            raise ValueError(f"--keep must be >= 1 (CURRENT is always kept), got {self.keep}")
-        if self.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        check_count("--keep (generations; CURRENT is always kept)", self.keep, 1)
+        check_count("--workers", self.workers, 1, MAX_WORKERS)
+        check_real("--max-error-rate", self.max_error_rate, 0.0, 1.0, hi_open=False)
+        check_flag("progress", self.progress)
         check_task_timeout(self.task_timeout)
         for p in (*self.new, *([self.delete] if self.delete else [])):
             if not Path(p).exists():

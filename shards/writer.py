@@ -28,7 +28,8 @@ import pyarrow.compute as pc
 
 from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
-from dataprep.values import check_task_timeout
+from dataprep.values import check_count, check_flag, check_task_timeout, is_count
+from dataprep.workers import MAX_WORKERS
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, ManifestError, load_manifest
@@ -80,13 +81,13 @@ class WriteConfig:
 
     def __post_init__(self) -> None:
         check_task_timeout(self.task_timeout)
-        if not 1024 <= self.shard_size <= MAX_SHARD_SIZE:
+        if not is_count(self.shard_size, 1024, MAX_SHARD_SIZE + 1):
             raise ValueError(
                 f"--shard-size must be 1KB to 1PB, got {self.shard_size} bytes (a shard is "
                 "closed after the group that reaches it)"
             )
-        if self.workers < 1:
-            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        check_count("--workers", self.workers, 1, MAX_WORKERS)
+        check_flag("energon", self.energon)
         if self.workers > 1 and self.engine == "local":
             usable_cores()  # EQUISHARD_CORES checked here, before anything is staged
         if self.engine not in ENGINES:

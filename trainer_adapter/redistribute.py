@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from balancing import CostModel, locality_balance, nodewise_permutation, post_balance
 from balancing.post_balance import METHODS, MemoryCapError
+from dataprep.values import check_count, check_flag, check_real
 from trainer_adapter.exchange import gather_tables
 from trainer_adapter.route import (
     _IMG,
@@ -77,6 +78,8 @@ class RedistributePolicy:
     dry_run: bool = False
 
     def __post_init__(self) -> None:
+        check_flag("enabled", self.enabled)
+        check_flag("dry_run", self.dry_run)
         if self.dry_run and not self.enabled:
             raise ValueError(
                 "dry_run=True plans without moving and enabled=False does not plan: give "
@@ -96,12 +99,9 @@ class RedistributePolicy:
             )
         if self.cost not in ("modeled", "tokens"):
             raise ValueError(f"cost must be 'modeled' or 'tokens', got {self.cost!r}")
-        if self.embedding_bytes < 0:
-            raise ValueError(f"embedding_bytes must be >= 0, got {self.embedding_bytes}")
-        if not 0 <= self.min_gain < float("inf"):  # NaN fails this too
-            raise ValueError(f"min_gain must be finite and >= 0, got {self.min_gain}")
-        if self.llm_memory_cap is not None and self.llm_memory_cap <= 0:
-            raise ValueError(f"llm_memory_cap must be > 0 tokens, got {self.llm_memory_cap}")
+        check_count("embedding_bytes", self.embedding_bytes)
+        check_real("min_gain", self.min_gain)
+        check_count("llm_memory_cap (tokens)", self.llm_memory_cap, 1, none=True)
 
 
 def _phase_costs(table: np.ndarray, units: list[np.ndarray], policy: RedistributePolicy):

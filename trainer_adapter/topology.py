@@ -10,14 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dataprep.values import check_count
+
 __all__ = ["Topology"]
 
 
 def _check_ranks(name: str, ranks: tuple[int, ...] | None) -> None:
     if ranks is None:
         return
-    if not ranks:
-        raise ValueError(f"{name} is empty; give at least one rank or None for all ranks")
+    if not isinstance(ranks, tuple | list) or not ranks:
+        raise ValueError(
+            f"{name} must be a non-empty tuple of ranks, or None for all ranks; got {ranks!r}"
+        )
+    for r in ranks:
+        check_count(f"each of {name}", r)
     if len(set(ranks)) != len(ranks) or min(ranks) < 0:
         raise ValueError(f"{name} must be distinct ranks >= 0, got {ranks}")
 
@@ -37,10 +43,7 @@ class Topology:
     label_ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.ranks_per_node < 1:
-            raise ValueError(
-                f"ranks_per_node must be >= 1, got {self.ranks_per_node} (GPUs per node, e.g. 8)"
-            )
+        check_count("ranks_per_node (GPUs per node, e.g. 8)", self.ranks_per_node, 1)
         for name in ("vision_ranks", "llm_ranks", "label_ranks"):
             _check_ranks(name, getattr(self, name))
         if self.label_ranks is not None and len(self.label_ranks) != len(

@@ -92,6 +92,7 @@ class OneVisionPolicy(VisionPolicy):
     max_tiles: int = 9
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.patch_size < 1 or self.tile_size < self.patch_size:
             raise ValueError(
                 f"llava-onevision needs patch_size >= 1 and tile_size >= patch_size, got "
@@ -158,6 +159,7 @@ class LlavaNextPolicy(VisionPolicy):
     grids: str = LLAVA_NEXT_GRIDS
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.patch_size < 1 or self.tile_size < self.patch_size:
             raise ValueError(
                 f"llava-next needs patch_size >= 1 and tile_size >= patch_size, got "

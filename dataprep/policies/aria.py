@@ -63,6 +63,7 @@ class AriaPolicy(VisionPolicy):
     tokens: int = 0  # LLM tokens a crop; 0: ARIA_TOKENS[max_image_size]
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.tokens < 0:
             raise ValueError(
                 f"aria needs tokens >= 0 (the LLM tokens a crop, its processor's "

@@ -3,8 +3,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
+
+from dataprep.values import check_count, check_flag, check_real
+
+# a policy's whole-number options (pixels, tiles, tokens) stay below this: larger ones are a
+# slip (a byte count for a pixel count) and would overflow the cost table's int32 lengths
+MAX_OPTION = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +36,24 @@ class ImageCost:
 
 @dataclass(frozen=True, kw_only=True)
 class VisionPolicy:
-    """Base class; subclasses implement :meth:`image_cost` and :meth:`spec`."""
+    """Base class; subclasses implement :meth:`image_cost` and :meth:`spec`, and their
+    ``__post_init__`` starts with ``super().__post_init__()``: every option has the type its
+    field declares, checked here (a spec string is parsed to these types; a Python caller's
+    ``max_tiles=2.5``, ``patch_size=True``, ``tile_size=float("nan")`` or ``thumbnail="no"``
+    would otherwise pass the families' range checks, which NaN passes and True reads as 1)."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int":
+                check_count(f"{name}.{f.name}", value, 0, MAX_OPTION)
+            elif f.type == "bool":
+                check_flag(f"{name}.{f.name}", value)
+            elif f.type == "float":
+                check_real(f"{name}.{f.name}", value, -math.inf, lo_open=True)
+            elif f.type == "str" and not isinstance(value, str):
+                raise ValueError(f"{name}.{f.name} must be a string, got {value!r}")
 
     def image_cost(self, width: int, height: int) -> ImageCost:
         raise NotImplementedError

@@ -30,6 +30,7 @@ class DeepseekHybridPolicy(VisionPolicy):
     high_res_patch_size: int = 16
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         for size, patch in (
             (self.image_size, self.patch_size),
             (self.high_res_size, self.high_res_patch_size),

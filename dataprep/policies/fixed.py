@@ -14,6 +14,7 @@ class FixedPolicy(VisionPolicy):
     patch_size: int = 14
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.image_size <= 0 or self.patch_size <= 0 or self.image_size % self.patch_size:
             raise ValueError(
                 f"fixed policy needs image_size divisible by patch_size, got "

@@ -84,6 +84,7 @@ class Gemma3Policy(VisionPolicy):
     min_ratio: float = 1.2
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         side = math.isqrt(self.llm_tokens) if self.llm_tokens > 0 else 0
         grid = self.image_size // self.patch_size if self.patch_size > 0 else 0
         if grid <= 0 or self.image_size % self.patch_size:

@@ -67,6 +67,7 @@ class Gemma4Policy(VisionPolicy):
     pooling_kernel_size: int = 3
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.max_soft_tokens not in GEMMA4_SOFT_TOKENS:
             raise ValueError(
                 f"gemma4 needs max_soft_tokens one of {GEMMA4_SOFT_TOKENS}, got "

@@ -83,6 +83,7 @@ class Glm4vPolicy(VisionPolicy):
     temporal_patch_size: int = 2
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 0 < self.min_pixels <= self.max_pixels:
             raise ValueError(
                 f"glm4v needs 0 < min_pixels <= max_pixels, got {self.min_pixels}, "

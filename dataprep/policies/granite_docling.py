@@ -82,12 +82,18 @@ class GraniteDoclingPolicy(VisionPolicy):
     dense_max_aspect: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 1 <= self.min_tiles <= self.max_tiles:
             raise ValueError(
                 f"granite-docling needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}.."
                 f"{self.max_tiles} (the image processor's min_patches and max_patches: 1 and 32)"
             )
-        if self.patch_size < 1 or self.tile_size % self.patch_size or self.tokens_per_tile < 1:
+        if (
+            self.patch_size < 1
+            or self.tile_size < self.patch_size
+            or self.tile_size % self.patch_size
+            or self.tokens_per_tile < 1
+        ):
             raise ValueError(
                 f"granite-docling needs tile_size a multiple of patch_size and tokens_per_tile "
                 f">= 1, got {self.tile_size}, {self.patch_size}, {self.tokens_per_tile} "

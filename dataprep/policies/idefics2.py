@@ -115,6 +115,7 @@ class Idefics2Policy(VisionPolicy):
     split: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.patch_size < 1 or self.tokens_per_image < 1:
             raise ValueError(
                 f"idefics2 needs patch_size >= 1 and tokens_per_image >= 1, got "

@@ -41,9 +41,15 @@ class InternVLPolicy(VisionPolicy):
     family: ClassVar[str] = "internvl"  # the spec name errors speak of (subclasses: their own)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 1 <= self.min_tiles <= self.max_tiles:
             raise ValueError(
                 f"{self.family} needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}..{self.max_tiles}"
+            )
+        if not 0 < self.downsample_ratio <= 1:
+            raise ValueError(
+                f"{self.family} needs 0 < downsample_ratio <= 1 (the pixel shuffle's scale, "
+                f"0.5 for InternVL), got {self.downsample_ratio}"
             )
         if self.patch_size < 1 or self.tile_size < self.patch_size:
             raise ValueError(

@@ -97,12 +97,18 @@ class Ovis2Policy(VisionPolicy):
     min_tiles: int = 1
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not 1 <= self.min_tiles <= self.max_tiles:
             raise ValueError(
                 f"ovis2 needs 1 <= min_tiles <= max_tiles, got {self.min_tiles}..{self.max_tiles}"
                 " (the image processor's min_patches and max_patches: 1 and 12)"
             )
-        if self.patch_size < 1 or self.hidden_stride < 1 or self.tile_size % self.patch_size:
+        if (
+            self.patch_size < 1
+            or self.hidden_stride < 1
+            or self.tile_size < self.patch_size
+            or self.tile_size % self.patch_size
+        ):
             raise ValueError(
                 f"ovis2 needs tile_size a multiple of patch_size and hidden_stride >= 1, got "
                 f"tile_size={self.tile_size}, patch_size={self.patch_size}, hidden_stride="

@@ -61,6 +61,9 @@ class PixtralPolicy(VisionPolicy):
     name: str = "pixtral"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.name not in ("pixtral", "mistral3"):  # the spec name it writes back
+            raise ValueError(f"pixtral policy name must be pixtral or mistral3, got {self.name!r}")
         if self.patch_size < 1 or self.merge_size < 1:
             raise ValueError(
                 f"{self.name} needs patch_size >= 1 and merge_size >= 1, got {self.patch_size} "

@@ -78,6 +78,7 @@ class Qwen2VLPolicy(VisionPolicy):
     resize: str = "transformers"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.resize not in QWEN2VL_RESIZE:
             raise ValueError(
                 f"qwen2vl resize must be one of {', '.join(QWEN2VL_RESIZE)}, got {self.resize!r}: "

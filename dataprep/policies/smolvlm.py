@@ -96,6 +96,7 @@ class SmolVLMPolicy(VisionPolicy):
     split: bool = True
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.patch_size < 1 or self.tile < self.patch_size:
             raise ValueError(
                 f"smolvlm needs patch_size >= 1 and tile >= patch_size, got tile={self.tile}, "

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from balancing.post_balance import METHODS
+from dataprep.values import check_choice, check_count, check_flag, check_real
+from dataprep.workers import MAX_WORKERS
+from trainer_adapter.train.model import MODEL_SIZES
 from trainer_adapter.train.pipeline import SCHEDULES
 from trainer_adapter.train.profile import parse_steps
 
 __all__ = ["TrainConfig"]
+
+# (2 * radius + 1) ** (pp - 1) partitions jittered around the anchor are costed; more would
+# hang the set-up (radius 8 at pp 8 is 17^7 = 410M)
+MAX_PARTITION_CANDIDATES = 100_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,16 +68,11 @@ class TrainConfig:
     profile_trace: bool = False  # also the chrome trace of the window (large)
 
     def __post_init__(self) -> None:
-        if self.dp < 1 or self.pp < 1:
-            raise ValueError(f"dp and pp must be >= 1, got dp={self.dp}, pp={self.pp}")
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        self._check_types()
         if self.schedule not in SCHEDULES:
             raise ValueError(
                 f"unknown schedule {self.schedule!r}; choose one of {', '.join(SCHEDULES)}"
             )
-        if self.microbatches is not None and self.microbatches < 1:
-            raise ValueError(f"microbatches must be >= 1, got {self.microbatches}")
         if self.schedule == "interleaved1f1b":
             if self.virtual_stages < 2:
                 raise ValueError("interleaved1f1b needs virtual_stages >= 2 (stages per rank)")
@@ -82,8 +85,6 @@ class TrainConfig:
             raise ValueError(
                 f"bucket_ratio must be >= 1 (1: one microbatch size), got {self.bucket_ratio}"
             )
-        if self.mb_tokens is not None and self.mb_tokens < 1:
-            raise ValueError(f"mb_tokens must be >= 1, got {self.mb_tokens}")
         if self.recompute not in ("off", "all", "adaptive"):
             raise ValueError(
                 f"recompute must be off, all or adaptive (GPU only), got {self.recompute!r}"
@@ -98,8 +99,6 @@ class TrainConfig:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
         if not 0 < self.lr < float("inf"):  # NaN fails this too
             raise ValueError(f"lr must be finite and > 0, got {self.lr}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
         if not 0 < self.loader_timeout < float("inf"):  # NaN fails this too
             raise ValueError(
                 f"loader_timeout must be finite seconds > 0, got {self.loader_timeout}: a worker "
@@ -111,8 +110,32 @@ class TrainConfig:
                 f"profile steps {self.profile_steps} end after the run's {self.steps} steps; "
                 f"profile an earlier window or raise steps"
             )
-        if self.ranks_per_node is not None and self.ranks_per_node < 1:
-            raise ValueError(f"ranks_per_node must be >= 1, got {self.ranks_per_node}")
+
+    def _check_types(self) -> None:
+        """Counts are whole numbers in range, switches True or False, names known ones: a
+        Python caller's ``steps=2.5`` or ``pp=float("nan")`` (NaN passes every ``<`` bound), or
+        ``method="bogus"``, are refused here, before any rank is spawned."""
+        for name, lo in (("dp", 1), ("pp", 1), ("steps", 1), ("virtual_stages", 1)):
+            check_count(name, getattr(self, name), lo)
+        for name in ("microbatches", "mb_tokens", "ranks_per_node"):
+            check_count(name, getattr(self, name), 1, none=True)
+        check_count("workers", self.workers, 0, MAX_WORKERS)
+        check_count("seed", self.seed, 0, (1 << 63) - 1)
+        check_count("partition_radius", self.partition_radius, 0, 64)
+        check_count("partition_top_k", self.partition_top_k, 1, 1024)
+        if (2 * self.partition_radius + 1) ** (self.pp - 1) > MAX_PARTITION_CANDIDATES:
+            raise ValueError(
+                f"partition_radius {self.partition_radius} with pp={self.pp} makes "
+                f"{2 * self.partition_radius + 1}^{self.pp - 1} candidate partitions to profile "
+                f"(at most {MAX_PARTITION_CANDIDATES:,}); give a smaller radius (1 is the default)"
+            )
+        for name in ("split_samples", "redistribute", "compile", "profile_trace"):
+            check_flag(name, getattr(self, name))
+        check_choice("model", self.model, MODEL_SIZES)
+        check_choice("method", self.method, (*METHODS, "locality"))
+        check_choice("placement", self.placement, ("nodewise", "identity"))
+        for name in ("bucket_ratio", "lr", "memory_fraction", "loader_timeout"):
+            check_real(name, getattr(self, name), 0.0, lo_open=True)
 
     @property
     def world_size(self) -> int:

@@ -23,9 +23,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from dataprep.values import check_count
 from trainer_adapter.train.attention import packed_attention, prefix_attention, sdpa
 
 __all__ = [
+    "MODEL_SIZES",
     "Block",
     "LanguageModel",
     "Projector",
@@ -41,6 +43,7 @@ _PRESETS = {
     "small": (256, 6, 4, 512, 8, 8),
     "1b": (1024, 24, 16, 2048, 16, 16),
 }
+MODEL_SIZES = tuple(_PRESETS)  # the presets of VLMConfig.preset (equishard train --model)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,9 +73,10 @@ class VLMConfig:
             "max_grid",
             "max_positions",
             "mlp_ratio",
+            "vit_heads",
+            "llm_heads",
         ):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+            check_count(name, getattr(self, name), 1, (1 << 31) - 1)
         for h, n, what in (
             (self.vit_hidden, self.vit_heads, "vit"),
             (self.llm_hidden, self.llm_heads, "llm"),

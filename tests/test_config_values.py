@@ -1,0 +1,187 @@
+"""Every configuration dataclass refuses, at construction, a value of the wrong kind for a field.
+
+The reference is each field's own declared type: a field declared ``int`` takes whole numbers
+(not ``2.5``, not NaN, which passes every ``<`` bound, not ``True``, which reads as 1), a
+``bool`` field True or False (not ``"no"``, which is truthy), a ``float`` field a finite
+number. A Python caller's slip used to pass ``__post_init__`` and surface later, far from the
+cause (``TrainConfig(steps=2.5)`` after spawning ranks, ``RebalanceConfig(max_error_rate=nan)``
+never failing a night, ``ISFParams(window=0)`` inside a kernel) or never.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from balancing.isf import ISFParams
+from balancing.plan import BalanceConfig
+from dataprep.import_lengths import ImportLengthsConfig
+from dataprep.policies.registry import POLICIES
+from dataprep.prep import PrepConfig
+from dataprep.ray_engine import RayOptions
+from dataprep.template_limits import RenderLimits
+from shards.rebalance import RebalanceConfig
+from shards.writer import WriteConfig
+from trainer_adapter.redistribute import RedistributePolicy
+from trainer_adapter.topology import Topology
+from trainer_adapter.train.config import TrainConfig
+from trainer_adapter.train.model import VLMConfig
+
+NAN = math.nan
+# per declared type: values of the wrong kind for it
+WRONG = {
+    "int": [2.5, NAN, True, "4", None],
+    "int | None": [2.5, NAN, True, "4"],
+    "float": [NAN, math.inf, -math.inf, True, "0.1", None],
+    "float | None": [NAN, math.inf, True, "0.1"],
+    "bool": [2, "no", None, 1.0],
+}
+
+
+@pytest.fixture
+def configs(tmp_path):
+    """(class, the keyword arguments of a valid instance) for every configuration."""
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text("")
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text("{}")  # only its presence is checked at construction
+    plan = tmp_path / "plan"
+    plan.mkdir()
+    for name in ("plan.parquet", "report.json"):
+        (plan / name).write_bytes(b"")
+    cost = tmp_path / "cost.parquet"
+    cost.write_bytes(b"")
+    return [
+        (ISFParams, dict(q_v=100, q_t=100, qf_v=90, qf_t=90)),
+        (BalanceConfig, dict(dp=2)),
+        (RenderLimits, {}),
+        (ImportLengthsConfig, dict(inputs=[str(jsonl)], output=str(tmp_path / "o.parquet"))),
+        (
+            PrepConfig,
+            dict(inputs=[str(jsonl)], output=str(tmp_path / "o.parquet"), tokenizer=str(tokenizer)),
+        ),
+        (RayOptions, {}),
+        (WriteConfig, dict(plan_dir=str(plan), cost_table=str(cost), out=str(tmp_path / "w"))),
+        (RebalanceConfig, dict(current=str(tmp_path / "w"), new=(str(jsonl),))),
+        (RedistributePolicy, {}),
+        (VLMConfig, dict(vocab_size=100)),
+        (Topology, {}),
+        (TrainConfig, dict(shards="x", dp=1)),
+    ]
+
+
+def _typed_fields(cls):
+    return [f for f in dataclasses.fields(cls) if f.init and f.type in WRONG]
+
+
+def test_every_config_refuses_values_of_the_wrong_kind(configs):
+    checked = 0
+    for cls, base in configs:
+        cls(**base)  # the base is valid
+        for f in _typed_fields(cls):
+            for bad in WRONG[f.type]:
+                if f.name in base and bad is None:
+                    continue
+                with pytest.raises(ValueError, match=f.name.replace("_", "[-_]")) as info:
+                    cls(**{**base, f.name: bad})
+                assert repr(bad) in str(info.value) or str(bad) in str(info.value)
+                checked += 1
+    assert checked > 300  # every config contributed (a dropped one would shrink this)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_vision_policy_refuses_values_of_the_wrong_kind(name):
+    """Built as the spec parser builds them (the family's defaults and fixed arguments)."""
+    family = POLICIES[name]
+    base = {**family.defaults, **family.fixed}
+    policy = family.cls(**base)
+    for f in dataclasses.fields(policy):
+        if f.type not in WRONG or f.name in family.fixed:
+            continue
+        for bad in WRONG[f.type]:
+            with pytest.raises(ValueError, match=f.name):
+                family.cls(**{**base, f.name: bad})
+        if f.type == "int":  # a byte count given for a pixel count
+            with pytest.raises(ValueError, match=f.name):
+                family.cls(**{**base, f.name: 1 << 40})
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        # the night's prep allows any share of rejects with a NaN or negative rate
+        (lambda c: RebalanceConfig(**{**c, "max_error_rate": NAN}), "max-error-rate"),
+        (lambda c: RebalanceConfig(**{**c, "max_error_rate": -0.5}), "max-error-rate"),
+        (lambda c: RebalanceConfig(**{**c, "max_error_rate": 1.5}), "max-error-rate"),
+    ],
+)
+def test_rebalance_error_rate_is_a_share(make, match, tmp_path):
+    new = tmp_path / "new.jsonl"
+    new.write_text("")
+    with pytest.raises(ValueError, match=match):
+        make(dict(current=str(tmp_path), new=(str(new),)))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(method="bogus"), "method"),  # found only inside every rank, after spawning
+        (dict(placement="ring"), "placement"),
+        (dict(model="7b"), "model"),
+        (dict(virtual_stages=0), "virtual_stages"),
+        (dict(partition_top_k=0), "partition_top_k"),
+        (dict(partition_radius=-1), "partition_radius"),
+        # (2r+1)^(pp-1) partitions are costed: 17^7 would never finish the set-up
+        (dict(partition_radius=8, pp=8), "candidate partitions"),
+        (dict(seed=-1), "seed"),
+        (dict(workers=10**6), "workers"),
+    ],
+)
+def test_train_config_refuses_settings_before_any_rank_starts(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(shards="x", dp=1, **overrides)
+
+
+def test_train_config_takes_every_listed_choice():
+    from balancing.post_balance import METHODS
+    from trainer_adapter.train.model import MODEL_SIZES
+
+    for method in (*METHODS, "locality"):
+        TrainConfig(shards="x", dp=1, method=method)
+    for model in MODEL_SIZES:
+        TrainConfig(shards="x", dp=1, model=model)
+    TrainConfig(shards="x", dp=1, pp=4, partition_radius=2)  # 5^3 candidates
+
+
+@pytest.mark.parametrize(
+    ("spec_overrides", "match"),
+    [
+        # a negative ratio squares to the same token count as its positive: silently accepted
+        (("internvl", dict(downsample_ratio=-0.5)), "downsample_ratio"),
+        (("aya-vision", dict(downsample_ratio=0.0)), "downsample_ratio"),
+        # tile 0 is a multiple of every patch size: a division by zero at the first image
+        (("granite-docling", dict(tile_size=0)), "tile_size"),
+        (("ovis2", dict(tile_size=0)), "tile_size"),
+    ],
+)
+def test_policy_ranges(spec_overrides, match):
+    name, overrides = spec_overrides
+    family = POLICIES[name]
+    with pytest.raises(ValueError, match=match):
+        family.cls(**{**family.defaults, **overrides, **family.fixed})
+
+
+def test_pixtral_name_is_one_it_can_write_back():
+    with pytest.raises(ValueError, match="pixtral or mistral3"):
+        POLICIES["pixtral"].cls(name="qwen2vl")
+
+
+def test_topology_ranks_are_whole():
+    with pytest.raises(ValueError, match="llm_ranks"):
+        Topology(llm_ranks=(0, 1.5))
+    with pytest.raises(ValueError, match="vision_ranks"):
+        Topology(vision_ranks=(True,))
+    with pytest.raises(ValueError, match="label_ranks"):
+        Topology(label_ranks="01")

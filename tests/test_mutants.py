@@ -80,3 +80,41 @@ def test_the_sweep_counts_a_failing_test_as_caught_and_a_broken_import_as_nothin
     assert verdicts["none"] == "MISSED"
     assert verdicts["behaviour"] == "caught"
     assert verdicts["syntax"].startswith("BROKEN") and verdicts["import"].startswith("BROKEN")
+
+
+def test_a_mutated_numba_helper_is_seen_by_the_kernels_that_inline_it(tmp_path):
+    """A cached numba kernel is checked against its own file only: after an unmutated run has
+    filled the caches, a bug planted in a helper that another module's kernel inlines ran from
+    the stale cache and was reported missed (the indexed heap's two planted bugs, until
+    2026-11-29). The sweep's ``run_mutant`` compiles such a mutant into its own cache, and leaves
+    the copy's caches as the unmutated code built them."""
+    from mutation_sweep import Mutation, _run_tests, run_mutant
+
+    (tmp_path / "helper.py").write_text(
+        "from numba import njit\n\n\n@njit(cache=True)\ndef inc(x):\n    return x + 1\n"
+    )
+    (tmp_path / "kernel.py").write_text(
+        "from numba import njit\n\nfrom helper import inc\n\n\n"
+        "@njit(cache=True)\ndef twice_inc(x):\n    return 2 * inc(x)\n"
+    )
+    (tmp_path / "test_kernel.py").write_text(
+        "from kernel import twice_inc\n\n\ndef test_it():\n    assert twice_inc(1) == 4\n"
+    )
+    code, _, _ = _run_tests(tmp_path, ("test_kernel.py",), 120)
+    assert code == 0 and list(tmp_path.glob("__pycache__/*.nbi"))  # caches written
+    m = Mutation(
+        name="inc-by-two",
+        what="planted",
+        file="helper.py",
+        old="return x + 1",
+        new="return x + 2",
+        tests=("test_kernel.py",),
+    )
+    (tmp_path / "helper.py").write_text((tmp_path / "helper.py").read_text().replace(m.old, m.new))
+    stale, _, _ = _run_tests(tmp_path, m.tests, 120)  # what the sweep ran before
+    (tmp_path / "helper.py").write_text((tmp_path / "helper.py").read_text().replace(m.new, m.old))
+    assert stale == 0  # numba's behaviour the sweep must work around: the bug ran unseen
+    verdict, _, _ = run_mutant(tmp_path, m, 120)
+    assert verdict == "caught"
+    code, _, _ = _run_tests(tmp_path, m.tests, 120)
+    assert code == 0  # undone, and no mutated kernel left in the copy's caches

@@ -6,7 +6,10 @@ unless given, so a mutant that no longer applies is reported instead of silently
 names the tests that must fail. Before any mutant, the same tests run on the unmodified copy and
 must pass; a mutant counts as caught when its tests fail (not when a test module fails to
 import: the planted code is then broken, reported as such). ``tests/test_mutants.py`` checks, in
-``make test``, that every mutant still applies and names tests that exist.
+``make test``, that every mutant still applies and names tests that exist. A mutant of a numba
+module runs with its own empty numba cache: numba checks a cached kernel against its own source
+file only, so a kernel inlining a mutated helper of another module would otherwise run unmutated
+from the cache (a bug reported missed), or stay mutated in it after the mutant is undone.
 
     .venv/bin/python tools/mutation_sweep.py            # all, a markdown table at the end
     .venv/bin/python tools/mutation_sweep.py --list
@@ -82,8 +85,13 @@ def _verdict(returncode: int, tail: str) -> str:
     return "caught"
 
 
-def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[int, float, str]:
+def _run_tests(
+    root: Path, tests: tuple[str, ...], timeout: float, numba_cache: str | None = None
+) -> tuple[int, float, str]:
+    """``numba_cache``: a directory for numba's caches in place of the copy's ``__pycache__``."""
     env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    if numba_cache is not None:
+        env["NUMBA_CACHE_DIR"] = numba_cache
     t0 = time.perf_counter()
     try:
         r = subprocess.run(
@@ -98,6 +106,29 @@ def _run_tests(root: Path, tests: tuple[str, ...], timeout: float) -> tuple[int,
         return 1, time.perf_counter() - t0, "timed out"
     tail = [x for x in r.stdout.splitlines() if x.strip()][-1:] or [""]
     return r.returncode, time.perf_counter() - t0, tail[0]
+
+
+def run_mutant(root: Path, m: Mutation, timeout: float) -> tuple[str, float, str]:
+    """Plant ``m`` in the copy at ``root``, run its tests, undo it: (verdict, seconds, tail)."""
+    path = root / m.file
+    original = path.read_text()
+    found = original.count(m.old)
+    if found != m.occurrences:
+        return f"NOT APPLIED (snippet found {found}x)", 0.0, ""
+    path.write_text(original.replace(m.old, m.new))
+    # numba checks a cached kernel against its own file only: a kernel that inlines a mutated
+    # helper from another module (a heap, a table kernel) would run from the unmutated run's
+    # cache (a bug missed), and one compiled with the mutant would stay cached after it is
+    # undone (later mutants failing for its bug): a mutant of a numba module compiles into its
+    # own, empty cache directory
+    scratch_cache = tempfile.mkdtemp(prefix="numba-") if "@njit" in original else None
+    try:
+        code, secs, tail = _run_tests(root, m.tests, timeout, scratch_cache)
+    finally:
+        path.write_text(original)
+        if scratch_cache is not None:
+            shutil.rmtree(scratch_cache, ignore_errors=True)
+    return _verdict(code, tail), secs, tail
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,19 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         rows = []
         for m in chosen:
-            path = root / m.file
-            original = path.read_text()
-            found = original.count(m.old)
-            if found != m.occurrences:
-                rows.append((m, f"NOT APPLIED (snippet found {found}x)", 0.0, ""))
-                continue
-            path.write_text(original.replace(m.old, m.new))
-            try:
-                code, secs, tail = _run_tests(root, m.tests, args.timeout)
-            finally:
-                path.write_text(original)
-            rows.append((m, _verdict(code, tail), secs, tail))
-            print(f"{m.name}: {rows[-1][1]} ({secs:.0f} s) {tail}", flush=True)
+            verdict, secs, tail = run_mutant(root, m, args.timeout)
+            rows.append((m, verdict, secs, tail))
+            if not verdict.startswith("NOT APPLIED"):
+                print(f"{m.name}: {verdict} ({secs:.0f} s) {tail}", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print("\n| mutation | planted bug | result | tests run | seconds |")

@@ -106,3 +106,36 @@ def test_a_sparse_member_is_refused_by_name():
         tf.addfile(info, io.BytesIO(b"{}  "))
     with pytest.raises(ShardError, match=r"'k\.json' is a sparse file"):
         _members(buf.getvalue(), "shard-0.tar")
+
+
+@pytest.mark.parametrize("length", [99, 100, 101, 155, 156, 257])
+@pytest.mark.parametrize("size", [0, 1, 8**11 - 1, 8**11])
+def test_ustar_header_at_the_name_and_size_boundaries(length, size):
+    """The boundaries hypothesis rarely draws: a 101-byte name written into the 100-byte field
+    would run into the mode field (the fast path must hand it to tarfile)."""
+    name = ("n" * length)[:length]
+    got = ustar_header(name, size)
+    want = _tarinfo(name, size).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    assert got == want if got is not None else (length > 100 or size >= 8**11)
+    assert (got is None) == (length > 100 or size >= 8**11)
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF"])
+def test_image_ext_names_what_pillow_wrote(fmt):
+    """Reference: the format Pillow wrote (and reads back): the member's suffix tells webdataset's
+    decoders which codec to use."""
+    from PIL import Image
+
+    from dataprep.errors import SampleRejected
+    from shards.tar_members import image_ext
+
+    buf = io.BytesIO()
+    Image.new("RGB", (7, 5), (1, 2, 3)).save(buf, format=fmt)
+    data = buf.getvalue()
+    assert Image.open(io.BytesIO(data)).format == fmt
+    want = {"JPEG": "jpg", "PNG": "png", "GIF": "gif", "WEBP": "webp", "BMP": "bmp"}.get(fmt)
+    if want is None:
+        with pytest.raises(SampleRejected, match=r"not JPEG"):
+            image_ext(data)
+    else:
+        assert image_ext(data) == want

@@ -35,6 +35,7 @@ from dataprep.policies import (
 )
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.setting_checks import check_family
+from dataprep.values import check_flag
 
 __all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
@@ -119,6 +120,7 @@ class Collator:
                 )
 
     def __post_init__(self) -> None:
+        check_flag("check_costs", self.check_costs)
         if self.pixels not in ("normalized", "uint8"):
             raise ValueError(f"pixels must be 'normalized' or 'uint8', got {self.pixels!r}")
         from tokenizers import AddedToken, Tokenizer

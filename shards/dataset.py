@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from dataprep.values import check_count, check_flag
 from shards.manifest import Manifest, open_generation
 from shards.reader import ShardError, read_group
 
@@ -122,6 +123,14 @@ class GroupDataset(IterableDataset):
     ) -> None:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        if not isinstance(rank, RankInfo):  # its checks decide which slots this reader takes
+            raise ValueError(
+                f"rank must be a RankInfo(rank=..., world_size=...), got {type(rank).__name__}"
+            )
+        seed = check_count("seed", seed)
+        check_flag("shuffle", shuffle)
+        check_flag("verify", verify)
+        check_count("max_consecutive_errors", max_consecutive_errors)
         self.manifest = (
             generation
             if isinstance(generation, Manifest)

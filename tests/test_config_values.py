@@ -185,3 +185,36 @@ def test_topology_ranks_are_whole():
         Topology(vision_ranks=(True,))
     with pytest.raises(ValueError, match="label_ranks"):
         Topology(label_ranks="01")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(seed=1.5), "seed"),  # the shuffle of every epoch keyed by it
+        (dict(seed=-1), "seed"),
+        (dict(shuffle="no"), "shuffle"),  # truthy: shuffled although the user said no
+        (dict(verify=None), "verify"),
+        (dict(max_consecutive_errors=NAN), "max_consecutive_errors"),  # never exceeded
+    ],
+)
+def test_the_loader_refuses_its_settings_before_reading(kwargs, match, tmp_path):
+    from shards import GroupDataset, RankInfo
+
+    with pytest.raises(ValueError, match=match):
+        GroupDataset(tmp_path / "nothing", RankInfo(rank=0, world_size=1), **kwargs)
+    with pytest.raises(ValueError, match="RankInfo"):
+        GroupDataset(tmp_path / "nothing", {"rank": 0, "world_size": 1})
+
+
+def test_collation_switches_are_switches():
+    from shards.collate import Collator
+    from trainer_adapter.hf.balance import balance_model
+    from trainer_adapter.hf.inputs import HFPacker
+
+    with pytest.raises(ValueError, match="check_costs"):
+        Collator(tokenizer="x", check_costs="no")  # truthy: checks on although told off
+    for bad in (dict(check_costs="no"), dict(packing_kwargs=1), dict(images_kwargs=[])):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            HFPacker(family="llava", processor=None, template="x", **bad)
+    with pytest.raises(ValueError, match="llm"):
+        balance_model(None, llm="no")

@@ -34,6 +34,7 @@ import inspect
 import torch
 import torch.distributed as dist
 
+from dataprep.values import check_flag
 from trainer_adapter.exchange import collective_device
 from trainer_adapter.hf.decoder import balance_decoder
 from trainer_adapter.hf.naflex import balance_naflex
@@ -113,6 +114,8 @@ def balance_model(
     ``last_route`` holds the loads the ranks had and the loads balancing would have given. A
     run with balancing off then logs what it would have gained, at the price of one small
     gather of item lengths per call. Returns the model."""
+    for name, value in (("encoder", encoder), ("llm", llm), ("measure", measure)):
+        check_flag(name, value)
     inner = getattr(model, "model", model)
     decoder = getattr(inner, "language_model", None) or getattr(inner, "text_model", None)
     if decoder is not None and hasattr(decoder, "lm_head"):  # Llama 4: a causal LM; its decoder

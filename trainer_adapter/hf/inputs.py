@@ -73,6 +73,7 @@ from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.values import check_flag
 from trainer_adapter.hf.images import TILES, images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
@@ -157,6 +158,11 @@ class HFPacker:
     _images_kw: dict = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        check_flag("packing_kwargs", self.packing_kwargs)
+        if self.check_costs is not None:  # None: where samples carry costs
+            check_flag("check_costs (or None)", self.check_costs)
+        if not isinstance(self.images_kwargs, dict):
+            raise ValueError(f"images_kwargs must be a dict, got {self.images_kwargs!r}")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
         if self.family in _QWEN and self.rope_index is None:

@@ -94,6 +94,7 @@ class WriteConfig:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.ray_address and self.engine != "ray":
             raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
+        _check_extras(self.manifest_extra, self.extra_files)
         for f in (
             Path(self.plan_dir) / "plan.parquet",
             Path(self.plan_dir) / "report.json",
@@ -105,6 +106,43 @@ class WriteConfig:
                 raise ValueError(
                     f"{f} does not exist: run 'equishard prep' and 'equishard balance' first"
                 )
+
+
+# the manifest keys the writer itself writes: manifest_extra adds others, never replaces these
+WRITER_KEYS = frozenset(
+    "format_version generation parent created_by plan_sha256 cost_table_sha256 shard_size "
+    "layout streams totals report cost_table plan prep loads files".split()
+)
+_CARRIED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def _check_extras(manifest_extra, extra_files) -> None:
+    """``manifest_extra`` adds JSON keys the writer does not write; ``extra_files`` names plain
+    files of the generation (one name, no directory, not one the writer writes: a name like
+    ``../x`` would be written outside the generation) and their existing sources."""
+    if manifest_extra is not None:
+        if not isinstance(manifest_extra, dict):
+            raise ValueError(f"manifest_extra must be a dict, got {type(manifest_extra).__name__}")
+        clash = sorted(WRITER_KEYS & set(manifest_extra))
+        if clash:
+            raise ValueError(f"manifest_extra would replace the writer's own keys {clash}")
+        try:
+            json.dumps(manifest_extra, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"manifest_extra must be plain JSON: {exc}") from None
+    if extra_files is None:
+        return
+    if not isinstance(extra_files, dict):
+        raise ValueError(f"extra_files must be a dict, got {type(extra_files).__name__}")
+    reserved = {MANIFEST, COST_FILE, PLAN_FILE, WIDS_INDEX}
+    for name, src in extra_files.items():
+        if not isinstance(name, str) or not _CARRIED_NAME.fullmatch(name) or name in reserved:
+            raise ValueError(
+                f"extra_files name {name!r} must be one plain file name (letters, digits, '.', "
+                f"'_', '-'; no directory) other than {sorted(reserved)}"
+            )
+        if not isinstance(src, str | os.PathLike) or not Path(src).is_file():
+            raise ValueError(f"extra_files[{name!r}]: {src!r} is not a regular file")
 
 
 @dataclass(slots=True)

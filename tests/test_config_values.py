@@ -218,3 +218,34 @@ def test_collation_switches_are_switches():
             HFPacker(family="llava", processor=None, template="x", **bad)
     with pytest.raises(ValueError, match="llm"):
         balance_model(None, llm="no")
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        # written as stage / name: outside the generation
+        (dict(extra_files={"../escape.txt": "SRC"}), "plain file name"),
+        (dict(extra_files={"sub/x.txt": "SRC"}), "plain file name"),
+        (dict(extra_files={"manifest.json": "SRC"}), "plain file name"),  # the writer's own
+        (dict(extra_files={"cost.parquet": "SRC"}), "plain file name"),
+        (dict(extra_files={"x.txt": "MISSING"}), "not a regular file"),
+        (dict(manifest_extra={"streams": []}), "writer's own keys"),  # would replace the shards
+        (dict(manifest_extra={"nightly": {"at": math.nan}}), "plain JSON"),
+        (dict(manifest_extra=["nightly"]), "must be a dict"),
+    ],
+)
+def test_write_extras_never_leave_the_generation_or_replace_its_keys(
+    configs, tmp_path, extra, match
+):
+    cls, base = next((c, b) for c, b in configs if c is WriteConfig)
+    src = tmp_path / "src.txt"
+    src.write_text("x")
+    if "extra_files" in extra:
+        extra = {
+            "extra_files": {
+                k: str(src) if v == "SRC" else v for k, v in extra["extra_files"].items()
+            }
+        }
+    with pytest.raises(ValueError, match=match):
+        cls(**base, **extra)
+    cls(**base, extra_files={"night.errors.parquet": str(src)}, manifest_extra={"nightly": {}})

@@ -136,8 +136,24 @@ def test_keep_removes_old_generations_but_never_current(root):
     run_rebalance(_night(root, 2, keep=1))
     assert not (root / g0).exists()
     cur = read_current(root)
+    assert (root / "errors" / f"{cur}.errors.parquet").is_file()  # the night's rejects, by name
     run_rebalance(_night(root, 3, keep=1))
     assert not (root / cur).exists() and (root / read_current(root)).exists()
+    # a removed generation's errors table goes with it (errors/ would grow every night); the
+    # kept one's stays
+    errors = {p.name for p in (root / "errors").glob("gen-*.errors.parquet")}
+    assert errors == {f"{read_current(root)}.errors.parquet"}
+
+
+def test_a_crashed_collections_trash_is_removed_by_the_next(root):
+    """Retention renames a generation to ``.trash-NAME`` (gone at once for readers), then deletes
+    it: a run killed in between leaves the trash, which the next collection removes."""
+    run_rebalance(_night(root, 2, keep=1))
+    trash = root / ".trash-gen-killed"
+    (trash / "n0").mkdir(parents=True)
+    (trash / "n0" / "shard.tar").write_bytes(b"x" * 100)
+    run_rebalance(_night(root, 3, keep=1))
+    assert not trash.exists()
 
 
 def test_exit_codes_for_a_scheduler(root, tmp_path):

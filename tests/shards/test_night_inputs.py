@@ -94,3 +94,26 @@ def test_deletion_lists_as_lines_or_json(tmp_path):
     js.write_text('["x", "y"]')
     assert read_deletions(str(js)) == ["x", "y"]
     assert read_deletions(None) == []
+
+
+def test_new_samples_are_read_from_the_nights_image_root(tmp_path):
+    """The combined table's metadata names, per input, the image root its rows were measured
+    under: the parent's inputs keep theirs, the night's inputs take the night's root, even
+    where a parent input of the same path was measured under another (a resubmitted file)."""
+    from shards.night_inputs import night_meta
+
+    day1, day2 = str(tmp_path / "day-1.jsonl"), str(tmp_path / "day-2.jsonl")
+    meta = {
+        "read_options": {"image_root": "/old", "image_roots": [(day1, "/old"), (day2, "/old")]},
+        "tokenizer": "kept",
+    }
+    cfg = SimpleNamespace(new=(day2,), image_root=str(tmp_path / "night"))
+    got = night_meta(meta, cfg)
+    assert got["tokenizer"] == "kept"
+    assert sorted(got["read_options"]["image_roots"]) == [
+        (day1, "/old"),
+        (day2, str((tmp_path / "night").resolve())),
+    ]
+    # no root given tonight: the parent's root, for the night's inputs too
+    got = night_meta(meta, SimpleNamespace(new=(day2,), image_root=None))
+    assert sorted(got["read_options"]["image_roots"]) == [(day1, "/old"), (day2, "/old")]

@@ -354,6 +354,25 @@ def test_crossing_masks_finds_masks_that_join_samples():
     assert crossing_masks({"": causal[None, None]}, lengths) == ["attention_mask"]
 
 
+def test_crossing_masks_equal_a_brute_force_over_token_pairs():
+    """Reference: a mask crosses when some allowed (query, key) pair lies in two samples; rows
+    of one to four samples (two: the smallest row that can cross), bool and additive."""
+    from trainer_adapter.hf.masks import crossing_masks
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        lengths = rng.integers(1, 4, int(rng.integers(1, 5)))
+        seg = np.repeat(np.arange(len(lengths)), lengths)
+        n = int(lengths.sum())
+        allowed = torch.from_numpy((seg[:, None] == seg[None, :]) & (rng.random((n, n)) < 0.7))
+        if rng.random() < 0.5:  # one stray pair, anywhere
+            allowed[int(rng.integers(n)), int(rng.integers(n))] = True
+        want = any(bool(allowed[i, j]) and seg[i] != seg[j] for i in range(n) for j in range(n))
+        additive = torch.zeros(n, n).masked_fill(~allowed, float("-inf"))
+        for mask in (allowed, additive):
+            assert crossing_masks({"m": mask[None, None]}, lengths) == (["m"] if want else [])
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_packing_kwargs_equal_the_collators(seed):
     """The packing kwargs built for a rank's received samples equal what transformers'

@@ -64,3 +64,19 @@ def test_tile_table_and_an_empty_rank():
     # a rank joining the round: its empty block takes the round's size, whatever its own
     empty, mask = pad_tiles(torch.zeros(0, 3, 980, 980), torch.ones(0, 140, 140), (28, 35), 7)
     assert empty.shape == (0, 3, 28, 35) and mask.shape == (0, 4, 5)
+
+
+def test_the_round_takes_the_largest_height_and_width_of_any_rank():
+    """Reference: each side's maximum over every tile of the round, whichever tile (or rank)
+    has it; a size smaller on either side than one rank's tiles would cut them."""
+    from types import SimpleNamespace
+
+    from trainer_adapter.hf.tile_sizes import group_tile_size
+
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        sizes = [(int(rng.integers(1, 9)) * 7, int(rng.integers(1, 9)) * 7) for _ in range(4)]
+        table = np.vstack([tile_table(torch.zeros(1, 3, h, w)) for h, w in sizes])
+        route = SimpleNamespace(table=table)
+        want = (max(h for h, _ in sizes), max(w for _, w in sizes))
+        assert group_tile_size(route, masked=True, where="test") == want

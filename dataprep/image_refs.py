@@ -17,29 +17,28 @@ from dataprep.readers.base import ImageRef, ReadOptions
 __all__ = ["image_ref"]
 
 
-_DIRS: dict[str, str] = {}  # directory -> its real path (images share a few directories)
-
-
-def _real_dir(path: str) -> str:
-    real = _DIRS.get(path)
+def _real_dir(path: str, dirs: dict[str, str]) -> str:
+    real = dirs.get(path)
     if real is None:
-        if len(_DIRS) > 65536:
-            _DIRS.clear()
-        real = _DIRS[path] = os.path.realpath(path)
+        if len(dirs) > 65536:
+            dirs.clear()
+        real = dirs[path] = os.path.realpath(path)
     return real
 
 
-def _realpath(path: str) -> str:
-    """``os.path.realpath`` with the directories' real paths cached: one ``lstat`` per image
-    (is the file itself a link?) instead of one per path component."""
+def _realpath(path: str, dirs: dict[str, str]) -> str:
+    """``os.path.realpath`` with the directories' real paths cached in ``dirs`` (one run's
+    :class:`ReadOptions`: never across runs, where a directory may have become a link leading
+    out of the root since): one ``lstat`` per image (is the file itself a link?) instead of one
+    per path component."""
     head, tail = os.path.split(path)
     if not tail or tail in (".", "..") or os.path.islink(path):
         return os.path.realpath(path)
-    return os.path.join(_real_dir(head or "."), tail)
+    return os.path.join(_real_dir(head or ".", dirs), tail)
 
 
-def _inside(path: str, root: str) -> bool:
-    real, top = _realpath(path), _real_dir(root)
+def _inside(path: str, root: str, dirs: dict[str, str]) -> bool:
+    real, top = _realpath(path, dirs), _real_dir(root, dirs)
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
@@ -61,10 +60,10 @@ def image_ref(item, input_path: str, opts: ReadOptions, where: str) -> ImageRef:
         )
     root = opts.root_for(input_path) or os.path.dirname(input_path)
     path = os.path.join(root, item)
-    if not opts.allow_outside_image_root and not _inside(path, root):
+    if not opts.allow_outside_image_root and not _inside(path, root, opts.real_dirs):
         raise SampleRejected(
             "unsafe_path",
-            f"{where}: image path {item!r:.200} resolves to {_realpath(path)!r:.200}, outside "
+            f"{where}: image path {item!r:.200} resolves to {os.path.realpath(path)!r:.200}, outside "
             f"the image root {root!r}; pass --allow-outside-image-root to read it anyway",
         )
     return ImageRef(where=path, path=path)

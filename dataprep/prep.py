@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -175,16 +176,19 @@ def _measure_in_worker(unit: WorkUnit) -> ChunkResult:
     return _WORKER.measure(unit)
 
 
-_RAY_MEASURERS: dict[PrepConfig, Measurer] = {}
+_RAY_MEASURERS: dict[tuple[PrepConfig, str], Measurer] = {}
 
 
-def _measure_task(cfg: PrepConfig, unit: WorkUnit) -> ChunkResult:
-    """One unit measured in a Ray task; the worker process keeps its Measurer for the next."""
-    m = _RAY_MEASURERS.get(cfg)
+def _measure_task(cfg: PrepConfig, unit: WorkUnit, run: str) -> ChunkResult:
+    """One unit measured in a Ray task; the worker process keeps its Measurer for the next unit
+    of the same run (``run``: a token made once per prep). A worker of a long-lived cluster
+    outlives runs: one keyed by the configuration alone measured a later run with the tokenizer
+    and template files the configuration named at the earlier run, though edited since."""
+    m = _RAY_MEASURERS.get((cfg, run))
     if m is None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         _RAY_MEASURERS.clear()
-        m = _RAY_MEASURERS[cfg] = _measurer(cfg)
+        m = _RAY_MEASURERS[(cfg, run)] = _measurer(cfg)
     return m.measure(unit)
 
 
@@ -214,9 +218,10 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
         opts = RayOptions(
             address=cfg.ray_address, num_cpus=cfg.workers, task_timeout=cfg.task_timeout
         )
+        run = uuid.uuid4().hex
         yield from ordered_map(
             _measure_task,
-            ((task_cfg, u) for u in units),
+            ((task_cfg, u, run) for u in units),
             opts=opts,
             inflight=2 * cfg.workers,
             name="equishard-prep",
@@ -263,7 +268,7 @@ def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dic
         "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
         "template": load_template(cfg.template).describe(),
         "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
-        "read_options": asdict(_read_options(cfg)),
+        "read_options": _read_options(cfg).recorded(),
         "check_images": cfg.check_images,
         "image_sizes": IMAGE_SIZES,
         "shard": {"index": cfg.shard_index, "num_shards": cfg.num_shards},

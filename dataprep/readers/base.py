@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from dataprep.errors import SampleRejected
@@ -45,10 +45,17 @@ class ReadOptions:
     # (input path, image root) for inputs measured under another root than ``image_root``
     # (a nightly rebalance's new inputs with --image-root): their images are read from there
     image_roots: tuple[tuple[str, str], ...] = ()
+    # directories' real paths as this run resolved them (dataprep.image_refs), this run's only
+    real_dirs: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:  # from JSON metadata: lists of lists
         roots = tuple((str(p), str(r)) for p, r in self.image_roots)
         object.__setattr__(self, "image_roots", roots)
+
+    def recorded(self) -> dict:
+        """The options as a cost table's metadata records them (what ``ReadOptions(**d)``
+        takes back; not this run's cache)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.init}
 
     def root_for(self, input_path: str) -> str | None:
         """The image root of one input's relative image paths (None: the input's directory)."""

@@ -8,6 +8,7 @@ stored structs through the Arrow format, never as PIL images.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -95,11 +96,25 @@ def is_hf_dataset_dir(path: Path) -> bool:
     )
 
 
-_HF_CACHE: dict[str, object] = {}
+_HF_CACHE: dict[tuple, object] = {}
+
+
+def _stamp(path: str) -> tuple:
+    """Every file of a saved dataset with its size and mtime: a dataset saved again at the same
+    path (``save_to_disk`` over it) is another dataset, not the one this process loaded."""
+    return tuple(
+        sorted(
+            (os.path.join(d, f), st.st_size, st.st_mtime_ns)
+            for d, _, files in os.walk(path)
+            for f in files
+            for st in (os.stat(os.path.join(d, f)),)
+        )
+    )
 
 
 def _load_hf(path: str):
-    ds = _HF_CACHE.get(path)
+    key = (path, _stamp(path))
+    ds = _HF_CACHE.get(key)
     if ds is None:
         import datasets
 
@@ -110,7 +125,7 @@ def _load_hf(path: str):
                 f"{path}: not a dataset saved with save_to_disk ({describe(exc)})"
             ) from None
         _HF_CACHE.clear()  # one dataset at a time per process
-        _HF_CACHE[path] = ds
+        _HF_CACHE[key] = ds
     return ds
 
 

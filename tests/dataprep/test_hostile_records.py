@@ -137,3 +137,25 @@ def test_split_prep_and_merge_keep_the_first_of_a_duplicate_id(tmp_path, tokeniz
         (e["sample_id"], e["reason"]) for e in single_err
     )
     assert counts == {"in": 6, "written": 4, "rejected": 2}
+
+
+def test_a_directory_turned_into_a_link_out_of_the_root_is_seen_by_the_next_run(tmp_path):
+    """Directories' real paths are cached while images are checked against the image root: a
+    cache kept for the process let a run trust what an earlier run had resolved, after the
+    directory had become a symlink leading out of the root."""
+    from dataprep.errors import SampleRejected
+    from dataprep.image_refs import image_ref
+    from dataprep.readers.base import ReadOptions
+
+    root, outside = tmp_path / "root", tmp_path / "secret"
+    (root / "imgs").mkdir(parents=True)
+    outside.mkdir()
+    write_image(root / "imgs" / "a.png", 4, 4)
+    write_image(outside / "a.png", 4, 4)
+    data = str(root / "data.jsonl")
+    assert image_ref("imgs/a.png", data, ReadOptions(image_root=str(root)), "x#0").path
+    (root / "imgs" / "a.png").unlink()
+    (root / "imgs").rmdir()
+    (root / "imgs").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(SampleRejected, match="outside the image root"):
+        image_ref("imgs/a.png", data, ReadOptions(image_root=str(root)), "x#0")

@@ -345,3 +345,30 @@ def test_a_parquet_input_of_many_row_groups_splits_into_shards_exactly(tmp_path,
     assert sorted(ids) == sorted(r["id"] for r in rows)
     assert sizes == [7, 8, 8]  # records [23k/3, 23(k+1)/3) of the whole input, in order
     assert ids == [r["id"] for r in rows]
+
+
+def test_a_ray_workers_measurer_never_outlives_its_run(tmp_path, tokenizer_path):
+    """A worker of a long-lived Ray cluster keeps its Measurer between tasks; kept across runs
+    (keyed by the configuration alone), a run after the tokenizer file was edited in place was
+    measured with the old tokenizer while the table recorded the new one's sha256. Called as Ray
+    calls it, with the run's token."""
+    from dataprep.prep import _measure_task, _measurer
+    from dataprep.readers import scan_inputs
+
+    data = write_jsonl(tmp_path / "d.jsonl", [llava(f"s{i}") for i in range(3)])
+    tok = tmp_path / "tokenizer.json"
+    tok.write_bytes(Path(tokenizer_path).read_bytes())
+    cfg = PrepConfig(inputs=(str(data),), output=str(tmp_path / "c.parquet"), tokenizer=str(tok))
+    unit = next(iter(scan_inputs([str(data)], 64)))
+
+    def llm(result):
+        return result.batch.column("llm_tokens").to_pylist()
+
+    before = llm(_measure_task(cfg, unit, "run-1"))
+    spec = json.loads(tok.read_text())  # the same file, now dropping spaces before counting
+    spec["normalizer"] = {"type": "Replace", "pattern": {"String": " "}, "content": ""}
+    tok.write_text(json.dumps(spec))
+    want = llm(_measurer(cfg).measure(unit))
+    assert want != before
+    assert llm(_measure_task(cfg, unit, "run-1")) == before  # the same run: the same measurer
+    assert llm(_measure_task(cfg, unit, "run-2")) == want

@@ -128,6 +128,14 @@ def test_hf_dataset_dict_saved_to_disk_reads_images_without_decoding(tmp_path, t
     assert errors == [] and [r["sample_id"] for r in out] == ["t0", "h0", "h1"]
     assert {r["source"] for r in out} == {"hf/train", "hf/test"}
     assert all(r["vit_tokens"] == 1024 for r in out)
+    # the dataset saved again at the same path, in the same process: read as it is now (the
+    # loaded dataset was cached by path alone, and the old one's rows were measured again)
+    import shutil
+
+    shutil.rmtree(tmp_path / "hf")
+    datasets.DatasetDict({"train": ds["train"].select([1])}).save_to_disk(str(tmp_path / "hf"))
+    _res, out, errors = run(tmp_path, [tmp_path / "hf"], tokenizer_path)
+    assert errors == [] and [r["sample_id"] for r in out] == ["h1"]
 
 
 def _conv_json(sample_id=None, n_images=1):

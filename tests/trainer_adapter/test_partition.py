@@ -130,3 +130,31 @@ def test_pack_rows_round_trip():
 def test_microbatch_plan_overflow_is_a_clear_error():
     with pytest.raises(ValueError, match="raise mb_tokens"):
         plan_microbatches(np.array([10, 10, 10]), 2, 12, 2)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_search_over_every_partition_finds_the_brute_force_optimum(seed):
+    """With a radius that reaches every cut, the candidates are all partitions: the search's
+    ranked list must be the top K of a brute force over every way to cut the layers, scored by
+    OmniBal's eq. 4 + 5 written out (squared deviations of stage times from their mean, plus the
+    weighted activations sent at each cut)."""
+    rng = np.random.default_rng(seed)
+    n_layers, n = int(rng.integers(2, 9)), int(rng.integers(1, 5))
+    n = min(n, n_layers)
+    times = rng.integers(1, 20, n_layers).astype(float)
+    acts = rng.integers(0, 10, n_layers).astype(float)
+    w = float(rng.choice([0.0, 0.5, 3.0]))
+
+    def score(cuts):
+        edges = [0, *cuts, n_layers]
+        stages = [sum(times[a:b]) for a, b in itertools.pairwise(edges)]
+        mean = sum(stages) / len(stages)
+        return sum((s - mean) ** 2 for s in stages) + w * sum(acts[c - 1] for c in cuts)
+
+    every = sorted(
+        ((score(c), c) for c in itertools.combinations(range(1, n_layers), n - 1)),
+    )
+    best, ranked = search_partition(times, acts, n, radius=n_layers, top_k=3, comm_weight=w)
+    assert [p.score for p in ranked] == pytest.approx([s for s, _ in every[:3]])
+    assert best.score == pytest.approx(every[0][0])
+    assert score(best.bounds) == pytest.approx(best.score)

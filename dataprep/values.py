@@ -68,8 +68,11 @@ def check_real(
         below = value < hi if hi_open else value <= hi
         if above and below:
             return float(value)
-    left, right = "(" if lo_open else "[", ")" if hi_open else "]"
-    raise ValueError(f"{name} must be a number in {left}{lo}, {hi}{right}, got {value!r}")
+    if hi == math.inf:
+        bound = f"{'>' if lo_open else '>='} {lo:g}" if lo > -math.inf else ""
+    else:
+        bound = f"in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+    raise ValueError(f"{name} must be a finite number{' ' + bound if bound else ''}, got {value!r}")
 
 
 def check_flag(name: str, value) -> bool:

@@ -19,17 +19,14 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow.compute as pc
 
 from dataprep.cost_table import read_cost_table, table_metadata
-from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
-from dataprep.values import check_count, check_flag, check_task_timeout, is_count
-from dataprep.workers import MAX_WORKERS
+from dataprep.ray_engine import RayOptions, ordered_map
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, ManifestError, load_manifest
@@ -38,9 +35,10 @@ from shards.plan_input import read_plan
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.storage import is_url, join_url
-from shards.stream_pool import run_streams, usable_cores
+from shards.stream_pool import run_streams
 from shards.stream_writer import StreamWriter, write_stream
 from shards.wids_index import WIDS_INDEX, write_wids_index
+from shards.write_config import WriteConfig, WriteResult, parse_size
 from shards.write_jobs import stream_jobs
 
 __all__ = [
@@ -51,121 +49,6 @@ __all__ = [
     "parse_size",
     "write_generation",
 ]
-
-
-@dataclass(frozen=True, kw_only=True)
-class WriteConfig:
-    plan_dir: str
-    cost_table: str
-    out: str
-    shard_size: int = 1 << 30
-    workers: int = 1
-    # a generation directory whose shards hold the groups the plan marks with parent_step >= 0
-    # (nightly rebalancing): those are copied from there instead of read from the raw data
-    reuse_from: str | None = None
-    # more manifest keys (e.g. the nightly run that made this generation)
-    manifest_extra: dict | None = None
-    # more files carried inside the generation: {name in the generation: source path}
-    extra_files: dict[str, str] | None = None
-    # also write Megatron-Energon's metadata (.nv-meta/, .tar.idx): shards.energon
-    energon: bool = False
-    engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
-    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
-    # a stream stuck longer: a Ray task is retried, a local worker process fails the write
-    task_timeout: float | None = DEFAULT_TASK_TIMEOUT
-    # ``out`` may be an object-store URL (s3://bucket/prefix, any fsspec URL): the generation is
-    # then written in the local root ``staging`` (default: shards.object_store.default_staging)
-    # and uploaded, manifest last, CURRENT last of all (shards.object_store)
-    staging: str | None = None
-    storage_options: dict | None = None
-
-    def __post_init__(self) -> None:
-        check_task_timeout(self.task_timeout)
-        if not is_count(self.shard_size, 1024, MAX_SHARD_SIZE + 1):
-            raise ValueError(
-                f"--shard-size must be 1KB to 1PB, got {self.shard_size} bytes (a shard is "
-                "closed after the group that reaches it)"
-            )
-        check_count("--workers", self.workers, 1, MAX_WORKERS)
-        check_flag("energon", self.energon)
-        if self.workers > 1 and self.engine == "local":
-            usable_cores()  # EQUISHARD_CORES checked here, before anything is staged
-        if self.engine not in ENGINES:
-            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.ray_address and self.engine != "ray":
-            raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
-        _check_extras(self.manifest_extra, self.extra_files)
-        for f in (
-            Path(self.plan_dir) / "plan.parquet",
-            Path(self.plan_dir) / "report.json",
-            Path(self.cost_table),
-        ):
-            if f.exists() and not f.is_file():
-                raise ValueError(f"{f}: not a regular file (a FIFO, device or directory)")
-            if not f.is_file():
-                raise ValueError(
-                    f"{f} does not exist: run 'equishard prep' and 'equishard balance' first"
-                )
-
-
-# the manifest keys the writer itself writes: manifest_extra adds others, never replaces these
-WRITER_KEYS = frozenset(
-    "format_version generation parent created_by plan_sha256 cost_table_sha256 shard_size "
-    "layout streams totals report cost_table plan prep loads files".split()
-)
-_CARRIED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
-
-
-def _check_extras(manifest_extra, extra_files) -> None:
-    """``manifest_extra`` adds JSON keys the writer does not write; ``extra_files`` names plain
-    files of the generation (one name, no directory, not one the writer writes: a name like
-    ``../x`` would be written outside the generation) and their existing sources."""
-    if manifest_extra is not None:
-        if not isinstance(manifest_extra, dict):
-            raise ValueError(f"manifest_extra must be a dict, got {type(manifest_extra).__name__}")
-        clash = sorted(WRITER_KEYS & set(manifest_extra))
-        if clash:
-            raise ValueError(f"manifest_extra would replace the writer's own keys {clash}")
-        try:
-            json.dumps(manifest_extra, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"manifest_extra must be plain JSON: {exc}") from None
-    if extra_files is None:
-        return
-    if not isinstance(extra_files, dict):
-        raise ValueError(f"extra_files must be a dict, got {type(extra_files).__name__}")
-    reserved = {MANIFEST, COST_FILE, PLAN_FILE, WIDS_INDEX}
-    for name, src in extra_files.items():
-        if not isinstance(name, str) or not _CARRIED_NAME.fullmatch(name) or name in reserved:
-            raise ValueError(
-                f"extra_files name {name!r} must be one plain file name (letters, digits, '.', "
-                f"'_', '-'; no directory) other than {sorted(reserved)}"
-            )
-        if not isinstance(src, str | os.PathLike) or not Path(src).is_file():
-            raise ValueError(f"extra_files[{name!r}]: {src!r} is not a regular file")
-
-
-@dataclass(slots=True)
-class WriteResult:
-    generation: str
-    path: str
-    parent: str | None
-    samples: int
-    groups: int
-    shards: int
-    bytes: int
-    reused: bool
-
-
-MAX_SHARD_SIZE = 1 << 50  # 1 PiB: any larger size means one shard per stream anyway
-
-
-def parse_size(text: str) -> int:
-    """'1GB', '512MB', '64k', '1000' -> bytes (powers of 1024)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not m or len(m.group(1)) > 20:  # more digits than any size: float('9' * 400) is inf
-        raise ValueError(f"bad size {text!r}: write e.g. 1GB, 256MB or 1048576")
-    return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))
 
 
 def generation_id(

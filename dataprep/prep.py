@@ -17,7 +17,7 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -35,109 +35,18 @@ from dataprep.cost_table import (
     remove_stale_temps,
 )
 from dataprep.errors import DataprepError, ErrorRateExceeded
-from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.policies import parse_vision_policy
 from dataprep.prep_cache import cache_keys, check_cache_settings, with_cached
-from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES, RayOptions, ordered_map
+from dataprep.prep_config import PrepConfig, PrepResult
+from dataprep.ray_engine import RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.setting_checks import check_settings, settings_summary
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
-from dataprep.values import check_count, check_flag, check_real, check_task_timeout
-from dataprep.workers import MAX_WORKERS, exit_with_parent
+from dataprep.workers import exit_with_parent
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrepConfig:
-    inputs: tuple[str, ...]
-    output: str
-    tokenizer: str | None
-    vision_policy: str = "internvl"
-    template: str = "chatml"
-    image_root: str | None = None
-    image_column: str | None = None
-    text_column: str | None = None
-    workers: int = 1
-    chunk_size: int = 1024
-    shard_index: int = 0
-    num_shards: int = 1
-    max_error_rate: float = 0.01
-    progress: bool = False
-    cache: str | None = None  # a cost table whose rows are reused when sample_id + cache_key match
-    check_images: str = "header"  # "header": walk each file's structure; "decode": full decode
-    allow_outside_image_root: bool = False  # read image paths that resolve outside image_root
-    engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (dataprep.ray_engine)
-    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
-    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
-
-    def __post_init__(self) -> None:
-        if not self.inputs:
-            raise ValueError(
-                "no inputs: give one or more .json/.jsonl/.parquet/.tar files or HF dataset dirs"
-            )
-        if not self.output.endswith(".parquet"):
-            raise ValueError(
-                f"output {self.output!r} must end in .parquet (e.g. -o build/cost.parquet)"
-            )
-        check_count("--workers", self.workers, 1, MAX_WORKERS)
-        check_task_timeout(self.task_timeout)
-        if self.engine not in ENGINES:
-            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.ray_address and self.engine != "ray":
-            raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
-        check_count("chunk_size (samples)", self.chunk_size, 1, 1 << 24)
-        check_count("--num-shards", self.num_shards, 1, 1 << 20)
-        check_count("--shard-index", self.shard_index, 0, 1 << 20)
-        for name in ("progress", "allow_outside_image_root"):
-            check_flag(name, getattr(self, name))
-        if not 0 <= self.shard_index < self.num_shards:
-            raise ValueError(
-                f"--shard-index must be in [0, --num-shards), got {self.shard_index} of {self.num_shards}"
-            )
-        check_real("--max-error-rate", self.max_error_rate, 0.0, 1.0, hi_open=False)
-        if self.check_images not in CHECKS:
-            raise ValueError(
-                f"--check-images must be one of {', '.join(CHECKS)}, got {self.check_images!r}"
-            )
-        if self.cache is not None and not Path(self.cache).is_file():
-            raise ValueError(
-                f"--cache {self.cache}: no such cost table; give the cost table of an earlier prep"
-            )
-        for out in (Path(self.output), errors_path(self.output)):  # never over an input
-            for given in self.inputs:
-                if out.is_file() and Path(given).is_file() and os.path.samefile(out, given):
-                    what = "cost" if out == Path(self.output) else "errors"
-                    raise ValueError(
-                        f"output {out} is the input {given}: prep would replace its own input "
-                        f"with its {what} table; write it elsewhere (e.g. -o build/cost.parquet)"
-                    )
-        parse_vision_policy(self.vision_policy)  # validates the spec early
-        TokenizerSpec.parse(self.tokenizer)
-        load_template(self.template)
-
-
-@dataclass(slots=True)
-class PrepResult:
-    output: str
-    errors_output: str
-    n_in: int = 0
-    n_written: int = 0
-    n_rejected: int = 0
-    n_cached: int = 0
-    damaged_ranges: int = 0  # byte ranges of tars that held no sample (rows of the errors table)
-    reasons: dict[str, int] = field(default_factory=dict)
-    percentiles: dict[str, dict[str, float]] = field(default_factory=dict)
-    modalities: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0
-    # what the counts were measured with, and what looked wrong about it (setting_checks)
-    settings: dict[str, str] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _measurer(cfg: PrepConfig) -> Measurer:

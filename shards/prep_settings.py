@@ -39,9 +39,9 @@ def _text(d: dict, key: str, where: str, *, required: bool = True) -> str | None
     return v
 
 
-def _digest(d: dict, key: str, where: str) -> str | None:
+def _digest(d: dict, key: str, where: str, *, required: bool = False) -> str | None:
     v = d.get(key)
-    if v is None:
+    if v is None and not required:
         return None
     if not isinstance(v, str) or not _SHA256.fullmatch(v):
         raise ValueError(f"{where}: {key} must be a sha256 hex digest, got {v!r:.80}")
@@ -100,11 +100,16 @@ class PrepSettings:
             vision_policy=pol,
             template=_text(tmpl, "name", f"{where} (template)"),
             template_fields=tmpl,
-            template_sha256=_digest(tmpl, "sha256", f"{where} (template)") if jinja else None,
+            # prep records both digests; without one, any file would pass as the one it counted
+            template_sha256=(
+                _digest(tmpl, "sha256", f"{where} (template)", required=True) if jinja else None
+            ),
             tokenizer=_text(tok, "path", f"{where} (tokenizer)")
             if tok_mode == "tokenizer"
             else None,
-            tokenizer_sha256=_digest(tok, "sha256", f"{where} (tokenizer)"),
+            tokenizer_sha256=_digest(
+                tok, "sha256", f"{where} (tokenizer)", required=tok_mode == "tokenizer"
+            ),
             tokenizer_estimate=None if tok_mode == "tokenizer" else _ratio(tok, where),
         )
 

@@ -87,6 +87,8 @@ def test_a_collator_with_other_settings_fails_at_the_first_sample_unless_told(ge
     ("path", "value", "message"),
     [
         (("tokenizer", "sha256"), "zz", "sha256 hex digest"),
+        # no digest: any tokenizer file would pass as the one prep counted with
+        (("tokenizer", "sha256"), None, "sha256 hex digest"),
         (("tokenizer", "mode"), "magic", "tokenizer mode"),
         (("vision_policy", "spec"), 7, "non-empty string"),
         (("template", "name"), "", "non-empty string"),

@@ -7,7 +7,19 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["finite_nonnegative", "ranks_in"]
+from dataprep.values import check_count
+
+__all__ = ["MAX_MATRIX_RANKS", "MAX_RANKS", "finite_nonnegative", "rank_count", "ranks_in"]
+
+MAX_RANKS = 1 << 20  # data-parallel ranks a plan or a runtime balance may have (arrays of d)
+MAX_MATRIX_RANKS = 1 << 14  # ranks of the d x d traffic matrices (2 GiB of float64 at the cap)
+
+
+def rank_count(value, name: str = "d", hi: int = MAX_RANKS) -> int:
+    """A number of ranks, batches or stages: a whole number in 1..``hi``; ``ValueError`` naming
+    it otherwise (2.5 or NaN ranks, or 10**9 of them, which would allocate arrays of that size
+    and end the process out of memory)."""
+    return check_count(name, value, 1, hi)
 
 
 def finite_nonnegative(values, name: str = "lengths") -> np.ndarray:

@@ -19,7 +19,7 @@ from balancing import first_call
 from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
 from balancing._kernels.refine import _nb_refine
-from balancing.checks import finite_nonnegative, ranks_in
+from balancing.checks import MAX_MATRIX_RANKS, finite_nonnegative, rank_count, ranks_in
 from balancing.post_balance import PostBalance, post_balance
 
 __all__ = [
@@ -54,6 +54,7 @@ class NodewiseResult:
 
 def volume_matrix(src: np.ndarray, dest: np.ndarray, volume: np.ndarray, d: int) -> np.ndarray:
     """V[i, j]: volume that rank i sends to new batch j."""
+    d = rank_count(d, "d (ranks)", MAX_MATRIX_RANKS)
     return np.bincount(
         np.asarray(src) * d + np.asarray(dest), weights=volume, minlength=d * d
     ).reshape(d, d)
@@ -142,7 +143,9 @@ def nodewise_permutation(
     """Choose which rank receives each new batch (Alg. 3); see the module docstring."""
     from scipy.optimize import linear_sum_assignment
 
-    if d < 1 or per_node < 1 or d % per_node:
+    d = rank_count(d, "d (ranks)", MAX_MATRIX_RANKS)
+    per_node = rank_count(per_node, "per_node (ranks per node)", d)
+    if d % per_node:
         raise ValueError(f"d={d} ranks must split into whole nodes of {per_node}")
     volume = finite_nonnegative(volume, "volume")
     src = ranks_in(src, d, "src", volume.size)
@@ -197,7 +200,9 @@ def locality_balance(
     are placed on the ranks by :func:`nodewise_permutation` (most of each batch's volume stays
     in its node). ``method`` says which plan was taken.
     """
-    if d < 1 or per_node < 1 or d % per_node:
+    d = rank_count(d, "d (ranks)", MAX_MATRIX_RANKS)
+    per_node = rank_count(per_node, "per_node (ranks per node)", d)
+    if d % per_node:
         raise ValueError(f"d={d} ranks must split into whole nodes of {per_node}")
     if not (np.isfinite(tolerance) and tolerance >= 0):
         raise ValueError(f"tolerance must be finite and >= 0, got {tolerance!r}")

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from balancing._kernels.tables import STAT_COUNT, STAT_SUM_V, _nb_counting_argsort
 from balancing.auto_params import auto_isf_params
+from balancing.checks import MAX_RANKS
 from balancing.cost_model import CostModel, sample_costs
 from balancing.isf import (
     FLAG_LAST_STEP,
@@ -61,7 +62,6 @@ PLAN_SCHEMA = pa.schema(
 
 
 MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
-MAX_RANKS = 1 << 20  # data-parallel ranks a plan may have (arrays of this size are made)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,8 @@ from balancing._kernels.partition import (
     _nb_padded_batches,
 )
 from balancing._kernels.refine import _nb_refine
-from balancing.checks import finite_nonnegative
+from balancing.checks import finite_nonnegative, rank_count, ranks_in
+from dataprep.values import check_count
 
 __all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
 
@@ -80,7 +81,9 @@ def batch_loads(
     lengths: np.ndarray, dest: np.ndarray, d: int, *, padded: bool = False
 ) -> np.ndarray:
     """Per-batch load: sum of lengths, or count x longest when ``padded``."""
-    lengths = np.asarray(lengths, dtype=np.float64)
+    d = rank_count(d, "d (batches)")
+    lengths = finite_nonnegative(lengths)
+    dest = ranks_in(dest, d, "dest", lengths.size)
     if not padded:
         return np.bincount(dest, weights=lengths, minlength=d)
     mx = np.zeros(d)
@@ -126,8 +129,9 @@ def post_balance(
     """Assign every item to one of ``d`` batches; see the module docstring for the methods."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if d < 1:
-        raise ValueError(f"need at least one batch, got d={d}")
+    d = rank_count(d, "d (batches)")
+    max_count = check_count("max_count", max_count, 0, none=True)
+    max_swaps = check_count("max_swaps", max_swaps, 0, none=True)
     x = finite_nonnegative(lengths)
     n = x.size
     mem = x if memory is None else finite_nonnegative(memory, "memory")

@@ -24,7 +24,8 @@ from balancing._kernels.schedule import (
     _nb_makespan,
     _nb_swap_descent,
 )
-from balancing.checks import finite_nonnegative, ranks_in
+from balancing.checks import finite_nonnegative, rank_count, ranks_in
+from dataprep.values import check_count
 
 __all__ = [
     "PipelineTimes",
@@ -42,8 +43,7 @@ def intra_batch_reorder(sizes: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarr
     """(order, group): sample order with the m DP groups' samples consecutive, and the group of
     each sample (input index)."""
     sizes = finite_nonnegative(sizes, "sizes")
-    if m < 1:
-        raise ValueError(f"need at least one DP group, got {m}")
+    m = rank_count(m, "m (DP groups)")
     asc = np.argsort(sizes, kind="stable")
     loads = np.zeros(m)
     group = np.empty(sizes.size, dtype=np.int64)
@@ -84,6 +84,7 @@ def _stage_times(fwd, bwd, p: int | None) -> tuple[np.ndarray, np.ndarray]:
 def _as_stages(x: np.ndarray, p: int | None) -> np.ndarray:
     x = finite_nonnegative(x, "stage times")
     if x.ndim == 1:
+        p = rank_count(p, "p (pipeline stages)", 1 << 16) if p is not None else None
         if p is None:
             raise ValueError(
                 "give per-stage times (stages x microbatches) or the number of stages p"
@@ -134,8 +135,8 @@ def inter_microbatch_reorder(
     ``bwd`` defaults to twice ``fwd``.
     """
     f, b = _stage_times(fwd, bwd, p)
-    if max_passes < 0 or max_work < 0:
-        raise ValueError(f"max_passes and max_work must be >= 0, got {max_passes} and {max_work}")
+    check_count("max_passes", max_passes)
+    check_count("max_work", max_work)
     start = mmscale_order(f, f.shape[0], b)
     ident = np.arange(start.size, dtype=np.int64)
     ops = _nb_1f1b_ops(f.shape[0], start.size)

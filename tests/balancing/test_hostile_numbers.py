@@ -124,3 +124,49 @@ def test_rank_counts_past_the_bound_are_refused():
     """``--dp 10**12`` would make arrays of that size: refused by name at once."""
     with pytest.raises(ValueError, match="--dp must be"):
         BalanceConfig(dp=10**12, nodes=1)
+
+
+@pytest.mark.parametrize("bad", [0, 2.5, np.nan, True, "4", 10**12])
+def test_rank_counts_of_the_runtime_api_are_whole_and_bounded(bad):
+    """Every public balancing function that takes a number of ranks, batches, groups or stages
+    refuses one that is not a whole number in range, naming it: 2.5 or NaN ranks, True (read
+    as 1), and 10**12 (post_balance allocated arrays of d: at 10**9 the process died out of
+    memory)."""
+    from balancing import (
+        batch_loads,
+        inter_microbatch_reorder,
+        intra_batch_reorder,
+        locality_balance,
+        nodewise_permutation,
+        pipeline_times,
+        post_balance,
+        volume_matrix,
+    )
+
+    x = np.array([5.0, 3.0, 2.0, 7.0])
+    zeros = np.zeros(4, dtype=np.int64)
+    calls = {
+        "post_balance": lambda: post_balance(x, bad),
+        "batch_loads": lambda: batch_loads(x, zeros, bad),
+        "volume_matrix": lambda: volume_matrix(zeros, zeros, x, bad),
+        "nodewise_permutation": lambda: nodewise_permutation(zeros, zeros, x, bad, 1),
+        "nodewise per_node": lambda: nodewise_permutation(zeros, zeros, x, 2, bad),
+        "locality_balance": lambda: locality_balance(x, zeros, bad, 1),
+        "locality per_node": lambda: locality_balance(x, zeros, 2, bad),
+        "intra_batch_reorder": lambda: intra_batch_reorder(x, bad),
+        "inter_microbatch_reorder": lambda: inter_microbatch_reorder(x, bad),
+        "pipeline_times": lambda: pipeline_times(x, p=bad),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match="whole number"):
+            call()
+            pytest.fail(f"{name} took {bad!r}")
+
+
+def test_counts_that_cap_a_balance_are_whole():
+    from balancing import post_balance
+
+    x = np.array([5.0, 3.0, 2.0, 7.0])
+    for kw in ({"max_count": 1.5}, {"max_count": np.nan}, {"max_swaps": -1}, {"max_swaps": 0.5}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            post_balance(x, 2, **kw)

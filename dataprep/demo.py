@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from dataprep.values import check_count
+
 __all__ = ["DEMO_WORDS", "DemoSummary", "demo_text_corpus", "make_demo", "split_days"]
 
 DEMO_WORDS = tuple(
@@ -189,8 +191,10 @@ def make_demo(
     ``default`` (text-only/single/multi mix) or ``single-image`` (every sample one image and a
     ~300-token conversation, the prep benchmark's profile).
     """
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
+    check_count("samples", samples, 1)
+    check_count("seed", seed)
+    check_count("images (distinct image files; None: one per reference up to 600)", images, 1,
+                none=True)  # fmt: skip
     if mix not in ("default", "single-image"):
         raise ValueError(f"mix must be 'default' or 'single-image', got {mix!r}")
     out = Path(out_dir)

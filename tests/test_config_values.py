@@ -249,3 +249,20 @@ def test_write_extras_never_leave_the_generation_or_replace_its_keys(
     with pytest.raises(ValueError, match=match):
         cls(**base, **extra)
     cls(**base, extra_files={"night.errors.parquet": str(src)}, manifest_extra={"nightly": {}})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(images=-1), "images"),  # read as one image file, silently
+        (dict(images=0), "images"),
+        (dict(samples=2.5), "samples"),
+        (dict(seed=-1), "seed"),
+    ],
+)
+def test_the_demo_refuses_its_numbers_before_writing(kwargs, match, tmp_path):
+    from dataprep import make_demo
+
+    with pytest.raises(ValueError, match=match):
+        make_demo(tmp_path / "demo", **kwargs)
+    assert not (tmp_path / "demo").exists()

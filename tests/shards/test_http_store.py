@@ -103,3 +103,42 @@ def test_server_without_ranges_is_refused(generation):
             next(iter(ds))
     finally:
         server.shutdown()
+
+
+class _EndlessHandler(SimpleHTTPRequestHandler):
+    """A server whose every file is an endless stream without Content-Length (a misconfigured
+    proxy, or a hostile one): capped at 64 MiB here so that the test ends either way."""
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()
+
+    def do_GET(self):
+        self.do_HEAD()
+        chunk = b"gen-" + b"x" * 65532
+        try:
+            for _ in range(1024):
+                self.wfile.write(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def test_a_small_file_of_unknown_size_is_read_only_to_its_limit():
+    """CURRENT and the manifest are read whole: a server that gives no size and never stops
+    (or a store whose size went stale) was read to the end, all of it into memory; now one byte
+    past the limit is read and refused."""
+    from shards.storage import GenerationFiles
+
+    server, url = _serve(".", _EndlessHandler)
+    try:
+        files = GenerationFiles(url)
+        with pytest.raises(ValueError, match="more than the 4096 bytes"):
+            files.read_bytes("CURRENT", 4096)
+        with pytest.raises(ValueError, match="more than the 1048576 bytes"):
+            files.read_bytes("manifest.json", 1 << 20)
+    finally:
+        server.shutdown()

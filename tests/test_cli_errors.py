@@ -287,6 +287,22 @@ def test_a_named_file_that_is_no_regular_file_is_refused_not_read(made, tmp_path
     assert "not a regular file" in r.stderr or "bytes, more than" in r.stderr
 
 
+@pytest.mark.parametrize("name", ["data.jsonl", "data.json", "data.parquet", "data.tar"])
+def test_an_input_that_is_no_regular_file_is_refused_not_read(made, tmp_path, name):
+    """prep's inputs are named files too: a FIFO given as an input blocked the scan forever."""
+    bad = _fifo(tmp_path / name)
+    tok = str(made["demo"] / "tokenizer.json")
+    r = subprocess.run(
+        [sys.executable, "-m", "equishard", "prep", str(bad), "--tokenizer", tok, "-o",
+         str(tmp_path / "c.parquet")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "not a regular file" in r.stderr and name in r.stderr
+
+
 def test_write_refuses_a_missing_image_size_inside_a_row(made, tmp_path, capsys):
     """A null inside a row's image_widths (balance reads only the required columns) went into
     the sample's document, which every reader then refused: a generation nobody could read."""

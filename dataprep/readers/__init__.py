@@ -47,6 +47,8 @@ def detect_reader(path: Path) -> str:
         )
     if not path.exists():
         raise DataprepError(f"{path}: no such input file")
+    if not path.is_file():  # a FIFO would block the scan forever, a device never end
+        raise DataprepError(f"{path}: not a regular file (a FIFO, device or socket), not an input")
     reader = _SUFFIXES.get(path.suffix.lower())
     if reader is None:
         raise DataprepError(

@@ -103,6 +103,7 @@ class RecordStore:
         line) of a JSONL file."""
         idx = self._lines.get(path)
         if idx is None:
+            detect_reader(Path(path))  # a regular file still (a FIFO now would block forever)
             offsets, ends, lines = [], [], []
             pos = 0
             with open(path, "rb") as f:

@@ -202,3 +202,27 @@ def test_image_swapped_while_prep_measures_it_is_refused_by_write(
     assert swapped
     with pytest.raises(WriteError, match="changed since prep"):
         _write(cost, plan_dir, tmp_path / "out")
+
+
+def test_an_input_replaced_by_a_fifo_after_prep_is_refused_not_read(inputs, tmp_path):
+    """write reads the raw inputs again: one replaced by a FIFO since prep blocked the write
+    forever (the JSONL index opened it); now it is refused naming it, in a subprocess with a
+    deadline so that a regression fails instead of hanging the suite."""
+    import os
+    import subprocess
+    import sys
+
+    demo, cost, plan_dir = inputs
+    (demo / "demo.jsonl").unlink()
+    os.mkfifo(demo / "demo.jsonl")
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [sys.executable, "-m", "equishard", "write", str(plan_dir), "--cost-table", str(cost),
+         "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "demo.jsonl: not a regular file" in r.stderr and "re-run prep" in r.stderr
+    assert not list(out.glob("gen-*"))

@@ -372,3 +372,20 @@ def test_a_ray_workers_measurer_never_outlives_its_run(tmp_path, tokenizer_path)
     assert want != before
     assert llm(_measure_task(cfg, unit, "run-1")) == before  # the same run: the same measurer
     assert llm(_measure_task(cfg, unit, "run-2")) == want
+
+
+def test_a_model_directory_names_its_tokenizer(tmp_path, tokenizer_path):
+    """``--tokenizer DIR`` (a model directory as downloaded, as ``--template`` takes) counts
+    with DIR/tokenizer.json exactly as naming the file does; a directory without one is
+    refused saying what to give."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").write_bytes(Path(tokenizer_path).read_bytes())
+    assert TokenizerSpec.parse(str(model)).path == str(model / "tokenizer.json")
+    data = write_jsonl(tmp_path / "d.jsonl", [llava(f"s{i}") for i in range(4)])
+    by_dir = run(tmp_path / "a", [data], str(model))[1]
+    by_file = run(tmp_path / "b", [data], tokenizer_path)[1]
+    assert [r["llm_tokens"] for r in by_dir] == [r["llm_tokens"] for r in by_file]
+    (model / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="has no tokenizer.json"):
+        TokenizerSpec.parse(str(model))

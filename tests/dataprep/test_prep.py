@@ -387,5 +387,5 @@ def test_a_model_directory_names_its_tokenizer(tmp_path, tokenizer_path):
     by_file = run(tmp_path / "b", [data], tokenizer_path)[1]
     assert [r["llm_tokens"] for r in by_dir] == [r["llm_tokens"] for r in by_file]
     (model / "tokenizer.json").unlink()
-    with pytest.raises(ValueError, match="has no tokenizer.json"):
+    with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
         TokenizerSpec.parse(str(model))

@@ -266,3 +266,17 @@ def test_the_demo_refuses_its_numbers_before_writing(kwargs, match, tmp_path):
     with pytest.raises(ValueError, match=match):
         make_demo(tmp_path / "demo", **kwargs)
     assert not (tmp_path / "demo").exists()
+
+
+def test_train_refuses_a_log_or_profile_path_it_could_not_use(tmp_path):
+    """Rank 0 appends each step to --log: a FIFO there blocked it at the first step, after every
+    rank had started; refused at construction, as a profile path that is a file is."""
+    import os
+
+    os.mkfifo(tmp_path / "log.fifo")
+    with pytest.raises(ValueError, match="not a regular file"):
+        TrainConfig(shards="x", dp=1, log=str(tmp_path / "log.fifo"))
+    (tmp_path / "prof").write_text("")
+    with pytest.raises(ValueError, match="not a directory"):
+        TrainConfig(shards="x", dp=1, profile=str(tmp_path / "prof"), steps=10)
+    TrainConfig(shards="x", dp=1, log=str(tmp_path / "new.jsonl"), profile=str(tmp_path / "p"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 from balancing.post_balance import METHODS
@@ -104,6 +105,15 @@ class TrainConfig:
                 f"loader_timeout must be finite seconds > 0, got {self.loader_timeout}: a worker "
                 "stuck on a read (a hung mount) would otherwise hold every rank forever"
             )
+        # rank 0 appends to the log: a FIFO there would block it at the first step, for good
+        if self.log is not None and os.path.exists(self.log) and not os.path.isfile(self.log):
+            raise ValueError(f"--log {self.log}: not a regular file (a FIFO, device or directory)")
+        if (
+            self.profile is not None
+            and os.path.exists(self.profile)
+            and not os.path.isdir(self.profile)
+        ):
+            raise ValueError(f"--profile {self.profile}: not a directory")
         _, b = parse_steps(self.profile_steps)
         if self.profile is not None and b > self.steps:
             raise ValueError(

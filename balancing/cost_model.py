@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from balancing._kernels.tables import _nb_sample_costs
 from dataprep.local_files import read_small
+from dataprep.values import is_count
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 
@@ -46,8 +47,10 @@ class PhaseCost:
 
     @classmethod
     def from_dims(cls, *, hidden: int, layers: int, causal: bool) -> PhaseCost:
-        if hidden <= 0 or layers <= 0:
-            raise ValueError(f"hidden size and layers must be > 0, got {hidden}, {layers}")
+        if not (is_count(hidden, 1, 1 << 24) and is_count(layers, 1, 1 << 16)):
+            raise ValueError(
+                f"hidden size and layers must be whole numbers > 0, got {hidden!r}, {layers!r}"
+            )
         return cls(
             alpha=24.0 * hidden * hidden * layers, beta=(2.0 if causal else 4.0) * hidden * layers
         )
@@ -64,6 +67,14 @@ class CostModel:
         default_factory=lambda: PhaseCost.from_dims(hidden=4096, layers=32, causal=True)
     )
     source: str = "model dimensions: vision 1024x24, llm 4096x32"
+
+    def __post_init__(self) -> None:  # what a plan report records and a night reads back
+        if not isinstance(self.vision, PhaseCost) or not isinstance(self.llm, PhaseCost):
+            raise ValueError("vision and llm must be PhaseCost(alpha=..., beta=...)")
+        if not isinstance(self.source, str):
+            raise ValueError(
+                f"source must be a string saying where the costs come from, got {self.source!r}"
+            )
 
     @classmethod
     def from_dims(

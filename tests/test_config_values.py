@@ -280,3 +280,19 @@ def test_train_refuses_a_log_or_profile_path_it_could_not_use(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         TrainConfig(shards="x", dp=1, profile=str(tmp_path / "prof"), steps=10)
     TrainConfig(shards="x", dp=1, log=str(tmp_path / "new.jsonl"), profile=str(tmp_path / "p"))
+
+
+def test_cost_models_are_what_a_report_can_record():
+    """A cost model goes into the plan report and is read back by a night (``from_record``,
+    which takes a string source and whole model dimensions): one built otherwise would make a
+    report its own nights refuse."""
+    from balancing.cost_model import CostModel
+
+    with pytest.raises(ValueError, match="source"):
+        CostModel(source=1)
+    with pytest.raises(ValueError, match="whole numbers"):
+        CostModel.from_dims(vit_hidden=2.5, vit_layers=24, llm_hidden=4096, llm_layers=32)
+    with pytest.raises(ValueError, match="whole numbers"):
+        CostModel.from_dims(vit_hidden=1024, vit_layers=True, llm_hidden=4096, llm_layers=32)
+    m = CostModel.from_dims(vit_hidden=1024, vit_layers=24, llm_hidden=4096, llm_layers=32)
+    assert CostModel.from_record(m.describe(), "test") == m

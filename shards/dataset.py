@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataprep.values import check_count, check_flag
+from dataprep.values import check_count, check_flag, is_count
 from shards.manifest import Manifest, open_generation
 from shards.reader import ShardError, read_group
 
@@ -85,7 +85,16 @@ def merge_states(states: list[dict]) -> dict:
     """One resumable state from every rank's ``state_dict()``; rejects incomplete or mixed sets."""
     if not states:
         raise ValueError("no states given")
+    if not all(isinstance(s, dict) for s in states):
+        raise ValueError("every state must be a dict, as state_dict() returns")
     world = states[0].get("world_size")
+    # read back from a checkpoint: compared before any list of that size is made
+    if not is_count(world, 1) or len(states) != world:
+        raise ValueError(
+            f"{len(states)} states given for a world_size of {world!r}; need exactly one per rank"
+        )
+    if not all(is_count(s.get("rank")) for s in states):
+        raise ValueError("every state's rank must be a whole number >= 0")
     ranks = sorted(s.get("rank") for s in states)
     if ranks != list(range(world)):
         raise ValueError(f"states of ranks {ranks} given; need exactly one per rank 0..{world - 1}")

@@ -143,6 +143,14 @@ def test_elastic_resume_with_another_dp_size(generation):
     bad = dict(states[1], consumed_slots=0)
     with pytest.raises(ValueError, match="disagree"):
         merge_states([states[0], bad, *states[2:]])
+    # states read back from a checkpoint: a world_size of 10**12 made a list of that size
+    huge = [dict(s, world_size=10**12) for s in states]
+    with pytest.raises(ValueError, match="one per rank"):
+        merge_states(huge)
+    with pytest.raises(ValueError, match="rank must be a whole number"):
+        merge_states([dict(s, rank=None) for s in states])
+    with pytest.raises(ValueError, match="one per rank"):
+        merge_states([dict(s, world_size="3") for s in states])
     with pytest.raises(ValueError, match="incomplete"):
         GroupDataset(generation, RankInfo(rank=0, world_size=2)).load_state_dict({"epoch": 0})
 

@@ -246,6 +246,15 @@ def test_uint8_pixels_normalize_to_the_float_collation(generation, gen_inputs):
     assert np.array_equal(raw["patches"][start].numpy(), pixels[:14, :14].reshape(-1))
     with pytest.raises(ValueError, match="pixels"):
         Collator(tokenizer=tok, pixels="fp8")
+    # a group without images keeps its mode's dtype: the ranks' patches are exchanged and
+    # concatenated together, and a float block among uint8 ones would be read as normalized
+    text_only = next([s] for b in ds for s in b["samples"] if not s.images)
+    for col, dtype in (
+        (Collator(**small, pixels="uint8"), torch.uint8),
+        (Collator(**small), torch.float32),
+    ):
+        empty = col(text_only)["patches"]
+        assert empty.shape == (0, 3 * 14 * 14) and empty.dtype == dtype
 
 
 def _sizes(samples):

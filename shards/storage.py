@@ -33,6 +33,10 @@ from pathlib import Path
 
 from dataprep.local_files import read_small, regular_file
 from shards.range_digests import RangeDigests, hash_file, range_sha256
+from shards.store_limits import (  # re-exported: how store requests are bounded
+    bounded_options,
+    store_limits,
+)
 
 __all__ = [
     "GenerationFiles",
@@ -43,57 +47,7 @@ __all__ = [
     "store_limits",
 ]
 
-TIMEOUT_ENV, RETRIES_ENV = "EQUISHARD_STORE_TIMEOUT", "EQUISHARD_STORE_RETRIES"
-DEFAULT_TIMEOUT, DEFAULT_RETRIES = 30.0, 3
 SMALL_FILE_LIMIT = 1 << 30  # a manifest of millions of groups stays far below
-
-
-def store_limits() -> tuple[float, int]:
-    """(seconds a store request may wait for a connection or a read, attempts per request):
-    ``$EQUISHARD_STORE_TIMEOUT`` and ``$EQUISHARD_STORE_RETRIES`` (set by the CLI's
-    ``--store-timeout`` and ``--store-retries``), else 30 s and 3."""
-    try:
-        timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
-        retries = int(os.environ.get(RETRIES_ENV) or DEFAULT_RETRIES)
-    except ValueError:
-        raise ValueError(
-            f"${TIMEOUT_ENV} must be seconds and ${RETRIES_ENV} a whole number, got "
-            f"{os.environ.get(TIMEOUT_ENV)!r} and {os.environ.get(RETRIES_ENV)!r}"
-        ) from None
-    if not (0 < timeout < float("inf")) or retries < 1:
-        raise ValueError(
-            f"${TIMEOUT_ENV} must be > 0 seconds and ${RETRIES_ENV} >= 1, got {timeout} and "
-            f"{retries}"
-        )
-    return timeout, retries
-
-
-def bounded_options(url: str, options: dict) -> tuple[dict, int | None]:
-    """fsspec options for ``url`` with every request bounded: for S3, botocore's connect and
-    read timeouts and its attempts (unless ``options`` set them), and the attempts of s3fs's
-    own retry loop (returned). An endpoint that never answers then fails a request after
-    about ``timeout x attempts`` seconds, not botocore's defaults times s3fs's retries."""
-    if url.startswith(("http://", "https://")):  # aiohttp: per connect and per read
-        import aiohttp
-
-        timeout, _ = store_limits()
-        opts = dict(options)
-        client = dict(opts.get("client_kwargs") or {})
-        client.setdefault(
-            "timeout", aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
-        )
-        opts["client_kwargs"] = client
-        return opts, None
-    if not url.startswith(("s3://", "s3a://")):
-        return dict(options), None
-    timeout, retries = store_limits()
-    opts = dict(options)
-    cfg = dict(opts.get("config_kwargs") or {})
-    cfg.setdefault("connect_timeout", timeout)
-    cfg.setdefault("read_timeout", timeout)
-    cfg.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
-    opts["config_kwargs"] = cfg
-    return opts, retries
 
 
 _DIGEST = re.compile(r"[0-9a-f]{64}")

@@ -132,7 +132,7 @@ def _argv(command: str, tmp_path) -> list[str]:
 
 @pytest.mark.parametrize("command", list(CONFIGS))
 def test_every_option_reaches_the_configuration(command, tmp_path, monkeypatch):
-    from shards.storage import RETRIES_ENV, TIMEOUT_ENV
+    from shards.store_limits import RETRIES_ENV, TIMEOUT_ENV
 
     module, cls = CONFIGS[command]
     monkeypatch.setattr(importlib.import_module(module), cls, _recorder)

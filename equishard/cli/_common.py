@@ -100,7 +100,7 @@ def add_store_args(p) -> None:
 
 
 def _apply_store_args(args) -> None:
-    from shards.storage import RETRIES_ENV, TIMEOUT_ENV, store_limits
+    from shards.store_limits import RETRIES_ENV, TIMEOUT_ENV, store_limits
 
     if args.store_timeout is not None:
         if not 0 < args.store_timeout < float("inf"):

@@ -204,3 +204,22 @@ def test_auto_params_round_vision_caps_to_the_datas_granularity():
         p = auto_isf_params(v, t, target_batch=b)
         assert p.q_v % 1024 == 0 and p.qf_v % 1024 == 0, p
         assert 0 < p.qf_v <= p.q_v
+
+
+@pytest.mark.parametrize("slack", [0.0, 0.05, 0.3])
+def test_auto_filter_targets_sit_slack_below_the_caps(slack):
+    """ISF keeps a group once both its loads reach the filter targets; the automatic targets
+    are the caps less ``slack`` (vision rounded up to the data's tile granularity, never above
+    the cap), in both phases: a target of 1 token would keep groups of any text load."""
+
+    rng = np.random.default_rng(0)
+    v = rng.choice([1, 3, 5], 3000) * 1024
+    t = rng.integers(100, 3000, v.size)
+    p = auto_isf_params(v, t, target_batch=6, slack=slack)
+    assert p.qf_t == max(1, int(p.q_t * (1 - slack)))
+    assert p.qf_v == min(p.q_v, int(np.ceil(p.q_v * (1 - slack) / 1024)) * 1024)
+    assert p.q_v % 1024 == 0 and p.qf_v % 1024 == 0
+    if slack == 0:
+        assert (p.qf_v, p.qf_t) == (p.q_v, p.q_t)
+    else:
+        assert p.qf_t < p.q_t

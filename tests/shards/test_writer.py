@@ -319,6 +319,20 @@ LEFTOVER_DAMAGE = {
     "sidecar sha256 a path": lambda tar, side: _edit_sidecar(
         side, lambda m: m.update(sha256="../../" + "a" * 58)
     ),
+    # group entries that are not [step, samples, offset, length] of whole numbers, byte ranges
+    # that hold nothing, or groups past the plan's: each would go into the manifest as read
+    "sidecar group of five values": lambda tar, side: _edit_sidecar(
+        side, lambda m: m["groups"][0].append(7)
+    ),
+    "sidecar offset false": lambda tar, side: _edit_sidecar(
+        side, lambda m: m["groups"][0].__setitem__(2, False)
+    ),
+    "sidecar group of length 0": lambda tar, side: _edit_sidecar(
+        side, lambda m: m["groups"][-1].__setitem__(3, 0)
+    ),
+    "sidecar group past the plan": lambda tar, side: _edit_sidecar(
+        side, lambda m: m["groups"].extend([list(m["groups"][-1])] * 50)
+    ),
 }
 
 
@@ -339,6 +353,20 @@ def test_a_resumed_write_rewrites_leftovers_that_do_not_check_out(
         side = stage / ".parts" / tar.relative_to(stage).with_suffix(".json")
         assert side.is_file()
         LEFTOVER_DAMAGE[damage](tar, side)
+    write_generation(cfg)
+    assert _files(tmp_path / "g") == _files(generation)
+
+
+def test_a_resumed_write_rewrites_a_last_shard_whose_sidecar_lists_more_than_the_plan(
+    gen_inputs, generation, tmp_path, monkeypatch
+):
+    """The last shard of a stream whose sidecar lists one group past the plan's end: rewritten
+    (bug: the check read the plan past its end, an index error for every later run)."""
+    cfg, stage = _killed_write(gen_inputs, tmp_path, monkeypatch, "atomic_write_bytes")
+    stream = sorted(stage.glob("node-*/rank-*"))[0]
+    last = sorted(stream.glob("shard-*.tar"))[-1]
+    side = stage / ".parts" / last.relative_to(stage).with_suffix(".json")
+    _edit_sidecar(side, lambda m: m["groups"].append([m["groups"][-1][0] + 1, 1, 0, 1]))
     write_generation(cfg)
     assert _files(tmp_path / "g") == _files(generation)
 

@@ -4,7 +4,7 @@ import io
 import tarfile
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shards.tar_members import _tarinfo, add_member, sample_key, ustar_header
@@ -49,7 +49,7 @@ def test_members_read_back_with_tarfile():
 _NAMES = st.builds(
     lambda d, key, suffix: f"{d}{key}{suffix}",
     st.sampled_from(["", "d/", "a.b/", "__x__/"]),
-    st.sampled_from(["k1", "k2", "K1", "__meta__", "k.1", "k_2-x"]),
+    st.sampled_from(["k1", "k2", "K1", "__meta__", "__k.json__", "k.1", "k_2-x"]),
     st.sampled_from(["", ".json", ".jpg", ".JPG", ".tar.gz", ".a.B", "."]),
 )
 
@@ -66,6 +66,7 @@ def _tar(members: list[tuple[str, bytes]]) -> bytes:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(_NAMES, st.binary(max_size=40)), max_size=12))
+@example([("__k.json__", b"x"), ("k1.json", b"{}"), ("d/__k.json__", b"y")])  # meta names
 def test_the_reader_splits_members_into_samples_as_webdataset_does(members):
     """Reference: webdataset's own ``tar_file_iterator`` + ``group_by_keys`` on the same bytes
     (keys up to the first dot, lower-cased suffixes, meta members and suffix-less names skipped,
@@ -139,3 +140,18 @@ def test_image_ext_names_what_pillow_wrote(fmt):
             image_ext(data)
     else:
         assert image_ext(data) == want
+
+
+def test_a_member_ending_exactly_at_the_groups_end_is_read_whole():
+    """A member whose size is a multiple of 512 has no padding: in a group's byte range it can
+    end exactly where the range ends (no end-of-archive blocks inside a group), and is whole."""
+    from shards.reader import _members
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        add_member(tf, "k.json", b"{}")
+        add_member(tf, "k.0.png", b"p" * 1024)
+    data = buf.getvalue()
+    end = 3 * 512 + 1024  # two headers, the json's padded block, the image's two blocks
+    got = _members(data[:end], "test")
+    assert got == [("k.json", b"{}"), ("k.0.png", b"p" * 1024)]

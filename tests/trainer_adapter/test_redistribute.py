@@ -278,3 +278,23 @@ def test_a_step_is_left_as_it_is_only_within_min_gain(min_gain, kept):
     else:
         assert not method.startswith("kept"), method
         assert np.bincount(dest, weights=cost, minlength=2).max() == 10.0
+
+
+def test_locality_balances_inside_each_node_where_the_nodes_are_even():
+    """``method="locality"`` moves a rank's excess inside its node first: two nodes of two ranks
+    whose totals are equal balance without one item crossing a node (reference: the node of each
+    item's rank before and after), while the same loads seen as one node of four send two."""
+    from trainer_adapter import RedistributePolicy, Topology
+    from trainer_adapter.redistribute import _plan_phase
+
+    tokens = np.full(16, 100.0)
+    src = np.array([0] * 6 + [1] * 2 + [2] * 7 + [3] * 1)  # node totals 800 and 800
+    policy = RedistributePolicy(method="locality", cost="tokens")
+    crossing = {}
+    for per_node in (2, 4):
+        topo = Topology(ranks_per_node=per_node)
+        dest, method, _, _ = _plan_phase(tokens, src, [0, 1, 2, 3], topo, policy, tokens, cap=None)
+        assert method == "locality"
+        assert np.bincount(dest, weights=tokens, minlength=4).tolist() == [400.0] * 4
+        crossing[per_node] = int(((dest // 2) != (src // 2)).sum())
+    assert crossing[2] == 0 and crossing[4] > 0

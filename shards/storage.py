@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import numbers
 import os
 import re
 from collections.abc import Iterable
@@ -163,7 +164,7 @@ class GenerationFiles:
         FileNotFoundError if absent."""
         if not self.remote:
             return read_small(self.full_path(name), limit)
-        size = self.fs.size(self.full_path(name))
+        size = _store_size(self.fs.size(self.full_path(name)), self.where(name))
         if size is not None and size > limit:
             raise ValueError(f"{self.where(name)}: {size} bytes, more than the {limit} it may hold")
         # the size a store reports may be missing (an HTTP server without Content-Length) or
@@ -186,7 +187,7 @@ class GenerationFiles:
         try:
             if not self.remote:
                 return os.path.getsize(self.full_path(name))
-            return int(self.fs.size(self.full_path(name)))
+            return _store_size(self.fs.size(self.full_path(name)), self.where(name))
         except FileNotFoundError:
             return None
 
@@ -206,7 +207,11 @@ class GenerationFiles:
         self.fs.invalidate_cache()
         found = self.fs.find(self._root, detail=True)
         prefix = self._root.rstrip("/") + "/"
-        return {k[len(prefix) :]: int(v["size"]) for k, v in found.items() if k.startswith(prefix)}
+        return {
+            k[len(prefix) :]: _store_size(v.get("size") if isinstance(v, dict) else None, k, True)
+            for k, v in found.items()
+            if k.startswith(prefix)
+        }
 
     def checked(self, sha256: str) -> bool:
         """Whether a shard of this digest was hashed with its ranges in this process."""
@@ -325,6 +330,18 @@ class GenerationFiles:
         if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 < length):
             raise ValueError(f"byte range {offset!r}+{length!r} cannot name a cache file")
         return self.cache_dir / f"{sha256}.tar", self.cache_dir / sha256 / f"{offset}-{length}"
+
+
+def _store_size(value, where: str, listed: bool = False) -> int | None:
+    """A size as a store reported it, checked where it enters: a whole number of bytes >= 0
+    (None where a single object's size is unknown, as plain HTTP may give); a listing's
+    missing, negative or non-numeric size is a ``ValueError`` naming the object (it was a
+    ``TypeError`` deep in a comparison, or a negative size read as a shard's)."""
+    if value is None and not listed:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{where}: the store reports a size of {value!r}, not a number of bytes")
+    return int(value)
 
 
 def _protocols(fs) -> tuple[str, ...]:

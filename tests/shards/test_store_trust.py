@@ -367,3 +367,34 @@ def test_a_huge_step_count_is_refused_without_building_it(gen_copy):
     with pytest.raises(ManifestError, match="no group for step"):
         load_manifest(gen)
     assert time.monotonic() - t0 < 10
+
+
+@pytest.mark.parametrize("bad", [None, -5, "12", 3.0, True])
+def test_sizes_a_store_reports_are_checked_where_they_enter(bad, monkeypatch):
+    """A listing's or a single object's size is a whole number of bytes: a missing, negative or
+    textual one (a proxy, a store in a bad state) was a TypeError deep in a comparison, or a
+    negative size compared as a shard's; now a ValueError naming the object."""
+    import fsspec
+
+    from shards.storage import GenerationFiles
+
+    fs = fsspec.filesystem("memory")
+    fs.pipe("/gen-x/manifest.json", b"{}")
+    files = GenerationFiles("memory://gen-x")
+    assert files.sizes() == {"manifest.json": 2} and files.size("manifest.json") == 2
+    real_find = files.fs.find
+
+    def find(path, detail=False, **kw):
+        found = real_find(path, detail=True, **kw)
+        return {k: {**v, "size": bad} for k, v in found.items()}
+
+    monkeypatch.setattr(files.fs, "find", find)
+    with pytest.raises(ValueError, match="reports a size of"):
+        files.sizes()
+    monkeypatch.setattr(files.fs, "size", lambda path: bad)
+    if bad is None:  # one object's size may be unknown (plain HTTP): read to the limit
+        assert files.size("manifest.json") is None
+        assert files.read_bytes("manifest.json", 4096) == b"{}"
+    else:
+        with pytest.raises(ValueError, match="reports a size of"):
+            files.size("manifest.json")

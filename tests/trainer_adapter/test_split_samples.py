@@ -80,6 +80,16 @@ def test_whole_samples_are_not_cut_where_they_fit():
         plan_microbatches(np.array([30, 2]), 2, 16, pp=1)  # 30 tokens: no row holds it whole
 
 
+def test_only_samples_that_fit_no_row_whole_are_cut():
+    """Where some sample fits no row whole (the plan must cut), the others still go in whole
+    where a row has room, an exact fit included: 50 tokens in rows of 25 is cut; the 25 fills
+    a row whole (streamed after the 50 instead, it would be cut too), the 15 goes in whole."""
+    lengths = [50, 25, 15]
+    plan = plan_microbatches(np.array(lengths), 4, 25, pp=1, split=True)
+    cut = {s for row in plan.spans for s, a, b in row if a > 0 or b < lengths[s]}
+    assert cut == {0} and plan.n_cut == 1
+
+
 def test_cut_rows_follow_the_mean_load_not_the_longest_sample():
     lens = np.array([3000.0, 200, 150, 120, 90, 60, 40, 30])
     ladder = bucket_ladder(4096, 1.08)

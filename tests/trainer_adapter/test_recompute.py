@@ -239,7 +239,7 @@ def test_plans_for_a_heavier_step_than_the_trial_batch():
 
 
 def test_heaviest_ratio_from_the_generation_loads():
-    from trainer_adapter.train.loop import _heaviest_ratio
+    from trainer_adapter.train.run_setup import heaviest_ratio as _heaviest_ratio
 
     batch = {"llm_lens": torch.tensor([100, 300]), "vit_lens": torch.tensor([0, 1000])}
     loads = {"max_group_llm_tokens": 600, "max_group_vit_tokens": 3000}

@@ -42,27 +42,21 @@ Janus's templates write the same marker, their processors expand it differently)
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
-from collections.abc import Sized
 from dataclasses import dataclass
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
 from dataprep.errors import SampleRejected, describe
+from dataprep.jinja_environment import GEN_CLOSE, GEN_OPEN, jinja_environment
 from dataprep.local_files import read_small
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.template_limits import (
     RenderLimits,
     TemplateLimit,
     bounded,
-    bounded_call,
-    bounded_range,
-    check_result,
-    check_value,
     tick,
 )
 
@@ -81,7 +75,6 @@ TEMPLATE_FILE_LIMIT = 64 << 20  # a template or a tokenizer_config.json is read 
 RENDERING_KEYS = ("kind", "sha256", "image_tokens", "content", "special_tokens")
 
 # what `ChatTemplate.render` marks: the start and end of a generation block (private use chars)
-_GEN_OPEN, _GEN_CLOSE = "\ue000", "\ue001"
 _FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
 
@@ -179,131 +172,6 @@ def messages_from_turns(
     return messages
 
 
-def _environment():
-    import jinja2
-    from jinja2 import nodes
-    from jinja2.compiler import CodeGenerator
-    from jinja2.ext import Extension
-    from jinja2.runtime import str_join
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    class Generation(Extension):
-        """``{% generation %}...{% endgeneration %}``: marks the assistant's trained text."""
-
-        tags = frozenset({"generation"})
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.CallBlock(self.call_method("_mark"), [], [], body).set_lineno(lineno)
-
-        def _mark(self, caller):
-            return _GEN_OPEN + caller() + _GEN_CLOSE
-
-    class BoundedCodeGenerator(CodeGenerator):
-        """``a ~ b`` compiled to ``environment.concat``, where its size is checked."""
-
-        def visit_Concat(self, node, frame):
-            self.write("environment.concat((")
-            for arg in node.nodes:
-                self.visit(arg, frame)
-                self.write(", ")
-            self.write("))")
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-
-    class Bounded(ImmutableSandboxedEnvironment):
-        """The sandbox transformers uses, with every call, lookup and operation counted
-        against the render's time and size limits (:mod:`dataprep.template_limits`)."""
-
-        intercepted_binops = frozenset({"*", "**", "+", "%"})
-        code_generator_class = BoundedCodeGenerator
-
-        def call_binop(self, context, operator, left, right):
-            check_result(operator, left, right)
-            return super().call_binop(context, operator, left, right)
-
-        def call(__self, __context, __obj, *args, **kwargs):
-            tick()
-            method = getattr(__obj, "__wrapped__", __obj)  # str.format: the sandbox's wrapper
-            name = getattr(method, "__name__", "call")
-            args = _materialized(name, args)
-            return bounded_call(
-                name,
-                lambda *a, **k: super(Bounded, __self).call(__context, __obj, *a, **k),
-                getattr(method, "__self__", None),
-                args,
-                kwargs,
-            )
-
-        def concat(self, parts):
-            """``a ~ b``: refused when the joined text would pass the size limit."""
-            check_value(parts, "the template's ~")
-            return str_join(parts)
-
-        def getattr(self, obj, attribute):
-            tick()
-            return super().getattr(obj, attribute)
-
-        def getitem(self, obj, argument):
-            tick()
-            return super().getitem(obj, argument)
-
-    def strftime_now(fmt):
-        if not isinstance(fmt, str) or len(fmt) > 256:
-            raise TemplateLimit("strftime_now was given a format longer than 256 characters")
-        return datetime.now().strftime(fmt)
-
-    def finalize(value):
-        check_value(value, "the template's {{ ... }}")
-        return value
-
-    env = Bounded(
-        trim_blocks=True,
-        lstrip_blocks=True,
-        extensions=[Generation, jinja2.ext.loopcontrols],
-        finalize=finalize,
-    )
-    env.filters["tojson"] = tojson
-    env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    env.globals["range"] = bounded_range
-    return env
-
-
-def _materialized(name: str, args: tuple) -> tuple:
-    """A ``join`` over an iterator (a ``range``): its items in a list, so the size check counts
-    them (at most the sandbox's 100000 a range may have)."""
-    if name == "join" and args and not isinstance(args[0], Sized):
-        return (list(args[0]), *args[1:])
-    return args
-
-
-def _bounded_filter(name: str, f):
-    """A filter called through :func:`bounded_call`: the context Jinja passes first to some
-    filters is left out of the checks."""
-    from jinja2.utils import _PassArg
-
-    skip = 1 if _PassArg.from_obj(f) is not None else 0
-
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        lead = args[:skip]
-        value, *rest = _materialized(name, args[skip:])
-        return bounded_call(
-            name, lambda *a, **k: f(*lead, value, *a, **k), value, tuple(rest), kwargs
-        )
-
-    return wrapper
-
-
 def _token_text(value) -> str | None:
     if isinstance(value, dict):
         value = value.get("content")
@@ -398,7 +266,7 @@ class JinjaChatTemplate:
             )
         try:
             with bounded(self.limits):
-                self._template = _environment().from_string(self.source)
+                self._template = jinja_environment().from_string(self.source)
         except (Exception, TemplateLimit) as exc:  # a syntax error in the model's template
             raise ValueError(f"chat template {self.origin}: {describe(exc)}") from None
         self.content = options.get("content") or _detect_content(self._probe)
@@ -472,22 +340,22 @@ class JinjaChatTemplate:
         wrapper tokens around it (:class:`SampleRejected` if, without generation blocks, an
         answer cannot be found in it: see :meth:`render_spans`)."""
         marked = self._render_marked(turns)
-        if _GEN_OPEN not in marked:
+        if GEN_OPEN not in marked:
             self._find_spans(marked, turns)
             return marked
-        return marked.replace(_GEN_OPEN, "").replace(_GEN_CLOSE, "")
+        return marked.replace(GEN_OPEN, "").replace(GEN_CLOSE, "")
 
     def render_spans(self, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Like :meth:`render`, plus the character spans of the trained text: the template's
         ``generation`` blocks, or else each assistant turn's text where it was rendered
         (:class:`SampleRejected` if it was not)."""
         marked = self._render_marked(turns)
-        if _GEN_OPEN in marked:
+        if GEN_OPEN in marked:
             spans, out, pos = [], [], 0
-            for piece in re.split(f"([{_GEN_OPEN}{_GEN_CLOSE}])", marked):
-                if piece == _GEN_OPEN:
+            for piece in re.split(f"([{GEN_OPEN}{GEN_CLOSE}])", marked):
+                if piece == GEN_OPEN:
                     start = pos
-                elif piece == _GEN_CLOSE:
+                elif piece == GEN_CLOSE:
                     spans.append((start, pos))
                 else:
                     out.append(piece)

@@ -46,9 +46,7 @@ class ISFParams:
         for name in ("q_v", "q_t", "qf_v", "qf_t"):  # int64 in the kernels: whole tokens
             check_count(name, getattr(self, name), 1)
         check_count("window (open groups)", self.window, 1, 1 << 16)
-        if self.q_v <= 0 or self.q_t <= 0:
-            raise ValueError(f"caps must be > 0, got q_v={self.q_v}, q_t={self.q_t}")
-        if not (0 < self.qf_v <= self.q_v and 0 < self.qf_t <= self.q_t):
+        if not (self.qf_v <= self.q_v and self.qf_t <= self.q_t):  # all >= 1 (checked above)
             raise ValueError(
                 f"filter targets must satisfy 0 < qf <= q, got qf_v={self.qf_v} (q_v={self.q_v}), "
                 f"qf_t={self.qf_t} (q_t={self.q_t})"

@@ -80,10 +80,16 @@ class PostBalance:
 def batch_loads(
     lengths: np.ndarray, dest: np.ndarray, d: int, *, padded: bool = False
 ) -> np.ndarray:
-    """Per-batch load: sum of lengths, or count x longest when ``padded``."""
+    """Per-batch load: sum of lengths, or count x longest when ``padded`` (its inputs checked:
+    a caller's numbers)."""
     d = rank_count(d, "d (batches)")
     lengths = finite_nonnegative(lengths)
-    dest = ranks_in(dest, d, "dest", lengths.size)
+    return _batch_loads(lengths, ranks_in(dest, d, "dest", lengths.size), d, padded)
+
+
+def _batch_loads(lengths: np.ndarray, dest: np.ndarray, d: int, padded: bool = False) -> np.ndarray:
+    """:func:`batch_loads` of lengths and destinations post_balance has already checked or made
+    (its per-step path: no second pass over them)."""
     if not padded:
         return np.bincount(dest, weights=lengths, minlength=d)
     mx = np.zeros(d)
@@ -110,7 +116,9 @@ def _within_cap(
             f"item {i} ({mem[i]:g}) fits under no rank's memory cap {cap:g}; raise the cap or the "
             "number of ranks"
         )
-    return PostBalance(dest, batch_loads(x, dest, d), f"lpt ({result.method} broke the memory cap)")
+    return PostBalance(
+        dest, _batch_loads(x, dest, d), f"lpt ({result.method} broke the memory cap)"
+    )
 
 
 @first_call.entry_point
@@ -234,18 +242,18 @@ def post_balance(
         runs = np.empty(n, dtype=np.int64)
         _nb_padded_batches(x[asc], d, runs)
         dest[asc] = runs
-        result = PostBalance(dest=dest, loads=batch_loads(x, dest, d, padded=True), method=chosen)
+        result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d, padded=True), method=chosen)
         return _within_cap(result, x, d, cap, mem, order)
     elif chosen == "quadratic":
         tol = quadratic_tolerance if quadratic_tolerance is not None else 0.01 * x.sum() / d
         _nb_lpt_quadratic(x, order, d, tol, dest)
-        result = PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+        result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d), method=chosen)
         return _within_cap(result, x, d, cap, mem, order)
     else:  # padded_attention
         probe = np.empty(n, dtype=np.int64)
         bound = _nb_lpt(x, order, d, probe).max()
         _nb_padded_attention(x, order, d, bound, dest)
-        result = PostBalance(dest=dest, loads=batch_loads(x, dest, d), method=chosen)
+        result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d), method=chosen)
         return _within_cap(result, x, d, cap, mem, order)
     if chosen in ("kk", "kk_equal") and cap > 0 and _over_cap(dest, d, cap, mem):
         return _within_cap(PostBalance(dest, np.zeros(d), chosen), x, d, cap, mem, order)

@@ -47,8 +47,9 @@ COST_SCHEMA = pa.schema(
         ("image_heights", pa.list_(pa.int32())),
         ("location", pa.string()),
         ("fingerprint", pa.string()),
-        # sample_id's cheap change detector (record bytes + image file sizes/mtimes): a later
-        # prep with ``cache=`` reuses the row without reading the images when it matches
+        # sample_id's cheap change detector (record bytes + image file sizes/mtimes), sealed
+        # with the row's counts and settings (``<input key>.<seal>``): a later prep with
+        # ``cache=`` reuses the row without reading the images when both still match
         ("cache_key", pa.string()),
     ]
 )

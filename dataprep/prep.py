@@ -38,7 +38,13 @@ from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
 from dataprep.policies import parse_vision_policy
-from dataprep.prep_cache import cache_keys, check_cache_settings, with_cached
+from dataprep.prep_cache import (
+    cache_keys,
+    check_cache_settings,
+    seal_keys,
+    settings_identity,
+    with_cached,
+)
 from dataprep.prep_config import PrepConfig, PrepResult
 from dataprep.ray_engine import RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
@@ -238,6 +244,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     stats = {"vit_tokens": [], "llm_tokens": [], "num_images": []}
     modalities: Counter = Counter()
     cache = read_cost_table(cfg.cache).select(COST_SCHEMA.names) if cfg.cache else None
+    identity = settings_identity(cfg)
     cache_where = (
         {s: i for i, s in enumerate(cache.column("sample_id").to_pylist())} if cache else {}
     )
@@ -254,6 +261,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                 result.damaged_ranges = len(ranges)
                 result.n_cached += len(chunk.cached)
                 batch = with_cached(chunk, cache, cache_where) if chunk.cached else chunk.batch
+                batch = seal_keys(batch, identity)  # a later --cache reuses only sealed rows
                 ids = batch.column("sample_id").to_pylist()
                 lines = chunk.row_lines()
                 keep = np.ones(len(ids), dtype=bool)

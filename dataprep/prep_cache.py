@@ -10,10 +10,17 @@ counts (the tokenizer's bytes, not its path; the policy's fields; the template's
 Jinja source), and a difference is refused naming both. A cache whose images were checked less
 strictly (``header``) than this prep asks (``decode``) is refused too: its rows skipped the
 decode.
+
+Nor is a row trusted for being in the table: prep seals each row's key with a digest of its
+counts and of the settings that made them (``<input key>.<seal>``, :func:`seal_keys`). A row
+whose counts were edited since (by hand or by a tool, keeping the table's own row rules), or
+that came from a table of other settings pasted under this one's metadata, no longer matches
+its seal and is measured again; so is a row of a table from before seals.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -27,7 +34,15 @@ from dataprep.measure import ChunkResult
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
 
-__all__ = ["cache_keys", "check_cache_settings", "counts_identity", "with_cached"]
+__all__ = [
+    "cache_keys",
+    "check_cache_settings",
+    "counts_identity",
+    "input_key",
+    "seal_keys",
+    "settings_identity",
+    "with_cached",
+]
 
 _STRICTNESS = {"header": 0, "decode": 1}
 
@@ -50,6 +65,63 @@ def counts_identity(meta: dict) -> dict:
     )
 
 
+def _settings(cfg) -> dict:
+    return {
+        "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
+        "vision_policy": parse_vision_policy(cfg.vision_policy).describe(),
+        "template": load_template(cfg.template).describe(),
+    }
+
+
+def settings_identity(cfg) -> bytes:
+    """What decides a prep's counts (:func:`counts_identity` of its settings), as the bytes a
+    row's seal covers."""
+    return json.dumps(counts_identity(_settings(cfg)), sort_keys=True).encode()
+
+
+# a row's counts as its seal covers them: every column prep measured
+_SEALED = (
+    "sample_id",
+    "num_images",
+    "vit_tokens",
+    "vit_seq_lens",
+    "llm_tokens",
+    "text_tokens",
+    "modality",
+    "image_widths",
+    "image_heights",
+    "fingerprint",
+)
+
+
+def _seal(key: str, row: tuple, identity: bytes) -> str:
+    h = hashlib.blake2b(identity, digest_size=8)
+    h.update(json.dumps([key, *row], separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def _rows(table) -> list[tuple]:
+    return list(zip(*(table.column(c).to_pylist() for c in _SEALED), strict=True))
+
+
+def seal_keys(batch: pa.RecordBatch, identity: bytes) -> pa.RecordBatch:
+    """``batch`` with each row's cache key (the input key :func:`~dataprep.measure.cache_key`
+    gives) sealed with its counts and ``identity``: ``<input key>.<seal>``. A row without a key
+    (an image that changed while it was read) keeps none."""
+    keys = batch.column("cache_key").to_pylist()
+    sealed = [
+        f"{input_key(k)}.{_seal(input_key(k), row, identity)}" if k else k
+        for k, row in zip(keys, _rows(batch), strict=True)
+    ]
+    i = batch.schema.get_field_index("cache_key")
+    return batch.set_column(i, "cache_key", pa.array(sealed, pa.string()))
+
+
+def input_key(key: str | None) -> str | None:
+    """The input part of a (sealed) cache key: what the record and its image files give."""
+    return key.partition(".")[0] if key else key
+
+
 def check_cache_settings(cfg) -> None:
     """Refuse a ``cfg.cache`` cost table measured with other settings than ``cfg``'s."""
     if not cfg.cache:
@@ -58,11 +130,7 @@ def check_cache_settings(cfg) -> None:
         old = table_metadata(cfg.cache)
     except ValueError as exc:
         raise ValueError(f"--cache {cfg.cache}: {exc}") from None
-    now = {
-        "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
-        "vision_policy": parse_vision_policy(cfg.vision_policy).describe(),
-        "template": load_template(cfg.template).describe(),
-    }
+    now = _settings(cfg)
     have, want = counts_identity(old), counts_identity(now)
     diff = [k for k in want if have.get(k) != want[k]]
     if diff:
@@ -95,23 +163,21 @@ def _short(v) -> str:
 
 
 def cache_keys(cfg) -> dict[str, str]:
-    """``{sample_id: cache_key}`` of the cache's rows that may be reused (none without one)."""
+    """``{sample_id: input key}`` of the cache's rows that may be reused (none without one):
+    those whose seal matches their counts under ``cfg``'s settings."""
     if not cfg.cache:
         return {}
-    t = read_cost_table(cfg.cache).select(["sample_id", "cache_key", "num_images"])
+    t = read_cost_table(cfg.cache)
     # a table from before images were counted as displayed (EXIF orientation applied): its
     # rows with images are measured again, a photo stored sideways may count otherwise now
     stored_sizes = table_metadata(cfg.cache).get("image_sizes") != IMAGE_SIZES
-    return {
-        sid: key
-        for sid, key, n in zip(
-            t.column("sample_id").to_pylist(),
-            t.column("cache_key").to_pylist(),
-            t.column("num_images").to_pylist(),
-            strict=True,
-        )
-        if key and not (stored_sizes and n)
-    }
+    identity = settings_identity(cfg)
+    out = {}
+    for key, row in zip(t.column("cache_key").to_pylist(), _rows(t), strict=True):
+        got, _, seal = (key or "").partition(".")
+        if got and seal == _seal(got, row, identity) and not (stored_sizes and row[1]):
+            out[row[0]] = got
+    return out
 
 
 def with_cached(chunk: ChunkResult, cache: pa.Table, where: dict[str, int]) -> pa.RecordBatch:

@@ -275,6 +275,7 @@ class GroupDataset(IterableDataset):
                     shard.file,
                     expected=shard.sha256,
                     ranges=[(g.offset, g.length) for g in shard.groups],
+                    size=shard.bytes,
                 )
             except OSError as exc:  # missing, unreadable, or replaced while being read
                 raise ShardError(

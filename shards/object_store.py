@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shards.errors import WriteError
@@ -161,7 +162,7 @@ def publish_generation(
     for n, size in local.items():
         if have.get(n) != size:
             todo.append(n)
-        elif gen.sha256(n) != (digests.get(n) or sha256_of(local_gen / n)):
+        elif _remote_sha256(gen, n, size) != (digests.get(n) or sha256_of(local_gen / n)):
             todo.append(n)  # a leftover of the right size but other bytes: upload again
     for n in todo:  # a local file damaged since it was written is never published
         want = digests.get(n) or (m.carried or {}).get(n, (None, None))[1]
@@ -214,6 +215,15 @@ def _wanted(m) -> dict[str, str | None]:
     return out
 
 
+def _remote_sha256(gen: GenerationFiles, name: str, size: int) -> str | None:
+    """The sha256 of a file already in the store that was listed with ``size`` bytes, read to
+    one byte past it (None: it holds more now, or went away)."""
+    try:
+        return gen.sha256(name, size=size)
+    except OSError:
+        return None
+
+
 def _check_copy(dest: Path, manifest: bytes) -> bool:
     """Whether a local copy is the generation the store holds: the same manifest bytes, every
     shard and carried file with the manifest's sha256."""
@@ -259,14 +269,22 @@ def fetch_generation(
         targets = [_inside(tmp, n) for n in names]
         for t in targets:
             t.parent.mkdir(parents=True, exist_ok=True)
-        if names:
-            src.fs.get([src.full_path(n) for n in names], [str(t) for t in targets])
+        # each copy read to at most its listed size (load_manifest matched the shards' to the
+        # manifest): fsspec's get wrote whatever a store sent, a stream without end included
+        sizes = [listing[n] for n in names]
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                copied = dict(zip(names, pool.map(src.copy_to, names, targets, sizes), strict=True))
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise WriteError(f"{exc}; the generation in the store is damaged") from None
         (tmp / MANIFEST).write_bytes(manifest)
         load_manifest(tmp)
         for name, digest in _wanted(m).items():
             if digest is None:
                 continue
-            got = sha256_of(tmp / name) if (tmp / name).is_file() else "missing"
+            got = copied.get(name, "missing")
             if got != digest:
                 raise WriteError(
                     f"{src.where(name)}: sha256 {got} != the manifest's {digest}; the "

@@ -15,7 +15,7 @@ import hashlib
 import os
 from collections.abc import Iterable
 
-__all__ = ["RangeDigests", "hash_file", "range_sha256"]
+__all__ = ["RangeDigests", "hash_file", "hash_stream", "range_sha256"]
 
 BLOCK = 8 << 20
 
@@ -56,14 +56,31 @@ class RangeDigests:
 
 
 def hash_file(
-    path: str | os.PathLike, ranges: Iterable[tuple[int, int]] = ()
+    path: str | os.PathLike, ranges: Iterable[tuple[int, int]] = (), size: int | None = None
 ) -> tuple[str, dict[tuple[int, int], bytes]]:
-    """(sha256 of the file, sha256 of each range of it), in one read of the file."""
+    """(sha256 of the file, sha256 of each range of it), in one read of the file. With
+    ``size`` (what the manifest records), at most one byte more is read: a longer file is an
+    ``OSError``."""
     h = RangeDigests(ranges)
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(BLOCK), b""):
-            h.update(block)
+        hash_stream(f, h, str(path), size)
     return h.hexdigest(), h.ranges()
+
+
+def hash_stream(f, h: RangeDigests, where: str, size: int | None = None, out=None) -> None:
+    """Feed the binary stream ``f`` to ``h`` (and write it to ``out``) to its end, or, with
+    ``size``, to one byte past it: a file that holds more than its manifest records (replaced
+    since, or a store that streams without end) is an ``OSError`` naming it, never read whole."""
+    got = 0
+    while size is None or got <= size:
+        block = f.read(BLOCK if size is None else min(BLOCK, size + 1 - got))
+        if not block:
+            return
+        h.update(block)
+        if out is not None:
+            out.write(block)
+        got += len(block)
+    raise OSError(f"{where}: more than the {size} bytes recorded for it")
 
 
 def range_sha256(data: bytes) -> bytes:

@@ -33,9 +33,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dataprep.local_files import read_small, regular_file
-from shards.range_digests import RangeDigests, hash_file, range_sha256
+from shards.range_digests import RangeDigests, hash_file, hash_stream, range_sha256
 from shards.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
+    read_http_range,
     store_limits,
 )
 
@@ -170,7 +171,7 @@ class GenerationFiles:
         # the size a store reports may be missing (an HTTP server without Content-Length) or
         # stale (the object replaced since): read at most one byte past the limit, never all
         parts, got = [], 0
-        with self.fs.open(self.full_path(name), "rb", block_size=min(limit + 1, 8 << 20)) as f:
+        with self._open_stream(name) as f:
             while got <= limit:  # a stream's read may return less than asked before its end
                 part = f.read(min(limit + 1 - got, 8 << 20))
                 if not part:
@@ -181,6 +182,25 @@ class GenerationFiles:
         if len(data) > limit:
             raise ValueError(f"{self.where(name)}: more than the {limit} bytes it may hold")
         return data
+
+    def copy_to(self, name: str, target: str | os.PathLike, size: int) -> str:
+        """Copy ``name`` to the local file ``target``, reading at most one byte more than
+        ``size`` (a larger file is an ``OSError``: a listing's size gone stale, or a store that
+        streams without end, never fills the disk); returns the copy's sha256."""
+        h = RangeDigests()
+        with self._open_stream(name) as f, open(target, "wb") as out:
+            hash_stream(f, h, self.where(name), size, out)
+        return h.hexdigest()
+
+    def _open_stream(self, name: str):
+        """A remote file opened to be read once from its start. Over HTTP one streamed GET:
+        fsspec's block reads are ranged GETs each read whole into memory, so a server answering
+        one with a body that never ends held the run until memory ran out."""
+        block = 0 if self._http() else 8 << 20
+        return self.fs.open(self.full_path(name), "rb", block_size=block)
+
+    def _http(self) -> bool:
+        return self.remote and bool({"http", "https"} & set(_protocols(self.fs)))
 
     def size(self, name: str) -> int | None:
         """The size of one file (None when it does not exist)."""
@@ -193,7 +213,7 @@ class GenerationFiles:
 
     def listable(self) -> bool:
         """Whether one listing gives every file's size (object stores, not plain HTTP)."""
-        return not self.remote or not {"http", "https"} & set(_protocols(self.fs))
+        return not self._http()
 
     def sizes(self) -> dict[str, int]:
         """Size of every file under this location, by name relative to it (one listing)."""
@@ -251,11 +271,14 @@ class GenerationFiles:
             hit = _read_part(part, length)
             if hit is not None:
                 return hit
-        data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)
+        if self._http():
+            data = read_http_range(self.fs, self.full_path(name), offset, length)
+        else:
+            data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)
         if len(data) > length:  # a server that ignores Range sends the whole object
             raise OSError(
                 f"{self.where(name)}: asked for bytes {offset}+{length}, the server sent "
-                f"{len(data)}: it ignores byte ranges (HTTP Range); serve the generation from "
+                "more: it ignores byte ranges (HTTP Range); serve the generation from "
                 "a server or store that supports them (every object store does)"
             )
         if cache is not None and len(data) == length:
@@ -263,36 +286,47 @@ class GenerationFiles:
                 _atomic_write(cache[1], data + hashlib.sha256(data).digest())
         return data
 
-    def sha256(self, name: str, expected: str = "", ranges: Iterable[tuple[int, int]] = ()) -> str:
+    def sha256(
+        self,
+        name: str,
+        expected: str = "",
+        ranges: Iterable[tuple[int, int]] = (),
+        size: int | None = None,
+    ) -> str:
         """The sha256 of ``name``, streamed. Remote with a cache directory: the shard is kept
         there when it matches ``expected`` (its groups are then read from that copy). When it
         matches, the digests of ``ranges`` (its groups' byte ranges) taken in the same pass
-        are kept, and :meth:`read_range` checks those ranges against them from then on."""
+        are kept, and :meth:`read_range` checks those ranges against them from then on.
+        ``size`` (the manifest's): a file with more bytes is an ``OSError`` after one more is
+        read (a store that streams without end would otherwise be hashed forever)."""
         if not self.remote:
-            digest, parts = hash_file(self.full_path(name), ranges)
+            digest, parts = hash_file(self.full_path(name), ranges, size)
             return self._matched(digest, expected, parts)
         h = RangeDigests(ranges)
         keep = self.cache_dir is not None and expected
         whole = self.cache_dir / f"{_check_digest(expected)}.tar" if keep else None
         if whole is not None and _regular(whole):
             # a cache hit is checked like a fresh fetch: hashed again, dropped when it differs
-            with contextlib.suppress(FileNotFoundError):
-                digest, parts = hash_file(whole, ranges)
-                if digest == expected:
-                    self._whole_ok.add(expected)
-                    return self._matched(digest, expected, parts)
-                whole.unlink()
+            try:
+                digest, parts = hash_file(whole, ranges, size)
+            except FileNotFoundError:
+                digest = None
+            except OSError:  # longer than the manifest says
+                digest = ""
+            if digest == expected:
+                self._whole_ok.add(expected)
+                return self._matched(digest, expected, parts)
+            if digest is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    whole.unlink()
         tmp = whole.with_name(f".{whole.name}.tmp-{os.getpid()}") if whole is not None else None
         if tmp is not None:
             tmp.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with self.fs.open(self.full_path(name), "rb", block_size=8 << 20) as f:
+            with self._open_stream(name) as f:
                 out = open(tmp, "wb") if tmp is not None else None  # noqa: SIM115
                 try:
-                    for block in iter(lambda: f.read(8 << 20), b""):
-                        h.update(block)
-                        if out is not None:
-                            out.write(block)
+                    hash_stream(f, h, self.where(name), size, out)
                 finally:
                     if out is not None:
                         out.close()

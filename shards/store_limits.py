@@ -14,6 +14,7 @@ __all__ = [
     "RETRIES_ENV",
     "TIMEOUT_ENV",
     "bounded_options",
+    "read_http_range",
     "store_limits",
 ]
 
@@ -67,3 +68,34 @@ def bounded_options(url: str, options: dict) -> tuple[dict, int | None]:
     cfg.setdefault("retries", {"max_attempts": 1, "mode": "standard"})
     opts["config_kwargs"] = cfg
     return opts, retries
+
+
+def read_http_range(fs, url: str, offset: int, length: int) -> bytes:
+    """Bytes ``offset`` to ``offset + length`` of ``url`` through fsspec's HTTP filesystem
+    ``fs`` (its session, options and timeouts), read to at most one byte past ``length``:
+    fsspec's ``cat_file`` reads a whole response into memory, so a server that ignores the
+    Range header, or answers it with a body that never ends, was read until memory ran out.
+    A caller sees ``length + 1`` bytes as "more than asked for"."""
+    from fsspec.asyn import sync
+
+    async def get() -> bytes:
+        session = await fs.set_session()
+        kw = dict(fs.kwargs)
+        headers = dict(kw.pop("headers", None) or {})
+        headers["Range"] = f"bytes={offset}-{offset + length - 1}"
+        async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
+            if r.status == 404:
+                raise FileNotFoundError(url)
+            if r.status == 416:  # a range past the end: nothing there
+                return b""
+            r.raise_for_status()
+            parts, got = [], 0
+            while got <= length:  # a stream's read may return less than asked before its end
+                part = await r.content.read(min(length + 1 - got, 8 << 20))
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            return b"".join(parts)
+
+    return sync(fs.loop, get)

@@ -24,6 +24,7 @@ from pathlib import Path
 from dataprep.errors import DataprepError, SampleRejected
 from dataprep.image_header import probe_image_bytes
 from dataprep.measure import cache_key, fingerprint
+from dataprep.prep_cache import input_key
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, read_image
 from shards.errors import WriteError
@@ -62,7 +63,8 @@ def read_sample(
         same = (
             not stored_sizes
             and bool(s.get("cache_key"))
-            and cache_key(sample.raw, sample.images, [st for _, st in read]) == s["cache_key"]
+            and cache_key(sample.raw, sample.images, [st for _, st in read])
+            == input_key(s["cache_key"])
         )
         headers = (
             None

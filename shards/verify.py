@@ -48,9 +48,12 @@ def verify_generation(
         try:
             # the deep reads below are compared with the ranges of the bytes hashed here
             ranges = [(g.offset, g.length) for g in sh.groups] if deep else ()
-            digest = files.sha256(sh.file, expected=sh.sha256, ranges=ranges)
+            digest = files.sha256(sh.file, expected=sh.sha256, ranges=ranges, size=sh.bytes)
         except FileNotFoundError:
             res.problems.append(f"{fp}: missing")
+            continue
+        except OSError as exc:  # unreadable, or more bytes than the manifest records
+            res.problems.append(f"{fp}: cannot read for its checksum ({exc})")
             continue
         if digest != sh.sha256:
             res.problems.append(f"{fp}: sha256 {digest} != manifest {sh.sha256}")
@@ -80,8 +83,14 @@ def _verify_carried(m, res: VerifyResult) -> None:
             res.problems.append(f"{fp}: missing (the manifest lists it, {size} bytes)")
         elif got_size != size:
             res.problems.append(f"{fp}: {got_size} bytes != manifest {size}")
-        elif (got := files.sha256(name)) != digest:
-            res.problems.append(f"{fp}: sha256 {got} != manifest {digest}")
+        else:
+            try:
+                got = files.sha256(name, size=size)
+            except OSError as exc:  # replaced since it was sized, or unreadable
+                res.problems.append(f"{fp}: cannot read for its checksum ({exc})")
+                continue
+            if got != digest:
+                res.problems.append(f"{fp}: sha256 {got} != manifest {digest}")
 
 
 def inspect_generation(path: str | os.PathLike, *, storage_options: dict | None = None) -> dict:

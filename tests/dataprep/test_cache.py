@@ -220,3 +220,86 @@ def test_an_aborted_refresh_in_place_keeps_the_cache(tmp_path):
     with pytest.raises(ErrorRateExceeded, match="this run's --cache\\) is kept"):
         run_prep(cfg)
     assert cost.read_bytes() == before
+
+
+def _rewrite(src, dst, edit) -> None:
+    """``src`` with its rows edited by ``edit(rows)``, under ``src``'s own metadata."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(src)
+    rows = table.to_pylist()
+    edit(rows)
+    from dataprep.cost_table import METADATA_KEY, table_metadata
+
+    meta = {METADATA_KEY: json.dumps(table_metadata(src))}
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=table.schema).replace_schema_metadata(meta), dst
+    )
+
+
+def _edit_text(rows) -> None:
+    # a text row's count raised, keeping the table's row rules (llm = text + image tokens)
+    r = next(r for r in rows if r["num_images"] == 0)
+    r["text_tokens"] += 5
+    r["llm_tokens"] += 5
+
+
+def _edit_image_row(rows, what: str) -> None:
+    # an image row's text share lowered (its LLM total kept), or its vision tokens raised, or
+    # its first image's width changed: each keeps the table's row rules
+    r = next(r for r in rows if r["num_images"] > 0)
+    if what == "text":
+        r["text_tokens"] -= 1
+    elif what == "vision":
+        r["vit_seq_lens"][0] += 4
+        r["vit_tokens"] += 4
+    else:
+        r["image_widths"][0] += 1
+
+
+def _paste(other):
+    def edit(rows) -> None:
+        rows[:] = other  # another setting's rows under this table's metadata
+
+    return edit
+
+
+def _strip_seals(rows) -> None:
+    for r in rows:  # a table from before rows were sealed: input keys only
+        r["cache_key"] = r["cache_key"].partition(".")[0]
+
+
+EDITS = ["text row", "image row: text", "image row: vision", "image row: width"]
+
+
+@pytest.mark.parametrize("case", [*EDITS, "pasted rows", "unsealed keys"])
+def test_a_cache_row_is_reused_only_with_its_seal(tmp_path, case):
+    """A cache row is reused by sample id and input key (record bytes, image file stats), which
+    say nothing of its counts: a row whose counts were edited since (keeping the row rules),
+    rows of another template pasted under this table's metadata, were handed on as measured
+    (bug: the output table held the edited or foreign counts under this prep's settings). Rows
+    are sealed with their counts and settings, and one that does not match is measured again.
+    Reference: the same prep without a cache."""
+    demo = tmp_path / "demo"
+    make_demo(demo, samples=30, seed=2, images=8)
+    first, fresh = tmp_path / "a.parquet", tmp_path / "fresh.parquet"
+    _prep_with(demo, first)
+    _prep_with(demo, fresh)
+    vicuna = tmp_path / "v.parquet"
+    _prep_with(demo, vicuna, template="vicuna")
+    edit, remeasured = {
+        "text row": (_edit_text, 1),
+        "image row: text": (lambda rows: _edit_image_row(rows, "text"), 1),
+        "image row: vision": (lambda rows: _edit_image_row(rows, "vision"), 1),
+        "image row: width": (lambda rows: _edit_image_row(rows, "width"), 1),
+        "pasted rows": (_paste(read_cost_table(vicuna).to_pylist()), 30),
+        "unsealed keys": (_strip_seals, 30),
+    }[case]
+    cache = tmp_path / "cache.parquet"
+    _rewrite(first, cache, edit)
+    assert not read_cost_table(cache).equals(read_cost_table(fresh))
+    out = tmp_path / "b.parquet"
+    r = _prep_with(demo, out, cache=str(cache))
+    assert r.n_cached == 30 - remeasured
+    assert read_cost_table(out).equals(read_cost_table(fresh))

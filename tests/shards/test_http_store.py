@@ -7,6 +7,7 @@ import functools
 import os
 import re
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
@@ -72,23 +73,26 @@ def _serve(directory, handler):
 
 
 def test_loader_over_http_with_ranges(generation):
-    """Over HTTP the loader gives the same steps as from disk, every shard GET carries a Range
-    (no listing over HTTP: sizes come from a HEAD each), and verify=True streams each shard
-    through its sha256."""
+    """Over HTTP the loader gives the same steps as from disk (no listing over HTTP: sizes come
+    from a HEAD each); verify=True streams each shard once through its sha256 (one GET without
+    a Range), and every group is then one ranged GET, never a whole shard."""
     server, url = _serve(generation, _RangeHandler)
     try:
-        _RangeHandler.requests.clear()
         m = open_generation(url)
         assert m.generation == (generation / "CURRENT").read_text().strip()
         for rank in range(2):
             info = RankInfo(rank=rank, world_size=2)
             want = [(b["step"], [(s.key, s.images) for s in b["samples"]])
                     for b in GroupDataset(generation, info, seed=1)]  # fmt: skip
+            _RangeHandler.requests.clear()
             got = [(b["step"], [(s.key, s.images) for s in b["samples"]])
                    for b in GroupDataset(url, info, seed=1, verify=True)]  # fmt: skip
             assert got == want
-        gets = [(p, r) for c, p, r in _RangeHandler.requests if c == "GET" and p.endswith(".tar")]
-        assert gets and all(r is not None for _, r in gets)
+            gets = [(p, r) for c, p, r in _RangeHandler.requests
+                    if c == "GET" and p.endswith(".tar")]  # fmt: skip
+            whole = [p for p, r in gets if r is None]
+            assert whole and len(whole) == len(set(whole))  # each shard hashed once
+            assert len(gets) - len(whole) == sum(len(samples) > 0 for _, samples in got)
     finally:
         server.shutdown()
 
@@ -140,5 +144,75 @@ def test_a_small_file_of_unknown_size_is_read_only_to_its_limit():
             files.read_bytes("CURRENT", 4096)
         with pytest.raises(ValueError, match="more than the 1048576 bytes"):
             files.read_bytes("manifest.json", 1 << 20)
+    finally:
+        server.shutdown()
+
+
+class _OverflowHandler(_RangeHandler):
+    """A server that answers every GET of a shard as asked (with a Range, a 206 of those
+    bytes; without, the whole file) and then keeps sending (a hostile or broken one): up to
+    256 MiB past the file, counting what it got to send, so a test ends either way and sees
+    how much a client read."""
+
+    sent: ClassVar[list[int]] = []
+
+    def do_GET(self):
+        path = self.translate_path(self.path)
+        if not self.path.endswith(".tar") or not os.path.isfile(path):
+            return super().do_GET()
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+        data = open(path, "rb").read()  # noqa: SIM115 - a small test shard
+        if m:
+            data = data[int(m.group(1)) : int(m.group(2)) + 1]
+        self.send_response(206 if m else 200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.end_headers()  # no Content-Length: the body ends when the server stops
+        sent = 0
+        try:
+            self.wfile.write(data)
+            sent = len(data)
+            chunk = b"\0" * (1 << 20)
+            for _ in range(256):
+                self.wfile.write(chunk)
+                sent += len(chunk)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        finally:
+            self.sent.append(sent)
+
+
+@pytest.mark.parametrize("verify", [False, True], ids=["group-read", "checksum"])
+def test_a_shard_streamed_without_end_is_read_only_past_its_size(generation, verify):
+    """A server that answers a group's Range (or the checksum's whole-shard GET) and then keeps
+    sending was read until it stopped, all of it into memory (fsspec's ``cat_file`` and its
+    block reads read a response whole): a run held, or died of memory. Now a group's read
+    stops one byte past its length and the checksum one byte past the manifest's shard size:
+    the load fails naming the shard, after at most a few MiB were sent (socket buffers)."""
+    server, url = _serve(generation, _OverflowHandler)
+    try:
+        _OverflowHandler.sent.clear()
+        ds = GroupDataset(url, RankInfo(rank=0, world_size=1), shuffle=False, verify=verify)
+        match = "more than the .* bytes recorded" if verify else "ignores byte ranges"
+        with pytest.raises(ShardError, match=f"shard-.*tar.*{match}"):
+            next(iter(ds))
+        deadline = time.monotonic() + 30  # the handler ends at its first failed write
+        while not _OverflowHandler.sent and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _OverflowHandler.sent and max(_OverflowHandler.sent) < 64 << 20
+    finally:
+        server.shutdown()
+
+
+def test_verify_reports_a_shard_streamed_past_its_size(generation):
+    """``equishard verify`` over such a server reports each shard as a problem naming it (the
+    checksum stops one byte past the manifest's size) instead of reading without end."""
+    from shards.verify import verify_generation
+
+    server, url = _serve(generation, _OverflowHandler)
+    try:
+        res = verify_generation(url)
+        shards = sum(len(st.shards) for st in open_generation(generation).streams)
+        assert not res.ok and res.shards == shards
+        assert sum("bytes recorded for it" in p for p in res.problems) == shards, res.problems
     finally:
         server.shutdown()

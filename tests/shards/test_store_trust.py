@@ -19,6 +19,7 @@ import pytest
 
 import shards.object_store as store
 from shards.dataset import GroupDataset, RankInfo
+from shards.errors import WriteError
 from shards.manifest import ManifestError, load_manifest, open_generation
 from shards.object_store import fetch_generation, publish_generation, read_remote_current
 from shards.rebalance import run_rebalance
@@ -224,6 +225,35 @@ def test_damaged_staging_copy_is_dropped_and_fetched_again(s3, generation, bucke
     dest = fetch_generation(bucket, gen, staging, storage_options=s3["opts"])
     assert (dest / shard.file).read_bytes() == good
     assert verify_generation(dest).ok
+
+
+def test_fetch_copies_each_object_only_to_its_listed_size(
+    s3, generation, bucket, tmp_path, monkeypatch
+):
+    """An object replaced by a larger one after the store listed it (another job writing the
+    prefix, a listing gone stale) was downloaded whole by fsspec's ``get`` before its checksum
+    failed: a store that streams without end filled the disk. Each copy now stops one byte
+    past its listed size and the fetch fails naming the object, its size and the damage."""
+    gen = _publish(s3, generation, bucket)
+    shard = load_manifest(generation / gen).streams[0].shards[0]
+    key = f"{bucket[5:]}/{gen}/{shard.file}"
+    fs = s3fs_of(s3)
+    sizes, first = GenerationFiles.sizes, []
+
+    def stale_listing(self):  # the object grows right after the first listing
+        if not first:
+            first.append(sizes(self))
+            fs.pipe_file(key, b"\0" * (shard.bytes + (4 << 20)))
+            self.fs.invalidate_cache()  # what is fetched is the object as it is now
+        return first[0]
+
+    monkeypatch.setattr(GenerationFiles, "sizes", stale_listing)
+    staging = tmp_path / "staging"
+    with pytest.raises(WriteError, match=f"{shard.file}: more than the {shard.bytes} bytes"):
+        fetch_generation(bucket, gen, staging, storage_options=s3["opts"])
+    assert not (staging / gen).exists()
+    copies = [p for p in staging.rglob("*.tar") if p.name == Path(shard.file).name]
+    assert copies and all(p.stat().st_size <= shard.bytes + 1 for p in copies)
 
 
 # ------------------------------------------------------------------ 3: concurrent nights

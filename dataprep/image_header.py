@@ -9,8 +9,10 @@ completeness exist (``check``):
   taken for the end), a PNG ending with its ``IEND`` chunk passes; any other file has its whole
   structure walked: JPEG segments and entropy-coded scans up to EOI, PNG chunks up to ``IEND``,
   GIF blocks up to its trailer. WebP's RIFF size and BMP's file size must fit the bytes. A file
-  that a full decode would reject as truncated is always rejected; a file that lost only its end
-  marker (which Pillow may still decode) is rejected too.
+  cut short that a full decode would reject is always rejected; a file that lost only its end
+  marker (which Pillow may still decode) is rejected too. A JPEG cut inside its image data and
+  then given an end marker again (as some repair tools do) passes: only ``"decode"`` sees that
+  a progressive one misses scans.
 * ``"decode"``: a full Pillow decode (``--check-images decode``), for the exact answer at the
   cost of decoding every pixel.
 

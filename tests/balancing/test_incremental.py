@@ -94,6 +94,12 @@ def test_nothing_changed_keeps_every_full_regular_step():
     rebuild = set(pst[np.isin(flags, ["leftover", "last-step"])].tolist())
     assert res.report["incremental"]["kept_steps"] == len(set(pst.tolist()) - rebuild)
     assert res.report["incremental"]["rebuilt_parent_steps"] == len(rebuild)
+    # why each was rebuilt, by a loop over the parent's rows: a step holding a row of the short
+    # last step is that; any other rebuilt step holds an ISF leftover group
+    last = {s for s, f in zip(pst.tolist(), flags.tolist(), strict=True) if f == "last-step"}
+    want = {"short last step": len(last), "ISF leftover group": len(rebuild - last)}
+    assert last and rebuild - last  # both kinds occur in this parent
+    assert res.report["incremental"]["rebuilt_because"] == want
 
 
 def test_a_different_layout_rebuilds_everything():
@@ -181,3 +187,34 @@ def test_steps_stay_numbered_in_order_when_early_steps_vanish():
     ]
     assert short in ([], [int(st.max())])
     assert res.report["incremental"]["kept_steps"] > 0
+
+
+def _short_only_last(plan: pa.Table, dp: int) -> list[int]:
+    """The steps with ranks left without a group (the reference: at most the last one)."""
+    ranks = plan.group_by("step").aggregate([("rank", "count_distinct")]).to_pydict()
+    return sorted(
+        s for s, n in zip(ranks["step"], ranks["rank_count_distinct"], strict=True) if n < dp
+    )
+
+
+def test_a_fresh_short_step_stays_last_when_kept_steps_reach_the_end():
+    """One early step's samples are deleted: the night keeps the later full steps, and when the
+    last kept one already holds the night's final step number, the fresh short step cannot take
+    its place there (bug: kept steps kept their numbers and the short step filled a hole in the
+    middle, a step with idle ranks inside the epoch). Over 40 parents, whatever the numbering:
+    steps 0..N-1 each present, only the last may be short, every sample once."""
+    hit = 0
+    for seed in range(40):
+        old = _table(300, seed)
+        parent = build_plan(old, CFG).plan
+        steps, ids = parent.column("step").to_pylist(), parent.column("sample_id").to_pylist()
+        gone = {i for i, s in zip(ids, steps, strict=True) if s == 1}
+        keep = pc.invert(pc.is_in(old.column("sample_id"), pa.array(sorted(gone), pa.string())))
+        res = incremental_plan(parent, old.filter(keep), gone, CFG)
+        st = res.plan.column("step").to_numpy()
+        assert set(st.tolist()) == set(range(int(st.max()) + 1)), seed
+        assert _short_only_last(res.plan, CFG.dp) in ([], [int(st.max())]), seed
+        assert sorted(res.plan.column("sample_id").to_pylist()) == sorted(set(ids) - gone)
+        ps = res.plan.column("parent_step").to_numpy()
+        hit += bool(_short_only_last(res.plan, CFG.dp)) and int(ps[st == st.max() - 1][0]) >= 0
+    assert hit  # some night had a kept step right before its fresh short last step

@@ -229,3 +229,22 @@ def test_an_upper_case_suffix_picks_the_same_reader(tmp_path, tokenizer_path):
     path.write_text(json.dumps(llava("a")) + "\n" + json.dumps(llava("b")) + "\n")
     _res, rows, errors = run(tmp_path, [path], tokenizer_path)
     assert [r["sample_id"] for r in rows] == ["a", "b"] and errors == []
+
+
+def test_a_directory_that_is_not_a_saved_hf_dataset_is_refused_naming_it(tmp_path):
+    """A directory is an input only as a saved HF dataset (one of datasets' own marker files:
+    ``dataset_info.json``, ``state.json``, ``dataset_dict.json``); a folder of JSONL or Parquet
+    files is refused at once, saying to pass its files (bug: any folder went to the HF reader,
+    whose error named neither the folder nor the fix). Reference: what ``datasets`` itself
+    writes, ``save_to_disk`` of a tiny dataset, is taken."""
+    from dataprep.errors import DataprepError
+    from dataprep.readers import detect_reader
+
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    write_jsonl(folder / "a.jsonl", [llava("a", None)])
+    with pytest.raises(DataprepError, match="parts: a directory that is not a saved HF dataset"):
+        detect_reader(folder)
+    saved = tmp_path / "saved"
+    datasets.Dataset.from_dict({"id": ["a"]}).save_to_disk(str(saved))
+    assert detect_reader(saved) == "hf"

@@ -20,6 +20,7 @@ import pytest
 
 from dataprep import PrepConfig, read_cost_table, run_prep
 from shards.errors import WriteError
+from shards.plan_input import MAX_RANKS
 from shards.writer import WriteConfig, write_generation
 
 
@@ -90,6 +91,25 @@ def _onto_row0(t: pa.Table) -> pa.Table:
     return _set(_set(t, "step", i, t["step"][0].as_py()), "rank", i, t["rank"][0].as_py())
 
 
+def _report_of(plan_dir: Path) -> dict:
+    return json.loads((plan_dir / "report.json").read_text())
+
+
+def _world(plan_dir: Path) -> int:
+    params = _report_of(plan_dir)["parameters"]
+    return params["nodes"] * params["gpus_per_node"]
+
+
+def _parent_steps(t: pa.Table, values, kind=None) -> pa.Table:
+    return t.append_column("parent_step", pa.array(values, kind or pa.int64()))
+
+
+def _group0_kept_at_step0(t: pa.Table) -> pa.Table:
+    """Row 0's group kept from its parent's step 0, every other group new (-1)."""
+    g = t.column("group_id").to_pylist()
+    return _parent_steps(t, [0 if x == g[0] else -1 for x in g])
+
+
 PLANS = {
     "report: fewer ranks than the plan uses": (
         lambda p, d: _edit_report(p, d, lambda r: r["parameters"].update(nodes=1, gpus_per_node=1)),
@@ -148,6 +168,30 @@ PLANS = {
     "plan: two groups on one rank's step": (
         lambda p, d: _edit_plan(p, d, _onto_row0),
         "has more than one group at step",
+    ),
+    "plan: a rank one past the report's": (
+        lambda p, d: _edit_plan(p, d, lambda t: _set(t, "rank", 0, _world(p))),
+        "outside 0..",
+    ),
+    "plan: a step one past the report's": (
+        lambda p, d: _edit_plan(
+            p, d, lambda t: _set(t, "step", 0, _report_of(p)["counts"]["steps"])
+        ),
+        "outside 0..",
+    ),
+    "plan: parent steps as floats": (
+        lambda p, d: _edit_plan(
+            p, d, lambda t: _parent_steps(t, [-1.0] * t.num_rows, pa.float64())
+        ),
+        "parent_step",
+    ),
+    "plan: a null parent step": (
+        lambda p, d: _edit_plan(p, d, lambda t: _parent_steps(t, [None] + [-1] * (t.num_rows - 1))),
+        "parent_step",
+    ),
+    "plan: a group kept from parent step 0, no parent given": (
+        lambda p, d: _edit_plan(p, d, _group0_kept_at_step0),
+        "reuses groups of a parent generation; give reuse_from",
     ),
     "plan: a parent step below -1": (
         lambda p, d: _edit_plan(
@@ -233,3 +277,19 @@ def test_a_plan_keeping_a_group_its_parent_lacks_is_refused(gen_inputs, generati
     )
     with pytest.raises(WriteError, match="which has no such group"):
         write_generation(cfg)
+
+
+def test_a_report_with_more_ranks_in_all_than_any_run_is_refused(gen_inputs, tmp_path):
+    """nodes and gpus_per_node each within bounds, their product not: refused by the plan
+    check itself (bug: a write went on to lay out two million rank streams). The check is
+    called directly so that a regression fails at once instead of writing them."""
+    from shards.plan_input import read_plan
+
+    _, cost, plan_dir = gen_inputs
+    bad = _edit_report(
+        plan_dir,
+        tmp_path / "plan",
+        lambda r: r["parameters"].update(nodes=MAX_RANKS, gpus_per_node=2),
+    )
+    with pytest.raises(WriteError, match=f"at most {MAX_RANKS} ranks in all"):
+        read_plan(bad, read_cost_table(cost), str(cost))

@@ -97,3 +97,35 @@ def test_settings_that_differ_refused_on_every_rank():
         assert "rank 0 of 3: called with {'fine': True}" in msg
         assert "rank 2 of 3: called with {'fine': False}" in msg
         assert "rank 1" not in msg  # it brought no items: its settings do not count
+
+
+def test_call_settings_are_the_plain_keyword_inputs_only():
+    """What a rank running another rank's items must call them with: the module call's plain
+    keyword values (a flag, a layer index or list of them, a strategy name), never per-item
+    tensors, output selection or the packing kwargs of this rank's own row (bug: a rank ran
+    received items with none of the caller's settings, or with its own row's cu_seq_lens).
+    Reference: the rule applied by hand to one call of every kind of keyword."""
+    import torch
+
+    from trainer_adapter.hf.packing import call_settings
+
+    kwargs = {
+        "pixel_values": torch.zeros(4, 3),
+        "image_grid_thw": torch.tensor([[1, 2, 2]]),
+        "fine": True,
+        "vision_feature_layer": [-2, -1],
+        "vision_feature_select_strategy": "default",
+        "temperature": 0.5,
+        "return_dict": True,
+        "output_hidden_states": False,
+        "cu_seq_lens_q": torch.tensor([0, 4]),
+        "max_length_q": 4,
+        "callback": object(),
+        "mixed": [1, torch.zeros(1)],
+    }
+    assert call_settings(kwargs) == {
+        "fine": True,
+        "temperature": 0.5,
+        "vision_feature_layer": [-2, -1],
+        "vision_feature_select_strategy": "default",
+    }

@@ -40,6 +40,9 @@ def _redistribute(rank, world, counts, policy_kw, ranks_per_node):
         "labels": [
             local.labels[llm_cu[i] : llm_cu[i + 1]].tolist() for i in range(len(llm_cu) - 1)
         ],
+        "label_index": local.label_index.tolist(),
+        "label_cu": local.label_cu_seqlens.tolist(),
+        "cu": llm_cu,
         "patches": local.patches,
         "units": local.units_hw.tolist(),
         "img_in_llm_order": got.detach()[:, 0].tolist(),
@@ -64,6 +67,8 @@ def test_uneven_counts_with_an_empty_rank_lose_nothing(world):
     for g in got:
         for i, ids, labels in zip(g["llm_index"], g["ids"], g["labels"], strict=True):
             assert ids == src[i]["ids"] and labels == src[i]["labels"]
+        # labels stay with the inputs here: the same samples, the same rows
+        assert g["label_index"] == g["llm_index"] and g["label_cu"] == g["cu"]
         want = [src[i]["patches"] for i in g["vision_index"]]
         assert torch.equal(g["patches"], torch.cat(want) if want else torch.zeros(0, 12))
         assert g["units"] == [[2, 2]] * sum(len(src[i]["patches"]) // 4 for i in g["vision_index"])
@@ -298,3 +303,35 @@ def test_locality_balances_inside_each_node_where_the_nodes_are_even():
         assert np.bincount(dest, weights=tokens, minlength=4).tolist() == [400.0] * 4
         crossing[per_node] = int(((dest // 2) != (src // 2)).sum())
     assert crossing[2] == 0 and crossing[4] > 0
+
+
+def _split_labels(rank, world, counts):
+    from trainer_adapter import RedistributePolicy, Topology, redistribute
+
+    batch = synthetic_batch(rank, counts[rank], big=True)
+    topo = Topology(llm_ranks=(0, 2), label_ranks=(1, 3))
+    local, _ = redistribute(batch, None, topo, RedistributePolicy())
+    cu = local.label_cu_seqlens.tolist()
+    return {
+        "llm_index": local.llm_index.tolist(),
+        "label_index": local.label_index.tolist(),
+        "labels": [local.labels[cu[i] : cu[i + 1]].tolist() for i in range(len(cu) - 1)],
+    }
+
+
+def test_labels_reach_the_rank_paired_with_their_llm_rank():
+    """With labels on other ranks than the LLM inputs (a pipeline's last stage), LLM rank 0's
+    samples have their labels on rank 1 and rank 2's on rank 3 (the pairing, by hand): each
+    label rank holds exactly its partner's samples, each sample's labels as the source had them
+    (bug: a rank's label_index named the samples it does not hold)."""
+    counts = [5, 0, 2, 9]
+    got = run_ranks(_split_labels, 4, counts, timeout=120)
+    src = [s for r in range(4) for s in per_sample(synthetic_batch(r, counts[r], big=True))]
+    assert got[1]["llm_index"] == got[3]["llm_index"] == []
+    assert got[0]["label_index"] == got[2]["label_index"] == []
+    assert got[1]["label_index"] == got[0]["llm_index"]
+    assert got[3]["label_index"] == got[2]["llm_index"]
+    assert sorted(got[1]["label_index"] + got[3]["label_index"]) == list(range(len(src)))
+    for g in got:
+        for i, labels in zip(g["label_index"], g["labels"], strict=True):
+            assert labels == src[i]["labels"]

@@ -72,10 +72,15 @@ def inter_node_volume(
     return float(per_rank.sum()), float(per_rank.max()) if d else 0.0
 
 
-def _exact_nodes(v: np.ndarray, per_node: int) -> np.ndarray:
+def _exact_nodes(v: np.ndarray, per_node: int) -> np.ndarray | None:
+    """The node of each batch minimizing the largest inter-node volume any rank sends (a MILP),
+    or None when the solver gives no assignment in its time limit. The volumes are scaled to
+    at most 1 first: byte counts of 1e11 and more (squared token costs) made HiGHS call a
+    feasible problem infeasible, and a training step failed with it."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
+    v = v / max(float(v.max(initial=0.0)), 1e-300)
     d = v.shape[0]
     nodes = d // per_node
     nx = d * nodes  # x[j, n] at j * nodes + n, then z
@@ -126,7 +131,7 @@ def _exact_nodes(v: np.ndarray, per_node: int) -> np.ndarray:
         options={"time_limit": 1.0},
     )
     if res.x is None:
-        raise RuntimeError(f"milp found no node assignment: {res.message}")
+        return None
     return np.asarray(res.x[:nx]).reshape(d, nodes).argmax(axis=1)
 
 
@@ -155,10 +160,9 @@ def nodewise_permutation(
     if nodes == 1:
         node_of = np.zeros(d, dtype=np.int64)
         method = "single-node"
-    elif d <= exact_max_d:
-        node_of = _exact_nodes(v, per_node)
+    elif d <= exact_max_d and (node_of := _exact_nodes(v, per_node)) is not None:
         method = "milp"
-    else:
+    else:  # many ranks, or a MILP without an answer in its time limit
         benefit = v.reshape(nodes, per_node, d).sum(axis=1).T.copy()  # [batch, node]
         if first_call.kernels_ready():
             node_of = np.empty(d, dtype=np.int64)

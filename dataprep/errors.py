@@ -29,6 +29,8 @@ REASONS: dict[str, str] = {
     "assistant_not_rendered": "the chat template changes or drops an assistant turn's text and "
     "has no generation blocks, so the trained tokens cannot be found",
     "too_deep": "the record is nested deeper than the JSON parser allows",
+    "record_too_large": "a JSONL line or a tar sample's .json holds more than 256 MiB (never "
+    "read whole)",
     "bad_role": "a turn has a role that is not system/user/assistant",
     "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",
     "missing_image": "an image file does not exist",

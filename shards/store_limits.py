@@ -14,6 +14,7 @@ __all__ = [
     "RETRIES_ENV",
     "TIMEOUT_ENV",
     "bounded_options",
+    "http_deadline",
     "read_http_range",
     "store_limits",
 ]
@@ -70,17 +71,34 @@ def bounded_options(url: str, options: dict) -> tuple[dict, int | None]:
     return opts, retries
 
 
+def http_deadline(nbytes: int):
+    """aiohttp's timeouts for one HTTP request of ``nbytes``: the store timeout to connect and
+    per read, and in all the timeout per MiB (plus one), so that a server sending a byte now
+    and then cannot hold a run."""
+    import aiohttp
+
+    timeout, _ = store_limits()
+    return aiohttp.ClientTimeout(
+        total=timeout * (1 + nbytes / (1 << 20)), sock_connect=timeout, sock_read=timeout
+    )
+
+
 def read_http_range(fs, url: str, offset: int, length: int) -> bytes:
     """Bytes ``offset`` to ``offset + length`` of ``url`` through fsspec's HTTP filesystem
     ``fs`` (its session, options and timeouts), read to at most one byte past ``length``:
     fsspec's ``cat_file`` reads a whole response into memory, so a server that ignores the
     Range header, or answers it with a body that never ends, was read until memory ran out.
-    A caller sees ``length + 1`` bytes as "more than asked for"."""
+    A caller sees ``length + 1`` bytes as "more than asked for". The whole read has a deadline
+    too, the store timeout per MiB asked for (plus one): each read waiting at most the timeout
+    did not stop a server sending a byte now and then from holding a run for days."""
     from fsspec.asyn import sync
+
+    deadline = http_deadline(length)
 
     async def get() -> bytes:
         session = await fs.set_session()
         kw = dict(fs.kwargs)
+        kw.setdefault("timeout", deadline)
         headers = dict(kw.pop("headers", None) or {})
         headers["Range"] = f"bytes={offset}-{offset + length - 1}"
         async with session.get(fs.encode_url(url), headers=headers, **kw) as r:

@@ -7,7 +7,20 @@ from typing import Any
 
 from dataprep.errors import SampleRejected
 
-__all__ = ["ImageRef", "RawRecord", "ReadOptions", "WorkUnit"]
+__all__ = ["MAX_RECORD_BYTES", "ImageRef", "RawRecord", "ReadOptions", "WorkUnit", "too_large"]
+
+# the most bytes one JSONL line or one tar sample's .json may hold: far above any real record
+# (a few images inlined as base64 included); a longer one is rejected without being read whole
+# (a multi-gigabyte line was read, then parsed into many times its size: a worker out of memory)
+MAX_RECORD_BYTES = 256 << 20
+
+
+def too_large(where: str, size: int) -> SampleRejected:
+    """The rejection of a record of ``size`` bytes, more than :data:`MAX_RECORD_BYTES`."""
+    return SampleRejected(
+        "record_too_large",
+        f"{where}: {size} bytes, more than the {MAX_RECORD_BYTES} one record may hold",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dataprep.errors import DataprepError, SampleRejected
+from dataprep.readers import base
 from dataprep.readers.base import RawRecord, ReadOptions, WorkUnit
 
 __all__ = ["load_record", "read_json", "read_jsonl", "scan_json", "scan_jsonl"]
@@ -83,14 +84,65 @@ def _list_elements(text: str, path: Path) -> list:
             pos += 1
 
 
+def _lines(f) -> Iterator[tuple[bytes | None, int]]:
+    """``(line, its length)`` of each line of ``f`` (its newline included); ``(None, length)``
+    for a line longer than a record may be, read in bounded pieces and never held whole."""
+    limit = base.MAX_RECORD_BYTES
+    while line := f.readline(limit + 1):
+        if len(line) <= limit or line.endswith(b"\n"):
+            yield line, len(line)
+            continue
+        n = len(line)
+        while not line.endswith(b"\n") and (line := f.readline(1 << 20)):
+            n += len(line)
+        yield None, n
+
+
+def _newline(f, offset: int, length: int) -> int:
+    """1 when the line at ``offset`` of ``length`` bytes ends with a newline, else 0."""
+    here = f.tell()
+    f.seek(offset + length - 1)
+    last = f.read(1)
+    f.seek(here)
+    return int(last == b"\n")
+
+
 def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
     index = 0
     unit_start, unit_line, unit_first = 0, 1, 0
     offset = 0
     line_no = 0
     with open(path, "rb") as f:
-        for line in f:
+        for line, length in _lines(f):
             line_no += 1
+            if line is None:  # too long: a unit of its own that only reports it
+                if index > unit_first:
+                    yield WorkUnit(
+                        reader="jsonl",
+                        path=str(path),
+                        source=source,
+                        first=unit_first,
+                        count=index - unit_first,
+                        payload=(unit_start, offset, unit_line),
+                    )
+                yield WorkUnit(
+                    reader="jsonl",
+                    path=str(path),
+                    source=source,
+                    first=index,
+                    count=1,
+                    # (the line's bytes without its newline, for the message)
+                    payload=(
+                        offset,
+                        offset + length,
+                        line_no,
+                        length - _newline(f, offset, length),
+                    ),
+                )
+                index += 1
+                offset += length
+                unit_start, unit_line, unit_first = offset, line_no + 1, index
+                continue
             if line.strip():
                 if index - unit_first == chunk:
                     yield WorkUnit(
@@ -103,7 +155,7 @@ def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
                     )
                     unit_start, unit_line, unit_first = offset, line_no, index
                 index += 1
-            offset += len(line)
+            offset += length
     if index > unit_first:
         yield WorkUnit(
             reader="jsonl",
@@ -116,6 +168,12 @@ def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
 
 
 def read_jsonl(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
+    if len(unit.payload) == 4:  # one line longer than a record may be: reported, not read
+        begin, end, line_no, size = unit.payload
+        if unit.keeps(unit.first):
+            err = base.too_large(f"{unit.path}: line {line_no}", size)
+            yield RawRecord(index=unit.first, line=line_no, error=err)
+        return
     begin, end, line_no = unit.payload
     with open(unit.path, "rb") as f:
         f.seek(begin)

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from dataprep.errors import SampleRejected
+from dataprep.readers import base
 from dataprep.readers.base import ImageRef, RawRecord, ReadOptions, WorkUnit
 from dataprep.readers.jsonl import load_record
 
@@ -256,6 +257,10 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                 yield RawRecord(index=index, error=err, key=key)
                 continue
             _, off, size = by_suffix["json"]
+            if size > base.MAX_RECORD_BYTES:  # never read whole
+                err = base.too_large(f"{unit.path}: {key!a}.json", size)
+                yield RawRecord(index=index, error=err, key=key)
+                continue
             f.seek(off)
             raw = f.read(size)
             images = []

@@ -159,3 +159,62 @@ def test_a_directory_turned_into_a_link_out_of_the_root_is_seen_by_the_next_run(
     (root / "imgs").symlink_to(outside, target_is_directory=True)
     with pytest.raises(SampleRejected, match="outside the image root"):
         image_ref("imgs/a.png", data, ReadOptions(image_root=str(root)), "x#0")
+
+
+HUGE = 4096  # the record size limit in these tests (256 MiB in use): the same code path
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+@pytest.mark.parametrize("last", [False, True], ids=["inside", "last-without-newline"])
+def test_a_jsonl_line_over_the_record_limit_is_its_row_unread(
+    tmp_path, tokenizer_path, monkeypatch, chunk, last
+):
+    """A JSONL line longer than a record may be (a multi-gigabyte line was read whole by the
+    scan and again by a worker, then parsed into many times its size: a worker out of memory
+    and the run gone) is rejected as ``record_too_large`` naming the file and line, read only
+    in bounded pieces; every other record is measured exactly as in the file without it, and
+    the line numbers after it stay right. Reference: the same prep of the file without it."""
+    monkeypatch.setattr("dataprep.readers.base.MAX_RECORD_BYTES", HUGE)
+    recs = [llava(k, question=f"question {k}") for k in "abcd"]
+    huge = json.dumps(llava("huge", question="x" * 3 * HUGE))
+    lines = [json.dumps(r) for r in recs] + ["{not json"]  # line 5 (6 after the huge one)
+    lines.insert(5 if last else 2, huge)
+    (tmp_path / "d.jsonl").write_text("\n".join(lines) + ("" if last else "\n"))
+    write_jsonl(tmp_path / "ref.jsonl", recs)
+    _res, rows, errors = run(tmp_path, [tmp_path / "d.jsonl"], tokenizer_path, chunk_size=chunk)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    _r, want, _e = run(ref, [tmp_path / "ref.jsonl"], tokenizer_path, chunk_size=chunk)
+    counts = ("sample_id", "llm_tokens", "text_tokens", "vit_tokens")
+    assert [[r[c] for c in counts] for r in rows] == [[r[c] for c in counts] for r in want]
+    e, bad = errors if not last else errors[::-1]
+    line = 6 if last else 3
+    assert (bad["reason"], bad["line"]) == ("malformed_json", 5 if last else 6)
+    assert e["reason"] == "record_too_large" and e["line"] == line
+    assert f"d.jsonl: line {line}: {len(huge)} bytes, more than the {HUGE}" in e["detail"]
+    assert [r["location"].rsplit("#", 1)[1] for r in rows] == (
+        ["0", "1", "2", "3"] if last else ["0", "1", "3", "4"]
+    )
+
+
+def test_a_tar_samples_json_over_the_record_limit_is_its_row_unread(
+    tmp_path, tokenizer_path, monkeypatch
+):
+    """The same for a tar sample whose .json member is larger than a record may be: rejected
+    by its size in the tar header, naming the tar and the sample, never read."""
+    import tarfile
+
+    from tests.dataprep.helpers import add_member
+
+    monkeypatch.setattr("dataprep.readers.base.MAX_RECORD_BYTES", HUGE)
+    small = json.dumps(llava("x")).encode()
+    big = json.dumps(llava("y", question="x" * 3 * HUGE)).encode()
+    with tarfile.open(tmp_path / "s.tar", "w") as tf:
+        add_member(tf, "k0.json", small)
+        add_member(tf, "k1.json", big)
+        add_member(tf, "k2.json", small.replace(b'"x"', b'"z"'))
+    _res, rows, errors = run(tmp_path, [tmp_path / "s.tar"], tokenizer_path)
+    assert [r["sample_id"] for r in rows] == ["x", "z"]
+    (e,) = errors
+    assert e["reason"] == "record_too_large" and e["sample_id"] == "k1"
+    assert f"s.tar: 'k1'.json: {len(big)} bytes" in e["detail"]

@@ -216,3 +216,45 @@ def test_verify_reports_a_shard_streamed_past_its_size(generation):
         assert sum("bytes recorded for it" in p for p in res.problems) == shards, res.problems
     finally:
         server.shutdown()
+
+
+class _TrickleHandler(_RangeHandler):
+    """A server that answers a shard's GET (a Range with a 206) and then sends its bytes a
+    little at a time, each piece well inside the read timeout (a slow or hostile one)."""
+
+    def do_GET(self):
+        path = self.translate_path(self.path)
+        if not self.path.endswith(".tar"):
+            return super().do_GET()
+        m = re.fullmatch(r"bytes=(\d+)-(\d+)", self.headers.get("Range") or "")
+        with open(path, "rb") as f:
+            data = f.read()
+        if m:
+            data = data[int(m.group(1)) : int(m.group(2)) + 1]
+        self.send_response(206 if m else 200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            for i in range(0, len(data), 512):
+                self.wfile.write(data[i : i + 512])
+                self.wfile.flush()
+                time.sleep(0.1)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def test_a_group_sent_a_trickle_at_a_time_fails_within_its_deadline(generation, monkeypatch):
+    """Each read of a response waited at most the store timeout, so a server sending a few
+    bytes now and then (5 KB/s here, a group of ~700 KB: over two minutes) held the loader as
+    long as it liked. A group's ranged read now has a deadline of the timeout per MiB asked
+    for (plus one): with a 1 s timeout the group fails in about 2 s, naming the shard."""
+    monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "1")
+    server, url = _serve(generation, _TrickleHandler)
+    try:
+        ds = GroupDataset(url, RankInfo(rank=0, world_size=1), shuffle=False)
+        t0 = time.monotonic()
+        with pytest.raises(ShardError, match=r"shard-.*tar.*cannot read the shard"):
+            next(iter(ds))
+        assert time.monotonic() - t0 < 20
+    finally:
+        server.shutdown()

@@ -33,9 +33,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from dataprep.local_files import read_small, regular_file
-from shards.range_digests import RangeDigests, hash_file, hash_stream, range_sha256
+from shards.range_digests import RangeDigests, hash_file, range_sha256
 from shards.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
+    http_get,
     read_http_range,
     store_limits,
 )
@@ -170,14 +171,8 @@ class GenerationFiles:
             raise ValueError(f"{self.where(name)}: {size} bytes, more than the {limit} it may hold")
         # the size a store reports may be missing (an HTTP server without Content-Length) or
         # stale (the object replaced since): read at most one byte past the limit, never all
-        parts, got = [], 0
-        with self._open_stream(name) as f:
-            while got <= limit:  # a stream's read may return less than asked before its end
-                part = f.read(min(limit + 1 - got, 8 << 20))
-                if not part:
-                    break
-                parts.append(part)
-                got += len(part)
+        parts: list[bytes] = []
+        self._stream(name, limit, parts.append)
         data = b"".join(parts)
         if len(data) > limit:
             raise ValueError(f"{self.where(name)}: more than the {limit} bytes it may hold")
@@ -188,16 +183,38 @@ class GenerationFiles:
         ``size`` (a larger file is an ``OSError``: a listing's size gone stale, or a store that
         streams without end, never fills the disk); returns the copy's sha256."""
         h = RangeDigests()
-        with self._open_stream(name) as f, open(target, "wb") as out:
-            hash_stream(f, h, self.where(name), size, out)
+        with open(target, "wb") as out:
+            self._hash(name, size, h, out)
         return h.hexdigest()
 
-    def _open_stream(self, name: str):
-        """A remote file opened to be read once from its start. Over HTTP one streamed GET:
-        fsspec's block reads are ranged GETs each read whole into memory, so a server answering
-        one with a body that never ends held the run until memory ran out."""
-        block = 0 if self._http() else 8 << 20
-        return self.fs.open(self.full_path(name), "rb", block_size=block)
+    def _hash(self, name: str, size: int | None, h: RangeDigests, out=None) -> None:
+        """Feed remote ``name`` to ``h`` (and ``out``), at most one byte past ``size``: more
+        is an ``OSError`` naming it."""
+
+        def feed(part: bytes) -> None:
+            h.update(part)
+            if out is not None:
+                out.write(part)
+
+        limit = (1 << 62) if size is None else size
+        if self._stream(name, limit, feed) > limit:
+            raise OSError(f"{self.where(name)}: more than the {size} bytes recorded for it")
+
+    def _stream(self, name: str, limit: int, sink) -> int:
+        """Hand remote ``name`` from its start to ``sink`` piece by piece, one byte past
+        ``limit`` at most; the bytes handed over. Over HTTP one GET of our own
+        (:func:`~shards.store_limits.http_get`): fsspec's reads take each response whole."""
+        if self._http():
+            return http_get(self.fs, self.full_path(name), limit, sink)
+        got = 0
+        with self.fs.open(self.full_path(name), "rb", block_size=8 << 20) as f:
+            while got <= limit:  # a stream's read may return less than asked before its end
+                part = f.read(min(limit + 1 - got, 8 << 20))
+                if not part:
+                    break
+                sink(part)
+                got += len(part)
+        return got
 
     def _http(self) -> bool:
         return self.remote and bool({"http", "https"} & set(_protocols(self.fs)))
@@ -323,13 +340,12 @@ class GenerationFiles:
         if tmp is not None:
             tmp.parent.mkdir(parents=True, exist_ok=True)
         try:
-            with self._open_stream(name) as f:
-                out = open(tmp, "wb") if tmp is not None else None  # noqa: SIM115
-                try:
-                    hash_stream(f, h, self.where(name), size, out)
-                finally:
-                    if out is not None:
-                        out.close()
+            out = open(tmp, "wb") if tmp is not None else None  # noqa: SIM115
+            try:
+                self._hash(name, size, h, out)
+            finally:
+                if out is not None:
+                    out.close()
             digest = h.hexdigest()
             if tmp is not None and digest == expected:
                 os.replace(tmp, whole)

@@ -15,6 +15,7 @@ __all__ = [
     "TIMEOUT_ENV",
     "bounded_options",
     "http_deadline",
+    "http_get",
     "read_http_range",
     "store_limits",
 ]
@@ -83,37 +84,46 @@ def http_deadline(nbytes: int):
     )
 
 
-def read_http_range(fs, url: str, offset: int, length: int) -> bytes:
-    """Bytes ``offset`` to ``offset + length`` of ``url`` through fsspec's HTTP filesystem
-    ``fs`` (its session, options and timeouts), read to at most one byte past ``length``:
-    fsspec's ``cat_file`` reads a whole response into memory, so a server that ignores the
-    Range header, or answers it with a body that never ends, was read until memory ran out.
-    A caller sees ``length + 1`` bytes as "more than asked for". The whole read has a deadline
-    too, the store timeout per MiB asked for (plus one): each read waiting at most the timeout
+def http_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
+    """One GET of ``url`` through fsspec's HTTP filesystem ``fs`` (its session, options and
+    timeouts), from ``offset`` (a Range) or the start, handing its body to ``sink`` piece by
+    piece and stopping one byte past ``limit``; the bytes handed over. fsspec reads a response
+    whole into memory (``cat_file``, each block of a file it opens), so a server that ignores a
+    Range, or sends a body that never ends, was read until memory ran out. The GET has a
+    deadline too (:func:`http_deadline` of ``limit``): each read waiting at most the timeout
     did not stop a server sending a byte now and then from holding a run for days."""
     from fsspec.asyn import sync
 
-    deadline = http_deadline(length)
+    deadline = http_deadline(limit)
 
-    async def get() -> bytes:
+    async def get() -> int:
         session = await fs.set_session()
         kw = dict(fs.kwargs)
         kw.setdefault("timeout", deadline)
         headers = dict(kw.pop("headers", None) or {})
-        headers["Range"] = f"bytes={offset}-{offset + length - 1}"
+        if offset is not None:
+            headers["Range"] = f"bytes={offset}-{offset + limit - 1}"
         async with session.get(fs.encode_url(url), headers=headers, **kw) as r:
             if r.status == 404:
                 raise FileNotFoundError(url)
-            if r.status == 416:  # a range past the end: nothing there
-                return b""
+            if r.status == 416 and offset is not None:  # a range past the end: nothing there
+                return 0
             r.raise_for_status()
-            parts, got = [], 0
-            while got <= length:  # a stream's read may return less than asked before its end
-                part = await r.content.read(min(length + 1 - got, 8 << 20))
+            got = 0
+            while got <= limit:  # a stream's read may return less than asked before its end
+                part = await r.content.read(min(limit + 1 - got, 8 << 20))
                 if not part:
                     break
-                parts.append(part)
+                sink(part)
                 got += len(part)
-            return b"".join(parts)
+            return got
 
     return sync(fs.loop, get)
+
+
+def read_http_range(fs, url: str, offset: int, length: int) -> bytes:
+    """Bytes ``offset`` to ``offset + length`` of ``url`` (:func:`http_get`): at most one byte
+    more, which a caller sees as "more than asked for"."""
+    parts: list[bytes] = []
+    http_get(fs, url, length, parts.append, offset)
+    return b"".join(parts)

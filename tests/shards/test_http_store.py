@@ -243,17 +243,22 @@ class _TrickleHandler(_RangeHandler):
             pass
 
 
-def test_a_group_sent_a_trickle_at_a_time_fails_within_its_deadline(generation, monkeypatch):
+@pytest.mark.parametrize("verify", [False, True], ids=["group-read", "checksum"])
+def test_a_shard_sent_a_trickle_at_a_time_fails_within_its_deadline(
+    generation, monkeypatch, verify
+):
     """Each read of a response waited at most the store timeout, so a server sending a few
-    bytes now and then (5 KB/s here, a group of ~700 KB: over two minutes) held the loader as
-    long as it liked. A group's ranged read now has a deadline of the timeout per MiB asked
-    for (plus one): with a 1 s timeout the group fails in about 2 s, naming the shard."""
+    bytes now and then (5 KB/s here, a group or shard of ~700 KB: over two minutes) held the
+    loader as long as it liked. A group's ranged read, and a shard's checksum read, now have a
+    deadline of the timeout per MiB they may take (plus one): with a 1 s timeout they fail in
+    about 2 s, naming the shard."""
     monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "1")
     server, url = _serve(generation, _TrickleHandler)
     try:
-        ds = GroupDataset(url, RankInfo(rank=0, world_size=1), shuffle=False)
+        ds = GroupDataset(url, RankInfo(rank=0, world_size=1), shuffle=False, verify=verify)
         t0 = time.monotonic()
-        with pytest.raises(ShardError, match=r"shard-.*tar.*cannot read the shard"):
+        what = "cannot read for its checksum" if verify else "cannot read the shard"
+        with pytest.raises(ShardError, match=f"shard-.*tar.*{what}"):
             next(iter(ds))
         assert time.monotonic() - t0 < 20
     finally:

@@ -173,10 +173,12 @@ def cache_keys(cfg) -> dict[str, str]:
     stored_sizes = table_metadata(cfg.cache).get("image_sizes") != IMAGE_SIZES
     identity = settings_identity(cfg)
     out = {}
-    for key, row in zip(t.column("cache_key").to_pylist(), _rows(t), strict=True):
-        got, _, seal = (key or "").partition(".")
-        if got and seal == _seal(got, row, identity) and not (stored_sizes and row[1]):
-            out[row[0]] = got
+    for batch in t.to_batches(max_chunksize=1 << 16):  # Python rows a batch at a time
+        keys = batch.column("cache_key").to_pylist()
+        for key, row in zip(keys, _rows(batch), strict=True):
+            got, _, seal = (key or "").partition(".")
+            if got and seal == _seal(got, row, identity) and not (stored_sizes and row[1]):
+                out[row[0]] = got
     return out
 
 

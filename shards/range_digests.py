@@ -15,7 +15,7 @@ import hashlib
 import os
 from collections.abc import Iterable
 
-__all__ = ["RangeDigests", "hash_file", "hash_stream", "range_sha256"]
+__all__ = ["RangeDigests", "hash_file", "range_sha256"]
 
 BLOCK = 8 << 20
 
@@ -63,22 +63,20 @@ def hash_file(
     ``OSError``."""
     h = RangeDigests(ranges)
     with open(path, "rb") as f:
-        hash_stream(f, h, str(path), size)
+        _hash_stream(f, h, str(path), size)
     return h.hexdigest(), h.ranges()
 
 
-def hash_stream(f, h: RangeDigests, where: str, size: int | None = None, out=None) -> None:
-    """Feed the binary stream ``f`` to ``h`` (and write it to ``out``) to its end, or, with
-    ``size``, to one byte past it: a file that holds more than its manifest records (replaced
-    since, or a store that streams without end) is an ``OSError`` naming it, never read whole."""
+def _hash_stream(f, h: RangeDigests, where: str, size: int | None = None) -> None:
+    """Feed the binary stream ``f`` to ``h`` to its end, or, with ``size``, to one byte past
+    it: a file that holds more than its manifest records (replaced or grown since) is an
+    ``OSError`` naming it, never read whole."""
     got = 0
     while size is None or got <= size:
         block = f.read(BLOCK if size is None else min(BLOCK, size + 1 - got))
         if not block:
             return
         h.update(block)
-        if out is not None:
-            out.write(block)
         got += len(block)
     raise OSError(f"{where}: more than the {size} bytes recorded for it")
 

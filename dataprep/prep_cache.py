@@ -79,19 +79,10 @@ def settings_identity(cfg) -> bytes:
     return json.dumps(counts_identity(_settings(cfg)), sort_keys=True).encode()
 
 
-# a row's counts as its seal covers them: every column prep measured
-_SEALED = (
-    "sample_id",
-    "num_images",
-    "vit_tokens",
-    "vit_seq_lens",
-    "llm_tokens",
-    "text_tokens",
-    "modality",
-    "image_widths",
-    "image_heights",
-    "fingerprint",
-)
+# a row's counts as its seal covers them: every column prep measured (not where it was read
+# from, nor the key itself); sample_id first, num_images second
+_UNSEALED = ("source", "location", "cache_key")
+_SEALED = tuple(n for n in COST_SCHEMA.names if n not in _UNSEALED)
 
 
 def _seal(key: str, row: tuple, identity: bytes) -> str:

@@ -108,6 +108,11 @@ def _newline(f, offset: int, length: int) -> int:
 
 
 def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
+    def unit(first: int, count: int, payload: tuple) -> WorkUnit:
+        return WorkUnit(
+            reader="jsonl", path=str(path), source=source, first=first, count=count, payload=payload
+        )
+
     index = 0
     unit_start, unit_line, unit_first = 0, 1, 0
     offset = 0
@@ -117,54 +122,22 @@ def scan_jsonl(path: Path, source: str, chunk: int) -> Iterator[WorkUnit]:
             line_no += 1
             if line is None:  # too long: a unit of its own that only reports it
                 if index > unit_first:
-                    yield WorkUnit(
-                        reader="jsonl",
-                        path=str(path),
-                        source=source,
-                        first=unit_first,
-                        count=index - unit_first,
-                        payload=(unit_start, offset, unit_line),
-                    )
-                yield WorkUnit(
-                    reader="jsonl",
-                    path=str(path),
-                    source=source,
-                    first=index,
-                    count=1,
-                    # (the line's bytes without its newline, for the message)
-                    payload=(
-                        offset,
-                        offset + length,
-                        line_no,
-                        length - _newline(f, offset, length),
-                    ),
-                )
+                    yield unit(unit_first, index - unit_first, (unit_start, offset, unit_line))
+                # (the line's bytes without its newline, for the message)
+                size = length - _newline(f, offset, length)
+                yield unit(index, 1, (offset, offset + length, line_no, size))
                 index += 1
                 offset += length
                 unit_start, unit_line, unit_first = offset, line_no + 1, index
                 continue
             if line.strip():
                 if index - unit_first == chunk:
-                    yield WorkUnit(
-                        reader="jsonl",
-                        path=str(path),
-                        source=source,
-                        first=unit_first,
-                        count=chunk,
-                        payload=(unit_start, offset, unit_line),
-                    )
+                    yield unit(unit_first, chunk, (unit_start, offset, unit_line))
                     unit_start, unit_line, unit_first = offset, line_no, index
                 index += 1
             offset += length
     if index > unit_first:
-        yield WorkUnit(
-            reader="jsonl",
-            path=str(path),
-            source=source,
-            first=unit_first,
-            count=index - unit_first,
-            payload=(unit_start, offset, unit_line),
-        )
+        yield unit(unit_first, index - unit_first, (unit_start, offset, unit_line))
 
 
 def read_jsonl(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:

@@ -17,6 +17,7 @@ __all__ = [
     "http_deadline",
     "http_get",
     "read_http_range",
+    "s3_get",
     "store_limits",
 ]
 
@@ -119,6 +120,49 @@ def http_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
             return got
 
     return sync(fs.loop, get)
+
+
+def s3_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
+    """:func:`http_get` for an S3 store through s3fs's filesystem ``fs`` (its client, retries
+    and botocore timeouts): one ``GetObject`` of ``url``, from ``offset`` (a Range) or the
+    start, its body handed to ``sink`` piece by piece, stopping one byte past ``limit``; the
+    bytes handed over. s3fs reads a body whole (``cat_file``, each block of a file it opens),
+    so an S3-compatible endpoint that streams a body without end was read until memory ran
+    out; and botocore's read timeout, like aiohttp's, is per read, so the whole request has
+    :func:`http_deadline`'s deadline too (``TimeoutError``, an ``OSError``)."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    total = http_deadline(limit).total
+
+    async def get() -> int:
+        bucket, key, version = fs.split_path(url)
+        kw = {"VersionId": version} if version else {}
+        if offset is not None:
+            kw["Range"] = f"bytes={offset}-{offset + limit - 1}"
+        resp = await fs._call_s3("get_object", Bucket=bucket, Key=key, **kw)
+        body = resp["Body"]
+        got = 0
+        try:
+            while got <= limit:  # a stream's read may return less than asked before its end
+                part = await body.read(min(limit + 1 - got, 8 << 20))
+                if not part:
+                    break
+                sink(part)
+                got += len(part)
+        except OSError:
+            raise
+        except Exception as exc:  # aiohttp's payload errors, botocore's length check
+            raise OSError(f"{url}: {type(exc).__name__}: {exc}") from None
+        finally:
+            body.close()
+        return got
+
+    async def bounded() -> int:
+        return await asyncio.wait_for(get(), total)
+
+    return sync(fs.loop, bounded)
 
 
 def read_http_range(fs, url: str, offset: int, length: int) -> bytes:

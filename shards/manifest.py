@@ -103,6 +103,22 @@ class Manifest:
         return out
 
 
+def _listing(files: GenerationFiles, raw: dict) -> dict[str, int]:
+    """One listing of a remote generation's files, for as many files as its manifest names
+    (shards, carried files): a store listing far more, or without end, is refused."""
+    named = sum(
+        len(st["shards"])
+        for st in raw["streams"]
+        if isinstance(st, dict) and isinstance(st.get("shards"), list)
+    )
+    carried = raw.get("carried")
+    named += len(carried) if isinstance(carried, dict) else 0
+    try:
+        return files.sizes(named + 1)
+    except OSError as exc:
+        raise ManifestError(f"cannot list the generation's files: {exc}") from None
+
+
 def _need(d: dict, key: str, typ, where: str):
     if key not in d:
         raise ManifestError(f"{where}: missing field {key!r}")
@@ -247,7 +263,7 @@ def load_manifest(
                 fp = files.where(shard.file)
                 if gen_dir is None and files.listable():  # one listing for all shards
                     if listing is None:
-                        listing = files.sizes()
+                        listing = _listing(files, raw)
                     size = listing.get(shard.file)
                 elif gen_dir is None:  # plain HTTP: no listing, a HEAD per shard
                     size = files.size(shard.file)

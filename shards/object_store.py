@@ -156,7 +156,7 @@ def publish_generation(
     if MANIFEST not in names:
         raise WriteError(f"{local_gen}: no manifest; publish only a complete generation")
     local = {n: (local_gen / n).stat().st_size for n in names if n != MANIFEST}
-    have = gen.sizes() if gen.is_dir() else {}
+    have = gen.sizes(len(names)) if gen.is_dir() else {}
     digests = {sh.file: sh.sha256 for st in m.streams for sh in st.shards}
     todo = []
     for n, size in local.items():
@@ -174,7 +174,7 @@ def publish_generation(
             )
     if todo:
         gen.fs.put([str(local_gen / n) for n in todo], [gen.full_path(n) for n in todo])
-    after = gen.sizes()
+    after = gen.sizes(len(names))
     for n, size in local.items():
         if after.get(n) != size:
             raise WriteError(
@@ -264,7 +264,7 @@ def fetch_generation(
         tmp = local_root / f".fetch-{generation}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        listing = src.sizes()
+        listing = src.sizes(len(_wanted(m)) + 1)
         names = [n for n in _wanted(m) if n in listing]
         targets = [_inside(tmp, n) for n in names]
         for t in targets:

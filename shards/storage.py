@@ -37,8 +37,10 @@ from shards.range_digests import RangeDigests, hash_file, range_sha256
 from shards.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
     http_get,
+    listing_limit,
     read_http_range,
     s3_get,
+    s3_list,
     store_limits,
 )
 
@@ -238,23 +240,32 @@ class GenerationFiles:
         """Whether one listing gives every file's size (object stores, not plain HTTP)."""
         return not self._http()
 
-    def sizes(self) -> dict[str, int]:
-        """Size of every file under this location, by name relative to it (one listing)."""
+    def sizes(self, files: int) -> dict[str, int]:
+        """Size of every file under this location, by name relative to it (one listing), for a
+        generation of ``files`` files: a store's listing naming far more objects
+        (:func:`~shards.store_limits.listing_limit`) is an ``OSError``."""
         if not self.remote:
             base = Path(self._root)
             return {
                 str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()
             }
+        limit = listing_limit(files)
+        if self._s3():  # pages of our own: s3fs follows a listing without end
+            found = s3_list(self.fs, self.location, limit)
+            return {k: _store_size(v, self.where(k), True) for k, v in found.items()}
         # listings cached earlier (s3fs keeps one per directory, and drops only a path's
         # parents on invalidation) may name replaced objects: list afresh
         self.fs.invalidate_cache()
         found = self.fs.find(self._root, detail=True)
         prefix = self._root.rstrip("/") + "/"
-        return {
+        out = {
             k[len(prefix) :]: _store_size(v.get("size") if isinstance(v, dict) else None, k, True)
             for k, v in found.items()
             if k.startswith(prefix)
         }
+        if len(out) > limit:
+            raise OSError(f"{self.location}: the store lists more than {limit} objects under it")
+        return out
 
     def checked(self, sha256: str) -> bool:
         """Whether a shard of this digest was hashed with its ranges in this process."""

@@ -16,6 +16,7 @@ __all__ = [
     "bounded_options",
     "http_deadline",
     "http_get",
+    "listing_limit",
     "read_http_range",
     "s3_get",
     "store_limits",
@@ -161,6 +162,63 @@ def s3_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
 
     async def bounded() -> int:
         return await asyncio.wait_for(get(), total)
+
+    return sync(fs.loop, bounded)
+
+
+def listing_limit(files: int) -> int:
+    """How many objects a listing of a generation of ``files`` files may name: its shards, the
+    files carried beside them and Energon's index of each, with room to spare."""
+    return 4 * files + 1000
+
+
+def s3_list(fs, root: str, limit: int) -> dict[str, object]:
+    """Every object under the S3 folder ``root`` by its name relative to it, with the size
+    the listing gives (unchecked), through s3fs's client and retries: ListObjectsV2 pages of
+    our own. s3fs follows a store's continuation tokens for as long as they come, so an
+    endpoint listing without end (the same page again, or new names forever) held the run and
+    filled its memory. An ``OSError`` naming ``root`` when a page names an object not after the
+    last one (S3 lists in key order), a page is cut with no object or no token, the listing
+    names more than ``limit`` objects, or it takes longer than the store timeout per 1,000
+    objects the limit allows (plus one)."""
+    import asyncio
+
+    from fsspec.asyn import sync
+
+    timeout, _ = store_limits()
+    bucket, key, _ = fs.split_path(root)
+    prefix = key.rstrip("/") + "/" if key else ""
+
+    def refuse(why: str) -> OSError:
+        return OSError(f"{root}: the store's listing {why}; a store that lists without end?")
+
+    async def walk() -> dict[str, object]:
+        found: dict[str, object] = {}
+        last, token = "", None
+        while True:
+            kw = {"ContinuationToken": token} if token else {}
+            page = await fs._call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix, **kw)
+            objects = page.get("Contents") or []
+            for obj in objects:
+                name = obj.get("Key") if isinstance(obj, dict) else None
+                if not isinstance(name, str) or not name.startswith(prefix) or name <= last:
+                    raise refuse(f"names {name!r} after {last!r} (not in key order)")
+                last = name
+                if not name.endswith("/"):  # a folder marker, not a file
+                    found[name[len(prefix) :]] = obj.get("Size")
+                if len(found) > limit:
+                    raise refuse(f"names more than {limit} objects, more than a generation holds")
+            if not page.get("IsTruncated"):
+                return found
+            token = page.get("NextContinuationToken")
+            if not objects or not isinstance(token, str) or not token:
+                raise refuse("is cut with no object or no token to go on")
+
+    async def bounded() -> dict[str, object]:
+        try:
+            return await asyncio.wait_for(walk(), timeout * (1 + limit / 1000))
+        except TimeoutError:
+            raise refuse(f"takes longer than {timeout * (1 + limit / 1000):.0f} s") from None
 
     return sync(fs.loop, bounded)
 

@@ -1,9 +1,10 @@
-"""An S3-compatible endpoint that misbehaves inside a response's body: a real S3 server (moto)
-behind a proxy that passes every request through unchanged, except a shard's body, which it
-may follow with bytes that never end (no Content-Length) or send a trickle at a time. s3fs reads
-a body whole (``cat_file``, each block of a file it opens) and botocore's read timeout is per
-read, so either held a loader or ran it out of memory before reads went through
-``store_limits.s3_get``."""
+"""An S3-compatible endpoint that misbehaves inside a response: a real S3 server (moto) behind a
+proxy that passes every request through unchanged, except a shard's body, which it may follow
+with bytes that never end (no Content-Length) or send a trickle at a time, and a listing, which
+it may continue without end. s3fs reads a body whole (``cat_file``, each block of a file it
+opens), follows continuation tokens for as long as they come, and botocore's read timeout is
+per read: each held a loader or ran it out of memory before reads and listings went through
+``store_limits.s3_get`` and ``s3_list``."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from shards.dataset import GroupDataset, RankInfo
-from shards.manifest import open_generation
+from shards.manifest import ManifestError, open_generation
 from shards.object_store import publish_generation
 from shards.reader import ShardError
 from shards.verify import verify_generation
@@ -35,11 +36,69 @@ class _Proxy(BaseHTTPRequestHandler):
     upstream: ClassVar[str] = ""
     mode: ClassVar[str] = "pass"
     sent: ClassVar[list[int]] = []
+    pages: ClassVar[list[int]] = [0]  # listing pages answered past the first
+
+    def _list(self) -> bool:
+        """A ListObjectsV2 in modes ``relist`` (the real first page again and again, each with
+        a new token), ``fresh`` (1,000 new names a page) and ``slow`` (one new name a page,
+        each page after 0.3 s); every page says there is more, up to 300 pages."""
+        query = parse_qs(urlsplit(self.path).query)
+        if self.command != "GET" or "list-type" not in query:
+            return False
+        if self.mode not in ("relist", "fresh", "slow"):
+            return False
+        token = (query.get("continuation-token") or [""])[0]
+        if token and self.mode != "relist":
+            k = int(token.split("-")[1])
+            self.pages[0] += 1
+            if self.mode == "slow":
+                time.sleep(0.3)
+            names = [f"zz/{k:06d}-{i:04d}" for i in range(1 if self.mode == "slow" else 1000)]
+            prefix = query["prefix"][0]
+            body = "".join(
+                f"<Contents><Key>{prefix}{n}</Key><LastModified>2026-11-29T00:00:00.000Z"
+                "</LastModified><ETag>&quot;0&quot;</ETag><Size>1</Size>"
+                "<StorageClass>STANDARD</StorageClass></Contents>"
+                for n in names
+            )
+            more = self.pages[0] < 300
+            data = (
+                '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.'
+                f'amazonaws.com/doc/2006-03-01/"><Name>bkt</Name><Prefix>{prefix}</Prefix>'
+                f"<MaxKeys>1000</MaxKeys><KeyCount>{len(names)}</KeyCount><IsTruncated>"
+                f"{str(more).lower()}</IsTruncated><NextContinuationToken>tok-{k + 1}"
+                f"</NextContinuationToken>{body}</ListBucketResult>"
+            ).encode()
+        else:  # the real first page, said to go on
+            if token:
+                self.pages[0] += 1
+            path = self.path.replace(f"continuation-token={token}", "") if token else self.path
+            up = urlsplit(self.upstream)
+            conn = http.client.HTTPConnection(up.hostname, up.port, timeout=30)
+            conn.request("GET", path, headers={k: v for k, v in self.headers.items()})
+            data = conn.getresponse().read()
+            conn.close()
+            k = int(token.split("-")[1]) if token else 0
+            if self.pages[0] < 300:
+                data = data.replace(
+                    b"<IsTruncated>false</IsTruncated>",
+                    f"<IsTruncated>true</IsTruncated><NextContinuationToken>tok-{k + 1}"
+                    "</NextContinuationToken>".encode(),
+                )
+        self.send_response(200)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+        return True
 
     def log_message(self, *args) -> None:
         pass
 
     def _forward(self) -> None:
+        if self._list():
+            return
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else None
         up = urlsplit(self.upstream)
@@ -104,6 +163,7 @@ def proxied(s3, generation, bucket):
     publish_generation(generation / gen, bucket, storage_options=s3["opts"])
     _Proxy.upstream, _Proxy.mode = s3["endpoint"], "pass"
     _Proxy.sent.clear()
+    _Proxy.pages[0] = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -176,3 +236,32 @@ def test_an_s3_body_sent_a_trickle_at_a_time_fails_within_its_deadline(
     with pytest.raises(ShardError, match=f"shard-.*tar.*{what}"):
         _first(url, opts, verify)
     assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("mode", ["relist", "fresh"])
+def test_an_s3_listing_without_end_is_refused(proxied, mode):
+    """A listing whose every page says there is more (the same page again with a new token,
+    or a thousand new names a page): s3fs followed it for as long as it went on, so the loader
+    never started and its memory grew (here the proxy stops after 300 pages, and the old
+    listing then loaded the generation as if nothing were wrong). The loader's one listing is
+    now refused naming the generation: at the second page when it names an object again (S3
+    lists in key order), past the objects a generation of its manifest's files may hold."""
+    url, opts = proxied
+    _Proxy.mode = mode
+    with pytest.raises(ManifestError, match=f"cannot list .*{url}.*listing"):
+        _first(url, opts, verify=False)
+    assert _Proxy.pages[0] <= 3, _Proxy.pages[0]
+
+
+def test_an_s3_listing_sent_a_page_at_a_time_fails_within_its_deadline(proxied, monkeypatch):
+    """One new name a page, each page after 0.3 s (well inside the per-request timeout): the
+    listing may name a thousand more objects than the generation holds, so the count alone
+    let it run for minutes. It has a deadline of the store timeout per 1,000 objects it may
+    name (plus one): with a 1 s timeout it fails in a few seconds."""
+    url, opts = proxied
+    monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "1")
+    _Proxy.mode = "slow"
+    t0 = time.monotonic()
+    with pytest.raises(ManifestError, match=f"cannot list .*{url}.*takes longer"):
+        _first(url, opts, verify=False)
+    assert time.monotonic() - t0 < 20 and _Proxy.pages[0] < 100

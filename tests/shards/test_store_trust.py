@@ -240,9 +240,9 @@ def test_fetch_copies_each_object_only_to_its_listed_size(
     fs = s3fs_of(s3)
     sizes, first = GenerationFiles.sizes, []
 
-    def stale_listing(self):  # the object grows right after the first listing
+    def stale_listing(self, files):  # the object grows right after the first listing
         if not first:
-            first.append(sizes(self))
+            first.append(sizes(self, files))
             fs.pipe_file(key, b"\0" * (shard.bytes + (4 << 20)))
             self.fs.invalidate_cache()  # what is fetched is the object as it is now
         return first[0]
@@ -411,7 +411,7 @@ def test_sizes_a_store_reports_are_checked_where_they_enter(bad, monkeypatch):
     fs = fsspec.filesystem("memory")
     fs.pipe("/gen-x/manifest.json", b"{}")
     files = GenerationFiles("memory://gen-x")
-    assert files.sizes() == {"manifest.json": 2} and files.size("manifest.json") == 2
+    assert files.sizes(1) == {"manifest.json": 2} and files.size("manifest.json") == 2
     real_find = files.fs.find
 
     def find(path, detail=False, **kw):
@@ -420,7 +420,7 @@ def test_sizes_a_store_reports_are_checked_where_they_enter(bad, monkeypatch):
 
     monkeypatch.setattr(files.fs, "find", find)
     with pytest.raises(ValueError, match="reports a size of"):
-        files.sizes()
+        files.sizes(1)
     monkeypatch.setattr(files.fs, "size", lambda path: bad)
     if bad is None:  # one object's size may be unknown (plain HTTP): read to the limit
         assert files.size("manifest.json") is None

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from shards.errors import WriteError
-from shards.manifest import MANIFEST, load_manifest
+from shards.manifest import MANIFEST, ManifestError, load_manifest
 from shards.publish import CURRENT, fsync_dir, parse_current, set_current, valid_generation_name
 from shards.storage import GenerationFiles, is_url, join_url, sha256_of
 
@@ -296,13 +296,33 @@ def fetch_generation(
     return dest
 
 
+# a removal whose manifest is gone already (an interrupted earlier one) lists this many files
+_UNKNOWN_FILES = 250_000
+
+
 def remove_remote_generation(root_url: str, generation: str, *, storage_options=None) -> None:
     """Delete ``root_url/generation``: the manifest first (it stops being a generation), then
-    the rest."""
+    each object the checked listing names under it (:meth:`GenerationFiles.sizes`: under the
+    generation's prefix, in key order, no more than its manifest's files allow). fsspec's
+    recursive ``rm`` deleted whatever a store's listing named, an object outside the
+    generation included; names with glob characters are deleted one by one, never expanded."""
     if not valid_generation_name(generation):
         raise WriteError(f"{root_url}: {generation!r} is not a generation name")
     gen = GenerationFiles(join_url(root_url, generation), storage_options=storage_options)
+    files = _UNKNOWN_FILES
     if gen.exists(MANIFEST):
+        try:
+            m = load_manifest(gen, check_files=False)
+            files = len(_wanted(m)) + 1
+        except ManifestError:  # damaged: removed all the same
+            pass
         gen.fs.rm_file(gen.full_path(MANIFEST))
-    if gen.is_dir():
-        gen.fs.rm(gen.full_path(""), recursive=True)
+    if not gen.is_dir():
+        return
+    names = sorted(gen.sizes(files))
+    plain = [gen.full_path(n) for n in names if not set(n) & set("*?[]")]
+    for i in range(0, len(plain), 1000):
+        gen.fs.rm(plain[i : i + 1000])
+    for n in names:
+        if set(n) & set("*?[]"):
+            gen.fs.rm_file(gen.full_path(n))

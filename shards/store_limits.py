@@ -177,10 +177,10 @@ def s3_list(fs, root: str, limit: int) -> dict[str, object]:
     the listing gives (unchecked), through s3fs's client and retries: ListObjectsV2 pages of
     our own. s3fs follows a store's continuation tokens for as long as they come, so an
     endpoint listing without end (the same page again, or new names forever) held the run and
-    filled its memory. An ``OSError`` naming ``root`` when a page names an object not after the
-    last one (S3 lists in key order), a page is cut with no object or no token, the listing
-    names more than ``limit`` objects, or it takes longer than the store timeout per 1,000
-    objects the limit allows (plus one)."""
+    filled its memory. An ``OSError`` naming ``root`` when a page names an object outside
+    ``root`` or not after the last one (S3 lists in key order), a page is cut with no object
+    or no token, the listing names more than ``limit`` objects, or it takes longer than the
+    store timeout per 1,000 objects the limit allows (plus one)."""
     import asyncio
 
     from fsspec.asyn import sync
@@ -201,7 +201,9 @@ def s3_list(fs, root: str, limit: int) -> dict[str, object]:
             objects = page.get("Contents") or []
             for obj in objects:
                 name = obj.get("Key") if isinstance(obj, dict) else None
-                if not isinstance(name, str) or not name.startswith(prefix) or name <= last:
+                if not isinstance(name, str) or not name.startswith(prefix):
+                    raise refuse(f"names {name!r}, not an object under {prefix!r}")
+                if name <= last:
                     raise refuse(f"names {name!r} after {last!r} (not in key order)")
                 last = name
                 if not name.endswith("/"):  # a folder marker, not a file

@@ -19,7 +19,7 @@ import pytest
 
 from shards.dataset import GroupDataset, RankInfo
 from shards.manifest import ManifestError, open_generation
-from shards.object_store import publish_generation
+from shards.object_store import publish_generation, read_remote_current
 from shards.reader import ShardError
 from shards.verify import verify_generation
 
@@ -45,7 +45,7 @@ class _Proxy(BaseHTTPRequestHandler):
         query = parse_qs(urlsplit(self.path).query)
         if self.command != "GET" or "list-type" not in query:
             return False
-        if self.mode not in ("relist", "fresh", "slow"):
+        if self.mode not in ("relist", "fresh", "slow", "foreign"):
             return False
         token = (query.get("continuation-token") or [""])[0]
         if token and self.mode != "relist":
@@ -79,7 +79,16 @@ class _Proxy(BaseHTTPRequestHandler):
             data = conn.getresponse().read()
             conn.close()
             k = int(token.split("-")[1]) if token else 0
-            if self.pages[0] < 300:
+            if self.mode == "foreign":  # one more object, outside the folder listed
+                bucket_prefix = query["prefix"][0].split("/")[0]
+                data = data.replace(  # last, in key order ("keep" after "gen-")
+                    b"</ListBucketResult>",
+                    f"<Contents><Key>{bucket_prefix}/keep/precious.bin</Key><LastModified>"
+                    "2026-11-29T00:00:00.000Z</LastModified><ETag>&quot;0&quot;</ETag>"
+                    "<Size>1</Size><StorageClass>STANDARD</StorageClass></Contents>"
+                    "</ListBucketResult>".encode(),
+                )
+            elif self.pages[0] < 300:
                 data = data.replace(
                     b"<IsTruncated>false</IsTruncated>",
                     f"<IsTruncated>true</IsTruncated><NextContinuationToken>tok-{k + 1}"
@@ -265,3 +274,57 @@ def test_an_s3_listing_sent_a_page_at_a_time_fails_within_its_deadline(proxied, 
     with pytest.raises(ManifestError, match=f"cannot list .*{url}.*takes longer"):
         _first(url, opts, verify=False)
     assert time.monotonic() - t0 < 20 and _Proxy.pages[0] < 100
+
+
+def test_removing_a_generation_deletes_its_objects_and_nothing_else(s3, generation, bucket):
+    """The nightly retention's remote removal (the reference): every object of the generation
+    goes, the manifest first; its neighbours stay, a name that only starts like it too."""
+    from shards.object_store import remove_remote_generation
+    from tests.shards.conftest import s3fs_of
+
+    gen = (generation / "CURRENT").read_text().strip()
+    publish_generation(generation / gen, bucket, storage_options=s3["opts"])
+    fs = s3fs_of(s3)
+    fs.pipe({f"{bucket}/{gen}x/keep.bin": b"1", f"{bucket}/keep/precious.bin": b"2"})
+    before = set(fs.find(bucket))
+    ours = {k for k in before if k.startswith(f"{bucket[5:]}/{gen}/")}
+    assert len(ours) > 20
+    remove_remote_generation(bucket, gen, storage_options=s3["opts"])
+    fs.invalidate_cache()
+    assert set(fs.find(bucket)) == before - ours
+    remove_remote_generation(bucket, gen, storage_options=s3["opts"])  # nothing left: no error
+
+
+def test_an_interrupted_removal_is_finished_without_its_manifest(s3, generation, bucket):
+    """A removal killed after the manifest went leaves the shards: the next removal deletes
+    them, listing as many objects as a generation without a manifest may hold."""
+    from shards.object_store import remove_remote_generation
+    from tests.shards.conftest import s3fs_of
+
+    gen = (generation / "CURRENT").read_text().strip()
+    publish_generation(generation / gen, bucket, storage_options=s3["opts"])
+    fs = s3fs_of(s3)
+    fs.rm_file(f"{bucket}/{gen}/manifest.json")
+    remove_remote_generation(bucket, gen, storage_options=s3["opts"])
+    fs.invalidate_cache()
+    assert not fs.find(f"{bucket}/{gen}/")
+
+
+def test_a_listing_naming_an_object_outside_the_generation_deletes_nothing_of_it(proxied, s3):
+    """A listing (a store's bug, a proxy) that names an object outside the generation being
+    removed: fsspec's recursive rm deleted what the listing named, so a night's retention could
+    delete any object of the bucket. The removal now lists with the checked listing: it is
+    refused naming the generation, and the object outside stays."""
+    from shards.object_store import remove_remote_generation
+    from tests.shards.conftest import s3fs_of
+
+    url, opts = proxied
+    fs = s3fs_of(s3)
+    precious = f"{url}/keep/precious.bin"
+    fs.pipe_file(precious, b"precious")
+    gen = read_remote_current(url, storage_options=opts)
+    _Proxy.mode = "foreign"
+    with pytest.raises(OSError, match=f"{gen}.*listing names .*keep/precious.bin"):
+        remove_remote_generation(url, gen, storage_options=opts)
+    fs.invalidate_cache()
+    assert fs.cat_file(precious) == b"precious"

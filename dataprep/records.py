@@ -63,13 +63,12 @@ def sample_id_of(record: Any, default_id: str) -> str:
     return default_id
 
 
-def _content_text(content: Any, where: str) -> tuple[str, int]:
+def _content_text(content: Any, where: str) -> str:
     """Text of a chat message's content; list content's image parts become placeholders."""
     if isinstance(content, str):
-        return content, 0
+        return content
     if isinstance(content, list):
         parts: list[str] = []
-        n_images = 0
         for part in content:
             if isinstance(part, str):
                 parts.append(part)
@@ -82,12 +81,11 @@ def _content_text(content: Any, where: str) -> tuple[str, int]:
                 parts.append(text)
             elif isinstance(part, dict) and part.get("type") in ("image", "image_url"):
                 parts.append(IMAGE_PLACEHOLDER)
-                n_images += 1
             else:
                 raise SampleRejected(
                     "non_string_text", f"{where}: unknown content part {part!r:.60}"
                 )
-        return "".join(parts), n_images
+        return "".join(parts)
     raise SampleRejected("non_string_text", f"{where}: content is {type(content).__name__}")
 
 
@@ -114,7 +112,7 @@ def _turns(record: dict) -> list[tuple[str, str]]:
         role = _ROLES.get(str(turn.get(role_key, "")).lower())
         if role is None:
             raise SampleRejected("bad_role", f"turn {i} has {role_key}={turn.get(role_key)!r}")
-        text, _ = _content_text(turn.get(text_key), f"turn {i}")
+        text = _content_text(turn.get(text_key), f"turn {i}")
         if not _valid_unicode(text):
             bad = next(k for k, c in enumerate(text) if "\ud800" <= c <= "\udfff")
             raise SampleRejected(

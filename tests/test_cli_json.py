@@ -90,7 +90,8 @@ def test_merge_write_verify_report_json(capsys, made, tmp_path):
     assert doc["counts"] == {"in": planned, "out": planned, "rejected": 0}
 
     doc = run_json(capsys, ["report", str(gen), "-o", str(tmp_path / "r.html")])
-    assert doc["counts"]["in"] == planned and doc["output"].endswith("r.html")
+    assert doc["status"] == "ok" and doc["output"].endswith("r.html")
+    assert doc["counts"]["in"] == planned and doc["bytes"] == (tmp_path / "r.html").stat().st_size
 
     # a shard whose bytes changed (same size): verify fails, and counts the samples it could
     # not vouch for

@@ -296,3 +296,15 @@ def test_cost_models_are_what_a_report_can_record():
         CostModel.from_dims(vit_hidden=1024, vit_layers=True, llm_hidden=4096, llm_layers=32)
     m = CostModel.from_dims(vit_hidden=1024, vit_layers=24, llm_hidden=4096, llm_layers=32)
     assert CostModel.from_record(m.describe(), "test") == m
+
+
+def test_a_task_timeout_is_any_positive_finite_number_of_seconds():
+    """``--task-timeout``: a fraction of a second is a timeout like any other (a bound off by
+    one refused it); zero, negative, NaN, infinite and a bool are refused naming the flag."""
+    from dataprep.values import check_task_timeout
+
+    for ok in (None, 0.5, 1, 1800, 1e-3):
+        check_task_timeout(ok)
+    for bad in (0, -1, -0.5, NAN, float("inf"), True):
+        with pytest.raises(ValueError, match="--task-timeout"):
+            check_task_timeout(bad)

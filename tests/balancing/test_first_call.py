@@ -57,9 +57,11 @@ def test_partition_twins_equal_their_kernels(seed):
     per = max(1, d // int(rng.integers(1, 5)))
     dd = per * max(1, d // per)
     src = rng.integers(0, dd, n)
-    target = x.sum() / dd * 1.0001
-    K._nb_local_first(x, order, src, dd, per, target, out)
-    assert F.local_first(x, order, src, dd, per, target).tolist() == out.tolist()
+    # a whole-number target as well: items of whole-number sizes then fill a rank exactly to
+    # it, where "stays under the target" (<=) and "below it" (<) part ways
+    for target in (x.sum() / dd * 1.0001, float(np.round(x.sum() / dd)), float(np.median(x))):
+        K._nb_local_first(x, order, src, dd, per, target, out)
+        assert F.local_first(x, order, src, dd, per, target).tolist() == out.tolist()
     nodes = max(1, dd // per)
     benefit = rng.integers(0, 6, (nodes * per, nodes)).astype(np.float64)  # many ties
     # and mostly zeros, as when each batch holds items of a few nodes (the twin walks them apart)

@@ -35,6 +35,28 @@ def test_llava_json_list_with_string_and_list_images(tmp_path, tokenizer_path):
     assert by["s1"]["image_widths"] == [448, 896] and by["s1"]["location"].endswith("d.json#1")
 
 
+def test_a_null_image_field_gives_way_to_the_images_field(tmp_path, tokenizer_path):
+    """Records exported from a table with both an ``image`` and an ``images`` column carry a
+    null in the one they do not use: the images are in the other, and a null ``image`` must
+    not hide them (a sample measured as text-only, its images never shipped)."""
+    write_image(tmp_path / "a.jpg", 448, 448)
+    write_image(tmp_path / "b.png", 896, 448, "PNG")
+    recs = [
+        {
+            **llava("two", question="<image> and <image>?"),
+            "image": None,
+            "images": ["a.jpg", "b.png"],
+        },
+        {**llava("one"), "images": None, "image": "a.jpg"},
+        {**llava("none"), "image": None, "images": None},
+    ]
+    _res, rows, errors = run(tmp_path, [write_jsonl(tmp_path / "d.jsonl", recs)], tokenizer_path)
+    assert errors == []
+    by = {r["sample_id"]: r for r in rows}
+    assert by["two"]["num_images"] == 2 and by["two"]["image_widths"] == [448, 896]
+    assert by["one"]["num_images"] == 1 and by["none"]["num_images"] == 0
+
+
 def test_jsonl_malformed_line_reports_line_number(tmp_path, tokenizer_path):
     path = tmp_path / "d.jsonl"
     path.write_text(

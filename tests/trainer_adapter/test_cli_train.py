@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def _equishard(*args, timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -118,3 +120,27 @@ def test_a_plan_balanced_for_another_models_costs_is_named(train_generation):
     # the same dimensions (or any with the same ratio of quadratic to linear work): no note
     alike = SimpleNamespace(vit_hidden=1024, vit_layers=12, llm_hidden=4096, llm_layers=64)
     assert plan_cost_note(m, alike) is None
+    # one kind alike is not enough: the steps weigh the other kind's work by the other model
+    half = SimpleNamespace(vit_hidden=1024, vit_layers=24, llm_hidden=64, llm_layers=4)
+    assert "vision 1024x24, llm 64x4" in plan_cost_note(m, half)
+    half = SimpleNamespace(vit_hidden=32, vit_layers=2, llm_hidden=4096, llm_layers=32)
+    assert "vision 32x2, llm 4096x32" in plan_cost_note(m, half)
+
+
+@pytest.mark.parametrize("mode", ["off", "all"])
+def test_recompute_off_and_all_set_every_block(mode):
+    """``--recompute all`` recomputes every ViT and LLM block (the pipeline stages' blocks
+    when there are stages), ``off`` none: the flag was only seen to reach the ranks."""
+    from types import SimpleNamespace
+
+    from trainer_adapter.train.run_setup import set_recompute
+
+    blocks = lambda n, flag: [SimpleNamespace(recompute=flag) for _ in range(n)]  # noqa: E731
+    vit, llm, staged = blocks(3, mode == "off"), blocks(4, mode == "off"), blocks(2, mode == "off")
+    model = SimpleNamespace(vision=SimpleNamespace(blocks=vit), llm=SimpleNamespace(blocks=llm))
+    cfg = SimpleNamespace(recompute=mode)
+    set_recompute(cfg, SimpleNamespace(model=model, stages=[]), {}, None)
+    assert [b.recompute for b in vit + llm] == [mode == "all"] * 7
+    pp = SimpleNamespace(model=model, stages=[SimpleNamespace(blocks=staged)])
+    set_recompute(cfg, pp, {}, None)
+    assert [b.recompute for b in vit + staged] == [mode == "all"] * 5

@@ -247,3 +247,23 @@ def test_heaviest_ratio_from_the_generation_loads():
     assert _heaviest_ratio(None, batch) == 1.0
     empty = {"llm_lens": torch.zeros(0), "vit_lens": torch.zeros(0)}
     assert _heaviest_ratio(loads, empty) == 1.0
+
+
+@pytest.mark.parametrize(("times", "want"), [((4.0, 1.0), (6, 0)), ((1.0, 4.0), (2, 8))])
+def test_the_kind_that_saves_more_time_per_byte_goes_first(times, want):
+    """ViT blocks save 10 bytes each, LLM blocks 4; 60 bytes free. Each kind's time per layer
+    decides the order (OmniBal A.1.1: the most time saved per byte first): a ViT layer four
+    times as slow as an LLM layer (0.4 per byte against 0.25) takes all 60 bytes with its 6
+    blocks; the other way round, the 8 LLM blocks first (32) and 2 ViT blocks (20). Bug
+    caught: one kind's time used for both, which always gives the second answer."""
+    vit, llm = [_Blk() for _ in range(6)], [_Blk() for _ in range(8)]
+    r = adaptive_recompute(lambda: None, vit, llm, budget=100.0, safety=1.0,
+                           measure=_memory(vit, llm, 40.0, 10.0, 4.0, limit=100.0),
+                           time_per_layer=times)  # fmt: skip
+    assert (r.vit_plain, r.llm_plain) == want
+
+
+@pytest.mark.parametrize("budget", [0.0, -1.0])
+def test_a_budget_of_no_memory_is_refused(budget):
+    with pytest.raises(ValueError, match="budget must be > 0"):
+        adaptive_recompute(lambda: None, [], [], budget=budget, measure=lambda step: 0.0)

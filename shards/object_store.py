@@ -32,7 +32,7 @@ from pathlib import Path
 from shards.errors import WriteError
 from shards.manifest import MANIFEST, ManifestError, load_manifest
 from shards.publish import CURRENT, fsync_dir, parse_current, set_current, valid_generation_name
-from shards.storage import GenerationFiles, is_url, join_url, sha256_of
+from shards.storage import GenerationFiles, check_writable, is_url, join_url, sha256_of
 
 __all__ = [
     "ConcurrentPublishError",
@@ -148,6 +148,7 @@ def publish_generation(
     :class:`ConcurrentPublishError` and CURRENT stays where the other writer put it."""
     if not is_url(root_url):
         raise ValueError(f"{root_url!r} is not a URL (e.g. s3://bucket/prefix)")
+    check_writable(root_url, "publish to")
     local_gen = Path(local_gen)
     m = load_manifest(local_gen)  # complete and consistent before anything leaves this machine
     root = GenerationFiles(root_url, storage_options=storage_options)
@@ -264,7 +265,11 @@ def fetch_generation(
         tmp = local_root / f".fetch-{generation}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        listing = src.sizes(len(_wanted(m)) + 1)
+        if src.listable():
+            listing = src.sizes(len(_wanted(m)) + 1)
+        else:  # plain HTTP: one HEAD per file the manifest names, never a crawl of its pages
+            found = {n: src.size(n) for n in _wanted(m)}
+            listing = {n: size for n, size in found.items() if size is not None}
         names = [n for n in _wanted(m) if n in listing]
         targets = [_inside(tmp, n) for n in names]
         for t in targets:

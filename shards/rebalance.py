@@ -57,7 +57,7 @@ from shards.publish import (
     try_lock,
 )
 from shards.retention import collect_generations
-from shards.storage import is_url
+from shards.storage import check_writable, is_url
 
 __all__ = [
     "RebalanceConfig",
@@ -95,6 +95,7 @@ class RebalanceConfig:
             raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
         if not self.new and not self.delete:
             raise ValueError("nothing to do: give new inputs (--new) and/or a deletion list")
+        check_writable(self.current, "--current")  # the night publishes there
         check_count("--keep (generations; CURRENT is always kept)", self.keep, 1)
         check_count("--workers", self.workers, 1, MAX_WORKERS)
         check_real("--max-error-rate", self.max_error_rate, 0.0, 1.0, hi_open=False)

@@ -47,6 +47,7 @@ from shards.store_limits import (  # re-exported: how store requests are bounded
 __all__ = [
     "GenerationFiles",
     "bounded_options",
+    "check_writable",
     "is_url",
     "join_url",
     "sha256_of",
@@ -73,6 +74,19 @@ def is_url(location: str | os.PathLike) -> bool:
     """True for ``PROTOCOL://...`` other than ``file://`` (which is read as a local path)."""
     s = os.fspath(location)
     return "://" in s and not s.startswith("file://")
+
+
+def check_writable(location: str | os.PathLike, what: str) -> None:
+    """``ValueError`` for a location equishard cannot publish to: a plain HTTP(S) server
+    serves a generation (each group one ranged GET) but has no listing, no atomic overwrite of
+    CURRENT and no deletion; a night or write aimed at one failed only at its publish, after
+    all its work."""
+    if os.fspath(location).lower().startswith(("http://", "https://")):
+        raise ValueError(
+            f"{what} {location}: an HTTP(S) server is read-only to equishard (no listing, no "
+            "atomic CURRENT); write to a directory or an object store (s3://...) and serve "
+            "that over HTTP"
+        )
 
 
 def join_url(base: str, *parts: str) -> str:
@@ -249,6 +263,8 @@ class GenerationFiles:
             return {
                 str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()
             }
+        if self._http():  # links in index pages, crawled without end by fsspec's find
+            raise ValueError(f"{self.location}: an HTTP(S) server gives no listing of its files")
         limit = listing_limit(files)
         if self._s3():  # pages of our own: s3fs follows a listing without end
             found = s3_list(self.fs, self.location, limit)

@@ -15,6 +15,7 @@ from dataprep.values import check_count, check_flag, check_task_timeout, is_coun
 from dataprep.workers import MAX_WORKERS
 from shards.manifest import MANIFEST
 from shards.parent import COST_FILE, PLAN_FILE
+from shards.storage import check_writable
 from shards.stream_pool import usable_cores
 from shards.wids_index import WIDS_INDEX
 
@@ -48,6 +49,7 @@ class WriteConfig:
     storage_options: dict | None = None
 
     def __post_init__(self) -> None:
+        check_writable(self.out, "--out")
         check_task_timeout(self.task_timeout)
         if not is_count(self.shard_size, 1024, MAX_SHARD_SIZE + 1):
             raise ValueError(

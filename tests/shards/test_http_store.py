@@ -263,3 +263,49 @@ def test_a_shard_sent_a_trickle_at_a_time_fails_within_its_deadline(
         assert time.monotonic() - t0 < 20
     finally:
         server.shutdown()
+
+
+def test_a_night_fetches_its_parent_over_http_without_a_listing(generation, tmp_path):
+    """``fetch_generation`` from a plain HTTP server: one HEAD per file the manifest names
+    (fsspec's HTTP listing crawls the links of index pages, which a server may give without
+    end) and the copy equals the generation on disk, file by file (the reference)."""
+    from shards.object_store import fetch_generation
+    from shards.storage import sha256_of
+
+    gen = (generation / "CURRENT").read_text().strip()
+    server, url = _serve(generation, _RangeHandler)
+    try:
+        _RangeHandler.requests.clear()
+        dest = fetch_generation(url, gen, tmp_path / "staging")
+        listed = [p for c, p, _ in _RangeHandler.requests if c == "GET" and p.endswith("/")]
+    finally:
+        server.shutdown()
+    assert not listed, listed
+    src = generation / gen
+    want = {str(p.relative_to(src)): sha256_of(p) for p in src.rglob("*") if p.is_file()}
+    got = {str(p.relative_to(dest)): sha256_of(p) for p in dest.rglob("*") if p.is_file()}
+    # what a night reads: manifest, shards, the files carried beside them (not the wids index)
+    assert got == {k: v for k, v in want.items() if k != "wids-index.json"}
+    assert sum(k.endswith(".tar") for k in got) == sum(
+        len(st.shards) for st in open_generation(generation).streams
+    )
+
+
+def test_nothing_is_aimed_at_an_http_server_to_publish(generation, tmp_path):
+    """An HTTP(S) server serves a generation but cannot take one (no listing, no atomic
+    CURRENT, no deletion): ``write --out``, ``rebalance --current`` and a publish to one are
+    refused before any work, naming the URL (a night ran whole and failed at its publish)."""
+    from shards.object_store import publish_generation
+    from shards.rebalance import RebalanceConfig
+    from shards.writer import WriteConfig
+
+    url = "https://example.invalid/shards"
+    new = tmp_path / "new.jsonl"
+    new.write_text("")
+    with pytest.raises(ValueError, match=f"--out {url}: an HTTP.* is read-only"):
+        WriteConfig(plan_dir=str(tmp_path), cost_table=str(new), out=url)
+    with pytest.raises(ValueError, match=f"--current {url}: an HTTP.* is read-only"):
+        RebalanceConfig(current=url, new=(str(new),))
+    gen = (generation / "CURRENT").read_text().strip()
+    with pytest.raises(ValueError, match=f"publish to {url}: an HTTP"):
+        publish_generation(generation / gen, url)

@@ -97,6 +97,25 @@ def test_header_check_never_passes_what_a_decode_rejects(name):
     assert all(lost <= END_MARKER_BYTES for lost in stricter), (name, stricter)
 
 
+@pytest.mark.parametrize("name", [n for n in sorted(_corpus()) if n.startswith("jpeg")])
+def test_header_check_never_passes_a_jpeg_with_a_damaged_segment_marker(name):
+    """Each segment marker before the first scan with its 0xFF byte damaged (a bit flip on a
+    disk or in a transfer): the header walk must stop there, never read on from the code byte
+    as if the marker were whole. Judge: a full Pillow decode (which skips some junk bytes and
+    then decodes: the check may be stricter, never more lenient)."""
+    data = _corpus()[name]
+    pos, damaged = 2, 0
+    while data[pos] == 0xFF:
+        code = data[pos + 1]
+        bad = data[:pos] + b"\x00" + data[pos + 1 :]
+        assert not (_passes(bad, "header") and not _decodes(bad)), (name, hex(code), pos)
+        damaged += 1
+        if code == 0xDA:  # the first scan's header: image data follows
+            break
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    assert damaged >= 5
+
+
 @pytest.mark.parametrize("name", ["jpeg-comment", "jpeg-exif-thumbnail", "png", "gif", "webp"])
 def test_decode_check_agrees_with_a_decode_exactly(name):
     data = _corpus()[name]

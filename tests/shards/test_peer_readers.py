@@ -145,8 +145,19 @@ def test_energon_metadata_added_to_an_existing_generation_and_kept_by_rebalance(
     gen = root / read_current(root)
     assert not has_energon_metadata(gen)
     plan, cost = root.parent / "plan", root.parent / "cost.parquet"
-    args = ["write", str(plan), "--cost-table", str(cost), "--out", str(root), "--energon"]
-    assert main([*args, "--shard-size", "1MB"]) == 0
+    args = [
+        "write",
+        str(plan),
+        "--cost-table",
+        str(cost),
+        "--out",
+        str(root),
+        "--shard-size",
+        "1MB",
+    ]
+    assert main(args) == 0  # the same write again, without --energon: nothing added
+    assert read_current(root) == gen.name and not has_energon_metadata(gen)
+    assert main([*args, "--energon"]) == 0
     assert read_current(root) == gen.name and has_energon_metadata(gen)
     r = run_rebalance(_night(root, 2))
     assert r.status == "published"

@@ -222,6 +222,34 @@ def test_new_samples_take_their_images_from_the_night_image_root(tmp_path):
     assert seen > 0
 
 
+def test_a_night_measures_its_inputs_with_the_read_options_prep_recorded(root, tmp_path):
+    """The first night's prep recorded its read options (``--image-root`` the raw folder); a
+    night whose new input lies elsewhere (an incoming folder) and that names no image root of
+    its own must resolve the new samples' images under the recorded root, as the first prep
+    did: every new sample published, its images the raw folder's files (bug: the night's prep
+    ran without the recorded options, resolved the images beside the input and rejected
+    them all)."""
+    from shards.dataset import GroupDataset, RankInfo
+
+    raw = root.parent / "raw"
+    incoming = tmp_path / "incoming"
+    incoming.mkdir()
+    (incoming / "day-2.jsonl").write_text((raw / "day-2.jsonl").read_text())
+    wanted = _images_of(raw / "day-2.jsonl")
+    res = run_rebalance(RebalanceConfig(current=str(root), new=(str(incoming / "day-2.jsonl"),)))
+    assert res.status == "published" and res.counts["rejected"] == 0, res.counts
+    m = open_generation(root)
+    seen = set()
+    for rank in range(m.dp):
+        for batch in GroupDataset(root, RankInfo(rank=rank, world_size=m.dp), shuffle=False):
+            for s in batch["samples"]:
+                sid = s.meta["sample_id"]
+                if sid in wanted:
+                    assert s.images == [(raw / n).read_bytes() for n in wanted[sid]], sid
+                    seen.add(sid)
+    assert seen == set(wanted)
+
+
 def test_files_replaced_by_fifos_never_hang_a_reader_or_a_night(root, tmp_path):
     """Issue #37, unbounded waits: CURRENT, a manifest, the CURRENT history or LAST_NIGHT.json
     replaced by a FIFO (whose read would block forever) is refused by name, or rewritten, at

@@ -60,6 +60,7 @@ def test_image_paths_outside_the_root_are_rejected_unless_allowed(tmp_path, toke
         llava("dotdot", "../secret.jpg"),
         llava("abs", str(outside)),
         llava("symlink", "link.jpg"),
+        llava("parent", ".."),  # the root's parent itself: a path that ends in ".."
     ]
     jl = write_jsonl(tmp_path / "d.jsonl", recs)
     _res, rows, errors = run(tmp_path, [jl], tokenizer_path, image_root=str(root))
@@ -68,12 +69,13 @@ def test_image_paths_outside_the_root_are_rejected_unless_allowed(tmp_path, toke
         "dotdot": "unsafe_path",
         "abs": "unsafe_path",
         "symlink": "unsafe_path",
+        "parent": "unsafe_path",
     }
     assert all("--allow-outside-image-root" in e["detail"] for e in errors)
     _res, rows, errors = run(
         tmp_path, [jl], tokenizer_path, image_root=str(root), allow_outside_image_root=True
     )
-    assert len(rows) == 4 and errors == []
+    assert len(rows) == 4 and [e["sample_id"] for e in errors] == ["parent"]
 
 
 def test_duplicate_id_rows_carry_the_line(tmp_path, tokenizer_path):

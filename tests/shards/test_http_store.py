@@ -16,6 +16,7 @@ import pytest
 from shards.dataset import GroupDataset, RankInfo
 from shards.manifest import open_generation
 from shards.reader import ShardError
+from tests.shards.hostile_bodies import send_overflowing, send_trickle
 
 pytest.importorskip("aiohttp")  # fsspec's http filesystem
 
@@ -167,18 +168,7 @@ class _OverflowHandler(_RangeHandler):
         self.send_response(206 if m else 200)
         self.send_header("Content-Type", "application/octet-stream")
         self.end_headers()  # no Content-Length: the body ends when the server stops
-        sent = 0
-        try:
-            self.wfile.write(data)
-            sent = len(data)
-            chunk = b"\0" * (1 << 20)
-            for _ in range(256):
-                self.wfile.write(chunk)
-                sent += len(chunk)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        finally:
-            self.sent.append(sent)
+        send_overflowing(self.wfile, data, self.sent)
 
 
 @pytest.mark.parametrize("verify", [False, True], ids=["group-read", "checksum"])
@@ -234,13 +224,7 @@ class _TrickleHandler(_RangeHandler):
         self.send_response(206 if m else 200)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        try:
-            for i in range(0, len(data), 512):
-                self.wfile.write(data[i : i + 512])
-                self.wfile.flush()
-                time.sleep(0.1)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        send_trickle(self.wfile, data)
 
 
 @pytest.mark.parametrize("verify", [False, True], ids=["group-read", "checksum"])

@@ -49,7 +49,7 @@ def test_the_same_settings_spelled_otherwise_are_accepted(generation, gen_inputs
     ("setting", "value", "named"),
     [
         ("vision_policy", "internvl:max_tiles=4", "max_tiles"),
-        ("vision_policy", "qwen2vl", "'internvl:"),
+        ("vision_policy", "qwen2vl", "differing: the family, Qwen2VLPolicy vs InternVLPolicy"),
         ("template", "vicuna", "'chatml'"),
     ],
 )
@@ -92,6 +92,9 @@ def test_a_collator_with_other_settings_fails_at_the_first_sample_unless_told(ge
         (("tokenizer", "mode"), "magic", "tokenizer mode"),
         (("vision_policy", "spec"), 7, "non-empty string"),
         (("template", "name"), "", "non-empty string"),
+        # a NUL would cut the name where a C library reads it; a megabyte is no name
+        (("template", "name"), "chatml\x00", "non-empty string"),
+        (("vision_policy", "spec"), "internvl" + " " * 5000, "non-empty string"),
         (("template",), ["chatml"], "must be objects"),
     ],
 )

@@ -22,6 +22,7 @@ from shards.manifest import ManifestError, open_generation
 from shards.object_store import publish_generation, read_remote_current
 from shards.reader import ShardError
 from shards.verify import verify_generation
+from tests.shards.hostile_bodies import send_overflowing, send_trickle
 
 pytest.importorskip("s3fs")
 
@@ -134,32 +135,9 @@ class _Proxy(BaseHTTPRequestHandler):
         if not shard:
             self.wfile.write(data)
         elif self.mode == "overflow":
-            self._overflow(data)
+            send_overflowing(self.wfile, data, self.sent)
         else:
-            self._trickle(data)
-
-    def _overflow(self, data: bytes) -> None:
-        sent = 0
-        try:
-            self.wfile.write(data)
-            sent = len(data)
-            chunk = b"\0" * (1 << 20)
-            for _ in range(256):
-                self.wfile.write(chunk)
-                sent += len(chunk)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        finally:
-            self.sent.append(sent)
-
-    def _trickle(self, data: bytes) -> None:
-        try:
-            for i in range(0, len(data), 512):
-                self.wfile.write(data[i : i + 512])
-                self.wfile.flush()
-                time.sleep(0.1)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+            send_trickle(self.wfile, data)
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
 

@@ -57,6 +57,8 @@ def _hostile(step: int) -> dict:
         "image name with a path": _edit(good, images=["../0.jpg"]),
         "sample_id missing": _edit(good, sample_id=None),
         "turns not pairs": _edit(good, turns=[["user"]]),
+        "one turn's text not a string": _edit(good, turns=[["user", "hi"], ["assistant", 5]]),
+        "source a number": _edit(good, source=5),
         "a role prep never writes": _edit(good, turns=[["tool", "hi"]]),
         "cost missing": _edit(good, cost=None),
         "cost a count as text": _edit(good, cost={**good["cost"], "llm_tokens": "9"}),

@@ -265,12 +265,13 @@ def fetch_generation(
         tmp = local_root / f".fetch-{generation}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
+        wanted = _wanted(m)
         if src.listable():
-            listing = src.sizes(len(_wanted(m)) + 1)
+            listing = src.sizes(len(wanted) + 1)
         else:  # plain HTTP: one HEAD per file the manifest names, never a crawl of its pages
-            found = {n: src.size(n) for n in _wanted(m)}
+            found = {n: src.size(n) for n in wanted}
             listing = {n: size for n, size in found.items() if size is not None}
-        names = [n for n in _wanted(m) if n in listing]
+        names = [n for n in wanted if n in listing]
         targets = [_inside(tmp, n) for n in names]
         for t in targets:
             t.parent.mkdir(parents=True, exist_ok=True)
@@ -286,7 +287,7 @@ def fetch_generation(
             raise WriteError(f"{exc}; the generation in the store is damaged") from None
         (tmp / MANIFEST).write_bytes(manifest)
         load_manifest(tmp)
-        for name, digest in _wanted(m).items():
+        for name, digest in wanted.items():
             if digest is None:
                 continue
             got = copied.get(name, "missing")
@@ -325,9 +326,9 @@ def remove_remote_generation(root_url: str, generation: str, *, storage_options=
     if not gen.is_dir():
         return
     names = sorted(gen.sizes(files))
-    plain = [gen.full_path(n) for n in names if not set(n) & set("*?[]")]
+    magic = {n for n in names if set(n) & set("*?[]")}  # fsspec's rm would expand these
+    plain = [gen.full_path(n) for n in names if n not in magic]
     for i in range(0, len(plain), 1000):
         gen.fs.rm(plain[i : i + 1000])
-    for n in names:
-        if set(n) & set("*?[]"):
-            gen.fs.rm_file(gen.full_path(n))
+    for n in sorted(magic):
+        gen.fs.rm_file(gen.full_path(n))

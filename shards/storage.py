@@ -38,7 +38,6 @@ from shards.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
     http_get,
     listing_limit,
-    read_http_range,
     s3_get,
     s3_list,
     store_limits,
@@ -217,14 +216,23 @@ class GenerationFiles:
         if self._stream(name, limit, feed) > limit:
             raise OSError(f"{self.where(name)}: more than the {size} bytes recorded for it")
 
+    def _get(self, name: str, limit: int, sink, offset: int | None = None) -> int | None:
+        """Over HTTP and S3, one GET of our own (:func:`~shards.store_limits.http_get`,
+        :func:`~shards.store_limits.s3_get`) handing ``name`` from ``offset`` (or its start) to
+        ``sink``, one byte past ``limit`` at most, within a deadline; the bytes handed over.
+        fsspec's and s3fs's reads take each response whole. None for other stores."""
+        if self._http():
+            return http_get(self.fs, self.full_path(name), limit, sink, offset)
+        if self._s3():
+            return s3_get(self.fs, self.full_path(name), limit, sink, offset)
+        return None
+
     def _stream(self, name: str, limit: int, sink) -> int:
         """Hand remote ``name`` from its start to ``sink`` piece by piece, one byte past
-        ``limit`` at most; the bytes handed over. Over HTTP one GET of our own
-        (:func:`~shards.store_limits.http_get`): fsspec's reads take each response whole."""
-        if self._http():
-            return http_get(self.fs, self.full_path(name), limit, sink)
-        if self._s3():
-            return s3_get(self.fs, self.full_path(name), limit, sink)
+        ``limit`` at most; the bytes handed over (:meth:`_get`, else fsspec's file)."""
+        got = self._get(name, limit, sink)
+        if got is not None:
+            return got
         got = 0
         with self.fs.open(self.full_path(name), "rb", block_size=8 << 20) as f:
             while got <= limit:  # a stream's read may return less than asked before its end
@@ -321,11 +329,8 @@ class GenerationFiles:
             hit = _read_part(part, length)
             if hit is not None:
                 return hit
-        if self._http():
-            data = read_http_range(self.fs, self.full_path(name), offset, length)
-        elif self._s3():  # one byte past the range at most, like HTTP's
-            parts: list[bytes] = []
-            s3_get(self.fs, self.full_path(name), length, parts.append, offset)
+        parts: list[bytes] = []
+        if self._get(name, length, parts.append, offset) is not None:  # one byte past at most
             data = b"".join(parts)
         else:
             data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)

@@ -17,8 +17,8 @@ __all__ = [
     "http_deadline",
     "http_get",
     "listing_limit",
-    "read_http_range",
     "s3_get",
+    "s3_list",
     "store_limits",
 ]
 
@@ -223,11 +223,3 @@ def s3_list(fs, root: str, limit: int) -> dict[str, object]:
             raise refuse(f"takes longer than {timeout * (1 + limit / 1000):.0f} s") from None
 
     return sync(fs.loop, bounded)
-
-
-def read_http_range(fs, url: str, offset: int, length: int) -> bytes:
-    """Bytes ``offset`` to ``offset + length`` of ``url`` (:func:`http_get`): at most one byte
-    more, which a caller sees as "more than asked for"."""
-    parts: list[bytes] = []
-    http_get(fs, url, length, parts.append, offset)
-    return b"".join(parts)

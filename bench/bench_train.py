@@ -257,8 +257,9 @@ def run() -> dict:
     else:
         raw_gpu = None
         md.append(
-            "Not measured: no CUDA device here. `make bench` on a machine with one runs the same "
-            "simulation with the `1b` VLM on the GPU and adds its table here."
+            "Not measured in this run (no CUDA device here; `make bench` on a machine with one "
+            "adds its table here). The same simulation at Qwen2-VL-2B shapes in bf16, measured "
+            "on an H200 by `tools/gpu_check.sh`, is under *Simulated 8-rank DP on a GPU* below."
         )
     raw = {
         "simulated_dp": sim,

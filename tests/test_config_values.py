@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import signal
 
 import pytest
 
@@ -89,6 +90,41 @@ def test_every_config_refuses_values_of_the_wrong_kind(configs):
                 assert repr(bad) in str(info.value) or str(bad) in str(info.value)
                 checked += 1
     assert checked > 300  # every config contributed (a dropped one would shrink this)
+
+
+def test_every_config_answers_extreme_numbers_at_once(configs):
+    """Rule 1 for a user's numbers: every number field of every configuration, given -1, 0,
+    2**31, 2**63 (or a float's extremes), is taken or refused with a ``ValueError`` within
+    a few seconds, never another error nor a hang. Planted bug this caught:
+    ``TrainConfig(pp=2**31)`` computed (2r + 1) ** (pp - 1) candidate partitions as an exact
+    integer of billions of digits before comparing it with its limit (``equishard train
+    --pp 2147483648`` never started nor failed)."""
+
+    def too_slow(*_):
+        raise TimeoutError("more than 5 s")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    tried = 0
+    try:
+        for cls, base in configs:
+            for f in dataclasses.fields(cls):
+                if not f.init or f.type not in WRONG or "bool" in f.type:
+                    continue
+                values = [-1, 0, 2**31, 2**63] + (
+                    [-1.0, 1e-300, 1e300] if "float" in f.type else []
+                )
+                for value in values:
+                    signal.alarm(5)
+                    try:
+                        cls(**{**base, f.name: value})
+                    except ValueError:
+                        pass
+                    finally:
+                        signal.alarm(0)
+                    tried += 1
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert tried > 200
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

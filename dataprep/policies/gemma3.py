@@ -92,7 +92,7 @@ class Gemma3Policy(VisionPolicy):
                 f"gemma3 needs image_size divisible by patch_size, got {self.image_size}/"
                 f"{self.patch_size}; the released models use image_size=896,patch_size=14"
             )
-        if side * side != self.llm_tokens or grid % side:
+        if side < 1 or side * side != self.llm_tokens or grid % side:
             raise ValueError(
                 f"gemma3 pools the {grid}x{grid} patch grid to llm_tokens, which must be a square "
                 f"whose side divides {grid}, got llm_tokens={self.llm_tokens}; take the model "

@@ -95,3 +95,34 @@ def test_a_spec_whose_numbers_would_be_misread_is_refused(spec, message):
     ok = spec.replace("nan", "1.5").replace("inf", "1.5").replace("=2", "=1").replace("=7", "=0")
     if "twice" not in message:
         parse_vision_policy(ok)
+
+
+# whole-number options where 0 is a setting of its own, not a mistake
+ZERO_MEANS = {
+    ("aria", "tokens"): "the tokens of the model's own image size",
+    ("granite-docling", "dense_max_tiles"): "no dense tiling",
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_whole_number_option_out_of_range_is_refused_as_a_value_error(name):
+    """Rule 1 for a user's numbers: every whole-number option (switches aside) of every family given as -1, 0
+    or 2**31 in a spec is refused with a ``ValueError`` (the message the CLI and the manifest
+    reader show), except 0 where it is a setting of its own (``ZERO_MEANS``), which must then
+    give counts that are whole numbers >= 0. Planted bugs this catches: ``gemma3:llm_tokens=0``
+    raised ``ZeroDivisionError`` (the side of a square of 0 tokens divided the patch grid)
+    instead of saying what llm_tokens must be; a family's check of one option dropped
+    (SmolVLM's ``tokens_per_tile=0`` taken, every image costing no tokens)."""
+    fam = POLICIES[name]
+    for option in sorted(set(fam.ints) - set(fam.flags)):  # switches: the spec parser's test
+        for value in (-1, 0, 2**31):
+            spec = f"{name}:{option}={value}"
+            if value == 0 and (name, option) in ZERO_MEANS:
+                policy = parse_vision_policy(spec)
+                for w, h in SIZES:
+                    cost = policy.image_cost(w, h)
+                    assert cost.llm_tokens >= 0, (spec, w, h, cost)
+                    assert all(n >= 0 for n in cost.vit_seq_lens), (spec, w, h, cost)
+                continue
+            with pytest.raises(ValueError):
+                parse_vision_policy(spec)

@@ -163,6 +163,34 @@ def test_range_digests_equal_hashing_each_range_alone(seed, tmp_path):
     assert hash_file(tmp_path / "f", ranges) == (hashlib.sha256(data).hexdigest(), want)
 
 
+@pytest.mark.parametrize("size", [0, 63, 64, 200, 999])
+def test_hashing_reads_blocks_and_stops_one_byte_past_the_recorded_size(size, monkeypatch):
+    """A shard longer than its manifest's size (replaced, or a store streaming without end) is
+    read in blocks, one byte past that size at most, never whole: reference, a stream that
+    records what each read asked for. Planted bug this catches: a read asking for everything
+    up to the size at once (``max`` for ``min``: a 10 GB size read into memory in one call)."""
+    import io
+
+    from shards import range_digests
+
+    monkeypatch.setattr(range_digests, "BLOCK", 64)
+
+    class Recorded(io.BytesIO):
+        def __init__(self, data: bytes) -> None:
+            super().__init__(data)
+            self.asked: list[int] = []
+
+        def read(self, n=-1):
+            self.asked.append(n)
+            return super().read(n)
+
+    f = Recorded(bytes(1000))
+    with pytest.raises(OSError, match=f"more than the {size} bytes recorded"):
+        range_digests._hash_stream(f, RangeDigests(), "shard.tar", size)
+    assert all(0 < n <= 64 for n in f.asked), f.asked
+    assert f.tell() == size + 1
+
+
 def test_verify_reads_each_group_from_the_bytes_it_hashed(gen_copy, monkeypatch):
     """``equishard verify`` hashes a shard and then reads its groups (deep): a shard that
     changes in between is reported, not counted as good (bug: the groups read after the hash

@@ -17,6 +17,7 @@ __all__ = ["TrainConfig"]
 # (2 * radius + 1) ** (pp - 1) partitions jittered around the anchor are costed; more would
 # hang the set-up (radius 8 at pp 8 is 17^7 = 410M)
 MAX_PARTITION_CANDIDATES = 100_000
+MAX_STAGES = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,8 +126,12 @@ class TrainConfig:
         """Counts are whole numbers in range, switches True or False, names known ones: a
         Python caller's ``steps=2.5`` or ``pp=float("nan")`` (NaN passes every ``<`` bound), or
         ``method="bogus"``, are refused here, before any rank is spawned."""
-        for name, lo in (("dp", 1), ("pp", 1), ("steps", 1), ("virtual_stages", 1)):
+        for name, lo in (("dp", 1), ("steps", 1)):
             check_count(name, getattr(self, name), lo)
+        # a stage holds at least one layer: no model here has MAX_STAGES layers (and
+        # (2r + 1) ** (pp - 1) of a pp past it would take the set-up minutes to compute)
+        for name in ("pp", "virtual_stages"):
+            check_count(name, getattr(self, name), 1, MAX_STAGES)
         for name in ("microbatches", "mb_tokens", "ranks_per_node"):
             check_count(name, getattr(self, name), 1, none=True)
         check_count("workers", self.workers, 0, MAX_WORKERS)

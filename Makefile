@@ -35,10 +35,12 @@ GPU_OUT ?= build/gpu-smoke
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "torch==2.13.0"
-	$(BIN)/python -m pip install -e ".[dev]"
+	@# compat: the checkout joins sys.path (a .pth), so a user's data folder named like one of
+	@# our packages (./shards) never hides it; the default import hook runs after that search
+	$(BIN)/python -m pip install -e ".[dev]" --config-settings editable_mode=compat
 	@# compile the runtime balancing kernels into numba's cache now, not at a job's first step
 	$(BIN)/python -c "from balancing.first_call import warm_up; warm_up()"
 	@touch $(STAMP)

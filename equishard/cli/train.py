@@ -188,6 +188,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(run=run)
 
 
+def local_rank_limit() -> int:
+    """The most ranks ``equishard train`` starts on one machine: a typo such as ``--dp
+    100000`` must fail at once, never fork that many Python processes."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import fail
     from shards.manifest import ManifestError, open_generation
@@ -195,6 +201,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nproc != args.dp * args.pp:
         return fail(f"--nproc {args.nproc} must equal --dp x --pp = {args.dp * args.pp}")
+    most = local_rank_limit()
+    if not 1 <= args.nproc <= most:
+        return fail(
+            f"--nproc {args.nproc}: equishard train starts every rank on this machine, at most "
+            f"{most} here (4 per CPU core, at least 8); for more, run "
+            "trainer_adapter.train.loop under torchrun or your cluster's launcher across "
+            "machines, as this command does on one"
+        )
     try:  # before any process starts: a wrong --shards is one line, not a torchrun failure
         open_generation(args.shards)
     except ManifestError as exc:
@@ -248,6 +262,9 @@ def run(args: argparse.Namespace) -> int:
         json.dumps(cfg.to_dict()),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # torchrun and its ranks start with ``-m``, which puts the working directory first on
+    # sys.path: a data folder there named like a package of ours (./shards) must not be imported
+    env["PYTHONSAFEPATH"] = "1"
     print(
         f"train: {args.nproc} processes (dp {args.dp} x pp {args.pp}, {args.schedule}) on "
         f"{args.shards}",

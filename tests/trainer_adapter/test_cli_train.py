@@ -10,7 +10,7 @@ import sys
 import pytest
 
 
-def _equishard(*args, timeout=600):
+def _equishard(*args, timeout=600, cwd=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [sys.executable, "-m", "equishard", *args],
@@ -18,10 +18,20 @@ def _equishard(*args, timeout=600):
         text=True,
         timeout=timeout,
         env=env,
+        cwd=cwd,
     )
 
 
 def test_train_runs_through_torchrun(train_generation, tmp_path):
+    """Run from a folder holding data folders named like equishard's packages (``shards/``
+    beside a training script is the usual layout). Planted bug this catches: an editable
+    install whose import hook comes after Python's path search, where ``./shards`` (no
+    ``__init__.py``) became the package ``shards`` in the command and in every rank
+    (``ImportError: cannot import name 'GroupDataset' from 'shards' (unknown location)``)."""
+    work = tmp_path / "work"
+    for name in ("shards", "dataprep", "balancing", "trainer_adapter"):
+        (work / name).mkdir(parents=True)
+        (work / name / "data.txt").write_text("a user's files")
     log = tmp_path / "log.jsonl"
     r = _equishard(
         "train",
@@ -41,6 +51,7 @@ def test_train_runs_through_torchrun(train_generation, tmp_path):
         str(tmp_path / "prof"),
         "--profile-steps",
         "1:2",
+        cwd=work,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "step    1" in r.stdout and "train: 2 steps" in r.stdout
@@ -61,6 +72,10 @@ def test_train_runs_through_torchrun(train_generation, tmp_path):
 def test_train_rejects_a_layout_that_does_not_add_up(train_generation):
     r = _equishard("train", "--shards", str(train_generation), "--nproc", "3", "--dp", "2")
     assert r.returncode != 0 and "must equal --dp x --pp" in r.stderr
+    # a typo's rank count fails at once, naming the limit, instead of forking that many ranks
+    n = str(10**9)
+    r = _equishard("train", "--shards", str(train_generation), "--nproc", n, "--dp", n, timeout=60)
+    assert r.returncode != 0 and f"--nproc {n}: equishard train starts every rank" in r.stderr
 
 
 def test_recompute_flag_reaches_the_ranks(train_generation):

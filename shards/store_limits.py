@@ -24,6 +24,9 @@ __all__ = [
 
 TIMEOUT_ENV, RETRIES_ENV = "EQUISHARD_STORE_TIMEOUT", "EQUISHARD_STORE_RETRIES"
 DEFAULT_TIMEOUT, DEFAULT_RETRIES = 30.0, 3
+# a typo (--store-retries 30000) against an endpoint that never answers would hold a job for
+# days: a request waits at most an hour, and is tried at most 100 times
+MAX_TIMEOUT, MAX_RETRIES = 3600.0, 100
 
 
 def store_limits() -> tuple[float, int]:
@@ -38,10 +41,10 @@ def store_limits() -> tuple[float, int]:
             f"${TIMEOUT_ENV} must be seconds and ${RETRIES_ENV} a whole number, got "
             f"{os.environ.get(TIMEOUT_ENV)!r} and {os.environ.get(RETRIES_ENV)!r}"
         ) from None
-    if not (0 < timeout < float("inf")) or retries < 1:
+    if not (0 < timeout <= MAX_TIMEOUT) or not 1 <= retries <= MAX_RETRIES:
         raise ValueError(
-            f"${TIMEOUT_ENV} must be > 0 seconds and ${RETRIES_ENV} >= 1, got {timeout} and "
-            f"{retries}"
+            f"${TIMEOUT_ENV} must be seconds in (0, {MAX_TIMEOUT:g}] and ${RETRIES_ENV} a whole "
+            f"number in 1..{MAX_RETRIES}, got {timeout} and {retries}"
         )
     return timeout, retries
 

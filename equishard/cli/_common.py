@@ -100,15 +100,26 @@ def add_store_args(p) -> None:
 
 
 def _apply_store_args(args) -> None:
-    from shards.store_limits import RETRIES_ENV, TIMEOUT_ENV, store_limits
+    from shards.store_limits import (
+        MAX_RETRIES,
+        MAX_TIMEOUT,
+        RETRIES_ENV,
+        TIMEOUT_ENV,
+        store_limits,
+    )
 
     if args.store_timeout is not None:
-        if not 0 < args.store_timeout < float("inf"):
-            raise ValueError(f"--store-timeout must be > 0 seconds, got {args.store_timeout}")
+        if not 0 < args.store_timeout <= MAX_TIMEOUT:
+            raise ValueError(
+                f"--store-timeout must be seconds in (0, {MAX_TIMEOUT:g}], got {args.store_timeout}"
+            )
         os.environ[TIMEOUT_ENV] = repr(args.store_timeout)
     if args.store_retries is not None:
-        if args.store_retries < 1:
-            raise ValueError(f"--store-retries must be >= 1, got {args.store_retries}")
+        if not 1 <= args.store_retries <= MAX_RETRIES:
+            raise ValueError(
+                f"--store-retries must be a whole number in 1..{MAX_RETRIES}, got "
+                f"{args.store_retries}"
+            )
         os.environ[RETRIES_ENV] = str(args.store_retries)
     store_limits()  # a bad value in the environment is an error before any work
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -371,9 +372,16 @@ def test_an_endpoint_that_never_answers_fails_within_the_store_timeout(tmp_path,
 def test_store_limits_refuse_nonsense(monkeypatch):
     from shards.storage import bounded_options
 
-    monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "0")
-    with pytest.raises(ValueError, match="EQUISHARD_STORE_TIMEOUT"):
-        bounded_options("s3://b/x", {})
+    # a typo's limits (retries by the thousand, a timeout of days or none) would hold a job
+    # for days against an endpoint that never answers: refused, the largest taken
+    for timeout, retries in (("0", "3"), ("inf", "3"), ("3600.5", "3"), ("5", "0"), ("5", "101")):
+        monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", timeout)
+        monkeypatch.setenv("EQUISHARD_STORE_RETRIES", retries)
+        with pytest.raises(ValueError, match="EQUISHARD_STORE_TIMEOUT"):
+            bounded_options("s3://b/x", {})
+    monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "3600")
+    monkeypatch.setenv("EQUISHARD_STORE_RETRIES", "100")
+    assert bounded_options("s3://b/x", {})[1] == 100
     monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "5")
     monkeypatch.setenv("EQUISHARD_STORE_RETRIES", "2")
     opts, retries = bounded_options("s3://b/x", {"config_kwargs": {"read_timeout": 9}})
@@ -386,6 +394,28 @@ def test_store_limits_refuse_nonsense(monkeypatch):
     assert bounded_options("gs://b/x", {"a": 1}) == ({"a": 1}, None)
     http, _ = bounded_options("https://host/gen", {})
     assert http["client_kwargs"]["timeout"].sock_read == 5.0
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--store-retries", "101"], "--store-retries must be a whole number in 1..100"),
+        (["--store-retries", "0"], "--store-retries must be a whole number in 1..100"),
+        (["--store-timeout", "inf"], r"--store-timeout must be seconds in \(0, 3600\]"),
+        (["--store-timeout", "86400"], r"--store-timeout must be seconds in \(0, 3600\]"),
+    ],
+)
+def test_store_flags_out_of_range_are_refused_before_any_request(
+    flags, message, monkeypatch, capsys
+):
+    """The flags' twin of the environment's limits: a request tried 30,000 times, or waiting
+    a day, is a typo that would hold a job for days against a dead endpoint."""
+    from equishard.cli import main
+
+    monkeypatch.setenv("EQUISHARD_STORE_TIMEOUT", "30")  # restored after the test
+    monkeypatch.setenv("EQUISHARD_STORE_RETRIES", "3")
+    assert main(["verify", "s3://never-contacted/gen", *flags]) == 2
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_a_huge_step_count_is_refused_without_building_it(gen_copy):

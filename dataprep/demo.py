@@ -175,6 +175,9 @@ def _check_ours(out: Path) -> None:
         )
 
 
+MAX_DEMO_SAMPLES = 10_000_000
+
+
 def make_demo(
     out_dir: str | Path,
     *,
@@ -191,7 +194,9 @@ def make_demo(
     ``default`` (text-only/single/multi mix) or ``single-image`` (every sample one image and a
     ~300-token conversation, the prep benchmark's profile).
     """
-    check_count("samples", samples, 1)
+    # a typo's count would fail after minutes with numpy's MemoryError (10**12: 7 TiB)
+    check_count("samples (the demo set's size; prep your own data for more)", samples, 1,
+                MAX_DEMO_SAMPLES)  # fmt: skip
     check_count("seed", seed)
     check_count("images (distinct image files; None: one per reference up to 600)", images, 1,
                 none=True)  # fmt: skip

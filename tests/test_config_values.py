@@ -293,6 +293,7 @@ def test_write_extras_never_leave_the_generation_or_replace_its_keys(
         (dict(images=-1), "images"),  # read as one image file, silently
         (dict(images=0), "images"),
         (dict(samples=2.5), "samples"),
+        (dict(samples=10**12), r"samples \(the demo set's size"),  # was numpy's MemoryError
         (dict(seed=-1), "seed"),
     ],
 )

@@ -81,6 +81,24 @@ def _slot_sift(walk, keys, vals, size):
 
 
 @njit(cache=True)
+def _walk_next(walk, m, keys, vals, d):
+    """One step of a lazy walk of a min-heap of ``d`` slots in ascending (key, value) order,
+    the heap left as it is: ``walk[:m]`` is a small heap of the slots not yet visited whose
+    parents were (start with ``walk[0] = 0``, ``m = 1``). Pops the least, pushes its two
+    children; returns (that slot, the new ``m``)."""
+    s = walk[0]
+    m -= 1
+    walk[0] = walk[m]
+    _slot_sift(walk, keys, vals, m)
+    for c in (2 * s + 1, 2 * s + 2):
+        if c < d:
+            walk[m] = c
+            m += 1
+            _slot_up(walk, keys, vals, m - 1)
+    return s, m
+
+
+@njit(cache=True)
 def _remove_at(items, cnt, b, p):
     for q in range(p, cnt[b] - 1):
         items[b, q] = items[b, q + 1]
@@ -246,15 +264,7 @@ def _nb_refine(lengths, order_desc, bins, d, target, max_steps, cap, cap_lengths
             walk[0] = 0
             m = 1
             while m > 0:
-                s = walk[0]
-                m -= 1
-                walk[0] = walk[m]
-                _slot_sift(walk, kmin, vmin, m)
-                for c in (2 * s + 1, 2 * s + 2):
-                    if c < d:
-                        walk[m] = c
-                        m += 1
-                        _slot_up(walk, kmin, vmin, m - 1)
+                s, m = _walk_next(walk, m, kmin, vmin, d)
                 b = vmin[s]
                 if loads[b] >= loads[a]:
                     break

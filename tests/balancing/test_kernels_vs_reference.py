@@ -211,3 +211,62 @@ def test_padded_attention(seed, heavy):
     out = np.empty(n, dtype=np.int64)
     K._nb_padded_attention(x, order, d, bound, out)
     assert dict(enumerate(out.tolist())) == R.padded_attention(x.tolist(), order.tolist(), d, bound)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_lazy_heap_walk_visits_bins_in_ascending_load_order(seed):
+    """Under a cap, refinement walks the bins lightest first without popping the min-heap
+    (``refine._walk_next``). Reference: the bins sorted by (load, bin). Ties are common (loads
+    from a handful of values). Planted bugs this catches: the walk's own heap sifting to the
+    wrong child, or a child slot never pushed (the kernel then tried a heavier bin first, or
+    skipped one, which the end-to-end comparison above rarely sees)."""
+    from balancing._kernels.heap import _ih_heapify, _ih_init
+    from balancing._kernels.refine import _walk_next
+
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(1, 60))
+    loads = rng.integers(0, 6, d).astype(np.float64)
+    keys, vals, pos = _ih_init(d)
+    keys[:] = loads
+    _ih_heapify(keys, vals, pos, d)
+    before = (keys.copy(), vals.copy(), pos.copy())
+    walk = np.empty(d + 1, dtype=np.int64)
+    walk[0], m, seen = 0, 1, []
+    while m > 0:
+        s, m = _walk_next(walk, m, keys, vals, d)
+        seen.append(int(vals[s]))
+    assert seen == sorted(range(d), key=lambda b: (loads[b], b))
+    for a, b in zip(before, (keys, vals, pos), strict=True):  # the heap itself is untouched
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_min_tree_prefix_query_equals_brute_force(seed):
+    """The tree that finds a partner past the lightest bin (``refine._tree_set``,
+    ``_tree_prefix_min``): after every update, each prefix's least value and its lowest leaf
+    among ties equal numpy's over the same leaves. Planted bugs this catches: a tie broken to
+    a higher leaf, or a larger value taken for a lower leaf index (another partner chosen than
+    the rule's)."""
+    from balancing._kernels.refine import _tree_prefix_min, _tree_set
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 70))
+    size = 1
+    while size < n:
+        size *= 2
+    tv = np.full(2 * size, np.inf)
+    ti = np.zeros(2 * size, dtype=np.int64)
+    ti[size:] = np.arange(size)
+    for j in range(size - 1, 0, -1):  # an empty tree: each node names its leftmost leaf
+        ti[j] = ti[2 * j]
+    leaves = np.full(size, np.inf)
+    updates = [(p, float(rng.integers(0, 8))) for p in range(n)]
+    updates += [(int(rng.integers(0, n)), float(rng.integers(0, 8))) for _ in range(2 * n)]
+    for p, v in updates:
+        _tree_set(tv, ti, size, p, v)
+        leaves[p] = v
+        for q in range(n + 1):
+            best, leaf = _tree_prefix_min(tv, ti, size, q)
+            want = leaves[:q].min() if q else np.inf
+            want_leaf = int(np.flatnonzero(leaves[:q] == want)[0]) if q and want < np.inf else -1
+            assert (best, leaf) == (want, want_leaf), (q, leaves[:q])

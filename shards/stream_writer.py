@@ -31,7 +31,7 @@ from shards.errors import WriteError
 from shards.parent import copy_group, parent_sample
 from shards.publish import atomic_write_bytes, fsync_dir
 from shards.sample_doc import COST_FIELDS, sample_doc, sample_key
-from shards.stream_resume import finished_prefix
+from shards.stream_resume import finished_prefix, shard_stem
 from shards.tar_members import add_member, image_ext
 
 __all__ = ["COST_FIELDS", "StreamWriter", "read_sample", "write_stream"]
@@ -155,8 +155,10 @@ class StreamWriter:
         # keep the finished prefix of shards that checks out; from the first that does not
         # (missing, damaged, foreign, not the plan's next groups) everything is written again
         done, _ = finished_prefix(job, sdir, parts)
-        for extra in sorted(sdir.glob("shard-*.tar"))[len(done) :]:
-            extra.unlink()
+        kept = {Path(m["file"]).name for m in done}
+        for extra in sdir.glob("shard-*.tar"):  # later shards, and any of an older naming
+            if extra.name not in kept:
+                extra.unlink()
         next_step = done[-1]["groups"][-1][0] + 1 if done else -1
         groups = _groups(job, next_step)
         g = next(groups, None)
@@ -165,7 +167,8 @@ class StreamWriter:
         k = len(done)
         finishing = []
         while g is not None:
-            name = f"shard-{k:06d}.tar"
+            stem = shard_stem(job["dir"], k)
+            name = f"{stem}.tar"
             sink = _ShardFile(sdir / (name + ".partial"), self)
             meta_groups = []
             samples = 0
@@ -182,7 +185,7 @@ class StreamWriter:
                     if tf.offset >= job["shard_size"]:
                         break
             meta = {"file": f"{job['dir']}/{name}", "samples": samples, "groups": meta_groups}
-            finishing.append(sink.finish(sdir / name, parts / f"shard-{k:06d}.json", meta))
+            finishing.append(sink.finish(sdir / name, parts / f"{stem}.json", meta))
             k += 1
         # the sync thread completes shards in order: this runs after the stream's last one
         return self.syncer.submit(lambda: done + [f.result() for f in finishing])

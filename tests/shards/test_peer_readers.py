@@ -121,11 +121,17 @@ def test_hf_datasets_webdataset_builder_reads_every_sample(generation):
         assert [im.size for _, im in images] == ref["sizes"]
 
 
-def test_wids_reads_every_sample(generation):
+def test_wids_reads_every_sample(generation, tmp_path):
+    """wids with a cache directory of its own, as its users give one for remote shards: it
+    keeps each shard there under its base name. Planted bug this catches: shard names unique
+    only inside their stream's folder (``node-000/rank-001/shard-000000.tar``), so every
+    stream's first shard was one cache file and wids read rank 0's samples as rank 1's."""
     wids = pytest.importorskip("wids")
     m = open_generation(generation)
+    files = [sh.file for st in m.streams for sh in st.shards]
+    assert len({Path(f).name for f in files}) == len(files)
     want = [s for stream in tar_samples(generation).values() for s in stream]
-    ds = wids.ShardListDataset(str(m.path / "wids-index.json"))
+    ds = wids.ShardListDataset(str(m.path / "wids-index.json"), cache_dir=str(tmp_path / "wids"))
     assert len(ds) == len(want)
     for i, ref in enumerate(want):
         sample = ds[i]

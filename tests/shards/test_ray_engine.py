@@ -97,7 +97,7 @@ def _kill_first_writer(stage_root: Path, killed: list, stop: threading.Event) ->
     """Once some stream has finished its second shard, SIGKILL a Ray worker process that is
     running a write task (its title is ``ray::equishard-write``)."""
     while not stop.is_set():
-        if any(stage_root.glob(".staging-*/.parts/node-*/rank-*/shard-000001.json")):
+        if any(stage_root.glob(".staging-*/.parts/node-*/rank-*/shard-*-000001.json")):
             for pid in os.listdir("/proc"):
                 if not pid.isdigit():
                     continue

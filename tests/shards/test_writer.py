@@ -347,7 +347,7 @@ def test_a_resumed_write_rewrites_leftovers_that_do_not_check_out(
     changed byte went into a manifest that vouched for it; a broken sidecar crashed every
     later run; a sidecar with other steps made the resume skip planned groups)."""
     cfg, stage = _killed_write(gen_inputs, tmp_path, monkeypatch, "atomic_write_bytes")
-    tars = sorted(stage.glob("node-*/rank-*/shard-000000.tar"))
+    tars = sorted(stage.glob("node-*/rank-*/shard-*-000000.tar"))
     assert tars
     for tar in tars[:2]:
         side = stage / ".parts" / tar.relative_to(stage).with_suffix(".json")

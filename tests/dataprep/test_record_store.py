@@ -40,3 +40,36 @@ def test_records_by_location_in_any_order_with_one_open_input(tmp_path, monkeypa
         handles = list(store._handles.values())
     assert handles and all(f.closed for f in handles)
     assert not store._handles
+
+
+def test_records_of_many_units_by_location_in_any_order(tmp_path):
+    """A JSON array and a Parquet file of 23 records read in units of 4 (six units, two kept
+    at a time): every location gives its own record, in any order and again after its unit
+    was evicted. Reference: the records as written. Planted bugs this catches: the search for
+    a record's unit skipping one (a record in a later unit refused as 'the input changed'),
+    a kept unit looked up the wrong way round (the demo's inputs are JSONL, one unit, which
+    this path never serves)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    records = [
+        {
+            "id": f"s{i:03d}",
+            "conversations": [
+                {"from": "human", "value": f"question {i}"},
+                {"from": "gpt", "value": f"answer {i}"},
+            ],
+        }
+        for i in range(23)
+    ]
+    (tmp_path / "data.json").write_text(json.dumps(records))
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "data.parquet", row_group_size=5)
+    order = list(range(len(records)))
+    random.Random(1).shuffle(order)
+    for name in ("data.json", "data.parquet"):
+        path = str(tmp_path / name)
+        with RecordStore(chunk=4, cached_units=2) as store:
+            for i in order + order[::-1]:
+                got = store.get(f"{path}#{i}")
+                assert got.sample_id == f"s{i:03d}", (name, i)
+                assert [t[1] for t in got.turns] == [f"question {i}", f"answer {i}"], (name, i)

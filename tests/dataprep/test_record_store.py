@@ -7,8 +7,10 @@ spent 15 % of its time in ``open``), handles left open after ``close``."""
 from __future__ import annotations
 
 import builtins
+import io
 import json
 import random
+import tarfile
 
 from dataprep import make_demo
 from dataprep.record_store import RecordStore
@@ -43,8 +45,8 @@ def test_records_by_location_in_any_order_with_one_open_input(tmp_path, monkeypa
 
 
 def test_records_of_many_units_by_location_in_any_order(tmp_path):
-    """A JSON array and a Parquet file of 23 records read in units of 4 (six units, two kept
-    at a time): every location gives its own record, in any order and again after its unit
+    """A JSON array, a Parquet file and a WebDataset tar of 23 records read in units of 4 (six
+    units, two kept at a time): every location gives its own record, in any order and again after its unit
     was evicted. Reference: the records as written. Planted bugs this catches: the search for
     a record's unit skipping one (a record in a later unit refused as 'the input changed'),
     a kept unit looked up the wrong way round (the demo's inputs are JSONL, one unit, which
@@ -64,9 +66,15 @@ def test_records_of_many_units_by_location_in_any_order(tmp_path):
     ]
     (tmp_path / "data.json").write_text(json.dumps(records))
     pq.write_table(pa.Table.from_pylist(records), tmp_path / "data.parquet", row_group_size=5)
+    with tarfile.open(tmp_path / "data.tar", "w") as tf:
+        for r in records:
+            body = json.dumps(r).encode()
+            info = tarfile.TarInfo(f"{r['id']}.json")
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
     order = list(range(len(records)))
     random.Random(1).shuffle(order)
-    for name in ("data.json", "data.parquet"):
+    for name in ("data.json", "data.parquet", "data.tar"):
         path = str(tmp_path / name)
         with RecordStore(chunk=4, cached_units=2) as store:
             for i in order + order[::-1]:

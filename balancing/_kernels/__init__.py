@@ -45,6 +45,7 @@ from balancing._kernels.refine import (
     _slot_up,
     _tree_prefix_min,
     _tree_set,
+    _walk_next,
 )
 from balancing._kernels.schedule import (
     _nb_1f1b_ops,
@@ -115,4 +116,5 @@ __all__ = [
     "_slot_up",
     "_tree_prefix_min",
     "_tree_set",
+    "_walk_next",
 ]

@@ -201,14 +201,6 @@ def run(args: argparse.Namespace) -> int:
 
     if args.nproc != args.dp * args.pp:
         return fail(f"--nproc {args.nproc} must equal --dp x --pp = {args.dp * args.pp}")
-    most = local_rank_limit()
-    if not 1 <= args.nproc <= most:
-        return fail(
-            f"--nproc {args.nproc}: equishard train starts every rank on this machine, at most "
-            f"{most} here (4 per CPU core, at least 8); for more, run "
-            "trainer_adapter.train.loop under torchrun or your cluster's launcher across "
-            "machines, as this command does on one"
-        )
     try:  # before any process starts: a wrong --shards is one line, not a torchrun failure
         open_generation(args.shards)
     except ManifestError as exc:
@@ -250,6 +242,14 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         return fail(str(exc))
+    most = local_rank_limit()  # the settings are checked; now what this machine can start
+    if not 1 <= args.nproc <= most:
+        return fail(
+            f"--nproc {args.nproc}: equishard train starts every rank on this machine, at most "
+            f"{most} here (4 per CPU core, at least 8); for more, run "
+            "trainer_adapter.train.loop under torchrun or your cluster's launcher across "
+            "machines, as this command does on one"
+        )
     cmd = [
         sys.executable,
         "-m",

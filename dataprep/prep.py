@@ -50,7 +50,7 @@ from dataprep.ray_engine import RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.setting_checks import check_settings, settings_summary
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
-from dataprep.workers import exit_with_parent
+from dataprep.workers import exit_with_parent, usable_cores
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
 
@@ -147,13 +147,16 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
         yield from _measurer(cfg).measure_many(units)
         return
     ctx = mp.get_context("spawn")  # no fork: tokenizers' thread pool is not fork-safe
+    # processes on this machine: at most one per usable core (each holds its own interpreter
+    # and tokenizer: --workers 1024 on 2 cores ran out of memory, not faster); Ray spreads
+    # the --workers over its cluster instead
+    procs = min(cfg.workers, usable_cores())
     with ProcessPoolExecutor(
-        cfg.workers, mp_context=ctx, initializer=_init_worker, initargs=(cfg, os.getpid())
+        procs, mp_context=ctx, initializer=_init_worker, initargs=(cfg, os.getpid())
     ) as ex:
         it = iter(units)
         inflight = deque(
-            ex.submit(_measure_in_worker, u)
-            for _, u in zip(range(2 * cfg.workers), it, strict=False)
+            ex.submit(_measure_in_worker, u) for _, u in zip(range(2 * procs), it, strict=False)
         )
         order = deque(u for u in units[: len(inflight)])
         while inflight:

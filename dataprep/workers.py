@@ -16,8 +16,9 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
-__all__ = ["MAX_WORKERS", "exit_with_parent"]
+__all__ = ["MAX_WORKERS", "exit_with_parent", "usable_cores"]
 
 _PR_SET_PDEATHSIG = 1
 # worker processes a stage may start (--workers); more is a typo or a unit mix-up, and each is a
@@ -42,3 +43,21 @@ def exit_with_parent(parent: int) -> None:
     if os.getppid() != parent:  # died before the signal was armed
         os._exit(1)
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="equishard-parent").start()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity, cut to a cgroup's CPU-time cap; or
+    ``EQUISHARD_CORES`` where set (a container whose affinity shows the host's cores)."""
+    given = os.environ.get("EQUISHARD_CORES", "").strip()
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ValueError(f"EQUISHARD_CORES must be a whole number >= 1, got {given!r}")
+        return int(given)
+    cores = len(os.sched_getaffinity(0))
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return cores

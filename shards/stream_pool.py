@@ -21,29 +21,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager
-from pathlib import Path
 
-from dataprep.workers import exit_with_parent
+from dataprep.workers import exit_with_parent, usable_cores
 
 __all__ = ["run_streams", "stream_processes", "usable_cores"]
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its affinity, cut to a cgroup's CPU-time cap; or
-    ``EQUISHARD_CORES`` where set (a container whose affinity shows the host's cores)."""
-    given = os.environ.get("EQUISHARD_CORES", "").strip()
-    if given:
-        if not given.isdigit() or int(given) < 1:
-            raise ValueError(f"EQUISHARD_CORES must be a whole number >= 1, got {given!r}")
-        return int(given)
-    cores = len(os.sched_getaffinity(0))
-    try:
-        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
-        if quota != "max":
-            cores = min(cores, max(1, -(-int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
-    return cores
 
 
 def stream_processes(workers: int, streams: int) -> int:

@@ -140,7 +140,12 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="Parquet/HF text column (default: conversations, messages or text)",
     )
     p.add_argument(
-        "--workers", type=int, default=1, metavar="W", help="worker processes (default: 1)"
+        "--workers",
+        type=int,
+        default=1,
+        metavar="W",
+        help="worker processes (default: 1; with --engine local at most one per usable core, "
+        "$EQUISHARD_CORES to say how many a container has)",
     )
     add_engine_args(p, "measure")
     p.add_argument(

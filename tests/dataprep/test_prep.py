@@ -162,6 +162,31 @@ def test_workers_and_chunking_do_not_change_the_table(tmp_path, tokenizer_path):
     assert one == two == piped and len(one) == 300
 
 
+def test_local_workers_are_capped_at_the_usable_cores(tmp_path, tokenizer_path, monkeypatch):
+    """``--workers 64`` on a 2-core machine starts 2 processes, and the table is the same as
+    one worker's (reference: the cores seen, through ``EQUISHARD_CORES``). Planted bug this
+    catches: a process per requested worker (each its own interpreter and tokenizer:
+    ``--workers 1024`` on 2 cores ran out of memory, and was no faster)."""
+    import concurrent.futures
+
+    import dataprep.prep as prep_module
+
+    sizes = []
+
+    class Recording(concurrent.futures.ProcessPoolExecutor):
+        def __init__(self, max_workers=None, *a, **kw):
+            sizes.append(max_workers)
+            super().__init__(max_workers, *a, **kw)
+
+    monkeypatch.setattr(prep_module, "ProcessPoolExecutor", Recording)
+    monkeypatch.setenv("EQUISHARD_CORES", "2")
+    demo = _demo(tmp_path)
+    inputs = [demo / "demo.jsonl"]
+    many = run(tmp_path / "w64", inputs, tokenizer_path, workers=64, chunk_size=20)[1]
+    one = run(tmp_path / "w1", inputs, tokenizer_path, workers=1, chunk_size=1000)[1]
+    assert sizes == [2] and many == one
+
+
 def test_shard_split_and_merge_equal_one_run(tmp_path, tokenizer_path):
     demo = _demo(tmp_path)
     extra = write_jsonl(tmp_path / "extra.jsonl", [llava(f"x{i}") for i in range(7)], ["{broken"])

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataprep.values import check_count, check_task_timeout
+from dataprep.workers import usable_cores
 
 __all__ = ["DEFAULT_TASK_TIMEOUT", "ENGINES", "RayOptions", "init_ray", "ordered_map"]
 
@@ -60,7 +61,9 @@ def init_ray(opts: RayOptions):
         address = opts.address or os.environ.get("RAY_ADDRESS") or None
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True}
         if address is None and opts.num_cpus is not None:
-            kwargs["num_cpus"] = opts.num_cpus
+            # a local cluster runs on this machine's cores: --workers 1024 there would start
+            # a Ray worker (an interpreter, a tokenizer) per task in flight, out of memory
+            kwargs["num_cpus"] = min(opts.num_cpus, usable_cores())
         ray.init(address=address, **kwargs)
     return ray
 

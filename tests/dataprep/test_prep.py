@@ -187,6 +187,27 @@ def test_local_workers_are_capped_at_the_usable_cores(tmp_path, tokenizer_path, 
     assert sizes == [2] and many == one
 
 
+def test_a_local_ray_cluster_gets_at_most_the_usable_cores(monkeypatch):
+    """The same cap for ``--engine ray`` when it starts its own cluster on this machine
+    (no address): ``--workers 64`` on 2 cores declares 2 CPUs; a cluster named by address keeps
+    its own. Planted bug this catches: a local cluster of 64 CPUs on 2 cores (a Ray worker
+    process, with its tokenizer, per task in flight)."""
+    ray = pytest.importorskip("ray")
+
+    from dataprep.ray_engine import RayOptions, init_ray
+
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kw: calls.append(kw))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("EQUISHARD_CORES", "2")
+    init_ray(RayOptions(num_cpus=64))
+    init_ray(RayOptions(num_cpus=1))
+    init_ray(RayOptions(address="auto", num_cpus=64))
+    assert [c.get("num_cpus") for c in calls] == [2, 1, None]
+    assert [c["address"] for c in calls] == [None, None, "auto"]
+
+
 def test_shard_split_and_merge_equal_one_run(tmp_path, tokenizer_path):
     demo = _demo(tmp_path)
     extra = write_jsonl(tmp_path / "extra.jsonl", [llava(f"x{i}") for i in range(7)], ["{broken"])

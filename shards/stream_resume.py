@@ -22,13 +22,12 @@ from shards.storage import sha256_of
 __all__ = ["finished_prefix", "plan_groups", "shard_stem"]
 
 
-def shard_stem(stream_dir: str, k: int) -> str:
-    """The name (without ``.tar``) of shard ``k`` of the stream written into ``stream_dir``
-    (``node-000/rank-001``): ``shard-n000-r001-000000``. Unique across the generation, not
-    only inside its folder: readers that keep shards in one flat cache by base name (wids
-    with a ``cache_dir``) would otherwise read every stream's first shard as one file."""
-    node, rank = stream_dir.split("/")
-    return f"shard-n{node.removeprefix('node-')}-r{rank.removeprefix('rank-')}-{k:06d}"
+def shard_stem(job: dict, k: int) -> str:
+    """The name (without ``.tar``) of shard ``k`` of a write job's stream (node 0, local rank
+    1: ``shard-n000-r001-000000``). Unique across the generation, not only inside its folder:
+    readers that keep shards in one flat cache by base name (wids with a ``cache_dir``) would
+    otherwise read every stream's first shard as one file."""
+    return f"shard-n{job['node']:03d}-r{job['local_rank']:03d}-{k:06d}"
 
 
 SIDECAR_LIMIT = 256 << 20  # one shard's groups: far below
@@ -89,7 +88,7 @@ def finished_prefix(job: dict, sdir: Path, parts: Path) -> tuple[list[dict], int
     done: list[dict] = []
     next_group = 0
     while True:
-        name = shard_stem(job["dir"], len(done))
+        name = shard_stem(job, len(done))
         side, tar = parts / f"{name}.json", sdir / f"{name}.tar"
         meta = _sidecar(side) if side.exists() and tar.is_file() else None
         if meta is None or meta["file"] != f"{job['dir']}/{name}.tar":

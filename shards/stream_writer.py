@@ -167,7 +167,7 @@ class StreamWriter:
         k = len(done)
         finishing = []
         while g is not None:
-            stem = shard_stem(job["dir"], k)
+            stem = shard_stem(job, k)
             name = f"{stem}.tar"
             sink = _ShardFile(sdir / (name + ".partial"), self)
             meta_groups = []

@@ -191,7 +191,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def local_rank_limit() -> int:
     """The most ranks ``equishard train`` starts on one machine: a typo such as ``--dp
     100000`` must fail at once, never fork that many Python processes."""
-    return max(8, 4 * (os.cpu_count() or 1))
+    from dataprep.workers import usable_cores
+
+    return max(8, 4 * usable_cores())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -246,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
     if not 1 <= args.nproc <= most:
         return fail(
             f"--nproc {args.nproc}: equishard train starts every rank on this machine, at most "
-            f"{most} here (4 per CPU core, at least 8); for more, run "
+            f"{most} here (4 per usable core, at least 8); for more, run "
             "trainer_adapter.train.loop under torchrun or your cluster's launcher across "
             "machines, as this command does on one"
         )

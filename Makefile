@@ -1,5 +1,8 @@
-# equishard — every target installs what it needs first (a .venv, torch==2.13.0 when
-# no torch is importable, then this package in editable mode with its dev extra).
+# equishard — every target installs what it needs first, at the versions of constraints.txt
+# (the install lock): `make shards` a .venv with torch==2.13.0 (CPU) and the pipeline's own
+# dependencies; `make test` and the other development targets add the dev extra. `make
+# test-latest` tries the newest releases in .venv-latest and says what changed; `make lock`
+# pins them once they pass.
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -31,22 +34,52 @@ NIGHT_OUT ?= build/nightly
 # `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (docs/training/equishard-train.md, "On a GPU")
 GPU_OUT ?= build/gpu-smoke
 
-.PHONY: install shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean
+.PHONY: install test-latest lock shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean
+
+LOCK   := constraints.txt
+# every install takes the lock's versions; setuptools comes from the lock too (no build
+# isolation: an isolated build would fetch the newest setuptools, outside the lock)
+PIP    := $(BIN)/python -m pip install -c $(LOCK)
+EDITABLE := --no-build-isolation --config-settings editable_mode=compat
+CORE_STAMP := $(VENV)/.equishard-core
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+# the pipeline: what `make shards` needs (no test, docs, Ray, S3 or Energon packages)
+$(CORE_STAMP): pyproject.toml Makefile $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "torch==2.13.0"
+	$(PIP) setuptools wheel
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) "torch==2.13.0"
 	@# compat: the checkout joins sys.path (a .pth), so a user's data folder named like one of
 	@# our packages (./shards) never hides it; the default import hook runs after that search
-	$(BIN)/python -m pip install -e ".[dev]" --config-settings editable_mode=compat
+	$(PIP) -e . $(EDITABLE)
 	@# compile the runtime balancing kernels into numba's cache now, not at a job's first step
 	$(BIN)/python -c "from balancing.first_call import warm_up; warm_up()"
+	@touch $(CORE_STAMP)
+
+# development: the dev extra (tests, lint, docs, every optional extra the tests exercise)
+$(STAMP): $(CORE_STAMP)
+	$(PIP) -e ".[dev]" $(EDITABLE)
+	$(BIN)/python tools/lock.py check $(LOCK)
 	@touch $(STAMP)
 
+# The newest releases of everything (torch stays the CPU 2.13.0) in a venv of their own, what
+# changed against the lock, then the suite; not in CI. `make lock` then pins them on purpose.
+LATEST ?= .venv-latest
+test-latest:
+	rm -rf $(LATEST)
+	$(PYTHON) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --upgrade setuptools wheel "torch==2.13.0"
+	$(LATEST)/bin/python -m pip install --upgrade --upgrade-strategy eager -e ".[dev]" $(EDITABLE)
+	$(LATEST)/bin/python tools/lock.py diff $(LOCK)
+	$(LATEST)/bin/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+
+lock:
+	@test -x $(LATEST)/bin/python || { echo "make lock pins .venv-latest: run make test-latest first"; exit 2; }
+	$(LATEST)/bin/python tools/lock.py write $(LOCK)
+
 # The whole pipeline on the embedded demo set.
-shards: $(STAMP)
+shards: $(CORE_STAMP)
 	$(BIN)/equishard demo $(OUT)/raw --samples $(SAMPLES) --seed $(SEED)
 	$(BIN)/equishard prep $(OUT)/raw/demo.jsonl --image-root $(OUT)/raw \
 		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy $(POLICY) \

@@ -1102,30 +1102,31 @@ def test_template_that_hides_the_answer_rejects_the_sample_in_prep(tmp_path, tok
 
 def test_smolvlm_resize_equals_the_image_processors_arithmetic():
     """The size an image is scaled to before tiling equals SmolVLM's image processor's own
-    two steps (longest side to ``longest_edge``, then both sides within 4096), over squares,
-    near-squares and extreme ratios, with ``longest_edge`` below and above 4096 (the pixel
-    test above stays below it). Planted bug this catches: a square image scaled past 4096
-    left unbounded (``width > height`` where the processor has ``>=``)."""
-    import importlib
+    (its public ``get_resize_output_image_size``: longest side to ``longest_edge``, then both
+    sides within 4096, read from the array's shape alone, so a zero-copy view stands in for the
+    pixels), over squares, near-squares and extreme ratios, with ``longest_edge`` below, at and
+    above 4096 (the pixel test above stays below it). Planted bug this catches: a square image
+    scaled past 4096 left unbounded (``width > height`` where the processor has ``>=``)."""
     import random
+
+    import numpy as np
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import (
+        get_resize_output_image_size,
+    )
 
     from dataprep.policies.smolvlm import _scaled
 
-    ref = importlib.import_module("transformers.models.smolvlm.image_processing_pil_smolvlm")
-
     rng = random.Random(3)
-    sizes = [(n, n) for n in (1, 2, 3, 999, 4096, 5000)]
+    sizes = [(n, n) for n in (1, 2, 3, 999, 4095, 4096, 4097, 5000)]
     sizes += [(n, n + 1) for n in (1, 700, 4095)] + [(n + 1, n) for n in (1, 700, 4095)]
     sizes += [(rng.randint(1, 9000), rng.randint(1, 9000)) for _ in range(300)]
     sizes += [(rng.randint(1, 20), rng.randint(1000, 9000)) for _ in range(30)]
     sizes += [(rng.randint(1000, 9000), rng.randint(1, 20)) for _ in range(30)]
     wrong = []
-    for longest in (364, 1536, 4096, 4097, 5000, 8192):
+    for longest in (364, 1536, 4095, 4096, 4097, 5000, 8192):
         for h, w in sizes:
-            want = ref._resize_output_size_scale_below_upper_bound(
-                *ref._resize_output_size_rescale_to_max_len(h, w, max_len=longest),
-                max_len=ref.MAX_IMAGE_SIZE,
-            )
+            image = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, h, w))
+            want = get_resize_output_image_size(image, resolution_max_side=longest)
             if _scaled(h, w, longest) != tuple(want):
                 wrong.append((longest, (h, w), _scaled(h, w, longest), want))
     assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from dataprep.errors import SampleRejected
 from dataprep.policies import (
@@ -12,6 +13,7 @@ from dataprep.policies import (
     parse_vision_policy,
     qwen2vl_smart_resize,
 )
+from tests.dataprep.processor_output import image_tokens, sizes
 
 
 def test_fixed_llava15_is_576_for_any_size():
@@ -145,11 +147,9 @@ def test_onevision_hand_worked(w, h, tiles, tokens):
     assert p.sample_costs([(w, h), (9, 9)])[0].vit_seq_lens == (729,)
 
 
-def test_onevision_equals_transformers_on_many_sizes(tokenizer_path):
-    """Tiles (the model's ``image_size_to_num_patches``) and LLM tokens (the processor's count)
-    of single images over many sizes, extreme aspect ratios and the pooled large ones too."""
-    import random
-
+def _onevision_check(tokenizer_path, size_list):
+    """Tiles (the model's ``image_size_to_num_patches``) and LLM tokens (the ``<image>`` tokens
+    ``LlavaOnevisionProcessor`` writes for a real image) of single images."""
     pytest.importorskip("transformers")
     from transformers import LlavaOnevisionProcessor, PreTrainedTokenizerFast
     from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
@@ -167,20 +167,33 @@ def test_onevision_equals_transformers_on_many_sizes(tokenizer_path):
         num_image_tokens=729,
         vision_feature_select_strategy="full",
     )
+    image_id = tok.convert_tokens_to_ids("<image>")
     policy = parse_vision_policy("llava-onevision")
-    rng = random.Random(0)
-    sizes = [(rng.randint(1, 5000), rng.randint(1, 5000)) for _ in range(3000)]
-    sizes += [(rng.randint(1, 60), rng.randint(1, 5000)) for _ in range(1000)]
     wrong = []
-    for w, h in sizes:
-        tokens = proc._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"][0]
+    for w, h in size_list:
+        tokens, out = image_tokens(proc, "<image>", image_id, w, h)
         tiles = image_size_to_num_patches(
             image_size=(h, w), grid_pinpoints=ip.image_grid_pinpoints, patch_size=384
         )
+        assert out["pixel_values"].shape[1] == tiles  # the anchor's two halves agree
         c = policy.image_cost(w, h)
         if (len(c.vit_seq_lens), c.llm_tokens) != (tiles, tokens):
             wrong.append((w, h, len(c.vit_seq_lens), tiles, c.llm_tokens, tokens))
     assert not wrong, wrong[:5]
+
+
+def test_onevision_equals_transformers_on_many_sizes(tokenizer_path):
+    """Sizes up to 2,500 a side (every grid of the pinpoints), thin ones to 5,000 and a few
+    large pooled ones; ``make test-all`` runs the wide sweep below."""
+    big = [(2304, 2304), (4000, 1200)]
+    _onevision_check(
+        tokenizer_path, sizes(0, regular=28, side=2500, thin=16, long_side=5000, big=big)
+    )
+
+
+@pytest.mark.slow
+def test_onevision_equals_transformers_wide_sweep(tokenizer_path):
+    _onevision_check(tokenizer_path, sizes(10, regular=600, side=5000, thin=200, long_side=5000))
 
 
 @pytest.mark.parametrize(
@@ -267,14 +280,10 @@ def test_llava_next_hand_worked(w, h, tiles, tokens):
     assert parse_vision_policy(p.spec()) == p
 
 
-@pytest.mark.parametrize(
-    "grids", [None, "1x1.1x2.2x1.2x2.2x3.3x2"], ids=["llava-v1.6", "own-grids"]
-)
-def test_llava_next_equals_transformers_on_many_sizes(grids, tokenizer_path):
-    """Tiles (the model's ``image_size_to_num_patches``) and LLM tokens (``LlavaNextProcessor``'s
-    count) over 4000 sizes, with llava-v1.6's pinpoints and with a list of one's own."""
-    import random
-
+def _llava_next_check(grids, tokenizer_path, size_list):
+    """Tiles (the model's ``image_size_to_num_patches``) and LLM tokens (the ``<image>`` tokens
+    ``LlavaNextProcessor`` writes for a real image), with llava-v1.6's pinpoints or a list of
+    one's own."""
     pytest.importorskip("transformers")
     from transformers import LlavaNextProcessor, PreTrainedTokenizerFast
     from transformers.models.llava_next import LlavaNextImageProcessorPil
@@ -298,20 +307,39 @@ def test_llava_next_equals_transformers_on_many_sizes(grids, tokenizer_path):
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
     )
+    image_id = tok.convert_tokens_to_ids("<image>")
     policy = parse_vision_policy("llava-next" + (f":grids={grids}" if grids else ""))
-    rng = random.Random(1)
-    sizes = [(rng.randint(1, 4000), rng.randint(1, 4000)) for _ in range(3000)]
-    sizes += [(rng.randint(1, 60), rng.randint(1, 4000)) for _ in range(1000)]
     wrong = []
-    for w, h in sizes:
-        tokens = proc._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"][0]
+    for w, h in size_list:
+        tokens, out = image_tokens(proc, "<image>", image_id, w, h)
         tiles = image_size_to_num_patches(
             image_size=(h, w), grid_pinpoints=ip.image_grid_pinpoints, patch_size=336
         )
+        assert out["pixel_values"].shape[1] == tiles  # the anchor's two halves agree
         c = policy.image_cost(w, h)
         if (len(c.vit_seq_lens), c.llm_tokens) != (tiles, tokens):
             wrong.append((w, h, len(c.vit_seq_lens), tiles, c.llm_tokens, tokens))
     assert not wrong, wrong[:5]
+
+
+_GRIDS = pytest.mark.parametrize(
+    "grids", [None, "1x1.1x2.2x1.2x2.2x3.3x2"], ids=["llava-v1.6", "own-grids"]
+)
+
+
+@_GRIDS
+def test_llava_next_equals_transformers_on_many_sizes(grids, tokenizer_path):
+    """Sizes up to 2,000 a side (past every pinpoint), thin ones to 4,000;
+    ``make test-all`` runs the wide sweep below."""
+    size_list = sizes(1, regular=40, side=2000, thin=16, long_side=4000, big=[(4000, 4000)])
+    _llava_next_check(grids, tokenizer_path, size_list)
+
+
+@pytest.mark.slow
+@_GRIDS
+def test_llava_next_equals_transformers_wide_sweep(grids, tokenizer_path):
+    size_list = sizes(11, regular=600, side=4000, thin=200, long_side=4000)
+    _llava_next_check(grids, tokenizer_path, size_list)
 
 
 @pytest.mark.parametrize("spec", ["llava-next:grids=2", "llava-next:grids=1x0", "llava-next:x=1"])
@@ -342,18 +370,27 @@ def test_pixtral_hand_worked(spec, w, h, patches, tokens):
     assert e.value.reason == "aspect_ratio_out_of_range"
 
 
-@pytest.mark.parametrize(
+_PIXTRAL = pytest.mark.parametrize(
     ("spec", "patch", "merge", "longest"), [("pixtral", 16, 1, 1024), ("mistral3", 14, 2, 1540)]
 )
+
+
+@_PIXTRAL
 def test_pixtral_equals_its_processor(spec, patch, merge, longest, tokenizer_path):
-    """LLM tokens equal ``PixtralProcessor``'s count over 3000 sizes; on real images the
-    resized size its image processor gives (patches = its size / patch) and the prompt it
-    writes (rows of [IMG], breaks, the end) equal the policy's, thin images it refuses
-    refused here."""
-    import random
+    """On real images, the resized size ``PixtralProcessor``'s image processor gives (patches =
+    its size / patch) and the prompt it writes (rows of [IMG], breaks, the end) equal the
+    policy's, thin images it refuses refused here: sizes up to twice the longest edge, thin
+    ones and a few far larger; ``make test-all`` runs a wider sweep."""
+    _pixtral_check(spec, patch, merge, longest, tokenizer_path, regular=80, thin=20)
 
-    from PIL import Image
 
+@pytest.mark.slow
+@_PIXTRAL
+def test_pixtral_equals_its_processor_wide_sweep(spec, patch, merge, longest, tokenizer_path):
+    _pixtral_check(spec, patch, merge, longest, tokenizer_path, regular=800, thin=200)
+
+
+def _pixtral_check(spec, patch, merge, longest, tokenizer_path, *, regular, thin):
     pytest.importorskip("transformers")
     from transformers import PreTrainedTokenizerFast
     from transformers.models.pixtral import PixtralImageProcessorPil
@@ -370,17 +407,10 @@ def test_pixtral_equals_its_processor(spec, patch, merge, longest, tokenizer_pat
         image_processor=ip, tokenizer=tok, patch_size=patch, spatial_merge_size=merge
     )
     policy = parse_vision_policy(spec)
-    rng = random.Random(2)
     wrong = []
-    # (its count helper guesses channels from the shape: sides of 1 or 3 px are left to the
-    # real images below)
-    for w, h in [(rng.randint(4, 5000), rng.randint(4, 5000)) for _ in range(3000)]:
-        want = proc._get_num_multimodal_tokens(image_sizes=[(h, w)])["num_image_tokens"][0]
-        if policy.image_cost(w, h).llm_tokens != want:
-            wrong.append(((w, h), want, policy.image_cost(w, h)))
-    sizes = [(1, 1), (5, 5), (longest + 1, 1), (1, 3 * longest), (longest, 2)]
-    sizes += [(rng.randint(1, 2 * longest), rng.randint(1, 2 * longest)) for _ in range(60)]
-    for w, h in sizes:
+    big = [(longest + 1, 1), (1, 3 * longest), (longest, 2), (5000, 5000), (5000, 37)]
+    big += [(longest, longest), (longest + 1, longest), (longest - 1, longest + 1)]
+    for w, h in sizes(2, regular=regular, side=2 * longest, thin=thin, long_side=5000, big=big):
         try:
             out = proc(text=["[IMG]"], images=[Image.new("RGB", (w, h))], return_tensors="np")
             rh, rw = out["image_sizes"][0]

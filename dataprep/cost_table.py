@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dataprep.errors import describe
 from dataprep.local_files import regular_file
 from dataprep.repeated_ids import repeated_mask
 
@@ -113,10 +115,26 @@ def remove_stale_temps(path: str | Path) -> list[Path]:
     return removed
 
 
+@contextlib.contextmanager
+def _parquet_errors(path):
+    """pyarrow's own errors for a truncated or garbage file name no file ("Parquet magic bytes
+    not found in footer"): ``ValueError`` naming ``path`` and what to do instead."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise ValueError(
+            f"{path}: not a readable Parquet cost table ({describe(exc)}); it is truncated or "
+            "not Parquet: write it again with 'equishard prep'"
+        ) from None
+
+
 def table_metadata(path: str | Path, *, required: bool = True) -> dict:
     """The equishard metadata of a cost table (vision policy, tokenizer, template, counts);
     ``required=False`` gives ``{}`` for a table another tool wrote."""
-    meta = pq.read_metadata(regular_file(path, "table")).metadata or {}
+    with _parquet_errors(path):
+        meta = pq.read_metadata(regular_file(path, "table")).metadata or {}
     if METADATA_KEY not in meta:
         if not required:
             return {}
@@ -308,11 +326,13 @@ def read_cost_table(
     (:func:`conform_cost_table`), and (``validate``) every row must be usable
     (:func:`validate_cost_table`). ``required_only``: only :data:`REQUIRED_COLUMNS` are read
     (what balancing needs: at 10M rows the other columns are half the reading)."""
-    file = pq.ParquetFile(regular_file(path, "table"))
-    names = None
-    if required_only:
-        names = [c for c in file.schema_arrow.names if c in REQUIRED_COLUMNS]
-    table = conform_cost_table(file.read(columns=names), path, required_only=required_only)
+    with _parquet_errors(path):
+        file = pq.ParquetFile(regular_file(path, "table"))
+        names = None
+        if required_only:
+            names = [c for c in file.schema_arrow.names if c in REQUIRED_COLUMNS]
+        raw = file.read(columns=names)
+    table = conform_cost_table(raw, path, required_only=required_only)
     if validate:
         validate_cost_table(table, path)
     return table

@@ -260,9 +260,9 @@ def _why_not(entry, cfg: ImportLengthsConfig) -> str | None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             return f"{k} must be an integer >= 0, got {v!r:.80}"
     if entry["vit_num"] > MAX_TILES:
-        return f"vit_num {entry['vit_num']:.3g} is above the plausible {MAX_TILES} tiles a sample"
+        return f"vit_num {entry['vit_num']} is above the plausible {MAX_TILES} tiles a sample"
     if entry["token_num"] > MAX_TOKENS:
-        return f"token_num {entry['token_num']:.3g} is above the plausible {MAX_TOKENS} a sample"
+        return f"token_num {entry['token_num']} is above the plausible {MAX_TOKENS} a sample"
     if entry["image_flags"] > entry["vit_num"]:
         return f"image_flags {entry['image_flags']} exceeds vit_num {entry['vit_num']}"
     if entry["token_num"] < entry["image_flags"] * cfg.tokens_per_tile:

@@ -31,7 +31,11 @@ from dataprep.values import check_count, check_flag, is_count
 from shards.manifest import Manifest, open_generation
 from shards.reader import ShardError, read_group
 
-__all__ = ["GroupDataset", "RankInfo", "merge_states", "open_generation"]
+__all__ = ["MAX_EPOCH", "GroupDataset", "RankInfo", "merge_states", "open_generation"]
+
+# the largest epoch (and consumed slot count) a loader takes: the shared [epoch, slot] pair is
+# int64, and an epoch past it failed later as an overflow inside torch or numpy
+MAX_EPOCH = 1 << 62
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -212,8 +216,12 @@ class GroupDataset(IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning (call before iterating each epoch)."""
-        if not isinstance(epoch, (int, np.integer)) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be a whole number >= 0, got {epoch!r}")
+        if (
+            not isinstance(epoch, (int, np.integer))
+            or isinstance(epoch, bool)
+            or not 0 <= epoch <= MAX_EPOCH
+        ):
+            raise ValueError(f"epoch must be a whole number in [0, 2**62], got {epoch!r}")
         if epoch != self.epoch:
             self._pos[0] = epoch
             self._pos[1] = 0
@@ -252,8 +260,14 @@ class GroupDataset(IterableDataset):
             )
         for key in ("epoch", "consumed_slots"):  # a checkpoint is read back from outside
             v = state[key]
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or not 0 <= v < 1 << 62:
-                raise ValueError(f"loader state {key} is {v!r}; it must be a whole number >= 0")
+            if (
+                not isinstance(v, (int, np.integer))
+                or isinstance(v, bool)
+                or not 0 <= v <= MAX_EPOCH
+            ):
+                raise ValueError(
+                    f"loader state {key} is {v!r}; it must be a whole number in [0, 2**62]"
+                )
         if not 0 <= state["consumed_slots"] <= self.slots_per_epoch:
             raise ValueError(
                 f"consumed_slots {state['consumed_slots']} outside [0, {self.slots_per_epoch}]"

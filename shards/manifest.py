@@ -306,7 +306,17 @@ def load_manifest(
         if not isinstance(spec, dict):
             raise ManifestError(f"{w}: expected an object with bytes and sha256")
         _safe_path(name, gen_dir, w, real_dirs)
+        if os.path.normpath(name) == MANIFEST:
+            # the manifest cannot carry itself: its digest would have to be inside it, and a
+            # fetch or publish would write this entry's bytes over the real manifest
+            raise ManifestError(f"{w}: the manifest itself is not a carried file; remove it")
         carried[name] = (_count(spec, "bytes", w), check_digest(_need(spec, "sha256", str, w), w))
+    shard_files = {os.path.normpath(sh.file) for st in streams for sh in st.shards}
+    clash = sorted(n for n in carried if os.path.normpath(n) in shard_files)
+    if clash:
+        raise ManifestError(
+            f"{path} files: {clash} also named as shard(s); a carried file is never a shard"
+        )
     why = extras_problem(raw)  # loads, shard_size, nightly: shards/manifest_fields.py
     if why:
         raise ManifestError(f"{path}: {why}")

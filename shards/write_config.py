@@ -47,6 +47,8 @@ class WriteConfig:
     # and uploaded, manifest last, CURRENT last of all (shards.object_store)
     staging: str | None = None
     storage_options: dict | None = None
+    # move CURRENT even where that rolls the root back (shards.current_guard): on purpose only
+    force: bool = False
 
     def __post_init__(self) -> None:
         check_writable(self.out, "--out")
@@ -58,6 +60,7 @@ class WriteConfig:
             )
         check_count("--workers", self.workers, 1, MAX_WORKERS)
         check_flag("energon", self.energon)
+        check_flag("force", self.force)
         if self.workers > 1 and self.engine == "local":
             usable_cores()  # EQUISHARD_CORES checked here, before anything is staged
         if self.engine not in ENGINES:

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from dataprep.cost_table import read_cost_table, table_metadata
 from dataprep.ray_engine import RayOptions, ordered_map
+from shards.current_guard import current_lock, descends_from, refuse_moved, refuse_rollback
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
 from shards.manifest import FORMAT_VERSION, MANIFEST, ManifestError, load_manifest
@@ -34,7 +35,7 @@ from shards.parent import COST_FILE, PLAN_FILE, checked_carried
 from shards.plan_input import read_plan
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
-from shards.storage import is_url, join_url
+from shards.storage import GenerationFiles, is_url, join_url
 from shards.stream_pool import run_streams
 from shards.stream_writer import StreamWriter, write_stream
 from shards.wids_index import WIDS_INDEX, write_wids_index
@@ -93,7 +94,13 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
         if cfg.energon and not has_energon_metadata(final):  # written before without --energon
             write_energon_metadata(m, workers=cfg.workers)
         if parent != gen:
-            set_current(root, gen)
+            with current_lock(root) as now:  # the check and the move as one step
+                if now not in (None, gen):
+                    if not cfg.force and not descends_from(root, m.parent, now):
+                        raise refuse_rollback(str(root), now, gen)
+                    set_current(root, gen)
+                elif now is None:
+                    set_current(root, gen)
         t = m.totals
         return WriteResult(
             gen, str(final), m.parent, t["samples"], t["groups"], t["shards"], t["bytes"], True
@@ -120,11 +127,17 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
         write_wids_index(staged)
         if cfg.energon and not has_energon_metadata(stage):
             write_energon_metadata(staged, workers=cfg.workers)
-        os.replace(stage, final)  # the atomic publish
-        fsync_dir(root)
+        with current_lock(root) as now:
+            if now != staged.parent and now is not None and not cfg.force:
+                # a night or another write published while this one ran: its manifest names
+                # the old parent; dropped so a re-run writes it again after ``now``
+                (stage / MANIFEST).unlink()
+                raise refuse_moved(str(root), staged.parent, now, gen)
+            os.replace(stage, final)  # the atomic publish
+            fsync_dir(root)
+            set_current(root, gen)
         with contextlib.suppress(FileNotFoundError):
             (final / ".lock").unlink()
-        set_current(root, gen)
     finally:
         lock.close()
     m = load_manifest(final)
@@ -157,7 +170,15 @@ def _write_to_store(cfg: WriteConfig, progress: bool) -> WriteResult:
     staging = cfg.staging or str(default_staging(cfg.out))
     # CURRENT as it was before this write: it moves only if no other writer moved it meanwhile
     expect = current_tag(cfg.out, storage_options=cfg.storage_options)
-    local = write_generation(replace(cfg, out=staging), progress)
+    # the staging root is a cache: what its CURRENT says never decides; the store's does
+    local = write_generation(replace(cfg, out=staging, force=True), progress)
+    now = expect[0]
+    if now not in (None, local.generation) and not cfg.force:
+        in_store = GenerationFiles(
+            join_url(cfg.out, local.generation), storage_options=cfg.storage_options
+        ).exists(MANIFEST)
+        if (local.reused or in_store) and not descends_from(Path(staging), local.parent, now):
+            raise refuse_rollback(cfg.out, now, local.generation)
     publish_generation(
         local.path, cfg.out, storage_options=cfg.storage_options, expect_current=expect
     )

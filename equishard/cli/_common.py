@@ -15,6 +15,7 @@ __all__ = [
     "check_output_dir",
     "fail",
     "format_table",
+    "os_failure",
     "print_json",
 ]
 
@@ -22,6 +23,17 @@ __all__ = [
 def fail(message: str, code: int = 2) -> int:
     print(f"equishard: error: {message}", file=sys.stderr)
     return code
+
+
+def os_failure(exc: BaseException, doing: str) -> str:
+    """One line for a failure while working: an ``OSError`` that names no file (a full disk
+    during a write: ``[Errno 28] No space left on device``) gets what was being done and
+    where; anything else its own text (``describe``)."""
+    from dataprep.errors import describe
+
+    if isinstance(exc, OSError) and not exc.filename:
+        return f"{exc.strerror or describe(exc)} while {doing}"
+    return describe(exc)
 
 
 def add_json_arg(p) -> None:

@@ -14,8 +14,10 @@ rank being the s-th group of its stream, each sample KEY.json + KEY.0.jpg, KEY.1
 original image bytes. The generation is written under GEN_ROOT/.staging-<id>, published by one
 atomic rename to GEN_ROOT/<id>, and GEN_ROOT/CURRENT then names it. Killing the writer at any
 moment is safe: re-running resumes and gives byte-identical shards; re-running a finished write
-does nothing. --energon also writes Megatron-Energon's metadata (.nv-meta/ and a .tar.idx per
-shard, as 'energon prepare' does, plus dataset.yaml) so Energon loads the generation directly.
+does nothing, and never moves CURRENT back: a generation published before the one CURRENT names
+(say, a night's) is made CURRENT again only with --force. --energon also writes
+Megatron-Energon's metadata (.nv-meta/ and a .tar.idx per shard, as 'energon prepare' does,
+plus dataset.yaml) so Energon loads the generation directly.
 With an object-store URL as --out, the generation is written in a local staging root, then
 uploaded: shards first, manifest last, CURRENT last of all (readers never see a partial one).
 --engine ray writes the streams in Ray tasks (one per stream) with the same bytes as a local run.
@@ -70,6 +72,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="also make the generation loadable by Megatron-Energon (needs equishard[energon]); "
         "'rebalance' keeps doing so for generations that have it",
     )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="make this generation CURRENT even where that rolls the root back: it was "
+        "published there before the one CURRENT names (say, a night's), or CURRENT moved while "
+        "it was written. Without it such a write is refused and CURRENT stays",
+    )
     add_engine_args(p, "write streams")
     add_store_args(p)
     add_json_arg(p)
@@ -77,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from equishard.cli._common import check_output_dir, fail, print_json
+    from equishard.cli._common import check_output_dir, fail, os_failure, print_json
     from shards.storage import is_url
     from shards.writer import WriteConfig, WriteError, parse_size, write_generation
 
@@ -97,10 +106,16 @@ def run(args: argparse.Namespace) -> int:
             ray_address=args.ray_address,
             task_timeout=args.task_timeout or None,
             staging=args.staging,
+            force=args.force,
         )
-        r = write_generation(cfg, progress=not args.json)
-    except (ValueError, WriteError, OSError) as exc:
+    except ValueError as exc:  # a bad argument or input (exit 2)
         return fail(str(exc))
+    try:
+        r = write_generation(cfg, progress=not args.json)
+    except (ValueError, WriteError) as exc:  # bad input found while reading it, a refused
+        return fail(str(exc))  # publish (exit 2)
+    except OSError as exc:  # a failure while working: a full disk, a lost mount (exit 1)
+        return fail(os_failure(exc, f"writing under {args.out}"), code=1)
     if args.json:
         fields = {"generation": r.generation, "path": str(r.path), "parent": r.parent}
         fields |= {"reused": r.reused, "groups": r.groups, "shards": r.shards, "bytes": r.bytes}

@@ -156,3 +156,25 @@ def test_a_broken_streamed_list_names_the_file_and_where(tmp_path, monkeypatch, 
     with pytest.raises(ValueError, match=r"broken\.json: not a JSON list at character \d+"):
         import_lengths(ImportLengthsConfig(inputs=(str(src),), output=str(out)))
     assert not out.exists() and not list(tmp_path.glob(".*tmp*"))  # nothing half-written
+
+
+@pytest.mark.parametrize(("key", "limit"), [("vit_num", "MAX_TILES"), ("token_num", "MAX_TOKENS")])
+@pytest.mark.parametrize("offset", [-1, 0, 1])
+def test_plausibility_limits_at_below_and_above_name_the_exact_value(tmp_path, key, limit, offset):
+    """An entry at a limit or one below is taken; one above is its row, its value printed
+    exactly (65537 was printed as 6.55e+04, so the row did not say by how much)."""
+    import dataprep.import_lengths as il
+
+    value = getattr(il, limit) + offset
+    entry = {"vit_num": 1, "token_num": 600, "image_flags": 0, key: value}
+    src = tmp_path / "lengths.json"
+    src.write_text(json.dumps([GOOD, entry]))
+    res = import_lengths(
+        ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / "c.parquet"))
+    )
+    errs = pq.read_table(errors_path(tmp_path / "c.parquet")).to_pylist()
+    if offset <= 0:
+        assert (res.n_written, res.n_rejected) == (2, 0), errs
+    else:
+        assert (res.n_written, res.n_rejected) == (1, 1)
+        assert f"{key} {value} is above the plausible {value - 1}" in errs[0]["detail"]

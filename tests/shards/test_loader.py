@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 from shards.collate import Collator
-from shards.dataset import GroupDataset, RankInfo, merge_states, open_generation
+from shards.dataset import MAX_EPOCH, GroupDataset, RankInfo, merge_states, open_generation
 
 
 def _ids(batch) -> list[str]:
@@ -331,3 +331,27 @@ def test_a_state_resumed_with_another_shuffle_is_refused(generation, saved):
     with pytest.raises(ValueError, match="shuffle"):
         other.load_state_dict(merge_states([state]))
     assert m.steps > done
+
+
+@pytest.mark.parametrize("epoch", [MAX_EPOCH - 1, MAX_EPOCH, MAX_EPOCH + 1, 2**63, -1])
+def test_epoch_limit_at_below_and_above(generation, epoch):
+    """set_epoch and a checkpoint's epoch take [0, 2**62]: 2**63 was accepted, then failed as
+    an int64 overflow at the first step. At the limit a step is still read (its order seeded
+    by the epoch)."""
+    ds = GroupDataset(generation, RankInfo(rank=0, world_size=1), seed=0)
+    if 0 <= epoch <= MAX_EPOCH:
+        ds.set_epoch(epoch)
+        assert ds.epoch == epoch and next(iter(ds))["epoch"] == epoch
+        state = ds.state_dict(0)
+        fresh = GroupDataset(generation, RankInfo(rank=0, world_size=1), seed=0)
+        fresh.load_state_dict(state)
+        assert fresh.epoch == epoch
+    else:
+        with pytest.raises(ValueError, match=r"epoch must be a whole number in \[0, 2\*\*62\]"):
+            ds.set_epoch(epoch)
+        state = {
+            **GroupDataset(generation, RankInfo(rank=0, world_size=1), seed=0).state_dict(0),
+            "epoch": epoch,
+        }
+        with pytest.raises(ValueError, match=r"loader state epoch is .* in \[0, 2\*\*62\]"):
+            ds.load_state_dict(state)

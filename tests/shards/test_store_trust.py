@@ -81,6 +81,19 @@ HOSTILE = {
     ),
     "loads negative": (lambda r: r["loads"].update(max_group_llm_tokens=-5), "loads"),
     "loads a string": (lambda r: r["loads"].update(max_group_llm_tokens="1e12"), "loads"),
+    # a fetch or publish would write the carried entry's bytes over the real manifest
+    "carried file the manifest": (
+        lambda r: r["files"].update({"manifest.json": r["files"]["cost.parquet"]}),
+        "manifest itself",
+    ),
+    "carried file the manifest, dotted": (
+        lambda r: r["files"].update({"./manifest.json": r["files"]["cost.parquet"]}),
+        "manifest itself|leaves",
+    ),
+    "carried file a shard": (
+        lambda r: r["files"].update({_shard0(r)["file"]: r["files"]["cost.parquet"]}),
+        "also named as shard",
+    ),
     "carried file digest": (
         lambda r: r["files"]["cost.parquet"].update(sha256="../x"),
         "sha256",

@@ -34,6 +34,10 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
     own = tmp / "pl" / "plan.parquet"
     own.write_bytes(Path(cost).read_bytes())
     write = ["write", plan, "--cost-table", cost, "--out", str(tmp / "g")]
+    garbage = tmp / "garbage.parquet"
+    garbage.write_bytes(b"PAR1 not a table at all")
+    truncated = tmp / "cut.parquet"
+    truncated.write_bytes(Path(cost).read_bytes()[:-100])
     return [
         (["balance", str(own), "--dp", "4", "-o", str(tmp / "pl")], "is the plan's own"),
         (["balance", cost, "--dp", "4", "--nodes", "0", "-o", str(tmp / "p")], "--nodes"),
@@ -82,6 +86,11 @@ def _cases(m: dict, tmp: Path) -> list[tuple[list[str], str]]:
         # more digits than any size (float() made it inf: an OverflowError traceback)
         ([*write, "--shard-size", "9" * 40], "bad size"),
         ([*write, "--shard-size", "2048TB"], "1PB"),
+        # pyarrow's "Parquet magic bytes not found in footer" named no file
+        (["balance", str(garbage), "--dp", "4", "-o", str(tmp / "p")], "garbage.parquet"),
+        (["balance", str(truncated), "--dp", "4", "-o", str(tmp / "p")], "cut.parquet"),
+        (["write", plan, "--cost-table", str(garbage), "--out", str(tmp / "g")], "garbage.parquet"),
+        (["write", plan, "--cost-table", str(truncated), "--out", str(tmp / "g")], "cut.parquet"),
     ]
 
 
@@ -325,3 +334,34 @@ def test_write_refuses_a_missing_image_size_inside_a_row(made, tmp_path, capsys)
     err = capsys.readouterr().err
     assert "image_widths holds a missing value" in err and "bad.parquet" in err
     assert not (tmp_path / "g" / "CURRENT").exists()
+
+
+def test_a_full_disk_during_write_is_exit_1_naming_the_root(made, tmp_path, capsys, monkeypatch):
+    """ENOSPC while a shard is written: a failure while working (exit 1, not the bad-argument
+    2), one line naming where it was writing (the OSError itself names no file)."""
+    import errno
+
+    import shards.stream_writer as sw
+
+    real_init = sw._ShardFile.__init__
+
+    class _Full:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self._f, name)
+
+    def init(self, path, *args):
+        real_init(self, path, *args)
+        self.f = _Full(self.f)
+
+    monkeypatch.setattr(sw._ShardFile, "__init__", init)
+    out = tmp_path / "full"
+    code = main(["write", str(made["plan"]), "--cost-table", str(made["cost"]), "--out", str(out)])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+    assert code == 1 and len(err) == 1, err
+    assert "No space left on device" in err[0] and str(out) in err[0]

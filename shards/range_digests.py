@@ -15,7 +15,7 @@ import hashlib
 import os
 from collections.abc import Iterable
 
-__all__ = ["RangeDigests", "hash_file", "range_sha256"]
+__all__ = ["RangeDigests", "hash_file", "hash_fileobj", "range_sha256"]
 
 BLOCK = 8 << 20
 
@@ -61,9 +61,16 @@ def hash_file(
     """(sha256 of the file, sha256 of each range of it), in one read of the file. With
     ``size`` (what the manifest records), at most one byte more is read: a longer file is an
     ``OSError``."""
-    h = RangeDigests(ranges)
     with open(path, "rb") as f:
-        _hash_stream(f, h, str(path), size)
+        return hash_fileobj(f, path, ranges, size)
+
+
+def hash_fileobj(
+    f, where, ranges: Iterable[tuple[int, int]] = (), size: int | None = None
+) -> tuple[str, dict[tuple[int, int], bytes]]:
+    """:func:`hash_file` of a binary file already open (``where`` names it in errors)."""
+    h = RangeDigests(ranges)
+    _hash_stream(f, h, str(where), size)
     return h.hexdigest(), h.ranges()
 
 

@@ -32,8 +32,9 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from dataprep.local_files import read_small, regular_file
-from shards.range_digests import RangeDigests, hash_file, range_sha256
+from dataprep.local_files import read_small
+from shards.cache_files import CacheDir
+from shards.range_digests import RangeDigests, hash_file, hash_fileobj, range_sha256
 from shards.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
     http_get,
@@ -110,6 +111,8 @@ class GenerationFiles:
         self.remote = is_url(location)
         self.storage_options = dict(storage_options or {})
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
+        # checked where it enters: never one anyone may write without the sticky bit
+        self._cache = CacheDir(cache_dir) if cache_dir is not None and is_url(location) else None
         self._fs, self._pid = None, None
         self._whole_ok: set[str] = set()  # digests of whole cached shards checked in this process
         # shard digest -> {(offset, length): sha256 of that range}, from bytes that matched it
@@ -319,14 +322,15 @@ class GenerationFiles:
             with open(self.full_path(name), "rb") as f:
                 f.seek(offset)
                 return f.read(length)
-        cache = self._cache_paths(sha256, offset, length)
+        cache = self._cache_names(sha256, offset, length)
         if cache is not None:
-            whole, part = cache
-            if sha256 in self._whole_ok and _regular(whole):  # hashed whole in this process
-                with contextlib.suppress(FileNotFoundError), open(whole, "rb") as f:
+            whole, (sub, part) = cache
+            f = self._cache.open_read(whole) if sha256 in self._whole_ok else None
+            if f is not None:  # hashed whole in this process
+                with f:
                     f.seek(offset)
                     return f.read(length)
-            hit = _read_part(part, length)
+            hit = self._read_part(sub, part, length)
             if hit is not None:
                 return hit
         parts: list[bytes] = []
@@ -342,7 +346,7 @@ class GenerationFiles:
             )
         if cache is not None and len(data) == length:
             with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
-                _atomic_write(cache[1], data + hashlib.sha256(data).digest())
+                self._cache.write(part, data + hashlib.sha256(data).digest(), sub)
         return data
 
     def sha256(
@@ -361,53 +365,44 @@ class GenerationFiles:
         if not self.remote:
             digest, parts = hash_file(self.full_path(name), ranges, size)
             return self._matched(digest, expected, parts)
-        h = RangeDigests(ranges)
-        keep = self.cache_dir is not None and expected
-        whole = self.cache_dir / f"{_check_digest(expected)}.tar" if keep else None
-        if whole is not None and _regular(whole):
+        keep = self._cache is not None and expected
+        whole = f"{_check_digest(expected)}.tar" if keep else None
+        f = self._cache.open_read(whole) if whole is not None else None
+        if f is not None:
             # a cache hit is checked like a fresh fetch: hashed again, dropped when it differs
-            try:
-                digest, parts = hash_file(whole, ranges, size)
-            except FileNotFoundError:
-                digest = None
-            except OSError:  # longer than the manifest says
-                digest = ""
+            with f:
+                try:
+                    digest, parts = hash_fileobj(f, self._cache.path / whole, ranges, size)
+                except OSError:  # longer than the manifest says
+                    digest = ""
             if digest == expected:
                 self._whole_ok.add(expected)
                 return self._matched(digest, expected, parts)
-            if digest is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    whole.unlink()
-        tmp = whole.with_name(f".{whole.name}.tmp-{os.getpid()}") if whole is not None else None
-        if tmp is not None:
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            out = open(tmp, "wb") if tmp is not None else None  # noqa: SIM115
-            try:
-                self._hash(name, size, h, out)
-            finally:
-                if out is not None:
-                    out.close()
+            self._cache.remove(whole)
+        h = RangeDigests(ranges)
+        with contextlib.ExitStack() as stack:
+            out = publish = None
+            if whole is not None:
+                with contextlib.suppress(OSError):  # a cache it cannot write is only slower
+                    out, publish = stack.enter_context(self._cache.new_entry(whole))
+            self._hash(name, size, h, out)
             digest = h.hexdigest()
-            if tmp is not None and digest == expected:
-                os.replace(tmp, whole)
-                self._whole_ok.add(expected)
-            return self._matched(digest, expected, h.ranges())
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+            if publish is not None and digest == expected:
+                with contextlib.suppress(OSError):
+                    publish()
+                    self._whole_ok.add(expected)
+        return self._matched(digest, expected, h.ranges())
 
     def _drop_cached(self, sha256: str, offset: int, length: int) -> bool:
         """Forget the local copies of a range (the whole shard kept and the range's own
         file); False when there are none to forget (a local generation, no cache)."""
-        cache = self._cache_paths(sha256, offset, length) if self.remote else None
+        cache = self._cache_names(sha256, offset, length) if self.remote else None
         if cache is None:
             return False
         self._whole_ok.discard(sha256)
-        for path in cache:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        whole, (sub, part) = cache
+        self._cache.remove(whole)
+        self._cache.remove(part, sub)
         return True
 
     def _matched(self, digest: str, expected: str, parts: dict) -> str:
@@ -415,13 +410,29 @@ class GenerationFiles:
             self._checked.setdefault(expected, {}).update(parts)
         return digest
 
-    def _cache_paths(self, sha256: str, offset: int, length: int) -> tuple[Path, Path] | None:
-        if self.cache_dir is None or not sha256:
+    def _cache_names(self, sha256: str, offset: int, length: int):
+        """``(whole shard's entry, (its ranges' subdirectory, this range's entry))`` in the
+        cache (:class:`~shards.cache_files.CacheDir`), or None without one."""
+        if self._cache is None or not sha256:
             return None
         _check_digest(sha256)
         if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 < length):
             raise ValueError(f"byte range {offset!r}+{length!r} cannot name a cache file")
-        return self.cache_dir / f"{sha256}.tar", self.cache_dir / sha256 / f"{offset}-{length}"
+        return f"{sha256}.tar", (sha256, f"{offset}-{length}")
+
+    def _read_part(self, sub: str, name: str, length: int) -> bytes | None:
+        """A cached range's bytes when the entry is whole and its trailer digest matches; a
+        damaged or foreign entry is removed (None: fetch again)."""
+        f = self._cache.open_read(name, sub)
+        if f is None:
+            return None
+        with f:
+            blob = f.read(length + _TRAILER + 1)
+        data, digest = blob[:-_TRAILER], blob[-_TRAILER:]
+        if len(blob) == length + _TRAILER and hashlib.sha256(data).digest() == digest:
+            return data
+        self._cache.remove(name, sub)
+        return None
 
 
 def _store_size(value, where: str, listed: bool = False) -> int | None:
@@ -448,45 +459,3 @@ def sha256_of(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _regular(path: Path) -> bool:
-    """Whether a cache entry is a regular file to read; anything else put there (a FIFO, which
-    would block the read forever, a device, a link to one) is removed and counts as a miss."""
-    try:
-        regular_file(path)
-        return True
-    except FileNotFoundError:
-        return False
-    except ValueError:
-        with contextlib.suppress(OSError):
-            path.unlink()
-        return False
-
-
-def _read_part(path: Path, length: int) -> bytes | None:
-    """A cached range's bytes when the file is whole and its trailer digest matches; a damaged
-    or foreign file is removed (None: fetch again)."""
-    if not _regular(path):
-        return None
-    try:
-        blob = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    data, digest = blob[:-_TRAILER], blob[-_TRAILER:]
-    if len(blob) == length + _TRAILER and hashlib.sha256(data).digest() == digest:
-        return data
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    return None
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()

@@ -254,8 +254,30 @@ def probe_image(fileobj: BinaryIO, nbytes: int, where: str, check: str = "header
     )
 
 
-def _open_regular(path: str | os.PathLike) -> int:
-    """A descriptor of ``path``, which must be a regular file (see :func:`open_image_file`)."""
+def _opened_path(fd: int, path: str | os.PathLike) -> str:
+    """The real path of the file ``fd`` is open on (Linux's ``/proc/self/fd``: the file itself,
+    whatever links its path went through); the path resolved now where there is no /proc."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
+def _check_inside(fd: int, path: str | os.PathLike, root: str) -> None:
+    real, top = _opened_path(fd, path), os.path.realpath(root)
+    if real != top and not real.startswith(top.rstrip(os.sep) + os.sep):
+        os.close(fd)
+        raise SampleRejected(
+            "unsafe_path",
+            f"{path}: the file opened is {real!r:.200}, outside the image root {root!r} (a "
+            "link put in its place since its path was checked); pass --allow-outside-image-root "
+            "at prep to read such files",
+        )
+
+
+def _open_regular(path: str | os.PathLike, root: str | None = None) -> int:
+    """A descriptor of ``path``, which must be a regular file (see :func:`open_image_file`)
+    and, with ``root``, lie inside it as opened."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -277,23 +299,27 @@ def _open_regular(path: str | os.PathLike) -> int:
             else "not a regular file"
         )
         raise SampleRejected("not_a_file", f"{path}: {kind}, not an image file")
+    if root is not None:
+        _check_inside(fd, path, root)
     return fd
 
 
-def open_image_file(path: str | os.PathLike) -> BinaryIO:
+def open_image_file(path: str | os.PathLike, root: str | None = None) -> BinaryIO:
     """Open an image file for reading; it must be a regular file. Opened non-blocking, so a FIFO
     never hangs; a missing file is ``missing_image``, anything not a regular file
-    ``not_a_file``."""
-    fd = _open_regular(path)
+    ``not_a_file``; with ``root``, a file that is not inside it as opened ``unsafe_path``."""
+    fd = _open_regular(path, root)
     os.set_blocking(fd, True)
     return os.fdopen(fd, "rb")
 
 
-def read_image_file(path: str | os.PathLike) -> tuple[bytes, os.stat_result]:
+def read_image_file(
+    path: str | os.PathLike, root: str | None = None
+) -> tuple[bytes, os.stat_result]:
     """The whole of an image file, under :func:`open_image_file`'s rules, in as few reads as
     the kernel allows (no buffered file object: the shard writer reads every image this way),
     and the file's status taken after the read (a write during the read shows in its mtime)."""
-    fd = _open_regular(path)
+    fd = _open_regular(path, root)
     try:
         parts = []
         # a regular file: O_NONBLOCK changes nothing; read to the end, however long it is now

@@ -66,4 +66,4 @@ def image_ref(item, input_path: str, opts: ReadOptions, where: str) -> ImageRef:
             f"{where}: image path {item!r:.200} resolves to {os.path.realpath(path)!r:.200}, outside "
             f"the image root {root!r}; pass --allow-outside-image-root to read it anyway",
         )
-    return ImageRef(where=path, path=path)
+    return ImageRef(where=path, path=path, root=None if opts.allow_outside_image_root else root)

@@ -96,7 +96,7 @@ def _probe(ref: ImageRef, check: str) -> tuple[ImageHeader, os.stat_result | Non
     if ref.data is not None:
         return probe_image_bytes(ref.data, ref.where, check), None
     if ref.size is None:
-        with open_image_file(ref.path) as f:
+        with open_image_file(ref.path, ref.root) as f:
             header = probe_image(f, os.fstat(f.fileno()).st_size, ref.path, check)
             return header, os.fstat(f.fileno())
     with open(ref.path, "rb") as f:

@@ -53,7 +53,7 @@ def read_image(ref: ImageRef) -> tuple[bytes, os.stat_result | None]:
     if ref.data is not None:
         return ref.data, None
     if ref.size is None:  # a file of its own: must still be a regular file
-        return read_image_file(ref.path)
+        return read_image_file(ref.path, ref.root)
     with open(ref.path, "rb") as f:
         f.seek(ref.offset)
         data = f.read(ref.size)

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 from pathlib import Path
 
 from dataprep.local_files import read_small  # re-exported: shards read small files through it
@@ -23,11 +24,13 @@ __all__ = [
     "atomic_write_bytes",
     "fsync_dir",
     "note_current",
+    "open_new",
     "parse_current",
     "read_current",
     "read_history",
     "read_small",
     "set_current",
+    "temp_beside",
     "try_lock",
     "valid_generation_name",
 ]
@@ -43,12 +46,32 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+# a file equishard creates in a directory others may write (an output root, a staging root)
+# is new, never reached through a symlink: O_EXCL fails on any name already there, a link too
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_new(path: str | os.PathLike, mode: int = 0o644):
+    """A new file at ``path``, opened for binary writing: ``O_CREAT|O_EXCL|O_NOFOLLOW``, so a
+    name someone put there first (a symlink to a file of the user's) fails instead of being
+    written through (``FileExistsError``)."""
+    return os.fdopen(os.open(path, _NEW, mode), "wb")
+
+
+def temp_beside(path: Path) -> Path:
+    """A temporary name beside ``path`` that nobody can guess ahead (``.NAME.tmp-PID-RANDOM``:
+    the ``.*.tmp-*`` pattern killed runs' leftovers are cleaned by)."""
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(6)}")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one: a new
+    temporary file (:func:`open_new`), fsynced, renamed over ``path`` (a rename replaces the
+    name, never writes through a link there), then the directory fsynced."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_beside(path)
     try:
-        with open(tmp, "wb") as f:
+        with open_new(tmp) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -110,7 +133,8 @@ def note_current(root: str | os.PathLike, generation: str, event: str = "current
         atomic_write_bytes(path, line.encode())
         return
     if len(old) < _HISTORY_LINES:
-        with open(path, "a") as f:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(path, flags, 0o644), "a") as f:  # never through a link
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
@@ -145,7 +169,8 @@ def set_current(root: str | os.PathLike, generation: str) -> None:
 def try_lock(path: str | os.PathLike):
     """An exclusive ``flock`` on ``path`` (created if needed), held until the returned file is
     closed; None when another process holds it."""
-    f = open(path, "a+")  # noqa: SIM115 - the caller holds it open
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
+    f = os.fdopen(os.open(path, flags, 0o644), "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -11,6 +11,7 @@ hashes and writes the bytes and a sync thread completes finished shards (see
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -29,7 +30,7 @@ from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, read_image
 from shards.errors import WriteError
 from shards.parent import copy_group, parent_sample
-from shards.publish import atomic_write_bytes, fsync_dir
+from shards.publish import atomic_write_bytes, fsync_dir, open_new
 from shards.sample_doc import COST_FIELDS, sample_doc, sample_key
 from shards.stream_resume import finished_prefix, shard_stem
 from shards.tar_members import add_member, image_ext
@@ -264,7 +265,9 @@ class _ShardFile(io.RawIOBase):
     def __init__(self, path: Path, threads: StreamWriter) -> None:
         self.path, self.pool, self.syncer = path, threads.writer, threads.syncer
         self._inflight = threads.inflight
-        self.f = open(path, "wb")  # noqa: SIM115 - closed by the I/O thread in _finish
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a killed run's .partial (or a name planted there): made anew
+        self.f = open_new(path)  # never through a link; closed by the I/O thread in _finish
         self.h = hashlib.sha256()
         self.n = self._held = 0
         self._chunks: list[bytes] = []

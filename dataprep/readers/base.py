@@ -32,6 +32,9 @@ class ImageRef:
     offset: int = 0
     size: int | None = None  # set for a member inside ``path`` (tar), None for a whole file
     data: bytes | None = None
+    # the image root ``path`` must lie in, checked again by the opened file wherever it is read
+    # (a link swapped in after the path was checked is refused, not followed): None, no root
+    root: str | None = None
 
 
 @dataclass(slots=True)

@@ -151,16 +151,16 @@ def _swap_on_first_open(monkeypatch, target: str) -> list:
     real = ih._open_regular
     swapped = []
 
-    def swapped_on_open(path):
+    def swapped_on_open(path, root=None):
         if str(path) != target or swapped:
-            return real(path)
+            return real(path, root)
         swapped.append(path)
         os.replace(target, target + ".orig")
         with open(target, "wb") as f:
             f.write(image_bytes(1999, 1001))
         os.utime(target, ns=(1, 1))
         try:
-            return real(path)
+            return real(path, root)
         finally:
             os.replace(target + ".orig", target)
 
@@ -226,3 +226,64 @@ def test_an_input_replaced_by_a_fifo_after_prep_is_refused_not_read(inputs, tmp_
     assert r.returncode == 2, r.stderr
     assert "demo.jsonl: not a regular file" in r.stderr and "re-run prep" in r.stderr
     assert not list(out.glob("gen-*"))
+
+
+@pytest.mark.parametrize("swap", ["file", "directory"])
+def test_a_link_swapped_into_the_image_root_after_prep_is_refused(inputs, tmp_path, swap):
+    """An image (or its folder) replaced after prep by a link to a copy outside the image root:
+    the bytes are the ones prep measured, so only the root says no. write checks the file it
+    opened (not the path it checked before), so the outside file is never published."""
+    demo, cost, plan_dir = inputs
+    rec = _first_with_image(demo)
+    img = demo / rec["image"]
+    outside = tmp_path / "outside"
+    if swap == "file":
+        outside.mkdir()
+        shutil.copy2(img, outside / img.name)
+        img.unlink()
+        img.symlink_to(outside / img.name)
+    else:
+        shutil.copytree(img.parent, outside)
+        shutil.rmtree(img.parent)
+        img.parent.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(WriteError, match="outside the image root") as e:
+        _write(cost, plan_dir, tmp_path / "out")
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "out").glob("gen-*"))  # nothing published
+
+
+def test_a_link_swapped_in_between_the_path_check_and_the_open_is_refused(
+    inputs, tmp_path, monkeypatch
+):
+    """The race the path check alone loses: the image's path passes the check (a plain file
+    inside the root), and a link to the same bytes outside the root takes its place just
+    before the writer opens it. The file opened is checked, so it is refused (the write
+    published the outside file before)."""
+    import os
+
+    import dataprep.image_header as ih
+
+    demo, cost, plan_dir = inputs
+    target = demo / _first_with_image(demo)["image"]
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy2(target, outside / target.name)
+    real = ih._open_regular
+
+    swapped = []
+
+    def swap_then_open(path, root=None):
+        if str(path) != str(target) or swapped:
+            return real(path) if root is None else real(path, root)
+        swapped.append(path)  # for this open only: every later check sees the plain file
+        os.replace(target, str(target) + ".orig")
+        target.symlink_to(outside / target.name)
+        try:
+            return real(path) if root is None else real(path, root)
+        finally:
+            os.replace(str(target) + ".orig", target)
+
+    monkeypatch.setattr(ih, "_open_regular", swap_then_open)
+    with pytest.raises(WriteError, match="outside the image root"):
+        _write(cost, plan_dir, tmp_path / "out")
+    assert swapped and not list((tmp_path / "out").glob("gen-*"))

@@ -84,7 +84,7 @@ def current_tag(root_url: str, *, storage_options: dict | None = None):
     for _ in range(5):
         try:
             root.fs.invalidate_cache()
-            info = root.fs.info(root.full_path(CURRENT))
+            info = root.call("info", root.full_path(CURRENT), where=root.where(CURRENT))
             text = root.read_bytes(CURRENT, 4096).decode("utf-8", errors="replace")
         except FileNotFoundError:
             return None, None
@@ -92,7 +92,8 @@ def current_tag(root_url: str, *, storage_options: dict | None = None):
         name = parse_current(text, root_url)
         # the tag read with the name must still hold it (a move between the two reads)
         root.fs.invalidate_cache()
-        if tag is None or _etag(root.fs.info(root.full_path(CURRENT))) == tag:
+        again = root.call("info", root.full_path(CURRENT), where=root.where(CURRENT))
+        if tag is None or _etag(again) == tag:
             return name, tag
     raise ConcurrentPublishError(f"{root.where(CURRENT)}: moves faster than it can be read")
 
@@ -109,12 +110,12 @@ def _move_current(root: GenerationFiles, generation: str, expect) -> None:
     path = root.full_path(CURRENT)
     if expect is None or not {"s3", "s3a"} & set(_protocols_of(root)):
         # other stores (gs://, az://, memory://): one writer per root at a time (README)
-        root.fs.pipe_file(path, data)
+        root.call("pipe_file", path, data, where=root.where(CURRENT))
         return
     name, tag = expect
     cond = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
     try:
-        root.fs.pipe_file(path, data, **cond)
+        root.call("pipe_file", path, data, where=root.where(CURRENT), **cond)
         return
     except OSError as exc:
         now, _ = current_tag(root.location, storage_options=root.storage_options)
@@ -174,7 +175,13 @@ def publish_generation(
                 "is damaged, nothing was published (write it again)"
             )
     if todo:
-        gen.fs.put([str(local_gen / n) for n in todo], [gen.full_path(n) for n in todo])
+        gen.call(
+            "put",
+            [str(local_gen / n) for n in todo],
+            [gen.full_path(n) for n in todo],
+            where=gen.location,
+            nbytes=sum(local[n] for n in todo),
+        )
     after = gen.sizes(len(names))
     for n, size in local.items():
         if after.get(n) != size:
@@ -182,7 +189,10 @@ def publish_generation(
                 f"{gen.where(n)}: {after.get(n)} bytes in the store after upload, {size} here; "
                 "nothing was published, run again"
             )
-    gen.fs.pipe_file(gen.full_path(MANIFEST), (local_gen / MANIFEST).read_bytes())
+    data = (local_gen / MANIFEST).read_bytes()
+    gen.call(
+        "pipe_file", gen.full_path(MANIFEST), data, where=gen.where(MANIFEST), nbytes=len(data)
+    )
     _move_current(root, m.generation, expect_current)
     return {
         "uploaded": len(todo) + 1,
@@ -322,13 +332,13 @@ def remove_remote_generation(root_url: str, generation: str, *, storage_options=
             files = len(_wanted(m)) + 1
         except ManifestError:  # damaged: removed all the same
             pass
-        gen.fs.rm_file(gen.full_path(MANIFEST))
+        gen.call("rm_file", gen.full_path(MANIFEST), where=gen.where(MANIFEST))
     if not gen.is_dir():
         return
     names = sorted(gen.sizes(files))
     magic = {n for n in names if set(n) & set("*?[]")}  # fsspec's rm would expand these
     plain = [gen.full_path(n) for n in names if n not in magic]
     for i in range(0, len(plain), 1000):
-        gen.fs.rm(plain[i : i + 1000])
+        gen.call("rm", plain[i : i + 1000], where=gen.location)
     for n in sorted(magic):
-        gen.fs.rm_file(gen.full_path(n))
+        gen.call("rm_file", gen.full_path(n), where=gen.where(n))

@@ -41,6 +41,7 @@ from shards.store_limits import (  # re-exported: how store requests are bounded
     listing_limit,
     s3_get,
     s3_list,
+    store_call,
     store_limits,
 )
 
@@ -174,10 +175,12 @@ class GenerationFiles:
     def exists(self, name: str) -> bool:
         if not self.remote:
             return os.path.exists(self.full_path(name))
-        return self.fs.exists(self.full_path(name))
+        return self.call("exists", self.full_path(name), where=self.where(name))
 
     def is_dir(self) -> bool:
-        return self.fs.isdir(self._root) if self.remote else os.path.isdir(self._root)
+        if not self.remote:
+            return os.path.isdir(self._root)
+        return self.call("isdir", self._root, where=self.location)
 
     def read_bytes(self, name: str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         """The whole of a small file (manifest, CURRENT) of at most ``limit`` bytes: a regular
@@ -185,13 +188,14 @@ class GenerationFiles:
         FileNotFoundError if absent."""
         if not self.remote:
             return read_small(self.full_path(name), limit)
-        size = _store_size(self.fs.size(self.full_path(name)), self.where(name))
+        size = self.size(name, missing=False)
         if size is not None and size > limit:
             raise ValueError(f"{self.where(name)}: {size} bytes, more than the {limit} it may hold")
         # the size a store reports may be missing (an HTTP server without Content-Length) or
         # stale (the object replaced since): read at most one byte past the limit, never all
         parts: list[bytes] = []
-        self._stream(name, limit, parts.append)
+        # the deadline is the object's (a small file's is seconds), not the limit's (hours)
+        self._stream(name, limit, parts.append, expect=size)
         data = b"".join(parts)
         if len(data) > limit:
             raise ValueError(f"{self.where(name)}: more than the {limit} bytes it may hold")
@@ -219,21 +223,33 @@ class GenerationFiles:
         if self._stream(name, limit, feed) > limit:
             raise OSError(f"{self.where(name)}: more than the {size} bytes recorded for it")
 
-    def _get(self, name: str, limit: int, sink, offset: int | None = None) -> int | None:
+    def call(self, method: str, *args, where: str, nbytes: int = 0, **kw):
+        """One fsspec call with a deadline (:func:`~shards.store_limits.store_call`)."""
+        return store_call(self.fs, method, *args, where=where, nbytes=nbytes, **kw)
+
+    def _get(
+        self,
+        name: str,
+        limit: int,
+        sink,
+        offset: int | None = None,
+        expect: int | None = None,
+    ) -> int | None:
         """Over HTTP and S3, one GET of our own (:func:`~shards.store_limits.http_get`,
         :func:`~shards.store_limits.s3_get`) handing ``name`` from ``offset`` (or its start) to
         ``sink``, one byte past ``limit`` at most, within a deadline; the bytes handed over.
         fsspec's and s3fs's reads take each response whole. None for other stores."""
         if self._http():
-            return http_get(self.fs, self.full_path(name), limit, sink, offset)
+            return http_get(self.fs, self.full_path(name), limit, sink, offset, expect)
         if self._s3():
-            return s3_get(self.fs, self.full_path(name), limit, sink, offset)
+            return s3_get(self.fs, self.full_path(name), limit, sink, offset, expect)
         return None
 
-    def _stream(self, name: str, limit: int, sink) -> int:
+    def _stream(self, name: str, limit: int, sink, expect: int | None = None) -> int:
         """Hand remote ``name`` from its start to ``sink`` piece by piece, one byte past
-        ``limit`` at most; the bytes handed over (:meth:`_get`, else fsspec's file)."""
-        got = self._get(name, limit, sink)
+        ``limit`` at most; the bytes handed over (:meth:`_get`, else fsspec's file).
+        ``expect``: the size the store reported, which sizes the deadline."""
+        got = self._get(name, limit, sink, expect=expect)
         if got is not None:
             return got
         got = 0
@@ -252,13 +268,17 @@ class GenerationFiles:
     def _s3(self) -> bool:
         return self.remote and bool({"s3", "s3a"} & set(_protocols(self.fs)))
 
-    def size(self, name: str) -> int | None:
-        """The size of one file (None when it does not exist)."""
+    def size(self, name: str, missing: bool = True) -> int | None:
+        """The size of one file (None when it does not exist; with ``missing=False``,
+        ``FileNotFoundError``; None too where a store does not say, as plain HTTP may)."""
         try:
             if not self.remote:
                 return os.path.getsize(self.full_path(name))
-            return _store_size(self.fs.size(self.full_path(name)), self.where(name))
+            got = self.call("size", self.full_path(name), where=self.where(name))
+            return _store_size(got, self.where(name))
         except FileNotFoundError:
+            if not missing:
+                raise
             return None
 
     def listable(self) -> bool:
@@ -283,7 +303,7 @@ class GenerationFiles:
         # listings cached earlier (s3fs keeps one per directory, and drops only a path's
         # parents on invalidation) may name replaced objects: list afresh
         self.fs.invalidate_cache()
-        found = self.fs.find(self._root, detail=True)
+        found = self.call("find", self._root, detail=True, where=self.location, nbytes=limit * 1024)
         prefix = self._root.rstrip("/") + "/"
         out = {
             k[len(prefix) :]: _store_size(v.get("size") if isinstance(v, dict) else None, k, True)
@@ -337,7 +357,14 @@ class GenerationFiles:
         if self._get(name, length, parts.append, offset) is not None:  # one byte past at most
             data = b"".join(parts)
         else:
-            data = self.fs.cat_file(self.full_path(name), start=offset, end=offset + length)
+            data = self.call(
+                "cat_file",
+                self.full_path(name),
+                start=offset,
+                end=offset + length,
+                where=self.where(name),
+                nbytes=length,
+            )
         if len(data) > length:  # a server that ignores Range sends the whole object
             raise OSError(
                 f"{self.where(name)}: asked for bytes {offset}+{length}, the server sent "

@@ -14,11 +14,13 @@ __all__ = [
     "RETRIES_ENV",
     "TIMEOUT_ENV",
     "bounded_options",
+    "call_deadline",
     "http_deadline",
     "http_get",
     "listing_limit",
     "s3_get",
     "s3_list",
+    "store_call",
     "store_limits",
 ]
 
@@ -89,17 +91,25 @@ def http_deadline(nbytes: int):
     )
 
 
-def http_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
+def _deadline_bytes(limit: int, expect: int | None) -> int:
+    """The bytes a read's deadline is sized by: what the store said the object holds (a small
+    object's read must not wait as long as the largest allowed), else the read's limit."""
+    return limit if expect is None else max(0, min(limit, expect))
+
+
+def http_get(
+    fs, url: str, limit: int, sink, offset: int | None = None, expect: int | None = None
+) -> int:
     """One GET of ``url`` through fsspec's HTTP filesystem ``fs`` (its session, options and
     timeouts), from ``offset`` (a Range) or the start, handing its body to ``sink`` piece by
     piece and stopping one byte past ``limit``; the bytes handed over. fsspec reads a response
     whole into memory (``cat_file``, each block of a file it opens), so a server that ignores a
     Range, or sends a body that never ends, was read until memory ran out. The GET has a
     deadline too (:func:`http_deadline` of ``limit``): each read waiting at most the timeout
-    did not stop a server sending a byte now and then from holding a run for days."""
-    from fsspec.asyn import sync
+    did not stop a server sending a byte now and then from holding a run for days.
+    ``expect``: the size the server reported, which sizes the deadline instead of ``limit``."""
 
-    deadline = http_deadline(limit)
+    deadline = http_deadline(_deadline_bytes(limit, expect))
 
     async def get() -> int:
         session = await fs.set_session()
@@ -123,10 +133,36 @@ def http_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
                 got += len(part)
             return got
 
-    return sync(fs.loop, get)
+    return _run(fs, get, url, "GET", deadline.total)
 
 
-def s3_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
+def _run(fs, make, where: str, what: str, total: float):
+    """Run the coroutine ``make()`` on ``fs``'s loop within ``total`` seconds; past it, an
+    ``OSError`` naming ``where`` and the limits (fsspec turns every asyncio timeout into an
+    ``FSTimeoutError`` whose message is empty: "FSTimeoutError: " said nothing of what or
+    where)."""
+    import asyncio
+
+    from fsspec.asyn import sync
+    from fsspec.exceptions import FSTimeoutError
+
+    async def bounded():
+        return await asyncio.wait_for(make(), total)
+
+    try:
+        return sync(fs.loop, bounded)
+    except (TimeoutError, asyncio.TimeoutError, FSTimeoutError):
+        timeout, retries = store_limits()
+        raise OSError(
+            f"{where}: the store did not finish {what} within {total:.0f} s (--store-timeout "
+            f"{timeout:g} s x --store-retries {retries}, and per MiB); it is down, or too slow "
+            "for these limits"
+        ) from None
+
+
+def s3_get(
+    fs, url: str, limit: int, sink, offset: int | None = None, expect: int | None = None
+) -> int:
     """:func:`http_get` for an S3 store through s3fs's filesystem ``fs`` (its client, retries
     and botocore timeouts): one ``GetObject`` of ``url``, from ``offset`` (a Range) or the
     start, its body handed to ``sink`` piece by piece, stopping one byte past ``limit``; the
@@ -134,11 +170,8 @@ def s3_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
     so an S3-compatible endpoint that streams a body without end was read until memory ran
     out; and botocore's read timeout, like aiohttp's, is per read, so the whole request has
     :func:`http_deadline`'s deadline too (``TimeoutError``, an ``OSError``)."""
-    import asyncio
 
-    from fsspec.asyn import sync
-
-    total = http_deadline(limit).total
+    total = http_deadline(_deadline_bytes(limit, expect)).total
 
     async def get() -> int:
         bucket, key, version = fs.split_path(url)
@@ -163,10 +196,7 @@ def s3_get(fs, url: str, limit: int, sink, offset: int | None = None) -> int:
             body.close()
         return got
 
-    async def bounded() -> int:
-        return await asyncio.wait_for(get(), total)
-
-    return sync(fs.loop, bounded)
+    return _run(fs, get, url, "GetObject", total)
 
 
 def listing_limit(files: int) -> int:
@@ -226,3 +256,22 @@ def s3_list(fs, root: str, limit: int) -> dict[str, object]:
             raise refuse(f"takes longer than {timeout * (1 + limit / 1000):.0f} s") from None
 
     return sync(fs.loop, bounded)
+
+
+def call_deadline(nbytes: int = 0) -> float:
+    """Seconds one store call moving ``nbytes`` may take in all, its retries included: the
+    store timeout for each attempt, and per MiB moved."""
+    timeout, retries = store_limits()
+    return timeout * (retries + nbytes / (1 << 20))
+
+
+def store_call(fs, method: str, *args, where: str, nbytes: int = 0, **kw):
+    """``fs.method(*args, **kw)`` with a deadline (:func:`call_deadline` of ``nbytes``): an
+    existence check, a size, a listing, an upload or a removal that an endpoint trickles or
+    never answers is an ``OSError`` naming ``where`` and the limits, never a held run (the
+    library's own timeouts are per read, so a byte now and then kept them waiting). Stores
+    without an event loop (local files, memory) are called as they are."""
+    coro = getattr(fs, f"_{method}", None) if getattr(fs, "async_impl", False) else None
+    if coro is None:
+        return getattr(fs, method)(*args, **kw)
+    return _run(fs, lambda: coro(*args, **kw), where, method, call_deadline(nbytes))

@@ -32,3 +32,18 @@ def send_trickle(wfile, data: bytes) -> None:
             time.sleep(0.1)
     except (BrokenPipeError, ConnectionResetError):
         pass
+
+
+def send_crawl(wfile, data: bytes, seconds: float = 120.0) -> None:
+    """``data`` 16 bytes every 0.2 s (80 B/s: a manifest takes minutes), for ``seconds`` at
+    most (so a test ends either way)."""
+    end = time.monotonic() + seconds
+    try:
+        for i in range(0, len(data), 16):
+            if time.monotonic() > end:
+                return
+            wfile.write(data[i : i + 16])
+            wfile.flush()
+            time.sleep(0.2)
+    except (BrokenPipeError, ConnectionResetError):
+        pass

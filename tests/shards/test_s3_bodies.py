@@ -22,7 +22,7 @@ from shards.manifest import ManifestError, open_generation
 from shards.object_store import publish_generation, read_remote_current
 from shards.reader import ShardError
 from shards.verify import verify_generation
-from tests.shards.hostile_bodies import send_overflowing, send_trickle
+from tests.shards.hostile_bodies import send_crawl, send_overflowing, send_trickle
 
 pytest.importorskip("s3fs")
 
@@ -38,6 +38,9 @@ class _Proxy(BaseHTTPRequestHandler):
     mode: ClassVar[str] = "pass"
     sent: ClassVar[list[int]] = []
     pages: ClassVar[list[int]] = [0]  # listing pages answered past the first
+    # bodies sent at a crawl (send_crawl): "list" listing pages, "small" every other GET
+    # that is no shard (CURRENT, the manifest)
+    crawl: ClassVar[set[str]] = set()
 
     def _list(self) -> bool:
         """A ListObjectsV2 in modes ``relist`` (the real first page again and again, each with
@@ -118,8 +121,11 @@ class _Proxy(BaseHTTPRequestHandler):
         r = conn.getresponse()
         data = r.read()
         conn.close()
-        shard = self.command == "GET" and self.path.split("?")[0].endswith(".tar")
-        shard = shard and r.status in (200, 206) and self.mode != "pass"
+        tar = self.command == "GET" and self.path.split("?")[0].endswith(".tar")
+        shard = tar and r.status in (200, 206) and self.mode != "pass"
+        listing = "list-type" in parse_qs(urlsplit(self.path).query)
+        crawl = self.command == "GET" and not tar and r.status == 200
+        crawl = crawl and ("list" if listing else "small") in self.crawl
         self.send_response(r.status)
         for k, v in r.getheaders():
             if k.lower() not in _SKIP:
@@ -132,7 +138,9 @@ class _Proxy(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
-        if not shard:
+        if crawl:
+            send_crawl(self.wfile, data)
+        elif not shard:
             self.wfile.write(data)
         elif self.mode == "overflow":
             send_overflowing(self.wfile, data, self.sent)
@@ -150,6 +158,7 @@ def proxied(s3, generation, bucket):
     publish_generation(generation / gen, bucket, storage_options=s3["opts"])
     _Proxy.upstream, _Proxy.mode = s3["endpoint"], "pass"
     _Proxy.sent.clear()
+    _Proxy.crawl = set()
     _Proxy.pages[0] = 0
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Proxy)
     server.daemon_threads = True
@@ -306,3 +315,36 @@ def test_a_listing_naming_an_object_outside_the_generation_deletes_nothing_of_it
         remove_remote_generation(url, gen, storage_options=opts)
     fs.invalidate_cache()
     assert fs.cat_file(precious) == b"precious"
+
+
+@pytest.mark.parametrize("crawl", ["small", "list"])
+def test_verify_through_a_crawling_endpoint_fails_within_its_limits(proxied, crawl):
+    """``equishard verify s3://ROOT --store-timeout 1 --store-retries 1`` where CURRENT and the
+    manifest (or every listing page) come at 80 B/s: a small object's deadline was sized from
+    the 1 GiB small-file limit (hours) and s3fs's existence checks and listings had none, so
+    verify ran for over 300 s. Now every call's deadline is the store timeout x retries (and
+    per MiB of the object): verify fails in seconds, one line naming the root."""
+    import os
+    import subprocess
+    import sys
+
+    url, opts = proxied
+    _Proxy.crawl = {crawl}
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": opts["endpoint_url"],
+    }
+    cmd = [sys.executable, "-m", "equishard", "verify", url, "--store-timeout", "1"]
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [*cmd, "--store-retries", "1"], capture_output=True, text=True, env=env, timeout=200
+    )
+    took = time.monotonic() - t0
+    assert p.returncode == 1, p.stderr
+    # verify reports what it found on stdout: the problem names the root and the limit
+    problems = [x for x in p.stdout.splitlines() if x.startswith("PROBLEM:")]
+    assert problems and all(url in x and "within" in x for x in problems), p.stdout
+    assert "Traceback" not in p.stderr and took < 30, (took, p.stderr)

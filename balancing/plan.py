@@ -39,6 +39,7 @@ from balancing.plan_quality import (
     step_loads_of,
 )
 from balancing.steps import assign_steps
+from dataprep.durable import durable_replace
 from dataprep.values import check_count, check_real, is_count, is_number
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
@@ -334,7 +335,7 @@ def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
     # dictionaries for the few-valued columns only: the per-group ones repeat in runs, which
     # plain encoding and compression take faster (at 10M rows 1.4 s, was 1.8 s; ~4 % larger)
     pq.write_table(result.plan, tmp, use_dictionary=["group_flag", "node", "local_rank", "rank"])
-    os.replace(tmp, out / "plan.parquet")
+    durable_replace(tmp, out / "plan.parquet")
     tmp = out / f".report.json.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(result.report, indent=2) + "\n")
-    os.replace(tmp, out / "report.json")
+    durable_replace(tmp, out / "report.json")

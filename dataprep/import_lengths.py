@@ -39,6 +39,7 @@ from dataprep.cost_table import (
     errors_path,
     remove_stale_temps,
 )
+from dataprep.durable import durable_replace
 from dataprep.values import check_count
 
 __all__ = ["ImportLengthsConfig", "ImportResult", "import_lengths"]
@@ -397,7 +398,7 @@ def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
         for p in (tmp, tmp_err):
             p.unlink(missing_ok=True)
         raise
-    os.replace(tmp_err, err_out)
-    os.replace(tmp, out)
+    durable_replace(tmp_err, err_out)
+    durable_replace(tmp, out)
     result.reasons = dict(sink.reasons)
     return result

@@ -25,6 +25,7 @@ from dataprep.cost_table import (
     read_cost_table,
     table_metadata,
 )
+from dataprep.durable import durable_replace
 from dataprep.errors import DataprepError, describe
 from dataprep.local_files import regular_file
 from dataprep.prep_cache import counts_identity
@@ -150,5 +151,5 @@ def merge_cost_tables(parts: list[str], output: str) -> dict:
     for t, dest in ((errors, errors_path(out)), (table, out)):
         tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
         pq.write_table(t, tmp)
-        os.replace(tmp, dest)
+        durable_replace(tmp, dest)
     return {k: total[k] for k in ("in", "written", "rejected")}

@@ -34,6 +34,7 @@ from dataprep.cost_table import (
     read_cost_table,
     remove_stale_temps,
 )
+from dataprep.durable import durable_replace
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
@@ -309,7 +310,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     writer.close()
     err_table = pa.Table.from_pylist(errors + ranges, schema=ERRORS_SCHEMA)
     pq.write_table(err_table, tmp_err)
-    os.replace(tmp_err, err_path)
+    durable_replace(tmp_err, err_path)
     if aborted is not None:
         tmp_out.unlink(missing_ok=True)
         if cfg.cache and out_path.exists() and os.path.samefile(out_path, cfg.cache):
@@ -326,7 +327,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
             f"{len(ranges)} damaged ranges), written "
             f"{result.n_written} + rejected {result.n_rejected}; nothing was published"
         )
-    os.replace(tmp_out, out_path)
+    durable_replace(tmp_out, out_path)
     result.reasons = dict(Counter(e["reason"] for e in errors).most_common())
     result.modalities = dict(modalities.most_common())
     for name, parts in stats.items():

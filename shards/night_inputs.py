@@ -13,6 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dataprep.durable import durable_replace
 from shards.publish import atomic_write_bytes, read_small
 from shards.storage import sha256_of
 
@@ -102,7 +103,7 @@ def combine_tables(
         combined.replace_schema_metadata({b"equishard.cost_table": json.dumps(meta).encode()}),
         tmp,
     )
-    os.replace(tmp, out)
+    durable_replace(tmp, out)
     return combined, counts, deleted | updated
 
 

@@ -31,7 +31,14 @@ from pathlib import Path
 
 from shards.errors import WriteError
 from shards.manifest import MANIFEST, ManifestError, load_manifest
-from shards.publish import CURRENT, fsync_dir, parse_current, set_current, valid_generation_name
+from shards.publish import (
+    CURRENT,
+    atomic_write_bytes,
+    fsync_dir,
+    parse_current,
+    set_current,
+    valid_generation_name,
+)
 from shards.storage import GenerationFiles, check_writable, is_url, join_url, sha256_of
 
 __all__ = [
@@ -295,7 +302,9 @@ def fetch_generation(
             raise
         except OSError as exc:
             raise WriteError(f"{exc}; the generation in the store is damaged") from None
-        (tmp / MANIFEST).write_bytes(manifest)
+        atomic_write_bytes(tmp / MANIFEST, manifest)
+        for d in sorted({t.parent for t in targets}, key=lambda p: -len(p.parts)):
+            fsync_dir(d)  # the copies' entries, before the directory is published
         load_manifest(tmp)
         for name, digest in wanted.items():
             if digest is None:

@@ -16,6 +16,7 @@ import os
 import secrets
 from pathlib import Path
 
+from dataprep.durable import fsync_dir  # re-exported: the shards publish through it
 from dataprep.local_files import read_small  # re-exported: shards read small files through it
 
 __all__ = [
@@ -36,14 +37,6 @@ __all__ = [
 ]
 
 CURRENT = "CURRENT"
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # a file equishard creates in a directory others may write (an output root, a staging root)

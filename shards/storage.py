@@ -208,6 +208,8 @@ class GenerationFiles:
         h = RangeDigests()
         with open(target, "wb") as out:
             self._hash(name, size, h, out)
+            out.flush()
+            os.fsync(out.fileno())  # on disk before the copy is published by a rename
         return h.hexdigest()
 
     def _hash(self, name: str, size: int | None, h: RangeDigests, out=None) -> None:

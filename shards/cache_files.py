@@ -30,7 +30,7 @@ from pathlib import Path
 
 __all__ = ["CacheDir"]
 
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_DIR = os.O_RDONLY | os.O_DIRECTORY
 
 
 class CacheDir:
@@ -90,7 +90,7 @@ class CacheDir:
             with self._dir(sub, create=False) as d:
                 if d is None:
                     return None
-                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
                 try:
                     fd = os.open(name, flags, dir_fd=d)
                 except FileNotFoundError:
@@ -122,7 +122,7 @@ class CacheDir:
             if d is None:
                 raise FileNotFoundError(f"{self.path / (sub or '')}: could not be made")
             tmp = f".{name}.{secrets.token_hex(8)}.tmp"
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
             f = os.fdopen(os.open(tmp, flags, 0o600, dir_fd=d), "wb")
             done = []
 

@@ -81,7 +81,7 @@ def current_lock(root: Path):
 
     path = root / CURRENT_LOCK
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise WriteError(f"{path}: cannot open the CURRENT lock ({exc.strerror})") from None
     try:

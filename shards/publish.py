@@ -41,7 +41,7 @@ CURRENT = "CURRENT"
 
 # a file equishard creates in a directory others may write (an output root, a staging root)
 # is new, never reached through a symlink: O_EXCL fails on any name already there, a link too
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 
 
 def open_new(path: str | os.PathLike, mode: int = 0o644):
@@ -126,7 +126,7 @@ def note_current(root: str | os.PathLike, generation: str, event: str = "current
         atomic_write_bytes(path, line.encode())
         return
     if len(old) < _HISTORY_LINES:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
         with os.fdopen(os.open(path, flags, 0o644), "a") as f:  # never through a link
             f.write(line)
             f.flush()
@@ -162,7 +162,7 @@ def set_current(root: str | os.PathLike, generation: str) -> None:
 def try_lock(path: str | os.PathLike):
     """An exclusive ``flock`` on ``path`` (created if needed), held until the returned file is
     closed; None when another process holds it."""
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a link
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW  # never through a link
     f = os.fdopen(os.open(path, flags, 0o644), "a+")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)

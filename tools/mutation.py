@@ -1,0 +1,302 @@
+"""Mutation testing with a maintained tool (cosmic-ray), one module at a time.
+
+    make mutation MODULE=shards/current_guard.py       # or: python tools/mutation.py MODULE
+    python tools/mutation.py --list                     # the modules and their tests
+
+cosmic-ray plants every mutation its operators make in ``MODULE`` (comparisons, arithmetic,
+boolean and unary operators, numbers, ``break``/``continue``, exception handlers, decorators
+...), one at a time, in a scratch copy of the repository (the checkout is never touched), and
+runs the module's tests (``tests/mutation/modules.toml``) with ``-x``: a mutant is killed when a
+test fails. Survivors are listed with their diff; each must be killed by a new test or listed in
+``tests/mutation/equivalent.toml`` with the reason it cannot change behaviour. The result goes to
+``MUTATION.md`` (one section per module, the others kept): killed / (all - equivalent).
+
+Numba kernels run as plain Python here (``NUMBA_DISABLE_JIT=1``): the same code, so the same
+mutants, without recompiling every kernel per mutant; the kernels' agreement with their numba
+builds is the suite's own job (tests/balancing/test_kernels_vs_reference.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "tests" / "mutation"
+REPORT = REPO / "MUTATION.md"
+TARGET = 0.90
+
+
+def modules() -> dict[str, dict]:
+    return tomllib.loads((CONFIG / "modules.toml").read_text())["modules"]
+
+
+def equivalents() -> list[dict]:
+    return tomllib.loads((CONFIG / "equivalent.toml").read_text()).get("equivalent", [])
+
+
+def _scratch() -> Path:
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    dst = Path(tempfile.mkdtemp(prefix="equishard-cosmic-"))
+    for f in filter(None, files):
+        src = REPO / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+    return dst
+
+
+def _config(module: str, tests: list[str], timeout: float) -> str:
+    cmd = f"{sys.executable} -m pytest -x -q -p no:cacheprovider -p no:randomly " + " ".join(tests)
+    return (
+        "[cosmic-ray]\n"
+        f'module-path = "{module}"\n'
+        f"timeout = {timeout}\n"
+        "excluded-modules = []\n"
+        f'test-command = "{cmd}"\n'
+        "[cosmic-ray.distributor]\n"
+        'name = "local"\n'
+    )
+
+
+def _cr(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).parent / "cosmic-ray"
+    return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True)
+
+
+def run(module: str, timeout: float | None = None) -> dict:
+    spec = modules()[module]
+    tests = spec["tests"]
+    root = _scratch()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "NUMBA_DISABLE_JIT": "1",
+    }
+    # the baseline's own time sets each mutant's limit (a mutant that loops is a kill)
+    t0 = time.perf_counter()
+    base = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    took = time.perf_counter() - t0
+    if base.returncode != 0:
+        raise SystemExit(f"{module}: its tests fail unmutated:\n{base.stdout[-3000:]}")
+    (root / "cr.toml").write_text(_config(module, tests, timeout or max(60.0, 4 * took)))
+    r = _cr(["init", "cr.toml", "session.sqlite"], root, env)
+    if r.returncode != 0:
+        raise SystemExit(f"cosmic-ray init failed:\n{r.stderr[-3000:]}")
+    skipped = _skip_annotations(root / "session.sqlite", root / module)
+    r = _cr(["exec", "cr.toml", "session.sqlite"], root, env)
+    if r.returncode != 0:
+        raise SystemExit(f"cosmic-ray exec failed:\n{r.stderr[-3000:]}")
+    dump = _cr(["dump", "session.sqlite"], root, env).stdout
+    items = []
+    for line in dump.splitlines():
+        item, result = json.loads(line)
+        mutation = item["mutations"][0]
+        items.append(
+            {
+                "operator": mutation["operator_name"],
+                "occurrence": mutation["occurrence"],
+                "line": mutation["start_pos"][0],
+                # killed / survived / incompetent; skipped (an annotation), or not run
+                "outcome": (result or {}).get("test_outcome")
+                or (result or {}).get("worker_outcome")
+                or "not run",
+                "diff": (result or {}).get("diff", ""),
+            }
+        )
+    shutil.rmtree(root, ignore_errors=True)
+    items = [it for it in items if it["outcome"] not in ("not run", "skipped")]
+    return {
+        "module": module,
+        "tests": tests,
+        "baseline_s": round(took, 1),
+        "items": items,
+        "annotations": skipped,
+    }
+
+
+def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Where the module's annotations are, when ``from __future__ import annotations`` makes
+    them strings never evaluated: a mutant there cannot change behaviour."""
+    import ast
+
+    tree = ast.parse(source)
+    future = any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "__future__"
+        and any(a.name == "annotations" for a in n.names)
+        for n in tree.body
+    )
+    if not future:
+        return []
+    spans = []
+    for node in ast.walk(tree):
+        found = []
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            args = [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg]
+            found = [x.annotation for x in args if x is not None and x.annotation is not None]
+            found += [node.returns] if node.returns is not None else []
+        elif isinstance(node, ast.AnnAssign):
+            found = [node.annotation]
+        spans += [((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset)) for n in found]
+    return spans
+
+
+def _skip_annotations(session: Path, path: Path) -> int:
+    """Mark every mutant inside an annotation as skipped before it runs; how many."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome, WorkResult
+
+    spans = _annotation_spans(path.read_text())
+    n = 0
+    with use_db(str(session), WorkDB.Mode.open) as db:
+        for item in db.work_items:
+            pos = tuple(item.mutations[0].start_pos)
+            if any(lo <= pos < hi for lo, hi in spans):
+                db.set_result(
+                    item.job_id,
+                    WorkResult(worker_outcome=WorkerOutcome.SKIPPED),
+                )
+                n += 1
+    return n
+
+
+def _is_equivalent(module: str, item: dict, eqs: list[dict]) -> str | None:
+    for e in eqs:
+        if (
+            e["module"] == module
+            and e["operator"] == item["operator"]
+            and e["line"] == item["line"]
+            and e.get("occurrence", item["occurrence"]) == item["occurrence"]
+        ):
+            return e["reason"]
+    return None
+
+
+def summarize(res: dict) -> dict:
+    eqs = equivalents()
+    killed = survived = equivalent = incompetent = 0
+    survivors = []
+    for it in res["items"]:
+        why = _is_equivalent(res["module"], it, eqs)
+        if it["outcome"] == "killed":
+            killed += 1
+        elif it["outcome"] == "incompetent":
+            incompetent += 1  # not valid code (cosmic-ray's own check): no test can run
+        elif why:
+            equivalent += 1
+            it["reason"] = why
+        else:
+            survived += 1
+            survivors.append(it)
+    total = killed + survived
+    return {
+        **res,
+        "killed": killed,
+        "survived": survived,
+        "equivalent": equivalent,
+        "incompetent": incompetent,
+        "score": killed / total if total else 1.0,
+        "survivors": survivors,
+    }
+
+
+def render(s: dict) -> str:
+    lines = [
+        f"## `{s['module']}`",
+        "",
+        f"Tests: {', '.join(f'`{t}`' for t in s['tests'])} (baseline {s['baseline_s']} s). "
+        f"Mutants: {len(s['items'])}; killed {s['killed']}, survived {s['survived']}, "
+        f"equivalent {s['equivalent']}, incompetent {s['incompetent']}; "
+        f"{s['annotations']} more in annotations not run (never evaluated). "
+        f"**Score {100 * s['score']:.1f} %** (killed / (killed + survived); target "
+        f"{100 * TARGET:.0f} %).",
+        "",
+    ]
+    eq = [it for it in s["items"] if "reason" in it]
+    if eq:
+        lines += ["Equivalent (listed in `tests/mutation/equivalent.toml`):", ""]
+        lines += [f"- line {it['line']}, {it['operator']}: {it['reason']}" for it in eq]
+        lines.append("")
+    if s["survivors"]:
+        lines += ["Surviving (to kill with a test, or to list as equivalent):", ""]
+        for it in s["survivors"]:
+            diff = "\n".join(
+                x for x in it["diff"].splitlines() if x.startswith(("+", "-")) and x[1:2] != x[:1]
+            )
+            lines += [f"- line {it['line']}, {it['operator']}:", "", "```diff", diff, "```", ""]
+    return "\n".join(lines) + "\n"
+
+
+_HEAD = """# Mutation testing
+
+Measured with cosmic-ray (`make mutation MODULE=path/to/module.py`, `tools/mutation.py`): each
+mutant its operators make in the module, run against the module's tests
+(`tests/mutation/modules.toml`). Equivalent mutants are listed with their reason in
+`tests/mutation/equivalent.toml`. One section per module, rewritten when it is run again.
+"""
+
+
+def write_report(s: dict) -> None:
+    text = REPORT.read_text() if REPORT.exists() else _HEAD
+    sections = re.split(r"(?m)^(?=## `)", text)
+    head, body = sections[0], {re.match(r"## `([^`]+)`", x).group(1): x for x in sections[1:]}
+    body[s["module"]] = render(s)
+    stamp = time.strftime("%Y-%m-%d")
+    body[s["module"]] = body[s["module"]].replace(
+        "\n\n", f"\n\nRun {stamp}, cosmic-ray {_version()}.\n\n", 1
+    )
+    REPORT.write_text(head.rstrip() + "\n\n" + "".join(body[k] for k in sorted(body)))
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("cosmic-ray")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("module", nargs="?", help="a module listed in tests/mutation/modules.toml")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--timeout", type=float, help="seconds per mutant (default: 4x baseline)")
+    a = ap.parse_args(argv)
+    if a.list or not a.module:
+        for name, spec in modules().items():
+            print(f"{name}: {' '.join(spec['tests'])}")
+        return 0
+    if a.module not in modules():
+        print(f"{a.module}: not in tests/mutation/modules.toml; add it with its tests")
+        return 2
+    s = summarize(run(a.module, a.timeout))
+    write_report(s)
+    print(render(s))
+    return 0 if s["score"] >= TARGET else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,7 +34,7 @@ NIGHT_OUT ?= build/nightly
 # `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (docs/training/equishard-train.md, "On a GPU")
 GPU_OUT ?= build/gpu-smoke
 
-.PHONY: install test-latest lock shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean
+.PHONY: install test-latest lock mutation shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean
 
 LOCK   := constraints.txt
 # every install takes the lock's versions; setuptools comes from the lock too (no build
@@ -167,6 +167,12 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# `make mutation MODULE=shards/current_guard.py`: cosmic-ray over one module (its tests in
+# tests/mutation/modules.toml; `make mutation` alone lists them); the result in MUTATION.md
+MODULE ?=
+mutation: $(STAMP)
+	$(BIN)/python tools/mutation.py $(MODULE)
 
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --out BENCHMARKS.md

@@ -144,7 +144,16 @@ def test_cache_dir_entries_are_plain_names(tmp_path):
     assert sorted(p.name for p in (tmp_path / "c" / "s").iterdir()) == ["ok"]
 
 
-def test_a_fifo_planted_as_an_entry_is_a_miss_not_a_hang(tmp_path):
+@pytest.mark.parametrize("writer", [False, True], ids=["no-writer", "held-open"])
+def test_a_fifo_planted_as_an_entry_is_a_miss_not_a_hang(tmp_path, writer):
+    """Without a writer a FIFO reads as empty; one a neighbour holds open would block the
+    read forever: either way it is no regular file, so it is removed and a miss."""
     c = CacheDir(tmp_path / "c")
-    os.mkfifo(tmp_path / "c" / "f")
-    assert c.open_read("f") is None and not (tmp_path / "c" / "f").exists()
+    fifo = tmp_path / "c" / "f"
+    os.mkfifo(fifo)
+    held = os.open(fifo, os.O_RDWR) if writer else None  # a writer that never writes
+    try:
+        assert c.open_read("f") is None and not fifo.exists()
+    finally:
+        if held is not None:
+            os.close(held)

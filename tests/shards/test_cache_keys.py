@@ -62,3 +62,8 @@ def test_a_kept_whole_shard_serves_only_its_own_ranges(store, tmp_path):
     assert (tmp_path / f"{_digest(blobs['a.tar'])}.tar").read_bytes() == blobs["a.tar"]
     assert files.read_range("b.tar", 10, 20, _digest(blobs["b.tar"])) == blobs["b.tar"][10:30]
     assert files.read_range("a.tar", 10, 20, _digest(blobs["a.tar"])) == blobs["a.tar"][10:30]
+    # both kept whole: each shard's ranges still come from its own copy
+    assert files.sha256("b.tar", expected=_digest(blobs["b.tar"])) == _digest(blobs["b.tar"])
+    for name in ("a.tar", "b.tar", "a.tar"):
+        got = files.read_range(name, 40, 30, _digest(blobs[name]))
+        assert got == blobs[name][40:70], name

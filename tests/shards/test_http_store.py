@@ -293,3 +293,38 @@ def test_nothing_is_aimed_at_an_http_server_to_publish(generation, tmp_path):
     gen = (generation / "CURRENT").read_text().strip()
     with pytest.raises(ValueError, match=f"publish to {url}: an HTTP"):
         publish_generation(generation / gen, url)
+
+
+class _StallHandler(_RangeHandler):
+    """Answers every request only after 30 s (a server that accepts and then says nothing)."""
+
+    def send_head(self):
+        time.sleep(30)
+        return super().send_head()
+
+
+def test_verify_over_a_stalling_http_server_fails_in_seconds_naming_the_url(generation):
+    """``equishard verify http://... --store-timeout 1 --store-retries 1``: its existence check
+    and size waited on fsspec's own timeouts and failed as ``FSTimeoutError: `` (an empty
+    message). Now each call has the deadline of timeout x retries: one line naming the URL."""
+    import subprocess
+    import sys
+
+    server, url = _serve(generation, _StallHandler)
+    try:
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "equishard", "verify", url, "--store-timeout", "1"]
+        p = subprocess.run(
+            [*cmd, "--store-retries", "1"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        took = time.monotonic() - t0
+    finally:
+        server.shutdown()
+    out = [x for x in (p.stdout + p.stderr).splitlines() if x.strip()]
+    assert p.returncode in (1, 2), (p.returncode, out)
+    msg = " ".join(out)
+    assert url in msg and "within" in msg and "FSTimeoutError: " not in msg, out
+    assert "Traceback" not in p.stderr and took < 25, (took, out)

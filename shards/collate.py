@@ -203,7 +203,10 @@ class Collator:
                     sample_labels += [-100] * costs[k].llm_tokens
                     k += 1
                     continue
-                target = any(lo <= a and b <= hi for lo, hi in spans)
+                # a token holding any of an assistant's text is learnt: one that also carries
+                # the template's space or newline in front (" Mostly", "\nFour") included, or
+                # the answer's first word would never be a target
+                target = b > a and any(a < hi and b > lo for lo, hi in spans)
                 sample_ids.append(tid)
                 sample_labels.append(tid if target else -100)
             ids += sample_ids

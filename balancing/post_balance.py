@@ -20,9 +20,10 @@ or swaps one with, the lightest batch that can take it (``kk_equal``: swaps only
 equal), until the heaviest is within ``tolerance`` of the mean or no step lowers it.
 ``max_count`` limits samples per
 batch; ``memory_cap`` limits the sum of ``memory`` (default: the lengths) per batch, with a
-:class:`MemoryCapError` when no placement under it is found. Every method honours the cap: a
+:class:`MemoryCapError` when no placement under it is found. Every method honours the caps: a
 method that cannot build under one (``kk*``, ``padded*``, ``quadratic``) runs as usual and, when
-its plan breaks the cap, the capped LPT plan is used instead (its ``method`` says so).
+its plan breaks the memory cap or the count cap, the LPT plan under both is used instead (its
+``method`` says so); ``kk*`` refuse ``max_count`` outright.
 """
 
 from __future__ import annotations
@@ -101,24 +102,34 @@ def _over_cap(dest: np.ndarray, d: int, cap: float, mem: np.ndarray) -> bool:
     return cap > 0 and bool(np.bincount(dest, weights=mem, minlength=d).max() > cap)
 
 
+def _over_count(dest: np.ndarray, d: int, max_count: int | None) -> bool:
+    return max_count is not None and bool(np.bincount(dest, minlength=d).max() > max_count)
+
+
 def _within_cap(
-    result: PostBalance, x: np.ndarray, d: int, cap: float, mem: np.ndarray, order: np.ndarray
+    result: PostBalance,
+    x: np.ndarray,
+    d: int,
+    cap: float,
+    mem: np.ndarray,
+    order: np.ndarray,
+    max_count: int | None = None,
 ) -> PostBalance:
-    """``result``, or when it breaks the memory cap (a method that cannot honour one), the
-    capped LPT plan, named so the caller sees which ran."""
-    if not _over_cap(result.dest, d, cap, mem):
+    """``result``, or when it breaks the memory cap or the count cap (a method that cannot
+    honour them), the LPT plan under both caps, named so the caller sees which ran."""
+    memory, count = _over_cap(result.dest, d, cap, mem), _over_count(result.dest, d, max_count)
+    if not (memory or count):
         return result
     dest = np.zeros(x.size, dtype=np.int64)
-    bad = _nb_lpt_capped(x, order, d, 0, cap, mem, dest)
+    bad = _nb_lpt_capped(x, order, d, max_count or 0, cap, mem, dest)
     if bad >= 0:
         i = int(order[bad])
         raise MemoryCapError(
             f"item {i} ({mem[i]:g}) fits under no rank's memory cap {cap:g}; raise the cap or the "
             "number of ranks"
         )
-    return PostBalance(
-        dest, _batch_loads(x, dest, d), f"lpt ({result.method} broke the memory cap)"
-    )
+    broke = " and ".join(w for w, b in (("memory cap", memory), ("count cap", count)) if b)
+    return PostBalance(dest, _batch_loads(x, dest, d), f"lpt ({result.method} broke the {broke})")
 
 
 @first_call.entry_point
@@ -243,18 +254,18 @@ def post_balance(
         _nb_padded_batches(x[asc], d, runs)
         dest[asc] = runs
         result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d, padded=True), method=chosen)
-        return _within_cap(result, x, d, cap, mem, order)
+        return _within_cap(result, x, d, cap, mem, order, max_count)
     elif chosen == "quadratic":
         tol = quadratic_tolerance if quadratic_tolerance is not None else 0.01 * x.sum() / d
         _nb_lpt_quadratic(x, order, d, tol, dest)
         result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d), method=chosen)
-        return _within_cap(result, x, d, cap, mem, order)
+        return _within_cap(result, x, d, cap, mem, order, max_count)
     else:  # padded_attention
         probe = np.empty(n, dtype=np.int64)
         bound = _nb_lpt(x, order, d, probe).max()
         _nb_padded_attention(x, order, d, bound, dest)
         result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d), method=chosen)
-        return _within_cap(result, x, d, cap, mem, order)
+        return _within_cap(result, x, d, cap, mem, order, max_count)
     if chosen in ("kk", "kk_equal") and cap > 0 and _over_cap(dest, d, cap, mem):
         return _within_cap(PostBalance(dest, np.zeros(d), chosen), x, d, cap, mem, order)
     target = x.sum() / d * (1.0 + tolerance)

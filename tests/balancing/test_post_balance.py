@@ -220,3 +220,38 @@ def test_auto_takes_unequal_kk_where_it_is_the_most_even():
     assert kk.loads.max() < 0.97 * post_balance(x, 8, method="lpt").loads.max()
     auto = post_balance(x, 8, method="auto")
     assert auto.loads.max() == kk.loads.max() and auto.method == "kk"
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    pairs=st.lists(
+        st.tuples(st.integers(0, 5000), st.integers(0, 5000)), min_size=1, max_size=120
+    ),
+    d=st.integers(1, 12),
+    method=st.sampled_from(METHODS),
+    slack=st.floats(1.0, 1.6),
+    count_extra=st.one_of(st.none(), st.integers(0, 3)),
+)
+def test_two_constraints_at_once_for_every_method(pairs, d, method, slack, count_extra):
+    """A memory cap on a quantity independent of the cost (an item's memory is not its
+    length), for every method, ``auto`` included, with and without a count cap beside it:
+    each item placed once, no rank over either cap, or a MemoryCapError naming the cap. The
+    existing cap tests took memory = lengths, where the cheapest plan is also the most even."""
+    x = np.array([p[0] for p in pairs], dtype=np.float64)
+    mem = np.array([p[1] for p in pairs], dtype=np.float64)
+    cap = max(mem.max(), mem.sum() / d) * slack
+    max_count = None if count_extra is None else -(-x.size // d) + count_extra
+    try:
+        r = post_balance(x, d, method=method, memory=mem, memory_cap=cap, max_count=max_count)
+    except MemoryCapError as exc:
+        assert "memory cap" in str(exc)
+        return
+    except ValueError as exc:  # a method that takes no count cap says so
+        assert max_count is not None and "max_count" in str(exc), str(exc)
+        return
+    assert r.dest.size == x.size and (r.dest.min() >= 0 and r.dest.max() < d)
+    assert np.bincount(r.dest, weights=mem, minlength=d).max() <= cap * (1 + 1e-12)
+    if max_count is not None:
+        assert np.bincount(r.dest, minlength=d).max() <= max_count
+    if r.method != "padded":  # padded's loads are count x longest
+        assert np.allclose(r.loads, np.bincount(r.dest, weights=x, minlength=d))

@@ -253,3 +253,22 @@ def test_hostile_or_malformed_members_are_rejected(gen_copy, members, match):
     with pytest.raises(ShardError, match=match):
         read_group(m.path, m.streams[0].shards[0], m.streams[0].shards[0].groups[0])
     assert not verify_generation(gen_copy).ok
+
+
+def test_verify_fast_checks_checksums_only_and_the_default_reads_every_group(gen_copy, capsys):
+    """``--fast``'s meaning is computed (``deep=not args.fast``): a generation whose shards
+    all match their sha256 but whose manifest cuts a group's byte range short passes
+    ``verify --fast`` and fails ``verify``, each by its exit code and summary."""
+    import json
+
+    gen = gen_copy / (gen_copy / "CURRENT").read_text().strip()
+    raw = json.loads((gen / "manifest.json").read_text())
+    g = raw["streams"][0]["shards"][0]["groups"]
+    g[0][3] -= 1024  # the group's range ends inside its last member: a cut sample there
+    (gen / "manifest.json").write_text(json.dumps(raw))
+    assert main(["verify", str(gen_copy), "--fast", "--json"]) == 0
+    fast = json.loads(capsys.readouterr().out)
+    assert fast["status"] == "ok"
+    assert main(["verify", str(gen_copy), "--json"]) == 1
+    deep = json.loads(capsys.readouterr().out)
+    assert deep["status"] != "ok" and deep["problems"]

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from balancing import _kernels as K
 from balancing import _reference as R
 from balancing.post_balance import post_balance
+from balancing.steps import assign_steps
 
 SEEDS = range(30)
 
@@ -156,3 +157,38 @@ def test_a_steps_node_placement_is_near_the_best_by_brute_force():
         best = min(heaviest(np.array(p) // per, v, t) for p in itertools.permutations(range(d)))
         excess.append(heaviest(a.node, v, t) - best)
     assert np.mean(excess) < 0.07 and max(excess) < 0.3, (np.mean(excess), max(excess))
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(2, 4), data=st.data())
+def test_the_short_last_step_is_balanced_against_brute_force(d, data):
+    """The groups left over after full steps are dissolved and their samples packed over the D
+    ranks of the last step by LPT on each sample's weight (vision cost / its mean + LLM cost /
+    its mean, the two phases alike): the heaviest rank of that step is within LPT's bound of
+    the best split found by brute force, (4/3 - 1/(3D)) x optimum, and every sample is in it
+    once. A last step packed on one phase only, or not packed, broke the bound unseen (the
+    tests only counted its samples)."""
+    n_full = data.draw(st.integers(0, 2))
+    n_rest = data.draw(st.integers(1, d - 1))  # groups past the last full step
+    n_groups = n_full * d + n_rest
+    sizes = data.draw(st.lists(st.integers(1, 2), min_size=n_groups, max_size=n_groups))
+    group_of = np.repeat(np.arange(n_groups), sizes)
+    n = group_of.size
+    vc = np.array(data.draw(st.lists(st.integers(0, 900), min_size=n, max_size=n)), float)
+    lc = np.array(data.draw(st.lists(st.integers(1, 900), min_size=n, max_size=n)), float)
+    loads = {"vit_tokens": vc, "llm_tokens": lc, "vit_cost": vc, "llm_cost": lc}
+    a = assign_steps(
+        group_of, n_groups, loads, nodes=1, gpus_per_node=d, rng=np.random.default_rng(0)
+    )
+    last = a.last_step_groups
+    assert last.size == d and a.n_steps == n_full + 1
+    members = np.flatnonzero(np.isin(a.group_of, last))
+    w = vc / max(vc.mean(), 1e-12) + lc / max(lc.mean(), 1e-12)
+    got = np.bincount(np.searchsorted(last, a.group_of[members]), w[members], d).max()
+    best = min(
+        np.bincount(np.array(split), w[members], d).max()
+        for split in itertools.product(range(d), repeat=members.size)
+    )
+    assert got <= (4 / 3 - 1 / (3 * d)) * best + 1e-9, (got, best)
+    # the full steps keep their groups whole; the last step's samples are the leftovers'
+    assert members.size == n - sum(np.isin(group_of, np.flatnonzero(a.step[:n_groups] >= 0)))

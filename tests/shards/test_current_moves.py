@@ -4,6 +4,7 @@ CURRENT back to the old generation, so every loader silently lost the night's sa
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -163,3 +164,76 @@ def test_write_after_a_night_on_s3_is_refused_from_any_staging(s3, root, tmp_pat
         assert read_remote_current(url, storage_options=opts) == night
     write_generation(replace(cfg, force=True))
     assert read_remote_current(url, storage_options=opts) == day1
+
+
+def test_a_grandchild_of_current_moves_it_forward_through_the_manifests(root):
+    """A -> B -> C on disk, CURRENT rolled back to A: writing C again walks C's parent B's
+    manifest to A, so it is forward (no --force). The walk reads only each manifest's parent:
+    a shard of B gone changes nothing; a damaged or unreadable manifest of B ends the walk
+    (refused without --force, never a crash)."""
+    a = read_current(root)
+    b = write_generation(_day1(root, shard_size=1 << 19))
+    c = write_generation(_day1(root, shard_size=3 << 18))
+    assert (b.parent, c.parent) == (a, b.generation)
+    set_current(root, a)
+    shard = next((root / b.generation).glob("node-*/rank-*/*.tar"))
+    shard.unlink()  # B incomplete: its manifest still names its parent
+    assert write_generation(_day1(root, shard_size=3 << 18)).reused
+    assert read_current(root) == c.generation
+    for damage in ("garbage", "loop"):
+        set_current(root, a)
+        manifest = root / b.generation / "manifest.json"
+        manifest.unlink(missing_ok=True)
+        if damage == "garbage":
+            manifest.write_text("{not json")
+        else:
+            manifest.symlink_to(manifest)  # ELOOP: an OSError, not a ManifestError
+        with pytest.raises(WriteError, match=f"CURRENT names {a}"):
+            write_generation(_day1(root, shard_size=3 << 18))
+        assert read_current(root) == a
+
+
+def test_descends_from_without_a_root_looks_at_the_first_parent_only():
+    assert descends_from(None, "a", "a") and not descends_from(None, "b", "a")
+
+
+def test_the_current_lock_waits_for_a_brief_holder_and_fails_only_after_its_wait(root, monkeypatch):
+    """A lock released after 0.3 s is waited for (polled every 0.05 s: the write is done well
+    inside a second), and one held longer than LOCK_WAIT_S fails after the wait, not before;
+    the lock file is made rw-r--r-- (less the umask). LOCK_WAIT_S and MAX_CHAIN are the
+    documented 60 s and 10,000."""
+    import stat
+    import threading
+    import time
+
+    from shards.publish import try_lock
+
+    assert (current_guard.LOCK_WAIT_S, current_guard.MAX_CHAIN) == (60.0, 10_000)
+    lock = root / current_guard.CURRENT_LOCK
+    lock.unlink(missing_ok=True)
+    held = try_lock(lock)
+    threading.Timer(0.3, held.close).start()
+    t0 = time.monotonic()
+    r = write_generation(_day1(root, shard_size=1 << 19))
+    assert read_current(root) == r.generation and time.monotonic() - t0 > 0.25
+    umask = os.umask(0)
+    os.umask(umask)
+    os.unlink(lock)
+    with current_guard.current_lock(root):
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o644 & ~umask
+    monkeypatch.setattr(current_guard, "LOCK_WAIT_S", 0.4)
+    held = try_lock(lock)
+    try:
+        t0 = time.monotonic()
+        with (
+            pytest.raises(WriteError, match="held by another process"),
+            current_guard.current_lock(root),
+        ):
+            pass
+        assert 0.4 <= time.monotonic() - t0 < 0.9
+        held.close()
+        t0 = time.monotonic()
+        with current_guard.current_lock(root):  # free now: taken at once
+            assert time.monotonic() - t0 < 0.2
+    finally:
+        held.close()

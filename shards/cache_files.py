@@ -38,13 +38,11 @@ class CacheDir:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        try:
+        try:  # (a file or a link to one there: FileExistsError)
             self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
             st = os.stat(self.path)
         except OSError as exc:
             raise ValueError(f"cache_dir {self.path}: cannot create it ({exc.strerror})") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise ValueError(f"cache_dir {self.path}: not a directory")
         if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
             raise ValueError(
                 f"cache_dir {self.path}: anyone may write it and it has no sticky bit, so "
@@ -63,7 +61,8 @@ class CacheDir:
                 return
             _plain(sub)
             fd = None
-            for _ in range(2):
+            # at most: remove what was planted, make the directory, open it
+            for _ in range(3):
                 try:
                     fd = os.open(sub, _DIR | os.O_NOFOLLOW, dir_fd=root)
                     break

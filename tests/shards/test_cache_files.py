@@ -157,3 +157,112 @@ def test_a_fifo_planted_as_an_entry_is_a_miss_not_a_hang(tmp_path, writer):
     finally:
         if held is not None:
             os.close(held)
+
+
+def test_what_the_cache_creates_is_private_and_nested_paths_are_made(tmp_path):
+    """The cache directory (its missing parents too) and a digest subdirectory are made
+    rwx------, an entry rw------- (less the umask): other users read no cached shard."""
+    umask = os.umask(0)
+    os.umask(umask)
+    c = CacheDir(tmp_path / "a" / "b" / "cache")
+    c.write("e", b"data", sub="s")
+    mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)  # noqa: E731
+    assert mode(tmp_path / "a" / "b" / "cache") == 0o700 & ~umask
+    assert mode(tmp_path / "a" / "b" / "cache" / "s") == 0o700 & ~umask
+    assert mode(tmp_path / "a" / "b" / "cache" / "s" / "e") == 0o600 & ~umask
+
+
+def test_a_cache_dir_that_cannot_be_made_is_a_value_error_naming_it(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ValueError, match=r"cache_dir .*file/cache: cannot create it"):
+        CacheDir(blocker / "cache")
+    with pytest.raises(ValueError, match=r"file: cannot create it \(File exists\)"):
+        CacheDir(blocker)
+
+
+def test_reading_or_removing_never_creates_a_subdirectory(tmp_path):
+    c = CacheDir(tmp_path / "c")
+    assert c.open_read("x", "nosub") is None
+    c.remove("x", "nosub")
+    assert not (tmp_path / "c" / "nosub").exists()
+    c.write("x", b"1", sub="s")
+    c.remove("x", "s")
+    assert not (tmp_path / "c" / "s" / "x").exists()
+    # removing from an absent subdirectory touches nothing elsewhere (never the working dir)
+    (tmp_path / "x").write_text("keep")
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        c.remove("x", "absent")
+    finally:
+        os.chdir(old)
+    assert (tmp_path / "x").read_text() == "keep"
+
+
+def test_a_file_planted_where_a_subdirectory_belongs_is_replaced(tmp_path):
+    c = CacheDir(tmp_path / "c")
+    (tmp_path / "c" / "s").write_text("planted")
+    c.write("e", b"data", sub="s")
+    with c.open_read("e", "s") as f:
+        assert f.read() == b"data"
+    assert (tmp_path / "c" / "s").is_dir()
+
+
+def test_a_guessed_temp_name_is_never_written_through(tmp_path, monkeypatch, victim):
+    """Were the random part of a temp name guessed (here: made fixed), O_EXCL|O_NOFOLLOW still
+    refuses the link planted there: the write fails, the victim is untouched."""
+    import shards.cache_files as cf
+
+    monkeypatch.setattr(cf.secrets, "token_hex", lambda n: "guessed")
+    c = CacheDir(tmp_path / "c")
+    (tmp_path / "c" / ".e.guessed.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        c.write("e", b"evil")
+    assert victim.read_text() == "precious" and c.open_read("e") is None
+
+
+def test_a_subdirectory_that_cannot_be_made_is_named(tmp_path, monkeypatch):
+    """Both tries to open the digest subdirectory fail (a neighbour removing it each time):
+    FileNotFoundError naming the cache and the subdirectory."""
+    c = CacheDir(tmp_path / "c")
+    real = os.open
+
+    def never(path, flags, *a, **k):
+        if path == "s" and k.get("dir_fd") is not None:
+            raise FileNotFoundError(path)
+        return real(path, flags, *a, **k)
+
+    monkeypatch.setattr(os, "open", never)
+    with pytest.raises(FileNotFoundError, match=r"c/s: could not be made"):
+        c.write("e", b"x", sub="s")
+
+
+def test_no_descriptor_is_left_open(tmp_path):
+    """A hundred writes, reads and removals leave as many descriptors open as before (a
+    directory opened twice in the retry loop leaked one per call)."""
+    c = CacheDir(tmp_path / "c")
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(100):
+        c.write(f"e{i}", b"x", sub=f"s{i % 3}")
+        with c.open_read(f"e{i}", f"s{i % 3}") as f:
+            f.read()
+        c.remove(f"e{i}", f"s{i % 3}")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_an_entry_it_may_not_remove_is_a_miss(tmp_path, monkeypatch):
+    """In a sticky cache directory a neighbour's planted link cannot be removed by us
+    (PermissionError, simulated here: root may remove anything): a miss, never followed."""
+    c = CacheDir(tmp_path / "c")
+    (tmp_path / "c" / "e").symlink_to(tmp_path)
+
+    def refused(*a, **k):
+        raise PermissionError("Operation not permitted")
+
+    monkeypatch.setattr(os, "unlink", refused)
+    assert c.open_read("e") is None
+    (tmp_path / "c" / "s").symlink_to(tmp_path, target_is_directory=True)
+    assert c.open_read("e", "s") is None
+    with pytest.raises(PermissionError):
+        c.write("e", b"x", sub="s")  # storage treats it as a cache it cannot write

@@ -80,8 +80,36 @@ def _cr(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], cwd=cwd, env=env, capture_output=True, text=True)
 
 
-def run(module: str, timeout: float | None = None) -> dict:
+RESULTS = CONFIG / "results"
+
+
+def _source_digest(module: str) -> str:
+    import hashlib
+
+    return hashlib.sha256((REPO / module).read_bytes()).hexdigest()
+
+
+def _key(it: dict) -> tuple:
+    return (it["operator"], it["line"], it["occurrence"])
+
+
+def previous(module: str) -> dict | None:
+    """The last run's results of ``module`` (tests/mutation/results/), or None."""
+    path = RESULTS / (module.replace("/", "__") + ".json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def run(module: str, timeout: float | None = None, survivors_only: bool = False) -> dict:
     spec = modules()[module]
+    keep = None
+    if survivors_only:
+        last = previous(module)
+        if last is None or last["source_sha256"] != _source_digest(module):
+            raise SystemExit(
+                f"{module}: --survivors needs a last run of this very source "
+                "(tests/mutation/results/); the module changed since, run it whole"
+            )
+        keep = {_key(it) for it in last["items"] if it["outcome"] == "survived"}
     tests = spec["tests"]
     root = _scratch()
     env = {
@@ -106,7 +134,7 @@ def run(module: str, timeout: float | None = None) -> dict:
     r = _cr(["init", "cr.toml", "session.sqlite"], root, env)
     if r.returncode != 0:
         raise SystemExit(f"cosmic-ray init failed:\n{r.stderr[-3000:]}")
-    skipped = _skip_annotations(root / "session.sqlite", root / module)
+    skipped = _skip_annotations(root / "session.sqlite", root / module, keep)
     r = _cr(["exec", "cr.toml", "session.sqlite"], root, env)
     if r.returncode != 0:
         raise SystemExit(f"cosmic-ray exec failed:\n{r.stderr[-3000:]}")
@@ -129,6 +157,21 @@ def run(module: str, timeout: float | None = None) -> dict:
         )
     shutil.rmtree(root, ignore_errors=True)
     items = [it for it in items if it["outcome"] not in ("not run", "skipped")]
+    if keep is not None:  # the rest stand as the last run of this same source left them
+        skipped = last["annotations"]
+        items += [it for it in last["items"] if _key(it) not in keep]
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / (module.replace("/", "__") + ".json")).write_text(
+        json.dumps(
+            {
+                "module": module,
+                "source_sha256": _source_digest(module),
+                "annotations": skipped,
+                "items": [{k: v for k, v in it.items() if k != "diff"} for it in items],
+            },
+            indent=0,
+        )
+    )
     return {
         "module": module,
         "tests": tests,
@@ -166,8 +209,9 @@ def _annotation_spans(source: str) -> list[tuple[tuple[int, int], tuple[int, int
     return spans
 
 
-def _skip_annotations(session: Path, path: Path) -> int:
-    """Mark every mutant inside an annotation as skipped before it runs; how many."""
+def _skip_annotations(session: Path, path: Path, keep: set | None = None) -> int:
+    """Mark every mutant inside an annotation as skipped before it runs; how many. With
+    ``keep`` (the last run's survivors), every other mutant is skipped too."""
     from cosmic_ray.work_db import WorkDB, use_db
     from cosmic_ray.work_item import WorkerOutcome, WorkResult
 
@@ -175,8 +219,10 @@ def _skip_annotations(session: Path, path: Path) -> int:
     n = 0
     with use_db(str(session), WorkDB.Mode.open) as db:
         for item in db.work_items:
-            pos = tuple(item.mutations[0].start_pos)
-            if any(lo <= pos < hi for lo, hi in spans):
+            m = item.mutations[0]
+            pos = tuple(m.start_pos)
+            again = keep is None or (m.operator_name, m.start_pos[0], m.occurrence) in keep
+            if any(lo <= pos < hi for lo, hi in spans) or not again:
                 db.set_result(
                     item.job_id,
                     WorkResult(worker_outcome=WorkerOutcome.SKIPPED),
@@ -284,6 +330,11 @@ def main(argv=None) -> int:
     ap.add_argument("module", nargs="?", help="a module listed in tests/mutation/modules.toml")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--timeout", type=float, help="seconds per mutant (default: 4x baseline)")
+    ap.add_argument(
+        "--survivors",
+        action="store_true",
+        help="run only the last run's survivors again (the module's source unchanged since)",
+    )
     a = ap.parse_args(argv)
     if a.list or not a.module:
         for name, spec in modules().items():
@@ -292,7 +343,7 @@ def main(argv=None) -> int:
     if a.module not in modules():
         print(f"{a.module}: not in tests/mutation/modules.toml; add it with its tests")
         return 2
-    s = summarize(run(a.module, a.timeout))
+    s = summarize(run(a.module, a.timeout, a.survivors))
     write_report(s)
     print(render(s))
     return 0 if s["score"] >= TARGET else 1

@@ -104,8 +104,11 @@ def _run_tests(
         )
     except subprocess.TimeoutExpired:
         return 1, time.perf_counter() - t0, "timed out"
-    tail = [x for x in r.stdout.splitlines() if x.strip()][-1:] or [""]
-    return r.returncode, time.perf_counter() - t0, tail[0]
+    lines = [x for x in r.stdout.splitlines() if x.strip()]
+    failed = [x for x in lines if x.startswith(("FAILED ", "ERROR "))]
+    tail = lines[-1:] or [""]
+    # the failing tests' names too: a baseline failure must say which test failed
+    return r.returncode, time.perf_counter() - t0, " | ".join([*failed[:3], tail[0]])
 
 
 def run_mutant(root: Path, m: Mutation, timeout: float) -> tuple[str, float, str]:

@@ -69,8 +69,11 @@ LATEST ?= .venv-latest
 test-latest:
 	rm -rf $(LATEST)
 	$(PYTHON) -m venv $(LATEST)
-	$(LATEST)/bin/python -m pip install --upgrade setuptools wheel "torch==2.13.0"
-	$(LATEST)/bin/python -m pip install --upgrade --upgrade-strategy eager -e ".[dev]" $(EDITABLE)
+	@# torch is held at the CPU 2.13.0 (an eager upgrade would take the newest, with CUDA wheels)
+	echo "torch==2.13.0" > $(LATEST)/hold.txt
+	$(LATEST)/bin/python -m pip install -c $(LATEST)/hold.txt --upgrade setuptools wheel torch
+	$(LATEST)/bin/python -m pip install -c $(LATEST)/hold.txt --upgrade --upgrade-strategy eager \
+		-e ".[dev]" $(EDITABLE)
 	$(LATEST)/bin/python tools/lock.py diff $(LOCK)
 	$(LATEST)/bin/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
 

@@ -272,15 +272,24 @@ def summarize(res: dict) -> dict:
 
 
 def render(s: dict) -> str:
+    if s["killed"] + s["survived"]:
+        score = (
+            f"**Score {100 * s['score']:.1f} %** (killed / (killed + survived); target "
+            f"{100 * TARGET:.0f} %)."
+        )
+    else:
+        score = (
+            "**No mutant to measure**: cosmic-ray's operators change operators, constants "
+            "and branches, and this module has none outside its annotations (what it does is "
+            "a sequence of calls: its tests check that sequence directly)."
+        )
     lines = [
         f"## `{s['module']}`",
         "",
         f"Tests: {', '.join(f'`{t}`' for t in s['tests'])} (baseline {s['baseline_s']} s). "
         f"Mutants: {len(s['items'])}; killed {s['killed']}, survived {s['survived']}, "
         f"equivalent {s['equivalent']}, incompetent {s['incompetent']}; "
-        f"{s['annotations']} more in annotations not run (never evaluated). "
-        f"**Score {100 * s['score']:.1f} %** (killed / (killed + survived); target "
-        f"{100 * TARGET:.0f} %).",
+        f"{s['annotations']} more in annotations not run (never evaluated). " + score,
         "",
     ]
     eq = [it for it in s["items"] if "reason" in it]

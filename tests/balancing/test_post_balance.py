@@ -224,9 +224,7 @@ def test_auto_takes_unequal_kk_where_it_is_the_most_even():
 
 @settings(max_examples=120, deadline=None)
 @given(
-    pairs=st.lists(
-        st.tuples(st.integers(0, 5000), st.integers(0, 5000)), min_size=1, max_size=120
-    ),
+    pairs=st.lists(st.tuples(st.integers(0, 5000), st.integers(0, 5000)), min_size=1, max_size=120),
     d=st.integers(1, 12),
     method=st.sampled_from(METHODS),
     slack=st.floats(1.0, 1.6),

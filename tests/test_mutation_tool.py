@@ -1,0 +1,48 @@
+"""make mutation's own logic (tools/mutation.py): which mutants are skipped as annotations,
+how equivalents are counted, and that its configuration names real modules and tests."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+import mutation  # noqa: E402
+
+
+def test_annotations_are_skipped_only_under_the_future_import():
+    src = "from __future__ import annotations\n\ndef f(a: int | None = 1) -> str | None:\n    return a | 2\n"
+    spans = mutation._annotation_spans(src)
+    assert ((3, 9), (3, 19)) in spans and ((3, 28), (3, 38)) in spans
+    assert not any(lo <= (4, 13) < hi for lo, hi in spans)  # the body's | is mutated
+    assert mutation._annotation_spans(src.replace("from __future__ import annotations", "")) == []
+
+
+def test_equivalents_are_counted_apart_and_the_score_is_killed_over_the_rest(monkeypatch):
+    eq = [{"module": "m.py", "operator": "op", "line": 3, "reason": "why"}]
+    monkeypatch.setattr(mutation, "equivalents", lambda: eq)
+    items = [
+        {"operator": "op", "line": 3, "occurrence": 0, "outcome": "survived", "diff": ""},
+        {"operator": "op", "line": 4, "occurrence": 0, "outcome": "survived", "diff": ""},
+        {"operator": "op", "line": 5, "occurrence": 0, "outcome": "killed", "diff": ""},
+        {"operator": "op", "line": 6, "occurrence": 0, "outcome": "incompetent", "diff": ""},
+    ]
+    s = mutation.summarize({"module": "m.py", "tests": [], "baseline_s": 1, "items": items,
+                            "annotations": 0})  # fmt: skip
+    assert (s["killed"], s["survived"], s["equivalent"], s["incompetent"]) == (1, 1, 1, 1)
+    assert s["score"] == 0.5 and [it["line"] for it in s["survivors"]] == [4]
+    assert "**Score 50.0 %**" in mutation.render(s)
+
+
+def test_the_configuration_names_real_modules_and_tests():
+    mods = mutation.modules()
+    for module, spec in mods.items():
+        assert (ROOT / module).is_file(), module
+        for t in spec["tests"]:
+            assert (ROOT / t.split("::")[0]).is_file(), t
+    for e in tomllib.loads((ROOT / "tests/mutation/equivalent.toml").read_text())["equivalent"]:
+        assert e["module"] in mods and e["reason"].strip(), e
+        assert 0 < e["line"] <= len((ROOT / e["module"]).read_text().splitlines()), e

@@ -114,7 +114,6 @@ def http_get(
     async def get() -> int:
         session = await fs.set_session()
         kw = dict(fs.kwargs)
-        kw.setdefault("timeout", deadline)
         headers = dict(kw.pop("headers", None) or {})
         if offset is not None:
             headers["Range"] = f"bytes={offset}-{offset + limit - 1}"

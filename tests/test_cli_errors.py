@@ -339,25 +339,14 @@ def test_write_refuses_a_missing_image_size_inside_a_row(made, tmp_path, capsys)
 def test_a_full_disk_during_write_is_exit_1_naming_the_root(made, tmp_path, capsys, monkeypatch):
     """ENOSPC while a shard is written: a failure while working (exit 1, not the bad-argument
     2), one line naming where it was writing (the OSError itself names no file)."""
-    import errno
-
     import shards.stream_writer as sw
+    from tests.shards.full_disk import FullDisk
 
     real_init = sw._ShardFile.__init__
 
-    class _Full:
-        def __init__(self, f):
-            self._f = f
-
-        def write(self, b):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __getattr__(self, name):
-            return getattr(self._f, name)
-
     def init(self, path, *args):
         real_init(self, path, *args)
-        self.f = _Full(self.f)
+        self.f = FullDisk(self.f)
 
     monkeypatch.setattr(sw._ShardFile, "__init__", init)
     out = tmp_path / "full"

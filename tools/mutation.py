@@ -25,11 +25,11 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import tomllib
+from mutation_sweep import _scratch  # tools/ is on sys.path beside this file
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "tests" / "mutation"
@@ -43,23 +43,6 @@ def modules() -> dict[str, dict]:
 
 def equivalents() -> list[dict]:
     return tomllib.loads((CONFIG / "equivalent.toml").read_text()).get("equivalent", [])
-
-
-def _scratch() -> Path:
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split("\n")
-    dst = Path(tempfile.mkdtemp(prefix="equishard-cosmic-"))
-    for f in filter(None, files):
-        src = REPO / f
-        if src.is_file():
-            (dst / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dst / f)
-    return dst
 
 
 def _config(module: str, tests: list[str], timeout: float) -> str:
@@ -111,7 +94,7 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
             )
         keep = {_key(it) for it in last["items"] if it["outcome"] == "survived"}
     tests = spec["tests"]
-    root = _scratch()
+    root = _scratch("equishard-cosmic-")  # the planted-bug sweep's scratch copy
     env = {
         **os.environ,
         "PYTHONPATH": str(root),

@@ -56,7 +56,7 @@ def load_mutations(folder: Path = MUTANTS) -> list[Mutation]:
     return out
 
 
-def _scratch() -> Path:
+def _scratch(prefix: str = "equishard-mutant-") -> Path:
     """A copy of the tracked and untracked-unignored files (no .venv, no build output)."""
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"],
@@ -65,7 +65,7 @@ def _scratch() -> Path:
         text=True,
         check=True,
     ).stdout.split("\n")
-    dst = Path(tempfile.mkdtemp(prefix="equishard-mutant-"))
+    dst = Path(tempfile.mkdtemp(prefix=prefix))
     for f in filter(None, files):
         src = REPO / f
         if src.is_file():

@@ -177,9 +177,8 @@ def test_a_failed_write_renames_nothing_and_a_rerun_finishes_identically(
 ):
     """A disk error in the writer thread (here: ENOSPC on the third shard's bytes) fails the
     write; that shard is never published under its final name, and the next run completes."""
-    import errno
-
     import shards.stream_writer as sw
+    from tests.shards.full_disk import FullDisk
 
     _, cost, plan = gen_inputs
     cfg = WriteConfig(
@@ -187,23 +186,13 @@ def test_a_failed_write_renames_nothing_and_a_rerun_finishes_identically(
     )
     opened = []
 
-    class _Full:
-        def __init__(self, f):
-            self._f = f
-
-        def write(self, b):
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-        def __getattr__(self, name):
-            return getattr(self._f, name)
-
     real_init = sw._ShardFile.__init__
 
     def init(self, path, *args):
         real_init(self, path, *args)
         opened.append(path)
         if len(opened) == 3:
-            self.f = _Full(self.f)
+            self.f = FullDisk(self.f)
 
     monkeypatch.setattr(sw._ShardFile, "__init__", init)
     with pytest.raises(OSError, match="No space left"):

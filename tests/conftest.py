@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import re
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -76,11 +77,12 @@ def pytest_configure(config):
     """torch takes a thread per core the host has; in a container with fewer cores (a CPU-time
     cap on a large host), or beside other test workers, the surplus threads only contend (a
     kernel of many small parallel regions crawls): cut to this process's share of the cores."""
-    try:
+    if "torch" in sys.modules:
         import torch
-    except ImportError:
-        return
-    torch.set_num_threads(min(torch.get_num_threads(), worker_threads()))
+
+        torch.set_num_threads(min(torch.get_num_threads(), worker_threads()))
+    else:  # read by torch when a test first imports it (a second of import spared here)
+        os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
 
 
 # the longest files (about a minute and a half or more each on 2 cores), first: make test gives
@@ -119,12 +121,10 @@ def _machine() -> str:
     limit = Path("/sys/fs/cgroup/memory.max")
     limit = limit.read_text().strip() if limit.exists() else "max"
     limit = "none" if limit == "max" else f"{int(limit) / 2**30:.1f} GiB"
-    try:
-        import torch
-
-        threads = torch.get_num_threads()
-    except ImportError:
-        threads = "no torch"
+    if "torch" in sys.modules:
+        threads = sys.modules["torch"].get_num_threads()
+    else:
+        threads = f"torch not imported (OMP_NUM_THREADS {os.environ.get('OMP_NUM_THREADS')})"
     return (
         f"machine: {os.cpu_count()} CPUs, {len(os.sched_getaffinity(0))} usable, CPU-time cap "
         f"{'none' if cap is None else f'{cap:g} cores'}, {pages / 2**30:.0f} GiB memory "

@@ -66,10 +66,10 @@ def _cr(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
 RESULTS = CONFIG / "results"
 
 
-def _source_digest(module: str) -> str:
+def _source_digest(module: str, root: Path = REPO) -> str:
     import hashlib
 
-    return hashlib.sha256((REPO / module).read_bytes()).hexdigest()
+    return hashlib.sha256((root / module).read_bytes()).hexdigest()
 
 
 def _key(it: dict) -> tuple:
@@ -95,6 +95,7 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
         keep = {_key(it) for it in last["items"] if it["outcome"] == "survived"}
     tests = spec["tests"]
     root = _scratch("equishard-cosmic-")  # the planted-bug sweep's scratch copy
+    digest = _source_digest(module, root)  # the source measured (the checkout may move on)
     env = {
         **os.environ,
         "PYTHONPATH": str(root),
@@ -148,7 +149,7 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
         json.dumps(
             {
                 "module": module,
-                "source_sha256": _source_digest(module),
+                "source_sha256": digest,
                 "annotations": skipped,
                 "items": [{k: v for k, v in it.items() if k != "diff"} for it in items],
             },

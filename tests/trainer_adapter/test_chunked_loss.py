@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer_adapter.train.loss import chunk_tokens_for, chunked_lm_loss
+from trainer_adapter.train.loss import ChunkedLMLoss, chunk_tokens_for, chunked_lm_loss
 from trainer_adapter.train.pipeline import LMLoss
 
 
@@ -52,6 +52,24 @@ def test_loss_and_gradients_equal_the_full_logits_reference(chunk, seed):
     got = chunked_lm_loss(hidden, target, project, normalizer=normalizer, chunk_tokens=chunk)
     ref = _reference(norm, head, hidden, target, normalizer)
     assert got.dtype == torch.float32
+    assert float(got) == pytest.approx(float(ref), rel=1e-5)
+    for g, r in zip(
+        _grads(got, (norm, head), hidden), _grads(ref, (norm, head), hidden), strict=True
+    ):
+        torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-6)
+
+
+def test_the_pipeline_loss_takes_a_row_of_hidden_states():
+    """``ChunkedLMLoss`` gets the last stage's ``[1, tokens, width]`` row (tokens != width) and
+    its ``[1, tokens]`` targets: the same loss and gradients as the full-logits reference of the
+    flattened row over the normalizer set before the step (a row flattened on the wrong axis
+    pairs targets with the wrong positions or fails)."""
+    norm, head, hidden, target = _setup(4, tokens=53, width=16)
+    project = lambda h: head(norm(h))  # noqa: E731
+    loss = ChunkedLMLoss(project, chunk_tokens=10)
+    loss.normalizer = 7.5
+    got = loss(hidden[None], target[None])
+    ref = _reference(norm, head, hidden, target, 7.5)
     assert float(got) == pytest.approx(float(ref), rel=1e-5)
     for g, r in zip(
         _grads(got, (norm, head), hidden), _grads(ref, (norm, head), hidden), strict=True

@@ -61,7 +61,7 @@ def chunked_lm_loss(
     total = hidden.new_zeros((), dtype=torch.float32)
     if where.numel() == 0:
         return total + 0 * hidden.sum()  # keeps the graph (a collective may wait on its backward)
-    cuda = hidden.device.type == "cuda"
+    cuda = hidden.is_cuda
 
     def to_device(t: torch.Tensor) -> torch.Tensor:
         return t.pin_memory().to(hidden.device, non_blocking=True) if cuda else t

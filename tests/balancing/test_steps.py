@@ -1,0 +1,133 @@
+"""``assign_steps`` against an independent LPT, under a change of units, and its markers.
+
+Bugs these catch (each survived the rest of the suite under cosmic-ray): the last step's
+sample weights floored (``//``) before LPT, so samples lighter than the mean weigh nothing and
+land anywhere; a phase normalized by a floor of 1 instead of its mean, so loads measured in
+small units (a calibrated cost in seconds) stop counting in node placement; groups dissolved
+into the last step marked with something other than -1; the keyword-only settings made
+positional."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancing.steps import assign_steps
+
+
+def lpt_reference(w: np.ndarray, members: np.ndarray, d: int) -> np.ndarray:
+    """Plain LPT written apart from the kernels: heaviest first (ties: lower sample index), each
+    onto the least-loaded bin (ties: the lowest bin). The bin of each member, in ``members``'
+    order."""
+    loads = [0.0] * d
+    out = {}
+    for i in sorted(members.tolist(), key=lambda i: (-w[i], i)):
+        b = min(range(d), key=lambda j: (loads[j], j))
+        loads[b] += w[i]
+        out[i] = b
+    return np.array([out[i] for i in members.tolist()], dtype=np.int64)
+
+
+def _case(rng: np.random.Generator, n_groups: int, d: int):
+    sizes = rng.integers(1, 4, n_groups)
+    group_of = np.repeat(np.arange(n_groups), sizes)
+    n = group_of.size
+    vc = rng.integers(0, 5000, n).astype(float)
+    lc = rng.integers(1, 3000, n).astype(float)
+    return group_of, {"vit_tokens": vc, "llm_tokens": lc, "vit_cost": vc * 1.5, "llm_cost": lc}
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), d=st.integers(2, 6), data=st.data())
+def test_the_last_step_is_exactly_lpt_on_normalized_weights(seed, d, data):
+    """The dissolved groups' samples go to the last step's D groups as plain LPT puts them on
+    w = vision cost / its mean + LLM cost / its mean (the weights exact, not floored)."""
+    n_groups = data.draw(st.integers(1, 4)) * d + data.draw(st.integers(1, d - 1))
+    group_of, loads = _case(np.random.default_rng(seed), n_groups, d)
+    a = assign_steps(
+        group_of, n_groups, loads, nodes=1, gpus_per_node=d, rng=np.random.default_rng(0)
+    )
+    members = np.flatnonzero(np.isin(a.group_of, a.last_step_groups))
+    vc, lc = loads["vit_cost"], loads["llm_cost"]
+    w = vc / max(vc.mean(), 1e-12) + lc / max(lc.mean(), 1e-12)
+    want = a.last_step_groups[lpt_reference(w, members, d)]
+    np.testing.assert_array_equal(a.group_of[members], want)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("scale", [1e-4, 1e-2, 1e3])
+def test_units_do_not_change_the_assignment(seed, scale):
+    """Each phase is normalized by its own mean before LPT and node placement, so loads given
+    in other units (costs in seconds, tokens in thousands) give the same assignment; mean loads
+    below 1 included (a floor of 1 in place of the mean would drop the phase)."""
+    rng = np.random.default_rng(seed)
+    nodes, per = 2, 3
+    d = nodes * per
+    n_groups = int(rng.integers(2, 5)) * d + int(rng.integers(1, d))
+    group_of, loads = _case(rng, n_groups, d)
+    base = assign_steps(
+        group_of, n_groups, loads, nodes=nodes, gpus_per_node=per, rng=np.random.default_rng(1)
+    )
+    scaled = {k: v * scale for k, v in loads.items()}
+    got = assign_steps(
+        group_of, n_groups, scaled, nodes=nodes, gpus_per_node=per, rng=np.random.default_rng(1)
+    )
+    for field in ("group_of", "step", "node", "local_rank", "last_step_groups"):
+        np.testing.assert_array_equal(getattr(got, field), getattr(base, field), err_msg=field)
+
+
+def test_units_of_one_phase_alone_do_not_change_node_placement():
+    """Only the LLM phase in small units (mean below 1): the node placement is the one made
+    with the LLM loads in tokens, found on the cases where the two weigh differently."""
+    changed = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        nodes, per = 2, 2
+        n_groups = 3 * nodes * per
+        group_of, loads = _case(rng, n_groups, nodes * per)
+        base = assign_steps(
+            group_of, n_groups, loads, nodes=nodes, gpus_per_node=per, rng=np.random.default_rng(2)
+        )
+        small = {**loads, "llm_tokens": loads["llm_tokens"] / 1e4}
+        got = assign_steps(
+            group_of, n_groups, small, nodes=nodes, gpus_per_node=per, rng=np.random.default_rng(2)
+        )
+        np.testing.assert_array_equal(got.node, base.node)
+        np.testing.assert_array_equal(got.local_rank, base.local_rank)
+        vision_only = {**loads, "llm_tokens": np.zeros_like(loads["llm_tokens"])}
+        other = assign_steps(
+            group_of,
+            n_groups,
+            vision_only,
+            nodes=nodes,
+            gpus_per_node=per,
+            rng=np.random.default_rng(2),
+        )
+        changed += not np.array_equal(other.node, base.node)
+    assert changed, "no case where the LLM phase changes the node placement: the test is blind"
+
+
+def test_dissolved_groups_are_marked_minus_one():
+    """A group dissolved into the last step has no step, node or rank: all three are -1, and
+    it has no sample left; every other group has a step, node and rank."""
+    rng = np.random.default_rng(5)
+    d = 4
+    n_groups = 2 * d + 3
+    group_of, loads = _case(rng, n_groups, d)
+    a = assign_steps(group_of, n_groups, loads, nodes=2, gpus_per_node=2, rng=rng)
+    dissolved = np.flatnonzero(a.step[:n_groups] == -1)
+    assert dissolved.size == 3
+    for field in (a.step, a.node, a.local_rank):
+        assert set(field[dissolved].tolist()) == {-1}
+    assert not np.isin(a.group_of, dissolved).any()
+    live = np.setdiff1d(np.arange(a.step.size), dissolved)
+    assert (a.step[live] >= 0).all() and (a.node[live] >= 0).all()
+    assert (a.local_rank[live] >= 0).all() and a.step.size == n_groups + d
+
+
+def test_the_settings_are_keyword_only():
+    group_of, loads = _case(np.random.default_rng(0), 4, 2)
+    with pytest.raises(TypeError):
+        assign_steps(group_of, 4, loads, 1, 2, np.random.default_rng(0))

@@ -131,3 +131,26 @@ def test_the_settings_are_keyword_only():
     group_of, loads = _case(np.random.default_rng(0), 4, 2)
     with pytest.raises(TypeError):
         assign_steps(group_of, 4, loads, 1, 2, np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("empty", ["vision", "both costs"])
+def test_a_phase_with_no_load_at_all_divides_nothing_by_zero(empty):
+    """Text-only data: no vision tokens or cost anywhere (mean 0). Each phase's mean is floored
+    at a tiny positive number, never used as 0 (0 / 0 is NaN: the placement then compares
+    NaNs); the placement still fills every (node, rank) slot of every step once."""
+    rng = np.random.default_rng(3)
+    nodes, per = 2, 2
+    d = nodes * per
+    n_groups = 3 * d + 2
+    group_of, loads = _case(rng, n_groups, d)
+    loads["vit_tokens"] = np.zeros_like(loads["vit_tokens"])
+    loads["vit_cost"] = np.zeros_like(loads["vit_cost"])
+    if empty == "both costs":
+        loads["llm_cost"] = np.zeros_like(loads["llm_cost"])
+    with np.errstate(all="raise"):
+        a = assign_steps(
+            group_of, n_groups, loads, nodes=nodes, gpus_per_node=per, rng=np.random.default_rng(0)
+        )
+    placed = a.step >= 0
+    slots = a.step[placed] * d + a.node[placed] * per + a.local_rank[placed]
+    assert sorted(slots.tolist()) == list(range(a.n_steps * d))

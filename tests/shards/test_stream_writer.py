@@ -7,7 +7,9 @@ is encoded (the writer's old pace: the encoding thread idle while the disk syncs
 on bytes waiting for the writer thread kept per shard instead of across them (unbounded memory
 on a slow disk with many small shards), an input's index rebuilt for every stream (a 1M-line
 JSONL read once per DP rank), and pipelined streams whose bytes or sidecars differ from a
-stream written alone."""
+stream written alone; a re-run after a kill at every shard not byte-identical to an
+uninterrupted run (resuming at the wrong step), and a group's recorded byte span (what a
+nightly copies it by) not holding exactly its samples."""
 
 from __future__ import annotations
 
@@ -151,3 +153,59 @@ def test_a_stream_that_cannot_be_read_raises_at_submit_and_earlier_streams_compl
         with pytest.raises(sw.WriteError, match="cannot be read any more"):
             w.submit(jobs[1])
     assert first.result(timeout=30) == write_stream(_stream_jobs(gen_inputs, tmp_path / "ref")[0])
+
+
+def _shards(job: dict) -> list[Path]:
+    return sorted((Path(job["stage"]) / job["dir"]).glob("shard-*.tar"))
+
+
+def test_a_rerun_keeps_each_finished_prefix_and_ends_byte_identical(gen_inputs, tmp_path):
+    """A run killed after its k-th shard leaves k shards with their sidecars (and a stale
+    ``.partial``); the re-run keeps those k files as they are (not rewritten) and writes the
+    rest from the next step on: the tree and the sidecars equal an uninterrupted run's, for
+    every k (bugs: resuming at the last kept step again, or two steps back, duplicates or drops
+    a group; a stream directory that already exists refused)."""
+    ref_job = _stream_jobs(gen_inputs, tmp_path / "ref", shard_size=4096)[0]
+    ref = write_stream(ref_job)
+    ref_tree = _tree(tmp_path / "ref")
+    n = len(ref)
+    assert n >= 4, n
+    for k in range(n):
+        stage = tmp_path / f"k{k}"
+        job = _stream_jobs(gen_inputs, stage, shard_size=4096)[0]
+        write_stream(job)
+        sdir, parts = stage / job["dir"], stage / ".parts" / job["dir"]
+        for shard in _shards(job)[k:]:
+            shard.unlink()
+            (parts / (shard.stem + ".json")).unlink()
+        (sdir / "shard-999999.tar.partial").write_bytes(b"half a shard")
+        kept = {p.name: p.stat().st_ino for p in _shards(job)}
+        assert len(kept) == k
+        assert write_stream(job) == ref, k
+        assert _tree(stage) == ref_tree, k
+        assert {p.name: p.stat().st_ino for p in _shards(job)[:k]} == kept, k
+
+
+def test_each_groups_recorded_span_holds_exactly_its_samples(gen_inputs, tmp_path):
+    """A sidecar's ``[step, samples, start, length]`` per group: the groups tile the shard
+    from byte 0 in order, and the bytes of each span, read as a tar, are that group's samples
+    (what a nightly copies a group by; a wrong length copies a neighbour's bytes)."""
+    import io
+    import tarfile
+
+    several = 0
+    for job in _stream_jobs(gen_inputs, tmp_path / "g", shard_size=400_000):
+        for side in write_stream(job):
+            several += len(side["groups"]) > 2
+            data = (tmp_path / "g" / side["file"]).read_bytes()
+            end = 0
+            for step, count, start, length in side["groups"]:
+                assert start == end and length > 0
+                end = start + length
+                part = tarfile.open(fileobj=io.BytesIO(data[start:end] + b"\0" * 1024))
+                names = [m.name for m in part.getmembers()]
+                keys = {name.split(".", 1)[0] for name in names}
+                assert len(keys) == count, (side["file"], step)
+                assert all(key.startswith(f"{step:07d}_") for key in keys)
+            assert end <= len(data) and not any(data[end:])  # the archive's end: zeros only
+    assert several  # shards of several groups: a span past the first is checked

@@ -202,8 +202,8 @@ def test_each_groups_recorded_span_holds_exactly_its_samples(gen_inputs, tmp_pat
             for step, count, start, length in side["groups"]:
                 assert start == end and length > 0
                 end = start + length
-                part = tarfile.open(fileobj=io.BytesIO(data[start:end] + b"\0" * 1024))
-                names = [m.name for m in part.getmembers()]
+                with tarfile.open(fileobj=io.BytesIO(data[start:end] + b"\0" * 1024)) as part:
+                    names = [m.name for m in part.getmembers()]
                 keys = {name.split(".", 1)[0] for name in names}
                 assert len(keys) == count, (side["file"], step)
                 assert all(key.startswith(f"{step:07d}_") for key in keys)

@@ -76,6 +76,27 @@ def test_a_prefix_needs_the_three_roles_and_may_have_more():
     assert tool.render([("tool", "x")]) == "T:x|"
 
 
+def test_only_assistant_turns_are_targets_whatever_the_other_roles_are_called():
+    """The training targets are the contents of turns whose role equals ``assistant``: a role
+    given as data (not the interned literal) counts; roles sorting before or after it do not."""
+    roles = json.loads('["agent", "assistant", "tool", "user", "assistant"]')
+    t = ChatTemplate(
+        name="t", prefix={**PREFIX, "agent": "G:", "tool": "T:"}, suffix="|", image_prefix="<i>"
+    )
+    turns = [(role, f"c{i}") for i, role in enumerate(roles)]
+    text, spans = t.render_spans(turns)
+    assert text == "G:c0|A:c1|T:c2|U:c3|A:c4|"
+    assert [text[a:b] for a, b in spans] == ["c1", "c4"]
+
+
+def test_a_template_is_frozen():
+    """The built-ins are shared by every caller: none may change one in place."""
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BUILTIN_TEMPLATES["chatml"].suffix = "x"  # type: ignore[misc]
+
+
 def test_the_fields_are_keyword_only():
     with pytest.raises(TypeError):
         ChatTemplate("t")  # type: ignore[misc]

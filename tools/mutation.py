@@ -215,24 +215,35 @@ def _skip_annotations(session: Path, path: Path, keep: set | None = None) -> int
     return n
 
 
-def _is_equivalent(module: str, item: dict, eqs: list[dict]) -> str | None:
+def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -> str | None:
+    """The reason ``item`` is listed as equivalent, or None. An entry names its module (a
+    glob: ``balancing/_kernels/*.py``) and operator, and either its ``line`` (with an
+    ``occurrence`` where a line has several) or the ``text`` of the line (stripped): a mutant
+    of every line that reads so, e.g. every kernel's ``@njit(cache=True)``."""
+    from fnmatch import fnmatchcase
+
+    here = lines[item["line"] - 1].strip() if 0 < item["line"] <= len(lines) else None
     for e in eqs:
-        if (
-            e["module"] == module
-            and e["operator"] == item["operator"]
-            and e["line"] == item["line"]
-            and e.get("occurrence", item["occurrence"]) == item["occurrence"]
-        ):
+        if not fnmatchcase(module, e["module"]) or e["operator"] != item["operator"]:
+            continue
+        if "text" in e:
+            if e["text"] == here:
+                return e["reason"]
+        elif e["line"] == item["line"] and e.get("occurrence", item["occurrence"]) == item[
+            "occurrence"
+        ]:
             return e["reason"]
     return None
 
 
 def summarize(res: dict) -> dict:
     eqs = equivalents()
+    path = REPO / res["module"]
+    lines = path.read_text().splitlines() if path.exists() else []
     killed = survived = equivalent = incompetent = 0
     survivors = []
     for it in res["items"]:
-        why = _is_equivalent(res["module"], it, eqs)
+        why = _is_equivalent(res["module"], it, eqs, lines)
         if it["outcome"] == "killed":
             killed += 1
         elif it["outcome"] == "incompetent":

@@ -94,3 +94,51 @@ def test_a_bad_mode_is_refused(monkeypatch):
     monkeypatch.setenv("EQUISHARD_FIRST_CALL", "fast")
     with pytest.raises(ValueError, match="auto, kernels or python"):
         post_balance(np.ones(4), 2)
+
+
+KERNEL_MODULES = [
+    "balancing._kernels.heap",
+    "balancing._kernels.isf",
+    "balancing._kernels.partition",
+    "balancing._kernels.placement",
+    "balancing._kernels.refine",
+    "balancing._kernels.schedule",
+    "balancing._kernels.tables",
+    "dataprep.repeated_ids_kernel",
+]
+
+
+@pytest.mark.skipif(
+    __import__("numba").config.DISABLE_JIT, reason="kernels run as plain Python: no dispatcher"
+)
+def test_every_kernel_caches_its_build_on_disk():
+    """Every ``@njit`` kernel is built with ``cache=True``: the install's warm-up and the child
+    process that compiles at a job's first call leave builds that the next process loads
+    instead of compiling (a kernel without it compiles again in every process: the first
+    minute of every job). Found by walking the modules, so a new kernel is checked too."""
+    import importlib
+    import inspect
+    from pathlib import Path
+
+    from numba.core.caching import NullCache
+    from numba.core.registry import CPUDispatcher
+
+    seen = []
+    for name in KERNEL_MODULES:
+        mod = importlib.import_module(name)
+        for attr, obj in vars(mod).items():
+            if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == name:
+                seen.append(attr)
+                assert not isinstance(obj._cache, NullCache), f"{name}.{attr}: cache=False"
+    root = Path(__file__).resolve().parents[2]
+    njit_files = {
+        str(p.relative_to(root).with_suffix("")).replace("/", ".")
+        for top in ("balancing", "dataprep", "shards", "trainer_adapter")
+        for p in (root / top).rglob("*.py")
+        if "@njit" in p.read_text()
+    }
+    assert njit_files == set(KERNEL_MODULES), njit_files ^ set(KERNEL_MODULES)
+    decorated = sum(
+        inspect.getsource(importlib.import_module(m)).count("@njit") for m in KERNEL_MODULES
+    )
+    assert len(seen) == decorated, (len(seen), decorated)

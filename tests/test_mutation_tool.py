@@ -4,10 +4,10 @@ how equivalents are counted, and that its configuration names real modules and t
 from __future__ import annotations
 
 import sys
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import tomllib
-from fnmatch import fnmatchcase
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -49,8 +49,7 @@ def test_the_configuration_names_real_modules_and_tests():
         assert named and e["reason"].strip(), e
         if "text" in e:  # a line's text: some module it names has such a line
             assert any(
-                e["text"] in {x.strip() for x in (ROOT / m).read_text().splitlines()}
-                for m in named
+                e["text"] in {x.strip() for x in (ROOT / m).read_text().splitlines()} for m in named
             ), e
         else:
             assert 0 < e["line"] <= len((ROOT / e["module"]).read_text().splitlines()), e

@@ -229,9 +229,10 @@ def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -
         if "text" in e:
             if e["text"] == here:
                 return e["reason"]
-        elif e["line"] == item["line"] and e.get("occurrence", item["occurrence"]) == item[
-            "occurrence"
-        ]:
+        elif (
+            e["line"] == item["line"]
+            and e.get("occurrence", item["occurrence"]) == item["occurrence"]
+        ):
             return e["reason"]
     return None
 

@@ -18,11 +18,13 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import shards.stream_writer as sw
 from dataprep import read_cost_table
 from shards.plan_input import read_plan
+from shards.stream_resume import shard_stem
 from shards.stream_writer import StreamWriter, write_stream
 from shards.write_jobs import stream_jobs
 from shards.writer import WriteConfig
@@ -159,20 +161,25 @@ def _shards(job: dict) -> list[Path]:
     return sorted((Path(job["stage"]) / job["dir"]).glob("shard-*.tar"))
 
 
-def test_a_rerun_keeps_each_finished_prefix_and_ends_byte_identical(gen_inputs, tmp_path):
+@pytest.mark.parametrize(("stream", "shard_size"), [(0, 4096), (3, 150_000)])
+def test_a_rerun_keeps_each_finished_prefix_and_ends_byte_identical(
+    gen_inputs, tmp_path, stream, shard_size
+):
     """A run killed after its k-th shard leaves k shards with their sidecars (and a stale
     ``.partial``); the re-run keeps those k files as they are (not rewritten) and writes the
     rest from the next step on: the tree and the sidecars equal an uninterrupted run's, for
     every k (bugs: resuming at the last kept step again, or two steps back, duplicates or drops
     a group; a stream directory that already exists refused)."""
-    ref_job = _stream_jobs(gen_inputs, tmp_path / "ref", shard_size=4096)[0]
+    ref_job = _stream_jobs(gen_inputs, tmp_path / "ref", shard_size=shard_size)[stream]
     ref = write_stream(ref_job)
     ref_tree = _tree(tmp_path / "ref")
     n = len(ref)
     assert n >= 4, n
+    several = sum(len(side["groups"]) > 1 for side in ref)  # a last group past the first
+    assert several >= (2 if shard_size > 4096 else 0), [len(x["groups"]) for x in ref]
     for k in range(n):
         stage = tmp_path / f"k{k}"
-        job = _stream_jobs(gen_inputs, stage, shard_size=4096)[0]
+        job = _stream_jobs(gen_inputs, stage, shard_size=shard_size)[stream]
         write_stream(job)
         sdir, parts = stage / job["dir"], stage / ".parts" / job["dir"]
         for shard in _shards(job)[k:]:
@@ -209,3 +216,54 @@ def test_each_groups_recorded_span_holds_exactly_its_samples(gen_inputs, tmp_pat
                 assert all(key.startswith(f"{step:07d}_") for key in keys)
             assert end <= len(data) and not any(data[end:])  # the archive's end: zeros only
     assert several  # shards of several groups: a span past the first is checked
+
+
+def _with(job: dict, **columns) -> dict:
+    rows = job["rows"]
+    for name, values in columns.items():
+        rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(values))
+    return {**job, "rows": rows}
+
+
+def test_each_plan_group_is_one_group_of_the_stream_in_consecutive_shards(gen_inputs, tmp_path):
+    """The sidecars list the plan's groups in order, one entry per group with its sample count
+    (group ids past the small integers Python keeps once: compared by value, not identity),
+    in shards numbered 0, 1, 2 ... with no gap."""
+    job = _stream_jobs(gen_inputs, tmp_path / "g", shard_size=150_000)[3]
+    ids = [g + 1_000_003 for g in job["rows"].column("group_id").to_pylist()]
+    job = _with(job, group_id=ids)
+    sidecars = write_stream(job)
+    steps = job["rows"].column("step").to_pylist()
+    want = []
+    for key in zip(steps, ids, strict=True):
+        if want and want[-1][0] == key:
+            want[-1][1] += 1
+        else:
+            want.append([key, 1])
+    got = [[step, count] for side in sidecars for step, count, _, _ in side["groups"]]
+    assert got == [[step, count] for (step, _), count in want]
+    names = [Path(side["file"]).name for side in sidecars]
+    assert names == [f"{shard_stem(job, k)}.tar" for k in range(len(sidecars))]
+    assert [int(n.rsplit("-", 1)[1].split(".")[0]) for n in names] == list(range(len(names)))
+
+
+def test_a_location_that_now_holds_another_sample_is_refused(gen_inputs, tmp_path):
+    job = _stream_jobs(gen_inputs, tmp_path / "g")[0]
+    where = job["rows"].column("location").to_pylist()
+    ids = job["rows"].column("sample_id").to_pylist()
+    where[0], where[1] = where[1], where[0]
+    with pytest.raises(sw.WriteError, match=rf"now holds {ids[1]!r}, the plan expects {ids[0]!r}"):
+        write_stream(_with(job, location=where))
+
+
+def test_a_stream_with_other_read_options_gets_a_store_of_its_own(gen_inputs, tmp_path):
+    """One process, two streams: the second's read options (an image root with nothing in
+    it) are its own, not the first stream's store reused."""
+    good, other = _stream_jobs(gen_inputs, tmp_path / "g")[:2]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    other = {**other, "read_options": {**other["read_options"], "image_root": str(empty)}}
+    with StreamWriter() as w:
+        w.submit(good).result(timeout=30)
+        with pytest.raises(sw.WriteError, match="cannot be read any more"):
+            w.submit(other)

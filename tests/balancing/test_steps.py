@@ -133,7 +133,7 @@ def test_the_settings_are_keyword_only():
         assign_steps(group_of, 4, loads, 1, 2, np.random.default_rng(0))
 
 
-@pytest.mark.parametrize("empty", ["vision", "both costs"])
+@pytest.mark.parametrize("empty", ["vision", "both costs", "llm tokens"])
 def test_a_phase_with_no_load_at_all_divides_nothing_by_zero(empty):
     """Text-only data: no vision tokens or cost anywhere (mean 0). Each phase's mean is floored
     at a tiny positive number, never used as 0 (0 / 0 is NaN: the placement then compares
@@ -143,8 +143,11 @@ def test_a_phase_with_no_load_at_all_divides_nothing_by_zero(empty):
     d = nodes * per
     n_groups = 3 * d + 2
     group_of, loads = _case(rng, n_groups, d)
-    loads["vit_tokens"] = np.zeros_like(loads["vit_tokens"])
-    loads["vit_cost"] = np.zeros_like(loads["vit_cost"])
+    if empty == "llm tokens":  # (no LLM tokens anywhere: the floor of that phase's mean)
+        loads["llm_tokens"] = np.zeros_like(loads["llm_tokens"])
+    else:
+        loads["vit_tokens"] = np.zeros_like(loads["vit_tokens"])
+        loads["vit_cost"] = np.zeros_like(loads["vit_cost"])
     if empty == "both costs":
         loads["llm_cost"] = np.zeros_like(loads["llm_cost"])
     with np.errstate(all="raise"):

@@ -76,3 +76,6 @@ def test_an_equivalent_by_text_matches_every_such_line_of_the_modules_it_names(t
     assert mutation._is_equivalent(k, item(2, "other"), eq, lines) is None
     assert mutation._is_equivalent("balancing/steps.py", item(2), eq, lines) is None
     assert mutation._is_equivalent(k, item(99), eq, lines) is None
+    ops = [{"module": k, "operator": "core/Replace*_Sub_*", "line": 5, "reason": "r"}]
+    assert mutation._is_equivalent(k, item(5, "core/ReplaceBinaryOperator_Sub_Add"), ops, lines)
+    assert not mutation._is_equivalent(k, item(5, "core/NumberReplacer"), ops, lines)

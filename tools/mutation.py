@@ -216,15 +216,16 @@ def _skip_annotations(session: Path, path: Path, keep: set | None = None) -> int
 
 
 def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -> str | None:
-    """The reason ``item`` is listed as equivalent, or None. An entry names its module (a
-    glob: ``balancing/_kernels/*.py``) and operator, and either its ``line`` (with an
-    ``occurrence`` where a line has several) or the ``text`` of the line (stripped): a mutant
-    of every line that reads so, e.g. every kernel's ``@njit(cache=True)``."""
+    """The reason ``item`` is listed as equivalent, or None. An entry names its module and
+    operator (globs: ``balancing/_kernels/*.py``, ``core/ReplaceBinaryOperator_*``), and
+    either its ``line`` (with an ``occurrence`` where a line has several) or the ``text`` of
+    the line (stripped): a mutant of every line that reads so, e.g. every kernel's
+    ``@njit(cache=True)``."""
     from fnmatch import fnmatchcase
 
     here = lines[item["line"] - 1].strip() if 0 < item["line"] <= len(lines) else None
     for e in eqs:
-        if not fnmatchcase(module, e["module"]) or e["operator"] != item["operator"]:
+        if not (fnmatchcase(module, e["module"]) and fnmatchcase(item["operator"], e["operator"])):
             continue
         if "text" in e:
             if e["text"] == here:

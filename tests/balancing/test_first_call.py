@@ -127,6 +127,9 @@ def test_every_kernel_caches_its_build_on_disk():
     for name in KERNEL_MODULES:
         mod = importlib.import_module(name)
         for attr, obj in vars(mod).items():
+            # every function a kernel module defines is a kernel (a helper left plain Python
+            # fails inside the kernels that call it, or runs a kernel's loop uncompiled)
+            assert not (inspect.isfunction(obj) and obj.__module__ == name), f"{name}.{attr}"
             if isinstance(obj, CPUDispatcher) and obj.py_func.__module__ == name:
                 seen.append(attr)
                 assert not isinstance(obj._cache, NullCache), f"{name}.{attr}: cache=False"

@@ -267,3 +267,32 @@ def test_a_stream_with_other_read_options_gets_a_store_of_its_own(gen_inputs, tm
         w.submit(good).result(timeout=30)
         with pytest.raises(sw.WriteError, match="cannot be read any more"):
             w.submit(other)
+
+
+def test_a_nights_kept_groups_are_copied_from_the_parent_not_encoded_again(tmp_path, monkeypatch):
+    """A nightly rebalance keeps the parent's balanced steps: every group of a kept step (the
+    parent's step 0 included: the first night's seed 1 keeps it) is copied from the parent's
+    shard bytes, one copy per group and rank; only new and re-packed groups are encoded from
+    their samples."""
+    import pyarrow.parquet as pq
+
+    from shards.rebalance import run_rebalance
+    from tests.shards.nightly import _night, first_night
+
+    root = first_night(tmp_path, seed=1)
+
+    copied = []
+    real = sw.copy_group
+
+    def counting(tf, g, rank):
+        copied.append((rank, g["step"]))
+        return real(tf, g, rank)
+
+    monkeypatch.setattr(sw, "copy_group", counting)
+    r = run_rebalance(_night(root, 2))
+    assert r.status == "published" and r.plan["kept_steps"] > 0
+    assert len(copied) == len(set(copied)) == r.plan["kept_steps"] * 4  # dp 4
+    parent_steps = set(
+        pq.read_table(root / r.generation / "plan.parquet")["parent_step"].to_pylist()
+    )
+    assert 0 in parent_steps

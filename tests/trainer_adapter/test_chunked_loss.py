@@ -77,6 +77,31 @@ def test_the_pipeline_loss_takes_a_row_of_hidden_states():
         torch.testing.assert_close(g, r.to(g.dtype), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("chunk", [1, 13, 1000])
+def test_without_grad_the_loss_is_the_same(chunk):
+    """Evaluation (``torch.no_grad``): the chunks are summed without checkpoints, to the same
+    value as the reference."""
+    norm, head, hidden, target = _setup(5)
+    with torch.no_grad():
+        got = chunked_lm_loss(
+            hidden, target, lambda h: head(norm(h)), normalizer=3.0, chunk_tokens=chunk
+        )
+        ref = _reference(norm, head, hidden, target, 3.0)
+    assert not got.requires_grad
+    assert float(got) == pytest.approx(float(ref), rel=1e-5)
+
+
+def test_targets_must_be_one_per_hidden_state_given_by_keyword():
+    norm, head, hidden, target = _setup(6, tokens=20)
+    project = lambda h: head(norm(h))  # noqa: E731
+    with pytest.raises(ValueError, match="1 targets for 20 hidden states"):
+        chunked_lm_loss(hidden, target[None], project, normalizer=1.0, chunk_tokens=8)
+    with pytest.raises(ValueError, match="19 targets for 20 hidden states"):
+        chunked_lm_loss(hidden, target[1:], project, normalizer=1.0, chunk_tokens=8)
+    with pytest.raises(TypeError):
+        chunked_lm_loss(hidden, target, project, 1.0, 8)  # type: ignore[misc]
+
+
 def test_no_target_gives_zero_with_a_graph():
     norm, head, hidden, target = _setup(0)
     target[:] = -100

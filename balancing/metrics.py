@@ -1,4 +1,4 @@
-"""Balance metrics, defined once (DESIGN.md) and used by the CLI, benchmarks and tests.
+"""Balance metrics, defined once (docs/concepts.md, Metrics) and used by the CLI, benchmarks and tests.
 
 For a step with D ranks and per-rank loads x_1..x_D:
 

@@ -1,4 +1,5 @@
-"""The cost table contract (DESIGN.md): schema, metadata, and where its errors table lives."""
+"""The cost table contract (docs/concepts.md, Cost table): schema, metadata, and where its
+errors table lives."""
 
 from __future__ import annotations
 
@@ -70,9 +71,10 @@ REQUIRED_COLUMNS = (
     "llm_tokens",
     "text_tokens",
 )
-# DESIGN.md's optional columns: a table from another tool may leave them out. Missing ones are
-# filled where read: ``modality`` from ``num_images``, the rest as nulls (``write`` needs
-# ``location``; a missing ``fingerprint`` or ``cache_key`` only skips a check or a reuse).
+# the contract's optional columns (docs/concepts.md): a table from another tool may leave them
+# out. Missing ones are filled where read: ``modality`` from ``num_images``, the rest as nulls
+# (``write`` needs ``location``; a missing ``fingerprint`` or ``cache_key`` only skips a check
+# or a reuse).
 OPTIONAL_COLUMNS = tuple(f.name for f in COST_SCHEMA if f.name not in REQUIRED_COLUMNS)
 
 ERRORS_SCHEMA = pa.schema(
@@ -200,7 +202,7 @@ def _list_sums(chunk: pa.ListArray) -> np.ndarray:
 
 
 def _consistency_rules(table: pa.Table, seq) -> list[tuple[str, pa.Array]]:
-    """The columns of a row agree (DESIGN.md): ``vit_tokens`` is the sum of ``vit_seq_lens``
+    """The columns of a row agree (docs/concepts.md): ``vit_tokens`` is the sum of ``vit_seq_lens``
     (balancing reads the one, the cost model and the encoder the other) and image sizes, where
     given, are one per image (a text-only sample may still run the encoder on a dummy tile, as
     InternVL's do: its sequences are not refused). A table made by hand or another tool that

@@ -1,4 +1,4 @@
-"""The generation manifest (DESIGN.md): what a generation holds and how to check it.
+"""The generation manifest (docs/concepts.md, Generation): what a generation holds and how to check it.
 
 ``manifest.json`` names the format version, generation id and parent, the plan's layout and
 balance report, and for every stream ((node, local rank) = one DP rank of the plan) its shards:

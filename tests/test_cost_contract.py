@@ -1,5 +1,6 @@
-"""DESIGN.md's cost-table contract: required columns are enough, optional ones stay optional, and
-length files from OmniBal/InternVL import into a table balance accepts."""
+"""The cost-table contract (docs/concepts.md, Cost table): required columns are enough,
+optional ones stay optional, and length files from OmniBal/InternVL import into a table
+balance accepts."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ def test_efficiency_is_sum_of_means_over_sum_of_maxes():
 
 
 def _reference(loads, lengths, batch_ids):
-    """DESIGN.md's definitions, written out with loops (steps or batches with nothing in them,
+    """docs/concepts.md's definitions, written out with loops (steps or batches with nothing in them,
     0/0, are left out of dist ratio's and pad ratio's means; efficiency of no work is 1)."""
     dist = []
     for step in loads:

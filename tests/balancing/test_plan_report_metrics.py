@@ -1,5 +1,5 @@
 """The plan report's quality sections recomputed from the plan's own rows and the cost table,
-by the metric definitions of DESIGN.md written out here in plain numpy / pandas, with scipy's
+by the metric definitions of docs/concepts.md written out here in plain numpy / pandas, with scipy's
 Spearman rank correlation as the peer for the trend; the random-batching baseline checked
 against the spread of truly random batchings of the same samples. Before, the tests asserted
 only that a balanced plan beats the baseline: the node balance taken as each node's busiest
@@ -21,7 +21,7 @@ D, NODES = 8, 2
 
 
 def _dist_ratio(loads: np.ndarray) -> float:
-    """DESIGN.md: per step sum(max - x_i) / (max * D), averaged over steps (0 where max is 0)."""
+    """docs/concepts.md: per step sum(max - x_i) / (max * D), averaged over steps (0 where max is 0)."""
     out = []
     for row in loads:
         mx = max(row)
@@ -30,12 +30,12 @@ def _dist_ratio(loads: np.ndarray) -> float:
 
 
 def _efficiency(loads: np.ndarray) -> float:
-    """DESIGN.md: sum over steps of the mean over sum over steps of the max."""
+    """docs/concepts.md: sum over steps of the mean over sum over steps of the max."""
     return sum(row.mean() for row in loads) / sum(row.max() for row in loads)
 
 
 def _pad_ratio(lengths: pd.Series, batch: pd.Series) -> float:
-    """DESIGN.md: per batch sum(max_len - len_i) / (max_len * B), averaged over batches."""
+    """docs/concepts.md: per batch sum(max_len - len_i) / (max_len * B), averaged over batches."""
     per = lengths.groupby(batch).agg(["max", "sum", "count"])
     per = per[per["max"] > 0]
     return float(((per["max"] * per["count"] - per["sum"]) / (per["max"] * per["count"])).mean())

@@ -1,5 +1,5 @@
 """A cost table made by hand or by another tool enters through ``read_cost_table``: its columns
-must agree within each row as DESIGN.md defines them. ``vit_tokens`` is the sum of the row's
+must agree within each row as docs/concepts.md defines them. ``vit_tokens`` is the sum of the row's
 ``vit_seq_lens`` (balancing groups by the one, the cost model and the encoder run the other),
 and image sizes, where given, are one per image. Before, a row breaking either was balanced by
 numbers the model never runs; now the file, the rule and the sample are named (and ``equishard

@@ -68,6 +68,37 @@ def test_argsort_and_lpt(seed, heavy):
     assert (capped == out).all()
 
 
+@pytest.mark.parametrize("d", [255, 256, 257])
+def test_lpt_and_refine_with_more_ranks_than_small_integers(d):
+    """Past 256 ranks (heap slots beyond the integers Python keeps once: a slot compared by
+    identity instead of value breaks only there), LPT, capped LPT and refinement equal their
+    references."""
+    rng = np.random.default_rng(d)
+    n = 3 * d + 7
+    x = _lengths(rng, n, True)
+    order = K._nb_argsort_desc(x)
+    out = np.empty(n, dtype=np.int64)
+    K._nb_lpt(x, order, d, out)
+    assert dict(enumerate(out.tolist())) == R.lpt(x.tolist(), order.tolist(), d)
+    capped = np.full(n, -1, dtype=np.int64)
+    max_count = int(np.ceil(n / d))
+    bad = K._nb_lpt_capped(x, order, d, max_count, 0.0, x, capped)
+    ref, ref_bad = R.lpt_capped(x.tolist(), order.tolist(), d, max_count, 0.0, x.tolist())
+    assert bad == ref_bad == -1 and dict(enumerate(capped.tolist())) == ref
+    kk = np.empty(n, dtype=np.int64)  # its merge heap holds n partitions
+    K._nb_karmarkar_karp(x, order, d, False, kk)
+    assert dict(enumerate(kk.tolist())) == R.karmarkar_karp(x.tolist(), order.tolist(), d, False)
+    bins = rng.integers(0, d, n)
+    got = bins.copy()
+    target = x.sum() / d
+    loads = K._nb_refine(x, order, got, d, target, 4 * d, 0.0, x, 0, True)
+    ref_bins, ref_loads = R.refine(
+        x.tolist(), order.tolist(), bins.tolist(), d, target, 4 * d, 0.0, x.tolist(), 0, True
+    )
+    assert got.tolist() == ref_bins
+    np.testing.assert_array_equal(loads, ref_loads)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_lpt_with_count_and_memory_caps(seed):
     rng = np.random.default_rng(seed)

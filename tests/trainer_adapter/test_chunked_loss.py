@@ -67,6 +67,8 @@ def test_the_pipeline_loss_takes_a_row_of_hidden_states():
     norm, head, hidden, target = _setup(4, tokens=53, width=16)
     project = lambda h: head(norm(h))  # noqa: E731
     loss = ChunkedLMLoss(project, chunk_tokens=10)
+    unset = loss(hidden[None], target[None])  # before a step sets it: the plain sum
+    assert float(unset) == pytest.approx(float(_reference(norm, head, hidden, target, 1.0)))
     loss.normalizer = 7.5
     got = loss(hidden[None], target[None])
     ref = _reference(norm, head, hidden, target, 7.5)

@@ -296,3 +296,70 @@ def test_a_nights_kept_groups_are_copied_from_the_parent_not_encoded_again(tmp_p
         pq.read_table(root / r.generation / "plan.parquet")["parent_step"].to_pylist()
     )
     assert 0 in parent_steps
+
+
+def _planned(job: dict, i: int = 0) -> dict:
+    row = job["rows"].slice(i, 1).to_pylist()[0]
+    return {**row, "parent": None}
+
+
+@pytest.mark.parametrize("key", ["0" * 32, "f" * 32])
+def test_a_cache_key_that_differs_either_way_checks_the_fingerprint(gen_inputs, tmp_path, key):
+    """The cache key says the record and its files are as prep saw them; only then is the
+    fingerprint check skipped. A key that differs (sorting below or above the file's: compared
+    for equality, not order) re-checks, and a fingerprint that no longer matches is refused."""
+    job = _stream_jobs(gen_inputs, tmp_path / "g")[0]
+    store = sw.RecordStore(sw.ReadOptions(**job["read_options"]))
+    try:
+        s = _planned(job)
+        assert sw.read_sample({**s, "fingerprint": "0" * 32}, store, {})  # the key matches
+        stale = {**s, "cache_key": f"{key}.seal", "fingerprint": "0" * 32}
+        with pytest.raises(sw.WriteError, match="changed since prep measured it"):
+            sw.read_sample(stale, store, {})
+        assert sw.read_sample({**s, "cache_key": f"{key}.seal"}, store, {})  # re-checked: same
+    finally:
+        store.close()
+
+
+def test_a_shard_is_closed_once_it_reaches_the_shard_size(gen_inputs, tmp_path):
+    """``shard_size`` bytes reached (at, not only past it) closes the shard after that group;
+    one byte short, the next group joins it."""
+    whole = write_stream(_stream_jobs(gen_inputs, tmp_path / "whole", shard_size=1 << 30)[3])
+    _, _, start, length = whole[0]["groups"][0]
+    first_end = start + length  # the archive's offset after the first group
+    for size, groups in ((first_end, 1), (first_end + 1, 2), (first_end - 1, 1)):
+        job = _stream_jobs(gen_inputs, tmp_path / f"s{size}", shard_size=size)[3]
+        got = write_stream(job)
+        assert len(got[0]["groups"]) == groups, (size, got[0]["groups"])
+
+
+def test_leaving_the_writer_waits_for_its_shards_and_closes_its_store(
+    gen_inputs, tmp_path, monkeypatch
+):
+    closed = []
+    real = sw.RecordStore.close
+    monkeypatch.setattr(sw.RecordStore, "close", lambda self: (closed.append(1), real(self))[1])
+    job = _stream_jobs(gen_inputs, tmp_path / "g")[0]
+    with StreamWriter() as w:
+        future = w.submit(job)  # not waited for here
+    assert future.done() and closed == [1]
+    assert all((tmp_path / "g" / side["file"]).is_file() for side in future.result())
+    with StreamWriter():
+        pass  # no stream, no store: nothing to close
+
+
+def test_a_write_that_fails_renames_no_shard_and_fails_the_stream(
+    gen_inputs, tmp_path, monkeypatch
+):
+    """A disk that fills up while the last bytes of a shard are written: the stream's future
+    fails with that error, and no shard of it is renamed to its final name or recorded."""
+    from tests.shards.full_disk import FullDisk
+
+    real = sw.open_new
+    monkeypatch.setattr(sw, "open_new", lambda path: FullDisk(real(path)))
+    job = _stream_jobs(gen_inputs, tmp_path / "g", shard_size=1 << 30)[0]
+    with StreamWriter() as w:
+        future = w.submit(job)
+        with pytest.raises(OSError, match="No space left"):
+            future.result(timeout=30)
+    assert not list((tmp_path / "g").rglob("*.tar")) and not list((tmp_path / "g").rglob("*.json"))

@@ -1,0 +1,95 @@
+"""``post_balance``'s settings: their defaults, their limits at, below and above them, and a
+method named by a string that is equal to, not the same object as, the literal.
+
+Bugs these catch (each survived the rest of the suite under cosmic-ray): a negative memory cap
+accepted; the refinement's default budget (4 x d moves) or the quadratic method's default
+tie tolerance (1 % of the mean batch) changed; ``auto`` running its second opinion on steps
+LPT already balanced within a non-zero tolerance; a method compared by identity (a name read
+from a config file then picks the wrong Karmarkar-Karp)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+from balancing import first_call
+from balancing.post_balance import post_balance
+
+pb = importlib.import_module("balancing.post_balance")
+
+
+@pytest.mark.parametrize("cap", [-1e-9, -0.5, -1.0, -2.0, float("nan"), float("inf")])
+def test_a_memory_cap_below_zero_or_not_finite_is_refused(cap):
+    with pytest.raises(ValueError, match="memory_cap must be finite and >= 0"):
+        post_balance(np.ones(4), 2, memory_cap=cap)
+
+
+@pytest.mark.parametrize("cap", [0.0, None])
+def test_a_memory_cap_of_zero_or_none_is_no_cap(cap):
+    x = np.array([5.0, 4.0, 3.0, 3.0])
+    assert post_balance(x, 2, memory_cap=cap).loads.tolist() == [8.0, 7.0]
+
+
+def _kk_equal_case() -> np.ndarray:
+    """Lengths on which equal-count KK's refinement is cut short by its budget: 4 x d swaps end
+    above where 5 x d end (found by search; the check below keeps the test honest)."""
+    rng = np.random.default_rng(9)
+    d = int(rng.integers(2, 8))
+    n = int(rng.integers(d, 20 * d))
+    assert (d, n) == (4, 70)
+    return np.round(np.exp(rng.normal(5, 2.0, n))) + rng.integers(0, 3, n)
+
+
+def test_the_refinement_budget_defaults_to_four_moves_per_batch():
+    x, d = _kk_equal_case(), 4
+    got = post_balance(x, d, method="kk_equal", tolerance=0.0)
+    four = post_balance(x, d, method="kk_equal", tolerance=0.0, max_swaps=4 * d)
+    five = post_balance(x, d, method="kk_equal", tolerance=0.0, max_swaps=5 * d)
+    three = post_balance(x, d, method="kk_equal", tolerance=0.0, max_swaps=3 * d)
+    assert five.loads.max() < four.loads.max() or three.loads.max() > four.loads.max()
+    np.testing.assert_array_equal(got.dest, four.dest)
+
+
+def test_the_quadratic_tie_tolerance_defaults_to_one_percent_of_the_mean_batch():
+    hits = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        d = int(rng.integers(2, 6))
+        x = np.round(np.exp(rng.normal(5, 1.2, int(rng.integers(d, 10 * d)))))
+        mean = x.sum() / d
+        got = post_balance(x, d, method="quadratic")
+        want = post_balance(x, d, method="quadratic", quadratic_tolerance=0.01 * mean)
+        np.testing.assert_array_equal(got.dest, want.dest)
+        other = post_balance(x, d, method="quadratic", quadratic_tolerance=0.2 * mean)
+        hits += not np.array_equal(other.dest, want.dest)
+    assert hits, "the tolerance changes no plan here: the test would be blind"
+
+
+def test_auto_keeps_lpt_within_a_nonzero_tolerance_without_a_second_opinion(monkeypatch):
+    """LPT's heaviest batch 2.4 % above the mean, tolerance 5 %: within it, so no KK runs (not
+    only when LPT is exact)."""
+    calls = []
+    monkeypatch.setattr(pb, "_nb_karmarkar_karp", lambda *a: calls.append(a))
+    monkeypatch.setattr(first_call, "karmarkar_karp", lambda *a: calls.append(a))
+    x = np.array([10.0, 10.0, 10.0, 11.0])  # LPT: 11 + 10 = 21 | 20; mean 20.5: 2.4 % above
+    r = post_balance(x, 2, method="auto", tolerance=0.05)
+    assert r.method == "lpt" and r.loads.max() == 21.0 and calls == []
+
+
+@pytest.mark.parametrize("mode", ["python", "kernels"])
+def test_a_method_named_by_an_equal_string_is_that_method(monkeypatch, mode):
+    """A method name read from a file (equal to the literal, another object) runs that method:
+    equal-count KK gives every batch the same count, on the kernels and on their twins."""
+    monkeypatch.setenv("EQUISHARD_FIRST_CALL", mode)
+    x = np.round(np.exp(np.random.default_rng(0).normal(5, 2.0, 40)))
+    for name in json.loads('["kk_equal", "kk", "lpt", "best", "auto"]'):
+        literal = next(m for m in pb.METHODS if m == name)
+        assert literal is not name
+        r = post_balance(x, 4, method=name)
+        same = post_balance(x, 4, method=literal)
+        assert (r.dest.tolist(), r.method) == (same.dest.tolist(), same.method), name
+        if name == "kk_equal":
+            assert r.method == "kk_equal" and np.bincount(r.dest, minlength=4).tolist() == [10] * 4

@@ -93,3 +93,42 @@ def test_a_method_named_by_an_equal_string_is_that_method(monkeypatch, mode):
         assert (r.dest.tolist(), r.method) == (same.dest.tolist(), same.method), name
         if name == "kk_equal":
             assert r.method == "kk_equal" and np.bincount(r.dest, minlength=4).tolist() == [10] * 4
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_each_unrefined_method_is_its_algorithm(seed):
+    """``quadratic``, ``padded_attention`` and ``padded`` are OrchMLLM's Alg. 4, 5 and 2 as the
+    plain-Python reference computes them (quadratic's tolerance 1 % of the mean batch,
+    padded attention bounded by LPT's heaviest batch), not one run for another."""
+    from balancing import _reference as R
+
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 7))
+    x = np.round(np.exp(rng.normal(5, 1.5, int(rng.integers(d, 12 * d)))))
+    order = R.argsort_desc(x.tolist())
+    lengths = x.tolist()
+    lpt_loads = [0.0] * d
+    for i, b in R.lpt(lengths, order, d).items():
+        lpt_loads[b] += lengths[i]
+    want = {
+        "quadratic": R.lpt_quadratic(lengths, order, d, 0.01 * x.sum() / d),
+        "padded_attention": R.padded_attention(lengths, order, d, max(lpt_loads)),
+    }
+    asc = order[::-1]
+    _, runs = R.padded_batches([lengths[i] for i in asc], d)
+    want["padded"] = {i: r for i, r in zip(asc, runs, strict=True)}
+    for method, ref in want.items():
+        got = post_balance(x, d, method=method)
+        assert got.method == method
+        assert {i: int(b) for i, b in enumerate(got.dest)} == ref, method
+
+
+@pytest.mark.parametrize("name", ["max_count", "max_swaps"])
+def test_counts_below_zero_are_refused_by_name_and_zero_is_allowed(name):
+    with pytest.raises(ValueError, match=rf"{name} must be a whole number or None >= 0, got -1"):
+        post_balance(np.ones(4), 2, **{name: -1})
+    assert post_balance(np.zeros(0), 2, **{name: 0}).dest.size == 0  # no items: 0 fits
+    if name == "max_swaps":  # no refinement step: LPT as it stands; the default swaps a 3
+        x = np.array([3.0, 3.0, 2.0, 2.0, 2.0])
+        assert post_balance(x, 2, method="lpt", max_swaps=0).loads.tolist() == [7.0, 5.0]
+        assert post_balance(x, 2, method="lpt").loads.tolist() == [6.0, 6.0]

@@ -132,3 +132,18 @@ def test_counts_below_zero_are_refused_by_name_and_zero_is_allowed(name):
         x = np.array([3.0, 3.0, 2.0, 2.0, 2.0])
         assert post_balance(x, 2, method="lpt", max_swaps=0).loads.tolist() == [7.0, 5.0]
         assert post_balance(x, 2, method="lpt").loads.tolist() == [6.0, 6.0]
+
+
+@pytest.mark.parametrize("seed", [3793, 11147, 11486])
+def test_autos_second_opinion_refines_with_the_default_budget_too(seed):
+    """``auto``'s equal-count KK is refined with the same default budget, 4 x d moves, as
+    every method (steps found by search where the budget decides which plan auto keeps)."""
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 8))
+    n = int(rng.integers(d, 20 * d))
+    x = np.round(np.exp(rng.normal(5, 2.0, n))) + rng.integers(0, 3, n)
+    got = post_balance(x, d, method="auto", tolerance=0.0)
+    four = post_balance(x, d, method="auto", tolerance=0.0, max_swaps=4 * d)
+    five = post_balance(x, d, method="auto", tolerance=0.0, max_swaps=5 * d)
+    assert (got.dest.tolist(), got.method) == (four.dest.tolist(), four.method)
+    assert (five.dest.tolist(), five.method) != (four.dest.tolist(), four.method)

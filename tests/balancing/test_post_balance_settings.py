@@ -147,3 +147,56 @@ def test_autos_second_opinion_refines_with_the_default_budget_too(seed):
     five = post_balance(x, d, method="auto", tolerance=0.0, max_swaps=5 * d)
     assert (got.dest.tolist(), got.method) == (four.dest.tolist(), four.method)
     assert (five.dest.tolist(), five.method) != (four.dest.tolist(), four.method)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_each_refined_method_is_its_algorithm_then_the_refinement(seed):
+    """``lpt``, ``kk`` and ``kk_equal`` as the plain-Python reference computes them: the
+    partition, then (where its heaviest batch is above the tolerance) the refinement with
+    moves and swaps, swaps only for ``kk_equal`` (equal counts stay equal), 4 x d steps."""
+    from balancing import _reference as R
+
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 7))
+    x = np.round(np.exp(rng.normal(5, 1.5, int(rng.integers(d, 12 * d)))))
+    lengths, order = x.tolist(), R.argsort_desc(x.tolist())
+    target = x.sum() / d * (1.0 + 2e-5)
+    starts = {
+        "lpt": R.lpt(lengths, order, d),
+        "kk": R.karmarkar_karp(lengths, order, d, False),
+        "kk_equal": R.karmarkar_karp(lengths, order, d, True),
+    }
+    for method, start in starts.items():
+        bins = [start[i] for i in range(x.size)]
+        loads = [0.0] * d
+        for i, b in enumerate(bins):
+            loads[b] += lengths[i]
+        if max(loads) > target:
+            bins, loads = R.refine(
+                lengths, order, bins, d, target, 4 * d, 0.0, lengths, 0, method != "kk_equal"
+            )
+        got = post_balance(x, d, method=method)
+        assert got.loads.tolist() == list(loads), method
+        for b in range(d):  # the same lengths in each batch (equal lengths may trade places)
+            mine = sorted(x[got.dest == b].tolist())
+            assert mine == sorted(lengths[i] for i in range(x.size) if bins[i] == b), method
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_padded_loads_are_count_times_longest(seed):
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 6))
+    x = np.round(np.exp(rng.normal(5, 1.5, int(rng.integers(d, 10 * d)))))
+    got = post_balance(x, d, method="padded")
+    want = [
+        float(np.sum(got.dest == b) * x[got.dest == b].max()) if (got.dest == b).any() else 0.0
+        for b in range(d)
+    ]
+    assert got.loads.tolist() == want
+    assert pb.batch_loads(x, got.dest, d, padded=True).tolist() == want
+
+
+@pytest.mark.parametrize("tolerance", [-1e-9, -1.0, float("nan"), float("inf")])
+def test_a_tolerance_below_zero_or_not_finite_is_refused(tolerance):
+    with pytest.raises(ValueError, match="tolerance must be finite and >= 0"):
+        post_balance(np.ones(4), 2, tolerance=tolerance)

@@ -76,6 +76,10 @@ def test_an_equivalent_by_text_matches_every_such_line_of_the_modules_it_names(t
     assert mutation._is_equivalent(k, item(2, "other"), eq, lines) is None
     assert mutation._is_equivalent("balancing/steps.py", item(2), eq, lines) is None
     assert mutation._is_equivalent(k, item(99), eq, lines) is None
+    glob = [{**eq[0], "text": "@njit(cache=True*"}]
+    more = [*lines, "@njit(cache=True, nogil=True)  # a comment"]
+    assert mutation._is_equivalent(k, item(6), glob, more) == "why"
+    assert mutation._is_equivalent(k, item(1), glob, more) is None
     ops = [{"module": k, "operator": "core/Replace*_Sub_*", "line": 5, "reason": "r"}]
     assert mutation._is_equivalent(k, item(5, "core/ReplaceBinaryOperator_Sub_Add"), ops, lines)
     assert not mutation._is_equivalent(k, item(5, "core/NumberReplacer"), ops, lines)

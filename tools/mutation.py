@@ -219,8 +219,8 @@ def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -
     """The reason ``item`` is listed as equivalent, or None. An entry names its module and
     operator (globs: ``balancing/_kernels/*.py``, ``core/ReplaceBinaryOperator_*``), and
     either its ``line`` (with an ``occurrence`` where a line has several) or the ``text`` of
-    the line (stripped): a mutant of every line that reads so, e.g. every kernel's
-    ``@njit(cache=True)``."""
+    the line (stripped; a glob too): a mutant of every line that reads so, e.g. every kernel's
+    ``@njit(cache=True*``."""
     from fnmatch import fnmatchcase
 
     here = lines[item["line"] - 1].strip() if 0 < item["line"] <= len(lines) else None
@@ -228,7 +228,7 @@ def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -
         if not (fnmatchcase(module, e["module"]) and fnmatchcase(item["operator"], e["operator"])):
             continue
         if "text" in e:
-            if e["text"] == here:
+            if here is not None and fnmatchcase(here, e["text"]):
                 return e["reason"]
         elif (
             e["line"] == item["line"]

@@ -100,8 +100,20 @@ def test_targets_must_be_one_per_hidden_state_given_by_keyword():
         chunked_lm_loss(hidden, target[None], project, normalizer=1.0, chunk_tokens=8)
     with pytest.raises(ValueError, match="19 targets for 20 hidden states"):
         chunked_lm_loss(hidden, target[1:], project, normalizer=1.0, chunk_tokens=8)
+    with pytest.raises(ValueError, match="21 targets for 20 hidden states"):
+        chunked_lm_loss(hidden, target[[*range(20), 0]], project, normalizer=1.0, chunk_tokens=8)
     with pytest.raises(TypeError):
         chunked_lm_loss(hidden, target, project, 1.0, 8)  # type: ignore[misc]
+
+
+def test_no_target_and_hidden_states_that_sum_to_zero_give_zero_not_nan():
+    norm, head, _, target = _setup(0)
+    target[:] = -100
+    hidden = torch.zeros(target.shape[0], 16, requires_grad=True)
+    got = chunked_lm_loss(hidden, target, lambda h: head(norm(h)), normalizer=1.0, chunk_tokens=8)
+    assert float(got) == 0.0
+    got.backward()
+    assert float(hidden.grad.abs().sum()) == 0.0
 
 
 def test_no_target_gives_zero_with_a_graph():
@@ -180,6 +192,13 @@ def test_the_full_logits_are_never_saved_for_the_backward():
 def test_chunk_size_follows_the_vocabulary_and_bad_arguments_are_refused():
     assert chunk_tokens_for(151_646) == (1 << 28) // (4 * 151_646) == 442
     assert chunk_tokens_for(10**9) == 64
+    # one token of vocabulary (and none, floored to one): the whole budget; the 64 floor at,
+    # above and below the vocabulary where it starts to hold (2**28 / (4 * 64) tokens)
+    assert chunk_tokens_for(1) == chunk_tokens_for(0) == (1 << 28) // 4
+    edge = (1 << 28) // (4 * 64)
+    assert chunk_tokens_for(edge) == 64 == (1 << 28) // (4 * edge)
+    assert chunk_tokens_for(edge + 1) == 64 > (1 << 28) // (4 * (edge + 1))  # the floor
+    assert chunk_tokens_for(1_032_444) == 65  # the largest vocabulary given more than 64
     _, head, hidden, target = _setup(0)
     with pytest.raises(ValueError, match="chunk_tokens"):
         chunked_lm_loss(hidden, target, head, normalizer=1.0, chunk_tokens=0)

@@ -129,7 +129,13 @@ def test_current_naming_anything_but_one_generation_is_refused(tmp_path, text):
 
 
 def test_set_current_writes_the_name_and_notes_it(tmp_path):
-    P.set_current(tmp_path, "gen-1")
+    old = os.umask(0o022)
+    try:
+        P.set_current(tmp_path, "gen-1")
+    finally:
+        os.umask(old)
+    for name in ("CURRENT", P.HISTORY):  # readable by every reader, written by the owner
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
     P.set_current(tmp_path, "gen-2")
     assert (tmp_path / "CURRENT").read_bytes() == b"gen-2\n"
     assert P.read_history(tmp_path) == [("current", "gen-1"), ("current", "gen-2")]

@@ -200,3 +200,66 @@ def test_padded_loads_are_count_times_longest(seed):
 def test_a_tolerance_below_zero_or_not_finite_is_refused(tolerance):
     with pytest.raises(ValueError, match="tolerance must be finite and >= 0"):
         post_balance(np.ones(4), 2, tolerance=tolerance)
+
+
+def _ref_partition(lengths, order, d, start, target, moves):
+    """A reference partition (item -> bin) refined as post_balance documents it."""
+    from balancing import _reference as R
+
+    bins = [start[i] for i in range(len(lengths))]
+    loads = [0.0] * d
+    for i, b in enumerate(bins):
+        loads[b] += lengths[i]
+    if max(loads) > target:
+        bins, loads = R.refine(lengths, order, bins, d, target, 4 * d, 0.0, lengths, 0, moves)
+    return bins, list(loads)
+
+
+def reference_auto(x: np.ndarray, d: int, tolerance: float):
+    """``auto`` as the module docstring describes it, from the plain-Python reference: refined
+    LPT; on steps of at most 1,024 items it leaves above the tolerance, also equal-count KK
+    refined with moves, and where items x batches <= 65,536 the unequal KK (refined), keeping
+    the most even (the earlier on ties)."""
+    from balancing import _reference as R
+
+    lengths, order = x.tolist(), R.argsort_desc(x.tolist())
+    target = x.sum() / d * (1.0 + tolerance)
+    best = _ref_partition(lengths, order, d, R.lpt(lengths, order, d), target, True)
+    if len(lengths) > 1024 or max(best[1]) <= target:
+        return best
+    kke = _ref_partition(lengths, order, d, R.karmarkar_karp(lengths, order, d, True), target, True)
+    if max(kke[1]) < max(best[1]):
+        best = kke
+    if len(lengths) * d <= 65_536 and max(best[1]) > target:
+        kk = _ref_partition(
+            lengths, order, d, R.karmarkar_karp(lengths, order, d, False), target, True
+        )
+        if max(kk[1]) < max(best[1]):
+            best = kk
+    return best
+
+
+# 1785: the one seed in 3,000 where equal KK's refinement stops at the tolerance and that
+# changes the plan auto keeps (found by search, at tolerance 0.01)
+@pytest.mark.parametrize("tolerance", [2e-5, 0.01, 0.05])
+@pytest.mark.parametrize("seed", [*range(10), 1785])
+def test_auto_is_the_documented_procedure(seed, tolerance):
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 9))
+    x = np.round(np.exp(rng.normal(5, 2.0, int(rng.integers(d, 16 * d)))))
+    bins, loads = reference_auto(x, d, tolerance)
+    got = post_balance(x, d, method="auto", tolerance=tolerance)
+    assert got.loads.tolist() == loads
+    for b in range(d):  # the same lengths in each batch (equal lengths may trade places)
+        assert sorted(x[got.dest == b].tolist()) == sorted(x[np.array(bins) == b].tolist())
+
+
+@pytest.mark.parametrize(("cap", "fits"), [(2.0, True), (1.9, False), (2.1, True)])
+def test_a_memory_cap_that_the_total_fills_exactly_is_allowed(cap, fits):
+    """Total memory 4 over 2 ranks: a cap of 2 (at the total's share) fits, 1.9 cannot."""
+    x = np.ones(4)
+    if fits:
+        assert post_balance(x, 2, memory_cap=cap).loads.tolist() == [2.0, 2.0]
+    else:
+        with pytest.raises(pb.MemoryCapError, match="cannot fit 2 ranks"):
+            post_balance(x, 2, memory_cap=cap)

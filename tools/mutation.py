@@ -313,16 +313,57 @@ mutant its operators make in the module, run against the module's tests
 """
 
 
-def write_report(s: dict) -> None:
+def core_modules() -> list[str]:
+    """The modules the suite must hold at the target (``core`` in modules.toml, globs)."""
+    return tomllib.loads((CONFIG / "modules.toml").read_text()).get("core", [])
+
+
+def _summary(body: dict[str, str]) -> str:
+    """A table of every measured module's score, then the core modules not measured yet."""
+    rows = [
+        "| module | score | killed | survived | equivalent | run |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in sorted(body):
+        text = body[name]
+        counts = re.search(r"killed (\d+), survived (\d+), equivalent (\d+)", text)
+        score = re.search(r"\*\*Score ([\d.]+) %\*\*", text)
+        run = re.search(r"Run (\d{4}-\d{2}-\d{2})", text)
+        k, sv, eq = counts.groups() if counts else ("?", "?", "?")
+        rows.append(
+            f"| `{name}` | {score.group(1) + ' %' if score else 'no mutant'} | {k} | {sv} | "
+            f"{eq} | {run.group(1) if run else '?'} |"
+        )
+    files = sorted(
+        str(f.relative_to(REPO))
+        for pattern in core_modules()
+        for f in REPO.glob(pattern)
+        if f.name != "__init__.py"
+    )
+    missing = [f for f in dict.fromkeys(files) if f not in body]
+    out = "\n".join(rows) + "\n"
+    if missing:
+        out += (
+            f"\nCore modules not measured yet ({len(missing)}, `core` in "
+            "`tests/mutation/modules.toml`): " + ", ".join(f"`{m}`" for m in missing) + ".\n"
+        )
+    return out
+
+
+def write_report(s: dict | None = None) -> None:
+    """Rewrite MUTATION.md: ``s``'s section (when given) and the summary at the top."""
     text = REPORT.read_text() if REPORT.exists() else _HEAD
     sections = re.split(r"(?m)^(?=## `)", text)
-    head, body = sections[0], {re.match(r"## `([^`]+)`", x).group(1): x for x in sections[1:]}
-    body[s["module"]] = render(s)
-    stamp = time.strftime("%Y-%m-%d")
-    body[s["module"]] = body[s["module"]].replace(
-        "\n\n", f"\n\nRun {stamp}, cosmic-ray {_version()}.\n\n", 1
+    body = {re.match(r"## `([^`]+)`", x).group(1): x for x in sections[1:]}
+    if s is not None:
+        body[s["module"]] = render(s)
+        stamp = time.strftime("%Y-%m-%d")
+        body[s["module"]] = body[s["module"]].replace(
+            "\n\n", f"\n\nRun {stamp}, cosmic-ray {_version()}.\n\n", 1
+        )
+    REPORT.write_text(
+        _HEAD.rstrip() + "\n\n" + _summary(body) + "\n" + "".join(body[k] for k in sorted(body))
     )
-    REPORT.write_text(head.rstrip() + "\n\n" + "".join(body[k] for k in sorted(body)))
 
 
 def _version() -> str:
@@ -337,11 +378,17 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--timeout", type=float, help="seconds per mutant (default: 4x baseline)")
     ap.add_argument(
+        "--report", action="store_true", help="only rewrite MUTATION.md's summary table"
+    )
+    ap.add_argument(
         "--survivors",
         action="store_true",
         help="run only the last run's survivors again (the module's source unchanged since)",
     )
     a = ap.parse_args(argv)
+    if a.report:
+        write_report()
+        return 0
     if a.list or not a.module:
         for name, spec in modules().items():
             print(f"{name}: {' '.join(spec['tests'])}")

@@ -220,8 +220,12 @@ def test_the_history_is_never_appended_through_a_link(tmp_path):
 
 def test_one_lock_at_a_time(tmp_path):
     path = tmp_path / ".lock"
-    first = P.try_lock(path)
-    assert first is not None
+    old = os.umask(0o022)
+    try:
+        first = P.try_lock(path)
+    finally:
+        os.umask(old)
+    assert first is not None and stat.S_IMODE(path.stat().st_mode) == 0o644
     assert P.try_lock(path) is None  # another open file description: refused, not waited for
     first.close()
     again = P.try_lock(path)

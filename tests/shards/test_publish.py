@@ -238,3 +238,23 @@ def test_the_lock_is_never_taken_through_a_link(tmp_path):
     with pytest.raises(OSError):
         P.try_lock(tmp_path / ".lock")
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_line_appended_by_another_process_meanwhile_is_kept(tmp_path, monkeypatch):
+    """Two processes note a move at once (a night starting while a write publishes): the
+    history is opened for appending (O_APPEND), so a line another writer adds between this
+    one's open and its write is kept, not overwritten."""
+    _history(tmp_path, 3)
+    real = os.fdopen
+    other = json.dumps({"event": "night", "generation": "gen-other"}) + "\n"
+
+    def racing(fd, *args, **kw):
+        f = real(fd, *args, **kw)
+        with open(tmp_path / P.HISTORY, "a") as g:  # the other process, after our open
+            g.write(other)
+        return f
+
+    monkeypatch.setattr(P.os, "fdopen", racing)
+    P.note_current(tmp_path, "gen-mine")
+    got = P.read_history(tmp_path)
+    assert got[-2:] == [("night", "gen-other"), ("current", "gen-mine")] and len(got) == 5

@@ -263,3 +263,34 @@ def test_a_memory_cap_that_the_total_fills_exactly_is_allowed(cap, fits):
     else:
         with pytest.raises(pb.MemoryCapError, match="cannot fit 2 ranks"):
             post_balance(x, 2, memory_cap=cap)
+
+
+def test_imbalance_is_the_heaviest_over_the_mean_and_one_with_nothing_to_balance():
+    x = np.array([3.0, 1.0, 1.0, 1.0])
+    r = post_balance(x, 2, method="lpt")
+    assert r.loads.tolist() == [3.0, 3.0] and r.imbalance == 1.0
+    r = post_balance(np.array([4.0, 1.0]), 2, method="lpt")
+    assert r.imbalance == 4.0 / 2.5
+    assert post_balance(np.zeros(3), 2).imbalance == 1.0  # nothing to do: even
+    assert post_balance(np.zeros(0), 2).imbalance == 1.0
+    assert pb.PostBalance(np.zeros(0, int), np.zeros(0), "lpt").imbalance == 1.0
+
+
+def test_batch_loads_are_sums_unless_padded():
+    x, dest = np.array([5.0, 1.0, 2.0]), np.array([0, 0, 1])
+    assert pb.batch_loads(x, dest, 2).tolist() == [6.0, 2.0]
+    assert pb.batch_loads(x, dest, 2, padded=True).tolist() == [10.0, 2.0]
+
+
+@pytest.mark.parametrize("n_memory", [3, 5])
+def test_memory_of_another_length_than_the_lengths_is_refused(n_memory):
+    with pytest.raises(ValueError, match=rf"memory has {n_memory} items, lengths 4"):
+        post_balance(np.ones(4), 2, memory=np.ones(n_memory), memory_cap=10.0)
+
+
+def test_lpt_that_fits_no_rank_after_some_items_names_how_many_it_placed():
+    """Each item fits alone and the total fits the ranks, but greedy placement runs out at the
+    fifth item: a MemoryCapError after 4 placed, not a plan with an item left out."""
+    x = np.array([3.0, 3.0, 2.0, 2.0, 2.0])
+    with pytest.raises(pb.MemoryCapError, match="after placing the 4 larger items"):
+        post_balance(x, 2, method="lpt", memory_cap=6.0)

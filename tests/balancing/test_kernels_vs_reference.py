@@ -39,11 +39,19 @@ def test_isf_round(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_best_fit(seed):
+@pytest.mark.parametrize("kind", ["mixed", "all images", "zero loads"])
+def test_best_fit(seed, kind):
+    """``mixed``: some samples without images (the smallest vision load 0: only the text side
+    can close a group early); ``all images``: every sample has one, so a group too full in
+    vision for the smallest sample closes early too; ``zero loads``: samples with no load in
+    either phase (a slack of exactly 2) join an open group."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 200))
-    v = rng.integers(0, 6, n) * 1024
+    v = rng.integers(0 if kind == "mixed" else 1, 6, n) * 1024
     t = rng.integers(50, 2000, n)
+    if kind == "zero loads":
+        zero = rng.random(n) < 0.3
+        v[zero], t[zero] = 0, 0
     order = rng.permutation(n)
     window = int(rng.integers(1, 10))
     out = np.full(n, -1, dtype=np.int64)

@@ -111,8 +111,9 @@ def test_bytes_waiting_for_the_writer_thread_are_bounded_across_shards(
     t.start()
     try:
         time.sleep(0.5)
-        # the writer thread holds one batch; the encoder stops once 4 more wait
-        assert t.is_alive() and len(queued) <= 4 + 2, len(queued)
+        # the writer thread holds one batch, 3 more wait; the encoder stops in its 5th
+        # hand-over (at most 4 in flight: a bound of 5 lets a 6th call in)
+        assert t.is_alive() and len(queued) <= 5, len(queued)
     finally:
         gate.set()
         t.join(timeout=60)
@@ -185,9 +186,11 @@ def test_a_rerun_keeps_each_finished_prefix_and_ends_byte_identical(
         for shard in _shards(job)[k:]:
             shard.unlink()
             (parts / (shard.stem + ".json")).unlink()
-        (sdir / "shard-999999.tar.partial").write_bytes(b"half a shard")
         kept = {p.name: p.stat().st_ino for p in _shards(job)}
         assert len(kept) == k
+        (sdir / "shard-999999.tar.partial").write_bytes(b"half a shard")
+        # a shard past the end (a run with smaller shards, or an older naming): removed
+        (sdir / f"{shard_stem(job, n + 3)}.tar").write_bytes(b"a stale shard")
         assert write_stream(job) == ref, k
         assert _tree(stage) == ref_tree, k
         assert {p.name: p.stat().st_ino for p in _shards(job)[:k]} == kept, k
@@ -247,12 +250,18 @@ def test_each_plan_group_is_one_group_of_the_stream_in_consecutive_shards(gen_in
     assert [int(n.rsplit("-", 1)[1].split(".")[0]) for n in names] == list(range(len(names)))
 
 
-def test_a_location_that_now_holds_another_sample_is_refused(gen_inputs, tmp_path):
+@pytest.mark.parametrize("row", [0, 1])
+def test_a_location_that_now_holds_another_sample_is_refused(gen_inputs, tmp_path, row):
+    """Row 0 pointed at row 1's record, or row 1 at row 0's (the other sample's id sorting
+    after, or before, the planned one: compared for equality)."""
     job = _stream_jobs(gen_inputs, tmp_path / "g")[0]
     where = job["rows"].column("location").to_pylist()
     ids = job["rows"].column("sample_id").to_pylist()
-    where[0], where[1] = where[1], where[0]
-    with pytest.raises(sw.WriteError, match=rf"now holds {ids[1]!r}, the plan expects {ids[0]!r}"):
+    other = 1 - row
+    where[row] = where[other]
+    with pytest.raises(
+        sw.WriteError, match=rf"now holds {ids[other]!r}, the plan expects {ids[row]!r}"
+    ):
         write_stream(_with(job, location=where))
 
 

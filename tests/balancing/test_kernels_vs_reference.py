@@ -16,6 +16,24 @@ def _lengths(rng, n, heavy):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("n", [0, 1, 2, 40])
+def test_isf_round_at_its_caps(seed, n):
+    """Loads that sum exactly to each cap and each keep threshold (a sample that brings a group
+    to the cap joins it; one past it starts the next), and samples over a cap alone (a group of
+    their own, never an empty group before them); no sample, no group."""
+    rng = np.random.default_rng(seed)
+    qv, qt, qfv, qft = 4096, 3000, 3072, 2000
+    v = rng.choice([0, 1024, 2048, 3072, 4096, 5120], n).astype(np.int64)
+    t = rng.choice([500, 1000, 1500, 2000, 3000, 3500], n).astype(np.int64)
+    ends = np.empty(max(n, 1), dtype=np.int64)
+    kept = np.empty(max(n, 1), dtype=np.bool_)
+    g = K._nb_isf_round(v, t, qv, qt, qfv, qft, ends, kept)
+    ref_ends, ref_kept = R.isf_round(v.tolist(), t.tolist(), qv, qt, qfv, qft)
+    assert ends[:g].tolist() == ref_ends and kept[:g].tolist() == ref_kept
+    assert all(b > a for a, b in zip([0, *ref_ends], ref_ends, strict=False))  # none empty
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_isf_round(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 300))

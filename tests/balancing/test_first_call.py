@@ -6,6 +6,8 @@ entry point against itself in both modes."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -78,6 +80,9 @@ def test_every_entry_point_gives_the_same_plan_in_both_modes(seed, monkeypatch):
     d = 8 * max(1, d // 8)
     src = rng.integers(0, d, n)
     plans = {}
+    # as in a fresh process: kernels not loaded yet (an earlier test of this process may have
+    # loaded them, and then every mode runs them)
+    monkeypatch.setattr(F, "_READY", threading.Event())
     for mode in ("python", "kernels"):
         monkeypatch.setenv("EQUISHARD_FIRST_CALL", mode)
         assert F.kernels_ready() == (mode == "kernels")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -84,6 +85,8 @@ def test_a_method_named_by_an_equal_string_is_that_method(monkeypatch, mode):
     """A method name read from a file (equal to the literal, another object) runs that method:
     equal-count KK gives every batch the same count, on the kernels and on their twins."""
     monkeypatch.setenv("EQUISHARD_FIRST_CALL", mode)
+    monkeypatch.setattr(first_call, "_READY", threading.Event())  # as in a fresh process
+    assert first_call.kernels_ready() is (mode == "kernels")
     x = np.round(np.exp(np.random.default_rng(0).normal(5, 2.0, 40)))
     for name in json.loads('["kk_equal", "kk", "lpt", "best", "auto"]'):
         literal = next(m for m in pb.METHODS if m == name)

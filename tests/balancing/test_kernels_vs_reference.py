@@ -57,21 +57,29 @@ def test_isf_round(seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("kind", ["mixed", "all images", "zero loads"])
+@pytest.mark.parametrize("kind", ["mixed", "all images", "zero loads", "ties", "wide window"])
 def test_best_fit(seed, kind):
     """``mixed``: some samples without images (the smallest vision load 0: only the text side
     can close a group early); ``all images``: every sample has one, so a group too full in
     vision for the smallest sample closes early too; ``zero loads``: samples with no load in
-    either phase (a slack of exactly 2) join an open group."""
+    either phase (a slack of exactly 2) join an open group; ``ties``: open groups of equal
+    sums (the earliest opened wins); ``wide window``: more open groups than the small
+    integers Python keeps once (a window compared by identity never closes one)."""
     rng = np.random.default_rng(seed)
-    n = int(rng.integers(1, 200))
+    n = int(rng.integers(1, 200)) if kind != "wide window" else 700
     v = rng.integers(0 if kind == "mixed" else 1, 6, n) * 1024
     t = rng.integers(50, 2000, n)
     if kind == "zero loads":
         zero = rng.random(n) < 0.3
         v[zero], t[zero] = 0, 0
+    if kind == "ties":
+        v, t = rng.choice([1024, 2048], n), rng.choice([1000, 2000], n)
+    if kind == "wide window":  # no two big samples share a group, none fills one: all stay open
+        v = np.full(n, 10_000)
+        t = np.full(n, 100)
+        v[0], t[0] = 1, 1
     order = rng.permutation(n)
-    window = int(rng.integers(1, 10))
+    window = int(rng.integers(1, 10)) if kind != "wide window" else 300
     out = np.full(n, -1, dtype=np.int64)
     K._nb_best_fit(order, v, t, 16 * 1024, 5000, window, out)
     ref = R.best_fit(order.tolist(), v.tolist(), t.tolist(), 16 * 1024, 5000, window)

@@ -70,13 +70,13 @@ def test_the_quadratic_tie_tolerance_defaults_to_one_percent_of_the_mean_batch()
 
 
 def test_auto_keeps_lpt_within_a_nonzero_tolerance_without_a_second_opinion(monkeypatch):
-    """LPT's heaviest batch 2.4 % above the mean, tolerance 5 %: within it, so no KK runs (not
-    only when LPT is exact)."""
+    """LPT's heaviest batch 2.4 % above the mean (20.5: not a whole number), tolerance 3 %:
+    within it, so no KK runs (not only when LPT is exact; a mean floored to 20 would not be)."""
     calls = []
     monkeypatch.setattr(pb, "_nb_karmarkar_karp", lambda *a: calls.append(a))
     monkeypatch.setattr(first_call, "karmarkar_karp", lambda *a: calls.append(a))
     x = np.array([10.0, 10.0, 10.0, 11.0])  # LPT: 11 + 10 = 21 | 20; mean 20.5: 2.4 % above
-    r = post_balance(x, 2, method="auto", tolerance=0.05)
+    r = post_balance(x, 2, method="auto", tolerance=0.03)
     assert r.method == "lpt" and r.loads.max() == 21.0 and calls == []
 
 
@@ -297,3 +297,27 @@ def test_lpt_that_fits_no_rank_after_some_items_names_how_many_it_placed():
     x = np.array([3.0, 3.0, 2.0, 2.0, 2.0])
     with pytest.raises(pb.MemoryCapError, match="after placing the 4 larger items"):
         post_balance(x, 2, method="lpt", memory_cap=6.0)
+
+
+@pytest.mark.parametrize("method", ["lpt", "auto", "kk", "padded", "quadratic"])
+def test_a_memory_cap_of_one_or_below_binds_like_any_other(method):
+    """Memory in other units than the lengths (here below 1 per item): a cap of 1.0 or 0.9 is a
+    cap, honoured by every method (LPT builds under it; the others fall back to it)."""
+    x = np.array([4.0, 3.0, 2.0, 1.0])
+    mem = np.array([0.6, 0.1, 0.1, 0.6])  # LPT by length pairs items 0 and 3: 1.2
+    for cap in (1.0, 0.9):
+        r = post_balance(x, 2, method=method, memory=mem, memory_cap=cap)
+        assert np.bincount(r.dest, weights=mem, minlength=2).max() <= cap, (method, cap)
+
+
+def test_a_plan_within_a_loose_count_cap_is_kept():
+    """A method that cannot build under caps keeps its own plan when it honours them (the
+    count compared by value): padded with at most n per batch is padded."""
+    x = np.round(np.exp(np.random.default_rng(2).normal(5, 1.0, 24)))
+    r = post_balance(x, 4, method="padded", max_count=24)
+    assert r.method == "padded"
+
+
+def test_the_settings_are_keyword_only():
+    with pytest.raises(TypeError):
+        post_balance(np.ones(4), 2, "lpt")  # type: ignore[misc]

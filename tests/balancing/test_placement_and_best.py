@@ -70,15 +70,20 @@ def test_a_step_with_one_phase_empty_is_placed_optimally(seed, empty_phase):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_local_first_equals_its_twin(seed):
+@pytest.mark.parametrize("exact", [False, True])
+def test_local_first_equals_its_twin(seed, exact):
+    """``exact``: small whole lengths and a whole target, so a rank often reaches the target
+    exactly (an item that brings it there stays: at the target, not only below it)."""
     rng = np.random.default_rng(seed)
     nodes, per_node = int(rng.integers(1, 4)), int(rng.integers(1, 5))
     d = nodes * per_node
     n = int(rng.integers(0, 40))
-    x = rng.integers(1, 300, n).astype(np.float64)
+    x = rng.integers(1, 5 if exact else 300, n).astype(np.float64)
     src = rng.integers(0, d, n)
     order = K._nb_argsort_desc(x)
     target = x.sum() / d * float(rng.uniform(1.0, 1.3)) if n else 1.0
+    if exact:
+        target = float(np.ceil(target))
     dest = np.full(n, -1, dtype=np.int64)
     loads = K._nb_local_first(x, order, src, d, per_node, target, dest)
     ref_dest, ref_loads = R.local_first(

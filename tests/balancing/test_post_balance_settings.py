@@ -88,7 +88,8 @@ def test_a_method_named_by_an_equal_string_is_that_method(monkeypatch, mode):
     monkeypatch.setattr(first_call, "_READY", threading.Event())  # as in a fresh process
     assert first_call.kernels_ready() is (mode == "kernels")
     x = np.round(np.exp(np.random.default_rng(0).normal(5, 2.0, 40)))
-    for name in json.loads('["kk_equal", "kk", "lpt", "best", "auto"]'):
+    names = '["kk_equal", "kk", "lpt", "best", "auto", "padded", "quadratic", "padded_attention"]'
+    for name in json.loads(names):
         literal = next(m for m in pb.METHODS if m == name)
         assert literal is not name
         r = post_balance(x, 4, method=name)
@@ -321,3 +322,30 @@ def test_a_plan_within_a_loose_count_cap_is_kept():
 def test_the_settings_are_keyword_only():
     with pytest.raises(TypeError):
         post_balance(np.ones(4), 2, "lpt")  # type: ignore[misc]
+
+
+def test_a_result_is_frozen():
+    import dataclasses
+
+    r = post_balance(np.ones(4), 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.method = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("cap", [0.5, 1.0])
+def test_an_item_over_a_small_cap_alone_is_named_before_any_placement(cap):
+    mem = np.array([0.2, cap + 0.1, 0.1])
+    with pytest.raises(pb.MemoryCapError, match=rf"item 1 needs {cap + 0.1:g} alone"):
+        post_balance(np.ones(3), 2, memory=mem, memory_cap=cap)
+    with pytest.raises(pb.MemoryCapError, match="cannot fit 2 ranks"):
+        post_balance(np.ones(3), 2, memory=np.full(3, cap * 0.9), memory_cap=cap)
+
+
+@pytest.mark.parametrize("cap", ["max_count", "memory_cap"])
+def test_best_under_a_cap_is_lpt_under_it(cap):
+    """``best`` compares LPT with equal-count KK, which takes no cap: under one, LPT alone."""
+    x = np.round(np.exp(np.random.default_rng(3).normal(5, 1.0, 20)))
+    kw = {"max_count": 6} if cap == "max_count" else {"memory_cap": float(x.sum())}
+    got = post_balance(x, 4, method="best", **kw)
+    want = post_balance(x, 4, method="lpt", **kw)
+    assert (got.dest.tolist(), got.method) == (want.dest.tolist(), "lpt")

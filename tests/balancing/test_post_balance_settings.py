@@ -284,6 +284,8 @@ def test_batch_loads_are_sums_unless_padded():
     x, dest = np.array([5.0, 1.0, 2.0]), np.array([0, 0, 1])
     assert pb.batch_loads(x, dest, 2).tolist() == [6.0, 2.0]
     assert pb.batch_loads(x, dest, 2, padded=True).tolist() == [10.0, 2.0]
+    with pytest.raises(TypeError):  # padded by keyword only
+        pb.batch_loads(x, dest, 2, True)  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("n_memory", [3, 5])

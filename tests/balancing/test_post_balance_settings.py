@@ -171,14 +171,7 @@ def test_each_refined_method_is_its_algorithm_then_the_refinement(seed):
         "kk_equal": R.karmarkar_karp(lengths, order, d, True),
     }
     for method, start in starts.items():
-        bins = [start[i] for i in range(x.size)]
-        loads = [0.0] * d
-        for i, b in enumerate(bins):
-            loads[b] += lengths[i]
-        if max(loads) > target:
-            bins, loads = R.refine(
-                lengths, order, bins, d, target, 4 * d, 0.0, lengths, 0, method != "kk_equal"
-            )
+        bins, loads = _ref_partition(lengths, order, d, start, target, method != "kk_equal")
         got = post_balance(x, d, method=method)
         assert got.loads.tolist() == list(loads), method
         for b in range(d):  # the same lengths in each batch (equal lengths may trade places)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataprep.values import check_count
+from equishard.common.values import check_count
 
 __all__ = ["MAX_MATRIX_RANKS", "MAX_RANKS", "finite_nonnegative", "rank_count", "ranks_in"]
 

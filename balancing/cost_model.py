@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from balancing._kernels.tables import _nb_sample_costs
-from dataprep.local_files import read_small
-from dataprep.values import is_count
+from equishard.common.local_files import read_small
+from equishard.common.values import is_count
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 

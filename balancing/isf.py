@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from balancing._kernels.isf import _nb_apply_round, _nb_best_fit, _nb_isf_round
-from dataprep.values import check_count
+from equishard.common.values import check_count
 
 __all__ = [
     "FLAG_ISF",

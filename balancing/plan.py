@@ -39,8 +39,8 @@ from balancing.plan_quality import (
     step_loads_of,
 )
 from balancing.steps import assign_steps
-from dataprep.durable import durable_replace
-from dataprep.values import check_count, check_real, is_count, is_number
+from equishard.common.durable import durable_replace
+from equishard.common.values import check_count, check_real, is_count, is_number
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 

@@ -44,7 +44,8 @@ from balancing._kernels.partition import (
 )
 from balancing._kernels.refine import _nb_refine
 from balancing.checks import finite_nonnegative, rank_count, ranks_in
-from dataprep.values import check_count
+from equishard.common.errors import EquishardError
+from equishard.common.values import check_count
 
 __all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
 
@@ -59,7 +60,7 @@ AUTO_KK_WORK = 65_536
 METHODS = ("auto", "best", "lpt", "kk", "kk_equal", "padded", "quadratic", "padded_attention")
 
 
-class MemoryCapError(ValueError):
+class MemoryCapError(EquishardError, ValueError):
     """No placement keeps every batch under the per-rank memory cap."""
 
 

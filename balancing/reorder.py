@@ -25,7 +25,7 @@ from balancing._kernels.schedule import (
     _nb_swap_descent,
 )
 from balancing.checks import finite_nonnegative, rank_count, ranks_in
-from dataprep.values import check_count
+from equishard.common.values import check_count
 
 __all__ = [
     "PipelineTimes",

@@ -14,8 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dataprep.local_files import read_small
 from dataprep.records import IMAGE_PLACEHOLDER
+from equishard.common.local_files import read_small
 
 __all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "load_template"]
 

@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dataprep.errors import describe
-from dataprep.local_files import regular_file
 from dataprep.repeated_ids import repeated_mask
+from equishard.common.errors import describe
+from equishard.common.local_files import regular_file
 
 __all__ = [
     "COST_SCHEMA",

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from dataprep.values import check_count
+from equishard.common.values import check_count
 
 __all__ = ["DEMO_WORDS", "DemoSummary", "demo_text_corpus", "make_demo", "split_days"]
 

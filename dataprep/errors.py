@@ -7,6 +7,8 @@ concerns one sample: the sample goes to the errors table with its reason and the
 
 from __future__ import annotations
 
+from equishard.common.errors import EquishardError, describe
+
 __all__ = ["REASONS", "DataprepError", "ErrorRateExceeded", "SampleRejected", "describe"]
 
 # Every reason a sample can be rejected for, with the sentence the summary prints for it.
@@ -53,7 +55,7 @@ REASONS: dict[str, str] = {
 }
 
 
-class DataprepError(Exception):
+class DataprepError(EquishardError):
     """A problem with an input or option that stops the prep run."""
 
 
@@ -61,7 +63,7 @@ class ErrorRateExceeded(DataprepError):
     """More samples were rejected than ``--max-error-rate`` allows."""
 
 
-class SampleRejected(Exception):
+class SampleRejected(EquishardError):
     """One sample cannot be measured; it is recorded in the errors table, not raised further."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -72,17 +74,3 @@ class SampleRejected(Exception):
 
     def __reduce__(self):  # travels to worker processes inside work units (tar scans)
         return (SampleRejected, (self.reason, self.detail))
-
-
-def describe(exc: BaseException) -> str:
-    """An exception as a message that is never empty: its text, else its type (a MemoryError or
-    a bare exception says nothing by itself); both where the text does not name the type."""
-    text = str(exc).strip()
-    name = type(exc).__name__
-    if not text:
-        return name
-    ours = type(exc).__module__.split(".")[0] in _OURS
-    return text if ours or isinstance(exc, ValueError) else f"{name}: {text}"
-
-
-_OURS = {"dataprep", "shards", "balancing", "trainer_adapter", "equishard"}

@@ -32,8 +32,9 @@ from typing import BinaryIO
 
 from PIL import Image
 
-from dataprep.errors import SampleRejected, describe
+from dataprep.errors import SampleRejected
 from dataprep.image_orientation import TURNED, displayed_orientation
+from equishard.common.errors import describe
 
 __all__ = [
     "CHECKS",

@@ -39,8 +39,8 @@ from dataprep.cost_table import (
     errors_path,
     remove_stale_temps,
 )
-from dataprep.durable import durable_replace
-from dataprep.values import check_count
+from equishard.common.durable import durable_replace
+from equishard.common.values import check_count
 
 __all__ = ["ImportLengthsConfig", "ImportResult", "import_lengths"]
 

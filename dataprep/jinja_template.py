@@ -49,9 +49,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from dataprep.errors import SampleRejected, describe
+from dataprep.errors import SampleRejected
 from dataprep.jinja_environment import GEN_CLOSE, GEN_OPEN, jinja_environment
-from dataprep.local_files import read_small
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.template_limits import (
     RenderLimits,
@@ -59,6 +58,8 @@ from dataprep.template_limits import (
     bounded,
     tick,
 )
+from equishard.common.errors import describe
+from equishard.common.local_files import read_small
 
 __all__ = [
     "IMAGE_TOKENS",

@@ -20,13 +20,14 @@ import pyarrow as pa
 
 from dataprep.chat_template import ChatTemplate
 from dataprep.cost_table import COST_SCHEMA
-from dataprep.errors import SampleRejected, describe
+from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, open_image_file, probe_image, probe_image_bytes
 from dataprep.image_refs import image_ref
 from dataprep.policies import VisionPolicy
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
 from dataprep.records import IMAGE_PLACEHOLDER, normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
+from equishard.common.errors import describe
 
 __all__ = ["ChunkResult", "Measurer", "error_row", "fingerprint", "record_bytes"]
 

@@ -25,11 +25,12 @@ from dataprep.cost_table import (
     read_cost_table,
     table_metadata,
 )
-from dataprep.durable import durable_replace
-from dataprep.errors import DataprepError, describe
-from dataprep.local_files import regular_file
+from dataprep.errors import DataprepError
 from dataprep.prep_cache import counts_identity
-from dataprep.values import is_count
+from equishard.common.durable import durable_replace
+from equishard.common.errors import describe
+from equishard.common.local_files import regular_file
+from equishard.common.values import is_count
 
 __all__ = ["merge_cost_tables"]
 

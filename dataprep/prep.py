@@ -34,7 +34,6 @@ from dataprep.cost_table import (
     read_cost_table,
     remove_stale_temps,
 )
-from dataprep.durable import durable_replace
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
@@ -47,11 +46,12 @@ from dataprep.prep_cache import (
     with_cached,
 )
 from dataprep.prep_config import PrepConfig, PrepResult
-from dataprep.ray_engine import RayOptions, ordered_map
 from dataprep.readers import ReadOptions, WorkUnit, scan_inputs, split_units
 from dataprep.setting_checks import check_settings, settings_summary
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
-from dataprep.workers import exit_with_parent, usable_cores
+from equishard.common.durable import durable_replace
+from equishard.common.ray_engine import RayOptions, ordered_map
+from equishard.common.workers import exit_with_parent, usable_cores
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
 

@@ -13,10 +13,10 @@ from dataprep.chat_template import load_template
 from dataprep.cost_table import errors_path
 from dataprep.image_header import CHECKS
 from dataprep.policies import parse_vision_policy
-from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
 from dataprep.text_tokens import TokenizerSpec
-from dataprep.values import check_count, check_flag, check_real, check_task_timeout
-from dataprep.workers import MAX_WORKERS
+from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.values import check_count, check_flag, check_real, check_task_timeout
+from equishard.common.workers import MAX_WORKERS
 
 __all__ = ["PrepConfig", "PrepResult"]
 
@@ -40,7 +40,9 @@ class PrepConfig:
     cache: str | None = None  # a cost table whose rows are reused when sample_id + cache_key match
     check_images: str = "header"  # "header": walk each file's structure; "decode": full decode
     allow_outside_image_root: bool = False  # read image paths that resolve outside image_root
-    engine: str = "local"  # "local": worker processes here; "ray": Ray tasks (dataprep.ray_engine)
+    engine: str = (
+        "local"  # "local": worker processes here; "ray": Ray tasks (equishard.common.ray_engine)
+    )
     ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
     task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
 

@@ -29,7 +29,8 @@ import time
 from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 
-from dataprep.values import check_count, check_real
+from equishard.common.errors import EquishardError
+from equishard.common.values import check_count, check_real
 
 __all__ = [
     "RenderLimits",
@@ -47,7 +48,7 @@ __all__ = [
 _SECONDS, _CHARS = 10.0, 4 << 20
 
 
-class TemplateLimit(Exception):
+class TemplateLimit(EquishardError):
     """A chat template went past a render limit (the message names it)."""
 
 

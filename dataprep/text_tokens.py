@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataprep.local_files import regular_file
 from dataprep.records import IMAGE_PLACEHOLDER
+from equishard.common.local_files import regular_file
 
 __all__ = ["TokenCounter", "TokenizerSpec"]
 

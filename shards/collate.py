@@ -25,7 +25,6 @@ from PIL import Image
 
 from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
-from dataprep.local_files import regular_file
 from dataprep.policies import (
     FixedPolicy,
     InternVLPolicy,
@@ -35,7 +34,8 @@ from dataprep.policies import (
 )
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.setting_checks import check_family
-from dataprep.values import check_flag
+from equishard.common.local_files import regular_file
+from equishard.common.values import check_flag
 
 __all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from dataprep.values import check_count, check_flag, is_count
+from equishard.common.values import check_count, check_flag, is_count
 from shards.manifest import Manifest, open_generation
 from shards.reader import ShardError, read_group
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from equishard.common.errors import EquishardError
+
 __all__ = ["WriteError"]
 
 
-class WriteError(RuntimeError):
+class WriteError(EquishardError, RuntimeError):
     """The generation cannot be written (a sample no longer reads, another writer is active...)."""

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from equishard.common.errors import EquishardError
 from shards.manifest_fields import extras_problem, report_problem
 from shards.manifest_structure import structure_problem
 from shards.publish import CURRENT, parse_current, read_current, valid_generation_name
@@ -35,7 +36,7 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
 
-class ManifestError(ValueError):
+class ManifestError(EquishardError, ValueError):
     """A generation's manifest is missing, unreadable, or disagrees with its files."""
 
 

@@ -8,7 +8,7 @@ Each check returns why a field is not what the writer writes (None: it is), and
 
 from __future__ import annotations
 
-from dataprep.values import is_count, is_number
+from equishard.common.values import is_count, is_number
 
 __all__ = ["extras_problem", "report_problem"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.durable import durable_replace
+from equishard.common.durable import durable_replace
 from shards.publish import atomic_write_bytes, read_small
 from shards.storage import sha256_of
 

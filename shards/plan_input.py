@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dataprep.repeated_ids import repeated_mask
-from dataprep.values import is_count
+from equishard.common.values import is_count
 from shards.errors import WriteError
 from shards.publish import read_small
 

@@ -19,14 +19,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataprep.local_files import regular_file
+from equishard.common.errors import EquishardError
+from equishard.common.local_files import regular_file
 
 __all__ = ["PrepSettings", "SettingsMismatch"]
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class SettingsMismatch(ValueError):
+class SettingsMismatch(EquishardError, ValueError):
     """A consumer's setting differs from the one the generation's costs were measured with."""
 
 

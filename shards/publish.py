@@ -16,8 +16,10 @@ import os
 import secrets
 from pathlib import Path
 
-from dataprep.durable import fsync_dir  # re-exported: the shards publish through it
-from dataprep.local_files import read_small  # re-exported: shards read small files through it
+from equishard.common.durable import fsync_dir  # re-exported: the shards publish through it
+from equishard.common.local_files import (
+    read_small,  # re-exported: shards read small files through it
+)
 
 __all__ = [
     "CURRENT",

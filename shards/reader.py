@@ -22,7 +22,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from dataprep.errors import describe
+from equishard.common.errors import EquishardError, describe
 from shards.manifest import Group, Shard
 from shards.sample_doc import SampleDocError, check_place, parse_sample_doc
 from shards.storage import GenerationFiles, sha256_of
@@ -32,7 +32,7 @@ __all__ = ["IMAGE_EXTS", "ShardError", "ShardSample", "group_samples", "read_gro
 IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp"})
 
 
-class ShardError(ValueError):
+class ShardError(EquishardError, ValueError):
     """A shard or one of its samples is corrupt, truncated or unsafe. Names shard and member."""
 
 

@@ -35,9 +35,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
-from dataprep.values import check_count, check_flag, check_real, check_task_timeout
-from dataprep.workers import MAX_WORKERS
+from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.values import check_count, check_flag, check_real, check_task_timeout
+from equishard.common.workers import MAX_WORKERS
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.night_inputs import (
@@ -79,7 +79,7 @@ class RebalanceConfig:
     tokenizer: str | None = None
     max_error_rate: float = 0.01
     progress: bool = False
-    engine: str = "local"  # "ray": prep and write in Ray tasks (dataprep.ray_engine)
+    engine: str = "local"  # "ray": prep and write in Ray tasks (equishard.common.ray_engine)
     ray_address: str | None = None
     task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
     # ``current`` may be an object-store URL: its CURRENT generation is fetched into the local

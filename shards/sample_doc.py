@@ -19,7 +19,8 @@ from __future__ import annotations
 import json
 import re
 
-from dataprep.values import is_count
+from equishard.common.errors import EquishardError
+from equishard.common.values import is_count
 
 __all__ = ["COST_FIELDS", "SampleDocError", "check_place", "parse_sample_doc", "sample_doc"]
 
@@ -43,7 +44,7 @@ _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _ROLES = frozenset({"system", "user", "assistant"})  # the roles prep normalizes turns to
 
 
-class SampleDocError(ValueError):
+class SampleDocError(EquishardError, ValueError):
     """A sample's document is not what the writer writes (the message names the field)."""
 
 

@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from dataprep.local_files import read_small
+from equishard.common.local_files import read_small
 from shards.cache_files import CacheDir
 from shards.range_digests import RangeDigests, hash_file, hash_fileobj, range_sha256
 from shards.store_limits import (  # re-exported: how store requests are bounded

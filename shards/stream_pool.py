@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import AbstractContextManager
 
-from dataprep.workers import exit_with_parent, usable_cores
+from equishard.common.workers import exit_with_parent, usable_cores
 
 __all__ = ["run_streams", "stream_processes", "usable_cores"]
 

@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataprep.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
-from dataprep.values import check_count, check_flag, check_task_timeout, is_count
-from dataprep.workers import MAX_WORKERS
+from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.values import check_count, check_flag, check_task_timeout, is_count
+from equishard.common.workers import MAX_WORKERS
 from shards.manifest import MANIFEST
 from shards.parent import COST_FILE, PLAN_FILE
 from shards.storage import check_writable

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from dataprep.cost_table import read_cost_table, table_metadata
-from dataprep.ray_engine import RayOptions, ordered_map
+from equishard.common.ray_engine import RayOptions, ordered_map
 from shards.current_guard import current_lock, descends_from, refuse_moved, refuse_rollback
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError

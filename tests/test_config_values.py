@@ -21,8 +21,8 @@ from balancing.plan import BalanceConfig
 from dataprep.import_lengths import ImportLengthsConfig
 from dataprep.policies.registry import POLICIES
 from dataprep.prep import PrepConfig
-from dataprep.ray_engine import RayOptions
 from dataprep.template_limits import RenderLimits
+from equishard.common.ray_engine import RayOptions
 from shards.rebalance import RebalanceConfig
 from shards.writer import WriteConfig
 from trainer_adapter.redistribute import RedistributePolicy
@@ -338,7 +338,7 @@ def test_cost_models_are_what_a_report_can_record():
 def test_a_task_timeout_is_any_positive_finite_number_of_seconds():
     """``--task-timeout``: a fraction of a second is a timeout like any other (a bound off by
     one refused it); zero, negative, NaN, infinite and a bool are refused naming the flag."""
-    from dataprep.values import check_task_timeout
+    from equishard.common.values import check_task_timeout
 
     for ok in (None, 0.5, 1, 1800, 1e-3):
         check_task_timeout(ok)

@@ -145,7 +145,7 @@ def test_the_recorder_sees_a_rename_before_its_fsync(tmp_path, monkeypatch):
         f"{tmp_path / 'a'}: renamed from a.tmp before an fsync of it",
         f"{tmp_path / 'a'}: its directory was not fsynced after the rename",
     ]
-    from dataprep.durable import durable_replace
+    from equishard.common.durable import durable_replace
 
     rec.events.clear()
     a.write_bytes(b"y")
@@ -156,7 +156,7 @@ def test_the_recorder_sees_a_rename_before_its_fsync(tmp_path, monkeypatch):
     (d / "f").write_bytes(b"z")
     rec.events.clear()
     os.replace(d, tmp_path / "d")
-    from dataprep.durable import fsync_dir
+    from equishard.common.durable import fsync_dir
 
     fsync_dir(tmp_path)
     assert rec.problems() == [f"{tmp_path / 'd'}: published holding f, never fsynced"]

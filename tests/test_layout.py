@@ -168,3 +168,198 @@ def test_the_loader_imports_neither_the_writer_nor_the_prep_pipeline():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# -- the floors: the ground floor and the contracts under every stage ---------------------------
+
+FLOOR = ("equishard.common", "equishard.contracts")
+# each package -> what its modules may import (itself, and what lies below it); the command line
+# (equishard.cli) stands on everything and is not listed
+BELOW = {
+    "equishard.common": (),
+    "equishard.contracts": ("equishard.common",),
+    "dataprep": FLOOR,
+    "balancing": FLOOR,
+    "shards": (*FLOOR, "dataprep", "balancing"),
+    "trainer_adapter": (*FLOOR, "dataprep", "balancing", "shards"),
+}
+PRODUCT = ("equishard", "dataprep", "balancing", "shards", "trainer_adapter")
+
+
+def _package_of(module: str) -> str | None:
+    """The floor or stage ``module`` belongs to (``equishard.cli`` and the bare ``equishard``
+    package are the command line's; None: not equishard's)."""
+    for name in (*FLOOR, "equishard.cli", "dataprep", "balancing", "shards", "trainer_adapter"):
+        if module == name or module.startswith(name + "."):
+            return name
+    return "equishard.cli" if module.split(".")[0] == "equishard" else None
+
+
+def _floor_violations(files) -> list[str]:
+    bad = []
+    for path in files:
+        mine = _package_of(_module_name(path))
+        for line, module in _imports(path):
+            theirs = _package_of(module)
+            if theirs not in (None, mine, *BELOW[mine]):
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {module} ({theirs})")
+    return bad
+
+
+def _product_files(package: str):
+    return sorted((REPO / package.replace(".", "/")).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(BELOW))
+def test_each_package_imports_only_itself_and_what_lies_below(package):
+    """The ground floor (value checks, local files, workers, Ray, the error base) and the
+    contracts import no stage; balancing stands on the floor only (before, it imported prep's
+    value checks and file reading, so a reader concluded that balancing depends on prep); a stage
+    never imports one above it."""
+    files = _product_files(package)
+    if package == "equishard.contracts" and not files:
+        pytest.skip("no contracts package yet")
+    assert files
+    assert _floor_violations(files) == []
+
+
+def test_the_floor_checker_sees_an_import_running_up(tmp_path, monkeypatch):
+    """Planted: a balancing module importing prep's helpers, the floor importing a stage, and a
+    stage importing the command line are each reported; floor imports are not."""
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    cases = {
+        "balancing/a.py": "from dataprep.values import check_count\n",
+        "equishard/common/b.py": "def f():\n    import shards.reader\n",
+        "dataprep/c.py": "from equishard.cli import main\n",
+        "shards/d.py": "from trainer_adapter import exchange\n",
+        "equishard/contracts/e.py": "from balancing.plan import PLAN\n",
+    }
+    for rel, code in cases.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+        assert _floor_violations([path]), rel
+    ok = tmp_path / "shards" / "ok.py"
+    ok.write_text("from equishard.common.values import check_count\nimport dataprep.records\n")
+    assert _floor_violations([ok]) == []
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the product modules it imports (any import statement, those under
+    ``TYPE_CHECKING`` too: a circle there is a circle in the design)."""
+    paths = {_module_name(p): p for pkg in PRODUCT for p in _product_files(pkg)}
+    graph = {}
+    for name, path in paths.items():
+        deps = set()
+        for _, module in _imports(path):
+            parts = module.split(".")
+            for k in range(len(parts), 0, -1):
+                target = ".".join(parts[:k])
+                if target in paths:
+                    # a module importing its own package's __init__ is how Python runs it
+                    if target != name and not name.startswith(target + "."):
+                        deps.add(target)
+                    break
+        graph[name] = deps
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_two_modules_import_each_other():
+    """No circle of imports anywhere in the product (``shards.manifest`` and
+    ``shards.manifest_structure`` imported each other)."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"} - {"e"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def _error_classes() -> dict[str, tuple[str, list[str]]]:
+    """Every class the product defines whose bases name an exception: name -> (where, bases)."""
+    import builtins
+
+    out = {}
+    for pkg in PRODUCT:
+        for path in _product_files(pkg):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ClassDef):
+                    bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                    out[node.name] = (f"{path.relative_to(REPO)}:{node.lineno}", bases)
+    errors = {}
+
+    def is_error(name, seen=()):
+        b = getattr(builtins, name, None)
+        if isinstance(b, type) and issubclass(b, BaseException):
+            return True
+        return (
+            name in out
+            and name not in seen
+            and any(is_error(x, (*seen, name)) for x in out[name][1])
+        )
+
+    for name, (where, bases) in out.items():
+        if any(is_error(b) for b in bases):
+            errors[name] = (where, bases)
+    return errors
+
+
+def test_every_error_derives_from_the_one_base():
+    """One base class, ``EquishardError``, under every error equishard raises on purpose, so a
+    caller catches them all at once (there were 12 classes with no common base)."""
+    from equishard.common.errors import EquishardError
+
+    errors = _error_classes()
+    assert len(errors) >= 12
+    modules = {}
+    for name, (where, _) in errors.items():
+        path = where.split(":")[0]
+        modules[name] = importlib.import_module(_module_name(REPO / path))
+    for name, module in modules.items():
+        cls = getattr(module, name)
+        if cls is EquishardError:
+            continue
+        assert issubclass(cls, EquishardError), f"{errors[name][0]}: {name}"

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from equishard.common.errors import EquishardError
+
 __all__ = ["StepRefused", "raise_together", "reason_of"]
 
 
-class StepRefused(ValueError):
+class StepRefused(EquishardError, ValueError):
     """A rank of the group refused or failed this step of a balanced module; raised on every
     rank with every failing rank's reason (``reasons``: group rank -> reason). On a failing
     rank the original error is the ``__cause__``."""

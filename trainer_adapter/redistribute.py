@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from balancing import CostModel, locality_balance, nodewise_permutation, post_balance
 from balancing.post_balance import METHODS, MemoryCapError
-from dataprep.values import check_count, check_flag, check_real
+from equishard.common.values import check_count, check_flag, check_real
 from trainer_adapter.exchange import gather_tables
 from trainer_adapter.route import (
     _IMG,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataprep.values import check_count
+from equishard.common.values import check_count
 
 __all__ = ["Topology"]
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 
-from dataprep.values import check_count, check_flag, check_real
+from equishard.common.values import check_count, check_flag, check_real
 
 # a policy's whole-number options (pixels, tiles, tokens) stay below this: larger ones are a
 # slip (a byte count for a pixel count) and would overflow the cost table's int32 lengths

@@ -15,8 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.errors import DataprepError, describe
+from dataprep.errors import DataprepError
 from dataprep.readers.base import RawRecord, ReadOptions, WorkUnit
+from equishard.common.errors import describe
 
 __all__ = ["is_hf_dataset_dir", "read_hf", "read_parquet", "scan_hf", "scan_parquet"]
 

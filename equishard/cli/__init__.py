@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     args = build_parser().parse_args(argv)
-    from dataprep.errors import DataprepError, describe
+    from dataprep.errors import DataprepError
+    from equishard.common.errors import describe
 
     try:
         if getattr(args, "apply_store", None) is not None:

@@ -29,7 +29,7 @@ def os_failure(exc: BaseException, doing: str) -> str:
     """One line for a failure while working: an ``OSError`` that names no file (a full disk
     during a write: ``[Errno 28] No space left on device``) gets what was being done and
     where; anything else its own text (``describe``)."""
-    from dataprep.errors import describe
+    from equishard.common.errors import describe
 
     if isinstance(exc, OSError) and not exc.filename:
         return f"{exc.strerror or describe(exc)} while {doing}"

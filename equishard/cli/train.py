@@ -191,7 +191,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def local_rank_limit() -> int:
     """The most ranks ``equishard train`` starts on one machine: a typo such as ``--dp
     100000`` must fail at once, never fork that many Python processes."""
-    from dataprep.workers import usable_cores
+    from equishard.common.workers import usable_cores
 
     return max(8, 4 * usable_cores())
 

@@ -194,7 +194,7 @@ def test_a_local_ray_cluster_gets_at_most_the_usable_cores(monkeypatch):
     process, with its tokenizer, per task in flight)."""
     ray = pytest.importorskip("ray")
 
-    from dataprep.ray_engine import RayOptions, init_ray
+    from equishard.common.ray_engine import RayOptions, init_ray
 
     calls = []
     monkeypatch.setattr(ray, "is_initialized", lambda: False)

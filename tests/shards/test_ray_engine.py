@@ -221,7 +221,7 @@ def _freezes_once(marker_dir: str, x: int) -> int:
 def test_a_frozen_ray_worker_is_killed_and_its_task_retried(cluster, tmp_path):
     """Issue #37 item 8: a task that makes no progress for --task-timeout is killed and run
     again; the results are still every item's, in order (bug: ray.get waited forever)."""
-    from dataprep.ray_engine import RayOptions, ordered_map
+    from equishard.common.ray_engine import RayOptions, ordered_map
 
     opts = RayOptions(address=cluster, task_timeout=4, max_retries=2)
     t0 = time.monotonic()
@@ -232,7 +232,7 @@ def test_a_frozen_ray_worker_is_killed_and_its_task_retried(cluster, tmp_path):
 
 
 def test_a_task_stuck_every_time_fails_the_run_naming_it(cluster, tmp_path):
-    from dataprep.ray_engine import RayOptions, ordered_map
+    from equishard.common.ray_engine import RayOptions, ordered_map
 
     opts = RayOptions(address=cluster, task_timeout=3, max_retries=1)
     t0 = time.monotonic()

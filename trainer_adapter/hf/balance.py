@@ -34,7 +34,7 @@ import inspect
 import torch
 import torch.distributed as dist
 
-from dataprep.values import check_flag
+from equishard.common.values import check_flag
 from trainer_adapter.exchange import collective_device
 from trainer_adapter.hf.decoder import balance_decoder
 from trainer_adapter.hf.naflex import balance_naflex

@@ -73,7 +73,7 @@ from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER
-from dataprep.values import check_flag
+from equishard.common.values import check_flag
 from trainer_adapter.hf.images import TILES, images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy

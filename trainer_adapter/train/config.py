@@ -6,8 +6,8 @@ import os
 from dataclasses import asdict, dataclass
 
 from balancing.post_balance import METHODS
-from dataprep.values import check_choice, check_count, check_flag, check_real
-from dataprep.workers import MAX_WORKERS
+from equishard.common.values import check_choice, check_count, check_flag, check_real
+from equishard.common.workers import MAX_WORKERS
 from trainer_adapter.train.model import MODEL_SIZES
 from trainer_adapter.train.pipeline import SCHEDULES
 from trainer_adapter.train.profile import parse_steps

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from dataprep.values import check_count
+from equishard.common.values import check_count
 from trainer_adapter.train.attention import packed_attention, prefix_attention, sdpa
 
 __all__ = [

@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dataprep.values import check_count, check_task_timeout
-from dataprep.workers import usable_cores
+from equishard.common.values import check_count, check_task_timeout
+from equishard.common.workers import usable_cores
 
 __all__ = ["DEFAULT_TASK_TIMEOUT", "ENGINES", "RayOptions", "init_ray", "ordered_map"]
 

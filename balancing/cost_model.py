@@ -25,6 +25,7 @@ import pyarrow as pa
 from balancing._kernels.tables import _nb_sample_costs
 from equishard.common.local_files import read_small
 from equishard.common.values import is_count
+from equishard.contracts.columns import LLM_TOKENS, VIT_SEQ_LENS, VIT_TOKENS
 
 __all__ = ["CostModel", "PhaseCost", "sample_costs"]
 
@@ -129,13 +130,13 @@ class CostModel:
 
 def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndarray]:
     """Modeled (vision, llm) cost of every row of a cost table, as float64 arrays."""
-    col = table.column("vit_seq_lens")
+    col = table.column(VIT_SEQ_LENS)
     # one chunk (a table read from one file): used as it is; combine_chunks would copy 0.2 s of
     # lists at 10M rows
     col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     return _nb_sample_costs(
-        table.column("vit_tokens").to_numpy(),
-        table.column("llm_tokens").to_numpy(),
+        table.column(VIT_TOKENS).to_numpy(),
+        table.column(LLM_TOKENS).to_numpy(),
         col.values.to_numpy(zero_copy_only=False),
         col.offsets.to_numpy(zero_copy_only=False),
         model.vision.alpha,

@@ -32,10 +32,11 @@ from balancing.plan_quality import (
     plan_quality,
     random_batching_metrics,
 )
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.plan import INCREMENTAL_PLAN_SCHEMA
 
 __all__ = ["INCREMENTAL_PLAN_SCHEMA", "incremental_plan"]
 
-INCREMENTAL_PLAN_SCHEMA = PLAN_SCHEMA.append(pa.field("parent_step", pa.int64()))
 _REBUILD_FLAGS = ("leftover", "last-step")
 
 
@@ -154,12 +155,12 @@ def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
     combined plan."""
     where = {s: i for i, s in enumerate(cost.column("sample_id").to_pylist())}
     rows = np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
-    v = cost.column("vit_tokens").to_numpy()[rows].astype(np.int64)
-    t = cost.column("llm_tokens").to_numpy()[rows].astype(np.int64)
+    v = cost.column(VIT_TOKENS).to_numpy()[rows].astype(np.int64)
+    t = cost.column(LLM_TOKENS).to_numpy()[rows].astype(np.int64)
     vc, tc = sample_costs(cost, cfg.cost_model)
     loads = {
-        "vit_tokens": v.astype(np.float64),
-        "llm_tokens": t.astype(np.float64),
+        VIT_TOKENS: v.astype(np.float64),
+        LLM_TOKENS: t.astype(np.float64),
         "vit_cost": vc[rows],
         "llm_cost": tc[rows],
     }

@@ -41,26 +41,17 @@ from balancing.plan_quality import (
 from balancing.steps import assign_steps
 from equishard.common.durable import durable_replace
 from equishard.common.values import check_count, check_real, is_count, is_number
+from equishard.contracts.columns import (
+    GROUP_LLM_COST,
+    GROUP_LLM_TOKENS,
+    GROUP_VIT_COST,
+    GROUP_VIT_TOKENS,
+    LLM_TOKENS,
+    VIT_TOKENS,
+)
+from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
-
-PLAN_SCHEMA = pa.schema(
-    [
-        ("sample_id", pa.string()),
-        ("group_id", pa.int64()),
-        ("step", pa.int64()),
-        ("node", pa.int32()),
-        ("local_rank", pa.int32()),
-        ("rank", pa.int32()),
-        ("group_flag", pa.string()),
-        ("group_size", pa.int32()),
-        ("group_vit_tokens", pa.int64()),
-        ("group_llm_tokens", pa.int64()),
-        ("group_vit_cost", pa.float64()),
-        ("group_llm_cost", pa.float64()),
-    ]
-)
-
 
 MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
 
@@ -169,15 +160,15 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         raise ValueError("the cost table has no rows: nothing to balance")
     nodes, per = cfg.topology
     d = nodes * per
-    v = table.column("vit_tokens").to_numpy().astype(np.int64, copy=False)
-    t = table.column("llm_tokens").to_numpy().astype(np.int64, copy=False)
+    v = table.column(VIT_TOKENS).to_numpy().astype(np.int64, copy=False)
+    t = table.column(LLM_TOKENS).to_numpy().astype(np.int64, copy=False)
     # ISF groups by tokens; a sample of no tokens at all (a table of zeros, imported or made by
     # hand) still counts as one, so such samples spread by count instead of piling into one group
     t_group = np.maximum(t, 1)
     vc, tc = sample_costs(table, cfg.cost_model)
     loads = {
-        "vit_tokens": v.astype(np.float64),
-        "llm_tokens": t.astype(np.float64),
+        VIT_TOKENS: v.astype(np.float64),
+        LLM_TOKENS: t.astype(np.float64),
         "vit_cost": vc,
         "llm_cost": tc,
     }
@@ -253,10 +244,10 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         "rank": rank.astype(np.int32),
         "group_flag": flags,
         "group_size": gsize.astype(np.int32),
-        "group_vit_tokens": gsum["vit_tokens"].astype(np.int64),
-        "group_llm_tokens": gsum["llm_tokens"].astype(np.int64),
-        "group_vit_cost": np.ascontiguousarray(gsum["vit_cost"]),
-        "group_llm_cost": np.ascontiguousarray(gsum["llm_cost"]),
+        GROUP_VIT_TOKENS: gsum[VIT_TOKENS].astype(np.int64),
+        GROUP_LLM_TOKENS: gsum[LLM_TOKENS].astype(np.int64),
+        GROUP_VIT_COST: np.ascontiguousarray(gsum["vit_cost"]),
+        GROUP_LLM_COST: np.ascontiguousarray(gsum["llm_cost"]),
     }
     # ``g`` is one run per (step, rank) slot: repeat each group's values over its run
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if n else np.zeros(0, int)
@@ -331,11 +322,11 @@ def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
     """Write ``plan.parquet`` and ``report.json`` into ``plan_dir``, each by an atomic rename."""
     out = Path(plan_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".plan.parquet.tmp-{os.getpid()}"
+    tmp = out / f".{PLAN_PARQUET}.tmp-{os.getpid()}"
     # dictionaries for the few-valued columns only: the per-group ones repeat in runs, which
     # plain encoding and compression take faster (at 10M rows 1.4 s, was 1.8 s; ~4 % larger)
     pq.write_table(result.plan, tmp, use_dictionary=["group_flag", "node", "local_rank", "rank"])
-    durable_replace(tmp, out / "plan.parquet")
-    tmp = out / f".report.json.tmp-{os.getpid()}"
+    durable_replace(tmp, out / PLAN_PARQUET)
+    tmp = out / f".{PLAN_REPORT}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(result.report, indent=2) + "\n")
-    durable_replace(tmp, out / "report.json")
+    durable_replace(tmp, out / PLAN_REPORT)

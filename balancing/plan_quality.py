@@ -15,6 +15,7 @@ from balancing._kernels.tables import (
     _nb_stats_pad_ratios,
 )
 from balancing.metrics import dist_ratio, efficiency
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
 __all__ = [
     "PHASES",
@@ -25,7 +26,7 @@ __all__ = [
     "step_loads_of",
 ]
 
-PHASES = ("vit_tokens", "llm_tokens", "vit_cost", "llm_cost")  # = columns STAT_SUM_V .. _TC
+PHASES = (VIT_TOKENS, LLM_TOKENS, "vit_cost", "llm_cost")  # = columns STAT_SUM_V .. _TC
 
 
 def step_loads_of(
@@ -44,7 +45,7 @@ def step_loads_of(
 
 def _metrics(loads: dict[str, np.ndarray], pads: dict[str, float]) -> dict:
     out = dict(pads)
-    for name, key in (("vit", "vit_tokens"), ("llm", "llm_tokens")):
+    for name, key in (("vit", VIT_TOKENS), ("llm", LLM_TOKENS)):
         out[f"dist_ratio_{name}"] = dist_ratio(loads[key])
         out[f"efficiency_{name}"] = efficiency(loads[key])
     for name, key in (("vit", "vit_cost"), ("llm", "llm_cost")):
@@ -88,7 +89,7 @@ def plan_quality(
 ) -> dict:
     """The report's ``metrics`` (against ``random``), ``node_balance`` and ``trend`` sections
     from [steps, D] loads per phase; the first ``n_full`` steps are the full ones."""
-    n_steps, d = step_loads["vit_tokens"].shape
+    n_steps, d = step_loads[VIT_TOKENS].shape
     node = {k: x.reshape(n_steps, nodes, d // nodes).sum(axis=2) for k, x in step_loads.items()}
     full = {k: x[:n_full] for k, x in step_loads.items()}
     return {
@@ -98,10 +99,10 @@ def plan_quality(
             "balanced_full_steps": _metrics(full, pads) if n_full else {},
         },
         "node_balance": {
-            "dist_ratio_vit": round(dist_ratio(node["vit_tokens"]), 6),
-            "dist_ratio_llm": round(dist_ratio(node["llm_tokens"]), 6),
+            "dist_ratio_vit": round(dist_ratio(node[VIT_TOKENS]), 6),
+            "dist_ratio_llm": round(dist_ratio(node[LLM_TOKENS]), 6),
         },
-        "trend": {"vit": _trend(full["vit_tokens"]), "llm": _trend(full["llm_tokens"])},
+        "trend": {"vit": _trend(full[VIT_TOKENS]), "llm": _trend(full[LLM_TOKENS])},
     }
 
 
@@ -111,7 +112,7 @@ def random_batching_metrics(
     """Metrics of random batching of the same samples: B per rank, D ranks per step (the usual
     sampler), the baseline every report compares against. Batch k holds the samples
     ``perm[k*B:(k+1)*B]`` of a seeded permutation."""
-    n = loads["vit_tokens"].size
+    n = loads[VIT_TOKENS].size
     b = max(1, round(min(target_batch, n)))  # at most the whole table
     perm = np.random.default_rng(seed + 1).permutation(n)
     stats = _nb_block_stats(perm, b, *(loads[k] for k in PHASES))

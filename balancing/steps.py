@@ -18,6 +18,7 @@ import numpy as np
 from balancing._kernels.partition import _nb_lpt_capped
 from balancing._kernels.placement import _nb_place_on_nodes
 from balancing._kernels.tables import _nb_counting_argsort
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
 __all__ = ["StepAssignment", "assign_steps"]
 
@@ -53,8 +54,8 @@ def assign_steps(
     ``loads`` holds per-sample ``vit_tokens``, ``llm_tokens``, ``vit_cost``, ``llm_cost``.
     """
     d = nodes * gpus_per_node
-    gv = _group_sums(group_of, loads["vit_tokens"], n_groups)
-    gt = _group_sums(group_of, loads["llm_tokens"], n_groups)
+    gv = _group_sums(group_of, loads[VIT_TOKENS], n_groups)
+    gt = _group_sums(group_of, loads[LLM_TOKENS], n_groups)
     gct = _group_sums(group_of, loads["llm_cost"], n_groups)
     order = np.lexsort((gct, gt, gv))  # stable: ties keep group order
     n_full = n_groups // d
@@ -84,8 +85,8 @@ def assign_steps(
     # Loads per (step, slot) for node placement, normalized so both phases weigh alike.
     placed = np.flatnonzero(step_of[:total] >= 0)
     by_step = placed[_nb_counting_argsort(step_of[placed], n_steps)].reshape(n_steps, d)
-    gv_all = _group_sums(group_of, loads["vit_tokens"], total)
-    gt_all = _group_sums(group_of, loads["llm_tokens"], total)
+    gv_all = _group_sums(group_of, loads[VIT_TOKENS], total)
+    gt_all = _group_sums(group_of, loads[LLM_TOKENS], total)
     lv = gv_all[by_step] / max(gv_all.mean(), 1e-12)
     lt = gt_all[by_step] / max(gt_all.mean(), 1e-12)
     node_s = np.empty((n_steps, d), dtype=np.int64)

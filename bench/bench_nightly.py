@@ -59,7 +59,7 @@ def run() -> dict:
             if deletions:
                 import pyarrow.parquet as pq
 
-                from dataprep.cost_table import METADATA_KEY
+                from equishard.contracts.cost_table import METADATA_KEY
 
                 meta = pq.read_metadata(cost).metadata
                 pq.write_table(

@@ -9,26 +9,26 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what type checkers and the docs site (griffe) read; no import at run time
-    from dataprep.cost_table import (
-        COST_SCHEMA,
-        ERRORS_SCHEMA,
-        errors_path,
-        read_cost_table,
-        table_metadata,
-    )
     from dataprep.demo import make_demo
     from dataprep.errors import DataprepError, ErrorRateExceeded, SampleRejected
     from dataprep.merge import merge_cost_tables
     from dataprep.policies import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, parse_vision_policy
     from dataprep.policies.anyres import OneVisionPolicy
     from dataprep.prep import PrepConfig, PrepResult, run_prep
+    from equishard.contracts.cost_table import (
+        COST_SCHEMA,
+        ERRORS_SCHEMA,
+        errors_path,
+        read_cost_table,
+        table_metadata,
+    )
 
 _LAZY = {
-    "COST_SCHEMA": "dataprep.cost_table",
-    "ERRORS_SCHEMA": "dataprep.cost_table",
-    "errors_path": "dataprep.cost_table",
-    "read_cost_table": "dataprep.cost_table",
-    "table_metadata": "dataprep.cost_table",
+    "COST_SCHEMA": "equishard.contracts.cost_table",
+    "ERRORS_SCHEMA": "equishard.contracts.cost_table",
+    "errors_path": "equishard.contracts.cost_table",
+    "read_cost_table": "equishard.contracts.cost_table",
+    "table_metadata": "equishard.contracts.cost_table",
     "make_demo": "dataprep.demo",
     "DataprepError": "dataprep.errors",
     "ErrorRateExceeded": "dataprep.errors",

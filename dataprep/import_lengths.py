@@ -30,7 +30,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from dataprep.cost_table import (
+from equishard.common.durable import durable_replace
+from equishard.common.values import check_count
+from equishard.contracts.columns import (
+    LLM_TOKENS,
+    NUM_IMAGES,
+    TEXT_TOKENS,
+    VIT_SEQ_LENS,
+    VIT_TOKENS,
+)
+from equishard.contracts.cost_table import (
     COST_SCHEMA,
     ERRORS_SCHEMA,
     FORMAT_VERSION,
@@ -39,8 +48,6 @@ from dataprep.cost_table import (
     errors_path,
     remove_stale_temps,
 )
-from equishard.common.durable import durable_replace
-from equishard.common.values import check_count
 
 __all__ = ["ImportLengthsConfig", "ImportResult", "import_lengths"]
 
@@ -299,11 +306,11 @@ def _table(entries: list[dict], ids: list[str], source: str, cfg: ImportLengthsC
         {
             "sample_id": pa.array(ids, pa.string()),
             "source": pa.array([source] * len(ids), pa.string()),
-            "num_images": pa.array((real > 0).astype(np.int32)),
-            "vit_tokens": pa.array(tiles * cfg.patches_per_tile),
-            "vit_seq_lens": seq,
-            "llm_tokens": pa.array(llm),
-            "text_tokens": pa.array(llm - real * cfg.tokens_per_tile),
+            NUM_IMAGES: pa.array((real > 0).astype(np.int32)),
+            VIT_TOKENS: pa.array(tiles * cfg.patches_per_tile),
+            VIT_SEQ_LENS: seq,
+            LLM_TOKENS: pa.array(llm),
+            TEXT_TOKENS: pa.array(llm - real * cfg.tokens_per_tile),
         }
     )
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from dataprep.chat_template import ChatTemplate
-from dataprep.cost_table import COST_SCHEMA
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, open_image_file, probe_image, probe_image_bytes
 from dataprep.image_refs import image_ref
@@ -28,6 +27,16 @@ from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
 from dataprep.records import IMAGE_PLACEHOLDER, normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
 from equishard.common.errors import describe
+from equishard.contracts.columns import (
+    IMAGE_HEIGHTS,
+    IMAGE_WIDTHS,
+    LLM_TOKENS,
+    NUM_IMAGES,
+    TEXT_TOKENS,
+    VIT_SEQ_LENS,
+    VIT_TOKENS,
+)
+from equishard.contracts.cost_table import COST_SCHEMA
 
 __all__ = ["ChunkResult", "Measurer", "error_row", "fingerprint", "record_bytes"]
 
@@ -324,16 +333,16 @@ class Measurer:
             n_img = len(headers)
             rows["sample_id"].append(sample_id)
             rows["source"].append(unit.source)
-            rows["num_images"].append(n_img)
-            rows["vit_tokens"].append(sum(seq))
-            rows["vit_seq_lens"].append(seq)
-            rows["llm_tokens"].append(n_text + sum(c.llm_tokens for c in costs))
-            rows["text_tokens"].append(n_text)
+            rows[NUM_IMAGES].append(n_img)
+            rows[VIT_TOKENS].append(sum(seq))
+            rows[VIT_SEQ_LENS].append(seq)
+            rows[LLM_TOKENS].append(n_text + sum(c.llm_tokens for c in costs))
+            rows[TEXT_TOKENS].append(n_text)
             rows["modality"].append(
                 "text" if n_img == 0 else "image" if n_img == 1 else "multi-image"
             )
-            rows["image_widths"].append([h.width for h in headers])
-            rows["image_heights"].append([h.height for h in headers])
+            rows[IMAGE_WIDTHS].append([h.width for h in headers])
+            rows[IMAGE_HEIGHTS].append([h.height for h in headers])
             rows["location"].append(location)
             rows["fingerprint"].append(fp)
             rows["cache_key"].append(key)

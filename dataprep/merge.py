@@ -18,19 +18,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dataprep.cost_table import (
-    ERRORS_SCHEMA,
-    METADATA_KEY,
-    errors_path,
-    read_cost_table,
-    table_metadata,
-)
 from dataprep.errors import DataprepError
 from dataprep.prep_cache import counts_identity
 from equishard.common.durable import durable_replace
 from equishard.common.errors import describe
 from equishard.common.local_files import regular_file
 from equishard.common.values import is_count
+from equishard.contracts.cost_table import (
+    ERRORS_SCHEMA,
+    METADATA_KEY,
+    errors_path,
+    read_cost_table,
+    table_metadata,
+)
 
 __all__ = ["merge_cost_tables"]
 

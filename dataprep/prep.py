@@ -25,15 +25,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataprep.chat_template import load_template
-from dataprep.cost_table import (
-    COST_SCHEMA,
-    ERRORS_SCHEMA,
-    FORMAT_VERSION,
-    METADATA_KEY,
-    errors_path,
-    read_cost_table,
-    remove_stale_temps,
-)
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
@@ -52,6 +43,16 @@ from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from equishard.common.durable import durable_replace
 from equishard.common.ray_engine import RayOptions, ordered_map
 from equishard.common.workers import exit_with_parent, usable_cores
+from equishard.contracts.columns import LLM_TOKENS, NUM_IMAGES, VIT_TOKENS
+from equishard.contracts.cost_table import (
+    COST_SCHEMA,
+    ERRORS_SCHEMA,
+    FORMAT_VERSION,
+    METADATA_KEY,
+    errors_path,
+    read_cost_table,
+    remove_stale_temps,
+)
 
 __all__ = ["PrepConfig", "PrepResult", "run_prep"]
 
@@ -245,7 +246,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     seen: set[str] = set()
     errors: list[dict] = []
     ranges: list[dict] = []
-    stats = {"vit_tokens": [], "llm_tokens": [], "num_images": []}
+    stats = {VIT_TOKENS: [], LLM_TOKENS: [], NUM_IMAGES: []}
     modalities: Counter = Counter()
     cache = read_cost_table(cfg.cache).select(COST_SCHEMA.names) if cfg.cache else None
     identity = settings_identity(cfg)

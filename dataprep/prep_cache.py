@@ -27,12 +27,12 @@ import numpy as np
 import pyarrow as pa
 
 from dataprep.chat_template import load_template
-from dataprep.cost_table import COST_SCHEMA, read_cost_table, table_metadata
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.jinja_template import RENDERING_KEYS
 from dataprep.measure import ChunkResult
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
+from equishard.contracts.cost_table import COST_SCHEMA, read_cost_table, table_metadata
 
 __all__ = [
     "cache_keys",

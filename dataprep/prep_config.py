@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from dataprep.chat_template import load_template
-from dataprep.cost_table import errors_path
 from dataprep.image_header import CHECKS
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
 from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
 from equishard.common.values import check_count, check_flag, check_real, check_task_timeout
 from equishard.common.workers import MAX_WORKERS
+from equishard.contracts.cost_table import errors_path
 
 __all__ = ["PrepConfig", "PrepResult"]
 

@@ -36,6 +36,7 @@ from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.setting_checks import check_family
 from equishard.common.local_files import regular_file
 from equishard.common.values import check_flag
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
 __all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
@@ -109,7 +110,7 @@ class Collator:
         cost = meta.get("cost")
         if not self.check_costs or not isinstance(cost, dict):
             return
-        for name, built in (("llm_tokens", llm), ("vit_tokens", vit)):
+        for name, built in ((LLM_TOKENS, llm), (VIT_TOKENS, vit)):
             if name in cost and int(cost[name]) != built:
                 raise ValueError(
                     f"sample {meta.get('sample_id')!r}: this collator makes {built} {name} of "

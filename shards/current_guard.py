@@ -21,9 +21,10 @@ import os
 import time
 from pathlib import Path
 
+from equishard.contracts.generation_names import valid_generation_name
 from shards.errors import WriteError
 from shards.manifest import ManifestError, load_manifest
-from shards.publish import read_current, valid_generation_name
+from shards.publish import read_current
 
 __all__ = ["CURRENT_LOCK", "current_lock", "descends_from", "refuse_rollback"]
 

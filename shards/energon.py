@@ -24,6 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
+from equishard.contracts.generation_names import ENERGON_DATASET_YAML, ENERGON_DIR
 from shards.errors import WriteError
 from shards.manifest import Manifest, open_generation
 from shards.publish import atomic_write_bytes
@@ -36,8 +37,7 @@ __all__ = [
     "write_energon_metadata",
 ]
 
-ENERGON_DIR = ".nv-meta"
-DATASET_YAML = "dataset.yaml"
+DATASET_YAML = ENERGON_DATASET_YAML
 
 
 def has_energon_metadata(gen_dir: str | Path) -> bool:

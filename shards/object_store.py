@@ -29,8 +29,9 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from equishard.contracts.generation_names import MANIFEST
 from shards.errors import WriteError
-from shards.manifest import MANIFEST, ManifestError, load_manifest
+from shards.manifest import ManifestError, load_manifest
 from shards.publish import (
     CURRENT,
     atomic_write_bytes,
@@ -220,15 +221,21 @@ def read_remote_current(root_url: str, *, storage_options: dict | None = None) -
 def _wanted(m) -> dict[str, str | None]:
     """What a local copy of a generation needs: its shards and the files carried beside them
     (cost table, plan, the nightly errors table), each with the digest the manifest gives."""
-    from shards.energon import DATASET_YAML, ENERGON_DIR
-    from shards.parent import COST_FILE, PLAN_FILE
+    from equishard.contracts.generation_names import (
+        COST_FILE,
+        ENERGON_DATASET_YAML,
+        ENERGON_DIR,
+        PLAN_FILE,
+    )
 
     out: dict[str, str | None] = {sh.file: sh.sha256 for st in m.streams for sh in st.shards}
     if m.carried:
         out.update({n: digest for n, (_, digest) in m.carried.items()})
     else:  # a manifest from before carried files were listed: the two the nights read
         out.update({COST_FILE: None, PLAN_FILE: None})
-    out[f"{ENERGON_DIR}/{DATASET_YAML}"] = None  # only a marker: the parent had Energon's files
+    out[f"{ENERGON_DIR}/{ENERGON_DATASET_YAML}"] = (
+        None  # only a marker: the parent had Energon's files
+    )
     out.pop(MANIFEST, None)
     return out
 

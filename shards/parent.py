@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
 from shards.errors import WriteError
 from shards.manifest import ManifestError, load_manifest
 from shards.range_digests import hash_file, range_sha256
@@ -33,8 +34,6 @@ __all__ = [
     "reuse_index",
     "verify_parent_shards",
 ]
-
-COST_FILE, PLAN_FILE = "cost.parquet", "plan.parquet"  # carried in every generation
 
 
 def checked_carried(m, name: str) -> Path:

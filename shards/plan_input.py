@@ -28,8 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dataprep.repeated_ids import repeated_mask
+from equishard.common.repeated_ids import repeated_mask
 from equishard.common.values import is_count
+from equishard.contracts.columns import GROUP_LLM_TOKENS, GROUP_VIT_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
 from shards.errors import WriteError
 from shards.publish import read_small
 
@@ -37,7 +39,7 @@ __all__ = ["read_plan"]
 
 MAX_RANKS = 1 << 20
 REPORT_LIMIT = 64 << 20  # a report lists at most 20 sample ids: kilobytes
-_INT_COLUMNS = ("group_id", "step", "rank", "group_size", "group_vit_tokens", "group_llm_tokens")
+_INT_COLUMNS = ("group_id", "step", "rank", "group_size", GROUP_VIT_TOKENS, GROUP_LLM_TOKENS)
 
 
 def _report(path: Path) -> tuple[dict, int, int, int, int]:
@@ -91,7 +93,7 @@ def read_plan(plan_dir: str | Path, cost: pa.Table, cost_path: str) -> tuple:
     """``(plan, report, nodes, gpus_per_node, where)``: the checked plan and report, and each
     plan row's index in ``cost``; :class:`WriteError` naming the file and the first problem."""
     plan_dir = Path(plan_dir)
-    rpath, ppath = plan_dir / "report.json", plan_dir / "plan.parquet"
+    rpath, ppath = plan_dir / PLAN_REPORT, plan_dir / PLAN_PARQUET
     report, nodes, per, out, steps = _report(rpath)
     try:
         plan = pq.ParquetFile(ppath).read()  # no pyarrow.dataset
@@ -131,10 +133,10 @@ def _check_groups(plan, cost, where, ppath: Path, cost_path: str, steps: int) ->
             "rank": plan.column("rank").cast(pa.int64()),
             "step": plan.column("step").cast(pa.int64()),
             "size": plan.column("group_size").cast(pa.int64()),
-            "pv": plan.column("group_vit_tokens").cast(pa.int64()),
-            "pt": plan.column("group_llm_tokens").cast(pa.int64()),
-            "v": cost.column("vit_tokens").take(where).cast(pa.int64()),
-            "t": cost.column("llm_tokens").take(where).cast(pa.int64()),
+            "pv": plan.column(GROUP_VIT_TOKENS).cast(pa.int64()),
+            "pt": plan.column(GROUP_LLM_TOKENS).cast(pa.int64()),
+            "v": cost.column(VIT_TOKENS).take(where).cast(pa.int64()),
+            "t": cost.column(LLM_TOKENS).take(where).cast(pa.int64()),
         }
     )
     aggs = [(c, f) for c in ("rank", "step", "size", "pv", "pt") for f in ("min", "max")]

@@ -20,6 +20,7 @@ from equishard.common.durable import fsync_dir  # re-exported: the shards publis
 from equishard.common.local_files import (
     read_small,  # re-exported: shards read small files through it
 )
+from equishard.contracts.generation_names import CURRENT, HISTORY, valid_generation_name
 
 __all__ = [
     "CURRENT",
@@ -37,8 +38,6 @@ __all__ = [
     "try_lock",
     "valid_generation_name",
 ]
-
-CURRENT = "CURRENT"
 
 
 # a file equishard creates in a directory others may write (an output root, a staging root)
@@ -87,16 +86,6 @@ def read_current(root: str | os.PathLike) -> str | None:
     return parse_current(text, str(root))
 
 
-def valid_generation_name(name: str) -> bool:
-    """One plain directory name: not empty, not hidden, no path separator or NUL, <= 255."""
-    return bool(
-        name
-        and not name.startswith(".")
-        and not {"/", "\\", "\x00"} & set(name)
-        and len(name) <= 255
-    )
-
-
 def parse_current(text: str, root: str) -> str | None:
     """The generation a ``CURRENT`` file's ``text`` names (None if empty); ``ValueError`` for a
     name that would leave ``root``."""
@@ -109,7 +98,6 @@ def parse_current(text: str, root: str) -> str | None:
     return name or None
 
 
-HISTORY = "CURRENT.history"  # one JSON line per move of CURRENT and per night's start
 _HISTORY_LINES = 2000
 
 

@@ -38,6 +38,8 @@ import pyarrow.parquet as pq
 from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
 from equishard.common.values import check_count, check_flag, check_real, check_task_timeout
 from equishard.common.workers import MAX_WORKERS
+from equishard.contracts.columns import NUM_IMAGES
+from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
 from shards.energon import has_energon_metadata
 from shards.manifest import ManifestError, load_manifest
 from shards.night_inputs import (
@@ -210,9 +212,9 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     from balancing.incremental import incremental_plan
     from balancing.plan import BalanceConfig, write_plan
     from dataprep import PrepConfig, run_prep
-    from dataprep.cost_table import read_cost_table, table_metadata
     from dataprep.image_orientation import IMAGE_SIZES
-    from shards.parent import COST_FILE, PLAN_FILE, carried_bytes
+    from equishard.contracts.cost_table import read_cost_table, table_metadata
+    from shards.parent import carried_bytes
     from shards.prep_settings import PrepSettings
     from shards.writer import WriteConfig, write_generation
 
@@ -239,7 +241,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             removed,
             time.perf_counter() - t0,
         )
-    pcost_path, pplan_path = parent.path / "cost.parquet", parent.path / "plan.parquet"
+    pcost_path, pplan_path = parent.path / COST_FILE, parent.path / PLAN_FILE
     if not pcost_path.exists() or not pplan_path.exists():
         raise ManifestError(
             f"{parent.path}: the generation carries no cost table/plan (written by an older "
@@ -259,7 +261,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     if cfg.tokenizer and recorded.tokenizer is not None:  # another copy: the same bytes
         recorded.resolve_tokenizer(cfg.tokenizer)
     parent_cost = read_cost_table(io.BytesIO(pcost_bytes))
-    if meta.get("image_sizes") != IMAGE_SIZES and any(parent_cost.column("num_images").to_pylist()):
+    if meta.get("image_sizes") != IMAGE_SIZES and any(parent_cost.column(NUM_IMAGES).to_pylist()):
         raise ManifestError(
             f"{parent.path}: its samples were measured by an equishard that counted images as "
             "stored, not as displayed (EXIF orientation applied, as transformers does): a photo "

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from shards.parent import COST_FILE, PLAN_FILE, carried_bytes
+from equishard.contracts.columns import LLM_TOKENS, NUM_IMAGES, VIT_TOKENS
+from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
+from shards.parent import carried_bytes
 
 __all__ = ["render_report", "step_loads"]
 
@@ -34,8 +36,8 @@ def step_loads(plan, cost, d: int, steps: int | None = None) -> dict[str, np.nda
             f"the plan holds {len(missing)} sample(s) the cost table lacks (first {missing[0]!r})"
         )
     rows = np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
-    v = cost.column("vit_tokens").to_numpy().astype(np.float64)
-    t = cost.column("llm_tokens").to_numpy().astype(np.float64)
+    v = cost.column(VIT_TOKENS).to_numpy().astype(np.float64)
+    t = cost.column(LLM_TOKENS).to_numpy().astype(np.float64)
     step = plan.column("step").to_numpy().astype(np.int64)
     rank = plan.column("rank").to_numpy().astype(np.int64)
     if steps is not None and ((step < 0) | (step >= steps)).any():
@@ -88,9 +90,9 @@ def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
     import matplotlib.pyplot as plt
 
     figs = []
-    v = cost.column("vit_tokens").to_numpy()
-    t = cost.column("llm_tokens").to_numpy()
-    im = cost.column("num_images").to_numpy()
+    v = cost.column(VIT_TOKENS).to_numpy()
+    t = cost.column(LLM_TOKENS).to_numpy()
+    im = cost.column(NUM_IMAGES).to_numpy()
     fig, ax = plt.subplots(1, 3, figsize=(13, 3.2))
     ax[0].hist(v, bins=40, color="#4c72b0")
     ax[0].set(title="vision tokens per sample", xlabel="encoder patches", ylabel="samples")
@@ -175,7 +177,7 @@ def render_report(generation: str | Path, output: str | Path, *, progress: bool 
     import pyarrow.parquet as pq
     from tqdm import tqdm
 
-    from dataprep.cost_table import read_cost_table
+    from equishard.contracts.cost_table import read_cost_table
     from shards.manifest import open_generation
     from shards.storage import is_url
 

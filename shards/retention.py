@@ -8,6 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
+from equishard.contracts.generation_names import MANIFEST
 from shards.manifest import load_manifest
 from shards.publish import read_current, read_history
 
@@ -17,7 +18,7 @@ __all__ = ["collect_generations"]
 def _published_at(gen_dir: Path) -> int:
     """When a generation was published: its manifest is written last, just before the rename
     that publishes it, and the rename keeps its mtime."""
-    return (gen_dir / "manifest.json").stat().st_mtime_ns
+    return (gen_dir / MANIFEST).stat().st_mtime_ns
 
 
 def collect_generations(root: Path, keep: int) -> list[str]:
@@ -32,12 +33,10 @@ def collect_generations(root: Path, keep: int) -> list[str]:
     if current is None:
         return []
     chain, g = [], current
-    while g and (root / g / "manifest.json").exists() and g not in chain:
+    while g and (root / g / MANIFEST).exists() and g not in chain:
         chain.append(g)
         g = load_manifest(root / g, check_files=False).parent
-    complete = {
-        d.name: _published_at(d) for d in root.glob("gen-*") if (d / "manifest.json").exists()
-    }
+    complete = {d.name: _published_at(d) for d in root.glob("gen-*") if (d / MANIFEST).exists()}
     on_chain = chain[:keep]
     recent = sorted(complete, key=lambda n: complete[n], reverse=True)[:keep]
     oldest_kept = min(complete[n] for n in on_chain)

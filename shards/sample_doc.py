@@ -21,24 +21,33 @@ import re
 
 from equishard.common.errors import EquishardError
 from equishard.common.values import is_count
+from equishard.contracts.columns import (
+    IMAGE_HEIGHTS,
+    IMAGE_WIDTHS,
+    LLM_TOKENS,
+    NUM_IMAGES,
+    TEXT_TOKENS,
+    VIT_SEQ_LENS,
+    VIT_TOKENS,
+)
 
 __all__ = ["COST_FIELDS", "SampleDocError", "check_place", "parse_sample_doc", "sample_doc"]
 
 # cost-table fields copied into each sample's document (``cost``)
 COST_FIELDS = (
-    "num_images",
-    "vit_tokens",
-    "vit_seq_lens",
-    "llm_tokens",
-    "text_tokens",
+    NUM_IMAGES,
+    VIT_TOKENS,
+    VIT_SEQ_LENS,
+    LLM_TOKENS,
+    TEXT_TOKENS,
     "modality",
-    "image_widths",
-    "image_heights",
+    IMAGE_WIDTHS,
+    IMAGE_HEIGHTS,
 )
-_COUNTS = ("num_images", "vit_tokens", "llm_tokens", "text_tokens")
-_LISTS = ("vit_seq_lens", "image_widths", "image_heights")
-# a cost table may lack its optional columns (dataprep.cost_table.OPTIONAL_COLUMNS): null here
-_MAY_BE_NULL = frozenset({"text_tokens", "image_widths", "image_heights", "modality"})
+_COUNTS = (NUM_IMAGES, VIT_TOKENS, LLM_TOKENS, TEXT_TOKENS)
+_LISTS = (VIT_SEQ_LENS, IMAGE_WIDTHS, IMAGE_HEIGHTS)
+# a cost table may lack its optional columns (equishard.contracts.cost_table.OPTIONAL_COLUMNS): null here
+_MAY_BE_NULL = frozenset({TEXT_TOKENS, IMAGE_WIDTHS, IMAGE_HEIGHTS, "modality"})
 _IMAGE_NAME = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp|gif|bmp)$")
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _ROLES = frozenset({"system", "user", "assistant"})  # the roles prep normalizes turns to

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shards.manifest import check_digest
+from equishard.contracts.generation_names import check_digest
 from shards.publish import read_small
 from shards.storage import sha256_of
 

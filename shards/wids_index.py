@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from equishard.contracts.generation_names import WIDS_INDEX
 from shards.manifest import Manifest
 from shards.publish import atomic_write_bytes
 
 __all__ = ["WIDS_INDEX", "write_wids_index"]
-
-WIDS_INDEX = "wids-index.json"
 
 
 def write_wids_index(m: Manifest) -> Path:

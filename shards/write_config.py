@@ -13,11 +13,10 @@ from pathlib import Path
 from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
 from equishard.common.values import check_count, check_flag, check_task_timeout, is_count
 from equishard.common.workers import MAX_WORKERS
-from shards.manifest import MANIFEST
-from shards.parent import COST_FILE, PLAN_FILE
+from equishard.contracts.generation import COST_FILE, MANIFEST, PLAN_FILE, WIDS_INDEX, WRITER_KEYS
+from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
 from shards.storage import check_writable
 from shards.stream_pool import usable_cores
-from shards.wids_index import WIDS_INDEX
 
 __all__ = ["MAX_SHARD_SIZE", "WRITER_KEYS", "WriteConfig", "WriteResult", "parse_size"]
 
@@ -69,8 +68,8 @@ class WriteConfig:
             raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
         _check_extras(self.manifest_extra, self.extra_files)
         for f in (
-            Path(self.plan_dir) / "plan.parquet",
-            Path(self.plan_dir) / "report.json",
+            Path(self.plan_dir) / PLAN_PARQUET,
+            Path(self.plan_dir) / PLAN_REPORT,
             Path(self.cost_table),
         ):
             if f.exists() and not f.is_file():
@@ -81,11 +80,6 @@ class WriteConfig:
                 )
 
 
-# the manifest keys the writer itself writes: manifest_extra adds others, never replaces these
-WRITER_KEYS = frozenset(
-    "format_version generation parent created_by plan_sha256 cost_table_sha256 shard_size "
-    "layout streams totals report cost_table plan prep loads files".split()
-)
 _CARRIED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 
 

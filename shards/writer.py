@@ -25,20 +25,33 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 
-from dataprep.cost_table import read_cost_table, table_metadata
 from equishard.common.ray_engine import RayOptions, ordered_map
+from equishard.contracts.columns import GROUP_LLM_TOKENS, GROUP_VIT_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.cost_table import read_cost_table, table_metadata
+from equishard.contracts.generation import (
+    COST_FILE,
+    FORMAT_VERSION,
+    MANIFEST,
+    PLAN_FILE,
+    WIDS_INDEX,
+    GenerationManifest,
+    Layout,
+    Shard,
+    Stream,
+)
+from equishard.contracts.plan import PLAN_PARQUET
 from shards.current_guard import current_lock, descends_from, refuse_moved, refuse_rollback
 from shards.energon import has_energon_metadata, write_energon_metadata
 from shards.errors import WriteError
-from shards.manifest import FORMAT_VERSION, MANIFEST, ManifestError, load_manifest
-from shards.parent import COST_FILE, PLAN_FILE, checked_carried
+from shards.manifest import ManifestError, load_manifest
+from shards.parent import checked_carried
 from shards.plan_input import read_plan
 from shards.publish import atomic_write_bytes, fsync_dir, read_current, set_current, try_lock
 from shards.reader import sha256_of
 from shards.storage import GenerationFiles, is_url, join_url
 from shards.stream_pool import run_streams
 from shards.stream_writer import StreamWriter, write_stream
-from shards.wids_index import WIDS_INDEX, write_wids_index
+from shards.wids_index import write_wids_index
 from shards.write_config import WriteConfig, WriteResult, parse_size
 from shards.write_jobs import stream_jobs
 
@@ -185,22 +198,22 @@ def _write_to_store(cfg: WriteConfig, progress: bool) -> WriteResult:
     return replace(local, path=join_url(cfg.out, local.generation))
 
 
-def _check_streams(stage: Path, streams: list[dict]) -> None:
+def _check_streams(stage: Path, streams) -> None:
     """Every shard a stream's task reported is in the staging directory with its size: on a
     Ray cluster whose nodes do not share the output's file system a task's shards land on its
     own node's disk, and nothing may be published without them."""
     for st in streams:
-        for sh in st["shards"]:
-            path = stage / sh["file"]
+        for sh in st.shards:
+            path = stage / sh.file
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
                 size = None
-            if size != sh["bytes"]:
+            if size != sh.bytes:
                 raise WriteError(
-                    f"stream of rank {st['rank']}: {path} is "
+                    f"stream of rank {st.rank}: {path} is "
                     f"{'missing' if size is None else f'{size} bytes'} here, its writer reported "
-                    f"{sh['bytes']} bytes; with --engine ray the output directory must be on a "
+                    f"{sh.bytes} bytes; with --engine ray the output directory must be on a "
                     "file system every Ray node shares. Nothing was published"
                 )
 
@@ -253,67 +266,53 @@ def _write_all(
                 f"{exc}; nothing was published; raise --task-timeout if a stream needs longer"
             ) from None
     bar.close()
-    streams = []
-    for job in jobs:
-        streams.append(
-            {
-                "node": job["node"],
-                "local_rank": job["local_rank"],
-                "rank": job["rank"],
-                "shards": results[job["rank"]],
-            }
+    streams = tuple(
+        Stream(
+            node=job["node"],
+            local_rank=job["local_rank"],
+            rank=job["rank"],
+            shards=tuple(
+                Shard.from_json(sh, f"stream of rank {job['rank']}") for sh in results[job["rank"]]
+            ),
         )
+        for job in jobs
+    )
     _check_streams(stage, streams)
-    samples = sum(s["samples"] for st in streams for s in st["shards"])
+    samples = sum(st.samples for st in streams)
     if samples != plan.num_rows:
         raise WriteError(
             f"wrote {samples} samples but the plan has {plan.num_rows}; nothing was published"
         )
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "generation": gen,
-        "parent": parent,
-        "created_by": "equishard",
-        "plan_sha256": digests[0],
-        "cost_table_sha256": digests[1],
-        "shard_size": cfg.shard_size,
-        "layout": {
-            "nodes": nodes,
-            "gpus_per_node": per,
-            "dp": nodes * per,
-            "steps": report["counts"]["steps"],
-        },
-        "streams": streams,
-        "totals": {
-            "samples": samples,
-            "groups": sum(len(s["groups"]) for st in streams for s in st["shards"]),
-            "shards": sum(len(st["shards"]) for st in streams),
-            "bytes": sum(s["bytes"] for st in streams for s in st["shards"]),
-        },
-        "report": report,
-        "cost_table": COST_FILE,
-        "plan": PLAN_FILE,
-        # What the loader's collator and the trainer need to match prep: the vision policy,
-        # tokenizer and template the costs were counted with, and the largest loads to size
-        # fixed-shape pipeline microbatches.
-        "prep": {k: v for k, v in meta.items() if k != "inputs"},
-        "loads": {
-            "max_sample_llm_tokens": _max(cost, "llm_tokens"),
-            "max_sample_vit_tokens": _max(cost, "vit_tokens"),
-            "max_group_llm_tokens": _max(plan, "group_llm_tokens"),
-            "max_group_vit_tokens": _max(plan, "group_vit_tokens"),
-        },
-    }
-    manifest.update(cfg.manifest_extra or {})
     carried = {}  # files carried beside the shards, named with their digest in the manifest
     for src, name in (
         (Path(cfg.cost_table), COST_FILE),
-        (Path(cfg.plan_dir) / "plan.parquet", PLAN_FILE),
+        (Path(cfg.plan_dir) / PLAN_PARQUET, PLAN_FILE),
         *((Path(src), name) for name, src in (cfg.extra_files or {}).items()),
     ):
         data = src.read_bytes()
         atomic_write_bytes(stage / name, data)
-        carried[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    manifest["files"] = carried
-    atomic_write_bytes(stage / MANIFEST, json.dumps(manifest, indent=1).encode())
+        carried[name] = (len(data), hashlib.sha256(data).hexdigest())
+    manifest = GenerationManifest(
+        generation=gen,
+        parent=parent,
+        plan_sha256=digests[0],
+        cost_table_sha256=digests[1],
+        shard_size=cfg.shard_size,
+        layout=Layout(nodes=nodes, gpus_per_node=per, steps=report["counts"]["steps"]),
+        streams=streams,
+        report=report,
+        # What the loader's collator and the trainer need to match prep: the vision policy,
+        # tokenizer and template the costs were counted with, and the largest loads to size
+        # fixed-shape pipeline microbatches.
+        prep={k: v for k, v in meta.items() if k != "inputs"},
+        loads={
+            "max_sample_llm_tokens": _max(cost, LLM_TOKENS),
+            "max_sample_vit_tokens": _max(cost, VIT_TOKENS),
+            "max_group_llm_tokens": _max(plan, GROUP_LLM_TOKENS),
+            "max_group_vit_tokens": _max(plan, GROUP_VIT_TOKENS),
+        },
+        extra=dict(cfg.manifest_extra or {}),
+        files=carried,
+    )
+    atomic_write_bytes(stage / MANIFEST, json.dumps(manifest.to_json(), indent=1).encode())
     shutil.rmtree(stage / ".parts", ignore_errors=True)

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataprep.cost_table import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, read_cost_table
 from equishard.cli import main
+from equishard.contracts.cost_table import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, read_cost_table
 from tests.shards.conftest import build_inputs
 
 INTERNVL = Path(__file__).resolve().parents[2] / "shared" / "data" / "internvl_lengths"

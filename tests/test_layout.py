@@ -162,7 +162,7 @@ def test_the_loader_imports_neither_the_writer_nor_the_prep_pipeline():
     code = (
         "import sys, torch\n"
         "from shards import GroupDataset, RankInfo\n"
-        "heavy = ['shards.writer', 'dataprep.prep', 'dataprep.cost_table', 'numba', "
+        "heavy = ['shards.writer', 'dataprep.prep', 'equishard.contracts.cost_table', 'numba', "
         "'balancing', 'webdataset']\n"
         "print([m for m in heavy if m in sys.modules])"
     )

@@ -29,7 +29,7 @@ def test_names_are_unique():
 def test_mutant_applies_and_names_existing_tests(m):
     path = REPO / m.file
     assert path.is_file(), f"{m.name}: {m.file} does not exist"
-    assert m.file.startswith(f"{m.package}/") or m.package == "cli", (
+    assert m.file.startswith(m.package.replace(".", "/") + "/") or m.package == "cli", (
         f"{m.name} plants a bug in {m.file} but is listed in tests/mutants/{m.package}.toml"
     )
     found = path.read_text().count(m.old)

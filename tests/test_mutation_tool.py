@@ -47,7 +47,11 @@ def test_the_configuration_names_real_modules_and_tests():
     for e in tomllib.loads((ROOT / "tests/mutation/equivalent.toml").read_text())["equivalent"]:
         named = [m for m in mods if fnmatchcase(m, e["module"])]
         assert named and e["reason"].strip(), e
-        if "text" in e:  # a line's text (a glob): some module it names has such a line
+        if "source" in e:  # a line's exact text: some module it names has that line
+            assert any(
+                x.strip() == e["source"] for m in named for x in (ROOT / m).read_text().splitlines()
+            ), e
+        elif "text" in e:  # a line's text (a glob): some module it names has such a line
             assert any(
                 fnmatchcase(x.strip(), e["text"])
                 for m in named
@@ -97,3 +101,33 @@ def test_the_summary_lists_each_measured_module_and_the_core_ones_not_measured(m
     assert "| `balancing/steps.py` | 88.9 % | 8 | 1 | 0 | 2026-01-02 |" in out
     assert "`shards/publish.py`" in out and "`shards/__init__.py`" not in out
     assert "`balancing/steps.py`," not in out.split("not measured yet")[1]
+
+
+def test_an_equivalent_by_source_holds_when_the_line_moves_and_names_one_mutant_of_it():
+    """Keyed by the line's text and the mutant's index on it: lines inserted above (a moved
+    import) keep the entry; another mutant of the same operator on the line, or the same text
+    after an edit of the line, does not match."""
+    eq = [
+        {
+            "module": "m.py",
+            "operator": "op",
+            "source": "x = a | b | c",
+            "nth": 1,
+            "reason": "why",
+        }
+    ]
+    items = [
+        {"operator": "op", "occurrence": 7, "line": 10, "text": "x = a | b | c"},
+        {"operator": "op", "occurrence": 8, "line": 10, "text": "x = a | b | c"},
+        {"operator": "op", "occurrence": 9, "line": 12, "text": "x = a | b"},
+    ]
+    mutation.number_on_lines(items)
+    assert [it["nth"] for it in items] == [0, 1, 0]
+    assert [mutation._is_equivalent("m.py", it, eq, []) for it in items] == [None, "why", None]
+    moved = [{**it, "line": it["line"] + 3, "occurrence": it["occurrence"] + 2} for it in items]
+    mutation.number_on_lines(moved)
+    assert [mutation._is_equivalent("m.py", it, eq, []) for it in moved] == [None, "why", None]
+    # an item without a recorded text is looked up in the module's lines as they are now
+    bare = {"operator": "op", "occurrence": 1, "line": 2, "nth": 1}
+    assert mutation._is_equivalent("m.py", bare, eq, ["", "x = a | b | c"]) == "why"
+    assert mutation._is_equivalent("m.py", bare, eq, ["", "x = a | b | d"]) is None

@@ -13,7 +13,7 @@ from pathlib import Path
 def main(generation: str, out: str) -> None:
     import pyarrow.parquet as pq
 
-    from dataprep.cost_table import read_cost_table
+    from equishard.contracts.cost_table import read_cost_table
     from shards.manifest import open_generation
     from shards.report import _figures
 

@@ -124,14 +124,19 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
         raise SystemExit(f"cosmic-ray exec failed:\n{r.stderr[-3000:]}")
     dump = _cr(["dump", "session.sqlite"], root, env).stdout
     items = []
+    source = (root / module).read_text().splitlines()
     for line in dump.splitlines():
         item, result = json.loads(line)
         mutation = item["mutations"][0]
+        at = mutation["start_pos"][0]
         items.append(
             {
                 "operator": mutation["operator_name"],
                 "occurrence": mutation["occurrence"],
-                "line": mutation["start_pos"][0],
+                "line": at,
+                # the line as it read when mutated: equivalents are keyed by it, so they hold
+                # when code above moves the line
+                "text": source[at - 1].strip() if 0 < at <= len(source) else "",
                 # killed / survived / incompetent; skipped (an annotation), or not run
                 "outcome": (result or {}).get("test_outcome")
                 or (result or {}).get("worker_outcome")
@@ -217,17 +222,24 @@ def _skip_annotations(session: Path, path: Path, keep: set | None = None) -> int
 
 def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -> str | None:
     """The reason ``item`` is listed as equivalent, or None. An entry names its module and
-    operator (globs: ``balancing/_kernels/*.py``, ``core/ReplaceBinaryOperator_*``), and
-    either its ``line`` (with an ``occurrence`` where a line has several) or the ``text`` of
-    the line (stripped; a glob too): a mutant of every line that reads so, e.g. every kernel's
-    ``@njit(cache=True*``."""
+    operator (globs: ``balancing/_kernels/*.py``, ``core/ReplaceBinaryOperator_*``) and the
+    line mutated: by its ``source`` (the stripped line, exactly; with ``nth``, the index of
+    this operator's mutant among those on that line, left to right), by its ``text`` (a glob
+    of the stripped line: a mutant of every line that reads so, e.g. every kernel's
+    ``@njit(cache=True*``), or by its ``line`` number (with an ``occurrence``). The line's text
+    is the one the item recorded when it ran (``text``), else the module's line now."""
     from fnmatch import fnmatchcase
 
-    here = lines[item["line"] - 1].strip() if 0 < item["line"] <= len(lines) else None
+    here = item.get("text")
+    if here is None:
+        here = lines[item["line"] - 1].strip() if 0 < item["line"] <= len(lines) else None
     for e in eqs:
         if not (fnmatchcase(module, e["module"]) and fnmatchcase(item["operator"], e["operator"])):
             continue
-        if "text" in e:
+        if "source" in e:
+            if here == e["source"] and e.get("nth", item.get("nth")) == item.get("nth"):
+                return e["reason"]
+        elif "text" in e:
             if here is not None and fnmatchcase(here, e["text"]):
                 return e["reason"]
         elif (
@@ -238,12 +250,24 @@ def _is_equivalent(module: str, item: dict, eqs: list[dict], lines: list[str]) -
     return None
 
 
+def number_on_lines(items: list[dict]) -> None:
+    """Give each item its ``nth``: its index among the mutants of its operator on its line, in
+    the order of their occurrence (left to right)."""
+    by_line: dict[tuple, list[dict]] = {}
+    for it in items:
+        by_line.setdefault((it["operator"], it["line"]), []).append(it)
+    for group in by_line.values():
+        for k, it in enumerate(sorted(group, key=lambda it: it["occurrence"])):
+            it["nth"] = k
+
+
 def summarize(res: dict) -> dict:
     eqs = equivalents()
     path = REPO / res["module"]
     lines = path.read_text().splitlines() if path.exists() else []
     killed = survived = equivalent = incompetent = 0
     survivors = []
+    number_on_lines(res["items"])
     for it in res["items"]:
         why = _is_equivalent(res["module"], it, eqs, lines)
         if it["outcome"] == "killed":

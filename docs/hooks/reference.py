@@ -44,7 +44,8 @@ def render_api() -> str:
             obj = getattr(pkg, member)  # lazy exports resolve to the module that defines them
             where = getattr(obj, "__module__", None)
             qual = getattr(obj, "__qualname__", None)
-            path = f"{where}.{qual}" if where and qual and where.startswith(name) else None
+            ours = where and where.split(".")[0] in (*PACKAGES, "equishard")
+            path = f"{where}.{qual}" if ours and qual else None
             out += [
                 f"::: {path or f'{name}.{member}'}",
                 "    options:",

@@ -138,10 +138,10 @@ def _apply_store_args(args) -> None:
 
 def _inside_generation(p: Path) -> Path | None:
     """The published generation directory ``p`` is in (or is), if any."""
-    from shards.publish import valid_generation_name
+    from equishard.contracts.generation_names import MANIFEST, valid_generation_name
 
     for d in (p.resolve(), *p.resolve().parents):
-        if valid_generation_name(d.name) and (d / "manifest.json").is_file():
+        if valid_generation_name(d.name) and (d / MANIFEST).is_file():
             return d
     return None
 

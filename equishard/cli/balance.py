@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
+
 __all__ = ["add_parser", "print_report", "run"]
 
 _DESCRIPTION = """\
@@ -150,8 +152,12 @@ def run(args: argparse.Namespace) -> int:
 
     from balancing.cost_model import CostModel
     from balancing.plan import BalanceConfig, build_plan, write_plan
-    from dataprep.cost_table import check_repeated_ids, read_cost_table, validate_cost_table
     from equishard.cli._common import check_output_dir, fail
+    from equishard.contracts.cost_table import (
+        check_repeated_ids,
+        read_cost_table,
+        validate_cost_table,
+    )
 
     try:
         model = (
@@ -177,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
             cost_model=model,
         )
         check_output_dir(args.output)
-        for name in ("plan.parquet", "report.json"):  # written there: never over the input
+        for name in (PLAN_PARQUET, PLAN_REPORT):  # written there: never over the input
             out = Path(args.output) / name
             if out.is_file() and os.path.samefile(out, args.cost_table):
                 raise ValueError(

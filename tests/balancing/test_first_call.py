@@ -109,7 +109,7 @@ KERNEL_MODULES = [
     "balancing._kernels.refine",
     "balancing._kernels.schedule",
     "balancing._kernels.tables",
-    "dataprep.repeated_ids_kernel",
+    "equishard.common.repeated_ids_kernel",
 ]
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from balancing.cost_model import CostModel
 from balancing.incremental import incremental_plan
 from balancing.plan import BalanceConfig, build_plan
-from dataprep.cost_table import COST_SCHEMA
+from equishard.contracts.cost_table import COST_SCHEMA
 
 
 def _table(n: int, seed: int, prefix: str = "s") -> pa.Table:

@@ -88,7 +88,7 @@ def test_cache_from_before_displayed_sizes_measures_image_rows_again(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from dataprep.cost_table import METADATA_KEY, table_metadata
+    from equishard.contracts.cost_table import METADATA_KEY, table_metadata
     from tests.conftest import write_image
 
     demo = tmp_path / "demo"
@@ -230,7 +230,7 @@ def _rewrite(src, dst, edit) -> None:
     table = pq.read_table(src)
     rows = table.to_pylist()
     edit(rows)
-    from dataprep.cost_table import METADATA_KEY, table_metadata
+    from equishard.contracts.cost_table import METADATA_KEY, table_metadata
 
     meta = {METADATA_KEY: json.dumps(table_metadata(src))}
     pq.write_table(

@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from dataprep.cost_table import errors_path, read_cost_table
 from dataprep.import_lengths import MAX_TILES, ImportLengthsConfig, import_lengths
+from equishard.contracts.cost_table import errors_path, read_cost_table
 
 GOOD = {"vit_num": 2, "token_num": 600, "image_flags": 2}
 

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dataprep import PrepConfig, make_demo, merge_cost_tables, run_prep
-from dataprep.cost_table import METADATA_KEY, table_metadata
 from dataprep.errors import DataprepError
+from equishard.contracts.cost_table import METADATA_KEY, table_metadata
 
 
 def _parts(tmp_path, per_part=lambda k: {}):

@@ -19,8 +19,8 @@ from dataprep import (
     table_metadata,
 )
 from dataprep.chat_template import load_template
-from dataprep.cost_table import METADATA_KEY
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
+from equishard.contracts.cost_table import METADATA_KEY
 from tests.conftest import image_bytes, write_image
 from tests.dataprep.helpers import llava, run, write_jsonl
 

@@ -14,8 +14,8 @@ import pytest
 
 from dataprep import PrepConfig, run_prep
 from dataprep.chat_template import load_template
-from dataprep.cost_table import errors_path
 from dataprep.errors import SampleRejected, describe
+from equishard.contracts.cost_table import errors_path
 
 TURNS = [("user", "<image>\nwhat is it?"), ("assistant", "a cat")]
 BODY = (

@@ -40,7 +40,7 @@ def test_a_plan_report(gen_inputs, tmp_path):
 
 
 def test_a_cost_tables_metadata(gen_inputs, tmp_path):
-    from dataprep.cost_table import METADATA_KEY, table_metadata
+    from equishard.contracts.cost_table import METADATA_KEY, table_metadata
 
     _, cost, _ = gen_inputs
     t = pq.read_table(cost)

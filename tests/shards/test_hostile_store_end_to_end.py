@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from dataprep.cost_table import errors_path
+from equishard.contracts.cost_table import errors_path
 from shards.dataset import GroupDataset, RankInfo
 from shards.manifest import load_manifest, open_generation
 from shards.object_store import publish_generation, read_remote_current

@@ -228,7 +228,7 @@ def test_a_malformed_plan_is_refused_before_anything_is_written(gen_inputs, tmp_
 
 
 def _with_meta(cost: Path, dst: Path, edit) -> Path:
-    from dataprep.cost_table import METADATA_KEY, table_metadata
+    from equishard.contracts.cost_table import METADATA_KEY, table_metadata
 
     meta = table_metadata(cost)
     edit(meta)

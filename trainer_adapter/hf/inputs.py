@@ -74,6 +74,7 @@ from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER
 from equishard.common.values import check_flag
+from equishard.contracts.columns import LLM_TOKENS
 from trainer_adapter.hf.images import TILES, images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
@@ -360,14 +361,14 @@ class HFPacker:
     def _check_cost(self, meta: dict, built: int) -> None:
         cost = meta.get("cost")
         sid = meta.get("sample_id", "?")
-        if not isinstance(cost, dict) or "llm_tokens" not in cost:
+        if not isinstance(cost, dict) or LLM_TOKENS not in cost:
             if self.check_costs is None:
                 return
             raise ValueError(
                 f"sample {sid!r} has no prep costs (meta['cost']): check_costs needs samples "
                 "read from an equishard generation"
             )
-        if int(cost["llm_tokens"]) != built:
+        if int(cost[LLM_TOKENS]) != built:
             raise ValueError(
                 f"sample {sid!r}: the {self.family} processor makes {built} LLM tokens of it, "
                 f"prep counted {cost['llm_tokens']}: prep's --vision-policy, --template or "

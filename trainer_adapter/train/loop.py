@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.model import VLMConfig, merge_for_policy
 from trainer_adapter.train.profile import StepProfiler, parse_steps
@@ -164,9 +165,9 @@ def run(cfg: TrainConfig) -> list[dict]:
             "step": step,
             "seconds": out["seconds"],
             "loss": out["loss"],
-            "tokens_per_second": out["llm_tokens"] / out["seconds"],
-            "llm_tokens": out["llm_tokens"],
-            "vit_tokens": out["vit_tokens"],
+            "tokens_per_second": out[LLM_TOKENS] / out["seconds"],
+            LLM_TOKENS: out[LLM_TOKENS],
+            VIT_TOKENS: out[VIT_TOKENS],
             "loads_max_over_mean": {
                 k[: -len("_max_over_mean")]: v for k, v in r.items() if k.endswith("_max_over_mean")
             },

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from balancing import CostModel
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from shards.collate import normalize_patches
 from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
@@ -284,8 +285,8 @@ class Trainer(PipelineSetup):
             "loss": float(loss_sum),
             "autocast": torch.is_autocast_enabled(self.device.type),
             "targets": normalizer,
-            "llm_tokens": int(route.table[:, _LLM].sum()),
-            "vit_tokens": int(route.table[:, 1].sum()),
+            LLM_TOKENS: int(route.table[:, _LLM].sum()),
+            VIT_TOKENS: int(route.table[:, 1].sum()),
             "redistribute_seconds": t_redis,
             "llm_seconds": t_llm,
             "stage_busy": sum(st.timer.busy for st in self.stages),

@@ -4,7 +4,8 @@ it, ``report``/``inspect`` show its counts and metrics), the trainer's buffer si
 the shard size and the record of the night that wrote it (a night re-runs or finishes from it).
 
 Each check returns why a field is not what the writer writes (None: it is), and
-:func:`shards.manifest.load_manifest` raises that as a ``ManifestError`` naming the manifest."""
+:meth:`equishard.contracts.generation.GenerationManifest.from_json` raises that as a
+``ManifestError`` naming the manifest."""
 
 from __future__ import annotations
 

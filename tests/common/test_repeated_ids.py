@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import dataprep.repeated_ids as rid
-from dataprep.cost_table import validate_cost_table
-from dataprep.repeated_ids import repeated_mask_arrow, repeated_reference
-from dataprep.repeated_ids import repeated_mask_numba as repeated_mask
+import equishard.common.repeated_ids as rid
+from equishard.common.repeated_ids import repeated_mask_arrow, repeated_reference
+from equishard.common.repeated_ids import repeated_mask_numba as repeated_mask
+from equishard.contracts.cost_table import validate_cost_table
 
 IDS = st.lists(st.one_of(st.none(), st.text(alphabet="ab1é", max_size=3)), max_size=60)
 
@@ -99,8 +99,8 @@ def test_small_columns_skip_numba_and_large_ones_take_the_kernel(monkeypatch):
     import sys
 
     code = (
-        "import sys, pyarrow as pa; from dataprep.cost_table import validate_cost_table; "
-        "from dataprep.repeated_ids import repeated_mask; "
+        "import sys, pyarrow as pa; from equishard.contracts.cost_table import validate_cost_table; "
+        "from equishard.common.repeated_ids import repeated_mask; "
         "repeated_mask(pa.array([f'id-{i}' for i in range(1000)] + ['id-3'])); "
         "print('numba' in sys.modules)"
     )

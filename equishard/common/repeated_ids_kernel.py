@@ -1,4 +1,4 @@
-"""The duplicate-``sample_id`` kernel (:mod:`dataprep.repeated_ids` decides when it runs).
+"""The duplicate-``sample_id`` kernel (:mod:`equishard.common.repeated_ids` decides when it runs).
 
 One pass over a string column's own buffers (offsets and bytes, no Python strings): each id is
 hashed (FNV-1a, then a 64-bit finalizer) into an open-addressing table of row numbers, and a

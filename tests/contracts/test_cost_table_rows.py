@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dataprep.cost_table import read_cost_table
+from equishard.contracts.cost_table import read_cost_table
 
 
 def _table(**columns) -> pa.Table:

@@ -13,9 +13,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dataprep.repeated_ids import repeated_mask
 from equishard.common.errors import describe
 from equishard.common.local_files import regular_file
+from equishard.common.repeated_ids import repeated_mask
+from equishard.contracts.columns import (
+    IMAGE_HEIGHTS,
+    IMAGE_WIDTHS,
+    LLM_TOKENS,
+    NUM_IMAGES,
+    TEXT_TOKENS,
+    VIT_SEQ_LENS,
+    VIT_TOKENS,
+)
 
 __all__ = [
     "COST_SCHEMA",
@@ -40,14 +49,14 @@ COST_SCHEMA = pa.schema(
     [
         ("sample_id", pa.string()),
         ("source", pa.string()),
-        ("num_images", pa.int32()),
-        ("vit_tokens", pa.int64()),
-        ("vit_seq_lens", pa.list_(pa.int32())),
-        ("llm_tokens", pa.int64()),
-        ("text_tokens", pa.int64()),
+        (NUM_IMAGES, pa.int32()),
+        (VIT_TOKENS, pa.int64()),
+        (VIT_SEQ_LENS, pa.list_(pa.int32())),
+        (LLM_TOKENS, pa.int64()),
+        (TEXT_TOKENS, pa.int64()),
         ("modality", pa.string()),
-        ("image_widths", pa.list_(pa.int32())),
-        ("image_heights", pa.list_(pa.int32())),
+        (IMAGE_WIDTHS, pa.list_(pa.int32())),
+        (IMAGE_HEIGHTS, pa.list_(pa.int32())),
         ("location", pa.string()),
         ("fingerprint", pa.string()),
         # sample_id's cheap change detector (record bytes + image file sizes/mtimes), sealed
@@ -65,11 +74,11 @@ MAX_SAMPLE_IMAGES = 1 << 20
 REQUIRED_COLUMNS = (
     "sample_id",
     "source",
-    "num_images",
-    "vit_tokens",
-    "vit_seq_lens",
-    "llm_tokens",
-    "text_tokens",
+    NUM_IMAGES,
+    VIT_TOKENS,
+    VIT_SEQ_LENS,
+    LLM_TOKENS,
+    TEXT_TOKENS,
 )
 # the contract's optional columns (docs/concepts.md): a table from another tool may leave them
 # out. Missing ones are filled where read: ``modality`` from ``num_images``, the rest as nulls
@@ -158,25 +167,25 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
     rules = [("sample_id is missing or empty", pc.or_kleene(pc.is_null(ids), pc.equal(ids, "")))]
     if repeated_ids:
         rules += _repeated_rule(ids)
-    for name in ("num_images", "vit_tokens", "llm_tokens", "text_tokens"):
+    for name in (NUM_IMAGES, VIT_TOKENS, LLM_TOKENS, TEXT_TOKENS):
         col = table.column(name)
         rules.append(
             (f"{name} is missing or negative", pc.or_kleene(pc.is_null(col), pc.less(col, 0)))
         )
-        top = MAX_SAMPLE_IMAGES if name == "num_images" else MAX_SAMPLE_TOKENS
+        top = MAX_SAMPLE_IMAGES if name == NUM_IMAGES else MAX_SAMPLE_TOKENS
         rules.append(  # sums of such counts overflow 64-bit integers: the plan would be wrong
             (f"{name} is above the plausible {top} a sample", pc.greater(col, top))
         )
-    seq = table.column("vit_seq_lens")
+    seq = table.column(VIT_SEQ_LENS)
     rules.append(("vit_seq_lens is missing", pc.is_null(seq)))
     flat = pc.list_flatten(seq)
     smallest = pc.min(flat).as_py() if table.num_rows else None
     if smallest is not None and smallest < 0:
         rules.append(("vit_seq_lens holds a negative length", _rows_where(seq, pc.less(flat, 0))))
-    for name in ("vit_seq_lens", "image_widths", "image_heights"):  # a null inside a list: a
+    for name in (VIT_SEQ_LENS, IMAGE_WIDTHS, IMAGE_HEIGHTS):  # a null inside a list: a
         if name in table.column_names:  # sample document no reader takes (shards/sample_doc.py)
             col = table.column(name)
-            values = flat if name == "vit_seq_lens" else pc.list_flatten(col)
+            values = flat if name == VIT_SEQ_LENS else pc.list_flatten(col)
             if values.null_count:
                 rules.append(
                     (f"{name} holds a missing value", _rows_where(col, pc.is_null(values)))
@@ -184,7 +193,7 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
     rules.append(
         (
             "llm_tokens is less than text_tokens",
-            pc.fill_null(pc.less(table.column("llm_tokens"), table.column("text_tokens")), False),
+            pc.fill_null(pc.less(table.column(LLM_TOKENS), table.column(TEXT_TOKENS)), False),
         )
     )
     if not flat.null_count:  # a null inside the list is its own rule above
@@ -210,20 +219,20 @@ def _consistency_rules(table: pa.Table, seq) -> list[tuple[str, pa.Array]]:
     if not table.num_rows:
         return []
     sums = np.concatenate([_list_sums(chunk) for chunk in seq.chunks])
-    vit = table.column("vit_tokens").to_numpy(zero_copy_only=False)
+    vit = table.column(VIT_TOKENS).to_numpy(zero_copy_only=False)
     rules = [
         (
             "vit_tokens is not the sum of vit_seq_lens",
             pa.array(np.asarray(vit != sums, dtype=bool) & ~np.isnan(vit.astype(np.float64))),
         ),
     ]
-    for name in ("image_widths", "image_heights"):
+    for name in (IMAGE_WIDTHS, IMAGE_HEIGHTS):
         if name in table.column_names:
             given = pc.list_value_length(table.column(name))  # null where not given
             rules.append(
                 (
                     f"{name} does not hold one size per image (num_images)",
-                    pc.fill_null(pc.not_equal(given, table.column("num_images")), False),
+                    pc.fill_null(pc.not_equal(given, table.column(NUM_IMAGES)), False),
                 )
             )
     return rules
@@ -306,7 +315,7 @@ def conform_cost_table(
                         f"{path}: column {f.name!r} is {col.type}, expected {f.type} ({exc})"
                     ) from None
         elif f.name == "modality":
-            col = _modality(columns["num_images"]) if table.num_rows else pa.array([], pa.string())
+            col = _modality(columns[NUM_IMAGES]) if table.num_rows else pa.array([], pa.string())
         else:
             col = pa.nulls(table.num_rows, f.type)
         columns[f.name] = col

@@ -2,7 +2,7 @@
 
 At 10M ids, ``pyarrow.compute.value_counts`` took 5-9 s of ``equishard balance`` on 2 cores:
 columns of more than :data:`SMALL` rows go through a numba kernel
-(:mod:`dataprep.repeated_ids_kernel`, one pass over the column's buffers); smaller ones through
+(:mod:`equishard.common.repeated_ids_kernel`, one pass over the column's buffers); smaller ones through
 pyarrow's ``value_counts`` (milliseconds there, and no numba import or kernel load, which cost a
 small ``equishard write`` ~0.65 s). :func:`repeated_reference` is the plain-Python twin of both.
 """
@@ -61,7 +61,7 @@ def repeated_mask(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
 
 def repeated_mask_numba(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """:func:`repeated_mask` through the numba kernel, whatever the size."""
-    from dataprep.repeated_ids_kernel import nb_repeated
+    from equishard.common.repeated_ids_kernel import nb_repeated
 
     ids = _one_array(ids)
     if len(ids) == 0:

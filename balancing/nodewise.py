@@ -20,7 +20,7 @@ from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
 from balancing._kernels.refine import _nb_refine
 from balancing.checks import MAX_MATRIX_RANKS, finite_nonnegative, rank_count, ranks_in
-from balancing.post_balance import PostBalance, post_balance
+from balancing.post_balance import LOCALITY, PostBalance, post_balance
 
 __all__ = [
     "NodewiseResult",
@@ -220,11 +220,11 @@ def locality_balance(
     order = first_call.argsort_desc(x) if py else _nb_argsort_desc(x)
     dest, loads = _local(x, order, src, d, per_node, target, target, py)
     if not x.size or loads.max() <= mean * (1.0 + max_loss):
-        return PostBalance(dest=dest, loads=loads, method="locality")
+        return PostBalance(dest=dest, loads=loads, method=LOCALITY)
     pb = post_balance(x, d, tolerance=tolerance)
     bound = pb.loads.max() * (1.0 + max_loss)
     if loads.max() <= bound:
-        return PostBalance(dest=dest, loads=loads, method="locality")
+        return PostBalance(dest=dest, loads=loads, method=LOCALITY)
     dest, loads = _local(x, order, src, d, per_node, pb.loads.max(), target, py)
     if loads.max() <= bound:
         return PostBalance(dest=dest, loads=loads, method="locality (kept up to post_balance's)")

@@ -47,7 +47,16 @@ from balancing.checks import finite_nonnegative, rank_count, ranks_in
 from equishard.common.errors import EquishardError
 from equishard.common.values import check_count
 
-__all__ = ["METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"]
+__all__ = [
+    "LOCALITY",
+    "METHODS",
+    "METHOD_FUNCTIONS",
+    "RUNTIME_METHODS",
+    "MemoryCapError",
+    "PostBalance",
+    "batch_loads",
+    "post_balance",
+]
 
 # auto also tries equal-count KK on at most this many items when refined LPT stops above the
 # tolerance: on small steps either can win by a few per cent; on large ones LPT wins on average
@@ -56,8 +65,6 @@ AUTO_SECOND_OPINION = 1024
 # it costs about as much as the rest of auto up to here (0.6 ms at 64 ranks x 4), and on such
 # steps it is the most even method about as often as LPT is (the issue-41 grid at B = 4)
 AUTO_KK_WORK = 65_536
-
-METHODS = ("auto", "best", "lpt", "kk", "kk_equal", "padded", "quadratic", "padded_attention")
 
 
 class MemoryCapError(EquishardError, ValueError):
@@ -133,6 +140,168 @@ def _within_cap(
     return PostBalance(dest, _batch_loads(x, dest, d), f"lpt ({result.method} broke the {broke})")
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One call's checked inputs, as every method takes them."""
+
+    x: np.ndarray  # the lengths
+    d: int
+    order: np.ndarray  # items by length, largest first
+    tolerance: float
+    max_count: int | None
+    cap: float  # the memory cap (0: none)
+    mem: np.ndarray  # each item's memory (the lengths unless given)
+    memory: np.ndarray | None  # as the caller gave it
+    memory_cap: float | None
+    quadratic_tolerance: float | None
+    max_swaps: int | None
+    py: bool  # the kernels' plain-Python twins (while the kernels compile)
+
+    def again(self, method: str, **changes) -> PostBalance:
+        """This step balanced by another method (through :func:`post_balance`: checked)."""
+        kw = dict(
+            tolerance=self.tolerance,
+            max_count=self.max_count,
+            memory_cap=self.memory_cap,
+            memory=self.memory,
+            max_swaps=self.max_swaps,
+        )
+        return post_balance(self.x, self.d, method=method, **{**kw, **changes})
+
+
+def _refined(s: _Step, dest: np.ndarray, chosen: str) -> PostBalance:
+    """The heaviest batch moves one item to, or swaps one with, the lightest that can take it
+    (``kk_equal``: swaps only), until it is within the tolerance or no step lowers it."""
+    if chosen in ("kk", "kk_equal") and s.cap > 0 and _over_cap(dest, s.d, s.cap, s.mem):
+        return _within_cap(
+            PostBalance(dest, np.zeros(s.d), chosen), s.x, s.d, s.cap, s.mem, s.order
+        )
+    target = s.x.sum() / s.d * (1.0 + s.tolerance)
+    loads = np.bincount(dest, weights=s.x, minlength=s.d)
+    if loads.max() > target:
+        steps = s.max_swaps if s.max_swaps is not None else 4 * s.d
+        moves = chosen != "kk_equal"  # equal counts stay equal: swaps only
+        refine = first_call.refine if s.py else _nb_refine
+        loads = refine(
+            s.x, s.order, dest, s.d, target, steps, s.cap, s.mem, s.max_count or 0, moves
+        )
+    return PostBalance(dest=dest, loads=loads, method=chosen)
+
+
+def _lpt(s: _Step) -> PostBalance:
+    dest = np.zeros(s.x.size, dtype=np.int64)
+    if s.max_count is None and s.cap == 0:
+        if s.py:
+            dest[:] = first_call.lpt(s.x, s.order, s.d)
+        else:
+            _nb_lpt(s.x, s.order, s.d, dest)
+    else:
+        bad = _nb_lpt_capped(s.x, s.order, s.d, s.max_count or 0, s.cap, s.mem, dest)
+        if bad >= 0:
+            i = int(s.order[bad])
+            raise MemoryCapError(
+                f"item {i} ({s.mem[i]:g}) fits under no rank's memory cap {s.cap:g} after placing "
+                f"the {bad} larger items; raise the cap or the number of ranks"
+            )
+    return _refined(s, dest, "lpt")
+
+
+def _karmarkar_karp(s: _Step, equal: bool) -> PostBalance:
+    chosen = "kk_equal" if equal else "kk"
+    if s.max_count is not None:
+        raise ValueError(f"{chosen} does not support max_count; use lpt")
+    dest = np.zeros(s.x.size, dtype=np.int64)
+    n, d = s.x.size, s.d
+    if s.py and (equal or n * d <= 100_000):  # the twin's unequal KK is O(n d)
+        dest[:] = first_call.karmarkar_karp(s.x, s.order, d, equal)
+    else:
+        _nb_karmarkar_karp(s.x, s.order, d, equal, dest)
+    return _refined(s, dest, chosen)
+
+
+def _padded(s: _Step) -> PostBalance:
+    dest = np.zeros(s.x.size, dtype=np.int64)
+    asc = s.order[::-1].copy()
+    runs = np.empty(s.x.size, dtype=np.int64)
+    _nb_padded_batches(s.x[asc], s.d, runs)
+    dest[asc] = runs
+    result = PostBalance(
+        dest=dest, loads=_batch_loads(s.x, dest, s.d, padded=True), method="padded"
+    )
+    return _within_cap(result, s.x, s.d, s.cap, s.mem, s.order, s.max_count)
+
+
+def _quadratic(s: _Step) -> PostBalance:
+    dest = np.zeros(s.x.size, dtype=np.int64)
+    tol = s.quadratic_tolerance
+    tol = tol if tol is not None else 0.01 * s.x.sum() / s.d
+    _nb_lpt_quadratic(s.x, s.order, s.d, tol, dest)
+    result = PostBalance(dest=dest, loads=_batch_loads(s.x, dest, s.d), method="quadratic")
+    return _within_cap(result, s.x, s.d, s.cap, s.mem, s.order, s.max_count)
+
+
+def _padded_attention(s: _Step) -> PostBalance:
+    dest = np.zeros(s.x.size, dtype=np.int64)
+    probe = np.empty(s.x.size, dtype=np.int64)
+    bound = _nb_lpt(s.x, s.order, s.d, probe).max()
+    _nb_padded_attention(s.x, s.order, s.d, bound, dest)
+    result = PostBalance(dest=dest, loads=_batch_loads(s.x, dest, s.d), method="padded_attention")
+    return _within_cap(result, s.x, s.d, s.cap, s.mem, s.order, s.max_count)
+
+
+def _best(s: _Step) -> PostBalance:
+    """``lpt`` and ``kk_equal`` (where no cap rules it out), the better of the two."""
+    both = s.max_count is None and s.memory_cap is None
+    candidates = [s.again(m) for m in ("lpt", "kk_equal") if m == "lpt" or both]
+    return min(candidates, key=lambda r: r.loads.max())
+
+
+def _auto(s: _Step) -> PostBalance:
+    """``lpt``; on small steps it leaves above the tolerance, also ``kk_equal`` refined with
+    moves and (where small enough) ``kk``, the most even kept."""
+    x, d, n = s.x, s.d, s.x.size
+    first = s.again("lpt")
+    if n > AUTO_SECOND_OPINION or s.max_count is not None or s.cap > 0:
+        return first
+    if first.loads.max() <= x.sum() / d * (1.0 + s.tolerance):
+        return first
+    dest = np.zeros(n, dtype=np.int64)  # equal-count KK, then refined with moves too
+    if s.py:
+        dest[:] = first_call.karmarkar_karp(x, s.order, d, True)
+    else:
+        _nb_karmarkar_karp(x, s.order, d, True, dest)
+    steps = s.max_swaps if s.max_swaps is not None else 4 * d
+    target = x.sum() / d * (1.0 + s.tolerance)
+    refine = first_call.refine if s.py else _nb_refine
+    loads = refine(x, s.order, dest, d, target, steps, 0.0, x, 0, True)
+    best = first
+    if loads.max() < best.loads.max():
+        best = PostBalance(dest=dest, loads=loads, method="kk_equal + moves")
+    if n * d <= AUTO_KK_WORK and best.loads.max() > target:
+        kk = post_balance(x, d, method="kk", tolerance=s.tolerance, max_swaps=s.max_swaps)
+        if kk.loads.max() < best.loads.max():
+            best = kk
+    return best
+
+
+# each method by name: what post_balance(method=NAME) runs (the module docstring says how)
+METHOD_FUNCTIONS = {
+    "auto": _auto,
+    "best": _best,
+    "lpt": _lpt,
+    "kk": lambda s: _karmarkar_karp(s, equal=False),
+    "kk_equal": lambda s: _karmarkar_karp(s, equal=True),
+    "padded": _padded,
+    "quadratic": _quadratic,
+    "padded_attention": _padded_attention,
+}
+METHODS = tuple(METHOD_FUNCTIONS)  # their names
+# the runtime's methods: these, and ``locality`` (each item stays on its rank where that is
+# within the tolerance, else ``lpt``: balancing.nodewise and trainer_adapter.redistribute)
+LOCALITY = "locality"
+RUNTIME_METHODS = (*METHODS, LOCALITY)
+
+
 @first_call.entry_point
 def post_balance(
     lengths: np.ndarray,
@@ -147,7 +316,8 @@ def post_balance(
     max_swaps: int | None = None,
 ) -> PostBalance:
     """Assign every item to one of ``d`` batches; see the module docstring for the methods."""
-    if method not in METHODS:
+    run = METHOD_FUNCTIONS.get(method) if isinstance(method, str) else None
+    if run is None:
         raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     d = rank_count(d, "d (batches)")
     max_count = check_count("max_count", max_count, 0, none=True)
@@ -176,104 +346,20 @@ def post_balance(
         raise ValueError(f"{n} items cannot fit {d} batches of at most {max_count}")
     py = not first_call.kernels_ready()  # exact twins while the kernels compile
     order = first_call.argsort_desc(x) if py else _nb_argsort_desc(x)
-    dest = np.zeros(n, dtype=np.int64)
     if n == 0:
-        return PostBalance(dest=dest, loads=np.zeros(d), method=method)
-    if method == "best":
-        candidates = [
-            post_balance(
-                x,
-                d,
-                method=m,
-                tolerance=tolerance,
-                max_count=max_count,
-                memory_cap=memory_cap,
-                memory=memory,
-                max_swaps=max_swaps,
-            )
-            for m in ("lpt", "kk_equal")
-            if m == "lpt" or (max_count is None and memory_cap is None)
-        ]
-        return min(candidates, key=lambda r: r.loads.max())
-    if method == "auto":
-        first = post_balance(
-            x,
-            d,
-            method="lpt",
-            tolerance=tolerance,
-            max_count=max_count,
-            memory_cap=memory_cap,
-            memory=memory,
-            max_swaps=max_swaps,
-        )
-        if n > AUTO_SECOND_OPINION or max_count is not None or cap > 0:
-            return first
-        if first.loads.max() <= x.sum() / d * (1.0 + tolerance):
-            return first
-        dest = np.zeros(n, dtype=np.int64)  # equal-count KK, then refined with moves too
-        if py:
-            dest[:] = first_call.karmarkar_karp(x, order, d, True)
-        else:
-            _nb_karmarkar_karp(x, order, d, True, dest)
-        steps = max_swaps if max_swaps is not None else 4 * d
-        target = x.sum() / d * (1.0 + tolerance)
-        refine = first_call.refine if py else _nb_refine
-        loads = refine(x, order, dest, d, target, steps, 0.0, x, 0, True)
-        best = first
-        if loads.max() < best.loads.max():
-            best = PostBalance(dest=dest, loads=loads, method="kk_equal + moves")
-        if n * d <= AUTO_KK_WORK and best.loads.max() > target:
-            kk = post_balance(x, d, method="kk", tolerance=tolerance, max_swaps=max_swaps)
-            if kk.loads.max() < best.loads.max():
-                best = kk
-        return best
-    chosen = method
-    if chosen in ("kk", "kk_equal") and max_count is not None:
-        raise ValueError(f"{chosen} does not support max_count; use lpt")
-    if chosen == "lpt":
-        if max_count is None and cap == 0:
-            if py:
-                dest[:] = first_call.lpt(x, order, d)
-            else:
-                _nb_lpt(x, order, d, dest)
-        else:
-            bad = _nb_lpt_capped(x, order, d, max_count or 0, cap, mem, dest)
-            if bad >= 0:
-                i = int(order[bad])
-                raise MemoryCapError(
-                    f"item {i} ({mem[i]:g}) fits under no rank's memory cap {cap:g} after placing the "
-                    f"{bad} larger items; raise the cap or the number of ranks"
-                )
-    elif chosen in ("kk", "kk_equal"):
-        if py and (chosen == "kk_equal" or n * d <= 100_000):  # the twin's unequal KK is O(n d)
-            dest[:] = first_call.karmarkar_karp(x, order, d, chosen == "kk_equal")
-        else:
-            _nb_karmarkar_karp(x, order, d, chosen == "kk_equal", dest)
-    elif chosen == "padded":
-        asc = order[::-1].copy()
-        runs = np.empty(n, dtype=np.int64)
-        _nb_padded_batches(x[asc], d, runs)
-        dest[asc] = runs
-        result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d, padded=True), method=chosen)
-        return _within_cap(result, x, d, cap, mem, order, max_count)
-    elif chosen == "quadratic":
-        tol = quadratic_tolerance if quadratic_tolerance is not None else 0.01 * x.sum() / d
-        _nb_lpt_quadratic(x, order, d, tol, dest)
-        result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d), method=chosen)
-        return _within_cap(result, x, d, cap, mem, order, max_count)
-    else:  # padded_attention
-        probe = np.empty(n, dtype=np.int64)
-        bound = _nb_lpt(x, order, d, probe).max()
-        _nb_padded_attention(x, order, d, bound, dest)
-        result = PostBalance(dest=dest, loads=_batch_loads(x, dest, d), method=chosen)
-        return _within_cap(result, x, d, cap, mem, order, max_count)
-    if chosen in ("kk", "kk_equal") and cap > 0 and _over_cap(dest, d, cap, mem):
-        return _within_cap(PostBalance(dest, np.zeros(d), chosen), x, d, cap, mem, order)
-    target = x.sum() / d * (1.0 + tolerance)
-    loads = np.bincount(dest, weights=x, minlength=d)
-    if loads.max() > target:
-        steps = max_swaps if max_swaps is not None else 4 * d
-        moves = chosen != "kk_equal"  # equal counts stay equal: swaps only
-        refine = first_call.refine if py else _nb_refine
-        loads = refine(x, order, dest, d, target, steps, cap, mem, max_count or 0, moves)
-    return PostBalance(dest=dest, loads=loads, method=chosen)
+        return PostBalance(dest=np.zeros(0, dtype=np.int64), loads=np.zeros(d), method=method)
+    step = _Step(
+        x=x,
+        d=d,
+        order=order,
+        tolerance=tolerance,
+        max_count=max_count,
+        cap=cap,
+        mem=mem,
+        memory=memory,
+        memory_cap=memory_cap,
+        quadratic_tolerance=quadratic_tolerance,
+        max_swaps=max_swaps,
+        py=py,
+    )
+    return run(step)

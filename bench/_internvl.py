@@ -1,7 +1,10 @@
-"""The real InternVL length statistics (../shared/data/internvl_lengths) as a cost table."""
+"""The real InternVL length statistics (``bench/data/internvl_lengths``: the per-sample lengths of
+two InternVL-Chat SFT subsets published with the OmniBal paper's code, Apache-2.0) as a cost
+table."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -9,12 +12,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-# beside the checkout; a GPU machine gets a copy carried with the tree (tools/gpu_check.sh)
+# in the repository (gzipped JSON lists); $EQUISHARD_INTERNVL_LENGTHS names another copy
 DATA = Path(
     os.environ.get("EQUISHARD_INTERNVL_LENGTHS")
-    or Path(__file__).resolve().parents[2] / "shared" / "data" / "internvl_lengths"
+    or Path(__file__).resolve().parent / "data" / "internvl_lengths"
 )
-FILES = ("ai2d_train_12k_wh_token_lengths.json", "chartqa_train_18k_wh_token_lengths.json")
+FILES = ("ai2d_train_12k_wh_token_lengths.json.gz", "chartqa_train_18k_wh_token_lengths.json.gz")
 
 
 def available() -> bool:
@@ -29,11 +32,16 @@ def synthetic_lengths(n: int = 2000, seed: int = 0) -> tuple[np.ndarray, np.ndar
     return tiles, tiles * 256 + rng.integers(20, 400, n)
 
 
+def read_entries(path: Path) -> list[dict]:
+    """One subset's entries (``vit_num``, ``token_num``, ``image_flags`` per sample)."""
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+
 def load_lengths() -> tuple[np.ndarray, np.ndarray]:
     """(tiles, llm_tokens) per sample: one tile = 1024 encoder patches and 256 LLM tokens."""
     rows = []
     for name in FILES:
-        rows += json.loads((DATA / name).read_text())
+        rows += read_entries(DATA / name)
     return np.array([r["vit_num"] for r in rows]), np.array([r["token_num"] for r in rows])
 
 

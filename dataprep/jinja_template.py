@@ -45,11 +45,12 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from dataprep.errors import SampleRejected
+from dataprep.families.registry import IMAGE_TOKENS
+from dataprep.families.spec import ImageTokens
 from dataprep.jinja_environment import GEN_CLOSE, GEN_OPEN, jinja_environment
 from dataprep.records import IMAGE_PLACEHOLDER
 from dataprep.template_limits import (
@@ -78,31 +79,6 @@ RENDERING_KEYS = ("kind", "sha256", "image_tokens", "content", "special_tokens")
 # what `ChatTemplate.render` marks: the start and end of a generation block (private use chars)
 _FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 _SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token")
-
-
-@dataclass(frozen=True)
-class ImageTokens:
-    """How a family's processor expands the marker its template writes for one image."""
-
-    marker: str
-    prefix: str = ""
-    suffix: str = ""
-    also: str = ""  # what the template source holds besides the marker (a shared marker)
-
-
-IMAGE_TOKENS = {
-    "qwen2vl": ImageTokens("<|image_pad|>"),
-    "internvl": ImageTokens("<IMG_CONTEXT>", "<img>", "</img>"),
-    "llava": ImageTokens("<image>"),
-    "gemma3": ImageTokens("<start_of_image>", "\n\n<start_of_image>", "<end_of_image>\n\n"),
-    "gemma4": ImageTokens("<|image|>", "<|image>", "<image|>", also="<|turn>"),  # before glm4v
-    "glm4v": ImageTokens("<|image|>"),
-    "mistral3": ImageTokens("[IMG]"),
-    "ernie45vl": ImageTokens("<|IMAGE_PLACEHOLDER|>"),
-    "deepseek_vl": ImageTokens("<image_placeholder>"),
-    "janus": ImageTokens("<image_placeholder>", "<begin_of_image>", "<end_of_image>"),
-    "aria": ImageTokens("<|img|>"),
-}
 
 
 def _detect_family(source: str, where: str, path_text: str) -> str | None:

@@ -19,38 +19,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from dataprep.families.registry import POLICY_TEMPLATE_FAMILIES  # policy -> its templates
+
 __all__ = ["POLICY_TEMPLATE_FAMILIES", "check_family", "check_settings", "settings_summary"]
 
-_LLAVA_LIKE = ("llava",)  # the templates that write a plain <image>
-# vision policy name -> the template image families (dataprep.jinja_template.IMAGE_TOKENS) of
-# the models that use it
-POLICY_TEMPLATE_FAMILIES = {
-    "qwen2vl": ("qwen2vl",),
-    "qwen3vl": ("qwen2vl",),
-    "internvl": ("internvl",),
-    "glm4v": ("glm4v",),
-    "mistral3": ("mistral3",),
-    "pixtral": ("mistral3",),
-    "gemma3": ("gemma3",),
-    "gemma4": ("gemma4",),
-    "ernie45vl": ("ernie45vl",),
-    "aria": ("aria",),
-    "deepseek-vl-hybrid": ("deepseek_vl",),
-    "fixed": ("llava", "deepseek_vl", "janus"),
-    **dict.fromkeys(
-        (
-            "llava-next",
-            "llava-onevision",
-            "smolvlm",
-            "idefics2",
-            "idefics3",
-            "granite-docling",
-            "aya-vision",
-            "ovis2",
-        ),
-        _LLAVA_LIKE,
-    ),
-}
 _SPECIAL_LITERAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
 

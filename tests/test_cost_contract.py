@@ -5,7 +5,6 @@ balance accepts."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,8 +13,6 @@ import pytest
 from equishard.cli import main
 from equishard.contracts.cost_table import OPTIONAL_COLUMNS, REQUIRED_COLUMNS, read_cost_table
 from tests.shards.conftest import build_inputs
-
-INTERNVL = Path(__file__).resolve().parents[2] / "shared" / "data" / "internvl_lengths"
 
 
 def _foreign_table(n: int = 40) -> pa.Table:
@@ -146,12 +143,18 @@ def test_import_lengths_hand_worked(tmp_path):
     assert (a2["vit_tokens"], a2["text_tokens"]) == (5 * 576, 1341 - 5 * 144)
 
 
-@pytest.mark.skipif(not INTERNVL.is_dir(), reason="needs ../shared/data/internvl_lengths")
 def test_import_real_internvl_lengths_then_balance(tmp_path):
-    files = sorted(INTERNVL.glob("*.json"))
+    """The real InternVL statistics shipped with the benchmarks (30,730 samples)."""
+    from bench._internvl import DATA, FILES, read_entries
+
+    files = []
+    for name in FILES:  # import-lengths reads plain JSON
+        files.append(tmp_path / name.removesuffix(".gz"))
+        files[-1].write_text(json.dumps(read_entries(DATA / name)))
     out = tmp_path / "cost.parquet"
     assert main(["import-lengths", *map(str, files), "-o", str(out)]) == 0
     raw = [e for f in files for e in json.loads(f.read_text())]
+    assert len(raw) == 12_413 + 18_317
     t = read_cost_table(out)
     assert t.num_rows == len(raw)
     assert pa.compute.sum(t.column("llm_tokens")).as_py() == sum(e["token_num"] for e in raw)

@@ -2,9 +2,9 @@
 # The whole GPU check in one command, on the GPU machine's own Python and torch:
 #   tools/gpu_check.sh OUT [--dry-run] [--budget SECONDS] [--only probe,hf_dp,...]
 # equishard's pure-Python dependencies missing there travel as wheels in .whl/ (installed into
-# a scratch folder, never over the machine's torch); the InternVL length statistics travel in
-# .gpu_data/internvl_lengths/ (tools/gpu_prepare.sh makes both here). OUT gets summary.json and
-# the logs. See tools/gpu_check.py for the steps.
+# a scratch folder, never over the machine's torch; tools/gpu_prepare.sh makes them). The
+# InternVL length statistics are in the tree (bench/data/internvl_lengths). OUT gets
+# summary.json and the logs. See tools/gpu_check.py for the steps.
 set -uo pipefail
 OUT=${1:?usage: tools/gpu_check.sh OUT [--dry-run] [--budget SECONDS] [--only STEPS]}
 shift
@@ -17,8 +17,5 @@ if ! "$PY" -c "import webdataset, datasets" 2>/dev/null && compgen -G ".whl/*.wh
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-if [ -d .gpu_data/internvl_lengths ]; then
-    export EQUISHARD_INTERNVL_LENGTHS="$PWD/.gpu_data/internvl_lengths"
-fi
 mkdir -p "$OUT"
 "$PY" tools/gpu_check.py --out "$OUT" "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, before a GPU run: the wheels of equishard's pure-Python dependencies that the GPU
-# machine's image lacks (for its Python 3.12), and a copy of the InternVL length statistics,
-# in folders git ignores (.whl/, .gpu_data/), to be carried with the tree.
+# machine's image lacks (for its Python 3.12), in a folder git ignores (.whl/), to be carried
+# with the tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclude
@@ -13,6 +13,4 @@ for pkg in webdataset braceexpand datasets dill multiprocess; do
         --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
         --platform manylinux2014_x86_64 -d .whl "$pkg==$ver"
 done
-mkdir -p .gpu_data
-cp -r ../shared/data/internvl_lengths .gpu_data/
-du -sh .whl .gpu_data
+du -sh .whl  # the InternVL statistics travel with the tree (bench/data/internvl_lengths)

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from balancing import CostModel, locality_balance, nodewise_permutation, post_balance
-from balancing.post_balance import METHODS, MemoryCapError
+from balancing.post_balance import LOCALITY, RUNTIME_METHODS, MemoryCapError
 from equishard.common.values import check_count, check_flag, check_real
 from trainer_adapter.exchange import gather_tables
 from trainer_adapter.route import (
@@ -86,9 +86,9 @@ class RedistributePolicy:
                 "dry_run=True alone to measure what balancing would give, enabled=False alone "
                 "for the plain baseline"
             )
-        if self.method not in (*METHODS, "locality"):
+        if self.method not in RUNTIME_METHODS:
             raise ValueError(
-                f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}, locality"
+                f"unknown method {self.method!r}; choose one of {', '.join(RUNTIME_METHODS)}"
             )
         if self.placement not in ("nodewise", "identity"):
             raise ValueError(f"placement must be 'nodewise' or 'identity', got {self.placement!r}")
@@ -200,12 +200,12 @@ def _plan(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
     if fits and before.mean() > 0 and before.max() <= before.mean() * (1 + policy.min_gain):
         return ranks_arr[src_j], "kept (within min_gain)", before
     per_node = _per_node(ranks, topo)
-    if policy.method == "locality" and identity_ok:
+    if policy.method == LOCALITY and identity_ok:
         pb = locality_balance(cost, src_j, d, per_node or d)
         if not cap or np.bincount(pb.dest, weights=mem, minlength=d).max() <= cap:
             return ranks_arr[pb.dest], pb.method, before
         # locality moves only the excess and cannot see a memory cap: the capped plan instead
-    method = "lpt" if policy.method == "locality" else policy.method
+    method = "lpt" if policy.method == LOCALITY else policy.method
     pb = post_balance(cost, d, method=method, memory_cap=cap, memory=volume if cap else None)
     if fits and pb.loads.max() >= before.max():
         return ranks_arr[src_j], f"kept ({pb.method} would not lower the max)", before

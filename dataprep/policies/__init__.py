@@ -47,7 +47,8 @@ Each policy reproduces the preprocessing of a published model family exactly:
   budget for the encoder.
 
 Spec strings take options (:func:`parse_vision_policy`; the names are :data:`POLICIES` in
-:mod:`.registry`):
+:mod:`.registry`; the policies are defined by the model families,
+:mod:`dataprep.families`):
 ``internvl:max_tiles=6,thumbnail=0``,
 ``qwen2vl:min_pixels=3136,max_pixels=1003520,resize=qwen-vl-utils``.
 
@@ -65,7 +66,6 @@ from dataprep.policies.qwen2vl import (
     Qwen2VLPolicy,
     qwen2vl_smart_resize,
 )
-from dataprep.policies.registry import POLICIES, PolicyFamily, parse_vision_policy
 
 __all__ = [
     "ERNIE45VL_DEFAULTS",
@@ -84,3 +84,14 @@ __all__ = [
     "qwen2vl_smart_resize",
     "tile_grids",
 ]
+
+# the registry reads the families' specs, which import the policy modules: loaded on first use
+_REGISTRY = ("POLICIES", "PolicyFamily", "parse_vision_policy")
+
+
+def __getattr__(name: str):
+    if name in _REGISTRY:
+        from dataprep.policies import registry
+
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

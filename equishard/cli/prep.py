@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from dataprep.families.registry import POLICIES
 from equishard.cli._common import add_engine_args
 
 __all__ = ["add_parser", "print_summary", "run"]
@@ -24,55 +25,7 @@ inputs:
   'image' (a path or a list of paths, resolved against --image-root) or embedded bytes.
 
 vision policies (--vision-policy):
-  fixed:S/P   resize to SxS, (S/P)^2 patches per image       (LLaVA-1.5: fixed:336/14 -> 576)
-  internvl    InternVL dynamic tiling, 448px tiles, 256 LLM tokens per tile
-              options: internvl:min_tiles=1,max_tiles=12,thumbnail=1
-  qwen2vl     Qwen2-VL smart resize (multiples of 28), 2x2 merge
-              options: qwen2vl:min_pixels=3136,max_pixels=1003520
-  qwen3vl     the same with Qwen3-VL's 16-px patches (multiples of 32), 65536..16777216 px
-  ernie45vl   the same with ERNIE 4.5-VL's 14-px patches, 3136..4842768 px
-  llava-onevision
-              LLaVA-OneVision anyres_max_9: 384px tiles (729 patches), a sample's only image
-              on the best 1x1..6x6 grid + a base tile, several images one tile each
-              options: llava-onevision:max_grid=6,max_tiles=9
-  llava-next  LLaVA-NeXT (llava-v1.6): every image on the best of the model's grids of 336px
-              tiles + a base tile, never pooled
-              options: llava-next:grids=1x2.2x1.2x2.3x1.1x3 (image_grid_pinpoints in tiles)
-  glm4v       GLM-4.1V / 4.5V / 4.6V: Qwen2-VL-like resize, two frames per image
-              options: glm4v:min_pixels=12544,max_pixels=11760000
-  mistral3    Mistral 3: longest side to 1540, 14px patches merged 2x2, a row break token
-              per row; pixtral: Pixtral-12B's 1024 / 16 / no merge
-              options: mistral3:longest_edge=1540,patch_size=14,merge_size=2
-  gemma3      Gemma 3: 896x896, patch 14 (4096 patches), pooled to 256 LLM tokens;
-              pan_and_scan=1 where your processor call runs it: a long image's crops too
-              options: gemma3:pan_and_scan=1,min_crop_size=256,max_crops=4,min_ratio=1.2
-  gemma4      Gemma 4: aspect kept, at most 280 soft tokens (3x3 pools of 16px patches),
-              every image padded to 2520 encoder rows
-              options: gemma4:max_soft_tokens=280 (70, 140, 280, 560 or 1120)
-  smolvlm     SmolVLM: longest side to 1536, 384px tiles + a global tile, 81 tokens each
-              options: smolvlm:longest_edge=2048,tile=512,patch_size=16,tokens_per_tile=64
-  idefics3    the same with Idefics3-8B's 1456 / 364 / 169
-  aya-vision  Aya Vision: InternVL's tiling with 364px tiles (676 patches, 169 tokens each),
-              TILE_k markers in the prompt
-              options: aya-vision:min_tiles=1,max_tiles=12,tile_size=364
-  ovis2       Ovis2: the fewest 448px tiles covering 90% of the image + a thumbnail, 256
-              tokens each, grid markers in the prompt
-              options: ovis2:max_tiles=12,tile_size=448,covering=1
-  aria        Aria: every image one crop padded to 980px (4900 patches), 256 tokens; split=1
-              cuts it into crops as its image processor's split_image
-              options: aria:max_image_size=980,split=0
-  granite-docling
-              Granite Docling: 512px page tiles (aspect grid, 1..32) + a thumbnail, 64 tokens
-              each (fine=1: 256), SmolVLM's markers in the prompt
-              options: granite-docling:max_tiles=32,fine=0,split=1 and the spread rule's
-              dense_max_tiles=64,dense_max_scale=0.8,dense_min_aspect=1.2,dense_max_aspect=0
-  idefics2    Idefics2: each image resized within 378..980px (split=1: its four quarters
-              and itself), the 14px patches it covers, 64 resampled tokens each
-              options: idefics2:shortest_edge=378,longest_edge=980,split=0
-  deepseek-vl-hybrid
-              DeepSeek-VL 7B: 576 tokens an image, SigLIP's 576 patches and SAM's 4096
-              (its 1024px copy) as two encoder sequences
-              options: deepseek-vl-hybrid:image_size=384,high_res_size=1024
+{policies}
 
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
@@ -83,11 +36,25 @@ examples:
 """
 
 
+def _policies_help() -> str:
+    """Every vision policy's lines, from the families' specs (dataprep.families)."""
+    out = [
+        "  fixed:S/P   resize to SxS, (S/P)^2 patches per image       (LLaVA-1.5: fixed:336/14 -> 576)"
+    ]
+    for name, spec in POLICIES.items():
+        lines = spec.help.splitlines() or [""]
+        if len(name) > 10:
+            out += [f"  {name}", *(f"{'':14}{line}" for line in lines)]
+        else:
+            out += [f"  {name:<12}{lines[0]}", *(f"{'':14}{line}" for line in lines[1:])]
+    return "\n".join(out)
+
+
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
         help="measure samples into a cost table (Parquet)",
-        description=_DESCRIPTION,
+        description=_DESCRIPTION.format(policies=_policies_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -106,10 +73,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "--vision-policy",
         default="internvl",
         metavar="P",
-        help="fixed:S/P, internvl, qwen2vl, qwen3vl, ernie45vl, glm4v, llava-onevision, llava-next, gemma3, "
-        "gemma4, smolvlm, idefics3, mistral3, pixtral, aya-vision, ovis2, aria, granite-docling, "
-        "idefics2 or deepseek-vl-hybrid, "
-        "with options "
+        help=f"fixed:S/P, {', '.join(POLICIES)} with options "
         "(internvl:max_tiles=6, "
         "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
         "default) (default: internvl)",

@@ -25,25 +25,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["TILES", "images_settings", "pack_images"]
+from dataprep.families.spec import PackerRules
 
-TILES = ("smolvlm", "granite_docling")  # [1, tiles, C, H, W] with a mask beside them
-# what travels beside pixel_values, per family, joined along the first dimension
-_BESIDE = {
-    "qwen2vl": ("image_grid_thw",),
-    "qwen3vl": ("image_grid_thw",),
-    "glm4v": ("image_grid_thw",),
-    "ernie45vl": ("image_grid_thw",),
-    "llava_next": ("image_sizes",),
-    "llava_onevision": ("image_sizes",),
-    "mistral3": ("image_sizes",),
-    "aria": ("pixel_mask",),
-    "gemma4": ("image_position_ids",),
-    "deepseek_vl_hybrid": ("high_res_pixel_values",),
-}
+__all__ = ["images_settings", "pack_images"]
 
 
-def pack_images(family: str, parts: list[dict], *, fine_route: bool = False) -> dict:
+def pack_images(
+    family: str, rules: PackerRules, parts: list[dict], *, fine_route: bool = False
+) -> dict:
     """The row's image inputs from its samples' processed images (``parts``: each sample's
     dict, ``pixel_values`` absent where it has no image)."""
     with_images = [p for p in parts if "pixel_values" in p]
@@ -58,12 +47,12 @@ def pack_images(family: str, parts: list[dict], *, fine_route: bool = False) -> 
         for key in ("pixel_values", "pixel_attention_mask"):
             out[key] = _pad_images([p[key] for p in with_images], dim=1)
     else:
-        out["pixel_values"] = cat("pixel_values", 1 if family in TILES else 0)
-    if family in TILES:
+        out["pixel_values"] = cat("pixel_values", 1 if rules.tiles else 0)
+    if rules.tiles:
         out["pixel_attention_mask"] = cat("pixel_attention_mask", 1)
     if family == "granite_docling" and with_images and fine_route:
         out["tile_fine_mask"] = torch.ones(1, dtype=torch.bool)  # the row's path
-    for key in _BESIDE.get(family, ()):
+    for key in rules.beside:
         out[key] = cat(key)
     if family == "llava_onevision":
         out["batch_num_images"] = [int(p["batch_num_images"][0]) for p in with_images] or None

@@ -70,55 +70,23 @@ import numpy as np
 import torch
 
 from dataprep.chat_template import load_template
+from dataprep.families.registry import FAMILIES as FAMILY_SPECS
+from dataprep.families.registry import family_spec
+from dataprep.families.spec import PackerRules
 from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER
 from equishard.common.values import check_flag
 from equishard.contracts.columns import LLM_TOKENS
-from trainer_adapter.hf.images import TILES, images_settings, pack_images
+from trainer_adapter.hf.images import images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
 from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
 
 __all__ = ["HFPacker"]
 
-FAMILIES = (
-    "qwen2vl",
-    "qwen3vl",
-    "glm4v",
-    "internvl",
-    "llava",
-    "llava_next",
-    "llava_onevision",
-    "gemma3",
-    "gemma4",
-    "smolvlm",
-    "mistral3",
-    "aya_vision",
-    "ernie45vl",
-    "deepseek_vl",
-    "janus",
-    "ovis2",
-    "aria",
-    "granite_docling",
-    "idefics2",
-    "deepseek_vl_hybrid",
-)
-# a fixed number of image tokens an image (the processor's num_image_tokens)
-_FIXED = ("deepseek_vl", "janus", "deepseek_vl_hybrid")
-# patches + grid_thw, 3-D positions from get_rope_index
-_QWEN = ("qwen2vl", "qwen3vl", "glm4v", "ernie45vl")
-# per-token inputs besides the ids: Gemma 3's and Gemma 4's image masks, ERNIE's vision experts
-_PER_TOKEN = {
-    "gemma3": "token_type_ids",
-    "gemma4": "mm_token_type_ids",
-    "ernie45vl": "moe_mm_token_type_ids",
-}
-_NESTED = ("llava_onevision", "idefics2", *TILES)  # a sample's images processed together
-# the processor spells each image's tokens out
-_SPELLED = (*_NESTED, "mistral3", "aya_vision", "ovis2")
-# one image at a time (the processor pads or counts a call's images together): what travels
-_EACH = {"llava_next": ("pixel_values", "image_sizes"), "aria": ("pixel_values", "pixel_mask")}
+# the families and how each one's rows are built: one spec per family (dataprep.families)
+FAMILIES = FAMILY_SPECS  # name -> FamilySpec, in the registry's order
 
 
 @dataclass(kw_only=True)
@@ -157,6 +125,7 @@ class HFPacker:
     images_kwargs: dict = field(default_factory=dict)
     _template: object = field(init=False, repr=False)
     _images_kw: dict = field(init=False, repr=False)
+    _rules: PackerRules = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_flag("packing_kwargs", self.packing_kwargs)
@@ -164,9 +133,8 @@ class HFPacker:
             check_flag("check_costs (or None)", self.check_costs)
         if not isinstance(self.images_kwargs, dict):
             raise ValueError(f"images_kwargs must be a dict, got {self.images_kwargs!r}")
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, got {self.family!r}")
-        if self.family in _QWEN and self.rope_index is None:
+        self._rules = family_spec(self.family).packer
+        if self._rules.rope_positions and self.rope_index is None:
             raise ValueError(
                 f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
             )
@@ -187,21 +155,21 @@ class HFPacker:
         image tokens (``token`` repeated), SmolVLM's with its tile markers around them."""
         if not images:
             return []
-        if self.family in _QWEN:
+        if self._rules.rope_positions:
             merge = self.processor.image_processor.merge_size**2
             return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
         if self.family == "idefics2":  # fake tokens around each crop's, joined in between
             crops = 5 if self._setting("do_image_splitting") else 1
             crop = token * self.processor.image_seq_len
             return [idefics2_expansion(crop, crops)] * len(images)
-        if self.family in _SPELLED or self.family == "gemma3":  # other images / its tiles
+        if self._rules.spelled:  # the processor writes each image's (its tiles, crops)
             return [
                 self.processor.replace_image_token(processed, image_idx=i)
                 for i in range(len(images))
             ]
         if self.family == "gemma4":  # its image processor counted each image's soft tokens
             return [token * int(n) for n in processed["num_soft_tokens_per_image"]]
-        if self.family in _FIXED:  # a fixed count (Janus's start / end are the template's)
+        if self._rules.fixed_tokens:  # a fixed count (Janus's start / end: the template's)
             return [token * self.processor.num_image_tokens] * len(images)
         if self.family == "aria":  # each image's own crops, a fixed count each
             per_crop = self.processor.size_conversion[int(processed["pixel_values"].shape[-1])]
@@ -234,11 +202,11 @@ class HFPacker:
         """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
         images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
-        given = [images] if self.family in _NESTED else images
+        given = [images] if self._rules.nested else images
         kw = dict(self._images_kw)
         if self.family == "smolvlm":
             kw["return_row_col_info"] = True
-        if self.family in _EACH and images:
+        if self._rules.one_image_per_call and images:
             # one image at a time: LLaVA-NeXT's processor pads a call's images to the most
             # tiles, Aria's counts every image as the call's most crops
             each = [
@@ -248,7 +216,7 @@ class HFPacker:
             nested = self.family == "llava_next"  # [1, tiles, C, H, W] per call
             processed = {
                 k: torch.cat([e[k][0] if nested and k == "pixel_values" else e[k] for e in each])
-                for k in _EACH[self.family]
+                for k in self._rules.one_image_per_call
             }
             if self.family == "aria":
                 processed["num_crops"] = [len(e["pixel_values"]) for e in each]
@@ -311,7 +279,7 @@ class HFPacker:
         if self.family == "ernie45vl":  # image tokens and their start / end go to vision experts
             types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])
             extra["moe_mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
-        if self.family in _QWEN:
+        if self._rules.rope_positions:
             grid = processed.get("image_grid_thw")
             rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
             positions = torch.cat([text_pos[None], rope], dim=0)
@@ -384,7 +352,7 @@ class HFPacker:
         if self.check_costs is not False:
             for s, p in zip(samples, parts, strict=True):
                 self._check_cost(s.meta, len(p["input_ids"]))
-        qwen = self.family in _QWEN
+        qwen = self._rules.rope_positions
         cat = lambda key, dim: torch.cat([p[key] for p in parts], dim=dim)  # noqa: E731
         empty_pos = torch.zeros((4, 1, 0) if qwen else (1, 0), dtype=torch.long)
         batch = {
@@ -394,10 +362,10 @@ class HFPacker:
             "labels": cat("labels", 0)[None] if parts else torch.zeros(1, 0, dtype=torch.long),
             "position_ids": cat("positions", -1) if parts else empty_pos,
         }
-        key = _PER_TOKEN.get(self.family)
+        key = self._rules.per_token
         if key is not None:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
-        batch |= pack_images(self.family, parts, fine_route=self.fine_route)
+        batch |= pack_images(self.family, self._rules, parts, fine_route=self.fine_route)
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
             spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}

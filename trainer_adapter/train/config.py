@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from balancing.post_balance import METHODS
+from balancing.post_balance import RUNTIME_METHODS
 from equishard.common.values import check_choice, check_count, check_flag, check_real
 from equishard.common.workers import MAX_WORKERS
 from trainer_adapter.train.model import MODEL_SIZES
@@ -147,7 +147,7 @@ class TrainConfig:
         for name in ("split_samples", "redistribute", "compile", "profile_trace"):
             check_flag(name, getattr(self, name))
         check_choice("model", self.model, MODEL_SIZES)
-        check_choice("method", self.method, (*METHODS, "locality"))
+        check_choice("method", self.method, RUNTIME_METHODS)
         check_choice("placement", self.placement, ("nodewise", "identity"))
         for name in ("bucket_ratio", "lr", "memory_fraction", "loader_timeout"):
             check_real(name, getattr(self, name), 0.0, lo_open=True)

@@ -542,7 +542,7 @@ def _joined_on_rank0(rank, world):
     """PaliGemma balanced with the decoder's masks reported as joining samples on rank 0 only
     (as transformers <= 5.23 built its prefix mask over a packed row; rank 1's row holds one
     sample, which crosses nothing)."""
-    import trainer_adapter.hf.decoder as decoder
+    import trainer_adapter.hf.decoder_row as decoder
 
     found = decoder.crossing_masks
     decoder.crossing_masks = lambda masks, lengths: ["attention_mask"] if rank == 0 else []

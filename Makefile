@@ -171,7 +171,7 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
-# `make mutation MODULE=shards/current_guard.py`: cosmic-ray over one module (its tests in
+# `make mutation MODULE=shards/store/current_guard.py`: cosmic-ray over one module (its tests in
 # tests/mutation/modules.toml; `make mutation` alone lists them); the result in MUTATION.md
 MODULE ?=
 mutation: $(STAMP)

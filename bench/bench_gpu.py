@@ -50,7 +50,7 @@ def _generation(
 ):
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
-    from shards.writer import WriteConfig, write_generation
+    from shards.write.writer import WriteConfig, write_generation
 
     raw = root / "raw"
     if not (root / "cost.parquet").exists():

@@ -22,7 +22,7 @@ def run() -> dict:
     from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
     from dataprep.demo import split_days
     from shards import WriteConfig, open_generation, write_generation
-    from shards.rebalance import RebalanceConfig, run_rebalance
+    from shards.nightly.rebalance import RebalanceConfig, run_rebalance
 
     cfg = BalanceConfig(dp=8, nodes=2, target_batch=4)
     with tempfile.TemporaryDirectory() as tmp:

@@ -72,7 +72,7 @@ def run() -> dict:
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
     from shards import WriteConfig, write_generation
-    from shards.object_store import publish_generation
+    from shards.store.object_store import publish_generation
 
     prep_rows, write_rows, load_rows, starts = [], [], [], {}
     with tempfile.TemporaryDirectory() as tmp:

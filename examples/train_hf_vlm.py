@@ -224,8 +224,8 @@ def prep_args(family: str, tokenizer: str, root: Path) -> list[str]:
 
 def measured_for(shards: str, family: str) -> bool:
     """Whether the generation was prepped with this family's policy (PREP_POLICY)."""
-    from shards.manifest import open_generation
-    from shards.prep_settings import PrepSettings
+    from shards.read.prep_settings import PrepSettings
+    from shards.store.manifest import open_generation
 
     spec = PrepSettings.from_manifest(open_generation(shards)).vision_policy["spec"]
     want = PREP_POLICY.get(family)

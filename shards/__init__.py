@@ -9,32 +9,38 @@ from importlib import import_module
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what type checkers and the docs site (griffe) read; no import at run time
-    from shards.collate import Collator
-    from shards.dataset import GroupDataset, RankInfo, merge_states
-    from shards.manifest import Manifest, ManifestError, load_manifest, open_generation
-    from shards.reader import ShardError, read_group
-    from shards.verify import VerifyResult, inspect_generation, verify_generation
-    from shards.writer import WriteConfig, WriteError, WriteResult, parse_size, write_generation
+    from shards.read.collate import Collator
+    from shards.read.dataset import GroupDataset, RankInfo, merge_states
+    from shards.read.reader import ShardError, read_group
+    from shards.read.verify import VerifyResult, inspect_generation, verify_generation
+    from shards.store.manifest import Manifest, ManifestError, load_manifest, open_generation
+    from shards.write.writer import (
+        WriteConfig,
+        WriteError,
+        WriteResult,
+        parse_size,
+        write_generation,
+    )
 
 _LAZY = {
-    "Collator": "shards.collate",
-    "GroupDataset": "shards.dataset",
-    "RankInfo": "shards.dataset",
-    "merge_states": "shards.dataset",
-    "Manifest": "shards.manifest",
-    "ManifestError": "shards.manifest",
-    "load_manifest": "shards.manifest",
-    "open_generation": "shards.manifest",
-    "ShardError": "shards.reader",
-    "read_group": "shards.reader",
-    "VerifyResult": "shards.verify",
-    "inspect_generation": "shards.verify",
-    "verify_generation": "shards.verify",
-    "WriteConfig": "shards.writer",
-    "WriteError": "shards.writer",
-    "WriteResult": "shards.writer",
-    "parse_size": "shards.writer",
-    "write_generation": "shards.writer",
+    "Collator": "shards.read.collate",
+    "GroupDataset": "shards.read.dataset",
+    "RankInfo": "shards.read.dataset",
+    "merge_states": "shards.read.dataset",
+    "Manifest": "shards.store.manifest",
+    "ManifestError": "shards.store.manifest",
+    "load_manifest": "shards.store.manifest",
+    "open_generation": "shards.store.manifest",
+    "ShardError": "shards.read.reader",
+    "read_group": "shards.read.reader",
+    "VerifyResult": "shards.read.verify",
+    "inspect_generation": "shards.read.verify",
+    "verify_generation": "shards.read.verify",
+    "WriteConfig": "shards.write.writer",
+    "WriteError": "shards.write.writer",
+    "WriteResult": "shards.write.writer",
+    "parse_size": "shards.write.writer",
+    "write_generation": "shards.write.writer",
 }
 
 __all__ = [

@@ -60,8 +60,8 @@ def _cpu_cap() -> float | None:
 
 def usable_cores() -> int:
     """The cores this process may run on: its affinity, cut to a CPU-time cap (the writer's
-    own count, shards.stream_pool)."""
-    from shards.stream_pool import usable_cores as cores
+    own count, shards.write.stream_pool)."""
+    from shards.write.stream_pool import usable_cores as cores
 
     return cores()
 

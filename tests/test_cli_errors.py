@@ -339,7 +339,7 @@ def test_write_refuses_a_missing_image_size_inside_a_row(made, tmp_path, capsys)
 def test_a_full_disk_during_write_is_exit_1_naming_the_root(made, tmp_path, capsys, monkeypatch):
     """ENOSPC while a shard is written: a failure while working (exit 1, not the bad-argument
     2), one line naming where it was writing (the OSError itself names no file)."""
-    import shards.stream_writer as sw
+    import shards.write.stream_writer as sw
     from tests.shards.full_disk import FullDisk
 
     real_init = sw._ShardFile.__init__

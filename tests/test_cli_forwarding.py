@@ -23,8 +23,8 @@ from equishard.cli import build_parser, main
 CONFIGS = {
     "prep": ("dataprep.prep", "PrepConfig"),
     "import-lengths": ("dataprep.import_lengths", "ImportLengthsConfig"),
-    "write": ("shards.writer", "WriteConfig"),
-    "rebalance": ("shards.rebalance", "RebalanceConfig"),
+    "write": ("shards.write.writer", "WriteConfig"),
+    "rebalance": ("shards.nightly.rebalance", "RebalanceConfig"),
     "train": ("trainer_adapter.train.config", "TrainConfig"),
 }
 
@@ -68,7 +68,7 @@ NOT_A_FIELD = {
 
 
 def _parse_size(text: str) -> int:
-    from shards.writer import parse_size
+    from shards.write.writer import parse_size
 
     return parse_size(text)
 
@@ -132,12 +132,12 @@ def _argv(command: str, tmp_path) -> list[str]:
 
 @pytest.mark.parametrize("command", list(CONFIGS))
 def test_every_option_reaches_the_configuration(command, tmp_path, monkeypatch):
-    from shards.store_limits import RETRIES_ENV, TIMEOUT_ENV
+    from shards.store.store_limits import RETRIES_ENV, TIMEOUT_ENV
 
     module, cls = CONFIGS[command]
     monkeypatch.setattr(importlib.import_module(module), cls, _recorder)
     # train opens the generation first (a wrong --shards is one line, not a torchrun failure)
-    monkeypatch.setattr("shards.manifest.open_generation", lambda *a, **k: None)
+    monkeypatch.setattr("shards.store.manifest.open_generation", lambda *a, **k: None)
     for env in (TIMEOUT_ENV, RETRIES_ENV):
         monkeypatch.delenv(env, raising=False)
     argv = _argv(command, tmp_path)

@@ -23,8 +23,8 @@ from dataprep.policies.registry import POLICIES
 from dataprep.prep import PrepConfig
 from dataprep.template_limits import RenderLimits
 from equishard.common.ray_engine import RayOptions
-from shards.rebalance import RebalanceConfig
-from shards.writer import WriteConfig
+from shards.nightly.rebalance import RebalanceConfig
+from shards.write.writer import WriteConfig
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 from trainer_adapter.train.config import TrainConfig
@@ -243,7 +243,7 @@ def test_the_loader_refuses_its_settings_before_reading(kwargs, match, tmp_path)
 
 
 def test_collation_switches_are_switches():
-    from shards.collate import Collator
+    from shards.read.collate import Collator
     from trainer_adapter.hf.balance import balance_model
     from trainer_adapter.hf.inputs import HFPacker
 

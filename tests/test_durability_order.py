@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from tests.shards.nightly import _night, first_night
+from tests.shards.night_helpers import _night, first_night
 
 
 class Recorder:
@@ -91,7 +91,7 @@ def test_every_stage_flushes_before_it_renames_and_after(tmp_path, monkeypatch):
     directory, CURRENT) is fsynced before its rename and its directory after."""
     rec = Recorder(monkeypatch)
     root = first_night(tmp_path)
-    from shards.rebalance import run_rebalance
+    from shards.nightly.rebalance import run_rebalance
 
     assert run_rebalance(_night(root, 2)).status == "published"
     names = rec.renamed()

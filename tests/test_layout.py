@@ -162,7 +162,7 @@ def test_the_loader_imports_neither_the_writer_nor_the_prep_pipeline():
     code = (
         "import sys, torch\n"
         "from shards import GroupDataset, RankInfo\n"
-        "heavy = ['shards.writer', 'dataprep.prep', 'equishard.contracts.cost_table', 'numba', "
+        "heavy = ['shards.write.writer', 'dataprep.prep', 'equishard.contracts.cost_table', 'numba', "
         "'balancing', 'webdataset']\n"
         "print([m for m in heavy if m in sys.modules])"
     )
@@ -229,7 +229,7 @@ def test_the_floor_checker_sees_an_import_running_up(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     cases = {
         "balancing/a.py": "from dataprep.values import check_count\n",
-        "equishard/common/b.py": "def f():\n    import shards.reader\n",
+        "equishard/common/b.py": "def f():\n    import shards.read.reader\n",
         "dataprep/c.py": "from equishard.cli import main\n",
         "shards/d.py": "from trainer_adapter import exchange\n",
         "equishard/contracts/e.py": "from balancing.plan import PLAN\n",
@@ -307,7 +307,7 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_two_modules_import_each_other():
-    """No circle of imports anywhere in the product (``shards.manifest`` and
+    """No circle of imports anywhere in the product (``shards.store.manifest`` and
     ``shards.manifest_structure`` imported each other)."""
     assert _circles(_import_graph()) == []
 
@@ -363,3 +363,70 @@ def test_every_error_derives_from_the_one_base():
         if cls is EquishardError:
             continue
         assert issubclass(cls, EquishardError), f"{errors[name][0]}: {name}"
+
+
+# -- inside shards: one subpackage per concern, each standing on those before it ------------------
+
+SHARDS_BELOW = {
+    "format": (),
+    "store": ("format",),
+    "read": ("format", "store"),
+    "write": ("format", "store", "read"),
+    "nightly": ("format", "store", "read", "write"),
+}
+SHARDS_SHIMS = ("shards.manifest", "shards.energon", "shards.hf_datasets", "shards.prep_settings")
+
+
+def _shards_violations(files) -> list[str]:
+    bad = []
+    for path in files:
+        mine = _module_name(path).split(".")[1]
+        for line, module in _imports(path):
+            parts = module.split(".")
+            if parts[0] != "shards" or len(parts) < 2:
+                continue
+            if ".".join(parts[:2]) in SHARDS_SHIMS:
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {module} (a 0.1 shim)")
+            elif parts[1] in SHARDS_BELOW and parts[1] not in (mine, *SHARDS_BELOW[mine]):
+                bad.append(f"{path.relative_to(REPO)}:{line} imports {module} ({parts[1]})")
+    return bad
+
+
+@pytest.mark.parametrize("sub", sorted(SHARDS_BELOW))
+def test_shards_is_split_by_concern_and_no_import_runs_back_up(sub):
+    """``shards/`` was one flat room of 33 files holding five concerns; now format < store <
+    read < write < nightly (and ``shards.errors`` under all), and no product module imports a
+    shim kept for equishard 0.1's paths."""
+    files = _product_files(f"shards.{sub}")
+    assert files
+    assert _shards_violations(files) == []
+    if sub == "nightly":  # the shims: nothing of the product goes through them
+        every = [p for pkg in PRODUCT for p in _product_files(pkg)]
+        shims = {REPO / (s.replace(".", "/") + ".py") for s in SHARDS_SHIMS}
+        used = [
+            f"{p.relative_to(REPO)}:{line}"
+            for p in every
+            if p not in shims
+            for line, m in _imports(p)
+            if ".".join(m.split(".")[:2]) in SHARDS_SHIMS
+        ]
+        assert used == []
+
+
+def test_the_shards_checker_sees_an_import_running_up(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    for rel, code in {
+        "shards/store/a.py": "from shards.write.writer import write_generation\n",
+        "shards/format/b.py": "def f():\n    import shards.read.reader\n",
+        "shards/read/c.py": "from shards.manifest import open_generation\n",
+    }.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code)
+        assert _shards_violations([path]), rel
+    ok = tmp_path / "shards" / "write" / "ok.py"
+    ok.parent.mkdir(parents=True, exist_ok=True)
+    ok.write_text(
+        "from shards.store.publish import CURRENT\nfrom shards.errors import WriteError\n"
+    )
+    assert _shards_violations([ok]) == []

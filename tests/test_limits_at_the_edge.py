@@ -12,9 +12,15 @@ import fsspec
 import pytest
 
 from dataprep.demo import MAX_DEMO_SAMPLES, make_demo
-from shards.storage import GenerationFiles
-from shards.store_limits import MAX_RETRIES, MAX_TIMEOUT, RETRIES_ENV, TIMEOUT_ENV, store_limits
-from shards.write_config import MAX_SHARD_SIZE, WriteConfig
+from shards.store.storage import GenerationFiles
+from shards.store.store_limits import (
+    MAX_RETRIES,
+    MAX_TIMEOUT,
+    RETRIES_ENV,
+    TIMEOUT_ENV,
+    store_limits,
+)
+from shards.write.write_config import MAX_SHARD_SIZE, WriteConfig
 
 SIDES = ("below", "at", "above")
 
@@ -95,7 +101,7 @@ def test_demo_samples(tmp_path, side):
 @pytest.mark.parametrize("side", SIDES)
 def test_a_listing_at_its_limit_is_taken_one_more_refused(side):
     """A generation of 0 files may be listed with 1,000 objects (4 per file plus 1,000)."""
-    from shards.store_limits import listing_limit
+    from shards.store.store_limits import listing_limit
 
     limit = listing_limit(0)
     fs = fsspec.filesystem("memory")

@@ -92,14 +92,16 @@ def test_an_equivalent_by_text_matches_every_such_line_of_the_modules_it_names(t
 
 
 def test_the_summary_lists_each_measured_module_and_the_core_ones_not_measured(monkeypatch):
-    monkeypatch.setattr(mutation, "core_modules", lambda: ["balancing/steps.py", "shards/*.py"])
+    monkeypatch.setattr(
+        mutation, "core_modules", lambda: ["balancing/steps.py", "shards/store/*.py"]
+    )
     body = {
         "balancing/steps.py": "## `balancing/steps.py`\n\nRun 2026-01-02, cosmic-ray 8.\n\n"
         "Mutants: 9; killed 8, survived 1, equivalent 0, incompetent 0. **Score 88.9 %** (x)\n"
     }
     out = mutation._summary(body)
     assert "| `balancing/steps.py` | 88.9 % | 8 | 1 | 0 | 2026-01-02 |" in out
-    assert "`shards/publish.py`" in out and "`shards/__init__.py`" not in out
+    assert "`shards/store/publish.py`" in out and "`shards/store/__init__.py`" not in out
     assert "`balancing/steps.py`," not in out.split("not measured yet")[1]
 
 

@@ -14,8 +14,8 @@ def main(generation: str, out: str) -> None:
     import pyarrow.parquet as pq
 
     from equishard.contracts.cost_table import read_cost_table
-    from shards.manifest import open_generation
-    from shards.report import _figures
+    from shards.read.report import _figures
+    from shards.store.manifest import open_generation
 
     m = open_generation(generation)
     files = m.storage

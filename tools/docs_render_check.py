@@ -25,7 +25,7 @@ PAGES = {
     "getting-started/": ["md-nav", "highlight", "equishard prep"],  # code blocks
     "preparing/vision-policies/": ["md-nav", "<table", "qwen2vl"],  # the policy table
 }
-# headless Chromium on a machine without a display or network (tests/shards/test_rebalance.py
+# headless Chromium on a machine without a display or network (tests/shards/nightly/test_rebalance.py
 # renders the HTML report with the same flags)
 FLAGS = [
     "--headless",

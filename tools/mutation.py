@@ -1,6 +1,6 @@
 """Mutation testing with a maintained tool (cosmic-ray), one module at a time.
 
-    make mutation MODULE=shards/current_guard.py       # or: python tools/mutation.py MODULE
+    make mutation MODULE=shards/store/current_guard.py       # or: python tools/mutation.py MODULE
     python tools/mutation.py --list                     # the modules and their tests
 
 cosmic-ray plants every mutation its operators make in ``MODULE`` (comparisons, arithmetic,

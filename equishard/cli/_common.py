@@ -112,7 +112,7 @@ def add_store_args(p) -> None:
 
 
 def _apply_store_args(args) -> None:
-    from shards.store_limits import (
+    from shards.store.store_limits import (
         MAX_RETRIES,
         MAX_TIMEOUT,
         RETRIES_ENV,

@@ -26,8 +26,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import fail, format_table
-    from shards.manifest import ManifestError
-    from shards.verify import inspect_generation
+    from shards.read.verify import inspect_generation
+    from shards.store.manifest import ManifestError
 
     try:
         info = inspect_generation(args.generation)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         elif tok:
             print(f"                 tokenizer estimate, {tok.get('chars_per_token')} chars/token")
         ro = prep.get("read_options") or {}
-        # image_roots: [input, root] pairs, one per night's input (shards/night_inputs.py)
+        # image_roots: [input, root] pairs, one per night's input (shards/nightly/night_inputs.py)
         pairs = ro.get("image_roots") if isinstance(ro.get("image_roots"), list) else []
         where = {p[1] for p in pairs if isinstance(p, list | tuple) and len(p) == 2}
         where |= {ro.get("image_root")} if ro.get("image_root") else set()

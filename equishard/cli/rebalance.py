@@ -86,7 +86,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from shards.rebalance import RebalanceConfig, run_rebalance
+    from shards.nightly.rebalance import RebalanceConfig, run_rebalance
 
     try:
         cfg = RebalanceConfig(

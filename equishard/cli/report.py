@@ -29,7 +29,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import check_output, fail, print_json
-    from shards.report import render_report
+    from shards.read.report import render_report
 
     try:
         check_output(args.output)
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         return fail(str(exc))
     if args.json:
-        from shards.manifest import open_generation
+        from shards.store.manifest import open_generation
 
         m = open_generation(args.generation)
         n = m.totals["samples"]

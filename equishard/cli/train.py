@@ -198,7 +198,7 @@ def local_rank_limit() -> int:
 
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import fail
-    from shards.manifest import ManifestError, open_generation
+    from shards.store.manifest import ManifestError, open_generation
     from trainer_adapter.train.config import TrainConfig
 
     if args.nproc != args.dp * args.pp:

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from equishard.cli._common import fail, print_json
-    from shards.storage import is_url
-    from shards.verify import verify_generation
+    from shards.read.verify import verify_generation
+    from shards.store.storage import is_url
 
     if not is_url(args.generation) and not Path(args.generation).is_dir():
         return fail(

@@ -87,8 +87,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import check_output_dir, fail, os_failure, print_json
-    from shards.storage import is_url
-    from shards.writer import WriteConfig, WriteError, parse_size, write_generation
+    from shards.store.storage import is_url
+    from shards.write.writer import WriteConfig, WriteError, parse_size, write_generation
 
     try:
         if not is_url(args.out):

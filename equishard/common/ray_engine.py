@@ -9,7 +9,7 @@ process or node died (``max_retries``); the task functions are written to be re-
 task's own code is not retried: it is deterministic, and is raised in the driver as itself.
 
 Every node must see the paths a task touches (inputs, images, tokenizer, the output's staging
-directory): run Ray over a shared file system, or publish to an object store (``shards.storage``).
+directory): run Ray over a shared file system, or publish to an object store (``shards.store.storage``).
 """
 
 from __future__ import annotations

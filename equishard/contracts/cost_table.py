@@ -183,7 +183,9 @@ def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.
     if smallest is not None and smallest < 0:
         rules.append(("vit_seq_lens holds a negative length", _rows_where(seq, pc.less(flat, 0))))
     for name in (VIT_SEQ_LENS, IMAGE_WIDTHS, IMAGE_HEIGHTS):  # a null inside a list: a
-        if name in table.column_names:  # sample document no reader takes (shards/sample_doc.py)
+        if (
+            name in table.column_names
+        ):  # sample document no reader takes (shards/format/sample_doc.py)
             col = table.column(name)
             values = flat if name == VIT_SEQ_LENS else pc.list_flatten(col)
             if values.null_count:

@@ -6,7 +6,7 @@
 that must never leave the generation, the streams' structure, the plan report and the fields
 beside it) and raises a ``ManifestError`` naming the manifest and the field. What needs the
 files themselves (their sizes, symlinks of a local directory) is
-:func:`shards.manifest.load_manifest`'s part.
+:func:`shards.store.manifest.load_manifest`'s part.
 
 Every file name of a generation is in :mod:`equishard.contracts.generation_names`, re-exported
 here.

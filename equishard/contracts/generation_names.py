@@ -84,7 +84,7 @@ def check_digest(value: str, where: str) -> str:
 def check_member_path(name: str, where: str) -> str:
     """A file the manifest names inside its generation (a shard, a carried file): relative, no
     ``..``, ``.`` or empty part, no backslash or NUL. (Where the generation is a local
-    directory, :func:`shards.manifest.load_manifest` also resolves symlinks.)"""
+    directory, :func:`shards.store.manifest.load_manifest` also resolves symlinks.)"""
     parts = name.split("/")
     if not name or name.startswith("/") or {"", ".", ".."} & set(parts) or "\\" in name:
         raise ManifestError(f"{where}: shard path {name!r} leaves the generation directory")

@@ -6,7 +6,7 @@ A plan directory holds :data:`PLAN_PARQUET` (one row per sample: its group, the 
 :data:`PLAN_REPORT` (the balance report: parameters, counts, last step, metrics). A night's
 incremental plan adds ``parent_step`` (:data:`INCREMENTAL_PLAN_SCHEMA`). The writer is
 :func:`balancing.write_plan`; the reader, which checks a plan from outside against itself and the
-cost table, is :func:`shards.plan_input.read_plan`.
+cost table, is :func:`shards.write.plan_input.read_plan`.
 """
 
 from __future__ import annotations

@@ -141,7 +141,7 @@ def test_every_kernel_caches_its_build_on_disk():
     root = Path(__file__).resolve().parents[2]
     njit_files = {
         str(p.relative_to(root).with_suffix("")).replace("/", ".")
-        for top in ("balancing", "dataprep", "shards", "trainer_adapter")
+        for top in ("balancing", "dataprep", "shards", "trainer_adapter", "equishard")
         for p in (root / top).rglob("*.py")
         if "@njit" in p.read_text()
     }

@@ -54,7 +54,7 @@ def write_test_generation(root: Path, cost: Path, dp: int = 1) -> Path:
     ``root / "gen"``; its root, with CURRENT."""
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from dataprep import read_cost_table
-    from shards.writer import WriteConfig, write_generation
+    from shards.write.writer import WriteConfig, write_generation
 
     plan = root / "plan"
     write_plan(build_plan(read_cost_table(cost), BalanceConfig(dp=dp, nodes=1, seed=0)), plan)

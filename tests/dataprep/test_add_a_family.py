@@ -154,7 +154,7 @@ def test_a_family_in_one_module_is_prepped_checked_and_packed(toy_family, tmp_pa
     assert sum(len(r["image"]) for r in records) > 5  # images were counted, not only text
 
     other = HFPacker(family="toyvlm", processor=_processor(model, 336), template=str(model))
-    from shards.prep_settings import SettingsMismatch
+    from shards.read.prep_settings import SettingsMismatch
 
     with pytest.raises(SettingsMismatch, match=r"side 336 \(processor\) vs 224 \(prep\)"):
         check_processor_policy(other, {"spec": parse_vision_policy("toy").spec()})

@@ -25,7 +25,7 @@ import pytest
 from dataprep.chat_template import load_template
 from dataprep.errors import SampleRejected
 from dataprep.records import normalize_record
-from shards.collate import Collator
+from shards.read.collate import Collator
 from tests.conftest import write_image
 from tests.dataprep.helpers import run, write_jsonl
 

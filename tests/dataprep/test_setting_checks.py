@@ -118,7 +118,7 @@ def test_shipped_templates_are_all_checked_for_their_tokens():
 def test_the_collator_refuses_a_template_of_another_family_at_construction(
     tmp_path, tokenizer_path
 ):
-    from shards.collate import Collator
+    from shards.read.collate import Collator
 
     model = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
     tok = str(model / "tokenizer.json")

@@ -11,7 +11,7 @@ import pytest
 
 from balancing.plan import BalanceConfig, build_plan, write_plan
 from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
-from shards.writer import WriteConfig, write_generation
+from shards.write.writer import WriteConfig, write_generation
 
 
 def build_inputs(
@@ -75,7 +75,7 @@ def gen_copy(generation, tmp_path) -> Path:
 @pytest.fixture(scope="module")
 def night1(tmp_path_factory) -> Path:
     """A generation root written from day 1 of a three-day demo set (the nightly tests)."""
-    from tests.shards.nightly import first_night
+    from tests.shards.night_helpers import first_night
 
     return first_night(tmp_path_factory.mktemp("nightly"))
 

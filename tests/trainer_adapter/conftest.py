@@ -8,7 +8,7 @@ import pytest
 
 from balancing.plan import BalanceConfig, build_plan, write_plan
 from dataprep import PrepConfig, make_demo, read_cost_table, run_prep
-from shards.writer import WriteConfig, write_generation
+from shards.write.writer import WriteConfig, write_generation
 
 # 56-px tiles of 14-px patches: 16 patches and 4 LLM tokens per tile, so a CPU trains in seconds
 POLICY = "internvl:max_tiles=4,tile_size=56"

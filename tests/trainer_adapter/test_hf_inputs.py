@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from shards.prep_settings import SettingsMismatch
+from shards.read.prep_settings import SettingsMismatch
 from tests.dataprep.test_jinja_template import (
     FAMILIES,
     VARIANTS,
@@ -467,7 +467,7 @@ def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from dataprep import read_cost_table
     from shards import GroupDataset, RankInfo
-    from shards.writer import WriteConfig, write_generation
+    from shards.write.writer import WriteConfig, write_generation
     from tests.dataprep.helpers import run, write_jsonl
     from tests.dataprep.test_jinja_template import FAMILIES as SPECS
     from trainer_adapter.hf.inputs import HFPacker

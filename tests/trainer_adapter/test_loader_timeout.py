@@ -10,7 +10,7 @@ import time
 import pytest
 
 from shards import GroupDataset, RankInfo
-from shards.writer import WriteConfig, write_generation
+from shards.write.writer import WriteConfig, write_generation
 from tests.shards.conftest import build_inputs
 from trainer_adapter.train.loop import group_batches
 

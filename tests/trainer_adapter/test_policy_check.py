@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from shards.prep_settings import SettingsMismatch
+from shards.read.prep_settings import SettingsMismatch
 from tests.dataprep.test_jinja_template import (
     FAMILIES,
     VARIANTS,

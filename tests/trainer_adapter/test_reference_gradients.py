@@ -105,7 +105,7 @@ def _distributed(rank, world, gen, layouts, precision="fp32"):
 
 def _reference(gen):
     """One process, no process group: the global batch through the model's modules."""
-    from shards.collate import normalize_patches
+    from shards.read.collate import normalize_patches
     from trainer_adapter.train.model import VisionLanguageModel
 
     manifest, collate, mcfg = _collate_and_model(gen)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shards.prep_settings import PrepSettings, SettingsMismatch
+from shards.read.prep_settings import PrepSettings, SettingsMismatch
 from tests.dataprep.test_jinja_template import (
     FAMILIES,
     conversations,

@@ -312,8 +312,8 @@ class HFPacker:
         one prep counted with (:mod:`~trainer_adapter.hf.tokenizer_check`; ``tokenizer`` names
         prep's file or model directory where the recorded path is not at hand); every sample's
         row is checked against prep's costs (``check_costs=False`` turns that off)."""
-        from shards.manifest import Manifest, open_generation
-        from shards.prep_settings import PrepSettings
+        from shards.read.prep_settings import PrepSettings
+        from shards.store.manifest import Manifest, open_generation
 
         m = generation if isinstance(generation, Manifest) else open_generation(generation)
         rec = PrepSettings.from_manifest(m)

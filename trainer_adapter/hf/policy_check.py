@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 from dataprep.families.registry import CHECKS, FAMILY_POLICIES  # derived from the specs
-from shards.prep_settings import SettingsMismatch
+from shards.read.prep_settings import SettingsMismatch
 
 __all__ = ["CHECKS", "FAMILY_POLICIES", "check_processor_policy"]
 

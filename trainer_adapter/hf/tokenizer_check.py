@@ -17,7 +17,7 @@ import json
 import warnings
 from pathlib import Path
 
-from shards.prep_settings import SettingsMismatch
+from shards.read.prep_settings import SettingsMismatch
 
 __all__ = ["check_processor_tokenizer"]
 
@@ -70,7 +70,7 @@ def _differences(processor_tokenizer, path: str) -> list[str]:
 
 def check_processor_tokenizer(processor, recorded, given: str | None = None) -> None:
     """Raise :class:`SettingsMismatch` when ``processor``'s tokenizer is not the one prep
-    counted with (``recorded``: the generation's :class:`~shards.prep_settings.PrepSettings`;
+    counted with (``recorded``: the generation's :class:`~shards.read.prep_settings.PrepSettings`;
     ``given``: the tokenizer file or model directory prep used, where the recorded path is not
     at hand)."""
     if recorded.tokenizer is None:  # prep estimated text tokens: nothing to compare with

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from balancing import CostModel
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
-from shards.collate import normalize_patches
+from shards.read.collate import normalize_patches
 from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
 from trainer_adapter.train.config import TrainConfig

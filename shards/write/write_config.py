@@ -1,0 +1,135 @@
+"""What ``equishard write`` is asked to do: :class:`WriteConfig`, checked where it is made (sizes,
+workers, the engine, the extra manifest keys and carried files, the plan and cost table it
+names), its :class:`WriteResult`, and :func:`parse_size` for ``--shard-size``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.values import check_count, check_flag, check_task_timeout, is_count
+from equishard.common.workers import MAX_WORKERS
+from equishard.contracts.generation import COST_FILE, MANIFEST, PLAN_FILE, WIDS_INDEX, WRITER_KEYS
+from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
+from shards.store.storage import check_writable
+from shards.write.stream_pool import usable_cores
+
+__all__ = ["MAX_SHARD_SIZE", "WRITER_KEYS", "WriteConfig", "WriteResult", "parse_size"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriteConfig:
+    plan_dir: str
+    cost_table: str
+    out: str
+    shard_size: int = 1 << 30
+    workers: int = 1
+    # a generation directory whose shards hold the groups the plan marks with parent_step >= 0
+    # (nightly rebalancing): those are copied from there instead of read from the raw data
+    reuse_from: str | None = None
+    # more manifest keys (e.g. the nightly run that made this generation)
+    manifest_extra: dict | None = None
+    # more files carried inside the generation: {name in the generation: source path}
+    extra_files: dict[str, str] | None = None
+    # also write Megatron-Energon's metadata (.nv-meta/, .tar.idx): shards.write.energon
+    energon: bool = False
+    engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
+    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
+    # a stream stuck longer: a Ray task is retried, a local worker process fails the write
+    task_timeout: float | None = DEFAULT_TASK_TIMEOUT
+    # ``out`` may be an object-store URL (s3://bucket/prefix, any fsspec URL): the generation is
+    # then written in the local root ``staging`` (default: shards.store.object_store.default_staging)
+    # and uploaded, manifest last, CURRENT last of all (shards.store.object_store)
+    staging: str | None = None
+    storage_options: dict | None = None
+    # move CURRENT even where that rolls the root back (shards.store.current_guard): on purpose only
+    force: bool = False
+
+    def __post_init__(self) -> None:
+        check_writable(self.out, "--out")
+        check_task_timeout(self.task_timeout)
+        if not is_count(self.shard_size, 1024, MAX_SHARD_SIZE + 1):
+            raise ValueError(
+                f"--shard-size must be 1KB to 1PB, got {self.shard_size} bytes (a shard is "
+                "closed after the group that reaches it)"
+            )
+        check_count("--workers", self.workers, 1, MAX_WORKERS)
+        check_flag("energon", self.energon)
+        check_flag("force", self.force)
+        if self.workers > 1 and self.engine == "local":
+            usable_cores()  # EQUISHARD_CORES checked here, before anything is staged
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.ray_address and self.engine != "ray":
+            raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
+        _check_extras(self.manifest_extra, self.extra_files)
+        for f in (
+            Path(self.plan_dir) / PLAN_PARQUET,
+            Path(self.plan_dir) / PLAN_REPORT,
+            Path(self.cost_table),
+        ):
+            if f.exists() and not f.is_file():
+                raise ValueError(f"{f}: not a regular file (a FIFO, device or directory)")
+            if not f.is_file():
+                raise ValueError(
+                    f"{f} does not exist: run 'equishard prep' and 'equishard balance' first"
+                )
+
+
+_CARRIED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+
+
+def _check_extras(manifest_extra, extra_files) -> None:
+    """``manifest_extra`` adds JSON keys the writer does not write; ``extra_files`` names plain
+    files of the generation (one name, no directory, not one the writer writes: a name like
+    ``../x`` would be written outside the generation) and their existing sources."""
+    if manifest_extra is not None:
+        if not isinstance(manifest_extra, dict):
+            raise ValueError(f"manifest_extra must be a dict, got {type(manifest_extra).__name__}")
+        clash = sorted(WRITER_KEYS & set(manifest_extra))
+        if clash:
+            raise ValueError(f"manifest_extra would replace the writer's own keys {clash}")
+        try:
+            json.dumps(manifest_extra, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"manifest_extra must be plain JSON: {exc}") from None
+    if extra_files is None:
+        return
+    if not isinstance(extra_files, dict):
+        raise ValueError(f"extra_files must be a dict, got {type(extra_files).__name__}")
+    reserved = {MANIFEST, COST_FILE, PLAN_FILE, WIDS_INDEX}
+    for name, src in extra_files.items():
+        if not isinstance(name, str) or not _CARRIED_NAME.fullmatch(name) or name in reserved:
+            raise ValueError(
+                f"extra_files name {name!r} must be one plain file name (letters, digits, '.', "
+                f"'_', '-'; no directory) other than {sorted(reserved)}"
+            )
+        if not isinstance(src, str | os.PathLike) or not Path(src).is_file():
+            raise ValueError(f"extra_files[{name!r}]: {src!r} is not a regular file")
+
+
+@dataclass(slots=True)
+class WriteResult:
+    generation: str
+    path: str
+    parent: str | None
+    samples: int
+    groups: int
+    shards: int
+    bytes: int
+    reused: bool
+
+
+MAX_SHARD_SIZE = 1 << 50  # 1 PiB: any larger size means one shard per stream anyway
+
+
+def parse_size(text: str) -> int:
+    """'1GB', '512MB', '64k', '1000' -> bytes (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m or len(m.group(1)) > 20:  # more digits than any size: float('9' * 400) is inf
+        raise ValueError(f"bad size {text!r}: write e.g. 1GB, 256MB or 1048576")
+    return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))

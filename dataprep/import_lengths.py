@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from equishard.common.durable import durable_replace
+from equishard.common.options import option
 from equishard.common.values import check_count
 from equishard.contracts.columns import (
     LLM_TOKENS,
@@ -56,10 +57,28 @@ KEYS = ("vit_num", "token_num", "image_flags")
 
 @dataclass(frozen=True, kw_only=True)
 class ImportLengthsConfig:
-    inputs: tuple[str, ...]
-    output: str
-    patches_per_tile: int = 1024  # 448 px tiles, patch 14
-    tokens_per_tile: int = 256  # after InternVL's 0.5 pixel shuffle
+    inputs: tuple[str, ...] = field(
+        metadata=option(
+            "length files (.json / .jsonl)", flag="", nargs="+", metavar="LENGTHS", parse=tuple
+        )
+    )
+    output: str = field(
+        metadata=option(
+            "cost table to write", short="-o", flag="--output", required=True, metavar="COST_TABLE"
+        )
+    )
+    patches_per_tile: int = field(
+        default=1024,  # 448 px tiles, patch 14
+        metadata=option(
+            "encoder patches per tile (default 1024: InternVL's 448 px tiles at patch 14)"
+        ),
+    )
+    tokens_per_tile: int = field(
+        default=256,  # after InternVL's 0.5 pixel shuffle
+        metadata=option(
+            "LLM tokens per real tile (default 256: 1024 patches after 0.5 pixel shuffle)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.inputs:

@@ -81,9 +81,16 @@ class Recorded(BaseException):
         self.kwargs = kwargs
 
 
-def _recorder(*args, **kwargs):
-    assert not args, "configurations are keyword-only"
-    raise Recorded(kwargs)
+def _recorder(cls):
+    """``cls`` whose construction records its keyword arguments instead (a subclass: a command
+    that reads the options its fields declare still finds them)."""
+
+    class Recorder(cls):
+        def __init__(self, *args, **kwargs):
+            assert not args, "configurations are keyword-only"
+            raise Recorded(kwargs)
+
+    return Recorder
 
 
 def _subparser(command: str):
@@ -135,7 +142,8 @@ def test_every_option_reaches_the_configuration(command, tmp_path, monkeypatch):
     from shards.store.store_limits import RETRIES_ENV, TIMEOUT_ENV
 
     module, cls = CONFIGS[command]
-    monkeypatch.setattr(importlib.import_module(module), cls, _recorder)
+    mod = importlib.import_module(module)
+    monkeypatch.setattr(mod, cls, _recorder(getattr(mod, cls)))
     # train opens the generation first (a wrong --shards is one line, not a torchrun failure)
     monkeypatch.setattr("shards.store.manifest.open_generation", lambda *a, **k: None)
     for env in (TIMEOUT_ENV, RETRIES_ENV):

@@ -60,32 +60,19 @@ def print_json(command: str, *, ok: bool, n_in: int, n_out: int, rejected: int, 
 
 
 def add_engine_args(p, what: str) -> None:
-    """``--engine`` and ``--ray-address`` for a subcommand that can run on Ray."""
-    p.add_argument(
-        "--engine",
-        choices=("local", "ray"),
-        default="local",
-        help=f"local: {what} in worker processes on this machine (default); ray: in Ray tasks "
-        "on a Ray cluster (needs equishard[ray]; every node must see the input and output "
-        "paths). --workers then is the number of tasks at a time (a local cluster gets that "
-        "many CPUs)",
+    """``--engine``, ``--ray-address`` and ``--task-timeout`` for a subcommand that can run on
+    Ray (a configuration that declares them on its fields gets them from ``add_options``)."""
+    from equishard.common.options import add_option
+    from equishard.common.ray_engine import (
+        DEFAULT_TASK_TIMEOUT,
+        ENGINE_OPTION,
+        RAY_ADDRESS_OPTION,
+        TASK_TIMEOUT_OPTION,
     )
-    p.add_argument(
-        "--ray-address",
-        metavar="ADDR",
-        help="the Ray cluster to run on: auto, HOST:PORT or ray://HOST:10001 (default: "
-        "$RAY_ADDRESS, else start a local cluster)",
-    )
-    p.add_argument(
-        "--task-timeout",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="a task still running after S seconds counts as stuck (a frozen worker, a hung "
-        "mount): with --engine ray it is killed and run again, and after 3 tries the run fails "
-        "naming it; a local worker process is killed and the run fails naming it at once "
-        "(default: 1800; 0: no limit)",
-    )
+
+    add_option(p, "engine", "str", ENGINE_OPTION["option"], "local", what=what)
+    add_option(p, "ray_address", "str | None", RAY_ADDRESS_OPTION["option"], None)
+    add_option(p, "task_timeout", "float", TASK_TIMEOUT_OPTION["option"], DEFAULT_TASK_TIMEOUT)
 
 
 def add_store_args(p) -> None:

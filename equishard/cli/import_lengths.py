@@ -8,7 +8,9 @@ __all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
+    from dataprep.import_lengths import ImportLengthsConfig
     from equishard.cli._common import add_json_arg
+    from equishard.common.options import add_options
 
     p = sub.add_parser(
         name,
@@ -26,22 +28,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("inputs", nargs="+", metavar="LENGTHS", help="length files (.json / .jsonl)")
-    p.add_argument(
-        "-o", "--output", required=True, metavar="COST_TABLE", help="cost table to write"
-    )
-    p.add_argument(
-        "--patches-per-tile",
-        type=int,
-        default=1024,
-        help="encoder patches per tile (default 1024: InternVL's 448 px tiles at patch 14)",
-    )
-    p.add_argument(
-        "--tokens-per-tile",
-        type=int,
-        default=256,
-        help="LLM tokens per real tile (default 256: 1024 patches after 0.5 pixel shuffle)",
-    )
+    add_options(p, ImportLengthsConfig)  # declared on the configuration's fields
     add_json_arg(p)
     p.set_defaults(run=run)
 
@@ -49,13 +36,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from dataprep.import_lengths import ImportLengthsConfig, import_lengths
     from equishard.cli._common import check_output, print_json
+    from equishard.common.options import config_kwargs
 
-    cfg = ImportLengthsConfig(
-        inputs=tuple(args.inputs),
-        output=args.output,
-        patches_per_tile=args.patches_per_tile,
-        tokens_per_tile=args.tokens_per_tile,
-    )
+    cfg = ImportLengthsConfig(**config_kwargs(ImportLengthsConfig, args))
     check_output(args.output)
     r = import_lengths(cfg)
     if args.json:

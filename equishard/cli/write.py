@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from equishard.cli._common import add_engine_args, add_json_arg, add_store_args
+from equishard.cli._common import add_json_arg, add_store_args
+from equishard.common.options import add_options, config_kwargs
+from shards.write.write_config import WriteConfig
 
 __all__ = ["add_parser", "run"]
 
@@ -36,50 +38,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("plan_dir", metavar="PLAN_DIR", help="directory written by 'equishard balance'")
-    p.add_argument(
-        "--cost-table", required=True, metavar="T", help="the cost table the plan was made from"
-    )
-    p.add_argument(
-        "--out",
-        required=True,
-        metavar="GEN_ROOT",
-        help="generation root (created if missing): a directory, or an object-store URL "
-        "(s3://bucket/prefix, gs://..., any fsspec URL; credentials and endpoint from the "
-        "store's usual environment, e.g. AWS_* variables)",
-    )
-    p.add_argument(
-        "--staging",
-        metavar="DIR",
-        help="with a URL --out: the local root the generation is written in before upload, "
-        "kept so a killed run resumes (default: $EQUISHARD_STAGING or "
-        "~/.cache/equishard/staging/<hash of the URL>)",
-    )
-    p.add_argument(
-        "--shard-size", default="1GB", help="close a shard after this many bytes (default: 1GB)"
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="writer processes, one stream each at a time, this one included (default: 1); "
-        "each keeps two cores busy, so at most usable cores / 2 run (EQUISHARD_CORES "
-        "overrides the cores seen)",
-    )
-    p.add_argument(
-        "--energon",
-        action="store_true",
-        help="also make the generation loadable by Megatron-Energon (needs equishard[energon]); "
-        "'rebalance' keeps doing so for generations that have it",
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="make this generation CURRENT even where that rolls the root back: it was "
-        "published there before the one CURRENT names (say, a night's), or CURRENT moved while "
-        "it was written. Without it such a write is refused and CURRENT stays",
-    )
-    add_engine_args(p, "write streams")
+    add_options(p, WriteConfig, what="write streams")  # declared on its fields
     add_store_args(p)
     add_json_arg(p)
     p.set_defaults(run=run)
@@ -88,26 +47,14 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import check_output_dir, fail, os_failure, print_json
     from shards.store.storage import is_url
-    from shards.write.writer import WriteConfig, WriteError, parse_size, write_generation
+    from shards.write.writer import WriteConfig, WriteError, write_generation
 
     try:
         if not is_url(args.out):
             check_output_dir(args.out)
         elif args.staging:
             check_output_dir(args.staging)
-        cfg = WriteConfig(
-            plan_dir=args.plan_dir,
-            cost_table=args.cost_table,
-            out=args.out,
-            shard_size=parse_size(args.shard_size),
-            workers=args.workers,
-            energon=args.energon,
-            engine=args.engine,
-            ray_address=args.ray_address,
-            task_timeout=args.task_timeout or None,
-            staging=args.staging,
-            force=args.force,
-        )
+        cfg = WriteConfig(**config_kwargs(WriteConfig, args))
     except ValueError as exc:  # a bad argument or input (exit 2)
         return fail(str(exc))
     try:

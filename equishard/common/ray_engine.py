@@ -20,13 +20,45 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from equishard.common.options import option
 from equishard.common.values import check_count, check_task_timeout
 from equishard.common.workers import usable_cores
 
-__all__ = ["DEFAULT_TASK_TIMEOUT", "ENGINES", "RayOptions", "init_ray", "ordered_map"]
+__all__ = [
+    "DEFAULT_TASK_TIMEOUT",
+    "ENGINES",
+    "ENGINE_OPTION",
+    "RAY_ADDRESS_OPTION",
+    "TASK_TIMEOUT_OPTION",
+    "RayOptions",
+    "init_ray",
+    "ordered_map",
+]
 
 ENGINES = ("local", "ray")
 DEFAULT_TASK_TIMEOUT = 1800.0
+
+# the options of every command that can run on Ray, declared once ({what}: what it runs)
+ENGINE_OPTION = option(
+    "local: {what} in worker processes on this machine (default); ray: in Ray tasks on a Ray "
+    "cluster (needs equishard[ray]; every node must see the input and output paths). --workers "
+    "then is the number of tasks at a time (a local cluster gets that many CPUs)",
+    choices=ENGINES,
+)
+RAY_ADDRESS_OPTION = option(
+    "the Ray cluster to run on: auto, HOST:PORT or ray://HOST:10001 (default: $RAY_ADDRESS, "
+    "else start a local cluster)",
+    metavar="ADDR",
+)
+TASK_TIMEOUT_OPTION = option(
+    "a task still running after S seconds counts as stuck (a frozen worker, a hung mount): with "
+    "--engine ray it is killed and run again, and after 3 tries the run fails naming it; a "
+    "local worker process is killed and the run fails naming it at once (default: 1800; 0: no "
+    "limit)",
+    metavar="S",
+    type=float,
+    parse=lambda seconds: seconds or None,  # 0: no limit
+)
 _HINT = "install Ray with: pip install 'equishard[ray]'"
 
 

@@ -7,10 +7,17 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.options import option
+from equishard.common.ray_engine import (
+    DEFAULT_TASK_TIMEOUT,
+    ENGINE_OPTION,
+    ENGINES,
+    RAY_ADDRESS_OPTION,
+    TASK_TIMEOUT_OPTION,
+)
 from equishard.common.values import check_count, check_flag, check_task_timeout, is_count
 from equishard.common.workers import MAX_WORKERS
 from equishard.contracts.generation import COST_FILE, MANIFEST, PLAN_FILE, WIDS_INDEX, WRITER_KEYS
@@ -23,11 +30,38 @@ __all__ = ["MAX_SHARD_SIZE", "WRITER_KEYS", "WriteConfig", "WriteResult", "parse
 
 @dataclass(frozen=True, kw_only=True)
 class WriteConfig:
-    plan_dir: str
-    cost_table: str
-    out: str
-    shard_size: int = 1 << 30
-    workers: int = 1
+    plan_dir: str = field(
+        metadata=option("directory written by 'equishard balance'", flag="", metavar="PLAN_DIR")
+    )
+    cost_table: str = field(
+        metadata=option("the cost table the plan was made from", required=True, metavar="T")
+    )
+    out: str = field(
+        metadata=option(
+            "generation root (created if missing): a directory, or an object-store URL "
+            "(s3://bucket/prefix, gs://..., any fsspec URL; credentials and endpoint from the "
+            "store's usual environment, e.g. AWS_* variables)",
+            required=True,
+            metavar="GEN_ROOT",
+        )
+    )
+    shard_size: int = field(
+        default=1 << 30,
+        metadata=option(
+            "close a shard after this many bytes (default: 1GB)",
+            type=str,
+            default="1GB",
+            parse=lambda size: parse_size(size),
+        ),
+    )
+    workers: int = field(
+        default=1,
+        metadata=option(
+            "writer processes, one stream each at a time, this one included (default: 1); "
+            "each keeps two cores busy, so at most usable cores / 2 run (EQUISHARD_CORES "
+            "overrides the cores seen)"
+        ),
+    )
     # a generation directory whose shards hold the groups the plan marks with parent_step >= 0
     # (nightly rebalancing): those are copied from there instead of read from the raw data
     reuse_from: str | None = None
@@ -36,18 +70,41 @@ class WriteConfig:
     # more files carried inside the generation: {name in the generation: source path}
     extra_files: dict[str, str] | None = None
     # also write Megatron-Energon's metadata (.nv-meta/, .tar.idx): shards.write.energon
-    energon: bool = False
-    engine: str = "local"  # "local": worker processes here; "ray": one Ray task per stream
-    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
+    energon: bool = field(
+        default=False,
+        metadata=option(
+            "also make the generation loadable by Megatron-Energon (needs equishard[energon]); "
+            "'rebalance' keeps doing so for generations that have it"
+        ),
+    )
+    # "local": worker processes here; "ray": one Ray task per stream
+    engine: str = field(default="local", metadata=ENGINE_OPTION)
+    # with engine="ray": a running cluster; None starts a local one
+    ray_address: str | None = field(default=None, metadata=RAY_ADDRESS_OPTION)
     # a stream stuck longer: a Ray task is retried, a local worker process fails the write
-    task_timeout: float | None = DEFAULT_TASK_TIMEOUT
+    task_timeout: float | None = field(default=DEFAULT_TASK_TIMEOUT, metadata=TASK_TIMEOUT_OPTION)
     # ``out`` may be an object-store URL (s3://bucket/prefix, any fsspec URL): the generation is
     # then written in the local root ``staging`` (default: shards.store.object_store.default_staging)
     # and uploaded, manifest last, CURRENT last of all (shards.store.object_store)
-    staging: str | None = None
+    staging: str | None = field(
+        default=None,
+        metadata=option(
+            "with a URL --out: the local root the generation is written in before upload, "
+            "kept so a killed run resumes (default: $EQUISHARD_STAGING or "
+            "~/.cache/equishard/staging/<hash of the URL>)",
+            metavar="DIR",
+        ),
+    )
     storage_options: dict | None = None
     # move CURRENT even where that rolls the root back (shards.store.current_guard): on purpose only
-    force: bool = False
+    force: bool = field(
+        default=False,
+        metadata=option(
+            "make this generation CURRENT even where that rolls the root back: it was "
+            "published there before the one CURRENT names (say, a night's), or CURRENT moved "
+            "while it was written. Without it such a write is refused and CURRENT stays"
+        ),
+    )
 
     def __post_init__(self) -> None:
         check_writable(self.out, "--out")

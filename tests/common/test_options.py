@@ -1,0 +1,103 @@
+"""Command-line options declared once, on the configuration's fields: the parser built from
+them and the keyword arguments read back, anchored to argparse itself (what a hand-written
+``add_argument`` of the same option parses)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+import pytest
+
+from equishard.common.options import add_options, config_kwargs, option
+
+
+@dataclass(frozen=True, kw_only=True)
+class Toy:
+    inputs: tuple[str, ...] = field(
+        metadata=option("files", flag="", nargs="+", metavar="IN", parse=tuple)
+    )
+    output: str = field(metadata=option("out", short="-o", required=True, metavar="OUT"))
+    workers: int = field(default=1, metadata=option("workers for {what}"))
+    ratio: float = field(default=0.5, metadata=option("a ratio"))
+    size: int = field(
+        default=1024,
+        metadata=option("bytes", type=str, default="1KB", parse=lambda t: int(t[:-2]) * 1024),
+    )
+    fast: bool = field(default=False, metadata=option("a switch"))
+    mode: str = field(default="a", metadata=option("a or b", choices=("a", "b")))
+    hidden: dict | None = None  # set by code: no option
+
+
+def _parser(**fmt) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="toy")
+    add_options(p, Toy, **fmt)
+    return p
+
+
+def test_options_parse_as_hand_written_arguments_would():
+    ns = _parser(what="writing").parse_args(
+        ["a", "b", "-o", "x", "--workers", "3", "--ratio", "0.25", "--size", "2KB", "--fast"]
+    )
+    hand = argparse.ArgumentParser()
+    hand.add_argument("inputs", nargs="+")
+    hand.add_argument("-o", "--output", required=True)
+    hand.add_argument("--workers", type=int, default=1)
+    hand.add_argument("--ratio", type=float, default=0.5)
+    hand.add_argument("--size", default="1KB")
+    hand.add_argument("--fast", action="store_true")
+    hand.add_argument("--mode", choices=("a", "b"), default="a")
+    ref = hand.parse_args(
+        ["a", "b", "-o", "x", "--workers", "3", "--ratio", "0.25", "--size", "2KB", "--fast"]
+    )
+    assert vars(ns) == vars(ref)
+    kw = config_kwargs(Toy, ns)
+    assert kw == {
+        "inputs": ("a", "b"),
+        "output": "x",
+        "workers": 3,
+        "ratio": 0.25,
+        "size": 2048,
+        "fast": True,
+        "mode": "a",
+    }
+    assert Toy(**kw).size == 2048
+
+
+def test_defaults_help_and_refusals_come_from_the_fields():
+    p = _parser(what="writing")
+    ns = p.parse_args(["a", "-o", "x"])
+    assert config_kwargs(Toy, ns) == {
+        "inputs": ("a",),
+        "output": "x",
+        "workers": 1,
+        "ratio": 0.5,
+        "size": 1024,
+        "fast": False,
+        "mode": "a",
+    }
+    text = p.format_help()
+    assert "workers for writing" in text and "--hidden" not in text
+    for argv in (
+        ["a"],
+        ["-o", "x"],
+        ["a", "-o", "x", "--mode", "c"],
+        ["a", "-o", "x", "--workers", "1.5"],
+    ):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)
+
+
+@pytest.mark.parametrize("command", ["write", "import-lengths"])
+def test_a_commands_options_are_its_configurations_fields(command):
+    """``write`` and ``import-lengths`` declare no option of their configuration by hand: every
+    option but the command's own (``--json``, the store limits) is a field's declaration."""
+    from dataprep.import_lengths import ImportLengthsConfig
+    from equishard.cli import build_parser
+    from equishard.common.options import declared
+    from shards.write.write_config import WriteConfig
+
+    cls = {"write": WriteConfig, "import-lengths": ImportLengthsConfig}[command]
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    dests = {a.dest for a in sub._actions} - {"help", "json", "store_timeout", "store_retries"}
+    assert dests == {f.name for f, _ in declared(cls)}

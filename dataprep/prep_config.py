@@ -13,7 +13,14 @@ from dataprep.chat_template import load_template
 from dataprep.image_header import CHECKS
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
-from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.options import option
+from equishard.common.ray_engine import (
+    DEFAULT_TASK_TIMEOUT,
+    ENGINE_OPTION,
+    ENGINES,
+    RAY_ADDRESS_OPTION,
+    TASK_TIMEOUT_OPTION,
+)
 from equishard.common.values import check_count, check_flag, check_real, check_task_timeout
 from equishard.common.workers import MAX_WORKERS
 from equishard.contracts.cost_table import errors_path
@@ -23,28 +30,123 @@ __all__ = ["PrepConfig", "PrepResult"]
 
 @dataclass(frozen=True, kw_only=True)
 class PrepConfig:
-    inputs: tuple[str, ...]
-    output: str
-    tokenizer: str | None
-    vision_policy: str = "internvl"
-    template: str = "chatml"
-    image_root: str | None = None
-    image_column: str | None = None
-    text_column: str | None = None
-    workers: int = 1
-    chunk_size: int = 1024
-    shard_index: int = 0
-    num_shards: int = 1
-    max_error_rate: float = 0.01
-    progress: bool = False
-    cache: str | None = None  # a cost table whose rows are reused when sample_id + cache_key match
-    check_images: str = "header"  # "header": walk each file's structure; "decode": full decode
-    allow_outside_image_root: bool = False  # read image paths that resolve outside image_root
-    engine: str = (
-        "local"  # "local": worker processes here; "ray": Ray tasks (equishard.common.ray_engine)
+    inputs: tuple[str, ...] = field(
+        metadata=option(
+            "dataset files or HF dataset directories",
+            flag="",
+            nargs="+",
+            metavar="INPUT",
+            parse=tuple,
+        )
     )
-    ray_address: str | None = None  # with engine="ray": a running cluster; None starts a local one
-    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
+    output: str = field(
+        metadata=option(
+            "cost table to write (.parquet)", short="-o", required=True, metavar="COST_TABLE"
+        )
+    )
+    tokenizer: str | None = field(
+        metadata=option(
+            "tokenizer.json of the model you train (required), or 'estimate:chars_per_token=F' "
+            "to estimate text tokens from characters (recorded in the table's metadata)",
+            metavar="T",
+        )
+    )
+    vision_policy: str = field(
+        default="internvl",
+        metadata=option(
+            "fixed:S/P, {policies} with options (internvl:max_tiles=6, "
+            "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
+            "default) (default: internvl)",
+            metavar="P",
+        ),
+    )
+    template: str = field(
+        default="chatml",
+        metadata=option(
+            "chat template whose tokens are counted. Exact: the model's own Jinja template -- "
+            "its directory, chat_template.jinja, chat_template.json or tokenizer_config.json "
+            "(image markers expanded as the family's processor does, the family found from the "
+            "template; PATH#images=FAMILY to choose, and for DeepSeek-VL and Janus, whose "
+            "templates write the same marker: PATH#images=deepseek_vl|janus). Built-in "
+            "fallbacks: chatml, vicuna, plain, or a JSON file with fields bos, system_prompt, "
+            "prefix{system,user,assistant}, suffix, image_prefix, image_suffix (default: chatml)",
+            metavar="NAME|FILE|DIR",
+        ),
+    )
+    image_root: str | None = field(
+        default=None,
+        metadata=option(
+            "directory that relative image paths start from (default: each input's directory)",
+            metavar="DIR",
+        ),
+    )
+    image_column: str | None = field(
+        default=None,
+        metadata=option("Parquet/HF image column (default: image or images)", metavar="COL"),
+    )
+    text_column: str | None = field(
+        default=None,
+        metadata=option(
+            "Parquet/HF text column (default: conversations, messages or text)", metavar="COL"
+        ),
+    )
+    workers: int = field(
+        default=1,
+        metadata=option(
+            "worker processes (default: 1; with --engine local at most one per usable core, "
+            "$EQUISHARD_CORES to say how many a container has)",
+            metavar="W",
+        ),
+    )
+    engine: str = field(default="local", metadata=ENGINE_OPTION)  # equishard.common.ray_engine
+    ray_address: str | None = field(default=None, metadata=RAY_ADDRESS_OPTION)
+    task_timeout: float | None = field(default=DEFAULT_TASK_TIMEOUT, metadata=TASK_TIMEOUT_OPTION)
+    chunk_size: int = field(
+        default=1024, metadata=option("records per work unit (default: 1024)", metavar="N")
+    )
+    shard_index: int = field(
+        default=0, metadata=option("this machine's part, 0-based (default: 0)", metavar="K")
+    )
+    num_shards: int = field(
+        default=1,
+        metadata=option("number of parts the input is split into (default: 1)", metavar="N"),
+    )
+    # "header": walk each file's structure; "decode": full decode
+    check_images: str = field(
+        default="header",
+        metadata=option(
+            "how each image is checked: 'header' reads its header and walks its structure to "
+            "the end marker without decoding pixels (default); 'decode' fully decodes it with "
+            "Pillow (exact, slower)",
+            choices=CHECKS,
+        ),
+    )
+    allow_outside_image_root: bool = field(
+        default=False,
+        metadata=option(
+            "read image paths that resolve outside --image-root ('..', absolute paths, "
+            "symlinks leading out); by default such a sample is rejected (reason unsafe_path)"
+        ),
+    )
+    # a cost table whose rows are reused when sample_id + cache_key match
+    cache: str | None = field(
+        default=None,
+        metadata=option(
+            "an earlier cost table: a sample whose id and cache key (record bytes, image file "
+            "sizes and mtimes) match keeps its row, without its images being read or its text "
+            "tokenized. Its tokenizer (by content), template and vision policy must be this "
+            "prep's and its image check at least as strict, else it is refused",
+            metavar="COST_TABLE",
+        ),
+    )
+    max_error_rate: float = field(
+        default=0.01,
+        metadata=option(
+            "abort when more than this fraction of samples is rejected (default: 0.01)",
+            metavar="F",
+        ),
+    )
+    progress: bool = False  # the command's --no-progress and --json turn it off
 
     def __post_init__(self) -> None:
         if not self.inputs:

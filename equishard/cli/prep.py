@@ -6,7 +6,8 @@ import argparse
 import json
 
 from dataprep.families.registry import POLICIES
-from equishard.cli._common import add_engine_args
+from dataprep.prep_config import PrepConfig
+from equishard.common.options import add_options, config_kwargs
 
 __all__ = ["add_parser", "print_summary", "run"]
 
@@ -57,112 +58,8 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         description=_DESCRIPTION.format(policies=_policies_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "inputs", nargs="+", metavar="INPUT", help="dataset files or HF dataset directories"
-    )
-    p.add_argument(
-        "-o", "--output", required=True, metavar="COST_TABLE", help="cost table to write (.parquet)"
-    )
-    p.add_argument(
-        "--tokenizer",
-        metavar="T",
-        help="tokenizer.json of the model you train (required), or 'estimate:chars_per_token=F' "
-        "to estimate text tokens from characters (recorded in the table's metadata)",
-    )
-    p.add_argument(
-        "--vision-policy",
-        default="internvl",
-        metavar="P",
-        help=f"fixed:S/P, {', '.join(POLICIES)} with options "
-        "(internvl:max_tiles=6, "
-        "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
-        "default) (default: internvl)",
-    )
-    p.add_argument(
-        "--template",
-        default="chatml",
-        metavar="NAME|FILE|DIR",
-        help="chat template whose tokens are counted. Exact: the model's own Jinja template -- "
-        "its directory, chat_template.jinja, chat_template.json or tokenizer_config.json "
-        "(image markers expanded as the family's processor does, the family found from the "
-        "template; PATH#images=FAMILY to choose, and for DeepSeek-VL and Janus, whose "
-        "templates write the same marker: PATH#images=deepseek_vl|janus). Built-in "
-        "fallbacks: chatml, vicuna, plain, or a JSON file with fields bos, system_prompt, "
-        "prefix{system,user,assistant}, suffix, image_prefix, image_suffix (default: chatml)",
-    )
-    p.add_argument(
-        "--image-root",
-        metavar="DIR",
-        help="directory that relative image paths start from (default: each input's directory)",
-    )
-    p.add_argument(
-        "--image-column", metavar="COL", help="Parquet/HF image column (default: image or images)"
-    )
-    p.add_argument(
-        "--text-column",
-        metavar="COL",
-        help="Parquet/HF text column (default: conversations, messages or text)",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="W",
-        help="worker processes (default: 1; with --engine local at most one per usable core, "
-        "$EQUISHARD_CORES to say how many a container has)",
-    )
-    add_engine_args(p, "measure")
-    p.add_argument(
-        "--chunk-size",
-        type=int,
-        default=1024,
-        metavar="N",
-        help="records per work unit (default: 1024)",
-    )
-    p.add_argument(
-        "--shard-index",
-        type=int,
-        default=0,
-        metavar="K",
-        help="this machine's part, 0-based (default: 0)",
-    )
-    p.add_argument(
-        "--num-shards",
-        type=int,
-        default=1,
-        metavar="N",
-        help="number of parts the input is split into (default: 1)",
-    )
-    p.add_argument(
-        "--check-images",
-        choices=("header", "decode"),
-        default="header",
-        help="how each image is checked: 'header' reads its header and walks its structure to "
-        "the end marker without decoding pixels (default); 'decode' fully decodes it with Pillow "
-        "(exact, slower)",
-    )
-    p.add_argument(
-        "--allow-outside-image-root",
-        action="store_true",
-        help="read image paths that resolve outside --image-root ('..', absolute paths, "
-        "symlinks leading out); by default such a sample is rejected (reason unsafe_path)",
-    )
-    p.add_argument(
-        "--cache",
-        metavar="COST_TABLE",
-        default=None,
-        help="an earlier cost table: a sample whose id and cache key (record bytes, image file "
-        "sizes and mtimes) match keeps its row, without its images being read or its text "
-        "tokenized. Its tokenizer (by content), template and vision policy must be this "
-        "prep's and its image check at least as strict, else it is refused",
-    )
-    p.add_argument(
-        "--max-error-rate",
-        type=float,
-        default=0.01,
-        metavar="F",
-        help="abort when more than this fraction of samples is rejected (default: 0.01)",
-    )
+    # declared on PrepConfig's fields
+    add_options(p, PrepConfig, what="measure", policies=", ".join(POLICIES))
     p.add_argument(
         "--json", action="store_true", help="print the summary as JSON instead of a table"
     )
@@ -225,26 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_output(args.output)
         cfg = PrepConfig(
-            inputs=tuple(args.inputs),
-            output=args.output,
-            tokenizer=args.tokenizer,
-            vision_policy=args.vision_policy,
-            template=args.template,
-            image_root=args.image_root,
-            image_column=args.image_column,
-            text_column=args.text_column,
-            workers=args.workers,
-            chunk_size=args.chunk_size,
-            shard_index=args.shard_index,
-            num_shards=args.num_shards,
-            max_error_rate=args.max_error_rate,
-            cache=args.cache,
-            check_images=args.check_images,
-            allow_outside_image_root=args.allow_outside_image_root,
-            progress=not args.no_progress and not args.json,
-            engine=args.engine,
-            ray_address=args.ray_address,
-            task_timeout=args.task_timeout or None,
+            **config_kwargs(PrepConfig, args), progress=not args.no_progress and not args.json
         )
         res = run_prep(cfg)
     except (ValueError, DataprepError) as exc:

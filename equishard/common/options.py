@@ -43,6 +43,13 @@ class Option:
     required: bool = False
 
 
+class _Keep(dict):
+    """``format_map``'s mapping that leaves a ``{place}`` it has no value for as written."""
+
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
 def option(help: str, **kw) -> dict:
     """A field's metadata declaring its command-line option (see :class:`Option`)."""
     return {"option": Option(help=help, **kw)}
@@ -61,7 +68,7 @@ def add_option(
     ``{name}`` places."""
     if opt.default is not _UNSET:
         default = opt.default
-    kw: dict = {"help": opt.help.format(**fmt) if fmt else opt.help}
+    kw: dict = {"help": opt.help.format_map(_Keep(fmt)) if fmt else opt.help}
     if opt.flag == "":  # positional: its name is its dest
         names = [name]
     else:

@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
-from equishard.cli._common import add_engine_args, add_store_args
+from equishard.cli._common import add_store_args
+from equishard.common.options import add_options, config_kwargs
+from shards.nightly.rebalance import RebalanceConfig
 
 __all__ = ["add_parser", "run"]
 
@@ -29,57 +31,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         "         equishard rebalance --current s3://bucket/shards --new day-2.jsonl --engine ray",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--current",
-        required=True,
-        metavar="GEN_ROOT",
-        help="the generation root (holds CURRENT): a directory or an object-store URL "
-        "(s3://bucket/prefix, any fsspec URL)",
-    )
-    p.add_argument(
-        "--new",
-        nargs="*",
-        default=[],
-        metavar="INPUT",
-        help="new inputs (any format prep reads); an id seen before replaces its sample",
-    )
-    p.add_argument(
-        "--delete",
-        default=None,
-        metavar="FILE",
-        help="sample ids to remove: one per line, or a JSON list",
-    )
-    p.add_argument(
-        "--keep",
-        type=int,
-        default=3,
-        help="generations to keep along the CURRENT -> parent chain (default 3)",
-    )
-    p.add_argument("--workers", type=int, default=1, help="prep/write processes (default 1)")
-    p.add_argument(
-        "--image-root",
-        default=None,
-        help="where relative image paths start (default: as the current prep)",
-    )
-    p.add_argument(
-        "--tokenizer", default=None, help="tokenizer.json if it moved since the first prep"
-    )
-    p.add_argument(
-        "--max-error-rate",
-        type=float,
-        default=0.01,
-        help="fail when more of the new samples are rejected (default 0.01)",
-    )
+    add_options(p, RebalanceConfig, what="prep and write")  # declared on its fields
     p.add_argument(
         "--json", action="store_true", help="print only the JSON summary (for schedulers)"
-    )
-    add_engine_args(p, "prep and write")
-    p.add_argument(
-        "--staging",
-        metavar="DIR",
-        help="when CURRENT_ROOT is an object-store URL: the local root its CURRENT generation is "
-        "fetched into and the new one written in before upload (default: $EQUISHARD_STAGING or "
-        "~/.cache/equishard/staging/<hash of the URL>)",
     )
     add_store_args(p)
     p.set_defaults(run=run)
@@ -89,21 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from shards.nightly.rebalance import RebalanceConfig, run_rebalance
 
     try:
-        cfg = RebalanceConfig(
-            current=args.current,
-            new=tuple(args.new),
-            delete=args.delete,
-            keep=args.keep,
-            workers=args.workers,
-            image_root=args.image_root,
-            tokenizer=args.tokenizer,
-            max_error_rate=args.max_error_rate,
-            progress=not args.json,
-            engine=args.engine,
-            ray_address=args.ray_address,
-            task_timeout=args.task_timeout or None,
-            staging=args.staging,
-        )
+        cfg = RebalanceConfig(**config_kwargs(RebalanceConfig, args), progress=not args.json)
     except ValueError as exc:
         print(f"equishard rebalance: {exc}", file=sys.stderr)
         return EXIT_USAGE

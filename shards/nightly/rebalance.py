@@ -35,7 +35,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from equishard.common.ray_engine import DEFAULT_TASK_TIMEOUT, ENGINES
+from equishard.common.options import option
+from equishard.common.ray_engine import (
+    DEFAULT_TASK_TIMEOUT,
+    ENGINE_OPTION,
+    ENGINES,
+    RAY_ADDRESS_OPTION,
+    TASK_TIMEOUT_OPTION,
+)
 from equishard.common.values import check_count, check_flag, check_real, check_task_timeout
 from equishard.common.workers import MAX_WORKERS
 from equishard.contracts.columns import NUM_IMAGES
@@ -72,22 +79,62 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class RebalanceConfig:
-    current: str
-    new: tuple[str, ...] = ()
-    delete: str | None = None
-    keep: int = 3
-    workers: int = 1
-    image_root: str | None = None
-    tokenizer: str | None = None
-    max_error_rate: float = 0.01
-    progress: bool = False
-    engine: str = "local"  # "ray": prep and write in Ray tasks (equishard.common.ray_engine)
-    ray_address: str | None = None
-    task_timeout: float | None = DEFAULT_TASK_TIMEOUT  # a Ray task stuck longer is retried
+    current: str = field(
+        metadata=option(
+            "the generation root (holds CURRENT): a directory or an object-store URL "
+            "(s3://bucket/prefix, any fsspec URL)",
+            required=True,
+            metavar="GEN_ROOT",
+        )
+    )
+    new: tuple[str, ...] = field(
+        default=(),
+        metadata=option(
+            "new inputs (any format prep reads); an id seen before replaces its sample",
+            nargs="*",
+            default=[],
+            metavar="INPUT",
+            parse=tuple,
+        ),
+    )
+    delete: str | None = field(
+        default=None,
+        metadata=option("sample ids to remove: one per line, or a JSON list", metavar="FILE"),
+    )
+    keep: int = field(
+        default=3,
+        metadata=option("generations to keep along the CURRENT -> parent chain (default 3)"),
+    )
+    workers: int = field(default=1, metadata=option("prep/write processes (default 1)"))
+    image_root: str | None = field(
+        default=None,
+        metadata=option("where relative image paths start (default: as the current prep)"),
+    )
+    tokenizer: str | None = field(
+        default=None, metadata=option("tokenizer.json if it moved since the first prep")
+    )
+    max_error_rate: float = field(
+        default=0.01,
+        metadata=option("fail when more of the new samples are rejected (default 0.01)"),
+    )
+    progress: bool = False  # the command's --json turns it off
+    # "ray": prep and write in Ray tasks (equishard.common.ray_engine)
+    engine: str = field(default="local", metadata=ENGINE_OPTION)
+    ray_address: str | None = field(default=None, metadata=RAY_ADDRESS_OPTION)
+    # a Ray task stuck longer is retried
+    task_timeout: float | None = field(default=DEFAULT_TASK_TIMEOUT, metadata=TASK_TIMEOUT_OPTION)
     # ``current`` may be an object-store URL: its CURRENT generation is fetched into the local
-    # root ``staging`` (default: shards.store.object_store.default_staging), rebalanced there, and the
-    # new generation published back (shards.store.object_store)
-    staging: str | None = None
+    # root ``staging`` (default: shards.store.object_store.default_staging), rebalanced there,
+    # and the new generation published back (shards.store.object_store)
+    staging: str | None = field(
+        default=None,
+        metadata=option(
+            "when CURRENT_ROOT is an object-store URL: the local root its CURRENT generation is "
+            "fetched into and the new one written in before upload (default: $EQUISHARD_STAGING "
+            "or ~/.cache/equishard/staging/<hash of the URL>)",
+            metavar="DIR",
+        ),
+    )
     storage_options: dict | None = None
 
     def __post_init__(self) -> None:

@@ -88,18 +88,24 @@ def test_defaults_help_and_refusals_come_from_the_fields():
             p.parse_args(argv)
 
 
-@pytest.mark.parametrize("command", ["write", "import-lengths", "prep"])
+@pytest.mark.parametrize("command", ["write", "import-lengths", "prep", "rebalance"])
 def test_a_commands_options_are_its_configurations_fields(command):
-    """``write``, ``import-lengths`` and ``prep`` declare no option of their configuration by
+    """``write``, ``import-lengths``, ``prep`` and ``rebalance`` declare no option of their configuration by
     hand: every option but the command's own (``--json``, ``--no-progress``, the store limits)
     is a field's declaration."""
     from dataprep.import_lengths import ImportLengthsConfig
     from dataprep.prep_config import PrepConfig
     from equishard.cli import build_parser
     from equishard.common.options import declared
+    from shards.nightly.rebalance import RebalanceConfig
     from shards.write.write_config import WriteConfig
 
-    cls = {"write": WriteConfig, "import-lengths": ImportLengthsConfig, "prep": PrepConfig}[command]
+    cls = {
+        "write": WriteConfig,
+        "import-lengths": ImportLengthsConfig,
+        "prep": PrepConfig,
+        "rebalance": RebalanceConfig,
+    }[command]
     sub = build_parser()._subparsers._group_actions[0].choices[command]
     own = {"help", "json", "no_progress", "store_timeout", "store_retries"}
     dests = {a.dest for a in sub._actions} - own

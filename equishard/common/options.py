@@ -28,7 +28,8 @@ class Option:
     spelling too (``-o``); ``type``: what argparse parses (default: from the field's type:
     ``int``, ``float``, else text; a ``bool`` field is a switch); ``default``: the command
     line's default where it differs from the field's (a text to ``parse``, like ``"1GB"``);
-    ``parse``: the parsed option -> the field's value (a size, 0 for None); ``nargs``,
+    ``parse``: the parsed option -> the field's value (a size, 0 for None); ``negate``: the
+    switch turns a ``bool`` field that is on by default off (``--no-redistribute``); ``nargs``,
     ``choices``, ``metavar``, ``required``: as argparse takes them."""
 
     help: str
@@ -41,6 +42,7 @@ class Option:
     choices: tuple | None = None
     metavar: str | None = None
     required: bool = False
+    negate: bool = False
 
 
 class _Keep(dict):
@@ -74,7 +76,7 @@ def add_option(
     else:
         names = [n for n in (opt.short, opt.flag or "--" + name.replace("_", "-")) if n]
         kw["dest"] = name
-    if kind == "bool" and opt.type is None:
+    if kind == "bool" and opt.type is None:  # a switch (``negate``: it turns the field off)
         parser.add_argument(*names, action="store_true", **kw)
         return
     base = kind.split("|")[0].strip()
@@ -108,5 +110,7 @@ def config_kwargs(cls, args: argparse.Namespace, *, skip: tuple[str, ...] = ()) 
         if f.name in skip:
             continue
         value = getattr(args, f.name)
+        if opt.negate:
+            value = not value
         out[f.name] = opt.parse(value) if opt.parse is not None else value
     return out

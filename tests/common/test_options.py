@@ -26,6 +26,9 @@ class Toy:
     )
     fast: bool = field(default=False, metadata=option("a switch"))
     mode: str = field(default="a", metadata=option("a or b", choices=("a", "b")))
+    check: bool = field(
+        default=True, metadata=option("skip the check", flag="--no-check", negate=True)
+    )
     hidden: dict | None = None  # set by code: no option
 
 
@@ -35,10 +38,12 @@ def _parser(**fmt) -> argparse.ArgumentParser:
     return p
 
 
+ARGV = ["a", "b", "-o", "x", "--workers", "3", "--ratio", "0.25", "--size", "2KB", "--fast"]
+ARGV += ["--no-check"]
+
+
 def test_options_parse_as_hand_written_arguments_would():
-    ns = _parser(what="writing").parse_args(
-        ["a", "b", "-o", "x", "--workers", "3", "--ratio", "0.25", "--size", "2KB", "--fast"]
-    )
+    ns = _parser(what="writing").parse_args(ARGV)
     hand = argparse.ArgumentParser()
     hand.add_argument("inputs", nargs="+")
     hand.add_argument("-o", "--output", required=True)
@@ -47,9 +52,8 @@ def test_options_parse_as_hand_written_arguments_would():
     hand.add_argument("--size", default="1KB")
     hand.add_argument("--fast", action="store_true")
     hand.add_argument("--mode", choices=("a", "b"), default="a")
-    ref = hand.parse_args(
-        ["a", "b", "-o", "x", "--workers", "3", "--ratio", "0.25", "--size", "2KB", "--fast"]
-    )
+    hand.add_argument("--no-check", dest="check", action="store_true")
+    ref = hand.parse_args(ARGV)
     assert vars(ns) == vars(ref)
     kw = config_kwargs(Toy, ns)
     assert kw == {
@@ -60,6 +64,7 @@ def test_options_parse_as_hand_written_arguments_would():
         "size": 2048,
         "fast": True,
         "mode": "a",
+        "check": False,
     }
     assert Toy(**kw).size == 2048
 
@@ -75,6 +80,7 @@ def test_defaults_help_and_refusals_come_from_the_fields():
         "size": 1024,
         "fast": False,
         "mode": "a",
+        "check": True,
     }
     text = p.format_help()
     assert "workers for writing" in text and "--hidden" not in text

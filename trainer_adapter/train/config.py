@@ -5,12 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from balancing.post_balance import RUNTIME_METHODS
 from equishard.common.values import check_choice, check_count, check_flag, check_real
 from equishard.common.workers import MAX_WORKERS
-from trainer_adapter.train.model import MODEL_SIZES
-from trainer_adapter.train.pipeline import SCHEDULES
-from trainer_adapter.train.profile import parse_steps
 
 __all__ = ["TrainConfig"]
 
@@ -18,6 +14,23 @@ __all__ = ["TrainConfig"]
 # hang the set-up (radius 8 at pp 8 is 17^7 = 410M)
 MAX_PARTITION_CANDIDATES = 100_000
 MAX_STAGES = 1024
+
+
+# the model presets (trainer_adapter.train.model._PRESETS) and the pipeline schedules
+# (trainer_adapter.train.pipeline), named here so that the configuration loads without torch
+MODEL_SIZES = ("tiny", "small", "1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+
+
+def parse_steps(text: str) -> tuple[int, int]:
+    """``"A:B"`` -> (A, B), steps A to B - 1 (0-based), with 0 <= A < B."""
+    try:
+        a, b = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise ValueError(f"profile steps must be A:B (two integers), got {text!r}") from None
+    if not 0 <= a < b:
+        raise ValueError(f"profile steps A:B need 0 <= A < B, got {text!r}")
+    return a, b
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +160,8 @@ class TrainConfig:
         for name in ("split_samples", "redistribute", "compile", "profile_trace"):
             check_flag(name, getattr(self, name))
         check_choice("model", self.model, MODEL_SIZES)
+        from balancing.post_balance import RUNTIME_METHODS  # numba: loaded when checked
+
         check_choice("method", self.method, RUNTIME_METHODS)
         check_choice("placement", self.placement, ("nodewise", "identity"))
         for name in ("bucket_ratio", "lr", "memory_fraction", "loader_timeout"):

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from equishard.common.values import check_count
 from trainer_adapter.train.attention import packed_attention, prefix_attention, sdpa
+from trainer_adapter.train.config import MODEL_SIZES
 
 __all__ = [
     "MODEL_SIZES",
@@ -43,7 +44,7 @@ _PRESETS = {
     "small": (256, 6, 4, 512, 8, 8),
     "1b": (1024, 24, 16, 2048, 16, 16),
 }
-MODEL_SIZES = tuple(_PRESETS)  # the presets of VLMConfig.preset (equishard train --model)
+assert tuple(_PRESETS) == MODEL_SIZES  # equishard train --model: named in .config
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer_adapter.train.config import SCHEDULES
 from trainer_adapter.train.microbatches import (
     MicrobatchPlan,
     bucket_ladder,
@@ -51,8 +52,6 @@ __all__ = [
     "row_layouts",
     "timed_pass",
 ]
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
 
 
 @dataclass(slots=True)

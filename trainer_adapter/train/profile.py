@@ -27,6 +27,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
+from trainer_adapter.train.config import parse_steps  # re-exported
+
 __all__ = ["StepProfiler", "parse_steps"]
 
 # runtime calls that make the host wait or allocate device memory, counted in the summary
@@ -38,17 +40,6 @@ STALLS = (
     "cudaEventSynchronize",
     "cudaMemcpyAsync",
 )
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """``"A:B"`` -> (A, B), steps A to B - 1 (0-based), with 0 <= A < B."""
-    try:
-        a, b = (int(x) for x in text.split(":"))
-    except ValueError:
-        raise ValueError(f"profile steps must be A:B (two integers), got {text!r}") from None
-    if not 0 <= a < b:
-        raise ValueError(f"profile steps A:B need 0 <= A < B, got {text!r}")
-    return a, b
 
 
 class StepProfiler:

@@ -24,6 +24,43 @@ def test_fixed_llava15_is_576_for_any_size():
         assert c.vit_seq_lens == (576,) and c.llm_tokens == 576 and c.vit_tokens == 576
 
 
+def test_fixed_default_is_llava15():
+    """``FixedPolicy()`` (the reference trainer's vision tower) is LLaVA-1.5's 336 / 14."""
+    p = FixedPolicy()
+    assert p.spec() == "fixed:336/14" and p.image_cost(7, 9).llm_tokens == 576
+
+
+@pytest.mark.parametrize(
+    ("spec", "tokens"),
+    [
+        ("fixed:1/1", 1),  # the smallest size and patch
+        ("fixed:28/14", 4),  # divisible, whatever their bits (28 & 14 is not 0)
+        ("fixed:14/14", 1),  # one patch
+    ],
+)
+def test_fixed_sizes_at_the_limits_are_taken(spec, tokens):
+    assert parse_vision_policy(spec).image_cost(500, 300).llm_tokens == tokens
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "fixed:0/14",  # no image size
+        "fixed:336/0",  # no patch: refused, not a ZeroDivisionError
+        "fixed:17/14",  # not divisible (17 & 14 is 0: a bit test would let it through)
+        "fixed:13/14",  # a patch larger than the image
+    ],
+)
+def test_fixed_sizes_that_are_no_policy_are_refused_naming_the_fix(spec):
+    with pytest.raises(ValueError, match="divisible by patch_size.*fixed:336/14"):
+        parse_vision_policy(spec)
+
+
+def test_fixed_policy_is_keyword_only():
+    with pytest.raises(TypeError):
+        FixedPolicy(336, 14)
+
+
 @pytest.mark.parametrize(
     ("w", "h", "grid", "tiles"),
     [

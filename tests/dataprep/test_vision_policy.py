@@ -52,7 +52,7 @@ def test_fixed_sizes_at_the_limits_are_taken(spec, tokens):
     ],
 )
 def test_fixed_sizes_that_are_no_policy_are_refused_naming_the_fix(spec):
-    with pytest.raises(ValueError, match="divisible by patch_size.*fixed:336/14"):
+    with pytest.raises(ValueError, match=r"divisible by patch_size.*fixed:336/14"):
         parse_vision_policy(spec)
 
 

@@ -140,7 +140,7 @@ def _within_cap(
     return PostBalance(dest, _batch_loads(x, dest, d), f"lpt ({result.method} broke the {broke})")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built on every runtime step, its init kept cheap
 class _Step:
     """One call's checked inputs, as every method takes them."""
 

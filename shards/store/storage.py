@@ -241,9 +241,9 @@ class GenerationFiles:
         :func:`~shards.store.store_limits.s3_get`) handing ``name`` from ``offset`` (or its start) to
         ``sink``, one byte past ``limit`` at most, within a deadline; the bytes handed over.
         fsspec's and s3fs's reads take each response whole. None for other stores."""
-        if self._http():
+        if self.kind == "http":
             return http_get(self.fs, self.full_path(name), limit, sink, offset, expect)
-        if self._s3():
+        if self.kind == "s3":
             return s3_get(self.fs, self.full_path(name), limit, sink, offset, expect)
         return None
 
@@ -276,12 +276,6 @@ class GenerationFiles:
             return "http"
         return "s3" if {"s3", "s3a"} & protocols else "fsspec"
 
-    def _http(self) -> bool:
-        return self.kind == "http"
-
-    def _s3(self) -> bool:
-        return self.kind == "s3"
-
     def size(self, name: str, missing: bool = True) -> int | None:
         """The size of one file (None when it does not exist; with ``missing=False``,
         ``FileNotFoundError``; None too where a store does not say, as plain HTTP may)."""
@@ -297,7 +291,7 @@ class GenerationFiles:
 
     def listable(self) -> bool:
         """Whether one listing gives every file's size (object stores, not plain HTTP)."""
-        return not self._http()
+        return self.kind != "http"
 
     def sizes(self, files: int) -> dict[str, int]:
         """Size of every file under this location, by name relative to it (one listing), for a
@@ -308,10 +302,10 @@ class GenerationFiles:
             return {
                 str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()
             }
-        if self._http():  # links in index pages, crawled without end by fsspec's find
+        if self.kind == "http":  # links in index pages, crawled without end by fsspec's find
             raise ValueError(f"{self.location}: an HTTP(S) server gives no listing of its files")
         limit = listing_limit(files)
-        if self._s3():  # pages of our own: s3fs follows a listing without end
+        if self.kind == "s3":  # pages of our own: s3fs follows a listing without end
             found = s3_list(self.fs, self.location, limit)
             return {k: _store_size(v, self.where(k), True) for k, v in found.items()}
         # listings cached earlier (s3fs keeps one per directory, and drops only a path's

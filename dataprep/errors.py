@@ -35,6 +35,9 @@ REASONS: dict[str, str] = {
     "read whole)",
     "bad_role": "a turn has a role that is not system/user/assistant",
     "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",
+    "unsupported_modality": "the sample carries video or audio, which prep does not measure "
+    "(refused, never counted as text)",
+    "unread_media_field": "the images are under a field prep does not read (image_path, img)",
     "missing_image": "an image file does not exist",
     "not_a_file": "an image path names a FIFO, device or directory, not a regular file",
     "unsafe_path": "an image path resolves outside --image-root (.., a symlink, an absolute path)",

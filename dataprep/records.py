@@ -3,7 +3,8 @@
 A record becomes a :class:`Sample`: its id, its turns as ``(role, text)`` with roles ``system``,
 ``user`` or ``assistant``, and its image references in order. Image places in the text are marked
 by ``<image>``; a record with images but no placeholder gets them prepended to its first user turn
-(LLaVA's and InternVL's convention). Anything malformed raises :class:`SampleRejected`.
+(LLaVA's and InternVL's convention). Anything malformed raises :class:`SampleRejected`, and so
+does a record that carries media prep does not measure (:mod:`dataprep.media`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataprep.errors import SampleRejected
+from dataprep.media import check_content_part, check_record
 
 __all__ = ["IMAGE_PLACEHOLDER", "Sample", "normalize_record", "sample_id_of"]
 
@@ -82,6 +84,8 @@ def _content_text(content: Any, where: str) -> str:
             elif isinstance(part, dict) and part.get("type") in ("image", "image_url"):
                 parts.append(IMAGE_PLACEHOLDER)
             else:
+                if isinstance(part, dict) and isinstance(part.get("type"), str):
+                    check_content_part(part["type"], where)
                 raise SampleRejected(
                     "non_string_text", f"{where}: unknown content part {part!r:.60}"
                 )
@@ -142,6 +146,7 @@ def normalize_record(record: Any, default_id: str, images: list | None = None) -
     turns = _turns(record)
     if images is None:
         images = _images(record)
+    check_record(record, turns, len(images))
     n_placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
     if images and n_placeholders == 0:
         first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), 0)

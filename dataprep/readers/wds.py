@@ -21,13 +21,14 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from dataprep.errors import SampleRejected
+from dataprep.media import check_member
 from dataprep.readers import base
 from dataprep.readers.base import ImageRef, RawRecord, ReadOptions, WorkUnit
 from dataprep.readers.jsonl import load_record
+from equishard.contracts.media import IMAGE_SUFFIXES
 
 __all__ = ["IMAGE_SUFFIXES", "read_wds", "scan_wds"]
 
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "gif", "bmp")
 _INDEXED_IMAGE = re.compile(r"^(?:(\d+)\.)?(" + "|".join(IMAGE_SUFFIXES) + r")$", re.IGNORECASE)
 
 
@@ -264,6 +265,13 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
             f.seek(off)
             raw = f.read(size)
             images = []
+            try:
+                for suffix, (name, _, _) in by_suffix.items():
+                    if suffix != "json" and _image_index(suffix) is None:
+                        check_member(name, suffix, f"{unit.path}: sample {key!a}")
+            except SampleRejected as err:
+                yield RawRecord(index=index, raw=raw, error=err, key=key)
+                continue
             for suffix, (name, off, size) in by_suffix.items():
                 order = _image_index(suffix)
                 if order is not None:

@@ -30,6 +30,7 @@ from equishard.contracts.columns import (
     VIT_SEQ_LENS,
     VIT_TOKENS,
 )
+from equishard.contracts.media import IMAGE_SUFFIXES
 
 __all__ = ["COST_FIELDS", "SampleDocError", "check_place", "parse_sample_doc", "sample_doc"]
 
@@ -48,7 +49,7 @@ _COUNTS = (NUM_IMAGES, VIT_TOKENS, LLM_TOKENS, TEXT_TOKENS)
 _LISTS = (VIT_SEQ_LENS, IMAGE_WIDTHS, IMAGE_HEIGHTS)
 # a cost table may lack its optional columns (equishard.contracts.cost_table.OPTIONAL_COLUMNS): null here
 _MAY_BE_NULL = frozenset({TEXT_TOKENS, IMAGE_WIDTHS, IMAGE_HEIGHTS, "modality"})
-_IMAGE_NAME = re.compile(r"^(\d+)\.(jpg|jpeg|png|webp|gif|bmp)$")
+_IMAGE_NAME = re.compile(r"^(\d+)\.(" + "|".join(IMAGE_SUFFIXES) + r")$")
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _ROLES = frozenset({"system", "user", "assistant"})  # the roles prep normalizes turns to
 

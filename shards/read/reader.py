@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from equishard.common.errors import EquishardError, describe
+from equishard.contracts.media import IMAGE_SUFFIXES
 from shards.format.sample_doc import SampleDocError, check_place, parse_sample_doc
 from shards.store.manifest import Group, Shard
 from shards.store.storage import GenerationFiles, sha256_of
 
 __all__ = ["IMAGE_EXTS", "ShardError", "ShardSample", "group_samples", "read_group", "sha256_of"]
 
-IMAGE_EXTS = frozenset({"jpg", "jpeg", "png", "webp", "gif", "bmp"})
+IMAGE_EXTS = frozenset(IMAGE_SUFFIXES)
 
 
 class ShardError(EquishardError, ValueError):

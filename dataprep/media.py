@@ -18,6 +18,7 @@ from typing import Any
 
 from dataprep.errors import SampleRejected
 from equishard.contracts.media import (
+    AUDIO,
     MEASURED,
     MODALITIES,
     Modality,
@@ -45,7 +46,7 @@ def _refuse(modality: Modality, how: str) -> SampleRejected:
 def _absent(value: Any) -> bool:
     """True for a field that names no media: null, empty, or a struct of nulls (an Arrow row
     of a media column that is empty in this row)."""
-    if value is None or value == "" or value == b"":
+    if value is None or value in ("", b""):
         return True
     if isinstance(value, (list, tuple)):
         return all(_absent(v) for v in value)
@@ -54,26 +55,36 @@ def _absent(value: Any) -> bool:
     return False
 
 
-def check_record(record: dict, turns: list[tuple[str, str]], n_images: int) -> None:
+def check_record(
+    record: dict, turns: list[tuple[str, str]], n_images: int, fields_read: bool = True
+) -> None:
     """Raise :class:`SampleRejected` if ``record`` (with its normalized ``turns`` and the
-    ``n_images`` images prep found for it) carries media prep does not measure."""
+    ``n_images`` images prep found for it) carries media prep does not measure.
+    ``fields_read``: whether the images came from the record's own fields (False where the
+    reader supplies them: a tar sample's images are its members, not its JSON's fields)."""
     for key, value in record.items():
         if not isinstance(key, str) or _absent(value):
             continue
         modality = field_modality(key)
         if modality is None:
             if isinstance(value, dict) and "sampling_rate" in value:  # a decoded HF Audio
-                raise _refuse(_AUDIO, f"field {key!r} holds decoded audio")
+                raise _refuse(AUDIO, f"field {key!r} holds decoded audio")
             continue
         if modality.name not in MEASURED:
             raise _refuse(modality, f"field {key!r}")
-        if key not in modality.read_fields and n_images == 0:
-            read = "/".join(modality.read_fields)
-            raise SampleRejected(
-                "unread_media_field",
-                f"the record names {modality.name}s under field {key!r}, which prep does not "
-                f"read; name the field {read} (or pass --image-column {key} for a table)",
-            )
+        if n_images or (fields_read and key in modality.read_fields):
+            continue
+        fix = (
+            f"name the field {'/'.join(modality.read_fields)} (or pass --image-column {key} "
+            "for a table)"
+            if fields_read
+            else f"a tar sample's {modality.name}s are its members (KEY.0.jpg, ...)"
+        )
+        raise SampleRejected(
+            "unread_media_field",
+            f"the record names {modality.name}s under field {key!r}, which prep does not read "
+            f"here, and no {modality.name} where it reads them; {fix}",
+        )
     for i, (_, text) in enumerate(turns):
         found = _PLACEHOLDER.search(text)
         if found is not None:
@@ -104,5 +115,3 @@ def check_member(name: str, suffix: str, where: str) -> None:
             f"(it reads {', '.join(modality.suffixes)})",
         )
 
-
-_AUDIO = next(m for m in MODALITIES if m.name == "audio")

@@ -144,9 +144,10 @@ def normalize_record(record: Any, default_id: str, images: list | None = None) -
     ``images`` overrides the record's own image field (a tar's image members, for instance)."""
     sample_id = sample_id_of(record, default_id)
     turns = _turns(record)
-    if images is None:
+    fields_read = images is None
+    if fields_read:
         images = _images(record)
-    check_record(record, turns, len(images))
+    check_record(record, turns, len(images), fields_read)
     n_placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
     if images and n_placeholders == 0:
         first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), 0)

@@ -17,9 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "AUDIO",
+    "IMAGE",
     "IMAGE_SUFFIXES",
     "MEASURED",
     "MODALITIES",
+    "VIDEO",
     "Modality",
     "content_modality",
     "field_modality",

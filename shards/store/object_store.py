@@ -115,15 +115,14 @@ def _move_current(root: GenerationFiles, generation: str, expect) -> None:
     holds ``name`` (an S3 conditional PUT, ``If-Match`` its tag, or ``If-None-Match: *`` when
     there was none): of two nights published from one parent exactly one moves it."""
     data = (generation + "\n").encode()
-    path = root.full_path(CURRENT)
-    if expect is None or root.kind != "s3":
+    path, backend = root.full_path(CURRENT), root.backend
+    if expect is None or not backend.conditional_put:
         # other stores (gs://, az://, memory://): one writer per root at a time (README)
-        root.call("pipe_file", path, data, where=root.where(CURRENT))
+        backend.put(path, data, root.where(CURRENT))
         return
-    name, tag = expect
-    cond = {"IfMatch": tag} if tag else {"IfNoneMatch": "*"}
+    name, _ = expect
     try:
-        root.call("pipe_file", path, data, where=root.where(CURRENT), **cond)
+        backend.put(path, data, root.where(CURRENT), expect=expect)
         return
     except OSError as exc:
         now, _ = current_tag(root.location, storage_options=root.storage_options)

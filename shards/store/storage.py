@@ -26,21 +26,17 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import numbers
 import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from equishard.common.local_files import read_small
 from shards.format.range_digests import RangeDigests, hash_file, hash_fileobj, range_sha256
+from shards.store.backends import StoreBackend, backend_for
 from shards.store.cache_files import CacheDir
 from shards.store.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
-    http_get,
     listing_limit,
-    s3_get,
-    s3_list,
     store_call,
     store_limits,
 )
@@ -114,7 +110,7 @@ class GenerationFiles:
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         # checked where it enters: never one anyone may write without the sticky bit
         self._cache = CacheDir(cache_dir) if cache_dir is not None and is_url(location) else None
-        self._fs, self._pid = None, None
+        self._fs, self._backend, self._pid = None, None, None
         self._whole_ok: set[str] = set()  # digests of whole cached shards checked in this process
         # shard digest -> {(offset, length): sha256 of that range}, from bytes that matched it
         self._checked: dict[str, dict[tuple[int, int], bytes]] = {}
@@ -139,14 +135,30 @@ class GenerationFiles:
             self._fs, _ = fsspec.core.url_to_fs(self.location, **opts)
             if retries is not None:
                 self._fs.retries = retries  # s3fs's own retry loop (around botocore's)
-            self._pid = os.getpid()
+            self._pid, self._backend = os.getpid(), None
         return self._fs
+
+    @property
+    def backend(self) -> StoreBackend:
+        """What this kind of store does for each read, listing and write
+        (:mod:`shards.store.backends`): one per file system, made again with it."""
+        fs = self.fs
+        if self._backend is None or self._backend.fs is not fs:
+            self._backend = backend_for(fs)
+        return self._backend
 
     def _root_of(self, location: str) -> str:
         return self.fs._strip_protocol(location)  # the filesystem's path for the URL
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None, "_pid": None, "_whole_ok": set(), "_checked": {}}
+        return {
+            **self.__dict__,
+            "_fs": None,
+            "_backend": None,
+            "_pid": None,
+            "_whole_ok": set(),
+            "_checked": {},
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -173,33 +185,16 @@ class GenerationFiles:
 
     # ------------------------------------------------------------------ reading
     def exists(self, name: str) -> bool:
-        if not self.remote:
-            return os.path.exists(self.full_path(name))
-        return self.call("exists", self.full_path(name), where=self.where(name))
+        return self.backend.exists(self.full_path(name), self.where(name))
 
     def is_dir(self) -> bool:
-        if not self.remote:
-            return os.path.isdir(self._root)
-        return self.call("isdir", self._root, where=self.location)
+        return self.backend.is_dir(self._root, self.location)
 
     def read_bytes(self, name: str, limit: int = SMALL_FILE_LIMIT) -> bytes:
         """The whole of a small file (manifest, CURRENT) of at most ``limit`` bytes: a regular
         file (a FIFO put there would block forever), ``ValueError`` when larger;
         FileNotFoundError if absent."""
-        if not self.remote:
-            return read_small(self.full_path(name), limit)
-        size = self.size(name, missing=False)
-        if size is not None and size > limit:
-            raise ValueError(f"{self.where(name)}: {size} bytes, more than the {limit} it may hold")
-        # the size a store reports may be missing (an HTTP server without Content-Length) or
-        # stale (the object replaced since): read at most one byte past the limit, never all
-        parts: list[bytes] = []
-        # the deadline is the object's (a small file's is seconds), not the limit's (hours)
-        self._stream(name, limit, parts.append, expect=size)
-        data = b"".join(parts)
-        if len(data) > limit:
-            raise ValueError(f"{self.where(name)}: more than the {limit} bytes it may hold")
-        return data
+        return self.backend.read_small(self.full_path(name), limit, self.where(name))
 
     def copy_to(self, name: str, target: str | os.PathLike, size: int) -> str:
         """Copy ``name`` to the local file ``target``, reading at most one byte more than
@@ -222,68 +217,24 @@ class GenerationFiles:
                 out.write(part)
 
         limit = (1 << 62) if size is None else size
-        if self._stream(name, limit, feed) > limit:
+        if self.backend.stream(self.full_path(name), limit, feed) > limit:
             raise OSError(f"{self.where(name)}: more than the {size} bytes recorded for it")
 
     def call(self, method: str, *args, where: str, nbytes: int = 0, **kw):
         """One fsspec call with a deadline (:func:`~shards.store.store_limits.store_call`)."""
         return store_call(self.fs, method, *args, where=where, nbytes=nbytes, **kw)
 
-    def _get(
-        self,
-        name: str,
-        limit: int,
-        sink,
-        offset: int | None = None,
-        expect: int | None = None,
-    ) -> int | None:
-        """Over HTTP and S3, one GET of our own (:func:`~shards.store.store_limits.http_get`,
-        :func:`~shards.store.store_limits.s3_get`) handing ``name`` from ``offset`` (or its start) to
-        ``sink``, one byte past ``limit`` at most, within a deadline; the bytes handed over.
-        fsspec's and s3fs's reads take each response whole. None for other stores."""
-        if self.kind == "http":
-            return http_get(self.fs, self.full_path(name), limit, sink, offset, expect)
-        if self.kind == "s3":
-            return s3_get(self.fs, self.full_path(name), limit, sink, offset, expect)
-        return None
-
-    def _stream(self, name: str, limit: int, sink, expect: int | None = None) -> int:
-        """Hand remote ``name`` from its start to ``sink`` piece by piece, one byte past
-        ``limit`` at most; the bytes handed over (:meth:`_get`, else fsspec's file).
-        ``expect``: the size the store reported, which sizes the deadline."""
-        got = self._get(name, limit, sink, expect=expect)
-        if got is not None:
-            return got
-        got = 0
-        with self.fs.open(self.full_path(name), "rb", block_size=8 << 20) as f:
-            while got <= limit:  # a stream's read may return less than asked before its end
-                part = f.read(min(limit + 1 - got, 8 << 20))
-                if not part:
-                    break
-                sink(part)
-                got += len(part)
-        return got
-
     @property
     def kind(self) -> str:
         """The kind of store: ``local``, ``http``, ``s3`` or ``fsspec`` (any other fsspec store:
-        gs://, az://, memory://), from the file system's protocols: what each call that
-        differs by store asks (listings, conditional writes)."""
-        if not self.remote:
-            return "local"
-        protocols = set(_protocols(self.fs))
-        if {"http", "https"} & protocols:
-            return "http"
-        return "s3" if {"s3", "s3a"} & protocols else "fsspec"
+        gs://, az://, memory://), or a registered backend's."""
+        return self.backend.kind
 
     def size(self, name: str, missing: bool = True) -> int | None:
         """The size of one file (None when it does not exist; with ``missing=False``,
         ``FileNotFoundError``; None too where a store does not say, as plain HTTP may)."""
         try:
-            if not self.remote:
-                return os.path.getsize(self.full_path(name))
-            got = self.call("size", self.full_path(name), where=self.where(name))
-            return _store_size(got, self.where(name))
+            return self.backend.size(self.full_path(name), self.where(name))
         except FileNotFoundError:
             if not missing:
                 raise
@@ -291,36 +242,13 @@ class GenerationFiles:
 
     def listable(self) -> bool:
         """Whether one listing gives every file's size (object stores, not plain HTTP)."""
-        return self.kind != "http"
+        return self.backend.listable
 
     def sizes(self, files: int) -> dict[str, int]:
         """Size of every file under this location, by name relative to it (one listing), for a
         generation of ``files`` files: a store's listing naming far more objects
         (:func:`~shards.store.store_limits.listing_limit`) is an ``OSError``."""
-        if not self.remote:
-            base = Path(self._root)
-            return {
-                str(p.relative_to(base)): p.stat().st_size for p in base.rglob("*") if p.is_file()
-            }
-        if self.kind == "http":  # links in index pages, crawled without end by fsspec's find
-            raise ValueError(f"{self.location}: an HTTP(S) server gives no listing of its files")
-        limit = listing_limit(files)
-        if self.kind == "s3":  # pages of our own: s3fs follows a listing without end
-            found = s3_list(self.fs, self.location, limit)
-            return {k: _store_size(v, self.where(k), True) for k, v in found.items()}
-        # listings cached earlier (s3fs keeps one per directory, and drops only a path's
-        # parents on invalidation) may name replaced objects: list afresh
-        self.fs.invalidate_cache()
-        found = self.call("find", self._root, detail=True, where=self.location, nbytes=limit * 1024)
-        prefix = self._root.rstrip("/") + "/"
-        out = {
-            k[len(prefix) :]: _store_size(v.get("size") if isinstance(v, dict) else None, k, True)
-            for k, v in found.items()
-            if k.startswith(prefix)
-        }
-        if len(out) > limit:
-            raise OSError(f"{self.location}: the store lists more than {limit} objects under it")
-        return out
+        return self.backend.list_sizes(self._root, self.location, listing_limit(files))
 
     def checked(self, sha256: str) -> bool:
         """Whether a shard of this digest was hashed with its ranges in this process."""
@@ -346,11 +274,7 @@ class GenerationFiles:
         return data
 
     def _read_range(self, name: str, offset: int, length: int, sha256: str) -> bytes:
-        if not self.remote:
-            with open(self.full_path(name), "rb") as f:
-                f.seek(offset)
-                return f.read(length)
-        cache = self._cache_names(sha256, offset, length)
+        cache = self._cache_names(sha256, offset, length) if self.remote else None
         if cache is not None:
             whole, (sub, part) = cache
             f = self._cache.open_read(whole) if sha256 in self._whole_ok else None
@@ -361,24 +285,7 @@ class GenerationFiles:
             hit = self._read_part(sub, part, length)
             if hit is not None:
                 return hit
-        parts: list[bytes] = []
-        if self._get(name, length, parts.append, offset) is not None:  # one byte past at most
-            data = b"".join(parts)
-        else:
-            data = self.call(
-                "cat_file",
-                self.full_path(name),
-                start=offset,
-                end=offset + length,
-                where=self.where(name),
-                nbytes=length,
-            )
-        if len(data) > length:  # a server that ignores Range sends the whole object
-            raise OSError(
-                f"{self.where(name)}: asked for bytes {offset}+{length}, the server sent "
-                "more: it ignores byte ranges (HTTP Range); serve the generation from "
-                "a server or store that supports them (every object store does)"
-            )
+        data = self.backend.read_range(self.full_path(name), offset, length, self.where(name))
         if cache is not None and len(data) == length:
             with contextlib.suppress(OSError):  # a cache that cannot be written is only slower
                 self._cache.write(part, data + hashlib.sha256(data).digest(), sub)
@@ -468,23 +375,6 @@ class GenerationFiles:
             return data
         self._cache.remove(name, sub)
         return None
-
-
-def _store_size(value, where: str, listed: bool = False) -> int | None:
-    """A size as a store reported it, checked where it enters: a whole number of bytes >= 0
-    (None where a single object's size is unknown, as plain HTTP may give); a listing's
-    missing, negative or non-numeric size is a ``ValueError`` naming the object (it was a
-    ``TypeError`` deep in a comparison, or a negative size read as a shard's)."""
-    if value is None and not listed:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{where}: the store reports a size of {value!r}, not a number of bytes")
-    return int(value)
-
-
-def _protocols(fs) -> tuple[str, ...]:
-    p = fs.protocol
-    return (p,) if isinstance(p, str) else tuple(p)
 
 
 def sha256_of(path: str | os.PathLike) -> str:

@@ -122,12 +122,36 @@ def test_every_way_a_jsonl_record_carries_video_or_audio_is_refused(media, token
         },
         # an image under a field prep does not read, and none where it reads them
         {"id": "image-path", "image_path": "ok.jpg", "conversations": _conv("<image>\nWhat?")},
-        # a media field that is present but empty names no media
-        {"id": "empty-fields", "video": None, "audio": [], "conversations": _conv("Hello.")},
+        # a media field that is present but empty names no media, nor does a plain value
+        {
+            "id": "empty-fields",
+            "video": None,
+            "audio": [],
+            "speech": "",
+            "videos": [None, ""],
+            "score": 3,
+            "conversations": _conv("Hello."),
+        },
+        # an empty field before one that is not: the second is still looked at
+        {"id": "after-empty", "audio": None, "video": "clip.mp4", "conversations": _conv("Hi.")},
+        # an image read, with the same image named under another field too
+        {
+            "id": "image-twice",
+            "image": "ok.jpg",
+            "image_path": "ok.jpg",
+            "conversations": _conv("<image>\nWhat?"),
+        },
+        # a content part of no known modality is malformed text, not media
+        {
+            "id": "part-unknown",
+            "messages": [
+                {"role": "user", "content": [{"type": "hologram"}, {"type": "text", "text": "?"}]}
+            ],
+        },
     ]
     res, rows, errors = run(media, [write_jsonl(media / "d.jsonl", records)], tokenizer_path)
-    assert [r["sample_id"] for r in rows] == ["text", "image", "empty-fields"]
-    assert [r["modality"] for r in rows] == ["text", "image", "text"]
+    assert [r["sample_id"] for r in rows] == ["text", "image", "empty-fields", "image-twice"]
+    assert [r["modality"] for r in rows] == ["text", "image", "text", "image"]
     reasons = {e["sample_id"]: e["reason"] for e in errors}
     assert reasons == {
         "video": "unsupported_modality",
@@ -143,8 +167,10 @@ def test_every_way_a_jsonl_record_carries_video_or_audio_is_refused(media, token
         "part-audio": "unsupported_modality",
         "image-and-video": "unsupported_modality",
         "image-path": "unread_media_field",
+        "after-empty": "unsupported_modality",
+        "part-unknown": "non_string_text",
     }
-    assert res.n_in == 16 and res.reasons["unsupported_modality"] == 12
+    assert res.n_in == 19 and res.reasons["unsupported_modality"] == 13
     detail = {e["sample_id"]: e["detail"] for e in errors}
     assert "video" in detail["video"] and "images only" in detail["video"]
     assert "'<video>' in turn 0" in detail["video-text"]
@@ -214,25 +240,37 @@ def test_a_decoded_audio_under_any_field_name_is_refused():
         ({"k.json": "conv", "k.flac": "wav"}, "unsupported_modality"),
         ({"k.json": "conv", "k.WAV": "wav"}, "unsupported_modality"),
         ({"k.json": "conv", "k.tiff": "jpg"}, "unsupported_format"),
+        ({"k.json": "conv", "k.0.jpg": "jpg", "k.1.TIF": "jpg"}, "unsupported_format"),
+        # the JSON names an image the tar does not carry: not measured as text
+        ({"k.json": "conv-image-field"}, "unread_media_field"),
     ],
 )
 def test_a_tar_sample_with_a_media_member_prep_cannot_read_is_refused(
     tmp_path, tokenizer_path, members, reason
 ):
-    data = {"conv": None, "mp4": mp4_bytes(), "wav": wav_bytes(), "jpg": image_bytes(448, 448)}
+    data = {"mp4": mp4_bytes(), "wav": wav_bytes(), "jpg": image_bytes(448, 448)}
     with tarfile.open(tmp_path / "s.tar", "w") as tf:
         add_member(tf, "ok.json", b'{"conversations": [{"from": "human", "value": "hi"}]}')
         for name, kind in members.items():
             n_img = sum(m.endswith(".jpg") for m in members)
             conv = {"conversations": _conv("<image>" * n_img + "Describe.")}
-            add_member(tf, name, json.dumps(conv).encode() if kind == "conv" else data[kind])
+            if kind == "conv-image-field":
+                conv["image"] = "coco/0001.jpg"
+            add_member(
+                tf,
+                name,
+                json.dumps(conv).encode() if kind in ("conv", "conv-image-field") else data[kind],
+            )
         add_member(tf, "txt.json", b'{"conversations": [{"from": "human", "value": "yo"}]}')
         add_member(tf, "txt.cls", b"3")  # a label member: not media, left alone
     _res, rows, errors = run(tmp_path, [tmp_path / "s.tar"], tokenizer_path)
     assert [r["sample_id"] for r in rows] == ["ok", "txt"]
     assert [(e["sample_id"], e["reason"]) for e in errors] == [("k", reason)]
-    member = next(m for m in members if not m.endswith((".json", ".jpg")))
-    assert member in errors[0]["detail"] and str(tmp_path / "s.tar") in errors[0]["detail"]
+    member = next((m for m in members if not m.endswith((".json", ".jpg"))), None)
+    if member is not None:
+        assert member in errors[0]["detail"] and str(tmp_path / "s.tar") in errors[0]["detail"]
+    else:
+        assert "'image'" in errors[0]["detail"] and "members" in errors[0]["detail"]
 
 
 def test_the_vocabulary_is_consistent():

@@ -114,4 +114,3 @@ def check_member(name: str, suffix: str, where: str) -> None:
             f"{where}: member {name!a} is an {modality.name} in a format prep does not read "
             f"(it reads {', '.join(modality.suffixes)})",
         )
-

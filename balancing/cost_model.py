@@ -24,10 +24,13 @@ import pyarrow as pa
 
 from balancing._kernels.tables import _nb_sample_costs
 from equishard.common.local_files import read_small
-from equishard.common.values import is_count
+from equishard.common.options import option
+from equishard.common.values import check_count, is_count
 from equishard.contracts.columns import LLM_TOKENS, VIT_SEQ_LENS, VIT_TOKENS
 
-__all__ = ["CostModel", "PhaseCost", "sample_costs"]
+__all__ = ["CostModel", "CostModelOptions", "PhaseCost", "sample_costs"]
+
+MAX_HIDDEN, MAX_LAYERS = 1 << 24, 1 << 16  # far above any model: a typo, not a model
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,7 +51,7 @@ class PhaseCost:
 
     @classmethod
     def from_dims(cls, *, hidden: int, layers: int, causal: bool) -> PhaseCost:
-        if not (is_count(hidden, 1, 1 << 24) and is_count(layers, 1, 1 << 16)):
+        if not (is_count(hidden, 1, MAX_HIDDEN + 1) and is_count(layers, 1, MAX_LAYERS + 1)):
             raise ValueError(
                 f"hidden size and layers must be whole numbers > 0, got {hidden!r}, {layers!r}"
             )
@@ -144,3 +147,37 @@ def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndar
         model.llm.alpha,
         model.llm.beta,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostModelOptions:
+    """How ``balance`` gets its cost model: from the model's dimensions, or from a calibration
+    file measured on the hardware (which then replaces the dimensions)."""
+
+    vit_hidden: int = field(
+        default=1024, metadata=option("vision encoder hidden size (default: 1024)")
+    )
+    vit_layers: int = field(default=24, metadata=option("vision encoder layers (default: 24)"))
+    llm_hidden: int = field(default=4096, metadata=option("LLM hidden size (default: 4096)"))
+    llm_layers: int = field(default=32, metadata=option("LLM layers (default: 32)"))
+    calibration: str | None = field(
+        default=None,
+        metadata=option("measured alpha/beta per phase instead of dimensions", metavar="JSON"),
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("vit_hidden", "llm_hidden"):
+            check_count("--" + name.replace("_", "-"), getattr(self, name), 1, MAX_HIDDEN)
+        for name in ("vit_layers", "llm_layers"):
+            check_count("--" + name.replace("_", "-"), getattr(self, name), 1, MAX_LAYERS)
+
+    def build(self) -> CostModel:
+        """The cost model (the calibration file read and checked here)."""
+        if self.calibration:
+            return CostModel.from_calibration(self.calibration)
+        return CostModel.from_dims(
+            vit_hidden=self.vit_hidden,
+            vit_layers=self.vit_layers,
+            llm_hidden=self.llm_hidden,
+            llm_layers=self.llm_layers,
+        )

@@ -40,6 +40,7 @@ from balancing.plan_quality import (
 )
 from balancing.steps import assign_steps
 from equishard.common.durable import durable_replace
+from equishard.common.options import option
 from equishard.common.values import check_count, check_real, is_count, is_number
 from equishard.contracts.columns import (
     GROUP_LLM_COST,
@@ -58,15 +59,36 @@ MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungr
 
 @dataclass(frozen=True, kw_only=True)
 class BalanceConfig:
-    dp: int
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    target_batch: float = 4.0
-    seed: int = 0
-    rounds: int = 10
-    slack: float = 0.05
-    q_v: int | None = None
-    q_t: int | None = None
+    """How a plan is balanced; recorded in its report (``parameters``), from which a night
+    balances its new samples the same way (:meth:`from_report`)."""
+
+    dp: int = field(metadata=option("data-parallel size D (groups per step)", required=True))
+    nodes: int | None = field(
+        default=None, metadata=option("nodes (default: 1); nodes x gpus-per-node must equal --dp")
+    )
+    gpus_per_node: int | None = field(
+        default=None, metadata=option("DP ranks per node (default: dp / nodes)")
+    )
+    target_batch: float = field(
+        default=4.0, metadata=option("average samples per group (default: 4)", metavar="B")
+    )
+    seed: int = field(default=0, metadata=option("seed of grouping and step order (default: 0)"))
+    rounds: int = field(default=10, metadata=option("ISF rounds (default: 10)", metavar="T"))
+    slack: float = field(
+        default=0.05,
+        metadata=option("filter targets sit this fraction below the caps (default: 0.05)"),
+    )
+    q_v: int | None = field(
+        default=None,
+        metadata=option("vision cap in tokens per group (default: chosen from the data)"),
+    )
+    q_t: int | None = field(
+        default=None,
+        metadata=option(
+            "LLM cap in tokens per group: a group's samples are packed into rows of at most "
+            "this many LLM tokens (size it against memory; default: chosen from the data)"
+        ),
+    )
     cost_model: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:

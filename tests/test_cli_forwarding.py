@@ -41,9 +41,9 @@ BECOMES = {
         "json": ("progress", lambda ns: not ns.json),
         "new": ("new", lambda ns: tuple(ns.new)),
     },
-    "train": {
-        "whole_samples": ("split_samples", lambda ns: not ns.whole_samples),
-        "no_redistribute": ("redistribute", lambda ns: not ns.no_redistribute),
+    "train": {  # --whole-samples and --no-redistribute turn their fields off
+        "split_samples": ("split_samples", lambda ns: not ns.split_samples),
+        "redistribute": ("redistribute", lambda ns: not ns.redistribute),
     },
 }
 

@@ -26,7 +26,10 @@ SUBCOMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line. ``only``: build that subcommand's options alone, the others with their
+    help line only (what ``main`` does: a subcommand's options may come from a configuration
+    whose module loads numba or torch, paid only by the command that runs); ``""``: none."""
     parser = argparse.ArgumentParser(
         prog="equishard",
         description=(
@@ -42,7 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"equishard {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
     for name, module in SUBCOMMANDS.items():
-        importlib.import_module(module).add_parser(sub, name)
+        mod = importlib.import_module(module)
+        if only is None or name == only:
+            mod.add_parser(sub, name)
+        else:
+            sub.add_parser(name, help=mod.HELP)
     return parser
 
 
@@ -53,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     early (``equishard inspect ... | head``) ends the command quietly."""
     import os
 
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), "")
+    args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
     from dataprep.errors import DataprepError
     from equishard.common.errors import describe
 

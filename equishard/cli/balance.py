@@ -11,6 +11,9 @@ from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
 
 __all__ = ["add_parser", "print_report", "run"]
 
+# the line the top-level --help shows
+HELP = "group samples into balanced steps and ranks (plan)"
+
 _DESCRIPTION = """\
 Group the samples of a cost table into balanced mini-batches (OmniBal's ISF), order the groups
 into global steps of DP groups whose vision and LLM loads are alike, shuffle the steps by seed,
@@ -32,10 +35,14 @@ examples:
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="group samples into balanced steps and ranks (plan)",
+        help=HELP,
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from balancing.cost_model import CostModelOptions
+    from balancing.plan import BalanceConfig
+    from equishard.common.options import add_options
+
     p.add_argument(
         "cost_table", metavar="COST_TABLE", help="cost table written by 'equishard prep'"
     )
@@ -46,44 +53,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         metavar="PLAN_DIR",
         help="directory for plan.parquet and report.json",
     )
-    p.add_argument("--dp", type=int, required=True, help="data-parallel size D (groups per step)")
-    p.add_argument(
-        "--nodes", type=int, help="nodes (default: 1); nodes x gpus-per-node must equal --dp"
-    )
-    p.add_argument("--gpus-per-node", type=int, help="DP ranks per node (default: dp / nodes)")
-    p.add_argument(
-        "--target-batch",
-        type=float,
-        default=4.0,
-        metavar="B",
-        help="average samples per group (default: 4)",
-    )
-    p.add_argument(
-        "--seed", type=int, default=0, help="seed of grouping and step order (default: 0)"
-    )
-    p.add_argument("--rounds", type=int, default=10, metavar="T", help="ISF rounds (default: 10)")
-    p.add_argument(
-        "--slack",
-        type=float,
-        default=0.05,
-        help="filter targets sit this fraction below the caps (default: 0.05)",
-    )
-    p.add_argument(
-        "--q-v", type=int, help="vision cap in tokens per group (default: chosen from the data)"
-    )
-    p.add_argument(
-        "--q-t", type=int, help="LLM cap in tokens per group (default: chosen from the data)"
-    )
+    add_options(p, BalanceConfig)  # declared on its fields, as the cost model's below
     g = p.add_argument_group("modeled cost (alpha*tokens + beta*sum(len^2) per phase)")
-    g.add_argument(
-        "--vit-hidden", type=int, default=1024, help="vision encoder hidden size (default: 1024)"
-    )
-    g.add_argument("--vit-layers", type=int, default=24, help="vision encoder layers (default: 24)")
-    g.add_argument("--llm-hidden", type=int, default=4096, help="LLM hidden size (default: 4096)")
-    g.add_argument("--llm-layers", type=int, default=32, help="LLM layers (default: 32)")
-    g.add_argument(
-        "--calibration", metavar="JSON", help="measured alpha/beta per phase instead of dimensions"
-    )
+    add_options(g, CostModelOptions)
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.set_defaults(run=run)
 
@@ -150,9 +122,10 @@ def print_report(report: dict, plan_dir: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
-    from balancing.cost_model import CostModel
+    from balancing.cost_model import CostModelOptions
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from equishard.cli._common import check_output_dir, fail
+    from equishard.common.options import config_kwargs
     from equishard.contracts.cost_table import (
         check_repeated_ids,
         read_cost_table,
@@ -160,28 +133,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     try:
-        model = (
-            CostModel.from_calibration(args.calibration)
-            if args.calibration
-            else CostModel.from_dims(
-                vit_hidden=args.vit_hidden,
-                vit_layers=args.vit_layers,
-                llm_hidden=args.llm_hidden,
-                llm_layers=args.llm_layers,
-            )
-        )
-        cfg = BalanceConfig(
-            dp=args.dp,
-            nodes=args.nodes,
-            gpus_per_node=args.gpus_per_node,
-            target_batch=args.target_batch,
-            seed=args.seed,
-            rounds=args.rounds,
-            slack=args.slack,
-            q_v=args.q_v,
-            q_t=args.q_t,
-            cost_model=model,
-        )
+        model = CostModelOptions(**config_kwargs(CostModelOptions, args)).build()
+        cfg = BalanceConfig(**config_kwargs(BalanceConfig, args), cost_model=model)
         check_output_dir(args.output)
         for name in (PLAN_PARQUET, PLAN_REPORT):  # written there: never over the input
             out = Path(args.output) / name

@@ -6,13 +6,16 @@ import argparse
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "write a deterministic LLaVA-format demo dataset with real images"
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     from equishard.cli._common import add_json_arg
 
     p = sub.add_parser(
         name,
-        help="write a deterministic LLaVA-format demo dataset with real images",
+        help=HELP,
         description=(
             "Write a deterministic LLaVA-format dataset to OUT_DIR: demo.jsonl (conversations with\n"
             "<image> placeholders), images/ (real JPEG and PNG files, ~200 to ~4000 px, odd aspect\n"

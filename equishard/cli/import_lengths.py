@@ -6,6 +6,9 @@ import argparse
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "turn OmniBal/InternVL length files (vit_num, token_num, image_flags) into a cost table"
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     from dataprep.import_lengths import ImportLengthsConfig
@@ -14,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
 
     p = sub.add_parser(
         name,
-        help="turn OmniBal/InternVL length files (vit_num, token_num, image_flags) into a cost table",
+        help=HELP,
         description=(
             "Convert per-sample lengths in the OmniBal / InternVL-Chat format -- a JSON list (or\n"
             'JSON lines) of {"vit_num": TILES, "token_num": LLM_TOKENS, "image_flags": REAL_TILES}\n'

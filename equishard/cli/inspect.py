@@ -9,11 +9,14 @@ from equishard.cli._common import add_store_args
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "summarize a generation: layout, totals, per-stream loads"
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="summarize a generation: layout, totals, per-stream loads",
+        help=HELP,
         description="Print a generation's manifest summary and one line per stream.",
     )
     p.add_argument(

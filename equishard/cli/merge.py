@@ -6,13 +6,16 @@ import argparse
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "combine partial cost tables from 'prep --shard-index K --num-shards N'"
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     from equishard.cli._common import add_json_arg
 
     p = sub.add_parser(
         name,
-        help="combine partial cost tables from 'prep --shard-index K --num-shards N'",
+        help=HELP,
         description=(
             "Combine the partial cost tables written by 'equishard prep --shard-index K\n"
             "--num-shards N' on several machines into one cost table (and one errors table next to\n"

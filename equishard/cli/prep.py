@@ -11,6 +11,9 @@ from equishard.common.options import add_options, config_kwargs
 
 __all__ = ["add_parser", "print_summary", "run"]
 
+# the line the top-level --help shows
+HELP = "measure samples into a cost table (Parquet)"
+
 _DESCRIPTION = """\
 Measure every sample of a vision-language dataset: the vision encoder's patches per image (from
 the image header only, never decoding pixels) and the LLM sequence length (a real tokenizer over
@@ -54,7 +57,7 @@ def _policies_help() -> str:
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="measure samples into a cost table (Parquet)",
+        help=HELP,
         description=_DESCRIPTION.format(policies=_policies_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -12,13 +12,16 @@ from shards.nightly.rebalance import RebalanceConfig
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "nightly: add new/updated samples, apply deletions, publish a new generation"
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="nightly: add new/updated samples, apply deletions, publish a new generation",
+        help=HELP,
         description="Measure only what is new (rows of unchanged samples are reused by id and\n"
         "cache key), keep the current generation's balanced steps, rebuild the short last step,\n"
         "leftover steps and steps that lost or changed a sample together with the new samples,\n"

@@ -6,13 +6,16 @@ import argparse
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "write an HTML balance report of a generation (plots, no network needed)"
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     from equishard.cli._common import add_json_arg
 
     p = sub.add_parser(
         name,
-        help="write an HTML balance report of a generation (plots, no network needed)",
+        help=HELP,
         description="One self-contained HTML page (PNG plots inline) for a generation:\n"
         "distributions of vision/LLM tokens and images per sample; per-step, per-rank loads of\n"
         "both phases for random batching vs the plan; dist ratio and efficiency per step; group\n"

@@ -8,11 +8,14 @@ from equishard.cli._common import add_json_arg, add_store_args
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "check every shard checksum and sample count (non-zero exit on any problem)"
+
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="check every shard checksum and sample count (non-zero exit on any problem)",
+        help=HELP,
         description="Check a generation: the manifest, every shard's sha256 and the sha256 of the\n"
         "cost table and plan it carries, and (unless --fast)\n"
         "every group's samples: complete, safe, and as many as the manifest says.\n"

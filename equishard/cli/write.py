@@ -10,6 +10,9 @@ from shards.write.write_config import WriteConfig
 
 __all__ = ["add_parser", "run"]
 
+# the line the top-level --help shows
+HELP = "write balanced WebDataset shards from a plan"
+
 _DESCRIPTION = """\
 Write the samples of a plan as WebDataset shards: one stream per (node, local rank), step s of a
 rank being the s-th group of its stream, each sample KEY.json + KEY.0.jpg, KEY.1.png, ... with the
@@ -34,7 +37,7 @@ examples:
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
-        help="write balanced WebDataset shards from a plan",
+        help=HELP,
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

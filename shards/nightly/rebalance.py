@@ -56,6 +56,7 @@ from shards.nightly.night_inputs import (
     record_measured,
 )
 from shards.store.manifest import ManifestError, load_manifest
+from shards.store.object_store import STAGING_DEFAULT
 from shards.store.publish import (
     CURRENT,
     atomic_write_bytes,
@@ -130,8 +131,7 @@ class RebalanceConfig:
         default=None,
         metadata=option(
             "when CURRENT_ROOT is an object-store URL: the local root its CURRENT generation is "
-            "fetched into and the new one written in before upload (default: $EQUISHARD_STAGING "
-            "or ~/.cache/equishard/staging/<hash of the URL>)",
+            f"fetched into and the new one written in before upload (default: {STAGING_DEFAULT})",
             metavar="DIR",
         ),
     )

@@ -43,6 +43,7 @@ from shards.store.publish import (
 from shards.store.storage import GenerationFiles, check_writable, is_url, join_url, sha256_of
 
 __all__ = [
+    "STAGING_DEFAULT",
     "ConcurrentPublishError",
     "current_tag",
     "default_staging",
@@ -51,6 +52,10 @@ __all__ = [
     "read_remote_current",
     "remove_remote_generation",
 ]
+
+
+# what --staging defaults to, as the write and rebalance commands' help says it
+STAGING_DEFAULT = "$EQUISHARD_STAGING or ~/.cache/equishard/staging/<hash of the URL>"
 
 
 def default_staging(url: str) -> Path:

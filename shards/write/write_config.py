@@ -22,6 +22,7 @@ from equishard.common.values import check_count, check_flag, check_task_timeout,
 from equishard.common.workers import MAX_WORKERS
 from equishard.contracts.generation import COST_FILE, MANIFEST, PLAN_FILE, WIDS_INDEX, WRITER_KEYS
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
+from shards.store.object_store import STAGING_DEFAULT
 from shards.store.storage import check_writable
 from shards.write.stream_pool import usable_cores
 
@@ -90,8 +91,7 @@ class WriteConfig:
         default=None,
         metadata=option(
             "with a URL --out: the local root the generation is written in before upload, "
-            "kept so a killed run resumes (default: $EQUISHARD_STAGING or "
-            "~/.cache/equishard/staging/<hash of the URL>)",
+            f"kept so a killed run resumes (default: {STAGING_DEFAULT})",
             metavar="DIR",
         ),
     )

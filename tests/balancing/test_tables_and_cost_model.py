@@ -63,3 +63,40 @@ def test_sample_costs_sum_the_squares_of_each_image_sequence():
     # by hand: 2*30 + 3*(10^2 + 20^2) = 1560 (not 3*(30^2)); 2*8 + 3*64 = 208
     assert vc.tolist() == [0.0, 1560.0, 208.0]
     assert tc.tolist() == [5 * 5 + 7 * 25, 5 * 40 + 7 * 1600, 5 * 3 + 7 * 9]
+
+
+@pytest.mark.parametrize(
+    ("field", "hi"),
+    [
+        ("vit_hidden", 1 << 24),
+        ("llm_hidden", 1 << 24),
+        ("vit_layers", 1 << 16),
+        ("llm_layers", 1 << 16),
+    ],
+)
+def test_cost_model_options_take_dimensions_at_their_limits_and_refuse_past_them(field, hi):
+    """``balance --vit-hidden`` and friends: 1 and the limit are taken and give the model of
+    those dimensions; 0, the limit + 1, a bool and a float are refused naming the option."""
+    from balancing.cost_model import CostModelOptions
+
+    for ok in (1, hi):
+        model = CostModelOptions(**{field: ok}).build()
+        dims = {"vit_hidden": 1024, "vit_layers": 24, "llm_hidden": 4096, "llm_layers": 32}
+        assert model == CostModel.from_dims(**(dims | {field: ok}))
+    flag = "--" + field.replace("_", "-")
+    for bad in (0, hi + 1, True, 2.0, -1):
+        with pytest.raises(ValueError, match=flag):
+            CostModelOptions(**{field: bad})
+
+
+def test_cost_model_options_read_a_calibration_instead_of_dimensions(tmp_path):
+    from balancing.cost_model import CostModelOptions
+
+    cal = tmp_path / "cal.json"
+    cal.write_text('{"vision": {"alpha": 1, "beta": 2}, "llm": {"alpha": 3, "beta": 0}}')
+    model = CostModelOptions(calibration=str(cal), llm_layers=80).build()
+    assert (model.vision, model.llm) == (PhaseCost(alpha=1, beta=2), PhaseCost(alpha=3, beta=0))
+    assert model.source == f"calibration {cal}"
+    cal.write_text('{"vision": {"alpha": -1, "beta": 2}, "llm": {"alpha": 3, "beta": 0}}')
+    with pytest.raises(ValueError, match="calibration file"):
+        CostModelOptions(calibration=str(cal)).build()

@@ -94,25 +94,57 @@ def test_defaults_help_and_refusals_come_from_the_fields():
             p.parse_args(argv)
 
 
-@pytest.mark.parametrize("command", ["write", "import-lengths", "prep", "rebalance"])
+@pytest.mark.parametrize(
+    "command", ["write", "import-lengths", "prep", "rebalance", "balance", "train"]
+)
 def test_a_commands_options_are_its_configurations_fields(command):
-    """``write``, ``import-lengths``, ``prep`` and ``rebalance`` declare no option of their configuration by
-    hand: every option but the command's own (``--json``, ``--no-progress``, the store limits)
-    is a field's declaration."""
+    """No command declares an option of its configuration by hand: every option but the
+    command's own (``--json``, ``--no-progress``, the store limits, balance's input and output,
+    train's ``--nproc``) is a field's declaration."""
+    from balancing.cost_model import CostModelOptions
+    from balancing.plan import BalanceConfig
     from dataprep.import_lengths import ImportLengthsConfig
     from dataprep.prep_config import PrepConfig
     from equishard.cli import build_parser
     from equishard.common.options import declared
     from shards.nightly.rebalance import RebalanceConfig
     from shards.write.write_config import WriteConfig
+    from trainer_adapter.train.config import TrainConfig
 
-    cls = {
-        "write": WriteConfig,
-        "import-lengths": ImportLengthsConfig,
-        "prep": PrepConfig,
-        "rebalance": RebalanceConfig,
+    classes = {
+        "write": [WriteConfig],
+        "import-lengths": [ImportLengthsConfig],
+        "prep": [PrepConfig],
+        "rebalance": [RebalanceConfig],
+        "balance": [BalanceConfig, CostModelOptions],
+        "train": [TrainConfig],
     }[command]
-    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    sub = build_parser(command)._subparsers._group_actions[0].choices[command]
     own = {"help", "json", "no_progress", "store_timeout", "store_retries"}
+    own |= {"balance": {"cost_table", "output"}, "train": {"nproc"}}.get(command, set())
     dests = {a.dest for a in sub._actions} - own
-    assert dests == {f.name for f, _ in declared(cls)}
+    assert dests == {f.name for cls in classes for f, _ in declared(cls)}
+
+
+def test_main_builds_only_the_command_that_runs(monkeypatch):
+    """``equishard verify`` does not build (nor import the configuration of) ``train``, whose
+    module loads torch; ``--help`` still lists every subcommand with its line."""
+    import equishard.cli as cli
+
+    built = []
+    real = cli.build_parser
+
+    def spy(only=None):
+        built.append(only)
+        return real(only)
+
+    monkeypatch.setattr(cli, "build_parser", spy)
+    with pytest.raises(SystemExit):
+        cli.main(["verify", "--help"])
+    with pytest.raises(SystemExit):
+        cli.main(["--version"])
+    assert built == ["verify", ""]
+    sub = real("")._subparsers._group_actions[0]
+    assert list(sub.choices) == list(cli.SUBCOMMANDS)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    assert helps["train"].startswith("train a VLM") and all(helps.values())

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from equishard.common.options import option
 from equishard.common.values import check_choice, check_count, check_flag, check_real
 from equishard.common.workers import MAX_WORKERS
 
@@ -20,6 +21,10 @@ MAX_STAGES = 1024
 # (trainer_adapter.train.pipeline), named here so that the configuration loads without torch
 MODEL_SIZES = ("tiny", "small", "1b")
 SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
+PLACEMENTS = ("nodewise", "identity")
+RECOMPUTE = ("off", "all", "adaptive")
+PRECISIONS = ("fp32", "bf16")
+BACKENDS = ("auto", "nccl", "gloo")
 
 
 def parse_steps(text: str) -> tuple[int, int]:
@@ -42,45 +47,171 @@ class TrainConfig:
     that fits the generation's largest sample and group.
     """
 
-    shards: str  # a generation or root: a directory or an fsspec URL (s3://bucket/prefix)
-    dp: int
-    pp: int = 1
-    steps: int = 10
-    schedule: str = "1f1b"
-    microbatches: int | None = None
-    virtual_stages: int = 2
-    model: str = "tiny"
-    mb_tokens: int | None = None
+    shards: str = field(
+        metadata=option(
+            "a generation directory, or a root with CURRENT; also an object-store URL "
+            "(s3://bucket/prefix, any fsspec URL; groups are read by byte range)",
+            required=True,
+            metavar="GEN",
+        )
+    )
+    dp: int = field(metadata=option("data-parallel replicas", required=True))
+    pp: int = field(default=1, metadata=option("pipeline stages per replica (default 1)"))
+    steps: int = field(default=10, metadata=option("optimizer steps (default 10)"))
+    schedule: str = field(
+        default="1f1b", metadata=option("pipeline schedule (default 1f1b)", choices=SCHEDULES)
+    )
+    microbatches: int | None = field(
+        default=None, metadata=option("microbatches per step and replica (default 2 x pp)")
+    )
+    virtual_stages: int = field(
+        default=2, metadata=option("stages per rank for interleaved1f1b (default 2)")
+    )
+    model: str = field(
+        default="tiny",
+        metadata=option("model size (default tiny: runs on a CPU)", choices=MODEL_SIZES),
+    )
+    mb_tokens: int | None = field(
+        default=None,
+        metadata=option(
+            "largest microbatch row in tokens (default: fits the largest sample and group)"
+        ),
+    )
     # microbatch row sizes form a ladder up to mb_tokens, each this much larger than the last;
     # a step runs the smallest that holds its load (1.0: one fixed size, mb_tokens)
-    bucket_ratio: float = 1.08
+    bucket_ratio: float = field(
+        default=1.08,
+        metadata=option(
+            "row sizes form a ladder up to --mb-tokens, each this much larger than the last; "
+            "a step runs the smallest that holds it (default 1.08; 1 = always --mb-tokens)"
+        ),
+    )
     # cut samples across microbatches where whole samples leave rows uneven (attention is
     # carried across the cut; the chain of rows runs backward in reverse)
-    split_samples: bool = True
-    lr: float = 1e-3
-    seed: int = 0
-    redistribute: bool = True
-    method: str = "auto"
-    placement: str = "nodewise"
-    ranks_per_node: int | None = None
-    workers: int = 1
-    loader_timeout: float = 600.0  # seconds a DataLoader worker may take for one group
-    tokenizer: str | None = None
-    shards_cache: str | None = None  # a local directory keeping what is read from a URL --shards
-    vision_policy: str | None = None
-    template: str | None = None
-    recompute: str = "off"
-    memory_fraction: float = 0.9
-    precision: str = "fp32"  # bf16: autocast (fp32 weights, gradients, optimizer state and loss)
+    split_samples: bool = field(
+        default=True,
+        metadata=option(
+            "never cut a sample across pipeline microbatches (rows then fit the step's "
+            "longest sample: more padding; default: cut where whole samples leave rows uneven, "
+            "attention carried across the cut, so the model sees each sample whole)",
+            flag="--whole-samples",
+            negate=True,
+        ),
+    )
+    lr: float = field(default=1e-3, metadata=option("AdamW learning rate (default 1e-3)"))
+    seed: int = field(default=0, metadata=option("model init and loader order (default 0)"))
+    redistribute: bool = field(
+        default=True,
+        metadata=option(
+            "train on the groups as read (the baseline to compare against); each step still "
+            "logs the max/mean redistribution would have given (a dry run: nothing moves)",
+            flag="--no-redistribute",
+            negate=True,
+        ),
+    )
+    method: str = field(
+        default="auto",
+        metadata=option(
+            "runtime balancer: auto, best, lpt, kk, kk_equal, locality, ... (default auto)"
+        ),
+    )
+    placement: str = field(
+        default="nodewise",
+        metadata=option(
+            "place balanced batches to keep traffic inside nodes (default nodewise)",
+            choices=PLACEMENTS,
+        ),
+    )
+    ranks_per_node: int | None = field(
+        default=None,
+        metadata=option("ranks sharing a node (default: torchrun's processes per node)"),
+    )
+    workers: int = field(
+        default=1, metadata=option("DataLoader workers per reading rank (default 1)")
+    )
+    loader_timeout: float = field(
+        default=600.0,
+        metadata=option(
+            "seconds a DataLoader worker may take to read and collate one group before the "
+            "run fails naming it (with --workers >= 1; default 600): a read stuck on a hung "
+            "mount ends the run instead of holding every rank",
+            metavar="S",
+        ),
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata=option("tokenizer.json (default: the one prep used, from the manifest)"),
+    )
+    shards_cache: str | None = field(
+        default=None,
+        metadata=option(
+            "with a URL --shards: keep the bytes read in this local directory, so later "
+            "epochs read nothing twice (safe to share between ranks)",
+            metavar="DIR",
+        ),
+    )
+    vision_policy: str | None = field(default=None, metadata=option("default: the one prep used"))
+    template: str | None = field(default=None, metadata=option("default: the one prep used"))
+    recompute: str = field(
+        default="off",
+        metadata=option(
+            "activation recomputation: off, all blocks, or adaptive (GPU: measure memory, "
+            "recompute only what does not fit; OmniBal A.1.1) (default off)",
+            choices=RECOMPUTE,
+        ),
+    )
+    memory_fraction: float = field(
+        default=0.9,
+        metadata=option("share of GPU memory adaptive recomputation may plan for (default 0.9)"),
+    )
+    # bf16: autocast (fp32 weights, gradients, optimizer state and loss)
+    precision: str = field(
+        default="fp32",
+        metadata=option(
+            "fp32, or bf16 mixed precision (autocast: weights, gradients and optimizer in "
+            "fp32, matrix products in bf16; the loss in fp32) (default fp32)",
+            choices=PRECISIONS,
+        ),
+    )
     # torch.compile the transformer blocks' work around attention (model.compile_blocks)
-    compile: bool = False
-    backend: str = "auto"  # auto: NCCL with a GPU per local rank, gloo without CUDA
+    compile: bool = field(
+        default=False,
+        metadata=option(
+            "compile the transformer blocks' norms, projections, MLP and residuals with "
+            "torch.compile (fused kernels, cheap activations recomputed instead of kept; the "
+            "first steps pay the compile; attention stays the flash path)"
+        ),
+    )
+    backend: str = field(
+        default="auto",
+        metadata=option(
+            "process group backend (default auto: NCCL with one GPU per process, else gloo)",
+            choices=BACKENDS,
+        ),
+    )
     partition_radius: int = 1
     partition_top_k: int = 3
-    log: str | None = None
-    profile: str | None = None  # a directory: torch profiler tables of steps profile_steps
-    profile_steps: str = "3:5"  # A:B, steps A to B - 1
-    profile_trace: bool = False  # also the chrome trace of the window (large)
+    log: str | None = field(
+        default=None, metadata=option("append per-step records here", metavar="JSONL")
+    )
+    profile: str | None = field(
+        default=None,
+        metadata=option(
+            "profile steps --profile-steps with torch's profiler; each rank writes its top "
+            "operators and kernels, device busy share and stalling calls into DIR",
+            metavar="DIR",
+        ),
+    )
+    profile_steps: str = field(
+        default="3:5",
+        metadata=option(
+            "the profiled window, steps A to B-1 (default 3:5, after warm-up)", metavar="A:B"
+        ),
+    )
+    profile_trace: bool = field(
+        default=False,
+        metadata=option("also write each rank's chrome trace of the window (large) into --profile"),
+    )
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -100,15 +231,15 @@ class TrainConfig:
             raise ValueError(
                 f"bucket_ratio must be >= 1 (1: one microbatch size), got {self.bucket_ratio}"
             )
-        if self.recompute not in ("off", "all", "adaptive"):
+        if self.recompute not in RECOMPUTE:
             raise ValueError(
                 f"recompute must be off, all or adaptive (GPU only), got {self.recompute!r}"
             )
-        if self.precision not in ("fp32", "bf16"):
+        if self.precision not in PRECISIONS:
             raise ValueError(
                 f"precision must be fp32 or bf16 (mixed precision), got {self.precision!r}"
             )
-        if self.backend not in ("auto", "nccl", "gloo"):
+        if self.backend not in BACKENDS:
             raise ValueError(f"backend must be auto, nccl or gloo, got {self.backend!r}")
         if not 0 < self.memory_fraction <= 1:
             raise ValueError(f"memory_fraction must be in (0, 1], got {self.memory_fraction}")
@@ -163,7 +294,7 @@ class TrainConfig:
         from balancing.post_balance import RUNTIME_METHODS  # numba: loaded when checked
 
         check_choice("method", self.method, RUNTIME_METHODS)
-        check_choice("placement", self.placement, ("nodewise", "identity"))
+        check_choice("placement", self.placement, PLACEMENTS)
         for name in ("bucket_ratio", "lr", "memory_fraction", "loader_timeout"):
             check_real(name, getattr(self, name), 0.0, lo_open=True)
 

@@ -78,12 +78,33 @@ SPECIALS = {
     "idefics2": ["<s>", "</s>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
-NAMED = ("deepseek_vl", "janus", "deepseek_vl_hybrid")  # templates whose marker others share
-# the template (and template family) a family's model ships when it is another family's
-TEMPLATE_OF = {"qwen25vl": "qwen2vl", "qwen3vl": "qwen2vl", "deepseek_vl_hybrid": "deepseek_vl"}
+# the chat template file (examples/chat_templates/) a family's model ships when it is another's
+TEMPLATE_FILE_OF = {
+    "qwen25vl": "qwen2vl",
+    "qwen3vl": "qwen2vl",
+    "deepseek_vl_hybrid": "deepseek_vl",
+}
 # the HFPacker family of a model whose processor makes another family's rows (Qwen2.5-VL's:
 # Qwen2-VL's patch rows, grids and tokens; its tower differs, window attention)
 PACKER_OF = {"qwen25vl": "qwen2vl"}
+DEEPSEEK_STYLE = ("deepseek_vl", "janus", "deepseek_vl_hybrid")  # the tiny SigLIP models below
+
+
+def family_of(family: str):
+    """equishard's spec of the family (dataprep/families/): its template image family, and how
+    its rows are built (3-D rope positions for the Qwen-style ones)."""
+    from dataprep.families.registry import family_spec
+
+    return family_spec(PACKER_OF.get(family, family))
+
+
+def template_arg(family: str, mdir: Path) -> str:
+    """``--template`` for the family's model folder, naming its template image family from the
+    spec (``#images=``: DeepSeek-VL's and Janus's templates write the same marker; naming it is
+    taken for every family)."""
+    return f"{mdir}#images={family_of(family).template}"
+
+
 TILE = 56  # px per tile for the tiny InternVL / LLaVA towers (7-px patches)
 
 
@@ -98,7 +119,7 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tok.save(str(root / "tokenizer.json"))
     # Qwen3-VL: the Qwen chat template (its image markup is Qwen2-VL's)
-    name = TEMPLATE_OF.get(family, family)
+    name = TEMPLATE_FILE_OF.get(family, family)
     config = {"chat_template": (TEMPLATES / f"{name}.jinja").read_text()}
     if family == "internvl":
         config["extra_special_tokens"] = {
@@ -139,7 +160,7 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "boi_token": "<|image>", "eoi_token": "<image|>", "image_token": "<|image|>",
             "boa_token": "<|audio>", "eoa_token": "<audio|>", "audio_token": "<|audio|>",
         }  # fmt: skip
-    if family in NAMED:
+    if family in DEEPSEEK_STYLE:
         config["bos_token"] = "<｜begin▁of▁sentence｜>"
         config["eos_token"] = "<｜end▁of▁sentence｜>"
         config["extra_special_tokens"] = {"image_token": "<image_placeholder>"}
@@ -216,8 +237,7 @@ def prep_args(family: str, tokenizer: str, root: Path) -> list[str]:
     """``equishard prep`` options that measure what this family's tiny model sees: its
     tokenizer and chat template (written to ``root``) and its vision policy."""
     mdir = model_dir(family, tokenizer, root)
-    named = TEMPLATE_OF.get(family, family)
-    template = f"{mdir}#images={named}" if family in NAMED else str(mdir)
+    template = template_arg(family, mdir)
     return ["--tokenizer", str(mdir / "tokenizer.json"), "--template", template,
             "--vision-policy", PREP_POLICY[family]]  # fmt: skip
 
@@ -458,7 +478,7 @@ def build(family: str, mdir: Path):
             eoi_token_id=ids("<image|>"),
         )  # fmt: skip
         return gemma4_processor(tok, ip), tf.Gemma4ForConditionalGeneration(cfg)
-    if family in NAMED:  # SigLIP: every image fit into a 56-px square and padded, (56 / 7)^2 tokens
+    if family in DEEPSEEK_STYLE:  # SigLIP: every image fit into a 56-px square, (56 / 7)^2 tokens
         from transformers.models.deepseek_vl import DeepseekVLImageProcessorPil
         from transformers.models.janus import JanusImageProcessorPil
 
@@ -703,13 +723,11 @@ def main() -> None:
         policy=RedistributePolicy(placement="identity"),
         measure=not args.no_measure,  # the loads of a phase not balanced are logged too
     )
-    qwen_style = ("qwen2vl", "qwen25vl", "qwen3vl", "glm4v", "ernie45vl")  # 3-D positions
-    rope = model.model.get_rope_index if args.family in qwen_style else None
-    # DeepSeek-VL's and Janus's templates write the same image marker: the family is named
-    named = TEMPLATE_OF.get(args.family, args.family)
-    template = f"{mdir}#images={named}" if args.family in NAMED else str(mdir)
+    spec = family_of(args.family)  # equishard's family spec: 3-D positions, template family
+    rope = model.model.get_rope_index if spec.packer.rope_positions else None
+    template = template_arg(args.family, mdir)
     images_kwargs = IMAGES_KWARGS.get(args.family, {})
-    packer_family = PACKER_OF.get(args.family, args.family)
+    packer_family = spec.name
     if measured_for(args.shards, args.family):
         # equishard: the template prep measured with, the processor's pixel bounds checked
         # against prep's policy, and every sample's length against prep's count

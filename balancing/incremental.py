@@ -33,6 +33,7 @@ from balancing.plan_quality import (
     random_batching_metrics,
 )
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.phases import check_balanced, encoder_phases
 from equishard.contracts.plan import INCREMENTAL_PLAN_SCHEMA
 
 __all__ = ["INCREMENTAL_PLAN_SCHEMA", "incremental_plan"]
@@ -64,6 +65,7 @@ def incremental_plan(
     the parent does not have are new.
     """
     t0 = time.perf_counter()
+    check_balanced(encoder_phases(cost.column_names), "the night's cost table")
     nodes, per = cfg.topology
     d = nodes * per
     parent_d = int(pc.max(parent.column("rank")).as_py()) + 1 if parent.num_rows else d

@@ -50,6 +50,7 @@ from equishard.contracts.columns import (
     LLM_TOKENS,
     VIT_TOKENS,
 )
+from equishard.contracts.phases import check_balanced, encoder_phases
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
@@ -180,6 +181,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     n = table.num_rows
     if n == 0:
         raise ValueError("the cost table has no rows: nothing to balance")
+    check_balanced(encoder_phases(table.column_names), "the cost table")
     nodes, per = cfg.topology
     d = nodes * per
     v = table.column(VIT_TOKENS).to_numpy().astype(np.int64, copy=False)

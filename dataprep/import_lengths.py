@@ -406,6 +406,7 @@ def import_lengths(cfg: ImportLengthsConfig) -> ImportResult:
             assert result.n_in == result.n_written + result.n_rejected, "an entry went missing"
             meta = {
                 "format_version": FORMAT_VERSION,
+                "phases": ["vision", "llm"],  # InternVL's tiles and its LLM tokens
                 "imported_from": {
                     "format": "omnibal-lengths",
                     "inputs": [str(Path(p).resolve()) for p in cfg.inputs],

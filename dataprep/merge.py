@@ -34,9 +34,17 @@ from equishard.contracts.cost_table import (
 
 __all__ = ["merge_cost_tables"]
 
-_MUST_MATCH = ("format_version", "inputs", "read_options", "image_sizes", "check_images")
+_MUST_MATCH = (
+    "format_version",
+    "phases",
+    "inputs",
+    "read_options",
+    "image_sizes",
+    "check_images",
+)
 _COUNTS = ("in", "written", "rejected")
-_DEFAULTS = {"check_images": "header"}  # a part from before prep recorded its image check
+# a part from before prep recorded its image check, or its phases
+_DEFAULTS = {"check_images": "header", "phases": ["vision", "llm"]}
 
 
 def _checked(path: str, m: dict) -> dict:

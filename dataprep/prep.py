@@ -184,6 +184,9 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
 def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dict:
     return {
         "format_version": FORMAT_VERSION,
+        # the phases measured: the vision encoder (settings: vision_policy) and the LLM
+        # (tokenizer, template); equishard.contracts.phases
+        "phases": ["vision", "llm"],
         "vision_policy": parse_vision_policy(cfg.vision_policy).describe(),
         "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
         "template": load_template(cfg.template).describe(),

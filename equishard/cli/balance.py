@@ -129,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
     from equishard.contracts.cost_table import (
         check_repeated_ids,
         read_cost_table,
+        table_phases,
         validate_cost_table,
     )
+    from equishard.contracts.phases import check_balanced
 
     try:
         model = CostModelOptions(**config_kwargs(CostModelOptions, args)).build()
@@ -144,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
                     "table with the plan; give another -o directory"
                 )
         table = read_cost_table(args.cost_table, required_only=True, validate=False)
+        check_balanced(table_phases(table, args.cost_table), args.cost_table)
         # every rule the balancer's counts depend on first; the repeated-id check (most of the
         # checking at 10M rows) on the other core while the plan is built, before it is written
         with ThreadPoolExecutor(1) as pool:

@@ -10,6 +10,8 @@ use the names without loading pyarrow.
 from __future__ import annotations
 
 __all__ = [
+    "AUDIO_SEQ_LENS",
+    "AUDIO_TOKENS",
     "CACHE_KEY",
     "FINGERPRINT",
     "GROUP_LLM_COST",
@@ -21,10 +23,14 @@ __all__ = [
     "LLM_TOKENS",
     "LOCATION",
     "MODALITY",
+    "NUM_AUDIOS",
     "NUM_IMAGES",
+    "NUM_VIDEOS",
     "SAMPLE_ID",
     "SOURCE",
     "TEXT_TOKENS",
+    "VIDEO_SEQ_LENS",
+    "VIDEO_TOKENS",
     "VIT_SEQ_LENS",
     "VIT_TOKENS",
 ]
@@ -38,6 +44,13 @@ VIT_SEQ_LENS = "vit_seq_lens"  # the vision encoder's sequence length of each im
 LLM_TOKENS = "llm_tokens"  # the LLM's tokens: text and the image tokens the template expands
 TEXT_TOKENS = "text_tokens"
 MODALITY = "modality"  # "text" or "image"
+# the other encoder phases (equishard.contracts.phases): optional, all three or none
+NUM_VIDEOS = "num_videos"
+VIDEO_TOKENS = "video_tokens"  # the tower's tokens of the sample's video frames
+VIDEO_SEQ_LENS = "video_seq_lens"  # the sequence length of each frame group the tower runs
+NUM_AUDIOS = "num_audios"
+AUDIO_TOKENS = "audio_tokens"  # the audio encoder's input frames over the sample's clips
+AUDIO_SEQ_LENS = "audio_seq_lens"  # the length of each window the audio encoder runs
 IMAGE_WIDTHS = "image_widths"
 IMAGE_HEIGHTS = "image_heights"
 LOCATION = "location"  # where the record is: write reads it from there

@@ -25,6 +25,7 @@ from equishard.contracts.columns import (
     VIT_SEQ_LENS,
     VIT_TOKENS,
 )
+from equishard.contracts.phases import ENCODER_PHASES, VISION, Phase, encoder_phases
 
 __all__ = [
     "COST_SCHEMA",
@@ -39,6 +40,7 @@ __all__ = [
     "read_cost_table",
     "remove_stale_temps",
     "table_metadata",
+    "table_phases",
     "validate_cost_table",
 ]
 
@@ -85,6 +87,14 @@ REQUIRED_COLUMNS = (
 # (``write`` needs ``location``; a missing ``fingerprint`` or ``cache_key`` only skips a check
 # or a reuse).
 OPTIONAL_COLUMNS = tuple(f.name for f in COST_SCHEMA if f.name not in REQUIRED_COLUMNS)
+
+# the types of an encoder phase's columns (equishard.contracts.phases): as the vision phase's
+_PHASE_TYPES = {"items": pa.int32(), "tokens": pa.int64(), "seq_lens": pa.list_(pa.int32())}
+
+
+def _phase_fields(phase: Phase) -> list[pa.Field]:
+    return [pa.field(getattr(phase, k), t) for k, t in _PHASE_TYPES.items()]
+
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -161,45 +171,74 @@ def table_metadata(path: str | Path, *, required: bool = True) -> dict:
     return out
 
 
-def _bad_rows(table: pa.Table, repeated_ids: bool = True) -> list[tuple[str, pa.Array]]:
+def table_phases(table: pa.Table, path: str | Path = "") -> tuple[Phase, ...]:
+    """The encoder phases a cost table describes (:func:`~equishard.contracts.phases.encoder_phases`),
+    checked against the ``phases`` its metadata lists, where it lists them."""
+    recorded = None
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    if raw is not None:
+        try:
+            meta = json.loads(raw)
+        except (ValueError, RecursionError):
+            meta = None  # table_metadata names a broken one where it is read
+        if isinstance(meta, dict):
+            recorded = meta.get("phases")
+    return encoder_phases(table.column_names, recorded, str(path))
+
+
+def _bad_rows(
+    table: pa.Table, repeated_ids: bool = True, path: str | Path = ""
+) -> list[tuple[str, pa.Array]]:
     """(what is wrong, row mask) for each rule a row of the table breaks."""
     ids = table.column("sample_id")
     rules = [("sample_id is missing or empty", pc.or_kleene(pc.is_null(ids), pc.equal(ids, "")))]
     if repeated_ids:
         rules += _repeated_rule(ids)
-    for name in (NUM_IMAGES, VIT_TOKENS, LLM_TOKENS, TEXT_TOKENS):
+    phases = table_phases(table, path)
+    counts = [name for p in phases for name in (p.items, p.tokens)] + [LLM_TOKENS, TEXT_TOKENS]
+    for name in counts:
         col = table.column(name)
         rules.append(
             (f"{name} is missing or negative", pc.or_kleene(pc.is_null(col), pc.less(col, 0)))
         )
-        top = MAX_SAMPLE_IMAGES if name == NUM_IMAGES else MAX_SAMPLE_TOKENS
+        top = MAX_SAMPLE_IMAGES if name in {p.items for p in phases} else MAX_SAMPLE_TOKENS
         rules.append(  # sums of such counts overflow 64-bit integers: the plan would be wrong
             (f"{name} is above the plausible {top} a sample", pc.greater(col, top))
         )
-    seq = table.column(VIT_SEQ_LENS)
-    rules.append(("vit_seq_lens is missing", pc.is_null(seq)))
-    flat = pc.list_flatten(seq)
-    smallest = pc.min(flat).as_py() if table.num_rows else None
-    if smallest is not None and smallest < 0:
-        rules.append(("vit_seq_lens holds a negative length", _rows_where(seq, pc.less(flat, 0))))
-    for name in (VIT_SEQ_LENS, IMAGE_WIDTHS, IMAGE_HEIGHTS):  # a null inside a list: a
-        if (
-            name in table.column_names
-        ):  # sample document no reader takes (shards/format/sample_doc.py)
-            col = table.column(name)
-            values = flat if name == VIT_SEQ_LENS else pc.list_flatten(col)
-            if values.null_count:
-                rules.append(
-                    (f"{name} holds a missing value", _rows_where(col, pc.is_null(values)))
+    flats = {}
+    for phase in phases:
+        seq = table.column(phase.seq_lens)
+        rules.append((f"{phase.seq_lens} is missing", pc.is_null(seq)))
+        flat = flats[phase.name] = pc.list_flatten(seq)
+        smallest = pc.min(flat).as_py() if table.num_rows else None
+        if smallest is not None and smallest < 0:
+            rules.append(
+                (
+                    f"{phase.seq_lens} holds a negative length",
+                    _rows_where(seq, pc.less(flat, 0)),
                 )
+            )
+    lists = [(p.seq_lens, flats[p.name]) for p in phases]
+    for name in (IMAGE_WIDTHS, IMAGE_HEIGHTS):  # a null inside a list: a sample document no
+        if name in table.column_names:  # reader takes (shards/format/sample_doc.py)
+            lists.append((name, pc.list_flatten(table.column(name))))
+    for name, values in lists:
+        if values.null_count:
+            rules.append(
+                (
+                    f"{name} holds a missing value",
+                    _rows_where(table.column(name), pc.is_null(values)),
+                )
+            )
     rules.append(
         (
             "llm_tokens is less than text_tokens",
             pc.fill_null(pc.less(table.column(LLM_TOKENS), table.column(TEXT_TOKENS)), False),
         )
     )
-    if not flat.null_count:  # a null inside the list is its own rule above
-        rules += _consistency_rules(table, seq)
+    for phase in phases:  # a null inside the list is its own rule above
+        if not flats[phase.name].null_count:
+            rules += _consistency_rules(table, phase)
     return rules
 
 
@@ -212,22 +251,24 @@ def _list_sums(chunk: pa.ListArray) -> np.ndarray:
     return (running[offsets[1:]] - running[offsets[:-1]]).astype(np.float64)
 
 
-def _consistency_rules(table: pa.Table, seq) -> list[tuple[str, pa.Array]]:
-    """The columns of a row agree (docs/concepts.md): ``vit_tokens`` is the sum of ``vit_seq_lens``
-    (balancing reads the one, the cost model and the encoder the other) and image sizes, where
-    given, are one per image (a text-only sample may still run the encoder on a dummy tile, as
-    InternVL's do: its sequences are not refused). A table made by hand or another tool that
-    breaks them would be balanced by other numbers than the model runs."""
+def _consistency_rules(table: pa.Table, phase: Phase) -> list[tuple[str, pa.Array]]:
+    """The columns of a row agree (docs/concepts.md): a phase's tokens are the sum of its
+    sequence lengths (balancing reads the one, the cost model and the encoder the other) and
+    image sizes, where given, are one per image (a text-only sample may still run the encoder
+    on a dummy tile, as InternVL's do: its sequences are not refused). A table made by hand or
+    another tool that breaks them would be balanced by other numbers than the model runs."""
     if not table.num_rows:
         return []
-    sums = np.concatenate([_list_sums(chunk) for chunk in seq.chunks])
-    vit = table.column(VIT_TOKENS).to_numpy(zero_copy_only=False)
+    sums = np.concatenate([_list_sums(chunk) for chunk in table.column(phase.seq_lens).chunks])
+    tokens = table.column(phase.tokens).to_numpy(zero_copy_only=False)
     rules = [
         (
-            "vit_tokens is not the sum of vit_seq_lens",
-            pa.array(np.asarray(vit != sums, dtype=bool) & ~np.isnan(vit.astype(np.float64))),
+            f"{phase.tokens} is not the sum of {phase.seq_lens}",
+            pa.array(np.asarray(tokens != sums, dtype=bool) & ~np.isnan(tokens.astype(np.float64))),
         ),
     ]
+    if phase is not VISION:
+        return rules
     for name in (IMAGE_WIDTHS, IMAGE_HEIGHTS):
         if name in table.column_names:
             given = pc.list_value_length(table.column(name))  # null where not given
@@ -261,7 +302,7 @@ def validate_cost_table(table: pa.Table, path: str | Path, *, repeated_ids: bool
     ``repeated_ids=False``: every rule but the repeated ids (most of the time at 10M rows), which
     :func:`check_repeated_ids` then checks, e.g. in a thread beside balancing: a repeated id
     changes no count the balancer reads, only which rows the output may hold."""
-    _refuse(table, path, _bad_rows(table, repeated_ids))
+    _refuse(table, path, _bad_rows(table, repeated_ids, path))
 
 
 def check_repeated_ids(table: pa.Table, path: str | Path) -> None:
@@ -303,9 +344,13 @@ def conform_cost_table(
             "Lengths in the OmniBal/InternVL JSON format: convert them with "
             "'equishard import-lengths'"
         )
+    phases = encoder_phases(table.column_names, where=str(path))  # checked: all or none
+    phase_fields = [f for p in phases[1:] for f in _phase_fields(p)]
     columns = {}
-    for f in COST_SCHEMA:
-        if required_only and f.name not in REQUIRED_COLUMNS:
+    for f in [*COST_SCHEMA, *phase_fields]:
+        if f.name not in table.column_names and f in phase_fields:
+            continue
+        if required_only and f.name not in REQUIRED_COLUMNS and f not in phase_fields:
             continue
         if f.name in table.column_names:
             col = table.column(f.name)
@@ -326,7 +371,7 @@ def conform_cost_table(
         if required_only
         else {c: table.column(c) for c in table.column_names if c not in columns}
     )
-    known = [f for f in COST_SCHEMA if f.name in columns]
+    known = [f for f in [*COST_SCHEMA, *phase_fields] if f.name in columns]
     fields = [*known, *(pa.field(c, col.type) for c, col in extra.items())]
     schema = pa.schema(fields, metadata=table.schema.metadata)
     return pa.table({**columns, **extra}, schema=schema)
@@ -342,8 +387,9 @@ def read_cost_table(
     with _parquet_errors(path):
         file = pq.ParquetFile(regular_file(path, "table"))
         names = None
-        if required_only:
-            names = [c for c in file.schema_arrow.names if c in REQUIRED_COLUMNS]
+        if required_only:  # and every encoder phase's: a plan leaves none out unseen
+            wanted = {*REQUIRED_COLUMNS, *(c for p in ENCODER_PHASES for c in p.columns)}
+            names = [c for c in file.schema_arrow.names if c in wanted]
         raw = file.read(columns=names)
     table = conform_cost_table(raw, path, required_only=required_only)
     if validate:

@@ -354,3 +354,44 @@ def test_a_full_disk_during_write_is_exit_1_naming_the_root(made, tmp_path, caps
     err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
     assert code == 1 and len(err) == 1, err
     assert "No space left on device" in err[0] and str(out) in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "usage", "hint"),
+    [
+        (
+            ["balance", "c.parquet", "--dp", "2", "-o", "p", "--q-tt", "5"],
+            "equishard balance",
+            "--q-t",
+        ),
+        (
+            ["balance", "c.parquet", "--dp", "2", "-o", "p", "--seeed=5"],
+            "equishard balance",
+            "--seed",
+        ),
+        (["verify", "gen", "--fasst"], "equishard verify", "--fast"),
+        (
+            ["prep", "d.jsonl", "-o", "c.parquet", "--tokeniser", "t.json"],
+            "equishard prep",
+            "--tokenizer",
+        ),
+    ],
+)
+def test_a_mistyped_option_names_the_subcommand_and_what_it_may_have_meant(
+    argv, usage, hint, capsys
+):
+    """Before, argparse printed the top-level usage and no suggestion."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: {usage}" in err and "usage: equishard [-h] [--version]" not in err
+    wrong = next(a for a in argv if a.startswith("--") and a.split("=")[0] not in ("--dp",))
+    assert f"{wrong.split('=')[0]}: did you mean {hint}" in err
+
+
+def test_an_argument_nothing_resembles_gets_no_suggestion(capsys):
+    with pytest.raises(SystemExit):
+        main(["verify", "gen", "--zzzzzz", "extra"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzz extra" in err and "did you mean" not in err

@@ -53,6 +53,23 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _unrecognized(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> None:
+    """Exit 2 for arguments the subcommand does not take, with the subcommand's usage (not the
+    top-level one) and, for a mistyped option, the options it may have meant."""
+    import difflib
+
+    sub = parser._subparsers._group_actions[0].choices[command]
+    known = [s for a in sub._actions for s in a.option_strings if s.startswith("--")]
+    hints = []
+    for word in unknown:
+        if word.startswith("--"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=3, cutoff=0.6)
+            if close:
+                hints.append(f"{word.split('=', 1)[0]}: did you mean {' or '.join(close)}?")
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    sub.error(f"{message} ({'; '.join(hints)})" if hints else message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand. Whatever it raises becomes one line on stderr, never a traceback
     (``EQUISHARD_TRACEBACK=1`` shows it): bad input or arguments exit 2, a failure while
@@ -62,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), "")
-    args = build_parser(command if command in SUBCOMMANDS else "").parse_args(argv)
+    parser = build_parser(command if command in SUBCOMMANDS else "")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unrecognized(parser, args.command, unknown)
     from dataprep.errors import DataprepError
     from equishard.common.errors import describe
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -112,6 +113,26 @@ def merge_states(states: list[dict]) -> dict:
     return first
 
 
+def _dp_mismatch(manifest: Manifest, world: int) -> str:
+    """What reading a plan for DP ``manifest.dp`` with ``world`` ranks does (warned once per
+    process, generation and sizes: :mod:`warnings` shows a message once where it is raised)."""
+    d, steps = manifest.dp, manifest.steps
+    empty = manifest.report.get("last_step", {}).get("empty_ranks", 0)
+    empty_text = (
+        f"; the plan's short last step leaves {empty} of its {d} groups empty, which this "
+        "job reads as empty steps"
+        if is_count(empty, 1)
+        else ""
+    )
+    return (
+        f"{manifest.path}: the plan was balanced for DP {d} and this job reads it with world "
+        f"size {world}: every group is still read exactly once ({steps * d} per epoch, "
+        f"{math.ceil(steps * d / world)} steps a rank), but a step now mixes groups of "
+        f"neighbouring plan steps, so only a runtime balancer evens its ranks{empty_text}. "
+        f"For the plan's balance, balance and write again with --dp {world}"
+    )
+
+
 class GroupDataset(IterableDataset):
     """Yields ``{"epoch", "step", "rank", "samples", "skipped"}`` per step; ``samples`` are
     decoded by ``transform`` (default: :class:`shards.read.reader.ShardSample` as read).
@@ -150,6 +171,8 @@ class GroupDataset(IterableDataset):
             else open_generation(generation, storage_options=storage_options, cache_dir=cache_dir)
         )
         self._files = self.manifest.storage
+        if rank.world_size != self.manifest.dp:
+            warnings.warn(_dp_mismatch(self.manifest, rank.world_size), stacklevel=2)
         self.rank = rank
         self.seed = seed
         self.shuffle = shuffle

@@ -355,3 +355,20 @@ def test_epoch_limit_at_below_and_above(generation, epoch):
         }
         with pytest.raises(ValueError, match=r"loader state epoch is .* in \[0, 2\*\*62\]"):
             ds.load_state_dict(state)
+
+
+def test_reading_a_plan_with_another_world_size_warns_naming_both_sizes(generation):
+    """A plan for DP d read by w != d ranks: every group still once, but steps mix plan steps
+    (and the short last step's empty groups become empty steps): said once, not silently."""
+    import warnings
+
+    dp = open_generation(generation).dp
+    with pytest.warns(
+        UserWarning, match=rf"balanced for DP {dp} and this job reads it with world size 1"
+    ) as got:
+        ds = GroupDataset(generation, RankInfo(rank=0, world_size=1))
+    assert "--dp 1" in str(got[0].message) and str(generation) in str(got[0].message)
+    assert len(ds) == ds.slots_per_epoch  # one rank runs every slot
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        GroupDataset(generation, RankInfo(rank=0, world_size=dp))  # the plan's DP: no warning

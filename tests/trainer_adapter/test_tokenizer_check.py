@@ -98,10 +98,10 @@ def _move_image_token(data: dict) -> None:
 
 
 CHANGES = [
-    (_swap_two_ids, r"model differs at model\['vocab'\]"),
-    (_drop_merges, r"model differs at model\['merges'\]"),
-    (_lowercase, r"normalizer differs"),
-    (_move_image_token, r"of prep's tokens have other ids, e.g. '<IMG_CONTEXT>'"),
+    (_swap_two_ids, r"model\['vocab'\].*Another vocabulary or merges"),
+    (_drop_merges, r"model\['merges'\].*Another vocabulary or merges"),
+    (_lowercase, r"normalizer.*Lowercase.*The same vocabulary and merges with other settings"),
+    (_move_image_token, r"of prep's tokens have other ids, e.g. '<IMG_CONTEXT>'.*added tokens"),
 ]
 
 
@@ -167,5 +167,64 @@ def test_from_generation_refuses_a_processor_with_another_tokenizer(tmp_path, to
     gen = write_test_generation(tmp_path, cost)
     HFPacker.from_generation(gen, processor_for(FAMILY, prep_model), family=FAMILY)
     other = processor_for(FAMILY, _edited(tmp_path, tokenizer_path, "other", _swap_two_ids))
-    with pytest.raises(SettingsMismatch, match=r"tokenizer is not the one .* model differs"):
+    with pytest.raises(SettingsMismatch, match=r"tokenizer is not the one .* model\[.vocab.\]"):
         HFPacker.from_generation(gen, other, family=FAMILY)
+
+
+def _reconverted(data: dict) -> None:
+    """What another transformers release's conversion of the same checkpoint did (issue 70):
+    ``continuing_subword_prefix`` spelled ``""`` for none (the same tokenizer) and
+    ``ignore_merges`` flipped (a setting that changes how the merges apply)."""
+    model = data["model"]
+    model["continuing_subword_prefix"] = (
+        "" if model.get("continuing_subword_prefix") is None else None
+    )
+    model["ignore_merges"] = not model.get("ignore_merges", False)
+
+
+def test_the_difference_that_changes_ids_is_named_with_the_fix_that_matches_it(
+    tmp_path, tokenizer_path
+):
+    """Bug: the first difference shown was the cosmetic ``continuing_subword_prefix: '' vs
+    None`` (the same tokenizer), and the first fix suggested was to build the processor from
+    the checkpoint prep counted with, which the user had done. Now the spelling of "none" is
+    no difference, the setting is named, and the fix is the one for a re-converted tokenizer;
+    where the vocabulary differs too, it comes first, before settings sorted earlier."""
+    from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
+
+    prep_file = make_model_dir(tmp_path / "prep", FAMILY, tokenizer_path) / "tokenizer.json"
+    processor = processor_for(FAMILY, _edited(tmp_path, tokenizer_path, "reconv", _reconverted))
+    with pytest.raises(SettingsMismatch) as err:
+        check_processor_tokenizer(processor, _recorded(prep_file))
+    message = str(err.value)
+    assert "ignore_merges" in message and "continuing_subword_prefix" not in message
+    assert "The same vocabulary and merges with other settings" in message
+    assert "PreTrainedTokenizerFast(tokenizer_file=PATH)" in message
+
+    def both(data: dict) -> None:
+        _reconverted(data)
+        data["model"]["byte_fallback"] = not data["model"].get("byte_fallback", False)
+        _swap_two_ids(data)
+
+    processor = processor_for(FAMILY, _edited(tmp_path, tokenizer_path, "both", both))
+    with pytest.raises(SettingsMismatch) as err:
+        check_processor_tokenizer(processor, _recorded(prep_file))
+    message = str(err.value)
+    assert message.index("model['vocab']") < message.index("byte_fallback")
+    assert message.index("byte_fallback") < message.index("ignore_merges")
+    assert "Another vocabulary or merges" in message
+    # the evidence: a probe text whose ids differ, at the first token that differs
+    assert re.search(r"the ids from token \d+ are \[\d+.*\] \(processor\) vs \[\d+", message)
+
+
+def test_a_tokenizer_that_only_spells_none_otherwise_is_the_same(tmp_path, tokenizer_path):
+    from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
+
+    def spelled(data: dict) -> None:
+        model = data["model"]
+        for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+            model[key] = "" if model.get(key) is None else None
+
+    prep_file = make_model_dir(tmp_path / "prep", FAMILY, tokenizer_path) / "tokenizer.json"
+    processor = processor_for(FAMILY, _edited(tmp_path, tokenizer_path, "spelled", spelled))
+    check_processor_tokenizer(processor, _recorded(prep_file))  # no difference

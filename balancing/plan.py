@@ -81,13 +81,22 @@ class BalanceConfig:
     )
     q_v: int | None = field(
         default=None,
-        metadata=option("vision cap in tokens per group (default: chosen from the data)"),
+        metadata=option(
+            "ISF's vision cap: encoder tokens a group may hold (default: chosen from the data)",
+            flag="--vision-tokens-per-group",
+            aliases=("--q-v",),
+            metavar="TOKENS",
+        ),
     )
     q_t: int | None = field(
         default=None,
         metadata=option(
-            "LLM cap in tokens per group: a group's samples are packed into rows of at most "
-            "this many LLM tokens (size it against memory; default: chosen from the data)"
+            "ISF's LLM cap: LLM tokens a group may hold; a trainer that packs a group into one "
+            "row runs rows of at most this many tokens, so size it against memory (see "
+            "--row-memory; default: chosen from the data)",
+            flag="--llm-tokens-per-group",
+            aliases=("--q-t",),
+            metavar="TOKENS",
         ),
     )
     cost_model: CostModel = field(default_factory=CostModel)
@@ -103,7 +112,10 @@ class BalanceConfig:
             )
         check_count("--seed", self.seed, 0, (1 << 63) - 1)
         check_real("--slack", self.slack, 0.0, 1.0)
-        for name, value in (("--q-v", self.q_v), ("--q-t", self.q_t)):
+        for name, value in (
+            ("--vision-tokens-per-group (--q-v)", self.q_v),
+            ("--llm-tokens-per-group (--q-t)", self.q_t),
+        ):
             check_count(f"{name} (tokens)", value, 1, none=True)
         nodes, per = self.topology
         if nodes * per != self.dp:
@@ -112,7 +124,10 @@ class BalanceConfig:
                 "give a layout whose product is the DP size"
             )
         if (self.q_v is None) != (self.q_t is None):
-            raise ValueError("give both --q-v and --q-t, or neither to choose them automatically")
+            raise ValueError(
+                "give both --vision-tokens-per-group and --llm-tokens-per-group (--q-v, --q-t), "
+                "or neither to choose them automatically"
+            )
         check_real("--target-batch", self.target_batch, 1.0)
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
@@ -41,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     )
     from balancing.cost_model import CostModelOptions
     from balancing.plan import BalanceConfig
+    from balancing.row_memory import RowMemory
     from equishard.common.options import add_options
 
     p.add_argument(
@@ -56,6 +58,7 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     add_options(p, BalanceConfig)  # declared on its fields, as the cost model's below
     g = p.add_argument_group("modeled cost (alpha*tokens + beta*sum(len^2) per phase)")
     add_options(g, CostModelOptions)
+    add_options(p.add_argument_group("row memory (the largest group's logits)"), RowMemory)
     p.add_argument("--json", action="store_true", help="print report.json instead of the table")
     p.set_defaults(run=run)
 
@@ -122,10 +125,14 @@ def print_report(report: dict, plan_dir: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
+    import pyarrow.compute as pc
+
     from balancing.cost_model import CostModelOptions
     from balancing.plan import BalanceConfig, build_plan, write_plan
+    from balancing.row_memory import RowMemory
     from equishard.cli._common import check_output_dir, fail
     from equishard.common.options import config_kwargs
+    from equishard.contracts.columns import GROUP_LLM_TOKENS
     from equishard.contracts.cost_table import (
         check_repeated_ids,
         read_cost_table,
@@ -137,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model = CostModelOptions(**config_kwargs(CostModelOptions, args)).build()
         cfg = BalanceConfig(**config_kwargs(BalanceConfig, args), cost_model=model)
+        memory = RowMemory(**config_kwargs(RowMemory, args))
         check_output_dir(args.output)
         for name in (PLAN_PARQUET, PLAN_REPORT):  # written there: never over the input
             out = Path(args.output) / name
@@ -157,10 +165,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         return fail(str(exc))
     write_plan(result, args.output)
+    largest = pc.max(result.plan.column(GROUP_LLM_TOKENS)).as_py() or 0
+    warning = memory.warning(int(largest))
     if args.json:  # report.json with the shape every command's --json has in front
         r = result.report
         counts = {**r["counts"], "rejected": 0}  # balance drops nothing: in == out
-        print(json.dumps({"command": "balance", "status": "ok", **r, "counts": counts}))
+        warnings = {"warnings": [warning]} if warning else {}
+        print(json.dumps({"command": "balance", "status": "ok", **r, "counts": counts, **warnings}))
     else:
         print_report(result.report, args.output)
+    if warning:
+        print(f"equishard balance: warning: {warning}", file=sys.stderr)
     return 0

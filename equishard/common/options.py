@@ -25,16 +25,18 @@ class Option:
     """How a field appears on the command line.
 
     ``flag``: its spelling (default ``--field-name``; ``""``: positional); ``short``: a short
-    spelling too (``-o``); ``type``: what argparse parses (default: from the field's type:
-    ``int``, ``float``, else text; a ``bool`` field is a switch); ``default``: the command
-    line's default where it differs from the field's (a text to ``parse``, like ``"1GB"``);
-    ``parse``: the parsed option -> the field's value (a size, 0 for None); ``negate``: the
-    switch turns a ``bool`` field that is on by default off (``--no-redistribute``); ``nargs``,
-    ``choices``, ``metavar``, ``required``: as argparse takes them."""
+    spelling too (``-o``); ``aliases``: older spellings still taken (``--q-t``); ``type``: what
+    argparse parses (default: from the field's type: ``int``, ``float``, else text; a ``bool``
+    field is a switch); ``default``: the command line's default where it differs from the
+    field's (a text to ``parse``, like ``"1GB"``); ``parse``: the parsed option -> the field's
+    value (a size, 0 for None); ``negate``: the switch turns a ``bool`` field that is on by
+    default off (``--no-redistribute``); ``nargs``, ``choices``, ``metavar``, ``required``: as
+    argparse takes them."""
 
     help: str
     flag: str | None = None
     short: str | None = None
+    aliases: tuple[str, ...] = ()
     type: Callable | None = None
     default: object = _UNSET
     parse: Callable | None = None
@@ -74,7 +76,9 @@ def add_option(
     if opt.flag == "":  # positional: its name is its dest
         names = [name]
     else:
-        names = [n for n in (opt.short, opt.flag or "--" + name.replace("_", "-")) if n]
+        names = [
+            n for n in (opt.short, opt.flag or "--" + name.replace("_", "-"), *opt.aliases) if n
+        ]
         kw["dest"] = name
     if kind == "bool" and opt.type is None:  # a switch (``negate``: it turns the field off)
         parser.add_argument(*names, action="store_true", **kw)

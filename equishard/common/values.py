@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 
 __all__ = [
     "check_choice",
@@ -22,6 +23,7 @@ __all__ = [
     "check_task_timeout",
     "is_count",
     "is_number",
+    "parse_size",
 ]
 
 
@@ -96,3 +98,11 @@ def check_task_timeout(value: float | None) -> None:
         raise ValueError(
             f"--task-timeout must be > 0 seconds (0 on the command line: no limit), got {value}"
         )
+
+
+def parse_size(text: str) -> int:
+    """'1GB', '512MB', '64k', '1000' -> bytes (powers of 1024)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
+    if not m or len(m.group(1)) > 20:  # more digits than any size: float('9' * 400) is inf
+        raise ValueError(f"bad size {text!r}: write e.g. 1GB, 256MB or 1048576")
+    return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))

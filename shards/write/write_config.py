@@ -18,7 +18,13 @@ from equishard.common.ray_engine import (
     RAY_ADDRESS_OPTION,
     TASK_TIMEOUT_OPTION,
 )
-from equishard.common.values import check_count, check_flag, check_task_timeout, is_count
+from equishard.common.values import (  # parse_size: re-exported (--shard-size)
+    check_count,
+    check_flag,
+    check_task_timeout,
+    is_count,
+    parse_size,
+)
 from equishard.common.workers import MAX_WORKERS
 from equishard.contracts.generation import COST_FILE, MANIFEST, PLAN_FILE, WIDS_INDEX, WRITER_KEYS
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
@@ -182,11 +188,3 @@ class WriteResult:
 
 
 MAX_SHARD_SIZE = 1 << 50  # 1 PiB: any larger size means one shard per stream anyway
-
-
-def parse_size(text: str) -> int:
-    """'1GB', '512MB', '64k', '1000' -> bytes (powers of 1024)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", text.lower())
-    if not m or len(m.group(1)) > 20:  # more digits than any size: float('9' * 400) is inf
-        raise ValueError(f"bad size {text!r}: write e.g. 1GB, 256MB or 1048576")
-    return int(float(m.group(1)) * 1024 ** "_kmgt".index(m.group(2) or "_"))

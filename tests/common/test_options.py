@@ -103,6 +103,7 @@ def test_a_commands_options_are_its_configurations_fields(command):
     train's ``--nproc``) is a field's declaration."""
     from balancing.cost_model import CostModelOptions
     from balancing.plan import BalanceConfig
+    from balancing.row_memory import RowMemory
     from dataprep.import_lengths import ImportLengthsConfig
     from dataprep.prep_config import PrepConfig
     from equishard.cli import build_parser
@@ -116,7 +117,7 @@ def test_a_commands_options_are_its_configurations_fields(command):
         "import-lengths": [ImportLengthsConfig],
         "prep": [PrepConfig],
         "rebalance": [RebalanceConfig],
-        "balance": [BalanceConfig, CostModelOptions],
+        "balance": [BalanceConfig, CostModelOptions, RowMemory],
         "train": [TrainConfig],
     }[command]
     sub = build_parser(command)._subparsers._group_actions[0].choices[command]

@@ -70,7 +70,15 @@ def snippet(name: str) -> str:
 
 
 # the snippets the tests below run; every Python block must be one of them
-RUN = {"hf-trainer", "torchtitan", "energon", "loader-loop", "quickstart-loop", "s3-loader"}
+RUN = {
+    "hf-trainer",
+    "torchtitan",
+    "energon",
+    "loader-loop",
+    "loader-raw",
+    "quickstart-loop",
+    "s3-loader",
+}
 RUN_SHELL = {"quickstart-cli"}
 
 
@@ -286,6 +294,29 @@ def _epochs(lines: list[str]) -> dict[int, list[list[str]]]:
             epoch = int(ln.split()[1])
             out.setdefault(epoch, []).append(ast.literal_eval(ln[ln.index("[") :]))
     return out
+
+
+def test_loader_raw_snippet_shows_what_a_group_is_without_a_transform(paths):
+    """The documented raw item (issue 70: it was not documented): the keys, the sample's
+    document and its images' bytes as stored, equal to the first group the loader gives."""
+    lines = run_snippet("loader-raw", paths)
+    got = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in lines}
+    assert ast.literal_eval(got["batch"]) == ["epoch", "rank", "samples", "skipped", "step"]
+    meta = ast.literal_eval(got["meta"])
+    assert {"sample_id", "turns", "cost", "images", "step", "group_id", "rank"} <= set(meta)
+    first = next(
+        iter(GroupDataset(paths["build/shards"], RankInfo(rank=0, world_size=1), shuffle=False))
+    )
+    sample = first["samples"][0]
+    assert (
+        got["turn"]
+        == f"{sample.meta['turns'][0][0]} llm_tokens {sample.meta['cost']['llm_tokens']}"
+    )
+    names, heads = got["images"].split("] [")
+    assert ast.literal_eval(names + "]") == sample.meta["images"]
+    # the original bytes: JPEG and PNG magic numbers, as the demo's images were written
+    assert ast.literal_eval("[" + heads) == [bytes(b[:2]).hex() for b in sample.images]
+    assert all(h in ("ffd8", "8950") for h in ast.literal_eval("[" + heads))
 
 
 def test_loader_loop_snippet_gives_every_group_once_per_epoch(paths):

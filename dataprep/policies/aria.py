@@ -63,12 +63,7 @@ class AriaPolicy(VisionPolicy):
     tokens: int = 0  # LLM tokens a crop; 0: ARIA_TOKENS[max_image_size]
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.tokens < 0:
-            raise ValueError(
-                f"aria needs tokens >= 0 (the LLM tokens a crop, its processor's "
-                f"size_conversion; 0 for the released {ARIA_TOKENS}), got {self.tokens}"
-            )
+        super().__post_init__()  # every int option a whole number >= 0 (tokens 0: released)
         if self.max_image_size not in ARIA_TOKENS:
             raise ValueError(
                 f"aria needs max_image_size 490 or 980 (what its image processor accepts), got "

@@ -693,6 +693,32 @@ def test_aria_hand_worked(spec, w, h, crops, patches, tokens):
         parse_vision_policy("aria:max_image_size=448")
 
 
+def test_aria_settings_at_their_limits():
+    """tokens 0 (the released counts) and patch_size 1 are taken; tokens -1, patch_size 0 (a
+    ZeroDivisionError before) and a patch size the image size is no multiple of are refused
+    naming the fix; a crop's patches are whole numbers; the policy is an immutable value."""
+    import dataclasses
+
+    from dataprep.policies.aria import AriaPolicy
+
+    assert AriaPolicy(tokens=0).image_cost(980, 980).llm_tokens == 256
+    one = AriaPolicy(patch_size=1).image_cost(980, 980)
+    assert one.vit_seq_lens == (980 * 980,) and isinstance(one.vit_seq_lens[0], int)
+    assert all(isinstance(n, int) for n in AriaPolicy().image_cost(640, 480).vit_seq_lens)
+    for bad, match in (
+        ({"tokens": -1}, r"AriaPolicy\.tokens must be a whole number"),
+        ({"patch_size": 0}, "multiple of patch_size"),
+        ({"patch_size": 15}, "multiple of patch_size"),
+        ({"patch_size": -14}, r"AriaPolicy\.patch_size must be a whole number"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            AriaPolicy(**bad)
+    policy = AriaPolicy()
+    assert hash(policy) == hash(AriaPolicy())  # a value: usable as a cache key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.tokens = 5
+
+
 @pytest.mark.parametrize("spec", ["aria:split=1", "aria:split=1,max_image_size=490", "aria"])
 def test_aria_equals_its_image_processor(spec):
     """Crops equal ``AriaImageProcessor``'s count (``get_number_of_image_patches``) over 3000

@@ -308,10 +308,7 @@ def test_loader_raw_snippet_shows_what_a_group_is_without_a_transform(paths):
         iter(GroupDataset(paths["build/shards"], RankInfo(rank=0, world_size=1), shuffle=False))
     )
     sample = first["samples"][0]
-    assert (
-        got["turn"]
-        == f"{sample.meta['turns'][0][0]} llm_tokens {sample.meta['cost']['llm_tokens']}"
-    )
+    assert got["turn"] == f"{sample.meta['turns'][0][0]} id {sample.meta['sample_id']}"
     names, heads = got["images"].split("] [")
     assert ast.literal_eval(names + "]") == sample.meta["images"]
     # the original bytes: JPEG and PNG magic numbers, as the demo's images were written

@@ -28,6 +28,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue as q
+import re
 import signal
 import socket
 import tempfile
@@ -133,6 +134,39 @@ def run_ranks(
     ``torchrun_env``: no process group is made for ``fn``; each rank gets the variables torchrun
     sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``), so a
     training script's own ``init_process_group()`` runs as it does under torchrun."""
+    for attempt in range(2):
+        try:
+            return _run_once(
+                fn,
+                world,
+                *args,
+                timeout=timeout,
+                backend=backend,
+                max_result_bytes=max_result_bytes,
+                torchrun_env=torchrun_env,
+            )
+        except AssertionError as exc:
+            # the group's TCP mesh failing to form before ``fn`` ran (a port another process
+            # took between gloo's listen and its peer's connect): nothing of the test ran, so
+            # it runs again once with a fresh store; any other error is the test's
+            if attempt or not _MESH_FAILED.search(str(exc)):
+                raise
+    raise AssertionError("unreachable")
+
+
+_MESH_FAILED = re.compile(r"in _entry\n\s+dist\.init_process_group\([\s\S]*connectFullMesh failed")
+
+
+def _run_once(
+    fn,
+    world: int,
+    *args,
+    timeout: float = 120.0,
+    backend: str = "gloo",
+    max_result_bytes: int = MAX_RESULT_BYTES,
+    torchrun_env: bool = False,
+) -> list:
+    """One run of :func:`run_ranks`."""
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         queue = _CTX.Queue()
         stacks = [Path(tmp, f"stack{r}.txt") for r in range(world)]

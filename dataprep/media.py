@@ -56,7 +56,7 @@ def _absent(value: Any) -> bool:
 
 
 def check_record(
-    record: dict, turns: list[tuple[str, str]], n_images: int, fields_read: bool = True
+    record: dict, turns: list[tuple[str, str]], n_images: int, fields_read: bool
 ) -> None:
     """Raise :class:`SampleRejected` if ``record`` (with its normalized ``turns`` and the
     ``n_images`` images prep found for it) carries media prep does not measure.
@@ -108,7 +108,7 @@ def check_member(name: str, suffix: str, where: str) -> None:
         return
     if modality.name not in MEASURED:
         raise _refuse(modality, f"{where}: member {name!a}")
-    if suffix.rsplit(".", 1)[-1].lower() in modality.other_suffixes:
+    if suffix.rpartition(".")[2].lower() in modality.other_suffixes:
         raise SampleRejected(
             "unsupported_format",
             f"{where}: member {name!a} is an {modality.name} in a format prep does not read "

@@ -102,4 +102,4 @@ def content_modality(part_type: str) -> Modality | None:
 
 def suffix_modality(suffix: str) -> Modality | None:
     """The modality of a WebDataset member with this suffix (``mp4``, ``0.wav``, any case)."""
-    return _SUFFIXES.get(suffix.rsplit(".", 1)[-1].lower())
+    return _SUFFIXES.get(suffix.rpartition(".")[2].lower())

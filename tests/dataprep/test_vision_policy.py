@@ -6,6 +6,7 @@ from PIL import Image
 
 from dataprep.errors import SampleRejected
 from dataprep.policies import (
+    POLICIES,
     FixedPolicy,
     InternVLPolicy,
     Qwen2VLPolicy,
@@ -54,6 +55,20 @@ def test_fixed_sizes_at_the_limits_are_taken(spec, tokens):
 def test_fixed_sizes_that_are_no_policy_are_refused_naming_the_fix(spec):
     with pytest.raises(ValueError, match=r"divisible by patch_size.*fixed:336/14"):
         parse_vision_policy(spec)
+
+
+@pytest.mark.parametrize("name", [*sorted(POLICIES), "fixed:336/14"])
+def test_every_policy_is_an_immutable_hashable_value(name):
+    """A policy is a setting prep records and the packer compares: equal specs give equal,
+    hashable policies (cached and compared by value), and none can be changed after it is
+    checked (a field set later would skip ``__post_init__``'s checks)."""
+    import dataclasses
+
+    policy = parse_vision_policy(name)
+    assert policy == parse_vision_policy(name) and hash(policy) == hash(parse_vision_policy(name))
+    field = dataclasses.fields(policy)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(policy, field, getattr(policy, field))
 
 
 def test_fixed_policy_is_keyword_only():

@@ -60,8 +60,8 @@ def test_fixed_sizes_that_are_no_policy_are_refused_naming_the_fix(spec):
 @pytest.mark.parametrize("name", [*sorted(POLICIES), "fixed:336/14"])
 def test_every_policy_is_an_immutable_hashable_value(name):
     """A policy is a setting prep records and the packer compares: equal specs give equal,
-    hashable policies (cached and compared by value), and none can be changed after it is
-    checked (a field set later would skip ``__post_init__``'s checks)."""
+    hashable policies (cached and compared by value), none can be changed after it is checked
+    (a field set later would skip ``__post_init__``'s checks), and each is keyword-only."""
     import dataclasses
 
     policy = parse_vision_policy(name)
@@ -69,6 +69,9 @@ def test_every_policy_is_an_immutable_hashable_value(name):
     field = dataclasses.fields(policy)[0].name
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(policy, field, getattr(policy, field))
+    for f in dataclasses.fields(policy):  # keyword-only: no value is taken for another field
+        with pytest.raises(TypeError):
+            type(policy)(getattr(policy, f.name))
 
 
 def test_fixed_policy_is_keyword_only():

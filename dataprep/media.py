@@ -24,6 +24,7 @@ from equishard.contracts.media import (
     Modality,
     content_modality,
     field_modality,
+    suffix_format,
     suffix_modality,
 )
 
@@ -108,7 +109,7 @@ def check_member(name: str, suffix: str, where: str) -> None:
         return
     if modality.name not in MEASURED:
         raise _refuse(modality, f"{where}: member {name!a}")
-    if suffix.rpartition(".")[2].lower() in modality.other_suffixes:
+    if suffix_format(suffix) in modality.other_suffixes:
         raise SampleRejected(
             "unsupported_format",
             f"{where}: member {name!a} is an {modality.name} in a format prep does not read "

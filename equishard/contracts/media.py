@@ -26,6 +26,7 @@ __all__ = [
     "Modality",
     "content_modality",
     "field_modality",
+    "suffix_format",
     "suffix_modality",
 ]
 
@@ -100,6 +101,11 @@ def content_modality(part_type: str) -> Modality | None:
     return _CONTENT.get(part_type)
 
 
+def suffix_format(suffix: str) -> str:
+    """A WebDataset member suffix's file format: its last part, lower case (``0.WAV``: wav)."""
+    return suffix.rpartition(".")[2].lower()
+
+
 def suffix_modality(suffix: str) -> Modality | None:
     """The modality of a WebDataset member with this suffix (``mp4``, ``0.wav``, any case)."""
-    return _SUFFIXES.get(suffix.rpartition(".")[2].lower())
+    return _SUFFIXES.get(suffix_format(suffix))

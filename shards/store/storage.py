@@ -37,7 +37,6 @@ from shards.store.cache_files import CacheDir
 from shards.store.store_limits import (  # re-exported: how store requests are bounded
     bounded_options,
     listing_limit,
-    store_call,
     store_limits,
 )
 
@@ -221,8 +220,8 @@ class GenerationFiles:
             raise OSError(f"{self.where(name)}: more than the {size} bytes recorded for it")
 
     def call(self, method: str, *args, where: str, nbytes: int = 0, **kw):
-        """One fsspec call with a deadline (:func:`~shards.store.store_limits.store_call`)."""
-        return store_call(self.fs, method, *args, where=where, nbytes=nbytes, **kw)
+        """One fsspec call with a deadline (the backend's, :meth:`StoreBackend.call`)."""
+        return self.backend.call(method, *args, where=where, nbytes=nbytes, **kw)
 
     @property
     def kind(self) -> str:

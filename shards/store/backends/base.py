@@ -14,7 +14,7 @@ from typing import ClassVar
 
 from shards.store.store_limits import store_call
 
-__all__ = ["StoreBackend", "store_size"]
+__all__ = ["StoreBackend", "pump", "store_size"]
 
 Sink = Callable[[bytes], object]
 _BLOCK = 8 << 20
@@ -29,6 +29,20 @@ def store_size(value, where: str, listed: bool = False) -> int | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
         raise ValueError(f"{where}: the store reports a size of {value!r}, not a number of bytes")
     return int(value)
+
+
+def pump(f, limit: int, sink: Sink) -> int:
+    """Hand the open file ``f`` from where it stands to ``sink`` in blocks, one byte past
+    ``limit`` at most; the bytes handed over (a stream's read may return less than asked
+    before its end)."""
+    got = 0
+    while got <= limit:
+        part = f.read(min(limit + 1 - got, _BLOCK))
+        if not part:
+            break
+        sink(part)
+        got += len(part)
+    return got
 
 
 class StoreBackend:
@@ -75,15 +89,8 @@ class StoreBackend:
         got = self.get(path, limit, sink, expect=expect)
         if got is not None:
             return got
-        got = 0
         with self.fs.open(path, "rb", block_size=_BLOCK) as f:
-            while got <= limit:  # a stream's read may return less than asked before its end
-                part = f.read(min(limit + 1 - got, _BLOCK))
-                if not part:
-                    break
-                sink(part)
-                got += len(part)
-        return got
+            return pump(f, limit, sink)
 
     def read_range(self, path: str, offset: int, length: int, where: str) -> bytes:
         """``length`` bytes from ``offset`` (fewer at the end); ``OSError`` when the store

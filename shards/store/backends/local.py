@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from equishard.common.local_files import read_small
-from shards.store.backends.base import Sink, StoreBackend
+from shards.store.backends.base import Sink, StoreBackend, pump
 
 __all__ = ["LocalBackend"]
 
@@ -31,15 +31,8 @@ class LocalBackend(StoreBackend):
         return os.path.getsize(path)
 
     def stream(self, path: str, limit: int, sink: Sink, expect: int | None = None) -> int:
-        got = 0
         with open(path, "rb") as f:
-            while got <= limit:
-                part = f.read(min(limit + 1 - got, 8 << 20))
-                if not part:
-                    break
-                sink(part)
-                got += len(part)
-        return got
+            return pump(f, limit, sink)
 
     def read_range(self, path: str, offset: int, length: int, where: str) -> bytes:
         with open(path, "rb") as f:

@@ -14,6 +14,24 @@ from equishard.common.values import check_count, check_flag, check_real
 MAX_OPTION = (1 << 31) - 1
 
 
+def check_field_types(rule) -> None:
+    """Every field of the dataclass ``rule`` has the type it declares (``int``, ``bool``,
+    ``float``, ``str``): a spec string is parsed to these types, and a Python caller's
+    ``max_tiles=2.5``, ``patch_size=True`` or ``fps=float("nan")`` would otherwise pass the range
+    checks, which NaN passes and True reads as 1. Integers stay within :data:`MAX_OPTION`."""
+    name = type(rule).__name__
+    for f in fields(rule):
+        value = getattr(rule, f.name)
+        if f.type == "int":
+            check_count(f"{name}.{f.name}", value, 0, MAX_OPTION)
+        elif f.type == "bool":
+            check_flag(f"{name}.{f.name}", value)
+        elif f.type == "float":
+            check_real(f"{name}.{f.name}", value, -math.inf, lo_open=True)
+        elif f.type == "str" and not isinstance(value, str):
+            raise ValueError(f"{name}.{f.name} must be a string, got {value!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class ImageCost:
     """What one image costs: encoder sequence length per image/tile, and LLM tokens.
@@ -43,17 +61,7 @@ class VisionPolicy:
     would otherwise pass the families' range checks, which NaN passes and True reads as 1)."""
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type == "int":
-                check_count(f"{name}.{f.name}", value, 0, MAX_OPTION)
-            elif f.type == "bool":
-                check_flag(f"{name}.{f.name}", value)
-            elif f.type == "float":
-                check_real(f"{name}.{f.name}", value, -math.inf, lo_open=True)
-            elif f.type == "str" and not isinstance(value, str):
-                raise ValueError(f"{name}.{f.name} must be a string, got {value!r}")
+        check_field_types(self)
 
     def image_cost(self, width: int, height: int) -> ImageCost:
         raise NotImplementedError

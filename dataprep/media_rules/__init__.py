@@ -1,0 +1,19 @@
+"""Video and audio rules: what each model family's processor makes of one video or recording.
+
+Beside :mod:`dataprep.policies` (the vision policies, one image at a time), a rule here takes
+one item's header and returns its :class:`MediaCost`: the sequences its encoder runs and the
+tokens the LLM sees. One module per rule; :class:`MediaRule` is their base.
+"""
+
+from dataprep.media_rules.base import MediaCost, MediaRule
+from dataprep.media_rules.qwen_video import QWEN_VIDEO_SOURCES, QwenVideoRule
+from dataprep.media_rules.whisper_audio import WhisperAudioRule, audio_tokens
+
+__all__ = [
+    "QWEN_VIDEO_SOURCES",
+    "MediaCost",
+    "MediaRule",
+    "QwenVideoRule",
+    "WhisperAudioRule",
+    "audio_tokens",
+]

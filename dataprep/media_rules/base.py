@@ -1,0 +1,54 @@
+"""What every video and audio rule shares: :class:`MediaCost` (one item's encoder sequences and
+LLM tokens) and the :class:`MediaRule` base class.
+
+A rule turns one item's header (:class:`~dataprep.video_header.VideoHeader`,
+:class:`~dataprep.audio_header.AudioHeader`) into what the model's processor makes of it: how
+many tokens stand for it in the LLM's sequence, and the sequences its encoder runs (each with
+its own attention). Rules are keyword-only frozen dataclasses, their fields type-checked as the
+vision policies' are (:func:`~dataprep.policies.base.check_field_types`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import ClassVar
+
+from dataprep.policies.base import check_field_types
+
+__all__ = ["MediaCost", "MediaRule"]
+
+
+@dataclass(frozen=True, slots=True)
+class MediaCost:
+    """What one video or recording costs: ``seq_lens``, the length of each sequence its encoder
+    runs (a Qwen video: one per pair of frames; Whisper's encoder: one per window), and
+    ``llm_tokens``, the tokens the processor writes for it in the prompt."""
+
+    seq_lens: tuple[int, ...]
+    llm_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        """The encoder's tokens: every sequence's length summed."""
+        return sum(self.seq_lens)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MediaRule:
+    """Base class; subclasses set ``modality`` (``video`` or ``audio``), implement
+    :meth:`cost` and :meth:`spec`, and start their ``__post_init__`` with
+    ``super().__post_init__()``."""
+
+    modality: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+
+    def cost(self, header) -> MediaCost:
+        raise NotImplementedError
+
+    def spec(self) -> str:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {"spec": self.spec(), "kind": type(self).__name__, **asdict(self)}

@@ -1,0 +1,220 @@
+"""The references the video and audio counts are checked against, run in a process of their own.
+
+    python -m tests.dataprep.media_reference REQUEST.json RESULT.json
+
+Videos: each file is decoded whole with PyAV (every frame: the frame count and frame size a
+decoding reader sees, independent of the header equishard reads), then sized by the code of
+the references themselves: qwen-vl-utils' ``fetch_video`` (its ``smart_nframes`` and its
+per-frame pixel budget, through a reader backend that hands it the decoded count), and the
+transformers ``Qwen2VLVideoProcessor``'s ``sample_frames``, ``resize`` and ``patchify``. Both
+import torchvision, which has no build for this CPU torch; it is replaced here by stub modules
+whose ``resize`` returns zeros of the size asked for (the sizes are all that is compared).
+The stubs live in this process only: the test process never sees them.
+
+Audio: each file is loaded by transformers' own ``load_audio`` (soundfile, then soxr to
+16 kHz), then run through ``WhisperFeatureExtractor`` with the processor's settings; the token
+count is the processor's formula on the feature mask, the encoder windows Qwen2.5-Omni's
+``chunk_and_pad_features`` on the feature lengths.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import sys
+
+import torch
+
+
+def _stub(name: str):
+    module = importlib.util.module_from_spec(
+        importlib.machinery.ModuleSpec(name, None, is_package=True)
+    )
+
+    def missing(attr, _name=name):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def refuse(*args, **kwargs):
+            raise NotImplementedError(f"{_name}.{attr} is a stub in the reference process")
+
+        return refuse
+
+    module.__getattr__ = missing
+    sys.modules[name] = module
+    return module
+
+
+def _stub_torchvision() -> None:
+    tv = _stub("torchvision")
+    tv.__version__ = "0.0"
+    for sub in (
+        "io",
+        "transforms",
+        "transforms.v2",
+        "transforms.v2.functional",
+        "transforms.functional",
+    ):
+        module = _stub(f"torchvision.{sub}")
+        parent = sys.modules[f"torchvision.{sub.rpartition('.')[0]}"] if "." in sub else tv
+        setattr(parent, sub.rpartition(".")[2], module)
+
+    class InterpolationMode:
+        BICUBIC, BILINEAR, NEAREST, LANCZOS = "bicubic", "bilinear", "nearest", "lanczos"
+        BOX, HAMMING, NEAREST_EXACT = "box", "hamming", "nearest-exact"
+
+    def resize(x, size, *args, **kwargs):
+        return torch.zeros(1).expand(*x.shape[:-2], *size)  # a view: no memory
+
+    for name in ("torchvision.transforms", "torchvision.transforms.v2.functional"):
+        sys.modules[name].InterpolationMode = InterpolationMode
+    sys.modules["torchvision.transforms.functional"].resize = resize
+    sys.modules["torchvision.transforms.v2.functional"].resize = resize
+
+
+def decoded(path: str) -> dict:
+    """Every frame decoded: the count, the decoded frame size, the stream's average rate."""
+    import av
+
+    with av.open(path) as c:
+        stream = c.streams.video[0]
+        n, size = 0, None
+        for frame in c.decode(stream):
+            n += 1
+            size = size or (frame.height, frame.width)
+        rate = float(stream.average_rate) if stream.average_rate else None
+    return {
+        "frames": n,
+        "height": size[0] if size else 0,
+        "width": size[1] if size else 0,
+        "fps": rate,
+    }
+
+
+def qwen_vl_utils_grid(truth: dict, ele: dict) -> list[int] | str:
+    import qwen_vl_utils.vision_process as v
+
+    def reader(ele):
+        n = v.smart_nframes(ele, total_frames=truth["frames"], video_fps=truth["fps"])
+        video = torch.zeros(1).expand(n, 3, truth["height"], truth["width"])
+        return video, {"fps": truth["fps"]}, n / truth["frames"] * truth["fps"]
+
+    v.VIDEO_READER_BACKENDS["reference"] = reader
+    v.VIDEO_READER_BACKENDS["torchvision"] = reader  # where it falls back to after an error
+    v.get_video_reader_backend = lambda: "reference"
+    try:
+        video = v.fetch_video({"video": "file.mp4", **ele})
+    except (ValueError, AssertionError) as exc:
+        return f"refused: {exc}"
+    n, _, h, w = video.shape
+    return [n // 2, h // 14, w // 14]
+
+
+def transformers_grid(truth: dict, opts: dict) -> list[int] | str:
+    from transformers.image_processing_utils import SizeDict
+    from transformers.models.qwen2_vl import video_processing_qwen2_vl as q
+    from transformers.video_utils import VideoMetadata
+
+    cls = q.Qwen2VLVideoProcessor
+    proc = object.__new__(cls)  # its __init__ asks for torchvision; these methods read these
+    for k in (
+        "num_frames",
+        "fps",
+        "temporal_patch_size",
+        "min_frames",
+        "max_frames",
+        "max_video_tokens",
+    ):
+        setattr(proc, k, opts.get(k, getattr(cls, k, None)))
+    meta = VideoMetadata(
+        total_num_frames=truth["frames"],
+        fps=truth["fps"],
+        width=truth["width"],
+        height=truth["height"],
+    )
+    fps = opts.get("fps", 2.0)
+    try:
+        n = len(cls.sample_frames(proc, meta, fps=fps)) if fps else truth["frames"]
+    except (ValueError, ZeroDivisionError, RuntimeError) as exc:
+        return f"refused: {exc}"
+    if n == 0:
+        return "refused: no frame sampled"
+    video = torch.zeros(1).expand(1, n, 3, truth["height"], truth["width"])
+    size = SizeDict(shortest_edge=128 * 28 * 28, longest_edge=opts.get("max_pixels", 768 * 28 * 28))
+    video = cls.resize(
+        proc,
+        videos=video,
+        size=size,
+        resample=None,
+        factor=28,
+        temporal_factor=2,
+        cap_pixels_per_frame=opts.get("cap", False),
+        max_video_tokens=128000,
+    )
+    # patchify's grid (it pads the frames to a multiple of 2 by repeating the last one)
+    h, w = video.shape[-2:]
+    return [-(-n // 2), h // 14, w // 14]
+
+
+def audio_reference(path: str, chunk_length: int, n_window: int) -> dict:
+    """The processor's counts for one file: its samples at 16 kHz, the feature frames of the
+    mask, the LLM tokens (the processor's formula), the encoder windows."""
+    import numpy as np
+    from transformers.audio_utils import load_audio
+    from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
+
+    wave = load_audio(path, sampling_rate=16000, backend="soundfile")
+    fe = WhisperFeatureExtractor(feature_size=128, chunk_length=chunk_length)
+    out = fe(
+        [wave],
+        sampling_rate=16000,
+        return_attention_mask=True,
+        padding="max_length",
+        return_tensors="np",
+    )
+    frames = int(np.asarray(out["attention_mask"]).sum(-1)[0])
+    tokens = (((frames - 1) // 2 + 1) - 2) // 2 + 1
+    if n_window:
+        import torch.nn.functional as F  # noqa: F401  (the model module needs it loaded)
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import chunk_and_pad_features
+
+        feats = torch.zeros(128, frames)
+        _, chunks = chunk_and_pad_features(feats, torch.tensor([frames]), n_window)
+        windows = [(c - 1) // 2 + 1 for c in chunks.tolist()]
+    else:
+        windows = [int(np.asarray(out["input_features"]).shape[-1]) // 2]
+    return {"samples": len(wave), "frames": frames, "tokens": tokens, "windows": windows}
+
+
+def main() -> None:
+    with open(sys.argv[1]) as f:
+        request = json.load(f)
+    _stub_torchvision()
+    result = {"videos": {}, "audios": {}}
+    for item in request.get("videos", []):
+        truth = decoded(item["path"])
+        entry = {"truth": truth}
+        for name, ele in item.get("qwen_vl_utils", {}).items():
+            entry[name] = qwen_vl_utils_grid(truth, ele)
+        for name, opts in item.get("transformers", {}).items():
+            entry[name] = transformers_grid(truth, opts)
+        result["videos"][item["path"]] = entry
+    result["synthetic"] = []
+    for item in request.get("synthetic", []):  # headers without files: a grid of metadata
+        truth, entry = item["truth"], {}
+        for name, ele in item.get("qwen_vl_utils", {}).items():
+            entry[name] = qwen_vl_utils_grid(truth, ele)
+        for name, opts in item.get("transformers", {}).items():
+            entry[name] = transformers_grid(truth, opts)
+        result["synthetic"].append(entry)
+    for item in request.get("audios", []):
+        result["audios"][item["path"]] = {
+            name: audio_reference(item["path"], *args) for name, args in item["settings"].items()
+        }
+    with open(sys.argv[2], "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""Video and audio counts from headers equal the references' counts on real encoded files.
+
+The files are encoded for real by ``tools/make_media.py`` (H.264, HEVC, MPEG-4, VP8, VP9, MJPEG,
+MPEG-2 in MP4, MOV, Matroska, WebM, AVI, MPEG-TS; 0.5 s to 30 min, 1 to 60 fps, portrait,
+extreme, 4K and rotated frames, variable frame rates; WAV, FLAC, MP3, Ogg Vorbis and Opus at 8
+to 48 kHz, one to six channels, 0.1 s to 2 h). equishard reads headers only; the references
+(:mod:`tests.dataprep.media_reference`, in a process of their own) decode every frame and every
+sample and run qwen-vl-utils' and transformers' own code. The bug each catches: a frame count
+taken from the wrong place (a Matroska header without one, a VFR stream's duration), a sampling
+or pixel-budget formula that drifts from the processor's (rounding to the temporal patch,
+``torch.arange``'s length, the per-frame cap), a resampled length off by one, a window split
+that is not the model's.
+
+The default run checks every fifth file and the longest ones (the 30-minute video, the
+two-hour recording); ``-m slow`` checks all 200 + 200.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataprep.audio_header import probe_audio_path
+from dataprep.errors import SampleRejected
+from dataprep.media_rules.qwen_video import QwenVideoRule
+from dataprep.media_rules.whisper_audio import WhisperAudioRule
+from dataprep.video_header import probe_video_path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import make_media  # noqa: E402
+
+N = 200
+SMALL = {
+    "fps": 1.0,
+    "max_frames": 32,
+    "min_pixels": 4 * 28 * 28,
+    "max_pixels": 256 * 28 * 28,
+    "total_pixels": 20480 * 28 * 28,
+}
+# (our rule, the reference's arguments): qwen-vl-utils' element keys, transformers' options
+VIDEO_RULES = {
+    "qvu": (QwenVideoRule(), ("qwen_vl_utils", {"fps": 2.0})),
+    "qvu_small": (QwenVideoRule(**SMALL), ("qwen_vl_utils", SMALL)),
+    "tf": (QwenVideoRule(source="transformers"), ("transformers", {"fps": 2.0})),
+    "tf_cap": (
+        QwenVideoRule(source="transformers", cap_pixels_per_frame=True),
+        ("transformers", {"fps": 2.0, "cap": True}),
+    ),
+    "tf_every": (QwenVideoRule(source="transformers", fps=0), ("transformers", {"fps": 0})),
+    "tf_small": (
+        QwenVideoRule(source="transformers", fps=0.5, max_frames=16, max_pixels=256 * 28 * 28),
+        ("transformers", {"fps": 0.5, "max_frames": 16, "max_pixels": 256 * 28 * 28}),
+    ),
+}
+AUDIO_RULES = {
+    "qwen2audio": (WhisperAudioRule(), (30, 0)),
+    "omni": (WhisperAudioRule(chunk_length=300, n_window=100), (300, 100)),
+}
+
+
+def _chosen(n: int, slow: bool) -> list[int]:
+    return list(range(n)) if slow else [i for i in range(n) if i % 5 == 0 or i in (1, 2)]
+
+
+def _media(tmp_path_factory, slow: bool):
+    out = tmp_path_factory.mktemp("media")
+    videos = [s for i, s in enumerate(make_media.draw_videos(N)) if i in _chosen(N, slow)]
+    audios = [s for i, s in enumerate(make_media.draw_audios(N)) if i in _chosen(N, slow)]
+    for spec in videos:
+        make_media.encode_video(spec, out / spec.name)
+    for spec in audios:
+        make_media.encode_audio(spec, out / spec.name)
+    request = {
+        "videos": [
+            {
+                "path": str(out / s.name),
+                "qwen_vl_utils": {
+                    k: a for k, (_, (kind, a)) in VIDEO_RULES.items() if kind == "qwen_vl_utils"
+                },
+                "transformers": {
+                    k: a for k, (_, (kind, a)) in VIDEO_RULES.items() if kind == "transformers"
+                },
+            }
+            for s in videos
+        ],
+        "audios": [
+            {"path": str(out / s.name), "settings": {k: a for k, (_, a) in AUDIO_RULES.items()}}
+            for s in audios
+        ],
+    }
+    (out / "request.json").write_text(json.dumps(request))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.dataprep.media_reference",
+            out / "request.json",
+            out / "result.json",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
+    return out, videos, audios, json.loads((out / "result.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def some_media(tmp_path_factory):
+    return _media(tmp_path_factory, slow=False)
+
+
+def _video_diffs(out, videos, result):
+    diffs = []
+    for spec in videos:
+        path = str(out / spec.name)
+        ref = result["videos"][path]
+        header = probe_video_path(path)
+        truth = ref["truth"]
+        if (header.frames, header.width, header.height) != (
+            truth["frames"],
+            truth["width"],
+            truth["height"],
+        ):
+            diffs.append((spec.name, "header", header, truth))
+            continue
+        for name, (rule, _) in VIDEO_RULES.items():
+            want = ref[name]
+            try:
+                cost = rule.cost(header)
+            except SampleRejected as exc:
+                if not (isinstance(want, str) and want.startswith("refused")):
+                    diffs.append((spec.name, name, f"we refuse: {exc}", want))
+                continue
+            if isinstance(want, str):
+                diffs.append((spec.name, name, cost.llm_tokens, want))
+                continue
+            t, h, w = want
+            if cost.seq_lens != (h * w,) * t or cost.llm_tokens != t * h * w // 4:
+                diffs.append(
+                    (
+                        spec.name,
+                        name,
+                        (len(cost.seq_lens), cost.seq_lens[:1], cost.llm_tokens),
+                        want,
+                    )
+                )
+    return diffs
+
+
+def _audio_diffs(out, audios, result):
+    diffs = []
+    for spec in audios:
+        path = str(out / spec.name)
+        header = probe_audio_path(path)
+        for name, (rule, _) in AUDIO_RULES.items():
+            ref = result["audios"][path][name]
+            got = {
+                "samples": rule.samples(header),
+                "frames": rule.frames(header),
+                "tokens": rule.cost(header).llm_tokens,
+                "windows": list(rule.cost(header).seq_lens),
+            }
+            if got != ref:
+                diffs.append((spec.name, name, got, ref))
+    return diffs
+
+
+def test_video_counts_equal_the_references(some_media):
+    out, videos, _, result = some_media
+    assert len(videos) >= 40
+    diffs = _video_diffs(out, videos, result)
+    assert not diffs, diffs[:5]
+
+
+def test_audio_counts_equal_the_references(some_media):
+    out, _, audios, result = some_media
+    assert len(audios) >= 40
+    diffs = _audio_diffs(out, audios, result)
+    assert not diffs, diffs[:5]
+
+
+def _references(kind: str) -> dict:
+    return {k: a for k, (_, (source, a)) in VIDEO_RULES.items() if source == kind}
+
+
+def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
+    """Every frame count from 1 to 300 at eight frame rates and three frame sizes, against
+    the references run on the same metadata: catches a rounding of the frame count
+    (``torch.arange(0, total, total / n)`` yields n + 1 frames for 17 and 14), a minimum
+    or maximum not taken as the processor takes it, a pixel budget off at one frame count."""
+    from dataprep.video_header import VideoHeader
+
+    grid = [
+        (frames, fps, w, h)
+        for frames in range(1, 301)
+        for fps in (0.5, 1.0, 2.5, 24000 / 1001, 25.0, 30000 / 1001, 30.0, 60.0)
+        for w, h in ((1920, 1080), (90, 1600), (320, 240))
+        if (frames + int(fps * 7) + w) % 3 == 0  # a third of the grid, every count and rate
+    ]
+    request = {
+        "synthetic": [
+            {
+                "truth": {"frames": n, "fps": fps, "width": w, "height": h},
+                "qwen_vl_utils": _references("qwen_vl_utils"),
+                "transformers": _references("transformers"),
+            }
+            for n, fps, w, h in grid
+        ]
+    }
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.dataprep.media_reference",
+            tmp_path / "request.json",
+            tmp_path / "result.json",
+        ],
+        cwd=ROOT,
+        check=True,
+    )
+    result = json.loads((tmp_path / "result.json").read_text())["synthetic"]
+    diffs = []
+    for (n, fps, w, h), ref in zip(grid, result, strict=True):
+        header = VideoHeader(
+            nbytes=1,
+            width=w,
+            height=h,
+            frames=n,
+            fps=fps,
+            duration=n / fps,
+            codec="h264",
+            container="mp4",
+        )
+        for name, (rule, _) in VIDEO_RULES.items():
+            want = ref[name]
+            try:
+                cost = rule.cost(header)
+                got = [len(cost.seq_lens), cost.llm_tokens]
+            except SampleRejected:
+                got = "refused"
+            want = (
+                "refused" if isinstance(want, str) else [want[0], want[0] * want[1] * want[2] // 4]
+            )
+            if got != want:
+                diffs.append(((n, fps, w, h), name, got, want))
+    assert len(grid) > 2000
+    assert not diffs, diffs[:5]
+
+
+@pytest.mark.slow
+def test_all_400_files_equal_the_references(tmp_path_factory):
+    out, videos, audios, result = _media(tmp_path_factory, slow=True)
+    assert len(videos) == len(audios) == N
+    diffs = _video_diffs(out, videos, result) + _audio_diffs(out, audios, result)
+    assert not diffs, diffs[:5]

@@ -14,15 +14,19 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from equishard.common.local_files import read_small
 
 __all__ = ["BUILTIN_TEMPLATES", "ChatTemplate", "load_template"]
 
+_MEDIA = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER, "audio": AUDIO_PLACEHOLDER}
+_ENDS = ("prefix", "suffix")
+
 
 @dataclass(frozen=True, kw_only=True)
 class ChatTemplate:
-    """Text added around turns and images. ``{role}``-keyed prefixes; one suffix for every turn."""
+    """Text added around turns and media. ``{role}``-keyed prefixes; one suffix for every
+    turn; text written before and after each image, video and recording."""
 
     name: str
     bos: str = ""
@@ -31,11 +35,16 @@ class ChatTemplate:
     suffix: str = ""
     image_prefix: str = ""
     image_suffix: str = ""
+    video_prefix: str = ""
+    video_suffix: str = ""
+    audio_prefix: str = ""
+    audio_suffix: str = ""
 
     def __post_init__(self) -> None:
         # a template file is outside data: every field is checked here, not per sample
         texts = {
-            k: getattr(self, k) for k in ("name", "bos", "suffix", "image_prefix", "image_suffix")
+            k: getattr(self, k)
+            for k in ("name", "bos", "suffix", *(f"{m}_{e}" for m in _MEDIA for e in _ENDS))
         }
         bad = [k for k, v in texts.items() if not isinstance(v, str)]
         if self.system_prompt is not None and not isinstance(self.system_prompt, str):
@@ -56,19 +65,23 @@ class ChatTemplate:
                 "give 'prefix': {'system': ..., 'user': ..., 'assistant': ...}"
             )
 
+    def _wrap(self, text: str) -> str:
+        """``text`` with each media placeholder between its prefix and suffix."""
+        for modality, mark in _MEDIA.items():
+            before, after = getattr(self, f"{modality}_prefix"), getattr(self, f"{modality}_suffix")
+            if before or after:
+                text = text.replace(mark, before + mark + after)
+        return text
+
     def render(self, turns: list[tuple[str, str]]) -> str:
-        """The full text of a conversation; each ``<image>`` stays as one placeholder token."""
+        """The full text of a conversation; each ``<image>``, ``<video>`` and ``<audio>``
+        stays as one placeholder token."""
         parts = [self.bos]
         if self.system_prompt is not None and (not turns or turns[0][0] != "system"):
             parts += [self.prefix["system"], self.system_prompt, self.suffix]
         for role, text in turns:
             parts += [self.prefix[role], text, self.suffix]
-        text = "".join(parts)
-        if self.image_prefix or self.image_suffix:
-            text = text.replace(
-                IMAGE_PLACEHOLDER, self.image_prefix + IMAGE_PLACEHOLDER + self.image_suffix
-            )
-        return text
+        return self._wrap("".join(parts))
 
     def render_spans(self, turns: list[tuple[str, str]]) -> tuple[str, list[tuple[int, int]]]:
         """Like :meth:`render`, plus the character spans of assistant contents (the training
@@ -79,10 +92,7 @@ class ChatTemplate:
 
         def add(text: str, target: bool = False) -> None:
             nonlocal pos
-            if self.image_prefix or self.image_suffix:
-                text = text.replace(
-                    IMAGE_PLACEHOLDER, self.image_prefix + IMAGE_PLACEHOLDER + self.image_suffix
-                )
+            text = self._wrap(text)
             if target:
                 spans.append((pos, pos + len(text)))
             parts.append(text)
@@ -146,7 +156,7 @@ def load_template(name_or_path: str):
             f"unknown template {name_or_path!r}: use one of {sorted(BUILTIN_TEMPLATES)}, the "
             "model's chat template (its directory, chat_template.jinja, chat_template.json or "
             "tokenizer_config.json), or a JSON file with fields name, bos, system_prompt, "
-            "prefix, suffix, image_prefix, image_suffix"
+            "prefix, suffix, image_prefix, image_suffix (video_, audio_ likewise)"
         )
     try:
         fields = json.loads(read_small(path, 1 << 20).decode("utf-8"))

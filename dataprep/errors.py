@@ -26,6 +26,8 @@ REASONS: dict[str, str] = {
     "($EQUISHARD_TEMPLATE_SECONDS, $EQUISHARD_TEMPLATE_CHARS)",
     "template_no_image_family": "the sample has images but the chat template writes no image "
     "marker (a text LLM's template): name the model family with --template PATH#images=FAMILY",
+    "template_no_media_marker": "the sample has videos or recordings but the chat template's "
+    "family has no video or audio marker prep knows (a family without a video rule)",
     "template_image_mismatch": "the chat template wrote another number of image markers than "
     "the sample has images (a marker typed in the text, or a template that drops images)",
     "assistant_not_rendered": "the chat template changes or drops an assistant turn's text and "
@@ -35,8 +37,10 @@ REASONS: dict[str, str] = {
     "read whole)",
     "bad_role": "a turn has a role that is not system/user/assistant",
     "image_placeholder_mismatch": "the number of <image> placeholders differs from the images",
-    "unsupported_modality": "the sample carries video or audio, which prep does not measure "
-    "(refused, never counted as text)",
+    "media_placeholder_mismatch": "the number of <video> or <audio> placeholders differs from "
+    "the videos or recordings",
+    "unsupported_modality": "the sample carries video or audio, which this run does not measure "
+    "(refused, never counted as text; --video-rule and --audio-rule measure them)",
     "unreadable_video": "a video file cannot be opened or its stream has no usable header",
     "no_video_stream": "a video file holds no video stream (an audio-only container)",
     "empty_video": "a video file has zero bytes or its stream no frames",
@@ -47,9 +51,9 @@ REASONS: dict[str, str] = {
     "audio_out_of_range": "an audio file's sample rate, channels or length is past the limits",
     "probe_limit": "counting a header-less video's packets went past its time or packet bound",
     "unread_media_field": "the images are under a field prep does not read (image_path, img)",
-    "missing_image": "an image file does not exist",
-    "not_a_file": "an image path names a FIFO, device or directory, not a regular file",
-    "unsafe_path": "an image path resolves outside --image-root (.., a symlink, an absolute path)",
+    "missing_image": "an image, video or audio file does not exist",
+    "not_a_file": "a media path names a FIFO, device or directory, not a regular file",
+    "unsafe_path": "a media path resolves outside --image-root (.., a symlink, an absolute path)",
     "empty_image": "an image file has zero bytes",
     "truncated_image": "an image file ends before its end marker",
     "corrupt_image": "an image file's header cannot be parsed",

@@ -42,10 +42,14 @@ def _inside(path: str, root: str, dirs: dict[str, str]) -> bool:
     return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
-def image_ref(item, input_path: str, opts: ReadOptions, where: str) -> ImageRef:
+def image_ref(
+    item, input_path: str, opts: ReadOptions, where: str, kind: str = "image"
+) -> ImageRef:
     """The :class:`ImageRef` of one image item of a record read from ``input_path``; raises
     :class:`SampleRejected` for an item that is not an image reference or a path outside the
-    root. ``where`` names the image in messages (``input#index/imageK``)."""
+    root. ``where`` names the image in messages (``input#index/imageK``); ``kind``: what the
+    item is, for the messages (a video or a recording is found by the same rule, under the
+    same root)."""
     if isinstance(item, ImageRef):
         return item  # a tar member: it lies inside its tar
     if isinstance(item, dict):
@@ -56,14 +60,14 @@ def image_ref(item, input_path: str, opts: ReadOptions, where: str) -> ImageRef:
         return ImageRef(where=where, data=bytes(item))
     if not isinstance(item, str) or not item:
         raise SampleRejected(
-            "missing_image", f"{where}: image reference {item!r:.80} is not a path"
+            "missing_image", f"{where}: {kind} reference {item!r:.80} is not a path"
         )
     root = opts.root_for(input_path) or os.path.dirname(input_path)
     path = os.path.join(root, item)
     if not opts.allow_outside_image_root and not _inside(path, root, opts.real_dirs):
         raise SampleRejected(
             "unsafe_path",
-            f"{where}: image path {item!r:.200} resolves to {os.path.realpath(path)!r:.200}, outside "
+            f"{where}: {kind} path {item!r:.200} resolves to {os.path.realpath(path)!r:.200}, outside "
             f"the image root {root!r}; pass --allow-outside-image-root to read it anyway",
         )
     return ImageRef(where=path, path=path, root=None if opts.allow_outside_image_root else root)

@@ -49,10 +49,10 @@ from functools import cached_property
 from pathlib import Path
 
 from dataprep.errors import SampleRejected
-from dataprep.families.registry import IMAGE_TOKENS
+from dataprep.families.registry import IMAGE_TOKENS, MEDIA_TOKENS
 from dataprep.families.spec import ImageTokens
 from dataprep.jinja_environment import GEN_CLOSE, GEN_OPEN, jinja_environment
-from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.records import IMAGE_PLACEHOLDER, PLACEHOLDERS
 from dataprep.template_limits import (
     RenderLimits,
     TemplateLimit,
@@ -70,6 +70,9 @@ __all__ = [
     "messages_from_turns",
 ]
 
+# a turn's text split at its media placeholders (kept, in a group)
+_SPLIT = re.compile("(" + "|".join(re.escape(p) for p in PLACEHOLDERS.values()) + ")")
+_MODALITY = {p: m for m, p in PLACEHOLDERS.items()}
 TEMPLATE_FILE_LIMIT = 64 << 20  # a template or a tokenizer_config.json is read whole
 
 # the fields of ``JinjaChatTemplate.describe()`` that decide what it renders (its name and source
@@ -124,26 +127,32 @@ def _detect_content(render) -> str:
 
 
 def messages_from_turns(
-    turns: list[tuple[str, str]], content: str = "parts", marker: str | None = None
+    turns: list[tuple[str, str]],
+    content: str = "parts",
+    marker: str | None = None,
+    markers: dict[str, str] | None = None,
 ) -> list[dict]:
-    """The messages a template renders. ``parts``: each turn's text split at ``<image>`` into
-    text and image content items (empty text pieces left out). ``string``: each turn's text as
-    one string, every ``<image>`` written as the family's image ``marker`` (what a user's
+    """The messages a template renders. ``parts``: each turn's text split at ``<image>``,
+    ``<video>`` and ``<audio>`` into text and media content items (empty text pieces left
+    out). ``string``: each turn's text as one string, every ``<image>`` written as the family's
+    image ``marker``, every ``<video>``/``<audio>`` as its marker in ``markers`` (what a user's
     training code puts in the text for a template that takes string content)."""
     if content == "string":
         out = []
         for role, text in turns:
             if marker is not None:
                 text = text.replace(IMAGE_PLACEHOLDER, marker)
+            for modality, mark in (markers or {}).items():
+                text = text.replace(PLACEHOLDERS[modality], mark)
             out.append({"role": role, "content": text})
         return out
     messages = []
     for role, text in turns:
         content: list[dict] = []
-        for k, piece in enumerate(text.split(IMAGE_PLACEHOLDER)):
-            if k:
-                content.append({"type": "image"})
-            if piece:
+        for piece in _SPLIT.split(text):
+            if piece in _MODALITY:
+                content.append({"type": _MODALITY[piece]})
+            elif piece:
                 content.append({"type": "text", "text": piece})
         messages.append({"role": role, "content": content})
     return messages
@@ -274,11 +283,24 @@ class JinjaChatTemplate:
                 f"({', '.join(IMAGE_TOKENS)})",
             )
         marker = self.images.marker if self.images else None
+        media = MEDIA_TOKENS.get(self.family or "", {})
+        wanted = {m: sum(t.count(PLACEHOLDERS[m]) for _, t in turns) for m in ("video", "audio")}
+        for modality, n in wanted.items():
+            if n and modality not in media:
+                raise SampleRejected(
+                    "template_no_media_marker",
+                    f"the sample has {n} {modality}(s) but no family known to write "
+                    f"{self.origin}'s {modality} marker ({self.family or 'no image family'}): "
+                    f"prep counts {modality} in the templates of "
+                    f"{', '.join(f for f, m in MEDIA_TOKENS.items() if modality in m) or 'none'}",
+                )
         try:
             with bounded(self.limits):
                 pieces, size = [], 0
                 for piece in self._template.generate(
-                    messages=messages_from_turns(turns, self.content, marker),
+                    messages=messages_from_turns(
+                        turns, self.content, marker, {m: t.marker for m, t in media.items()}
+                    ),
                     add_generation_prompt=False,
                     **self.special_tokens,
                 ):
@@ -300,6 +322,9 @@ class JinjaChatTemplate:
                 "template_error",
                 f"chat template {self.origin} refuses the conversation: {describe(exc)}",
             ) from None
+        for modality, n in wanted.items():
+            if n:
+                text = self._placed(text, media[modality], PLACEHOLDERS[modality], n, modality)
         if self.images is None:
             return text
         found = text.count(self.images.marker)
@@ -311,6 +336,19 @@ class JinjaChatTemplate:
             )
         wrapped = self.images.prefix + IMAGE_PLACEHOLDER + self.images.suffix
         return text.replace(self.images.marker, wrapped) if wrapped != self.images.marker else text
+
+    @staticmethod
+    def _placed(text: str, tokens: ImageTokens, mark: str, n: int, modality: str) -> str:
+        """``text`` with each of the ``n`` markers the template wrote for a video or recording
+        as prep's placeholder, within the family's wrapper."""
+        found = text.count(tokens.marker)
+        if found != n:
+            raise SampleRejected(
+                "template_image_mismatch",
+                f"the chat template wrote {found} {tokens.marker} for {n} {modality}(s) (a "
+                "marker in the text, or a template that drops them)",
+            )
+        return text.replace(tokens.marker, tokens.prefix + mark + tokens.suffix)
 
     def render(self, turns: list[tuple[str, str]]) -> str:
         """The text the model sees, each image one ``<image>`` placeholder with the family's
@@ -349,7 +387,9 @@ class JinjaChatTemplate:
         spans, at = [], 0
         for index, (role, content) in enumerate(turns):
             pos, found = at, []
-            for piece in content.split(IMAGE_PLACEHOLDER):
+            for piece in _SPLIT.split(content):
+                if piece in _MODALITY:
+                    continue
                 core = piece.strip()
                 if not core:
                     continue

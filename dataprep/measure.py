@@ -22,6 +22,8 @@ from dataprep.chat_template import ChatTemplate
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, open_image_file, probe_image, probe_image_bytes
 from dataprep.image_refs import image_ref
+from dataprep.media_probe import MediaItem, media_modality, probe_media
+from dataprep.media_rules import MediaRule
 from dataprep.policies import VisionPolicy
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
 from dataprep.records import IMAGE_PLACEHOLDER, normalize_record, sample_id_of
@@ -36,7 +38,9 @@ from equishard.contracts.columns import (
     VIT_SEQ_LENS,
     VIT_TOKENS,
 )
-from equishard.contracts.cost_table import COST_SCHEMA
+from equishard.contracts.cost_table import cost_schema
+from equishard.contracts.media import MEASURED
+from equishard.contracts.phases import AUDIO, VIDEO, VISION
 
 __all__ = ["ChunkResult", "Measurer", "error_row", "fingerprint", "record_bytes"]
 
@@ -210,6 +214,8 @@ class Measurer:
         opts: ReadOptions,
         cache: dict[str, str] | None = None,
         check_images: str = "header",
+        video_rule: MediaRule | None = None,
+        audio_rule: MediaRule | None = None,
     ) -> None:
         self.policy = policy
         self.template = template
@@ -217,6 +223,13 @@ class Measurer:
         self.opts = opts
         self.cache = cache or {}
         self.check_images = check_images
+        # the rule of each measured modality besides images, and the phases the table has
+        self.rules = {
+            m: r for m, r in (("video", video_rule), ("audio", audio_rule)) if r is not None
+        }
+        self.measured = MEASURED | frozenset(self.rules)
+        self.phases = (VISION, *(p for p in (VIDEO, AUDIO) if p.modality in self.rules))
+        self.schema = cost_schema(self.phases)
 
     def count(self, texts: list[str]) -> list[int | str]:
         """Text tokens of each text; a text the tokenizer refuses gets the error message in its
@@ -269,13 +282,20 @@ class Measurer:
                 if rec.error is not None:
                     raise rec.error
                 sample_id = sample_id_of(rec.record, f"{unit.source}:{rec.index}")
-                sample = normalize_record(rec.record, sample_id, images=rec.images)
+                sample = normalize_record(
+                    rec.record, sample_id, images=rec.images, measured=self.measured
+                )
                 refs = [
                     image_ref(img, unit.path, self.opts, f"{location}/image{k}")
                     for k, img in enumerate(sample.images)
                 ]
+                media = [
+                    MediaItem(m, image_ref(item, unit.path, self.opts, f"{location}/{m}{k}", m))
+                    for m, items in (("video", sample.videos), ("audio", sample.audios))
+                    for k, item in enumerate(items)
+                ]
                 raw = record_bytes(rec)
-                key = cache_key(raw, refs)
+                key = cache_key(raw, refs + [item.ref for item in media])
                 if key and self.cache.get(sample_id) == key:
                     position = len(pending) + len(out.cached)
                     out.cached.append((position, sample_id, location, unit.source, key))
@@ -283,12 +303,22 @@ class Measurer:
                     continue
                 probed = [_probe(r, self.check_images) for r in refs]
                 headers = [h for h, _ in probed]
-                if cache_key(raw, refs, [st for _, st in probed]) != key:
+                media_probed = [probe_media(item) for item in media]
+                stats = [st for _, st in probed] + [st for _, st in media_probed]
+                if cache_key(raw, refs + [item.ref for item in media], stats) != key:
                     # an image changed between the key's stat and the probe (or during it): the
                     # costs are of whatever was read, so no later run may take this sample as
                     # unchanged by its key; write checks its fingerprint instead
                     key = ""
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
+                media_costs = {m: [] for m in self.rules}
+                for item, (header, _) in zip(media, media_probed, strict=True):
+                    try:
+                        media_costs[item.modality].append(self.rules[item.modality].cost(header))
+                    except SampleRejected as exc:  # the rule's own refusal, named by its item
+                        raise SampleRejected(
+                            exc.reason, f"{item.ref.where}: {exc.detail}"
+                        ) from None
                 text = self.template.render(sample.turns)
                 text = with_image_text(text, costs, self.template.image_prefix)
                 text = self.policy.prompt(text)
@@ -307,6 +337,7 @@ class Measurer:
                     location,
                     headers,
                     costs,
+                    media_costs,
                     fingerprint(raw, headers),
                     key,
                     rec.line,
@@ -318,11 +349,19 @@ class Measurer:
     def finish(self, prepared: _Prepared, counts: list[int]) -> ChunkResult:
         """The unit's cost rows, given the text token count of each prepared sample."""
         out, unit = prepared.out, prepared.unit
-        rows: dict[str, list] = {c: [] for c in COST_SCHEMA.names}
+        rows: dict[str, list] = {c: [] for c in self.schema.names}
         dropped: list[int] = []  # positions of samples whose text the tokenizer refused
-        for (sample_id, location, headers, costs, fp, key, line, position), n_text in zip(
-            prepared.pending, counts, strict=True
-        ):
+        for (
+            sample_id,
+            location,
+            headers,
+            costs,
+            media_costs,
+            fp,
+            key,
+            line,
+            position,
+        ), n_text in zip(prepared.pending, counts, strict=True):
             if isinstance(n_text, str):
                 err = SampleRejected("invalid_text", f"{location}: {n_text}")
                 out.errors.append(error_row(unit.source, location, line, sample_id, err))
@@ -336,17 +375,23 @@ class Measurer:
             rows[NUM_IMAGES].append(n_img)
             rows[VIT_TOKENS].append(sum(seq))
             rows[VIT_SEQ_LENS].append(seq)
-            rows[LLM_TOKENS].append(n_text + sum(c.llm_tokens for c in costs))
+            media_llm = 0
+            for phase in self.phases[1:]:
+                items = media_costs[phase.modality]
+                lens = [s for c in items for s in c.seq_lens]
+                rows[phase.items].append(len(items))
+                rows[phase.tokens].append(sum(lens))
+                rows[phase.seq_lens].append(lens)
+                media_llm += sum(c.llm_tokens for c in items)
+            rows[LLM_TOKENS].append(n_text + sum(c.llm_tokens for c in costs) + media_llm)
             rows[TEXT_TOKENS].append(n_text)
-            rows["modality"].append(
-                "text" if n_img == 0 else "image" if n_img == 1 else "multi-image"
-            )
+            rows["modality"].append(media_modality(n_img, media_costs))
             rows[IMAGE_WIDTHS].append([h.width for h in headers])
             rows[IMAGE_HEIGHTS].append([h.height for h in headers])
             rows["location"].append(location)
             rows["fingerprint"].append(fp)
             rows["cache_key"].append(key)
-        out.batch = pa.RecordBatch.from_pydict(rows, schema=COST_SCHEMA)
+        out.batch = pa.RecordBatch.from_pydict(rows, schema=self.schema)
         if dropped:  # cached rows after a dropped one move up
             out.cached = [(pos - sum(d < pos for d in dropped), *rest) for pos, *rest in out.cached]
         return out

@@ -28,6 +28,8 @@ from dataprep.chat_template import load_template
 from dataprep.errors import DataprepError, ErrorRateExceeded
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.measure import ChunkResult, Measurer
+from dataprep.media_rules import parse_audio_rule, parse_video_rule
+from dataprep.media_rules.registry import measured_phases, media_rules_recorded
 from dataprep.policies import parse_vision_policy
 from dataprep.prep_cache import (
     cache_keys,
@@ -49,6 +51,7 @@ from equishard.contracts.cost_table import (
     ERRORS_SCHEMA,
     FORMAT_VERSION,
     METADATA_KEY,
+    cost_schema,
     errors_path,
     read_cost_table,
     remove_stale_temps,
@@ -65,6 +68,8 @@ def _measurer(cfg: PrepConfig) -> Measurer:
         counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
         opts=_read_options(cfg),
         check_images=cfg.check_images,
+        video_rule=parse_video_rule(cfg.video_rule) if cfg.video_rule else None,
+        audio_rule=parse_audio_rule(cfg.audio_rule) if cfg.audio_rule else None,
     )
 
 
@@ -181,13 +186,15 @@ def _results(cfg: PrepConfig, units: list[WorkUnit]) -> Iterator[ChunkResult]:
             yield result
 
 
-def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult) -> dict:
+def _metadata(cfg: PrepConfig, units: list[WorkUnit], result: PrepResult, phases) -> dict:
     return {
         "format_version": FORMAT_VERSION,
-        # the phases measured: the vision encoder (settings: vision_policy) and the LLM
+        # the phases measured: the vision encoder (settings: vision_policy), the video and
+        # audio encoders where the run has their rules (video_rule, audio_rule), and the LLM
         # (tokenizer, template); equishard.contracts.phases
-        "phases": ["vision", "llm"],
+        "phases": [p.name for p in phases] + ["llm"],
         "vision_policy": parse_vision_policy(cfg.vision_policy).describe(),
+        **media_rules_recorded(cfg),
         "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
         "template": load_template(cfg.template).describe(),
         "inputs": [str(Path(p).resolve()) for p in cfg.inputs],
@@ -256,7 +263,8 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     cache_where = (
         {s: i for i, s in enumerate(cache.column("sample_id").to_pylist())} if cache else {}
     )
-    writer = pq.ParquetWriter(tmp_out, COST_SCHEMA)
+    phases = measured_phases(cfg.video_rule, cfg.audio_rule)
+    writer = pq.ParquetWriter(tmp_out, cost_schema(phases))
     aborted: ErrorRateExceeded | None = None
     try:
         with tqdm(
@@ -306,7 +314,8 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
                         "--max-error-rate to accept this many"
                     )
                     break
-        writer.add_key_value_metadata({METADATA_KEY: json.dumps(_metadata(cfg, units, result))})
+        meta = _metadata(cfg, units, result, phases)
+        writer.add_key_value_metadata({METADATA_KEY: json.dumps(meta)})
     except BaseException:
         writer.close()
         tmp_out.unlink(missing_ok=True)  # interrupted: leave no temp file behind

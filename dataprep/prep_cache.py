@@ -60,16 +60,21 @@ def counts_identity(meta: dict) -> dict:
     if isinstance(tmpl, dict) and tmpl.get("kind") == "jinja":
         tmpl = {k: tmpl.get(k) for k in RENDERING_KEYS}
     # one JSON round trip: a tuple here and a list read back compare equal
-    return json.loads(
-        json.dumps({"tokenizer": tok, "vision_policy": meta.get("vision_policy"), "template": tmpl})
-    )
+    identity = {"tokenizer": tok, "vision_policy": meta.get("vision_policy"), "template": tmpl}
+    for rule in ("video_rule", "audio_rule"):  # where a run measured video or audio
+        if meta.get(rule) is not None:
+            identity[rule] = meta[rule]
+    return json.loads(json.dumps(identity))
 
 
 def _settings(cfg) -> dict:
+    from dataprep.media_rules.registry import media_rules_recorded
+
     return {
         "tokenizer": TokenizerSpec.parse(cfg.tokenizer).describe(),
         "vision_policy": parse_vision_policy(cfg.vision_policy).describe(),
         "template": load_template(cfg.template).describe(),
+        **media_rules_recorded(cfg),
     }
 
 

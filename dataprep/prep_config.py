@@ -11,6 +11,7 @@ from pathlib import Path
 
 from dataprep.chat_template import load_template
 from dataprep.image_header import CHECKS
+from dataprep.media_rules.registry import check_media_rules
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
 from equishard.common.options import option
@@ -58,6 +59,25 @@ class PrepConfig:
             "qwen2vl:max_pixels=1003520,resize=qwen-vl-utils; resize=transformers is the "
             "default) (default: internvl)",
             metavar="P",
+        ),
+    )
+    video_rule: str | None = field(
+        default=None,
+        metadata=option(
+            "measure videos (a record's video/videos field, <video> in its text, LLaVA-Video's "
+            "<image> beside a video) as this model's processor samples them: {video_rules} "
+            "with options (qwen2vl:fps=1,max_frames=64,source=transformers). Without it a "
+            "sample with a video is refused (reason unsupported_modality)",
+            metavar="R",
+        ),
+    )
+    audio_rule: str | None = field(
+        default=None,
+        metadata=option(
+            "measure recordings (audio/audios field, <audio>) as this model's feature "
+            "extractor and encoder take them: {audio_rules} (whisper:chunk_length=30,"
+            "n_window=0 for another). Without it a sample with audio is refused",
+            metavar="R",
         ),
     )
     template: str = field(
@@ -190,6 +210,12 @@ class PrepConfig:
                         f"with its {what} table; write it elsewhere (e.g. -o build/cost.parquet)"
                     )
         parse_vision_policy(self.vision_policy)  # validates the spec early
+        check_media_rules(self.video_rule, self.audio_rule, self.vision_policy)
+        if self.cache is not None and (self.video_rule or self.audio_rule):
+            raise ValueError(
+                "--cache is not yet taken with --video-rule or --audio-rule (a cached row "
+                "would lose its video and audio columns); drop --cache for this prep"
+            )
         TokenizerSpec.parse(self.tokenizer)
         load_template(self.template)
 

@@ -9,15 +9,27 @@ does a record that carries media prep does not measure (:mod:`dataprep.media`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dataprep.errors import SampleRejected
 from dataprep.media import check_content_part, check_record
+from equishard.contracts.media import AUDIO, IMAGE, MEASURED, VIDEO, content_modality
 
-__all__ = ["IMAGE_PLACEHOLDER", "Sample", "normalize_record", "sample_id_of"]
+__all__ = [
+    "AUDIO_PLACEHOLDER",
+    "IMAGE_PLACEHOLDER",
+    "PLACEHOLDERS",
+    "VIDEO_PLACEHOLDER",
+    "Sample",
+    "normalize_record",
+    "sample_id_of",
+]
 
-IMAGE_PLACEHOLDER = "<image>"
+IMAGE_PLACEHOLDER = IMAGE.placeholders[0]  # "<image>"
+VIDEO_PLACEHOLDER = VIDEO.placeholders[0]  # "<video>"
+AUDIO_PLACEHOLDER = AUDIO.placeholders[0]  # "<audio>"
+PLACEHOLDERS = {"image": IMAGE_PLACEHOLDER, "video": VIDEO_PLACEHOLDER, "audio": AUDIO_PLACEHOLDER}
 
 _ROLES = {
     "human": "user",
@@ -35,6 +47,8 @@ class Sample:
     sample_id: str
     turns: list[tuple[str, str]]
     images: list[Any]  # path strings, bytes, or {"bytes": ..., "path": ...} dicts
+    videos: list[Any] = field(default_factory=list)  # the same, for a run that measures video
+    audios: list[Any] = field(default_factory=list)  # and audio
 
 
 def _valid_unicode(text: str) -> bool:
@@ -65,8 +79,9 @@ def sample_id_of(record: Any, default_id: str) -> str:
     return default_id
 
 
-def _content_text(content: Any, where: str) -> str:
-    """Text of a chat message's content; list content's image parts become placeholders."""
+def _content_text(content: Any, where: str, measured: frozenset[str]) -> str:
+    """Text of a chat message's content; list content's media parts become placeholders
+    (``<image>``; ``<video>``, ``<audio>`` in a run that measures them)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -85,7 +100,11 @@ def _content_text(content: Any, where: str) -> str:
                 parts.append(IMAGE_PLACEHOLDER)
             else:
                 if isinstance(part, dict) and isinstance(part.get("type"), str):
-                    check_content_part(part["type"], where)
+                    check_content_part(part["type"], where, measured)
+                    modality = content_modality(part["type"])
+                    if modality is not None:  # a video or audio part this run measures
+                        parts.append(PLACEHOLDERS[modality.name])
+                        continue
                 raise SampleRejected(
                     "non_string_text", f"{where}: unknown content part {part!r:.60}"
                 )
@@ -93,7 +112,7 @@ def _content_text(content: Any, where: str) -> str:
     raise SampleRejected("non_string_text", f"{where}: content is {type(content).__name__}")
 
 
-def _turns(record: dict) -> list[tuple[str, str]]:
+def _turns(record: dict, measured: frozenset[str]) -> list[tuple[str, str]]:
     if "conversations" in record:
         raw, role_key, text_key = record["conversations"], "from", "value"
     elif "messages" in record:
@@ -116,7 +135,7 @@ def _turns(record: dict) -> list[tuple[str, str]]:
         role = _ROLES.get(str(turn.get(role_key, "")).lower())
         if role is None:
             raise SampleRejected("bad_role", f"turn {i} has {role_key}={turn.get(role_key)!r}")
-        text = _content_text(turn.get(text_key), f"turn {i}")
+        text = _content_text(turn.get(text_key), f"turn {i}", measured)
         if not _valid_unicode(text):
             bad = next(k for k, c in enumerate(text) if "\ud800" <= c <= "\udfff")
             raise SampleRejected(
@@ -128,8 +147,9 @@ def _turns(record: dict) -> list[tuple[str, str]]:
     return turns
 
 
-def _images(record: dict) -> list[Any]:
-    for key in ("image", "images"):
+def _items(record: dict, fields: tuple[str, ...]) -> list[Any]:
+    """The media items under the first of ``fields`` the record has (one item or a list)."""
+    for key in fields:
         value = record.get(key)
         if value is None:
             continue
@@ -138,24 +158,49 @@ def _images(record: dict) -> list[Any]:
     return []
 
 
-def normalize_record(record: Any, default_id: str, images: list | None = None) -> Sample:
-    """Turn one raw record into a :class:`Sample`, or raise :class:`SampleRejected`.
-
-    ``images`` overrides the record's own image field (a tar's image members, for instance)."""
-    sample_id = sample_id_of(record, default_id)
-    turns = _turns(record)
-    fields_read = images is None
-    if fields_read:
-        images = _images(record)
-    check_record(record, turns, len(images), fields_read)
-    n_placeholders = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
-    if images and n_placeholders == 0:
+def _place(turns: list[tuple[str, str]], modality: str, n: int) -> None:
+    """Check that the turns hold one ``modality`` placeholder per item (``n``), or none: then
+    the items go in front of the first user turn (LLaVA's and InternVL's convention)."""
+    mark = PLACEHOLDERS[modality]
+    found = sum(text.count(mark) for _, text in turns)
+    if n and found == 0:
         first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), 0)
         role, text = turns[first_user]
-        turns[first_user] = (role, (IMAGE_PLACEHOLDER + "\n") * len(images) + text)
-    elif n_placeholders != len(images):
-        raise SampleRejected(
-            "image_placeholder_mismatch",
-            f"{n_placeholders} <image> placeholder(s) in the text but {len(images)} image(s)",
+        turns[first_user] = (role, (mark + "\n") * n + text)
+    elif found != n:
+        reason = (
+            "image_placeholder_mismatch" if modality == "image" else "media_placeholder_mismatch"
         )
-    return Sample(sample_id=sample_id, turns=turns, images=images)
+        raise SampleRejected(
+            reason, f"{found} {mark} placeholder(s) in the text but {n} {modality}(s)"
+        )
+
+
+def normalize_record(
+    record: Any, default_id: str, images: list | None = None, measured: frozenset[str] = MEASURED
+) -> Sample:
+    """Turn one raw record into a :class:`Sample`, or raise :class:`SampleRejected`.
+
+    ``images`` overrides the record's own image field (a tar's image members, for instance).
+    ``measured``: the modalities this run measures (images, and video or audio where it has a
+    rule for them); a record carrying another is refused (:func:`dataprep.media.check_record`).
+    A LLaVA-Video record marks its video with ``<image>`` (the field says it is a video): with
+    videos, no images and as many ``<image>`` as videos, those placeholders are its videos'."""
+    sample_id = sample_id_of(record, default_id)
+    turns = _turns(record, measured)
+    fields_read = images is None
+    if fields_read:
+        images = _items(record, IMAGE.read_fields)
+    videos = _items(record, VIDEO.read_fields) if "video" in measured else []
+    audios = _items(record, AUDIO.read_fields) if "audio" in measured else []
+    found = {"image": len(images), "video": len(videos), "audio": len(audios)}
+    check_record(record, turns, found, fields_read, measured)
+    if videos and not images:
+        n_video = sum(text.count(VIDEO_PLACEHOLDER) for _, text in turns)
+        n_image = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+        if n_video == 0 and n_image == len(videos):
+            turns = [(r, t.replace(IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER)) for r, t in turns]
+    _place(turns, "image", len(images))
+    _place(turns, "video", len(videos))
+    _place(turns, "audio", len(audios))
+    return Sample(sample_id=sample_id, turns=turns, images=images, videos=videos, audios=audios)

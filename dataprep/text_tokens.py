@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.records import PLACEHOLDERS
 from equishard.common.local_files import regular_file
 
 __all__ = ["TokenCounter", "TokenizerSpec"]
@@ -92,20 +92,24 @@ class TokenCounter:
             from tokenizers import AddedToken, Tokenizer
 
             tok = Tokenizer.from_file(spec.path)
-            tok.add_special_tokens([AddedToken(IMAGE_PLACEHOLDER, special=True, normalized=False)])
+            tok.add_special_tokens(
+                [AddedToken(p, special=True, normalized=False) for p in PLACEHOLDERS.values()]
+            )
             self._tok = tok
             self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
 
     def count(self, texts: list[str]) -> list[int]:
-        """Tokens of each text, with every ``<image>`` placeholder excluded."""
+        """Tokens of each text, with every ``<image>``, ``<video>`` and ``<audio>`` placeholder
+        excluded (the media's own tokens are counted by its policy or rule)."""
         if not texts:
             return []
-        placeholders = [t.count(IMAGE_PLACEHOLDER) for t in texts]
+        marks = tuple(PLACEHOLDERS.values())
+        counts = [[t.count(m) for m in marks] for t in texts]
         if self._tok is None:
             cpt = self.spec.estimate_chars_per_token
             return [
-                math.ceil((len(t) - n * len(IMAGE_PLACEHOLDER)) / cpt)
-                for t, n in zip(texts, placeholders, strict=True)
+                math.ceil((len(t) - sum(n * len(m) for n, m in zip(c, marks, strict=True))) / cpt)
+                for t, c in zip(texts, counts, strict=True)
             ]
         encodings = self._encode(texts, add_special_tokens=False)
-        return [len(e) - n for e, n in zip(encodings, placeholders, strict=True)]
+        return [len(e) - sum(c) for e, c in zip(encodings, counts, strict=True)]

@@ -48,6 +48,7 @@ MAX_SIDE = 16384  # a claimed frame side above this is a damaged or hostile head
 MAX_FRAMES = 10_000_000  # 46 hours at 60 fps
 MAX_SCAN_PACKETS = 4_000_000  # a header without a frame count: packets counted at most
 MAX_SCAN_SECONDS = 20.0  # and for at most this long
+_CHECK_EVERY = 4096  # packets between two checks of those bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,7 @@ def _count_packets(container, stream, where: str) -> tuple[int, float]:
             end = packet.pts + (packet.duration or 0)
             first = packet.pts if first is None else min(first, packet.pts)
             last = end if last is None else max(last, end)
-        if n % 4096 == 0 and (n >= MAX_SCAN_PACKETS or time.monotonic() > deadline):
+        if n % _CHECK_EVERY == 0 and (n >= MAX_SCAN_PACKETS or time.monotonic() > deadline):
             raise SampleRejected(
                 "probe_limit",
                 f"{where}: the header has no frame count and counting its packets went past "

@@ -8,6 +8,7 @@ from dataprep.policies.qwen2vl import QWEN2VL_RESIZE, Qwen2VLPolicy
 QWEN_OPTIONS = ("min_pixels", "max_pixels", "patch_size", "merge_size")
 QWEN_PACKER = PackerRules(rope_positions=True, beside=("image_grid_thw",))
 QWEN_IMAGE = ImageTokens("<|image_pad|>")
+QWEN_VIDEO = ImageTokens("<|video_pad|>")  # <|vision_start|><|video_pad|><|vision_end|>
 
 SPEC = FamilySpec(
     name="qwen2vl",
@@ -26,4 +27,5 @@ SPEC = FamilySpec(
     image_tokens=QWEN_IMAGE,
     processor_checks=QWEN_CHECKS,
     packer=QWEN_PACKER,
+    media_tokens={"video": QWEN_VIDEO},
 )

@@ -22,6 +22,7 @@ __all__ = [
     "FAMILY_MODULES",
     "FAMILY_POLICIES",
     "IMAGE_TOKENS",
+    "MEDIA_TOKENS",
     "POLICIES",
     "POLICY_TEMPLATE_FAMILIES",
     "family_spec",
@@ -54,6 +55,8 @@ FAMILY_MODULES = (
 FAMILIES: dict[str, FamilySpec] = {}  # packer family name -> its spec
 POLICIES: dict[str, PolicySpec] = {}  # vision-policy spec name -> how it builds (not ``fixed``)
 IMAGE_TOKENS: dict[str, ImageTokens] = {}  # template image family -> its marker's expansion
+# template image family -> {modality: its video or audio marker's expansion}
+MEDIA_TOKENS: dict[str, dict[str, ImageTokens]] = {}
 POLICY_TEMPLATE_FAMILIES: dict[str, tuple[str, ...]] = {}  # policy -> its models' templates
 FAMILY_POLICIES: dict[str, tuple[str, ...]] = {}  # packer family -> the policies it takes
 CHECKS: dict[str, tuple] = {}  # packer family -> its processor checks
@@ -77,6 +80,7 @@ def load(modules: tuple[str, ...] | None = None) -> None:
     families: dict[str, FamilySpec] = {}
     policies: dict[str, PolicySpec] = {}
     tokens: dict[str, ImageTokens] = {}
+    media: dict[str, dict[str, ImageTokens]] = {}
     templates: dict[str, tuple[str, ...]] = {}
     for spec in specs:
         if spec.name in families:
@@ -92,6 +96,13 @@ def load(modules: tuple[str, ...] | None = None) -> None:
                 f"family {spec.name} writes template family {spec.template}'s marker as "
                 f"{spec.image_tokens}, another family as {known}"
             )
+        for modality, marker in spec.media_tokens.items():
+            known = media.setdefault(spec.template, {}).setdefault(modality, marker)
+            if known != marker:
+                raise ValueError(
+                    f"family {spec.name} writes template family {spec.template}'s {modality} "
+                    f"marker as {marker}, another family as {known}"
+                )
         for name in spec.policies:
             have = templates.get(name, ())
             if spec.template not in have:
@@ -103,6 +114,7 @@ def load(modules: tuple[str, ...] | None = None) -> None:
         (FAMILIES, families),
         (POLICIES, policies),
         (IMAGE_TOKENS, tokens),
+        (MEDIA_TOKENS, media),
         (POLICY_TEMPLATE_FAMILIES, templates),
         (FAMILY_POLICIES, {s.name: s.policies for s in specs}),
         (CHECKS, {s.name: s.processor_checks for s in specs}),

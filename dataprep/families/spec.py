@@ -108,7 +108,8 @@ class FamilySpec:
     order; ``fixed`` is ``fixed:S/P``), those it defines in ``policy_specs``; ``template``: the
     template image family whose marker its chat template writes (several families may share
     one, with equal ``image_tokens``); ``processor_checks``: each setting the processor and the
-    generation's policy must agree on; ``packer``: how its rows are built."""
+    generation's policy must agree on; ``packer``: how its rows are built; ``media_tokens``:
+    the markers its template writes for videos and recordings."""
 
     name: str
     models: str
@@ -118,6 +119,9 @@ class FamilySpec:
     image_tokens: ImageTokens
     processor_checks: tuple[ProcessorCheck, ...] = ()
     packer: PackerRules = PackerRules()
+    # the marker its template writes for a video or a recording, as its processor expands it
+    # (``{"video": ImageTokens("<|video_pad|>")}``); a modality left out has no rule here
+    media_tokens: dict[str, ImageTokens] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():

@@ -7,13 +7,23 @@ tokens the LLM sees. One module per rule; :class:`MediaRule` is their base.
 
 from dataprep.media_rules.base import MediaCost, MediaRule
 from dataprep.media_rules.qwen_video import QWEN_VIDEO_SOURCES, QwenVideoRule
+from dataprep.media_rules.registry import (
+    AUDIO_RULES,
+    VIDEO_RULES,
+    parse_audio_rule,
+    parse_video_rule,
+)
 from dataprep.media_rules.whisper_audio import WhisperAudioRule, audio_tokens
 
 __all__ = [
+    "AUDIO_RULES",
     "QWEN_VIDEO_SOURCES",
+    "VIDEO_RULES",
     "MediaCost",
     "MediaRule",
     "QwenVideoRule",
     "WhisperAudioRule",
     "audio_tokens",
+    "parse_audio_rule",
+    "parse_video_rule",
 ]

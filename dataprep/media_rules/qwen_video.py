@@ -144,7 +144,7 @@ class QwenVideoRule(MediaRule):
 
     def spec(self) -> str:
         return (
-            f"qwen:source={self.source},fps={self.fps:g},min_frames={self.min_frames},"
+            f"qwen2vl:source={self.source},fps={self.fps:g},min_frames={self.min_frames},"
             f"max_frames={self.max_frames},min_pixels={self.min_pixels},"
             f"max_pixels={self.max_pixels},total_pixels={self.total_pixels!r},"
             f"cap_pixels_per_frame={int(self.cap_pixels_per_frame)},"

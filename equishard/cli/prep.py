@@ -6,6 +6,7 @@ import argparse
 import json
 
 from dataprep.families.registry import POLICIES
+from dataprep.media_rules.registry import AUDIO_RULES, VIDEO_RULES
 from dataprep.prep_config import PrepConfig
 from equishard.common.options import add_options, config_kwargs
 
@@ -31,6 +32,10 @@ inputs:
 vision policies (--vision-policy):
 {policies}
 
+video and audio rules (--video-rule, --audio-rule; read from each file's header, no frame or
+sample decoded; without a rule, a sample carrying one is refused, never counted as text):
+{media}
+
 examples:
   equishard prep data/llava.json --image-root data/images --tokenizer tok/tokenizer.json \\
       --vision-policy internvl --workers 8 -o build/cost.parquet
@@ -54,15 +59,29 @@ def _policies_help() -> str:
     return "\n".join(out)
 
 
+def _media_help() -> str:
+    """Every video and audio rule's line (dataprep.media_rules.registry)."""
+    return "\n".join(
+        f"  {name:<14}{entry.help}" for name, entry in {**VIDEO_RULES, **AUDIO_RULES}.items()
+    )
+
+
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p = sub.add_parser(
         name,
         help=HELP,
-        description=_DESCRIPTION.format(policies=_policies_help()),
+        description=_DESCRIPTION.format(policies=_policies_help(), media=_media_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # declared on PrepConfig's fields
-    add_options(p, PrepConfig, what="measure", policies=", ".join(POLICIES))
+    add_options(
+        p,
+        PrepConfig,
+        what="measure",
+        policies=", ".join(POLICIES),
+        video_rules=", ".join(VIDEO_RULES),
+        audio_rules=", ".join(AUDIO_RULES),
+    )
     p.add_argument(
         "--json", action="store_true", help="print the summary as JSON instead of a table"
     )

@@ -36,6 +36,7 @@ __all__ = [
     "REQUIRED_COLUMNS",
     "check_repeated_ids",
     "conform_cost_table",
+    "cost_schema",
     "errors_path",
     "read_cost_table",
     "remove_stale_temps",
@@ -94,6 +95,14 @@ _PHASE_TYPES = {"items": pa.int32(), "tokens": pa.int64(), "seq_lens": pa.list_(
 
 def _phase_fields(phase: Phase) -> list[pa.Field]:
     return [pa.field(getattr(phase, k), t) for k, t in _PHASE_TYPES.items()]
+
+
+def cost_schema(phases: tuple[Phase, ...] = (VISION,)) -> pa.Schema:
+    """The schema of a cost table of these encoder phases: :data:`COST_SCHEMA` (the vision
+    phase's columns among them), then each other phase's columns in :data:`ENCODER_PHASES`'
+    order."""
+    extra = [f for p in ENCODER_PHASES[1:] if p in phases for f in _phase_fields(p)]
+    return pa.schema([*COST_SCHEMA, *extra])
 
 
 ERRORS_SCHEMA = pa.schema(

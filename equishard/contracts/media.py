@@ -4,10 +4,10 @@ A modality is named here once with every way a raw record shows it: the record f
 hold it (``image``, ``video``, ``audio``, and the aliases datasets use), the placeholders that
 stand for it in a turn's text (``<image>``, ``<video>``, ``<|AUDIO|>``...), the ``type`` of a
 chat message's content part, and the file suffixes of its WebDataset members. Prep measures
-the modalities in :data:`MEASURED`; a sample that carries any other is refused with reason
-``unsupported_modality`` (see :mod:`dataprep.media`), never counted as text. A new modality
-that prep learns to measure joins :data:`MEASURED`; the readers, the refusal and the shard
-readers take their vocabulary from here.
+the modalities in :data:`MEASURED`, and video or audio in a run given a rule for it (``prep
+--video-rule``, ``--audio-rule``); a sample that carries any other is refused with reason
+``unsupported_modality`` (see :mod:`dataprep.media`), never counted as text. The readers, the
+refusal and the shard readers take their vocabulary from here.
 
 This module imports nothing, so the loader can use it without loading the prep pipeline.
 """
@@ -33,9 +33,11 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Modality:
-    """One kind of media. ``read_fields`` are the record fields prep reads it from (empty where
-    prep does not read it); ``alias_fields`` other field names datasets give it; ``suffixes``
-    the member suffixes prep reads, ``other_suffixes`` those of formats prep cannot read."""
+    """One kind of media. ``read_fields`` are the record fields prep reads it from when it
+    measures it; ``alias_fields`` other field names datasets give it; ``placeholders`` the
+    texts that stand for it in a turn (the first one is prep's own: ``<image>``, ``<video>``,
+    ``<audio>``); ``suffixes`` the member suffixes prep reads, ``other_suffixes`` those of
+    formats prep cannot read."""
 
     name: str
     read_fields: tuple[str, ...] = ()
@@ -57,17 +59,18 @@ IMAGE = Modality(
 )
 VIDEO = Modality(
     name="video",
-    alias_fields=("video", "videos", "video_path", "video_paths", "video_file", "video_url"),
+    read_fields=("video", "videos"),
+    alias_fields=("video_path", "video_paths", "video_file", "video_url"),
     # LLaVA-Video / LLaVA-OneVision / InternVL, Qwen2-VL's pad token, Qwen2.5-Omni's
     placeholders=("<video>", "<|video_pad|>", "<|VIDEO|>"),
     content_types=("video", "video_url"),
-    other_suffixes=("mp4", "m4v", "mkv", "webm", "avi", "mov", "mpg", "mpeg", "flv", "wmv", "3gp"),
+    suffixes=("mp4", "m4v", "mkv", "webm", "avi", "mov", "mpg", "mpeg", "ts", "flv", "3gp"),
+    other_suffixes=("wmv",),
 )
 AUDIO = Modality(
     name="audio",
+    read_fields=("audio", "audios"),
     alias_fields=(
-        "audio",
-        "audios",
         "audio_path",
         "audio_paths",
         "audio_file",
@@ -79,11 +82,13 @@ AUDIO = Modality(
     # LLaVA-style and speech LLMs, Qwen2-Audio / Qwen2.5-Omni, Qwen3-Omni, Gemma 3n
     placeholders=("<audio>", "<speech>", "<|AUDIO|>", "<|audio_pad|>", "<audio_soft_token>"),
     content_types=("audio", "audio_url", "input_audio"),
-    other_suffixes=("wav", "flac", "mp3", "ogg", "opus", "m4a", "aac", "wma", "aif", "aiff"),
+    suffixes=("wav", "flac", "mp3", "ogg", "opus", "aif", "aiff"),
+    other_suffixes=("m4a", "aac", "wma"),
 )
 
 MODALITIES: tuple[Modality, ...] = (IMAGE, VIDEO, AUDIO)
-MEASURED: frozenset[str] = frozenset({"image"})  # the modalities prep measures
+# the modalities prep measures by default; a run given a video or audio rule measures those too
+MEASURED: frozenset[str] = frozenset({"image"})
 IMAGE_SUFFIXES: tuple[str, ...] = IMAGE.suffixes
 
 _FIELDS = {f: m for m in MODALITIES for f in (*m.read_fields, *m.alias_fields)}

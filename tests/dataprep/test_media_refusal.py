@@ -274,12 +274,16 @@ def test_a_tar_sample_with_a_media_member_prep_cannot_read_is_refused(
 
 
 def test_the_vocabulary_is_consistent():
-    """Every modality's suffixes and fields map back to it; a modality prep does not measure
-    has no field prep reads; each refusal reason has its summary sentence."""
+    """Every modality's suffixes, fields and placeholders map back to it, its own placeholder
+    first; each refusal reason has its summary sentence."""
+    from equishard.contracts.media import field_modality
+
+    assert {"image"} == MEASURED  # video and audio only in a run given their rule
     for m in MODALITIES:
         for s in (*m.suffixes, *m.other_suffixes):
             assert suffix_modality(s) is m and suffix_modality(f"3.{s.upper()}") is m
-        if m.name not in MEASURED:
-            assert not m.read_fields and not m.suffixes
+        for f in (*m.read_fields, *m.alias_fields):
+            assert field_modality(f) is m and field_modality(f.upper()) is m
+        assert m.placeholders[0] == f"<{m.name}>" and m.read_fields
     assert suffix_modality("cls") is None and suffix_modality("json") is None
     assert {"unsupported_modality", "unread_media_field", "unsupported_format"} <= set(REASONS)

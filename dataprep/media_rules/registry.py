@@ -1,0 +1,146 @@
+"""Video and audio rules by name: ``prep --video-rule qwen2vl:fps=1,max_frames=64`` and
+``prep --audio-rule qwen2_5_omni``.
+
+A spec is ``NAME[:key=value,...]``. ``NAME`` is a rule with the defaults of a model's
+processor; each option sets one field of its rule, typed as the field is (a whole number, a
+number, 0/1 for a switch, a word), and the rule checks the values together.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from dataprep.media_rules.base import MediaRule
+from dataprep.media_rules.qwen_video import QwenVideoRule
+from dataprep.media_rules.whisper_audio import WhisperAudioRule
+
+__all__ = [
+    "AUDIO_RULES",
+    "VIDEO_RULES",
+    "check_media_rules",
+    "measured_phases",
+    "media_rules_recorded",
+    "parse_audio_rule",
+    "parse_video_rule",
+]
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """How a rule name builds its rule: ``cls(**defaults, **options)``. ``policies``: the
+    vision policies of the models whose processor the rule is (empty: any); ``help``: its line
+    in ``equishard prep --help``."""
+
+    cls: type[MediaRule]
+    defaults: dict = field(default_factory=dict)
+    help: str = ""
+    policies: tuple[str, ...] = ()
+
+
+VIDEO_RULES: dict[str, RuleSpec] = {
+    "qwen2vl": RuleSpec(
+        QwenVideoRule,
+        help="Qwen2-VL / Qwen2.5-VL: frames at fps=2 in [4, 768], 2 a patch in time; "
+        "source=qwen-vl-utils (process_vision_info, default) or source=transformers "
+        "(Qwen2VLVideoProcessor; fps=0 keeps every frame as its do_sample_frames=False does)",
+        policies=("qwen2vl",),  # Qwen3-VL's video prompts carry timestamps: not this rule
+    ),
+}
+AUDIO_RULES: dict[str, RuleSpec] = {
+    "whisper": RuleSpec(
+        WhisperAudioRule,
+        help="any Whisper-style encoder: sampling_rate, hop_length, chunk_length (s), "
+        "n_window (0: padded window)",
+    ),
+    "qwen2audio": RuleSpec(
+        WhisperAudioRule,
+        {"chunk_length": 30, "n_window": 0},
+        help="Qwen2-Audio: Whisper features to 30 s, the padded 30-s window in the encoder",
+    ),
+    "qwen2_5_omni": RuleSpec(
+        WhisperAudioRule,
+        {"chunk_length": 300, "n_window": 100},
+        help="Qwen2.5-Omni: Whisper features to 300 s, the encoder in unpadded 2-s chunks",
+    ),
+}
+
+
+def _parse(spec: str, rules: dict[str, RuleSpec], what: str) -> MediaRule:
+    name, _, rest = spec.partition(":")
+    entry = rules.get(name)
+    if entry is None:
+        raise ValueError(f"unknown {what} rule {name!r}: one of {', '.join(rules)}")
+    types = {f.name: f.type for f in fields(entry.cls)}
+    options: dict = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in types or key in options:
+            raise ValueError(
+                f"{what} rule {spec!r}: {item!r} is not one of its options "
+                f"({', '.join(sorted(types))}), each key=value once"
+            )
+        kind = types[key]
+        try:
+            if kind == "int":
+                options[key] = int(value)
+            elif kind == "float":
+                options[key] = float(value)
+            elif kind == "bool":
+                if value not in ("0", "1"):
+                    raise ValueError(value)
+                options[key] = value == "1"
+            else:
+                options[key] = value
+        except ValueError:
+            raise ValueError(
+                f"{what} rule {spec!r}: {key} must be {'0 or 1' if kind == 'bool' else 'a ' + kind}, "
+                f"got {value!r}"
+            ) from None
+    return entry.cls(**{**entry.defaults, **options})
+
+
+def parse_video_rule(spec: str) -> MediaRule:
+    """The video rule a ``--video-rule`` spec names (``ValueError`` with the fix if none)."""
+    return _parse(spec, VIDEO_RULES, "video")
+
+
+def parse_audio_rule(spec: str) -> MediaRule:
+    """The audio rule an ``--audio-rule`` spec names."""
+    return _parse(spec, AUDIO_RULES, "audio")
+
+
+def check_media_rules(video: str | None, audio: str | None, vision_policy: str) -> None:
+    """Parse both specs (``ValueError`` with the fix), and refuse a video rule beside the
+    vision policy of another model family: one run measures one model's inputs."""
+    if audio:
+        parse_audio_rule(audio)
+    if not video:
+        return
+    parse_video_rule(video)
+    name = video.partition(":")[0]
+    policies = VIDEO_RULES[name].policies
+    policy = vision_policy.partition(":")[0]
+    if policies and policy not in policies:
+        raise ValueError(
+            f"--video-rule {name} is the video processor of the models of vision policy "
+            f"{' or '.join(policies)}, but --vision-policy is {policy}: one prep measures one "
+            f"model's inputs. Pass --vision-policy {policies[0]}, or leave videos out"
+        )
+
+
+def measured_phases(video: str | None, audio: str | None) -> tuple:
+    """The encoder phases a prep with these rules measures (vision always)."""
+    from equishard.contracts.phases import AUDIO, VIDEO, VISION
+
+    return (VISION, *((VIDEO,) if video else ()), *((AUDIO,) if audio else ()))
+
+
+def media_rules_recorded(cfg) -> dict:
+    """What a cost table's metadata records of the run's video and audio rules (nothing for a
+    run without them: its metadata stays as before)."""
+    out = {}
+    if cfg.video_rule:
+        out["video_rule"] = parse_video_rule(cfg.video_rule).describe()
+    if cfg.audio_rule:
+        out["audio_rule"] = parse_audio_rule(cfg.audio_rule).describe()
+    return out

@@ -1,0 +1,216 @@
+"""``prep --video-rule`` / ``--audio-rule``: videos and recordings measured into their phases.
+
+The bugs named: a video counted as text (34 tokens), its tokens left out of the LLM's count or
+counted twice, the template's video marker not where the model's template writes it, a
+LLaVA-Video ``<image>`` beside a video counted as an image, a video path outside the image
+root read, a missing or broken file silently dropped, the table's metadata not saying which
+phases it has and how each was measured. The reference for the LLM count is transformers'
+own rendering of the model's chat template (``apply_chat_template``) and its real tokenizer,
+plus the rule's count (itself checked against the processors in ``test_media_counts``).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import soundfile
+
+from dataprep.audio_header import probe_audio_path
+from dataprep.media_rules import parse_audio_rule, parse_video_rule
+from dataprep.video_header import probe_video_path
+from equishard.contracts.cost_table import read_cost_table, table_metadata
+from tests.dataprep.helpers import run, write_jsonl
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+import make_media  # noqa: E402
+
+
+def _video(path: Path, frames: int, w: int = 320, h: int = 240, rate: int = 10) -> Path:
+    make_media.encode_video(
+        make_media.VideoSpec(
+            name=path.name,
+            codec="libx264",
+            pix_fmt="yuv420p",
+            width=w,
+            height=h,
+            fps=f"{rate}/1",
+            frames=frames,
+        ),
+        path,
+    )
+    return path
+
+
+def _wav(path: Path, seconds: float, rate: int = 22050) -> Path:
+    soundfile.write(path, np.zeros(int(seconds * rate), np.float32), rate)
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen_model(tmp_path_factory, tokenizer_path) -> Path:
+    """Qwen2-VL's chat template and a tokenizer with its special tokens."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import train_hf_vlm as ex
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    return ex.model_dir("qwen2vl", tokenizer_path, tmp_path_factory.mktemp("qwen") / "model")
+
+
+def _conv(question: str, answer: str = "It is a clip.") -> list[dict]:
+    return [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
+
+
+def test_a_video_is_measured_exactly_as_the_model_sees_it(tmp_path, qwen_model):
+    from transformers import PreTrainedTokenizerFast
+
+    clips = [_video(tmp_path / "a.mp4", 40), _video(tmp_path / "b.mp4", 7, 180, 640, 5)]
+    records = [
+        {"id": "v1", "video": "a.mp4", "conversations": _conv("<video>\nWhat happens?")},
+        # LLaVA-Video's convention: <image> marks the video named by the field
+        {"id": "v2", "video": "b.mp4", "conversations": _conv("<image>\nDescribe it.")},
+        {"id": "t", "conversations": _conv("Just text.")},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    spec = "qwen2vl:fps=2,max_frames=16"
+    res, rows, errors = run(
+        tmp_path,
+        [data],
+        str(qwen_model / "tokenizer.json"),
+        template=str(qwen_model),
+        vision_policy="qwen2vl",
+        video_rule=spec,
+    )
+    assert not errors and res.n_written == 3
+    rule = parse_video_rule(spec)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(qwen_model / "tokenizer.json"))
+    template = json.loads((qwen_model / "tokenizer_config.json").read_text())["chat_template"]
+    by_id = {r["sample_id"]: r for r in rows}
+    for sid, clip, question in (
+        ("v1", clips[0], "What happens?"),
+        ("v2", clips[1], "Describe it."),
+    ):
+        cost = rule.cost(probe_video_path(clip))
+        messages = [
+            {
+                "role": "user",
+                "content": [{"type": "video"}, {"type": "text", "text": "\n" + question}],
+            },
+            {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+        ]
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+        assert text.count("<|video_pad|>") == 1
+        n_text = len(tok(text, add_special_tokens=False)["input_ids"]) - 1  # the pad: expanded
+        row = by_id[sid]
+        assert row["num_videos"] == 1 and row["video_seq_lens"] == list(cost.seq_lens)
+        assert row["video_tokens"] == cost.tokens and row["num_images"] == 0
+        assert row["text_tokens"] == n_text
+        assert row["llm_tokens"] == n_text + cost.llm_tokens
+        assert row["modality"] == "video"
+    assert by_id["t"]["num_videos"] == 0 and by_id["t"]["video_seq_lens"] == []
+    meta = table_metadata(tmp_path / "out" / "cost.parquet")
+    assert meta["phases"] == ["vision", "video", "llm"]
+    assert meta["video_rule"]["spec"] == rule.spec() and "audio_rule" not in meta
+    read_cost_table(tmp_path / "out" / "cost.parquet")  # validates every phase's columns
+
+
+def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):
+    _wav(tmp_path / "a.wav", 12.5)
+    _wav(tmp_path / "long.wav", 95.0, 8000)
+    records = [
+        {"id": "a", "audio": "a.wav", "conversations": _conv("<audio>\nTranscribe.")},
+        {"id": "b", "audios": ["a.wav", "long.wav"], "conversations": _conv("Both?")},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _res, rows, errors = run(tmp_path, [data], tokenizer_path, audio_rule="qwen2_5_omni")
+    assert not errors
+    rule = parse_audio_rule("qwen2_5_omni")
+    a, long = (rule.cost(probe_audio_path(tmp_path / n)) for n in ("a.wav", "long.wav"))
+    by_id = {r["sample_id"]: r for r in rows}
+    assert by_id["a"]["audio_seq_lens"] == list(a.seq_lens) and by_id["a"]["num_audios"] == 1
+    assert by_id["b"]["audio_seq_lens"] == list(a.seq_lens + long.seq_lens)
+    assert by_id["b"]["llm_tokens"] == by_id["b"]["text_tokens"] + a.llm_tokens + long.llm_tokens
+    assert by_id["a"]["modality"] == "audio"
+    # 12.5 s at 16 kHz: 1250 feature frames in chunks of 200 -> 6 of 100 positions, 1 of 25
+    assert a.seq_lens == (100,) * 6 + (25,) and a.llm_tokens == 312
+
+
+def test_media_errors_are_rows_naming_the_file(tmp_path, tokenizer_path):
+    _video(tmp_path / "ok.mp4", 8)
+    (tmp_path / "empty.mp4").write_bytes(b"")
+    (tmp_path / "one.mp4").write_bytes(_video(tmp_path / "one_src.mp4", 1).read_bytes())
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.mp4"
+    outside.write_bytes((tmp_path / "ok.mp4").read_bytes())
+    (tmp_path / "link.mp4").symlink_to(outside)
+    records = [
+        {"id": "missing", "video": "nope.mp4", "conversations": _conv("<video> hi")},
+        {"id": "empty", "video": "empty.mp4", "conversations": _conv("<video> hi")},
+        {"id": "short", "video": "one.mp4", "conversations": _conv("<video> hi")},
+        {"id": "link", "video": "link.mp4", "conversations": _conv("<video> hi")},
+        {"id": "two_marks", "video": "ok.mp4", "conversations": _conv("<video> <video> hi")},
+        {"id": "audio", "audio": "x.wav", "conversations": _conv("hi")},
+        {"id": "fine", "video": "ok.mp4", "conversations": _conv("<video> hi")},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _res, rows, errors = run(
+        tmp_path, [data], tokenizer_path, vision_policy="qwen2vl", video_rule="qwen2vl"
+    )
+    reasons = {e["sample_id"]: e["reason"] for e in errors}
+    assert reasons == {
+        "missing": "missing_image",
+        "empty": "empty_video",
+        "short": "video_too_short",
+        "link": "unsafe_path",
+        "two_marks": "media_placeholder_mismatch",
+        "audio": "unsupported_modality",  # no audio rule in this run
+    }
+    assert [r["sample_id"] for r in rows] == ["fine"]
+    details = {e["sample_id"]: e["detail"] for e in errors}
+    for sid in ("missing", "empty", "short", "link"):
+        assert ".mp4" in details[sid], details[sid]
+    assert "--audio-rule" in details["audio"]
+
+
+def test_a_video_rule_of_another_family_is_refused(tmp_path, tokenizer_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "x", "conversations": _conv("hi")}])
+    with pytest.raises(ValueError, match="--vision-policy qwen2vl"):
+        run(tmp_path, [data], tokenizer_path, vision_policy="qwen3vl", video_rule="qwen2vl")
+    with pytest.raises(ValueError, match="not one of its options"):
+        run(tmp_path, [data], tokenizer_path, vision_policy="qwen2vl", video_rule="qwen2vl:fsp=1")
+
+
+def test_a_table_without_rules_keeps_its_columns_and_metadata(tmp_path, tokenizer_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "x", "conversations": _conv("hi")}])
+    run(tmp_path, [data], tokenizer_path)
+    out = tmp_path / "out" / "cost.parquet"
+    schema = pq.read_schema(out)
+    assert "num_videos" not in schema.names and "num_audios" not in schema.names
+    meta = table_metadata(out)
+    assert meta["phases"] == ["vision", "llm"] and "video_rule" not in meta
+
+
+def test_embedded_audio_bytes_are_measured(tmp_path, tokenizer_path):
+    """A Parquet table's audio struct (bytes and path, as HF datasets store undecoded audio)."""
+    import pyarrow as pa
+
+    buf = io.BytesIO()
+    soundfile.write(buf, np.zeros(48000, np.float32), 48000, format="FLAC")
+    audio = pa.array(
+        [{"bytes": buf.getvalue(), "path": "x.flac"}],
+        pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
+    )
+    table = pa.table({"id": ["e"], "text": ["<audio> say"], "audio": audio})
+    pq.write_table(table, tmp_path / "d.parquet")
+    _, rows, errors = run(
+        tmp_path, [tmp_path / "d.parquet"], tokenizer_path, audio_rule="qwen2audio"
+    )
+    assert not errors, errors
+    assert rows[0]["audio_seq_lens"] == [1500]  # Qwen2-Audio: the padded 30-s window
+    assert rows[0]["num_audios"] == 1 and rows[0]["llm_tokens"] == rows[0]["text_tokens"] + 25

@@ -35,6 +35,7 @@ from balancing.plan_quality import (
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from equishard.contracts.phases import check_balanced, encoder_phases
 from equishard.contracts.plan import INCREMENTAL_PLAN_SCHEMA
+from equishard.contracts.shared_tower import fold_shared_towers
 
 __all__ = ["INCREMENTAL_PLAN_SCHEMA", "incremental_plan"]
 
@@ -65,6 +66,7 @@ def incremental_plan(
     the parent does not have are new.
     """
     t0 = time.perf_counter()
+    cost = fold_shared_towers(cost)  # video frames the vision tower runs: its load
     check_balanced(encoder_phases(cost.column_names), "the night's cost table")
     nodes, per = cfg.topology
     d = nodes * per

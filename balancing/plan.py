@@ -52,6 +52,7 @@ from equishard.contracts.columns import (
 )
 from equishard.contracts.phases import check_balanced, encoder_phases
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA
+from equishard.contracts.shared_tower import fold_shared_towers
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 
@@ -196,6 +197,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     n = table.num_rows
     if n == 0:
         raise ValueError("the cost table has no rows: nothing to balance")
+    table = fold_shared_towers(table)  # video frames the vision tower runs: its load
     check_balanced(encoder_phases(table.column_names), "the cost table")
     nodes, per = cfg.topology
     d = nodes * per

@@ -248,22 +248,25 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     result = PrepResult(
         output=str(out_path),
         errors_output=str(err_path),
-        settings=settings_summary(cfg.template, cfg.vision_policy, cfg.tokenizer),
+        settings={
+            **settings_summary(cfg.template, cfg.vision_policy, cfg.tokenizer),
+            **{k: v["spec"] for k, v in media_rules_recorded(cfg).items()},
+        },
         warnings=warned,
     )
     tmp_out = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     tmp_err = err_path.with_name(f".{err_path.name}.tmp-{os.getpid()}")
+    phases = measured_phases(cfg.video_rule, cfg.audio_rule)
     seen: set[str] = set()
     errors: list[dict] = []
     ranges: list[dict] = []
-    stats = {VIT_TOKENS: [], LLM_TOKENS: [], NUM_IMAGES: []}
+    stats = {VIT_TOKENS: [], **{p.tokens: [] for p in phases[1:]}, LLM_TOKENS: [], NUM_IMAGES: []}
     modalities: Counter = Counter()
     cache = read_cost_table(cfg.cache).select(COST_SCHEMA.names) if cfg.cache else None
     identity = settings_identity(cfg)
     cache_where = (
         {s: i for i, s in enumerate(cache.column("sample_id").to_pylist())} if cache else {}
     )
-    phases = measured_phases(cfg.video_rule, cfg.audio_rule)
     writer = pq.ParquetWriter(tmp_out, cost_schema(phases))
     aborted: ErrorRateExceeded | None = None
     try:

@@ -40,6 +40,9 @@ class MediaRule:
     ``super().__post_init__()``."""
 
     modality: ClassVar[str] = ""
+    # the encoder that runs the items: ``vision`` where the family's vision tower takes video
+    # frames as it takes images (Qwen2-VL), else the modality's own encoder phase
+    tower: ClassVar[str] = ""
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -51,4 +54,9 @@ class MediaRule:
         raise NotImplementedError
 
     def describe(self) -> dict:
-        return {"spec": self.spec(), "kind": type(self).__name__, **asdict(self)}
+        return {
+            "spec": self.spec(),
+            "kind": type(self).__name__,
+            "tower": self.tower,
+            **asdict(self),
+        }

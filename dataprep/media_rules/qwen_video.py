@@ -50,6 +50,7 @@ def _ceil(x: float, f: int) -> int:
 @dataclass(frozen=True, kw_only=True)
 class QwenVideoRule(MediaRule):
     modality = "video"
+    tower = "vision"  # Qwen2-VL's ViT runs video frames as it runs images
 
     source: str = "qwen-vl-utils"
     fps: float = 2.0

@@ -37,6 +37,7 @@ def audio_tokens(frames: int) -> int:
 @dataclass(frozen=True, kw_only=True)
 class WhisperAudioRule(MediaRule):
     modality = "audio"
+    tower = "audio"
 
     sampling_rate: int = 16000
     hop_length: int = 160

@@ -139,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         table_phases,
         validate_cost_table,
     )
-    from equishard.contracts.phases import check_balanced
+    from equishard.contracts.phases import check_balanced, encoder_phases
+    from equishard.contracts.shared_tower import fold_shared_towers
 
     try:
         model = CostModelOptions(**config_kwargs(CostModelOptions, args)).build()
@@ -154,7 +155,9 @@ def run(args: argparse.Namespace) -> int:
                     "table with the plan; give another -o directory"
                 )
         table = read_cost_table(args.cost_table, required_only=True, validate=False)
-        check_balanced(table_phases(table, args.cost_table), args.cost_table)
+        table_phases(table, args.cost_table)  # the columns agree with the recorded phases
+        table = fold_shared_towers(table)  # video frames the vision tower runs: its load
+        check_balanced(encoder_phases(table.column_names), args.cost_table)
         # every rule the balancer's counts depend on first; the repeated-id check (most of the
         # checking at 10M rows) on the other core while the plan is built, before it is written
         with ThreadPoolExecutor(1) as pool:

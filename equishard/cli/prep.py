@@ -100,6 +100,7 @@ def print_summary(res) -> None:
     )
     print(f"  cost table:     {res.output}\n  errors table:   {res.errors_output}")
     for key, label in (("template", "template"), ("vision_policy", "vision policy"),
+                       ("video_rule", "video rule"), ("audio_rule", "audio rule"),
                        ("tokenizer", "tokenizer")):  # fmt: skip
         if res.settings.get(key):
             print(f"  {label + ':':<15} {res.settings[key]}")

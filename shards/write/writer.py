@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 
 from equishard.common.ray_engine import RayOptions, ordered_map
 from equishard.contracts.columns import GROUP_LLM_TOKENS, GROUP_VIT_TOKENS, LLM_TOKENS, VIT_TOKENS
-from equishard.contracts.cost_table import read_cost_table, table_metadata
+from equishard.contracts.cost_table import read_cost_table, table_metadata, table_phases
 from equishard.contracts.generation import (
     COST_FILE,
     FORMAT_VERSION,
@@ -120,6 +120,14 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     stage = root / f".staging-{gen}"
     # the plan checked against itself and the cost table before anything is staged
     cost = read_cost_table(cfg.cost_table)
+    media = [p.name for p in table_phases(cost, cfg.cost_table)[1:]]
+    if media:
+        raise WriteError(
+            f"{cfg.cost_table} has the {' and '.join(media)} phase(s) (prep --video-rule/"
+            "--audio-rule): write does not carry video and audio files into shards yet, so "
+            "those samples would reach the loader without their media. Prep the generation's "
+            "data without those samples (or without the rules, which refuses them) for now"
+        )
     inputs = (cost, read_plan(cfg.plan_dir, cost, cfg.cost_table))  # shards/write/plan_input.py
     stage.mkdir(exist_ok=True)
     lock = try_lock(stage / ".lock")

@@ -214,3 +214,33 @@ def test_embedded_audio_bytes_are_measured(tmp_path, tokenizer_path):
     assert not errors, errors
     assert rows[0]["audio_seq_lens"] == [1500]  # Qwen2-Audio: the padded 30-s window
     assert rows[0]["num_audios"] == 1 and rows[0]["llm_tokens"] == rows[0]["text_tokens"] + 25
+
+
+def test_a_video_table_balances_through_the_cli_and_write_refuses_it_by_name(
+    tmp_path, tokenizer_path
+):
+    """Qwen2-VL's videos are its vision tower's load (balance folds them in); write says it
+    cannot carry them yet instead of shipping samples without their video."""
+    from equishard.cli import main
+
+    _video(tmp_path / "a.mp4", 30)
+    records = [
+        {
+            "id": f"s{i}",
+            **({"video": "a.mp4"} if i % 2 else {}),
+            "conversations": _conv("<video> hi" if i % 2 else "hi"),
+        }
+        for i in range(8)
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    run(tmp_path, [data], tokenizer_path, vision_policy="qwen2vl", video_rule="qwen2vl")
+    cost = tmp_path / "out" / "cost.parquet"
+    assert main(["balance", str(cost), "--dp", "2", "-o", str(tmp_path / "plan"), "--json"]) == 0
+    plan = pq.read_table(tmp_path / "plan" / "plan.parquet").to_pydict()
+    video = parse_video_rule("qwen2vl").cost(probe_video_path(tmp_path / "a.mp4")).tokens
+    groups = dict(zip(plan["group_id"], plan["group_vit_tokens"], strict=True))
+    assert sum(groups.values()) == 4 * video  # the four videos' patches, in the vision load
+    code = main(
+        ["write", str(tmp_path / "plan"), "--cost-table", str(cost), "--out", str(tmp_path / "gen")]
+    )
+    assert code != 0 and not (tmp_path / "gen" / "CURRENT").exists()

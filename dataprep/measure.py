@@ -22,7 +22,7 @@ from dataprep.chat_template import ChatTemplate
 from dataprep.errors import SampleRejected
 from dataprep.image_header import ImageHeader, open_image_file, probe_image, probe_image_bytes
 from dataprep.image_refs import image_ref
-from dataprep.media_probe import MediaItem, media_modality, probe_media
+from dataprep.media_probe import MediaItem, media_modality, media_signature, probe_media
 from dataprep.media_rules import MediaRule
 from dataprep.policies import VisionPolicy
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
@@ -125,12 +125,16 @@ def record_bytes(rec) -> bytes:
     return json.dumps(rec.record, sort_keys=True, default=_digest).encode()
 
 
-def fingerprint(raw: bytes, headers: list[ImageHeader]) -> str:
-    """A sample's content fingerprint: its record bytes and each image's byte size and pixel
-    size. write recomputes it from what it reads to find inputs that changed after prep."""
+def fingerprint(raw: bytes, headers: list[ImageHeader], media: tuple | list = ()) -> str:
+    """A sample's content fingerprint: its record bytes, each image's byte size and pixel
+    size, and each video's and recording's header (:func:`media_signature`; nothing for a
+    sample without them, whose fingerprint is as it always was). write recomputes it from what
+    it reads to find inputs that changed after prep."""
     fp = hashlib.blake2b(raw, digest_size=16)
     for h in headers:
         fp.update(f"|{h.nbytes}:{h.width}x{h.height}".encode())
+    for m in media:
+        fp.update(media_signature(m).encode())
     return fp.hexdigest()
 
 
@@ -338,7 +342,7 @@ class Measurer:
                     headers,
                     costs,
                     media_costs,
-                    fingerprint(raw, headers),
+                    fingerprint(raw, headers, [h for h, _ in media_probed]),
                     key,
                     rec.line,
                     position,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -21,12 +21,14 @@ from dataprep.errors import DataprepError, SampleRejected
 from dataprep.image_header import read_image_file
 from dataprep.image_refs import image_ref
 from dataprep.measure import record_bytes
+from dataprep.media_probe import MediaItem
 from dataprep.readers import ImageRef, RawRecord, ReadOptions, detect_reader, read_unit
 from dataprep.readers.base import WorkUnit
 from dataprep.readers.jsonl import load_record, scan_json, scan_jsonl
 from dataprep.readers.tabular import scan_hf, scan_parquet
 from dataprep.readers.wds import scan_wds
 from dataprep.records import normalize_record, sample_id_of
+from equishard.contracts.media import MEASURED
 
 __all__ = ["RawSample", "RecordStore", "read_image"]
 
@@ -45,6 +47,7 @@ class RawSample:
     turns: list[tuple[str, str]]
     images: list[ImageRef]
     raw: bytes = b""  # the record's bytes, as prep fingerprinted them
+    media: list[MediaItem] = field(default_factory=list)  # its videos, then its recordings
 
 
 def read_image(ref: ImageRef) -> tuple[bytes, os.stat_result | None]:
@@ -64,9 +67,14 @@ class RecordStore:
     """Look up raw samples by location; one index per input, built on first use."""
 
     def __init__(
-        self, opts: ReadOptions | None = None, chunk: int = 1024, cached_units: int = 8
+        self,
+        opts: ReadOptions | None = None,
+        chunk: int = 1024,
+        cached_units: int = 8,
+        measured: frozenset[str] = MEASURED,
     ) -> None:
         self.opts = opts or ReadOptions()
+        self.measured = measured  # the modalities prep measured: read as prep read them
         self.chunk = chunk
         self.cached_units = cached_units
         self._units: dict[str, list[WorkUnit]] = {}
@@ -182,9 +190,16 @@ class RecordStore:
         if is_dir:  # HF splits carry their split in the source
             source = self._unit_for(path, int(idx)).source
         sid = sample_id_of(rec.record, f"{source}:{rec.index}")
-        sample = normalize_record(rec.record, sid, images=rec.images)
+        sample = normalize_record(rec.record, sid, images=rec.images, measured=self.measured)
         refs = [
             image_ref(img, path, self.opts, f"{location}/image{k}")
             for k, img in enumerate(sample.images)
         ]
-        return RawSample(sample_id=sid, turns=sample.turns, images=refs, raw=record_bytes(rec))
+        media = [
+            MediaItem(m, image_ref(item, path, self.opts, f"{location}/{m}{k}", m))
+            for m, items in (("video", sample.videos), ("audio", sample.audios))
+            for k, item in enumerate(items)
+        ]
+        return RawSample(
+            sample_id=sid, turns=sample.turns, images=refs, raw=record_bytes(rec), media=media
+        )

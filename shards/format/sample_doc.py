@@ -31,8 +31,17 @@ from equishard.contracts.columns import (
     VIT_TOKENS,
 )
 from equishard.contracts.media import IMAGE_SUFFIXES
+from equishard.contracts.phases import ENCODER_PHASES
 
-__all__ = ["COST_FIELDS", "SampleDocError", "check_place", "parse_sample_doc", "sample_doc"]
+__all__ = [
+    "COST_FIELDS",
+    "MEDIA_COST_FIELDS",
+    "SampleDocError",
+    "check_place",
+    "media_names",
+    "parse_sample_doc",
+    "sample_doc",
+]
 
 # cost-table fields copied into each sample's document (``cost``)
 COST_FIELDS = (
@@ -45,7 +54,13 @@ COST_FIELDS = (
     IMAGE_WIDTHS,
     IMAGE_HEIGHTS,
 )
+# a video or audio phase's cost columns, copied where the cost table has them
+MEDIA_COST_FIELDS = tuple(c for p in ENCODER_PHASES[1:] for c in p.columns)
 _COUNTS = (NUM_IMAGES, VIT_TOKENS, LLM_TOKENS, TEXT_TOKENS)
+_MEDIA_COUNTS = tuple(c for p in ENCODER_PHASES[1:] for c in (p.items, p.tokens))
+_MEDIA_LISTS = tuple(p.seq_lens for p in ENCODER_PHASES[1:])
+# a video's or recording's member: its modality, its place among them, its file suffix
+_MEDIA_NAME = re.compile(r"^(video|audio)(\d+)\.([a-z0-9]{1,8})$")
 _LISTS = (VIT_SEQ_LENS, IMAGE_WIDTHS, IMAGE_HEIGHTS)
 # a cost table may lack its optional columns (equishard.contracts.cost_table.OPTIONAL_COLUMNS): null here
 _MAY_BE_NULL = frozenset({TEXT_TOKENS, IMAGE_WIDTHS, IMAGE_HEIGHTS, "modality"})
@@ -90,8 +105,41 @@ def _cost(cost) -> str | None:
     ]
     if "modality" in present and not isinstance(present["modality"], str):
         bad.append("modality")
+    bad += [f for f in _MEDIA_COUNTS if f in cost and not is_count(cost[f])]
+    bad += [
+        f
+        for f in _MEDIA_LISTS
+        if f in cost and not (isinstance(cost[f], list) and all(map(is_count, cost[f])))
+    ]
     if bad:
         return f"'cost' fields {bad} are not counts (whole numbers >= 0, or lists of them)"
+    return None
+
+
+def media_names(doc: dict) -> list[str]:
+    """The member names of a checked document's videos, then its recordings."""
+    return [*doc.get("videos", ()), *doc.get("audios", ())]
+
+
+def _media(doc: dict) -> str | None:
+    """Why the document's ``videos``, ``audios`` and ``media`` are not what the writer writes
+    (None: they are, or the sample has none)."""
+    for modality in ("video", "audio"):
+        names = doc.get(f"{modality}s", [])
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return f"'{modality}s' is not a list of member names"
+        for i, n in enumerate(names):
+            found = _MEDIA_NAME.match(n)
+            if not found or found.group(1) != modality or int(found.group(2)) != i:
+                return f"{modality} {i} is named {n!r}, not {modality}{i}.<suffix>"
+    info = doc.get("media", {})
+    if not isinstance(info, dict) or set(info) != set(media_names(doc)):
+        return "'media' does not hold one header per video and recording"
+    for name, h in info.items():
+        if not isinstance(h, dict) or not all(
+            isinstance(v, (int, float, str)) and not isinstance(v, bool) for v in h.values()
+        ):
+            return f"'media' of {name!r} is not an object of numbers and words"
     return None
 
 
@@ -110,6 +158,9 @@ def _problem(doc) -> str | None:
         found = _IMAGE_NAME.match(n)
         if not found or int(found.group(1)) != i:
             return f"image {i} is named {n!r}, not {i}.<jpg|png|webp|gif|bmp>"
+    why = _media(doc)
+    if why:
+        return why
     turns = doc.get("turns")
     if not isinstance(turns, list) or not all(
         isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t) for t in turns

@@ -15,7 +15,9 @@ import tarfile
 from dataprep.errors import SampleRejected
 from shards.format.sample_doc import sample_doc, sample_key  # re-exported: how a sample is named
 
-__all__ = ["add_member", "image_ext", "sample_doc", "sample_key"]
+__all__ = ["add_member", "add_member_stream", "image_ext", "sample_doc", "sample_key"]
+
+STREAM_CHUNK = 1 << 20  # a streamed member is copied this many bytes at a time
 
 _MAGIC = ((b"\xff\xd8", "jpg"), (b"\x89PNG", "png"), (b"GIF8", "gif"), (b"BM", "bmp"))
 
@@ -76,3 +78,23 @@ def add_member(tf: tarfile.TarFile, name: str, data: bytes) -> None:
         tf.fileobj.write(data)
         tf.fileobj.write(b"\0" * pad)
     tf.offset += len(header) + len(data) + pad
+
+
+def add_member_stream(tf: tarfile.TarFile, name: str, f, size: int) -> None:
+    """Append one regular member of ``size`` bytes read from the open file ``f`` (from its
+    current position) a chunk at a time: a video of hundreds of MB is never held whole. A file
+    that ends before ``size`` bytes is an ``OSError`` (the shard is not finished)."""
+    header = ustar_header(name, size)
+    if header is None:
+        header = _tarinfo(name, size).tobuf(tf.format, tf.encoding, tf.errors)
+    tf.fileobj.write(header)
+    left = size
+    while left:
+        chunk = f.read(min(STREAM_CHUNK, left))
+        if not chunk:
+            raise OSError(f"{name}: the file ended {left} bytes before its {size} bytes")
+        tf.fileobj.write(chunk)
+        left -= len(chunk)
+    pad = -size % tarfile.BLOCKSIZE
+    tf.fileobj.write(b"\0" * pad)
+    tf.offset += len(header) + size + pad

@@ -9,9 +9,9 @@ lower-cased; a new key starts a new sample; a repeated suffix is an error; names
 and webdataset's ``__meta__`` members are skipped), so a sample reads as ``webdataset`` reads it
 (a test compares the two on written shards and on hand-made tars). Each member's bytes are one
 slice of the range read, with no second parse and no copy through a tar stream. Every sample must
-be complete: a ``.json`` whose ``images`` list names exactly the image members present. Only
-``.json`` and image members are accepted, and decoding is explicit (JSON, Pillow): nothing is
-ever unpickled.
+be complete: a ``.json`` whose ``images`` (and ``videos``, ``audios``) lists name exactly the
+members present. Only ``.json``, image members and the video and audio members the document
+names are accepted, and decoding is explicit (JSON, Pillow): nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from __future__ import annotations
 import io
 import re
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from equishard.common.errors import EquishardError, describe
 from equishard.contracts.media import IMAGE_SUFFIXES
-from shards.format.sample_doc import SampleDocError, check_place, parse_sample_doc
+from shards.format.sample_doc import SampleDocError, check_place, media_names, parse_sample_doc
 from shards.store.manifest import Group, Shard
 from shards.store.storage import GenerationFiles, sha256_of
 
@@ -39,9 +39,15 @@ class ShardError(EquishardError, ValueError):
 
 @dataclass(slots=True)
 class ShardSample:
+    """One sample as the loader yields it: its document (``meta``), its images' bytes in
+    order, and its videos' and recordings' bytes (``meta["videos"]``/``["audios"]`` name
+    them; ``meta["media"]`` holds each one's header: frames, rate, size, duration)."""
+
     key: str
     meta: dict
     images: list[bytes]
+    videos: list[bytes] = field(default_factory=list)
+    audios: list[bytes] = field(default_factory=list)
 
 
 _WDS_KEY = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # webdataset's base_plus_ext
@@ -140,21 +146,31 @@ def group_samples(
             if "json" not in r:
                 raise ShardError(f"{where}: sample {key!r} has no .json member")
             present = {k for k in r if not k.startswith("__") and k != "json"}
-            unknown = {k for k in present if k.rsplit(".", 1)[-1] not in IMAGE_EXTS}
+            meta = parse_sample_doc(
+                r["json"], f"{where}: sample {key!r}"
+            )  # shards/format/sample_doc.py
+            media = set(media_names(meta))  # a video's or recording's: named by its document
+            unknown = {k for k in present - media if k.rsplit(".", 1)[-1] not in IMAGE_EXTS}
             if unknown:
                 raise ShardError(
                     f"{where}: sample {key!r} has members of unaccepted type {sorted(unknown)}"
                 )
-            meta = parse_sample_doc(
-                r["json"], f"{where}: sample {key!r}"
-            )  # shards/format/sample_doc.py
             names = meta["images"]
-            if set(names) != present:
+            if set(names) | media != present:
                 raise ShardError(
-                    f"{where}: sample {key!r} is incomplete: json lists {names}, tar holds {sorted(present)}"
+                    f"{where}: sample {key!r} is incomplete: json lists "
+                    f"{names + sorted(media)}, tar holds {sorted(present)}"
                 )
             check_place(meta, key, step, pos, where)
-            out.append(ShardSample(key=key, meta=meta, images=[r[n] for n in names]))
+            out.append(
+                ShardSample(
+                    key=key,
+                    meta=meta,
+                    images=[r[n] for n in names],
+                    videos=[r[n] for n in meta.get("videos", ())],
+                    audios=[r[n] for n in meta.get("audios", ())],
+                )
+            )
         except (ShardError, SampleDocError) as exc:
             if not keep_going:
                 raise ShardError(str(exc)) from None

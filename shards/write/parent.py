@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
 from shards.errors import WriteError
 from shards.format.range_digests import hash_file, range_sha256
+from shards.format.sample_doc import media_names
 from shards.format.tar_members import add_member, sample_doc, sample_key
 from shards.read.reader import ShardError, group_samples
 from shards.store.manifest import carried_bytes, load_manifest
@@ -84,7 +85,12 @@ def parent_group(src: dict, data: bytes | None = None) -> list:
         got, _ = group_samples(data, where, src["file"], step, count)
     except ShardError as exc:
         raise WriteError(f"the parent generation's shard is not readable: {exc}") from None
-    return [(s.meta, s.images) for s in got]
+    return [(s.meta, s.images, _media_of(s)) for s in got]
+
+
+def _media_of(s) -> list[tuple[str, bytes]]:
+    """A parent sample's videos and recordings: (member name, bytes) in its document's order."""
+    return list(zip(media_names(s.meta), [*s.videos, *s.audios], strict=True))
 
 
 def copy_group(tf: tarfile.TarFile, g: dict, rank: int) -> None:
@@ -97,34 +103,43 @@ def copy_group(tf: tarfile.TarFile, g: dict, rank: int) -> None:
     data = _group_bytes(src)
     got = parent_group(src, data)
     want = [s["sample_id"] for s in g["samples"]]
-    if [meta["sample_id"] for meta, _ in got] != want:
+    if [meta["sample_id"] for meta, _, _ in got] != want:
         raise WriteError(f"{src['gen_dir']}: group {src['group']} does not hold {want}")
     if src["group"][0] == g["step"]:
         tf.fileobj.write(data)
         tf.offset += len(data)
         return
-    for pos, (meta, images) in enumerate(got):
+    for pos, (meta, images, media) in enumerate(got):
         key = sample_key(g["step"], pos, meta["sample_id"])
         add_member(tf, key + ".json", sample_doc(meta, g["step"], g["group_id"], rank))
         for name, b in zip(meta["images"], images, strict=True):
             add_member(tf, f"{key}.{name}", b)
+        for name, b in media:
+            add_member(tf, f"{key}.{name}", b)
 
 
 def parent_sample(src: dict, sample_id: str, cache: dict):
-    """(turns, image names, image bytes) of an unchanged sample, from the parent generation's
-    group ``src``; ``cache`` keeps the 64 most recently parsed parent groups."""
+    """The parts of an unchanged sample (:class:`~shards.write.stream_writer.SampleParts`),
+    from the parent generation's group ``src``; ``cache`` keeps the 64 most recently parsed parent groups."""
     key = (src["file"], src["group"][2])
     if key not in cache:
         if len(cache) >= 64:
             cache.pop(next(iter(cache)))
-        cache[key] = {meta["sample_id"]: (meta, im) for meta, im in parent_group(src)}
+        cache[key] = {m["sample_id"]: (m, im, md) for m, im, md in parent_group(src)}
     if sample_id not in cache[key]:
         raise WriteError(
             f"{Path(src['gen_dir']) / src['file']}: parent group {src['group']} does not hold "
             f"{sample_id!r}, which the parent's plan puts there"
         )
-    meta, images = cache[key][sample_id]
-    return meta["turns"], meta["images"], images
+    meta, images, media = cache[key][sample_id]
+    from shards.write.stream_writer import MediaPart, SampleParts  # the writer imports this
+
+    return SampleParts(
+        turns=meta["turns"],
+        names=meta["images"],
+        images=images,
+        media=[MediaPart(name=n, info=meta["media"][n], data=b, size=len(b)) for n, b in media],
+    )
 
 
 def reuse_index(

@@ -20,22 +20,91 @@ import tarfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
+from dataprep.audio_header import probe_audio
 from dataprep.errors import DataprepError, SampleRejected
-from dataprep.image_header import probe_image_bytes
+from dataprep.image_header import open_image_file, probe_image_bytes
 from dataprep.measure import cache_key, fingerprint
+from dataprep.media_probe import MediaItem, media_ext, media_record, probe_media, ref_suffix
 from dataprep.prep_cache import input_key
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, read_image
+from dataprep.video_header import probe_video
+from equishard.contracts.media import MEASURED
 from shards.errors import WriteError
-from shards.format.sample_doc import COST_FIELDS, sample_doc, sample_key
-from shards.format.tar_members import add_member, image_ext
+from shards.format.sample_doc import COST_FIELDS, MEDIA_COST_FIELDS, sample_doc, sample_key
+from shards.format.tar_members import add_member, add_member_stream, image_ext
 from shards.store.publish import atomic_write_bytes, fsync_dir, open_new
 from shards.write.parent import copy_group, parent_sample
 from shards.write.stream_resume import finished_prefix, shard_stem
 
-__all__ = ["COST_FIELDS", "StreamWriter", "read_sample", "write_stream"]
+__all__ = [
+    "COST_FIELDS",
+    "MediaPart",
+    "SampleParts",
+    "StreamWriter",
+    "add_media",
+    "read_sample",
+    "write_stream",
+]
+
+
+@dataclass(slots=True)
+class MediaPart:
+    """One video or recording of a sample being written: its member name, its header (the
+    document's ``media`` entry), and its bytes (embedded, or a parent shard's) or the open
+    file they are streamed from, with that file's status when it was opened."""
+
+    name: str
+    info: dict
+    data: bytes | None = None
+    f: BinaryIO | None = None
+    size: int = 0
+    stat: os.stat_result | None = None
+
+    def close(self) -> None:
+        if self.f is not None:
+            self.f.close()
+
+
+@dataclass(slots=True)
+class SampleParts:
+    """What a planned sample is written from: its turns, its image names and bytes, and its
+    videos and recordings (:class:`MediaPart`)."""
+
+    turns: list
+    names: list[str]
+    images: list[bytes]
+    media: list[MediaPart] = field(default_factory=list)
+
+    def close(self) -> None:
+        for m in self.media:
+            m.close()
+
+
+def _open_media(item: MediaItem) -> tuple[MediaPart, object]:
+    """A sample's video or recording, opened as prep opened it, and its header (probed from the
+    open file: the bytes it streams are the bytes it probed, unless the file changes in place,
+    which the status taken again after the copy shows)."""
+    ref = item.ref
+    if ref.data is not None:
+        header, _ = probe_media(item)
+        return MediaPart(name="", info={}, data=ref.data, size=len(ref.data)), header
+    f = open_image_file(ref.path, ref.root)
+    try:
+        st = os.fstat(f.fileno())
+        if item.modality == "video":
+            header = probe_video(f, st.st_size, ref.where)
+        else:
+            header = probe_audio(f, st.st_size, ref.where, ref_suffix(ref))
+        f.seek(0)
+    except BaseException:
+        f.close()
+        raise
+    return MediaPart(name="", info={}, f=f, size=st.st_size, stat=st), header
 
 
 def read_sample(
@@ -44,28 +113,43 @@ def read_sample(
     groups: dict,
     check: str = "header",
     stored_sizes: bool = False,
-):
-    """(turns, image names, image bytes) of a planned sample: from the parent generation's
+) -> SampleParts:
+    """The parts of a planned sample (:class:`SampleParts`): from the parent generation's
     shards when it is unchanged there (``groups`` caches recently read parent groups), else
     from the raw input through dataprep's readers, checked against the cost table's
-    fingerprint (the record and every image as prep measured them; ``check`` is prep's image
-    check) so that a raw file changed since prep is never written with its old costs.
-    ``stored_sizes``: prep counted images as stored, not as displayed; every sample's images
-    are probed again (a turned photo's fingerprint differs)."""
+    fingerprint (the record, every image, video and recording as prep measured them;
+    ``check`` is prep's image check) so that a raw file changed since prep is never written
+    with its old costs. ``stored_sizes``: prep counted images as stored, not as displayed;
+    every sample's images are probed again (a turned photo's fingerprint differs). The caller
+    closes the parts (:meth:`SampleParts.close`): a video's file stays open until streamed."""
     if s.get("parent"):
         return parent_sample(s["parent"], s["sample_id"], groups)
+    parts: SampleParts | None = None
     try:
         sample = store.get(s["location"])
         read = [read_image(r) for r in sample.images]
         imgs = [data for data, _ in read]
+        media, media_headers = [], []
+        parts = SampleParts(
+            turns=[list(t) for t in sample.turns], names=[], images=imgs, media=media
+        )
+        counts = {"video": 0, "audio": 0}
+        for item in sample.media:
+            part, header = _open_media(item)
+            media.append(part)
+            media_headers.append(header)
+            part.name = f"{item.modality}{counts[item.modality]}.{media_ext(header, item.ref)}"
+            part.info = media_record(header)
+            counts[item.modality] += 1
         # unchanged since prep by its cache key (record bytes, image sizes and mtimes, the status
         # of each file as it was after its bytes were read: no decode)? then the fingerprint
         # holds; otherwise the images are probed and fingerprinted again
+        refs = sample.images + [item.ref for item in sample.media]
+        stats = [st for _, st in read] + [m.stat for m in media]
         same = (
             not stored_sizes
             and bool(s.get("cache_key"))
-            and cache_key(sample.raw, sample.images, [st for _, st in read])
-            == input_key(s["cache_key"])
+            and cache_key(sample.raw, refs, stats) == input_key(s["cache_key"])
         )
         headers = (
             None
@@ -75,13 +159,16 @@ def read_sample(
                 for b, r in zip(imgs, sample.images, strict=True)
             ]
         )
-        exts = [image_ext(b) for b in imgs]
+        parts.names = [f"{i}.{image_ext(b)}" for i, b in enumerate(imgs)]
     except (SampleRejected, DataprepError, OSError) as exc:
+        if parts is not None:
+            parts.close()
         raise WriteError(
             f"sample {s['sample_id']!r} at {s['location']} cannot be read any more "
             f"({exc}); re-run prep and balance on the current data"
         ) from None
     if sample.sample_id != s["sample_id"]:
+        parts.close()
         raise WriteError(
             f"{s['location']} now holds {sample.sample_id!r}, the plan expects "
             f"{s['sample_id']!r}; re-run prep and balance"
@@ -89,8 +176,9 @@ def read_sample(
     if (
         headers is not None
         and s.get("fingerprint")
-        and fingerprint(sample.raw, headers) != s["fingerprint"]
+        and fingerprint(sample.raw, headers, media_headers) != s["fingerprint"]
     ):
+        parts.close()
         why = (
             " (prep counted its images as stored; this equishard counts them as displayed, EXIF "
             "orientation applied, and a photo of it is turned)"
@@ -99,10 +187,25 @@ def read_sample(
         )
         raise WriteError(
             f"sample {s['sample_id']!r} at {s['location']} changed since prep measured it (its "
-            f"record or an image differs from the cost table's fingerprint){why}: its costs are "
-            "stale; re-run prep and balance on the current data"
+            f"record, an image, a video or a recording differs from the cost table's "
+            f"fingerprint){why}: its costs are stale; re-run prep and balance on the current data"
         )
-    return [list(t) for t in sample.turns], [f"{i}.{e}" for i, e in enumerate(exts)], imgs
+    return parts
+
+
+def add_media(tf, key: str, part: MediaPart, sample_id: str) -> None:
+    """Write one video or recording as the member ``KEY.NAME``: embedded bytes at once, a file
+    streamed; a file whose size or time changed while it was copied stops the write."""
+    if part.data is not None:
+        add_member(tf, f"{key}.{part.name}", part.data)
+        return
+    add_member_stream(tf, f"{key}.{part.name}", part.f, part.size)
+    after = os.fstat(part.f.fileno())
+    if (after.st_size, after.st_mtime_ns) != (part.stat.st_size, part.stat.st_mtime_ns):
+        raise WriteError(
+            f"sample {sample_id!r}: its {part.name} ({part.f.name}) changed while it was copied "
+            "into the shard; write again once the data stops changing"
+        )
 
 
 def write_stream(job: dict) -> list[dict]:
@@ -134,12 +237,15 @@ class StreamWriter:
         if self._store is not None:
             self._store.close()
 
-    def _store_for(self, read_options: dict) -> RecordStore:
-        if self._store is None or read_options != self._store_options:
+    def _store_for(self, read_options: dict, measured: tuple = ()) -> RecordStore:
+        options = {**read_options, "__measured": sorted(measured)}
+        if self._store is None or options != self._store_options:
             if self._store is not None:
                 self._store.close()
-            self._store = RecordStore(ReadOptions(**read_options))
-            self._store_options = dict(read_options)
+            self._store = RecordStore(
+                ReadOptions(**read_options), measured=MEASURED | frozenset(measured)
+            )
+            self._store_options = options
         return self._store
 
     def submit(self, job: dict) -> Future:
@@ -164,7 +270,7 @@ class StreamWriter:
         groups = _groups(job, next_step)
         g = next(groups, None)
         parent_groups: dict = {}
-        store = self._store_for(job["read_options"])
+        store = self._store_for(job["read_options"], tuple(job.get("measured", ())))
         k = len(done)
         finishing = []
         while g is not None:
@@ -214,7 +320,7 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
                     "source": row["source"],
                     "fingerprint": row["fingerprint"],
                     "cache_key": row["cache_key"],
-                    "cost": {c: row[c] for c in COST_FIELDS},
+                    "cost": {c: row[c] for c in (*COST_FIELDS, *MEDIA_COST_FIELDS) if c in row},
                     "parent": None
                     if row["from_rank"] is None
                     else parents[(row["from_rank"], row["from_step"])],
@@ -227,24 +333,33 @@ def _groups(job: dict, next_step: int) -> Iterator[dict]:
 def _add_group(tf, g: dict, job: dict, store: RecordStore, parent_groups: dict):
     rank = job["rank"]
     for pos, s in enumerate(g["samples"]):
-        turns, names, imgs = read_sample(
+        parts = read_sample(
             s,
             store,
             parent_groups,
             job.get("check_images", "header"),
             job.get("stored_sizes", False),
         )
-        key = sample_key(g["step"], pos, s["sample_id"])
-        doc = {
-            "sample_id": s["sample_id"],
-            "source": s["source"],
-            "images": names,
-            "turns": turns,
-            "cost": s["cost"],
-        }
-        add_member(tf, key + ".json", sample_doc(doc, g["step"], g["group_id"], rank))
-        for n, b in zip(names, imgs, strict=True):
-            add_member(tf, f"{key}.{n}", b)
+        try:
+            key = sample_key(g["step"], pos, s["sample_id"])
+            doc = {
+                "sample_id": s["sample_id"],
+                "source": s["source"],
+                "images": parts.names,
+                "turns": parts.turns,
+                "cost": s["cost"],
+            }
+            if parts.media:  # a sample without video or audio: its document as it always was
+                doc["videos"] = [m.name for m in parts.media if m.name.startswith("video")]
+                doc["audios"] = [m.name for m in parts.media if m.name.startswith("audio")]
+                doc["media"] = {m.name: m.info for m in parts.media}
+            add_member(tf, key + ".json", sample_doc(doc, g["step"], g["group_id"], rank))
+            for n, b in zip(parts.names, parts.images, strict=True):
+                add_member(tf, f"{key}.{n}", b)
+            for m in parts.media:
+                add_media(tf, key, m, s["sample_id"])
+        finally:
+            parts.close()
 
 
 class _ShardFile(io.RawIOBase):

@@ -16,6 +16,7 @@ from dataprep.image_header import CHECKS
 from dataprep.image_orientation import IMAGE_SIZES
 from dataprep.readers import ReadOptions
 from shards.errors import WriteError
+from shards.format.sample_doc import MEDIA_COST_FIELDS
 from shards.write.parent import reuse_index, verify_parent_shards
 from shards.write.stream_writer import COST_FIELDS
 
@@ -34,9 +35,10 @@ def stream_jobs(
         if "parent_step" in plan.column_names
         else pa.array(np.full(plan.num_rows, -1, dtype=np.int64))
     )
-    picked = cost.select([*COST_FIELDS, "location", "source", "fingerprint", "cache_key"]).take(
-        where
-    )
+    media_cost = [c for c in MEDIA_COST_FIELDS if c in cost.column_names]  # video, audio
+    picked = cost.select(
+        [*COST_FIELDS, *media_cost, "location", "source", "fingerprint", "cache_key"]
+    ).take(where)
     loc = picked.column("location")
     nowhere = pc.fill_null(pc.equal(loc, ""), True)
     if pc.any(nowhere).as_py():
@@ -97,6 +99,8 @@ def stream_jobs(
                 },
                 "shard_size": cfg.shard_size,
                 "read_options": read_options,
+                # the modalities prep measured besides images: read as it read them
+                "measured": [m for m in ("video", "audio") if prep_meta.get(f"{m}_rule")],
                 "check_images": check_images,
                 "stored_sizes": stored_sizes,
             }

@@ -39,7 +39,9 @@ from equishard.contracts.generation import (
     Shard,
     Stream,
 )
+from equishard.contracts.phases import check_balanced
 from equishard.contracts.plan import PLAN_PARQUET
+from equishard.contracts.shared_tower import fold_shared_towers
 from shards.errors import WriteError
 from shards.read.reader import sha256_of
 from shards.store.current_guard import current_lock, descends_from, refuse_moved, refuse_rollback
@@ -120,15 +122,15 @@ def write_generation(cfg: WriteConfig, progress: bool = False) -> WriteResult:
     stage = root / f".staging-{gen}"
     # the plan checked against itself and the cost table before anything is staged
     cost = read_cost_table(cfg.cost_table)
-    media = [p.name for p in table_phases(cost, cfg.cost_table)[1:]]
-    if media:
-        raise WriteError(
-            f"{cfg.cost_table} has the {' and '.join(media)} phase(s) (prep --video-rule/"
-            "--audio-rule): write does not carry video and audio files into shards yet, so "
-            "those samples would reach the loader without their media. Prep the generation's "
-            "data without those samples (or without the rules, which refuses them) for now"
-        )
-    inputs = (cost, read_plan(cfg.plan_dir, cost, cfg.cost_table))  # shards/write/plan_input.py
+    # the plan was balanced on the table as its encoders run it (video frames of the vision
+    # tower in the vision phase); a phase balancing does not take could not have a plan
+    balanced = fold_shared_towers(cost)
+    try:
+        check_balanced(table_phases(balanced, cfg.cost_table), cfg.cost_table)
+    except ValueError as exc:
+        raise WriteError(str(exc)) from None
+    # shards/write/plan_input.py
+    inputs = (cost, read_plan(cfg.plan_dir, balanced, cfg.cost_table))
     stage.mkdir(exist_ok=True)
     lock = try_lock(stage / ".lock")
     if lock is None:

@@ -9,7 +9,7 @@ from megatron.energon import Sample, basic_sample_keys, stateless
 from megatron.energon.edataclass import edataclass
 from PIL import Image, ImageOps
 
-from shards.format.sample_doc import SampleDocError, parse_sample_doc
+from shards.format.sample_doc import SampleDocError, media_names, parse_sample_doc
 
 __all__ = ["EquishardSample", "cook_equishard"]
 
@@ -27,6 +27,8 @@ class EquishardSample(Sample):
 
     record: dict
     images: list
+    videos: list  # the videos' members as the decoder gave them (bytes with decoder=None)
+    audios: list  # and the recordings'
 
     @property
     def meta(self) -> dict:
@@ -46,8 +48,16 @@ def cook_equishard(raw: dict) -> EquishardSample:
     where = f"{raw.get('__url__', '?')}: sample {raw.get('__key__')!r}"
     record = parse_sample_doc(raw["json"], where)  # bytes, or what energon's decoder made
     parts = sorted(part for part in raw if _IMAGE_PART.match(part))
-    if sorted(record["images"]) != parts:
+    media = media_names(record)
+    if sorted(record["images"]) != parts or any(n not in raw for n in media):
         raise SampleDocError(
-            f"{where} is incomplete: its .json lists {record['images']}, it holds {parts}"
+            f"{where} is incomplete: its .json lists {record['images'] + media}, it holds "
+            f"{sorted(p for p in raw if not p.startswith('__') and p != 'json')}"
         )
-    return EquishardSample(**basic_sample_keys(raw), record=record, images=[v for _, v in images])
+    return EquishardSample(
+        **basic_sample_keys(raw),
+        record=record,
+        images=[v for _, v in images],
+        videos=[raw[n] for n in record.get("videos", ())],
+        audios=[raw[n] for n in record.get("audios", ())],
+    )

@@ -4,8 +4,9 @@ That builder infers one fixed set of fields from the first five samples and refu
 whose samples differ; an equishard sample has as many image members as images, in their own
 formats (``KEY.0.jpg``, ``KEY.1.png``, …). :func:`hf_webdataset_kwargs` gives the builder the
 generation's shards in stream order and the union of the fields (found from the tar headers):
-``json`` as a JSON value and every image field as an ``Image``; a sample lacking a field gets
-``None`` there::
+``json`` as a JSON value, every image field as an ``Image``, every video and audio field
+(``video0.mp4``, ``audio0.flac``) as its bytes (``Value("binary")``: decode them with the
+decoder your model's processor uses); a sample lacking a field gets ``None`` there::
 
     ds = datasets.load_dataset("webdataset", **hf_webdataset_kwargs("build/shards"), split="train")
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import tarfile
 
+from equishard.contracts.media import suffix_modality
 from shards.store.manifest import open_generation
 
 __all__ = ["hf_webdataset_kwargs"]
@@ -40,5 +42,8 @@ def hf_webdataset_kwargs(generation) -> dict:
     json_type = datasets.Json() if hasattr(datasets, "Json") else datasets.Value("string")
     features = {"__key__": datasets.Value("string"), "__url__": datasets.Value("string")}
     features["json"] = json_type
-    features.update({f: datasets.Image() for f in sorted(fields - {"json"})})
+    for f in sorted(fields - {"json"}):  # images decoded; videos and recordings as bytes
+        media = suffix_modality(f)
+        image = media is None or media.name == "image"
+        features[f] = datasets.Image() if image else datasets.Value("binary")
     return {"data_files": {"train": files}, "features": datasets.Features(features)}

@@ -194,3 +194,68 @@ def test_a_file_shorter_than_its_size_stops_the_member():
 
     with tarfile.open(fileobj=io.BytesIO(), mode="w") as tf, pytest.raises(OSError, match="ended"):
         tar_members.add_member_stream(tf, "k.video0.mp4", io.BytesIO(b"abc"), 10)
+
+
+def test_peer_readers_load_a_generation_with_videos(media_gen, tmp_path_factory):
+    """HF datasets' WebDataset builder (videos as bytes, not as images it cannot open), wids
+    and Megatron-Energon's loader (through equishard's cooker) read every video member."""
+    import datasets
+    import wids
+    from megatron.energon import (
+        DefaultTaskEncoder,
+        WorkerConfig,
+        get_loader,
+        get_val_dataset,
+    )
+
+    from equishard.cli import main
+    from shards import open_generation
+    from shards.read.hf_datasets import hf_webdataset_kwargs
+    from shards.store.publish import read_current
+    from shards.write.energon import equishard_cooker
+
+    tmp_path, data = media_gen
+    _write(tmp_path, tmp_path / "out" / "cost.parquet")
+    root = tmp_path_factory.mktemp("energon")
+    args = ["write", str(tmp_path / "plan"), "--cost-table", str(tmp_path / "out" / "cost.parquet")]
+    assert main([*args, "--out", str(root), "--energon"]) == 0
+    gen = root / read_current(root)
+    want = {"v0": [data / "v0.mp4"], "v2": [data / "v2.mp4", data / "v0.mp4"], "t": []}
+    want = {k: [p.read_bytes() for p in v] for k, v in want.items()}
+
+    ds = datasets.load_dataset("webdataset", **hf_webdataset_kwargs(gen), split="train")
+    got = {r["json"]["sample_id"]: [r[n] for n in r["json"].get("videos", [])] for r in ds}
+    assert got == want
+
+    m = open_generation(gen)
+    wds_ds = wids.ShardListDataset(str(m.path / "wids-index.json"), cache_dir=str(tmp_path / "w"))
+    got = {}
+    for i in range(len(wds_ds)):
+        s = wds_ds[i]
+        got[s[".json"]["sample_id"]] = [
+            s["." + n].read() if hasattr(s["." + n], "read") else s["." + n]
+            for n in s[".json"].get("videos", [])
+        ]
+    assert got == want
+
+    class Encoder(DefaultTaskEncoder):
+        cookers = (equishard_cooker(),)
+        decoder = None  # bytes: decode with the model's own video processor
+
+        def encode_sample(self, sample):
+            return sample
+
+        def batch(self, samples):
+            return samples
+
+    loader = get_loader(
+        get_val_dataset(
+            gen,
+            split_part="train",
+            worker_config=WorkerConfig(rank=0, world_size=1, num_workers=0),
+            batch_size=1,
+            task_encoder=Encoder(),
+        )
+    )
+    got = {s.record["sample_id"]: s.videos for batch in loader for s in batch}
+    assert got == want

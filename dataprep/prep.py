@@ -47,7 +47,6 @@ from equishard.common.ray_engine import RayOptions, ordered_map
 from equishard.common.workers import exit_with_parent, usable_cores
 from equishard.contracts.columns import LLM_TOKENS, NUM_IMAGES, VIT_TOKENS
 from equishard.contracts.cost_table import (
-    COST_SCHEMA,
     ERRORS_SCHEMA,
     FORMAT_VERSION,
     METADATA_KEY,
@@ -262,7 +261,7 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     ranges: list[dict] = []
     stats = {VIT_TOKENS: [], **{p.tokens: [] for p in phases[1:]}, LLM_TOKENS: [], NUM_IMAGES: []}
     modalities: Counter = Counter()
-    cache = read_cost_table(cfg.cache).select(COST_SCHEMA.names) if cfg.cache else None
+    cache = read_cost_table(cfg.cache).select(cost_schema(phases).names) if cfg.cache else None
     identity = settings_identity(cfg)
     cache_where = (
         {s: i for i, s in enumerate(cache.column("sample_id").to_pylist())} if cache else {}

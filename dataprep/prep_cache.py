@@ -33,6 +33,7 @@ from dataprep.measure import ChunkResult
 from dataprep.policies import parse_vision_policy
 from dataprep.text_tokens import TokenizerSpec
 from equishard.contracts.cost_table import COST_SCHEMA, read_cost_table, table_metadata
+from equishard.contracts.phases import ENCODER_PHASES
 
 __all__ = [
     "cache_keys",
@@ -96,8 +97,14 @@ def _seal(key: str, row: tuple, identity: bytes) -> str:
     return h.hexdigest()
 
 
+# a video or audio phase's columns, sealed too where the table has them (an image-only row's
+# seal is as it always was)
+_MEDIA = tuple(c for p in ENCODER_PHASES[1:] for c in p.columns)
+
+
 def _rows(table) -> list[tuple]:
-    return list(zip(*(table.column(c).to_pylist() for c in _SEALED), strict=True))
+    names = [*_SEALED, *(c for c in _MEDIA if c in table.schema.names)]
+    return list(zip(*(table.column(c).to_pylist() for c in names), strict=True))
 
 
 def seal_keys(batch: pa.RecordBatch, identity: bytes) -> pa.RecordBatch:
@@ -186,7 +193,9 @@ def with_cached(chunk: ChunkResult, cache: pa.Table, where: dict[str, int]) -> p
     rows = cache.take(pa.array([where[s] for s in sids]))
     for name, values in (("location", locs), ("source", sources), ("cache_key", keys)):
         rows = rows.set_column(rows.schema.get_field_index(name), name, pa.array(values))
-    both = pa.concat_tables([pa.Table.from_batches([chunk.batch]), rows.select(COST_SCHEMA.names)])
+    both = pa.concat_tables(
+        [pa.Table.from_batches([chunk.batch]), rows.select(chunk.batch.schema.names)]
+    )
     n = both.num_rows
     measured_pos = np.setdiff1d(np.arange(n), np.array(pos))
     order = np.argsort(np.concatenate([measured_pos, np.array(pos)]), kind="stable")

@@ -211,11 +211,7 @@ class PrepConfig:
                     )
         parse_vision_policy(self.vision_policy)  # validates the spec early
         check_media_rules(self.video_rule, self.audio_rule, self.vision_policy)
-        if self.cache is not None and (self.video_rule or self.audio_rule):
-            raise ValueError(
-                "--cache is not yet taken with --video-rule or --audio-rule (a cached row "
-                "would lose its video and audio columns); drop --cache for this prep"
-            )
+
         TokenizerSpec.parse(self.tokenizer)
         load_template(self.template)
 

@@ -329,6 +329,9 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
                 output=str(new_path),
                 tokenizer=cfg.tokenizer or recorded.tokenizer_spec(),
                 vision_policy=recorded.vision_policy["spec"],
+                # and the parent's videos and recordings by the rules it measured them with
+                video_rule=_rule_spec(meta, "video_rule"),
+                audio_rule=_rule_spec(meta, "audio_rule"),
                 template=recorded.template,
                 image_root=cfg.image_root or ro.get("image_root"),
                 image_column=ro.get("image_column"),
@@ -426,3 +429,15 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         time.perf_counter() - t0,
         {k: round(v, 3) for k, v in phases.items()},
     )
+
+
+def _rule_spec(meta: dict, key: str) -> str | None:
+    """The spec of the parent's video or audio rule (None: it measured none), checked."""
+    rule = meta.get(key)
+    if rule is None:
+        return None
+    if not isinstance(rule, dict) or not isinstance(rule.get("spec"), str):
+        raise ManifestError(
+            f"the parent's cost table records a {key} that is not a rule: {rule!r:.80}"
+        )
+    return rule["spec"]

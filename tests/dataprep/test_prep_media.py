@@ -244,3 +244,37 @@ def test_a_video_table_balances_through_the_cli_and_write_refuses_it_by_name(
         ["write", str(tmp_path / "plan"), "--cost-table", str(cost), "--out", str(tmp_path / "gen")]
     )
     assert code != 0 and not (tmp_path / "gen" / "CURRENT").exists()
+
+
+def test_a_cache_reuses_video_rows_and_measures_changed_videos_again(tmp_path, tokenizer_path):
+    """--cache with a video rule: an unchanged sample keeps its row (video columns and all,
+    under its seal), a video replaced since is measured again; a cache of another video rule
+    is refused."""
+    _video(tmp_path / "a.mp4", 20)
+    _video(tmp_path / "b.mp4", 20)
+    records = [
+        {"id": k, "video": f"{k}.mp4", "conversations": _conv("<video> hi")} for k in ("a", "b")
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    kw = {"vision_policy": "qwen2vl", "video_rule": "qwen2vl"}
+    _, first, _ = run(tmp_path, [data], tokenizer_path, **kw)
+    cache = tmp_path / "cache.parquet"
+    (tmp_path / "out" / "cost.parquet").rename(cache)
+    _video(tmp_path / "b.mp4", 60)
+    res, rows, _ = run(tmp_path, [data], tokenizer_path, cache=str(cache), **kw)
+    assert res.n_cached == 1
+    by_id = {r["sample_id"]: r for r in rows}
+    old = {r["sample_id"]: r for r in first}
+    assert by_id["a"]["video_seq_lens"] == old["a"]["video_seq_lens"]
+    rule = parse_video_rule("qwen2vl")
+    assert by_id["b"]["video_tokens"] == rule.cost(probe_video_path(tmp_path / "b.mp4")).tokens
+    assert by_id["b"]["video_tokens"] != old["b"]["video_tokens"]
+    with pytest.raises(ValueError, match="other settings"):
+        run(
+            tmp_path,
+            [data],
+            tokenizer_path,
+            cache=str(cache),
+            vision_policy="qwen2vl",
+            video_rule="qwen2vl:fps=1",
+        )

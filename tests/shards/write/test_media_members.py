@@ -259,3 +259,30 @@ def test_peer_readers_load_a_generation_with_videos(media_gen, tmp_path_factory)
     )
     got = {s.record["sample_id"]: s.videos for batch in loader for s in batch}
     assert got == want
+
+
+def test_a_night_adds_videos_measured_by_the_parents_rule_and_keeps_the_old_ones(media_gen):
+    """rebalance preps the night's new samples with the parent's video rule (without it they
+    would be refused, or counted as text) and its kept groups keep their video members."""
+    from shards.nightly.rebalance import RebalanceConfig, run_rebalance
+    from shards.store.publish import read_current
+
+    tmp_path, data = media_gen
+    gen = _write(tmp_path, tmp_path / "out" / "cost.parquet").parent  # the root
+    _video(data / "n.mp4", 50)
+    night = write_jsonl(
+        data / "night.jsonl", [{"id": "n", "video": "n.mp4", "conversations": _conv("<video> new")}]
+    )
+    root = tmp_path / "gen"
+    run_rebalance(RebalanceConfig(current=str(root), new=(str(night),), image_root=str(data)))
+    got = {}
+    for rank in range(2):
+        for batch in GroupDataset(root, RankInfo(rank=rank, world_size=2), shuffle=False):
+            for s in batch["samples"]:
+                got[s.meta["sample_id"]] = s
+    assert sorted(got) == ["n", "t", "v0", "v2"]
+    assert got["n"].videos == [(data / "n.mp4").read_bytes()]
+    assert got["n"].meta["cost"]["num_videos"] == 1 and got["n"].meta["cost"]["video_tokens"] > 0
+    assert got["v2"].videos == [(data / "v2.mp4").read_bytes(), (data / "v0.mp4").read_bytes()]
+    assert verify_generation(str(root / read_current(root))).ok
+    assert gen == tmp_path

@@ -5,7 +5,7 @@ import re
 
 from dataprep.families.llava import LLAVA_IMAGE
 from dataprep.families.processor_settings import image_setting, pinpoints, processor_attr
-from dataprep.families.spec import FamilySpec, PackerRules, policy
+from dataprep.families.spec import FamilySpec, ImageTokens, PackerRules, policy
 from dataprep.policies.anyres import OneVisionPolicy, square_grids
 
 
@@ -57,4 +57,5 @@ SPEC = FamilySpec(
         ("tokens per tile", _tokens, lambda p: p.patches_per_tile),
     ),
     packer=PackerRules(nested=True, spelled=True, beside=("image_sizes",)),
+    media_tokens={"video": ImageTokens("<video>")},  # the processor repeats it per token
 )

@@ -6,6 +6,7 @@ tokens the LLM sees. One module per rule; :class:`MediaRule` is their base.
 """
 
 from dataprep.media_rules.base import MediaCost, MediaRule
+from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen_video import QWEN_VIDEO_SOURCES, QwenVideoRule
 from dataprep.media_rules.registry import (
     AUDIO_RULES,
@@ -21,6 +22,7 @@ __all__ = [
     "VIDEO_RULES",
     "MediaCost",
     "MediaRule",
+    "OneVisionVideoRule",
     "QwenVideoRule",
     "WhisperAudioRule",
     "audio_tokens",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dataprep.media_rules.base import MediaRule
+from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 
@@ -44,6 +45,12 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         "source=qwen-vl-utils (process_vision_info, default) or source=transformers "
         "(Qwen2VLVideoProcessor; fps=0 keeps every frame as its do_sample_frames=False does)",
         policies=("qwen2vl",),  # Qwen3-VL's video prompts carry timestamps: not this rule
+    ),
+    "llava-onevision": RuleSpec(
+        OneVisionVideoRule,
+        help="LLaVA-OneVision / LLaVA-Video: num_frames=32 uniform frames (or fps=F; both 0: "
+        "every frame) of 729 SigLIP patches, 196 pooled tokens each + 1",
+        policies=("llava-onevision",),
     ),
 }
 AUDIO_RULES: dict[str, RuleSpec] = {

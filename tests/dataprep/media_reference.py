@@ -157,6 +157,29 @@ def transformers_grid(truth: dict, opts: dict) -> list[int] | str:
     return [-(-n // 2), h // 14, w // 14]
 
 
+def onevision_tokens(truth: dict, opts: dict) -> list[int] | str:
+    """[frames, LLM tokens] as transformers samples (``default_sample_indices_fn``) and counts
+    (``LlavaOnevisionProcessor._get_num_multimodal_tokens``, 729 patches a frame) a video."""
+    from transformers.models.llava_onevision.processing_llava_onevision import (
+        LlavaOnevisionProcessor,
+    )
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    meta = VideoMetadata(total_num_frames=truth["frames"], fps=truth["fps"])
+    try:
+        n = len(
+            default_sample_indices_fn(
+                meta, num_frames=opts.get("num_frames") or None, fps=opts.get("fps") or None
+            )
+        )
+    except ValueError as exc:
+        return f"refused: {exc}"
+    proc = object.__new__(LlavaOnevisionProcessor)
+    proc.num_image_tokens = 729
+    tokens = proc._get_num_multimodal_tokens(video_sizes=[(n, 384, 384)])["num_video_tokens"][0]
+    return [n, tokens]
+
+
 def audio_reference(path: str, chunk_length: int, n_window: int) -> dict:
     """The processor's counts for one file: its samples at 16 kHz, the feature frames of the
     mask, the LLM tokens (the processor's formula), the encoder windows."""
@@ -199,6 +222,8 @@ def main() -> None:
             entry[name] = qwen_vl_utils_grid(truth, ele)
         for name, opts in item.get("transformers", {}).items():
             entry[name] = transformers_grid(truth, opts)
+        for name, opts in item.get("onevision", {}).items():
+            entry[name] = onevision_tokens(truth, opts)
         result["videos"][item["path"]] = entry
     result["synthetic"] = []
     for item in request.get("synthetic", []):  # headers without files: a grid of metadata
@@ -207,6 +232,8 @@ def main() -> None:
             entry[name] = qwen_vl_utils_grid(truth, ele)
         for name, opts in item.get("transformers", {}).items():
             entry[name] = transformers_grid(truth, opts)
+        for name, opts in item.get("onevision", {}).items():
+            entry[name] = onevision_tokens(truth, opts)
         result["synthetic"].append(entry)
     for item in request.get("audios", []):
         result["audios"][item["path"]] = {

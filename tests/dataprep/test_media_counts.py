@@ -26,6 +26,7 @@ import pytest
 
 from dataprep.audio_header import probe_audio_path
 from dataprep.errors import SampleRejected
+from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 from dataprep.video_header import probe_video_path
@@ -57,6 +58,13 @@ VIDEO_RULES = {
         ("transformers", {"fps": 0.5, "max_frames": 16, "max_pixels": 256 * 28 * 28}),
     ),
 }
+# LLaVA-OneVision / LLaVA-Video: [frames, LLM tokens] against transformers' own functions
+ONEVISION_RULES = {
+    "ov32": (OneVisionVideoRule(), {"num_frames": 32}),
+    "ov64": (OneVisionVideoRule(num_frames=64), {"num_frames": 64}),
+    "ov_fps1": (OneVisionVideoRule(num_frames=0, fps=1.0), {"fps": 1.0}),
+    "ov_every": (OneVisionVideoRule(num_frames=0), {}),
+}
 AUDIO_RULES = {
     "qwen2audio": (WhisperAudioRule(), (30, 0)),
     "omni": (WhisperAudioRule(chunk_length=300, n_window=100), (300, 100)),
@@ -85,6 +93,7 @@ def _media(tmp_path_factory, slow: bool):
                 "transformers": {
                     k: a for k, (_, (kind, a)) in VIDEO_RULES.items() if kind == "transformers"
                 },
+                "onevision": {k: a for k, (_, a) in ONEVISION_RULES.items()},
             }
             for s in videos
         ],
@@ -113,6 +122,26 @@ def some_media(tmp_path_factory):
     return _media(tmp_path_factory, slow=False)
 
 
+def _onevision_diffs(header, ref: dict, label) -> list:
+    """The OneVision rules' [frames, tokens] against the reference's, and each frame one
+    sequence of 729 patches."""
+    diffs = []
+    for name, (rule, _) in ONEVISION_RULES.items():
+        want = ref[name]
+        try:
+            cost = rule.cost(header)
+            got = [len(cost.seq_lens), cost.llm_tokens]
+            if set(cost.seq_lens) - {729}:
+                got.append("not 729 a frame")
+        except SampleRejected:
+            got = "refused"
+        if isinstance(want, str):
+            want = "refused"
+        if got != want:
+            diffs.append((label, name, got, want))
+    return diffs
+
+
 def _video_diffs(out, videos, result):
     diffs = []
     for spec in videos:
@@ -127,6 +156,7 @@ def _video_diffs(out, videos, result):
         ):
             diffs.append((spec.name, "header", header, truth))
             continue
+        diffs += _onevision_diffs(header, ref, spec.name)
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:
@@ -207,6 +237,7 @@ def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
                 "truth": {"frames": n, "fps": fps, "width": w, "height": h},
                 "qwen_vl_utils": _references("qwen_vl_utils"),
                 "transformers": _references("transformers"),
+                "onevision": {k: a for k, (_, a) in ONEVISION_RULES.items()},
             }
             for n, fps, w, h in grid
         ]
@@ -236,6 +267,7 @@ def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
             codec="h264",
             container="mp4",
         )
+        diffs += _onevision_diffs(header, ref, (n, fps, w, h))
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:

@@ -278,3 +278,46 @@ def test_a_cache_reuses_video_rows_and_measures_changed_videos_again(tmp_path, t
             vision_policy="qwen2vl",
             video_rule="qwen2vl:fps=1",
         )
+
+
+def test_a_llava_video_sample_is_measured_as_llava_onevision_counts_it(tmp_path, tokenizer_path):
+    """LLaVA-Video's records (``<image>`` beside a video field) under LLaVA-OneVision's chat
+    template and video rule: text counted by transformers' rendering of the template, the
+    video as the processor expands ``<video>`` (frames x 196 + 1)."""
+    from transformers import PreTrainedTokenizerFast
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import train_hf_vlm as ex
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    model = ex.model_dir("llava_onevision", tokenizer_path, tmp_path / "model")
+    _video(tmp_path / "c.mp4", 40)
+    records = [{"id": "c", "video": "c.mp4", "conversations": _conv("<image>\nWhat is shown?")}]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    spec = "llava-onevision:num_frames=8"
+    _, rows, errors = run(
+        tmp_path,
+        [data],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy="llava-onevision",
+        video_rule=spec,
+    )
+    assert not errors, errors
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "video"}, {"type": "text", "text": "\nWhat is shown?"}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+    ]
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    text = text.replace("{% generation %}", "").replace("{% endgeneration %}", "")
+    assert text.count("<video>") == 1
+    n_text = len(tok(text, add_special_tokens=False)["input_ids"]) - 1
+    assert rows[0]["text_tokens"] == n_text
+    assert rows[0]["llm_tokens"] == n_text + 8 * 196 + 1
+    assert rows[0]["video_seq_lens"] == [729] * 8

@@ -21,6 +21,7 @@ from shards.format.sample_doc import media_names
 from shards.format.tar_members import add_member, sample_doc, sample_key
 from shards.read.reader import ShardError, group_samples
 from shards.store.manifest import carried_bytes, load_manifest
+from shards.write.sample_parts import MediaPart, SampleParts
 
 __all__ = [
     "COST_FILE",
@@ -132,8 +133,6 @@ def parent_sample(src: dict, sample_id: str, cache: dict):
             f"{sample_id!r}, which the parent's plan puts there"
         )
     meta, images, media = cache[key][sample_id]
-    from shards.write.stream_writer import MediaPart, SampleParts  # the writer imports this
-
     return SampleParts(
         turns=meta["turns"],
         names=meta["images"],

@@ -20,9 +20,7 @@ import tarfile
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from dataprep.audio_header import probe_audio
 from dataprep.errors import DataprepError, SampleRejected
@@ -39,6 +37,7 @@ from shards.format.sample_doc import COST_FIELDS, MEDIA_COST_FIELDS, sample_doc,
 from shards.format.tar_members import add_member, add_member_stream, image_ext
 from shards.store.publish import atomic_write_bytes, fsync_dir, open_new
 from shards.write.parent import copy_group, parent_sample
+from shards.write.sample_parts import MediaPart, SampleParts
 from shards.write.stream_resume import finished_prefix, shard_stem
 
 __all__ = [
@@ -50,39 +49,6 @@ __all__ = [
     "read_sample",
     "write_stream",
 ]
-
-
-@dataclass(slots=True)
-class MediaPart:
-    """One video or recording of a sample being written: its member name, its header (the
-    document's ``media`` entry), and its bytes (embedded, or a parent shard's) or the open
-    file they are streamed from, with that file's status when it was opened."""
-
-    name: str
-    info: dict
-    data: bytes | None = None
-    f: BinaryIO | None = None
-    size: int = 0
-    stat: os.stat_result | None = None
-
-    def close(self) -> None:
-        if self.f is not None:
-            self.f.close()
-
-
-@dataclass(slots=True)
-class SampleParts:
-    """What a planned sample is written from: its turns, its image names and bytes, and its
-    videos and recordings (:class:`MediaPart`)."""
-
-    turns: list
-    names: list[str]
-    images: list[bytes]
-    media: list[MediaPart] = field(default_factory=list)
-
-    def close(self) -> None:
-        for m in self.media:
-            m.close()
 
 
 def _open_media(item: MediaItem) -> tuple[MediaPart, object]:

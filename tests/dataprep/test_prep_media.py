@@ -216,11 +216,9 @@ def test_embedded_audio_bytes_are_measured(tmp_path, tokenizer_path):
     assert rows[0]["num_audios"] == 1 and rows[0]["llm_tokens"] == rows[0]["text_tokens"] + 25
 
 
-def test_a_video_table_balances_through_the_cli_and_write_refuses_it_by_name(
-    tmp_path, tokenizer_path
-):
-    """Qwen2-VL's videos are its vision tower's load (balance folds them in); write says it
-    cannot carry them yet instead of shipping samples without their video."""
+def test_a_video_table_balances_and_is_written_through_the_cli(tmp_path, tokenizer_path):
+    """Qwen2-VL's videos are its vision tower's load (balance folds them in); write checks the
+    plan against the folded table and carries the videos; verify passes."""
     from equishard.cli import main
 
     _video(tmp_path / "a.mp4", 30)
@@ -243,7 +241,8 @@ def test_a_video_table_balances_through_the_cli_and_write_refuses_it_by_name(
     code = main(
         ["write", str(tmp_path / "plan"), "--cost-table", str(cost), "--out", str(tmp_path / "gen")]
     )
-    assert code != 0 and not (tmp_path / "gen" / "CURRENT").exists()
+    assert code == 0 and (tmp_path / "gen" / "CURRENT").exists()
+    assert main(["verify", str(tmp_path / "gen")]) == 0
 
 
 def test_a_cache_reuses_video_rows_and_measures_changed_videos_again(tmp_path, tokenizer_path):

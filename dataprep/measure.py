@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from dataprep.chat_template import ChatTemplate
 from dataprep.errors import SampleRejected
+from dataprep.file_window import FileWindow
 from dataprep.image_header import ImageHeader, open_image_file, probe_image, probe_image_bytes
 from dataprep.image_refs import image_ref
 from dataprep.media_probe import MediaItem, media_modality, media_signature, probe_media
@@ -81,29 +82,6 @@ class _Prepared:
     texts: list[str]
 
 
-class _Window:
-    """A read-only view of ``size`` bytes at ``offset`` of an open file (a tar member)."""
-
-    def __init__(self, f, offset: int, size: int) -> None:
-        self._f, self._offset, self._size, self._pos = f, offset, size, 0
-
-    def read(self, n: int = -1) -> bytes:
-        left = self._size - self._pos
-        n = left if n is None or n < 0 else min(n, left)
-        self._f.seek(self._offset + self._pos)
-        data = self._f.read(n)
-        self._pos += len(data)
-        return data
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self._pos, 2: self._size}[whence]
-        self._pos = max(0, min(self._size, base + pos))
-        return self._pos
-
-    def tell(self) -> int:
-        return self._pos
-
-
 def _probe(ref: ImageRef, check: str) -> tuple[ImageHeader, os.stat_result | None]:
     """An image's header, and the status of the file it was read from, taken after the probe
     (None for bytes embedded in the record)."""
@@ -114,7 +92,7 @@ def _probe(ref: ImageRef, check: str) -> tuple[ImageHeader, os.stat_result | Non
             header = probe_image(f, os.fstat(f.fileno()).st_size, ref.path, check)
             return header, os.fstat(f.fileno())
     with open(ref.path, "rb") as f:
-        header = probe_image(_Window(f, ref.offset, ref.size), ref.size, ref.where, check)
+        header = probe_image(FileWindow(f, ref.offset, ref.size), ref.size, ref.where, check)
         return header, os.fstat(f.fileno())
 
 
@@ -287,7 +265,11 @@ class Measurer:
                     raise rec.error
                 sample_id = sample_id_of(rec.record, f"{unit.source}:{rec.index}")
                 sample = normalize_record(
-                    rec.record, sample_id, images=rec.images, measured=self.measured
+                    rec.record,
+                    sample_id,
+                    images=rec.images,
+                    measured=self.measured,
+                    media=rec.media,
                 )
                 refs = [
                     image_ref(img, unit.path, self.opts, f"{location}/image{k}")

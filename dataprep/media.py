@@ -130,16 +130,12 @@ def check_member(name: str, suffix: str, where: str, measured: frozenset[str] = 
     modality = suffix_modality(suffix)
     if modality is None:
         return
-    if modality.name not in measured:
-        raise SampleRejected(
-            "unsupported_modality",
-            f"the sample carries {modality.name} ({where}: member {name!a}); prep reads image "
-            "members only from a tar (video and audio members are not read yet): it is "
-            "refused, not counted as text",
-        )
     if suffix_format(suffix) in modality.other_suffixes:
         raise SampleRejected(
             "unsupported_format",
-            f"{where}: member {name!a} is an {modality.name} in a format prep does not read "
-            f"(it reads {', '.join(modality.suffixes)})",
+            f"{where}: member {name!a} is {'an' if modality.name[0] in 'aeiou' else 'a'} "
+            f"{modality.name} in a format prep does not read (it reads "
+            f"{', '.join(modality.suffixes)})",
         )
+    if modality.name not in measured:
+        raise _refuse(modality, f"{where}: member {name!a}", measured)

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 
 from dataprep.audio_header import AudioHeader, probe_audio, probe_audio_bytes
+from dataprep.file_window import FileWindow
 from dataprep.image_header import open_image_file
 from dataprep.readers.base import ImageRef
 from dataprep.video_header import VideoHeader, probe_video, probe_video_bytes
@@ -70,6 +71,14 @@ def probe_media(item: MediaItem) -> tuple[VideoHeader | AudioHeader, os.stat_res
         if item.modality == "video":
             return probe_video_bytes(ref.data, ref.where), None
         return probe_audio_bytes(ref.data, ref.where, ref_suffix(ref)), None
+    if ref.size is not None:  # a member of a tar: read in place
+        with open(ref.path, "rb") as f:
+            window = FileWindow(f, ref.offset, ref.size)
+            if item.modality == "video":
+                header = probe_video(window, ref.size, ref.where)
+            else:
+                header = probe_audio(window, ref.size, ref.where, ref_suffix(ref))
+            return header, os.fstat(f.fileno())
     with open_image_file(ref.path, ref.root) as f:
         size = os.fstat(f.fileno()).st_size
         if item.modality == "video":

@@ -190,7 +190,9 @@ class RecordStore:
         if is_dir:  # HF splits carry their split in the source
             source = self._unit_for(path, int(idx)).source
         sid = sample_id_of(rec.record, f"{source}:{rec.index}")
-        sample = normalize_record(rec.record, sid, images=rec.images, measured=self.measured)
+        sample = normalize_record(
+            rec.record, sid, images=rec.images, measured=self.measured, media=rec.media
+        )
         refs = [
             image_ref(img, path, self.opts, f"{location}/image{k}")
             for k, img in enumerate(sample.images)

@@ -177,11 +177,17 @@ def _place(turns: list[tuple[str, str]], modality: str, n: int) -> None:
 
 
 def normalize_record(
-    record: Any, default_id: str, images: list | None = None, measured: frozenset[str] = MEASURED
+    record: Any,
+    default_id: str,
+    images: list | None = None,
+    measured: frozenset[str] = MEASURED,
+    media: dict | None = None,
 ) -> Sample:
     """Turn one raw record into a :class:`Sample`, or raise :class:`SampleRejected`.
 
-    ``images`` overrides the record's own image field (a tar's image members, for instance).
+    ``images`` overrides the record's own image field (a tar's image members, for instance),
+    ``media`` its video and audio fields (a tar's video and audio members: ``{"video": [...],
+    "audio": [...]}``).
     ``measured``: the modalities this run measures (images, and video or audio where it has a
     rule for them); a record carrying another is refused (:func:`dataprep.media.check_record`).
     A LLaVA-Video record marks its video with ``<image>`` (the field says it is a video): with
@@ -191,10 +197,21 @@ def normalize_record(
     fields_read = images is None
     if fields_read:
         images = _items(record, IMAGE.read_fields)
-    videos = _items(record, VIDEO.read_fields) if "video" in measured else []
-    audios = _items(record, AUDIO.read_fields) if "audio" in measured else []
+    if media is not None:  # the reader's own (a tar's members): whether they are measured
+        for modality, items in media.items():
+            if items and modality not in measured:
+                raise SampleRejected(
+                    "unsupported_modality",
+                    f"the sample carries {modality} (member {items[0].where!a}); this run "
+                    f"measures no {modality} (--{modality}-rule measures it): it is refused, "
+                    "not counted as text",
+                )
+        videos, audios = list(media.get("video", ())), list(media.get("audio", ()))
+    else:
+        videos = _items(record, VIDEO.read_fields) if "video" in measured else []
+        audios = _items(record, AUDIO.read_fields) if "audio" in measured else []
     found = {"image": len(images), "video": len(videos), "audio": len(audios)}
-    check_record(record, turns, found, fields_read, measured)
+    check_record(record, turns, found, fields_read and media is None, measured)
     if videos and not images:
         n_video = sum(text.count(VIDEO_PLACEHOLDER) for _, text in turns)
         n_image = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)

@@ -46,6 +46,8 @@ class RawRecord:
     record: Any = None
     raw: bytes | None = None  # the record's bytes when the input has them (for fingerprints)
     images: list | None = None  # images found by the reader itself (tar members), else None
+    # and its videos and recordings ({"video": [...], "audio": [...]}: tar members), else None
+    media: dict | None = None
     error: SampleRejected | None = None
     key: str | None = None  # the sample's id where the reader knows it though it cannot read it
     sample: bool = True  # False: a damaged byte range of a tar, reported but not a sample

@@ -25,11 +25,25 @@ from dataprep.media import check_member
 from dataprep.readers import base
 from dataprep.readers.base import ImageRef, RawRecord, ReadOptions, WorkUnit
 from dataprep.readers.jsonl import load_record
-from equishard.contracts.media import IMAGE_SUFFIXES
+from equishard.contracts.media import AUDIO, IMAGE_SUFFIXES, VIDEO
 
 __all__ = ["IMAGE_SUFFIXES", "read_wds", "scan_wds"]
 
 _INDEXED_IMAGE = re.compile(r"^(?:(\d+)\.)?(" + "|".join(IMAGE_SUFFIXES) + r")$", re.IGNORECASE)
+# a video or audio member in a format prep reads: KEY.mp4, KEY.0.mp4, KEY.1.flac, ...
+_INDEXED_MEDIA = {
+    m.name: re.compile(r"^(?:(\d+)\.)?(" + "|".join(m.suffixes) + r")$", re.IGNORECASE)
+    for m in (VIDEO, AUDIO)
+}
+
+
+def _media_index(suffix: str) -> tuple[str, int] | None:
+    """A video's or recording's (modality, place among them: -1 unnumbered), None for others."""
+    for modality, pattern in _INDEXED_MEDIA.items():
+        m = pattern.match(suffix)
+        if m is not None:
+            return modality, int(m.group(1)) if m.group(1) is not None else -1
+    return None
 
 
 def _split_key(name: str) -> tuple[str | None, str | None]:
@@ -69,6 +83,7 @@ def _duplicate(path: Path, name: str, suffix: str, members: list) -> SampleRejec
     dropped unseen), or an image at the same place (``KEY.0.jpg`` and ``KEY.0.png``, or two
     unnumbered images: no order between them)."""
     index = _image_index(suffix)
+    media = _media_index(suffix)
     for other, s, _, _ in members:
         if s.lower() == suffix.lower():
             why = "appears twice" if s == suffix else f"and {other!a} differ only in case"
@@ -79,6 +94,13 @@ def _duplicate(path: Path, name: str, suffix: str, members: list) -> SampleRejec
                 "duplicate_member",
                 f"{path}: {name!a} and {other!a} are both {place} images of one sample: their "
                 "order is not defined; number them KEY.0.jpg, KEY.1.png, ...",
+            )
+        if media is not None and _media_index(s) == media:
+            place = "unnumbered" if media[1] < 0 else f"numbered {media[1]}"
+            return SampleRejected(
+                "duplicate_member",
+                f"{path}: {name!a} and {other!a} are both {place} {media[0]}s of one sample: "
+                "their order is not defined; number them KEY.0.mp4, KEY.1.mkv, ...",
             )
     return None
 
@@ -265,9 +287,12 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
             f.seek(off)
             raw = f.read(size)
             images = []
+            media: dict[str, list] = {"video": [], "audio": []}
             try:
                 for suffix, (name, _, _) in by_suffix.items():
-                    if suffix != "json" and _image_index(suffix) is None:
+                    if suffix == "json" or _image_index(suffix) is not None:
+                        continue
+                    if _media_index(suffix) is None:  # whether it is measured: the record's
                         check_member(name, suffix, f"{unit.path}: sample {key!a}")
             except SampleRejected as err:
                 yield RawRecord(index=index, raw=raw, error=err, key=key)
@@ -283,6 +308,12 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                             ),
                         )
                     )
+                found = _media_index(suffix)
+                if found is not None:
+                    ref = ImageRef(
+                        where=f"{unit.path}:{name}", path=unit.path, offset=off, size=size
+                    )
+                    media[found[0]].append((found[1], ref))
             images.sort(key=lambda t: t[0])
             try:
                 record = load_record(raw, f"{unit.path}: {key!a}.json")
@@ -293,4 +324,13 @@ def read_wds(unit: WorkUnit, opts: ReadOptions) -> Iterator[RawRecord]:
                 k in record for k in ("id", "sample_id", "uid")
             ):
                 record = {"id": key, **record}
-            yield RawRecord(index=index, record=record, raw=raw, images=[ref for _, ref in images])
+            yield RawRecord(
+                index=index,
+                record=record,
+                raw=raw,
+                images=[ref for _, ref in images],
+                media={
+                    m: [ref for _, ref in sorted(refs, key=lambda t: t[0])]
+                    for m, refs in media.items()
+                },
+            )

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from dataprep.audio_header import probe_audio
 from dataprep.errors import DataprepError, SampleRejected
+from dataprep.file_window import FileWindow
 from dataprep.image_header import open_image_file, probe_image_bytes
 from dataprep.measure import cache_key, fingerprint
 from dataprep.media_probe import MediaItem, media_ext, media_record, probe_media, ref_suffix
@@ -59,18 +60,21 @@ def _open_media(item: MediaItem) -> tuple[MediaPart, object]:
     if ref.data is not None:
         header, _ = probe_media(item)
         return MediaPart(name="", info={}, data=ref.data, size=len(ref.data)), header
-    f = open_image_file(ref.path, ref.root)
+    # a file of its own (confined to the root as opened), or a member of a tar read in place
+    f = open_image_file(ref.path, ref.root) if ref.size is None else open(ref.path, "rb")  # noqa: SIM115
     try:
         st = os.fstat(f.fileno())
+        size = st.st_size if ref.size is None else ref.size
+        source = f if ref.size is None else FileWindow(f, ref.offset, ref.size)
         if item.modality == "video":
-            header = probe_video(f, st.st_size, ref.where)
+            header = probe_video(source, size, ref.where)
         else:
-            header = probe_audio(f, st.st_size, ref.where, ref_suffix(ref))
-        f.seek(0)
+            header = probe_audio(source, size, ref.where, ref_suffix(ref))
+        f.seek(ref.offset if ref.size is not None else 0)
     except BaseException:
         f.close()
         raise
-    return MediaPart(name="", info={}, f=f, size=st.st_size, stat=st), header
+    return MediaPart(name="", info={}, f=f, size=size, stat=st), header
 
 
 def read_sample(

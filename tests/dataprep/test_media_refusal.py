@@ -241,6 +241,9 @@ def test_a_decoded_audio_under_any_field_name_is_refused():
         ({"k.json": "conv", "k.WAV": "wav"}, "unsupported_modality"),
         ({"k.json": "conv", "k.tiff": "jpg"}, "unsupported_format"),
         ({"k.json": "conv", "k.0.jpg": "jpg", "k.1.TIF": "jpg"}, "unsupported_format"),
+        # video and audio in formats prep does not read, whatever the run measures
+        ({"k.json": "conv", "k.wmv": "mp4"}, "unsupported_format"),
+        ({"k.json": "conv", "k.m4a": "wav"}, "unsupported_format"),
         # the JSON names an image the tar does not carry: not measured as text
         ({"k.json": "conv-image-field"}, "unread_media_field"),
     ],

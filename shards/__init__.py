@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # what type checkers and the docs site (griffe) read; no import at run time
     from shards.read.collate import Collator
     from shards.read.dataset import GroupDataset, RankInfo, merge_states
+    from shards.read.media import decode_audio, decode_video
     from shards.read.reader import ShardError, read_group
     from shards.read.verify import VerifyResult, inspect_generation, verify_generation
     from shards.store.manifest import Manifest, ManifestError, load_manifest, open_generation
@@ -27,6 +28,8 @@ _LAZY = {
     "GroupDataset": "shards.read.dataset",
     "RankInfo": "shards.read.dataset",
     "merge_states": "shards.read.dataset",
+    "decode_audio": "shards.read.media",
+    "decode_video": "shards.read.media",
     "Manifest": "shards.store.manifest",
     "ManifestError": "shards.store.manifest",
     "load_manifest": "shards.store.manifest",
@@ -54,6 +57,8 @@ __all__ = [
     "WriteConfig",
     "WriteError",
     "WriteResult",
+    "decode_audio",
+    "decode_video",
     "inspect_generation",
     "load_manifest",
     "merge_states",

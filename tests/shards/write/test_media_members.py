@@ -341,3 +341,23 @@ def test_a_webdataset_tars_video_and_audio_members_are_measured_and_written(
     ]
     assert [s.meta["sample_id"] for s in got] == ["k1"]
     assert got[0].videos == [clip] and got[0].meta["videos"] == ["video0.mp4"]
+
+
+def test_decoded_media_equal_the_decoders_on_the_source_files(media_gen):
+    """decode_video gives the frames PyAV decodes from the source file (all, or the sampled
+    indices in their order); decode_audio what libsndfile reads from it."""
+    import av
+
+    from shards.read.media import decode_audio, decode_video
+
+    _, data = media_gen
+    clip = (data / "v1.mp4").read_bytes()
+    with av.open(str(data / "v1.mp4")) as c:
+        want = np.stack([f.to_ndarray(format="rgb24") for f in c.decode(video=0)])
+    assert np.array_equal(decode_video(clip), want)
+    assert np.array_equal(decode_video(clip, [5, 0, 18]), want[[5, 0, 18]])
+    with pytest.raises(IndexError):
+        decode_video(clip, [len(want)])
+    wave, rate = decode_audio((data / "a.wav").read_bytes())
+    ref, ref_rate = soundfile.read(data / "a.wav", dtype="float32", always_2d=True)
+    assert rate == ref_rate == 16000 and np.array_equal(wave, ref)

@@ -32,6 +32,7 @@ BENCHMARKS = {
     "hf": "bench.bench_hf",
     "runtime": "bench.bench_runtime",
     "scaleout": "bench.bench_scaleout",
+    "media": "bench.bench_media",
     "gpu": "bench.bench_gpu",
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
@@ -65,12 +66,20 @@ class ChatTemplate:
                 "give 'prefix': {'system': ..., 'user': ..., 'assistant': ...}"
             )
 
-    def _wrap(self, text: str) -> str:
-        """``text`` with each media placeholder between its prefix and suffix."""
+    @cached_property
+    def _wraps(self) -> tuple[tuple[str, str], ...]:
+        """(placeholder, wrapped placeholder) of each medium this template writes text around."""
+        out = []
         for modality, mark in _MEDIA.items():
             before, after = getattr(self, f"{modality}_prefix"), getattr(self, f"{modality}_suffix")
             if before or after:
-                text = text.replace(mark, before + mark + after)
+                out.append((mark, before + mark + after))
+        return tuple(out)
+
+    def _wrap(self, text: str) -> str:
+        """``text`` with each media placeholder between its prefix and suffix."""
+        for mark, wrapped in self._wraps:
+            text = text.replace(mark, wrapped)
         return text
 
     def render(self, turns: list[tuple[str, str]]) -> str:

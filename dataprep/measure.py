@@ -45,6 +45,8 @@ from equishard.contracts.phases import AUDIO, VIDEO, VISION
 
 __all__ = ["ChunkResult", "Measurer", "error_row", "fingerprint", "record_bytes"]
 
+_NO_MEDIA: dict = {}  # a run without video or audio rules: no row has media costs (read only)
+
 
 @dataclass(slots=True)
 class ChunkResult:
@@ -275,13 +277,18 @@ class Measurer:
                     image_ref(img, unit.path, self.opts, f"{location}/image{k}")
                     for k, img in enumerate(sample.images)
                 ]
-                media = [
-                    MediaItem(m, image_ref(item, unit.path, self.opts, f"{location}/{m}{k}", m))
-                    for m, items in (("video", sample.videos), ("audio", sample.audios))
-                    for k, item in enumerate(items)
-                ]
+                media = (
+                    [
+                        MediaItem(m, image_ref(item, unit.path, self.opts, f"{location}/{m}{k}", m))
+                        for m, items in (("video", sample.videos), ("audio", sample.audios))
+                        for k, item in enumerate(items)
+                    ]
+                    if sample.videos or sample.audios
+                    else ()
+                )
+                all_refs = refs + [item.ref for item in media] if media else refs
                 raw = record_bytes(rec)
-                key = cache_key(raw, refs + [item.ref for item in media])
+                key = cache_key(raw, all_refs)
                 if key and self.cache.get(sample_id) == key:
                     position = len(pending) + len(out.cached)
                     out.cached.append((position, sample_id, location, unit.source, key))
@@ -289,15 +296,17 @@ class Measurer:
                     continue
                 probed = [_probe(r, self.check_images) for r in refs]
                 headers = [h for h, _ in probed]
-                media_probed = [probe_media(item) for item in media]
-                stats = [st for _, st in probed] + [st for _, st in media_probed]
-                if cache_key(raw, refs + [item.ref for item in media], stats) != key:
+                media_probed = [probe_media(item) for item in media] if media else ()
+                stats = [st for _, st in probed]
+                if media:
+                    stats += [st for _, st in media_probed]
+                if cache_key(raw, all_refs, stats) != key:
                     # an image changed between the key's stat and the probe (or during it): the
                     # costs are of whatever was read, so no later run may take this sample as
                     # unchanged by its key; write checks its fingerprint instead
                     key = ""
                 costs = self.policy.sample_costs([(h.width, h.height) for h in headers])
-                media_costs = {m: [] for m in self.rules}
+                media_costs = {m: [] for m in self.rules} if self.rules else _NO_MEDIA
                 for item, (header, _) in zip(media, media_probed, strict=True):
                     try:
                         media_costs[item.modality].append(self.rules[item.modality].cost(header))
@@ -324,7 +333,7 @@ class Measurer:
                     headers,
                     costs,
                     media_costs,
-                    fingerprint(raw, headers, [h for h, _ in media_probed]),
+                    fingerprint(raw, headers, [h for h, _ in media_probed] if media else ()),
                     key,
                     rec.line,
                     position,
@@ -362,16 +371,20 @@ class Measurer:
             rows[VIT_TOKENS].append(sum(seq))
             rows[VIT_SEQ_LENS].append(seq)
             media_llm = 0
-            for phase in self.phases[1:]:
-                items = media_costs[phase.modality]
-                lens = [s for c in items for s in c.seq_lens]
-                rows[phase.items].append(len(items))
-                rows[phase.tokens].append(sum(lens))
-                rows[phase.seq_lens].append(lens)
-                media_llm += sum(c.llm_tokens for c in items)
+            if self.rules:  # the video and audio phases' columns
+                for phase in self.phases[1:]:
+                    items = media_costs[phase.modality]
+                    lens = [s for c in items for s in c.seq_lens]
+                    rows[phase.items].append(len(items))
+                    rows[phase.tokens].append(sum(lens))
+                    rows[phase.seq_lens].append(lens)
+                    media_llm += sum(c.llm_tokens for c in items)
+                modality = media_modality(n_img, media_costs)
+            else:
+                modality = "text" if n_img == 0 else "image" if n_img == 1 else "multi-image"
             rows[LLM_TOKENS].append(n_text + sum(c.llm_tokens for c in costs) + media_llm)
             rows[TEXT_TOKENS].append(n_text)
-            rows["modality"].append(media_modality(n_img, media_costs))
+            rows["modality"].append(modality)
             rows[IMAGE_WIDTHS].append([h.width for h in headers])
             rows[IMAGE_HEIGHTS].append([h.height for h in headers])
             rows["location"].append(location)

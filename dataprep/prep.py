@@ -64,7 +64,10 @@ def _measurer(cfg: PrepConfig) -> Measurer:
         cache=cache_keys(cfg),
         policy=parse_vision_policy(cfg.vision_policy),
         template=load_template(cfg.template),
-        counter=TokenCounter(TokenizerSpec.parse(cfg.tokenizer)),
+        counter=TokenCounter(
+            TokenizerSpec.parse(cfg.tokenizer),
+            ("image", *(m for m in ("video", "audio") if getattr(cfg, f"{m}_rule"))),
+        ),
         opts=_read_options(cfg),
         check_images=cfg.check_images,
         video_rule=parse_video_rule(cfg.video_rule) if cfg.video_rule else None,

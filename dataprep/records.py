@@ -218,6 +218,8 @@ def normalize_record(
         if n_video == 0 and n_image == len(videos):
             turns = [(r, t.replace(IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER)) for r, t in turns]
     _place(turns, "image", len(images))
-    _place(turns, "video", len(videos))
-    _place(turns, "audio", len(audios))
+    if "video" in measured:  # else a <video> in the text was refused above
+        _place(turns, "video", len(videos))
+    if "audio" in measured:
+        _place(turns, "audio", len(audios))
     return Sample(sample_id=sample_id, turns=turns, images=images, videos=videos, audios=audios)

@@ -85,15 +85,19 @@ class TokenizerSpec:
 class TokenCounter:
     """Counts text tokens of many rendered texts at once (batch-encoded)."""
 
-    def __init__(self, spec: TokenizerSpec) -> None:
+    def __init__(self, spec: TokenizerSpec, modalities: tuple[str, ...] = ("image",)) -> None:
+        """``modalities``: whose placeholders the texts may hold (a run without video or audio
+        rules refuses ``<video>`` and ``<audio>`` before counting, so it need not look for
+        them)."""
         self.spec = spec
+        self._marks = tuple(PLACEHOLDERS[m] for m in modalities)
         self._tok = None
         if spec.path is not None:
             from tokenizers import AddedToken, Tokenizer
 
             tok = Tokenizer.from_file(spec.path)
             tok.add_special_tokens(
-                [AddedToken(p, special=True, normalized=False) for p in PLACEHOLDERS.values()]
+                [AddedToken(p, special=True, normalized=False) for p in self._marks]
             )
             self._tok = tok
             self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
@@ -103,13 +107,16 @@ class TokenCounter:
         excluded (the media's own tokens are counted by its policy or rule)."""
         if not texts:
             return []
-        marks = tuple(PLACEHOLDERS.values())
-        counts = [[t.count(m) for m in marks] for t in texts]
+        marks = self._marks
+        if len(marks) == 1:  # images only: one count a text
+            counts = [t.count(marks[0]) for t in texts]
+            chars = [n * len(marks[0]) for n in counts]
+        else:
+            per = [[t.count(m) for m in marks] for t in texts]
+            counts = [sum(c) for c in per]
+            chars = [sum(n * len(m) for n, m in zip(c, marks, strict=True)) for c in per]
         if self._tok is None:
             cpt = self.spec.estimate_chars_per_token
-            return [
-                math.ceil((len(t) - sum(n * len(m) for n, m in zip(c, marks, strict=True))) / cpt)
-                for t, c in zip(texts, counts, strict=True)
-            ]
+            return [math.ceil((len(t) - k) / cpt) for t, k in zip(texts, chars, strict=True)]
         encodings = self._encode(texts, add_special_tokens=False)
-        return [len(e) - sum(c) for e, c in zip(encodings, counts, strict=True)]
+        return [len(e) - n for e, n in zip(encodings, counts, strict=True)]

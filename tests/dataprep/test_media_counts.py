@@ -11,7 +11,7 @@ or pixel-budget formula that drifts from the processor's (rounding to the tempor
 ``torch.arange``'s length, the per-frame cap), a resampled length off by one, a window split
 that is not the model's.
 
-The default run checks every fifth file and the longest ones (the 30-minute video, the
+The default run checks every eighth file and the longest ones (the 30-minute video, the
 two-hour recording); ``-m slow`` checks all 200 + 200.
 """
 
@@ -72,7 +72,7 @@ AUDIO_RULES = {
 
 
 def _chosen(n: int, slow: bool) -> list[int]:
-    return list(range(n)) if slow else [i for i in range(n) if i % 5 == 0 or i in (1, 2)]
+    return list(range(n)) if slow else [i for i in range(n) if i % 8 == 0 or i in (1, 2)]
 
 
 def _media(tmp_path_factory, slow: bool):
@@ -201,14 +201,14 @@ def _audio_diffs(out, audios, result):
 
 def test_video_counts_equal_the_references(some_media):
     out, videos, _, result = some_media
-    assert len(videos) >= 40
+    assert len(videos) >= 25
     diffs = _video_diffs(out, videos, result)
     assert not diffs, diffs[:5]
 
 
 def test_audio_counts_equal_the_references(some_media):
     out, _, audios, result = some_media
-    assert len(audios) >= 40
+    assert len(audios) >= 25
     diffs = _audio_diffs(out, audios, result)
     assert not diffs, diffs[:5]
 

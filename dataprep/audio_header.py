@@ -20,8 +20,6 @@ import os
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import soundfile
-
 from dataprep.errors import SampleRejected
 from equishard.common.errors import describe
 
@@ -68,6 +66,8 @@ def probe_audio(f: BinaryIO, nbytes: int, where: str, suffix: str = "") -> Audio
             f"{where}: .{suffix.lower()} audio is not read from its header here (libsndfile "
             "does not read it); convert it to FLAC or WAV (ffmpeg -i IN -c:a flac OUT.flac)",
         )
+    import soundfile  # here: an image-only prep never loads libsndfile
+
     try:
         info = soundfile.info(f)
     except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError, OSError) as exc:

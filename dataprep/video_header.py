@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import BinaryIO
 
-import av
-
 from dataprep.errors import SampleRejected
 from equishard.common.errors import describe
 
@@ -96,6 +94,8 @@ def _count_packets(container, stream, where: str) -> tuple[int, float]:
 
 
 def _probe(source, nbytes: int, where: str) -> VideoHeader:
+    import av  # here: an image-only prep never loads FFmpeg
+
     try:
         container = av.open(source, mode="r", metadata_errors="ignore")
     except (av.FFmpegError, OSError, ValueError, EOFError) as exc:

@@ -98,11 +98,11 @@ def check_record(
             raise _refuse(modality, f"field {key!r}", measured)
         if found.get(modality.name) or (fields_read and key in modality.read_fields):
             continue
+        column = f" (or pass --image-column {key} for a table)" if modality.name == "image" else ""
         fix = (
-            f"name the field {'/'.join(modality.read_fields)} (or pass --image-column {key} "
-            "for a table)"
+            f"name the field {'/'.join(modality.read_fields)}{column}"
             if fields_read
-            else f"a tar sample's {modality.name}s are its members (KEY.0.jpg, ...)"
+            else f"a tar sample's {modality.name}s are its members (KEY.0.{modality.suffixes[0]}, ...)"
         )
         raise SampleRejected(
             "unread_media_field",

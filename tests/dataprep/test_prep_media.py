@@ -320,3 +320,16 @@ def test_a_llava_video_sample_is_measured_as_llava_onevision_counts_it(tmp_path,
     assert rows[0]["text_tokens"] == n_text
     assert rows[0]["llm_tokens"] == n_text + 8 * 196 + 1
     assert rows[0]["video_seq_lens"] == [729] * 8
+
+
+def test_a_video_under_a_field_prep_does_not_read_is_refused_with_the_field_to_use(
+    tmp_path, tokenizer_path
+):
+    _video(tmp_path / "a.mp4", 8)
+    records = [{"id": "x", "video_path": "a.mp4", "conversations": _conv("<video> hi")}]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _, rows, errors = run(
+        tmp_path, [data], tokenizer_path, vision_policy="qwen2vl", video_rule="qwen2vl"
+    )
+    assert not rows and [e["reason"] for e in errors] == ["unread_media_field"]
+    assert "video/videos" in errors[0]["detail"] and "--image-column" not in errors[0]["detail"]

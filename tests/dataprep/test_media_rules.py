@@ -185,3 +185,23 @@ def test_onevision_equals_transformers(total, kw, ref):
 def test_onevision_rule_refuses_values_at_and_below_its_limits(bad):
     with pytest.raises(ValueError):
         OneVisionVideoRule(**bad)
+
+
+def test_counts_are_whole_numbers():
+    """Token counts and window lengths are ints, as the processors' (a float 1500.0 would
+    pass an equality check and break the cost table's integer columns)."""
+    for rule in (QWEN2AUDIO, OMNI):
+        for n in (1, 16_000, 480_000, 481_000):
+            cost = rule.cost(_header(n))
+            assert type(cost.llm_tokens) is int
+            assert all(type(s) is int for s in cost.seq_lens)
+    assert type(audio_tokens(1001)) is int
+
+
+def test_whisper_rule_takes_its_smallest_values_and_keywords_only():
+    rule = WhisperAudioRule(sampling_rate=1, hop_length=1, chunk_length=1)
+    assert rule.frames(_header(5, 1)) == 1  # 1 s kept of 5 samples at 1 Hz, one sample a hop
+    with pytest.raises(TypeError):
+        WhisperAudioRule(16000)  # a field's value given positionally is refused
+    with pytest.raises(TypeError):
+        OneVisionVideoRule(32)

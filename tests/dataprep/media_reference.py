@@ -210,31 +210,32 @@ def audio_reference(path: str, chunk_length: int, n_window: int) -> dict:
     return {"samples": len(wave), "frames": frames, "tokens": tokens, "windows": windows}
 
 
+_VIDEO_REFERENCES = {
+    "qwen_vl_utils": qwen_vl_utils_grid,
+    "transformers": transformers_grid,
+    "onevision": onevision_tokens,
+}
+
+
+def _video_entry(item: dict, truth: dict) -> dict:
+    """Every reference the request asks of one video, by the names it gives them."""
+    return {
+        name: reference(truth, opts)
+        for kind, reference in _VIDEO_REFERENCES.items()
+        for name, opts in item.get(kind, {}).items()
+    }
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         request = json.load(f)
     _stub_torchvision()
-    result = {"videos": {}, "audios": {}}
+    result = {"videos": {}, "audios": {}, "synthetic": []}
     for item in request.get("videos", []):
         truth = decoded(item["path"])
-        entry = {"truth": truth}
-        for name, ele in item.get("qwen_vl_utils", {}).items():
-            entry[name] = qwen_vl_utils_grid(truth, ele)
-        for name, opts in item.get("transformers", {}).items():
-            entry[name] = transformers_grid(truth, opts)
-        for name, opts in item.get("onevision", {}).items():
-            entry[name] = onevision_tokens(truth, opts)
-        result["videos"][item["path"]] = entry
-    result["synthetic"] = []
+        result["videos"][item["path"]] = {"truth": truth, **_video_entry(item, truth)}
     for item in request.get("synthetic", []):  # headers without files: a grid of metadata
-        truth, entry = item["truth"], {}
-        for name, ele in item.get("qwen_vl_utils", {}).items():
-            entry[name] = qwen_vl_utils_grid(truth, ele)
-        for name, opts in item.get("transformers", {}).items():
-            entry[name] = transformers_grid(truth, opts)
-        for name, opts in item.get("onevision", {}).items():
-            entry[name] = onevision_tokens(truth, opts)
-        result["synthetic"].append(entry)
+        result["synthetic"].append(_video_entry(item, item["truth"]))
     for item in request.get("audios", []):
         result["audios"][item["path"]] = {
             name: audio_reference(item["path"], *args) for name, args in item["settings"].items()

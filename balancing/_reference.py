@@ -8,21 +8,21 @@ import heapq
 import math
 
 
-def isf_round(vo, to, qv, qt, qfv, qft):
-    """-> (group_end list, kept list); see ``_nb_isf_round`` (loads in shuffled order)."""
+def isf_round(rows, q, qf):
+    """-> (group_end list, kept list); see ``_nb_isf_round`` (each sample's loads, one per
+    phase, in shuffled order)."""
     ends, kept = [], []
-    sv = st = 0
+    sums = [0] * len(q)
     start = 0
-    for k, (a, b) in enumerate(zip(vo, to, strict=True)):
-        if k > start and (sv + a > qv or st + b > qt):
+    for k, row in enumerate(rows):
+        if k > start and any(s + x > cap for s, x, cap in zip(sums, row, q, strict=True)):
             ends.append(k)
-            kept.append(sv >= qfv or st >= qft)
-            start, sv, st = k, 0, 0
-        sv += a
-        st += b
-    if len(vo) > start:
-        ends.append(len(vo))
-        kept.append(sv >= qfv or st >= qft)
+            kept.append(any(s >= f for s, f in zip(sums, qf, strict=True)))
+            start, sums = k, [0] * len(q)
+        sums = [s + x for s, x in zip(sums, row, strict=True)]
+    if len(rows) > start:
+        ends.append(len(rows))
+        kept.append(any(s >= f for s, f in zip(sums, qf, strict=True)))
     return ends, kept
 
 
@@ -40,33 +40,31 @@ def apply_round(order, ends, kept, base):
     return group_of, rest
 
 
-def best_fit(order, v, t, qv, qt, window):
-    """-> {item: group}; see ``_nb_best_fit`` (bounded-space best fit)."""
+def best_fit(order, rows, q, window):
+    """-> {item: group}; see ``_nb_best_fit`` (bounded-space best fit, every phase capped)."""
     if not order:
         return {}
-    min_v = min(v[i] for i in order)
-    min_t = min(t[i] for i in order)
+    smallest = [min(rows[i][j] for i in order) for j in range(len(q))]
     sums: list[list[int]] = []
     open_ids: list[int] = []
     out = {}
     for i in order:
-        best, best_slack = -1, 3.0
+        best, best_slack = -1, len(q) + 1.0
         for g in open_ids:
-            nv, nt = sums[g][0] + v[i], sums[g][1] + t[i]
-            if nv <= qv and nt <= qt:
-                slack = (qv - nv) / qv + (qt - nt) / qt
+            new = [s + x for s, x in zip(sums[g], rows[i], strict=True)]
+            if all(x <= cap for x, cap in zip(new, q, strict=True)):
+                slack = sum((cap - x) / cap for x, cap in zip(new, q, strict=True))
                 if slack < best_slack:
                     best, best_slack = g, slack
         if best < 0:
             if len(open_ids) == window:
                 open_ids.pop(0)
             best = len(sums)
-            sums.append([0, 0])
+            sums.append([0] * len(q))
             open_ids.append(best)
-        sums[best][0] += v[i]
-        sums[best][1] += t[i]
+        sums[best] = [s + x for s, x in zip(sums[best], rows[i], strict=True)]
         out[i] = best
-        if sums[best][0] + min_v > qv or sums[best][1] + min_t > qt:
+        if any(s + m > cap for s, m, cap in zip(sums[best], smallest, q, strict=True)):
             open_ids.remove(best)
     return out
 

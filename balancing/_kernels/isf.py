@@ -1,5 +1,10 @@
 """ISF kernels (OmniBal's iterative sampling and filtering, offline): one round's quotas, the best-
 fit fill of a round's groups, and applying a round.
+
+Every kernel takes a sample's loads as a row of ``k`` phases (the vision tower, any other
+encoder such as an audio one, the LLM) with one cap and one keep target per phase, so a group
+stays under every phase's cap and is kept once it reaches any phase's target. Plain-Python
+twins: ``balancing._reference.isf_round``, ``apply_round``, ``best_fit``.
 """
 
 from __future__ import annotations
@@ -9,114 +14,139 @@ from numba import njit
 
 
 @njit(cache=True)
-def _nb_isf_round(vo, to, qv, qt, qfv, qft, group_end, kept):
-    """One ISF round over samples in their (already shuffled) order: ``vo``/``to`` are their
-    vision and text loads in that order, so the pass reads memory sequentially.
+def _reaches(sums, qf):
+    """Does a group of ``sums`` reach any phase's keep target ``qf``?"""
+    reach = False
+    for j in range(qf.shape[0]):
+        if sums[j] >= qf[j]:
+            reach = True
+    return reach
+
+
+@njit(cache=True)
+def _nb_isf_round(lo, q, qf, group_end, kept):
+    """One ISF round over samples in their (already shuffled) order: ``lo[k]`` are the loads of
+    the k-th sample in that order (one column per phase), so the pass reads memory sequentially.
 
     Sampling stage (OmniBal Alg. 1): add samples to the current group; when a sample would push
-    the group over ``qv`` (vision) or ``qt`` (text), close the group and start a new one with it.
-    Filtering stage (Alg. 2): keep a group when it reaches ``qfv`` or ``qft``; other groups
-    dissolve and their samples stay for the next round.
+    the group over any phase's cap ``q``, close the group and start a new one with it.
+    Filtering stage (Alg. 2): keep a group when it reaches any phase's target ``qf``; other
+    groups dissolve and their samples stay for the next round.
 
     Writes ``group_end[g]`` (exclusive end of group g in the order) and ``kept[g]``; returns the
     number of groups.
     """
-    n = vo.shape[0]
+    n = lo.shape[0]
+    k = q.shape[0]
+    sums = np.zeros(k, dtype=np.int64)
     g = 0
-    sv = 0
-    st = 0
     start = 0
-    for k in range(n):
-        if k > start and (sv + vo[k] > qv or st + to[k] > qt):
-            group_end[g] = k
-            kept[g] = sv >= qfv or st >= qft
-            g += 1
-            start = k
-            sv = 0
-            st = 0
-        sv += vo[k]
-        st += to[k]
+    for i in range(n):
+        if i > start:
+            over = False  # plain loops, no early exit: LLVM keeps them tight (5x faster)
+            for j in range(k):
+                if sums[j] + lo[i, j] > q[j]:
+                    over = True
+            if over:
+                group_end[g] = i
+                kept[g] = _reaches(sums, qf)
+                g += 1
+                start = i
+                for j in range(k):
+                    sums[j] = 0
+        for j in range(k):
+            sums[j] += lo[i, j]
     if n > start:
         group_end[g] = n
-        kept[g] = sv >= qfv or st >= qft
+        kept[g] = _reaches(sums, qf)
         g += 1
     return g
 
 
 @njit(cache=True)
-def _nb_best_fit(order, v, t, qv, qt, window, group_of):
-    """Pack samples ``order`` (largest first) best-fit into new groups under both caps.
+def _close(open_ids, slot, n_open):
+    for s in range(slot + 1, n_open):
+        open_ids[s - 1] = open_ids[s]
+    return n_open - 1
 
-    A sample goes to the open group it fills most (least slack left, in cap-normalized units)
-    among those it fits in; else it opens a group. Only the ``window`` most recently opened
-    groups stay open (bounded-space best fit: O(n * window)), and a group that cannot take even
-    the smallest sample closes early. Writes ``group_of``; returns the group count.
+
+@njit(cache=True)
+def _nb_best_fit(order, loads, q, window, group_of):
+    """Pack samples ``order`` (largest first) best-fit into new groups under every cap ``q``.
+
+    A sample goes to the open group it fills most (least slack left, summed over the phases in
+    cap-normalized units) among those it fits in; else it opens a group. Only the ``window``
+    most recently opened groups stay open (bounded-space best fit: O(n * window)), and a group
+    that cannot take even the smallest load of some phase closes early. Writes ``group_of``;
+    returns the group count.
     """
     n = order.shape[0]
-    gv = np.zeros(n, dtype=np.int64)
-    gt = np.zeros(n, dtype=np.int64)
+    k = q.shape[0]
+    sums = np.zeros((n, k), dtype=np.int64)
     open_ids = np.empty(window, dtype=np.int64)
+    smallest = np.zeros(k, dtype=np.int64)
+    if n:
+        for j in range(k):
+            smallest[j] = loads[order[0], j]
+    for s in range(n):
+        for j in range(k):
+            smallest[j] = min(smallest[j], loads[order[s], j])
     n_open = 0
     ng = 0
-    min_v = v[order[0]] if n else 0
-    min_t = t[order[0]] if n else 0
-    for k in range(n):
-        min_v = min(min_v, v[order[k]])
-        min_t = min(min_t, t[order[k]])
-    for k in range(n):
-        i = order[k]
+    for s in range(n):
+        i = order[s]
         best = -1
         best_slot = -1
-        best_slack = 3.0
+        best_slack = k + 1.0
         for slot in range(n_open):
             g = open_ids[slot]
-            nv = gv[g] + v[i]
-            nt = gt[g] + t[i]
-            if nv <= qv and nt <= qt:
-                slack = (qv - nv) / qv + (qt - nt) / qt
-                if slack < best_slack:
-                    best_slack = slack
-                    best = g
-                    best_slot = slot
+            fits = True
+            slack = 0.0
+            for j in range(k):
+                left = q[j] - sums[g, j] - loads[i, j]
+                fits = fits and left >= 0
+                slack += left / q[j]
+            if fits and slack < best_slack:
+                best_slack = slack
+                best = g
+                best_slot = slot
         if best < 0:
             if n_open == window:  # close the oldest open group
-                for slot in range(1, n_open):
-                    open_ids[slot - 1] = open_ids[slot]
-                n_open -= 1
+                n_open = _close(open_ids, 0, n_open)
             best = ng
             ng += 1
             open_ids[n_open] = best
             best_slot = n_open
             n_open += 1
-        gv[best] += v[i]
-        gt[best] += t[i]
+        full = False
+        for j in range(k):
+            sums[best, j] += loads[i, j]
+            full = full or sums[best, j] + smallest[j] > q[j]
         group_of[i] = best
-        if gv[best] + min_v > qv or gt[best] + min_t > qt:  # full: close it
-            for slot in range(best_slot + 1, n_open):
-                open_ids[slot - 1] = open_ids[slot]
-            n_open -= 1
+        if full:
+            n_open = _close(open_ids, best_slot, n_open)
     return ng
 
 
 @njit(cache=True)
-def _nb_apply_round(oi, ov, ot, group_end, kept, g, base, group_of, ri, rv, rt):
+def _nb_apply_round(oi, lo, group_end, kept, g, base, group_of, ri, rl):
     """Give kept groups of a round ids ``base, base+1, ...`` (``group_of[oi[k]]``); copy the
-    other samples (index ``oi``, loads ``ov``/``ot``) to ``ri``/``rv``/``rt`` in order.
+    other samples (index ``oi``, loads ``lo``) to ``ri``/``rl`` in order.
     Returns (kept groups, samples in rest)."""
     start = 0
     nk = 0
     nr = 0
-    for q in range(g):
-        end = group_end[q]
-        if kept[q]:
-            for k in range(start, end):
-                group_of[oi[k]] = base + nk
+    for p in range(g):
+        end = group_end[p]
+        if kept[p]:
+            for i in range(start, end):
+                group_of[oi[i]] = base + nk
             nk += 1
         else:
-            for k in range(start, end):
-                ri[nr] = oi[k]
-                rv[nr] = ov[k]
-                rt[nr] = ot[k]
+            for i in range(start, end):
+                ri[nr] = oi[i]
+                for j in range(lo.shape[1]):
+                    rl[nr, j] = lo[i, j]
                 nr += 1
         start = end
     return nk, nr

@@ -27,32 +27,47 @@ def test_isf_round_at_its_caps(seed, n):
     t = rng.choice([500, 1000, 1500, 2000, 3000, 3500], n).astype(np.int64)
     ends = np.empty(max(n, 1), dtype=np.int64)
     kept = np.empty(max(n, 1), dtype=np.bool_)
-    g = K._nb_isf_round(v, t, qv, qt, qfv, qft, ends, kept)
-    ref_ends, ref_kept = R.isf_round(v.tolist(), t.tolist(), qv, qt, qfv, qft)
+    loads, q, qf = np.stack([v, t], axis=1), np.array([qv, qt]), np.array([qfv, qft])
+    g = K._nb_isf_round(loads, q, qf, ends, kept)
+    ref_ends, ref_kept = R.isf_round(loads.tolist(), q.tolist(), qf.tolist())
     assert ends[:g].tolist() == ref_ends and kept[:g].tolist() == ref_kept
     assert all(b > a for a, b in zip([0, *ref_ends], ref_ends, strict=False))  # none empty
 
 
+def _phase_loads(rng, n, phases):
+    """(n, phases) loads: vision in tiles of 1024, then audio-like encoder phases (zero for
+    most samples, 750 or a Omni-like count for the others), the LLM last."""
+    cols = [rng.integers(0, 6, n) * 1024]
+    for _ in range(phases - 2):
+        cols.append(np.where(rng.random(n) < 0.4, rng.choice([750, 1500, 3000], n), 0))
+    cols.append(rng.integers(50, 2000, n))
+    return np.stack(cols, axis=1).astype(np.int64)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_isf_round(seed):
+@pytest.mark.parametrize("phases", [2, 3, 4])
+def test_isf_round(seed, phases):
+    """Two phases (vision, LLM) as before any other encoder existed; three and four (an audio
+    encoder and another between them): a group closes at any phase's cap and is kept at any
+    phase's target."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 300))
-    v = rng.integers(0, 6, n) * 1024
-    t = rng.integers(50, 2000, n)
+    loads = _phase_loads(rng, n, phases)
     order = rng.permutation(n)
-    qv, qt = 16 * 1024, 5000
+    q = np.array([16 * 1024] + [6000] * (phases - 2) + [5000])
+    qf = np.array([15 * 1024] + [5200] * (phases - 2) + [4800])
     ends = np.empty(n, dtype=np.int64)
     kept = np.empty(n, dtype=np.bool_)
-    g = K._nb_isf_round(v[order], t[order], qv, qt, 15 * 1024, 4800, ends, kept)
-    ref_ends, ref_kept = R.isf_round(v[order].tolist(), t[order].tolist(), qv, qt, 15 * 1024, 4800)
+    g = K._nb_isf_round(loads[order], q, qf, ends, kept)
+    ref_ends, ref_kept = R.isf_round(loads[order].tolist(), q.tolist(), qf.tolist())
     assert ends[:g].tolist() == ref_ends and kept[:g].tolist() == ref_kept
     # the round's outcome: kept groups numbered from 7, the rest copied with their loads
     group_of = np.full(n, -1, dtype=np.int64)
-    ri, rv, rt = (np.empty(n, dtype=np.int64) for _ in range(3))
-    nk, nr = K._nb_apply_round(order, v[order], t[order], ends, kept, g, 7, group_of, ri, rv, rt)
+    ri, rl = np.empty(n, dtype=np.int64), np.empty((n, phases), dtype=np.int64)
+    nk, nr = K._nb_apply_round(order, loads[order], ends, kept, g, 7, group_of, ri, rl)
     ref_groups, ref_rest = R.apply_round(order.tolist(), ref_ends, ref_kept, 7)
     assert nk == sum(ref_kept) and ri[:nr].tolist() == ref_rest
-    assert rv[:nr].tolist() == v[ref_rest].tolist() and rt[:nr].tolist() == t[ref_rest].tolist()
+    assert rl[:nr].tolist() == loads[ref_rest].tolist()
     assert {i: int(group_of[i]) for i in np.flatnonzero(group_of >= 0)} == ref_groups
 
 
@@ -81,8 +96,27 @@ def test_best_fit(seed, kind):
     order = rng.permutation(n)
     window = int(rng.integers(1, 10)) if kind != "wide window" else 300
     out = np.full(n, -1, dtype=np.int64)
-    K._nb_best_fit(order, v, t, 16 * 1024, 5000, window, out)
-    ref = R.best_fit(order.tolist(), v.tolist(), t.tolist(), 16 * 1024, 5000, window)
+    loads, q = np.stack([v, t], axis=1), np.array([16 * 1024, 5000])
+    K._nb_best_fit(order, loads, q, window, out)
+    ref = R.best_fit(order.tolist(), loads.tolist(), q.tolist(), window)
+    assert {i: int(out[i]) for i in order} == ref
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("phases", [3, 4])
+def test_best_fit_more_phases(seed, phases):
+    """Three and four phases: a sample joins only a group it fits in every phase, the slack
+    summed over all of them; a group closes when any phase cannot take that phase's smallest
+    load (most samples have no audio: the smallest audio load is 0)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    loads = _phase_loads(rng, n, phases)
+    order = rng.permutation(n)
+    q = np.array([16 * 1024] + [4500] * (phases - 2) + [5000])
+    window = int(rng.integers(1, 10))
+    out = np.full(n, -1, dtype=np.int64)
+    K._nb_best_fit(order, loads, q, window, out)
+    ref = R.best_fit(order.tolist(), loads.tolist(), q.tolist(), window)
     assert {i: int(out[i]) for i in order} == ref
 
 

@@ -263,22 +263,25 @@ def sample_costs(vit, llm, seq_lens, a_v, b_v, a_t, b_t):
     return vc, tc
 
 
-def place_on_nodes(loads_v, loads_t, nodes, per_node):
-    """Per step, groups heaviest (vision + LLM) first onto the node with a free slot whose larger
-    phase load after adding the group is lowest (the first such node on a tie)."""
+def place_on_nodes(loads, nodes, per_node):
+    """Per step, groups heaviest (summed over the phases) first onto the node with a free slot
+    whose largest phase load after adding the group is lowest (the first such node on a tie);
+    ``loads[step][group]`` lists the group's load in each phase."""
     node_out, local_out = [], []
-    for lv, lt in zip(loads_v, loads_t, strict=True):
-        d = len(lv)
-        order = sorted(range(d), key=lambda i: -(lv[i] + lt[i]))  # stable, like mergesort
-        nv, nt, used = [0.0] * nodes, [0.0] * nodes, [0] * nodes
+    for step in loads:
+        d = len(step)
+        order = sorted(range(d), key=lambda i: -sum(step[i], 0.0))  # stable, like mergesort
+        acc, used = [[0.0] * len(step[0]) for _ in range(nodes)], [0] * nodes
         node, local = [-1] * d, [-1] * d
         for g in order:
             free = [n for n in range(nodes) if used[n] < per_node]
-            best = min(free, key=lambda n: (max(nv[n] + lv[g], nt[n] + lt[g]), n))
+            best = min(
+                free,
+                key=lambda n: (max(a + x for a, x in zip(acc[n], step[g], strict=True)), n),
+            )
             node[g], local[g] = best, used[best]
             used[best] += 1
-            nv[best] += lv[g]
-            nt[best] += lt[g]
+            acc[best] = [a + x for a, x in zip(acc[best], step[g], strict=True)]
         node_out.append(node)
         local_out.append(local)
     return node_out, local_out
@@ -493,3 +496,74 @@ def swap_descent(fwd, bwd, order, max_passes, max_evals):
         if not improved:
             break
     return o
+
+
+def _weighted_max_without(loads, w, skip):
+    return [
+        max([0.0] + [loads[r][j] * w[j] for r in range(len(loads)) if r not in skip])
+        for j in range(len(w))
+    ]
+
+
+def _sum_of_maxima(rest, w, a, b):
+    total = 0.0
+    for j in range(len(w)):
+        total += max(rest[j], a[j] * w[j], b[j] * w[j])
+    return total
+
+
+def refine_step(x, slot, d, q, max_moves):
+    """-> (slot list, moves); see ``_nb_refine_step``: the heaviest phase's heaviest group gives
+    a sample to, or swaps one with, the lightest partner that lowers the sum over the phases of
+    the heaviest group (each phase over its mean), until none does."""
+    k = len(q)
+    slot = list(slot)
+    loads = [[0.0] * k for _ in range(d)]
+    for i, row in enumerate(x):
+        for j in range(k):
+            loads[slot[i]][j] += row[j]
+    w = []
+    for j in range(k):
+        tot = 0.0
+        for r in range(d):
+            tot += loads[r][j]
+        w.append(d / tot if tot > 0 else 0.0)
+    moves = 0
+    while moves < max_moves:
+        heads = [max([0.0] + [loads[r][j] * w[j] for r in range(d)]) for j in range(k)]
+        done = False
+        for jw in sorted(range(k), key=lambda j: -heads[j]):
+            if heads[jw] <= 0.0:
+                break
+            h = next(r for r in range(d) if loads[r][jw] * w[jw] == heads[jw])
+            for lg in sorted(range(d), key=lambda r: loads[r][jw]):
+                if lg == h:
+                    continue
+                rest = _weighted_max_without(loads, w, (h, lg))
+                best, pick = _sum_of_maxima(rest, w, loads[h], loads[lg]) - 1e-9, None
+                for a in (i for i in range(len(x)) if slot[i] == h):
+                    for b in [-1] + [i for i in range(len(x)) if slot[i] == lg]:
+                        back = x[b] if b >= 0 else [0] * k
+                        new_h = [loads[h][j] - x[a][j] + back[j] for j in range(k)]
+                        new_l = [loads[lg][j] + x[a][j] - back[j] for j in range(k)]
+                        if any(
+                            new_l[j] > max(q[j], loads[lg][j]) or new_h[j] > max(q[j], loads[h][j])
+                            for j in range(k)
+                        ):
+                            continue
+                        score = _sum_of_maxima(rest, w, new_h, new_l)
+                        if score < best:
+                            best, pick = score, (a, b, new_h, new_l)
+                if pick is not None:
+                    a, b, loads[h], loads[lg] = pick
+                    slot[a] = lg
+                    if b >= 0:
+                        slot[b] = h
+                    moves += 1
+                    done = True
+                    break
+            if done:
+                break
+        if not done:
+            break
+    return slot, moves

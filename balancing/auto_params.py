@@ -1,13 +1,13 @@
 """Choose ISF caps from the data's statistics and a target average group size B.
 
-OmniBal searches caps by trial runs. Here the caps lie on the ray of the data's mean vision-to-
-LLM ratio, ``q = s * B * mean`` for both phases, and the scale ``s`` is found by a fixed-point
-iteration ``s <- s * B / size(s)`` (the average group size grows about linearly with the caps),
-which lands within ``tolerance`` of B in 2-5 trials; each trial is one numba ISF run on a
-subsample of at most ``sample_size`` rows, so the search takes milliseconds. Vision caps are
-rounded to the data's granularity (e.g. 1024 patches per InternVL tile). Filter targets sit
-``slack`` below the caps.
-"""
+OmniBal searches caps by trial runs. Here the caps lie on the ray of the data's mean loads, ``q
+= s * B * mean`` for every phase (vision, any other encoder such as audio, LLM), and the scale
+``s`` is found by a fixed-point iteration ``s <- s * B / size(s)`` (the average group size grows
+about linearly with the caps), which lands within ``tolerance`` of B in 2-5 trials; each trial
+is one numba ISF run on a subsample of at most ``sample_size`` rows, so the search takes
+milliseconds. The vision and other encoders' caps are rounded to the data's granularity
+(e.g. 1024 patches per InternVL tile, 1,500 positions per Qwen2-Audio window). Filter targets
+sit ``slack`` below the caps."""
 
 from __future__ import annotations
 
@@ -28,20 +28,42 @@ def _granularity(x: np.ndarray) -> int:
     return max(g, 1)
 
 
+def _cap(s: float, b: float, mean: float, gran: int, slack: float) -> tuple[int, int]:
+    """An encoder phase's (cap, target), both whole multiples of its granularity."""
+    q = max(gran, round(s * b * mean / gran) * gran)
+    return q, max(1, min(q, int(np.ceil(q * (1 - slack) / gran)) * gran))
+
+
 def _params(
-    s: float, b: float, mv: float, mt: float, gv: int, slack: float, rounds: int
+    s: float,
+    b: float,
+    mv: float,
+    mt: float,
+    gv: int,
+    slack: float,
+    rounds: int,
+    extra: tuple[tuple[float, int], ...] = (),
 ) -> ISFParams:
-    q_v = max(gv, round(s * b * mv / gv) * gv)
+    q_v, qf_v = _cap(s, b, mv, gv, slack)
     q_t = max(1, round(s * b * mt))
-    qf_v = max(1, min(q_v, int(np.ceil(q_v * (1 - slack) / gv)) * gv))
     qf_t = max(1, int(q_t * (1 - slack)))
-    return ISFParams(q_v=q_v, q_t=q_t, qf_v=qf_v, qf_t=qf_t, rounds=rounds)
+    others = [_cap(s, b, m, g, slack) for m, g in extra]
+    return ISFParams(
+        q_v=q_v,
+        q_t=q_t,
+        qf_v=qf_v,
+        qf_t=qf_t,
+        rounds=rounds,
+        q_e=tuple(q for q, _ in others),
+        qf_e=tuple(qf for _, qf in others),
+    )
 
 
 def auto_isf_params(
     v: np.ndarray,
     t: np.ndarray,
     *,
+    extra: np.ndarray | None = None,
     target_batch: float,
     seed: int = 0,
     slack: float = 0.05,
@@ -50,7 +72,8 @@ def auto_isf_params(
     tolerance: float = 0.01,
     max_trials: int = 8,
 ) -> ISFParams:
-    """ISF parameters giving an average group size of ``target_batch`` samples."""
+    """ISF parameters giving an average group size of ``target_batch`` samples; ``extra``:
+    the loads of each other encoder phase (shape (n, phases)), capped on the same ray."""
     if target_batch < 1:
         raise ValueError(f"target batch must be >= 1 sample per group, got {target_batch}")
     if not 0 <= slack < 1:
@@ -59,19 +82,28 @@ def auto_isf_params(
     t = np.asarray(t, dtype=np.int64)
     if v.size == 0:
         raise ValueError("cannot choose caps for an empty cost table")
+    if extra is not None:
+        extra = np.asarray(extra, dtype=np.int64).reshape(v.size, -1)
     rng = np.random.default_rng(seed)
     if v.size > sample_size:
         pick = np.sort(rng.choice(v.size, sample_size, replace=False))
         v, t = v[pick], t[pick]
+        extra = extra[pick] if extra is not None else None
     mv = max(float(v.mean()), 1.0)
     mt = max(float(t.mean()), 1.0)
     gv = _granularity(v)
+    others = ()
+    if extra is not None:
+        others = tuple(
+            (max(float(extra[:, j].mean()), 1.0), _granularity(extra[:, j]))
+            for j in range(extra.shape[1])
+        )
     # a group cannot hold more samples than there are: beyond that the caps only grow
     target_batch = min(target_batch, float(v.size))
 
     def avg_size(s: float) -> float:
-        p = _params(s, target_batch, mv, mt, gv, slack, rounds)
-        groups = isf_group(v, t, p, np.random.default_rng(seed))
+        p = _params(s, target_batch, mv, mt, gv, slack, rounds, others)
+        groups = isf_group(v, t, p, np.random.default_rng(seed), extra=extra)
         return v.size / groups.n_groups
 
     best, best_err = 1.0, np.inf
@@ -84,4 +116,4 @@ def auto_isf_params(
         if err <= tolerance or size >= v.size:  # on target, or one group holds everything
             break
         scale *= target_batch / size
-    return _params(best, target_batch, mv, mt, gv, slack, rounds)
+    return _params(best, target_batch, mv, mt, gv, slack, rounds, others)

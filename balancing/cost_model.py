@@ -4,12 +4,15 @@ A transformer layer spends ~24*h^2 FLOPs per token in its projections and MLP (l
 and ~4*h*len^2 per sequence in attention (quadratic; half for causal attention). Per phase:
 
 * vision: tokens are encoder patches; each image/tile is its own sequence (``vit_seq_lens``);
+* audio (tables with the phase): tokens are encoder positions; each window or chunk the
+  encoder runs is its own sequence (``audio_seq_lens``: Qwen2-Audio's padded 30-second
+  window, Qwen2.5-Omni's chunks);
 * LLM: each sample is one sequence of ``llm_tokens`` (packed, variable-length attention).
 
 ``alpha``/``beta`` come from model dimensions (hidden size, layers) or from a calibration JSON
-``{"vision": {"alpha": .., "beta": ..}, "llm": {"alpha": .., "beta": ..}}`` measured on the
-real hardware. Costs are in FLOPs (or the calibration's unit); only ratios matter for balance.
-"""
+``{"vision": {"alpha": .., "beta": ..}, "llm": {"alpha": .., "beta": ..}}`` (and ``"audio"``
+where the data has recordings) measured on the real hardware. Costs are in FLOPs (or the
+calibration's unit); only ratios matter for balance."""
 
 from __future__ import annotations
 
@@ -22,13 +25,14 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from balancing._kernels.tables import _nb_sample_costs
+from balancing._kernels.tables import _nb_phase_costs, _nb_sample_costs
 from equishard.common.local_files import read_small
 from equishard.common.options import option
 from equishard.common.values import check_count, is_count
 from equishard.contracts.columns import LLM_TOKENS, VIT_SEQ_LENS, VIT_TOKENS
+from equishard.contracts.phases import Phase
 
-__all__ = ["CostModel", "CostModelOptions", "PhaseCost", "sample_costs"]
+__all__ = ["CostModel", "CostModelOptions", "PhaseCost", "phase_costs", "sample_costs"]
 
 MAX_HIDDEN, MAX_LAYERS = 1 << 24, 1 << 16  # far above any model: a typo, not a model
 
@@ -60,9 +64,15 @@ class PhaseCost:
         )
 
 
+def _whisper_encoder() -> PhaseCost:
+    """Whisper-large-v3's encoder (Qwen2-Audio's, 1280 x 32): the default audio phase."""
+    return PhaseCost.from_dims(hidden=1280, layers=32, causal=False)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CostModel:
-    """Cost coefficients of both phases. Defaults: InternViT-300M (1024 x 24) and a 7B LLM (4096 x 32)."""
+    """Cost coefficients of every phase. Defaults: InternViT-300M (1024 x 24), Whisper-large's
+    encoder (1280 x 32, used where a table has audio) and a 7B LLM (4096 x 32)."""
 
     vision: PhaseCost = field(
         default_factory=lambda: PhaseCost.from_dims(hidden=1024, layers=24, causal=False)
@@ -71,10 +81,11 @@ class CostModel:
         default_factory=lambda: PhaseCost.from_dims(hidden=4096, layers=32, causal=True)
     )
     source: str = "model dimensions: vision 1024x24, llm 4096x32"
+    audio: PhaseCost = field(default_factory=_whisper_encoder)
 
     def __post_init__(self) -> None:  # what a plan report records and a night reads back
-        if not isinstance(self.vision, PhaseCost) or not isinstance(self.llm, PhaseCost):
-            raise ValueError("vision and llm must be PhaseCost(alpha=..., beta=...)")
+        if not all(isinstance(p, PhaseCost) for p in (self.vision, self.llm, self.audio)):
+            raise ValueError("vision, audio and llm must be PhaseCost(alpha=..., beta=...)")
         if not isinstance(self.source, str):
             raise ValueError(
                 f"source must be a string saying where the costs come from, got {self.source!r}"
@@ -82,27 +93,42 @@ class CostModel:
 
     @classmethod
     def from_dims(
-        cls, *, vit_hidden: int, vit_layers: int, llm_hidden: int, llm_layers: int
+        cls,
+        *,
+        vit_hidden: int,
+        vit_layers: int,
+        llm_hidden: int,
+        llm_layers: int,
+        audio_hidden: int = 1280,
+        audio_layers: int = 32,
     ) -> CostModel:
+        audio = ""
+        if (audio_hidden, audio_layers) != (1280, 32):
+            audio = f", audio {audio_hidden}x{audio_layers}"
         return cls(
             vision=PhaseCost.from_dims(hidden=vit_hidden, layers=vit_layers, causal=False),
             llm=PhaseCost.from_dims(hidden=llm_hidden, layers=llm_layers, causal=True),
-            source=f"model dimensions: vision {vit_hidden}x{vit_layers}, llm {llm_hidden}x{llm_layers}",
+            audio=PhaseCost.from_dims(hidden=audio_hidden, layers=audio_layers, causal=False),
+            source=f"model dimensions: vision {vit_hidden}x{vit_layers}, llm {llm_hidden}x"
+            f"{llm_layers}{audio}",
         )
 
     @classmethod
     def from_calibration(cls, path: str | Path) -> CostModel:
         try:
             data = json.loads(read_small(path, 1 << 20).decode("utf-8"))
+            extra = {"audio": PhaseCost(**data["audio"])} if "audio" in data else {}
             return cls(
                 vision=PhaseCost(**data["vision"]),
                 llm=PhaseCost(**data["llm"]),
                 source=f"calibration {path}",
+                **extra,
             )
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(
                 f"calibration file {path}: {exc}; expected "
-                '{"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}}'
+                '{"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}} and, for '
+                'data with recordings, "audio" alike'
             ) from None
 
     @classmethod
@@ -110,12 +136,13 @@ class CostModel:
         """The cost model a plan report recorded (:meth:`describe`'s form), checked: a
         ``ValueError`` naming ``where`` and the field for anything else."""
         try:
-            if not isinstance(record, dict) or set(record) != {"source", "vision", "llm"}:
-                raise TypeError("expected exactly 'source', 'vision' and 'llm'")
+            keys = set(record) if isinstance(record, dict) else set()
+            if keys not in ({"source", "vision", "llm"}, {"source", "vision", "audio", "llm"}):
+                raise TypeError("expected exactly 'source', 'vision', 'llm' (and 'audio')")
             if not isinstance(record["source"], str):
                 raise TypeError("'source' is not a string")
             phases = {}
-            for name in ("vision", "llm"):
+            for name in sorted(keys - {"source"}):
                 if not isinstance(record[name], dict) or set(record[name]) != {"alpha", "beta"}:
                     raise TypeError(f"'{name}' is not {{'alpha': A, 'beta': B}}")
                 phases[name] = PhaseCost(**record[name])
@@ -124,11 +151,18 @@ class CostModel:
         return cls(**phases, source=record["source"])
 
     def describe(self) -> dict:
+        """What a plan report records: every phase's coefficients (a report written before the
+        audio phase existed has no ``audio``; :meth:`from_record` reads both)."""
         return {
             "source": self.source,
             "vision": {"alpha": self.vision.alpha, "beta": self.vision.beta},
+            "audio": {"alpha": self.audio.alpha, "beta": self.audio.beta},
             "llm": {"alpha": self.llm.alpha, "beta": self.llm.beta},
         }
+
+    def phase(self, name: str) -> PhaseCost:
+        """The coefficients of the encoder phase ``name`` (``vision`` or ``audio``)."""
+        return {"vision": self.vision, "audio": self.audio}[name]
 
 
 def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndarray]:
@@ -149,6 +183,21 @@ def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndar
     )
 
 
+def phase_costs(table: pa.Table, phase: Phase, model: CostModel) -> np.ndarray:
+    """Modeled cost of every row in one encoder ``phase`` (its tokens, and each sequence's
+    length squared), as a float64 array."""
+    col = table.column(phase.seq_lens)
+    col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    cost = model.phase(phase.name)
+    return _nb_phase_costs(
+        table.column(phase.tokens).to_numpy(),
+        col.values.to_numpy(zero_copy_only=False),
+        col.offsets.to_numpy(zero_copy_only=False),
+        cost.alpha,
+        cost.beta,
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class CostModelOptions:
     """How ``balance`` gets its cost model: from the model's dimensions, or from a calibration
@@ -160,15 +209,22 @@ class CostModelOptions:
     vit_layers: int = field(default=24, metadata=option("vision encoder layers (default: 24)"))
     llm_hidden: int = field(default=4096, metadata=option("LLM hidden size (default: 4096)"))
     llm_layers: int = field(default=32, metadata=option("LLM layers (default: 32)"))
+    audio_hidden: int = field(
+        default=1280,
+        metadata=option("audio encoder hidden size, for tables with audio (default: 1280)"),
+    )
+    audio_layers: int = field(
+        default=32, metadata=option("audio encoder layers, for tables with audio (default: 32)")
+    )
     calibration: str | None = field(
         default=None,
         metadata=option("measured alpha/beta per phase instead of dimensions", metavar="JSON"),
     )
 
     def __post_init__(self) -> None:
-        for name in ("vit_hidden", "llm_hidden"):
+        for name in ("vit_hidden", "llm_hidden", "audio_hidden"):
             check_count("--" + name.replace("_", "-"), getattr(self, name), 1, MAX_HIDDEN)
-        for name in ("vit_layers", "llm_layers"):
+        for name in ("vit_layers", "llm_layers", "audio_layers"):
             check_count("--" + name.replace("_", "-"), getattr(self, name), 1, MAX_LAYERS)
 
     def build(self) -> CostModel:
@@ -180,4 +236,6 @@ class CostModelOptions:
             vit_layers=self.vit_layers,
             llm_hidden=self.llm_hidden,
             llm_layers=self.llm_layers,
+            audio_hidden=self.audio_hidden,
+            audio_layers=self.audio_layers,
         )

@@ -20,8 +20,9 @@ import pyarrow.parquet as pq
 
 from balancing._kernels.tables import STAT_COUNT, STAT_SUM_V, _nb_counting_argsort
 from balancing.auto_params import auto_isf_params
+from balancing.baselines import llm_only_metrics
 from balancing.checks import MAX_RANKS
-from balancing.cost_model import CostModel, sample_costs
+from balancing.cost_model import CostModel
 from balancing.isf import (
     FLAG_LAST_STEP,
     FLAG_LEFTOVER,
@@ -30,8 +31,10 @@ from balancing.isf import (
     ISFParams,
     isf_group,
 )
+from balancing.loads import sample_loads
 from balancing.plan_quality import (
     PHASES,
+    extra_step_loads,
     group_stats,
     pad_ratios,
     plan_quality,
@@ -50,12 +53,11 @@ from equishard.contracts.columns import (
     LLM_TOKENS,
     VIT_TOKENS,
 )
-from equishard.contracts.phases import check_balanced, encoder_phases
-from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA
-from equishard.contracts.shared_tower import fold_shared_towers
+from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA, plan_schema
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 
+CAP_NAME = {"audio": "a"}  # an encoder phase's letter in the caps' names (q_a, qf_a)
 MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
 
 
@@ -89,6 +91,16 @@ class BalanceConfig:
             metavar="TOKENS",
         ),
     )
+    q_a: int | None = field(
+        default=None,
+        metadata=option(
+            "ISF's audio cap, for a table with recordings: audio encoder positions a group may "
+            "hold (default: chosen from the data)",
+            flag="--audio-tokens-per-group",
+            aliases=("--q-a",),
+            metavar="TOKENS",
+        ),
+    )
     q_t: int | None = field(
         default=None,
         metadata=option(
@@ -115,6 +127,7 @@ class BalanceConfig:
         check_real("--slack", self.slack, 0.0, 1.0)
         for name, value in (
             ("--vision-tokens-per-group (--q-v)", self.q_v),
+            ("--audio-tokens-per-group (--q-a)", self.q_a),
             ("--llm-tokens-per-group (--q-t)", self.q_t),
         ):
             check_count(f"{name} (tokens)", value, 1, none=True)
@@ -124,10 +137,11 @@ class BalanceConfig:
                 f"--nodes {nodes} x --gpus-per-node {per} = {nodes * per} ranks, but --dp is {self.dp}; "
                 "give a layout whose product is the DP size"
             )
-        if (self.q_v is None) != (self.q_t is None):
+        if (self.q_v is None) != (self.q_t is None) or (self.q_a is not None and self.q_v is None):
             raise ValueError(
                 "give both --vision-tokens-per-group and --llm-tokens-per-group (--q-v, --q-t), "
-                "or neither to choose them automatically"
+                "and --audio-tokens-per-group (--q-a) for a table with recordings, or none of "
+                "them to choose them automatically"
             )
         check_real("--target-batch", self.target_batch, 1.0)
 
@@ -136,7 +150,7 @@ class BalanceConfig:
         """The configuration a plan was balanced with, from its report's ``parameters`` (as
         recorded in a generation's manifest), so that a night balances its new samples exactly
         as the parent's were: layout, target batch, seed, ISF rounds and slack, explicit
-        ``q_v``/``q_t`` (an automatic choice is made again for the night's samples), cost
+        ``q_v``/``q_a``/``q_t`` (an automatic choice is made again for the night's samples), cost
         model. A ``ValueError`` naming ``where`` and the field for anything not recorded so."""
 
         if not isinstance(params, dict):
@@ -148,6 +162,7 @@ class BalanceConfig:
         bad += [k for k in ("rounds",) if k in isf and not is_count(isf[k])]
         if isf.get("auto") is False:
             bad += [f"isf.{k}" for k in ("q_v", "q_t") if not is_count(isf.get(k))]
+            bad += [k for k in ("isf.q_a",) if k[4:] in isf and not is_count(isf[k[4:]])]
         numbers = {"target_batch": params.get("target_batch"), "isf.slack": isf.get("slack", 0)}
         bad += [k for k, v in numbers.items() if not is_number(v) or v != v]
         if bad:
@@ -164,6 +179,7 @@ class BalanceConfig:
                 slack=isf.get("slack", 0.05),
                 q_v=isf["q_v"] if isf.get("auto") is False else None,
                 q_t=isf["q_t"] if isf.get("auto") is False else None,
+                q_a=isf.get("q_a") if isf.get("auto") is False else None,
                 cost_model=CostModel.from_record(cm, "cost_model")
                 if cm is not None
                 else CostModel(),
@@ -197,22 +213,17 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     n = table.num_rows
     if n == 0:
         raise ValueError("the cost table has no rows: nothing to balance")
-    table = fold_shared_towers(table)  # video frames the vision tower runs: its load
-    check_balanced(encoder_phases(table.column_names), "the cost table")
     nodes, per = cfg.topology
     d = nodes * per
-    v = table.column(VIT_TOKENS).to_numpy().astype(np.int64, copy=False)
-    t = table.column(LLM_TOKENS).to_numpy().astype(np.int64, copy=False)
+    sl = sample_loads(table, cfg.cost_model)
+    table, loads = sl.table, sl.loads
+    v = sl.tokens(VIT_TOKENS)
+    t = sl.tokens(LLM_TOKENS)
+    extra = sl.extra_tokens()  # the other encoders' tokens (audio); None for vision + LLM
+    others = sl.others
     # ISF groups by tokens; a sample of no tokens at all (a table of zeros, imported or made by
     # hand) still counts as one, so such samples spread by count instead of piling into one group
     t_group = np.maximum(t, 1)
-    vc, tc = sample_costs(table, cfg.cost_model)
-    loads = {
-        VIT_TOKENS: v.astype(np.float64),
-        LLM_TOKENS: t.astype(np.float64),
-        "vit_cost": vc,
-        "llm_cost": tc,
-    }
     timings["costs"] = time.perf_counter() - t0
     # the report's random-batching baseline reads only the loads: on another core (its kernel
     # releases the GIL) while ISF groups and the steps are assigned
@@ -221,18 +232,29 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     pool.shutdown(wait=False)  # the job runs on; the pool takes no other
 
     t1 = time.perf_counter()
+    if (cfg.q_a is not None) != bool(sl.others) and cfg.q_v is not None:
+        raise ValueError(
+            "the cost table has recordings: give --audio-tokens-per-group (--q-a) with the other "
+            "caps"
+            if sl.others
+            else "--audio-tokens-per-group (--q-a) is given but the cost table has no audio phase"
+        )
     if cfg.q_v is not None:
+        q_e = (cfg.q_a,) if sl.others else ()
         params = ISFParams(
             q_v=cfg.q_v,
             q_t=cfg.q_t,
             qf_v=max(1, int(cfg.q_v * (1 - cfg.slack))),
             qf_t=max(1, int(cfg.q_t * (1 - cfg.slack))),
             rounds=cfg.rounds,
+            q_e=q_e,
+            qf_e=tuple(max(1, int(q * (1 - cfg.slack))) for q in q_e),
         )
     else:
         params = auto_isf_params(
             v,
             t_group,
+            extra=extra,
             target_batch=cfg.target_batch,
             seed=cfg.seed,
             slack=cfg.slack,
@@ -242,12 +264,20 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
 
     t1 = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
-    groups = isf_group(v, t_group, params, rng)
+    groups = isf_group(v, t_group, params, rng, extra=extra)
     timings["isf"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
     a = assign_steps(
-        groups.group_of, groups.n_groups, loads, nodes=nodes, gpus_per_node=per, rng=rng
+        groups.group_of,
+        groups.n_groups,
+        loads,
+        nodes=nodes,
+        gpus_per_node=per,
+        rng=rng,
+        extra=sl.extra_keys,
+        # a step's groups are refined where ISF's two-load step sort cannot even every phase
+        caps=params.caps if sl.others else None,
     )
     flags = np.concatenate(
         [groups.flags, np.full(a.last_step_groups.size, FLAG_LAST_STEP, dtype=np.int8)]
@@ -261,13 +291,30 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     gsum = {k: stats[:, col] for col, k in enumerate(PHASES, start=STAT_SUM_V)}
     gsize = stats[:, STAT_COUNT].astype(np.int64)
     step_loads = step_loads_of(stats, a.step, rank, a.n_steps, d)
+    extra_keys = [k for pair in sl.extra_keys for k in pair]
+    step_loads.update(extra_step_loads(a.group_of, loads, extra_keys, a.step, rank, a.n_steps, d))
+    gextra = {k: np.bincount(a.group_of, weights=loads[k], minlength=n_total) for k in extra_keys}
     pads = pad_ratios(stats)
     n_full = a.n_steps - (1 if a.last_step_groups.size else 0)
     random = random_job.result()
     timings["metrics"] = time.perf_counter() - t1
+    llm_only = None
+    if others:  # OrchMLLM's ablation: what balancing the LLM alone leaves the encoders
+        t1 = time.perf_counter()
+        llm_only = llm_only_metrics(
+            loads,
+            t_group,
+            target_batch=cfg.target_batch,
+            seed=cfg.seed,
+            slack=cfg.slack,
+            rounds=cfg.rounds,
+            nodes=nodes,
+            gpus_per_node=per,
+        )
+        timings["llm_only"] = time.perf_counter() - t1
     # the per-sample loads are done with: their 400 MB at 10M rows are not held while the plan's
     # columns are made (the command's peak)
-    del loads, v, t, t_group, vc, tc
+    del loads, v, t, t_group, extra, sl
     sample_flag = flags[groups.group_of]  # each sample's ISF group's kind (before the last step)
     kept_per_round = groups.kept_per_round
     del groups  # its sample -> group column too (80 MB)
@@ -289,6 +336,10 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         GROUP_LLM_TOKENS: gsum[LLM_TOKENS].astype(np.int64),
         GROUP_VIT_COST: np.ascontiguousarray(gsum["vit_cost"]),
         GROUP_LLM_COST: np.ascontiguousarray(gsum["llm_cost"]),
+        **{
+            f"group_{k}": x.astype(np.int64) if k.endswith("_tokens") else x
+            for k, x in gextra.items()
+        },
     }
     # ``g`` is one run per (step, rank) slot: repeat each group's values over its run
     starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if n else np.zeros(0, int)
@@ -297,10 +348,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     cols["group_flag"] = pa.DictionaryArray.from_arrays(
         pa.array(cols["group_flag"], pa.int8()), pa.array(FLAG_NAMES)
     ).cast(pa.string())
-    plan = pa.table(
-        {"sample_id": sample_ids, **cols},
-        schema=PLAN_SCHEMA,
-    )
+    plan = pa.table({"sample_id": sample_ids, **cols}, schema=plan_schema(others))
     nonempty = gsize > 0  # dissolved groups and empty last-step slots hold no samples
     flag_counts = np.bincount(flags[nonempty], minlength=len(FLAG_NAMES))
     oversize_ids = (
@@ -345,6 +393,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
                 "q_t": params.q_t,
                 "qf_v": params.qf_v,
                 "qf_t": params.qf_t,
+                **{f"q_{CAP_NAME[p.name]}": q for p, q in zip(others, params.q_e, strict=True)},
+                **{f"qf_{CAP_NAME[p.name]}": q for p, q in zip(others, params.qf_e, strict=True)},
                 "rounds": params.rounds,
                 "slack": cfg.slack,
                 "auto": cfg.q_v is None,
@@ -352,7 +402,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             },
             "cost_model": cfg.cost_model.describe(),
         },
-        **plan_quality(step_loads, pads, n_full, nodes, random),
+        **plan_quality(step_loads, pads, n_full, nodes, random, llm_only),
         "seconds": {k: round(x, 4) for k, x in timings.items()},
     }
     assert report["counts"]["in"] == report["counts"]["out"]

@@ -2,6 +2,10 @@
 efficiency and pad ratio of the plan, of its full steps and of random batching of the same
 samples, node balance and the trend over steps (metric definitions: ``balancing.metrics``).
 Shared by fresh (``plan``) and incremental (``incremental``) plans.
+
+The vision tower and the LLM are in every report; another encoder phase (audio) is where the
+loads have its keys (:data:`REPORTED`): its dist ratio, efficiency, node balance and trend
+beside theirs.
 """
 
 from __future__ import annotations
@@ -15,11 +19,15 @@ from balancing._kernels.tables import (
     _nb_stats_pad_ratios,
 )
 from balancing.metrics import dist_ratio, efficiency
-from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.columns import AUDIO_TOKENS, LLM_TOKENS, VIT_TOKENS
 
 __all__ = [
     "PHASES",
+    "REPORTED",
+    "encoder_gain",
+    "extra_step_loads",
     "group_stats",
+    "metrics_of",
     "pad_ratios",
     "plan_quality",
     "random_batching_metrics",
@@ -27,6 +35,16 @@ __all__ = [
 ]
 
 PHASES = (VIT_TOKENS, LLM_TOKENS, "vit_cost", "llm_cost")  # = columns STAT_SUM_V .. _TC
+# (report name, tokens key, cost key) of every phase a report can show, in the order shown
+REPORTED = (
+    ("vit", VIT_TOKENS, "vit_cost"),
+    ("audio", AUDIO_TOKENS, "audio_cost"),
+    ("llm", LLM_TOKENS, "llm_cost"),
+)
+
+
+def _shown(loads: dict) -> list[tuple[str, str, str]]:
+    return [r for r in REPORTED if r[1] in loads]
 
 
 def step_loads_of(
@@ -43,12 +61,35 @@ def step_loads_of(
     return out
 
 
-def _metrics(loads: dict[str, np.ndarray], pads: dict[str, float]) -> dict:
+def extra_step_loads(
+    group_of: np.ndarray,
+    loads: dict[str, np.ndarray],
+    keys,
+    step: np.ndarray,
+    rank: np.ndarray,
+    n_steps: int,
+    d: int,
+) -> dict[str, np.ndarray]:
+    """[steps, D] load of each of ``keys`` (phases beyond the per-group ``stats``: audio),
+    summed over each sample's group's (step, rank); groups in no step skipped."""
+    gs = step[group_of]
+    ok = gs >= 0
+    slot = gs[ok] * d + rank[group_of][ok]
+    return {
+        k: np.bincount(slot, weights=loads[k][ok], minlength=n_steps * d).reshape(n_steps, d)
+        for k in keys
+    }
+
+
+def metrics_of(loads: dict[str, np.ndarray], pads: dict[str, float]) -> dict:
+    """Dist ratio and efficiency of every phase of [steps, D] ``loads`` (tokens and modeled
+    cost), with the pad ratios ``pads``; rounded as a report shows them."""
     out = dict(pads)
-    for name, key in (("vit", VIT_TOKENS), ("llm", LLM_TOKENS)):
+    shown = _shown(loads)
+    for name, key, _ in shown:
         out[f"dist_ratio_{name}"] = dist_ratio(loads[key])
         out[f"efficiency_{name}"] = efficiency(loads[key])
-    for name, key in (("vit", "vit_cost"), ("llm", "llm_cost")):
+    for name, _, key in shown:
         out[f"dist_ratio_{name}_cost"] = dist_ratio(loads[key])
         out[f"efficiency_{name}_cost"] = efficiency(loads[key])
     return {k: round(float(v), 6) for k, v in out.items()}
@@ -84,25 +125,49 @@ def _trend(step_loads: np.ndarray) -> dict:
     return {"spearman": round(rho, 4), "second_half_over_first": round(ratio, 4)}
 
 
+def encoder_gain(balanced: dict, llm_only: dict) -> dict:
+    """Per encoder phase: its dist ratio under the LLM-only plan over its dist ratio under the
+    plan (how many times more even the plan makes it; ``inf`` where the plan is exact)."""
+    out = {}
+    for name, tokens, _ in REPORTED:
+        key = f"dist_ratio_{name}"
+        if tokens == LLM_TOKENS or key not in balanced:
+            continue
+        base, got = llm_only[key], balanced[key]
+        out[name] = round(base / got, 3) if got > 0 else float("inf")
+    return out
+
+
 def plan_quality(
-    step_loads: dict[str, np.ndarray], pads: dict, n_full: int, nodes: int, random: dict
+    step_loads: dict[str, np.ndarray],
+    pads: dict,
+    n_full: int,
+    nodes: int,
+    random: dict,
+    llm_only: dict | None = None,
 ) -> dict:
-    """The report's ``metrics`` (against ``random``), ``node_balance`` and ``trend`` sections
-    from [steps, D] loads per phase; the first ``n_full`` steps are the full ones."""
+    """The report's ``metrics`` (against ``random`` and, where given, the ``llm_only`` plan's,
+    :mod:`balancing.baselines`), ``node_balance`` and ``trend`` sections from [steps, D] loads
+    per phase; the first ``n_full`` steps are the full ones."""
     n_steps, d = step_loads[VIT_TOKENS].shape
     node = {k: x.reshape(n_steps, nodes, d // nodes).sum(axis=2) for k, x in step_loads.items()}
     full = {k: x[:n_full] for k, x in step_loads.items()}
+    balanced = metrics_of(step_loads, pads)
+    baseline = {}
+    if llm_only is not None:
+        baseline = {"llm_only": llm_only, "encoder_gain": encoder_gain(balanced, llm_only)}
     return {
         "metrics": {
             "random": random,
-            "balanced": _metrics(step_loads, pads),
-            "balanced_full_steps": _metrics(full, pads) if n_full else {},
+            "balanced": balanced,
+            "balanced_full_steps": metrics_of(full, pads) if n_full else {},
+            **baseline,
         },
         "node_balance": {
-            "dist_ratio_vit": round(dist_ratio(node[VIT_TOKENS]), 6),
-            "dist_ratio_llm": round(dist_ratio(node[LLM_TOKENS]), 6),
+            f"dist_ratio_{name}": round(dist_ratio(node[key]), 6)
+            for name, key, _ in _shown(step_loads)
         },
-        "trend": {"vit": _trend(full[VIT_TOKENS]), "llm": _trend(full[LLM_TOKENS])},
+        "trend": {name: _trend(full[key]) for name, key, _ in _shown(step_loads)},
     }
 
 
@@ -117,10 +182,13 @@ def random_batching_metrics(
     perm = np.random.default_rng(seed + 1).permutation(n)
     stats = _nb_block_stats(perm, b, *(loads[k] for k in PHASES))
     r_steps = stats.shape[0] // d
+    batches = {k: np.ascontiguousarray(stats[:, col]) for col, k in enumerate(PHASES, STAT_SUM_V)}
+    for _, tokens, cost in _shown(loads):  # the phases beyond the stats table's (audio)
+        for k in (x for x in (tokens, cost) if x not in PHASES):
+            batches[k] = np.bincount(np.arange(n) // b, weights=loads[k][perm])
     random_loads = {}
-    for col, k in enumerate(PHASES, start=STAT_SUM_V):
-        per_batch = np.ascontiguousarray(stats[:, col])  # rows of D: reductions run fast
+    for k, per_batch in batches.items():  # rows of D: reductions run fast
         random_loads[k] = (
             per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
         )
-    return _metrics(random_loads, pad_ratios(stats))
+    return metrics_of(random_loads, pad_ratios(stats))

@@ -1,7 +1,8 @@
 """Step assignment: order groups into global steps of D groups, then place them on (node, rank).
 
-Groups are sorted by vision load, then LLM load, then modeled LLM cost; consecutive runs of D
-groups form the steps, so the D groups of a step are alike in both phases (oversize and leftover
+Groups are sorted by vision load, then each other encoder's load (audio), then LLM load, then
+modeled LLM cost; consecutive runs of D groups form the steps, so the D groups of a step are
+alike in every phase (oversize and leftover
 groups sort next to their peers by load). The steps are then shuffled by the seed, so their order
 carries no trend. When the group count is not a multiple of D, the remaining groups (the last
 ones in sorted order) are dissolved and their samples re-packed by LPT into D groups that form
@@ -17,10 +18,13 @@ import numpy as np
 
 from balancing._kernels.partition import _nb_lpt_capped
 from balancing._kernels.placement import _nb_place_on_nodes
+from balancing._kernels.step_refine import _nb_refine_steps
 from balancing._kernels.tables import _nb_counting_argsort
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
-__all__ = ["StepAssignment", "assign_steps"]
+__all__ = ["StepAssignment", "assign_steps", "refine_steps"]
+
+MAX_MOVES = 4096  # moves per step; a step converges in far fewer (one per sample, about)
 
 
 @dataclass(slots=True)
@@ -40,6 +44,30 @@ def _group_sums(group_of: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(group_of, weights=x, minlength=n)
 
 
+def refine_steps(
+    group_of: np.ndarray,
+    step_of: np.ndarray,
+    by_step: np.ndarray,
+    tokens: list[np.ndarray],
+    caps: np.ndarray,
+    max_moves: int = MAX_MOVES,
+) -> np.ndarray:
+    """The samples' groups after each step's groups were refined in every phase at once:
+    moves and swaps between a step's groups that lower the sum over the phases of the heaviest
+    group (``balancing._kernels.step_refine``), no group passing a cap of ``caps`` it was under.
+    ``by_step[s]``: step s's groups in slot order; ``tokens``: each phase's per-sample loads."""
+    n_steps, d = by_step.shape
+    step = step_of[group_of]
+    members = _nb_counting_argsort(step, n_steps)
+    starts = np.searchsorted(step[members], np.arange(n_steps + 1))
+    slot_of_group = np.empty(step_of.shape[0], dtype=np.int64)
+    slot_of_group[by_step.ravel()] = np.tile(np.arange(d), n_steps)
+    slot = slot_of_group[group_of]
+    x = np.stack([np.asarray(t).astype(np.int64) for t in tokens], axis=1)
+    _nb_refine_steps(x, members, starts, slot, d, caps.astype(np.int64), max_moves)
+    return by_step[step, slot]
+
+
 def assign_steps(
     group_of: np.ndarray,
     n_groups: int,
@@ -48,16 +76,22 @@ def assign_steps(
     nodes: int,
     gpus_per_node: int,
     rng: np.random.Generator,
+    extra: tuple[tuple[str, str], ...] = (),
+    caps: np.ndarray | None = None,
 ) -> StepAssignment:
     """Assign groups to steps and (node, local rank).
 
-    ``loads`` holds per-sample ``vit_tokens``, ``llm_tokens``, ``vit_cost``, ``llm_cost``.
+    ``loads`` holds per-sample ``vit_tokens``, ``llm_tokens``, ``vit_cost``, ``llm_cost`` and,
+    for each other encoder phase, the (tokens, cost) keys ``extra`` names (``audio_tokens``,
+    ``audio_cost``). ``caps``: every phase's token cap (vision, the others, LLM); given,
+    each step's groups are refined in every phase (:func:`refine_steps`).
     """
     d = nodes * gpus_per_node
     gv = _group_sums(group_of, loads[VIT_TOKENS], n_groups)
     gt = _group_sums(group_of, loads[LLM_TOKENS], n_groups)
     gct = _group_sums(group_of, loads["llm_cost"], n_groups)
-    order = np.lexsort((gct, gt, gv))  # stable: ties keep group order
+    ge = [_group_sums(group_of, loads[tokens], n_groups) for tokens, _ in extra]
+    order = np.lexsort((gct, gt, gv, *ge[::-1]))  # stable: ties keep group order
     n_full = n_groups // d
     full = order[: n_full * d].reshape(n_full, d)
     rest = order[n_full * d :]
@@ -73,6 +107,8 @@ def assign_steps(
         dissolved[rest] = True
         members = np.flatnonzero(dissolved[group_of])
         w = loads["vit_cost"][members] / max(loads["vit_cost"].mean(), 1e-12)
+        for _, cost in extra:
+            w = w + loads[cost][members] / max(loads[cost].mean(), 1e-12)
         w = w + loads["llm_cost"][members] / max(loads["llm_cost"].mean(), 1e-12)
         order_m = np.lexsort((members, -w))
         bins = np.empty(members.size, dtype=np.int64)
@@ -82,16 +118,19 @@ def assign_steps(
         step_of[last] = n_steps
         n_steps += 1
     total = n_groups + (d if rest.size else 0)
-    # Loads per (step, slot) for node placement, normalized so both phases weigh alike.
+    # Loads per (step, slot, phase) for node placement, normalized so all phases weigh alike.
     placed = np.flatnonzero(step_of[:total] >= 0)
     by_step = placed[_nb_counting_argsort(step_of[placed], n_steps)].reshape(n_steps, d)
-    gv_all = _group_sums(group_of, loads[VIT_TOKENS], total)
-    gt_all = _group_sums(group_of, loads[LLM_TOKENS], total)
-    lv = gv_all[by_step] / max(gv_all.mean(), 1e-12)
-    lt = gt_all[by_step] / max(gt_all.mean(), 1e-12)
+    keys = (VIT_TOKENS, *(tokens for tokens, _ in extra), LLM_TOKENS)
+    if caps is not None:
+        group_of = refine_steps(group_of, step_of, by_step, [loads[k] for k in keys], caps)
+    placing = np.empty((n_steps, d, len(keys)))
+    for j, key in enumerate(keys):
+        sums = _group_sums(group_of, loads[key], total)
+        placing[:, :, j] = sums[by_step] / max(sums.mean(), 1e-12)
     node_s = np.empty((n_steps, d), dtype=np.int64)
     local_s = np.empty((n_steps, d), dtype=np.int64)
-    _nb_place_on_nodes(lv, lt, nodes, gpus_per_node, node_s, local_s)
+    _nb_place_on_nodes(placing, nodes, gpus_per_node, node_s, local_s)
     node = np.full(total, -1, dtype=np.int64)
     local = np.full(total, -1, dtype=np.int64)
     node[by_step.ravel()] = node_s.ravel()

@@ -1,8 +1,9 @@
 """numba kernels of the balancing stage, one module per algorithm: :mod:`.isf` (offline ISF
 grouping), :mod:`.tables` (per-sample and per-group tables of a plan), :mod:`.heap` (the indexed
 heap the runtime kernels share), :mod:`.partition` (runtime partition of one step over ranks),
-:mod:`.refine` (move and swap refinement), :mod:`.placement` (groups onto nodes and ranks, node-wise
-assignment) and :mod:`.schedule` (the 1F1B timeline).
+:mod:`.refine` (move and swap refinement), :mod:`.step_refine` (a step's groups evened in every
+phase), :mod:`.placement` (groups onto nodes and ranks, node-wise assignment) and
+:mod:`.schedule` (the 1F1B timeline).
 
 Each kernel has a plain-Python twin in ``balancing._reference`` and a test that both agree over
 many seeds. Kernels take and return numpy arrays only; randomness is drawn by the caller, so a
@@ -17,9 +18,11 @@ from balancing._kernels.heap import (
     _ih_swap,
 )
 from balancing._kernels.isf import (
+    _close,
     _nb_apply_round,
     _nb_best_fit,
     _nb_isf_round,
+    _reaches,
 )
 from balancing._kernels.partition import (
     _nb_argsort_desc,
@@ -53,6 +56,13 @@ from balancing._kernels.schedule import (
     _nb_makespan,
     _nb_swap_descent,
 )
+from balancing._kernels.step_refine import (
+    _improve,
+    _nb_refine_step,
+    _nb_refine_steps,
+    _objective,
+    _score,
+)
 from balancing._kernels.tables import (
     STAT_COUNT,
     STAT_MAX_T,
@@ -66,6 +76,7 @@ from balancing._kernels.tables import (
     _nb_counting_argsort,
     _nb_group_max,
     _nb_group_stats,
+    _nb_phase_costs,
     _nb_sample_costs,
     _nb_stats_pad_ratios,
 )
@@ -79,12 +90,14 @@ __all__ = [
     "STAT_SUM_V",
     "STAT_SUM_VC",
     "_add_to_stats",
+    "_close",
     "_fix_bin",
     "_ih_fix",
     "_ih_heapify",
     "_ih_init",
     "_ih_less",
     "_ih_swap",
+    "_improve",
     "_insert_sorted",
     "_nb_1f1b_ops",
     "_nb_1f1b_times",
@@ -105,13 +118,19 @@ __all__ = [
     "_nb_makespan",
     "_nb_padded_attention",
     "_nb_padded_batches",
+    "_nb_phase_costs",
     "_nb_place_on_nodes",
     "_nb_refine",
+    "_nb_refine_step",
+    "_nb_refine_steps",
     "_nb_sample_costs",
     "_nb_stats_pad_ratios",
     "_nb_swap_descent",
+    "_objective",
     "_pair_step",
+    "_reaches",
     "_remove_at",
+    "_score",
     "_slot_sift",
     "_slot_up",
     "_tree_prefix_min",

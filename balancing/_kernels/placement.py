@@ -9,36 +9,40 @@ from numba import njit
 
 
 @njit(cache=True)
-def _nb_place_on_nodes(loads_v, loads_t, nodes, per_node, node_out, local_out):
+def _nb_place_on_nodes(loads, nodes, per_node, node_out, local_out):
     """Place each step's D = nodes*per_node groups on (node, local rank).
 
-    ``loads_*`` have shape (steps, D), normalized so both phases weigh alike. Groups go,
-    heaviest (vision + LLM) first, to the node whose running load (the larger of its two phases
-    after adding the group) stays lowest, among nodes with a free slot: every node's total is
-    as even as possible in both phases.
+    ``loads`` has shape (steps, D, phases), each phase normalized so all weigh alike. Groups go,
+    heaviest (summed over the phases) first, to the node whose running load (the largest of its
+    phases after adding the group) stays lowest, among nodes with a free slot: every node's
+    total is as even as possible in every phase.
     """
-    steps, d = loads_v.shape
+    steps, d, k = loads.shape
     for s in range(steps):
-        key = loads_v[s] + loads_t[s]
+        key = np.zeros(d)
+        for g in range(d):
+            for j in range(k):
+                key[g] += loads[s, g, j]
         idx = np.argsort(-key, kind="mergesort")
-        nv = np.zeros(nodes)
-        nt = np.zeros(nodes)
+        acc = np.zeros((nodes, k))
         used = np.zeros(nodes, dtype=np.int64)
-        for j in range(d):
-            gidx = idx[j]
+        for p in range(d):
+            gidx = idx[p]
             best = -1
             best_val = np.inf
             for nd in range(nodes):
                 if used[nd] < per_node:
-                    val = max(nv[nd] + loads_v[s, gidx], nt[nd] + loads_t[s, gidx])
+                    val = -np.inf
+                    for j in range(k):
+                        val = max(val, acc[nd, j] + loads[s, gidx, j])
                     if val < best_val:
                         best_val = val
                         best = nd
             node_out[s, gidx] = best
             local_out[s, gidx] = used[best]
             used[best] += 1
-            nv[best] += loads_v[s, gidx]
-            nt[best] += loads_t[s, gidx]
+            for j in range(k):
+                acc[best, j] += loads[s, gidx, j]
 
 
 @njit(cache=True)

@@ -27,6 +27,20 @@ def _nb_sample_costs(vit, llm, values, offsets, a_v, b_v, a_t, b_t):
 
 
 @njit(cache=True)
+def _nb_phase_costs(tokens, values, offsets, a, b):
+    """Modeled cost of every sample in one encoder phase: ``a * tokens + b * sum of squared
+    sequence lengths`` (``values``/``offsets``: the list column of its sequences)."""
+    n = tokens.shape[0]
+    out = np.empty(n)
+    for i in range(n):
+        acc = 0.0
+        for k in range(offsets[i], offsets[i + 1]):
+            acc += float(values[k]) * float(values[k])
+        out[i] = a * float(tokens[i]) + b * acc
+    return out
+
+
+@njit(cache=True)
 def _nb_group_max(ids, x, n_groups):
     out = np.zeros(n_groups)
     for i in range(ids.shape[0]):

@@ -102,7 +102,9 @@ LLM = Phase(
     name="llm", modality="text", tokens=LLM_TOKENS, seq_lens=None, items=None, attention="causal"
 )
 ENCODER_PHASES: tuple[Phase, ...] = (VISION, VIDEO, AUDIO)
-BALANCED: frozenset[str] = frozenset({"vision", "llm"})  # the phases ISF and the steps take
+BALANCED: frozenset[str] = frozenset(
+    {"vision", "audio", "llm"}
+)  # the phases ISF and the steps take
 
 
 def encoder_phases(columns: Iterable[str], recorded=None, where: str = "") -> tuple[Phase, ...]:

@@ -2,7 +2,8 @@
 ``equishard write`` reads from it.
 
 A plan directory holds :data:`PLAN_PARQUET` (one row per sample: its group, the group's step and
-(node, local rank, rank), the group's size and loads; schema :data:`PLAN_SCHEMA`) and
+(node, local rank, rank), the group's size and loads; schema :data:`PLAN_SCHEMA`, with each
+other encoder phase's loads after it: :func:`plan_schema`) and
 :data:`PLAN_REPORT` (the balance report: parameters, counts, last step, metrics). A night's
 incremental plan adds ``parent_step`` (:data:`INCREMENTAL_PLAN_SCHEMA`). The writer is
 :func:`balancing.write_plan`; the reader, which checks a plan from outside against itself and the
@@ -21,7 +22,14 @@ from equishard.contracts.columns import (
     SAMPLE_ID,
 )
 
-__all__ = ["INCREMENTAL_PLAN_SCHEMA", "PLAN_PARQUET", "PLAN_REPORT", "PLAN_SCHEMA"]
+__all__ = [
+    "INCREMENTAL_PLAN_SCHEMA",
+    "PLAN_PARQUET",
+    "PLAN_REPORT",
+    "PLAN_SCHEMA",
+    "phase_fields",
+    "plan_schema",
+]
 
 PLAN_PARQUET = "plan.parquet"
 PLAN_REPORT = "report.json"
@@ -43,3 +51,19 @@ PLAN_SCHEMA = pa.schema(
     ]
 )
 INCREMENTAL_PLAN_SCHEMA = PLAN_SCHEMA.append(pa.field("parent_step", pa.int64()))
+
+
+def phase_fields(phase) -> list[pa.Field]:
+    """The plan's columns of an encoder phase beside the vision tower (the audio encoder's):
+    ``group_<tokens column>`` (whole tokens) and ``group_<phase>_cost``."""
+    return [
+        pa.field(f"group_{phase.tokens}", pa.int64()),
+        pa.field(f"group_{phase.name}_cost", pa.float64()),
+    ]
+
+
+def plan_schema(others=()) -> pa.Schema:
+    """:data:`PLAN_SCHEMA`, then each other encoder phase's columns (``others``: the phases
+    beside the vision tower a cost table has, :func:`~equishard.contracts.phases.encoder_phases`).
+    A plan of an image + text table is exactly :data:`PLAN_SCHEMA`, as before phases existed."""
+    return pa.schema([*PLAN_SCHEMA, *(f for p in others for f in phase_fields(p))])

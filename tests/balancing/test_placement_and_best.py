@@ -23,18 +23,19 @@ SEEDS = range(30)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_place_on_nodes_equals_its_twin(seed):
+@pytest.mark.parametrize("phases", [2, 3])
+def test_place_on_nodes_equals_its_twin(seed, phases):
+    """Vision and LLM; and an audio encoder beside them (three loads a group)."""
     rng = np.random.default_rng(seed)
     nodes, per_node, steps = int(rng.integers(1, 5)), int(rng.integers(1, 5)), 6
     d = nodes * per_node
-    lv = rng.exponential(1.0, (steps, d)).round(2)
-    lt = rng.exponential(1.0, (steps, d)).round(2)
+    loads = rng.exponential(1.0, (steps, d, phases)).round(2)
     if seed % 3 == 0:
-        lt[:, : d // 2] = lv[:, : d // 2]  # ties between groups
+        loads[:, : d // 2, -1] = loads[:, : d // 2, 0]  # ties between groups
     node = np.empty((steps, d), dtype=np.int64)
     local = np.empty((steps, d), dtype=np.int64)
-    K._nb_place_on_nodes(lv, lt, nodes, per_node, node, local)
-    ref_node, ref_local = R.place_on_nodes(lv.tolist(), lt.tolist(), nodes, per_node)
+    K._nb_place_on_nodes(loads, nodes, per_node, node, local)
+    ref_node, ref_local = R.place_on_nodes(loads.tolist(), nodes, per_node)
     assert node.tolist() == ref_node and local.tolist() == ref_local
     for s in range(steps):  # every (node, local rank) slot used once
         assert sorted(zip(node[s], local[s], strict=True)) == [
@@ -64,7 +65,7 @@ def test_a_step_with_one_phase_empty_is_placed_optimally(seed, empty_phase):
     lv, lt = (zero, loads) if empty_phase == "vision" else (loads, zero)
     node = np.empty((1, 4), dtype=np.int64)
     local = np.empty((1, 4), dtype=np.int64)
-    K._nb_place_on_nodes(lv, lt, 2, 2, node, local)
+    K._nb_place_on_nodes(np.stack([lv, lt], axis=2), 2, 2, node, local)
     got = np.bincount(node[0], weights=loads[0], minlength=2).max()
     assert got == _best_split(loads[0], 2, 2)
 

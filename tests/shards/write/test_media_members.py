@@ -27,6 +27,7 @@ import webdataset as wds
 from shards.read.dataset import GroupDataset, RankInfo
 from shards.read.reader import ShardError, group_samples
 from shards.read.verify import verify_generation
+from shards.store.publish import read_current
 from shards.write.writer import WriteConfig, write_generation
 from tests.dataprep.helpers import run, write_jsonl
 
@@ -78,17 +79,34 @@ def media_gen(tmp_path, tokenizer_path):
         {"id": "t", "conversations": _conv("text only")},
     ]
     jsonl = write_jsonl(data / "d.jsonl", records)
-    run(tmp_path, [jsonl], tokenizer_path, vision_policy="qwen2vl", video_rule="qwen2vl")
+    run(
+        tmp_path,
+        [jsonl],
+        tokenizer_path,
+        vision_policy="qwen2vl",
+        video_rule="qwen2vl",
+        audio_rule="qwen2audio",
+    )
     return tmp_path, data
 
 
-def test_a_table_with_audio_is_not_written_until_balancing_takes_audio(media_gen):
+def test_a_table_with_audio_is_balanced_in_its_audio_phase(media_gen):
+    """The recordings are measured, and the plan carries each group's audio load: the sum of
+    its samples' audio positions (1,500 a Qwen2-Audio recording)."""
     tmp_path, _ = media_gen
-    # the fixture's run had no audio rule: its audio samples were refused, not written as text
     from dataprep import read_cost_table
 
-    ids = read_cost_table(tmp_path / "out" / "cost.parquet").column("sample_id").to_pylist()
-    assert sorted(ids) == ["t", "v0", "v2"]
+    cost = read_cost_table(tmp_path / "out" / "cost.parquet")
+    assert sorted(cost.column("sample_id").to_pylist()) == ["a", "t", "v0", "v1", "v2"]
+    _write(tmp_path, tmp_path / "out" / "cost.parquet")
+    plan = pa.parquet.read_table(tmp_path / "plan" / "plan.parquet").to_pylist()
+    ids, tokens = (cost.column(c).to_pylist() for c in ("sample_id", "audio_tokens"))
+    audio = dict(zip(ids, tokens, strict=True))
+    assert audio["a"] == audio["v1"] == 1500 and audio["t"] == 0
+    for row in plan:
+        assert row["group_audio_tokens"] == sum(
+            audio[r["sample_id"]] for r in plan if r["group_id"] == row["group_id"]
+        )
 
 
 def _write(tmp_path: Path, cost: Path, dp: int = 2) -> Path:
@@ -105,7 +123,7 @@ def _write(tmp_path: Path, cost: Path, dp: int = 2) -> Path:
     return gen
 
 
-def test_videos_come_out_of_the_loader_byte_identical(media_gen):
+def test_videos_and_recordings_come_out_of_the_loader_byte_identical(media_gen):
     tmp_path, data = media_gen
     gen = _write(tmp_path, tmp_path / "out" / "cost.parquet")
     got = {}
@@ -113,7 +131,14 @@ def test_videos_come_out_of_the_loader_byte_identical(media_gen):
         for batch in GroupDataset(gen, RankInfo(rank=rank, world_size=2), shuffle=False):
             for s in batch["samples"]:
                 got[s.meta["sample_id"]] = s
-    assert sorted(got) == ["t", "v0", "v2"]
+    assert sorted(got) == ["a", "t", "v0", "v1", "v2"]
+    assert got["a"].audios == [(data / "a.wav").read_bytes()] and got["a"].videos == []
+    assert got["v1"].audios == [(data / "a.wav").read_bytes()]
+    assert got["v1"].videos == [(data / "v1.mp4").read_bytes()]
+    assert got["a"].meta["cost"]["num_audios"] == 1
+    loads = json.loads((gen / read_current(gen) / "manifest.json").read_text())["loads"]
+    assert loads["max_sample_audio_tokens"] == 1500  # one Qwen2-Audio window
+    assert loads["max_group_audio_tokens"] in (1500, 3000)  # the two recordings, apart or not
     assert got["v0"].videos == [(data / "v0.mp4").read_bytes()]
     assert got["v2"].videos == [(data / "v2.mp4").read_bytes(), (data / "v0.mp4").read_bytes()]
     assert got["v2"].meta["videos"] == ["video0.mp4", "video1.mp4"]
@@ -200,8 +225,9 @@ def test_a_file_shorter_than_its_size_stops_the_member():
 
 
 def test_peer_readers_load_a_generation_with_videos(media_gen, tmp_path_factory):
-    """HF datasets' WebDataset builder (videos as bytes, not as images it cannot open), wids
-    and Megatron-Energon's loader (through equishard's cooker) read every video member."""
+    """HF datasets' WebDataset builder (videos and recordings as bytes, not as images it
+    cannot open), wids and Megatron-Energon's loader (through equishard's cooker) read every
+    video and audio member."""
     import datasets
     import wids
     from megatron.energon import (
@@ -223,11 +249,20 @@ def test_peer_readers_load_a_generation_with_videos(media_gen, tmp_path_factory)
     args = ["write", str(tmp_path / "plan"), "--cost-table", str(tmp_path / "out" / "cost.parquet")]
     assert main([*args, "--out", str(root), "--energon"]) == 0
     gen = root / read_current(root)
-    want = {"v0": [data / "v0.mp4"], "v2": [data / "v2.mp4", data / "v0.mp4"], "t": []}
-    want = {k: [p.read_bytes() for p in v] for k, v in want.items()}
+    want = {
+        "v0": ([data / "v0.mp4"], []),
+        "v1": ([data / "v1.mp4"], [data / "a.wav"]),
+        "v2": ([data / "v2.mp4", data / "v0.mp4"], []),
+        "a": ([], [data / "a.wav"]),
+        "t": ([], []),
+    }
+    want = {k: tuple([p.read_bytes() for p in m] for m in v) for k, v in want.items()}
+
+    def members(doc, read):
+        return tuple([read(n) for n in doc.get(kind, [])] for kind in ("videos", "audios"))
 
     ds = datasets.load_dataset("webdataset", **hf_webdataset_kwargs(gen), split="train")
-    got = {r["json"]["sample_id"]: [r[n] for n in r["json"].get("videos", [])] for r in ds}
+    got = {r["json"]["sample_id"]: members(r["json"], r.__getitem__) for r in ds}
     assert got == want
 
     m = open_generation(gen)
@@ -235,10 +270,10 @@ def test_peer_readers_load_a_generation_with_videos(media_gen, tmp_path_factory)
     got = {}
     for i in range(len(wds_ds)):
         s = wds_ds[i]
-        got[s[".json"]["sample_id"]] = [
-            s["." + n].read() if hasattr(s["." + n], "read") else s["." + n]
-            for n in s[".json"].get("videos", [])
-        ]
+        got[s[".json"]["sample_id"]] = members(
+            s[".json"],
+            lambda n, s=s: s["." + n].read() if hasattr(s["." + n], "read") else s["." + n],
+        )
     assert got == want
 
     class Encoder(DefaultTaskEncoder):
@@ -260,13 +295,14 @@ def test_peer_readers_load_a_generation_with_videos(media_gen, tmp_path_factory)
             task_encoder=Encoder(),
         )
     )
-    got = {s.record["sample_id"]: s.videos for batch in loader for s in batch}
+    got = {s.record["sample_id"]: (s.videos, s.audios) for batch in loader for s in batch}
     assert got == want
 
 
 def test_a_night_adds_videos_measured_by_the_parents_rule_and_keeps_the_old_ones(media_gen):
-    """rebalance preps the night's new samples with the parent's video rule (without it they
-    would be refused, or counted as text) and its kept groups keep their video members."""
+    """rebalance preps the night's new samples with the parent's video and audio rules (without
+    them they would be refused, or counted as text), balances the audio phase again, and its
+    kept groups keep their video and audio members."""
     from shards.nightly.rebalance import RebalanceConfig, run_rebalance
     from shards.store.publish import read_current
 
@@ -274,7 +310,11 @@ def test_a_night_adds_videos_measured_by_the_parents_rule_and_keeps_the_old_ones
     gen = _write(tmp_path, tmp_path / "out" / "cost.parquet").parent  # the root
     _video(data / "n.mp4", 50)
     night = write_jsonl(
-        data / "night.jsonl", [{"id": "n", "video": "n.mp4", "conversations": _conv("<video> new")}]
+        data / "night.jsonl",
+        [
+            {"id": "n", "video": "n.mp4", "conversations": _conv("<video> new")},
+            {"id": "n2", "audio": "a.wav", "conversations": _conv("<audio> again")},
+        ],
     )
     root = tmp_path / "gen"
     run_rebalance(RebalanceConfig(current=str(root), new=(str(night),), image_root=str(data)))
@@ -283,8 +323,10 @@ def test_a_night_adds_videos_measured_by_the_parents_rule_and_keeps_the_old_ones
         for batch in GroupDataset(root, RankInfo(rank=rank, world_size=2), shuffle=False):
             for s in batch["samples"]:
                 got[s.meta["sample_id"]] = s
-    assert sorted(got) == ["n", "t", "v0", "v2"]
+    assert sorted(got) == ["a", "n", "n2", "t", "v0", "v1", "v2"]
     assert got["n"].videos == [(data / "n.mp4").read_bytes()]
+    assert got["n2"].audios == got["a"].audios == [(data / "a.wav").read_bytes()]
+    assert got["n2"].meta["cost"]["audio_tokens"] == 1500  # the parent's Qwen2-Audio rule
     assert got["n"].meta["cost"]["num_videos"] == 1 and got["n"].meta["cost"]["video_tokens"] > 0
     assert got["v2"].videos == [(data / "v2.mp4").read_bytes(), (data / "v0.mp4").read_bytes()]
     assert verify_generation(str(root / read_current(root))).ok
@@ -361,3 +403,35 @@ def test_decoded_media_equal_the_decoders_on_the_source_files(media_gen):
     wave, rate = decode_audio((data / "a.wav").read_bytes())
     ref, ref_rate = soundfile.read(data / "a.wav", dtype="float32", always_2d=True)
     assert rate == ref_rate == 16000 and np.array_equal(wave, ref)
+
+
+def test_a_plan_without_the_tables_audio_phase_is_refused(media_gen):
+    """A plan balanced without the audio phase (or its audio loads edited) is another table's
+    plan: write refuses it naming the plan and the phase, before anything is staged."""
+    import pyarrow.parquet as pq
+
+    from shards.errors import WriteError
+
+    tmp_path, _ = media_gen
+    cost = tmp_path / "out" / "cost.parquet"
+    _write(tmp_path, cost)
+    path = tmp_path / "plan" / "plan.parquet"
+    plan = pq.read_table(path)
+    for broken, match in (
+        (plan.drop_columns(["group_audio_tokens", "group_audio_cost"]), "without the audio phase"),
+        (
+            plan.set_column(
+                plan.schema.get_field_index("group_audio_tokens"),
+                "group_audio_tokens",
+                pyarrow.compute.add(plan.column("group_audio_tokens"), 1500),
+            ),
+            "audio tokens",
+        ),
+    ):
+        pq.write_table(broken, path)
+        out = tmp_path / f"gen-{match.split()[0]}"
+        with pytest.raises(WriteError, match=match):
+            write_generation(
+                WriteConfig(plan_dir=str(tmp_path / "plan"), cost_table=str(cost), out=str(out))
+            )
+        assert not out.exists() or not any(out.rglob("*.tar"))

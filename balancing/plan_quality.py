@@ -72,6 +72,8 @@ def extra_step_loads(
 ) -> dict[str, np.ndarray]:
     """[steps, D] load of each of ``keys`` (phases beyond the per-group ``stats``: audio),
     summed over each sample's group's (step, rank); groups in no step skipped."""
+    if not keys:
+        return {}
     gs = step[group_of]
     ok = gs >= 0
     slot = gs[ok] * d + rank[group_of][ok]

@@ -33,6 +33,7 @@ BENCHMARKS = {
     "runtime": "bench.bench_runtime",
     "scaleout": "bench.bench_scaleout",
     "media": "bench.bench_media",
+    "phases": "bench.bench_phases",
     "gpu": "bench.bench_gpu",
 }
 

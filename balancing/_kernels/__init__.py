@@ -23,6 +23,7 @@ from balancing._kernels.isf import (
     _nb_best_fit,
     _nb_isf_round,
     _reaches,
+    _round_two,
 )
 from balancing._kernels.partition import (
     _nb_argsort_desc,
@@ -129,6 +130,7 @@ __all__ = [
     "_objective",
     "_pair_step",
     "_reaches",
+    "_round_two",
     "_remove_at",
     "_score",
     "_slot_sift",

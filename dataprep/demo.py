@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from dataprep.demo_media import MEDIA_DIR, write_audios, write_videos
 from equishard.common.values import check_count
 
 __all__ = ["DEMO_WORDS", "DemoSummary", "demo_text_corpus", "make_demo", "split_days"]
@@ -71,6 +72,8 @@ class DemoSummary:
     single_image: int
     multi_image: int
     out_dir: str
+    videos: int = 0  # samples with a clip (``media=True``)
+    audios: int = 0  # samples with a recording
 
 
 def _sentence(rng: np.random.Generator, n_words: int) -> str:
@@ -147,7 +150,9 @@ def demo_text_corpus(seed: int, n: int) -> list[str]:
 
 MARKER = ".equishard-demo"  # in a directory the demo wrote: running it there again is safe
 _DEMO_IMAGE = re.compile(r"^\d{6}\.(jpg|png)$")
-_DEMO_FILES = re.compile(r"^(demo\.jsonl|tokenizer\.json|images|day-\d+\.(jsonl|delete))$")
+_DEMO_FILES = re.compile(
+    r"^(demo\.jsonl|tokenizer\.json|images|media|day-\d+\.(jsonl|delete))$"
+)
 
 
 def _check_ours(out: Path) -> None:
@@ -186,13 +191,17 @@ def make_demo(
     images: int | None = None,
     mix: str = "default",
     progress: bool = False,
+    media: bool = False,
 ) -> DemoSummary:
     """Write the demo dataset to ``out_dir`` (created; existing demo files are replaced).
 
     ``images`` is the number of distinct image files (default: one per image reference up to 600);
     samples draw from them, as samples of real datasets share COCO-style images. ``mix`` is
     ``default`` (text-only/single/multi mix) or ``single-image`` (every sample one image and a
-    ~300-token conversation, the prep benchmark's profile).
+    ~300-token conversation, the prep benchmark's profile). ``media``: about 6 % of the samples
+    reference a video clip (LLaVA-Video style: ``"video"``, ``<video>``) and 6 % a recording
+    (``"audio"``, ``<audio>``) instead of images, over a few real files in ``media/``
+    (:mod:`dataprep.demo_media`); the other samples are as without it.
     """
     # a typo's count would fail after minutes with numpy's MemoryError (10**12: 7 TiB)
     check_count("samples (the demo set's size; prep your own data for more)", samples, 1,
@@ -205,8 +214,9 @@ def make_demo(
     out = Path(out_dir)
     _check_ours(out)
     img_dir = out / "images"
-    if img_dir.exists():
-        shutil.rmtree(img_dir)
+    for old in (img_dir, out / MEDIA_DIR):
+        if old.exists():
+            shutil.rmtree(old)
     img_dir.mkdir(parents=True)
     (out / MARKER).write_text(
         "written by equishard demo: it replaces demo.jsonl, images/, tokenizer.json\n"
@@ -219,6 +229,18 @@ def make_demo(
     else:
         kind = rng.random(samples)
         counts = np.where(kind < 0.10, 0, np.where(kind < 0.85, 1, rng.integers(2, 7, samples)))
+    # media samples (their own random stream): a clip or a recording in place of the images
+    media_kind = np.zeros(samples, dtype=np.int64)  # 0 none, 1 video, 2 audio
+    clips: list[str] = []
+    recordings: list[str] = []
+    if media:
+        mrng = np.random.default_rng([seed, 2])
+        draw = mrng.random(samples)
+        media_kind = np.where(draw < 0.06, 1, np.where(draw < 0.12, 2, 0))
+        counts = np.where(media_kind > 0, 0, counts)
+        n_files = max(1, min(12, samples // 50))
+        clips = write_videos(out, mrng, n_files) if (media_kind == 1).any() else []
+        recordings = write_audios(out, mrng, n_files) if (media_kind == 2).any() else []
     n_refs = int(counts.sum())
     n_images = images if images is not None else max(1, min(n_refs, 600))
     n_images = max(1, min(n_images, max(n_refs, 1)))
@@ -252,6 +274,8 @@ def make_demo(
             q = _question(rng)
             if t == 0 and k:
                 q = "<image>\n" * k + q
+            if t == 0 and media_kind[s]:
+                q = ("<video>\n" if media_kind[s] == 1 else "<audio>\n") + q
             a = _sentence(rng, 270) if mix == "single-image" else _answer(rng)
             convs += [{"from": "human", "value": q}, {"from": "gpt", "value": a}]
         rec: dict = {"id": f"demo-{s:07d}"}
@@ -259,6 +283,10 @@ def make_demo(
             rec["image"] = refs[0]
         elif k > 1:
             rec["image"] = refs
+        if media_kind[s] == 1:
+            rec["video"] = clips[s % len(clips)]
+        elif media_kind[s] == 2:
+            rec["audio"] = recordings[s % len(recordings)]
         rec["conversations"] = convs
         lines.append(json.dumps(rec, ensure_ascii=False))
     (out / "demo.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -267,10 +295,12 @@ def make_demo(
     return DemoSummary(
         samples=samples,
         images=n_images,
-        text_only=int((counts == 0).sum()),
+        text_only=int(((counts == 0) & (media_kind == 0)).sum()),
         single_image=int((counts == 1).sum()),
         multi_image=int((counts > 1).sum()),
         out_dir=str(out),
+        videos=int((media_kind == 1).sum()),
+        audios=int((media_kind == 2).sum()),
     )
 
 

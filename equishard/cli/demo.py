@@ -40,6 +40,13 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="'default' mix, or 'single-image': every sample one image and ~300 text tokens",
     )
     p.add_argument(
+        "--media",
+        action="store_true",
+        help="also write a few video clips and recordings to OUT_DIR/media/ that about 6%% and "
+        "6%% of the samples reference instead of images (prep them with --video-rule and "
+        "--audio-rule)",
+    )
+    p.add_argument(
         "--days",
         type=int,
         default=None,
@@ -65,19 +72,24 @@ def run(args: argparse.Namespace) -> int:
             images=args.images,
             mix=args.mix,
             progress=not args.json,
+            media=args.media,
         )
         days = split_days(args.out_dir, days=args.days, seed=args.seed) if args.days else []
     except ValueError as exc:
         return fail(str(exc))
     if args.json:
         fields = {"path": str(s.out_dir), "images": s.images, "days": [str(d) for d in days]}
+        if args.media:
+            fields.update(videos=s.videos, audios=s.audios)
         print_json("demo", ok=True, n_in=s.samples, n_out=s.samples, rejected=0, **fields)
         return 0
     if days:
         print("demo: nightly arrivals " + ", ".join(str(d) for d in days))
+    media = f", {s.videos} with a video, {s.audios} with a recording" if args.media else ""
     print(
         f"demo: {s.samples} samples ({s.text_only} text-only, {s.single_image} single-image, "
-        f"{s.multi_image} multi-image) over {s.images} image files\n"
+        f"{s.multi_image} multi-image{media}) over {s.images} image files\n"
         f"      {s.out_dir}/demo.jsonl, {s.out_dir}/images/, {s.out_dir}/tokenizer.json"
+        + (f", {s.out_dir}/media/" if args.media else "")
     )
     return 0

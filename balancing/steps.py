@@ -24,6 +24,7 @@ from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
 __all__ = ["StepAssignment", "assign_steps", "refine_steps"]
 
+COARSE_LEVELS = 16  # sort levels of an encoder phase's load beside the vision tower
 MAX_MOVES = 4096  # moves per step; a step converges in far fewer (one per sample, about)
 
 
@@ -42,6 +43,16 @@ class StepAssignment:
 
 def _group_sums(group_of: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
     return np.bincount(group_of, weights=x, minlength=n)
+
+
+def coarse(x: np.ndarray, levels: int = COARSE_LEVELS) -> np.ndarray:
+    """A group load as a sort key of few values: as it is where it takes at most ``levels``
+    values (whole recordings of a padded encoder: 0, 1,500, 3,000, ...), else its bin of
+    ``levels`` equal bins over its range; the next key then orders groups within a bin."""
+    if np.unique(x).size <= levels:
+        return x
+    top = float(x.max())
+    return np.minimum(np.floor(x * (levels / top)), levels - 1) if top > 0 else x
 
 
 def refine_steps(
@@ -91,7 +102,8 @@ def assign_steps(
     gt = _group_sums(group_of, loads[LLM_TOKENS], n_groups)
     gct = _group_sums(group_of, loads["llm_cost"], n_groups)
     ge = [_group_sums(group_of, loads[tokens], n_groups) for tokens, _ in extra]
-    order = np.lexsort((gct, gt, gv, *ge[::-1]))  # stable: ties keep group order
+    # stable: ties keep group order; another encoder's load first, in coarse levels
+    order = np.lexsort((gct, gt, gv, *[coarse(x) for x in ge[::-1]]))
     n_full = n_groups // d
     full = order[: n_full * d].reshape(n_full, d)
     rest = order[n_full * d :]

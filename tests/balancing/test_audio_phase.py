@@ -157,3 +157,14 @@ def test_a_night_keeps_the_audio_phase_of_kept_groups(result, mixed):
         sums[g] for g in r.plan.column("group_id").to_pylist()
     ]
     assert "dist_ratio_audio" in r.report["metrics"]["balanced"]
+
+
+def test_an_unpadded_audio_encoder_is_balanced_beside_vision():
+    """Qwen2.5-Omni's unpadded chunks: the audio load takes thousands of values, so steps are
+    cut from groups sorted by it in coarse levels (else the vision key under it would never
+    decide and a step's groups would differ in vision); every phase stays even."""
+    table = mixed_cost_table(12000, seed=1, audio="unpadded")
+    m = build_plan(table, BalanceConfig(dp=8, target_batch=16)).report["metrics"]
+    for phase in ("vit", "audio", "llm"):
+        assert m["balanced"][f"dist_ratio_{phase}"] <= 0.02, phase
+    assert m["encoder_gain"]["vit"] >= 5 and m["encoder_gain"]["audio"] >= 5

@@ -14,9 +14,22 @@ SEED   ?= 0
 WORKERS ?= 2
 DP     ?= 8
 NODES  ?= 2
-BATCH  ?= 4
 SHARD_SIZE ?= 16MB
+# `make shards`: the demo with video clips and recordings beside the images (MEDIA=0: images and
+# text only, with InternVL's policy); its videos run in Qwen2-VL's vision tower, its recordings
+# in Qwen2-Audio's encoder, so every phase is measured, balanced, written and drawn
+MEDIA  ?= 1
+ifeq ($(MEDIA),1)
+POLICY ?= qwen2vl
+BATCH  ?= 16
+MEDIA_DEMO := --media
+MEDIA_PREP := --video-rule qwen2vl --audio-rule qwen2audio
+else
 POLICY ?= internvl
+endif
+BATCH  ?= 4
+NIGHT_POLICY ?= internvl
+NIGHT_BATCH ?= 4
 # `make shards ENGINE=ray`: prep and write on a local Ray cluster (same bytes as ENGINE=local)
 ENGINE ?= local
 # `make train`: a small generation written by `make shards` (56-px tiles so a CPU trains it in
@@ -83,9 +96,9 @@ lock:
 
 # The whole pipeline on the embedded demo set.
 shards: $(CORE_STAMP)
-	$(BIN)/equishard demo $(OUT)/raw --samples $(SAMPLES) --seed $(SEED)
+	$(BIN)/equishard demo $(OUT)/raw --samples $(SAMPLES) --seed $(SEED) $(MEDIA_DEMO)
 	$(BIN)/equishard prep $(OUT)/raw/demo.jsonl --image-root $(OUT)/raw \
-		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy $(POLICY) \
+		--tokenizer $(OUT)/raw/tokenizer.json --vision-policy $(POLICY) $(MEDIA_PREP) \
 		--workers $(WORKERS) --engine $(ENGINE) -o $(OUT)/cost.parquet
 	$(BIN)/equishard balance $(OUT)/cost.parquet --dp $(DP) --nodes $(NODES) \
 		--target-batch $(BATCH) --seed $(SEED) $(PLAN_ARGS) -o $(OUT)/plan
@@ -96,7 +109,7 @@ shards: $(CORE_STAMP)
 	$(BIN)/equishard inspect $(OUT)/shards
 
 train: $(STAMP)
-	$(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 NODES=2 BATCH=3 \
+	$(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 NODES=2 BATCH=3 MEDIA=0 \
 		POLICY="internvl:max_tiles=4,tile_size=56" \
 		PLAN_ARGS="--vit-hidden 32 --vit-layers 2 --llm-hidden 64 --llm-layers 4"
 	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
@@ -132,10 +145,10 @@ nightly-demo: $(STAMP)
 	rm -rf $(NIGHT_OUT)
 	$(BIN)/equishard demo $(NIGHT_OUT)/raw --samples $(SAMPLES) --seed $(SEED) --days 2
 	$(BIN)/equishard prep $(NIGHT_OUT)/raw/day-1.jsonl --image-root $(NIGHT_OUT)/raw \
-		--tokenizer $(NIGHT_OUT)/raw/tokenizer.json --vision-policy $(POLICY) \
+		--tokenizer $(NIGHT_OUT)/raw/tokenizer.json --vision-policy $(NIGHT_POLICY) \
 		--workers $(WORKERS) -o $(NIGHT_OUT)/day-1/cost.parquet
 	$(BIN)/equishard balance $(NIGHT_OUT)/day-1/cost.parquet --dp $(DP) --nodes $(NODES) \
-		--target-batch $(BATCH) --seed $(SEED) -o $(NIGHT_OUT)/day-1/plan
+		--target-batch $(NIGHT_BATCH) --seed $(SEED) -o $(NIGHT_OUT)/day-1/plan
 	$(BIN)/equishard write $(NIGHT_OUT)/day-1/plan --cost-table $(NIGHT_OUT)/day-1/cost.parquet \
 		--out $(NIGHT_OUT)/shards --shard-size $(SHARD_SIZE) --workers $(WORKERS)
 	$(BIN)/equishard rebalance --current $(NIGHT_OUT)/shards --new $(NIGHT_OUT)/raw/day-2.jsonl \
@@ -151,7 +164,7 @@ gpu-smoke: $(STAMP)
 	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
 		'make gpu-smoke needs a CUDA GPU (torch sees none); on a CPU use make train')"
 	$(BIN)/python -m pytest -m gpu -q
-	$(MAKE) shards OUT=$(GPU_OUT) SAMPLES=400 DP=1 NODES=1 BATCH=4
+	$(MAKE) shards OUT=$(GPU_OUT) SAMPLES=400 DP=1 NODES=1 BATCH=4 MEDIA=0
 	$(BIN)/python -m equishard train --shards $(GPU_OUT)/shards --nproc 1 --dp 1 --steps 10 \
 		--model 1b --recompute adaptive --backend nccl --precision bf16 --log $(GPU_OUT)/train.jsonl
 	$(BIN)/python bench/run.py --only gpu --out BENCHMARKS.md

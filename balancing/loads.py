@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from balancing.cost_model import CostModel, phase_costs, sample_costs
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
-from equishard.contracts.phases import VISION, Phase, check_balanced, encoder_phases
-from equishard.contracts.shared_tower import fold_shared_towers
+from equishard.contracts.phases import VIDEO, VISION, Phase, check_balanced, encoder_phases
+from equishard.contracts.shared_tower import fold_shared_towers, is_folded
 
 __all__ = ["SampleLoads", "sample_loads"]
 
@@ -40,6 +40,12 @@ class SampleLoads:
     def tokens(self, key: str) -> np.ndarray:
         """A phase's tokens as int64 (what ISF caps)."""
         return self.table.column(key).to_numpy().astype(np.int64, copy=False)
+
+    @property
+    def has_media(self) -> bool:
+        """Does the table hold videos (folded into the vision phase) or recordings?"""
+        folded = VIDEO.tokens not in self.table.column_names and is_folded(self.table)
+        return bool(self.others) or folded
 
     def extra_tokens(self) -> np.ndarray | None:
         """The other encoder phases' tokens, shape (n, phases); None for vision + LLM only."""

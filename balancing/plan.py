@@ -57,6 +57,7 @@ from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA, pla
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 
+REFINE_STEPS = ("auto", "on", "off")
 CAP_NAME = {"audio": "a"}  # an encoder phase's letter in the caps' names (q_a, qf_a)
 MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
 
@@ -112,10 +113,24 @@ class BalanceConfig:
             metavar="TOKENS",
         ),
     )
+    refine_steps: str = field(
+        default="auto",
+        metadata=option(
+            "even each step's groups in every phase by moving and swapping samples between "
+            "them: auto (default) where the table has videos or recordings, whose large items "
+            "ISF and the step sort alone leave uneven; on; off",
+            choices=REFINE_STEPS,
+        ),
+    )
     cost_model: CostModel = field(default_factory=CostModel)
 
     def __post_init__(self) -> None:
         check_count("--dp", self.dp, 1, MAX_RANKS)
+        if self.refine_steps not in REFINE_STEPS:
+            raise ValueError(
+                f"--refine-steps must be one of {', '.join(REFINE_STEPS)}, got "
+                f"{self.refine_steps!r}"
+            )
         for name, value in (("--nodes", self.nodes), ("--gpus-per-node", self.gpus_per_node)):
             check_count(name, value, 1, MAX_RANKS, none=True)
         if not is_count(self.rounds, 1, MAX_ROUNDS + 1):
@@ -160,6 +175,7 @@ class BalanceConfig:
             raise ValueError(f"{where}: parameters.isf is not an object")
         bad = [k for k in ("dp", "nodes", "gpus_per_node", "seed") if not is_count(params.get(k))]
         bad += [k for k in ("rounds",) if k in isf and not is_count(isf[k])]
+        bad += [k for k in ("refine_steps",) if params.get(k, "auto") not in REFINE_STEPS]
         if isf.get("auto") is False:
             bad += [f"isf.{k}" for k in ("q_v", "q_t") if not is_count(isf.get(k))]
             bad += [k for k in ("isf.q_a",) if k[4:] in isf and not is_count(isf[k[4:]])]
@@ -180,6 +196,7 @@ class BalanceConfig:
                 q_v=isf["q_v"] if isf.get("auto") is False else None,
                 q_t=isf["q_t"] if isf.get("auto") is False else None,
                 q_a=isf.get("q_a") if isf.get("auto") is False else None,
+                refine_steps=params.get("refine_steps", "auto"),
                 cost_model=CostModel.from_record(cm, "cost_model")
                 if cm is not None
                 else CostModel(),
@@ -268,6 +285,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     timings["isf"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
+    # a step's groups are refined where ISF and the step sort leave large items uneven
+    refine = cfg.refine_steps == "on" or (cfg.refine_steps == "auto" and sl.has_media)
     a = assign_steps(
         groups.group_of,
         groups.n_groups,
@@ -276,8 +295,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         gpus_per_node=per,
         rng=rng,
         extra=sl.extra_keys,
-        # a step's groups are refined where ISF's two-load step sort cannot even every phase
-        caps=params.caps if sl.others else None,
+        caps=params.caps if refine else None,
     )
     flags = np.concatenate(
         [groups.flags, np.full(a.last_step_groups.size, FLAG_LAST_STEP, dtype=np.int8)]
@@ -388,6 +406,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             "gpus_per_node": per,
             "target_batch": cfg.target_batch,
             "seed": cfg.seed,
+            "refine_steps": cfg.refine_steps,
+            "steps_refined": bool(refine),
             "isf": {
                 "q_v": params.q_v,
                 "q_t": params.q_t,

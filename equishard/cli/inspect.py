@@ -48,10 +48,13 @@ def run(args: argparse.Namespace) -> int:
     )
     b = info["balance"]
     if b:
+        shown = [(k, v) for k, v in (("vit", "vision"), ("audio", "audio"), ("llm", "LLM"))]
+        shown = [(k, v) for k, v in shown if f"dist_ratio_{k}" in b]
         print(
-            f"  plan balance: dist ratio {b['dist_ratio_vit']:.4f} (vision) / "
-            f"{b['dist_ratio_llm']:.4f} (LLM), "
-            f"efficiency {b['efficiency_vit']:.4f} / {b['efficiency_llm']:.4f}"
+            "  plan balance: dist ratio "
+            + " / ".join(f"{b[f'dist_ratio_{k}']:.4f}" for k, _ in shown)
+            + f" ({' / '.join(v for _, v in shown)}), efficiency "
+            + " / ".join(f"{b[f'efficiency_{k}']:.4f}" for k, _ in shown)
         )
     prep = info.get("prep") or {}
     if prep:

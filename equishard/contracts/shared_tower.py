@@ -23,7 +23,7 @@ from equishard.contracts.columns import VIT_SEQ_LENS, VIT_TOKENS
 from equishard.contracts.cost_table import METADATA_KEY
 from equishard.contracts.phases import VIDEO, VISION
 
-__all__ = ["concat_lists", "fold_shared_towers", "video_tower"]
+__all__ = ["concat_lists", "fold_shared_towers", "is_folded", "video_tower"]
 
 
 def video_tower(table: pa.Table) -> str | None:
@@ -57,6 +57,15 @@ def concat_lists(a, b) -> pa.Array:
     values[np.repeat(out_off[:-1] - oa[:-1], la) + np.arange(va.size)] = va
     values[np.repeat(out_off[:-1] + la - ob[:-1], lb) + np.arange(vb.size)] = vb
     return pa.ListArray.from_arrays(pa.array(out_off, pa.int32()), pa.array(values, pa.int32()))
+
+
+def is_folded(table: pa.Table) -> bool:
+    """Has :func:`fold_shared_towers` folded a video phase into this table's vision phase?"""
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    try:
+        return raw is not None and VIDEO.name in (json.loads(raw).get("folded") or {})
+    except (ValueError, AttributeError, TypeError):
+        return False
 
 
 def fold_shared_towers(table: pa.Table) -> pa.Table:

@@ -1,7 +1,8 @@
 """``equishard report``: one self-contained HTML page that shows what balancing did.
 
 Everything comes from the generation itself (its manifest, cost table and plan): distributions
-of vision tokens, LLM tokens and images per sample; per-step, per-rank loads of both phases for
+of vision tokens, LLM tokens and images per sample (audio tokens, videos and recordings where
+the data has them); per-step, per-rank loads of every phase (vision, audio, LLM) for
 random batching of the same samples (before) and for the plan (after), as heatmaps of load over
 the step's mean; dist ratio and efficiency step by step; group and shard sizes; and, for a
 generation made by ``equishard rebalance``, what changed since its parent. Plots are PNGs
@@ -18,11 +19,32 @@ from pathlib import Path
 
 import numpy as np
 
-from equishard.contracts.columns import LLM_TOKENS, NUM_IMAGES, VIT_TOKENS
+from equishard.contracts.columns import (
+    AUDIO_TOKENS,
+    LLM_TOKENS,
+    NUM_AUDIOS,
+    NUM_IMAGES,
+    NUM_VIDEOS,
+    VIDEO_TOKENS,
+    VIT_TOKENS,
+)
 from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
+from equishard.contracts.shared_tower import fold_shared_towers
 from shards.store.manifest import carried_bytes
 
-__all__ = ["render_report", "step_loads"]
+__all__ = ["phases_of", "render_report", "step_loads"]
+
+# (name, cost-table column, colour) of every phase a report can draw, in the order drawn
+PHASES = (
+    ("vision", VIT_TOKENS, "#4c72b0"),
+    ("audio", AUDIO_TOKENS, "#55a868"),
+    ("llm", LLM_TOKENS, "#dd8452"),
+)
+
+
+def phases_of(cost) -> list[tuple[str, str, str]]:
+    """The phases a (folded) cost table has: vision and LLM always, audio with recordings."""
+    return [p for p in PHASES if p[1] in cost.column_names]
 
 
 def step_loads(plan, cost, d: int, steps: int | None = None) -> dict[str, np.ndarray]:
@@ -36,8 +58,7 @@ def step_loads(plan, cost, d: int, steps: int | None = None) -> dict[str, np.nda
             f"the plan holds {len(missing)} sample(s) the cost table lacks (first {missing[0]!r})"
         )
     rows = np.array([where[s] for s in plan.column("sample_id").to_pylist()], dtype=np.int64)
-    v = cost.column(VIT_TOKENS).to_numpy().astype(np.float64)
-    t = cost.column(LLM_TOKENS).to_numpy().astype(np.float64)
+    x = {name: cost.column(col).to_numpy().astype(np.float64) for name, col, _ in phases_of(cost)}
     step = plan.column("step").to_numpy().astype(np.int64)
     rank = plan.column("rank").to_numpy().astype(np.int64)
     if steps is not None and ((step < 0) | (step >= steps)).any():
@@ -47,19 +68,19 @@ def step_loads(plan, cost, d: int, steps: int | None = None) -> dict[str, np.nda
     n_steps = int(step.max()) + 1 if step.size else 0
     slot = step * d + rank
     out = {
-        "vision_after": np.bincount(slot, v[rows], n_steps * d).reshape(n_steps, d),
-        "llm_after": np.bincount(slot, t[rows], n_steps * d).reshape(n_steps, d),
+        f"{name}_after": np.bincount(slot, x[name][rows], n_steps * d).reshape(n_steps, d)
+        for name in x
     }
     # random batching as the usual sampler does it: a permutation, cut into equal batches
-    n = v.size
+    n = cost.num_rows
     b = max(1, round(n / max(n_steps * d, 1)))
     perm = np.random.default_rng(1).permutation(n)
     batch = np.empty(n, dtype=np.int64)
     batch[perm] = np.arange(n) // b
     k = (int(batch.max()) + 1) // d if n else 0
-    for name, x in (("vision_before", v), ("llm_before", t)):
-        per = np.bincount(batch, weights=x)
-        out[name] = per[: k * d].reshape(k, d) if k else per[None, :d]
+    for name, loads in x.items():
+        per = np.bincount(batch, weights=loads)
+        out[f"{name}_before"] = per[: k * d].reshape(k, d) if k else per[None, :d]
     return out
 
 
@@ -78,8 +99,9 @@ def _per_step(loads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     mx = loads.max(axis=1)
     mean = loads.mean(axis=1)
     d = loads.shape[1]
-    dist = np.where(mx > 0, (mx[:, None] - loads).sum(axis=1) / (mx * d), 0.0)
-    eff = np.where(mx > 0, mean / np.where(mx > 0, mx, 1), 1.0)
+    gap = (mx[:, None] - loads).sum(axis=1)
+    dist = np.divide(gap, mx * d, out=np.zeros_like(mx), where=mx > 0)  # a step of no load: 0
+    eff = np.divide(mean, mx, out=np.ones_like(mx), where=mx > 0)
     return dist, eff
 
 
@@ -90,17 +112,37 @@ def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
     import matplotlib.pyplot as plt
 
     figs = []
-    v = cost.column(VIT_TOKENS).to_numpy()
-    t = cost.column(LLM_TOKENS).to_numpy()
-    im = cost.column(NUM_IMAGES).to_numpy()
-    fig, ax = plt.subplots(1, 3, figsize=(13, 3.2))
-    ax[0].hist(v, bins=40, color="#4c72b0")
-    ax[0].set(title="vision tokens per sample", xlabel="encoder patches", ylabel="samples")
-    ax[1].hist(t, bins=40, color="#dd8452")
-    ax[1].set(title="LLM tokens per sample", xlabel="tokens")
-    ax[2].bar(*np.unique(im, return_counts=True), color="#55a868")
-    ax[2].set(title="images per sample", xlabel="images")
-    figs.append(("Samples", "What each sample costs the encoder and the LLM.", _png(fig, bar)))
+    raw, cost = cost, fold_shared_towers(cost)  # as balanced: video frames in the vision load
+    phases = phases_of(cost)
+    panels = [  # what each sample costs, videos apart from images (the table as prep wrote it)
+        (col, f"{what} per sample", kind, color)
+        for col, what, kind, color in (
+            (VIT_TOKENS, "image tokens" if VIDEO_TOKENS in raw.column_names else "vision tokens",
+             "hist", "#4c72b0"),
+            (VIDEO_TOKENS, "video tokens", "hist", "#64b5cd"),
+            (AUDIO_TOKENS, "audio tokens", "hist", "#55a868"),
+            (LLM_TOKENS, "LLM tokens", "hist", "#dd8452"),
+            (NUM_IMAGES, "images", "bar", "#8c8c8c"),
+            (NUM_VIDEOS, "videos", "bar", "#8c8c8c"),
+            (NUM_AUDIOS, "recordings", "bar", "#8c8c8c"),
+        )
+        if col in raw.column_names
+    ]  # fmt: skip
+    cols = 4 if len(panels) > 4 else len(panels)
+    rows = -(-len(panels) // cols)
+    fig, ax = plt.subplots(
+        rows, cols, figsize=(13, 3.2 * rows), squeeze=False, layout="constrained"
+    )
+    for a, (col, title, kind, color) in zip(ax.ravel(), panels, strict=False):
+        x = raw.column(col).to_numpy()
+        if kind == "hist":
+            a.hist(x, bins=40, color=color)
+        else:
+            a.bar(*np.unique(x, return_counts=True), color=color)
+        a.set(title=title, ylabel="samples")
+    for a in ax.ravel()[len(panels) :]:
+        a.axis("off")
+    figs.append(("Samples", "What each sample costs each encoder and the LLM.", _png(fig, bar)))
 
     try:
         loads = step_loads(plan, cost, m.dp, m.steps)
@@ -108,17 +150,20 @@ def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
         raise ValueError(f"{m.storage.where(PLAN_FILE)}: {exc}") from None
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, 2, figsize=(13, 7), sharey="row", constrained_layout=True)
-    for row, phase in enumerate(("vision", "llm")):
+    fig, axes = plt.subplots(
+        len(phases), 2, figsize=(13, 3.5 * len(phases)), sharey="row", constrained_layout=True
+    )
+    for row, phase in enumerate(name for name, _, _ in phases):
         for col, when in enumerate(("before", "after")):
             x = loads[f"{phase}_{when}"]
-            rel = x / np.maximum(x.mean(axis=1, keepdims=True), 1e-9)
+            mean = x.mean(axis=1, keepdims=True)  # a step with no load in the phase: even
+            rel = np.divide(x, mean, out=np.ones_like(x), where=mean > 0)
             a = axes[row, col]
             img = a.imshow(
                 rel.T, aspect="auto", cmap="coolwarm", vmin=0.0, vmax=2.0, interpolation="nearest"
             )
             a.set(
-                title=f"{phase.upper() if phase == 'llm' else 'vision'} load / step mean, "
+                title=f"{'LLM' if phase == 'llm' else phase} load / step mean, "
                 f"{'random batching' if when == 'before' else 'equishard plan'}",
                 xlabel="step",
                 ylabel="rank",
@@ -137,7 +182,7 @@ def _figures(m, plan, cost, bar=None) -> list[tuple[str, str, str]]:
     )
 
     fig, ax = plt.subplots(1, 2, figsize=(13, 3.2))
-    for phase, color in (("vision", "#4c72b0"), ("llm", "#dd8452")):
+    for phase, _, color in phases:
         for when, style in (("before", ":"), ("after", "-")):
             dist, eff = _per_step(loads[f"{phase}_{when}"])
             label = f"{phase} {'random' if when == 'before' else 'plan'}"
@@ -213,18 +258,21 @@ def render_report(generation: str | Path, output: str | Path, *, progress: bool 
             ("bytes", f"{m.totals['bytes'] / 2**20:,.1f} MiB"),
         ]
     )
-    metrics = "<table><tr><th>metric</th><th>random batching</th><th>equishard plan</th></tr>"
-    for key, name in (
-        ("dist_ratio_vit", "dist ratio, vision"),
-        ("dist_ratio_llm", "dist ratio, LLM"),
-        ("efficiency_vit", "efficiency, vision"),
-        ("efficiency_llm", "efficiency, LLM"),
-        ("efficiency_vit_cost", "efficiency, vision (modeled cost)"),
-        ("efficiency_llm_cost", "efficiency, LLM (modeled cost)"),
+    only = r["metrics"].get("llm_only")  # the LLM-only ablation, for tables with audio
+    metrics = "<table><tr><th>metric</th><th>random batching</th><th>equishard plan</th>"
+    metrics += "<th>LLM-only plan</th></tr>" if only else "</tr>"
+    for measure, suffix, what in (
+        ("dist_ratio", "", "dist ratio"),
+        ("efficiency", "", "efficiency"),
+        ("efficiency", "_cost", "efficiency"),
     ):
-        metrics += (
-            f"<tr><td>{name}</td><td>{rnd.get(key, 0):.4f}</td><td>{bal.get(key, 0):.4f}</td></tr>"
-        )
+        for key, label in (("vit", "vision"), ("audio", "audio"), ("llm", "LLM")):
+            k = f"{measure}_{key}{suffix}"
+            if k not in bal:
+                continue
+            name = f"{what}, {label}" + (" (modeled cost)" if suffix else "")
+            metrics += f"<tr><td>{name}</td><td>{rnd.get(k, 0):.4f}</td><td>{bal[k]:.4f}</td>"
+            metrics += f"<td>{only[k]:.4f}</td></tr>" if only else "</tr>"
     metrics += "</table>"
     change = ""
     nightly = m.raw.get("nightly")

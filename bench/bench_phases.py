@@ -69,9 +69,9 @@ def _image_path() -> tuple[dict, list[str]]:
             for k in range(REPEATS):  # alternated: the machine's drift falls on both alike
                 pair = (("this", ROOT), ("base", base))
                 for name, tree in pair if k % 2 == 0 else pair[::-1]:
+                    worker = str(ROOT / "bench" / "_plan_worker.py")
                     out = subprocess.run(
-                        [sys.executable, str(ROOT / "bench" / "_plan_worker.py"), str(tree)]
-                        + [str(IMAGE_ROWS)],
+                        [sys.executable, worker, str(tree), str(IMAGE_ROWS)],
                         check=True,
                         capture_output=True,
                         text=True,

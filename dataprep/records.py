@@ -3,7 +3,9 @@
 A record becomes a :class:`Sample`: its id, its turns as ``(role, text)`` with roles ``system``,
 ``user`` or ``assistant``, and its image references in order. Image places in the text are marked
 by ``<image>``; a record with images but no placeholder gets them prepended to its first user turn
-(LLaVA's and InternVL's convention). Anything malformed raises :class:`SampleRejected`, and so
+(LLaVA's and InternVL's convention). Videos and recordings have no such convention: each needs
+its ``<video>`` or ``<audio>`` where the model sees it, and a record without is refused
+(``media_placeholder_mismatch``), as is a placeholder without its media. Anything malformed raises :class:`SampleRejected`, and so
 does a record that carries media prep does not measure (:mod:`dataprep.media`).
 """
 
@@ -159,10 +161,17 @@ def _items(record: dict, fields: tuple[str, ...]) -> list[Any]:
 
 
 def _place(turns: list[tuple[str, str]], modality: str, n: int) -> None:
-    """Check that the turns hold one ``modality`` placeholder per item (``n``), or none: then
-    the items go in front of the first user turn (LLaVA's and InternVL's convention)."""
+    """Check that the turns hold one ``modality`` placeholder per item (``n``); images with none
+    go in front of the first user turn (LLaVA's and InternVL's convention), videos and
+    recordings with none are refused (where the model sees them would be a guess)."""
     mark = PLACEHOLDERS[modality]
     found = sum(text.count(mark) for _, text in turns)
+    if n and found == 0 and modality != "image":
+        raise SampleRejected(
+            "media_placeholder_mismatch",
+            f"{n} {modality}(s) but no {mark} placeholder in the text: put {mark} where the "
+            f"model sees each {modality}",
+        )
     if n and found == 0:
         first_user = next((i for i, (role, _) in enumerate(turns) if role == "user"), 0)
         role, text = turns[first_user]

@@ -290,3 +290,35 @@ def test_the_vocabulary_is_consistent():
         assert m.placeholders[0] == f"<{m.name}>" and m.read_fields
     assert suffix_modality("cls") is None and suffix_modality("json") is None
     assert {"unsupported_modality", "unread_media_field", "unsupported_format"} <= set(REASONS)
+
+
+ALL = frozenset({"image", "video", "audio"})  # a run with a video and an audio rule
+
+
+@pytest.mark.parametrize(
+    ("field", "mark", "n"),
+    [
+        ("video", "<video>", 1),
+        ("videos", "<video>", 2),
+        ("audio", "<audio>", 1),
+        ("audios", "<audio>", 3),
+    ],
+)
+def test_a_video_or_recording_without_its_placeholder_is_refused(field, mark, n):
+    """A clip's place in the prompt is never guessed: no mark at all is refused as a mark
+    count off by one is (images keep LLaVA's convention: placed before the first turn)."""
+    files = [f"m{i}.mp4" if "video" in field else f"m{i}.flac" for i in range(n)]
+    value = files if field.endswith("s") else files[0]
+    conv = [{"from": "human", "value": "What is it?"}, {"from": "gpt", "value": "ok"}]
+    with pytest.raises(SampleRejected) as e:
+        normalize_record({"id": "x", field: value, "conversations": conv}, "x", measured=ALL)
+    assert e.value.reason == "media_placeholder_mismatch" and mark in str(e.value)
+    conv[0]["value"] = mark * (n + 1) + " What is it?"  # one mark too many: refused too
+    with pytest.raises(SampleRejected, match="placeholder"):
+        normalize_record({"id": "x", field: value, "conversations": conv}, "x", measured=ALL)
+    conv[0]["value"] = mark * n + " What is it?"
+    got = normalize_record({"id": "x", field: value, "conversations": conv}, "x", measured=ALL)
+    assert len(got.videos if "video" in field else got.audios) == n
+    plain = [{"from": "human", "value": "What is it?"}, {"from": "gpt", "value": "ok"}]
+    image = normalize_record({"id": "i", "image": "a.jpg", "conversations": plain}, "i")
+    assert image.turns[0][1].startswith("<image>\n")  # images: LLaVA's placement

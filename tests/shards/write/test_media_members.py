@@ -74,7 +74,7 @@ def media_gen(tmp_path, tokenizer_path):
             "audio": "a.wav",
             "conversations": _conv("<video><audio> both"),
         },
-        {"id": "v2", "videos": ["v2.mp4", "v0.mp4"], "conversations": _conv("two")},
+        {"id": "v2", "videos": ["v2.mp4", "v0.mp4"], "conversations": _conv("<video><video> two")},
         {"id": "a", "audio": "a.wav", "conversations": _conv("<audio> say")},
         {"id": "t", "conversations": _conv("text only")},
     ]

@@ -498,24 +498,12 @@ def swap_descent(fwd, bwd, order, max_passes, max_evals):
     return o
 
 
-def _weighted_max_without(loads, w, skip):
-    return [
-        max([0.0] + [loads[r][j] * w[j] for r in range(len(loads)) if r not in skip])
-        for j in range(len(w))
-    ]
-
-
-def _sum_of_maxima(rest, w, a, b):
-    total = 0.0
-    for j in range(len(w)):
-        total += max(rest[j], a[j] * w[j], b[j] * w[j])
-    return total
-
-
-def refine_step(x, slot, d, q, max_moves):
-    """-> (slot list, moves); see ``_nb_refine_step``: the heaviest phase's heaviest group gives
-    a sample to, or swaps one with, the lightest partner that lowers the sum over the phases of
-    the heaviest group (each phase over its mean), until none does."""
+def refine_step(x, slot, d, q, max_moves, eps=1e-5):
+    """-> (slot list, moves); see ``_nb_refine_step``: each phase's heaviest group (the
+    heaviest phase first) gives a sample to, or swaps one with, the lightest partner with a
+    move that lowers the weighted sum of squared group loads by more than ``eps``; until none
+    does. The gain of a shift ``d_j`` is ``w_j^2 * 2 d_j (d_j - (L_hj - L_lj))`` summed over the
+    phases, the change of the sum of squares written out (tests check it against the squares)."""
     k = len(q)
     slot = list(slot)
     loads = [[0.0] * k for _ in range(d)]
@@ -528,6 +516,7 @@ def refine_step(x, slot, d, q, max_moves):
         for r in range(d):
             tot += loads[r][j]
         w.append(d / tot if tot > 0 else 0.0)
+
     moves = 0
     while moves < max_moves:
         heads = [max([0.0] + [loads[r][j] * w[j] for r in range(d)]) for j in range(k)]
@@ -539,21 +528,23 @@ def refine_step(x, slot, d, q, max_moves):
             for lg in sorted(range(d), key=lambda r: loads[r][jw]):
                 if lg == h:
                     continue
-                rest = _weighted_max_without(loads, w, (h, lg))
-                best, pick = _sum_of_maxima(rest, w, loads[h], loads[lg]) - 1e-9, None
+                best, pick = -eps, None
                 for a in (i for i in range(len(x)) if slot[i] == h):
                     for b in [-1] + [i for i in range(len(x)) if slot[i] == lg]:
-                        back = x[b] if b >= 0 else [0] * k
-                        new_h = [loads[h][j] - x[a][j] + back[j] for j in range(k)]
-                        new_l = [loads[lg][j] + x[a][j] - back[j] for j in range(k)]
+                        shift = [x[a][j] - (x[b][j] if b >= 0 else 0) for j in range(k)]
+                        new_h = [loads[h][j] - shift[j] for j in range(k)]
+                        new_l = [loads[lg][j] + shift[j] for j in range(k)]
                         if any(
                             new_l[j] > max(q[j], loads[lg][j]) or new_h[j] > max(q[j], loads[h][j])
                             for j in range(k)
                         ):
                             continue
-                        score = _sum_of_maxima(rest, w, new_h, new_l)
-                        if score < best:
-                            best, pick = score, (a, b, new_h, new_l)
+                        gain = 0.0
+                        for j in range(k):
+                            gap = loads[h][j] - loads[lg][j]
+                            gain += w[j] * w[j] * 2.0 * float(shift[j]) * (float(shift[j]) - gap)
+                        if gain < best:
+                            best, pick = gain, (a, b, new_h, new_l)
                 if pick is not None:
                     a, b, loads[h], loads[lg] = pick
                     slot[a] = lg

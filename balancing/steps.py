@@ -64,8 +64,9 @@ def refine_steps(
     max_moves: int = MAX_MOVES,
 ) -> np.ndarray:
     """The samples' groups after each step's groups were refined in every phase at once:
-    moves and swaps between a step's groups that lower the sum over the phases of the heaviest
-    group (``balancing._kernels.step_refine``), no group passing a cap of ``caps`` it was under.
+    moves and swaps between a step's groups that lower the sum over the phases of the groups'
+    squared loads (``balancing._kernels.step_refine``), no group passing a cap of ``caps`` it
+    was under.
     ``by_step[s]``: step s's groups in slot order; ``tokens``: each phase's per-sample loads."""
     n_steps, d = by_step.shape
     step = step_of[group_of]

@@ -57,13 +57,7 @@ from balancing._kernels.schedule import (
     _nb_makespan,
     _nb_swap_descent,
 )
-from balancing._kernels.step_refine import (
-    _improve,
-    _nb_refine_step,
-    _nb_refine_steps,
-    _objective,
-    _score,
-)
+from balancing._kernels.step_refine import _improve, _nb_refine_step, _nb_refine_steps
 from balancing._kernels.tables import (
     STAT_COUNT,
     STAT_MAX_T,
@@ -127,12 +121,10 @@ __all__ = [
     "_nb_sample_costs",
     "_nb_stats_pad_ratios",
     "_nb_swap_descent",
-    "_objective",
     "_pair_step",
     "_reaches",
     "_remove_at",
     "_round_two",
-    "_score",
     "_slot_sift",
     "_slot_up",
     "_tree_prefix_min",

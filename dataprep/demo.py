@@ -150,9 +150,7 @@ def demo_text_corpus(seed: int, n: int) -> list[str]:
 
 MARKER = ".equishard-demo"  # in a directory the demo wrote: running it there again is safe
 _DEMO_IMAGE = re.compile(r"^\d{6}\.(jpg|png)$")
-_DEMO_FILES = re.compile(
-    r"^(demo\.jsonl|tokenizer\.json|images|media|day-\d+\.(jsonl|delete))$"
-)
+_DEMO_FILES = re.compile(r"^(demo\.jsonl|tokenizer\.json|images|media|day-\d+\.(jsonl|delete))$")
 
 
 def _check_ours(out: Path) -> None:

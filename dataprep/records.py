@@ -5,8 +5,9 @@ A record becomes a :class:`Sample`: its id, its turns as ``(role, text)`` with r
 by ``<image>``; a record with images but no placeholder gets them prepended to its first user turn
 (LLaVA's and InternVL's convention). Videos and recordings have no such convention: each needs
 its ``<video>`` or ``<audio>`` where the model sees it, and a record without is refused
-(``media_placeholder_mismatch``), as is a placeholder without its media. Anything malformed raises :class:`SampleRejected`, and so
-does a record that carries media prep does not measure (:mod:`dataprep.media`).
+(``media_placeholder_mismatch``), as is a placeholder without its media. Anything malformed
+raises :class:`SampleRejected`, and so does a record that carries media prep does not measure
+(:mod:`dataprep.media`).
 """
 
 from __future__ import annotations

@@ -126,7 +126,11 @@ def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):
     _wav(tmp_path / "long.wav", 95.0, 8000)
     records = [
         {"id": "a", "audio": "a.wav", "conversations": _conv("<audio>\nTranscribe.")},
-        {"id": "b", "audios": ["a.wav", "long.wav"], "conversations": _conv("<audio><audio> Both?")},
+        {
+            "id": "b",
+            "audios": ["a.wav", "long.wav"],
+            "conversations": _conv("<audio><audio> Both?"),
+        },
     ]
     data = write_jsonl(tmp_path / "d.jsonl", records)
     _res, rows, errors = run(tmp_path, [data], tokenizer_path, audio_rule="qwen2_5_omni")

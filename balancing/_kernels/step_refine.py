@@ -109,7 +109,7 @@ def _nb_refine_step(x, slot, d, q, max_moves):
         done = False
         for jw in np.argsort(-heads, kind="mergesort"):  # the heaviest phase first
             if heads[jw] <= 0.0:
-                break
+                break  # the phases come heaviest first: none after this has a load
             h = 0
             for r in range(d):
                 if loads[r, jw] * w[jw] == heads[jw]:

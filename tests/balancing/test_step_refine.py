@@ -69,6 +69,41 @@ def test_refine_step_equals_its_twin(seed, phases):
     assert got.tolist() == want and moves == want_moves
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_refine_step_equals_its_twin_on_tiny_and_empty_phases(seed):
+    """Loads of 0 to 2 units; a sparse phase (one sample of 1 unit: its weight is d, so its
+    squares dominate the choice); every other seed a phase with no load at all (never a
+    head: nothing to even there)."""
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(2, 6))
+    m = d * int(rng.integers(1, 4))
+    x = rng.integers(0, 3, (m, 4)).astype(np.int64)
+    x[:, 2] = 0
+    x[int(rng.integers(0, m)), 2] = 1
+    if seed % 2:
+        x[:, 3] = 0
+    slot = rng.integers(0, d, m).astype(np.int64)
+    q = np.full(4, 1 << 30)
+    got = slot.copy()
+    moves = K._nb_refine_step(x, got, d, q, BIG)
+    want, want_moves = R.refine_step(x.tolist(), slot.tolist(), d, q.tolist(), BIG)
+    assert got.tolist() == want and moves == want_moves
+
+
+@pytest.mark.parametrize(("gap", "moved"), [(6, 0), (8, 1), (10, 1)])
+def test_a_move_is_made_only_past_the_threshold(gap, moved):
+    """Two groups of 2,000 units between them, one phase: shifting one unit across a gap of g
+    units changes the sum of squared loads (over their mean) by 2e-6 (1 - g): 1e-5 at g = 6
+    (the threshold itself: not made), 1.4e-5 at g = 8 and 1.8e-5 at g = 10 (made; moving the
+    1-unit sample and swapping the two large ones shift the same unit, the loads tell)."""
+    heavy, light = 1000 + gap // 2, 1000 - gap // 2
+    x = np.array([[heavy - 1], [1], [light]], dtype=np.int64)
+    slot = np.array([0, 0, 1])
+    assert K._nb_refine_step(x, slot, 2, np.array([1 << 30]), BIG) == moved
+    want = [light + 1, heavy - 1] if moved else [light, heavy]
+    assert sorted(_loads(x, slot, 2)[:, 0].tolist()) == want
+
+
 def _caps_kept(before, after, q):
     """No group passes a cap it was under, nor grows in a phase where it was past the cap."""
     return bool((after <= np.maximum(q, before)).all())
@@ -128,11 +163,13 @@ def test_refine_step_keeps_samples_caps_and_never_worsens(seed, d, per, phases, 
     assert _caps_kept(before, after, q)
 
 
-def test_refine_steps_refines_each_step_alone():
-    """``_nb_refine_steps`` over members grouped by step equals refining each step apart: no
-    sample crosses into another step."""
+@pytest.mark.parametrize("steps", [6, 7])
+def test_refine_steps_refines_each_step_alone(steps):
+    """``_nb_refine_steps`` over members grouped by step equals refining each step apart (an
+    even and an odd count of steps): no sample crosses into another step, and the moves it
+    reports are the steps' moves summed."""
     rng = np.random.default_rng(3)
-    d, per, steps = 4, 5, 6
+    d, per = 4, 5
     xs, slots = zip(*(_step(rng, d, per, 3) for _ in range(steps)), strict=True)
     x = np.concatenate(xs)
     slot = np.concatenate(slots)
@@ -143,12 +180,14 @@ def test_refine_steps_refines_each_step_alone():
     starts = np.searchsorted(step[members], np.arange(steps + 1))
     q = np.full(3, 1 << 40)
     got = slot.copy()
-    K._nb_refine_steps(x, members, starts, got, d, q, BIG)
+    total = K._nb_refine_steps(x, members, starts, got, d, q, BIG)
+    moves = 0
     for s in range(steps):
         idx = members[starts[s] : starts[s + 1]]
         alone = slot[idx].copy()
-        K._nb_refine_step(x[idx], alone, d, q, BIG)
+        moves += K._nb_refine_step(x[idx], alone, d, q, BIG)
         assert got[idx].tolist() == alone.tolist()
+    assert total == moves > 0
 
 
 @pytest.mark.parametrize("d", [2, 3])

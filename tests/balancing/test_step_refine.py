@@ -206,3 +206,15 @@ def test_refine_step_finds_the_even_split_of_a_small_step(d):
         slot = np.array(start, dtype=np.int64)
         K._nb_refine_step(x, slot, d, np.full(2, 1 << 30), BIG)
         np.testing.assert_array_equal(_loads(x, slot, d), np.tile(sums, (d, 1)), str(start))
+
+
+def test_a_phase_with_no_load_names_no_group_to_move():
+    """Only a phase's heaviest group gives samples. Here the heavy group (9 units, one sample)
+    cannot move under the cap of 6 and the other phase has no load at all: the refinement
+    stops, although group 0 could still even itself with group 2 (a phase of zeros taken for
+    one whose heaviest group is group 0 would move its 2-unit sample)."""
+    x = np.array([[3, 0], [2, 0], [9, 0], [1, 0]], dtype=np.int64)
+    slot = np.array([0, 0, 1, 2])
+    assert K._nb_refine_step(x, slot, 3, np.array([6, 1]), BIG) == 0
+    assert slot.tolist() == [0, 0, 1, 2]
+    assert R.refine_step(x.tolist(), [0, 0, 1, 2], 3, [6, 1], BIG) == ([0, 0, 1, 2], 0)

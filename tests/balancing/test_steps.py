@@ -157,3 +157,23 @@ def test_a_phase_with_no_load_at_all_divides_nothing_by_zero(empty):
     placed = a.step >= 0
     slots = a.step[placed] * d + a.node[placed] * per + a.local_rank[placed]
     assert sorted(slots.tolist()) == list(range(a.n_steps * d))
+
+
+@pytest.mark.parametrize("levels", [1, 4, 16])
+def test_coarse_keeps_few_values_and_bins_many(levels):
+    """An encoder's group load as a sort key: kept as it is with at most ``levels`` distinct
+    values (whole padded windows), else its bin among ``levels`` equal bins of [0, max]; the
+    maximum in the last bin, order kept (a bin never ranks a smaller load above a larger)."""
+    from balancing.steps import coarse
+
+    few = np.array([0.0, 1500.0, 3000.0, 1500.0])[: max(1, min(4, levels))]
+    if np.unique(few).size <= levels:
+        np.testing.assert_array_equal(coarse(few, levels), few)
+    rng = np.random.default_rng(levels)
+    many = rng.uniform(0, 5000, 400)
+    got = coarse(many, levels)
+    want = np.minimum(np.floor(many / many.max() * levels), levels - 1)
+    np.testing.assert_array_equal(got, want)
+    order = np.argsort(many)
+    assert (np.diff(got[order]) >= 0).all() and got.max() == levels - 1
+    np.testing.assert_array_equal(coarse(np.zeros(50), levels), np.zeros(50))

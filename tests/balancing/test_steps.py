@@ -177,3 +177,75 @@ def test_coarse_keeps_few_values_and_bins_many(levels):
     order = np.argsort(many)
     assert (np.diff(got[order]) >= 0).all() and got.max() == levels - 1
     np.testing.assert_array_equal(coarse(np.zeros(50), levels), np.zeros(50))
+
+
+def _audio_case(rng: np.random.Generator, n_groups: int, d: int):
+    """Groups of 1-3 samples, a third of the samples with one padded recording (1,500)."""
+    group_of, loads = _case(rng, n_groups, d)
+    audio = np.where(rng.random(group_of.size) < 0.35, 1500.0, 0.0)
+    return group_of, {**loads, "audio_tokens": audio, "audio_cost": audio * 2.0}
+
+
+AUDIO = (("audio_tokens", "audio_cost"),)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_an_audio_phase_orders_steps_first_and_weighs_in_the_last_step(seed):
+    """With another encoder: a full step's groups hold the same coarse audio load (the sort's
+    first key: whole recordings here), and the last step's LPT weighs its cost beside the
+    vision and the LLM costs (each over its mean)."""
+    d = 3
+    rng = np.random.default_rng(seed)
+    n_groups = 5 * d + 2
+    group_of, loads = _audio_case(rng, n_groups, d)
+    a = assign_steps(
+        group_of,
+        n_groups,
+        loads,
+        nodes=1,
+        gpus_per_node=d,
+        rng=np.random.default_rng(0),
+        extra=AUDIO,
+    )
+    ga = np.bincount(group_of, weights=loads["audio_tokens"], minlength=n_groups)
+    full = np.flatnonzero((a.step[:n_groups] >= 0) & (a.step[:n_groups] < a.n_steps - 1))
+    for s in range(a.n_steps - 1):  # a step is a run of the audio order: none between
+        members = np.flatnonzero(a.step[:n_groups] == s)
+        lo, hi = ga[members].min(), ga[members].max()
+        others = np.setdiff1d(full, members)
+        assert not ((ga[others] > lo) & (ga[others] < hi)).any()
+    members = np.flatnonzero(np.isin(a.group_of, a.last_step_groups))
+    w = sum(loads[k] / max(loads[k].mean(), 1e-12) for k in ("vit_cost", "audio_cost", "llm_cost"))
+    want = a.last_step_groups[lpt_reference(w, members, d)]
+    np.testing.assert_array_equal(a.group_of[members], want)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_refined_steps_keep_their_samples_and_caps_and_even_every_phase(seed):
+    """``caps`` given: samples move only between the groups of their own step, no group passes
+    a cap it was under, and the steps come out at least as even in every phase together (the
+    weighted sum of squares per step never rises)."""
+    d = 4
+    rng = np.random.default_rng(seed)
+    n_groups = 6 * d
+    group_of, loads = _audio_case(rng, n_groups, d)
+    caps = np.array([40_000, 6_000, 20_000])
+    kw = dict(nodes=2, gpus_per_node=2, extra=AUDIO)
+    plain = assign_steps(group_of, n_groups, loads, rng=np.random.default_rng(1), **kw)
+    refined = assign_steps(group_of, n_groups, loads, rng=np.random.default_rng(1), caps=caps, **kw)
+    np.testing.assert_array_equal(plain.step, refined.step)
+    np.testing.assert_array_equal(plain.step[plain.group_of], refined.step[refined.group_of])
+    keys = ("vit_tokens", "audio_tokens", "llm_tokens")
+    moved = plain.group_of != refined.group_of
+    assert moved.any()
+    before, after = (
+        np.stack(
+            [np.bincount(a.group_of, weights=loads[k], minlength=a.step.size) for k in keys], 1
+        )
+        for a in (plain, refined)
+    )
+    assert (after <= np.maximum(caps, before)).all()
+    for s in range(plain.n_steps):
+        g = np.flatnonzero(plain.step == s)
+        w = np.divide(len(g), before[g].sum(0), out=np.zeros(3), where=before[g].sum(0) > 0)
+        assert ((after[g] * w) ** 2).sum() <= ((before[g] * w) ** 2).sum() + 1e-9

@@ -27,7 +27,7 @@ from dataprep.media_probe import MediaItem, media_modality, media_signature, pro
 from dataprep.media_rules import MediaRule
 from dataprep.policies import VisionPolicy
 from dataprep.readers import ImageRef, ReadOptions, WorkUnit, read_unit
-from dataprep.records import IMAGE_PLACEHOLDER, normalize_record, sample_id_of
+from dataprep.records import IMAGE_PLACEHOLDER, PLACEHOLDERS, normalize_record, sample_id_of
 from dataprep.text_tokens import TokenCounter
 from equishard.common.errors import describe
 from equishard.contracts.columns import (
@@ -188,6 +188,27 @@ def with_image_text(text: str, costs: list, prefix: str = "") -> str:
     return "".join(out)
 
 
+def with_media_text(text: str, media_costs: dict) -> str:
+    """The rendered text with each video's or recording's own prompt text (``MediaCost.text``:
+    InternVL's frame labels) in front of its placeholder, in the order the placeholders stand
+    (a sample's items are listed in that order)."""
+    for modality, costs in media_costs.items():
+        if not any(c.text for c in costs):
+            continue
+        mark = PLACEHOLDERS[modality]
+        parts = text.split(mark)
+        if len(parts) != len(costs) + 1:
+            raise SampleRejected(
+                "template_image_mismatch",
+                f"the rendered text has {len(parts) - 1} {modality} placeholder(s) for "
+                f"{len(costs)} {modality}(s)",
+            )
+        text = parts[0] + "".join(
+            c.text + mark + part for c, part in zip(costs, parts[1:], strict=True)
+        )
+    return text
+
+
 class Measurer:
     def __init__(
         self,
@@ -316,6 +337,8 @@ class Measurer:
                         ) from None
                 text = self.template.render(sample.turns)
                 text = with_image_text(text, costs, self.template.image_prefix)
+                if media:
+                    text = with_media_text(text, media_costs)
                 text = self.policy.prompt(text)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))

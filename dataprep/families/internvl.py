@@ -20,4 +20,7 @@ SPEC = FamilySpec(
     template="internvl",
     image_tokens=ImageTokens("<IMG_CONTEXT>", "<img>", "</img>"),
     processor_checks=(*TILER_CHECKS, *SEQ_LEN_CHECKS),
+    # its processor replaces <video> with "Frame{i}: <img>...</img>" a frame
+    media_tokens={"video": ImageTokens("<video>")},
+    video_rules=("internvl",),
 )

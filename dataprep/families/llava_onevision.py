@@ -58,4 +58,5 @@ SPEC = FamilySpec(
     ),
     packer=PackerRules(nested=True, spelled=True, beside=("image_sizes",)),
     media_tokens={"video": ImageTokens("<video>")},  # the processor repeats it per token
+    video_rules=("llava-onevision",),
 )

@@ -28,4 +28,5 @@ SPEC = FamilySpec(
     processor_checks=QWEN_CHECKS,
     packer=QWEN_PACKER,
     media_tokens={"video": QWEN_VIDEO},
+    video_rules=("qwen2vl",),  # Qwen3-VL's video prompts carry timestamps: not this rule
 )

@@ -122,6 +122,9 @@ class FamilySpec:
     # the marker its template writes for a video or a recording, as its processor expands it
     # (``{"video": ImageTokens("<|video_pad|>")}``); a modality left out has no rule here
     media_tokens: dict[str, ImageTokens] = field(default_factory=dict)
+    # the video rules (:data:`dataprep.media_rules.VIDEO_RULES`) that are its processor's: a
+    # prep with its vision policy may measure videos with them, and only with them
+    video_rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -131,3 +134,8 @@ class FamilySpec:
             raise ValueError(f"family {self.name}: policy_specs {unknown} not in its policies")
         if not self.policies:
             raise ValueError(f"family {self.name}: no vision policy counts its images")
+        if self.video_rules and "video" not in self.media_tokens:
+            raise ValueError(
+                f"family {self.name}: video rules {list(self.video_rules)} but no video marker "
+                "in media_tokens (how its template writes a video)"
+            )

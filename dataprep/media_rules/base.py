@@ -21,11 +21,14 @@ __all__ = ["MediaCost", "MediaRule"]
 @dataclass(frozen=True, slots=True)
 class MediaCost:
     """What one video or recording costs: ``seq_lens``, the length of each sequence its encoder
-    runs (a Qwen video: one per pair of frames; Whisper's encoder: one per window), and
-    ``llm_tokens``, the tokens the processor writes for it in the prompt."""
+    runs (a Qwen video: one per pair of frames; Whisper's encoder: one per window),
+    ``llm_tokens``, the media tokens the processor writes for it in the prompt, and ``text``,
+    the text it writes around them in place of the item's marker, without them (InternVL's
+    ``Frame1: <img></img>`` labels): the tokenizer counts that text where it stands."""
 
     seq_lens: tuple[int, ...]
     llm_tokens: int
+    text: str = ""
 
     @property
     def tokens(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dataprep.media_rules.base import MediaRule
+from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
@@ -28,14 +29,13 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RuleSpec:
-    """How a rule name builds its rule: ``cls(**defaults, **options)``. ``policies``: the
-    vision policies of the models whose processor the rule is (empty: any); ``help``: its line
-    in ``equishard prep --help``."""
+    """How a rule name builds its rule: ``cls(**defaults, **options)``; ``help``: its line in
+    ``equishard prep --help``. Which model families a video rule is the processor of is said
+    by each family (``FamilySpec.video_rules``), its one home."""
 
     cls: type[MediaRule]
     defaults: dict = field(default_factory=dict)
     help: str = ""
-    policies: tuple[str, ...] = ()
 
 
 VIDEO_RULES: dict[str, RuleSpec] = {
@@ -44,13 +44,17 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         help="Qwen2-VL / Qwen2.5-VL: frames at fps=2 in [4, 768], 2 a patch in time; "
         "source=qwen-vl-utils (process_vision_info, default) or source=transformers "
         "(Qwen2VLVideoProcessor; fps=0 keeps every frame as its do_sample_frames=False does)",
-        policies=("qwen2vl",),  # Qwen3-VL's video prompts carry timestamps: not this rule
     ),
     "llava-onevision": RuleSpec(
         OneVisionVideoRule,
         help="LLaVA-OneVision / LLaVA-Video: num_frames=32 uniform frames (or fps=F; both 0: "
         "every frame) of 729 SigLIP patches, 196 pooled tokens each + 1",
-        policies=("llava-onevision",),
+    ),
+    "internvl": RuleSpec(
+        InternVLVideoRule,
+        help="InternVL: num_frames=32 segments of max_tiles=1 448-px tiles, 256 tokens a tile, "
+        "'Frame{i}:' a frame; source=internvl (the model card's load_video, default) or "
+        "source=transformers (InternVLVideoProcessor; num_frames=0 keeps every frame)",
     ),
 }
 AUDIO_RULES: dict[str, RuleSpec] = {
@@ -124,10 +128,14 @@ def check_media_rules(video: str | None, audio: str | None, vision_policy: str) 
     if not video:
         return
     parse_video_rule(video)
+    from dataprep.families.registry import FAMILIES
+
     name = video.partition(":")[0]
-    policies = VIDEO_RULES[name].policies
+    policies = tuple(
+        dict.fromkeys(p for f in FAMILIES.values() if name in f.video_rules for p in f.policies)
+    )
     policy = vision_policy.partition(":")[0]
-    if policies and policy not in policies:
+    if policy not in policies:
         raise ValueError(
             f"--video-rule {name} is the video processor of the models of vision policy "
             f"{' or '.join(policies)}, but --vision-policy is {policy}: one prep measures one "

@@ -6,7 +6,9 @@ Videos: each file is decoded whole with PyAV (every frame: the frame count and f
 decoding reader sees, independent of the header equishard reads), then sized by the code of
 the references themselves: qwen-vl-utils' ``fetch_video`` (its ``smart_nframes`` and its
 per-frame pixel budget, through a reader backend that hands it the decoded count), and the
-transformers ``Qwen2VLVideoProcessor``'s ``sample_frames``, ``resize`` and ``patchify``. Both
+transformers ``Qwen2VLVideoProcessor``'s ``sample_frames``, ``resize`` and ``patchify``;
+InternVL's ``InternVLVideoProcessor.sample_frames`` and ``InternVLProcessor``'s prompt (and the
+model cards' ``load_video``, tiles by ``GotOcr2ImageProcessor``). The video processors
 import torchvision, which has no build for this CPU torch; it is replaced here by stub modules
 whose ``resize`` returns zeros of the size asked for (the sizes are all that is compared).
 The stubs live in this process only: the test process never sees them.
@@ -19,6 +21,7 @@ count is the processor's formula on the feature mask, the encoder windows Qwen2.
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -180,6 +183,80 @@ def onevision_tokens(truth: dict, opts: dict) -> list[int] | str:
     return [n, tokens]
 
 
+def _model_card_indices(max_frame: int, fps: float, num_segments: int) -> list[int]:
+    """The InternVL model cards' ``get_index`` with ``bound=None`` (transcribed: the function
+    is published in the cards, in no package): one frame from the middle of each segment."""
+    import numpy as np
+
+    start, end = -100000, 100000
+    start_idx = max(0, round(start * fps))
+    end_idx = min(round(end * fps), max_frame)
+    seg_size = float(end_idx - start_idx) / num_segments
+    return [
+        int(start_idx + (seg_size / 2) + np.round(seg_size * idx)) for idx in range(num_segments)
+    ]
+
+
+@functools.lru_cache
+def _tiles(width: int, height: int, max_tiles: int) -> int:
+    from PIL import Image
+    from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+    ip = GotOcr2ImageProcessorPil(
+        crop_to_patches=True,
+        min_patches=1,
+        max_patches=max_tiles,
+        size={"height": 448, "width": 448},
+    )
+    blank = Image.new("RGB", (width, height))
+    return int(ip(images=[blank], return_tensors="np")["num_patches"][0])
+
+
+def internvl_video(truth: dict, opts: dict) -> list | str:
+    """[frames, tiles a frame, the text the processor writes without its context tokens]:
+    ``source=transformers`` as ``InternVLVideoProcessor.sample_frames`` samples and
+    ``InternVLProcessor.replace_video_token`` writes; ``source=internvl`` as the model card's
+    ``load_video`` (``get_index``, then ``GotOcr2ImageProcessor``'s ``crop_to_patches``, the
+    transformers form of ``dynamic_preprocess``, on each frame) and its prompt."""
+    from transformers.models.internvl.processing_internvl import InternVLProcessor
+
+    total, rate = truth["frames"], truth["fps"]
+    tiles = 1
+    if opts.get("source") == "internvl":
+        n = len(_model_card_indices(total - 1, rate, opts["num_frames"]))
+        if opts.get("max_tiles", 1) > 1:
+            tiles = _tiles(truth["width"], truth["height"], opts["max_tiles"])
+        text = "".join(f"Frame{i + 1}: <image>\n" for i in range(n))
+        return [n, tiles, text.replace("<image>", "<img></img>")]
+    from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    cls = InternVLVideoProcessor
+    proc = object.__new__(cls)
+    proc.num_frames, proc.fps, proc.initial_shift = None, None, opts.get("initial_shift", True)
+    meta = VideoMetadata(total_num_frames=total, fps=rate)
+    if opts.get("num_frames") or opts.get("fps"):
+        try:
+            n = len(
+                cls.sample_frames(
+                    proc, meta, num_frames=opts.get("num_frames") or None, fps=opts.get("fps")
+                )
+            )
+        except (ValueError, ZeroDivisionError, RuntimeError) as exc:
+            return f"refused: {exc}"
+    else:
+        n = total
+    writer = object.__new__(InternVLProcessor)
+    writer.start_image_token, writer.end_image_token = "<img>", "</img>"
+    # one context token a frame here (the checkpoints' 256 would make a 30-minute video's
+    # prompt 180 MB): the count a frame is the image policy's, the text is what is compared
+    writer.image_token, writer.image_seq_length = "<IMG_CONTEXT>", 1
+    text = writer.replace_video_token({"pixel_values_videos": [torch.zeros(n)]}, 0)
+    if text.count("<IMG_CONTEXT>") != n:
+        return "refused: a frame without its context token"
+    return [n, tiles, text.replace("<IMG_CONTEXT>", "")]
+
+
 def audio_reference(path: str, chunk_length: int, n_window: int) -> dict:
     """The processor's counts for one file: its samples at 16 kHz, the feature frames of the
     mask, the LLM tokens (the processor's formula), the encoder windows."""
@@ -214,6 +291,7 @@ _VIDEO_REFERENCES = {
     "qwen_vl_utils": qwen_vl_utils_grid,
     "transformers": transformers_grid,
     "onevision": onevision_tokens,
+    "internvl": internvl_video,
 }
 
 

@@ -26,6 +26,7 @@ import pytest
 
 from dataprep.audio_header import probe_audio_path
 from dataprep.errors import SampleRejected
+from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
@@ -65,6 +66,21 @@ ONEVISION_RULES = {
     "ov_fps1": (OneVisionVideoRule(num_frames=0, fps=1.0), {"fps": 1.0}),
     "ov_every": (OneVisionVideoRule(num_frames=0), {}),
 }
+# InternVL: [frames, tiles a frame, prompt text] against its processor and its model cards'
+INTERNVL_RULES = {
+    "ivl32": (InternVLVideoRule(), {"source": "internvl", "num_frames": 32}),
+    "ivl8x6": (
+        InternVLVideoRule(num_frames=8, max_tiles=6),
+        {"source": "internvl", "num_frames": 8, "max_tiles": 6},
+    ),
+    "ivl_every": (InternVLVideoRule(source="transformers", num_frames=0), {}),
+    "ivl_16": (InternVLVideoRule(source="transformers", num_frames=16), {"num_frames": 16}),
+    "ivl_fps1": (InternVLVideoRule(source="transformers", num_frames=0, fps=1.0), {"fps": 1.0}),
+    "ivl_14_at_0": (  # sampled from frame 0: torch.arange's length may pass the frames asked
+        InternVLVideoRule(source="transformers", num_frames=14, initial_shift=False),
+        {"num_frames": 14, "initial_shift": False},
+    ),
+}
 AUDIO_RULES = {
     "qwen2audio": (WhisperAudioRule(), (30, 0)),
     "omni": (WhisperAudioRule(chunk_length=300, n_window=100), (300, 100)),
@@ -94,6 +110,7 @@ def _media(tmp_path_factory, slow: bool):
                     k: a for k, (_, (kind, a)) in VIDEO_RULES.items() if kind == "transformers"
                 },
                 "onevision": {k: a for k, (_, a) in ONEVISION_RULES.items()},
+                "internvl": {k: a for k, (_, a) in INTERNVL_RULES.items()},
             }
             for s in videos
         ],
@@ -142,6 +159,31 @@ def _onevision_diffs(header, ref: dict, label) -> list:
     return diffs
 
 
+def _internvl_diffs(header, ref: dict, label) -> list:
+    """The InternVL rules' frames, tiles and prompt text against the reference's: each tile
+    one sequence of 1024 patches and 256 LLM tokens."""
+    diffs = []
+    for name, (rule, _) in INTERNVL_RULES.items():
+        want = ref[name]
+        try:
+            cost = rule.cost(header)
+        except SampleRejected:
+            got = "refused"
+        else:
+            n, tiles = (
+                rule.frames(header.frames, header.fps),
+                rule.tiles(header.width, header.height),
+            )
+            got = [n, tiles, cost.text]
+            if cost.seq_lens != (1024,) * (n * tiles) or cost.llm_tokens != 256 * n * tiles:
+                got.append(("cost", len(cost.seq_lens), cost.llm_tokens))
+        if isinstance(want, str):
+            want = "refused"
+        if got != want:
+            diffs.append((label, name, str(got)[:80], str(want)[:80]))
+    return diffs
+
+
 def _video_diffs(out, videos, result):
     diffs = []
     for spec in videos:
@@ -157,6 +199,7 @@ def _video_diffs(out, videos, result):
             diffs.append((spec.name, "header", header, truth))
             continue
         diffs += _onevision_diffs(header, ref, spec.name)
+        diffs += _internvl_diffs(header, ref, spec.name)
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:
@@ -238,6 +281,7 @@ def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
                 "qwen_vl_utils": _references("qwen_vl_utils"),
                 "transformers": _references("transformers"),
                 "onevision": {k: a for k, (_, a) in ONEVISION_RULES.items()},
+                "internvl": {k: a for k, (_, a) in INTERNVL_RULES.items()},
             }
             for n, fps, w, h in grid
         ]
@@ -268,6 +312,7 @@ def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
             container="mp4",
         )
         diffs += _onevision_diffs(header, ref, (n, fps, w, h))
+        diffs += _internvl_diffs(header, ref, (n, fps, w, h))
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:

@@ -19,7 +19,12 @@ import pytest
 
 from dataprep.audio_header import AudioHeader
 from dataprep.errors import SampleRejected
-from dataprep.media_rules import OneVisionVideoRule, WhisperAudioRule, audio_tokens
+from dataprep.media_rules import (
+    InternVLVideoRule,
+    OneVisionVideoRule,
+    WhisperAudioRule,
+    audio_tokens,
+)
 from dataprep.video_header import VideoHeader
 
 QWEN2AUDIO = WhisperAudioRule()
@@ -205,3 +210,125 @@ def test_whisper_rule_takes_its_smallest_values_and_keywords_only():
         WhisperAudioRule(16000)  # a field's value given positionally is refused
     with pytest.raises(TypeError):
         OneVisionVideoRule(32)
+
+
+def _video(frames: int, fps: float = 30.0, w: int = 640, h: int = 480) -> VideoHeader:
+    return VideoHeader(
+        nbytes=1,
+        width=w,
+        height=h,
+        frames=frames,
+        fps=fps,
+        duration=frames / fps,
+        codec="h264",
+        container="mp4",
+    )
+
+
+def _arange_length(total: int, n: int, shift: bool) -> int:
+    """``len(torch.arange(shift, total, total / n))``: InternVLVideoProcessor.sample_frames."""
+    import torch
+
+    step = total / n
+    return len(torch.arange(step / 2 if shift else 0, total, step))
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_internvl_transformers_frames_are_the_arange_length(shift):
+    """Every count the processor may be asked for, 1 to 300 frames: the bug named, a frame
+    count taken as the frames asked for where ``torch.arange`` yields one more (sampled from
+    frame 0: 17 of 14)."""
+    diffs = []
+    for total in range(1, 301):
+        for n in sorted({1, 2, 7, 14, 16, 32, total - 1, total} - {0}):
+            rule = InternVLVideoRule(source="transformers", num_frames=n, initial_shift=shift)
+            got = rule.frames(total, 30.0) if n <= total else "refused"
+            want = _arange_length(total, n, shift) if n <= total else "refused"
+            if got != want:
+                diffs.append((total, n, got, want))
+    assert not diffs, diffs[:5]
+    assert InternVLVideoRule(source="transformers", num_frames=14, initial_shift=False).frames(
+        17, 30.0
+    ) == _arange_length(17, 14, False)
+
+
+def test_internvl_transformers_limits():
+    """More frames asked than the video has: refused, at and below accepted; fps leaving no
+    frame: refused; num_frames 0 without fps: every frame."""
+    rule = InternVLVideoRule(source="transformers", num_frames=16)
+    assert rule.frames(16, 30.0) == 16 and rule.frames(17, 30.0) == 16
+    with pytest.raises(SampleRejected, match="asked for 16"):
+        rule.frames(15, 30.0)
+    every = InternVLVideoRule(source="transformers", num_frames=0)
+    assert every.frames(1, 30.0) == 1 and every.frames(301, 30.0) == 301
+    per_second = InternVLVideoRule(source="transformers", num_frames=0, fps=1.0)
+    assert per_second.frames(30, 30.0) == 1 and per_second.frames(90, 30.0) == 3
+    with pytest.raises(SampleRejected, match="samples none"):
+        per_second.frames(29, 30.0)  # int(29 / 30) frames: the processor divides by zero
+
+
+def test_internvl_model_card_samples_every_segment_and_tiles_each_frame():
+    """The model card's load_video takes one frame a segment however short the video (a
+    one-frame video gives them all), each frame tiled as the image policy tiles an image of
+    its size, a thumbnail beside a grid of several."""
+    from dataprep.policies.internvl import InternVLPolicy
+
+    rule = InternVLVideoRule(num_frames=8, max_tiles=6)
+    for w, h in ((1920, 1080), (448, 448), (90, 1600), (449, 448), (1, 1)):
+        want = InternVLPolicy(min_tiles=1, max_tiles=6).num_tiles(w, h)
+        cost = rule.cost(_video(1, w=w, h=h))
+        assert rule.tiles(w, h) == want
+        assert cost.seq_lens == (1024,) * (8 * want) and cost.llm_tokens == 256 * 8 * want
+    assert cost.text == "".join(f"Frame{i}: <img></img>\n" for i in range(1, 9))
+    one = InternVLVideoRule(num_frames=3)
+    assert one.tiles(1920, 1080) == 1 and one.cost(_video(300)).llm_tokens == 3 * 256
+    hf = InternVLVideoRule(source="transformers", num_frames=2).cost(_video(5))
+    assert hf.text == "Frame1: <img></img>\nFrame2: <img></img>"  # joined, no newline after
+    small = InternVLVideoRule(num_frames=1, tile_size=224, patch_size=14)
+    assert small.cost(_video(5)).seq_lens == (256,) and small.cost(_video(5)).llm_tokens == 64
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"source": "decord"}, "source must be one of"),
+        ({"num_frames": -1}, "whole number"),
+        ({"fps": -0.5}, "fps >= 0"),
+        ({"num_frames": 0}, "num_frames >= 1 segments"),
+        ({"fps": 1.0}, "no fps"),
+        ({"max_tiles": 0}, "max_tiles >= 1"),
+        ({"source": "transformers", "num_frames": 4, "fps": 1.0}, "not both"),
+        ({"source": "transformers", "max_tiles": 2}, "one tile a frame"),
+        ({"patch_size": 0}, "multiple of patch_size"),
+        ({"tile_size": 450}, "multiple of patch_size"),
+        ({"downsample_ratio": 0.0}, "downsample_ratio"),
+        ({"downsample_ratio": 1.5}, "downsample_ratio"),
+        ({"tile_size": 14, "downsample_ratio": 0.5}, "leaving a token"),
+    ],
+)
+def test_internvl_video_refuses_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        InternVLVideoRule(**kwargs)
+
+
+def test_internvl_video_settings_at_their_limits():
+    InternVLVideoRule(num_frames=1, max_tiles=1, downsample_ratio=1.0)
+    InternVLVideoRule(source="transformers", num_frames=0, fps=0.0)
+    InternVLVideoRule(tile_size=28, patch_size=14)  # 4 patches, one token a tile
+    for rule in (InternVLVideoRule(), InternVLVideoRule(source="transformers", num_frames=0)):
+        from dataprep.media_rules import parse_video_rule
+
+        assert parse_video_rule(rule.spec()) == rule
+
+
+def test_every_video_rule_belongs_to_a_family_and_every_named_rule_exists():
+    """A family's ``video_rules`` (the one home of which model a video rule is the processor
+    of) name rules that exist, and no video rule is left to no family (it would be refused
+    beside every vision policy)."""
+    from dataprep.families.registry import FAMILIES
+    from dataprep.media_rules import VIDEO_RULES
+
+    named = {r for f in FAMILIES.values() for r in f.video_rules}
+    assert named == set(VIDEO_RULES)
+    for f in FAMILIES.values():
+        assert not f.video_rules or "video" in f.media_tokens, f.name

@@ -121,6 +121,67 @@ def test_a_video_is_measured_exactly_as_the_model_sees_it(tmp_path, qwen_model):
     read_cost_table(tmp_path / "out" / "cost.parquet")  # validates every phase's columns
 
 
+@pytest.mark.parametrize(
+    "spec", ["internvl:source=transformers,num_frames=8", "internvl:num_frames=6,max_tiles=4"]
+)
+def test_an_internvl_video_counts_its_frame_labels(tmp_path, tokenizer_path, spec):
+    """InternVL writes ``Frame{i}: <img>...</img>`` a frame: the labels are text the tokenizer
+    counts, the context tokens the rule's. Reference: the model's chat template, then the
+    processor's own ``replace_video_token`` (transformers) or the model card's prompt (one
+    ``Frame{i}: <image>\\n`` a frame, each ``<image>`` its tiles' context tokens), counted by
+    the tokenizer. The bugs named: labels left out of the count, counted as tokens of the
+    video, the card's and the processor's newlines swapped, a tile count without the
+    thumbnail."""
+    from transformers import InternVLProcessor, PreTrainedTokenizerFast
+
+    from tests.dataprep.test_jinja_template import make_model_dir
+
+    model = make_model_dir(tmp_path, "internvl", tokenizer_path)
+    clip = _video(tmp_path / "a.mp4", 30, 640, 240)
+    records = [
+        {"id": "v", "video": "a.mp4", "conversations": _conv("<video>\nWhat happens?")},
+        {"id": "t", "conversations": _conv("Just text.")},
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _res, rows, errors = run(
+        tmp_path,
+        [data],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy="internvl",
+        video_rule=spec,
+    )
+    assert not errors
+    rule = parse_video_rule(spec)
+    header = probe_video_path(clip)
+    n, tiles = rule.frames(header.frames, header.fps), rule.tiles(header.width, header.height)
+    assert (n, tiles) == ((8, 1) if rule.source == "transformers" else (6, 4))  # 3x1 + thumb
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "video"}, {"type": "text", "text": "\nWhat happens?"}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+    ]
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    if rule.source == "transformers":
+        writer = object.__new__(InternVLProcessor)
+        writer.start_image_token, writer.end_image_token = "<img>", "</img>"
+        writer.image_token, writer.image_seq_length = "<IMG_CONTEXT>", 256
+        frames = writer.replace_video_token({"pixel_values_videos": [np.zeros(n)]}, 0)
+    else:
+        image = "<img>" + "<IMG_CONTEXT>" * 256 * tiles + "</img>"
+        frames = "".join(f"Frame{i + 1}: <image>\n" for i in range(n)).replace("<image>", image)
+    ids = tok(text.replace("<video>", frames), add_special_tokens=False)["input_ids"]
+    context = ids.count(tok.convert_tokens_to_ids("<IMG_CONTEXT>"))
+    assert context == 256 * n * tiles
+    row = {r["sample_id"]: r for r in rows}["v"]
+    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - context
+    assert row["video_seq_lens"] == [1024] * (n * tiles) and row["num_images"] == 0
+
+
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):
     _wav(tmp_path / "a.wav", 12.5)
     _wav(tmp_path / "long.wav", 95.0, 8000)

@@ -188,12 +188,16 @@ def with_image_text(text: str, costs: list, prefix: str = "") -> str:
     return "".join(out)
 
 
-def with_media_text(text: str, media_costs: dict) -> str:
+def with_media_text(text: str, media_costs: dict, rules: dict) -> str:
     """The rendered text with each video's or recording's own prompt text (``MediaCost.text``:
-    InternVL's frame labels) in front of its placeholder, in the order the placeholders stand
-    (a sample's items are listed in that order)."""
+    InternVL's frame labels, Qwen3-VL's timestamps) in front of its placeholder, in the order
+    the placeholders stand (a sample's items are listed in that order). A rule whose processor
+    collapses the template's wrapper around the item into its own (``MediaRule.collapses``:
+    Qwen3-VL's ``<|vision_start|>``...``<|vision_end|>``) has it taken out where it stands
+    whole around the placeholder, as the processor takes it out."""
     for modality, costs in media_costs.items():
-        if not any(c.text for c in costs):
+        wrap = rules[modality].collapses
+        if not wrap and not any(c.text for c in costs):
             continue
         mark = PLACEHOLDERS[modality]
         parts = text.split(mark)
@@ -203,9 +207,13 @@ def with_media_text(text: str, media_costs: dict) -> str:
                 f"the rendered text has {len(parts) - 1} {modality} placeholder(s) for "
                 f"{len(costs)} {modality}(s)",
             )
-        text = parts[0] + "".join(
-            c.text + mark + part for c, part in zip(costs, parts[1:], strict=True)
-        )
+        out = [parts[0]]
+        for c, part in zip(costs, parts[1:], strict=True):
+            if wrap and out[-1].endswith(wrap[0]) and part.startswith(wrap[1]):
+                out[-1] = out[-1][: -len(wrap[0])]
+                part = part[len(wrap[1]) :]
+            out.append(c.text + mark + part)
+        text = "".join(out)
     return text
 
 
@@ -338,7 +346,7 @@ class Measurer:
                 text = self.template.render(sample.turns)
                 text = with_image_text(text, costs, self.template.image_prefix)
                 if media:
-                    text = with_media_text(text, media_costs)
+                    text = with_media_text(text, media_costs, self.rules)
                 text = self.policy.prompt(text)
             except SampleRejected as exc:
                 out.errors.append(error_row(unit.source, location, rec.line, sample_id, exc))

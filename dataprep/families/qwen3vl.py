@@ -1,7 +1,7 @@
 """Qwen3-VL and Qwen3.5: Qwen2-VL's resize with 16-px patches (multiples of 32)."""
 
 from dataprep.families.processor_settings import QWEN_CHECKS
-from dataprep.families.qwen2vl import QWEN_IMAGE, QWEN_OPTIONS, QWEN_PACKER
+from dataprep.families.qwen2vl import QWEN_IMAGE, QWEN_OPTIONS, QWEN_PACKER, QWEN_VIDEO
 from dataprep.families.spec import FamilySpec, policy
 from dataprep.policies.qwen2vl import QWEN2VL_RESIZE, QWEN3VL_DEFAULTS, Qwen2VLPolicy
 
@@ -22,4 +22,6 @@ SPEC = FamilySpec(
     image_tokens=QWEN_IMAGE,
     processor_checks=QWEN_CHECKS,
     packer=QWEN_PACKER,
+    media_tokens={"video": QWEN_VIDEO},
+    video_rules=("qwen3vl",),  # timestamps in the prompt, the template's wrapper collapsed
 )

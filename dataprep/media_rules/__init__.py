@@ -8,6 +8,7 @@ tokens the LLM sees. One module per rule; :class:`MediaRule` is their base.
 from dataprep.media_rules.base import MediaCost, MediaRule
 from dataprep.media_rules.internvl_video import INTERNVL_VIDEO_SOURCES, InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
+from dataprep.media_rules.qwen3_video import QWEN3_VIDEO_SOURCES, Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QWEN_VIDEO_SOURCES, QwenVideoRule
 from dataprep.media_rules.registry import (
     AUDIO_RULES,
@@ -20,12 +21,14 @@ from dataprep.media_rules.whisper_audio import WhisperAudioRule, audio_tokens
 __all__ = [
     "AUDIO_RULES",
     "INTERNVL_VIDEO_SOURCES",
+    "QWEN3_VIDEO_SOURCES",
     "QWEN_VIDEO_SOURCES",
     "VIDEO_RULES",
     "InternVLVideoRule",
     "MediaCost",
     "MediaRule",
     "OneVisionVideoRule",
+    "Qwen3VideoRule",
     "QwenVideoRule",
     "WhisperAudioRule",
     "audio_tokens",

@@ -46,6 +46,9 @@ class MediaRule:
     # the encoder that runs the items: ``vision`` where the family's vision tower takes video
     # frames as it takes images (Qwen2-VL), else the modality's own encoder phase
     tower: ClassVar[str] = ""
+    # (start, end): the wrapper the template writes around the item's marker that the
+    # processor replaces by the item's own text (Qwen3-VL), taken out of the count with it
+    collapses: ClassVar[tuple[str, str]] = ()
 
     def __post_init__(self) -> None:
         check_field_types(self)

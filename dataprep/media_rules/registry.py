@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from dataprep.media_rules.base import MediaRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
+from dataprep.media_rules.qwen3_video import Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 
@@ -44,6 +45,13 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         help="Qwen2-VL / Qwen2.5-VL: frames at fps=2 in [4, 768], 2 a patch in time; "
         "source=qwen-vl-utils (process_vision_info, default) or source=transformers "
         "(Qwen2VLVideoProcessor; fps=0 keeps every frame as its do_sample_frames=False does)",
+    ),
+    "qwen3vl": RuleSpec(
+        Qwen3VideoRule,
+        help="Qwen3-VL / Qwen3.5: frames at fps=2 in [4, 768] (or num_frames=N), 16-px patches, "
+        "'<t seconds>' before each pair of frames; source=transformers (Qwen3VLVideoProcessor, "
+        "default: min_pixels/max_pixels are its size.shortest_edge/longest_edge, the budget of "
+        "the whole video) or source=qwen-vl-utils (process_vision_info, image_patch_size=16)",
     ),
     "llava-onevision": RuleSpec(
         OneVisionVideoRule,

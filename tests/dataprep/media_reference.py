@@ -183,6 +183,102 @@ def onevision_tokens(truth: dict, opts: dict) -> list[int] | str:
     return [n, tokens]
 
 
+def _qwen3_text(grid: list[int], indices, fps: float) -> str:
+    """``Qwen3VLProcessor.replace_video_token``'s text for a video of ``grid`` sampled at
+    ``indices``, its video tokens taken out."""
+    from types import SimpleNamespace
+
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.video_utils import VideoMetadata
+
+    writer = object.__new__(Qwen3VLProcessor)
+    writer.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    writer.vision_start_token, writer.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+    writer.video_token = "<|video_pad|>"
+    meta = VideoMetadata(total_num_frames=max(indices) + 1, fps=fps, frames_indices=indices)
+    text = writer.replace_video_token(
+        {"video_grid_thw": torch.tensor([grid]), "video_metadata": [meta]}, 0
+    )
+    return text.replace("<|video_pad|>", "")
+
+
+def qwen3_video(truth: dict, opts: dict) -> list | str:
+    """[grid t, h, w, prompt text]: ``source=transformers`` as ``Qwen3VLVideoProcessor``
+    samples (``sample_frames``), resizes (its ``resize``, Qwen3-VL's ``smart_resize``) and
+    patchifies; ``source=qwen-vl-utils`` as ``fetch_video(..., image_patch_size=16)`` through a
+    reader that indexes frames as its decord and torchvision readers do."""
+    if opts.get("source") == "qwen-vl-utils":
+        import qwen_vl_utils.vision_process as v
+
+        def reader(ele):
+            n = v.smart_nframes(ele, total_frames=truth["frames"], video_fps=truth["fps"])
+            idx = torch.linspace(0, truth["frames"] - 1, n).round().long()
+            video = torch.zeros(1).expand(n, 3, truth["height"], truth["width"])
+            return (
+                video,
+                {"fps": truth["fps"], "frames_indices": idx},
+                n / truth["frames"] * truth["fps"],
+            )
+
+        v.VIDEO_READER_BACKENDS["reference"] = reader
+        v.VIDEO_READER_BACKENDS["torchvision"] = reader
+        v.get_video_reader_backend = lambda: "reference"
+        ele = {k: a for k, a in opts.items() if k != "source"}
+        try:
+            video, meta = v.fetch_video(
+                {"video": "file.mp4", **ele}, image_patch_size=16, return_video_metadata=True
+            )
+        except (ValueError, AssertionError) as exc:
+            return f"refused: {exc}"
+        n, _, h, w = video.shape
+        grid = [n // 2, h // 16, w // 16]
+        return [*grid, _qwen3_text(grid, meta["frames_indices"].tolist(), truth["fps"])]
+    from transformers.image_processing_utils import SizeDict
+    from transformers.models.qwen3_vl import video_processing_qwen3_vl as q
+    from transformers.video_utils import VideoMetadata
+
+    cls = q.Qwen3VLVideoProcessor
+    proc = object.__new__(cls)
+    for k in (
+        "num_frames",
+        "fps",
+        "temporal_patch_size",
+        "min_frames",
+        "max_frames",
+        "max_video_tokens",
+    ):
+        setattr(proc, k, opts.get(k, getattr(cls, k, None)))
+    meta = VideoMetadata(
+        total_num_frames=truth["frames"],
+        fps=truth["fps"],
+        width=truth["width"],
+        height=truth["height"],
+    )
+    try:
+        idx = cls.sample_frames(proc, meta, num_frames=opts.get("num_frames"))
+        n = len(idx)
+        video = torch.zeros(1).expand(1, n, 3, truth["height"], truth["width"])
+        size = SizeDict(
+            shortest_edge=opts.get("min_pixels", 128 * 32 * 32),
+            longest_edge=opts.get("max_pixels", 768 * 32 * 32),
+        )
+        video = cls.resize(
+            proc,
+            videos=video,
+            size=size,
+            resample=None,
+            factor=32,
+            temporal_factor=2,
+            cap_pixels_per_frame=opts.get("cap", False),
+            max_video_tokens=opts.get("max_video_tokens", 768),
+        )
+    except (ValueError, ZeroDivisionError, RuntimeError) as exc:
+        return f"refused: {exc}"
+    h, w = video.shape[-2:]
+    grid = [-(-n // 2), h // 16, w // 16]
+    return [*grid, _qwen3_text(grid, idx.tolist(), truth["fps"])]
+
+
 def _model_card_indices(max_frame: int, fps: float, num_segments: int) -> list[int]:
     """The InternVL model cards' ``get_index`` with ``bound=None`` (transcribed: the function
     is published in the cards, in no package): one frame from the middle of each segment."""
@@ -292,6 +388,7 @@ _VIDEO_REFERENCES = {
     "transformers": transformers_grid,
     "onevision": onevision_tokens,
     "internvl": internvl_video,
+    "qwen3": qwen3_video,
 }
 
 

@@ -28,6 +28,7 @@ from dataprep.audio_header import probe_audio_path
 from dataprep.errors import SampleRejected
 from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
+from dataprep.media_rules.qwen3_video import Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 from dataprep.video_header import probe_video_path
@@ -81,6 +82,25 @@ INTERNVL_RULES = {
         {"num_frames": 14, "initial_shift": False},
     ),
 }
+# Qwen3-VL: [grid t, h, w, prompt text with its timestamps] against its processor and
+# qwen-vl-utils
+QWEN3_RULES = {
+    "q3": (Qwen3VideoRule(), {}),
+    "q3_big": (
+        Qwen3VideoRule(min_pixels=4096, max_pixels=25165824),
+        {"min_pixels": 4096, "max_pixels": 25165824},
+    ),
+    "q3_cap": (
+        Qwen3VideoRule(cap_pixels_per_frame=True, max_pixels=25165824),
+        {"cap": True, "max_pixels": 25165824},
+    ),
+    "q3_n9": (Qwen3VideoRule(fps=0, num_frames=9), {"num_frames": 9}),
+    "q3_qvu": (Qwen3VideoRule(source="qwen-vl-utils"), {"source": "qwen-vl-utils"}),
+    "q3_qvu_small": (
+        Qwen3VideoRule(source="qwen-vl-utils", fps=1.0, max_frames=32, max_pixels=256 * 32 * 32),
+        {"source": "qwen-vl-utils", "fps": 1.0, "max_frames": 32, "max_pixels": 256 * 32 * 32},
+    ),
+}
 AUDIO_RULES = {
     "qwen2audio": (WhisperAudioRule(), (30, 0)),
     "omni": (WhisperAudioRule(chunk_length=300, n_window=100), (300, 100)),
@@ -111,6 +131,7 @@ def _media(tmp_path_factory, slow: bool):
                 },
                 "onevision": {k: a for k, (_, a) in ONEVISION_RULES.items()},
                 "internvl": {k: a for k, (_, a) in INTERNVL_RULES.items()},
+                "qwen3": {k: a for k, (_, a) in QWEN3_RULES.items()},
             }
             for s in videos
         ],
@@ -184,6 +205,29 @@ def _internvl_diffs(header, ref: dict, label) -> list:
     return diffs
 
 
+def _qwen3_diffs(header, ref: dict, label) -> list:
+    """The Qwen3-VL rules' grid and prompt text (timestamps) against the reference's."""
+    diffs = []
+    for name, (rule, _) in QWEN3_RULES.items():
+        want = ref[name]
+        try:
+            cost = rule.cost(header)
+        except SampleRejected:
+            got = "refused"
+        else:
+            n = rule.frames(header.frames, header.fps)
+            h, w = rule.frame_size(header.width, header.height, n)
+            got = [len(cost.seq_lens), h // 16, w // 16, cost.text]
+            per_t = (h // 16) * (w // 16)
+            if set(cost.seq_lens) != {per_t} or cost.llm_tokens != len(cost.seq_lens) * per_t // 4:
+                got.append(("cost", cost.seq_lens[:1], cost.llm_tokens))
+        if isinstance(want, str):
+            want = "refused"
+        if got != want:
+            diffs.append((label, name, str(got)[:100], str(want)[:100]))
+    return diffs
+
+
 def _video_diffs(out, videos, result):
     diffs = []
     for spec in videos:
@@ -200,6 +244,7 @@ def _video_diffs(out, videos, result):
             continue
         diffs += _onevision_diffs(header, ref, spec.name)
         diffs += _internvl_diffs(header, ref, spec.name)
+        diffs += _qwen3_diffs(header, ref, spec.name)
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:
@@ -282,6 +327,7 @@ def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
                 "transformers": _references("transformers"),
                 "onevision": {k: a for k, (_, a) in ONEVISION_RULES.items()},
                 "internvl": {k: a for k, (_, a) in INTERNVL_RULES.items()},
+                "qwen3": {k: a for k, (_, a) in QWEN3_RULES.items()},
             }
             for n, fps, w, h in grid
         ]
@@ -313,6 +359,7 @@ def test_frame_sampling_equals_the_references_on_a_grid(tmp_path):
         )
         diffs += _onevision_diffs(header, ref, (n, fps, w, h))
         diffs += _internvl_diffs(header, ref, (n, fps, w, h))
+        diffs += _qwen3_diffs(header, ref, (n, fps, w, h))
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:

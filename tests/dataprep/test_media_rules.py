@@ -332,3 +332,129 @@ def test_every_video_rule_belongs_to_a_family_and_every_named_rule_exists():
     assert named == set(VIDEO_RULES)
     for f in FAMILIES.values():
         assert not f.video_rules or "video" in f.media_tokens, f.name
+
+
+def _qwen3_reference_resize(n, h, w, min_px, max_px):
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
+
+    try:
+        return smart_resize(
+            n, h, w, temporal_factor=2, factor=32, min_pixels=min_px, max_pixels=max_px
+        )
+    except ValueError:
+        return "refused"
+
+
+def test_qwen3vl_video_resize_equals_the_processors():
+    """Qwen3-VL's own ``smart_resize`` (the budget over the whole video) at its limits: one,
+    two and three frames (fewer than two: refused), sides below the 32-px factor (scaled up
+    first), aspect ratios at, below and above 200, budgets just met and just passed."""
+    from dataprep.media_rules.qwen3_video import qwen3vl_video_resize
+
+    sizes = [(1080, 1920), (31, 500), (32, 32), (1, 1), (20, 4000), (16, 3200), (10, 2001),
+             (10, 2000), (10, 1999), (33, 6601), (480, 640), (2160, 3840)]  # fmt: skip
+    budgets = [(4096, 786432), (131072, 786432), (4096, 25165824), (131072, 131072 * 2)]
+    diffs = []
+    for n in (1, 2, 3, 4, 5, 17, 768):
+        for h, w in sizes:
+            for lo, hi in budgets:
+                want = _qwen3_reference_resize(n, h, w, lo, hi)
+                try:
+                    got = qwen3vl_video_resize(n, h, w, 32, 2, lo, hi)
+                except SampleRejected:
+                    got = "refused"
+                if got != want:
+                    diffs.append((n, h, w, lo, hi, got, want))
+    assert not diffs, diffs[:5]
+
+
+def test_qwen3vl_frames_equal_the_sampler():
+    """``Qwen3VLVideoProcessor.sample_frames`` for 1 to 400 frames at four rates, by fps and
+    by a fixed count: the frames and their indices (the timestamps' source)."""
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    from dataprep.media_rules import Qwen3VideoRule
+
+    cls = Qwen3VLVideoProcessor
+    proc = object.__new__(cls)
+    for k in ("num_frames", "fps", "min_frames", "max_frames"):
+        setattr(proc, k, getattr(cls, k))
+    rules = [(Qwen3VideoRule(), None), (Qwen3VideoRule(fps=0, num_frames=9), 9)]
+    diffs = []
+    for total in range(1, 401):
+        for rate in (1.0, 24000 / 1001, 30.0, 60.0):
+            for rule, num in rules:
+                meta = VideoMetadata(total_num_frames=total, fps=rate)
+                want = cls.sample_frames(proc, meta, num_frames=num).tolist()
+                n = rule.frames(total, rate)
+                if rule.indices(total, n) != want:
+                    diffs.append((total, rate, num, n, len(want)))
+    assert not diffs, diffs[:5]
+
+
+def test_qwen3vl_timestamps_are_the_processors():
+    """The prompt text against ``Qwen3VLProcessor.replace_video_token``: an odd frame count
+    (the last frame repeated), rates whose timestamps round at .x5, a video past 10 s (more
+    digits)."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.video_utils import VideoMetadata
+
+    from dataprep.media_rules import Qwen3VideoRule
+
+    writer = object.__new__(Qwen3VLProcessor)
+    writer.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    writer.vision_start_token, writer.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+    writer.video_token = "<|video_pad|>"
+    for rule in (Qwen3VideoRule(), Qwen3VideoRule(fps=0, num_frames=7)):
+        for total, rate in ((9, 30.0), (130, 25.0), (901, 30000 / 1001), (40, 8.0), (7, 2.0)):
+            header = _video(total, rate, 320, 240)
+            cost = rule.cost(header)
+            n = rule.frames(total, rate)
+            h, w = rule.frame_size(320, 240, n)
+            grid = torch.tensor([[-(-n // 2), h // 16, w // 16]])
+            meta = VideoMetadata(
+                total_num_frames=total, fps=rate, frames_indices=rule.indices(total, n)
+            )
+            want = writer.replace_video_token({"video_grid_thw": grid, "video_metadata": [meta]}, 0)
+            assert cost.text == want.replace("<|video_pad|>", ""), (total, rate)
+            assert cost.llm_tokens == want.count("<|video_pad|>")
+            assert cost.seq_lens == ((h // 16) * (w // 16),) * int(grid[0, 0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"source": "decord"}, "source must be one of"),
+        ({"fps": -1.0}, "one of them"),
+        ({"fps": 0.0}, "one of them"),
+        ({"num_frames": 8}, "one of them"),
+        ({"source": "qwen-vl-utils", "fps": 0.0, "num_frames": 8}, "transformers processor"),
+        ({"min_frames": 9, "max_frames": 8}, "min_frames <= max_frames"),
+        ({"min_frames": 0, "max_frames": 0}, "max_frames >= 1"),
+        ({"min_pixels": 0}, "0 < min_pixels"),
+        ({"min_pixels": 4097, "max_pixels": 4096}, "min_pixels <= max_pixels"),
+        ({"patch_size": 0}, "patch_size"),
+        ({"merge_size": 0}, "merge_size"),
+        ({"temporal_patch_size": 0}, "temporal_patch_size"),
+    ],
+)
+def test_qwen3vl_video_refuses_bad_settings(kwargs, match):
+    from dataprep.media_rules import Qwen3VideoRule
+
+    with pytest.raises(ValueError, match=match):
+        Qwen3VideoRule(**kwargs)
+
+
+def test_qwen3vl_video_settings_at_their_limits():
+    from dataprep.media_rules import Qwen3VideoRule, parse_video_rule
+
+    Qwen3VideoRule(min_frames=8, max_frames=8, min_pixels=4096, max_pixels=4096)
+    Qwen3VideoRule(source="qwen-vl-utils", max_pixels=0)  # qwen-vl-utils' own cap
+    for rule in (Qwen3VideoRule(), Qwen3VideoRule(source="qwen-vl-utils", fps=0.5)):
+        assert parse_video_rule(rule.spec()) == rule
+    with pytest.raises(SampleRejected, match="at least 2"):
+        Qwen3VideoRule().cost(_video(1))  # one frame: the processor raises

@@ -182,6 +182,90 @@ def test_an_internvl_video_counts_its_frame_labels(tmp_path, tokenizer_path, spe
     assert row["video_seq_lens"] == [1024] * (n * tiles) and row["num_images"] == 0
 
 
+@pytest.mark.parametrize("spec", ["qwen3vl", "qwen3vl:source=qwen-vl-utils,fps=1,max_frames=8"])
+def test_a_qwen3vl_video_counts_its_timestamps(tmp_path, tokenizer_path, spec):
+    """Qwen3-VL writes ``<t seconds>`` and a vision start and end a pair of frames, and takes
+    out the template's own wrapper around the video. Reference: the model's chat template,
+    then ``Qwen3VLProcessor``'s own ``replace_video_token`` and ``get_text_with_replacements``
+    (which collapses the wrapper), counted by the tokenizer. The bugs named: timestamps left
+    out of the count, the template's wrapper counted beside the frames' own, a second
+    video's text given to the first."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.video_utils import VideoMetadata
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import train_hf_vlm as ex
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    model = ex.model_dir("qwen3vl", tokenizer_path, tmp_path / "model")
+    clips = [_video(tmp_path / "a.mp4", 130, 320, 240, 25), _video(tmp_path / "b.mp4", 24, 180, 90)]
+    records = [
+        {
+            "id": "two",
+            "videos": ["a.mp4", "b.mp4"],
+            "conversations": _conv("<video> then <video>\nWhat changes?"),
+        },
+    ]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _res, rows, errors = run(
+        tmp_path,
+        [data],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy="qwen3vl",
+        video_rule=spec,
+    )
+    assert not errors
+    rule = parse_video_rule(spec)
+    writer = object.__new__(Qwen3VLProcessor)
+    writer.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    writer.vision_start_token, writer.vision_end_token = "<|vision_start|>", "<|vision_end|>"
+    writer.image_token, writer.video_token = "<|image_pad|>", "<|video_pad|>"
+    replacements, pads = [], 0
+    for clip in clips:
+        header = probe_video_path(clip)
+        n = rule.frames(header.frames, header.fps)
+        h, w = rule.frame_size(header.width, header.height, n)
+        grid = torch.tensor([[-(-n // 2), h // 16, w // 16]])
+        meta = VideoMetadata(
+            total_num_frames=header.frames,
+            fps=header.fps,
+            frames_indices=rule.indices(header.frames, n),
+        )
+        replacements.append(
+            writer.replace_video_token({"video_grid_thw": grid, "video_metadata": [meta]}, 0)
+        )
+        pads += int(grid.prod()) // 4
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video"},
+                {"type": "text", "text": " then "},
+                {"type": "video"},
+                {"type": "text", "text": "\nWhat changes?"},
+            ],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+    ]
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    assert text.count("<|vision_start|><|video_pad|><|vision_end|>") == 2
+    (full,), _ = writer.get_text_with_replacements([text], videos_replacements=replacements)
+    assert "seconds>" in full
+    ids = tok(full, add_special_tokens=False)["input_ids"]
+    assert ids.count(tok.convert_tokens_to_ids("<|video_pad|>")) == pads
+    row = rows[0]
+    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - pads
+    assert row["num_videos"] == 2 and row["video_tokens"] == 4 * pads
+
+
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):
     _wav(tmp_path / "a.wav", 12.5)
     _wav(tmp_path / "long.wav", 95.0, 8000)

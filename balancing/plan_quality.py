@@ -19,7 +19,8 @@ from balancing._kernels.tables import (
     _nb_stats_pad_ratios,
 )
 from balancing.metrics import dist_ratio, efficiency
-from equishard.contracts.columns import AUDIO_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.phases import REPORTED as REPORTED_PHASES
 
 __all__ = [
     "PHASES",
@@ -36,11 +37,7 @@ __all__ = [
 
 PHASES = (VIT_TOKENS, LLM_TOKENS, "vit_cost", "llm_cost")  # = columns STAT_SUM_V .. _TC
 # (report name, tokens key, cost key) of every phase a report can show, in the order shown
-REPORTED = (
-    ("vit", VIT_TOKENS, "vit_cost"),
-    ("audio", AUDIO_TOKENS, "audio_cost"),
-    ("llm", LLM_TOKENS, "llm_cost"),
-)
+REPORTED = tuple((p.report, p.tokens, p.cost_key) for p in REPORTED_PHASES)
 
 
 def _shown(loads: dict) -> list[tuple[str, str, str]]:

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from equishard.contracts.phases import REPORTED
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT
 
 __all__ = ["add_parser", "print_report", "run"]
@@ -63,10 +64,10 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
     p.set_defaults(run=run)
 
 
-PHASE_LABELS = {"vit": "vision", "audio": "audio", "llm": "LLM"}
+PHASE_LABELS = {p.report: p.label for p in REPORTED}
 
 
-def _phases(metrics: dict) -> list[tuple[str, str]]:
+def shown_phases(metrics: dict) -> list[tuple[str, str]]:
     """(report name, label) of every phase the report's metrics show, vision and LLM always."""
     return [(k, v) for k, v in PHASE_LABELS.items() if f"dist_ratio_{k}" in metrics]
 
@@ -77,7 +78,7 @@ def print_report(report: dict, plan_dir: str) -> None:
     c, m = report["counts"], report["metrics"]
     r, b = m["random"], m["balanced"]
     only = m.get("llm_only")  # OrchMLLM's ablation, for a table with an audio phase
-    phases = _phases(b)
+    phases = shown_phases(b)
     rows = [(f"pad ratio, {label} (if padded)", f"pad_ratio_{k}") for k, label in phases]
     for what, suffix in (("tokens", ""), ("modeled cost", "_cost")):
         for measure in ("dist ratio", "efficiency"):

@@ -48,8 +48,9 @@ def run(args: argparse.Namespace) -> int:
     )
     b = info["balance"]
     if b:
-        shown = [(k, v) for k, v in (("vit", "vision"), ("audio", "audio"), ("llm", "LLM"))]
-        shown = [(k, v) for k, v in shown if f"dist_ratio_{k}" in b]
+        from equishard.cli.balance import shown_phases
+
+        shown = shown_phases(b)
         print(
             "  plan balance: dist ratio "
             + " / ".join(f"{b[f'dist_ratio_{k}']:.4f}" for k, _ in shown)

@@ -38,6 +38,7 @@ __all__ = [
     "BALANCED",
     "ENCODER_PHASES",
     "LLM",
+    "REPORTED",
     "VIDEO",
     "VISION",
     "Phase",
@@ -55,7 +56,8 @@ class Phase:
     column counting the sample's items of ``modality``); ``attention``: ``varlen`` (each
     sequence attends within itself: cost grows with the sum of squared lengths), ``padded``
     (a batch is padded to its longest sequence: count x longest, Whisper's encoder) or
-    ``causal`` (the LLM)."""
+    ``causal`` (the LLM). ``report``: its key in a plan's report (``dist_ratio_<report>``,
+    ``<report>_cost``); ``label``: its name where a person reads it."""
 
     name: str
     modality: str
@@ -63,10 +65,19 @@ class Phase:
     seq_lens: str | None
     items: str | None
     attention: str
+    report: str = ""
+    label: str = ""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
             raise ValueError(f"phase {self.name}: attention must be one of {ATTENTION}")
+        if not (self.report and self.label):
+            raise ValueError(f"phase {self.name}: give its report key and its label")
+
+    @property
+    def cost_key(self) -> str:
+        """Its cost's key in a report's loads (``vit_cost``, ``audio_cost``, ``llm_cost``)."""
+        return f"{self.report}_cost"
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -81,6 +92,8 @@ VISION = Phase(
     seq_lens=VIT_SEQ_LENS,
     items=NUM_IMAGES,
     attention="varlen",
+    report="vit",
+    label="vision",
 )
 VIDEO = Phase(
     name="video",
@@ -89,6 +102,8 @@ VIDEO = Phase(
     seq_lens=VIDEO_SEQ_LENS,
     items=NUM_VIDEOS,
     attention="varlen",
+    report="video",
+    label="video",
 )
 AUDIO = Phase(
     name="audio",
@@ -97,14 +112,26 @@ AUDIO = Phase(
     seq_lens=AUDIO_SEQ_LENS,
     items=NUM_AUDIOS,
     attention="padded",
+    report="audio",
+    label="audio",
 )
 LLM = Phase(
-    name="llm", modality="text", tokens=LLM_TOKENS, seq_lens=None, items=None, attention="causal"
+    name="llm",
+    modality="text",
+    tokens=LLM_TOKENS,
+    seq_lens=None,
+    items=None,
+    attention="causal",
+    report="llm",
+    label="LLM",
 )
 ENCODER_PHASES: tuple[Phase, ...] = (VISION, VIDEO, AUDIO)
 BALANCED: frozenset[str] = frozenset(
     {"vision", "audio", "llm"}
 )  # the phases ISF and the steps take
+# the phases a plan's report, ``balance``, ``inspect`` and the HTML report show, in that order
+# (a video phase is folded into vision before balancing: it is never reported apart)
+REPORTED: tuple[Phase, ...] = (VISION, AUDIO, LLM)
 
 
 def encoder_phases(columns: Iterable[str], recorded=None, where: str = "") -> tuple[Phase, ...]:

@@ -29,17 +29,15 @@ from equishard.contracts.columns import (
     VIT_TOKENS,
 )
 from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
+from equishard.contracts.phases import REPORTED
 from equishard.contracts.shared_tower import fold_shared_towers
 from shards.store.manifest import carried_bytes
 
 __all__ = ["phases_of", "render_report", "step_loads"]
 
+COLOURS = {"vision": "#4c72b0", "audio": "#55a868", "llm": "#dd8452"}
 # (name, cost-table column, colour) of every phase a report can draw, in the order drawn
-PHASES = (
-    ("vision", VIT_TOKENS, "#4c72b0"),
-    ("audio", AUDIO_TOKENS, "#55a868"),
-    ("llm", LLM_TOKENS, "#dd8452"),
-)
+PHASES = tuple((p.name, p.tokens, COLOURS[p.name]) for p in REPORTED)
 
 
 def phases_of(cost) -> list[tuple[str, str, str]]:

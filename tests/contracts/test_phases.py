@@ -192,3 +192,24 @@ def test_prep_records_the_phases_it_measured(tmp_path):
     )
     assert table_metadata(out)["phases"] == ["vision", "llm"]
     assert table_phases(read_cost_table(out), out) == (VISION,)
+
+
+def test_every_phase_names_its_report_key_and_label_in_one_place():
+    """The report keys and labels every reader shows (plan_quality, ``balance``, ``inspect``,
+    the HTML report) come from the phases themselves: a phase without them is refused, and
+    each reader's list is the phases' own, in their order."""
+    from balancing.plan_quality import REPORTED as QUALITY
+    from equishard.cli.balance import PHASE_LABELS
+    from equishard.contracts.phases import LLM, REPORTED, Phase
+    from shards.read.report import PHASES as DRAWN
+
+    with pytest.raises(ValueError, match="report key and its label"):
+        Phase(name="x", modality="x", tokens="t", seq_lens=None, items=None, attention="causal")
+    assert [p.name for p in REPORTED] == ["vision", "audio", "llm"] and REPORTED[-1] is LLM
+    assert QUALITY == (
+        ("vit", "vit_tokens", "vit_cost"),
+        ("audio", "audio_tokens", "audio_cost"),
+        ("llm", "llm_tokens", "llm_cost"),
+    )
+    assert PHASE_LABELS == {"vit": "vision", "audio": "audio", "llm": "LLM"}
+    assert [(n, c) for n, c, _ in DRAWN] == [(p.name, p.tokens) for p in REPORTED]

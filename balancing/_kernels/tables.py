@@ -9,24 +9,6 @@ from numba import njit
 
 
 @njit(cache=True)
-def _nb_sample_costs(vit, llm, values, offsets, a_v, b_v, a_t, b_t):
-    """Modeled cost of every sample, both phases in one pass: vision ``a_v * vit + b_v * sum of
-    squared image sequence lengths`` (``values``/``offsets``: the list column), LLM ``a_t * llm +
-    b_t * llm**2``."""
-    n = vit.shape[0]
-    vc = np.empty(n)
-    tc = np.empty(n)
-    for i in range(n):
-        acc = 0.0
-        for k in range(offsets[i], offsets[i + 1]):
-            acc += float(values[k]) * float(values[k])
-        vc[i] = a_v * float(vit[i]) + b_v * acc
-        x = float(llm[i])
-        tc[i] = a_t * x + b_t * x * x
-    return vc, tc
-
-
-@njit(cache=True)
 def _nb_phase_costs(tokens, values, offsets, a, b):
     """Modeled cost of every sample in one encoder phase: ``a * tokens + b * sum of squared
     sequence lengths`` (``values``/``offsets``: the list column of its sequences)."""
@@ -38,6 +20,18 @@ def _nb_phase_costs(tokens, values, offsets, a, b):
             acc += float(values[k]) * float(values[k])
         out[i] = a * float(tokens[i]) + b * acc
     return out
+
+
+@njit(cache=True)
+def _nb_sample_costs(vit, llm, values, offsets, a_v, b_v, a_t, b_t):
+    """Modeled cost of every sample in the vision phase (:func:`_nb_phase_costs` of the image
+    sequences) and the LLM (``a_t * llm + b_t * llm**2``)."""
+    vc = _nb_phase_costs(vit, values, offsets, a_v, b_v)
+    tc = np.empty(llm.shape[0])
+    for i in range(llm.shape[0]):
+        x = float(llm[i])
+        tc[i] = a_t * x + b_t * x * x
+    return vc, tc
 
 
 @njit(cache=True)

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench._worktree import alternated, worktree
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "1df60f5"  # the last commit before video and audio measurement
 TARGET = 300  # files per second per core
@@ -79,28 +81,12 @@ def run() -> dict:
         a = _headers([tmp / "media" / s.name for s in audios], probe_audio_path)
         counted = sum(probe_video_path(tmp / "media" / s.name).counted for s in videos)
 
-        base = tmp / "base"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(base), BASE],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
-        try:
+        with worktree(ROOT, BASE, tmp / "base") as base:
             demo = tmp / "demo"
             make_demo(demo, samples=SAMPLES, images=2000, mix="single-image")
             rates = {"this": [], "base": []}
-            for k in range(REPEATS):  # alternated: the machine's drift falls on both alike
-                pair = (("this", ROOT), ("base", base))
-                for name, tree in pair if k % 2 == 0 else pair[::-1]:  # each goes first in turn
-                    rates[name].append(_prep_rate(tree, demo, tmp / f"{name}{k}.parquet"))
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(base)],
-                cwd=ROOT,
-                check=False,
-                capture_output=True,
-            )
+            for k, name, tree in alternated(REPEATS, {"this": ROOT, "base": base}):
+                rates[name].append(_prep_rate(tree, demo, tmp / f"{name}{k}.parquet"))
     this, before = statistics.median(rates["this"]), statistics.median(rates["base"])
     rows = [
         f"| video headers | {v['files']} | {v['cpu_s']} | {v['per_core']:,} | >= {TARGET} | "

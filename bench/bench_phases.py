@@ -20,6 +20,7 @@ from pathlib import Path
 
 from balancing.plan import BalanceConfig, build_plan
 from bench._mixed import MIX, mixed_cost_table
+from bench._worktree import alternated, worktree
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "7081f94"  # the last commit before the audio phase was balanced
@@ -56,34 +57,17 @@ def _plan_rows(audio: str, dps) -> tuple[list[str], list[dict]]:
 
 
 def _image_path() -> tuple[dict, list[str]]:
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(
-            ["git", "worktree", "add", "--detach", str(base), BASE],
-            cwd=ROOT,
-            check=True,
-            capture_output=True,
-        )
-        runs: dict[str, list[dict]] = {"this": [], "base": []}
-        try:
-            for k in range(REPEATS):  # alternated: the machine's drift falls on both alike
-                pair = (("this", ROOT), ("base", base))
-                for name, tree in pair if k % 2 == 0 else pair[::-1]:
-                    worker = str(ROOT / "bench" / "_plan_worker.py")
-                    out = subprocess.run(
-                        [sys.executable, worker, str(tree), str(IMAGE_ROWS)],
-                        check=True,
-                        capture_output=True,
-                        text=True,
-                    )
-                    runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-        finally:
-            subprocess.run(
-                ["git", "worktree", "remove", "--force", str(base)],
-                cwd=ROOT,
-                check=False,
+    runs: dict[str, list[dict]] = {"this": [], "base": []}
+    with tempfile.TemporaryDirectory() as tmp, worktree(ROOT, BASE, Path(tmp) / "base") as base:
+        for _, name, tree in alternated(REPEATS, {"this": ROOT, "base": base}):
+            worker = str(ROOT / "bench" / "_plan_worker.py")
+            out = subprocess.run(
+                [sys.executable, worker, str(tree), str(IMAGE_ROWS)],
+                check=True,
                 capture_output=True,
+                text=True,
             )
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
     same = len({r["plan_sha256"] for rs in runs.values() for r in rs}) == 1
     med = {k: statistics.median(r["seconds"] for r in v) for k, v in runs.items()}
     lines = [

@@ -40,6 +40,19 @@ def _step_loads(plan: pa.Table, column: str, d: int) -> np.ndarray:
     return out
 
 
+def _group_sums_from_table(plan: pa.Table, table: pa.Table, column: str) -> list[int]:
+    """Each plan row's group total of ``column``, summed from the cost table over the group's
+    samples (the reference the plan's ``group_<column>`` is checked against)."""
+    value = dict(
+        zip(table.column("sample_id").to_pylist(), table.column(column).to_pylist(), strict=True)
+    )
+    groups = plan.column("group_id").to_pylist()
+    sums: dict[int, int] = {}
+    for sid, g in zip(plan.column("sample_id").to_pylist(), groups, strict=True):
+        sums[g] = sums.get(g, 0) + value[sid]
+    return [sums[g] for g in groups]
+
+
 def test_every_phase_is_balanced_and_far_better_than_random(result):
     m = result.report["metrics"]
     for phase in ("vit", "audio", "llm"):
@@ -51,21 +64,8 @@ def test_the_reports_audio_figures_are_the_plans(result, mixed):
     """The report's audio dist ratio and efficiency, recomputed from the plan's rows: each
     group's audio tokens summed from the cost table over its samples."""
     plan = result.plan
-    audio = dict(
-        zip(
-            mixed.column("sample_id").to_pylist(),
-            mixed.column("audio_tokens").to_pylist(),
-            strict=True,
-        )
-    )
-    sums: dict[int, int] = {}
-    for sid, g in zip(
-        plan.column("sample_id").to_pylist(), plan.column("group_id").to_pylist(), strict=True
-    ):
-        sums[g] = sums.get(g, 0) + audio[sid]
-    assert plan.column("group_audio_tokens").to_pylist() == [
-        sums[g] for g in plan.column("group_id").to_pylist()
-    ]
+    sums = _group_sums_from_table(plan, mixed, "audio_tokens")
+    assert plan.column("group_audio_tokens").to_pylist() == sums
     loads = _step_loads(plan, "group_audio_tokens", 8)
     assert result.report["metrics"]["balanced"]["dist_ratio_audio"] == round(dist_ratio(loads), 6)
 
@@ -141,21 +141,8 @@ def test_a_night_keeps_the_audio_phase_of_kept_groups(result, mixed):
     cfg = BalanceConfig(dp=8, target_batch=16, seed=0)
     r = incremental_plan(result.plan, night, set(), cfg)
     assert r.report["incremental"]["kept_steps"] > 0
-    audio = dict(
-        zip(
-            night.column("sample_id").to_pylist(),
-            night.column("audio_tokens").to_pylist(),
-            strict=True,
-        )
-    )
-    sums: dict[int, int] = {}
-    for sid, g in zip(
-        r.plan.column("sample_id").to_pylist(), r.plan.column("group_id").to_pylist(), strict=True
-    ):
-        sums[g] = sums.get(g, 0) + audio[sid]
-    assert r.plan.column("group_audio_tokens").to_pylist() == [
-        sums[g] for g in r.plan.column("group_id").to_pylist()
-    ]
+    sums = _group_sums_from_table(r.plan, night, "audio_tokens")
+    assert r.plan.column("group_audio_tokens").to_pylist() == sums
     assert "dist_ratio_audio" in r.report["metrics"]["balanced"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import tarfile
@@ -61,3 +62,13 @@ def write_test_generation(root: Path, cost: Path, dp: int = 1) -> Path:
     gen = root / "gen"
     write_generation(WriteConfig(plan_dir=str(plan), cost_table=str(cost), out=str(gen)))
     return gen
+
+
+def tree_digest(root: Path) -> str:
+    """sha256 over every file under ``root``: its relative path and its bytes, in path order
+    (two trees equal byte for byte have the same digest)."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()

@@ -10,25 +10,17 @@ the loader byte-identical.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from dataprep.audio_header import probe_audio_path
 from dataprep.demo import make_demo
 from dataprep.video_header import probe_video_path
+from tests.dataprep.helpers import tree_digest
 
 
 def _records(path: Path) -> list[dict]:
     return [json.loads(line) for line in (path / "demo.jsonl").read_text().splitlines()]
-
-
-def _digest(root: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(root).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()
 
 
 def test_media_samples_point_at_real_files_prep_can_probe(tmp_path):
@@ -51,11 +43,11 @@ def test_media_samples_point_at_real_files_prep_can_probe(tmp_path):
 def test_the_same_seed_gives_the_same_files_and_no_media_changes_nothing(tmp_path):
     a = make_demo(tmp_path / "a", samples=120, seed=5, media=True)
     b = make_demo(tmp_path / "b", samples=120, seed=5, media=True)
-    assert a.videos == b.videos and _digest(tmp_path / "a") == _digest(tmp_path / "b")
+    assert a.videos == b.videos and tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b")
     plain = make_demo(tmp_path / "p", samples=120, seed=5)
     make_demo(tmp_path / "q", samples=120, seed=5)
     assert plain.videos == plain.audios == 0 and not (tmp_path / "p" / "media").exists()
-    assert _digest(tmp_path / "p") == _digest(tmp_path / "q")
+    assert tree_digest(tmp_path / "p") == tree_digest(tmp_path / "q")
 
 
 def test_the_media_demo_runs_every_phase_and_loads_back_byte_identical(tmp_path):

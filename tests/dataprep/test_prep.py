@@ -1,6 +1,5 @@
 """The prep stage as a whole: counts always add up, bad input is named, splits merge exactly."""
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -22,7 +21,7 @@ from dataprep.chat_template import load_template
 from dataprep.text_tokens import TokenCounter, TokenizerSpec
 from equishard.contracts.cost_table import METADATA_KEY
 from tests.conftest import image_bytes, write_image
-from tests.dataprep.helpers import llava, run, write_jsonl
+from tests.dataprep.helpers import llava, run, tree_digest, write_jsonl
 
 
 def test_every_bad_input_kind_is_an_error_row_with_a_reason(tmp_path, tokenizer_path):
@@ -133,17 +132,10 @@ def _demo(tmp_path: Path, n=300, seed=3) -> Path:
 
 
 def test_demo_is_deterministic_and_has_the_promised_mix(tmp_path):
-    def digest(d: Path) -> str:
-        h = hashlib.sha256()
-        for f in sorted(d.rglob("*")):
-            if f.is_file():
-                h.update(f.relative_to(d).as_posix().encode() + f.read_bytes())
-        return h.hexdigest()
-
     a = make_demo(tmp_path / "a", samples=400, seed=7, images=30)
     make_demo(tmp_path / "b", samples=400, seed=7, images=30)
     make_demo(tmp_path / "c", samples=400, seed=8, images=30)
-    assert digest(tmp_path / "a") == digest(tmp_path / "b") != digest(tmp_path / "c")
+    assert tree_digest(tmp_path / "a") == tree_digest(tmp_path / "b") != tree_digest(tmp_path / "c")
     assert 0.05 < a.text_only / 400 < 0.15 and 0.65 < a.single_image / 400 < 0.85
     recs = [json.loads(line) for line in (tmp_path / "a" / "demo.jsonl").read_text().splitlines()]
     turns = [len(r["conversations"]) // 2 for r in recs]

@@ -47,12 +47,17 @@ def _group_sums(group_of: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
 
 def coarse(x: np.ndarray, levels: int = COARSE_LEVELS) -> np.ndarray:
     """A group load as a sort key of few values: as it is where it takes at most ``levels``
-    values (whole recordings of a padded encoder: 0, 1,500, 3,000, ...), else its bin of
-    ``levels`` equal bins over its range; the next key then orders groups within a bin."""
+    values (whole recordings of a padded encoder: 0, 1,500, 3,000, ...), else 0 for no load
+    and its bin of ``levels - 1`` equal bins over its range for a load; the next key then
+    orders groups within a bin. No load is a level of its own so that groups without the
+    phase never share a step with groups of a little of it (a step where one rank holds a
+    short recording and the others none is a step all but empty of the phase, yet as uneven
+    as a step can be)."""
     if np.unique(x).size <= levels:
         return x
     top = float(x.max())
-    return np.minimum(np.floor(x * (levels / top)), levels - 1) if top > 0 else x
+    bins = np.minimum(np.floor(x * ((levels - 1) / top)), levels - 2) + 1
+    return np.where(x > 0, bins, 0)
 
 
 def refine_steps(

@@ -149,9 +149,17 @@ def test_a_night_keeps_the_audio_phase_of_kept_groups(result, mixed):
 def test_an_unpadded_audio_encoder_is_balanced_beside_vision():
     """Qwen2.5-Omni's unpadded chunks: the audio load takes thousands of values, so steps are
     cut from groups sorted by it in coarse levels (else the vision key under it would never
-    decide and a step's groups would differ in vision); every phase stays even."""
-    table = mixed_cost_table(12000, seed=1, audio="unpadded")
+    decide and a step's groups would differ in vision), with no load a level of its own (else
+    steps of groups without audio beside groups with a short recording: the bug named); every
+    phase stays even. At the benchmark's size: with 12,000 samples (94 steps) a handful of
+    steps where a phase is all but absent decide the mean, and the gain swings from 2x to 6x
+    between data seeds."""
+    table = mixed_cost_table(200_000, seed=0, audio="unpadded")
     m = build_plan(table, BalanceConfig(dp=8, target_batch=16)).report["metrics"]
     for phase in ("vit", "audio", "llm"):
         assert m["balanced"][f"dist_ratio_{phase}"] <= 0.02, phase
     assert m["encoder_gain"]["vit"] >= 5 and m["encoder_gain"]["audio"] >= 5
+    # at DP 64 the audio phase passes 0.02 (0.022) with no load binned beside a little
+    wide = build_plan(table, BalanceConfig(dp=64, target_batch=16)).report["metrics"]
+    for phase in ("vit", "audio", "llm"):
+        assert wide["balanced"][f"dist_ratio_{phase}"] <= 0.02, phase

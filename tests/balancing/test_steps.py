@@ -162,20 +162,28 @@ def test_a_phase_with_no_load_at_all_divides_nothing_by_zero(empty):
 @pytest.mark.parametrize("levels", [1, 4, 16])
 def test_coarse_keeps_few_values_and_bins_many(levels):
     """An encoder's group load as a sort key: kept as it is with at most ``levels`` distinct
-    values (whole padded windows), else its bin among ``levels`` equal bins of [0, max]; the
-    maximum in the last bin, order kept (a bin never ranks a smaller load above a larger)."""
+    values (whole padded windows), else 0 for no load and, for a load, 1 + its bin among
+    ``levels - 1`` equal bins of [0, max]; the maximum in the last bin, order kept (a bin never
+    ranks a smaller load above a larger), the smallest load never in the bin of no load (the
+    bug named: a step of groups without audio and groups with a short recording, all but
+    empty of audio and as uneven as a step can be)."""
     from balancing.steps import coarse
 
     few = np.array([0.0, 1500.0, 3000.0, 1500.0])[: max(1, min(4, levels))]
     if np.unique(few).size <= levels:
         np.testing.assert_array_equal(coarse(few, levels), few)
     rng = np.random.default_rng(levels)
-    many = rng.uniform(0, 5000, 400)
+    many = np.where(rng.random(400) < 0.3, 0.0, rng.uniform(0, 5000, 400))
+    many[:2] = (1e-3, 5000.0)  # the smallest load and the largest
     got = coarse(many, levels)
-    want = np.minimum(np.floor(many / many.max() * levels), levels - 1)
-    np.testing.assert_array_equal(got, want)
-    order = np.argsort(many)
-    assert (np.diff(got[order]) >= 0).all() and got.max() == levels - 1
+    if levels > 1:
+        want = np.where(
+            many > 0, np.minimum(np.floor(many / 5000.0 * (levels - 1)), levels - 2) + 1, 0
+        )
+        np.testing.assert_array_equal(got, want)
+        assert got[0] == 1 and got[1] == levels - 1 and (got[many == 0] == 0).all()
+    order = np.argsort(many, kind="stable")
+    assert (np.diff(got[order]) >= 0).all()
     np.testing.assert_array_equal(coarse(np.zeros(50), levels), np.zeros(50))
     exactly = np.arange(levels) ** 2 * 7.0  # exactly ``levels`` values: kept, not binned
     np.testing.assert_array_equal(coarse(exactly, levels), exactly)

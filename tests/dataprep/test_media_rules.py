@@ -458,3 +458,26 @@ def test_qwen3vl_video_settings_at_their_limits():
         assert parse_video_rule(rule.spec()) == rule
     with pytest.raises(SampleRejected, match="at least 2"):
         Qwen3VideoRule().cost(_video(1))  # one frame: the processor raises
+
+
+def test_media_text_stands_before_each_placeholder_and_a_whole_wrapper_goes():
+    """``with_media_text``: each item's text in front of its own placeholder, in order; a
+    rule's collapsed wrapper taken out only where it stands whole around the placeholder (the
+    processor's pattern); a placeholder count that is not the items' refused. The bugs named:
+    the second video's timestamps given to the first, a lone ``<|vision_start|>`` taken out,
+    a missing placeholder passing silently."""
+    from dataprep.measure import with_media_text
+    from dataprep.media_rules import InternVLVideoRule, MediaCost, Qwen3VideoRule
+
+    q3 = {"video": Qwen3VideoRule()}
+    costs = {"video": [MediaCost((4,), 1, "<A>"), MediaCost((4,), 1, "<B>")]}
+    s, e = "<|vision_start|>", "<|vision_end|>"
+    text = f"x{s}<video>{e} y {s}<video> z"
+    assert with_media_text(text, costs, q3) == f"x<A><video> y {s}<B><video> z"
+    ivl = {"video": InternVLVideoRule()}
+    assert with_media_text(text, costs, ivl) == f"x{s}<A><video>{e} y {s}<B><video> z"
+    plain = {"video": InternVLVideoRule()}
+    none = {"video": [MediaCost((4,), 1), MediaCost((4,), 1)]}
+    assert with_media_text(text, none, plain) == text  # no text, nothing collapsed: as it was
+    with pytest.raises(SampleRejected, match="1 video placeholder"):
+        with_media_text("only <video> here", costs, q3)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from dataprep.audio_header import AudioHeader, probe_audio, probe_audio_bytes
 from dataprep.file_window import FileWindow
@@ -25,6 +26,7 @@ __all__ = [
     "media_modality",
     "media_record",
     "media_signature",
+    "open_media",
     "probe_media",
     "ref_suffix",
 ]
@@ -63,28 +65,45 @@ def ref_suffix(ref: ImageRef) -> str:
     return name.rpartition(".")[2].lower() if "." in name else ""
 
 
-def probe_media(item: MediaItem) -> tuple[VideoHeader | AudioHeader, os.stat_result | None]:
-    """The item's header, and the status of the file it was read from (taken after the probe;
-    None for bytes embedded in the record)."""
+def _probe(item: MediaItem, source, size: int) -> VideoHeader | AudioHeader:
+    ref = item.ref
+    if item.modality == "video":
+        return probe_video(source, size, ref.where)
+    return probe_audio(source, size, ref.where, ref_suffix(ref))
+
+
+def open_media(
+    item: MediaItem,
+) -> tuple[VideoHeader | AudioHeader, BinaryIO | None, int, os.stat_result | None]:
+    """The item's header, probed from the file opened as prep opens it (a file of its own,
+    confined to the root as opened, or a member of a tar read in place), with that file
+    positioned where the item's bytes begin, their size, and the file's status taken when it
+    was opened: the bytes a writer then streams are the bytes probed. The caller closes the
+    file; an item of bytes embedded in the record has none (None, its length, None)."""
     ref = item.ref
     if ref.data is not None:
         if item.modality == "video":
-            return probe_video_bytes(ref.data, ref.where), None
-        return probe_audio_bytes(ref.data, ref.where, ref_suffix(ref)), None
-    if ref.size is not None:  # a member of a tar: read in place
-        with open(ref.path, "rb") as f:
-            window = FileWindow(f, ref.offset, ref.size)
-            if item.modality == "video":
-                header = probe_video(window, ref.size, ref.where)
-            else:
-                header = probe_audio(window, ref.size, ref.where, ref_suffix(ref))
-            return header, os.fstat(f.fileno())
-    with open_image_file(ref.path, ref.root) as f:
-        size = os.fstat(f.fileno()).st_size
-        if item.modality == "video":
-            header = probe_video(f, size, ref.where)
-        else:
-            header = probe_audio(f, size, ref.where, ref_suffix(ref))
+            return probe_video_bytes(ref.data, ref.where), None, len(ref.data), None
+        return probe_audio_bytes(ref.data, ref.where, ref_suffix(ref)), None, len(ref.data), None
+    f = open_image_file(ref.path, ref.root) if ref.size is None else open(ref.path, "rb")  # noqa: SIM115
+    try:
+        st = os.fstat(f.fileno())
+        size = st.st_size if ref.size is None else ref.size
+        header = _probe(item, f if ref.size is None else FileWindow(f, ref.offset, ref.size), size)
+        f.seek(ref.offset if ref.size is not None else 0)
+    except BaseException:
+        f.close()
+        raise
+    return header, f, size, st
+
+
+def probe_media(item: MediaItem) -> tuple[VideoHeader | AudioHeader, os.stat_result | None]:
+    """The item's header, and the status of the file it was read from (taken after the probe;
+    None for bytes embedded in the record)."""
+    header, f, _, _ = open_media(item)
+    if f is None:
+        return header, None
+    with f:
         return header, os.fstat(f.fileno())
 
 

@@ -22,16 +22,18 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from dataprep.audio_header import probe_audio
 from dataprep.errors import DataprepError, SampleRejected
-from dataprep.file_window import FileWindow
-from dataprep.image_header import open_image_file, probe_image_bytes
+from dataprep.image_header import probe_image_bytes
 from dataprep.measure import cache_key, fingerprint
-from dataprep.media_probe import MediaItem, media_ext, media_record, probe_media, ref_suffix
+from dataprep.media_probe import (
+    MediaItem,
+    media_ext,
+    media_record,
+    open_media,
+)
 from dataprep.prep_cache import input_key
 from dataprep.readers import ReadOptions
 from dataprep.record_store import RecordStore, read_image
-from dataprep.video_header import probe_video
 from equishard.contracts.media import MEASURED
 from shards.errors import WriteError
 from shards.format.sample_doc import COST_FIELDS, MEDIA_COST_FIELDS, sample_doc, sample_key
@@ -53,27 +55,13 @@ __all__ = [
 
 
 def _open_media(item: MediaItem) -> tuple[MediaPart, object]:
-    """A sample's video or recording, opened as prep opened it, and its header (probed from the
-    open file: the bytes it streams are the bytes it probed, unless the file changes in place,
-    which the status taken again after the copy shows)."""
-    ref = item.ref
-    if ref.data is not None:
-        header, _ = probe_media(item)
-        return MediaPart(name="", info={}, data=ref.data, size=len(ref.data)), header
-    # a file of its own (confined to the root as opened), or a member of a tar read in place
-    f = open_image_file(ref.path, ref.root) if ref.size is None else open(ref.path, "rb")  # noqa: SIM115
-    try:
-        st = os.fstat(f.fileno())
-        size = st.st_size if ref.size is None else ref.size
-        source = f if ref.size is None else FileWindow(f, ref.offset, ref.size)
-        if item.modality == "video":
-            header = probe_video(source, size, ref.where)
-        else:
-            header = probe_audio(source, size, ref.where, ref_suffix(ref))
-        f.seek(ref.offset if ref.size is not None else 0)
-    except BaseException:
-        f.close()
-        raise
+    """A sample's video or recording, opened and probed as prep opened and probed it
+    (:func:`dataprep.media_probe.open_media`), and its header: the bytes it streams are the
+    bytes it probed, unless the file changes in place, which the status taken again after the
+    copy shows."""
+    header, f, size, st = open_media(item)
+    if f is None:
+        return MediaPart(name="", info={}, data=item.ref.data, size=size), header
     return MediaPart(name="", info={}, f=f, size=size, stat=st), header
 
 

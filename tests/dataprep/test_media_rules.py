@@ -155,10 +155,12 @@ def _onevision_reference(total: int, fps: float, num_frames, sample_fps) -> tupl
     return n, proc._get_num_multimodal_tokens(video_sizes=[(n, 384, 384)])["num_video_tokens"][0]
 
 
-@pytest.mark.parametrize("total", [1, 7, 8, 9, 31, 32, 33, 64, 65, 300])
+@pytest.mark.parametrize("total", [1, 7, 8, 9, 31, 32, 33, 45, 64, 65, 300])
 @pytest.mark.parametrize(
     ("kw", "ref"),
     [
+        ({}, (32, None)),  # the defaults: 32 frames
+        ({"num_frames": 0, "fps": 4.0}, (None, 4.0)),  # total / rate * fps, not floored first
         ({"num_frames": 8}, (8, None)),
         ({"num_frames": 32}, (32, None)),
         ({"num_frames": 0, "fps": 1.0}, (None, 1.0)),
@@ -190,6 +192,28 @@ def test_onevision_equals_transformers(total, kw, ref):
 def test_onevision_rule_refuses_values_at_and_below_its_limits(bad):
     with pytest.raises(ValueError):
         OneVisionVideoRule(**bad)
+
+
+def test_onevision_rule_at_its_limits_and_an_odd_pooled_side():
+    """Accepted at each limit (a 1-px patch, a frame of one patch, fps 0); a frame of 25 x 25
+    patches pools to 13 x 13 (odd: the newline token then makes the count even, which an
+    ``| 1`` in its place would not) against the processor's count; fps just below 0
+    refused."""
+    OneVisionVideoRule(patch_size=1, image_size=1)
+    OneVisionVideoRule(patch_size=14, image_size=14, fps=0.0)
+    with pytest.raises(ValueError, match="fps must be >= 0"):
+        OneVisionVideoRule(num_frames=0, fps=-0.5)
+    from transformers.models.llava_onevision.processing_llava_onevision import (
+        LlavaOnevisionProcessor,
+    )
+
+    proc = object.__new__(LlavaOnevisionProcessor)
+    proc.num_image_tokens = 625
+    for n in (1, 3):
+        rule = OneVisionVideoRule(num_frames=n, image_size=350)
+        want = proc._get_num_multimodal_tokens(video_sizes=[(n, 350, 350)])["num_video_tokens"]
+        assert rule.cost(_video(5)).llm_tokens == want[0]
+        assert rule.cost(_video(5)).seq_lens == (625,) * n
 
 
 def test_counts_are_whole_numbers():

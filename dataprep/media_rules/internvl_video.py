@@ -104,7 +104,7 @@ class InternVLVideoRule(MediaRule):
         n = self.num_frames
         if not n and self.fps:
             n = int(total / video_fps * self.fps)
-            if n == 0:
+            if not n:
                 raise SampleRejected(
                     "video_too_short",
                     f"{total} frame(s) at {video_fps:g} fps: the video processor samples none "
@@ -124,9 +124,7 @@ class InternVLVideoRule(MediaRule):
 
     def tiles(self, width: int, height: int) -> int:
         """Tiles of one frame: ``dynamic_preprocess`` with ``max_tiles`` (a thumbnail beside a
-        grid of several), one square for the transformers processor."""
-        if self.max_tiles == 1:
-            return 1
+        grid of several), one square for the transformers processor (its ``max_tiles`` is 1)."""
         cols, rows = internvl_grid(width, height, 1, self.max_tiles, self.tile_size)
         return cols * rows + (cols * rows != 1)
 

@@ -505,3 +505,40 @@ def test_media_text_stands_before_each_placeholder_and_a_whole_wrapper_goes():
     assert with_media_text(text, none, plain) == text  # no text, nothing collapsed: as it was
     with pytest.raises(SampleRejected, match="1 video placeholder"):
         with_media_text("only <video> here", costs, q3)
+
+
+def test_internvl_video_defaults_limits_and_grids_that_tell_the_formulas_apart():
+    """The defaults (32 segments; a transformers rule sampled from the middle of each step:
+    14 of 17 frames, not the 15 of sampling from frame 0), the settings accepted at their
+    limits and refused just past them, frame rates and ratios where a wrong operator gives
+    another count, and tile grids (3 x 1, 2 x 2) where the thumbnail's rule and a grid's size
+    differ from a formula that merely agrees on 2 x 1; counts are whole numbers."""
+    from dataprep.media_rules import parse_video_rule
+
+    assert InternVLVideoRule().frames(5, 30.0) == 32
+    assert InternVLVideoRule(source="transformers", num_frames=14).frames(17, 30.0) == 14
+    two = InternVLVideoRule(source="transformers", num_frames=0, fps=2.0)
+    assert two.frames(45, 30.0) == 3 and two.frames(300, 30.0) == 20  # int(45 / 30 * 2)
+    assert InternVLVideoRule(source="transformers", num_frames=0, fps=0.5).frames(120, 30.0) == 2
+    wide = InternVLVideoRule(num_frames=1, max_tiles=6)
+    assert wide.tiles(1344, 448) == 3 + 1  # 3 x 1 and the thumbnail
+    assert wide.tiles(896, 896) == 4 + 1  # 2 x 2 and the thumbnail
+    assert wide.tiles(448, 448) == 1  # one tile: no thumbnail
+    full = InternVLVideoRule(num_frames=1, downsample_ratio=1.0)
+    assert full.tokens_per_tile == 1024 and full.cost(_video(3)).llm_tokens == 1024
+    quarter = InternVLVideoRule(num_frames=1, downsample_ratio=0.25)
+    assert quarter.tokens_per_tile == 64
+    cost = InternVLVideoRule(num_frames=2).cost(_video(3))
+    assert all(type(s) is int for s in cost.seq_lens) and type(cost.llm_tokens) is int
+    InternVLVideoRule(patch_size=1, tile_size=2)  # the smallest patch: one token a tile
+    with pytest.raises(ValueError, match="downsample_ratio"):
+        InternVLVideoRule(downsample_ratio=-0.5)
+    with pytest.raises(ValueError, match="one tile a frame"):
+        InternVLVideoRule(source="transformers", num_frames=0, max_tiles=0)
+    with pytest.raises(TypeError):
+        InternVLVideoRule("internvl")  # keyword-only
+    # a source given in a spec is a string of its own (not the interned literal)
+    card = parse_video_rule("internvl:source=internvl,num_frames=2").cost(_video(3))
+    assert card.text.endswith("</img>\n")
+    hf = parse_video_rule("internvl:source=transformers,num_frames=2").cost(_video(3))
+    assert hf.text.endswith("</img>") and "\n" in hf.text

@@ -2,7 +2,7 @@
 
 from dataprep.families.llava import LLAVA_IMAGE
 from dataprep.families.processor_settings import image_setting, processor_attr
-from dataprep.families.spec import FamilySpec, PackerRules, policy
+from dataprep.families.spec import FamilySpec, ImageTokens, PackerRules, policy
 from dataprep.policies.smolvlm import IDEFICS3_DEFAULTS, SmolVLMPolicy
 
 _OPTIONS = ("longest_edge", "tile", "patch_size", "tokens_per_tile")
@@ -36,4 +36,6 @@ SPEC = FamilySpec(
         ("split", image_setting("do_image_splitting")),
     ),
     packer=PackerRules(nested=True, tiles=True, spelled=True),
+    media_tokens={"video": ImageTokens("<video>")},  # SmolVLM2's template writes <video>
+    video_rules=("smolvlm",),
 )

@@ -16,6 +16,7 @@ from dataprep.media_rules.registry import (
     parse_audio_rule,
     parse_video_rule,
 )
+from dataprep.media_rules.smolvlm_video import SmolVLMVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule, audio_tokens
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "OneVisionVideoRule",
     "Qwen3VideoRule",
     "QwenVideoRule",
+    "SmolVLMVideoRule",
     "WhisperAudioRule",
     "audio_tokens",
     "parse_audio_rule",

@@ -15,6 +15,7 @@ from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen3_video import Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
+from dataprep.media_rules.smolvlm_video import SmolVLMVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 
 __all__ = [
@@ -57,6 +58,12 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         OneVisionVideoRule,
         help="LLaVA-OneVision / LLaVA-Video: num_frames=32 uniform frames (or fps=F; both 0: "
         "every frame) of 729 SigLIP patches, 196 pooled tokens each + 1",
+    ),
+    "smolvlm": RuleSpec(
+        SmolVLMVideoRule,
+        help="SmolVLM2: num_frames=64 at most (0: every frame), fps=1, skip_secs=1, one "
+        "tile=384 square a frame of tokens_per_tile=81; the intro sentence and 'Frame from "
+        "MM:SS:' a frame counted as text",
     ),
     "internvl": RuleSpec(
         InternVLVideoRule,

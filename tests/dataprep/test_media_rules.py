@@ -542,3 +542,69 @@ def test_internvl_video_defaults_limits_and_grids_that_tell_the_formulas_apart()
     assert card.text.endswith("</img>\n")
     hf = parse_video_rule("internvl:source=transformers,num_frames=2").cost(_video(3))
     assert hf.text.endswith("</img>") and "\n" in hf.text
+
+
+def _smolvlm_reference(total: int, rate: float, num_frames: int, fps: float, seq: int = 81):
+    """(indices, prompt text without its image tokens, image tokens) as SmolVLM's video
+    processor samples (``sample_frames``; every frame with ``num_frames`` 0, its
+    ``do_sample_frames=False``) and its processor writes (``replace_video_token``)."""
+    from transformers.models.smolvlm.processing_smolvlm import SmolVLMProcessor
+    from transformers.models.smolvlm.video_processing_smolvlm import SmolVLMVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    meta = VideoMetadata(total_num_frames=total, fps=rate, duration=total / rate)
+    if num_frames:
+        proc = object.__new__(SmolVLMVideoProcessor)
+        proc.num_frames, proc.fps = num_frames, fps
+        idx = SmolVLMVideoProcessor.sample_frames(proc, meta).tolist()
+    else:
+        idx = list(range(total))
+    meta.frames_indices = idx
+    writer = object.__new__(SmolVLMProcessor)
+    writer.image_seq_len, writer.image_token = seq, "<image>"
+    writer.fake_image_token, writer.global_image_token = "<fake_token_around_image>", "<global-img>"
+    text = writer.replace_video_token({"video_metadata": [meta]}, 0)
+    return idx, text.replace("<image>", ""), text.count("<image>")
+
+
+@pytest.mark.parametrize("num_frames, fps", [(64, 1.0), (8, 2.0), (0, 1.0), (64, 0.5)])
+def test_smolvlm_video_equals_its_processors(num_frames, fps):
+    """Frame counts and prompts against SmolVLM's own sampler and prompt writer, from one
+    frame to 10 minutes at five rates: where the skip of a second at each end starts (a video
+    longer than 2 s + frames / fps), where ``np.unique`` drops repeated indices (fewer frames
+    than asked), the frame count in words and the minutes past 9 and 59 in the timestamps."""
+    from dataprep.media_rules import SmolVLMVideoRule
+
+    rule = SmolVLMVideoRule(num_frames=num_frames, fps=fps)
+    totals = [1, 2, 3, 29, 30, 31, 59, 60, 61, 89, 90, 91, 1979, 1980, 1981, 2011, 18000]
+    diffs = []
+    for rate in (30.0, 24000 / 1001, 25.0, 7.5, 1.0):  # 1 fps: sampled faster than filmed
+        for total in totals:
+            if not num_frames and total > 2000:
+                continue  # every frame of a long video: the same rule, a long prompt
+            idx, text, images = _smolvlm_reference(total, rate, num_frames, fps)
+            cost = rule.cost(_video(total, rate))
+            got = (rule.indices(total, rate), cost.text, cost.llm_tokens, cost.seq_lens)
+            if got != (idx, text, images, (729,) * len(idx)):
+                diffs.append((total, rate, len(idx), len(got[0])))
+    assert not diffs, diffs[:5]
+
+
+def test_smolvlm_video_settings():
+    from dataprep.media_rules import SmolVLMVideoRule, parse_video_rule
+
+    small = SmolVLMVideoRule(tile=512, patch_size=16, tokens_per_tile=64)  # SmolVLM2-500M
+    assert (
+        small.cost(_video(90)).seq_lens[0] == 1024 and small.cost(_video(90)).llm_tokens == 3 * 64
+    )
+    SmolVLMVideoRule(skip_secs=0.0, patch_size=1, tile=1, tokens_per_tile=1)  # at the limits
+    for bad, match in (
+        ({"fps": 0.0}, "fps > 0"),
+        ({"skip_secs": -1.0}, "skip_secs >= 0"),
+        ({"patch_size": 0}, "patch_size"),
+        ({"tile": 13, "patch_size": 14}, "patch_size <= tile"),
+        ({"tokens_per_tile": 0}, "tokens_per_tile >= 1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            SmolVLMVideoRule(**bad)
+    assert parse_video_rule(SmolVLMVideoRule().spec()) == SmolVLMVideoRule()

@@ -266,6 +266,67 @@ def test_a_qwen3vl_video_counts_its_timestamps(tmp_path, tokenizer_path, spec):
     assert row["num_videos"] == 2 and row["video_tokens"] == 4 * pads
 
 
+def test_a_smolvlm_video_counts_its_sentence_and_timestamps(tmp_path, tokenizer_path):
+    """SmolVLM2 writes a sentence with the frame count in words, then ``Frame from MM:SS:``
+    and the frame's image tokens a frame. Reference: SmolVLM2's chat template (the processor's
+    ``DEFAULT_CHAT_TEMPLATE``, which writes ``<video>``), then ``SmolVLMProcessor``'s own
+    ``replace_video_token``, counted by the tokenizer. The bugs named: the sentence or the
+    timestamps left out of the count, the frames' markers counted as image tokens."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.smolvlm.processing_smolvlm import (
+        DEFAULT_CHAT_TEMPLATE,
+        SmolVLMProcessor,
+    )
+    from transformers.video_utils import VideoMetadata
+
+    from tests.dataprep.test_jinja_template import make_model_dir
+
+    model = make_model_dir(tmp_path, "smolvlm", tokenizer_path)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = DEFAULT_CHAT_TEMPLATE
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    clip = _video(tmp_path / "a.mp4", 95, 320, 240, 10)
+    records = [{"id": "v", "video": "a.mp4", "conversations": _conv("<video>What happens?")}]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    spec = "smolvlm:num_frames=8"
+    _res, rows, errors = run(
+        tmp_path,
+        [data],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy="smolvlm",
+        video_rule=spec,
+    )
+    assert not errors
+    rule = parse_video_rule(spec)
+    header = probe_video_path(clip)
+    idx = rule.indices(header.frames, header.fps)
+    assert len(idx) == 8
+    meta = VideoMetadata(
+        total_num_frames=header.frames,
+        fps=header.fps,
+        duration=header.frames / header.fps,
+        frames_indices=idx,
+    )
+    writer = object.__new__(SmolVLMProcessor)
+    writer.image_seq_len, writer.image_token = 81, "<image>"
+    writer.fake_image_token, writer.global_image_token = "<fake_token_around_image>", "<global-img>"
+    frames = writer.replace_video_token({"video_metadata": [meta]}, 0)
+    assert "eight frames" in frames
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    messages = [
+        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+    ]
+    text = tok.apply_chat_template(messages, chat_template=DEFAULT_CHAT_TEMPLATE, tokenize=False)
+    ids = tok(text.replace("<video>", frames), add_special_tokens=False)["input_ids"]
+    images = ids.count(tok.convert_tokens_to_ids("<image>"))
+    assert images == 8 * 81
+    row = rows[0]
+    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - images
+    assert row["video_seq_lens"] == [729] * 8
+
+
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):
     _wav(tmp_path / "a.wav", 12.5)
     _wav(tmp_path / "long.wav", 95.0, 8000)

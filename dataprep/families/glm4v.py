@@ -21,4 +21,7 @@ SPEC = FamilySpec(
     image_tokens=ImageTokens("<|image|>"),
     processor_checks=(*QWEN_CHECKS, ("temporal_patch_size", image_setting("temporal_patch_size"))),
     packer=QWEN_PACKER,
+    # <|begin_of_video|><|video|><|end_of_video|>: the processor expands <|video|> only
+    media_tokens={"video": ImageTokens("<|video|>")},
+    video_rules=("glm4v",),
 )

@@ -62,13 +62,21 @@ def torch_linspace(start: float, end: float, steps: int) -> np.ndarray:
 
 
 def qwen3vl_video_resize(
-    frames: int, height: int, width: int, factor: int, temporal: int, min_px: int, max_px: int
+    frames: int,
+    height: int,
+    width: int,
+    factor: int,
+    temporal: int,
+    min_px: int,
+    max_px: int,
+    model: str = "Qwen3-VL",
 ) -> tuple[int, int]:
-    """Qwen3-VL's video ``smart_resize``: (height, width), the budget over the whole video."""
+    """Qwen3-VL's video ``smart_resize`` (GLM-4.1V's is the same): (height, width), the
+    budget over the whole video; ``model`` names it in a refusal."""
     if frames < temporal:
         raise SampleRejected(
             "video_too_short",
-            f"{frames} frame(s) sampled: the Qwen3-VL video processor needs at least {temporal}",
+            f"{frames} frame(s) sampled: the {model} video processor needs at least {temporal}",
         )
     if height < factor or width < factor:
         scale = max(factor / height, factor / width)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dataprep.media_rules.base import MediaRule
+from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen3_video import Qwen3VideoRule
@@ -58,6 +59,12 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         OneVisionVideoRule,
         help="LLaVA-OneVision / LLaVA-Video: num_frames=32 uniform frames (or fps=F; both 0: "
         "every frame) of 729 SigLIP patches, 196 pooled tokens each + 1",
+    ),
+    "glm4v": RuleSpec(
+        Glm4vVideoRule,
+        help="GLM-4.1V / 4.5V / 4.6V: frames at fps=2 (up to max_duration=300 s, then that "
+        "many spread), pairs of 14-px patches resized under the video's pixel budget, each "
+        "pair's second counted as text",
     ),
     "smolvlm": RuleSpec(
         SmolVLMVideoRule,

@@ -608,3 +608,81 @@ def test_smolvlm_video_settings():
         with pytest.raises(ValueError, match=match):
             SmolVLMVideoRule(**bad)
     assert parse_video_rule(SmolVLMVideoRule().spec()) == SmolVLMVideoRule()
+
+
+def _glm4v_reference(total: int, rate: float, fps: float, max_duration: int, w: int, h: int):
+    """(grid, prompt text without its image tokens, image tokens) as GLM-4.1V's video
+    processor samples (``sample_frames``) and resizes (its ``smart_resize``) and its
+    processor writes (``replace_video_token``); 'refused' where the processor raises."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.models.glm4v.processing_glm4v import Glm4vProcessor
+    from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor, smart_resize
+    from transformers.video_utils import VideoMetadata
+
+    meta = VideoMetadata(total_num_frames=total, fps=rate, duration=total / rate)
+    proc = object.__new__(Glm4vVideoProcessor)
+    proc.fps, proc.max_duration = fps, max_duration
+    idx = Glm4vVideoProcessor.sample_frames(proc, meta).tolist()
+    try:
+        rh, rw = smart_resize(len(idx), h, w, 2, 28, 112 * 112, 28 * 28 * 2 * 30000)
+    except ValueError:
+        return "refused"
+    grid = [len(idx) // 2, rh // 14, rw // 14]
+    meta.frames_indices = idx
+    writer = object.__new__(Glm4vProcessor)
+    writer.video_processor = SimpleNamespace(merge_size=2)
+    writer.image_token = "<|image|>"
+    thw = torch.tensor([grid])
+    text = writer.replace_video_token({"video_grid_thw": thw, "video_metadata": [meta]}, 0)
+    return grid, text.replace("<|image|>", ""), text.count("<|image|>")
+
+
+@pytest.mark.parametrize("fps, max_duration", [(2.0, 300), (1.0, 300), (2.0, 20)])
+def test_glm4v_video_equals_its_processors(fps, max_duration):
+    """Frames, sizes and prompts against GLM-4.1V's own sampler, resize and prompt writer:
+    one frame to 15 minutes at five rates (1 fps: indices that repeat and are dropped), on
+    either side of ``max_duration`` (then spread by linspace, or every frame where that is
+    fewer), an odd count (the last frame repeated), a 1:250 frame refused."""
+    from dataprep.media_rules import Glm4vVideoRule
+
+    rule = Glm4vVideoRule(fps=fps, max_duration=max_duration)
+    diffs = []
+    cases = [
+        (total, rate, 640, 480)
+        for rate in (30.0, 24000 / 1001, 25.0, 7.5, 1.0)
+        for total in (1, 2, 3, 29, 30, 31, 59, 61, 599, 600, 601, 640, 9000, 27000)
+    ]
+    cases += [(t, 30.0, w, h) for t in (3, 601) for w, h in ((90, 1600), (1000, 4))]
+    for total, rate, w, h in cases:
+        want = _glm4v_reference(total, rate, fps, max_duration, w, h)
+        try:
+            cost = rule.cost(_video(total, rate, w, h))
+        except SampleRejected:
+            got = "refused"
+        else:
+            t, g = len(cost.seq_lens), cost.seq_lens[0] if cost.seq_lens else 0
+            got = (t, g, cost.text, cost.llm_tokens)
+            if want != "refused":
+                grid, text, images = want
+                want = (grid[0], grid[1] * grid[2], text, images)
+        if got != want:
+            diffs.append((total, rate, w, h, str(got)[:60], str(want)[:60]))
+    assert not diffs, diffs[:5]
+
+
+def test_glm4v_video_settings():
+    from dataprep.media_rules import Glm4vVideoRule, parse_video_rule
+
+    Glm4vVideoRule(max_duration=1, min_pixels=1, max_pixels=1, patch_size=1, merge_size=1)
+    for bad, match in (
+        ({"fps": 0.0}, "fps > 0"),
+        ({"max_duration": 0}, "max_duration >= 1"),
+        ({"min_pixels": 0}, "1 <= min_pixels"),
+        ({"min_pixels": 9, "max_pixels": 8}, "min_pixels <= max_pixels"),
+        ({"temporal_patch_size": 0}, "temporal_patch_size"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            Glm4vVideoRule(**bad)
+    assert parse_video_rule(Glm4vVideoRule().spec()) == Glm4vVideoRule()

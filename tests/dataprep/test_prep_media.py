@@ -327,6 +327,66 @@ def test_a_smolvlm_video_counts_its_sentence_and_timestamps(tmp_path, tokenizer_
     assert row["video_seq_lens"] == [729] * 8
 
 
+def test_a_glm4v_video_counts_its_seconds(tmp_path, tokenizer_path):
+    """GLM-4.1V writes each pair of frames between image markers and then the pair's whole
+    second, inside the template's own video markers, which stay. Reference: its chat
+    template, then ``Glm4vProcessor``'s own ``replace_video_token``, counted by the
+    tokenizer. The bugs named: the seconds left out, the video markers taken out."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.glm4v.processing_glm4v import Glm4vProcessor
+    from transformers.video_utils import VideoMetadata
+
+    from tests.dataprep.test_jinja_template import make_model_dir
+
+    model = make_model_dir(tmp_path, "glm4v", tokenizer_path)
+    clip = _video(tmp_path / "a.mp4", 75, 320, 240, 5)  # 15 s: 30 frames at 2 fps
+    records = [{"id": "v", "video": "a.mp4", "conversations": _conv("<video>\nWhat happens?")}]
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _res, rows, errors = run(
+        tmp_path,
+        [data],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy="glm4v",
+        video_rule="glm4v",
+    )
+    assert not errors
+    rule = parse_video_rule("glm4v")
+    header = probe_video_path(clip)
+    cost = rule.cost(header)
+    idx = rule.indices(header.frames, header.fps)
+    grid_t, per_t = len(cost.seq_lens), cost.seq_lens[0]
+    meta = VideoMetadata(
+        total_num_frames=header.frames,
+        fps=header.fps,
+        duration=header.frames / header.fps,
+        frames_indices=idx,
+    )
+    writer = object.__new__(Glm4vProcessor)
+    writer.video_processor, writer.image_token = SimpleNamespace(merge_size=2), "<|image|>"
+    thw = torch.tensor([[grid_t, 1, per_t]])
+    frames = writer.replace_video_token({"video_grid_thw": thw, "video_metadata": [meta]}, 0)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    messages = [
+        {
+            "role": "user",
+            "content": [{"type": "video"}, {"type": "text", "text": "\nWhat happens?"}],
+        },
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+    ]
+    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    assert "<|begin_of_video|><|video|><|end_of_video|>" in text
+    ids = tok(text.replace("<|video|>", frames), add_special_tokens=False)["input_ids"]
+    images = ids.count(tok.convert_tokens_to_ids("<|image|>"))
+    assert images == cost.llm_tokens and grid_t == 15
+    row = rows[0]
+    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - images
+
+
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):
     _wav(tmp_path / "a.wav", 12.5)
     _wav(tmp_path / "long.wav", 95.0, 8000)

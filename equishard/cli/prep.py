@@ -60,10 +60,18 @@ def _policies_help() -> str:
 
 
 def _media_help() -> str:
-    """Every video and audio rule's line (dataprep.media_rules.registry)."""
-    return "\n".join(
-        f"  {name:<14}{entry.help}" for name, entry in {**VIDEO_RULES, **AUDIO_RULES}.items()
-    )
+    """Every video and audio rule's lines (dataprep.media_rules.registry), wrapped as the
+    policies' are: a name past the column on a line of its own."""
+    import textwrap
+
+    out = []
+    for name, entry in {**VIDEO_RULES, **AUDIO_RULES}.items():
+        lines = textwrap.wrap(entry.help, 84, break_on_hyphens=False)
+        if len(name) > 12:
+            out += [f"  {name}", *(f"{'':16}{line}" for line in lines)]
+        else:
+            out += [f"  {name:<14}{lines[0]}", *(f"{'':16}{line}" for line in lines[1:])]
+    return "\n".join(out)
 
 
 def add_parser(sub: argparse._SubParsersAction, name: str) -> None:

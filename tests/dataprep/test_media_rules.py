@@ -542,6 +542,12 @@ def test_internvl_video_defaults_limits_and_grids_that_tell_the_formulas_apart()
     assert card.text.endswith("</img>\n")
     hf = parse_video_rule("internvl:source=transformers,num_frames=2").cost(_video(3))
     assert hf.text.endswith("</img>") and "\n" in hf.text
+    more = parse_video_rule("internvl:source=internvl,num_frames=5")
+    assert more.frames(3, 30.0) == 5  # the card's segments repeat frames of a short video
+    with pytest.raises(ValueError, match="num_frames >= 1 segments"):
+        parse_video_rule("internvl:source=internvl,num_frames=0")
+    with pytest.raises(ValueError, match="one tile a frame"):
+        parse_video_rule("internvl:source=transformers,max_tiles=2")
 
 
 def _smolvlm_reference(total: int, rate: float, num_frames: int, fps: float, seq: int = 81):

@@ -616,6 +616,9 @@ def test_smolvlm_video_settings():
     assert parse_video_rule(SmolVLMVideoRule().spec()) == SmolVLMVideoRule()
 
 
+_GLM_INDICES: dict = {}  # (total, rate, fps, max_duration): the sampler's indices, padded
+
+
 def _glm4v_reference(total: int, rate: float, fps: float, max_duration: int, w: int, h: int):
     """(grid, prompt text without its image tokens, image tokens) as GLM-4.1V's video
     processor samples (``sample_frames``) and resizes (its ``smart_resize``) and its
@@ -631,6 +634,7 @@ def _glm4v_reference(total: int, rate: float, fps: float, max_duration: int, w: 
     proc = object.__new__(Glm4vVideoProcessor)
     proc.fps, proc.max_duration = fps, max_duration
     idx = Glm4vVideoProcessor.sample_frames(proc, meta).tolist()
+    _GLM_INDICES[(total, rate, fps, max_duration)] = idx
     try:
         rh, rw = smart_resize(len(idx), h, w, 2, 28, 112 * 112, 28 * 28 * 2 * 30000)
     except ValueError:
@@ -675,7 +679,36 @@ def test_glm4v_video_equals_its_processors(fps, max_duration):
                 want = (grid[0], grid[1] * grid[2], text, images)
         if got != want:
             diffs.append((total, rate, w, h, str(got)[:60], str(want)[:60]))
+        if rule.indices(total, rate) != _GLM_INDICES[(total, rate, fps, max_duration)]:
+            diffs.append((total, rate, "indices"))
     assert not diffs, diffs[:5]
+
+
+def test_glm4v_video_defaults_are_the_processors_and_bind_where_they_should():
+    """The rule's defaults against the processor's class defaults, where each decides: a
+    video of exactly ``max_duration`` seconds, a budget that binds (600 full-HD frames), a
+    frame too small for the pixel floor; counts are whole numbers; keyword-only."""
+    from transformers.models.glm4v.video_processing_glm4v import Glm4vVideoProcessor as P
+
+    from dataprep.media_rules import Glm4vVideoRule
+
+    rule = Glm4vVideoRule()
+    assert (rule.fps, rule.max_duration) == (P.fps, P.max_duration)
+    assert (rule.min_pixels, rule.max_pixels) == (P.size["shortest_edge"], P.size["longest_edge"])
+    for total, w, h in ((9000, 1920, 1080), (8970, 1920, 1080), (2, 20, 20), (40, 64, 30)):
+        grid, text, images = _glm4v_reference(total, 30.0, P.fps, P.max_duration, w, h)
+        cost = rule.cost(_video(total, 30.0, w, h))
+        assert (len(cost.seq_lens), cost.seq_lens[0], cost.text, cost.llm_tokens) == (
+            grid[0],
+            grid[1] * grid[2],
+            text,
+            images,
+        ), (total, w, h)
+        assert all(type(x) is int for x in (*cost.seq_lens, cost.llm_tokens))
+    one = Glm4vVideoRule(merge_size=1).cost(_video(60, 30.0))  # no merge: every patch a token
+    assert one.llm_tokens == len(one.seq_lens) * one.seq_lens[0]
+    with pytest.raises(TypeError):
+        Glm4vVideoRule(2.0)
 
 
 def test_glm4v_video_settings():
@@ -684,6 +717,7 @@ def test_glm4v_video_settings():
     Glm4vVideoRule(max_duration=1, min_pixels=1, max_pixels=1, patch_size=1, merge_size=1)
     for bad, match in (
         ({"fps": 0.0}, "fps > 0"),
+        ({"fps": -2.0}, "fps > 0"),
         ({"max_duration": 0}, "max_duration >= 1"),
         ({"min_pixels": 0}, "1 <= min_pixels"),
         ({"min_pixels": 9, "max_pixels": 8}, "min_pixels <= max_pixels"),

@@ -558,3 +558,83 @@ def refine_step(x, slot, d, q, max_moves, eps=1e-5):
         if not done:
             break
     return slot, moves
+
+
+def clear_sparse(x, group_of, by_step, q, n_groups, clear_above=0.25):
+    """-> (group_of list, moved); see ``balancing._kernels.sparse_steps``: phase by phase, step by
+    step, a step where some group lacks the phase, none is empty and the phase's dist ratio passes
+    ``clear_above`` sends each of its items of the phase to the lightest group (in the phase) of
+    the next step in turn whose groups all carry the phase, where the item passes no cap and
+    raises none of that step's largest loads; all of a step's items or none (then undone)."""
+    k = len(q)
+    group_of = list(group_of)
+    steps = [list(row) for row in by_step]
+    step_of = {g: s for s, row in enumerate(steps) for g in row}
+    loads = [[0.0] * k for _ in range(n_groups)]
+    count = [0] * n_groups
+    for i, g in enumerate(group_of):
+        count[g] += 1
+        for p in range(k):
+            loads[g][p] += x[i][p]
+
+    def top(s, p):
+        return max(loads[g][p] for g in steps[s])
+
+    def carrying(s, p):
+        return sum(loads[g][p] > 0 for g in steps[s])
+
+    def fits(i, g):
+        s = step_of[g]
+        return all(
+            x[i][p] == 0 or loads[g][p] + x[i][p] <= min(max(q[p], loads[g][p]), top(s, p))
+            for p in range(k)
+        )
+
+    def shift(i, g, g2):
+        for p in range(k):
+            loads[g][p] -= x[i][p]
+            loads[g2][p] += x[i][p]
+        count[g] -= 1
+        count[g2] += 1
+        group_of[i] = g2
+
+    d = len(steps[0]) if steps else 0
+    moved, start = 0, 0
+    for j in range(k):
+        members = {
+            s: [i for i in range(len(x)) if step_of[group_of[i]] == s] for s in range(len(steps))
+        }
+        for s in range(len(steps)):
+            nz = carrying(s, j)
+            mx = top(s, j)
+            spread = 1 - sum(loads[g][j] for g in steps[s]) / (mx * d) if mx > 0 else 0.0
+            if nz == 0 or nz == d or spread <= clear_above or any(count[g] == 0 for g in steps[s]):
+                continue
+            done = []
+            for i in members[s]:
+                g = group_of[i]
+                if x[i][j] == 0:
+                    continue
+                lost = count[g] < 2 or any(
+                    p != j and x[i][p] > 0 and loads[g][p] - x[i][p] <= 0 for p in range(k)
+                )
+                pick = None
+                for t in range(len(steps)):
+                    s2 = (start + t) % len(steps)
+                    if lost or s2 == s or carrying(s2, j) < d:
+                        continue
+                    ok = [g2 for g2 in steps[s2] if fits(i, g2)]
+                    if ok:
+                        pick = (s2, min(ok, key=lambda g2: (loads[g2][j], steps[s2].index(g2))))
+                        break
+                if pick is None:
+                    for i2, g0 in reversed(done):
+                        shift(i2, group_of[i2], g0)
+                    done = None
+                    break
+                shift(i, g, pick[1])
+                done.append((i, g))
+                start = pick[0] + 1
+            if done is not None:
+                moved += len(done)
+    return group_of, moved

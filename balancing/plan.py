@@ -117,8 +117,9 @@ class BalanceConfig:
         default="auto",
         metadata=option(
             "even each step's groups in every phase by moving and swapping samples between "
-            "them: auto (default) where the table has videos or recordings, whose large items "
-            "ISF and the step sort alone leave uneven; on; off",
+            "them, and clear a phase out of the steps that hold only a little of it: auto "
+            "(default) where the table has videos or recordings, whose large items ISF and the "
+            "step sort alone leave uneven; on; off",
             choices=REFINE_STEPS,
         ),
     )

@@ -1,13 +1,18 @@
 """Step assignment: order groups into global steps of D groups, then place them on (node, rank).
 
-Groups are sorted by vision load, then each other encoder's load (audio), then LLM load, then
-modeled LLM cost; consecutive runs of D groups form the steps, so the D groups of a step are
-alike in every phase (oversize and leftover
+Groups are sorted by each other encoder's load (audio) in coarse levels of its logarithm (see
+:func:`coarse`), then vision load, then LLM load, then modeled LLM cost; consecutive runs of D
+groups form the steps, so the D groups of a step are alike in every phase (oversize and leftover
 groups sort next to their peers by load). The steps are then shuffled by the seed, so their order
 carries no trend. When the group count is not a multiple of D, the remaining groups (the last
 ones in sorted order) are dissolved and their samples re-packed by LPT into D groups that form
 the final, flagged step: no sample repeats, and a rank of that step may get fewer samples, or
 none when there are fewer samples than ranks.
+
+Given the caps (a table with media), each step's groups are refined in every phase; then where
+a phase's groups with and without it met in the order, a step holding only a little of it, on a
+few of its groups, gives those items to steps that carry it in every group
+(:func:`clear_sparse_steps`).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import numpy as np
 
 from balancing._kernels.partition import _nb_lpt_capped
 from balancing._kernels.placement import _nb_place_on_nodes
+from balancing._kernels.sparse_steps import _nb_clear_sparse
 from balancing._kernels.step_refine import _nb_refine_steps
 from balancing._kernels.tables import _nb_counting_argsort
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
-__all__ = ["StepAssignment", "assign_steps", "refine_steps"]
+__all__ = ["StepAssignment", "assign_steps", "clear_sparse_steps", "refine_steps"]
 
 COARSE_LEVELS = 16  # sort levels of an encoder phase's load beside the vision tower
 MAX_MOVES = 4096  # moves per step; a step converges in far fewer (one per sample, about)
@@ -48,15 +54,19 @@ def _group_sums(group_of: np.ndarray, x: np.ndarray, n: int) -> np.ndarray:
 def coarse(x: np.ndarray, levels: int = COARSE_LEVELS) -> np.ndarray:
     """A group load as a sort key of few values: as it is where it takes at most ``levels``
     values (whole recordings of a padded encoder: 0, 1,500, 3,000, ...), else 0 for no load
-    and its bin of ``levels - 1`` equal bins over its range for a load; the next key then
-    orders groups within a bin. No load is a level of its own so that groups without the
-    phase never share a step with groups of a little of it (a step where one rank holds a
-    short recording and the others none is a step all but empty of the phase, yet as uneven
-    as a step can be)."""
+    and, for a load, its bin among ``levels - 1`` equal bins of its logarithm between the
+    smallest load and the largest (a bin's loads differ by a bounded factor: equal bins of the
+    range would put a group of 10 positions beside one of 400 in the first, a step of them
+    40x uneven); the next key then orders groups within a bin. No load is a level of its own
+    so that groups without the phase never share a step with groups of a little of it (a step
+    where one rank holds a short recording and the others none is a step all but empty of the
+    phase, yet as uneven as a step can be)."""
     if np.unique(x).size <= levels:
         return x
-    top = float(x.max())
-    bins = np.minimum(np.floor(x * ((levels - 1) / top)), levels - 2) + 1
+    pos = x[x > 0]
+    lo, hi = np.log(pos.min()), np.log(pos.max())
+    scale = (levels - 1) / (hi - lo) if hi > lo else 0.0
+    bins = np.minimum(np.floor((np.log(np.maximum(x, pos.min())) - lo) * scale), levels - 2) + 1
     return np.where(x > 0, bins, 0)
 
 
@@ -83,6 +93,23 @@ def refine_steps(
     x = np.stack([np.asarray(t).astype(np.int64) for t in tokens], axis=1)
     _nb_refine_steps(x, members, starts, slot, d, caps.astype(np.int64), max_moves)
     return by_step[step, slot]
+
+
+def clear_sparse_steps(
+    group_of: np.ndarray,
+    by_step: np.ndarray,
+    tokens: list[np.ndarray],
+    caps: np.ndarray,
+    n_groups: int,
+) -> np.ndarray:
+    """The samples' groups after every step that holds only a little of a phase was cleared of
+    it (``balancing._kernels.sparse_steps``): its items of the phase moved to the lightest
+    groups of steps where every group carries the phase, under the caps and no step's largest
+    load raised. ``by_step[s]``: step s's groups; ``tokens``: each phase's per-sample loads."""
+    x = np.stack([np.asarray(t).astype(np.int64) for t in tokens], axis=1)
+    out = np.array(group_of, dtype=np.int64)
+    _nb_clear_sparse(x, out, by_step.astype(np.int64), caps.astype(np.int64), n_groups)
+    return out
 
 
 def assign_steps(
@@ -142,6 +169,7 @@ def assign_steps(
     keys = (VIT_TOKENS, *(tokens for tokens, _ in extra), LLM_TOKENS)
     if caps is not None:
         group_of = refine_steps(group_of, step_of, by_step, [loads[k] for k in keys], caps)
+        group_of = clear_sparse_steps(group_of, by_step, [loads[k] for k in keys], caps, total)
     placing = np.empty((n_steps, d, len(keys)))
     for j, key in enumerate(keys):
         sums = _group_sums(group_of, loads[key], total)

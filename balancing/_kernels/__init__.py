@@ -2,8 +2,9 @@
 grouping), :mod:`.tables` (per-sample and per-group tables of a plan), :mod:`.heap` (the indexed
 heap the runtime kernels share), :mod:`.partition` (runtime partition of one step over ranks),
 :mod:`.refine` (move and swap refinement), :mod:`.step_refine` (a step's groups evened in every
-phase), :mod:`.placement` (groups onto nodes and ranks, node-wise assignment) and
-:mod:`.schedule` (the 1F1B timeline).
+phase), :mod:`.sparse_steps` (a phase cleared out of the steps that hold only a little of
+it), :mod:`.placement` (groups onto nodes and ranks, node-wise assignment) and :mod:`.schedule`
+(the 1F1B timeline).
 
 Each kernel has a plain-Python twin in ``balancing._reference`` and a test that both agree over
 many seeds. Kernels take and return numpy arrays only; randomness is drawn by the caller, so a
@@ -57,6 +58,14 @@ from balancing._kernels.schedule import (
     _nb_makespan,
     _nb_swap_descent,
 )
+from balancing._kernels.sparse_steps import (
+    _nb_clear_sparse,
+    _receiver,
+    _recount,
+    _shift,
+    _sparse,
+    _tables,
+)
 from balancing._kernels.step_refine import _improve, _nb_refine_step, _nb_refine_steps
 from balancing._kernels.tables import (
     STAT_COUNT,
@@ -100,6 +109,7 @@ __all__ = [
     "_nb_argsort_desc",
     "_nb_best_fit",
     "_nb_block_stats",
+    "_nb_clear_sparse",
     "_nb_counting_argsort",
     "_nb_greedy_node_assign",
     "_nb_group_max",
@@ -123,10 +133,15 @@ __all__ = [
     "_nb_swap_descent",
     "_pair_step",
     "_reaches",
+    "_receiver",
+    "_recount",
     "_remove_at",
     "_round_two",
+    "_shift",
     "_slot_sift",
     "_slot_up",
+    "_sparse",
+    "_tables",
     "_tree_prefix_min",
     "_tree_set",
     "_walk_next",

@@ -108,6 +108,7 @@ KERNEL_MODULES = [
     "balancing._kernels.placement",
     "balancing._kernels.refine",
     "balancing._kernels.schedule",
+    "balancing._kernels.sparse_steps",
     "balancing._kernels.step_refine",
     "balancing._kernels.tables",
     "equishard.common.repeated_ids_kernel",

@@ -163,10 +163,12 @@ def test_a_phase_with_no_load_at_all_divides_nothing_by_zero(empty):
 def test_coarse_keeps_few_values_and_bins_many(levels):
     """An encoder's group load as a sort key: kept as it is with at most ``levels`` distinct
     values (whole padded windows), else 0 for no load and, for a load, 1 + its bin among
-    ``levels - 1`` equal bins of [0, max]; the maximum in the last bin, order kept (a bin never
-    ranks a smaller load above a larger), the smallest load never in the bin of no load (the
-    bug named: a step of groups without audio and groups with a short recording, all but
-    empty of audio and as uneven as a step can be)."""
+    ``levels - 1`` equal bins of log(load) between the smallest load and the largest; the
+    maximum in the last bin, order kept (a bin never ranks a smaller load above a larger), the
+    smallest load never in the bin of no load (the bug named: a step of groups without audio
+    and groups with a short recording, all but empty of audio and as uneven as a step can be),
+    and within a bin no load more than the bin's factor above another (the bug named: equal
+    bins of the range, whose first bin holds loads 40x apart)."""
     from balancing.steps import coarse
 
     few = np.array([0.0, 1500.0, 3000.0, 1500.0])[: max(1, min(4, levels))]
@@ -177,11 +179,15 @@ def test_coarse_keeps_few_values_and_bins_many(levels):
     many[:2] = (1e-3, 5000.0)  # the smallest load and the largest
     got = coarse(many, levels)
     if levels > 1:
-        want = np.where(
-            many > 0, np.minimum(np.floor(many / 5000.0 * (levels - 1)), levels - 2) + 1, 0
-        )
-        np.testing.assert_array_equal(got, want)
+        factor = (5000.0 / 1e-3) ** (1 / (levels - 1))  # each bin spans this ratio
+        edges = 1e-3 * factor ** np.arange(1, levels - 1)  # the bins' upper ends but the last
+        want = np.where(many > 0, np.searchsorted(edges, many, side="right") + 1, 0)
+        close = np.isclose(many[:, None], edges[None, :], rtol=1e-9).any(axis=1)
+        np.testing.assert_array_equal(got[~close], want[~close])  # an edge itself: rounding
         assert got[0] == 1 and got[1] == levels - 1 and (got[many == 0] == 0).all()
+        for b in range(1, levels):
+            inside = many[got == b]
+            assert inside.size == 0 or inside.max() <= inside.min() * factor * (1 + 1e-9)
     order = np.argsort(many, kind="stable")
     assert (np.diff(got[order]) >= 0).all()
     np.testing.assert_array_equal(coarse(np.zeros(50), levels), np.zeros(50))

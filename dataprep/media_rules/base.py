@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
+from dataprep.errors import SampleRejected
 from dataprep.policies.base import check_field_types
 
-__all__ = ["MediaCost", "MediaRule"]
+__all__ = ["MediaCost", "MediaRule", "frames_asked"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +67,16 @@ class MediaRule:
             "tower": self.tower,
             **asdict(self),
         }
+
+
+def frames_asked(total: int, n: int) -> int:
+    """``n``, the frames a transformers video processor is asked to sample (``num_frames``, or
+    as many as ``fps`` gives) from a video of ``total``; its ``sample_frames`` raises when that
+    is more than the video has: refused so, the sample named by the caller."""
+    if n > total:
+        raise SampleRejected(
+            "video_too_short",
+            f"{total} frame(s): the video processor is asked for {n} (num_frames or fps); "
+            "it raises for a video this short",
+        )
+    return n

@@ -6,7 +6,8 @@ frame ``ceil(i * video_fps / fps)`` for the i-th, for a video up to ``max_durati
 past it, ``max_duration * fps`` frames spread by ``np.linspace`` over the whole video (every
 frame where that is not fewer). Repeated indices are dropped and the last frame repeated to an
 even count. The video is resized by GLM's ``smart_resize`` (28-px factor, the pixel budget over
-all its frames, as Qwen3-VL's: :func:`~dataprep.media_rules.qwen3_video.qwen3vl_video_resize`);
+all its frames, which Qwen3-VL's video processor shares:
+:func:`~dataprep.policies.glm4v.glm4v_video_resize`);
 each pair of frames is one sequence of ``(h / 14) * (w / 14)`` patches, a quarter of them LLM
 tokens.
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dataprep.media_rules.base import MediaCost, MediaRule
-from dataprep.media_rules.qwen3_video import qwen3vl_video_resize
+from dataprep.policies.glm4v import glm4v_video_resize
 from dataprep.video_header import VideoHeader
 
 __all__ = ["Glm4vVideoRule"]
@@ -81,7 +82,7 @@ class Glm4vVideoRule(MediaRule):
 
     def cost(self, header: VideoHeader) -> MediaCost:
         idx = self.indices(header.frames, header.fps)
-        h, w = qwen3vl_video_resize(
+        h, w = glm4v_video_resize(
             len(idx),
             header.height,
             header.width,

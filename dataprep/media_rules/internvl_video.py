@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 
 from dataprep.errors import SampleRejected
-from dataprep.media_rules.base import MediaCost, MediaRule
+from dataprep.media_rules.base import MediaCost, MediaRule, frames_asked
 from dataprep.policies.internvl import internvl_grid
 from dataprep.video_header import VideoHeader
 
@@ -112,12 +112,7 @@ class InternVLVideoRule(MediaRule):
                 )
         if not n:
             return total
-        if n > total:
-            raise SampleRejected(
-                "video_too_short",
-                f"{total} frame(s): the video processor is asked for {n} (num_frames or fps); "
-                "it raises for a video this short",
-            )
+        frames_asked(total, n)
         step = total / n
         shift = step / 2 if self.initial_shift else 0.0
         return math.ceil((total - shift) / step)  # torch.arange's length, in double precision

@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dataprep.errors import SampleRejected
-from dataprep.media_rules.base import MediaCost, MediaRule
+from dataprep.media_rules.base import MediaCost, MediaRule, frames_asked
 from dataprep.video_header import VideoHeader
 
 __all__ = ["OneVisionVideoRule"]
@@ -55,13 +54,7 @@ class OneVisionVideoRule(MediaRule):
             n = max(1, int(total / video_fps * self.fps))
         if not n:
             return total
-        if n > total:
-            raise SampleRejected(
-                "video_too_short",
-                f"{total} frame(s): the video processor is asked for {n} (num_frames or fps); "
-                "it raises for a video this short",
-            )
-        return n
+        return frames_asked(total, n)
 
     def cost(self, header: VideoHeader) -> MediaCost:
         n = self.frames(header.frames, header.fps)

@@ -12,11 +12,11 @@ timestamps are text: prep counts them with the tokenizer (``MediaCost.text``).
 
 * ``transformers`` (default; ``Qwen3VLVideoProcessor``): ``int(total / video_fps * fps)``
   frames within ``[min_frames, min(max_frames, total)]`` (or ``num_frames`` as given), at
-  ``np.linspace(0, total - 1, n).round()``; the video resized by Qwen3-VL's own
-  ``smart_resize``, whose pixel budget (``max_pixels``, the processor's
-  ``size.longest_edge``) holds for the whole video, ``round(n / 2) * 2`` frames of it, unless
-  ``cap_pixels_per_frame=1`` gives each frame its share (qwen-vl-utils' form); fewer than two
-  frames is its error, a refusal here.
+  ``np.linspace(0, total - 1, n).round()``; the video resized by Qwen3-VL's video
+  ``smart_resize`` (GLM-4V's: :func:`~dataprep.policies.glm4v.glm4v_video_resize`), whose
+  pixel budget (``max_pixels``, the processor's ``size.longest_edge``) holds for the whole
+  video, ``round(n / 2) * 2`` frames of it, unless ``cap_pixels_per_frame=1`` gives each frame
+  its share (qwen-vl-utils' form); fewer than two frames is its error, a refusal here.
 * ``qwen-vl-utils`` (``process_vision_info(..., image_patch_size=16)``, then the processor
   with ``do_resize=False`` and the returned metadata): qwen-vl-utils' frames and per-frame
   budget (:class:`~dataprep.media_rules.qwen_video.QwenVideoRule` with 16-px patches), at
@@ -28,18 +28,17 @@ sees a quarter of them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 
-from dataprep.errors import SampleRejected
 from dataprep.media_rules.base import MediaCost, MediaRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
+from dataprep.policies.glm4v import glm4v_video_resize
 from dataprep.video_header import VideoHeader
 
-__all__ = ["QWEN3_VIDEO_SOURCES", "Qwen3VideoRule", "qwen3vl_video_resize", "torch_linspace"]
+__all__ = ["QWEN3_VIDEO_SOURCES", "Qwen3VideoRule", "torch_linspace"]
 
 QWEN3_VIDEO_SOURCES = ("transformers", "qwen-vl-utils")
 START, END = "<|vision_start|>", "<|vision_end|>"
@@ -59,45 +58,6 @@ def torch_linspace(start: float, end: float, steps: int) -> np.ndarray:
     out[:half] = lo + step * idx[:half].astype(f32)
     out[half:] = hi - step * (steps - idx[half:] - 1).astype(f32)
     return out
-
-
-def qwen3vl_video_resize(
-    frames: int,
-    height: int,
-    width: int,
-    factor: int,
-    temporal: int,
-    min_px: int,
-    max_px: int,
-    model: str = "Qwen3-VL",
-) -> tuple[int, int]:
-    """Qwen3-VL's video ``smart_resize`` (GLM-4.1V's is the same): (height, width), the
-    budget over the whole video; ``model`` names it in a refusal."""
-    if frames < temporal:
-        raise SampleRejected(
-            "video_too_short",
-            f"{frames} frame(s) sampled: the {model} video processor needs at least {temporal}",
-        )
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > 200:
-        raise SampleRejected(
-            "aspect_ratio_out_of_range",
-            f"{width}x{height}: Qwen3-VL accepts aspect ratios up to 200",
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    t_bar = round(frames / temporal) * temporal
-    if t_bar * h_bar * w_bar > max_px:
-        beta = math.sqrt((frames * height * width) / max_px)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif t_bar * h_bar * w_bar < min_px:
-        beta = math.sqrt(min_px / (frames * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -187,8 +147,8 @@ class Qwen3VideoRule(MediaRule):
         if self.cap_pixels_per_frame:
             share = min(self.max_video_tokens * factor * factor, self.max_pixels // n)
             budget = max(share, int(self.min_pixels * 1.05)) * n
-        return qwen3vl_video_resize(
-            n, height, width, factor, self.temporal_patch_size, self.min_pixels, budget
+        return glm4v_video_resize(
+            n, height, width, factor, self.temporal_patch_size, self.min_pixels, budget, "Qwen3-VL"
         )
 
     def cost(self, header: VideoHeader) -> MediaCost:

@@ -33,6 +33,48 @@ __all__ = ["Glm4vPolicy", "glm4v_smart_resize"]
 MAX_ASPECT = 200
 
 
+def glm4v_video_resize(
+    frames: int,
+    height: int,
+    width: int,
+    factor: int,
+    temporal: int,
+    min_px: int,
+    max_px: int,
+    model: str = "glm4v",
+) -> tuple[int, int]:
+    """GLM-4V's ``smart_resize`` over ``frames`` frames of ``height`` x ``width`` (Qwen3-VL's video
+    processor uses the same): (height, width) after resizing, multiples of ``factor``, the
+    pixel bounds over all the frames (rounded to ``temporal``); ``model`` names it in a
+    refusal. One image is ``temporal`` frames (:func:`glm4v_smart_resize`)."""
+    if frames < temporal:
+        raise SampleRejected(
+            "video_too_short",
+            f"{frames} frame(s) sampled: the {model} video processor needs at least {temporal}",
+        )
+    if height < factor or width < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > MAX_ASPECT:
+        raise SampleRejected(
+            "aspect_ratio_out_of_range",
+            f"{width}x{height}: {model} accepts aspect ratios up to {MAX_ASPECT} (after scaling "
+            f"the short side up to {factor} px)",
+        )
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    t_bar = round(frames / temporal) * temporal
+    if t_bar * h_bar * w_bar > max_px:
+        beta = math.sqrt(frames * height * width / max_px)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif t_bar * h_bar * w_bar < min_px:
+        beta = math.sqrt(min_px / (frames * height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
 def glm4v_smart_resize(
     height: int,
     width: int,
@@ -42,27 +84,9 @@ def glm4v_smart_resize(
     temporal: int = 2,
 ) -> tuple[int, int]:
     """GLM-4V's ``smart_resize`` for one image: (height, width) after resizing, multiples of
-    ``factor``; ``temporal`` frames count against the pixel bounds."""
-    if height < factor or width < factor:
-        scale = max(factor / height, factor / width)
-        height, width = int(height * scale), int(width * scale)
-    if max(height, width) / min(height, width) > MAX_ASPECT:
-        raise SampleRejected(
-            "aspect_ratio_out_of_range",
-            f"{width}x{height}: glm4v accepts aspect ratios up to {MAX_ASPECT} (after scaling "
-            f"the short side up to {factor} px)",
-        )
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if temporal * h_bar * w_bar > max_pixels:
-        beta = math.sqrt(temporal * height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif temporal * h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (temporal * height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+    ``factor``; ``temporal`` frames count against the pixel bounds (the image is repeated to
+    fill them)."""
+    return glm4v_video_resize(temporal, height, width, factor, temporal, min_pixels, max_pixels)
 
 
 @lru_cache(maxsize=65536)

@@ -95,17 +95,27 @@ def decoded(path: str) -> dict:
     }
 
 
-def qwen_vl_utils_grid(truth: dict, ele: dict) -> list[int] | str:
+def _qwen_vl_utils_reader(truth: dict):
+    """qwen-vl-utils' ``vision_process`` reading every video as ``truth`` says it is: a reader
+    backend that takes ``smart_nframes`` frames at the indices its decord and torchvision
+    readers take (``torch.linspace(0, total - 1, n).round()``), no pixels decoded."""
     import qwen_vl_utils.vision_process as v
 
     def reader(ele):
         n = v.smart_nframes(ele, total_frames=truth["frames"], video_fps=truth["fps"])
+        idx = torch.linspace(0, truth["frames"] - 1, n).round().long()
         video = torch.zeros(1).expand(n, 3, truth["height"], truth["width"])
-        return video, {"fps": truth["fps"]}, n / truth["frames"] * truth["fps"]
+        meta = {"fps": truth["fps"], "frames_indices": idx}
+        return video, meta, n / truth["frames"] * truth["fps"]
 
     v.VIDEO_READER_BACKENDS["reference"] = reader
     v.VIDEO_READER_BACKENDS["torchvision"] = reader  # where it falls back to after an error
     v.get_video_reader_backend = lambda: "reference"
+    return v
+
+
+def qwen_vl_utils_grid(truth: dict, ele: dict) -> list[int] | str:
+    v = _qwen_vl_utils_reader(truth)
     try:
         video = v.fetch_video({"video": "file.mp4", **ele})
     except (ValueError, AssertionError) as exc:
@@ -208,21 +218,7 @@ def qwen3_video(truth: dict, opts: dict) -> list | str:
     patchifies; ``source=qwen-vl-utils`` as ``fetch_video(..., image_patch_size=16)`` through a
     reader that indexes frames as its decord and torchvision readers do."""
     if opts.get("source") == "qwen-vl-utils":
-        import qwen_vl_utils.vision_process as v
-
-        def reader(ele):
-            n = v.smart_nframes(ele, total_frames=truth["frames"], video_fps=truth["fps"])
-            idx = torch.linspace(0, truth["frames"] - 1, n).round().long()
-            video = torch.zeros(1).expand(n, 3, truth["height"], truth["width"])
-            return (
-                video,
-                {"fps": truth["fps"], "frames_indices": idx},
-                n / truth["frames"] * truth["fps"],
-            )
-
-        v.VIDEO_READER_BACKENDS["reference"] = reader
-        v.VIDEO_READER_BACKENDS["torchvision"] = reader
-        v.get_video_reader_backend = lambda: "reference"
+        v = _qwen_vl_utils_reader(truth)
         ele = {k: a for k, a in opts.items() if k != "source"}
         try:
             video, meta = v.fetch_video(

@@ -373,7 +373,7 @@ def test_qwen3vl_video_resize_equals_the_processors():
     """Qwen3-VL's own ``smart_resize`` (the budget over the whole video) at its limits: one,
     two and three frames (fewer than two: refused), sides below the 32-px factor (scaled up
     first), aspect ratios at, below and above 200, budgets just met and just passed."""
-    from dataprep.media_rules.qwen3_video import qwen3vl_video_resize
+    from dataprep.policies.glm4v import glm4v_video_resize
 
     sizes = [(1080, 1920), (31, 500), (32, 32), (1, 1), (20, 4000), (16, 3200), (10, 2001),
              (10, 2000), (10, 1999), (33, 6601), (480, 640), (2160, 3840)]  # fmt: skip
@@ -384,7 +384,7 @@ def test_qwen3vl_video_resize_equals_the_processors():
             for lo, hi in budgets:
                 want = _qwen3_reference_resize(n, h, w, lo, hi)
                 try:
-                    got = qwen3vl_video_resize(n, h, w, 32, 2, lo, hi)
+                    got = glm4v_video_resize(n, h, w, 32, 2, lo, hi)
                 except SampleRejected:
                     got = "refused"
                 if got != want:

@@ -68,6 +68,59 @@ def _conv(question: str, answer: str = "It is a clip.") -> list[dict]:
     return [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]
 
 
+VIDEO = object()  # a video's place in a user turn (:func:`_rendered`)
+
+
+def _prep(tmp_path: Path, model: Path, records: list[dict], policy: str, spec: str) -> list[dict]:
+    """Prep of ``records`` with the model's tokenizer and template and a video rule: its rows
+    (no errors)."""
+    data = write_jsonl(tmp_path / "d.jsonl", records)
+    _res, rows, errors = run(
+        tmp_path,
+        [data],
+        str(model / "tokenizer.json"),
+        template=str(model),
+        vision_policy=policy,
+        video_rule=spec,
+    )
+    assert not errors
+    return rows
+
+
+def _rendered(model: Path, parts: list, template: str | None = None):
+    """(tokenizer, text): transformers' rendering of the model's chat template (or
+    ``template``) over a user turn of ``parts`` (:data:`VIDEO` or text) and the reply."""
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    if template is None:
+        template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+    content = [{"type": "video"} if p is VIDEO else {"type": "text", "text": p} for p in parts]
+    messages = [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
+    ]
+    return tok, tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+
+
+def _counted(tok, text: str, token: str) -> tuple[int, int]:
+    """(tokens of ``text``, how many of them are ``token``), by the tokenizer."""
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return len(ids), ids.count(tok.convert_tokens_to_ids(token))
+
+
+def _metadata(header, indices):
+    """transformers' ``VideoMetadata`` of a probed video and the frames sampled from it."""
+    from transformers.video_utils import VideoMetadata
+
+    return VideoMetadata(
+        total_num_frames=header.frames,
+        fps=header.fps,
+        duration=header.frames / header.fps,
+        frames_indices=indices,
+    )
+
+
 def test_a_video_is_measured_exactly_as_the_model_sees_it(tmp_path, qwen_model):
     from transformers import PreTrainedTokenizerFast
 
@@ -132,7 +185,7 @@ def test_an_internvl_video_counts_its_frame_labels(tmp_path, tokenizer_path, spe
     the tokenizer. The bugs named: labels left out of the count, counted as tokens of the
     video, the card's and the processor's newlines swapped, a tile count without the
     thumbnail."""
-    from transformers import InternVLProcessor, PreTrainedTokenizerFast
+    from transformers import InternVLProcessor
 
     from tests.dataprep.test_jinja_template import make_model_dir
 
@@ -142,30 +195,12 @@ def test_an_internvl_video_counts_its_frame_labels(tmp_path, tokenizer_path, spe
         {"id": "v", "video": "a.mp4", "conversations": _conv("<video>\nWhat happens?")},
         {"id": "t", "conversations": _conv("Just text.")},
     ]
-    data = write_jsonl(tmp_path / "d.jsonl", records)
-    _res, rows, errors = run(
-        tmp_path,
-        [data],
-        str(model / "tokenizer.json"),
-        template=str(model),
-        vision_policy="internvl",
-        video_rule=spec,
-    )
-    assert not errors
+    rows = _prep(tmp_path, model, records, "internvl", spec)
     rule = parse_video_rule(spec)
     header = probe_video_path(clip)
     n, tiles = rule.frames(header.frames, header.fps), rule.tiles(header.width, header.height)
     assert (n, tiles) == ((8, 1) if rule.source == "transformers" else (6, 4))  # 3x1 + thumb
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
-    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "video"}, {"type": "text", "text": "\nWhat happens?"}],
-        },
-        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
-    ]
-    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    tok, text = _rendered(model, [VIDEO, "\nWhat happens?"])
     if rule.source == "transformers":
         writer = object.__new__(InternVLProcessor)
         writer.start_image_token, writer.end_image_token = "<img>", "</img>"
@@ -174,11 +209,10 @@ def test_an_internvl_video_counts_its_frame_labels(tmp_path, tokenizer_path, spe
     else:
         image = "<img>" + "<IMG_CONTEXT>" * 256 * tiles + "</img>"
         frames = "".join(f"Frame{i + 1}: <image>\n" for i in range(n)).replace("<image>", image)
-    ids = tok(text.replace("<video>", frames), add_special_tokens=False)["input_ids"]
-    context = ids.count(tok.convert_tokens_to_ids("<IMG_CONTEXT>"))
+    total, context = _counted(tok, text.replace("<video>", frames), "<IMG_CONTEXT>")
     assert context == 256 * n * tiles
     row = {r["sample_id"]: r for r in rows}["v"]
-    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - context
+    assert row["llm_tokens"] == total and row["text_tokens"] == total - context
     assert row["video_seq_lens"] == [1024] * (n * tiles) and row["num_images"] == 0
 
 
@@ -193,7 +227,6 @@ def test_a_qwen3vl_video_counts_its_timestamps(tmp_path, tokenizer_path, spec):
     from types import SimpleNamespace
 
     import torch
-    from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
     from transformers.video_utils import VideoMetadata
 
@@ -211,16 +244,7 @@ def test_a_qwen3vl_video_counts_its_timestamps(tmp_path, tokenizer_path, spec):
             "conversations": _conv("<video> then <video>\nWhat changes?"),
         },
     ]
-    data = write_jsonl(tmp_path / "d.jsonl", records)
-    _res, rows, errors = run(
-        tmp_path,
-        [data],
-        str(model / "tokenizer.json"),
-        template=str(model),
-        vision_policy="qwen3vl",
-        video_rule=spec,
-    )
-    assert not errors
+    rows = _prep(tmp_path, model, records, "qwen3vl", spec)
     rule = parse_video_rule(spec)
     writer = object.__new__(Qwen3VLProcessor)
     writer.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
@@ -232,7 +256,7 @@ def test_a_qwen3vl_video_counts_its_timestamps(tmp_path, tokenizer_path, spec):
         n = rule.frames(header.frames, header.fps)
         h, w = rule.frame_size(header.width, header.height, n)
         grid = torch.tensor([[-(-n // 2), h // 16, w // 16]])
-        meta = VideoMetadata(
+        meta = VideoMetadata(  # as the processor is given it: no duration
             total_num_frames=header.frames,
             fps=header.fps,
             frames_indices=rule.indices(header.frames, n),
@@ -241,28 +265,14 @@ def test_a_qwen3vl_video_counts_its_timestamps(tmp_path, tokenizer_path, spec):
             writer.replace_video_token({"video_grid_thw": grid, "video_metadata": [meta]}, 0)
         )
         pads += int(grid.prod()) // 4
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
-    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
-    messages = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "video"},
-                {"type": "text", "text": " then "},
-                {"type": "video"},
-                {"type": "text", "text": "\nWhat changes?"},
-            ],
-        },
-        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
-    ]
-    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    tok, text = _rendered(model, [VIDEO, " then ", VIDEO, "\nWhat changes?"])
     assert text.count("<|vision_start|><|video_pad|><|vision_end|>") == 2
     (full,), _ = writer.get_text_with_replacements([text], videos_replacements=replacements)
     assert "seconds>" in full
-    ids = tok(full, add_special_tokens=False)["input_ids"]
-    assert ids.count(tok.convert_tokens_to_ids("<|video_pad|>")) == pads
+    total, counted = _counted(tok, full, "<|video_pad|>")
+    assert counted == pads
     row = rows[0]
-    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - pads
+    assert row["llm_tokens"] == total and row["text_tokens"] == total - pads
     assert row["num_videos"] == 2 and row["video_tokens"] == 4 * pads
 
 
@@ -272,12 +282,10 @@ def test_a_smolvlm_video_counts_its_sentence_and_timestamps(tmp_path, tokenizer_
     ``DEFAULT_CHAT_TEMPLATE``, which writes ``<video>``), then ``SmolVLMProcessor``'s own
     ``replace_video_token``, counted by the tokenizer. The bugs named: the sentence or the
     timestamps left out of the count, the frames' markers counted as image tokens."""
-    from transformers import PreTrainedTokenizerFast
     from transformers.models.smolvlm.processing_smolvlm import (
         DEFAULT_CHAT_TEMPLATE,
         SmolVLMProcessor,
     )
-    from transformers.video_utils import VideoMetadata
 
     from tests.dataprep.test_jinja_template import make_model_dir
 
@@ -287,43 +295,22 @@ def test_a_smolvlm_video_counts_its_sentence_and_timestamps(tmp_path, tokenizer_
     (model / "tokenizer_config.json").write_text(json.dumps(config))
     clip = _video(tmp_path / "a.mp4", 95, 320, 240, 10)
     records = [{"id": "v", "video": "a.mp4", "conversations": _conv("<video>What happens?")}]
-    data = write_jsonl(tmp_path / "d.jsonl", records)
     spec = "smolvlm:num_frames=8"
-    _res, rows, errors = run(
-        tmp_path,
-        [data],
-        str(model / "tokenizer.json"),
-        template=str(model),
-        vision_policy="smolvlm",
-        video_rule=spec,
-    )
-    assert not errors
+    rows = _prep(tmp_path, model, records, "smolvlm", spec)
     rule = parse_video_rule(spec)
     header = probe_video_path(clip)
     idx = rule.indices(header.frames, header.fps)
     assert len(idx) == 8
-    meta = VideoMetadata(
-        total_num_frames=header.frames,
-        fps=header.fps,
-        duration=header.frames / header.fps,
-        frames_indices=idx,
-    )
     writer = object.__new__(SmolVLMProcessor)
     writer.image_seq_len, writer.image_token = 81, "<image>"
     writer.fake_image_token, writer.global_image_token = "<fake_token_around_image>", "<global-img>"
-    frames = writer.replace_video_token({"video_metadata": [meta]}, 0)
+    frames = writer.replace_video_token({"video_metadata": [_metadata(header, idx)]}, 0)
     assert "eight frames" in frames
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
-    messages = [
-        {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "What happens?"}]},
-        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
-    ]
-    text = tok.apply_chat_template(messages, chat_template=DEFAULT_CHAT_TEMPLATE, tokenize=False)
-    ids = tok(text.replace("<video>", frames), add_special_tokens=False)["input_ids"]
-    images = ids.count(tok.convert_tokens_to_ids("<image>"))
+    tok, text = _rendered(model, [VIDEO, "What happens?"], DEFAULT_CHAT_TEMPLATE)
+    total, images = _counted(tok, text.replace("<video>", frames), "<image>")
     assert images == 8 * 81
     row = rows[0]
-    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - images
+    assert row["llm_tokens"] == total and row["text_tokens"] == total - images
     assert row["video_seq_lens"] == [729] * 8
 
 
@@ -335,56 +322,30 @@ def test_a_glm4v_video_counts_its_seconds(tmp_path, tokenizer_path):
     from types import SimpleNamespace
 
     import torch
-    from transformers import PreTrainedTokenizerFast
     from transformers.models.glm4v.processing_glm4v import Glm4vProcessor
-    from transformers.video_utils import VideoMetadata
 
     from tests.dataprep.test_jinja_template import make_model_dir
 
     model = make_model_dir(tmp_path, "glm4v", tokenizer_path)
     clip = _video(tmp_path / "a.mp4", 75, 320, 240, 5)  # 15 s: 30 frames at 2 fps
     records = [{"id": "v", "video": "a.mp4", "conversations": _conv("<video>\nWhat happens?")}]
-    data = write_jsonl(tmp_path / "d.jsonl", records)
-    _res, rows, errors = run(
-        tmp_path,
-        [data],
-        str(model / "tokenizer.json"),
-        template=str(model),
-        vision_policy="glm4v",
-        video_rule="glm4v",
-    )
-    assert not errors
+    rows = _prep(tmp_path, model, records, "glm4v", "glm4v")
     rule = parse_video_rule("glm4v")
     header = probe_video_path(clip)
     cost = rule.cost(header)
     idx = rule.indices(header.frames, header.fps)
     grid_t, per_t = len(cost.seq_lens), cost.seq_lens[0]
-    meta = VideoMetadata(
-        total_num_frames=header.frames,
-        fps=header.fps,
-        duration=header.frames / header.fps,
-        frames_indices=idx,
-    )
     writer = object.__new__(Glm4vProcessor)
     writer.video_processor, writer.image_token = SimpleNamespace(merge_size=2), "<|image|>"
     thw = torch.tensor([[grid_t, 1, per_t]])
+    meta = _metadata(header, idx)
     frames = writer.replace_video_token({"video_grid_thw": thw, "video_metadata": [meta]}, 0)
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
-    template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
-    messages = [
-        {
-            "role": "user",
-            "content": [{"type": "video"}, {"type": "text", "text": "\nWhat happens?"}],
-        },
-        {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
-    ]
-    text = tok.apply_chat_template(messages, chat_template=template, tokenize=False)
+    tok, text = _rendered(model, [VIDEO, "\nWhat happens?"])
     assert "<|begin_of_video|><|video|><|end_of_video|>" in text
-    ids = tok(text.replace("<|video|>", frames), add_special_tokens=False)["input_ids"]
-    images = ids.count(tok.convert_tokens_to_ids("<|image|>"))
+    total, images = _counted(tok, text.replace("<|video|>", frames), "<|image|>")
     assert images == cost.llm_tokens and grid_t == 15
     row = rows[0]
-    assert row["llm_tokens"] == len(ids) and row["text_tokens"] == len(ids) - images
+    assert row["llm_tokens"] == total and row["text_tokens"] == total - images
 
 
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):

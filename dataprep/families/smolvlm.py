@@ -38,4 +38,5 @@ SPEC = FamilySpec(
     packer=PackerRules(nested=True, tiles=True, spelled=True),
     media_tokens={"video": ImageTokens("<video>")},  # SmolVLM2's template writes <video>
     video_rules=("smolvlm",),
+    video_policies=("smolvlm",),  # SmolVLM2 takes videos; Idefics3 has no video processor
 )

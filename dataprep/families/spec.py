@@ -125,6 +125,9 @@ class FamilySpec:
     # the video rules (:data:`dataprep.media_rules.VIDEO_RULES`) that are its processor's: a
     # prep with its vision policy may measure videos with them, and only with them
     video_rules: tuple[str, ...] = ()
+    # the vision policies of its models that take videos, where not all do (Idefics3 beside
+    # SmolVLM2): a prep with another of its policies refuses a video rule
+    video_policies: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -134,6 +137,12 @@ class FamilySpec:
             raise ValueError(f"family {self.name}: policy_specs {unknown} not in its policies")
         if not self.policies:
             raise ValueError(f"family {self.name}: no vision policy counts its images")
+        stray = sorted(set(self.video_policies) - set(self.policies))
+        if stray or (self.video_policies and not self.video_rules):
+            raise ValueError(
+                f"family {self.name}: video_policies {list(self.video_policies)} must be among "
+                f"its policies {list(self.policies)}, beside video rules"
+            )
         if self.video_rules and "video" not in self.media_tokens:
             raise ValueError(
                 f"family {self.name}: video rules {list(self.video_rules)} but no video marker "

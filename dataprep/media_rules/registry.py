@@ -154,7 +154,12 @@ def check_media_rules(video: str | None, audio: str | None, vision_policy: str) 
 
     name = video.partition(":")[0]
     policies = tuple(
-        dict.fromkeys(p for f in FAMILIES.values() if name in f.video_rules for p in f.policies)
+        dict.fromkeys(
+            p
+            for f in FAMILIES.values()
+            if name in f.video_rules
+            for p in (f.video_policies or f.policies)
+        )
     )
     policy = vision_policy.partition(":")[0]
     if policy not in policies:

@@ -186,3 +186,27 @@ def test_two_families_that_disagree_are_refused_at_load(tmp_path, monkeypatch):
     finally:
         registry.load()
     assert "toyvlm2" not in registry.FAMILIES
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"video_policies": ("other",)}, "video_policies \\['other'\\] must be among"),
+        ({"video_policies": ("a",)}, "beside video rules"),
+        ({"video_rules": ("qwen2vl",)}, "no video marker"),
+    ],
+)
+def test_a_family_that_names_video_wrongly_is_refused(fields, match):
+    """Video policies outside the family's own, or without a video rule, and video rules
+    without the template's video marker: each refused where the family is declared."""
+    from dataprep.families.spec import FamilySpec, ImageTokens
+
+    with pytest.raises(ValueError, match=match):
+        FamilySpec(
+            name="fam",
+            models="m",
+            policies=("a", "b"),
+            template="llava",
+            image_tokens=ImageTokens("<image>"),
+            **fields,
+        )

@@ -410,9 +410,15 @@ def test_media_errors_are_rows_naming_the_file(tmp_path, tokenizer_path):
 
 
 def test_a_video_rule_of_another_family_is_refused(tmp_path, tokenizer_path):
+    """A video rule beside another family's vision policy is refused, and beside a policy of
+    its own family whose models take no videos (Idefics3 beside SmolVLM2: the bug named, its
+    videos counted by a processor it does not have)."""
     data = write_jsonl(tmp_path / "d.jsonl", [{"id": "x", "conversations": _conv("hi")}])
     with pytest.raises(ValueError, match="--vision-policy qwen2vl"):
         run(tmp_path, [data], tokenizer_path, vision_policy="qwen3vl", video_rule="qwen2vl")
+    with pytest.raises(ValueError, match="vision policy smolvlm, but --vision-policy is idefics3"):
+        run(tmp_path, [data], tokenizer_path, vision_policy="idefics3", video_rule="smolvlm")
+    run(tmp_path, [data], tokenizer_path, vision_policy="smolvlm", video_rule="smolvlm")
     with pytest.raises(ValueError, match="not one of its options"):
         run(tmp_path, [data], tokenizer_path, vision_policy="qwen2vl", video_rule="qwen2vl:fsp=1")
 

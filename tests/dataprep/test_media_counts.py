@@ -5,7 +5,9 @@ MPEG-2 in MP4, MOV, Matroska, WebM, AVI, MPEG-TS; 0.5 s to 30 min, 1 to 60 fps, 
 extreme, 4K and rotated frames, variable frame rates; WAV, FLAC, MP3, Ogg Vorbis and Opus at 8
 to 48 kHz, one to six channels, 0.1 s to 2 h). equishard reads headers only; the references
 (:mod:`tests.dataprep.media_reference`, in a process of their own) decode every frame and every
-sample and run qwen-vl-utils' and transformers' own code. The bug each catches: a frame count
+sample and run qwen-vl-utils' and transformers' own code (SmolVLM2's and GLM-4.1V's samplers
+and prompt writers run in this process on the decoded frame counts and rates). The bug each
+catches: a frame count
 taken from the wrong place (a Matroska header without one, a VFR stream's duration), a sampling
 or pixel-budget formula that drifts from the processor's (rounding to the temporal patch,
 ``torch.arange``'s length, the per-frame cap), a resampled length off by one, a window split
@@ -26,10 +28,12 @@ import pytest
 
 from dataprep.audio_header import probe_audio_path
 from dataprep.errors import SampleRejected
+from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen3_video import Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
+from dataprep.media_rules.smolvlm_video import SmolVLMVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 from dataprep.video_header import probe_video_path
 
@@ -232,6 +236,38 @@ def _qwen3_diffs(header, ref: dict, label, names=tuple(QWEN3_RULES)) -> list:
     return diffs
 
 
+def _processor_diffs(header, truth: dict, label) -> list:
+    """SmolVLM2's and GLM-4.1V's default rules against their processors' own samplers, resize
+    and prompt writers (``tests/dataprep/test_media_rules.py``'s references, in process), run
+    on the decoded truth: the frame count and rate the processors would be given."""
+    from tests.dataprep.test_media_rules import _glm4v_reference, _smolvlm_reference
+
+    if not truth["fps"]:
+        return []
+    smol, glm = SmolVLMVideoRule(), Glm4vVideoRule()
+    diffs = []
+    idx, text, images = _smolvlm_reference(truth["frames"], truth["fps"], smol.num_frames, smol.fps)
+    cost = smol.cost(header)
+    got = (smol.indices(header.frames, header.fps), cost.text, cost.llm_tokens)
+    if got != (idx, text, images):
+        diffs.append((label, "smolvlm", str(got)[:80], str((idx, text, images))[:80]))
+    want = _glm4v_reference(
+        truth["frames"], truth["fps"], glm.fps, glm.max_duration, truth["width"], truth["height"]
+    )
+    try:
+        cost = glm.cost(header)
+    except SampleRejected:
+        got = "refused"
+    else:
+        got = (len(cost.seq_lens), cost.seq_lens[0], cost.text, cost.llm_tokens)
+        if want != "refused":
+            grid, text, images = want
+            want = (grid[0], grid[1] * grid[2], text, images)
+    if got != want:
+        diffs.append((label, "glm4v", str(got)[:80], str(want)[:80]))
+    return diffs
+
+
 def _video_diffs(out, videos, result):
     diffs = []
     for spec in videos:
@@ -249,6 +285,7 @@ def _video_diffs(out, videos, result):
         diffs += _onevision_diffs(header, ref, spec.name)
         diffs += _internvl_diffs(header, ref, spec.name)
         diffs += _qwen3_diffs(header, ref, spec.name)
+        diffs += _processor_diffs(header, truth, spec.name)
         for name, (rule, _) in VIDEO_RULES.items():
             want = ref[name]
             try:

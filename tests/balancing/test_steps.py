@@ -191,6 +191,9 @@ def test_coarse_keeps_few_values_and_bins_many(levels):
     order = np.argsort(many, kind="stable")
     assert (np.diff(got[order]) >= 0).all()
     np.testing.assert_array_equal(coarse(np.zeros(50), levels), np.zeros(50))
+    one = np.array([0.0, 1500.0, 1500.0])  # one load: its log spans nothing (no 0 / 0)
+    want_one = one if levels > 1 else np.zeros(3)  # a single level holds every group
+    np.testing.assert_array_equal(coarse(one, levels), want_one)
     exactly = np.arange(levels) ** 2 * 7.0  # exactly ``levels`` values: kept, not binned
     np.testing.assert_array_equal(coarse(exactly, levels), exactly)
 

@@ -26,4 +26,7 @@ SPEC = FamilySpec(
         ("pooling_kernel_size", image_setting("pooling_kernel_size")),
     ),
     packer=PackerRules(beside=("image_position_ids",), per_token="mm_token_type_ids"),
+    # the processor expands <|video|> into each frame's time and tokens between image markers
+    media_tokens={"video": ImageTokens("<|video|>")},
+    video_rules=("gemma4",),
 )

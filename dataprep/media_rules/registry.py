@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dataprep.media_rules.base import MediaRule
+from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
@@ -71,6 +72,12 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         help="SmolVLM2: num_frames=64 at most (0: every frame), fps=1, skip_secs=1, one "
         "tile=384 square a frame of tokens_per_tile=81; the intro sentence and 'Frame from "
         "MM:SS:' a frame counted as text",
+    ),
+    "gemma4": RuleSpec(
+        Gemma4VideoRule,
+        help="Gemma 4: num_frames=32 uniform frames (or num_frames=0,fps=F), each resized as "
+        "an image within max_soft_tokens=70 pooled tokens and padded to their 630 patch rows, "
+        "'MM:SS' before each frame counted as text",
     ),
     "internvl": RuleSpec(
         InternVLVideoRule,

@@ -222,6 +222,7 @@ FAMILIES = {
             "<|audio>",
             "<audio|>",
             "<|audio|>",
+            "<|video|>",  # the processor adds it as a special token
         ],
         "config": {
             "bos_token": "<bos>",

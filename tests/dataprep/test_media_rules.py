@@ -726,3 +726,144 @@ def test_glm4v_video_settings():
         with pytest.raises(ValueError, match=match):
             Glm4vVideoRule(**bad)
     assert parse_video_rule(Glm4vVideoRule().spec()) == Glm4vVideoRule()
+
+
+def _gemma4_video_source() -> tuple:
+    """(``get_aspect_ratio_preserving_size``, the class defaults) of Gemma 4's own video
+    processor, taken from its module's source: the module needs torchvision to import (its
+    annotations name ``tvF``), and torchvision has no CPU build for this torch on the index."""
+    import ast
+    import math
+    from pathlib import Path
+
+    import transformers
+
+    path = Path(transformers.__file__).parent / "models/gemma4/video_processing_gemma4.py"
+    tree = ast.parse(path.read_text())
+    space: dict = {"math": math}
+    defaults = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "get_aspect_ratio_preserving_size":
+            exec(compile(ast.Module([node], []), str(path), "exec"), space)
+        if isinstance(node, ast.ClassDef) and node.name == "Gemma4VideoProcessor":
+            for item in node.body:
+                if isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant):
+                    defaults[item.targets[0].id] = item.value.value
+    return space["get_aspect_ratio_preserving_size"], defaults
+
+
+def _gemma4_reference(total, rate, w, h, num_frames, fps, soft=70, patch=16, k=3):
+    """(indices, prompt text without its video tokens, video tokens) as Gemma 4's video
+    processor samples (the base ``sample_frames``; every frame where it does not sample) and
+    resizes (its ``get_aspect_ratio_preserving_size``) and ``Gemma4Processor`` writes
+    (``replace_video_token``); 'refused' where the sampler raises."""
+    from types import SimpleNamespace
+
+    from transformers import Gemma4Processor
+    from transformers.video_processing_utils import BaseVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    resize, _ = _gemma4_video_source()
+    meta = VideoMetadata(total_num_frames=total, fps=rate, duration=total / rate)
+    if num_frames or fps:
+        config = SimpleNamespace(num_frames=num_frames or None, fps=fps or None)
+        try:
+            idx = BaseVideoProcessor.sample_frames(config, meta).tolist()
+        except ValueError:
+            return "refused"
+    else:
+        idx = list(range(total))
+    meta.frames_indices = idx
+    th, tw = resize(height=h, width=w, patch_size=patch, max_patches=soft * k * k,
+                    pooling_kernel_size=k)  # fmt: skip
+    per_frame = (th // patch) * (tw // patch) // (k * k)
+    writer = object.__new__(Gemma4Processor)
+    writer.boi_token, writer.eoi_token, writer.video_token = "<|image>", "<image|>", "<|video|>"
+    inputs = {"num_soft_tokens_per_video": [per_frame], "video_metadata": [meta]}
+    text = writer.replace_video_token(inputs, 0)
+    return idx, text.replace("<|video|>", ""), text.count("<|video|>")
+
+
+@pytest.mark.parametrize("num_frames, fps", [(32, 0.0), (8, 0.0), (0, 1.0), (0, 0.0)])
+def test_gemma4_video_equals_its_processors(num_frames, fps):
+    """Frames, sizes and prompts against Gemma 4's own sampler, resize and prompt writer: one
+    frame to ten hours at five rates (1 fps: sampled faster than filmed), a video of exactly
+    the frames asked for and one fewer (refused, as the sampler raises), frames wide, tall,
+    tiny and huge (a side that rounds to nothing), the minutes past 9, 59 and 99 in the
+    timestamps."""
+    from dataprep.media_rules import Gemma4VideoRule
+
+    rule = Gemma4VideoRule(num_frames=num_frames, fps=fps)
+    totals = [1, 2, 7, 8, 9, 31, 32, 33, 59, 60, 61, 1799, 1800, 18000, 1_080_000]
+    sizes = [(640, 480), (1920, 1080), (90, 1600), (1000, 4), (4, 4), (7680, 4320), (48, 48)]
+    diffs = []
+    for rate in (30.0, 24000 / 1001, 25.0, 7.5, 1.0):
+        for total in totals:
+            if total > (2000 if not num_frames else 10**7) or (fps and total > 20000):
+                continue  # every frame (or each second) of a long video: a long prompt
+            for w, h in sizes if total in (8, 1800) else sizes[:1]:
+                want = _gemma4_reference(total, rate, w, h, num_frames, fps)
+                try:
+                    cost = rule.cost(_video(total, rate, w, h))
+                except SampleRejected as e:
+                    assert e.reason == "video_too_short"
+                    got = "refused"
+                else:
+                    idx = rule.indices(total, rate)
+                    assert cost.seq_lens == (630,) * len(idx)
+                    got = (idx, cost.text, cost.llm_tokens)
+                if got != want:
+                    diffs.append((total, rate, w, h, str(got)[:60], str(want)[:60]))
+    assert not diffs, diffs[:5]
+
+
+def test_gemma4_video_defaults_are_the_processors_and_its_budget_binds():
+    """The rule's defaults are the video processor's class defaults (read from its source); a
+    frame's budget is its own (70 soft tokens, not an image's 280), at every budget the
+    processor accepts; counts are whole numbers; keyword-only."""
+    from dataprep.media_rules import Gemma4VideoRule
+
+    _, defaults = _gemma4_video_source()
+    rule = Gemma4VideoRule()
+    assert defaults["do_sample_frames"] is True
+    assert (rule.num_frames, rule.max_soft_tokens) == (defaults["num_frames"], 70)
+    assert (rule.patch_size, rule.pooling_kernel_size) == (
+        defaults["patch_size"],
+        defaults["pooling_kernel_size"],
+    )
+    assert defaults["max_soft_tokens"] == rule.max_soft_tokens
+    for soft in (70, 140, 280, 560, 1120):
+        r = Gemma4VideoRule(max_soft_tokens=soft)
+        _, text, tokens = _gemma4_reference(60, 30.0, 1920, 1080, 32, 0.0, soft=soft)
+        cost = r.cost(_video(60, 30.0, 1920, 1080))
+        assert (cost.llm_tokens, cost.text, cost.seq_lens) == (tokens, text, (soft * 9,) * 32)
+        assert tokens <= 32 * soft and all(type(x) is int for x in (*cost.seq_lens, tokens))
+    with pytest.raises(TypeError):
+        Gemma4VideoRule(32)
+
+
+def test_gemma4_video_settings():
+    from dataprep.media_rules import Gemma4VideoRule, parse_video_rule
+
+    Gemma4VideoRule(num_frames=0, fps=0.0, patch_size=1, pooling_kernel_size=1)  # the limits
+    Gemma4VideoRule(num_frames=1)
+    Gemma4VideoRule(num_frames=0, fps=0.001)
+    for bad, match in (
+        ({"num_frames": -1}, "whole number in 0"),
+        ({"num_frames": 0, "fps": -1.0}, "fps >= 0"),
+        ({"num_frames": 8, "fps": 1.0}, "not both set"),
+        ({"max_soft_tokens": 71}, "one of"),
+        ({"max_soft_tokens": 0}, "one of"),
+        ({"patch_size": 0}, "patch_size and pooling_kernel_size >= 1"),
+        ({"pooling_kernel_size": 0}, "patch_size and pooling_kernel_size >= 1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            Gemma4VideoRule(**bad)
+    for rule in (Gemma4VideoRule(), Gemma4VideoRule(num_frames=0, fps=0.5, max_soft_tokens=280)):
+        assert parse_video_rule(rule.spec()) == rule
+    # a video of one frame more, exactly, and one fewer than asked
+    rule = Gemma4VideoRule(num_frames=8)
+    assert rule.indices(9, 30.0) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert rule.indices(8, 30.0) == list(range(8))
+    with pytest.raises(SampleRejected, match="asked for 8"):
+        rule.indices(7, 30.0)

@@ -92,9 +92,11 @@ def _rendered(model: Path, parts: list, template: str | None = None):
     ``template``) over a user turn of ``parts`` (:data:`VIDEO` or text) and the reply."""
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"))
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    named = {k: config[k] for k in ("bos_token", "eos_token", "pad_token") if k in config}
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"), **named)
     if template is None:
-        template = json.loads((model / "tokenizer_config.json").read_text())["chat_template"]
+        template = config["chat_template"]
     content = [{"type": "video"} if p is VIDEO else {"type": "text", "text": p} for p in parts]
     messages = [
         {"role": "user", "content": content},
@@ -346,6 +348,39 @@ def test_a_glm4v_video_counts_its_seconds(tmp_path, tokenizer_path):
     assert images == cost.llm_tokens and grid_t == 15
     row = rows[0]
     assert row["llm_tokens"] == total and row["text_tokens"] == total - images
+
+
+def test_a_gemma4_video_counts_its_timestamps(tmp_path, tokenizer_path):
+    """Gemma 4 writes each frame's ``MM:SS`` and its tokens between image markers, the frames
+    joined by spaces, in place of the template's ``<|video|>``. Reference: its chat template,
+    then ``Gemma4Processor``'s own ``replace_video_token``, counted by the tokenizer. The bugs
+    named: the timestamps or markers left out of the count, the frame markers counted as video
+    tokens, a frame costing the encoder its own patches instead of the padded budget."""
+    from transformers import Gemma4Processor
+
+    from tests.dataprep.test_jinja_template import make_model_dir
+
+    model = make_model_dir(tmp_path, "gemma4", tokenizer_path)
+    clip = _video(tmp_path / "a.mp4", 95, 320, 240, 10)
+    records = [{"id": "v", "video": "a.mp4", "conversations": _conv("<video>What happens?")}]
+    spec = "gemma4:num_frames=8"
+    rows = _prep(tmp_path, model, records, "gemma4", spec)
+    rule = parse_video_rule(spec)
+    header = probe_video_path(clip)
+    idx = rule.indices(header.frames, header.fps)
+    per_frame = rule.tokens_per_frame(header.width, header.height)
+    writer = object.__new__(Gemma4Processor)
+    writer.boi_token, writer.eoi_token, writer.video_token = "<|image>", "<image|>", "<|video|>"
+    inputs = {"num_soft_tokens_per_video": [per_frame], "video_metadata": [_metadata(header, idx)]}
+    frames = writer.replace_video_token(inputs, 0)
+    assert frames.startswith("00:00 <|image><|video|>") and "00:08 <|image>" in frames
+    tok, text = _rendered(model, [VIDEO, "What happens?"])
+    assert "<|turn>user\n<|video|>What happens?<turn|>" in text
+    total, tokens = _counted(tok, text.replace("<|video|>", frames), "<|video|>")
+    assert tokens == 8 * per_frame and per_frame == 63  # 320 x 240: 336 x 240 px, 7 x 5 x 9
+    row = rows[0]
+    assert row["llm_tokens"] == total and row["text_tokens"] == total - tokens
+    assert row["video_seq_lens"] == [630] * 8 and row["video_tokens"] == 8 * 630
 
 
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):

@@ -24,4 +24,8 @@ SPEC = FamilySpec(
     processor_checks=QWEN_CHECKS,
     # image tokens and their start / end go to the vision experts
     packer=replace(QWEN_PACKER, per_token="moe_mm_token_type_ids"),
+    # Video k:<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>: the processor expands the
+    # placeholder only
+    media_tokens={"video": ImageTokens("<|VIDEO_PLACEHOLDER|>")},
+    video_rules=("ernie45vl",),
 )

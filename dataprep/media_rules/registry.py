@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from dataprep.media_rules.base import MediaRule
+from dataprep.media_rules.ernie_video import ErnieVideoRule
 from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
@@ -72,6 +73,12 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         help="SmolVLM2: num_frames=64 at most (0: every frame), fps=1, skip_secs=1, one "
         "tile=384 square a frame of tokens_per_tile=81; the intro sentence and 'Frame from "
         "MM:SS:' a frame counted as text",
+    ),
+    "ernie45vl": RuleSpec(
+        ErnieVideoRule,
+        help="ERNIE 4.5-VL: every frame (or num_frames=N, or fps=F) within min_frames=16 and "
+        "max_frames=180, padded to an even count; each frame resized alone within 299..1196 "
+        "28-px blocks and run as its own sequence, pairs of frames merged for the LLM",
     ),
     "gemma4": RuleSpec(
         Gemma4VideoRule,

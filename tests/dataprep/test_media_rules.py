@@ -728,28 +728,55 @@ def test_glm4v_video_settings():
     assert parse_video_rule(Glm4vVideoRule().spec()) == Glm4vVideoRule()
 
 
-def _gemma4_video_source() -> tuple:
-    """(``get_aspect_ratio_preserving_size``, the class defaults) of Gemma 4's own video
-    processor, taken from its module's source: the module needs torchvision to import (its
-    annotations name ``tvF``), and torchvision has no CPU build for this torch on the index."""
+def _from_source(
+    module: str, names: tuple[str, ...], cls: str = "", extra: dict | None = None
+) -> tuple[dict, dict]:
+    """(functions, class constants) of a transformers module, taken from its source: the
+    video processors of Gemma 4 and ERNIE 4.5-VL need torchvision to import (their annotations
+    or imports name it), and torchvision has no CPU build for this torch on the index. The
+    functions named (top-level, or methods of ``cls``, which then take any ``self``) are
+    compiled from their own code, annotations dropped, beside the names in ``extra``; the
+    constants are ``cls``'s."""
     import ast
+    import contextlib
     import math
     from pathlib import Path
 
+    import numpy as np
+    import torch
     import transformers
 
-    path = Path(transformers.__file__).parent / "models/gemma4/video_processing_gemma4.py"
+    path = Path(transformers.__file__).parent / "models" / f"{module}.py"
     tree = ast.parse(path.read_text())
-    space: dict = {"math": math}
-    defaults = {}
+    space: dict = {"math": math, "np": np, "torch": torch, **(extra or {})}
+    found, constants = [], {}
     for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and node.name == "get_aspect_ratio_preserving_size":
-            exec(compile(ast.Module([node], []), str(path), "exec"), space)
-        if isinstance(node, ast.ClassDef) and node.name == "Gemma4VideoProcessor":
-            for item in node.body:
-                if isinstance(item, ast.Assign) and isinstance(item.value, ast.Constant):
-                    defaults[item.targets[0].id] = item.value.value
-    return space["get_aspect_ratio_preserving_size"], defaults
+        in_class = isinstance(node, ast.ClassDef) and node.name == cls
+        for item in node.body if in_class else [node]:
+            if isinstance(item, ast.FunctionDef) and item.name in names:
+                item.returns = None
+                for arg in (*item.args.args, *item.args.kwonlyargs):
+                    arg.annotation = None
+                found.append(item)
+            if in_class and isinstance(item, ast.Assign):
+                value = compile(ast.Expression(item.value), str(path), "eval")
+                # a literal or arithmetic on literals, evaluated with no names at all; another
+                # module's value (OPENAI_CLIP_MEAN, a resampling mode) is left out
+                with contextlib.suppress(NameError):
+                    constants[item.targets[0].id] = eval(value, {"__builtins__": {}})
+    exec(compile(ast.Module(found, []), str(path), "exec"), space)
+    assert sorted(n.name for n in found) == sorted(names), (module, names)
+    return {n: space[n] for n in names}, constants
+
+
+def _gemma4_video_source() -> tuple:
+    """(``get_aspect_ratio_preserving_size``, the class defaults) of Gemma 4's own video
+    processor (:func:`_from_source`)."""
+    fns, defaults = _from_source(
+        "gemma4/video_processing_gemma4", ("get_aspect_ratio_preserving_size",),
+        "Gemma4VideoProcessor",
+    )  # fmt: skip
+    return fns["get_aspect_ratio_preserving_size"], defaults
 
 
 def _gemma4_reference(total, rate, w, h, num_frames, fps, soft=70, patch=16, k=3):
@@ -867,3 +894,140 @@ def test_gemma4_video_settings():
     assert rule.indices(8, 30.0) == list(range(8))
     with pytest.raises(SampleRejected, match="asked for 8"):
         rule.indices(7, 30.0)
+
+
+def _ernie_reference(total, rate, w, h, num_frames, fps):
+    """(grid, video tokens) as ERNIE 4.5-VL's video processor samples (its ``sample_frames``),
+    pads to an even count (its ``_prepare_input_videos``) and resizes (its ``smart_resize``),
+    and ``Ernie4_5_VLMoeProcessor`` writes (``replace_video_token``); 'refused' where the
+    processor raises."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers.image_utils import ChannelDimension, infer_channel_dimension_format
+    from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeProcessor,
+    )
+    from transformers.video_utils import VideoMetadata
+
+    extra = {
+        "ChannelDimension": ChannelDimension,
+        "infer_channel_dimension_format": infer_channel_dimension_format,
+    }
+    fns, c = _from_source(
+        "ernie4_5_vl_moe/video_processing_ernie4_5_vl_moe",
+        ("sample_frames", "_prepare_input_videos"),
+        "Ernie4_5_VLMoeVideoProcessor",
+        extra,
+    )
+    resize = _from_source("ernie4_5_vl_moe/image_processing_ernie4_5_vl_moe", ("smart_resize",))
+    meta = VideoMetadata(total_num_frames=total, fps=rate, duration=total / rate)
+    config = SimpleNamespace(
+        num_frames=None, min_frames=c["min_frames"], max_frames=c["max_frames"]
+    )
+    try:
+        idx = fns["sample_frames"](config, meta, num_frames=num_frames or None, fps=fps or None)
+        rh, rw = resize[0]["smart_resize"](
+            h, w, 28, c["size"]["shortest_edge"], c["size"]["longest_edge"]
+        )
+    except ValueError:
+        return "refused"
+    frames = torch.zeros(len(idx), 3, 2, 2)
+    (video,) = fns["_prepare_input_videos"](config, [frames], None, None, [meta], False)
+    grid = [len(video), rh // 14, rw // 14]
+    writer = object.__new__(Ernie4_5_VLMoeProcessor)
+    writer.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    writer.video_token = "<|VIDEO_PLACEHOLDER|>"
+    text = writer.replace_video_token({"video_grid_thw": torch.tensor([grid])}, 0)
+    return grid, text.count(writer.video_token)
+
+
+@pytest.mark.parametrize("num_frames, fps", [(0, 0.0), (16, 0.0), (180, 0.0), (0, 2.0), (0, 0.7)])
+def test_ernie_video_equals_its_processors(num_frames, fps):
+    """Frame counts, sizes and tokens against ERNIE 4.5-VL's own sampler, pad, resize and
+    prompt writer: one frame to ten hours at five rates, on either side of 16 and 180 frames
+    (clamped, or refused where ``num_frames`` is more than the video has), an odd count
+    (the last frame repeated), a fractional count from ``fps`` (``torch.arange``'s length),
+    frames wide, tall, tiny and huge, a 1:250 frame refused."""
+    from dataprep.media_rules import ErnieVideoRule
+
+    rule = ErnieVideoRule(num_frames=num_frames, fps=fps)
+    totals = [1, 2, 15, 16, 17, 31, 179, 180, 181, 359, 361, 1801, 18000, 1_080_000]
+    sizes = [(640, 480), (1920, 1080), (90, 1600), (1000, 4), (4, 4), (7680, 4320), (28, 28)]
+    diffs = []
+    for rate in (30.0, 24000 / 1001, 25.0, 7.5, 1.0):
+        for total in totals:
+            for w, h in sizes if total in (17, 181) else sizes[:1]:
+                want = _ernie_reference(total, rate, w, h, num_frames, fps)
+                try:
+                    cost = rule.cost(_video(total, rate, w, h))
+                except SampleRejected:
+                    got = "refused"
+                else:
+                    t = len(cost.seq_lens)
+                    assert t == rule.frames(total, rate) + rule.frames(total, rate) % 2
+                    got = ([t, *cost.seq_lens[:1]], cost.llm_tokens)
+                    if want != "refused":
+                        grid, tokens = want
+                        want = ([grid[0], grid[1] * grid[2]], tokens)
+                if got != want:
+                    diffs.append((total, rate, w, h, str(got)[:60], str(want)[:60]))
+    assert not diffs, diffs[:5]
+
+
+def test_ernie_video_defaults_are_the_processors():
+    """The rule's defaults are the video processor's class defaults (read from its source):
+    16..180 frames, a frame's pixel bounds, 14-px patches merged 2 x 2; counts are whole
+    numbers; keyword-only."""
+    from dataprep.media_rules import ErnieVideoRule
+
+    _, c = _from_source(
+        "ernie4_5_vl_moe/video_processing_ernie4_5_vl_moe", (), "Ernie4_5_VLMoeVideoProcessor"
+    )
+    rule = ErnieVideoRule()
+    assert (rule.min_frames, rule.max_frames) == (c["min_frames"], c["max_frames"])
+    assert (rule.min_pixels, rule.max_pixels) == (
+        c["size"]["shortest_edge"],
+        c["size"]["longest_edge"],
+    )
+    assert (rule.patch_size, rule.merge_size, c["temporal_patch_size"]) == (
+        c["patch_size"],
+        c["merge_size"],
+        2,
+    )
+    cost = rule.cost(_video(9000, 30.0, 1920, 1080))  # 5 min: clamped to 180 frames
+    assert len(cost.seq_lens) == 180 and all(
+        type(x) is int for x in (*cost.seq_lens, cost.llm_tokens)
+    )
+    assert cost.text == ""
+    with pytest.raises(TypeError):
+        ErnieVideoRule(16)
+
+
+def test_ernie_video_settings():
+    from dataprep.media_rules import ErnieVideoRule, parse_video_rule
+
+    ErnieVideoRule(min_frames=1, max_frames=1, num_frames=1, min_pixels=1, max_pixels=1)
+    ErnieVideoRule(patch_size=1, merge_size=1, fps=0.001)
+    ErnieVideoRule(num_frames=16)  # at min_frames and at max_frames
+    ErnieVideoRule(num_frames=180)
+    for bad, match in (
+        ({"num_frames": 8, "fps": 1.0}, "not both set"),
+        ({"fps": -1.0}, "fps >= 0"),
+        ({"num_frames": 15}, "outside min_frames"),
+        ({"num_frames": 181}, "outside min_frames"),
+        ({"min_frames": 0}, "1 <= min_frames <= max_frames"),
+        ({"min_frames": 17, "max_frames": 16}, "1 <= min_frames <= max_frames"),
+        ({"min_pixels": 0}, "1 <= min_pixels"),
+        ({"min_pixels": 9, "max_pixels": 8}, "min_pixels <= max_pixels"),
+        ({"patch_size": 0}, "patch_size and merge_size >= 1"),
+        ({"merge_size": 0}, "patch_size and merge_size >= 1"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ErnieVideoRule(**bad)
+    for rule in (ErnieVideoRule(), ErnieVideoRule(num_frames=32, max_pixels=500_000)):
+        assert parse_video_rule(rule.spec()) == rule
+    rule = ErnieVideoRule(num_frames=16)  # a video of exactly the frames asked, one fewer
+    assert rule.frames(16, 30.0) == 16
+    with pytest.raises(SampleRejected, match="asked for 16"):
+        rule.frames(15, 30.0)

@@ -69,6 +69,7 @@ def _conv(question: str, answer: str = "It is a clip.") -> list[dict]:
 
 
 VIDEO = object()  # a video's place in a user turn (:func:`_rendered`)
+IMAGE = object()  # an image's
 
 
 def _prep(tmp_path: Path, model: Path, records: list[dict], policy: str, spec: str) -> list[dict]:
@@ -89,7 +90,8 @@ def _prep(tmp_path: Path, model: Path, records: list[dict], policy: str, spec: s
 
 def _rendered(model: Path, parts: list, template: str | None = None):
     """(tokenizer, text): transformers' rendering of the model's chat template (or
-    ``template``) over a user turn of ``parts`` (:data:`VIDEO` or text) and the reply."""
+    ``template``) over a user turn of ``parts`` (:data:`VIDEO`, :data:`IMAGE` or text) and
+    the reply."""
     from transformers import PreTrainedTokenizerFast
 
     config = json.loads((model / "tokenizer_config.json").read_text())
@@ -97,7 +99,8 @@ def _rendered(model: Path, parts: list, template: str | None = None):
     tok = PreTrainedTokenizerFast(tokenizer_file=str(model / "tokenizer.json"), **named)
     if template is None:
         template = config["chat_template"]
-    content = [{"type": "video"} if p is VIDEO else {"type": "text", "text": p} for p in parts]
+    kinds = {id(VIDEO): {"type": "video"}, id(IMAGE): {"type": "image"}}
+    content = [kinds.get(id(p)) or {"type": "text", "text": p} for p in parts]
     messages = [
         {"role": "user", "content": content},
         {"role": "assistant", "content": [{"type": "text", "text": "It is a clip."}]},
@@ -381,6 +384,53 @@ def test_a_gemma4_video_counts_its_timestamps(tmp_path, tokenizer_path):
     row = rows[0]
     assert row["llm_tokens"] == total and row["text_tokens"] == total - tokens
     assert row["video_seq_lens"] == [630] * 8 and row["video_tokens"] == 8 * 630
+
+
+def test_an_ernie_video_counts_its_numbered_markers(tmp_path, tokenizer_path):
+    """ERNIE 4.5-VL's template numbers videos apart from pictures (``Picture 1:`` then ``Video
+    1:``, each with its start and end markers); the processor expands the placeholder only.
+    Reference: its chat template, then ``Ernie4_5_VLMoeProcessor``'s own
+    ``replace_video_token``, counted by the tokenizer. The bugs named: the video numbered with
+    the pictures, its markers left out of the count, frames paired in the tower (one sequence
+    a frame)."""
+    from types import SimpleNamespace
+
+    import torch
+    from PIL import Image
+    from transformers.models.ernie4_5_vl_moe.processing_ernie4_5_vl_moe import (
+        Ernie4_5_VLMoeProcessor,
+    )
+
+    from tests.dataprep.test_jinja_template import make_model_dir
+
+    model = make_model_dir(tmp_path, "ernie45vl", tokenizer_path)
+    clip = _video(tmp_path / "a.mp4", 35, 320, 240, 10)  # 35 frames: 36 after the pad
+    Image.new("RGB", (64, 64)).save(tmp_path / "p.png")
+    question = "<image>\n<video>\nWhat happens?"
+    records = [{"id": "v", "image": "p.png", "video": "a.mp4", "conversations": _conv(question)}]
+    rows = _prep(tmp_path, model, records, "ernie45vl", "ernie45vl")
+    cost = parse_video_rule("ernie45vl").cost(probe_video_path(clip))
+    grid_t, per_frame = len(cost.seq_lens), cost.seq_lens[0]
+    assert grid_t == 36 and per_frame == 30 * 40  # 320 x 240 scaled up to 560 x 420 px
+    writer = object.__new__(Ernie4_5_VLMoeProcessor)
+    writer.video_processor = SimpleNamespace(merge_size=2, temporal_patch_size=2)
+    writer.video_token = "<|VIDEO_PLACEHOLDER|>"
+    thw = torch.tensor([[grid_t, 30, 40]])
+    frames = writer.replace_video_token({"video_grid_thw": thw}, 0)
+    tok, text = _rendered(model, [IMAGE, "\n", VIDEO, "\nWhat happens?"])
+    assert "Picture 1:<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>" in text
+    assert "Video 1:<|VIDEO_START|><|VIDEO_PLACEHOLDER|><|VIDEO_END|>" in text
+    from dataprep.policies import parse_vision_policy
+
+    image_tokens = parse_vision_policy("ernie45vl").image_cost(64, 64).llm_tokens
+    text = text.replace("<|VIDEO_PLACEHOLDER|>", frames)
+    total, tokens = _counted(tok, text, "<|VIDEO_PLACEHOLDER|>")
+    _, marker = _counted(tok, text, "<|IMAGE_PLACEHOLDER|>")
+    assert tokens == cost.llm_tokens == 36 * 1200 // 8
+    row = rows[0]
+    assert row["text_tokens"] == total - tokens - marker  # the image's marker is its tokens'
+    assert row["llm_tokens"] == row["text_tokens"] + tokens + image_tokens
+    assert row["video_seq_lens"] == [1200] * 36
 
 
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):

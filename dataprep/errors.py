@@ -48,6 +48,8 @@ REASONS: dict[str, str] = {
     "video_too_short": "a video has fewer frames than the video rule samples (one frame)",
     "unreadable_audio": "an audio file's header cannot be parsed",
     "empty_audio": "an audio file has zero bytes or no samples",
+    "audio_too_short": "a recording is too short for the audio rule to give it a token (Gemma 4: "
+    "10 ms or less)",
     "audio_out_of_range": "an audio file's sample rate, channels or length is past the limits",
     "probe_limit": "counting a header-less video's packets went past its time or packet bound",
     "unread_media_field": "the images are under a field prep does not read (image_path, img)",

@@ -26,7 +26,9 @@ SPEC = FamilySpec(
         ("pooling_kernel_size", image_setting("pooling_kernel_size")),
     ),
     packer=PackerRules(beside=("image_position_ids",), per_token="mm_token_type_ids"),
-    # the processor expands <|video|> into each frame's time and tokens between image markers
-    media_tokens={"video": ImageTokens("<|video|>")},
+    # the processor expands <|video|> into each frame's time and tokens between image markers,
+    # <|audio|> into a recording's tokens between <|audio> and <audio|>
+    media_tokens={"video": ImageTokens("<|video|>"), "audio": ImageTokens("<|audio|>")},
     video_rules=("gemma4",),
+    audio_rules=("gemma4",),
 )

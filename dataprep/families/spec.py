@@ -128,6 +128,9 @@ class FamilySpec:
     # the vision policies of its models that take videos, where not all do (Idefics3 beside
     # SmolVLM2): a prep with another of its policies refuses a video rule
     video_policies: tuple[str, ...] = ()
+    # the audio rules (:data:`dataprep.media_rules.AUDIO_RULES`) that are its processor's: a
+    # prep with one of them needs one of its vision policies
+    audio_rules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -143,8 +146,9 @@ class FamilySpec:
                 f"family {self.name}: video_policies {list(self.video_policies)} must be among "
                 f"its policies {list(self.policies)}, beside video rules"
             )
-        if self.video_rules and "video" not in self.media_tokens:
-            raise ValueError(
-                f"family {self.name}: video rules {list(self.video_rules)} but no video marker "
-                "in media_tokens (how its template writes a video)"
-            )
+        for what, rules in (("video", self.video_rules), ("audio", self.audio_rules)):
+            if rules and what not in self.media_tokens:
+                raise ValueError(
+                    f"family {self.name}: {what} rules {list(rules)} but no {what} marker in "
+                    f"media_tokens (how its template writes a {what})"
+                )

@@ -7,6 +7,7 @@ tokens the LLM sees. One module per rule; :class:`MediaRule` is their base.
 
 from dataprep.media_rules.base import MediaCost, MediaRule
 from dataprep.media_rules.ernie_video import ErnieVideoRule
+from dataprep.media_rules.gemma4_audio import Gemma4AudioRule
 from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import INTERNVL_VIDEO_SOURCES, InternVLVideoRule
@@ -29,6 +30,7 @@ __all__ = [
     "QWEN_VIDEO_SOURCES",
     "VIDEO_RULES",
     "ErnieVideoRule",
+    "Gemma4AudioRule",
     "Gemma4VideoRule",
     "Glm4vVideoRule",
     "InternVLVideoRule",

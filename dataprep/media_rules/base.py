@@ -16,7 +16,7 @@ from typing import ClassVar
 from dataprep.errors import SampleRejected
 from dataprep.policies.base import check_field_types
 
-__all__ = ["MediaCost", "MediaRule", "frames_asked"]
+__all__ = ["MediaCost", "MediaRule", "frames_asked", "samples_at"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +80,10 @@ def frames_asked(total: int, n: int) -> int:
             "it raises for a video this short",
         )
     return n
+
+
+def samples_at(header, rate: int) -> int:
+    """A recording's length in samples once loaded at ``rate``: transformers' ``load_audio``
+    resamples with soxr (librosa's length, ``ceil(frames * rate / its rate)``)."""
+    n, own = header.frames, header.sample_rate
+    return n if own == rate else -(-n * rate // own)

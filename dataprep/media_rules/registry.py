@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 
 from dataprep.media_rules.base import MediaRule
 from dataprep.media_rules.ernie_video import ErnieVideoRule
+from dataprep.media_rules.gemma4_audio import Gemma4AudioRule
 from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
@@ -109,6 +110,11 @@ AUDIO_RULES: dict[str, RuleSpec] = {
         {"chunk_length": 300, "n_window": 100},
         help="Qwen2.5-Omni: Whisper features to 300 s, the encoder in unpadded 2-s chunks",
     ),
+    "gemma4": RuleSpec(
+        Gemma4AudioRule,
+        help="Gemma 4: 20-ms mel frames every 10 ms to 30 s (max_length=480000 samples), "
+        "subsampled 4x, one token a position (40 ms); <|audio> and <audio|> counted as text",
+    ),
 }
 
 
@@ -157,31 +163,32 @@ def parse_audio_rule(spec: str) -> MediaRule:
 
 
 def check_media_rules(video: str | None, audio: str | None, vision_policy: str) -> None:
-    """Parse both specs (``ValueError`` with the fix), and refuse a video rule beside the
-    vision policy of another model family: one run measures one model's inputs."""
+    """Parse both specs (``ValueError`` with the fix), and refuse a rule beside the vision
+    policy of another model family: one run measures one model's inputs. A video rule belongs
+    to the families that name it (``FamilySpec.video_rules``, their ``video_policies`` where
+    not all their models take videos); an audio rule named by families
+    (``FamilySpec.audio_rules``) to theirs, and one no family names (the Whisper rules, whose
+    models' templates prep renders with its own) to none."""
     if audio:
         parse_audio_rule(audio)
-    if not video:
-        return
-    parse_video_rule(video)
+    if video:
+        parse_video_rule(video)
     from dataprep.families.registry import FAMILIES
 
-    name = video.partition(":")[0]
-    policies = tuple(
-        dict.fromkeys(
-            p
-            for f in FAMILIES.values()
-            if name in f.video_rules
-            for p in (f.video_policies or f.policies)
-        )
-    )
     policy = vision_policy.partition(":")[0]
-    if policy not in policies:
-        raise ValueError(
-            f"--video-rule {name} is the video processor of the models of vision policy "
-            f"{' or '.join(policies)}, but --vision-policy is {policy}: one prep measures one "
-            f"model's inputs. Pass --vision-policy {policies[0]}, or leave videos out"
-        )
+    for spec, what in ((video, "video"), (audio, "audio")):
+        if not spec:
+            continue
+        name = spec.partition(":")[0]
+        owners = [f for f in FAMILIES.values() if name in getattr(f, f"{what}_rules")]
+        own = (f.video_policies or f.policies if what == "video" else f.policies for f in owners)
+        policies = tuple(dict.fromkeys(p for ps in own for p in ps))
+        if owners and policy not in policies:
+            raise ValueError(
+                f"--{what}-rule {name} is the {what} processor of the models of vision policy "
+                f"{' or '.join(policies)}, but --vision-policy is {policy}: one prep measures one "
+                f"model's inputs. Pass --vision-policy {policies[0]}, or leave {what}s out"
+            )
 
 
 def measured_phases(video: str | None, audio: str | None) -> tuple:

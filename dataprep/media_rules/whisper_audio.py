@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dataprep.audio_header import AudioHeader
-from dataprep.media_rules.base import MediaCost, MediaRule
+from dataprep.media_rules.base import MediaCost, MediaRule, samples_at
 
 __all__ = ["WhisperAudioRule", "audio_tokens"]
 
@@ -53,9 +53,9 @@ class WhisperAudioRule(MediaRule):
             )
 
     def samples(self, header: AudioHeader) -> int:
-        """The recording's length at the model's rate (soxr's, librosa's length)."""
-        n, rate = header.frames, header.sample_rate
-        return n if rate == self.sampling_rate else -(-n * self.sampling_rate // rate)
+        """The recording's length at the model's rate (:func:`~dataprep.media_rules.base.
+        samples_at`)."""
+        return samples_at(header, self.sampling_rate)
 
     def frames(self, header: AudioHeader) -> int:
         """The feature mask's frames: the samples kept (at most ``chunk_length`` seconds), in

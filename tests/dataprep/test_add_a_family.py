@@ -194,11 +194,12 @@ def test_two_families_that_disagree_are_refused_at_load(tmp_path, monkeypatch):
         ({"video_policies": ("other",)}, "video_policies \\['other'\\] must be among"),
         ({"video_policies": ("a",)}, "beside video rules"),
         ({"video_rules": ("qwen2vl",)}, "no video marker"),
+        ({"audio_rules": ("gemma4",)}, "no audio marker"),
     ],
 )
 def test_a_family_that_names_video_wrongly_is_refused(fields, match):
-    """Video policies outside the family's own, or without a video rule, and video rules
-    without the template's video marker: each refused where the family is declared."""
+    """Video policies outside the family's own, or without a video rule, and video or audio
+    rules without the template's marker for them: each refused where the family is declared."""
     from dataprep.families.spec import FamilySpec, ImageTokens
 
     with pytest.raises(ValueError, match=match):

@@ -28,6 +28,8 @@ import pytest
 
 from dataprep.audio_header import probe_audio_path
 from dataprep.errors import SampleRejected
+from dataprep.media_rules.ernie_video import ErnieVideoRule
+from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
@@ -237,10 +239,16 @@ def _qwen3_diffs(header, ref: dict, label, names=tuple(QWEN3_RULES)) -> list:
 
 
 def _processor_diffs(header, truth: dict, label) -> list:
-    """SmolVLM2's and GLM-4.1V's default rules against their processors' own samplers, resize
-    and prompt writers (``tests/dataprep/test_media_rules.py``'s references, in process), run
-    on the decoded truth: the frame count and rate the processors would be given."""
-    from tests.dataprep.test_media_rules import _glm4v_reference, _smolvlm_reference
+    """SmolVLM2's, GLM-4.1V's, Gemma 4's and ERNIE 4.5-VL's default rules against their
+    processors' own samplers, resize and prompt writers (``tests/dataprep/test_media_rules.py``'s
+    references, in process), run on the decoded truth: the frame count, rate and size the
+    processors would be given."""
+    from tests.dataprep.test_media_rules import (
+        _ernie_reference,
+        _gemma4_reference,
+        _glm4v_reference,
+        _smolvlm_reference,
+    )
 
     if not truth["fps"]:
         return []
@@ -265,6 +273,29 @@ def _processor_diffs(header, truth: dict, label) -> list:
             want = (grid[0], grid[1] * grid[2], text, images)
     if got != want:
         diffs.append((label, "glm4v", str(got)[:80], str(want)[:80]))
+    frames, rate, w, h = truth["frames"], truth["fps"], truth["width"], truth["height"]
+    gemma, ernie = Gemma4VideoRule(), ErnieVideoRule()
+    want = _gemma4_reference(frames, rate, w, h, gemma.num_frames, gemma.fps)
+    try:
+        cost = gemma.cost(header)
+    except SampleRejected:
+        got = "refused"
+    else:
+        got = (gemma.indices(header.frames, header.fps), cost.text, cost.llm_tokens)
+    if got != want:
+        diffs.append((label, "gemma4", str(got)[:80], str(want)[:80]))
+    want = _ernie_reference(frames, rate, w, h, ernie.num_frames, ernie.fps)
+    try:
+        cost = ernie.cost(header)
+    except SampleRejected:
+        got = "refused"
+    else:
+        got = ([len(cost.seq_lens), cost.seq_lens[0]], cost.llm_tokens)
+        if want != "refused":
+            (t, gh, gw), tokens = want
+            want = ([t, gh * gw], tokens)
+    if got != want:
+        diffs.append((label, "ernie45vl", str(got)[:80], str(want)[:80]))
     return diffs
 
 

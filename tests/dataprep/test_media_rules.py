@@ -25,6 +25,7 @@ from dataprep.media_rules import (
     WhisperAudioRule,
     audio_tokens,
 )
+from dataprep.media_rules.base import samples_at
 from dataprep.video_header import VideoHeader
 
 QWEN2AUDIO = WhisperAudioRule()
@@ -99,7 +100,7 @@ def test_a_resampled_length_equals_load_audio(tmp_path, rate, n):
 
     soundfile.write(tmp_path / "a.wav", np.zeros(n, np.float32), rate)
     got = load_audio(str(tmp_path / "a.wav"), sampling_rate=16000, backend="soundfile")
-    assert QWEN2AUDIO.samples(_header(n, rate)) == len(got)
+    assert QWEN2AUDIO.samples(_header(n, rate)) == len(got) == samples_at(_header(n, rate), 16000)
 
 
 def test_channels_do_not_change_the_length():
@@ -1031,3 +1032,85 @@ def test_ernie_video_settings():
     assert rule.frames(16, 30.0) == 16
     with pytest.raises(SampleRejected, match="asked for 16"):
         rule.frames(15, 30.0)
+
+
+def _gemma4_audio_reference(n: int) -> tuple[str, int] | str:
+    """(prompt text without its audio tokens, audio tokens) for ``n`` samples at 16 kHz, as
+    ``Gemma4AudioFeatureExtractor`` masks its frames (run on silence of that length) and
+    ``Gemma4Processor.replace_audio_token`` writes them; 'refused' where the extractor
+    raises (too short for a frame)."""
+    from transformers import Gemma4Processor
+    from transformers.models.gemma4.feature_extraction_gemma4 import (
+        Gemma4AudioFeatureExtractor,
+    )
+
+    try:
+        mask = Gemma4AudioFeatureExtractor()([np.zeros(n, np.float32)])["input_features_mask"][0]
+    except ValueError:
+        return "refused"
+    writer = object.__new__(Gemma4Processor)
+    writer.boa_token, writer.eoa_token, writer.audio_token = "<|audio>", "<audio|>", "<|audio|>"
+    text = writer.replace_audio_token({"input_features_mask": [mask]}, 0)
+    return text.replace("<|audio|>", ""), text.count("<|audio|>")
+
+
+GEMMA4_16K = [1, 127, 128, 160, 161, 320, 321, 480, 481, 482, 640, 641, 801, 16_000, 31_999]
+GEMMA4_16K += [479_679, 479_680, 479_839, 479_840, 479_999, 480_000, 480_001, 960_000]
+
+
+@pytest.mark.parametrize("n", GEMMA4_16K)
+def test_gemma4_audio_equals_its_feature_extractor_and_processor(n):
+    """Tokens and text against Gemma 4's own feature extractor and prompt writer, at 16 kHz
+    around every limit: a hop (160 samples), a frame's window (321), each halving's odd and
+    even counts, the 30-s truncation (480,000); a recording with no whole frame refused (the
+    processor gives it no token, or its extractor raises)."""
+    from dataprep.media_rules import Gemma4AudioRule
+
+    want = _gemma4_audio_reference(n)
+    rule = Gemma4AudioRule()
+    try:
+        cost = rule.cost(_header(n))
+    except SampleRejected as e:
+        assert e.reason == "audio_too_short"
+        assert want == "refused" or want[1] == 0, want
+        return
+    assert (cost.text, cost.llm_tokens) == want
+    assert cost.seq_lens == (cost.llm_tokens,)
+    assert cost.llm_tokens <= 750  # 30 s at 40 ms a token
+
+
+def test_gemma4_audio_defaults_resampling_and_settings():
+    """The feature extractor's defaults (20-ms windows every 10 ms at 16 kHz, 30 s kept); a
+    recording at another rate counted at 16 kHz; each setting at its limit taken, below it
+    refused; the spec round-trips."""
+    from transformers.models.gemma4.feature_extraction_gemma4 import (
+        Gemma4AudioFeatureExtractor,
+    )
+
+    from dataprep.media_rules import Gemma4AudioRule, parse_audio_rule
+
+    ref = Gemma4AudioFeatureExtractor()
+    rule = Gemma4AudioRule()
+    assert (rule.sampling_rate, rule.frame_length, rule.hop_length) == (
+        ref.sampling_rate,
+        ref.frame_length,
+        ref.hop_length,
+    )
+    import inspect
+
+    default = inspect.signature(Gemma4AudioFeatureExtractor.__call__).parameters["max_length"]
+    assert rule.max_length == default.default
+    # 2 s at 44.1 kHz: 32,000 samples at 16 kHz, 199 frames, 50 tokens
+    assert rule.cost(_header(88_200, 44_100)) == rule.cost(_header(32_000))
+    assert rule.cost(_header(32_000)).llm_tokens == _gemma4_audio_reference(32_000)[1] == 50
+    Gemma4AudioRule(sampling_rate=1, frame_length=1, hop_length=1, max_length=1)
+    for bad in ("sampling_rate", "frame_length", "hop_length", "max_length"):
+        with pytest.raises(ValueError, match=">= 1"):
+            Gemma4AudioRule(**{bad: 0})
+    short = Gemma4AudioRule(max_length=161)  # at the first whole frame: one token
+    assert short.cost(_header(10**6)).llm_tokens == 1
+    with pytest.raises(SampleRejected, match="no whole 20-ms frame"):
+        Gemma4AudioRule(max_length=160).cost(_header(10**6))
+    assert parse_audio_rule(Gemma4AudioRule(max_length=960_000).spec()) == Gemma4AudioRule(
+        max_length=960_000
+    )

@@ -70,6 +70,7 @@ def _conv(question: str, answer: str = "It is a clip.") -> list[dict]:
 
 VIDEO = object()  # a video's place in a user turn (:func:`_rendered`)
 IMAGE = object()  # an image's
+AUDIO = object()  # a recording's
 
 
 def _prep(tmp_path: Path, model: Path, records: list[dict], policy: str, spec: str) -> list[dict]:
@@ -90,7 +91,7 @@ def _prep(tmp_path: Path, model: Path, records: list[dict], policy: str, spec: s
 
 def _rendered(model: Path, parts: list, template: str | None = None):
     """(tokenizer, text): transformers' rendering of the model's chat template (or
-    ``template``) over a user turn of ``parts`` (:data:`VIDEO`, :data:`IMAGE` or text) and
+    ``template``) over a user turn of ``parts`` (:data:`VIDEO`, :data:`IMAGE`, :data:`AUDIO` or text) and
     the reply."""
     from transformers import PreTrainedTokenizerFast
 
@@ -100,6 +101,7 @@ def _rendered(model: Path, parts: list, template: str | None = None):
     if template is None:
         template = config["chat_template"]
     kinds = {id(VIDEO): {"type": "video"}, id(IMAGE): {"type": "image"}}
+    kinds[id(AUDIO)] = {"type": "audio"}
     content = [kinds.get(id(p)) or {"type": "text", "text": p} for p in parts]
     messages = [
         {"role": "user", "content": content},
@@ -431,6 +433,75 @@ def test_an_ernie_video_counts_its_numbered_markers(tmp_path, tokenizer_path):
     assert row["text_tokens"] == total - tokens - marker  # the image's marker is its tokens'
     assert row["llm_tokens"] == row["text_tokens"] + tokens + image_tokens
     assert row["video_seq_lens"] == [1200] * 36
+
+
+def test_gemma4_measures_an_image_a_video_and_a_recording_in_one_sample(tmp_path, tokenizer_path):
+    """A Gemma 4 sample with a picture, a clip and a recording, through its chat template: each
+    marker expanded as ``Gemma4Processor`` expands it (the image between its markers, each
+    frame's time and tokens, the recording's tokens between ``<|audio>`` and ``<audio|>``,
+    its mask from ``Gemma4AudioFeatureExtractor``), the whole counted by the tokenizer; each
+    phase in its own columns. The bugs named: the recording counted as text or as nothing,
+    its markers left out, an audio rule accepted beside another family's vision policy."""
+    from PIL import Image
+    from transformers import Gemma4Processor
+    from transformers.models.gemma4.feature_extraction_gemma4 import (
+        Gemma4AudioFeatureExtractor,
+    )
+
+    from dataprep.media_rules.base import samples_at
+    from dataprep.policies import parse_vision_policy
+    from tests.dataprep.test_jinja_template import make_model_dir
+
+    model = make_model_dir(tmp_path, "gemma4", tokenizer_path)
+    clip = _video(tmp_path / "a.mp4", 40, 320, 240, 10)
+    _wav(tmp_path / "a.wav", 2.5)  # 22,050 Hz: 40,000 samples at 16 kHz
+    Image.new("RGB", (200, 100)).save(tmp_path / "p.png")
+    record = {
+        "id": "m",
+        "image": "p.png",
+        "video": "a.mp4",
+        "audio": "a.wav",
+        "conversations": _conv("<image><video><audio>What happens?"),
+    }
+    data = write_jsonl(tmp_path / "d.jsonl", [record])
+    kw = dict(template=str(model), video_rule="gemma4:num_frames=4", audio_rule="gemma4")
+    _res, rows, errors = run(
+        tmp_path, [data], str(model / "tokenizer.json"), vision_policy="gemma4", **kw
+    )
+    assert not errors
+    with pytest.raises(
+        ValueError,
+        match="--audio-rule gemma4 is the audio processor of the models of vision policy gemma4",
+    ):
+        kw.pop("video_rule")
+        run(tmp_path, [data], str(model / "tokenizer.json"), vision_policy="qwen2vl", **kw)
+
+    writer = object.__new__(Gemma4Processor)
+    writer.boi_token, writer.eoi_token, writer.video_token = "<|image>", "<image|>", "<|video|>"
+    writer.boa_token, writer.eoa_token, writer.audio_token = "<|audio>", "<audio|>", "<|audio|>"
+    n = samples_at(probe_audio_path(tmp_path / "a.wav"), 16000)
+    mask = Gemma4AudioFeatureExtractor()([np.zeros(n, np.float32)])["input_features_mask"][0]
+    audio = writer.replace_audio_token({"input_features_mask": [mask]}, 0)
+    video_rule = parse_video_rule("gemma4:num_frames=4")
+    header = probe_video_path(clip)
+    per_frame = video_rule.tokens_per_frame(header.width, header.height)
+    idx = video_rule.indices(header.frames, header.fps)
+    inputs = {"num_soft_tokens_per_video": [per_frame], "video_metadata": [_metadata(header, idx)]}
+    video = writer.replace_video_token(inputs, 0)
+    image_tokens = parse_vision_policy("gemma4").image_cost(200, 100).llm_tokens
+    image = "<|image>" + "<|image|>" * image_tokens + "<image|>"
+
+    tok, text = _rendered(model, [IMAGE, VIDEO, AUDIO, "What happens?"])
+    assert "<|image|><|video|><|audio|>What happens?" in text
+    text = text.replace("<|audio|>", audio, 1).replace("<|video|>", video, 1)
+    total, _ = _counted(tok, text.replace("<|image|>", image, 1), "<|image|>")
+    audio_tokens = audio.count("<|audio|>")
+    assert audio_tokens == 63  # 2.5 s at 40 ms a token, rounded up
+    row = rows[0]
+    assert row["llm_tokens"] == total
+    assert row["num_audios"] == 1 and row["audio_seq_lens"] == [63] == [row["audio_tokens"]]
+    assert row["text_tokens"] == total - audio_tokens - 4 * per_frame - image_tokens
+    assert row["video_seq_lens"] == [630] * 4
 
 
 def test_audio_is_measured_with_its_rule(tmp_path, tokenizer_path):

@@ -28,7 +28,7 @@ from balancing._kernels.step_refine import _nb_refine_steps
 from balancing._kernels.tables import _nb_counting_argsort
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
-__all__ = ["StepAssignment", "assign_steps", "clear_sparse_steps", "refine_steps"]
+__all__ = ["StepAssignment", "assign_steps", "clear_sparse_steps", "per_sample", "refine_steps"]
 
 COARSE_LEVELS = 16  # sort levels of an encoder phase's load beside the vision tower
 MAX_MOVES = 4096  # moves per step; a step converges in far fewer (one per sample, about)
@@ -70,11 +70,19 @@ def coarse(x: np.ndarray, levels: int = COARSE_LEVELS) -> np.ndarray:
     return np.where(x > 0, bins, 0)
 
 
+def per_sample(tokens: list[np.ndarray] | np.ndarray) -> np.ndarray:
+    """Each phase's per-sample loads as one (samples, phases) int64 array (built once a plan,
+    shared by the step refinement and the clearing); an array given is taken as it is."""
+    if isinstance(tokens, np.ndarray):
+        return tokens
+    return np.stack([np.asarray(t).astype(np.int64) for t in tokens], axis=1)
+
+
 def refine_steps(
     group_of: np.ndarray,
     step_of: np.ndarray,
     by_step: np.ndarray,
-    tokens: list[np.ndarray],
+    tokens: list[np.ndarray] | np.ndarray,
     caps: np.ndarray,
     max_moves: int = MAX_MOVES,
 ) -> np.ndarray:
@@ -82,7 +90,8 @@ def refine_steps(
     moves and swaps between a step's groups that lower the sum over the phases of the groups'
     squared loads (``balancing._kernels.step_refine``), no group passing a cap of ``caps`` it
     was under.
-    ``by_step[s]``: step s's groups in slot order; ``tokens``: each phase's per-sample loads."""
+    ``by_step[s]``: step s's groups in slot order; ``tokens``: each phase's per-sample loads
+    (:func:`per_sample`)."""
     n_steps, d = by_step.shape
     step = step_of[group_of]
     members = _nb_counting_argsort(step, n_steps)
@@ -90,7 +99,7 @@ def refine_steps(
     slot_of_group = np.empty(step_of.shape[0], dtype=np.int64)
     slot_of_group[by_step.ravel()] = np.tile(np.arange(d), n_steps)
     slot = slot_of_group[group_of]
-    x = np.stack([np.asarray(t).astype(np.int64) for t in tokens], axis=1)
+    x = per_sample(tokens)
     _nb_refine_steps(x, members, starts, slot, d, caps.astype(np.int64), max_moves)
     return by_step[step, slot]
 
@@ -98,15 +107,16 @@ def refine_steps(
 def clear_sparse_steps(
     group_of: np.ndarray,
     by_step: np.ndarray,
-    tokens: list[np.ndarray],
+    tokens: list[np.ndarray] | np.ndarray,
     caps: np.ndarray,
     n_groups: int,
 ) -> np.ndarray:
     """The samples' groups after every step that holds only a little of a phase was cleared of
     it (``balancing._kernels.sparse_steps``): its items of the phase moved to the lightest
     groups of steps where every group carries the phase, under the caps and no step's largest
-    load raised. ``by_step[s]``: step s's groups; ``tokens``: each phase's per-sample loads."""
-    x = np.stack([np.asarray(t).astype(np.int64) for t in tokens], axis=1)
+    load raised. ``by_step[s]``: step s's groups; ``tokens``: each phase's per-sample loads
+    (:func:`per_sample`)."""
+    x = per_sample(tokens)
     out = np.array(group_of, dtype=np.int64)
     _nb_clear_sparse(x, out, by_step.astype(np.int64), caps.astype(np.int64), n_groups)
     return out
@@ -168,8 +178,9 @@ def assign_steps(
     by_step = placed[_nb_counting_argsort(step_of[placed], n_steps)].reshape(n_steps, d)
     keys = (VIT_TOKENS, *(tokens for tokens, _ in extra), LLM_TOKENS)
     if caps is not None:
-        group_of = refine_steps(group_of, step_of, by_step, [loads[k] for k in keys], caps)
-        group_of = clear_sparse_steps(group_of, by_step, [loads[k] for k in keys], caps, total)
+        x = per_sample([loads[k] for k in keys])
+        group_of = refine_steps(group_of, step_of, by_step, x, caps)
+        group_of = clear_sparse_steps(group_of, by_step, x, caps, total)
     placing = np.empty((n_steps, d, len(keys)))
     for j, key in enumerate(keys):
         sums = _group_sums(group_of, loads[key], total)

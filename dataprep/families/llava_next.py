@@ -1,8 +1,9 @@
-"""LLaVA-NeXT (llava-v1.6): anyres for every image over the model's own grids, never pooled."""
+"""LLaVA-NeXT (llava-v1.6) and LLaVA-NeXT-Video: anyres for every image over the model's own
+grids, never pooled; a video's frames pooled 2 x 2."""
 
 from dataprep.families.llava import LLAVA_IMAGE
 from dataprep.families.processor_settings import image_setting, llava_tokens, pinpoints
-from dataprep.families.spec import FamilySpec, PackerRules, policy
+from dataprep.families.spec import FamilySpec, ImageTokens, PackerRules, policy
 from dataprep.policies.anyres import LlavaNextPolicy
 
 
@@ -19,7 +20,7 @@ def _grids(packer):
 
 SPEC = FamilySpec(
     name="llava_next",
-    models="LLaVA-NeXT",
+    models="LLaVA-NeXT, LLaVA-NeXT-Video",
     policies=("llava-next",),
     policy_specs={
         "llava-next": policy(
@@ -45,4 +46,7 @@ SPEC = FamilySpec(
     ),
     # one image at a time: its processor pads a call's images to the most tiles
     packer=PackerRules(one_image_per_call=("pixel_values", "image_sizes"), beside=("image_sizes",)),
+    # LLaVA-NeXT-Video: the same images; its template writes a video as <video>
+    media_tokens={"video": ImageTokens("<video>")},
+    video_rules=("llava-next-video",),
 )

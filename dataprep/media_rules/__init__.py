@@ -11,6 +11,7 @@ from dataprep.media_rules.gemma4_audio import Gemma4AudioRule
 from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import INTERNVL_VIDEO_SOURCES, InternVLVideoRule
+from dataprep.media_rules.llava_next_video import LlavaNextVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen3_video import QWEN3_VIDEO_SOURCES, Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QWEN_VIDEO_SOURCES, QwenVideoRule
@@ -34,6 +35,7 @@ __all__ = [
     "Gemma4VideoRule",
     "Glm4vVideoRule",
     "InternVLVideoRule",
+    "LlavaNextVideoRule",
     "MediaCost",
     "MediaRule",
     "OneVisionVideoRule",

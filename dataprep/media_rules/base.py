@@ -16,7 +16,7 @@ from typing import ClassVar
 from dataprep.errors import SampleRejected
 from dataprep.policies.base import check_field_types
 
-__all__ = ["MediaCost", "MediaRule", "frames_asked", "samples_at"]
+__all__ = ["MediaCost", "MediaRule", "default_frames", "frames_asked", "samples_at"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,20 @@ def frames_asked(total: int, n: int) -> int:
             "it raises for a video this short",
         )
     return n
+
+
+def default_frames(total: int, video_fps: float, num_frames: int, fps: float) -> int:
+    """The frames transformers' ``default_sample_indices_fn`` keeps (the base video processor's
+    ``sample_frames``): ``num_frames``, or with ``num_frames=0`` ``max(1, int(total /
+    video_fps * fps))`` at ``fps``; with both 0 every frame (``do_sample_frames=False``). It
+    takes them at ``arange(n) * total // n``; more than the video has is refused as the
+    sampler raises (:func:`frames_asked`)."""
+    n = num_frames
+    if not n and fps:
+        n = max(1, int(total / video_fps * fps))
+    if not n:
+        return total
+    return frames_asked(total, n)
 
 
 def samples_at(header, rate: int) -> int:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dataprep.media_rules.base import MediaCost, MediaRule, frames_asked
+from dataprep.media_rules.base import MediaCost, MediaRule, default_frames
 from dataprep.policies.gemma4 import GEMMA4_SOFT_TOKENS, gemma4_resize
 from dataprep.video_header import VideoHeader
 
@@ -73,12 +73,7 @@ class Gemma4VideoRule(MediaRule):
 
     def indices(self, total: int, video_fps: float) -> list[int]:
         """The frames the processor keeps, by index (``video_too_short`` where it raises)."""
-        if self.num_frames:
-            n = frames_asked(total, self.num_frames)
-        elif self.fps:
-            n = frames_asked(total, max(1, int(total / video_fps * self.fps)))
-        else:
-            return list(range(total))
+        n = default_frames(total, video_fps, self.num_frames, self.fps)
         return [i * total // n for i in range(n)]
 
     def tokens_per_frame(self, width: int, height: int) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dataprep.media_rules.base import MediaCost, MediaRule, frames_asked
+from dataprep.media_rules.base import MediaCost, MediaRule, default_frames
 from dataprep.video_header import VideoHeader
 
 __all__ = ["OneVisionVideoRule"]
@@ -49,12 +49,7 @@ class OneVisionVideoRule(MediaRule):
 
     def frames(self, total: int, video_fps: float) -> int:
         """The frames the processor keeps (``default_sample_indices_fn``)."""
-        n = self.num_frames
-        if not n and self.fps:
-            n = max(1, int(total / video_fps * self.fps))
-        if not n:
-            return total
-        return frames_asked(total, n)
+        return default_frames(total, video_fps, self.num_frames, self.fps)
 
     def cost(self, header: VideoHeader) -> MediaCost:
         n = self.frames(header.frames, header.fps)

@@ -16,6 +16,7 @@ from dataprep.media_rules.gemma4_audio import Gemma4AudioRule
 from dataprep.media_rules.gemma4_video import Gemma4VideoRule
 from dataprep.media_rules.glm4v_video import Glm4vVideoRule
 from dataprep.media_rules.internvl_video import InternVLVideoRule
+from dataprep.media_rules.llava_next_video import LlavaNextVideoRule
 from dataprep.media_rules.onevision_video import OneVisionVideoRule
 from dataprep.media_rules.qwen3_video import Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
@@ -62,6 +63,11 @@ VIDEO_RULES: dict[str, RuleSpec] = {
         OneVisionVideoRule,
         help="LLaVA-OneVision / LLaVA-Video: num_frames=32 uniform frames (or fps=F; both 0: "
         "every frame) of 729 SigLIP patches, 196 pooled tokens each + 1",
+    ),
+    "llava-next-video": RuleSpec(
+        LlavaNextVideoRule,
+        help="LLaVA-NeXT-Video: num_frames=8 uniform frames (or num_frames=0,fps=F; both 0: "
+        "every frame), each a 336-px CLIP square of 576 patches, 144 pooled tokens a frame",
     ),
     "glm4v": RuleSpec(
         Glm4vVideoRule,

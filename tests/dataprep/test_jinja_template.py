@@ -83,7 +83,7 @@ FAMILIES = {
     },
     "llava_next": {  # anyres for every image; its template puts a turn's images first
         "policy": "llava-next",
-        "specials": ["<s>", "</s>", "<image>"],
+        "specials": ["<s>", "</s>", "<image>", "<video>"],  # <video>: LLaVA-NeXT-Video's
         "config": {"bos_token": "<s>", "eos_token": "</s>"},
     },
     "llava_onevision": {  # anyres for a sample's only image, one tile each for several

@@ -1114,3 +1114,82 @@ def test_gemma4_audio_defaults_resampling_and_settings():
     assert parse_audio_rule(Gemma4AudioRule(max_length=960_000).spec()) == Gemma4AudioRule(
         max_length=960_000
     )
+
+
+def _llava_next_video_reference(total, rate, num_frames, fps, size, patch=14):
+    """Video tokens as ``LlavaNextVideoProcessor.replace_video_token`` writes them for the
+    frames transformers' default sampler keeps (every frame where it does not sample), each
+    ``size`` square after the video processor's resize and center crop; 'refused' where the
+    sampler raises."""
+    from transformers.models.llava_next_video.processing_llava_next_video import (
+        LlavaNextVideoProcessor,
+    )
+    from transformers.video_utils import VideoMetadata, default_sample_indices_fn
+
+    meta = VideoMetadata(total_num_frames=total, fps=rate)
+    if num_frames or fps:
+        try:
+            n = len(default_sample_indices_fn(meta, num_frames=num_frames or None, fps=fps or None))
+        except ValueError:
+            return "refused"
+    else:
+        n = total
+    writer = object.__new__(LlavaNextVideoProcessor)
+    writer.patch_size, writer.video_token = patch, "<video>"
+    frames = np.zeros((n, 3, size, size), np.uint8)
+    return writer.replace_video_token({"pixel_values_videos": [frames]}, 0).count("<video>")
+
+
+@pytest.mark.parametrize("num_frames, fps", [(8, 0.0), (32, 0.0), (0, 1.0), (0, 0.0)])
+def test_llava_next_video_frames_equal_its_processor(num_frames, fps):
+    """Frame counts against transformers' default sampler and the processor's prompt writer,
+    one frame to an hour at five rates, a video of exactly the frames asked for and one fewer
+    (refused, as the sampler raises); small frames (the count is per frame)."""
+    from dataprep.media_rules import LlavaNextVideoRule
+
+    rule = LlavaNextVideoRule(num_frames=num_frames, fps=fps, image_size=56)
+    diffs = []
+    for rate in (30.0, 24000 / 1001, 25.0, 7.5, 1.0):
+        for total in (1, 7, 8, 9, 31, 32, 33, 299, 300, 301, 3600, 108_000):
+            if not (num_frames or fps) and total > 400:
+                continue
+            want = _llava_next_video_reference(total, rate, num_frames, fps, 56)
+            try:
+                cost = rule.cost(_video(total, rate))
+                got = cost.llm_tokens
+                assert cost.seq_lens == (16,) * (got // 4)
+            except SampleRejected as e:
+                assert e.reason == "video_too_short"
+                got = "refused"
+            if got != want:
+                diffs.append((total, rate, got, want))
+    assert not diffs, diffs[:5]
+
+
+def test_llava_next_video_frame_sizes_and_settings():
+    """Tokens a frame at the released checkpoints' 336 px (576 patches, 144 tokens), at the
+    class default 224 and at an odd side (floor of patches / 4, as the processor writes);
+    any video size gives the same square frames; each setting at its limit taken, past it
+    refused; the spec round-trips."""
+    from dataprep.media_rules import LlavaNextVideoRule, parse_video_rule
+
+    for size, patches, tokens in ((336, 576, 144), (224, 256, 64), (378, 729, 182)):
+        rule = LlavaNextVideoRule(image_size=size)
+        for w, h in ((640, 480), (90, 1600), (4, 4)):
+            cost = rule.cost(_video(100, 30.0, w, h))
+            assert cost.seq_lens == (patches,) * 8 and cost.llm_tokens == 8 * tokens
+        assert _llava_next_video_reference(100, 30.0, 8, 0.0, size) == 8 * tokens
+    LlavaNextVideoRule(patch_size=1, image_size=1, num_frames=0, fps=0.0)
+    for bad, match in (
+        ({"fps": -1.0, "num_frames": 0}, "fps >= 0"),
+        ({"fps": 1.0}, "not both set"),
+        ({"patch_size": 0}, "1 <= patch_size <= image_size"),
+        ({"image_size": 13}, "1 <= patch_size <= image_size"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            LlavaNextVideoRule(**bad)
+    for rule in (LlavaNextVideoRule(), LlavaNextVideoRule(num_frames=0, fps=0.5, image_size=224)):
+        assert parse_video_rule(rule.spec()) == rule
+    assert LlavaNextVideoRule().cost(_video(8, 30.0)).llm_tokens == 8 * 144
+    with pytest.raises(SampleRejected, match="asked for 8"):
+        LlavaNextVideoRule().cost(_video(7, 30.0))

@@ -715,6 +715,39 @@ def test_a_llava_video_sample_is_measured_as_llava_onevision_counts_it(tmp_path,
     assert rows[0]["video_seq_lens"] == [729] * 8
 
 
+def test_a_llava_next_video_sample_counts_its_image_and_its_frames(tmp_path, tokenizer_path):
+    """LLaVA-NeXT-Video's template (images, then videos, then text) over a sample with a
+    picture and a clip: the picture as LLaVA-NeXT's anyres counts it, the clip as
+    ``LlavaNextVideoProcessor.replace_video_token`` expands ``<video>`` (8 frames of 144), the
+    text by transformers' rendering of the template. The bugs named: a video counted with
+    the image family's rule, its frames unpooled, the template's newline after ``<video>`` lost."""
+    from PIL import Image
+
+    from dataprep.policies import parse_vision_policy
+    from tests.dataprep.test_jinja_template import TEMPLATES, make_model_dir
+    from tests.dataprep.test_media_rules import _llava_next_video_reference
+
+    model = make_model_dir(tmp_path, "llava_next", tokenizer_path)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    config["chat_template"] = (TEMPLATES / "llava_next_video.jinja").read_text()
+    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    _video(tmp_path / "c.mp4", 40)
+    Image.new("RGB", (500, 300)).save(tmp_path / "p.png")
+    question = "<image>\n<video>\nWhat is shown?"
+    records = [{"id": "c", "image": "p.png", "video": "c.mp4", "conversations": _conv(question)}]
+    rows = _prep(tmp_path, model, records, "llava-next", "llava-next-video")
+    tok, text = _rendered(model, [IMAGE, "\n", VIDEO, "\nWhat is shown?"])
+    assert text.startswith("USER: <image>\n<video>\n\n \nWhat is shown? ASSISTANT: ")
+    image = parse_vision_policy("llava-next").image_cost(500, 300).llm_tokens
+    video = _llava_next_video_reference(40, 10.0, 8, 0.0, 336)
+    total, markers = _counted(tok, text, "<video>")
+    n_text = total - markers - _counted(tok, text, "<image>")[1]  # the two markers
+    assert video == 8 * 144
+    row = rows[0]
+    assert row["text_tokens"] == n_text and row["llm_tokens"] == n_text + image + video
+    assert row["video_seq_lens"] == [576] * 8
+
+
 def test_a_video_under_a_field_prep_does_not_read_is_refused_with_the_field_to_use(
     tmp_path, tokenizer_path
 ):

@@ -27,7 +27,6 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dataprep.errors import SampleRejected
 from dataprep.policies.base import ImageCost, VisionPolicy
 
 __all__ = ["GEMMA4_SOFT_TOKENS", "Gemma4Policy", "gemma4_resize"]
@@ -43,11 +42,10 @@ def gemma4_resize(height: int, width: int, patch: int, budget: int, k: int) -> t
     h = math.floor(scale * height / side) * side
     w = math.floor(scale * width / side) * side
     longest = (budget // (k * k)) * side
-    if h == 0 and w == 0:  # cannot happen for a real size (the budget is at least 70 blocks)
-        raise SampleRejected("image_too_small", f"{width}x{height}: resizes to 0 x 0 px")
-    if h == 0:
+    # both sides cannot floor to nothing: that needs a budget under k * k patches (one block)
+    if not h:
         h, w = side, min(math.floor(width / height) * side, longest)
-    elif w == 0:
+    elif not w:
         h, w = min(math.floor(height / width) * side, longest), side
     return h, w
 

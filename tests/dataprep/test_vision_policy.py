@@ -603,7 +603,29 @@ def test_gemma4_equals_its_image_processor():
             c = policy.image_cost(w, h)
             if (c.vit_seq_lens, c.llm_tokens) != want:
                 wrong.append(((soft, w, h), want, (c.vit_seq_lens, c.llm_tokens)))
+            if not all(type(x) is int for x in (*c.vit_seq_lens, c.llm_tokens)):
+                wrong.append(((soft, w, h), "not whole numbers", c))
     assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
+def test_gemma4_defaults_are_the_processors_and_its_limits_hold():
+    """The policy's defaults are ``Gemma4ImageProcessor``'s (280 soft tokens of 3 x 3 pools of
+    16-px patches), so a plain ``gemma4`` counts as the released models do; a patch or a pool
+    of 1 (the smallest) is taken and counts every patch, 0 is refused."""
+    transformers = pytest.importorskip("transformers")
+    ip = transformers.models.gemma4.Gemma4ImageProcessorPil()
+    p = parse_vision_policy("gemma4")
+    assert (p.max_soft_tokens, p.patch_size, p.pooling_kernel_size) == (
+        ip.max_soft_tokens,
+        ip.patch_size,
+        ip.pooling_kernel_size,
+    )
+    one = parse_vision_policy("gemma4:max_soft_tokens=70,patch_size=1,pooling_kernel_size=1")
+    c = one.image_cost(10, 7)  # 70 px: scaled to 10 x 7, every 1-px patch a token
+    assert c.vit_seq_lens == (70,) and c.llm_tokens == 70
+    for bad in ("patch_size=0", "pooling_kernel_size=0"):
+        with pytest.raises(ValueError, match=">= 1"):
+            parse_vision_policy(f"gemma4:{bad}")
 
 
 @pytest.mark.parametrize(

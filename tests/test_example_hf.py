@@ -23,17 +23,19 @@ from tests.shards.conftest import build_inputs
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
 
 
-def _prep_families() -> tuple[str, ...]:
-    """The example's PREP_POLICY families: prep counts what their tiny models train on."""
+def _example_module():
+    """The example script as a module (its functions, not its ``__main__``)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("train_hf_vlm", EXAMPLE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return tuple(module.PREP_POLICY)
+    return module
 
 
-PREP_FAMILIES = _prep_families()
+EXAMPLE_MODULE = _example_module()
+# the example's PREP_POLICY families: prep counts what their tiny models train on
+PREP_FAMILIES = tuple(EXAMPLE_MODULE.PREP_POLICY)
 
 
 class _MainReturned(Exception):
@@ -132,17 +134,23 @@ def _train(
     return [{**json.loads(line), "checked": checked} for line in log.read_text().splitlines()]
 
 
-def family_generation(root: Path, family: str) -> tuple[Path, Path]:
+def family_generation(root: Path, family: str, cli: bool = False) -> tuple[Path, Path]:
     """The demo set prepped as ``make train-hf`` preps it: with the family's tiny model's
-    tokenizer, chat template and vision policy (the example's --print-prep-args)."""
+    tokenizer, chat template and vision policy (the example's ``--print-prep-args``, run as
+    ``make train-hf`` runs it with ``cli``, else its ``prep_args`` in process: a fresh
+    interpreter importing torch and transformers for each family was seconds of each test)."""
     from dataprep import make_demo
 
     demo = root / "demo"
     make_demo(demo, samples=40, seed=5, images=12)
-    env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[1])}
-    cmd = [sys.executable, str(EXAMPLE), "--family", family, "--tokenizer"]
-    cmd += [str(demo / "tokenizer.json"), "--print-prep-args", str(root / "model")]
-    prep = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.split()
+    if cli:
+        env = {**os.environ, "PYTHONPATH": str(EXAMPLE.parents[1])}
+        cmd = [sys.executable, str(EXAMPLE), "--family", family, "--tokenizer"]
+        cmd += [str(demo / "tokenizer.json"), "--print-prep-args", str(root / "model")]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+        prep = out.split()
+    else:
+        prep = EXAMPLE_MODULE.prep_args(family, str(demo / "tokenizer.json"), root / "model")
     cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
     args = ["prep", str(demo / "demo.jsonl"), "--image-root", str(demo), *prep, "--no-progress"]
     assert main([*args, "-o", str(cost)]) == 0
@@ -159,7 +167,7 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     pytest.importorskip("transformers")
     # prepped with the model's own settings: every sample's packed row is as long as prep
     # counted it (the packer checks each one; a difference stops the run naming the sample)
-    demo, gen = family_generation(tmp_path, "qwen2vl")
+    demo, gen = family_generation(tmp_path, "qwen2vl", cli=True)
     steps = 3
     runs = {
         p: _train(gen, demo, tmp_path / f"{p}.jsonl", p, steps, torchrun=p == "ddp")

@@ -73,3 +73,34 @@ def test_flops_grow_with_the_square_of_a_sample_only_through_attention():
     two = training_flops(CFG, [50, 50])
     assert one > two  # same tokens, longer attention segments
     assert one - two == 3 * CFG.llm_layers * 2 * CFG.llm_hidden * (100**2 - 2 * 50**2)
+
+
+def test_the_lm_head_is_counted_at_the_target_positions_the_loss_runs_it_on():
+    """The trainer's loss (``chunked_lm_loss``) runs the LM head only where a position has a
+    next-token target: torch's count of the real forward and backward of blocks, head and
+    loss over samples whose prompts, image tokens and last tokens have none equals
+    ``training_flops`` with ``targets`` (the loss's own cross entropy aside). The bug named:
+    the head counted over every token (MFU overstated by the untrained positions' share,
+    11 % or more at a 151k vocabulary)."""
+    from trainer_adapter.train.loss import chunked_lm_loss
+
+    torch.manual_seed(0)
+    model = VisionLanguageModel(CFG)
+    lens = [7, 13, 5]
+    target = torch.randint(0, CFG.vocab_size, (sum(lens),))
+    target[[0, 1, 2, 6, 7, 8, 9, 19, 20, 24]] = -100  # prompts and each sample's last token
+    kept = int((target != -100).sum())
+    x = torch.randn(sum(lens), CFG.llm_hidden, requires_grad=True)
+    with FlopCounterMode(display=False) as fc:
+        h = model.llm.forward_blocks(x, lens)
+        loss = chunked_lm_loss(h, target, model.llm.logits, normalizer=1.0, chunk_tokens=4)
+        loss.backward()
+    products, _ = _counted(fc)
+    attention = _attention(CFG.llm_layers, CFG.llm_hidden, lens, True)
+    head_forward = 2 * CFG.llm_hidden * CFG.vocab_size * kept
+    ours = training_flops(CFG, lens, targets=kept)
+    # the chunk's forward is recomputed once in the backward (checkpointing): not model FLOPs
+    assert ours - attention == products - head_forward
+    every = training_flops(CFG, lens)  # None: every token
+    assert every - ours == 3 * 2 * CFG.llm_hidden * CFG.vocab_size * (sum(lens) - kept) > 0
+    assert training_flops(CFG, lens, targets=0) < ours < every

@@ -3,6 +3,7 @@ never the result; DP x PP trains; every sample of the steps is seen once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -50,7 +51,20 @@ def _invariance(rank, world, gen):
     g_off = [p.grad.clone() for p in trainer.params]
     diff = max(float((a - b).abs().max()) for a, b in zip(g_on, g_off, strict=True))
     scale = max(float(g.abs().max()) for g in g_off)
+    # the model FLOPs of this rank's own samples (nothing moved): the LM head at the positions
+    # with a next-token target only (a label, not a sample's first token)
+    from trainer_adapter.train.flops import training_flops
+
+    lens = batch["llm_lens"].tolist()
+    cu = batch["cu_seqlens"].tolist()
+    labels = batch["labels"]
+    pairs = itertools.pairwise(cu)
+    targets = sum(int((labels[a + 1 : b] != -100).sum()) for a, b in pairs if b > a)
+    units = batch["units_hw"].prod(dim=1).tolist() if batch["units_hw"].numel() else []
     return {
+        "flops": (on["model_flops"], off["model_flops"]),
+        "own_flops": training_flops(mcfg, lens, units, targets=targets),
+        "every_token_flops": training_flops(mcfg, lens, units),
         "loss": (on["loss"], off["loss"]),
         "diff": diff,
         "scale": scale,
@@ -65,6 +79,12 @@ def test_redistribution_gives_the_same_loss_and_gradients(train_generation):
     assert got[3]["n"] == 0 and got[0]["n"] > got[1]["n"]  # uneven, one rank empty
     on, off = got[0]["loss"]
     assert on == pytest.approx(off, rel=1e-5)
+    # model FLOPs: each rank's own samples' with nothing moved (the LM head at the target
+    # positions only, not every token); the same total after the moves
+    for g in got:
+        assert g["flops"][1] == pytest.approx(g["own_flops"], rel=1e-12)
+    assert sum(g["flops"][0] for g in got) == pytest.approx(sum(g["flops"][1] for g in got))
+    assert got[0]["every_token_flops"] > got[0]["own_flops"]
     for g in got:
         assert g["loss"] == got[0]["loss"]  # the loss is all-reduced: every rank agrees
         assert g["scale"] > 0

@@ -1,8 +1,9 @@
 """Model FLOPs of a training step, for throughput and MFU figures.
 
 Counted for the work the model must do on the real tokens (padding excluded): every matrix
-product of the encoder (patch embedding, blocks), the projector and the LLM (blocks, LM head),
-and attention over each segment (an image unit in the encoder, a sample in the LLM; causal
+product of the encoder (patch embedding, blocks), the projector and the LLM (blocks; the LM head
+at the positions it runs on, those with a target, where the loss picks them), and attention over
+each segment (an image unit in the encoder, a sample in the LLM; causal
 attention counts the half of the score matrix it computes). Training is three times the
 forward (backward = 2x forward); recomputation is not counted, as MFU conventions do
 (PaLM, Appendix B; torchtitan).
@@ -29,15 +30,22 @@ def block_forward_flops(
 
 
 def training_flops(
-    cfg: VLMConfig, llm_lens: Sequence[int], unit_patches: Sequence[int] = ()
+    cfg: VLMConfig,
+    llm_lens: Sequence[int],
+    unit_patches: Sequence[int] = (),
+    *,
+    targets: int | None = None,
 ) -> float:
     """FLOPs of forward + backward over samples of ``llm_lens`` tokens and image units of
-    ``unit_patches`` encoder patches each."""
+    ``unit_patches`` encoder patches each. ``targets``: the positions the LM head runs on (the
+    trainer's loss runs it at the positions with a next-token target only: not at image
+    tokens, prompts or a sample's last token); None: every token."""
     t = float(sum(llm_lens))
     fwd = cfg.llm_layers * block_forward_flops(
         int(t), float(sum(n * n for n in llm_lens)), cfg.llm_hidden, cfg.mlp_ratio, causal=True
     )
-    fwd += 2.0 * cfg.llm_hidden * cfg.vocab_size * t  # LM head
+    head = t if targets is None else float(targets)
+    fwd += 2.0 * cfg.llm_hidden * cfg.vocab_size * head  # LM head
     p = float(sum(unit_patches))
     if p:
         fwd += 2.0 * cfg.patch_dim * cfg.vit_hidden * p

@@ -275,9 +275,12 @@ class Trainer(PipelineSetup):
                 st.host_rows = None
         t_llm = time.perf_counter() - t_llm
         # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
-        llm_lens = lens.tolist() if self.pp == 1 else rlens.tolist() if self.stage == 0 else []
+        rows = local.llm_index if self.pp == 1 else mine if self.stage == 0 else []
+        llm_lens = route.table[rows, _LLM].tolist()
         units = local.units_hw.prod(dim=1).tolist() if local.units_hw.numel() else []
-        flops = training_flops(model.cfg, llm_lens, units)
+        # the LM head runs at the target positions only (the chunked loss picks them)
+        targets = int(route.table[rows, _TGT].sum())
+        flops = training_flops(model.cfg, llm_lens, units, targets=targets)
         self._all_reduce_grads()
         dist.all_reduce(loss_sum)
         summary = route.summary()

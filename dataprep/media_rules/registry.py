@@ -193,7 +193,8 @@ def check_media_rules(video: str | None, audio: str | None, vision_policy: str) 
             raise ValueError(
                 f"--{what}-rule {name} is the {what} processor of the models of vision policy "
                 f"{' or '.join(policies)}, but --vision-policy is {policy}: one prep measures one "
-                f"model's inputs. Pass --vision-policy {policies[0]}, or leave {what}s out"
+                f"model's inputs. Pass --vision-policy {policies[0]}, or leave "
+                f"{'videos' if what == 'video' else 'recordings'} out"
             )
 
 

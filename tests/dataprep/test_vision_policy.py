@@ -1055,6 +1055,36 @@ def test_deepseek_vl_hybrid_two_sequences_an_image():
         parse_vision_policy("deepseek-vl-hybrid:high_res_size=1000")
 
 
+def test_deepseek_vl_hybrid_defaults_and_sizes_at_their_limits():
+    """The defaults are the image processor's squares (384 and 1024 px) and the towers' patches
+    (16 and 16, the high-res config's); a size equal to its patch (one patch) is taken, a size
+    one pixel off a multiple, or a size or patch of 0, is refused; every count a whole number."""
+    transformers = pytest.importorskip("transformers")
+    ip = transformers.models.deepseek_vl_hybrid.DeepseekVLHybridImageProcessorPil()
+    sam = transformers.DeepseekVLHybridConfig().high_res_vision_config
+    p = parse_vision_policy("deepseek-vl-hybrid")
+    assert (p.image_size, p.high_res_size) == (ip.size.height, ip.high_res_size.height)
+    assert (p.high_res_size, p.high_res_patch_size) == (sam.image_size, sam.patch_size)
+    one = parse_vision_policy(
+        "deepseek-vl-hybrid:image_size=16,patch_size=16,high_res_size=1,high_res_patch_size=1"
+    )
+    c = one.image_cost(5, 5)
+    assert c.vit_seq_lens == (1, 1) and c.llm_tokens == 1
+    assert all(type(x) is int for x in (*p.image_cost(7, 9).vit_seq_lens, c.llm_tokens))
+    for bad in (
+        "image_size=0",
+        "patch_size=0",
+        "high_res_size=0",
+        "high_res_patch_size=0",
+        "image_size=385",
+        "image_size=383",
+        "high_res_size=1025",
+        "high_res_patch_size=17",
+    ):
+        with pytest.raises(ValueError, match="divisible"):
+            parse_vision_policy(f"deepseek-vl-hybrid:{bad}")
+
+
 # ---------------------------------------------- a recorded spec rebuilds the policy it names
 def _other_values(fam, base, opt):
     cur = getattr(base, opt, None)

@@ -1002,6 +1002,9 @@ def test_ernie_video_defaults_are_the_processors():
         type(x) is int for x in (*cost.seq_lens, cost.llm_tokens)
     )
     assert cost.text == ""
+    for merge in (1, 3):  # every patch a token, pairs of frames merged; 3 x 3 blocks
+        c = ErnieVideoRule(merge_size=merge).cost(_video(40, 30.0))
+        assert c.llm_tokens == len(c.seq_lens) * c.seq_lens[0] // (merge * merge * 2)
     with pytest.raises(TypeError):
         ErnieVideoRule(16)
 

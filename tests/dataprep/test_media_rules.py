@@ -1081,6 +1081,7 @@ def test_gemma4_audio_equals_its_feature_extractor_and_processor(n):
     assert (cost.text, cost.llm_tokens) == want
     assert cost.seq_lens == (cost.llm_tokens,)
     assert cost.llm_tokens <= 750  # 30 s at 40 ms a token
+    assert type(cost.llm_tokens) is int and type(rule.frames(_header(n))) is int
 
 
 def test_gemma4_audio_defaults_resampling_and_settings():
@@ -1111,6 +1112,10 @@ def test_gemma4_audio_defaults_resampling_and_settings():
     for bad in ("sampling_rate", "frame_length", "hop_length", "max_length"):
         with pytest.raises(ValueError, match=">= 1"):
             Gemma4AudioRule(**{bad: 0})
+    # a window longer than the recording: no frame (never fewer than none)
+    assert Gemma4AudioRule(frame_length=1000).frames(_header(1)) == 0
+    with pytest.raises(TypeError):
+        Gemma4AudioRule(16000)
     short = Gemma4AudioRule(max_length=161)  # at the first whole frame: one token
     assert short.cost(_header(10**6)).llm_tokens == 1
     with pytest.raises(SampleRejected, match="no whole 20-ms frame"):

@@ -1055,7 +1055,11 @@ def _gemma4_audio_reference(n: int) -> tuple[str, int] | str:
     writer = object.__new__(Gemma4Processor)
     writer.boa_token, writer.eoa_token, writer.audio_token = "<|audio>", "<audio|>", "<|audio|>"
     text = writer.replace_audio_token({"input_features_mask": [mask]}, 0)
+    _GEMMA4_FRAMES[n] = int(mask.sum())
     return text.replace("<|audio|>", ""), text.count("<|audio|>")
+
+
+_GEMMA4_FRAMES: dict[int, int] = {}  # samples at 16 kHz: the feature mask's real frames
 
 
 GEMMA4_16K = [1, 127, 128, 160, 161, 320, 321, 480, 481, 482, 640, 641, 801, 16_000, 31_999]
@@ -1082,6 +1086,7 @@ def test_gemma4_audio_equals_its_feature_extractor_and_processor(n):
     assert cost.seq_lens == (cost.llm_tokens,)
     assert cost.llm_tokens <= 750  # 30 s at 40 ms a token
     assert type(cost.llm_tokens) is int and type(rule.frames(_header(n))) is int
+    assert rule.frames(_header(n)) == _GEMMA4_FRAMES[n]  # the mask's frames, not just tokens
 
 
 def test_gemma4_audio_defaults_resampling_and_settings():

@@ -1205,5 +1205,7 @@ def test_llava_next_video_frame_sizes_and_settings():
     for rule in (LlavaNextVideoRule(), LlavaNextVideoRule(num_frames=0, fps=0.5, image_size=224)):
         assert parse_video_rule(rule.spec()) == rule
     assert LlavaNextVideoRule().cost(_video(8, 30.0)).llm_tokens == 8 * 144
+    with pytest.raises(TypeError):
+        LlavaNextVideoRule(8)
     with pytest.raises(SampleRejected, match="asked for 8"):
         LlavaNextVideoRule().cost(_video(7, 30.0))

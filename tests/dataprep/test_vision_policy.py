@@ -1083,6 +1083,10 @@ def test_deepseek_vl_hybrid_defaults_and_sizes_at_their_limits():
     ):
         with pytest.raises(ValueError, match="divisible"):
             parse_vision_policy(f"deepseek-vl-hybrid:{bad}")
+    from dataprep.policies.deepseek_hybrid import DeepseekHybridPolicy
+
+    with pytest.raises(TypeError):  # keyword-only, as every policy
+        DeepseekHybridPolicy(384)
 
 
 # ---------------------------------------------- a recorded spec rebuilds the policy it names

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dataprep.media_rules.base import MediaCost, MediaRule, default_frames
-from dataprep.policies.gemma4 import GEMMA4_SOFT_TOKENS, gemma4_resize
+from dataprep.policies.gemma4 import check_gemma4, gemma4_cost
 from dataprep.video_header import VideoHeader
 
 __all__ = ["Gemma4VideoRule"]
@@ -54,17 +54,7 @@ class Gemma4VideoRule(MediaRule):
                 f"num_frames={self.num_frames}, fps={self.fps:g}: the sampler takes one of "
                 "them (num_frames=0,fps=F for F frames a second; both 0 keeps every frame)"
             )
-        if self.max_soft_tokens not in GEMMA4_SOFT_TOKENS:
-            raise ValueError(
-                f"gemma4 video needs max_soft_tokens one of {GEMMA4_SOFT_TOKENS}, got "
-                f"{self.max_soft_tokens}: take the video processor's max_soft_tokens from the "
-                "checkpoint's processor_config.json (70 by default)"
-            )
-        if self.patch_size < 1 or self.pooling_kernel_size < 1:
-            raise ValueError(
-                f"gemma4 video needs patch_size and pooling_kernel_size >= 1, got "
-                f"{self.patch_size}, {self.pooling_kernel_size} (the released models: 16 and 3)"
-            )
+        check_gemma4(self, "gemma4 video", "video", 70)
 
     @property
     def budget(self) -> int:
@@ -78,9 +68,9 @@ class Gemma4VideoRule(MediaRule):
 
     def tokens_per_frame(self, width: int, height: int) -> int:
         """The soft tokens of one frame of ``width`` x ``height``."""
-        p, k = self.patch_size, self.pooling_kernel_size
-        h, w = gemma4_resize(height, width, p, self.budget, k)
-        return (h // p) * (w // p) // (k * k)
+        return gemma4_cost(
+            width, height, self.max_soft_tokens, self.patch_size, self.pooling_kernel_size
+        ).llm_tokens
 
     @staticmethod
     def text(indices: list[int], video_fps: float) -> str:

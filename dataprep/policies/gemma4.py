@@ -29,7 +29,7 @@ from functools import lru_cache
 
 from dataprep.policies.base import ImageCost, VisionPolicy
 
-__all__ = ["GEMMA4_SOFT_TOKENS", "Gemma4Policy", "gemma4_resize"]
+__all__ = ["GEMMA4_SOFT_TOKENS", "Gemma4Policy", "check_gemma4", "gemma4_cost", "gemma4_resize"]
 
 GEMMA4_SOFT_TOKENS = (70, 140, 280, 560, 1120)  # what the image processor accepts
 
@@ -51,11 +51,29 @@ def gemma4_resize(height: int, width: int, patch: int, budget: int, k: int) -> t
 
 
 @lru_cache(maxsize=65536)
-def _gemma4_cost(width: int, height: int, soft: int, patch: int, k: int) -> ImageCost:
+def gemma4_cost(width: int, height: int, soft: int, patch: int, k: int) -> ImageCost:
+    """One image's (or video frame's) cost: its patch rows padded to the budget of ``soft``
+    tokens, and its soft tokens."""
     budget = soft * k * k
     h, w = gemma4_resize(height, width, patch, budget, k)
     patches = (h // patch) * (w // patch)
     return ImageCost((budget,), patches // (k * k))
+
+
+def check_gemma4(settings, name: str, processor: str, default: int) -> None:
+    """Refuse ``settings``' ``max_soft_tokens``, ``patch_size`` and ``pooling_kernel_size``
+    where Gemma 4's ``processor`` (image or video) would, naming ``name`` and the fix."""
+    if settings.max_soft_tokens not in GEMMA4_SOFT_TOKENS:
+        raise ValueError(
+            f"{name} needs max_soft_tokens one of {GEMMA4_SOFT_TOKENS}, got "
+            f"{settings.max_soft_tokens}: take the {processor} processor's max_soft_tokens from "
+            f"the checkpoint's processor_config.json ({default} by default)"
+        )
+    if settings.patch_size < 1 or settings.pooling_kernel_size < 1:
+        raise ValueError(
+            f"{name} needs patch_size and pooling_kernel_size >= 1, got {settings.patch_size}, "
+            f"{settings.pooling_kernel_size} (the released models: 16 and 3)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,20 +84,10 @@ class Gemma4Policy(VisionPolicy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.max_soft_tokens not in GEMMA4_SOFT_TOKENS:
-            raise ValueError(
-                f"gemma4 needs max_soft_tokens one of {GEMMA4_SOFT_TOKENS}, got "
-                f"{self.max_soft_tokens}: take the image processor's max_soft_tokens from the "
-                "checkpoint's processor_config.json (280 by default)"
-            )
-        if self.patch_size < 1 or self.pooling_kernel_size < 1:
-            raise ValueError(
-                f"gemma4 needs patch_size and pooling_kernel_size >= 1, got {self.patch_size}, "
-                f"{self.pooling_kernel_size} (the released models: 16 and 3)"
-            )
+        check_gemma4(self, "gemma4", "image", 280)
 
     def image_cost(self, width: int, height: int) -> ImageCost:
-        return _gemma4_cost(
+        return gemma4_cost(
             width, height, self.max_soft_tokens, self.patch_size, self.pooling_kernel_size
         )
 

@@ -251,15 +251,16 @@ def stats_pad_ratios(stats):
     return tuple(out)
 
 
-def sample_costs(vit, llm, seq_lens, a_v, b_v, a_t, b_t):
-    """-> (vision costs, LLM costs); ``seq_lens[i]`` lists sample i's image sequence lengths."""
+def sample_costs(vit, llm, seq_lens, a_v, b_v, c_v, a_t, b_t, c_t):
+    """-> (vision costs, LLM costs); ``seq_lens[i]`` lists sample i's image sequence lengths
+    (``c_v`` per image sequence, ``c_t`` per sample)."""
     vc, tc = [], []
     for v, x, lens in zip(vit, llm, seq_lens, strict=True):
         sq = 0.0
         for s in lens:
             sq += float(s) * float(s)
-        vc.append(a_v * float(v) + b_v * sq)
-        tc.append(a_t * float(x) + b_t * float(x) * float(x))
+        vc.append(a_v * float(v) + b_v * sq + c_v * float(len(lens)))
+        tc.append(a_t * float(x) + b_t * float(x) * float(x) + c_t)
     return vc, tc
 
 

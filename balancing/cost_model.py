@@ -1,4 +1,4 @@
-"""Modeled compute cost per phase: ``alpha * tokens + beta * sum(len^2)``.
+"""Modeled compute cost per phase: ``alpha * tokens + beta * sum(len^2) + gamma * sequences``.
 
 A transformer layer spends ~24*h^2 FLOPs per token in its projections and MLP (linear in tokens)
 and ~4*h*len^2 per sequence in attention (quadratic; half for causal attention). Per phase:
@@ -9,14 +9,14 @@ and ~4*h*len^2 per sequence in attention (quadratic; half for causal attention).
   window, Qwen2.5-Omni's chunks);
 * LLM: each sample is one sequence of ``llm_tokens`` (packed, variable-length attention).
 
-``alpha``/``beta`` come from model dimensions (hidden size, layers) or from a calibration JSON
-``{"vision": {"alpha": .., "beta": ..}, "llm": {"alpha": .., "beta": ..}}`` (and ``"audio"``
-where the data has recordings) measured on the real hardware. Costs are in FLOPs (or the
-calibration's unit); only ratios matter for balance."""
+``alpha``/``beta`` come from model dimensions (hidden size, layers; ``gamma``, a per-sequence
+constant, is 0 there) or from a calibration JSON ``{"vision": {"alpha": .., "beta": ..,
+"gamma": ..}, "llm": {...}}`` (and ``"audio"`` where the data has recordings) fitted to measured
+step times by ``equishard calibrate`` (:mod:`balancing.calibration`). Costs are in FLOPs (or the
+calibration's seconds); only ratios matter for balance."""
 
 from __future__ import annotations
 
-import json
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from balancing._kernels.tables import _nb_phase_costs, _nb_sample_costs
-from equishard.common.local_files import read_small
+from equishard.common.errors import describe
 from equishard.common.options import option
 from equishard.common.values import check_count, is_count
 from equishard.contracts.columns import LLM_TOKENS, VIT_SEQ_LENS, VIT_TOKENS
@@ -35,23 +35,40 @@ from equishard.contracts.phases import Phase
 __all__ = ["CostModel", "CostModelOptions", "PhaseCost", "phase_costs", "sample_costs"]
 
 MAX_HIDDEN, MAX_LAYERS = 1 << 24, 1 << 16  # far above any model: a typo, not a model
+_COEFFICIENTS = ({"alpha", "beta"}, {"alpha", "beta", "gamma"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PhaseCost:
+    """One phase's cost of a sequence of ``n`` tokens: ``alpha * n + beta * n**2 + gamma``
+    (``gamma``: a per-item constant, which only a calibration measures)."""
+
     alpha: float
     beta: float
+    gamma: float = 0.0
 
     def __post_init__(self) -> None:
+        coef = (self.alpha, self.beta, self.gamma)
         ok = all(
             isinstance(c, numbers.Real) and not isinstance(c, bool) and math.isfinite(c) and c >= 0
-            for c in (self.alpha, self.beta)
+            for c in coef
         )
-        if not ok or self.alpha + self.beta == 0 or not math.isfinite(self.alpha + self.beta):
+        if not ok or sum(coef) == 0 or not math.isfinite(sum(coef)):
             raise ValueError(
-                f"cost coefficients must be finite numbers >= 0 and not both 0, got "
-                f"{self.alpha!r}, {self.beta!r}"
+                f"cost coefficients must be finite numbers >= 0 and not all 0, got "
+                f"{', '.join(map(repr, coef))}"
             )
+
+    def of(self, tokens, squares, items):
+        """The cost of ``items`` sequences of ``tokens`` tokens in all whose squared lengths sum
+        to ``squares`` (numbers or numpy arrays of them)."""
+        return self.alpha * tokens + self.beta * squares + self.gamma * items
+
+    def describe(self) -> dict:
+        """``{"alpha", "beta"}`` and ``"gamma"`` where it is not 0 (a plan report from before
+        the constant existed reads the same)."""
+        out = {"alpha": self.alpha, "beta": self.beta}
+        return out | ({"gamma": self.gamma} if self.gamma else {})
 
     @classmethod
     def from_dims(cls, *, hidden: int, layers: int, causal: bool) -> PhaseCost:
@@ -115,21 +132,20 @@ class CostModel:
 
     @classmethod
     def from_calibration(cls, path: str | Path) -> CostModel:
+        """The phases of a calibration file (:mod:`balancing.calibration_file`); its source
+        names the file and its digest, so a plan records which calibration made it."""
+        from balancing.calibration_file import read_calibration
+
         try:
-            data = json.loads(read_small(path, 1 << 20).decode("utf-8"))
-            extra = {"audio": PhaseCost(**data["audio"])} if "audio" in data else {}
-            return cls(
-                vision=PhaseCost(**data["vision"]),
-                llm=PhaseCost(**data["llm"]),
-                source=f"calibration {path}",
-                **extra,
-            )
+            raw, digest = read_calibration(path)
+            costs = {name: PhaseCost(**coef) for name, coef in raw.items()}
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
             raise ValueError(
-                f"calibration file {path}: {exc}; expected "
-                '{"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}} and, for '
-                'data with recordings, "audio" alike'
+                f"calibration file {path}: {describe(exc)}; expected what `equishard calibrate` "
+                'writes, or {"vision": {"alpha": A, "beta": B}, "llm": {"alpha": A, "beta": B}} '
+                'and, for data with recordings, "audio" alike'
             ) from None
+        return cls(**costs, source=f"calibration {path} (sha256 {digest[:16]})")
 
     @classmethod
     def from_record(cls, record, where: str) -> CostModel:
@@ -143,8 +159,8 @@ class CostModel:
                 raise TypeError("'source' is not a string")
             phases = {}
             for name in sorted(keys - {"source"}):
-                if not isinstance(record[name], dict) or set(record[name]) != {"alpha", "beta"}:
-                    raise TypeError(f"'{name}' is not {{'alpha': A, 'beta': B}}")
+                if not isinstance(record[name], dict) or set(record[name]) not in _COEFFICIENTS:
+                    raise TypeError(f"'{name}' is not {{'alpha': A, 'beta': B (, 'gamma': C)}}")
                 phases[name] = PhaseCost(**record[name])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{where}: the recorded cost model is not valid ({exc})") from None
@@ -155,10 +171,15 @@ class CostModel:
         audio phase existed has no ``audio``; :meth:`from_record` reads both)."""
         return {
             "source": self.source,
-            "vision": {"alpha": self.vision.alpha, "beta": self.vision.beta},
-            "audio": {"alpha": self.audio.alpha, "beta": self.audio.beta},
-            "llm": {"alpha": self.llm.alpha, "beta": self.llm.beta},
+            "vision": self.vision.describe(),
+            "audio": self.audio.describe(),
+            "llm": self.llm.describe(),
         }
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether the coefficients were measured (a calibration file), not modeled."""
+        return self.source.startswith("calibration ")
 
     def phase(self, name: str) -> PhaseCost:
         """The coefficients of the encoder phase ``name`` (``vision`` or ``audio``)."""
@@ -178,8 +199,10 @@ def sample_costs(table: pa.Table, model: CostModel) -> tuple[np.ndarray, np.ndar
         col.offsets.to_numpy(zero_copy_only=False),
         model.vision.alpha,
         model.vision.beta,
+        model.vision.gamma,
         model.llm.alpha,
         model.llm.beta,
+        model.llm.gamma,
     )
 
 
@@ -195,6 +218,7 @@ def phase_costs(table: pa.Table, phase: Phase, model: CostModel) -> np.ndarray:
         col.offsets.to_numpy(zero_copy_only=False),
         cost.alpha,
         cost.beta,
+        cost.gamma,
     )
 
 

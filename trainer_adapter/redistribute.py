@@ -113,7 +113,7 @@ def _phase_costs(table: np.ndarray, units: list[np.ndarray], policy: Redistribut
     owner = np.repeat(np.arange(table.shape[0]), table[:, _UNITS])
     sq = np.bincount(owner, weights=lens * lens, minlength=table.shape[0])
     cm = policy.cost_model
-    return cm.vision.alpha * vit + cm.vision.beta * sq, cm.llm.alpha * llm + cm.llm.beta * llm * llm
+    return cm.vision.of(vit, sq, table[:, _UNITS]), cm.llm.of(llm, llm * llm, 1.0)
 
 
 def _per_node(ranks: tuple[int, ...], topo: Topology) -> int | None:

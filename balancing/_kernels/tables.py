@@ -9,28 +9,29 @@ from numba import njit
 
 
 @njit(cache=True)
-def _nb_phase_costs(tokens, values, offsets, a, b):
+def _nb_phase_costs(tokens, values, offsets, a, b, c):
     """Modeled cost of every sample in one encoder phase: ``a * tokens + b * sum of squared
-    sequence lengths`` (``values``/``offsets``: the list column of its sequences)."""
+    sequence lengths + c * sequences`` (``values``/``offsets``: the list column of its
+    sequences; ``c`` a calibration's per-item constant)."""
     n = tokens.shape[0]
     out = np.empty(n)
     for i in range(n):
         acc = 0.0
         for k in range(offsets[i], offsets[i + 1]):
             acc += float(values[k]) * float(values[k])
-        out[i] = a * float(tokens[i]) + b * acc
+        out[i] = a * float(tokens[i]) + b * acc + c * float(offsets[i + 1] - offsets[i])
     return out
 
 
 @njit(cache=True)
-def _nb_sample_costs(vit, llm, values, offsets, a_v, b_v, a_t, b_t):
+def _nb_sample_costs(vit, llm, values, offsets, a_v, b_v, c_v, a_t, b_t, c_t):
     """Modeled cost of every sample in the vision phase (:func:`_nb_phase_costs` of the image
-    sequences) and the LLM (``a_t * llm + b_t * llm**2``)."""
-    vc = _nb_phase_costs(vit, values, offsets, a_v, b_v)
+    sequences) and the LLM (``a_t * llm + b_t * llm**2 + c_t``: one sequence a sample)."""
+    vc = _nb_phase_costs(vit, values, offsets, a_v, b_v, c_v)
     tc = np.empty(llm.shape[0])
     for i in range(llm.shape[0]):
         x = float(llm[i])
-        tc[i] = a_t * x + b_t * x * x
+        tc[i] = a_t * x + b_t * x * x + c_t
     return vc, tc
 
 

@@ -21,6 +21,7 @@ SUBCOMMANDS = {
     "verify": "equishard.cli.verify",
     "inspect": "equishard.cli.inspect",
     "train": "equishard.cli.train",
+    "calibrate": "equishard.cli.calibrate",
     "rebalance": "equishard.cli.rebalance",
     "report": "equishard.cli.report",
 }

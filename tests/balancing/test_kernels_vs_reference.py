@@ -233,7 +233,7 @@ def test_sample_costs(seed):
     values = np.array([x for s in seq_lens for x in s], dtype=np.int32)
     vit = np.array([sum(s) for s in seq_lens], dtype=np.int64)
     llm = rng.integers(1, 9000, n)
-    coef = rng.random(4) * [1.0, 1e-3, 1.0, 1e-4]
+    coef = rng.random(6) * [1.0, 1e-3, 50.0, 1.0, 1e-4, 30.0]
     vc, tc = K._nb_sample_costs(vit, llm, values, offsets, *coef)
     ref_vc, ref_tc = R.sample_costs(vit.tolist(), llm.tolist(), seq_lens, *coef)
     np.testing.assert_array_equal(vc, ref_vc)

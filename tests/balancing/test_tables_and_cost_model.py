@@ -8,6 +8,8 @@ sum of a sample's image sequences instead of summing their squares."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -96,7 +98,8 @@ def test_cost_model_options_read_a_calibration_instead_of_dimensions(tmp_path):
     cal.write_text('{"vision": {"alpha": 1, "beta": 2}, "llm": {"alpha": 3, "beta": 0}}')
     model = CostModelOptions(calibration=str(cal), llm_layers=80).build()
     assert (model.vision, model.llm) == (PhaseCost(alpha=1, beta=2), PhaseCost(alpha=3, beta=0))
-    assert model.source == f"calibration {cal}"
+    digest = hashlib.sha256(cal.read_bytes()).hexdigest()[:16]
+    assert model.source == f"calibration {cal} (sha256 {digest})"  # a plan names its calibration
     cal.write_text('{"vision": {"alpha": -1, "beta": 2}, "llm": {"alpha": 3, "beta": 0}}')
     with pytest.raises(ValueError, match="calibration file"):
         CostModelOptions(calibration=str(cal)).build()

@@ -249,7 +249,13 @@ def balance_decoder(
     towers = [] if vision is None else list(vision) if isinstance(vision, list) else [vision]
     policy = policy or RedistributePolicy()
     cfg = getattr(decoder, "config", None)
-    if cost_model is None and cfg is not None and getattr(cfg, "hidden_size", None):
+    calibrated = policy.cost_model.calibrated  # measured beats the decoder's dimensions
+    if (
+        cost_model is None
+        and not calibrated
+        and cfg is not None
+        and getattr(cfg, "hidden_size", None)
+    ):
         cost_model = CostModel.from_dims(
             vit_hidden=1, vit_layers=1, llm_hidden=cfg.hidden_size, llm_layers=cfg.num_hidden_layers
         )

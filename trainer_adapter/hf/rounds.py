@@ -49,7 +49,10 @@ ROW_DIMS = 4  # the most dims of one item row's shape that an item table carries
 
 
 def tower_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
-    """The encoder cost model from the tower's own size (its config), else the policy's."""
+    """The encoder cost model from the tower's own size (its config), else the policy's; a
+    calibrated policy's always (measured beats modeled)."""
+    if policy.cost_model.calibrated:
+        return policy.cost_model
     cfg = getattr(tower, "config", None)
     hidden = getattr(cfg, "embed_dim", None) or getattr(cfg, "hidden_size", None)
     layers = getattr(cfg, "depth", None) or getattr(cfg, "num_hidden_layers", None)
@@ -59,12 +62,12 @@ def tower_cost(tower: torch.nn.Module, policy: RedistributePolicy) -> CostModel:
 
 
 def length_cost(phase, policy: RedistributePolicy) -> Callable[[np.ndarray], np.ndarray]:
-    """Per item of an item table whose column 0 is its length: ``alpha*n + beta*n^2`` with
-    the phase's coefficients (``policy.cost == "modeled"``), else ``n``."""
+    """Per item of an item table whose column 0 is its length: ``alpha*n + beta*n^2 + gamma``
+    with the phase's coefficients (``policy.cost == "modeled"``), else ``n``."""
 
     def cost(table: np.ndarray) -> np.ndarray:
         n = table[:, 0].astype(np.float64)
-        return phase.alpha * n + phase.beta * n * n if policy.cost == "modeled" else n
+        return phase.of(n, n * n, 1.0) if policy.cost == "modeled" else n
 
     return cost
 

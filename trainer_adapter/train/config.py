@@ -122,6 +122,14 @@ class TrainConfig:
             choices=PLACEMENTS,
         ),
     )
+    calibration: str | None = field(
+        default=None,
+        metadata=option(
+            "runtime balancing costs from `equishard calibrate`'s file, measured on this "
+            "hardware (default: the model's dimensions)",
+            metavar="JSON",
+        ),
+    )
     ranks_per_node: int | None = field(
         default=None,
         metadata=option("ranks sharing a node (default: torchrun's processes per node)"),
@@ -259,6 +267,10 @@ class TrainConfig:
             and not os.path.isdir(self.profile)
         ):
             raise ValueError(f"--profile {self.profile}: not a directory")
+        if self.calibration is not None:  # read and checked here, before any rank starts
+            from balancing.cost_model import CostModel
+
+            CostModel.from_calibration(self.calibration)
         _, b = parse_steps(self.profile_steps)
         if self.profile is not None and b > self.steps:
             raise ValueError(

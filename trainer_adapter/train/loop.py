@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -19,6 +20,9 @@ import torch
 import torch.distributed as dist
 
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.phase_times import parse_step_times
+from trainer_adapter.phase_timer import gather_phase_times
+from trainer_adapter.step_report import assess_step
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.model import VLMConfig, merge_for_policy
 from trainer_adapter.train.profile import StepProfiler, parse_steps
@@ -47,6 +51,27 @@ def _loads(lm: dict, phase: str, methods: dict) -> str:
     if methods.get(phase, "").startswith("dry run"):
         return f"{lm[f'{phase}_before']:.3f} (balanced: {lm[f'{phase}_planned']:.3f})"
     return f"{lm[f'{phase}_before']:.3f}->{lm[f'{phase}_after']:.3f}"
+
+
+def _predicted(out: dict, cfg: TrainConfig) -> dict:
+    """The plan's per-rank load of each phase this step (what ran: the balanced plan, or the
+    batches as read under a dry run); the LLM's per replica, given to each of its stages."""
+    when = "after" if cfg.redistribute else "before"
+    loads = out["loads"]
+    llm = loads[f"llm_{when}"]
+    return {
+        "vision": loads[f"vision_{when}"],
+        "llm": [llm[r // cfg.pp] for r in range(cfg.world_size)],
+    }
+
+
+def _hardware(device, world: int) -> str:
+    """What the run measures, in words (a calibration records it)."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} x {world} ranks"
+    from balancing.calibration_file import describe_machine
+
+    return f"{describe_machine()}, {world} CPU ranks of {torch.get_num_threads()} threads"
 
 
 def group_batches(ds, workers: int, timeout: float):
@@ -129,15 +154,21 @@ def run(cfg: TrainConfig) -> list[dict]:
         a, b = parse_steps(cfg.profile_steps)
         prof = StepProfiler(cfg.profile, a, b, rank=rank, device=trainer.device,
                             trace=cfg.profile_trace)  # fmt: skip
+    hardware = _hardware(trainer.device, dist.get_world_size())
     for step in range(cfg.steps):
+        t_load = time.perf_counter()
         item = (first if step == 0 else next(batches)) if stage == 0 else None
+        t_load = time.perf_counter() - t_load
         batch = item["samples"] if item is not None else empty
         if prof:
             prof.before(step)
         out = trainer.step(batch)
         if prof:
             prof.after(step, out["seconds"])
+        times = trainer.timer.collect()  # a GPU step synchronized at its end: events are ready
+        times["waits"]["loader"] = t_load
         mine = {
+            "phase_times": times,
             "rank": rank,
             "stage": stage,
             "busy": out["stage_busy"],
@@ -198,6 +229,9 @@ def run(cfg: TrainConfig) -> list[dict]:
             "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
             "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
         }
+        rec["hardware"] = hardware
+        rec.update(gather_phase_times([e["phase_times"] for e in every], _predicted(out, cfg)))
+        rec["step_report"] = assess_step(parse_step_times(rec, "this run"))
         records.append(rec)
         lm = rec["loads_max_over_mean"]
         print(
@@ -205,7 +239,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.3g} TFLOP/s/rank  "
             + (f"peak {rec['peak_reserved'] / 2**30:.1f} GiB  " if rec["peak_reserved"] else "")
             + f"max/mean vision {_loads(lm, 'vision', r['methods'])}  "
-            f"llm {_loads(lm, 'llm', r['methods'])}  moved intra "
+            f"llm {_loads(lm, 'llm', r['methods'])}  measured efficiency "
+            f"{rec['step_report']['efficiency']:.3f}  moved intra "
             f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
             + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")
             + (

@@ -132,6 +132,7 @@ def plan_microbatches(
     *,
     alpha: float = 1.0,
     beta: float = 0.0,
+    gamma: float = 0.0,
     split: bool = False,
 ) -> MicrobatchPlan:
     """Pack samples into ``n_microbatches`` rows of at most ``mb_tokens``: whole where LPT can,
@@ -155,7 +156,7 @@ def plan_microbatches(
 
     def cost(k):
         n = np.array([b - a for _, a, b in spans[k]], dtype=np.float64)
-        return alpha * n.sum() + beta * (n**2).sum()
+        return alpha * n.sum() + beta * (n**2).sum() + gamma * len(n)
 
     unit_cost = np.array([sum(cost(k) for k in u) for u in units])
     order = inter_microbatch_reorder(unit_cost, pp) if pp > 1 else np.arange(len(units))

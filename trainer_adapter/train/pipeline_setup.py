@@ -218,6 +218,7 @@ class PipelineSetup:
                     self.pp,
                     alpha=self.cost_model.llm.alpha,
                     beta=self.cost_model.llm.beta,
+                    gamma=self.cost_model.llm.gamma,
                     split=self.cfg.split_samples,
                 )
             )

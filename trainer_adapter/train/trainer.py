@@ -27,6 +27,7 @@ import torch.distributed as dist
 from balancing import CostModel
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from shards.read.collate import normalize_patches
+from trainer_adapter.phase_timer import PhaseTimer
 from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
 from trainer_adapter.train.config import TrainConfig
@@ -107,13 +108,18 @@ class Trainer(PipelineSetup):
         if dist.get_backend() == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.topology = Topology.pipeline(dp=cfg.dp, pp=cfg.pp, ranks_per_node=ranks_per_node)
-        cm = CostModel.from_dims(
-            vit_hidden=model_cfg.vit_hidden,
-            vit_layers=model_cfg.vit_layers,
-            llm_hidden=model_cfg.llm_hidden,
-            llm_layers=model_cfg.llm_layers,
-        )
+        if cfg.calibration:  # measured costs (equishard calibrate) instead of the dimensions'
+            cm = CostModel.from_calibration(cfg.calibration)
+        else:
+            cm = CostModel.from_dims(
+                vit_hidden=model_cfg.vit_hidden,
+                vit_layers=model_cfg.vit_layers,
+                llm_hidden=model_cfg.llm_hidden,
+                llm_layers=model_cfg.llm_layers,
+            )
         self.cost_model = cm
+        # each phase's own time on this rank and the items it ran (equishard calibrate's input)
+        self.timer = PhaseTimer(self.device)
         # image-token embeddings as they travel: bf16 under autocast (the projector's output)
         self._embedding_bytes = model_cfg.llm_hidden * (2 if cfg.precision == "bf16" else 4)
         self.set_redistribution(cfg.redistribute)
@@ -185,9 +191,11 @@ class Trainer(PipelineSetup):
         profiling, recomputation trials, a caller's own backward — is dropped first, since the
         gradients are all-reduced in place); returns the step's measurements."""
         self.model.zero_grad(set_to_none=True)
+        self.timer.reset()
         t0 = time.perf_counter()
         local, route = redistribute(batch, None, self.topology, self.policy)
         t_redis = time.perf_counter() - t0
+        self.timer.wait("exchange", t_redis)
         with self._autocast():
             return self._forward_backward(local, route, t_redis)
 
@@ -208,8 +216,17 @@ class Trainer(PipelineSetup):
         if self.stage == 0:
             ids = local.input_ids.to(self.device)
             pos = local.position_ids.to(self.device)
-        emb = model.encode_images(patches, local.units_hw)
-        img = route.send_image_embeddings(emb)
+        timer = self.timer
+        units = local.units_hw.prod(dim=1).tolist() if local.units_hw.numel() else []
+        with timer.phase("vision", items=units):
+            emb = model.encode_images(patches, local.units_hw)
+        # the encoder's backward runs apart, after the LLM's (the same gradients), so that each
+        # phase's time is its own work, not a wait on other ranks in the exchange
+        emb_leaf = emb.detach().requires_grad_(emb.requires_grad)
+        t_x = time.perf_counter()
+        img = route.send_image_embeddings(emb_leaf)
+        timer.wait("exchange", time.perf_counter() - t_x)
+        img_in = img.detach().requires_grad_(img.requires_grad)
         normalizer = float(max(route.table[:, _TGT].sum(), 1))
         self.loss_fn.normalizer = normalizer
         lens = route.table[local.llm_index, _LLM]
@@ -224,17 +241,18 @@ class Trainer(PipelineSetup):
                 local.input_ids, local.position_ids, img.shape[0], local.image_token_id
             )
         if self.pp == 1:
-            x = model.llm.embed(ids, pos, img, local.image_token_id)
-            h = model.llm.forward_blocks(x, lens.tolist())
-            # the head and the loss chunk by chunk at the target positions only (no full logits)
-            loss = chunked_lm_loss(
-                h,
-                shifted_labels(local.labels, local.label_cu_seqlens),
-                model.llm.logits,
-                normalizer=normalizer,
-                chunk_tokens=self.loss_chunk_tokens,
-            )
-            loss.backward()
+            with timer.phase("llm", items=lens.tolist()):
+                x = model.llm.embed(ids, pos, img_in, local.image_token_id)
+                h = model.llm.forward_blocks(x, lens.tolist())
+                # the head and the loss chunk by chunk at the target positions (no full logits)
+                loss = chunked_lm_loss(
+                    h,
+                    shifted_labels(local.labels, local.label_cu_seqlens),
+                    model.llm.logits,
+                    normalizer=normalizer,
+                    chunk_tokens=self.loss_chunk_tokens,
+                )
+                loss.backward()
             loss_sum = loss.detach()
         else:
             mine = route.llm_samples(self.replica * self.pp)  # the replica's stage 0
@@ -255,7 +273,7 @@ class Trainer(PipelineSetup):
             for st in self.stages:
                 st.host_rows = row_layouts(doc)
             if self.stage == 0:
-                x = model.llm.embed(ids, pos, img, local.image_token_id)
+                x = model.llm.embed(ids, pos, img_in, local.image_token_id)
                 packed = pack_rows(x, cu, plan, mb, 0.0)
                 leaf = packed.detach().requires_grad_()
                 schedule.step(leaf, doc.to(self.device))
@@ -266,14 +284,25 @@ class Trainer(PipelineSetup):
                 losses: list = []
                 schedule.step(target=pack_rows(tgt, cu, plan, mb, -100), losses=losses)
                 loss_sum = torch.stack(losses).sum().detach()
-                img.backward(torch.zeros_like(img))
             else:
                 schedule.step()
-                img.backward(torch.zeros_like(img))
             for st in self.stages:  # every row's layout was read, by its own forward
                 assert not st.host_rows, f"{len(st.host_rows)} row layouts left unread"
                 st.host_rows = None
         t_llm = time.perf_counter() - t_llm
+        if self.pp > 1:  # each stage's own compute: its busy time, over its replica's samples
+            timer.add("llm", sum(st.timer.busy for st in self.stages), rlens.tolist())
+        # the exchange's backward (the image tokens' gradients to the ranks that encoded them;
+        # zeros from the pipeline's other stages), then the encoder's backward
+        t_x = time.perf_counter()
+        grad = img_in.grad if img_in.grad is not None else torch.zeros_like(img)
+        if img.requires_grad:
+            img.backward(grad)
+        timer.wait("exchange", time.perf_counter() - t_x)
+        if emb.requires_grad:
+            with timer.phase("vision"):
+                g = emb_leaf.grad if emb_leaf.grad is not None else torch.zeros_like(emb)
+                emb.backward(g)
         # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
         rows = local.llm_index if self.pp == 1 else mine if self.stage == 0 else []
         llm_lens = route.table[rows, _LLM].tolist()

@@ -10,8 +10,9 @@ For a padded phase (Whisper-style windows) every item costs as the longest: ``to
 ``items * longest`` and the squares ``items * longest**2``. The intercept (launches, a call's
 fixed cost) is the same on every rank, so it is reported but never balanced.
 
-The fit is robust least squares (``scipy.optimize.least_squares`` with the ``soft_l1`` loss, so
-that a step disturbed by the machine weighs less) over the observations in a canonical order, so
+The fit is robust least squares of relative residuals (``scipy.optimize.least_squares`` with
+the ``soft_l1`` loss, so that a step disturbed by the machine weighs less; each residual a share
+of its time) over the observations in a canonical order, so
 that every rank derives the same coefficients from the same measurements. No coefficient may
 be negative (more work never takes less time): one that comes out negative is fixed at zero and
 the rest fitted again (an active set, as non-negative least squares does), and the result says
@@ -98,30 +99,33 @@ class PhaseFit:
 
 
 def _robust(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Robust least-squares coefficients of ``x @ c ~ y`` (columns scaled to 1 first)."""
+    """Robust least-squares coefficients of ``x @ c ~ y`` in relative terms: each residual is
+    divided by its time (a step's noise is a share of it, and a disturbed small step must
+    weigh as much as a disturbed large one). ``soft_l1``'s knee is set from the residuals'
+    spread (MAD) three times, each from the last fit's, so that outliers stop setting it."""
     from scipy.optimize import least_squares
 
-    scale = np.abs(x).max(axis=0)
-    xs = x / scale
-    start, *_ = np.linalg.lstsq(xs, y, rcond=None)
-    resid = xs @ start - y
-    mad = float(np.median(np.abs(resid - np.median(resid))))
-    # soft_l1's knee at the residuals' spread, floored at 1e-3 of the mean time: a perfect
-    # fit's zero spread would make every point an outlier
-    f_scale = max(1.4826 * mad, 1e-3 * float(np.mean(y)))
-    res = least_squares(
-        lambda c: xs @ c - y,
-        start,
-        loss="soft_l1",
-        f_scale=f_scale,
-        method="trf",
-        x_scale="jac",
-        xtol=1e-12,
-        ftol=1e-12,
-        gtol=1e-12,
-        max_nfev=2000,
-    )
-    return res.x / scale
+    xw = x / y[:, None]
+    scale = np.abs(xw).max(axis=0)
+    xs, ones = xw / scale, np.ones(len(y))
+    c, *_ = np.linalg.lstsq(xs, ones, rcond=None)
+    for _ in range(3):
+        resid = xs @ c - ones
+        mad = float(np.median(np.abs(resid - np.median(resid))))
+        # floored at 0.1 %: a perfect fit's zero spread would make every point an outlier
+        c = least_squares(
+            lambda c: xs @ c - ones,
+            c,
+            loss="soft_l1",
+            f_scale=max(1.4826 * mad, 1e-3),
+            method="trf",
+            x_scale="jac",
+            xtol=1e-12,
+            ftol=1e-12,
+            gtol=1e-12,
+            max_nfev=2000,
+        ).x
+    return c / scale
 
 
 def fit_phase(phase: str, seconds, items, *, padded: bool = False) -> PhaseFit:

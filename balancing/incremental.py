@@ -55,12 +55,18 @@ def _dissolved_steps(parent: pa.Table, changed: set[str]) -> dict[int, str]:
 
 
 def incremental_plan(
-    parent: pa.Table, cost: pa.Table, changed: set[str], cfg: BalanceConfig
+    parent: pa.Table,
+    cost: pa.Table,
+    changed: set[str],
+    cfg: BalanceConfig,
+    *,
+    replan: bool = False,
 ) -> BalanceResult:
     """Plan ``cost`` (the new night's full cost table) keeping what of ``parent`` still holds.
 
     ``changed`` are the sample ids deleted or updated since the parent; samples of ``cost`` that
-    the parent does not have are new.
+    the parent does not have are new. ``replan``: the cost model changed (a calibration), so
+    every parent step is rebuilt.
     """
     t0 = time.perf_counter()
     sl = sample_loads(cost, cfg.cost_model, "the night's cost table")
@@ -69,6 +75,9 @@ def incremental_plan(
     d = nodes * per
     parent_d = int(pc.max(parent.column("rank")).as_py()) + 1 if parent.num_rows else d
     dissolved = _dissolved_steps(parent, changed) if parent_d == d else {}
+    if replan:  # kept steps were even for the old costs only
+        for s in np.unique(parent.column("step").to_numpy()).tolist():
+            dissolved.setdefault(int(s), "cost model changed")
     p_steps = parent.column("step").to_numpy()
     live = set(cost.column("sample_id").to_pylist())
     keep_mask = (

@@ -97,6 +97,14 @@ def run(args: argparse.Namespace) -> int:
             f"{bal['dist_ratio_llm']:.4f} (LLM), efficiency {bal['efficiency_vit']:.4f} / "
             f"{bal['efficiency_llm']:.4f}"
         )
+    if r.flagged:
+        f = r.flagged
+        top = ", ".join(f"{s['step']} ({s['distance']:.0%})" for s in f["steps"]) or "none"
+        print(
+            f"  steps of {r.parent or r.generation} furthest from their plan (largest |measured/"
+            f"predicted - 1| of a rank): {top}; {f['records']} step records read, "
+            f"{f['other_generations']} of other generations"
+        )
     if r.removed:
         print(f"  removed old generations: {', '.join(r.removed)}")
     print("  (--json prints this summary as one JSON line for a scheduler)")

@@ -11,7 +11,8 @@ One JSON object per step (a line of the loop's ``--log`` file), with at least::
                    "predicted": [2.1e9, 1.9e9, ...]},  # per rank, the plan's load (its unit)
         "llm": {...}},
      "waits": {"exchange": [...], "loader": [...]},    # per rank, seconds spent waiting
-     "hardware": "NVIDIA H100 80GB HBM3 x 8 ranks"}    # optional, what it ran on
+     "hardware": "NVIDIA H100 80GB HBM3 x 8 ranks",    # optional, what it ran on
+     "generation": "gen-...", "loader_position": [[epoch, step], ...]}  # optional, what it read
 
 ``seconds`` of a phase is the time of that rank's own compute in it (forward and backward), not
 time spent waiting for other ranks in a collective: waits are recorded apart, in ``waits``.
@@ -68,6 +69,8 @@ class StepTimes:
     phases: dict  # name -> PhaseTimes, in PHASE_NAMES order
     waits: dict  # name -> tuple of per-rank seconds
     hardware: str | None = None  # what the step ran on, in words
+    generation: str | None = None  # the shard generation the step read
+    generation_step: int | None = None  # which of its steps (every reading rank the same)
 
     @property
     def ranks(self) -> int:
@@ -152,4 +155,34 @@ def parse_step_times(record, where: str) -> StepTimes:
         raise PhaseTimesError(
             f"{where}: 'hardware' is not a string of at most {MAX_HARDWARE} chars"
         )
-    return StepTimes(step=step, phases=phases, waits=waits, hardware=hardware)
+    generation, gen_step = record.get("generation"), None
+    if generation is not None:
+        if not isinstance(generation, str) or len(generation) > MAX_HARDWARE:
+            raise PhaseTimesError(f"{where}: 'generation' is not a generation's name")
+        gen_step = _generation_step(record.get("loader_position"), where)
+    return StepTimes(
+        step=step,
+        phases=phases,
+        waits=waits,
+        hardware=hardware,
+        generation=generation,
+        generation_step=gen_step,
+    )
+
+
+def _generation_step(value, where: str) -> int | None:
+    """The generation's step every reading rank read (``loader_position``: [epoch, step] per
+    reading rank); None where the ranks read different steps or the field is absent."""
+    if value is None:
+        return None
+    ok = isinstance(value, list) and 0 < len(value) <= MAX_RANKS
+    ok = ok and all(
+        isinstance(p, list)
+        and len(p) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in p)
+        for p in value
+    )
+    if not ok:
+        raise PhaseTimesError(f"{where}: 'loader_position' is not a list of [epoch, step]")
+    steps = {p[1] for p in value}
+    return steps.pop() if len(steps) == 1 else None

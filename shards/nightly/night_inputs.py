@@ -35,6 +35,8 @@ def night_key(cfg) -> str:
     if cfg.delete:
         h.update(b"delete|" + Path(cfg.delete).read_bytes())
     h.update(f"{cfg.image_root}|{cfg.tokenizer}".encode())
+    if getattr(cfg, "calibration", None):  # another calibration: another night
+        h.update(b"calibration|" + Path(cfg.calibration).read_bytes())
     return h.hexdigest()[:24]
 
 

@@ -47,6 +47,7 @@ from equishard.common.values import check_count, check_flag, check_real, check_t
 from equishard.common.workers import MAX_WORKERS
 from equishard.contracts.columns import NUM_IMAGES
 from equishard.contracts.generation_names import COST_FILE, PLAN_FILE
+from shards.nightly.night_costs import flag_steps, with_calibration
 from shards.nightly.night_inputs import (
     combine_tables,
     measured,
@@ -118,6 +119,25 @@ class RebalanceConfig:
         default=0.01,
         metadata=option("fail when more of the new samples are rejected (default 0.01)"),
     )
+    calibration: str | None = field(
+        default=None,
+        metadata=option(
+            "re-plan every step under these measured costs (equishard calibrate) when they "
+            "differ from those the current generation was planned with",
+            metavar="JSON",
+        ),
+    )
+    step_log: tuple[str, ...] = field(
+        default=(),
+        metadata=option(
+            "training logs of the current generation: its steps furthest from their plan are "
+            "flagged in the summary",
+            nargs="*",
+            default=[],
+            metavar="LOG",
+            parse=tuple,
+        ),
+    )
     progress: bool = False  # the command's --json turns it off
     # "ray": prep and write in Ray tasks (equishard.common.ray_engine)
     engine: str = field(default="local", metadata=ENGINE_OPTION)
@@ -142,8 +162,18 @@ class RebalanceConfig:
             raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.ray_address and self.engine != "ray":
             raise ValueError("--ray-address is for --engine ray; add --engine ray or drop it")
-        if not self.new and not self.delete:
-            raise ValueError("nothing to do: give new inputs (--new) and/or a deletion list")
+        if not self.new and not self.delete and not self.calibration:
+            raise ValueError(
+                "nothing to do: give new inputs (--new), a deletion list (--delete) and/or a "
+                "calibration to re-plan with (--calibration)"
+            )
+        if self.calibration:  # read and checked here: a bad file is a bad argument
+            from balancing.cost_model import CostModel
+
+            CostModel.from_calibration(self.calibration)
+        for p in self.step_log:
+            if not Path(p).is_file():
+                raise ValueError(f"--step-log {p}: no such file")
         check_writable(self.current, "--current")  # the night publishes there
         check_count("--keep (generations; CURRENT is always kept)", self.keep, 1)
         check_count("--workers", self.workers, 1, MAX_WORKERS)
@@ -168,6 +198,7 @@ class RebalanceResult:
     removed: list[str] = field(default_factory=list)
     seconds: float = 0.0
     phases: dict = field(default_factory=dict)  # seconds of prep, combine, plan, write
+    flagged: dict = field(default_factory=dict)  # the steps furthest from their plan (--step-log)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -360,7 +391,13 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
     counts.update(
         read=new_meta["in"], rejected=new_meta["rejected"], not_reread=new_meta.get("cached", 0)
     )
-    if not (counts["new"] or counts["updated"] or counts["deleted"]):
+    try:  # balanced exactly as the parent was: its recorded parameters
+        bcfg = BalanceConfig.from_report(parent.report.get("parameters"), str(parent.path))
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
+    bcfg, replan = with_calibration(bcfg, cfg.calibration)  # measured costs: every step again
+    flagged = flag_steps(cfg.step_log, cur) if cfg.step_log else {}
+    if not (counts["new"] or counts["updated"] or counts["deleted"] or replan):
         # nothing changed: CURRENT stays as it is; rejected new samples stay on record
         summary = {"generation": cur, "status": "unchanged", "key": key, "counts": counts}
         if counts["rejected"]:
@@ -379,14 +416,11 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
             parent.report.get("metrics", {}),
             collect_generations(root, cfg.keep),
             time.perf_counter() - t0,
+            flagged=flagged,
         )
-    try:  # balanced exactly as the parent was: its recorded parameters
-        bcfg = BalanceConfig.from_report(parent.report.get("parameters"), str(parent.path))
-    except ValueError as exc:
-        raise ManifestError(str(exc)) from None
     phases["combine"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    result = incremental_plan(parent_plan, combined, changed, bcfg)
+    result = incremental_plan(parent_plan, combined, changed, bcfg, replan=replan)
     write_plan(result, work / "plan")
     phases["plan"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -428,6 +462,7 @@ def _run_locked(cfg: RebalanceConfig, root: Path) -> RebalanceResult:
         removed,
         time.perf_counter() - t0,
         {k: round(v, 3) for k, v in phases.items()},
+        flagged=flagged,
     )
 
 

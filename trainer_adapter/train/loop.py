@@ -19,10 +19,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from balancing.step_report import assess_step
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from equishard.contracts.phase_times import parse_step_times
 from trainer_adapter.phase_timer import gather_phase_times
-from trainer_adapter.step_report import assess_step
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.model import VLMConfig, merge_for_policy
 from trainer_adapter.train.profile import StepProfiler, parse_steps
@@ -117,7 +117,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         patch_dim=3 * collate._policy.patch_size**2,
         merge=merge_for_policy(collate._policy),
     )
-    if rank == 0 and (note := plan_cost_note(manifest, model_cfg)):
+    if rank == 0 and (note := plan_cost_note(manifest, model_cfg, cfg.calibration)):
         print(note, flush=True)
     rpn = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
     # rank 0 searches the pipeline partition: it times the LM head over the share of tokens
@@ -227,9 +227,10 @@ def run(cfg: TrainConfig) -> list[dict]:
             # PP: the share of tokens the partition search timed the LM head over
             "partition_target_share": trainer.target_share if cfg.pp > 1 else None,
             "samples": {e["rank"]: e["sample_ids"] for e in every if e["stage"] == 0},
-            "loader_position": [(e["epoch"], e["step"]) for e in every if e["stage"] == 0],
+            "loader_position": [[e["epoch"], e["step"]] for e in every if e["stage"] == 0],
         }
         rec["hardware"] = hardware
+        rec["generation"] = manifest.generation
         rec.update(gather_phase_times([e["phase_times"] for e in every], _predicted(out, cfg)))
         rec["step_report"] = assess_step(parse_step_times(rec, "this run"))
         records.append(rec)

@@ -110,7 +110,7 @@ def target_share(manifest, collate, groups: int = 8) -> float:
     return targets / tokens if targets else 1.0
 
 
-def plan_cost_note(manifest, model_cfg: VLMConfig) -> str | None:
+def plan_cost_note(manifest, model_cfg: VLMConfig, calibration: str | None = None) -> str | None:
     """What to tell the user when the generation's plan was balanced for another model's
     costs than the one being trained (the plan report records its cost model): its steps are
     even for that model's mix of linear and quadratic work, not this one's. None when alike."""
@@ -121,11 +121,15 @@ def plan_cost_note(manifest, model_cfg: VLMConfig) -> str | None:
         plan = BalanceConfig.from_report(params, str(manifest.path)).cost_model
     except ValueError:
         return None  # a report without parameters: nothing recorded to compare
-    here = CostModel.from_dims(
-        vit_hidden=model_cfg.vit_hidden,
-        vit_layers=model_cfg.vit_layers,
-        llm_hidden=model_cfg.llm_hidden,
-        llm_layers=model_cfg.llm_layers,
+    here = (
+        CostModel.from_calibration(calibration)
+        if calibration
+        else CostModel.from_dims(
+            vit_hidden=model_cfg.vit_hidden,
+            vit_layers=model_cfg.vit_layers,
+            llm_hidden=model_cfg.llm_hidden,
+            llm_layers=model_cfg.llm_layers,
+        )
     )
     # only the ratio of quadratic to linear work decides which groups are alike
     alike = all(
@@ -136,7 +140,7 @@ def plan_cost_note(manifest, model_cfg: VLMConfig) -> str | None:
     if alike:
         return None
     return (
-        f"note: the plan was balanced for {plan.source}; this model is {here.source.split(': ')[1]}"
+        f"note: the plan was balanced for {plan.source}; this run's costs are {here.source}"
         ": its steps are even for the other model's costs (runtime balancing evens each step "
         "anyway). Balance with this model's --vit-hidden/--vit-layers/--llm-hidden/"
         "--llm-layers (or --calibration) for steps even for it"

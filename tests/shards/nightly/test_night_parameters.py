@@ -42,7 +42,7 @@ HOSTILE = {
         "cost model is not valid",
     ),
     "cost model with another field": (
-        lambda m: m["report"]["parameters"]["cost_model"]["llm"].update(gamma=1),
+        lambda m: m["report"]["parameters"]["cost_model"]["llm"].update(delta=1),
         "cost model is not valid",
     ),
     "shard_size as text": (lambda m: m.update(shard_size="1GB"), "shard_size is '1GB'"),

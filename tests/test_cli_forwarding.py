@@ -40,6 +40,7 @@ BECOMES = {
     "rebalance": {
         "json": ("progress", lambda ns: not ns.json),
         "new": ("new", lambda ns: tuple(ns.new)),
+        "step_log": ("step_log", lambda ns: tuple(ns.step_log)),
     },
     "train": {  # --whole-samples and --no-redistribute turn their fields off
         "split_samples": ("split_samples", lambda ns: not ns.split_samples),

@@ -108,7 +108,7 @@ def test_min_points_at_below_and_above():
     _close(fit_phase("vision", secs, items))
     # ranks without items do not count as points
     with pytest.raises(CalibrationError, match=f"{MIN_POINTS - 1} measured"):
-        fit_phase("vision", secs[: MIN_POINTS - 1] + [0.5], items[: MIN_POINTS - 1] + [[]])
+        fit_phase("vision", [*secs[: MIN_POINTS - 1], 0.5], [*items[: MIN_POINTS - 1], []])
 
 
 @pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf")])

@@ -18,7 +18,8 @@ be negative (more work never takes less time): one that comes out negative is fi
 the rest fitted again (an active set, as non-negative least squares does), and the result says
 which. A fit is refused, with :class:`CalibrationError`, when it has fewer than
 :data:`MIN_POINTS` observations with items, a time that is not a finite number > 0, a time that
-does not grow with the items (every coefficient zero), or a median relative error above
+does not grow with the items (their terms explain less than :data:`MIN_SHARE` of it), or a
+median relative error above
 :data:`MAX_ERROR` (times too noisy to plan with: other jobs on the machine, or waits counted as
 work). Callers then keep the proxy (the model's dimensions) and say so.
 """
@@ -36,6 +37,7 @@ from equishard.common.errors import EquishardError
 __all__ = [
     "MAX_ERROR",
     "MIN_POINTS",
+    "MIN_SHARE",
     "CalibrationError",
     "PhaseFit",
     "features",
@@ -44,6 +46,7 @@ __all__ = [
 
 MIN_POINTS = 12  # observations (rank-steps with items) a phase needs; 4 parameters, 3 each
 MAX_ERROR = 0.25  # the largest median relative error of a usable fit
+MIN_SHARE = 1e-3  # the least share of the mean time the items' terms must explain
 _COLUMNS = ("alpha", "beta", "gamma", "intercept")
 
 
@@ -157,10 +160,12 @@ def fit_phase(phase: str, seconds, items, *, padded: bool = False) -> PhaseFit:
         j = max(negative, key=lambda k: (-coef[k] * float(x[:, k].mean()), -k))
         keep = [k for k in keep if k != j]
     dropped = [_COLUMNS[j] for j in range(4) if j not in keep]
-    if not np.any(coef[:3] > 0):
+    grows = float(x[:, :3].mean(axis=0) @ coef[:3]) / float(y.mean())
+    if grows < MIN_SHARE:
         raise CalibrationError(
-            f"{phase}: the measured time does not grow with the items (every coefficient is 0): "
-            "the phase's own work is too small to measure, or its times include waits"
+            f"{phase}: the measured time does not grow with the items (they explain "
+            f"{grows:.2%} of it, at least {MIN_SHARE:.1%} needed): the phase's own work is too "
+            "small to measure, or its times are a constant (waits, launches)"
         )
     cost = PhaseCost(alpha=float(coef[0]), beta=float(coef[1]), gamma=float(coef[2]))
     pred = x @ coef

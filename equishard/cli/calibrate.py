@@ -55,13 +55,16 @@ def run(args: argparse.Namespace) -> int:
     from balancing.calibration import CalibrationError
     from balancing.calibration_log import calibrate, write
     from equishard.cli._common import check_output, fail, os_failure, print_json
+    from equishard.common.local_files import regular_file
     from equishard.common.values import check_count, check_real
 
     try:
         check_count("--warmup", args.warmup, 0, 1 << 30)
         check_real("--heldout", args.heldout, 0.0, 1.0, hi_open=True)
         check_output(args.output)
-    except ValueError as exc:
+        for log in args.logs:  # a missing log, a FIFO or a directory is a bad argument
+            regular_file(log, "training log")
+    except (ValueError, FileNotFoundError) as exc:
         return fail(str(exc))
     try:
         cal = calibrate(args.logs, warmup=args.warmup, heldout=args.heldout)

@@ -16,7 +16,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from balancing.calibration import MAX_ERROR, MIN_POINTS, CalibrationError, features, fit_phase
+from balancing.calibration import (
+    MAX_ERROR,
+    MIN_POINTS,
+    MIN_SHARE,
+    CalibrationError,
+    features,
+    fit_phase,
+)
 from balancing.cost_model import PhaseCost
 
 TRUE = PhaseCost(alpha=2e-6, beta=3e-9, gamma=4e-3)
@@ -162,3 +169,20 @@ def test_median_error_limit_below_and_above(noise, ok):
     else:
         with pytest.raises(CalibrationError, match="median error"):
             fit_phase("llm", secs, items)
+
+
+@pytest.mark.parametrize(("share", "ok"), [(0.5 * MIN_SHARE, False), (2 * MIN_SHARE, True)])
+def test_items_must_explain_a_share_of_the_time(share, ok):
+    """A constant per call plus a per-token part worth ``share`` of the mean time: below
+    MIN_SHARE the items explain nothing a plan could balance (refused), above it they do."""
+    rng = np.random.default_rng(6)
+    items = _observations(rng, 40)
+    tokens = np.array([sum(it) for it in items], dtype=float)
+    k = share / (1 - share) / tokens.mean()  # mean(k * tokens) / mean(y) == share
+    secs = (1.0 + k * tokens).tolist()
+    if ok:
+        fit = fit_phase("vision", secs, items)
+        assert math.isclose(fit.cost.alpha, k, rel_tol=1e-3)
+    else:
+        with pytest.raises(CalibrationError, match="does not grow"):
+            fit_phase("vision", secs, items)

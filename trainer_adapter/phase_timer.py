@@ -12,7 +12,10 @@
 
 On a GPU each phase is timed by CUDA events recorded on the current stream: nothing waits for
 the device inside the step, and :meth:`collect` reads the events once the step's own
-synchronization has passed. On a CPU, ``time.perf_counter``. A phase entered several times in
+synchronization has passed. On a CPU, the process's CPU time (``time.process_time``, all its
+threads) by default: ranks that share cores (more ranks than cores, or other jobs) are taken
+off the core for turns that are not their work, and wall time would count those turns
+(``clock="wall"`` measures ``time.perf_counter`` instead). A phase entered several times in
 a step (its forward, later its backward) adds up; its items are given once.
 """
 
@@ -29,8 +32,11 @@ __all__ = ["PhaseTimer", "gather_phase_times"]
 
 
 class PhaseTimer:
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", *, clock: str = "cpu") -> None:
+        if clock not in ("cpu", "wall"):
+            raise ValueError(f"clock must be 'cpu' (CPU time) or 'wall', got {clock!r}")
         self.cuda = torch.device(device).type == "cuda"
+        self._now = time.process_time if clock == "cpu" else time.perf_counter
         self.reset()
 
     def reset(self) -> None:
@@ -58,11 +64,11 @@ class PhaseTimer:
                 end.record()
                 self._spans.setdefault(name, []).append((start, end))
         else:
-            t0 = time.perf_counter()
+            t0 = self._now()
             try:
                 yield
             finally:
-                self._spans.setdefault(name, []).append(time.perf_counter() - t0)
+                self._spans.setdefault(name, []).append(self._now() - t0)
 
     def add(self, name: str, seconds: float, items) -> None:
         """Add ``seconds`` measured elsewhere (a pipeline stage's busy time) to phase ``name``,

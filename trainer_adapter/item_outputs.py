@@ -9,6 +9,7 @@ to the module's parameters (:func:`output_anchor`) so they get a zero gradient, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import math
@@ -141,14 +142,25 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
     return _rebuild(sig, iter(tensors))
 
 
-def run_received(route: ItemRoute, run: Callable[[], Any]) -> tuple[Any, BaseException | None]:
+def run_received(
+    route: ItemRoute, run: Callable[[], Any], module=None, phase: str = "vision"
+) -> tuple[Any, BaseException | None]:
     """``run()`` (the module on the items this rank received; None where it received none) and
     its error, caught: the rank takes it into :func:`output_agree`, where every rank raises it
-    (:mod:`trainer_adapter.group_errors`) instead of waiting for this one."""
+    (:mod:`trainer_adapter.group_errors`) instead of waiting for this one. A ``module`` with an
+    ``equishard_timer`` (:func:`~trainer_adapter.hf.balance.balance_model`'s ``timer``) has
+    the run timed as ``phase``, with the received items' lengths (column 0 of the table)."""
     if not route.received.size:
         return None, None
+    timer = getattr(module, "equishard_timer", None)
+    timed = (
+        timer.phase(phase, items=route.table[route.received, 0].tolist())
+        if timer is not None
+        else contextlib.nullcontext()
+    )
     try:
-        return run(), None
+        with timed:
+            return run(), None
     except Exception as e:  # raised on every rank by output_agree
         return None, e
 

@@ -91,6 +91,7 @@ def balance_model(
     topology: Topology | None = None,
     policy: RedistributePolicy | None = None,
     measure: bool = False,
+    timer=None,
 ) -> torch.nn.Module:
     """Balance a ``transformers`` VLM in place: its vision tower (``encoder``) and/or its
     language model (``llm``). Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5 / GLM-4.1V
@@ -113,7 +114,13 @@ def balance_model(
     a dry run (``RedistributePolicy.dry_run``): none of its items moves, and its module's
     ``last_route`` holds the loads the ranks had and the loads balancing would have given. A
     run with balancing off then logs what it would have gained, at the price of one small
-    gather of item lengths per call. Returns the model."""
+    gather of item lengths per call.
+
+    ``timer``: a :class:`~trainer_adapter.phase_timer.PhaseTimer`; each balanced module's run
+    on the items this rank received is timed in it (the towers as ``vision``, the decoder as
+    ``llm``), with those items' lengths: the forward's own work, apart from the exchanges (the
+    backward is taken as proportional to it). ``equishard calibrate`` fits costs to what it
+    records (:mod:`trainer_adapter.phase_timer`). Returns the model."""
     for name, value in (("encoder", encoder), ("llm", llm), ("measure", measure)):
         check_flag(name, value)
     inner = getattr(model, "model", model)
@@ -153,6 +160,9 @@ def balance_model(
             "vision tower only (balance_model(..., llm=False))"
         )
     policy = policy or RedistributePolicy()
+    for module in (tower, second, decoder):
+        if module is not None:
+            module.equishard_timer = timer
     # a phase not balanced: measured (a dry run of the plan) or left as it is
     off = RedistributePolicy(enabled=False)
     unbalanced = dataclasses.replace(policy, enabled=True, dry_run=True) if measure else off

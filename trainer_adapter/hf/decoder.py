@@ -129,6 +129,8 @@ def _run_and_return(self, s: _Setup, route, x, p, moved_masks, kw, settings, zer
         lambda: s.inner(
             inputs_embeds=x[None], position_ids=p, attention_mask=moved_masks, **{**kw, **settings}
         ),
+        self,
+        "llm",
     )
     out, cls = None, None
     if got is not None:

@@ -118,7 +118,7 @@ def balance_naflex(
         mask = mask.to(pixel_attention_mask.device, pixel_attention_mask.dtype)
         shapes = shapes.to(spatial_shapes.device, spatial_shapes.dtype)
         out, failure = run_received(
-            route, lambda: inner(x, mask, shapes, **{**kw, **route.settings})
+            route, lambda: inner(x, mask, shapes, **{**kw, **route.settings}), self
         )
         own = not self.equishard_joining
         home = route_home(self, out, x, route, group, own_call=own, failure=failure)

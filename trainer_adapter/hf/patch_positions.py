@@ -94,7 +94,7 @@ def balance_patch_positions(
         pos = F.pad(pixel_position_ids.to(torch.int64), (0, 0, 0, most - rows), value=-1)
         pos = route.send(pos.reshape(n, most * 2), one, "pixel_position_ids").reshape(-1, most, 2)
         pos = pos.to(pixel_position_ids.device, pixel_position_ids.dtype)
-        out, failure = run_received(route, lambda: inner(x, pos, **{**kw, **route.settings}))
+        out, failure = run_received(route, lambda: inner(x, pos, **{**kw, **route.settings}), self)
         if out is not None:
             out = type(out)(last_hidden_state=out.last_hidden_state)
         own = not self.equishard_joining

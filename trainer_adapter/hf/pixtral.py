@@ -95,7 +95,7 @@ def balance_pixtral(
         got = route.send(mine, np.ones_like(route.src), "image_sizes")
         sizes_in = got.to(pixel_values.device)
         out, failure = run_received(
-            route, lambda: inner(x, sizes_in, *args, **{**kwargs, **route.settings})
+            route, lambda: inner(x, sizes_in, *args, **{**kwargs, **route.settings}), self
         )
         out = _batch_dim(out, lambda t: t[0])  # [1, patches, D] -> patch rows
         own = not self.equishard_joining

@@ -94,7 +94,7 @@ def balance_vision(
         g = route.send(grid_thw.reshape(-1, 3).to(torch.int64), np.ones_like(route.src), "grid")
         g = g.to(device=grid_thw.device, dtype=grid_thw.dtype)
         out, failure = run_received(
-            route, lambda: inner(x, grid_thw=g, **{**kwargs, **route.settings})
+            route, lambda: inner(x, grid_thw=g, **{**kwargs, **route.settings}), self
         )
         own = not self.equishard_joining
         return route_home(self, out, x, route, group, own_call=own, failure=failure)
@@ -240,7 +240,9 @@ def balance_tiles(
         x = route.send(pixel_values, 0, "tiles")
         if masked:
             kwargs["patch_attention_mask"] = route.send(mask.to(torch.uint8), 0, "masks").bool()
-        out, failure = run_received(route, lambda: inner(x, *args, **{**kwargs, **route.settings}))
+        out, failure = run_received(
+            route, lambda: inner(x, *args, **{**kwargs, **route.settings}), self
+        )
         own = not self.equishard_joining
         out = route_home(self, out, x, route, group, own_call=own, failure=failure)
         if own and masked:  # this rank's tiles' patches, on its own patch grid

@@ -23,7 +23,19 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "generation", metavar="GEN", help="a generation directory, or a root with CURRENT"
+        "generation",
+        metavar="GEN",
+        nargs="?",
+        help="a generation directory, or a root with CURRENT",
+    )
+    p.add_argument(
+        "--steps",
+        nargs="+",
+        metavar="LOG",
+        default=None,
+        help="instead of a generation: training logs with phase times (equishard train --log); "
+        "the page draws each rank's predicted against measured time per phase and step, the "
+        "step efficiency, and the stragglers' causes",
     )
     p.add_argument("-o", "--output", default="report.html", help="HTML file (default report.html)")
     add_json_arg(p)
@@ -34,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     from equishard.cli._common import check_output, fail, print_json
     from shards.read.report import render_report
 
+    if (args.generation is None) == (args.steps is None):
+        return fail("give a generation (GEN) or training logs (--steps LOG ...), one of them")
+    if args.steps:
+        return _steps(args)
     try:
         check_output(args.output)
         out = render_report(args.generation, args.output, progress=not args.json)
@@ -46,6 +62,29 @@ def run(args: argparse.Namespace) -> int:
         n = m.totals["samples"]
         fields = {"generation": m.generation, "output": str(out), "bytes": out.stat().st_size}
         print_json("report", ok=True, n_in=n, n_out=n, rejected=0, **fields)
+        return 0
+    print(f"report: {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained)")
+    return 0
+
+
+def _steps(args: argparse.Namespace) -> int:
+    from equishard.cli._common import check_output, fail, print_json
+    from equishard.common.local_files import regular_file
+    from shards.read.steps_report import render_steps_report
+
+    try:
+        check_output(args.output)
+        for log in args.steps:
+            regular_file(log, "training log")
+    except (ValueError, FileNotFoundError) as exc:
+        return fail(str(exc))
+    try:
+        out = render_steps_report(args.steps, args.output)
+    except ValueError as exc:
+        return fail(str(exc), 1)
+    if args.json:
+        size = out.stat().st_size
+        print_json("report", ok=True, n_in=0, n_out=0, rejected=0, output=str(out), bytes=size)
         return 0
     print(f"report: {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained)")
     return 0

@@ -67,6 +67,60 @@ def test_sample_costs_sum_the_squares_of_each_image_sequence():
     assert tc.tolist() == [5 * 5 + 7 * 25, 5 * 40 + 7 * 1600, 5 * 3 + 7 * 9]
 
 
+def test_a_per_item_constant_counts_each_sequence_and_each_sample_once():
+    """gamma (a calibration's per-item constant): once per image sequence in the vision phase,
+    once per sample in the LLM, none for a sample without images; a plan report records it and
+    reads it back, and a report without it reads as 0."""
+    table = pa.table(
+        {
+            "vit_tokens": pa.array([0, 30, 8], pa.int64()),
+            "vit_seq_lens": pa.array([[], [10, 20], [8]], pa.list_(pa.int32())),
+            "llm_tokens": pa.array([5, 40, 3], pa.int64()),
+        }
+    )
+    model = CostModel(
+        vision=PhaseCost(alpha=2.0, beta=3.0, gamma=100.0),
+        llm=PhaseCost(alpha=5.0, beta=7.0, gamma=1000.0),
+    )
+    vc, tc = sample_costs(table, model)
+    assert vc.tolist() == [0.0, 1560.0 + 200.0, 208.0 + 100.0]
+    assert tc.tolist() == [25 + 175 + 1000.0, 200 + 11200 + 1000.0, 15 + 63 + 1000.0]
+    rec = model.describe()
+    assert rec["vision"] == {"alpha": 2.0, "beta": 3.0, "gamma": 100.0}
+    assert CostModel.from_record(rec, "r") == model
+    old = CostModel(vision=PhaseCost(alpha=2.0, beta=3.0), llm=PhaseCost(alpha=5.0, beta=7.0))
+    assert "gamma" not in old.describe()["llm"]  # a report as before the constant existed
+    assert CostModel.from_record(old.describe(), "r").llm.gamma == 0.0
+    assert PhaseCost(alpha=0, beta=0, gamma=1).of(10, 100, 3) == 3
+    for bad in (-1.0, float("nan"), float("inf"), True):
+        with pytest.raises(ValueError, match="finite numbers >= 0"):
+            PhaseCost(alpha=1.0, beta=0.0, gamma=bad)
+    with pytest.raises(ValueError, match="not all 0"):
+        PhaseCost(alpha=0.0, beta=0.0, gamma=0.0)
+
+
+def test_a_calibrated_policy_is_used_for_every_tower(tmp_path):
+    """Measured beats modeled: with a calibrated policy the HF wrappers take its costs, not
+    the ones a tower's config dimensions would give."""
+    import torch
+
+    from trainer_adapter.hf.rounds import tower_cost
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    cal = tmp_path / "cal.json"
+    cal.write_text(
+        '{"vision": {"alpha": 1, "beta": 2, "gamma": 3}, "llm": {"alpha": 4, "beta": 0}}'
+    )
+    tower = torch.nn.Linear(2, 2)
+    tower.config = type("C", (), {"hidden_size": 64, "num_hidden_layers": 2})()
+    measured = RedistributePolicy(cost_model=CostModel.from_calibration(cal))
+    assert tower_cost(tower, measured) is measured.cost_model and measured.cost_model.calibrated
+    modeled = tower_cost(tower, RedistributePolicy())
+    assert not modeled.calibrated and modeled.vision == PhaseCost.from_dims(
+        hidden=64, layers=2, causal=False
+    )
+
+
 @pytest.mark.parametrize(
     ("field", "hi"),
     [

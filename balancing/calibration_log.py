@@ -63,6 +63,7 @@ class Calibration:
     warmup: int
     skipped: int
     hardware: str | None
+    model: str | None = None  # what the log says was trained
 
 
 def _observations(steps: list[StepTimes], phase: str):
@@ -139,6 +140,7 @@ def calibrate(paths, *, warmup: int = 2, heldout: float = 0.25) -> Calibration:
         warmup=warmup,
         skipped=skipped,
         hardware=next((st.hardware for st in steps if st.hardware), None),
+        model=next((st.model for st in steps if st.model), None),
     )
 
 
@@ -162,7 +164,7 @@ def write(cal: Calibration, out: str | Path, paths, *, model: str | None = None)
             "warmup": cal.warmup,
             "records_without_phase_times": cal.skipped,
         },
-        "model": model,
+        "model": model or cal.model,
         # where the steps ran (the log says), else where this runs
         "hardware": cal.hardware or describe_machine(),
     }

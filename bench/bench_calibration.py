@@ -2,8 +2,12 @@
 FLOPs proxy, in the same run of the same model on the same data.
 
 The reference trainer (``equishard train``, tiny model, 4 gloo ranks, one thread each) trains on
-a Qwen2-VL-style generation (native-resolution images: every image its own sequence of 112 to
-5,084 patches) with runtime balancing on, three times, alternated:
+a Qwen2-VL-style generation (native-resolution images: every image its own sequence) with
+runtime balancing on, three times, alternated. The data: the demo's 400 samples (one or a few
+photos of 112 to 5,084 patches) and 200 samples of six small images each (icons of 16 to 144
+patches, each of its own shape). The tiny tower runs the images of one shape together, so each
+small image costs a launch of every layer: a per-image constant the FLOPs proxy does not have
+(an encoder "with a large per-image constant", the case #68 names). The runs:
 
 * **proxy, default dimensions**: costs from the dimensions ``balance`` and ``RedistributePolicy``
   assume when none are given (InternViT-300M, a 7B LLM): what a user who passes nothing gets;
@@ -31,8 +35,31 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-SAMPLES, DP, STEPS, WARMUP, REPEATS = 400, 4, 26, 2, 2
+SAMPLES, ICON_SAMPLES, ICONS, DP, STEPS, WARMUP, REPEATS = 400, 200, 6, 4, 30, 2, 2
 POLICY = "qwen2vl"
+
+
+def _icons(demo: Path) -> None:
+    """Append ICON_SAMPLES samples of ICONS small images each (random pixels, a random grid of
+    4..12 x 4..12 patches: 56..168 px a side) to the demo's JSON lines."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    (demo / "icons").mkdir()
+    lines = (demo / "demo.jsonl").read_text().splitlines()
+    for k in range(ICON_SAMPLES):
+        names = []
+        for j in range(ICONS):
+            h, w = (28 * int(x) for x in rng.integers(2, 7, 2))
+            name = f"icons/{k:04d}-{j}.png"
+            Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(demo / name)
+            names.append(name)
+        conv = [
+            {"from": "human", "value": "<image>\n" * ICONS + "Which icon is different?"},
+            {"from": "gpt", "value": "The third one."},
+        ]
+        lines.append(json.dumps({"id": f"icons-{k:04d}", "image": names, "conversations": conv}))
+    (demo / "demo.jsonl").write_text("\n".join(lines) + "\n")
 
 
 def _generation(root: Path) -> Path:
@@ -41,6 +68,7 @@ def _generation(root: Path) -> Path:
     from shards.write.writer import WriteConfig, write_generation
 
     make_demo(root / "demo", samples=SAMPLES, seed=5, images=80)
+    _icons(root / "demo")
     cost = root / "cost.parquet"
     run_prep(
         PrepConfig(
@@ -137,8 +165,10 @@ def run() -> dict:
     markdown = "\n".join(
         [
             f"Reference trainer, tiny model, {DP} gloo ranks on this machine's cores (one thread "
-            f"each), {SAMPLES} demo samples prepped with `{POLICY}` (each image its own "
-            f"sequence), runtime balancing on, {STEPS} steps a run (the first {WARMUP} and the "
+            f"each), {SAMPLES} demo samples and {ICON_SAMPLES} of {ICONS} small images each "
+            f"prepped with `{POLICY}` (each image its own sequence; the tower pays a launch per "
+            "image shape, a per-image constant its FLOPs do not have), runtime balancing on, "
+            f"{STEPS} steps a run (the first {WARMUP} and the "
             f"short last one left out), {REPEATS} rounds alternated. Efficiency: mean over "
             "ranks of each rank's vision + LLM compute (CPU time) over the largest, averaged "
             "over steps.",

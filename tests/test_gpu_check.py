@@ -100,3 +100,33 @@ def test_every_gpu_training_variant_is_a_valid_train_command():
                           profile="p", profile_steps=a.profile_steps)  # fmt: skip
         assert cfg.steps >= 6, name
         assert all(k in ("EQUISHARD_SDPA", "PYTORCH_CUDA_ALLOC_CONF") for k in env), name
+
+
+def test_the_longest_run_is_calibrated(tmp_path):
+    """The GPU command fits costs to its longest training log (CUDA-event phase times of one
+    rank); a log too short for a fit (the dry run's two steps) gives none, not a failure."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    rng = __import__("numpy").random.default_rng(0)
+
+    def log(path, steps):
+        lines = []
+        for s in range(steps):
+            pt = {}
+            for name, (a, b) in (("vision", (2e-6, 3e-8)), ("llm", (5e-5, 1e-8))):
+                items = [rng.integers(16, 900, int(rng.integers(1, 5))).tolist()]
+                pt[name] = {"seconds": [a * sum(items[0]) + b * sum(x * x for x in items[0])],
+                            "items": items}  # fmt: skip
+            lines.append(json.dumps({"step": s, "phase_times": pt}))
+        path.write_text("\n".join(lines) + "\n")
+
+    log(tmp_path / "train-0.jsonl", 2)
+    assert gpu_check._calibrate(tmp_path, 1) is None
+    log(tmp_path / "train-1.jsonl", 20)
+    got = gpu_check._calibrate(tmp_path, 2)
+    assert got["log"] == "train-1.jsonl" and got["status"] == "ok"
+    assert got["phases"]["llm"]["alpha"] == pytest.approx(5e-5, rel=1e-4)
+    assert (tmp_path / "calibration.json").exists()

@@ -408,7 +408,27 @@ def step_train(dry: bool, work: Path) -> dict:
         partial.write_text(json.dumps(out))
     if all("error" in r for r in out.values()):
         raise SystemExit("every training run failed: " + json.dumps(out)[:3000])
+    out["calibration"] = _calibrate(work, len(variants))
     return out
+
+
+def _calibrate(work: Path, runs: int) -> dict | None:
+    """``equishard calibrate`` on the longest run's log (CUDA-event phase times of one rank):
+    the fit's coefficients and its error on the held-out last quarter of the steps. None where
+    no run has the points a fit needs (a dry run's two steps)."""
+    logs = [work / f"train-{k}.jsonl" for k in range(runs)]
+    logs = [p for p in logs if p.exists()]
+    best = max(logs, key=lambda p: len(p.read_text().splitlines()), default=None)
+    if best is None or len(best.read_text().splitlines()) < 16:
+        return None
+    r = subprocess.run(
+        [sys.executable, "-m", "equishard", "calibrate", str(best), "-o",
+         str(work / "calibration.json"), "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if r.returncode:
+        return {"log": best.name, "refused": r.stderr.strip()[-500:]}
+    return {"log": best.name, **json.loads(r.stdout)}
 
 
 def step_pytest_gpu(dry: bool, work: Path) -> dict:

@@ -12,7 +12,8 @@ One JSON object per step (a line of the loop's ``--log`` file), with at least::
         "llm": {...}},
      "waits": {"exchange": [...], "loader": [...]},    # per rank, seconds spent waiting
      "hardware": "NVIDIA H100 80GB HBM3 x 8 ranks",    # optional, what it ran on
-     "generation": "gen-...", "loader_position": [[epoch, step], ...]}  # optional, what it read
+     "generation": "gen-...", "loader_position": [[epoch, step], ...],  # optional, what it read
+     "model": "tiny reference VLM"}                    # optional, what was trained
 
 ``seconds`` of a phase is the time of that rank's own compute in it (forward and backward), not
 time spent waiting for other ranks in a collective: waits are recorded apart, in ``waits``.
@@ -71,6 +72,7 @@ class StepTimes:
     hardware: str | None = None  # what the step ran on, in words
     generation: str | None = None  # the shard generation the step read
     generation_step: int | None = None  # which of its steps (every reading rank the same)
+    model: str | None = None  # what was trained, in words
 
     @property
     def ranks(self) -> int:
@@ -160,7 +162,11 @@ def parse_step_times(record, where: str) -> StepTimes:
         if not isinstance(generation, str) or len(generation) > MAX_HARDWARE:
             raise PhaseTimesError(f"{where}: 'generation' is not a generation's name")
         gen_step = _generation_step(record.get("loader_position"), where)
+    model = record.get("model")
+    if model is not None and (not isinstance(model, str) or len(model) > MAX_HARDWARE):
+        raise PhaseTimesError(f"{where}: 'model' is not a string of at most {MAX_HARDWARE} chars")
     return StepTimes(
+        model=model,
         step=step,
         phases=phases,
         waits=waits,

@@ -79,6 +79,7 @@ BAD = {
     "no phase times": (("phase_times",), {}, "no 'phase_times'"),
     "hardware too long": (("hardware",), "x" * (MAX_HARDWARE + 1), "'hardware'"),
     "generation not a string": (("generation",), 5, "'generation'"),
+    "model not a string": (("model",), ["tiny"], "'model'"),
     "position not pairs": (("loader_position",), [[0, 1, 2]], "'loader_position'"),
 }
 

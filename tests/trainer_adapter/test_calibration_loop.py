@@ -110,6 +110,7 @@ def test_calibrate_reads_the_trainers_log_and_predicts_its_times(trained, tmp_pa
     assert model.calibrated and "sha256" in model.source
     doc = json.loads(out.read_text())
     assert doc["measurements"]["warmup"] == 2 and doc["hardware"].endswith("threads")
+    assert doc["model"] == "equishard train --model tiny (fp32)"  # the log says what it trained
     for line in log.read_text().splitlines():
         pt = json.loads(line)["phase_times"]
         for name in ("vision", "llm"):

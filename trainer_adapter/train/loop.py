@@ -231,6 +231,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         }
         rec["hardware"] = hardware
         rec["generation"] = manifest.generation
+        rec["model"] = f"equishard train --model {cfg.model} ({cfg.precision})"
         rec.update(gather_phase_times([e["phase_times"] for e in every], _predicted(out, cfg)))
         rec["step_report"] = assess_step(parse_step_times(rec, "this run"))
         records.append(rec)

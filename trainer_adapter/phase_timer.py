@@ -73,9 +73,11 @@ class PhaseTimer:
     def add(self, name: str, seconds: float, items) -> None:
         """Add ``seconds`` measured elsewhere (a pipeline stage's busy time) to phase ``name``,
         with its items."""
-        with self.phase(name, items):
-            pass
-        self._spans[name][-1] = float(seconds)
+        if name not in PHASE_NAMES:
+            raise ValueError(f"unknown phase {name!r}; phases: {', '.join(PHASE_NAMES)}")
+        self._items[name] = [int(n) for n in items]
+        self._padded[name] = False
+        self._spans.setdefault(name, []).append(float(seconds))
 
     def wait(self, name: str, seconds: float) -> None:
         """Add ``seconds`` spent waiting (``exchange``: on other ranks in a collective;

@@ -15,8 +15,29 @@ from equishard.contracts.phase_times import parse_step_times
 from trainer_adapter.phase_timer import PhaseTimer, gather_phase_times
 
 
-def test_a_phase_entered_twice_adds_up_and_reset_forgets():
+def _busy(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_the_cpu_clock_counts_work_not_waiting():
+    """The default clock on a CPU is the process's CPU time: a rank taken off its core (here: a
+    sleep) is not working, and the time does not count; work does."""
     t = PhaseTimer("cpu")
+    with t.phase("llm", items=[1]):
+        time.sleep(0.05)
+    assert t.collect()["phases"]["llm"]["seconds"] < 0.02
+    t.reset()
+    with t.phase("llm", items=[1]):
+        _busy(0.05)
+    assert t.collect()["phases"]["llm"]["seconds"] >= 0.05
+    with pytest.raises(ValueError, match="clock"):
+        PhaseTimer("cpu", clock="gpu")
+
+
+def test_a_phase_entered_twice_adds_up_and_reset_forgets():
+    t = PhaseTimer("cpu", clock="wall")
     with t.phase("vision", items=[256, 64]):
         time.sleep(0.02)
     with t.phase("vision"):  # its backward, later in the step

@@ -425,6 +425,27 @@ def test_pixtral_hand_worked(spec, w, h, patches, tokens):
     assert e.value.reason == "aspect_ratio_out_of_range"
 
 
+def test_pixtral_settings_at_below_and_above_their_limits():
+    """patch and merge sizes of 1 are a policy, 0 is not; the longest edge may equal one merged
+    patch (every image then one token and its end) and not be below it. Counts are whole
+    numbers (a ``/`` for ``//`` gives equal floats)."""
+    from dataprep.policies.pixtral import PixtralPolicy
+
+    tiny = PixtralPolicy(patch_size=1, merge_size=1, longest_edge=2).image_cost(2, 1)
+    assert tiny.vit_seq_lens == (2,) and tiny.llm_tokens == 3  # a row of two, its end
+    one = PixtralPolicy(patch_size=14, merge_size=2, longest_edge=28, name="mistral3")
+    c = one.image_cost(1000, 700)
+    assert c.vit_seq_lens == (4,) and c.llm_tokens == 2  # one merged patch, then its end
+    for bad in ({"patch_size": 0}, {"merge_size": 0}):
+        with pytest.raises(ValueError, match="patch_size >= 1 and merge_size >= 1"):
+            PixtralPolicy(**bad)
+    with pytest.raises(ValueError, match="longest_edge >= patch_size"):
+        PixtralPolicy(patch_size=14, merge_size=2, longest_edge=27)
+    PixtralPolicy(patch_size=14, merge_size=2, longest_edge=29)
+    c = parse_vision_policy("mistral3").image_cost(1000, 500)
+    assert all(type(x) is int for x in (*c.vit_seq_lens, c.llm_tokens))
+
+
 _PIXTRAL = pytest.mark.parametrize(
     ("spec", "patch", "merge", "longest"), [("pixtral", 16, 1, 1024), ("mistral3", 14, 2, 1540)]
 )

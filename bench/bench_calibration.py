@@ -143,6 +143,11 @@ def run() -> dict:
                 log = root / f"{name}-{k}.jsonl"
                 _train(gen, log, calib)
                 runs[name].append(_efficiency(log))
+    return _render(runs, fits)
+
+
+def _render(runs: dict, fits: list) -> dict:
+    """The section from the runs' efficiencies and the fits (also from stored raw results)."""
     rows = []
     base = {k: np.mean([r["efficiency"] for r in v]) for k, v in runs.items()}
     labels = {
@@ -160,7 +165,14 @@ def run() -> dict:
         )
     held = [f["heldout"].get("step") for f in fits]
     phase_err = {p: [f["heldout"].get(p) for f in fits] for p in ("vision", "llm")}
-    beats = base["calibrated"] > max(base["default"], base["dims"])
+    # higher in every round than both proxies in every round: a tie within the rounds' spread
+    # is no gain
+    beats = min(r["efficiency"] for r in runs["calibrated"]) > max(
+        r["efficiency"] for k in ("default", "dims") for r in runs[k]
+    )
+    over_default = min(r["efficiency"] for r in runs["calibrated"]) > max(
+        r["efficiency"] for r in runs["default"]
+    )
     ok_fit = max(held) <= 0.10
     markdown = "\n".join(
         [
@@ -178,8 +190,12 @@ def run() -> dict:
             *rows,
             "",
             f"Calibrated vs the better proxy: {base['calibrated']:.3f} vs "
-            f"{max(base['default'], base['dims']):.3f}: target (higher) "
-            + ("**met**." if beats else "**not met**."),
+            f"{max(base['default'], base['dims']):.3f}: target (higher in every round than "
+            "every proxy round) "
+            + ("**met**." if beats else "**not met**: within the rounds' spread.")
+            + f" Against the default dimensions' proxy alone: {base['calibrated']:.3f} vs "
+            f"{base['default']:.3f}, "
+            + ("higher in every round." if over_default else "not higher in every round."),
             f"Held-out steps, median error of each rank's predicted compute: "
             f"{', '.join(f'{h:.1%}' for h in held)} (vision "
             f"{', '.join(f'{e:.1%}' for e in phase_err['vision'])}, LLM "

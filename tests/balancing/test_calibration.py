@@ -66,6 +66,7 @@ def test_features_sum_squares_per_item_and_pad_to_the_longest():
     assert features([3, 4], padded=False) == (7.0, 25.0, 2.0)
     assert features([3, 4], padded=True) == (8.0, 32.0, 2.0)
     assert features([], padded=False) == (0.0, 0.0, 0.0)
+    assert features([5], padded=False) == features([5], padded=True) == (5.0, 25.0, 1.0)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -179,10 +180,38 @@ def test_items_must_explain_a_share_of_the_time(share, ok):
     items = _observations(rng, 40)
     tokens = np.array([sum(it) for it in items], dtype=float)
     k = share / (1 - share) / tokens.mean()  # mean(k * tokens) / mean(y) == share
-    secs = (1.0 + k * tokens).tolist()
+    secs = (5.0 + 5.0 * k * tokens).tolist()  # seconds far from 1: a share, not a power
     if ok:
         fit = fit_phase("vision", secs, items)
-        assert math.isclose(fit.cost.alpha, k, rel_tol=1e-3)
+        assert math.isclose(fit.cost.alpha, 5.0 * k, rel_tol=1e-3)
     else:
         with pytest.raises(CalibrationError, match="does not grow"):
             fit_phase("vision", secs, items)
+
+
+def test_prediction_and_errors_are_the_stated_quantities():
+    """A rank with no items is predicted 0 s (the per-call constant only where it ran); the
+    errors are relative: a prediction of 1 s against 2 s measured is 50 % off, against 0.5 s
+    100 %."""
+    rng = np.random.default_rng(8)
+    items = _observations(rng, 30)
+    fit = fit_phase("vision", [_seconds(it) for it in items], items)
+    assert fit.predict([]) == 0.0
+    one = items[0]
+    p = fit.predict(one)
+    assert fit.errors([2 * p, 0.5 * p], [one, one]) == pytest.approx([0.5, 1.0])
+
+
+def test_a_fit_is_an_immutable_keyword_only_value_and_pairs_must_match():
+    import dataclasses
+
+    rng = np.random.default_rng(9)
+    items = _observations(rng, 20)
+    secs = [_seconds(it) for it in items]
+    fit = fit_phase("llm", secs, items)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fit.intercept = 0.0
+    with pytest.raises(TypeError):
+        type(fit)("llm", fit.cost, 0.0, 20, False, 0.0, 0.0)
+    with pytest.raises(ValueError):  # a time without its items (or items without a time)
+        fit_phase("llm", secs[:-1], items)

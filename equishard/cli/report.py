@@ -79,12 +79,15 @@ def _steps(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as exc:
         return fail(str(exc))
     try:
-        out = render_steps_report(args.steps, args.output)
+        out, drawn, without = render_steps_report(args.steps, args.output)
     except ValueError as exc:
         return fail(str(exc), 1)
     if args.json:
         size = out.stat().st_size
-        print_json("report", ok=True, n_in=0, n_out=0, rejected=0, output=str(out), bytes=size)
+        # in = the records read; out = those drawn; rejected = those without phase times
+        n_in = drawn + without
+        print_json("report", ok=True, n_in=n_in, n_out=drawn, rejected=without, output=str(out),
+                   bytes=size)  # fmt: skip
         return 0
     print(f"report: {out} ({out.stat().st_size / 1024:.0f} KiB, self-contained)")
     return 0

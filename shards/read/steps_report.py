@@ -88,8 +88,9 @@ def _figures(steps, reports) -> list[tuple[str, str, str]]:
     return figs
 
 
-def render_steps_report(logs, output: str | Path) -> Path:
-    """Write the page for the step records of ``logs`` to ``output``."""
+def render_steps_report(logs, output: str | Path) -> tuple[Path, int, int]:
+    """Write the page for the step records of ``logs`` to ``output``; returns it with the
+    number of step records drawn and of records without phase times (left out)."""
     from balancing.calibration import CalibrationError
     from balancing.calibration_log import read_step_times
 
@@ -148,4 +149,4 @@ text-align:left}}img{{max-width:100%}}</style></head><body>
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page)
-    return out
+    return out, len(steps), without

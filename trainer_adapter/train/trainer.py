@@ -306,7 +306,6 @@ class Trainer(PipelineSetup):
         # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
         rows = local.llm_index if self.pp == 1 else mine if self.stage == 0 else []
         llm_lens = route.table[rows, _LLM].tolist()
-        units = local.units_hw.prod(dim=1).tolist() if local.units_hw.numel() else []
         # the LM head runs at the target positions only (the chunked loss picks them)
         targets = int(route.table[rows, _TGT].sum())
         flops = training_flops(model.cfg, llm_lens, units, targets=targets)

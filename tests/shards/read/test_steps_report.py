@@ -41,6 +41,11 @@ def test_the_page_names_a_persistently_slow_rank(tmp_path, capsys):
     data = json.loads(html.unescape(re.search(r'id="report-data">(.*?)</script>', page).group(1)))
     assert data["persistent_stragglers"] == {"2": 10}
     assert sum(data["attribution"].values()) == 10
+    capsys.readouterr()
+    log = tmp_path / "l.jsonl"
+    assert main(["report", "--steps", str(log), "-o", str(out), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["counts"] == {"in": 11, "out": 10, "rejected": 1}  # in = out + rejected
 
 
 def test_a_generation_or_logs_one_of_them(tmp_path, capsys):

@@ -9,6 +9,7 @@ from trainer_adapter.train.model import (
     Block,
     VisionLanguageModel,
     VLMConfig,
+    grid_positions,
     merge_for_policy,
     shifted_labels,
 )
@@ -30,6 +31,40 @@ def test_image_tokens_per_unit_follow_the_merge():
     torch.testing.assert_close(out[4:7], alone, rtol=1e-5, atol=1e-6)
     empty = m.encode_images(torch.zeros(0, 12), torch.zeros(0, 2, dtype=torch.long))
     assert empty.shape == (0, m.cfg.llm_hidden) and empty.requires_grad
+
+
+def test_grid_positions_equal_the_sine_cosine_formula_by_hand():
+    """Anchor: MAE's 2-D form written out element by element (rows in the first half)."""
+    import math
+
+    h, w, dim = 3, 5, 8
+    pos = grid_positions(h, w, dim)
+    for r in range(h):
+        for c in range(w):
+            want = []
+            for p in (r, c):
+                f = [1 / 10000 ** (k / 2) for k in range(2)]
+                want += [math.sin(p * x) for x in f] + [math.cos(p * x) for x in f]
+            torch.testing.assert_close(pos[r * w + c], torch.tensor(want), rtol=0, atol=1e-6)
+
+
+def test_a_grid_wider_than_any_table_encodes_and_rows_differ_from_columns():
+    """Bug: a learned table of 128 positions a side made `equishard train` fail mid-run on a
+    native-resolution image wider than 128 patches (qwen2vl keeps aspect ratios up to 200)."""
+    torch.manual_seed(0)
+    m = VisionLanguageModel(_cfg(merge=2))
+    hw = torch.tensor([[2, 600]])
+    out = m.encode_images(torch.randn(1200, 12), hw)
+    assert out.shape == (300, m.cfg.llm_hidden) and torch.isfinite(out).all()
+    pos = grid_positions(600, 600, 32)
+    assert not torch.allclose(pos[1 * 600 + 2], pos[2 * 600 + 1])  # (1, 2) is not (2, 1)
+    assert len({tuple(r) for r in pos[:: 599 * 7].tolist()}) == len(pos[:: 599 * 7])
+
+
+def test_vit_hidden_must_split_into_row_and_column_sines_and_cosines():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        VLMConfig(vocab_size=8, vit_hidden=6, vit_heads=2)
+    VLMConfig(vocab_size=8, vit_hidden=8, vit_heads=2)
 
 
 @pytest.mark.parametrize(

@@ -211,3 +211,28 @@ def test_a_different_tokenizer_than_prep_is_refused(train_generation, tmp_path):
     with pytest.raises(ValueError, match="not the one the generation was measured with"):
         build_collator(TrainConfig(shards=str(train_generation), dp=1, tokenizer=str(other)), m)
     assert build_collator(TrainConfig(shards=str(train_generation), dp=1), m).vocab_size > 0
+
+
+@pytest.mark.parametrize(
+    "longest,rows",
+    [(None, 32768), (0, 32768), (32768, 32768), (32769, 32769), (1 << 22, 1 << 22)],
+)
+def test_the_position_table_holds_the_generations_longest_sample(longest, rows):
+    """Bug class: a fixed table (32768 positions) failed mid-run at the step that held a longer
+    sample; the table is sized from the manifest's ``loads`` at the start."""
+    from types import SimpleNamespace
+
+    from trainer_adapter.train.loop import position_table_size
+
+    loads = None if longest is None else {"max_sample_llm_tokens": longest}
+    assert position_table_size(SimpleNamespace(raw={"loads": loads}, path="g")) == rows
+
+
+def test_a_sample_past_the_largest_position_table_is_refused_at_the_start():
+    from types import SimpleNamespace
+
+    from trainer_adapter.train.loop import MAX_POSITIONS, position_table_size
+
+    m = SimpleNamespace(raw={"loads": {"max_sample_llm_tokens": MAX_POSITIONS + 1}}, path="g/m")
+    with pytest.raises(ValueError, match=r"g/m: the generation's longest sample has 4194305"):
+        position_table_size(m)

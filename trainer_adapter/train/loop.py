@@ -98,6 +98,24 @@ def group_batches(ds, workers: int, timeout: float):
         epoch += 1
 
 
+# the LLM's learned position table: at least this long, longer when the generation's longest
+# sample needs it, refused past the largest (a table of that many rows is memory, not a model)
+POSITIONS, MAX_POSITIONS = 32768, 1 << 22
+
+
+def position_table_size(manifest) -> int:
+    """The position table's rows for ``manifest``'s generation: its longest sample checked at the
+    start, not found mid-run when the step that holds it comes."""
+    longest = (manifest.raw.get("loads") or {}).get("max_sample_llm_tokens", 0)
+    if longest > MAX_POSITIONS:
+        raise ValueError(
+            f"{manifest.path}: the generation's longest sample has {longest} LLM tokens; the "
+            f"reference trainer's position table holds at most {MAX_POSITIONS}: split or drop "
+            "such samples before prep"
+        )
+    return max(POSITIONS, longest)
+
+
 def run(cfg: TrainConfig) -> list[dict]:
     """Train on an initialized default process group; returns rank 0's step records."""
     from shards import GroupDataset, RankInfo, open_generation
@@ -116,6 +134,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         vocab_size=collate.vocab_size,
         patch_dim=3 * collate._policy.patch_size**2,
         merge=merge_for_policy(collate._policy),
+        max_positions=position_table_size(manifest),
     )
     if rank == 0 and (note := plan_cost_note(manifest, model_cfg, cfg.calibration)):
         print(note, flush=True)

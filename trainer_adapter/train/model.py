@@ -58,7 +58,6 @@ class VLMConfig:
     llm_hidden: int = 64
     llm_layers: int = 4
     llm_heads: int = 2
-    max_grid: int = 128
     max_positions: int = 32768
     mlp_ratio: int = 4
 
@@ -71,7 +70,6 @@ class VLMConfig:
             "vit_layers",
             "llm_hidden",
             "llm_layers",
-            "max_grid",
             "max_positions",
             "mlp_ratio",
             "vit_heads",
@@ -84,6 +82,11 @@ class VLMConfig:
         ):
             if n < 1 or h % n:
                 raise ValueError(f"{what}_hidden {h} must be a multiple of {what}_heads {n}")
+        if self.vit_hidden % 4:
+            raise ValueError(
+                f"vit_hidden {self.vit_hidden} must be a multiple of 4 (a sine and a cosine "
+                "for the row and for the column of each patch)"
+            )
 
     @classmethod
     def preset(cls, name: str, **overrides) -> VLMConfig:
@@ -239,13 +242,25 @@ class Block(nn.Module):
         return self._post(x, packed_attention(*self._qkv(x), seg_lens, self.causal))
 
 
+def grid_positions(h: int, w: int, dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """[h*w, dim] fixed 2-D sine-cosine positions of an h x w patch grid in row-major order:
+    half the channels encode the row, half the column (MAE's form). No table, so no largest
+    grid: a native-resolution policy's image of any shape is encoded."""
+    quarter = dim // 4
+    freq = 1.0 / 10000 ** (torch.arange(quarter, device=device, dtype=torch.float32) / quarter)
+    grid = torch.arange(h * w, device=device)
+    parts = []
+    for pos in (grid // w, grid % w):
+        angle = pos.to(torch.float32)[:, None] * freq[None, :]
+        parts += [angle.sin(), angle.cos()]
+    return torch.cat(parts, dim=1)
+
+
 class VisionEncoder(nn.Module):
     def __init__(self, cfg: VLMConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.patch_embed = nn.Linear(cfg.patch_dim, cfg.vit_hidden)
-        self.row = nn.Embedding(cfg.max_grid, cfg.vit_hidden)
-        self.col = nn.Embedding(cfg.max_grid, cfg.vit_hidden)
         self.blocks = nn.ModuleList(
             Block(cfg.vit_hidden, cfg.vit_heads, cfg.mlp_ratio, causal=False)
             for _ in range(cfg.vit_layers)
@@ -258,8 +273,6 @@ class VisionEncoder(nn.Module):
         if units_hw.shape[0] == 0:
             return self.norm(x)
         hw = units_hw.tolist()
-        if max(max(h, w) for h, w in hw) > self.cfg.max_grid:
-            raise ValueError(f"a unit's patch grid exceeds max_grid={self.cfg.max_grid}; raise it")
         starts = [0]
         for h, w in hw:
             starts.append(starts[-1] + h * w)
@@ -278,8 +291,7 @@ class VisionEncoder(nn.Module):
         for (h, w), ids in shapes.items():
             rows = index[at : at + len(ids) * h * w]
             at += len(ids) * h * w
-            grid = torch.arange(h * w, device=x.device)
-            y = x[rows].view(len(ids), h * w, -1) + self.row(grid // w) + self.col(grid % w)
+            y = x[rows].view(len(ids), h * w, -1) + grid_positions(h, w, x.shape[1], x.device)
             for blk in self.blocks:
                 y = blk(y)
             y = y.reshape(len(ids) * h * w, -1)

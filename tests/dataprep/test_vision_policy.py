@@ -157,6 +157,49 @@ def test_qwen2vl_cost_and_rejection():
     assert e.value.reason == "aspect_ratio_out_of_range"
 
 
+@pytest.mark.parametrize("resize", ["transformers", "qwen-vl-utils"])
+def test_qwen2vl_aspect_limit_at_below_and_above_200(resize):
+    """The documented limit, 200, is accepted; just above it is refused (either orientation)."""
+    p = Qwen2VLPolicy(resize=resize)
+    assert p.image_cost(4000, 20).vit_seq_lens  # exactly 200
+    assert p.image_cost(20, 3980).vit_seq_lens  # 199
+    for w, h in [(4001, 20), (20, 4001)]:  # 200.05
+        with pytest.raises(SampleRejected, match="aspect ratios up to 200"):
+            p.image_cost(w, h)
+
+
+@pytest.mark.parametrize(
+    "kw,ok",
+    [
+        ({"min_pixels": 0}, False),
+        ({"min_pixels": 1}, True),
+        ({"min_pixels": 5000, "max_pixels": 5000}, True),  # equal bounds: at the limit
+        ({"min_pixels": 5001, "max_pixels": 5000}, False),
+        ({"patch_size": 0}, False),
+        ({"patch_size": 1}, True),
+        ({"merge_size": 0}, False),
+        ({"merge_size": 1}, True),
+    ],
+)
+def test_qwen2vl_settings_at_and_around_their_limits(kw, ok):
+    if ok:
+        p = Qwen2VLPolicy(**kw)
+        assert p.image_cost(640, 480).llm_tokens > 0
+        return
+    with pytest.raises(ValueError, match="qwen2vl needs"):
+        Qwen2VLPolicy(**kw)
+
+
+def test_qwen2vl_pixel_bounds_hold_exactly_at_them():
+    """An image already at max_pixels (or min_pixels) after rounding is kept as is; one pixel
+    row past them is scaled: the bounds are inclusive."""
+    hi = 28 * 28 * 16
+    assert qwen2vl_smart_resize(112, 112, 28, 3136, hi) == (112, 112)  # 12,544 = max
+    assert qwen2vl_smart_resize(140, 112, 28, 3136, hi) == (112, 84)  # over: scaled down
+    assert qwen2vl_smart_resize(56, 56, 28, 3136, hi) == (56, 56)  # 3,136 = min
+    assert qwen2vl_smart_resize(56, 28, 28, 3136, hi) == (84, 56)  # under: scaled up
+
+
 @pytest.mark.parametrize(
     "spec",
     [

@@ -99,6 +99,74 @@ def test_internvl_hand_worked(w, h, grid, tiles):
     assert c.llm_tokens == 256 * tiles
 
 
+def _tie_sizes():
+    """Images whose aspect is exactly halfway between two grids' (ties the rule must break as
+    the reference does), and a spread of ordinary and extreme sizes."""
+    import itertools
+    from fractions import Fraction
+
+    ratios = sorted({Fraction(i, j) for i in range(1, 13) for j in range(1, 13) if i * j <= 12})
+    mids = [(a + b) / 2 for a, b in itertools.pairwise(ratios)]
+    ties = [(m.numerator * k, m.denominator * k) for m in mids for k in (1, 7, 50, 300)]
+    sides = [1, 10, 223, 224, 447, 448, 449, 896, 1344, 2000, 4000]
+    return ties + [(w, h) for w in sides for h in sides]
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 12), (1, 6), (2, 12), (1, 1), (3, 9), (12, 12)])
+def test_internvl_grid_equals_the_hf_image_processors_canvas(lo, hi):
+    """Anchor: transformers' InternVL image processor (GotOcr2's ``get_optimal_tiled_canvas``)
+    picks the same grid for every size, ties between grids included."""
+    got = pytest.importorskip("transformers.models.got_ocr2.image_processing_pil_got_ocr2")
+    diff = [
+        (w, h)
+        for w, h in _tie_sizes()
+        if internvl_grid(w, h, lo, hi, 448)
+        != tuple(got.get_optimal_tiled_canvas((h, w), (448, 448), lo, hi))
+    ]
+    assert not diff, diff[:5]
+
+
+@pytest.mark.parametrize(
+    "kw,ok",
+    [
+        ({"min_tiles": 0}, False),
+        ({"min_tiles": 1, "max_tiles": 1}, True),
+        ({"min_tiles": 12, "max_tiles": 12}, True),  # equal: at the limit
+        ({"min_tiles": 13, "max_tiles": 12}, False),
+        ({"downsample_ratio": 0.0}, False),
+        ({"downsample_ratio": 1.0}, True),
+        ({"downsample_ratio": 1.01}, False),
+        ({"patch_size": 0}, False),
+        ({"patch_size": 1, "tile_size": 2}, True),
+        ({"patch_size": 14, "tile_size": 28}, True),  # 2 patches a side: the least that shuffles
+        ({"patch_size": 14, "tile_size": 14}, False),  # 1 patch a side: odd
+        ({"patch_size": 14, "tile_size": 13}, False),  # tile under the patch
+        ({"patch_size": 14, "tile_size": 42}, False),  # 3 patches a side: odd
+        ({"patch_size": 14, "tile_size": 449}, False),  # not a multiple
+    ],
+)
+def test_internvl_settings_at_and_around_their_limits(kw, ok):
+    if not ok:
+        with pytest.raises(ValueError, match=r"internvl|tile_size"):
+            InternVLPolicy(**kw)
+        return
+    p = InternVLPolicy(**kw)
+    side = p.tile_size // p.patch_size
+    assert p.patches_per_tile == side * side
+    assert p.llm_tokens_per_tile == int(side * side * p.downsample_ratio**2)
+    assert p.image_cost(900, 450).llm_tokens == p.llm_tokens_per_tile * p.num_tiles(900, 450)
+
+
+@pytest.mark.parametrize("thumbnail", [True, False])
+def test_internvl_thumbnail_only_beside_more_than_one_tile(thumbnail):
+    p = InternVLPolicy(thumbnail=thumbnail)
+    assert p.num_tiles(448, 448) == 1  # one tile: never a thumbnail
+    assert p.num_tiles(896, 448) == 2 + thumbnail
+    assert InternVLPolicy(max_tiles=1, thumbnail=thumbnail).num_tiles(4000, 10) == 1
+    # at least 2 tiles: a square image takes the square 2 x 2 grid
+    assert InternVLPolicy(min_tiles=2, thumbnail=thumbnail).num_tiles(448, 448) == 4 + thumbnail
+
+
 def test_internvl_max_tiles_option():
     p = parse_vision_policy("internvl:max_tiles=6")
     # 800x600 (1.333): allowed grids up to 6 tiles, closest is (3, 2) at 1.5 -> 6 tiles + thumbnail

@@ -126,3 +126,61 @@ def test_a_whole_number_option_out_of_range_is_refused_as_a_value_error(name):
                 continue
             with pytest.raises(ValueError):
                 parse_vision_policy(spec)
+
+
+@pytest.mark.parametrize(
+    "field,value,ok",
+    [
+        ("n", -1, False),
+        ("n", 0, True),
+        ("n", (1 << 31) - 1, True),  # MAX_OPTION: at the limit
+        ("n", 1 << 31, False),
+        ("n", True, False),  # a bool is not a count
+        ("n", 2.0, False),
+        ("flag", True, True),
+        ("flag", 1, False),
+        ("x", -1e308, True),
+        ("x", float("-inf"), False),
+        ("x", float("inf"), False),
+        ("x", float("nan"), False),
+        ("x", True, False),
+        ("s", "ok", True),
+        ("s", 3, False),
+    ],
+)
+def test_every_option_has_its_declared_type_at_and_around_the_limits(field, value, ok):
+    """``check_field_types`` (every policy's and rule's first check): whole numbers in
+    0..MAX_OPTION, switches only bools, reals finite and not NaN, strings strings."""
+    from dataclasses import dataclass, replace
+
+    from dataprep.policies.base import MAX_OPTION, check_field_types
+
+    assert MAX_OPTION == (1 << 31) - 1
+
+    @dataclass(frozen=True)
+    class Rule:
+        n: int = 1
+        flag: bool = False
+        x: float = 0.5
+        s: str = "a"
+
+    rule = replace(Rule(), **{field: value})
+    if ok:
+        check_field_types(rule)
+    else:
+        with pytest.raises(ValueError, match=f"Rule.{field} "):
+            check_field_types(rule)
+
+
+@pytest.mark.parametrize("lo,hi", [(1, 1), (1, 6), (1, 12), (2, 12), (5, 5), (3, 40)])
+def test_tile_grids_are_the_hf_image_processors_in_its_order(lo, hi):
+    """Anchor: transformers' GOT-OCR2 image processor (InternVL, Aya Vision) tries the grids
+    of lo..hi tiles in this order; the order breaks ties between equally close grids."""
+    got = pytest.importorskip("transformers.models.got_ocr2.image_processing_pil_got_ocr2")
+    from dataprep.policies.base import tile_grids
+
+    assert list(tile_grids(lo, hi, hi)) == got.get_all_supported_aspect_ratios(lo, hi)
+    # a side limit drops the grids with a longer side, keeping the order of the rest
+    assert list(tile_grids(lo, hi, 3)) == [
+        g for g in got.get_all_supported_aspect_ratios(lo, hi) if max(g) <= 3
+    ]

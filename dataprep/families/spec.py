@@ -56,6 +56,16 @@ class PolicySpec:
     fixed: dict = field(default_factory=dict)
     help: str = ""
 
+    def __post_init__(self) -> None:
+        # an option has one kind: the spec parser reads it as the first kind that names it
+        kinds = (self.ints, self.floats, frozenset(self.strings))
+        both = sorted(set().union(*(a & b for i, a in enumerate(kinds) for b in kinds[i + 1 :])))
+        if both or not self.flags <= self.ints:
+            raise ValueError(
+                f"{self.cls.__name__}'s spec: options {both or sorted(self.flags - self.ints)} "
+                "have more than one kind (or are switches that are not whole numbers)"
+            )
+
     def build(self, options: dict) -> VisionPolicy:
         return self.cls(**{**self.defaults, **options, **self.fixed})
 

@@ -184,3 +184,88 @@ def test_tile_grids_are_the_hf_image_processors_in_its_order(lo, hi):
     assert list(tile_grids(lo, hi, 3)) == [
         g for g in got.get_all_supported_aspect_ratios(lo, hi) if max(g) <= 3
     ]
+
+
+@pytest.mark.parametrize(
+    "spec,ok",
+    [
+        ("fixed:336/14", True),
+        ("FIXED: 448/16", False),  # a space in the size is not a digit
+        (" Fixed:448/16", True),  # the name is matched in any case, spaces around it dropped
+        ("fixed:336", False),
+        ("fixed:336/", False),
+        ("fixed:/14", False),
+        ("fixed:x/14", False),
+        ("fixed:336/x", False),
+        ("fixed:-336/14", False),
+    ],
+)
+def test_fixed_specs_parse_only_as_size_slash_patch(spec, ok):
+    from dataprep.policies import FixedPolicy
+
+    if ok:
+        size, patch = spec.split(":")[1].split("/")
+        assert parse_vision_policy(spec) == FixedPolicy(image_size=int(size), patch_size=int(patch))
+        return
+    with pytest.raises(ValueError, match=r"write fixed:SIZE/PATCH, e\.g\. fixed:336/14"):
+        parse_vision_policy(spec)
+
+
+def test_an_unknown_policy_name_lists_every_choice():
+    names = list(POLICIES)
+    with pytest.raises(ValueError) as e:
+        parse_vision_policy("nope:max_tiles=2")
+    assert str(e.value) == (
+        f"unknown vision policy 'nope:max_tiles=2': choose fixed:S/P, "
+        f"{', '.join(names[:-1])} or {names[-1]}"
+    )
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_bad_option_names_every_option_the_family_takes(name):
+    """The message lists the family's options of every kind (whole numbers, strings, reals),
+    and only a Qwen family's adds its resize choices."""
+    fam = POLICIES[name]
+    allowed = ", ".join(sorted(fam.ints | set(fam.strings) | fam.floats))
+    with pytest.raises(ValueError) as e:
+        parse_vision_policy(f"{name}:no_such_option=1")
+    tail = " (or resize=transformers|qwen-vl-utils)" if name.startswith("qwen") else ""
+    assert str(e.value) == (
+        f"bad option 'no_such_option=1' in vision policy '{name}:no_such_option=1': use "
+        f"KEY=INT with KEY in {allowed}{tail}"
+    )
+
+
+def test_options_of_every_kind_apply_in_any_order():
+    """A string or real option does not end the parse: the options after it apply too."""
+    p = parse_vision_policy("qwen2vl:resize=qwen-vl-utils,min_pixels=6272,max_pixels=12544")
+    assert (p.resize, p.min_pixels, p.max_pixels) == ("qwen-vl-utils", 6272, 12544)
+    g = parse_vision_policy("gemma3:min_ratio=1.5,max_crops=3,pan_and_scan=1")
+    assert (g.min_ratio, g.max_crops, g.pan_and_scan) == (1.5, 3, True)
+
+
+@pytest.mark.parametrize("value", ["abc", "nan", "inf", "-inf", ""])
+def test_a_real_option_that_is_not_a_finite_number_is_refused(value):
+    with pytest.raises(ValueError, match=r"min_ratio takes a finite number, e\.g\. min_ratio=1\.5"):
+        parse_vision_policy(f"gemma3:min_ratio={value}")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"ints": frozenset({"a"}), "floats": frozenset({"a"})},
+        {"ints": frozenset({"a"}), "strings": {"a": ()}},
+        {"floats": frozenset({"b"}), "strings": {"b": ()}},
+        {"flags": frozenset({"c"})},  # a switch is a whole-number option too
+    ],
+)
+def test_an_option_of_two_kinds_is_refused_when_a_family_is_declared(kw):
+    """The parser reads an option as the first kind that names it: one kind each, so that the
+    kinds' union (the options a message lists) is their disjoint sum."""
+    from dataprep.families.spec import PolicySpec
+    from dataprep.policies import FixedPolicy
+
+    with pytest.raises(ValueError, match="more than one kind"):
+        PolicySpec(cls=FixedPolicy, **kw)
+    for fam in POLICIES.values():  # every family as declared: one kind an option
+        assert not fam.ints & fam.floats and not (fam.ints | fam.floats) & set(fam.strings)

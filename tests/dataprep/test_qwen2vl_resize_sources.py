@@ -111,7 +111,12 @@ def test_transformers_form_equals_the_image_processor_grid():
     for w, h in [(500, 10), (10, 500), (640, 480), (28, 28), (3000, 20), (1, 57), (4000, 3000)]:
         out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
         t, gh, gw = out["image_grid_thw"][0]
-        assert policy.image_cost(w, h).vit_seq_lens == (int(t * gh * gw),), (w, h)
+        cost = policy.image_cost(w, h)
+        assert cost.vit_seq_lens == (int(t * gh * gw),), (w, h)
+        # whole numbers (the cost table's int32 lengths), not floats equal to them
+        assert type(cost.vit_seq_lens[0]) is int and type(cost.llm_tokens) is int
+        # the size the image is resized to before its patches are cut
+        assert policy.resized(w, h) == (int(gh) * 14, int(gw) * 14), (w, h)
 
 
 def test_qwen3vl_spec_equals_qwen3vl_image_processor():
@@ -139,6 +144,9 @@ def test_qwen3vl_spec_equals_qwen3vl_image_processor():
         (2000, 10),
         (250, 4000),
         (4100, 4100),
+        # scaled up to min_pixels: 65,536 takes these to one more 32-px column than 65,535
+        (343, 7),
+        (525, 21),
     ]:
         out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
         t, gh, gw = out["image_grid_thw"][0]

@@ -258,6 +258,22 @@ def test_qwen2vl_settings_at_and_around_their_limits(kw, ok):
         Qwen2VLPolicy(**kw)
 
 
+def test_qwen2vl_policy_is_keyword_only():
+    with pytest.raises(TypeError):
+        Qwen2VLPolicy(3136)
+
+
+def test_qwen2vl_smart_resize_defaults_are_the_processors_bounds():
+    """Without bounds given, 56*56 and 28*28*1280 pixels (Qwen2VLImageProcessor's defaults; the
+    values are what transformers' smart_resize gives):
+    images exactly at them are kept, one 28-px step past them is scaled."""
+    assert qwen2vl_smart_resize(896, 1120) == (896, 1120)  # 28*28*1280 exactly
+    assert qwen2vl_smart_resize(588, 1708) == (560, 1680)  # 28*28*1281: over
+    assert qwen2vl_smart_resize(588, 1680) == (588, 1680)  # 28*28*1260: under
+    assert qwen2vl_smart_resize(56, 56) == (56, 56)  # min exactly
+    assert qwen2vl_smart_resize(28, 84) == (56, 112)  # 28*28*3 < 56*56: scaled up
+
+
 def test_qwen2vl_pixel_bounds_hold_exactly_at_them():
     """An image already at max_pixels (or min_pixels) after rounding is kept as is; one pixel
     row past them is scaled: the bounds are inclusive."""

@@ -108,7 +108,10 @@ def test_transformers_form_equals_the_image_processor_grid():
 
     proc = Qwen2VLImageProcessorPil()
     policy = Qwen2VLPolicy()
-    for w, h in [(500, 10), (10, 500), (640, 480), (28, 28), (3000, 20), (1, 57), (4000, 3000)]:
+    sizes = [(500, 10), (10, 500), (640, 480), (28, 28), (3000, 20), (1, 57), (4000, 3000)]
+    # at the default bounds: 28*28*1280 px (kept), 28*28*1281 (scaled), 56*56 (kept), 84x28
+    sizes += [(1120, 896), (1708, 588), (56, 56), (84, 28)]
+    for w, h in sizes:
         out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
         t, gh, gw = out["image_grid_thw"][0]
         cost = policy.image_cost(w, h)

@@ -272,6 +272,7 @@ def test_qwen2vl_smart_resize_defaults_are_the_processors_bounds():
     assert qwen2vl_smart_resize(588, 1680) == (588, 1680)  # 28*28*1260: under
     assert qwen2vl_smart_resize(56, 56) == (56, 56)  # min exactly
     assert qwen2vl_smart_resize(28, 84) == (56, 112)  # 28*28*3 < 56*56: scaled up
+    assert qwen2vl_smart_resize(1, 43) == (28, 392)  # scaled up by sqrt(3136 / 43) exactly
 
 
 def test_qwen2vl_pixel_bounds_hold_exactly_at_them():

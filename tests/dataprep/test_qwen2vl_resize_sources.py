@@ -23,6 +23,9 @@ SIDES += [1023, 1500, 2000, 2999, 3000, 4000, 5000, 8000]
 # transformers keeps it at 28 (the only bounds under which that branch is reached)
 BOUNDS = [(56 * 56, 28 * 28 * 1280), (256 * 28 * 28, 1280 * 28 * 28), (3136, 200_000)]
 BOUNDS += [(3136, 12_544)]
+# a min_pixels of one 28-px square: a thin image's short side rounds to 0 (transformers) and
+# the product 0 is under it, where a side floored at 1 would pass unscaled
+BOUNDS += [(784, 1_003_520)]
 GRID = [(h, w, lo, hi) for h, w in itertools.product(SIDES, SIDES) for lo, hi in BOUNDS]
 
 
@@ -194,3 +197,21 @@ def test_ernie45vl_spec_equals_ernie_image_processor():
     with pytest.raises(SampleRejected):
         policy.image_cost(2010, 10)
     assert parse_vision_policy("ernie45vl:max_pixels=1000000").max_pixels == 1_000_000
+
+
+@pytest.mark.parametrize("merge", [1, 3])
+def test_merge_sizes_other_than_2_equal_the_image_processor(merge):
+    """The 2x2 merge's 4 is also 2 + 2: merges of 1 and 3 tell a product from a sum. The
+    processor's grid, patch count and LLM tokens (patches / merge^2) on real images."""
+    pytest.importorskip("transformers")
+    from PIL import Image
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = Qwen2VLImageProcessorPil(merge_size=merge)
+    policy = Qwen2VLPolicy(merge_size=merge)
+    for w, h in [(640, 480), (100, 900), (2000, 1500)]:
+        out = proc(images=[Image.new("RGB", (w, h))], return_tensors="np")
+        t, gh, gw = (int(x) for x in out["image_grid_thw"][0])
+        cost = policy.image_cost(w, h)
+        assert cost.vit_seq_lens == (t * gh * gw,) and cost.llm_tokens == t * gh * gw // merge**2
+        assert policy.resized(w, h) == (gh * 14, gw * 14)

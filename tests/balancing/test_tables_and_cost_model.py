@@ -40,6 +40,29 @@ def test_group_max_is_numpys_per_group_maximum(seed):
     assert K._nb_group_max(ids, x, n_groups).tolist() == want.tolist()
 
 
+def test_pad_ratios_count_every_group_with_tokens_and_none_without():
+    """By hand: a group's pad ratio is (count * max - sum) / (count * max), averaged over the
+    groups whose maximum is > 0 (a group of one-token samples included); with no such group the
+    mean is 0, not a division by zero."""
+    # vision: group 0 (count 3, sum 1, max 1) -> 2/3, group 1 (3, 6, 4) -> 1/2, group 2 none;
+    # text: groups 0 and 1 even -> 0, group 2 (count 2, sum 1, max 1) -> 1/2
+    ids = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+    v = np.array([1.0, 0.0, 0.0, 4.0, 1.0, 1.0, 0.0, 0.0])
+    t = np.array([3.0, 3.0, 3.0, 2.0, 2.0, 2.0, 1.0, 0.0])
+    stats = K._nb_group_stats(ids, v, t, v, t, 3)
+    ra, rb = K._nb_stats_pad_ratios(stats)
+    assert ra == pytest.approx((2 / 3 + 1 / 2) / 2)
+    assert rb == pytest.approx((0 + 0 + 1 / 2) / 3)
+    text_only = K._nb_group_stats(
+        np.array([0, 1]), np.zeros(2), np.ones(2), np.zeros(2), np.ones(2), 2
+    )
+    assert K._nb_stats_pad_ratios(text_only) == (0.0, 0.0)
+    empty = K._nb_group_stats(
+        np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), 1
+    )
+    assert K._nb_stats_pad_ratios(empty) == (0.0, 0.0)
+
+
 def test_phase_cost_from_dims_is_the_stated_formula():
     """alpha = 24 h^2 L (projections and MLP per token), beta = 4 h L per squared sequence
     length (attention), half of it for causal attention; h = 2, L = 3 by hand."""

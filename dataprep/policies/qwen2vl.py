@@ -38,6 +38,8 @@ def qwen2vl_smart_resize(
     ``resize="qwen-vl-utils"``: qwen-vl-utils' form (each side first rounded to >= ``factor``;
     a shrunk side is floored without that clamp).
     """
+    if resize not in QWEN2VL_RESIZE:
+        raise ValueError(f"resize must be one of {', '.join(QWEN2VL_RESIZE)}, got {resize!r}")
     if max(height, width) / min(height, width) > 200:
         raise SampleRejected(
             "aspect_ratio_out_of_range",

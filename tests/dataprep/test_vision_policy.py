@@ -258,6 +258,12 @@ def test_qwen2vl_settings_at_and_around_their_limits(kw, ok):
         Qwen2VLPolicy(**kw)
 
 
+@pytest.mark.parametrize("resize", ["abc", "Transformers", "", None])
+def test_qwen2vl_smart_resize_refuses_a_form_it_does_not_know(resize):
+    with pytest.raises(ValueError, match="resize must be one of transformers, qwen-vl-utils"):
+        qwen2vl_smart_resize(100, 100, resize=resize)
+
+
 def test_qwen2vl_policy_is_keyword_only():
     with pytest.raises(TypeError):
         Qwen2VLPolicy(3136)

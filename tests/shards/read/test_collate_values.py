@@ -160,6 +160,81 @@ def test_uint8_pixels_are_read_by_value_not_by_identity(tokenizer_path):
     turns = [["user", "Hello"], ["assistant", "Hi."]]
     empty = col([ShardSample("t", {"turns": turns, "sample_id": "t"}, [])])["patches"]
     assert empty.dtype == torch.uint8 and empty.shape == (0, 3 * 14 * 14)
+    assert col([_sample("a", 1)])["patches"].dtype == torch.uint8  # an image's rows too
     normalized = Collator(tokenizer=tokenizer_path, vision_policy="fixed:56/14")
     turns_batch = normalized([ShardSample("t", {"turns": turns, "sample_id": "t"}, [])])
     assert turns_batch["patches"].dtype == torch.float32
+
+
+def _llama_like(tokenizer_path, tmp_path) -> str:
+    """The demo tokenizer as a large model's is: ``<image>`` not in it (the collator adds it,
+    at an id past 256) and a post-processor that puts a BOS before every encoding."""
+    import json
+    from pathlib import Path
+
+    t = json.loads(Path(tokenizer_path).read_text())
+    t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] != "<image>"]
+    t["model"]["vocab"].pop("<image>", None)
+    t["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
+        },
+    }
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(t))
+    return str(path)
+
+
+def test_a_tokenizer_with_a_bos_and_a_new_image_token(tokenizer_path, tmp_path):
+    """Prep counts without the tokenizer's special tokens (no BOS), and a large vocabulary puts
+    the added ``<image>`` far past the small integers: each image still becomes its tokens, and
+    no BOS is added."""
+    from tokenizers import Tokenizer
+
+    path = _llama_like(tokenizer_path, tmp_path)
+    col = Collator(tokenizer=path, vision_policy="qwen2vl", check_costs=False)
+    assert col._placeholder_id > 256
+    s = _sample("two", 2, sizes=((56, 56), (560, 280)))
+    batch = col([s])
+    ids = batch["input_ids"].tolist()
+    assert ids[0] != 0  # no BOS
+    assert _runs(ids, col.image_token_id) == [4, 200]
+    text = col._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])[0]
+    plain = Tokenizer.from_file(path)
+    assert plain.encode(text).ids[0] == 0  # the tokenizer itself would add it
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_a_sample_whose_prep_count_differs_either_way_is_refused(tokenizer_path, delta):
+    col = Collator(tokenizer=tokenizer_path, vision_policy="qwen2vl")
+    s = _sample("one", 1, sizes=((56, 56),))
+    built = int(
+        Collator(tokenizer=tokenizer_path, vision_policy="qwen2vl", check_costs=False)([s])[
+            "llm_lens"
+        ][0]
+    )
+    s.meta["cost"] = {"llm_tokens": built + delta}
+    with pytest.raises(
+        ValueError, match=f"makes {built} llm_tokens of it, prep counted {built + delta}"
+    ):
+        col([s])
+    s.meta["cost"] = {"llm_tokens": built}
+    assert int(col([s])["llm_lens"][0]) == built
+
+
+def test_the_collator_is_a_frozen_keyword_only_value(tokenizer_path):
+    import dataclasses
+
+    with pytest.raises(TypeError):
+        Collator(tokenizer_path)
+    col = Collator(tokenizer=tokenizer_path)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        col.pixels = "uint8"
+    with pytest.raises(TypeError):
+        Collator.from_generation("gen", tokenizer_path)  # settings by keyword only

@@ -99,55 +99,109 @@ def test_internvl_hand_worked(w, h, grid, tiles):
     assert c.llm_tokens == 256 * tiles
 
 
-def _tie_sizes():
-    """Images whose aspect is exactly halfway between two grids' (ties the rule must break as
-    the reference does), and a spread of ordinary and extreme sizes."""
+def _tie_sizes(lo=1, hi=12):
+    """Images whose aspect is exactly halfway between two neighbouring grids' of lo..hi tiles
+    (ties the rule must break as the reference does, small and past half the tiles' area), and
+    a spread of ordinary and extreme sizes."""
     import itertools
     from fractions import Fraction
 
-    ratios = sorted({Fraction(i, j) for i in range(1, 13) for j in range(1, 13) if i * j <= 12})
+    ratios = sorted(
+        {Fraction(i, j) for i in range(1, hi + 1) for j in range(1, hi + 1) if lo <= i * j <= hi}
+    )
     mids = [(a + b) / 2 for a, b in itertools.pairwise(ratios)]
     ties = [(m.numerator * k, m.denominator * k) for m in mids for k in (1, 7, 50, 300)]
     sides = [1, 10, 223, 224, 447, 448, 449, 896, 1344, 2000, 4000]
     return ties + [(w, h) for w in sides for h in sides]
 
 
-@pytest.mark.parametrize("lo,hi", [(1, 12), (1, 6), (2, 12), (1, 1), (3, 9), (12, 12)])
-def test_internvl_grid_equals_the_hf_image_processors_canvas(lo, hi):
-    """Anchor: transformers' InternVL image processor (GotOcr2's ``get_optimal_tiled_canvas``)
-    picks the same grid for every size, ties between grids included."""
-    got = pytest.importorskip("transformers.models.got_ocr2.image_processing_pil_got_ocr2")
+def _model_card_grid(width, height, min_num, max_num, image_size):
+    """InternVL's ``dynamic_preprocess`` grid, transcribed from the InternVL 1.5-3.5 model
+    cards (the code their ``trust_remote_code`` checkpoints run): the grids of min..max tiles
+    built as a set, sorted stably by tile count, then ``find_closest_aspect_ratio``."""
+    target_ratios = {
+        (i, j)
+        for n in range(min_num, max_num + 1)
+        for i in range(1, n + 1)
+        for j in range(1, n + 1)
+        if min_num <= i * j <= max_num
+    }
+    target_ratios = sorted(target_ratios, key=lambda x: x[0] * x[1])
+    aspect_ratio = width / height
+    best_ratio_diff = float("inf")
+    best_ratio = (1, 1)
+    area = width * height
+    for ratio in target_ratios:
+        ratio_diff = abs(aspect_ratio - ratio[0] / ratio[1])
+        if ratio_diff < best_ratio_diff:
+            best_ratio_diff = ratio_diff
+            best_ratio = ratio
+        elif ratio_diff == best_ratio_diff and area > 0.5 * image_size**2 * ratio[0] * ratio[1]:
+            best_ratio = ratio
+    return best_ratio
+
+
+_TILE_RANGES = [(1, 12), (1, 6), (2, 12), (1, 1), (3, 9), (12, 12), (4, 4), (5, 6), (6, 6)]
+
+
+@pytest.mark.parametrize("lo,hi", _TILE_RANGES)
+def test_internvl_grid_equals_the_model_cards_dynamic_preprocess(lo, hi):
+    """Anchor: the grid InternVL's own ``dynamic_preprocess`` picks, for every size, ties
+    between grids included (with 4 tiles a 5:8 image is as close to 1 x 4 as to 2 x 2, with 6
+    a square one to 2 x 3 and 3 x 2: the order the grids are tried in decides)."""
     diff = [
         (w, h)
-        for w, h in _tie_sizes()
-        if internvl_grid(w, h, lo, hi, 448)
-        != tuple(got.get_optimal_tiled_canvas((h, w), (448, 448), lo, hi))
+        for w, h in _tie_sizes(lo, hi)
+        if internvl_grid(w, h, lo, hi, 448) != _model_card_grid(w, h, lo, hi, 448)
     ]
     assert not diff, diff[:5]
 
 
+@pytest.mark.parametrize("lo,hi", _TILE_RANGES)
+def test_internvl_grid_equals_the_hf_image_processors_canvas(lo, hi):
+    """Anchor: transformers' InternVL image processor (GotOcr2's ``get_optimal_tiled_canvas``,
+    the ``-hf`` checkpoints) takes as many tiles for every size, ties included. It tries grids
+    of one tile count in another order than the model cards' set does, so where two grids of
+    the same count are equally close (4 tiles: 2 x 2 and 4 x 1 for a 5:2 image) the two may
+    cut the image differently; the count, and so the cost, is the same. With 1..12, 2..12 and
+    the other ranges of this list that have no such tie, the grid itself is the same."""
+    got = pytest.importorskip("transformers.models.got_ocr2.image_processing_pil_got_ocr2")
+    same_grid = (lo, hi) not in {(4, 4), (5, 6), (6, 6)}
+    diff = []
+    for w, h in _tie_sizes(lo, hi):
+        ours = internvl_grid(w, h, lo, hi, 448)
+        theirs = tuple(got.get_optimal_tiled_canvas((h, w), (448, 448), lo, hi))
+        if (ours if same_grid else ours[0] * ours[1]) != (
+            theirs if same_grid else theirs[0] * theirs[1]
+        ):
+            diff.append((w, h, ours, theirs))
+    assert not diff, diff[:5]
+
+
 @pytest.mark.parametrize(
-    "kw,ok",
+    "kw,bad",
     [
-        ({"min_tiles": 0}, False),
-        ({"min_tiles": 1, "max_tiles": 1}, True),
-        ({"min_tiles": 12, "max_tiles": 12}, True),  # equal: at the limit
-        ({"min_tiles": 13, "max_tiles": 12}, False),
-        ({"downsample_ratio": 0.0}, False),
-        ({"downsample_ratio": 1.0}, True),
-        ({"downsample_ratio": 1.01}, False),
-        ({"patch_size": 0}, False),
-        ({"patch_size": 1, "tile_size": 2}, True),
-        ({"patch_size": 14, "tile_size": 28}, True),  # 2 patches a side: the least that shuffles
-        ({"patch_size": 14, "tile_size": 14}, False),  # 1 patch a side: odd
-        ({"patch_size": 14, "tile_size": 13}, False),  # tile under the patch
-        ({"patch_size": 14, "tile_size": 42}, False),  # 3 patches a side: odd
-        ({"patch_size": 14, "tile_size": 449}, False),  # not a multiple
+        ({"min_tiles": 0}, "1 <= min_tiles <= max_tiles, got 0..12"),
+        ({"min_tiles": 1, "max_tiles": 1}, None),
+        ({"min_tiles": 12, "max_tiles": 12}, None),  # equal: at the limit
+        ({"min_tiles": 13, "max_tiles": 12}, "1 <= min_tiles <= max_tiles, got 13..12"),
+        ({"downsample_ratio": 0.0}, "0 < downsample_ratio <= 1"),
+        ({"downsample_ratio": -0.5}, "0 < downsample_ratio <= 1"),  # its square is 0.25
+        ({"downsample_ratio": 1.0}, None),
+        ({"downsample_ratio": 1.01}, "0 < downsample_ratio <= 1"),
+        ({"patch_size": 0}, "patch_size >= 1"),
+        ({"patch_size": 1, "tile_size": 2}, None),
+        ({"patch_size": 14, "tile_size": 28}, None),  # 2 patches a side: the least that shuffles
+        ({"patch_size": 14, "tile_size": 14}, "tile_size 14 / patch_size 14 is 1$"),  # odd
+        ({"patch_size": 14, "tile_size": 13}, "tile_size >= patch_size, got tile_size=13"),
+        ({"patch_size": 28, "tile_size": 14}, "tile_size >= patch_size, got tile_size=14"),
+        ({"patch_size": 14, "tile_size": 42}, "tile_size 42 / patch_size 14 is 3$"),  # odd
+        ({"patch_size": 14, "tile_size": 449}, "tile_size 449 must be a multiple of 14"),
     ],
 )
-def test_internvl_settings_at_and_around_their_limits(kw, ok):
-    if not ok:
-        with pytest.raises(ValueError, match=r"internvl|tile_size"):
+def test_internvl_settings_at_and_around_their_limits(kw, bad):
+    if bad is not None:
+        with pytest.raises(ValueError, match=bad):
             InternVLPolicy(**kw)
         return
     p = InternVLPolicy(**kw)
@@ -155,6 +209,26 @@ def test_internvl_settings_at_and_around_their_limits(kw, ok):
     assert p.patches_per_tile == side * side
     assert p.llm_tokens_per_tile == int(side * side * p.downsample_ratio**2)
     assert p.image_cost(900, 450).llm_tokens == p.llm_tokens_per_tile * p.num_tiles(900, 450)
+
+
+@pytest.mark.parametrize(
+    "kw,spec",
+    [
+        ({}, "internvl:min_tiles=1,max_tiles=12,tile_size=448,thumbnail=1"),
+        (
+            {"patch_size": 16, "max_tiles": 6, "thumbnail": False},
+            "internvl:min_tiles=1,max_tiles=6,tile_size=448,thumbnail=0,patch_size=16",
+        ),
+        (
+            {"patch_size": 15, "tile_size": 450},
+            "internvl:min_tiles=1,max_tiles=12,tile_size=450,thumbnail=1,patch_size=15",
+        ),
+    ],
+)
+def test_internvl_spec_names_the_patch_only_where_it_is_not_14(kw, spec):
+    p = InternVLPolicy(**kw)
+    assert p.spec() == spec
+    assert parse_vision_policy(spec) == p
 
 
 @pytest.mark.parametrize("thumbnail", [True, False])

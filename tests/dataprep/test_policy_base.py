@@ -10,6 +10,8 @@ taking a later, equally close grid for an image of half its tiles' area or less.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -90,9 +92,11 @@ def test_a_field_without_a_checked_type_is_left_as_it_is():
     @dataclasses.dataclass(frozen=True)
     class Rule:
         grids: tuple = (1, "x")
+        extra: Any = None  # a name before "bool" in sort order: still no switch
+        sizes: Sequence[int] = ()
         n: int = 3
 
-    check_field_types(Rule())  # tuples are the family's own to check
+    check_field_types(Rule())  # these are the family's own to check
 
 
 def test_tile_grids_count_then_columns_then_rows():

@@ -104,6 +104,22 @@ def test_tile_grids_count_then_columns_then_rows():
     assert tile_grids(1, 4, 4) == ((1, 1), (1, 2), (2, 1), (1, 3), (3, 1), (1, 4), (2, 2), (4, 1))
     assert tile_grids(2, 2, 1) == ()
     assert tile_grids(3, 3, 3) == ((1, 3), (3, 1))
+    assert tile_grids(0, 2, 2) == tile_grids(1, 2, 2)  # a side of 0 tiles is no grid
+
+
+def test_the_later_grid_needs_more_than_half_its_tiles_area_at_below_and_above():
+    """3..4 tiles of 448 px, an image of aspect 2: 3 x 1 (aspect 3) and 2 x 2 (aspect 1) are
+    equally close, 2 x 2 comes later. 896 x 448 is exactly half of 2 x 2's area (4 tiles of
+    448^2 = 802,816 px^2): not more, so 3 x 1 stays; one pixel row more and 2 x 2 wins. The
+    same as transformers' GOT-OCR2 (InternVL -hf) image processor."""
+    grids = tile_grids(3, 4, 4)
+    for (w, h), want in (((894, 447), (3, 1)), ((896, 448), (3, 1)), ((898, 449), (2, 2))):
+        assert closest_aspect_grid(w, h, grids, 448) == want, (w, h)
+    got = pytest.importorskip("transformers.models.got_ocr2.image_processing_pil_got_ocr2")
+    for w, h in ((894, 447), (896, 448), (898, 449)):
+        assert closest_aspect_grid(w, h, grids, 448) == tuple(
+            got.get_optimal_tiled_canvas((h, w), (448, 448), 3, 4)
+        )
 
 
 def test_the_closest_grid_by_aspect_then_the_later_one_only_for_a_large_image():

@@ -51,6 +51,20 @@ def tokenizer_path() -> str:
         return str(p)
 
 
+def bos_post_processor(token: str, token_id: int) -> dict:
+    """A ``tokenizer.json`` post-processor that puts ``token`` (id ``token_id``) before every
+    single encoding, as Llama's and many large models' tokenizers do."""
+    return {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": token, "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {token: {"id": token, "ids": [token_id], "tokens": [token]}},
+    }
+
+
 def _cpu_cap() -> float | None:
     """The cgroup's CPU-time cap in cores (None: uncapped)."""
     quota = Path("/sys/fs/cgroup/cpu.max")

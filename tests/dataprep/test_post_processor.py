@@ -13,6 +13,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
+from tests.conftest import bos_post_processor
 from tests.dataprep.test_jinja_template import (
     FAMILIES,
     conversations,
@@ -32,15 +33,7 @@ def bos_model(tmp_path, tokenizer_path):
     model = make_model_dir(tmp_path, FAMILY, tokenizer_path)
     data = json.loads((model / "tokenizer.json").read_text())
     bos = next(t["id"] for t in data["added_tokens"] if t["content"] == "<s>")
-    data["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [
-            {"SpecialToken": {"id": "<s>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}},
-        ],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {"<s>": {"id": "<s>", "ids": [bos], "tokens": ["<s>"]}},
-    }
+    data["post_processor"] = bos_post_processor("<s>", bos)
     (model / "tokenizer.json").write_text(json.dumps(data))
     return model
 

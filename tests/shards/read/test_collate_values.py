@@ -172,20 +172,12 @@ def _llama_like(tokenizer_path, tmp_path) -> str:
     import json
     from pathlib import Path
 
+    from tests.conftest import bos_post_processor
+
     t = json.loads(Path(tokenizer_path).read_text())
     t["added_tokens"] = [a for a in t["added_tokens"] if a["content"] != "<image>"]
     t["model"]["vocab"].pop("<image>", None)
-    t["post_processor"] = {
-        "type": "TemplateProcessing",
-        "single": [
-            {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
-            {"Sequence": {"id": "A", "type_id": 0}},
-        ],
-        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
-        "special_tokens": {
-            "<|endoftext|>": {"id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}
-        },
-    }
+    t["post_processor"] = bos_post_processor("<|endoftext|>", 0)
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(t))
     return str(path)

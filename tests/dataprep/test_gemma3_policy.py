@@ -2,6 +2,7 @@
 ``Gemma3ImageProcessorPil.pan_and_scan`` over thousands of sizes, and the text an image with
 crops brings in front of the template's own image start."""
 
+import math
 import random
 
 import numpy as np
@@ -109,3 +110,120 @@ def test_pan_and_scan_sentence_goes_before_the_template_image_start(tmp_path, to
     assert got == f"a{want}b{block}"
     with pytest.raises(SampleRejected, match="image start"):  # another family's template
         with_image_text(f"a{IMAGE_PLACEHOLDER}b", costs[:1], start)
+
+
+def _limit_sizes(min_crop_size, min_ratio):
+    """Sizes at, one below and one above each limit pan-and-scan has: the aspect that starts it
+    (min_ratio x the short side), half-way aspects (round half up), a long side of k whole
+    min_crop_size pieces, and crops exactly min_crop_size wide; both orientations."""
+    sizes = set()
+    for short in (min_crop_size - 1, min_crop_size, min_crop_size + 1, 300, 333, 400, 500):
+        if short < 1:
+            continue
+        for k2 in range(2, 14):  # aspect k2 / 2: whole and half-way ratios
+            sizes.add((short * k2 // 2, short))
+        at = math.ceil(short * min_ratio)
+        for k in range(2, 8):
+            sizes.update({(k * min_crop_size + e, short) for e in (-1, 0, 1)})
+        sizes.update({(at + e, short) for e in (-1, 0, 1)})
+    return sorted({(w, h) for w, h in sizes if w >= 1} | {(h, w) for w, h in sizes if w >= 1})
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"min_crop_size": 128, "max_crops": 6, "min_ratio": 1.5},
+        {"min_crop_size": 1, "max_crops": 2, "min_ratio": 1.0},
+    ],
+)
+def test_gemma3_crops_at_every_limit_equal_its_image_processor(settings):
+    """Anchor: ``Gemma3ImageProcessorPil.pan_and_scan`` at, below and above each of its limits
+    (the random sizes above rarely land on one)."""
+    pytest.importorskip("transformers")
+    from transformers.models.gemma3 import Gemma3ImageProcessorPil
+
+    from dataprep.policies.gemma3 import gemma3_crops
+
+    ip = Gemma3ImageProcessorPil()
+    policy = parse_vision_policy(PAS + "".join(f",{k}={v}" for k, v in settings.items()))
+    kw = dict(
+        pan_and_scan_min_crop_size=policy.min_crop_size,
+        pan_and_scan_max_num_crops=policy.max_crops,
+        pan_and_scan_min_ratio_to_activate=policy.min_ratio,
+    )
+    wrong = []
+    sizes = _limit_sizes(policy.min_crop_size, policy.min_ratio)
+    for w, h in sizes:
+        image = np.broadcast_to(np.zeros((1, 1, 1), np.uint8), (3, h, w))
+        crops = ip.pan_and_scan(image=image, **kw)
+        cols, rows = gemma3_crops(w, h, policy.min_crop_size, policy.max_crops, policy.min_ratio)
+        if len(crops) != cols * rows or (
+            crops and {c.shape[1:] for c in crops[:-1]} != {(-(-h // rows), -(-w // cols))}
+        ):
+            wrong.append((w, h, len(crops), cols, rows))
+    assert not wrong, f"{len(wrong)} of {len(sizes)} differ, e.g. {wrong[:3]}"
+
+
+@pytest.mark.parametrize(
+    ("kw", "bad"),
+    [
+        ({}, None),
+        ({"image_size": 0}, "image_size divisible by patch_size, got 0/14"),
+        ({"patch_size": 0}, "image_size divisible by patch_size, got 896/0"),
+        ({"image_size": 900}, "got 900/14"),
+        ({"image_size": 14}, None),  # one patch, pooled to one token
+        ({"image_size": 14, "llm_tokens": 1}, None),
+        ({"llm_tokens": 0}, "must be a square whose side divides 64, got llm_tokens=0"),
+        ({"llm_tokens": 4096}, None),  # the grid itself: side 64
+        ({"llm_tokens": 16384}, "side divides 64"),  # side 128
+        ({"llm_tokens": 255}, "a square"),
+        ({"llm_tokens": 36}, "side divides 64"),  # 6 does not divide 64
+        ({"llm_tokens": 1}, None),
+        ({"min_crop_size": 1}, None),
+        (
+            {"min_crop_size": 0},
+            "min_crop_size >= 1, max_crops >= 2 and min_ratio >= 1, got 0, 4, 1.2",
+        ),
+        ({"max_crops": 2}, None),
+        ({"max_crops": 1}, "got 256, 1, 1.2"),
+        ({"min_ratio": 1.0}, None),
+        ({"min_ratio": 0.999}, "got 256, 4, 0.999"),
+    ],
+)
+def test_gemma3_settings_at_below_and_above_their_limits(kw, bad):
+    from dataprep.policies.gemma3 import Gemma3Policy
+
+    if "image_size" in kw and "llm_tokens" not in kw and bad is None:
+        kw = {**kw, "llm_tokens": 1}
+    if bad is not None:
+        with pytest.raises(ValueError, match=bad):
+            Gemma3Policy(**kw)
+        return
+    p = Gemma3Policy(**kw)
+    assert p.image_cost(100, 100).vit_seq_lens == ((p.image_size // p.patch_size) ** 2,)
+    assert p.image_cost(100, 100).llm_tokens == p.llm_tokens
+
+
+def test_gemma3_text_around_an_image_with_crops_and_the_spec():
+    """By hand, two crops: the sentence before the image's own block; after it, the block's
+    end, the crops' sentence and each crop's block joined by a space, the last one's end left
+    to the template. The spec names pan-and-scan's settings only where it is on."""
+    from dataprep.policies.gemma3 import Gemma3Policy
+
+    c = Gemma3Policy(pan_and_scan=True).image_cost(1000, 500)
+    block = "\n\n<start_of_image><end_of_image>\n\n"
+    assert c.before == "Here is the original image "
+    assert c.after == (
+        "<end_of_image>\n\n and here are some crops to help you see better "
+        + block
+        + " "
+        + "\n\n<start_of_image>"
+    )
+    assert Gemma3Policy().spec() == "gemma3:image_size=896,patch_size=14,llm_tokens=256"
+    assert Gemma3Policy(pan_and_scan=True, min_ratio=1.25).spec() == (
+        "gemma3:image_size=896,patch_size=14,llm_tokens=256,pan_and_scan=1,min_crop_size=256,"
+        "max_crops=4,min_ratio=1.25"
+    )
+    assert Gemma3Policy().image_cost(1000, 500) == Gemma3Policy().image_cost(500, 1000)
+    assert Gemma3Policy().image_cost(1000, 500).before == ""

@@ -58,11 +58,16 @@ class InternVLPolicy(VisionPolicy):
             )
         if self.tile_size % self.patch_size:
             raise ValueError(f"tile_size {self.tile_size} must be a multiple of {self.patch_size}")
-        if self.llm_tokens_per_tile < 1 or (self.tile_size // self.patch_size) % 2:
+        if (self.tile_size // self.patch_size) % 2:
             raise ValueError(
                 f"{self.family}'s 2x2 pixel shuffle needs an even number of patches per tile side; "
                 f"tile_size {self.tile_size} / patch_size {self.patch_size} is "
                 f"{self.tile_size // self.patch_size}"
+            )
+        if self.llm_tokens_per_tile < 1:
+            raise ValueError(
+                f"{self.family}'s downsample_ratio {self.downsample_ratio} leaves no LLM token of "
+                f"a tile's {self.patches_per_tile} patches (InternVL's is 0.5)"
             )
 
     @property

@@ -197,6 +197,9 @@ def test_internvl_grid_equals_the_hf_image_processors_canvas(lo, hi):
         ({"patch_size": 28, "tile_size": 14}, "tile_size >= patch_size, got tile_size=14"),
         ({"patch_size": 14, "tile_size": 42}, "tile_size 42 / patch_size 14 is 3$"),  # odd
         ({"patch_size": 14, "tile_size": 449}, "tile_size 449 must be a multiple of 14"),
+        # 2 x 2 patches shuffled at a quarter: no token (a quarter of a token)
+        ({"tile_size": 28, "downsample_ratio": 0.25}, "downsample_ratio 0.25 leaves no LLM token"),
+        ({"tile_size": 28, "downsample_ratio": 0.5}, None),  # one token
     ],
 )
 def test_internvl_settings_at_and_around_their_limits(kw, bad):
@@ -207,6 +210,10 @@ def test_internvl_settings_at_and_around_their_limits(kw, bad):
     p = InternVLPolicy(**kw)
     side = p.tile_size // p.patch_size
     assert p.patches_per_tile == side * side
+    cost = p.image_cost(900, 450)
+    assert all(type(n) is int for n in (*cost.vit_seq_lens, cost.llm_tokens))
+    with pytest.raises(TypeError):
+        InternVLPolicy(1)  # keyword-only
     assert p.llm_tokens_per_tile == int(side * side * p.downsample_ratio**2)
     assert p.image_cost(900, 450).llm_tokens == p.llm_tokens_per_tile * p.num_tiles(900, 450)
 

@@ -1,0 +1,79 @@
+"""SmolVLM's / Idefics3's policy: each setting at, below and above its limit with its message,
+the prompt text of a split image by hand, the spec, and tile counts at the tile boundaries.
+
+Bugs these catch: a tile equal to the patch refused (or one under it taken), a limit of 1 taken
+as 0, the rows' and columns' markers transposed or numbered from 0, a newline missing after a
+row or before the global tile, a spec that drops a setting, an image exactly one tile wide cut
+in two."""
+
+from __future__ import annotations
+
+import pytest
+
+from dataprep.policies import parse_vision_policy
+from dataprep.policies.smolvlm import IDEFICS3_DEFAULTS, SmolVLMPolicy, smolvlm_grid
+
+F, G = "<fake_token_around_image>", "<global-img>"
+
+
+@pytest.mark.parametrize(
+    ("kw", "bad"),
+    [
+        ({"patch_size": 1, "tile": 1}, None),
+        ({"patch_size": 0}, "patch_size >= 1 and tile >= patch_size, got tile=384, patch_size=0"),
+        ({"patch_size": 14, "tile": 14}, None),  # one patch a tile
+        ({"patch_size": 14, "tile": 13}, "got tile=13, patch_size=14"),
+        ({"longest_edge": 1}, None),
+        ({"longest_edge": 0}, "longest_edge >= 1 and tokens_per_tile >= 1, got 0 and 81"),
+        ({"tokens_per_tile": 1}, None),
+        ({"tokens_per_tile": 0}, "got 1536 and 0"),
+    ],
+)
+def test_settings_at_below_and_above_their_limits(kw, bad):
+    if bad is not None:
+        with pytest.raises(ValueError, match=bad):
+            SmolVLMPolicy(**kw)
+        return
+    p = SmolVLMPolicy(**kw)
+    c = p.image_cost(10, 10)
+    side = p.tile // p.patch_size
+    assert c.vit_seq_lens[0] == side * side and c.llm_tokens == p.tokens_per_tile * len(
+        c.vit_seq_lens
+    )
+
+
+def test_the_prompt_of_a_split_image_by_hand():
+    """2 rows x 3 columns: each row's tiles marked row by row from 1, a newline after each row,
+    then a newline, the global tile's markers; 7 tiles of 729 patches and 81 tokens."""
+    p = SmolVLMPolicy(longest_edge=1152, tile=384)
+    assert smolvlm_grid(1152, 768, 1152, 384) == (2, 3)
+    c = p.image_cost(1152, 768)
+    row1 = f"{F}<row_1_col_1>{F}<row_1_col_2>{F}<row_1_col_3>\n"
+    row2 = f"{F}<row_2_col_1>{F}<row_2_col_2>{F}<row_2_col_3>\n"
+    assert c.text == row1 + row2 + f"\n{F}{G}{F}"
+    assert c.vit_seq_lens == (729,) * 7 and c.llm_tokens == 81 * 7
+    one = SmolVLMPolicy(split=False).image_cost(1152, 768)
+    assert one.text == f"{F}{G}{F}" and one.vit_seq_lens == (729,)
+
+
+@pytest.mark.parametrize(
+    ("w", "h", "grid"),
+    [
+        (384, 384, (0, 0)),  # exactly one tile after scaling to 384: not split
+        (384, 100, (0, 0)),
+        (385, 385, (0, 0)),  # scaled down to the 384 longest edge
+    ],
+)
+def test_one_tile_wide_is_not_split(w, h, grid):
+    assert smolvlm_grid(w, h, 384, 384) == grid
+
+
+def test_the_spec_names_every_setting_and_idefics3_is_its_defaults():
+    p = SmolVLMPolicy(longest_edge=2048, tile=512, patch_size=16, tokens_per_tile=64, split=False)
+    assert p.spec() == (
+        "smolvlm:longest_edge=2048,tile=512,patch_size=16,tokens_per_tile=64,split=0"
+    )
+    assert parse_vision_policy(p.spec()) == p
+    assert parse_vision_policy("idefics3") == SmolVLMPolicy(**IDEFICS3_DEFAULTS)
+    with pytest.raises(TypeError):
+        SmolVLMPolicy(1536)  # keyword-only

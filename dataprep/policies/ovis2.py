@@ -8,8 +8,10 @@ reproduced from the sizes in its header:
    tiles whose cells cover more than 90 % of the image's area (each cell of the image cut into
    that many rows and columns covers its area, shrunk to fit ``tile_size`` along its longer
    side); ties go to the higher covering, and where no grid covers 90 % the highest covering
-   wins (Ovis's ``_get_best_grid``). ``covering=0`` picks InternVL's closest aspect ratio among
-   ``min_tiles..max_tiles`` instead (the processor's ``use_covering_area_grid=False``).
+   wins (Ovis's ``_get_best_grid``). ``covering=0`` picks the closest aspect ratio among
+   ``min_tiles..max_tiles`` instead (the processor's ``use_covering_area_grid=False``:
+   InternVL's rule, the grids tried in GOT-OCR2's order, which decides between equally close
+   grids of one tile count).
    transformers reads the chosen grid's rows as columns, so a wide image is cut into a tall
    grid; the tile count, and so every count here, is the same either way.
 2. Every tile, plus the whole image resized to one tile (the thumbnail) when there is more
@@ -35,8 +37,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from dataprep.policies.base import ImageCost, VisionPolicy, tile_grids
-from dataprep.policies.internvl import internvl_grid
+from dataprep.policies.base import ImageCost, VisionPolicy, closest_aspect_grid, tile_grids
 from dataprep.records import IMAGE_PLACEHOLDER
 
 __all__ = ["OVIS2_MARKERS", "Ovis2Policy", "ovis2_covering_grid"]
@@ -131,9 +132,8 @@ class Ovis2Policy(VisionPolicy):
         if self.covering:
             cols, rows = ovis2_covering_grid(width, height, self.tile_size, self.max_tiles)
         else:
-            cols, rows = internvl_grid(
-                width, height, self.min_tiles, self.max_tiles, self.tile_size
-            )
+            grids = tile_grids(self.min_tiles, self.max_tiles, self.max_tiles)
+            cols, rows = closest_aspect_grid(width, height, grids, self.tile_size)
         return rows, cols
 
     def image_cost(self, width: int, height: int) -> ImageCost:

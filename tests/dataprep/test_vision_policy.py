@@ -893,6 +893,23 @@ def test_ovis2_hand_worked(w, h, grid, tiles):
         parse_vision_policy("ovis2:min_tiles=3,max_tiles=2")
 
 
+@pytest.mark.parametrize(("lo", "hi"), [(4, 4), (5, 6), (6, 6), (3, 4), (1, 12)])
+def test_ovis2_closest_grid_ties_equal_its_processor(lo, hi):
+    """Without the covering rule, ties between equally close grids of one tile count (a 5:2
+    image with 4 tiles: 2 x 2 or 4 x 1) go as ``Ovis2ImageProcessor``'s own grid function
+    breaks them: its rows and columns are the prompt's markers."""
+    pytest.importorskip("transformers")
+    from transformers.models.ovis2 import image_processing_pil_ovis2 as ovis2
+
+    policy = parse_vision_policy(f"ovis2:covering=0,min_tiles={lo},max_tiles={hi}")
+    wrong = []
+    for w, h in _tie_sizes(lo, hi):
+        cols, rows = ovis2.get_optimal_tiled_canvas((h, w), (448, 448), lo, hi)
+        if policy.grid(w, h) != (rows, cols):
+            wrong.append(((w, h), (rows, cols), policy.grid(w, h)))
+    assert not wrong, f"{len(wrong)} differ, e.g. {wrong[:3]}"
+
+
 @pytest.mark.parametrize("spec", ["ovis2", "ovis2:covering=0,min_tiles=2,max_tiles=9"])
 def test_ovis2_equals_its_processor(spec, tokenizer_path, tmp_path):
     """Grids equal the ones ``Ovis2ImageProcessor`` picks (its own grid functions) over 4000

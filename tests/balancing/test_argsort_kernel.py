@@ -34,6 +34,8 @@ def test_fractions_sharing_a_floor_and_negatives_by_hand():
     _check([1.0, -1.0, 0.0, -2.0, 1.0])
     _check([0.5])
     _check([70000.0, 3.0, 70000.0])  # past the counting path's bound (4n + 65536)
+    # far past it, among 60 values: a count per possible value would be petabytes
+    _check([1e15, *range(58), 2.0**60])
 
 
 @settings(max_examples=300, deadline=None)

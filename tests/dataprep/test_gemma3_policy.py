@@ -180,6 +180,9 @@ def test_gemma3_crops_at_every_limit_equal_its_image_processor(settings):
         ({"llm_tokens": 255}, "a square"),
         ({"llm_tokens": 36}, "side divides 64"),  # 6 does not divide 64
         ({"llm_tokens": 1}, None),
+        ({"llm_tokens": 17}, "a square"),  # its root's floor, 4, divides 64: still no square
+        ({"llm_tokens": 68}, "a square"),
+        ({"image_size": 14, "patch_size": 1, "llm_tokens": 49}, None),  # a patch of 1 pixel
         ({"min_crop_size": 1}, None),
         (
             {"min_crop_size": 0},

@@ -195,6 +195,15 @@ def test_a_nearly_dependent_term_is_kept_by_the_stated_tolerance(points, factor,
     assert _independent(x) == ([0, 1, 2] if kept else [0, 2])
 
 
+@pytest.mark.parametrize("unit", [1e-3, 1e6])
+def test_which_terms_are_separable_does_not_depend_on_units(unit):
+    """Columns in other units (times in ms, lengths in thousands): the same columns are kept,
+    as each is scaled to a max of 1 before the rank is taken."""
+    for factor, _ in ((0.5, False), (2.0, True)):
+        x = _near_pair(16, factor * 4e-9)
+        assert _independent(x * unit) == _independent(x)
+
+
 def test_items_of_length_zero_leave_their_columns_out():
     """Every item 0 long (a phase whose items carry no tokens): tokens and squares are columns
     of zeros; the fit keeps the per-item and per-call terms and predicts exactly."""

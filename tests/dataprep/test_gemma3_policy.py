@@ -230,3 +230,14 @@ def test_gemma3_text_around_an_image_with_crops_and_the_spec():
     )
     assert Gemma3Policy().image_cost(1000, 500) == Gemma3Policy().image_cost(500, 1000)
     assert Gemma3Policy().image_cost(1000, 500).before == ""
+
+
+def test_no_crops_is_none_by_none_costs_are_whole_and_the_policy_keyword_only():
+    from dataprep.policies.gemma3 import Gemma3Policy, gemma3_crops
+
+    assert gemma3_crops(896, 896, 256, 4, 1.2) == (0, 0)  # below the starting aspect
+    assert gemma3_crops(500, 300, 256, 4, 1.2) == (0, 0)  # crops under 256 px
+    c = Gemma3Policy(pan_and_scan=True).image_cost(1000, 500)
+    assert all(type(n) is int for n in (*c.vit_seq_lens, c.llm_tokens))
+    with pytest.raises(TypeError):
+        Gemma3Policy(896)

@@ -77,3 +77,33 @@ def test_the_spec_names_every_setting_and_idefics3_is_its_defaults():
     assert parse_vision_policy("idefics3") == SmolVLMPolicy(**IDEFICS3_DEFAULTS)
     with pytest.raises(TypeError):
         SmolVLMPolicy(1536)  # keyword-only
+
+
+def test_idefics3_defaults_are_transformers_idefics3s():
+    """Anchor: the Idefics3 image processor's sizes, the processor's image_seq_len and the
+    config's pixel-shuffle scale: 364-px tiles of 14-px patches, 26^2 / 2^2 = 169 tokens."""
+    import inspect
+
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.idefics3 import Idefics3Config, Idefics3ImageProcessorPil
+
+    ip = Idefics3ImageProcessorPil()
+    seq = inspect.signature(transformers.Idefics3Processor.__init__).parameters["image_seq_len"]
+    scale = Idefics3Config().scale_factor
+    tile = ip.max_image_size["longest_edge"]
+    want = {
+        "longest_edge": ip.size.longest_edge,
+        "tile": tile,
+        "patch_size": tile // (round(seq.default**0.5) * scale),
+        "tokens_per_tile": seq.default,
+    }
+    assert (
+        want
+        == IDEFICS3_DEFAULTS
+        == {
+            "longest_edge": 1456,
+            "tile": 364,
+            "patch_size": 14,
+            "tokens_per_tile": 169,
+        }
+    )

@@ -52,6 +52,10 @@ def test_the_prompt_of_a_split_image_by_hand():
     row2 = f"{F}<row_2_col_1>{F}<row_2_col_2>{F}<row_2_col_3>\n"
     assert c.text == row1 + row2 + f"\n{F}{G}{F}"
     assert c.vit_seq_lens == (729,) * 7 and c.llm_tokens == 81 * 7
+    # an odd number of split tiles (1 x 3) and the global one
+    assert smolvlm_grid(1152, 384, 1152, 384) == (1, 3)
+    odd = p.image_cost(1152, 384)
+    assert odd.vit_seq_lens == (729,) * 4 and odd.llm_tokens == 81 * 4
     one = SmolVLMPolicy(split=False).image_cost(1152, 768)
     assert one.text == f"{F}{G}{F}" and one.vit_seq_lens == (729,)
 

@@ -111,3 +111,24 @@ def test_idefics3_defaults_are_transformers_idefics3s():
             "tokens_per_tile": 169,
         }
     )
+
+
+def test_a_longest_edge_that_is_no_multiple_of_the_tile_equals_the_image_processor():
+    """The longest side scaled to 200 px with 48-px tiles (not a whole number of them): both
+    sides are rounded up to whole tiles, as SmolVLM's image processor cuts them."""
+    from PIL import Image
+
+    transformers = pytest.importorskip("transformers")
+    ip = transformers.models.smolvlm.SmolVLMImageProcessorPil(
+        size={"longest_edge": 200}, max_image_size={"longest_edge": 48}
+    )
+    policy = SmolVLMPolicy(longest_edge=200, tile=48, patch_size=16, tokens_per_tile=9)
+    wrong = []
+    for w, h in [(200, 200), (300, 100), (100, 300), (199, 50), (50, 199), (97, 201), (1, 80)]:
+        out = ip(images=[[Image.new("RGB", (w, h))]], return_row_col_info=True, return_tensors="np")
+        want = (int(out["rows"][0][0]), int(out["cols"][0][0]))
+        if smolvlm_grid(w, h, 200, 48) != want:
+            wrong.append(((w, h), want, smolvlm_grid(w, h, 200, 48)))
+        if len(policy.image_cost(w, h).vit_seq_lens) != out["pixel_values"].shape[1]:
+            wrong.append(((w, h), "tiles"))
+    assert not wrong, wrong

@@ -51,6 +51,16 @@ def tokenizer_path() -> str:
         return str(p)
 
 
+def built_or_refused(make, kw: dict, bad: str | None):
+    """``make(**kw)`` where ``bad`` is None; else asserts that it raises ``ValueError`` whose
+    message matches ``bad`` and returns None (the settings-at-their-limits tests' one shape)."""
+    if bad is None:
+        return make(**kw)
+    with pytest.raises(ValueError, match=bad):
+        make(**kw)
+    return None
+
+
 def bos_post_processor(token: str, token_id: int) -> dict:
     """A ``tokenizer.json`` post-processor that puts ``token`` (id ``token_id``) before every
     single encoding, as Llama's and many large models' tokenizers do."""

@@ -12,6 +12,7 @@ import pytest
 
 from dataprep.policies import parse_vision_policy
 from dataprep.policies.smolvlm import IDEFICS3_DEFAULTS, SmolVLMPolicy, smolvlm_grid
+from tests.conftest import built_or_refused
 
 F, G = "<fake_token_around_image>", "<global-img>"
 
@@ -30,11 +31,9 @@ F, G = "<fake_token_around_image>", "<global-img>"
     ],
 )
 def test_settings_at_below_and_above_their_limits(kw, bad):
-    if bad is not None:
-        with pytest.raises(ValueError, match=bad):
-            SmolVLMPolicy(**kw)
+    p = built_or_refused(SmolVLMPolicy, kw, bad)
+    if p is None:
         return
-    p = SmolVLMPolicy(**kw)
     c = p.image_cost(10, 10)
     side = p.tile // p.patch_size
     assert c.vit_seq_lens[0] == side * side and c.llm_tokens == p.tokens_per_tile * len(

@@ -268,18 +268,21 @@ def route_home(
     group,
     own_call: bool = True,
     failure: BaseException | None = None,
+    rows: int = 0,
 ):
     """The outputs ``module`` made for the items this rank received (None if it received
-    none), back on the items' own ranks. Rows per item are the item table's column 0 and
-    ``x`` is what this rank received: on a rank that received nothing, its (empty) received
-    tensor and the parameters are tied into the result, so every exchange's backward runs.
-    ``own_call``, ``failure``: see :func:`output_agree`."""
-    rows_in = int(route.table[route.received, 0].sum())
+    none), back on the items' own ranks. Every output has a fixed number of rows per row of
+    the item table's column ``rows`` (0: the input rows; an audio tower's output tokens,
+    which its stem and pooling make from the input frames, where the two are not
+    proportional). ``x`` is what this rank received: on a rank that received nothing, its
+    (empty) received tensor and the parameters are tied into the result, so every exchange's
+    backward runs. ``own_call``, ``failure``: see :func:`output_agree`."""
+    rows_in = int(route.table[route.received, rows].sum())
     sig = None if out is None else output_signature(out, rows_in)
     where = f"{type(module).__name__} (balanced)"
     sig = output_agree(sig, group, own_call, failure, where, proportional=True)
     anchor = output_anchor(module) + (x.sum() * 0 if out is None else 0)
-    return output_route_back(out, sig, route, route.table[:, 0], anchor)
+    return output_route_back(out, sig, route, route.table[:, rows], anchor)
 
 
 def zero_of(out) -> torch.Tensor:

@@ -25,13 +25,22 @@ from dataclasses import dataclass
 from dataprep.audio_header import AudioHeader
 from dataprep.media_rules.base import MediaCost, MediaRule, samples_at
 
-__all__ = ["WhisperAudioRule", "audio_tokens"]
+__all__ = ["WhisperAudioRule", "audio_tokens", "chunk_positions"]
 
 
 def audio_tokens(frames: int) -> int:
     """LLM tokens of ``frames`` feature frames: the stem's stride-2 convolution, then the
     stride-2 pooling (Qwen2-Audio's and Qwen2.5-Omni's processors)."""
     return (((frames - 1) // 2 + 1) - 2) // 2 + 1
+
+
+def chunk_positions(frames: int, n_window: int) -> tuple[int, ...]:
+    """The attention sequences an unpadded Whisper-style encoder runs for ``frames`` feature
+    frames (Qwen2.5-Omni's): chunks of ``2 * n_window`` frames, the last one shorter, each
+    ``(chunk - 1) // 2 + 1`` positions after the stem's stride-2 convolution."""
+    size = 2 * n_window
+    chunks = [size] * (frames // size) + ([frames % size] if frames % size else [])
+    return tuple((c - 1) // 2 + 1 for c in chunks)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,9 +77,7 @@ class WhisperAudioRule(MediaRule):
         if self.n_window == 0:
             window = self.chunk_length * self.sampling_rate // self.hop_length
             return MediaCost((window // 2,), audio_tokens(frames))
-        size = 2 * self.n_window
-        chunks = [size] * (frames // size) + ([frames % size] if frames % size else [])
-        return MediaCost(tuple((c - 1) // 2 + 1 for c in chunks), audio_tokens(frames))
+        return MediaCost(chunk_positions(frames, self.n_window), audio_tokens(frames))
 
     def spec(self) -> str:
         return (

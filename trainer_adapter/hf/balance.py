@@ -30,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import warnings
 
 import torch
 import torch.distributed as dist
 
 from equishard.common.values import check_flag
 from trainer_adapter.exchange import collective_device
+from trainer_adapter.hf.audio import balance_audio
 from trainer_adapter.hf.decoder import balance_decoder
 from trainer_adapter.hf.naflex import balance_naflex
 from trainer_adapter.hf.patch_positions import balance_patch_positions
@@ -45,6 +47,7 @@ from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
 
 __all__ = [
+    "balance_audio",
     "balance_decoder",
     "balance_model",
     "balance_tiles",
@@ -106,7 +109,9 @@ def balance_model(
     ``spatial_shapes`` (LFM2-VL: :func:`~trainer_adapter.hf.naflex.balance_naflex`),
     ``pixel_position_ids`` (Gemma 4: :func:`~trainer_adapter.hf.patch_positions.
     balance_patch_positions`) or tiles), DeepSeek-VL and its hybrid (both of its towers, the
-    high-resolution SAM too). Feed each rank one packed row
+    high-resolution SAM too). An ``.audio_tower`` is balanced beside them
+    (:func:`~trainer_adapter.hf.audio.balance_audio`): Qwen2.5-Omni's thinker (audio and
+    vision towers both), Qwen2-Audio (audio only). Feed each rank one packed row
     (:func:`balance_decoder`'s convention). An encoder-decoder language model (Florence-2's
     BART) is refused with ``llm=True``.
 
@@ -131,6 +136,7 @@ def balance_model(
         (t for a in ("visual", "vision_tower", "vision_model") if (t := getattr(inner, a, None))),
         None,
     )
+    audio = getattr(inner, "audio_tower", None)
     # the wrapper by what the tower's forward takes, whatever the model calls it
     takes = inspect.signature(tower.forward).parameters if tower is not None else {}
     wrap = balance_tiles
@@ -145,11 +151,11 @@ def balance_model(
     # a second tower the model runs on the same images after the first (DeepSeek-VL's hybrid:
     # SAM on 1024-px copies beside SigLIP on 384-px ones): balanced too, settled together
     second = getattr(inner, "high_res_vision_model", None)
-    if tower is None or decoder is None:
+    if (tower is None and audio is None) or decoder is None:
         raise ValueError(
-            f"{type(model).__name__}: no .visual/.vision_tower/.vision_model and "
+            f"{type(model).__name__}: no .visual/.vision_tower/.vision_model/.audio_tower and "
             ".language_model/.text_model; wrap the tower and the decoder with balance_vision / "
-            "balance_tiles / balance_decoder"
+            "balance_tiles / balance_audio / balance_decoder"
         )
     two_stack = getattr(getattr(decoder, "config", None), "is_encoder_decoder", False)
     if llm and two_stack:
@@ -160,18 +166,24 @@ def balance_model(
             "vision tower only (balance_model(..., llm=False))"
         )
     policy = policy or RedistributePolicy()
-    for module in (tower, second, decoder):
+    for module in (tower, second, audio, decoder):
         if module is not None:
             module.equishard_timer = timer
     # a phase not balanced: measured (a dry run of the plan) or left as it is
     off = RedistributePolicy(enabled=False)
     unbalanced = dataclasses.replace(policy, enabled=True, dry_run=True) if measure else off
     towers = [tower] if second is None else [tower, second]
+    encoders = []  # in the order the model calls them
     if encoder or measure:
-        vision = policy if encoder else unbalanced
-        wrap(tower, group=group, topology=topology, policy=vision)
+        phase = policy if encoder else unbalanced
+        if tower is not None:
+            wrap(tower, group=group, topology=topology, policy=phase)
+            encoders.append(towers)
         if second is not None:  # its forward takes the images' high-resolution copies
-            balance_tiles(second, group=group, topology=topology, policy=vision)
+            balance_tiles(second, group=group, topology=topology, policy=phase)
+        if audio is not None and _audio_balanced(audio, group, topology, phase, tower):
+            audio_first = tower is None or _calls_audio_first(inner)
+            encoders.insert(0 if audio_first else len(encoders), [audio])
     if encoder or llm or measure:
         balance_decoder(
             decoder,
@@ -179,6 +191,49 @@ def balance_model(
             topology=topology,
             # an encoder-decoder's (Florence-2's BART) samples are not planned: not measured
             policy=policy if llm else (off if two_stack else unbalanced),
-            vision=towers if encoder or measure else None,
+            encoders=encoders,
         )
     return model
+
+
+def _audio_balanced(audio, group, topology, policy, tower) -> bool:
+    """Wrap the audio tower; one of a kind :func:`balance_audio` does not know runs on each
+    rank's own recordings as without equishard (no collective, so nothing to agree on),
+    said in a warning, while the vision tower and the LLM are balanced. A model with no
+    vision tower has nothing else to balance there: refused."""
+    try:
+        balance_audio(audio, group=group, topology=topology, policy=policy)
+    except ValueError as e:
+        if tower is None:
+            raise
+        warnings.warn(
+            f"{e} -- its audio tower runs unbalanced, on each rank's own recordings",
+            stacklevel=3,
+        )
+        return False
+    return True
+
+
+def _calls_audio_first(inner: torch.nn.Module) -> bool:
+    """Whether the model's forward runs its audio tower before its vision tower (Qwen2.5-Omni's
+    thinker does), read from its own code: every rank settles the towers' rounds in that
+    order (:mod:`trainer_adapter.hf.rounds`)."""
+    try:
+        code = inspect.getsource(type(inner).forward)
+    except (OSError, TypeError) as e:
+        raise ValueError(
+            f"{type(inner).__name__}: cannot read its forward to find whether it runs its audio "
+            "or its vision tower first; balance one of them only, or wrap them with "
+            "balance_audio / balance_vision and give balance_decoder(encoders=[...]) in order"
+        ) from e
+    at = lambda *calls: min((i for c in calls if (i := code.find(c)) >= 0), default=-1)  # noqa: E731
+    audio = at("get_audio_features(", "audio_tower(")
+    vision = at("get_image_features(", "get_video_features(", "visual(", "vision_tower(")
+    if audio < 0 or vision < 0:
+        raise ValueError(
+            f"{type(inner).__name__}: its forward calls no get_audio_features or no "
+            "get_image_features that equishard can see, so the order of its towers is unknown; "
+            "wrap them with balance_audio / balance_vision and give balance_decoder("
+            "encoders=[...]) in the order the model calls them"
+        )
+    return audio < vision

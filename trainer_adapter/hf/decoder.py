@@ -39,7 +39,7 @@ from trainer_adapter.hf.packing import (
     move_per_token,
     packing_kwargs,
 )
-from trainer_adapter.hf.rounds import length_cost, settle_together
+from trainer_adapter.hf.rounds import length_cost, settle_in_order
 from trainer_adapter.item_exchange import agreed_settings, plan_items
 from trainer_adapter.item_outputs import (
     output_agree,
@@ -76,7 +76,7 @@ class _Setup:
     """What :func:`balance_decoder` installed, as every step's forward reads it."""
 
     inner: object  # the decoder's own forward
-    towers: list
+    towers: list  # groups of towers, in the order the model calls them
     policy: RedistributePolicy
     llm: object  # the LLM phase's cost model
     cache_key: str  # the KV cache's keyword (``cache`` from transformers 5.24)
@@ -224,7 +224,7 @@ def _forward(self, s: _Setup, input_ids, attention_mask, position_ids, inputs_em
     kw.update({"use_cache": False, s.cache_key: None})
     zero = None
     if s.towers:  # every rank through as many tower rounds as the busiest
-        zero = settle_together(s.towers)
+        zero = settle_in_order(s.towers)
     args = (input_ids, attention_mask, position_ids, inputs_embeds, kw, zero)
     idle = runs_everywhere(self, s.policy)  # FSDP2 per block: idle ranks run copies
     if not s.policy.enabled and not idle:
@@ -242,13 +242,24 @@ def balance_decoder(
     policy: RedistributePolicy | None = None,
     cost_model: CostModel | None = None,
     vision: torch.nn.Module | list | None = None,
+    encoders: list | None = None,
 ) -> torch.nn.Module:
     """Install the balanced forward on an HF decoder (``forward(inputs_embeds=...,
     position_ids=...)``, e.g. Qwen2-VL's ``language_model``) fed one packed row per rank.
     ``vision``: a tower wrapped by :func:`balance_vision` (or a list of towers the model calls
     one after the other on the same images); on a step where this rank had no images (so the
-    model never called it) the decoder joins the tower's exchange first."""
-    towers = [] if vision is None else list(vision) if isinstance(vision, list) else [vision]
+    model never called it) the decoder joins the tower's exchange first. ``encoders``
+    (instead of ``vision``): every balanced tower in the order the model calls them, each a
+    tower or such a list (Qwen2.5-Omni: ``[audio_tower, visual]``); a tower's own round first
+    settles those before it (:mod:`trainer_adapter.hf.rounds`)."""
+    if vision is not None and encoders is not None:
+        raise ValueError("give the towers as vision= or as encoders= (in call order), not both")
+    if encoders is None:
+        encoders = [] if vision is None else [vision]
+    towers = [list(g) if isinstance(g, list | tuple) else [g] for g in encoders]
+    for j, called in enumerate(towers):
+        for tower in called:
+            tower.equishard_before = towers[:j]
     policy = policy or RedistributePolicy()
     cfg = getattr(decoder, "config", None)
     calibrated = policy.cost_model.calibrated  # measured beats the decoder's dimensions

@@ -10,6 +10,13 @@ with two towers that it calls one after the other for the same images (DeepSeek-
 its low- and high-resolution towers) settles them in that order, round by round
 (:func:`settle_together`), so that every rank's exchanges come in the same order.
 
+A model with towers for different inputs calls them one after the other (Qwen2.5-Omni's
+thinker: its audio tower, then its vision tower for images and for videos). A rank without
+recordings skips the audio tower, so before a tower's own round every tower the model calls
+before it is settled (``equishard_before``: set by :func:`settle_in_order`'s owner, the
+balanced decoder); a tower is settled once a step, and the decoder settles what is left, in
+the model's order (:func:`settle_in_order`), so every rank takes each tower's rounds together.
+
 A rank that joins a round with no images of its own receives into a buffer of its own shape,
 so it takes the shape of one item row from the round's gathered table (:func:`shape_columns`,
 :func:`group_row_shape`), not from its tower's config: a tower fed rows of another layout
@@ -40,6 +47,7 @@ __all__ = [
     "length_cost",
     "plan_round",
     "record",
+    "settle_in_order",
     "settle_together",
     "shape_columns",
     "tower_cost",
@@ -177,6 +185,7 @@ def _settle(tower: torch.nn.Module) -> torch.Tensor:
         if tower.equishard_round_images == 0:
             break
     tower.equishard_step_images = False
+    tower.equishard_settled = True
     return zero
 
 
@@ -197,7 +206,43 @@ def settle_together(towers: list) -> torch.Tensor | None:
             break
     for tower in towers:
         tower.equishard_step_images = False
+        tower.equishard_settled = True
     return zero
+
+
+def _add(a, b):
+    return b if a is None else a if b is None else a + b
+
+
+def settle_in_order(groups: list[list]) -> torch.Tensor | None:
+    """Settle the towers of a step in the order the model calls them (``groups``: towers a
+    model calls one after the other on the same images, :func:`settle_together`), each group
+    not settled yet this step (a later tower's own round settled the earlier ones: see
+    :func:`settle_before`); then the next step starts unsettled. Every rank calls it once a
+    step, before the decoder's exchange. Returns the joined rounds' zeros, those of earlier
+    settles included, to be added to an output (their reverse exchanges run in the
+    backward)."""
+    zero = None
+    for towers in groups:
+        for tower in towers:
+            zero = _add(zero, tower.equishard_pending)
+            tower.equishard_pending = None
+        if not all(t.equishard_settled for t in towers):
+            zero = _add(zero, settle_together(towers))
+    for towers in groups:
+        for tower in towers:
+            tower.equishard_settled = False
+    return zero
+
+
+def settle_before(tower: torch.nn.Module) -> None:
+    """Before ``tower``'s own round: settle every tower the model calls before it that is not
+    settled yet this step (a rank without that tower's inputs never called it), keeping the
+    joined rounds' zeros for :func:`settle_in_order`."""
+    for group in tower.equishard_before:
+        if not all(t.equishard_settled for t in group):
+            zero = settle_together(group)
+            group[0].equishard_pending = _add(group[0].equishard_pending, zero)
 
 
 def install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
@@ -209,11 +254,16 @@ def install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:
     tower.equishard_step_images = False
     tower.equishard_round_images = 0
     tower.equishard_paused = False
+    tower.equishard_settled = False  # this step's rounds are over (settle_in_order)
+    tower.equishard_pending = None  # zeros of rounds joined before the decoder
+    tower.equishard_before = []  # groups of towers the model calls before this one
     own = tower.forward
 
     def gated(self, *args, **kwargs):
         if self.equishard_paused:
             return own(*args, **kwargs)
+        if not self.equishard_joining:
+            settle_before(self)
         return forward(self, *args, **kwargs)
 
     tower.forward = types.MethodType(gated, tower)

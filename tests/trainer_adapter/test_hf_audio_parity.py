@@ -5,7 +5,9 @@ windows with their attention masks; an audio-only model). On 4 gloo ranks with u
 batches, a rank with recordings and no image (it calls only the audio tower), a rank with an
 image and no recording (only the vision tower), an empty rank: the loss and every parameter's
 gradient with every phase balanced, without balancing, and from one process over the
-concatenated global batch agree; recordings, images and samples really move."""
+concatenated global batch agree; recordings, images and samples really move. The same under
+FSDP2 sharded per block (:mod:`tests.trainer_adapter.test_hf_fsdp`), also with one recording
+and two samples over 4 ranks, where idle ranks run copies."""
 
 from __future__ import annotations
 
@@ -52,6 +54,11 @@ NO_AUDIO = [
     [(9, None, None, 2)],
 ]
 LAYOUTS = {"qwen25omni": OMNI_LAYOUT, "qwen2audio": AUDIO_LAYOUT}
+# one recording and two samples over 4 ranks: ranks 2 and 3 hold nothing (FSDP2: copies)
+SPARSE = {
+    "qwen25omni": [[(5, (1, 8, 12), 37, 7)], [(3, None, None, 2)], [], []],
+    "qwen2audio": [[(5, None, 32, 7)], [(3, None, None, 2)], [], []],
+}
 
 
 def audio_tokens(frames: int) -> int:
@@ -156,7 +163,22 @@ def _step(model, batch, num_items):
     return loss.detach()
 
 
-def rank_main(rank, world, family, mode, layout):
+def shard_blocks(model) -> None:
+    """``fully_shard`` on each block HF names in ``_no_split_modules``, innermost first (these
+    models name a whole encoder beside its layers: Qwen2.5-Omni's audio and vision encoders),
+    then on the model; unused parameters reduce-scattered too (FSDP2's find_unused)."""
+    from torch.distributed.fsdp import fully_shard
+
+    names = set(model._no_split_modules or ())
+    for block in reversed([m for m in model.modules() if type(m).__name__ in names]):
+        fully_shard(block)
+    fully_shard(model)
+    model.set_reduce_scatter_unused_params(True)
+
+
+def rank_main(rank, world, family, mode, layout, fsdp=False):
+    """One step on this rank; ``fsdp``: sharded per block by FSDP2 after balancing is
+    installed (gradients are then the group's mean: times ``world``)."""
     import torch.distributed as dist
 
     from trainer_adapter.hf.balance import balance_model, global_targets
@@ -166,13 +188,28 @@ def rank_main(rank, world, family, mode, layout):
     batch = make_batches(family, model, layout)[rank]
     policy = RedistributePolicy(enabled=mode == "balanced", placement="identity")
     balance_model(model, policy=policy)
+    if fsdp:
+        shard_blocks(model)
     loss = _step(model, batch, global_targets(batch["labels"]))
     dist.all_reduce(loss)
-    grads = _grads(model)
     params = dict(model.named_parameters())
     names = sorted(params)
-    flat = torch.cat([grads.get(k, torch.zeros_like(params[k])).reshape(-1) for k in names])
-    dist.all_reduce(flat)
+    if fsdp:  # DTensors: each rank holds a shard
+        full = [
+            p.grad.full_tensor() * world if p.grad is not None else None
+            for _, p in sorted(params.items())
+        ]
+        grads = {k: g for k, g in zip(names, full, strict=True) if g is not None}
+    else:
+        grads = _grads(model)
+    flat = torch.cat(
+        [
+            grads.get(k, torch.zeros(params[k].shape, dtype=params[k].dtype)).reshape(-1)
+            for k in names
+        ]
+    )
+    if not fsdp:
+        dist.all_reduce(flat)
     inner = model.model
     visual = getattr(inner, "visual", None)
     llm = getattr(inner.language_model, "last_route", None)  # none where it runs plain
@@ -181,6 +218,7 @@ def rank_main(rank, world, family, mode, layout):
         "grads": flat.numpy(),
         "names": names,
         "audio_moved": inner.audio_tower.last_route.moved,
+        "audio_copies": int(inner.audio_tower.last_route.copy_of.size),
         "vision_moved": visual.last_route.moved if visual is not None else None,
         "llm_moved": llm.moved if llm is not None else 0,
     }
@@ -209,6 +247,10 @@ def rank_scenarios(rank, world, family):
     }
     if family == "qwen25omni":  # no recording anywhere: nobody calls the audio tower
         out["no_audio"] = rank_main(rank, world, family, "balanced", NO_AUDIO)
+    out["fsdp"] = rank_main(rank, world, family, "balanced", LAYOUTS[family], fsdp=True)
+    sparse = SPARSE[family]
+    out["fsdp_sparse"] = rank_main(rank, world, family, "balanced", sparse, fsdp=True)
+    out["fsdp_sparse_plain"] = rank_main(rank, world, family, "plain", sparse, fsdp=True)
     return out
 
 
@@ -251,3 +293,21 @@ def test_a_step_without_any_recording():
     runs = scenarios("qwen25omni")["no_audio"]
     _equal_to_reference(runs, "qwen25omni", NO_AUDIO)
     assert runs[0]["audio_moved"] == 0 and runs[0]["vision_moved"] > 0
+
+
+@pytest.mark.parametrize("family", list(LAYOUTS))
+def test_every_phase_balanced_under_fsdp2_per_block(family):
+    runs = scenarios(family)["fsdp"]
+    _equal_to_reference(runs, family, LAYOUTS[family])
+    assert runs[0]["audio_moved"] > 0
+
+
+@pytest.mark.parametrize("family", list(LAYOUTS))
+def test_idle_ranks_run_copies_of_a_recording_under_fsdp2(family):
+    """One recording over 4 ranks sharded per block: the ranks the plan gives none run a copy
+    of it (its results dropped) so that every rank joins the audio tower's all-gathers, balanced
+    and not; the step equals one process's."""
+    runs = scenarios(family)
+    for kind in ("fsdp_sparse", "fsdp_sparse_plain"):
+        _equal_to_reference(runs[kind], family, SPARSE[family])
+        assert runs[kind][0]["audio_copies"] > 0

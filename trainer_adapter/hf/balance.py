@@ -42,6 +42,7 @@ from trainer_adapter.hf.decoder import balance_decoder
 from trainer_adapter.hf.naflex import balance_naflex
 from trainer_adapter.hf.patch_positions import balance_patch_positions
 from trainer_adapter.hf.pixtral import balance_pixtral
+from trainer_adapter.hf.rounds import settle_on_entry
 from trainer_adapter.hf.towers import balance_tiles, balance_vision
 from trainer_adapter.redistribute import RedistributePolicy
 from trainer_adapter.topology import Topology
@@ -193,7 +194,17 @@ def balance_model(
             policy=policy if llm else (off if two_stack else unbalanced),
             encoders=encoders,
         )
+    for called in encoders[1:]:  # a later tower: the earlier ones settled before its gather
+        getters = _AUDIO_GETTERS if called[0] is audio else _VISION_GETTERS
+        for name in getters:
+            if callable(getattr(inner, name, None)):
+                settle_on_entry(inner, name, called[0])
     return model
+
+
+# the model methods that call a tower (transformers' names)
+_VISION_GETTERS = ("get_image_features", "get_video_features")
+_AUDIO_GETTERS = ("get_audio_features",)
 
 
 def _audio_balanced(audio, group, topology, policy, tower) -> bool:

@@ -14,8 +14,10 @@ A model with towers for different inputs calls them one after the other (Qwen2.5
 thinker: its audio tower, then its vision tower for images and for videos). A rank without
 recordings skips the audio tower, so before a tower's own round every tower the model calls
 before it is settled (``equishard_before``: set by :func:`settle_in_order`'s owner, the
-balanced decoder); a tower is settled once a step, and the decoder settles what is left, in
-the model's order (:func:`settle_in_order`), so every rank takes each tower's rounds together.
+balanced decoder): on entry to the model's method that calls the tower
+(:func:`settle_on_entry`: before FSDP2 gathers a tower sharded as one unit), else inside the
+tower's call. A tower is settled once a step, and the decoder settles what is left, in the
+model's order (:func:`settle_in_order`), so every rank takes each tower's rounds together.
 
 A rank that joins a round with no images of its own receives into a buffer of its own shape,
 so it takes the shape of one item row from the round's gathered table (:func:`shape_columns`,
@@ -48,6 +50,7 @@ __all__ = [
     "plan_round",
     "record",
     "settle_in_order",
+    "settle_on_entry",
     "settle_together",
     "shape_columns",
     "tower_cost",
@@ -243,6 +246,23 @@ def settle_before(tower: torch.nn.Module) -> None:
         if not all(t.equishard_settled for t in group):
             zero = settle_together(group)
             group[0].equishard_pending = _add(group[0].equishard_pending, zero)
+
+
+def settle_on_entry(owner: torch.nn.Module, method: str, tower: torch.nn.Module) -> None:
+    """Settle the towers the model calls before ``tower`` (:func:`settle_before`) on entry to
+    ``owner.method``, the model's own method that calls it (Qwen2.5-Omni's
+    ``get_image_features``), not only inside the tower's call: FSDP2 all-gathers a tower
+    sharded as one unit before its forward starts, and a rank settling the earlier towers
+    after that gather would meet the others' rounds in another order. Set on the instance;
+    the class is untouched."""
+    own = getattr(owner, method)
+
+    def entered(*args, **kwargs):
+        if not tower.equishard_paused:
+            settle_before(tower)
+        return own(*args, **kwargs)
+
+    setattr(owner, method, entered)
 
 
 def install(tower: torch.nn.Module, forward, join) -> torch.nn.Module:

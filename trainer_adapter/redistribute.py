@@ -5,9 +5,12 @@
 
 1. all_gather the per-sample lengths only (LLM tokens, encoder patches, tiles and their grids,
    image tokens, target tokens) — never the payload;
-2. on every rank, the same plan per phase with ``balancing``'s runtime kernels: the vision plan
-   over each sample's encoder cost for the ``vision_ranks``, the LLM plan over its LLM cost for
-   the ``llm_ranks`` (identical input gives an identical plan, so nothing else is agreed on);
+2. on every rank, the same plan per phase with ``balancing``'s runtime kernels
+   (:mod:`trainer_adapter.phase_plan`): the vision plan over each sample's encoder cost for the
+   ``vision_ranks``, a plan of its own for each further encoder phase (an audio encoder's,
+   :mod:`trainer_adapter.encoder_phases`: its own cost, chunked or padded), the LLM plan over
+   its LLM cost for the ``llm_ranks`` (identical input gives an identical plan, so nothing
+   else is agreed on);
 3. the node-wise permutation (OrchMLLM Alg. 3) for ``Topology.ranks_per_node``, so most bytes
    that move stay inside a node;
 4. one all_to_all per phase moves only what changes rank: patches to their encoder rank, token
@@ -28,16 +31,20 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from balancing import CostModel, locality_balance, nodewise_permutation, post_balance
-from balancing.post_balance import LOCALITY, RUNTIME_METHODS, MemoryCapError
+from balancing import CostModel
+from balancing.post_balance import RUNTIME_METHODS
 from equishard.common.values import check_count, check_flag, check_real
+from trainer_adapter.encoder_phases import EncoderPhase
 from trainer_adapter.exchange import gather_tables
+from trainer_adapter.phase_plan import phase_index as _phase_index
+from trainer_adapter.phase_plan import plan_phase as _plan_phase
 from trainer_adapter.route import (
     _IMG,
     _LLM,
     _TOKEN_BYTES,
     _UNITS,
     _VIT,
+    EncoderBatch,
     LocalBatch,
     Route,
     _cu,
@@ -116,113 +123,75 @@ def _phase_costs(table: np.ndarray, units: list[np.ndarray], policy: Redistribut
     return cm.vision.of(vit, sq, table[:, _UNITS]), cm.llm.of(llm, llm * llm, 1.0)
 
 
-def _per_node(ranks: tuple[int, ...], topo: Topology) -> int | None:
-    """Ranks of the phase per node, when they split into whole, equal, consecutive nodes."""
-    nodes = np.array([topo.node_of(r) for r in ranks])
-    uniq, counts = np.unique(nodes, return_counts=True)
-    if len(set(counts.tolist())) != 1 or not np.array_equal(nodes, np.repeat(uniq, counts[0])):
-        return None
-    return int(counts[0])
+def _per_sample_tokens(batch: dict, key: str, cu: np.ndarray, n: int) -> np.ndarray:
+    """Per sample, how many of its tokens are ``batch[key]`` (the slots an encoder fills)."""
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    return np.add.reduceat((batch["input_ids"] == int(batch[key])).numpy(), cu[:-1])
 
 
-def _extra_sources(extra, ranks, topo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(item, phase-rank index, bytes) of payload that reaches an item's destination from
-    another rank than its own (an image's embeddings from its encoder rank): each source is
-    stood in for by a rank of this phase on the same node (the node is what the placement
-    weighs); sources on nodes without such a rank are left out."""
-    e_src, e_bytes = extra
-    on_node = {}
-    for j, r in enumerate(ranks):
-        on_node.setdefault(topo.node_of(r), j)
-    where = {r: j for j, r in enumerate(ranks)}
-    idx = np.array(
-        [where.get(int(r), on_node.get(topo.node_of(int(r)), -1)) if r >= 0 else -1 for r in e_src],
-        dtype=np.int64,
-    )
-    ok = np.flatnonzero((idx >= 0) & (e_bytes > 0))
-    return ok, idx[ok], e_bytes[ok].astype(np.float64)
+def _extra_columns(batch, phases, cu, n) -> np.ndarray:
+    """Per sample and phase beyond vision: its payload rows, its units, its output tokens."""
+    cols = []
+    for ph in phases:
+        for key in (ph.rows, ph.count, ph.payload, ph.units, ph.token):
+            if key not in batch:
+                raise KeyError(
+                    f"the batch has no {key!r}, which the {ph.name} phase reads (keys: "
+                    f"{', '.join(sorted(batch))})"
+                )
+        cols += [
+            batch[ph.rows].numpy().astype(np.int64).reshape(-1),
+            batch[ph.count].numpy().astype(np.int64).reshape(-1),
+            _per_sample_tokens(batch, ph.token, cu, n),
+        ]
+    return np.stack(cols, axis=1).reshape(n, len(cols)) if cols else np.zeros((n, 0), np.int64)
 
 
-def _plan_phase(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
-    """Destination rank of each item, the method that ran, the loads of the phase's ranks
-    before, and the loads the plan gives. Under ``policy.dry_run`` every item stays on its rank
-    (the plan's loads are what it would have given; a plan the memory cap refuses, the loads
-    before, the method saying why)."""
-    if policy.dry_run:
-        outside = np.setdiff1d(src, ranks).tolist()
-        if outside:
-            raise ValueError(
-                f"dry_run keeps every item on its rank, but ranks {outside} hold items and take "
-                f"no part in this phase (its ranks: {tuple(ranks)}); dry-run a topology whose "
-                "phases run on every rank"
-            )
-    try:
-        dest, method, before = _plan(cost, src, ranks, topo, policy, volume, cap, traffic)
-    except MemoryCapError as e:  # a dry run measures: no plan under the cap is a finding
-        if not policy.dry_run:
-            raise
-        dest, method = np.asarray(src, dtype=np.int64), f"no plan under the memory cap: {e}"
-        before = np.bincount(_phase_index(dest, ranks), weights=cost, minlength=len(ranks))
-    planned = np.bincount(_phase_index(dest, ranks), weights=cost, minlength=len(ranks))
-    if not policy.dry_run:
-        return dest, method, before, planned
-    return np.asarray(src, dtype=np.int64).copy(), f"dry run ({method})", before, planned
+def _plan_extra(route, batch, phases, units, src, ranks, topology, policy):
+    """Plan each phase beyond vision over the encoder ranks (its own cost and node-wise
+    placement); record it on ``route``; returns each phase's (outputs' source rank, tokens)
+    for the LLM placement."""
+    trips = []
+    for j, ph in enumerate(phases):
+        rows, count, tokens = (5 + 3 * j + k for k in range(3))
+        t = route.table
+        tok, sq, n = ph.features(units[j], t[:, count])
+        cost = policy.cost_model.phase(ph.cost).of(tok, sq, n) if policy.cost == "modeled" else tok
+        has = t[:, rows] > 0
+        payload = batch[ph.payload]
+        row_bytes = int(np.prod(payload.shape[1:], dtype=np.int64)) * payload.element_size()
+        dest = np.full(src.size, -1, dtype=np.int64)
+        d, method, before, planned = _plan_phase(
+            cost[has], src[has], ranks, topology, policy, (t[:, rows] * row_bytes)[has]
+        )
+        dest[has] = d
+        route.encoders[ph.name] = (dest, rows, count, tokens)
+        route.methods[ph.name] = method
+        after = np.bincount(_phase_index(d, ranks), weights=cost[has], minlength=len(ranks))
+        route.loads.update(
+            {f"{ph.name}_before": before, f"{ph.name}_after": after, f"{ph.name}_planned": planned}
+        )
+        trips.append((dest, t[:, tokens] * policy.embedding_bytes))
+    return trips
 
 
-def _phase_index(r: np.ndarray, ranks) -> np.ndarray:
-    """Each of ``r`` (ranks of the phase) as its place in ``ranks``."""
-    r = np.asarray(r, dtype=np.int64)
-    lut = np.full(max(max(ranks), int(r.max(initial=0))) + 1, -1, dtype=np.int64)
-    lut[list(ranks)] = np.arange(len(ranks))
-    return lut[r]
-
-
-def _plan(cost, src, ranks, topo, policy, volume, cap=None, traffic=None):
-    """Destination rank of each item and the method that ran, and the loads before. ``traffic``
-    (bytes per item from its own rank, and (source rank, bytes) per item from elsewhere) is what
-    the node-wise placement keeps inside nodes; by default ``volume`` from the item's rank."""
-    ranks_arr = np.asarray(ranks, dtype=np.int64)
-    where = {r: j for j, r in enumerate(ranks)}
-    src_j = np.array([where.get(int(s), -1) for s in src], dtype=np.int64)
-    d = len(ranks)
-    before = np.bincount(src_j[src_j >= 0], weights=cost[src_j >= 0], minlength=d)
-    identity_ok = bool((src_j >= 0).all())
-    if not policy.enabled or src.size == 0:
-        if not identity_ok:
-            raise ValueError(
-                f"redistribution is off but ranks {sorted(set(src[src_j < 0].tolist()))} hold "
-                f"samples and take no part in this phase (its ranks: {ranks})"
-            )
-        return ranks_arr[src_j] if src.size else src.copy(), "identity", before
-    # keeping the ranks' own items is an option only where it holds the memory cap
-    mem = volume if volume is not None else cost
-    fits = identity_ok and (not cap or np.bincount(src_j, weights=mem, minlength=d).max() <= cap)
-    if fits and before.mean() > 0 and before.max() <= before.mean() * (1 + policy.min_gain):
-        return ranks_arr[src_j], "kept (within min_gain)", before
-    per_node = _per_node(ranks, topo)
-    if policy.method == LOCALITY and identity_ok:
-        pb = locality_balance(cost, src_j, d, per_node or d)
-        if not cap or np.bincount(pb.dest, weights=mem, minlength=d).max() <= cap:
-            return ranks_arr[pb.dest], pb.method, before
-        # locality moves only the excess and cannot see a memory cap: the capped plan instead
-    method = "lpt" if policy.method == LOCALITY else policy.method
-    pb = post_balance(cost, d, method=method, memory_cap=cap, memory=volume if cap else None)
-    if fits and pb.loads.max() >= before.max():
-        return ranks_arr[src_j], f"kept ({pb.method} would not lower the max)", before
-    batch_rank = np.arange(d)
-    name = pb.method
-    if policy.placement == "nodewise" and identity_ok and per_node is not None:
-        items, dests, weights = src_j, pb.dest, volume.astype(np.float64)
-        if traffic is not None:
-            own, extra = traffic
-            k, e_src, e_bytes = _extra_sources(extra, ranks, topo)
-            items = np.concatenate([src_j, e_src])
-            dests = np.concatenate([pb.dest, pb.dest[k]])
-            weights = np.concatenate([np.asarray(own, dtype=np.float64), e_bytes])
-        nw = nodewise_permutation(items, dests, weights, d, per_node)
-        batch_rank = nw.rank_of_batch
-        name += f" + {nw.method}"
-    return ranks_arr[batch_rank[pb.dest]], name, before
+def _move_extra(route, batch, phases, src) -> dict:
+    """Each phase beyond vision's payload and units to its encoder ranks."""
+    out = {}
+    for ph in phases:
+        dest, rows, count, _ = route.encoders[ph.name]
+        at = np.where(route.table[:, rows] > 0, src, -1)
+        payload = route.move(batch[ph.payload], route.table[:, rows], at, dest, ph.name, stay=True)
+        units = batch[ph.units].reshape(-1, ph.width)
+        units = route.move(units, route.table[:, count], src, dest, f"{ph.name}_units")
+        out[ph.name] = EncoderBatch(
+            index=route.encoder_samples(ph.name),
+            payload=payload,
+            units=units,
+            token_id=int(batch[ph.token]),
+        )
+    return out
 
 
 def redistribute(
@@ -230,8 +199,12 @@ def redistribute(
     process_group: dist.ProcessGroup | None,
     topology: Topology,
     policy: RedistributePolicy,
+    phases: tuple[EncoderPhase, ...] = (),
 ) -> tuple[LocalBatch, Route]:
-    """Balance the batches of all ranks; see the module docstring. Call on every rank."""
+    """Balance the batches of all ranks; see the module docstring. Call on every rank.
+    ``phases``: encoder phases beyond the vision tower (:func:`~trainer_adapter.
+    encoder_phases.audio_phase`), each planned over the encoder ranks with its own cost; its
+    share in ``LocalBatch.encoders``, its outputs sent with :meth:`Route.send_embeddings`."""
     t0 = time.perf_counter()
     rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
     vision_ranks, llm_ranks, label_ranks = topology.resolve(world)
@@ -251,9 +224,15 @@ def redistribute(
     local = np.stack(
         [llm_lens, batch["vit_lens"].numpy(), batch["num_units"].numpy(), img, targets], axis=1
     ).reshape(-1, 5)
+    local = np.hstack([local, _extra_columns(batch, phases, cu, llm_lens.size)])
+    width = local.shape[1]
     tables = gather_tables(local, process_group)
     units = gather_tables(batch["units_hw"].numpy().reshape(-1, 2), process_group)
-    table = np.concatenate(tables).reshape(-1, 5)
+    extra_units = [
+        np.concatenate(gather_tables(batch[ph.units].numpy().reshape(-1, ph.width), process_group))
+        for ph in phases
+    ]
+    table = np.concatenate(tables).reshape(-1, width)
     src = np.repeat(np.arange(world), [t.shape[0] for t in tables]).astype(np.int64)
     t1 = time.perf_counter()
     vit_cost, llm_cost = _phase_costs(table, units, policy)
@@ -264,10 +243,12 @@ def redistribute(
         vit_cost[has_vit], src[has_vit], vision_ranks, topology, policy, patch_bytes[has_vit]
     )
     vit_dest[has_vit] = vd
+    route = Route(rank, world, process_group, topology, table, src, vit_dest, vit_dest, vit_dest)
+    trips = _plan_extra(route, batch, phases, extra_units, src, vision_ranks, topology, policy)
     traffic = None
-    if policy.embedding_bytes:  # the LLM placement also weighs the embeddings' trip
+    if policy.embedding_bytes:  # the LLM placement also weighs the embeddings' trips
         own = table[:, _LLM] * _TOKEN_BYTES
-        traffic = (own, (vit_dest, table[:, _IMG] * policy.embedding_bytes))
+        traffic = (own, [(vit_dest, table[:, _IMG] * policy.embedding_bytes), *trips])
     llm_dest, lmethod, lbefore, lplanned = _plan_phase(
         llm_cost,
         src,
@@ -280,21 +261,25 @@ def redistribute(
     )
     pair = dict(zip(llm_ranks, label_ranks, strict=True))
     label_dest = np.array([pair[int(r)] for r in llm_dest], dtype=np.int64)
-    route = Route(rank, world, process_group, topology, table, src, vit_dest, llm_dest, label_dest)
-    route.methods = {"vision": vmethod, "llm": lmethod}
-    route.loads = {
-        "vision_before": vbefore,
-        "vision_after": np.bincount(
-            _phase_index(vd, vision_ranks), weights=vit_cost[has_vit], minlength=len(vision_ranks)
-        ),
-        "llm_before": lbefore,
-        "llm_after": np.bincount(
-            _phase_index(llm_dest, llm_ranks), weights=llm_cost, minlength=len(llm_ranks)
-        ),
-        # what the plan gives (the same as after, but under dry_run: what it would have given)
-        "vision_planned": vplanned,
-        "llm_planned": lplanned,
-    }
+    route.llm_dest, route.label_dest = llm_dest, label_dest
+    route.methods.update({"vision": vmethod, "llm": lmethod})
+    route.loads.update(
+        {
+            "vision_before": vbefore,
+            "vision_after": np.bincount(
+                _phase_index(vd, vision_ranks),
+                weights=vit_cost[has_vit],
+                minlength=len(vision_ranks),
+            ),
+            "llm_before": lbefore,
+            "llm_after": np.bincount(
+                _phase_index(llm_dest, llm_ranks), weights=llm_cost, minlength=len(llm_ranks)
+            ),
+            # what the plan gives (the same as after, but under dry_run: what it would have given)
+            "vision_planned": vplanned,
+            "llm_planned": lplanned,
+        }
+    )
     route.seconds["gather"] = t1 - t0
     route.seconds["plan"] = time.perf_counter() - t1
     t2 = time.perf_counter()
@@ -308,6 +293,7 @@ def redistribute(
     )
     unit_rows = table[:, _UNITS]
     units_hw = route.move(batch["units_hw"].reshape(-1, 2), unit_rows, src, vit_dest, "units")
+    encoders = _move_extra(route, batch, phases, src)
     tokens = torch.stack([batch["input_ids"], batch["position_ids"], labels], dim=1)
     moved = route.move(tokens, table[:, _LLM], src, llm_dest, "tokens")
     if np.array_equal(label_dest, llm_dest):
@@ -328,5 +314,6 @@ def redistribute(
         labels=lab,
         label_cu_seqlens=torch.from_numpy(_cu(table[label_index, _LLM])).to(torch.int32),
         image_token_id=int(batch["image_token_id"]),
+        encoders=encoders,
     )
     return out, route

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from trainer_adapter.exchange import all_to_all_rows, collective_device
 from trainer_adapter.topology import Topology
 
-__all__ = ["LocalBatch", "Route"]
+__all__ = ["EncoderBatch", "LocalBatch", "Route"]
 
 # per-sample columns gathered from every rank
 _LLM, _VIT, _UNITS, _IMG, _TGT = range(5)
@@ -24,9 +24,23 @@ _TOKEN_BYTES = 24  # an LLM token travels as its id, label and position (int64 e
 
 
 @dataclass(slots=True)
+class EncoderBatch:
+    """This rank's share of an encoder phase beyond vision (an audio encoder's): the global
+    indices of the samples whose items it encodes, their payload rows (the phase's
+    ``payload``, e.g. feature frames), their unit rows (e.g. each recording's frames) and the
+    token id the outputs fill in ``input_ids``."""
+
+    index: np.ndarray
+    payload: torch.Tensor
+    units: torch.Tensor
+    token_id: int
+
+
+@dataclass(slots=True)
 class LocalBatch:
     """This rank's share after redistribution. ``*_index`` are global sample indices (source
-    rank order, then position) in the order the rows are laid out."""
+    rank order, then position) in the order the rows are laid out. ``encoders``: the phases
+    beyond vision, by name (:class:`EncoderBatch`)."""
 
     vision_index: np.ndarray
     patches: torch.Tensor
@@ -39,6 +53,7 @@ class LocalBatch:
     labels: torch.Tensor
     label_cu_seqlens: torch.Tensor
     image_token_id: int
+    encoders: dict = field(default_factory=dict)
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -60,8 +75,11 @@ class Route:
     """The plan every rank computed, and the exchanges that follow it.
 
     ``src``/``vit_dest``/``llm_dest``/``label_dest`` are per global sample (-1: no encoder work).
-    ``loads`` holds per-rank loads before/after per phase; ``bytes`` the bytes each exchange
-    moved inside nodes and across them (a rank keeping its own sample moves nothing).
+    ``encoders``: each phase beyond vision by name, ``(dest, rows, units, tokens)``: its
+    destination per sample (-1: no item) and its columns of ``table`` (payload rows, units,
+    output tokens). ``loads`` holds per-rank loads before/after per phase; ``bytes`` the bytes
+    each exchange moved inside nodes and across them (a rank keeping its own sample moves
+    nothing).
     """
 
     rank: int
@@ -77,6 +95,7 @@ class Route:
     bytes: dict = field(default_factory=dict)
     seconds: dict = field(default_factory=dict)
     methods: dict = field(default_factory=dict)
+    encoders: dict = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:
@@ -166,6 +185,24 @@ class Route:
         at, to = np.where(has, self.vit_dest, -1), np.where(has, self.llm_dest, -1)
         out = self.move(embeds, img, at, to, "image_embeddings")
         self.seconds["image_embeddings"] = time.perf_counter() - t0
+        return out
+
+    def encoder_samples(self, name: str, rank: int | None = None) -> np.ndarray:
+        """Global indices of the samples whose items of phase ``name`` this rank (or
+        ``rank``) encodes."""
+        return np.flatnonzero(self.encoders[name][0] == (self.rank if rank is None else rank))
+
+    def send_embeddings(self, name: str, embeds: torch.Tensor) -> torch.Tensor:
+        """:meth:`send_image_embeddings` for the phase ``name`` beyond vision (an audio
+        encoder's output tokens: those of this rank's encoder samples, global order -> those
+        of its LLM samples, in the order their tokens appear). Differentiable; collective."""
+        dest, _, _, col = self.encoders[name]
+        tokens = self.table[:, col]
+        has = tokens > 0
+        t0 = time.perf_counter()
+        at, to = np.where(has, dest, -1), np.where(has, self.llm_dest, -1)
+        out = self.move(embeds, tokens, at, to, f"{name}_embeddings")
+        self.seconds[f"{name}_embeddings"] = time.perf_counter() - t0
         return out
 
     def to_source(self, values: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,216 @@
+"""Encoder phases beyond vision in the runtime core (:func:`trainer_adapter.redistribute` with
+``phases=``): an audio encoder's recordings planned with their own cost, moved to their encoder
+rank, and their outputs routed to the LLM rank of the sample that owns them, on real gloo
+process groups; a rank without recordings, or without anything, still joins every exchange.
+The plan is checked against an independent computation of each sample's audio cost (the
+rule's chunks or window, priced by the cost model) planned by ``post_balance`` alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tests.dist_helper import run_ranks
+from tests.trainer_adapter.synthetic import batch_of
+
+AUDIO_TOKEN, MEL = 8, 3
+# per rank: samples as (image units, text tokens, recordings' frames)
+LAYOUT = [
+    [(1, 20, (37,)), (0, 9, (250, 17)), (2, 5, ()), (0, 30, (401,))],
+    [],  # an empty rank
+    [(1, 12, ())],  # images only: no recording
+    [(0, 40, (90,)), (0, 8, (3, 5, 1200)), (0, 15, ())],
+]
+
+
+def tokens_of(frames: int) -> int:
+    return (((frames - 1) // 2 + 1) - 2) // 2 + 1
+
+
+def audio_batch(rank: int, samples) -> dict:
+    """A synthetic batch (vision as ``batch_of``) with recordings: each recording's feature
+    rows carry (rank, sample, recording, frame) so arrivals can be told apart, and its audio
+    tokens follow the sample's text."""
+    batch = batch_of(rank, [(k, text) for k, text, _ in samples])
+    ids, cu = batch["input_ids"].tolist(), batch["cu_seqlens"].tolist()
+    labels, pos = batch["labels"].tolist(), batch["position_ids"].tolist()
+    new_ids, new_labels, new_pos, new_cu, feats, lens, frames, count = (
+        [],
+        [],
+        [],
+        [0],
+        [],
+        [],
+        [],
+        [],
+    )
+    for i, (_, _, recs) in enumerate(samples):
+        extra = sum(tokens_of(f) for f in recs)
+        s = slice(cu[i], cu[i + 1])
+        new_ids += ids[s] + [AUDIO_TOKEN] * extra
+        new_labels += labels[s] + [-100] * extra
+        new_pos += pos[s] + list(range(cu[i + 1] - cu[i], cu[i + 1] - cu[i] + extra))
+        new_cu.append(len(new_ids))
+        for j, f in enumerate(recs):
+            tag = rank * 1000 + i * 10 + j
+            rows = np.stack([np.full(f, tag, float), np.arange(f, dtype=float), np.zeros(f)], 1)
+            feats.append(rows)
+            lens.append(f)
+        frames.append(sum(recs))
+        count.append(len(recs))
+    batch.update(
+        input_ids=torch.tensor(new_ids, dtype=torch.long),
+        labels=torch.tensor(new_labels, dtype=torch.long),
+        position_ids=torch.tensor(new_pos, dtype=torch.long),
+        cu_seqlens=torch.tensor(new_cu, dtype=torch.int32),
+        llm_lens=torch.tensor(np.diff(new_cu), dtype=torch.long),
+        audio_features=torch.from_numpy(np.concatenate(feats)).float()
+        if feats
+        else torch.zeros(0, MEL),
+        audio_frames=torch.tensor(frames, dtype=torch.long),
+        audio_lens=torch.tensor(lens, dtype=torch.long).reshape(-1, 1),
+        num_audios=torch.tensor(count, dtype=torch.long),
+        audio_token_id=AUDIO_TOKEN,
+    )
+    return batch
+
+
+def _rank(rank, world, n_window, ranks_per_node):
+    from trainer_adapter import RedistributePolicy, Topology, redistribute
+    from trainer_adapter.encoder_phases import audio_phase
+
+    phase = audio_phase(n_window=n_window, window_frames=3000)
+    batch = audio_batch(rank, LAYOUT[rank])
+    local, route = redistribute(
+        batch, None, Topology(ranks_per_node=ranks_per_node), RedistributePolicy(), (phase,)
+    )
+    enc = local.encoders["audio"]
+    # each recording's output tokens carry its (rank, sample, recording) tag; sent to the LLM
+    tags, starts = [], np.concatenate([[0], np.cumsum(enc.units[:, 0].numpy())])
+    for u in range(len(enc.units)):
+        tags += [float(enc.payload[starts[u], 0])] * tokens_of(int(enc.units[u, 0]))
+    emb = torch.tensor(tags, dtype=torch.float32).reshape(-1, 1).repeat(1, 2).requires_grad_()
+    got = route.send_embeddings("audio", emb)
+    (got * 2).sum().backward()
+    cu = local.cu_seqlens.tolist()
+    slots = [
+        int((local.input_ids[cu[i] : cu[i + 1]] == AUDIO_TOKEN).sum()) for i in range(len(cu) - 1)
+    ]
+    return {
+        "audio_index": enc.index.tolist(),
+        "units": enc.units[:, 0].tolist(),
+        "payload": enc.payload.tolist(),
+        "llm_index": local.llm_index.tolist(),
+        "slots": slots,
+        "arrived": got.detach()[:, 0].tolist(),
+        "grad_ok": bool(torch.equal(emb.grad, torch.full_like(emb, 2.0))),
+        "dest": route.encoders["audio"][0].tolist(),
+        "loads": {k: np.asarray(v).tolist() for k, v in route.loads.items()},
+        "method": route.methods["audio"],
+        "bytes": route.bytes.get("audio"),
+    }
+
+
+def _global_samples():
+    return [(r, i, s) for r in range(len(LAYOUT)) for i, s in enumerate(LAYOUT[r])]
+
+
+@pytest.mark.parametrize(("n_window", "ranks_per_node"), [(100, 1), (0, 1), (8, 2)])
+def test_recordings_reach_their_encoder_rank_and_their_tokens_the_llm_rank(
+    n_window, ranks_per_node
+):
+    got = run_ranks(_rank, 4, n_window, ranks_per_node, timeout=120)
+    samples = _global_samples()
+    dest = got[0]["dest"]
+    assert all(g["dest"] == dest for g in got)  # the same plan on every rank
+    for r, g in enumerate(got):
+        mine = [k for k, d in enumerate(dest) if d == r]
+        assert g["audio_index"] == mine
+        # every recording of those samples, in order, with its own frames
+        want_units = [f for k in mine for f in samples[k][2][2]]
+        assert g["units"] == want_units
+        want_rows = [
+            [float(samples[k][0] * 1000 + samples[k][1] * 10 + j), float(t), 0.0]
+            for k in mine
+            for j, f in enumerate(samples[k][2][2])
+            for t in range(f)
+        ]
+        assert g["payload"] == want_rows
+        # the LLM rank's audio slots get the owning sample's recordings' tokens, in order
+        want = [
+            float(samples[k][0] * 1000 + samples[k][1] * 10 + j)
+            for k in g["llm_index"]
+            for j, f in enumerate(samples[k][2][2])
+            for _ in range(tokens_of(f))
+        ]
+        assert g["arrived"] == want and sum(g["slots"]) == len(want)
+        assert g["grad_ok"]
+    # samples without recordings take no part in the phase
+    assert [d < 0 for d in dest] == [not s[2][2] for s in samples]
+    assert got[0]["loads"]["audio_after"] != got[0]["loads"]["audio_before"]
+
+
+def test_the_plan_equals_post_balance_over_the_rules_costs():
+    """Each sample's audio cost computed here from the rule (chunks of 2 x n_window frames
+    or the padded window), priced by the default cost model's audio coefficients and planned
+    by ``post_balance`` alone (identity placement): the route's loads are that plan's."""
+    from balancing import CostModel, post_balance
+    from dataprep.media_rules.whisper_audio import chunk_positions
+
+    got = run_ranks(_rank, 4, 100, 1, timeout=120)
+    audio = CostModel().audio
+    costs = []
+    for _, _, (_, _, recs) in _global_samples():
+        if recs:
+            seqs = [p for f in recs for p in chunk_positions(f, 100)]
+            costs.append(audio.of(sum(seqs), sum(x * x for x in seqs), len(seqs)))
+    pb = post_balance(np.array(costs), 4, method="auto")
+    assert sorted(got[0]["loads"]["audio_after"]) == pytest.approx(sorted(pb.loads), rel=1e-12)
+    src = [r for r, _, (_, _, recs) in _global_samples() if recs]
+    before = np.bincount(src, weights=costs, minlength=4)
+    np.testing.assert_allclose(got[0]["loads"]["audio_before"], before, rtol=1e-12)
+
+
+def test_padded_windows_cost_the_same_whatever_their_length():
+    """Qwen2-Audio's padded encoder: a 3-frame and a 1,200-frame recording each cost the
+    whole window, so the loads count windows."""
+    got = run_ranks(_rank, 4, 0, 1, timeout=120)
+    loads = np.array(got[0]["loads"]["audio_before"])
+    windows = np.bincount(
+        [r for r, _, (_, _, recs) in _global_samples() for _ in recs], minlength=4
+    )
+    np.testing.assert_allclose(loads / loads.max(), windows / windows.max(), rtol=1e-12)
+
+
+def _missing_keys(rank, world):
+    from trainer_adapter import RedistributePolicy, Topology, redistribute
+    from trainer_adapter.encoder_phases import audio_phase
+
+    batch = batch_of(0, [(1, 5)])
+    try:
+        redistribute(batch, None, Topology(), RedistributePolicy(), (audio_phase(n_window=100),))
+    except KeyError as e:
+        return str(e)
+    return None
+
+
+def test_a_batch_without_the_phases_keys_is_refused_naming_them():
+    got = run_ranks(_missing_keys, 1, timeout=60)[0]
+    assert got is not None and "no 'audio_frames', which the audio phase reads" in got
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"n_window": 0, "window_frames": 3}, "window_frames"),
+        ({"n_window": -1}, "n_window"),
+    ],
+)
+def test_phase_settings_refused(kw, message):
+    from trainer_adapter.encoder_phases import audio_phase
+
+    with pytest.raises(ValueError, match=message):
+        audio_phase(**kw)
+    audio_phase(n_window=0, window_frames=4)  # at the limit
+    audio_phase(n_window=1)

@@ -69,6 +69,24 @@ def normalize_patches(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> to
     return y.view(x.shape).to(dtype)
 
 
+def _refuse_media(sample) -> None:
+    """A sample with videos or recordings: this collator builds images and text only, and
+    would count its ``<video>``/``<audio>`` mark as text and drop the media (a sample counted
+    as something else than it is); refused, naming what to use."""
+    media = [
+        f"{len(v)} {what}"
+        for what, v in (("video(s)", sample.videos), ("recording(s)", sample.audios))
+        if v
+    ]
+    if media:
+        raise ValueError(
+            f"sample {sample.meta.get('sample_id')!r} has {' and '.join(media)}: equishard's own "
+            "collator (equishard train) builds images and text only, and would count the media "
+            "as text; train such a generation with a Hugging Face model "
+            "(trainer_adapter.HFPacker, balance_model), or prep without its videos and audio"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class Collator:
     tokenizer: str
@@ -186,6 +204,7 @@ class Collator:
         units_hw: list[tuple[int, int]] = []
         num_units: list[int] = []
         for s in samples:
+            _refuse_media(s)
             text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
             enc = self._tok.encode(text, add_special_tokens=False)
             imgs = [decode_image(b) for b in s.images]

@@ -13,6 +13,7 @@ identity."""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -230,3 +231,26 @@ def test_the_collator_is_a_frozen_keyword_only_value(tokenizer_path):
         col.pixels = "uint8"
     with pytest.raises(TypeError):
         Collator.from_generation("gen", tokenizer_path)  # settings by keyword only
+
+
+@pytest.mark.parametrize(
+    ("videos", "audios", "said"),
+    [(1, 0, "1 video(s)"), (0, 2, "2 recording(s)"), (1, 1, "1 video(s) and 1 recording(s)")],
+)
+def test_a_sample_with_videos_or_recordings_is_refused_not_counted_as_text(
+    tokenizer_path, videos, audios, said
+):
+    """Its ``<video>``/``<audio>`` marks would be tokenized as text and its media dropped:
+    the sample would train as something else than it is. An image sample beside it passes."""
+    c = Collator(tokenizer=tokenizer_path, vision_policy=SPECS[0])
+    ok = _sample("ok", 1)
+    bad = ShardSample(
+        "media",
+        {"turns": [["user", "<audio>\nWhat is said?"], ["assistant", "Hello."]], "sample_id": "m"},
+        [],
+        videos=[b"v"] * videos,
+        audios=[b"a"] * audios,
+    )
+    c([ok])
+    with pytest.raises(ValueError, match=re.escape(f"sample 'm' has {said}: equishard's own")):
+        c([ok, bad])

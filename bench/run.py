@@ -34,6 +34,7 @@ BENCHMARKS = {
     "scaleout": "bench.bench_scaleout",
     "media": "bench.bench_media",
     "phases": "bench.bench_phases",
+    "ablation": "bench.bench_ablation",
     "calibration": "bench.bench_calibration",
     "gpu": "bench.bench_gpu",
 }

@@ -31,10 +31,10 @@ def tokens_of(frames: int) -> int:
 def audio_batch(rank: int, samples) -> dict:
     """A synthetic batch (vision as ``batch_of``) with recordings: each recording's feature
     rows carry (rank, sample, recording, frame) so arrivals can be told apart, and its audio
-    tokens follow the sample's text."""
+    tokens come before the sample's text (which they then condition)."""
     batch = batch_of(rank, [(k, text) for k, text, _ in samples])
     ids, cu = batch["input_ids"].tolist(), batch["cu_seqlens"].tolist()
-    labels, pos = batch["labels"].tolist(), batch["position_ids"].tolist()
+    labels = batch["labels"].tolist()
     new_ids, new_labels, new_pos, new_cu, feats, lens, frames, count = (
         [],
         [],
@@ -48,9 +48,9 @@ def audio_batch(rank: int, samples) -> dict:
     for i, (_, _, recs) in enumerate(samples):
         extra = sum(tokens_of(f) for f in recs)
         s = slice(cu[i], cu[i + 1])
-        new_ids += ids[s] + [AUDIO_TOKEN] * extra
-        new_labels += labels[s] + [-100] * extra
-        new_pos += pos[s] + list(range(cu[i + 1] - cu[i], cu[i + 1] - cu[i] + extra))
+        new_ids += [AUDIO_TOKEN] * extra + ids[s]
+        new_labels += [-100] * extra + labels[s]
+        new_pos += list(range(extra + cu[i + 1] - cu[i]))
         new_cu.append(len(new_ids))
         for j, f in enumerate(recs):
             tag = rank * 1000 + i * 10 + j

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 from dataprep.media_rules.whisper_audio import audio_tokens, chunk_positions
 from equishard.common.values import check_count
 from trainer_adapter.train.attention import sdpa
-from trainer_adapter.train.model import Block
+from trainer_adapter.train.blocks import Block
 
 __all__ = ["AudioConfig", "AudioEncoder", "sinusoids"]
 

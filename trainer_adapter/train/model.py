@@ -16,15 +16,13 @@ Sizes go from ``tiny`` (tests, CPU) to ``1b`` (GPU) through :meth:`VLMConfig.pre
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from equishard.common.values import check_count
-from trainer_adapter.train.attention import packed_attention, prefix_attention, sdpa
+from trainer_adapter.train.blocks import Block, compile_blocks
 from trainer_adapter.train.config import MODEL_SIZES
 
 __all__ = [
@@ -60,6 +58,9 @@ class VLMConfig:
     llm_heads: int = 2
     max_positions: int = 32768
     mlp_ratio: int = 4
+    # an audio encoder beside the vision one (trainer_adapter.train.audio_encoder.AudioConfig,
+    # its out_dim the LLM's width): its output tokens fill the audio token's slots
+    audio: object | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -82,6 +83,16 @@ class VLMConfig:
         ):
             if n < 1 or h % n:
                 raise ValueError(f"{what}_hidden {h} must be a multiple of {what}_heads {n}")
+        if self.audio is not None:
+            from trainer_adapter.train.audio_encoder import AudioConfig
+
+            if not isinstance(self.audio, AudioConfig):
+                raise ValueError(f"audio must be an AudioConfig or None, got {self.audio!r}")
+            if self.audio.out_dim != self.llm_hidden:
+                raise ValueError(
+                    f"the audio encoder's out_dim {self.audio.out_dim} must be the LLM's width "
+                    f"llm_hidden={self.llm_hidden} (its tokens take the audio slots)"
+                )
         if self.vit_hidden % 4:
             raise ValueError(
                 f"vit_hidden {self.vit_hidden} must be a multiple of 4 (a sine and a cosine "
@@ -116,130 +127,6 @@ def merge_for_policy(policy) -> int:
     if isinstance(policy, Qwen2VLPolicy):
         return policy.merge_size
     raise ValueError(f"no patch merge known for {type(policy).__name__}")
-
-
-def _pre(block: Block, x: torch.Tensor) -> torch.Tensor:
-    """A block's first norm and query/key/value projection: [total, hidden] -> [total, 3 hidden]."""
-    return block.qkv(block.norm1(x))
-
-
-def _post(block: Block, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-    """A block's output projection, residuals and MLP, around the attention's output ``o``."""
-    x = x + block.proj(o)
-    return x + block.mlp(block.norm2(x))
-
-
-@functools.cache
-def _compiled(fn):
-    """``fn`` compiled once per process, shared by every block (parameters are graph inputs, so
-    blocks of any width reuse the same code; token counts are symbolic, no recompile per step)."""
-    return torch.compile(fn, dynamic=True)
-
-
-def compile_blocks(model: nn.Module, enabled: bool = True) -> int:
-    """Run the element-wise work of ``model``'s transformer blocks compiled (``torch.compile``:
-    norms, bias, GELU and residual adds fused around the matrix products; attention stays the
-    eager flash path, whose sample layout changes every step). Returns the blocks switched."""
-    blocks = [m for m in model.modules() if isinstance(m, Block)]
-    for blk in blocks:
-        blk.compiled = enabled
-    return len(blocks)
-
-
-class Block(nn.Module):
-    """Pre-norm transformer block; attention runs inside each segment of the packed sequence."""
-
-    def __init__(self, hidden: int, heads: int, mlp_ratio: int, causal: bool) -> None:
-        super().__init__()
-        self.heads, self.causal = heads, causal
-        # recompute activations in backward (trainer_adapter.train.recompute)
-        self.recompute = False
-        # run the work around attention (norms, projections, MLP, residuals) compiled by
-        # torch.compile (``compile_blocks``): fused element-wise kernels, and cheap activations
-        # recomputed in backward instead of kept
-        self.compiled = False
-        self.norm1, self.norm2 = nn.LayerNorm(hidden), nn.LayerNorm(hidden)
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-        self.mlp = nn.Sequential(
-            nn.Linear(hidden, mlp_ratio * hidden), nn.GELU(), nn.Linear(mlp_ratio * hidden, hidden)
-        )
-
-    def _part(self, fn):
-        return _compiled(fn) if self.compiled else fn
-
-    def _qkv(self, x: torch.Tensor):
-        """Packed ``x`` [total, hidden] -> queries, keys, values, each [total, heads, dim]."""
-        n, h = x.shape
-        return self._part(_pre)(self, x).view(n, 3, self.heads, h // self.heads).unbind(1)
-
-    def _post(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """The block's output from its input ``x`` [total, hidden] and the attention's output
-        ``o`` [total, heads, dim]."""
-        return self._part(_post)(self, x, o.reshape(o.shape[0], -1))
-
-    def forward_chunk(self, x: torch.Tensor, seg_lens: list[int], prefix=None, keep=None):
-        """Packed ``x`` [total, hidden] whose first segment may continue a sample cut in an
-        earlier chunk (``prefix``: that sample's keys and values here) and whose segment number
-        ``keep`` may go on in a later one; returns the output and that segment's keys and
-        values (None without ``keep``)."""
-        if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._forward_chunk, x, seg_lens, prefix, keep, use_reentrant=False)
-        return self._forward_chunk(x, seg_lens, prefix, keep)
-
-    def _forward_chunk(self, x, seg_lens, prefix, keep):
-        assert self.causal, "samples are cut across chunks in causal blocks only"
-        q, k, v = self._qkv(x)
-        offsets = [0]
-        for n in seg_lens:
-            offsets.append(offsets[-1] + n)
-        own = {keep} - {None} | ({0} if prefix is not None else set())
-        outs, kept, run = [], None, []  # run: segments in a row that attend only inside
-
-        def flush():
-            if run:
-                part = slice(offsets[run[0]], offsets[run[-1] + 1])
-                outs.append(
-                    packed_attention(
-                        q[part], k[part], v[part], [seg_lens[j] for j in run], self.causal
-                    )
-                )
-                run.clear()
-
-        for i in range(len(seg_lens)):
-            if i not in own:
-                run.append(i)
-                continue
-            flush()
-            part = slice(offsets[i], offsets[i + 1])
-            # these very tensors feed the attention, so the carry's gradient hooks on them fire
-            ki, vi = k[part].transpose(0, 1), v[part].transpose(0, 1)
-            kk, vv = ki, vi
-            if i == 0 and prefix is not None:  # continues a sample cut in an earlier chunk
-                kk, vv = torch.cat([prefix[0], ki], 1), torch.cat([prefix[1], vi], 1)
-            outs.append(prefix_attention(q[part].transpose(0, 1), kk, vv).transpose(0, 1))
-            if i == keep:  # this segment goes on in a later chunk: its own keys and values
-                kept = (ki, vi)
-        flush()
-        return self._post(x, torch.cat(outs)), kept
-
-    def forward(self, x: torch.Tensor, seg_lens: list[int] | None = None) -> torch.Tensor:
-        """``x``: [batch, len, hidden] (one segment per row), or [total, hidden] packed with
-        ``seg_lens`` summing to ``total``."""
-        if self.recompute and torch.is_grad_enabled():
-            return checkpoint(self._forward, x, seg_lens, use_reentrant=False)
-        return self._forward(x, seg_lens)
-
-    def _forward(self, x: torch.Tensor, seg_lens: list[int] | None) -> torch.Tensor:
-        if seg_lens is None:  # [batch, len, hidden]: attention within each row
-            b, n, h = x.shape
-            flat = x.reshape(b * n, h)
-            q, k, v = (t.view(b, n, self.heads, -1).transpose(1, 2) for t in self._qkv(flat))
-            o = sdpa(q, k, v, is_causal=self.causal).transpose(1, 2).reshape(b * n, h)
-            return self._post(flat, o).view(b, n, h)
-        if not seg_lens:  # no tokens: every parameter stays in the (empty) graph, eagerly
-            return _post(self, x, _pre(self, x)[:, : x.shape[1]])
-        return self._post(x, packed_attention(*self._qkv(x), seg_lens, self.causal))
 
 
 def grid_positions(h: int, w: int, dim: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -352,25 +239,33 @@ class LanguageModel(nn.Module):
         self.norm = part("norm", lambda: nn.LayerNorm(cfg.llm_hidden))
         self.head = part("head", lambda: nn.Linear(cfg.llm_hidden, cfg.vocab_size))
 
-    def embed(self, input_ids, position_ids, image_embeds, image_token_id: int) -> torch.Tensor:
-        """Token + position embeddings, image tokens replaced by ``image_embeds`` in order.
-        The inputs are checked while they are on the host (``check_inputs``): on a GPU the
-        trainer checks them before the copy, so the step has no device-to-host sync here."""
+    def embed(
+        self, input_ids, position_ids, image_embeds, image_token_id: int, extra=()
+    ) -> torch.Tensor:
+        """Token + position embeddings, image tokens replaced by ``image_embeds`` in order
+        (and each ``(embeds, token_id)`` of ``extra``, another encoder's: an audio encoder's
+        tokens in its slots). The inputs are checked while they are on the host
+        (``check_inputs``): on a GPU the trainer checks them before the copy, so the step has
+        no device-to-host sync here."""
         if not input_ids.is_cuda:
             self.check_inputs(input_ids, position_ids, image_embeds.shape[0], image_token_id)
+            for emb, token in extra:
+                self.check_inputs(input_ids, position_ids, emb.shape[0], token, "audio")
         x = self.tok(input_ids)
-        mask = (input_ids == image_token_id).unsqueeze(-1)
         # with no image tokens the (empty) embeddings stay in the graph: their backward is a
         # collective that every rank must join
-        x = x.masked_scatter(mask, image_embeds.to(x.dtype))
+        for emb, token in ((image_embeds, image_token_id), *extra):
+            x = x.masked_scatter((input_ids == token).unsqueeze(-1), emb.to(x.dtype))
         return x + self.pos(position_ids)
 
-    def check_inputs(self, input_ids, position_ids, n_image_embeds: int, image_token_id: int):
+    def check_inputs(
+        self, input_ids, position_ids, n_embeds: int, token_id: int, what: str = "image"
+    ):
         if position_ids.numel() and int(position_ids.max()) >= self.cfg.max_positions:
             raise ValueError(f"a sample is longer than max_positions={self.cfg.max_positions}")
-        n_image = int((input_ids == image_token_id).sum())
-        if n_image != n_image_embeds:
-            raise ValueError(f"{n_image} image tokens but {n_image_embeds} image embeddings")
+        n_slots = int((input_ids == token_id).sum())
+        if n_slots != n_embeds:
+            raise ValueError(f"{n_slots} {what} tokens but {n_embeds} {what} embeddings")
 
     def forward_blocks(self, x, seg_lens: list[int], lo: int = 0, hi: int | None = None):
         for blk in self.blocks[lo:hi]:
@@ -388,6 +283,11 @@ class VisionLanguageModel(nn.Module):
         self.vision = VisionEncoder(cfg)
         self.projector = Projector(cfg)
         self.llm = LanguageModel(cfg, keep=keep_llm)
+        self.audio = None
+        if cfg.audio is not None:  # built last: the other parts' initial values stay as without
+            from trainer_adapter.train.audio_encoder import AudioEncoder
+
+            self.audio = AudioEncoder(cfg.audio)
 
     def encode_images(self, patches: torch.Tensor, units_hw: torch.Tensor) -> torch.Tensor:
         """Image-token embeddings, unit by unit: [sum over units of h*w/merge^2, llm_hidden]."""

@@ -27,9 +27,11 @@ import torch.distributed as dist
 from balancing import CostModel
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from shards.read.collate import normalize_patches
+from trainer_adapter.encoder_phases import audio_phase
 from trainer_adapter.phase_timer import PhaseTimer
 from trainer_adapter.redistribute import RedistributePolicy, redistribute
 from trainer_adapter.topology import Topology
+from trainer_adapter.train.audio_pass import audio_backward, encode_audio
 from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.flops import training_flops
 from trainer_adapter.train.loss import ChunkedLMLoss, chunk_tokens_for, chunked_lm_loss
@@ -111,13 +113,21 @@ class Trainer(PipelineSetup):
         if cfg.calibration:  # measured costs (equishard calibrate) instead of the dimensions'
             cm = CostModel.from_calibration(cfg.calibration)
         else:
+            audio = model_cfg.audio
+            dims = {"audio_hidden": audio.hidden, "audio_layers": audio.layers} if audio else {}
             cm = CostModel.from_dims(
                 vit_hidden=model_cfg.vit_hidden,
                 vit_layers=model_cfg.vit_layers,
                 llm_hidden=model_cfg.llm_hidden,
                 llm_layers=model_cfg.llm_layers,
+                **dims,
             )
         self.cost_model = cm
+        # the encoder phases beyond vision: an audio encoder's, planned with its own cost
+        a = model_cfg.audio
+        self.phases = (
+            (audio_phase(n_window=a.n_window, window_frames=a.window_frames),) if a else ()
+        )
         # each phase's own time on this rank and the items it ran (equishard calibrate's input)
         self.timer = PhaseTimer(self.device)
         # image-token embeddings as they travel: bf16 under autocast (the projector's output)
@@ -155,6 +165,8 @@ class Trainer(PipelineSetup):
         if cfg.pp > 1:
             self._build_stages()
         owned = [*self.model.vision.parameters(), *self.model.projector.parameters()]
+        if self.model.audio is not None:  # the audio encoder is replicated as the vision one
+            owned += list(self.model.audio.parameters())
         self._reduce = [(owned, None)]  # (params, group): None is the world
         llm = self.model.llm
         if cfg.pp == 1:
@@ -193,7 +205,7 @@ class Trainer(PipelineSetup):
         self.model.zero_grad(set_to_none=True)
         self.timer.reset()
         t0 = time.perf_counter()
-        local, route = redistribute(batch, None, self.topology, self.policy)
+        local, route = redistribute(batch, None, self.topology, self.policy, self.phases)
         t_redis = time.perf_counter() - t0
         self.timer.wait("exchange", t_redis)
         with self._autocast():
@@ -227,6 +239,8 @@ class Trainer(PipelineSetup):
         img = route.send_image_embeddings(emb_leaf)
         timer.wait("exchange", time.perf_counter() - t_x)
         img_in = img.detach().requires_grad_(img.requires_grad)
+        audio = encode_audio(model.audio, local, route, self.device, dtype, timer)
+        extra = [(audio.here, audio.token)] if audio else []
         normalizer = float(max(route.table[:, _TGT].sum(), 1))
         self.loss_fn.normalizer = normalizer
         lens = route.table[local.llm_index, _LLM]
@@ -240,9 +254,13 @@ class Trainer(PipelineSetup):
             model.llm.check_inputs(
                 local.input_ids, local.position_ids, img.shape[0], local.image_token_id
             )
+            for emb_a, token in extra:
+                model.llm.check_inputs(
+                    local.input_ids, local.position_ids, emb_a.shape[0], token, "audio"
+                )
         if self.pp == 1:
             with timer.phase("llm", items=lens.tolist()):
-                x = model.llm.embed(ids, pos, img_in, local.image_token_id)
+                x = model.llm.embed(ids, pos, img_in, local.image_token_id, extra)
                 h = model.llm.forward_blocks(x, lens.tolist())
                 # the head and the loss chunk by chunk at the target positions (no full logits)
                 loss = chunked_lm_loss(
@@ -273,7 +291,7 @@ class Trainer(PipelineSetup):
             for st in self.stages:
                 st.host_rows = row_layouts(doc)
             if self.stage == 0:
-                x = model.llm.embed(ids, pos, img_in, local.image_token_id)
+                x = model.llm.embed(ids, pos, img_in, local.image_token_id, extra)
                 packed = pack_rows(x, cu, plan, mb, 0.0)
                 leaf = packed.detach().requires_grad_()
                 schedule.step(leaf, doc.to(self.device))
@@ -303,6 +321,8 @@ class Trainer(PipelineSetup):
             with timer.phase("vision"):
                 g = emb_leaf.grad if emb_leaf.grad is not None else torch.zeros_like(emb)
                 emb.backward(g)
+        if audio:  # the same for the audio encoder: its tokens' gradients home, then its own
+            audio_backward(audio, timer)
         # model FLOPs of the work this rank did: its images, and its (replica's) LLM samples
         rows = local.llm_index if self.pp == 1 else mine if self.stage == 0 else []
         llm_lens = route.table[rows, _LLM].tolist()

@@ -75,7 +75,10 @@ def _refuse_media(sample) -> None:
     as something else than it is); refused, naming what to use."""
     media = [
         f"{len(v)} {what}"
-        for what, v in (("video(s)", sample.videos), ("recording(s)", sample.audios))
+        for what, v in (
+            ("video(s)", getattr(sample, "videos", ())),  # a sample object of the caller's
+            ("recording(s)", getattr(sample, "audios", ())),  # own may not carry media
+        )
         if v
     ]
     if media:

@@ -1,7 +1,8 @@
 """Runtime balancing of audio towers inside real Hugging Face models (tiny configs, random
 weights, no download): Qwen2.5-Omni's thinker (its audio tower of packed, chunked recordings
-beside Qwen2.5-VL's vision tower: both balanced) and Qwen2-Audio (padded 30-second-style
-windows with their attention masks; an audio-only model). On 4 gloo ranks with uneven
+beside Qwen2.5-VL's vision tower: both balanced), Qwen2-Audio (padded 30-second-style
+windows with their attention masks; an audio-only model) and Voxtral (Whisper's padded windows
+without a mask, four positions a token). On 4 gloo ranks with uneven
 batches, a rank with recordings and no image (it calls only the audio tower), a rank with an
 image and no recording (only the vision tower), an empty rank: the loss and every parameter's
 gradient with every phase balanced, without balancing, and from one process over the
@@ -53,11 +54,14 @@ NO_AUDIO = [
     [(4, None, None, 6)],
     [(9, None, None, 2)],
 ]
-LAYOUTS = {"qwen25omni": OMNI_LAYOUT, "qwen2audio": AUDIO_LAYOUT}
+# Voxtral: Whisper's padded windows, no mask; every window 4 consecutive positions a token
+LAYOUTS = {"qwen25omni": OMNI_LAYOUT, "qwen2audio": AUDIO_LAYOUT, "voxtral": AUDIO_LAYOUT}
+PADDED = ("qwen2audio", "voxtral")
 # one recording and two samples over 4 ranks: ranks 2 and 3 hold nothing (FSDP2: copies)
 SPARSE = {
     "qwen25omni": [[(5, (1, 8, 12), 37, 7)], [(3, None, None, 2)], [], []],
     "qwen2audio": [[(5, None, 32, 7)], [(3, None, None, 2)], [], []],
+    "voxtral": [[(5, None, 32, 7)], [(3, None, None, 2)], [], []],
 }
 
 
@@ -69,6 +73,21 @@ def audio_tokens(frames: int) -> int:
 def build(family: str):
     if family == "qwen25omni":
         return build_model("qwen25omni")
+    if family == "voxtral":
+        cfg = transformers.VoxtralConfig(
+            audio_config=dict(
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=64,
+                num_mel_bins=MEL,
+                max_source_positions=WINDOW // 2,
+            ),
+            text_config={**TEXT, "model_type": "llama", "head_dim": 8},
+            audio_token_id=AUDIO,
+        )
+        torch.manual_seed(0)
+        return transformers.VoxtralForConditionalGeneration(cfg).double()
     cfg = transformers.Qwen2AudioConfig(
         audio_config=dict(
             d_model=16,
@@ -98,7 +117,8 @@ def make_batches(family: str, model, layout) -> list[dict]:
                 pix.append(torch.from_numpy(rows))
                 grids.append(image)
             if frames is not None:
-                tokens = [AUDIO] * audio_tokens(frames)
+                n = WINDOW // 2 // 4 if family == "voxtral" else audio_tokens(frames)
+                tokens = [AUDIO] * n
                 seq += [ASTART, *tokens, AEND] if family == "qwen25omni" else tokens
                 feats.append(torch.from_numpy(rng.normal(size=(MEL, frames))))
             seq += list(rng.integers(3, 900, after))
@@ -130,7 +150,9 @@ def make_batches(family: str, model, layout) -> list[dict]:
             batch["pixel_values"] = torch.cat(pix).double() if pix else None
             batch["image_grid_thw"] = torch.tensor(grids) if grids else None
         if feats:
-            batch.update(_features(feats, WINDOW if family == "qwen2audio" else None))
+            batch.update(_features(feats, WINDOW if family in PADDED else None))
+            if family == "voxtral":  # it takes no feature mask: every window is whole
+                del batch["feature_attention_mask"]
         out.append(batch)
     return out
 

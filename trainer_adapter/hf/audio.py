@@ -14,10 +14,10 @@ Two kinds of Whisper-style towers, told apart by what their forward takes:
   :func:`dataprep.media_rules.whisper_audio.chunk_positions`); its output tokens are the
   tower's own ``_get_feat_extract_output_lengths`` of its frames, which is how its outputs
   are routed home.
-* **padded windows** (Qwen2-Audio: ``forward(input_features, attention_mask)``, one
+* **padded windows** (Qwen2-Audio, Voxtral: ``forward(input_features, attention_mask)``, one
   ``[mel, frames]`` window per row, every window padded to the same length): every window
   costs the same (the padded encoder's count x longest), so the windows are spread evenly;
-  each window's rows of the 4-D attention mask travel with it.
+  each window's rows of the 4-D attention mask travel with it (Voxtral gives none).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Runtime balancing of audio towers inside real Hugging Face models (tiny configs, random
 weights, no download): Qwen2.5-Omni's thinker (its audio tower of packed, chunked recordings
 beside Qwen2.5-VL's vision tower: both balanced), Qwen2-Audio (padded 30-second-style
-windows with their attention masks; an audio-only model) and Voxtral (Whisper's padded windows
-without a mask, four positions a token). On 4 gloo ranks with uneven
+windows with their attention masks; an audio-only model), Voxtral (Whisper's padded windows
+without a mask, four positions a token) and Audio Flamingo 3 (padded windows with each one's
+frame mask). On 4 gloo ranks with uneven
 batches, a rank with recordings and no image (it calls only the audio tower), a rank with an
 image and no recording (only the vision tower), an empty rank: the loss and every parameter's
 gradient with every phase balanced, without balancing, and from one process over the
@@ -55,13 +56,21 @@ NO_AUDIO = [
     [(9, None, None, 2)],
 ]
 # Voxtral: Whisper's padded windows, no mask; every window 4 consecutive positions a token
-LAYOUTS = {"qwen25omni": OMNI_LAYOUT, "qwen2audio": AUDIO_LAYOUT, "voxtral": AUDIO_LAYOUT}
-PADDED = ("qwen2audio", "voxtral")
+# Audio Flamingo 3: Whisper's padded windows with each window's frame mask
+# (input_features_mask), outputs cut to the recording's tokens after the tower
+LAYOUTS = {
+    "qwen25omni": OMNI_LAYOUT,
+    "qwen2audio": AUDIO_LAYOUT,
+    "voxtral": AUDIO_LAYOUT,
+    "audioflamingo3": AUDIO_LAYOUT,
+}
+PADDED = ("qwen2audio", "voxtral", "audioflamingo3")
 # one recording and two samples over 4 ranks: ranks 2 and 3 hold nothing (FSDP2: copies)
 SPARSE = {
     "qwen25omni": [[(5, (1, 8, 12), 37, 7)], [(3, None, None, 2)], [], []],
     "qwen2audio": [[(5, None, 32, 7)], [(3, None, None, 2)], [], []],
     "voxtral": [[(5, None, 32, 7)], [(3, None, None, 2)], [], []],
+    "audioflamingo3": [[(5, None, 20, 7)], [(3, None, None, 2)], [], []],
 }
 
 
@@ -73,6 +82,21 @@ def audio_tokens(frames: int) -> int:
 def build(family: str):
     if family == "qwen25omni":
         return build_model("qwen25omni")
+    if family == "audioflamingo3":
+        cfg = transformers.AudioFlamingo3Config(
+            audio_config=dict(
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                intermediate_size=32,
+                num_mel_bins=MEL,
+                max_source_positions=WINDOW // 2,
+            ),
+            text_config={**TEXT, "model_type": "qwen2"},
+            audio_token_id=AUDIO,
+        )
+        torch.manual_seed(0)
+        return transformers.AudioFlamingo3ForConditionalGeneration(cfg).double()
     if family == "voxtral":
         cfg = transformers.VoxtralConfig(
             audio_config=dict(
@@ -153,6 +177,8 @@ def make_batches(family: str, model, layout) -> list[dict]:
             batch.update(_features(feats, WINDOW if family in PADDED else None))
             if family == "voxtral":  # it takes no feature mask: every window is whole
                 del batch["feature_attention_mask"]
+            if family == "audioflamingo3":  # its name for the frame mask
+                batch["input_features_mask"] = batch.pop("feature_attention_mask")
         out.append(batch)
     return out
 

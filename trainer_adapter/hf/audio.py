@@ -159,21 +159,47 @@ def _balance_packed(tower, inner, ctx, policy) -> torch.nn.Module:
     return install(tower, forward, join)
 
 
-def _balance_padded(tower, inner, ctx, policy) -> torch.nn.Module:
+def _check_mask(mask, key: str, n: int, frames: int, where: str) -> None:
+    """A window mask of the tower's kind: 4-D ``[n, 1, S, S]`` (``attention_mask``) or one
+    row of frames per window ``[n, frames]`` (``input_features_mask``)."""
+    if mask is None:
+        return
+    ok = (
+        mask.ndim == 4 and mask.shape[0] == n
+        if key == "attention_mask"
+        else tuple(mask.shape) == (n, frames)
+    )
+    if not ok:
+        want = (
+            "[windows, 1, positions, positions]"
+            if key == "attention_mask"
+            else (f"[{n}, {frames}]")
+        )
+        raise ValueError(
+            f"{where}: {key} of shape {tuple(mask.shape)} for {n} windows of {frames} frames; "
+            f"give {want}, or none"
+        )
+
+
+def _balance_padded(tower, inner, ctx, policy, key: str) -> torch.nn.Module:
+    """``key``: the tower's window mask, ``attention_mask`` (4-D) or ``input_features_mask``
+    (each window's frames: Audio Flamingo 3, Qwen3-ASR)."""
     phase = audio_cost(tower, policy)
 
     def cost(table: np.ndarray) -> np.ndarray:  # every window padded to the same length
         n = table[:, 1].astype(np.float64)  # positions after the stem
         return phase.of(n, n * n, 1.0) if policy.cost == "modeled" else n
 
-    def forward(self, input_features=None, attention_mask=None, **kwargs):
+    def forward(self, input_features=None, *args, **kwargs):
+        given = args[0] if args else kwargs.pop(key, None)  # Gemma 3n passes it positionally
+        call = lambda x, m, kw: inner(x, **{key: m}, **kw)  # noqa: E731
         if not self.equishard_joining and (input_features is None or len(input_features) == 0):
-            return inner(input_features, attention_mask, **kwargs)  # no round: see hf.rounds
+            return call(input_features, given, kwargs)  # no round: see hf.rounds
         where = f"{type(self).__name__} (balance_audio)"
         refusal = None
         try:
             if policy.enabled:
-                check_item_inputs(where, (), kwargs, PACKING_KEYS)
+                check_item_inputs(where, args[1:], kwargs, PACKING_KEYS)
                 _refuse_per_layer(where, kwargs)
             if input_features.ndim != 3:
                 raise ValueError(
@@ -181,21 +207,14 @@ def _balance_padded(tower, inner, ctx, policy) -> torch.nn.Module:
                     "give [windows, mel bins, frames]"
                 )
             n, _, frames = input_features.shape
-            if attention_mask is not None and (
-                attention_mask.ndim != 4 or attention_mask.shape[0] != n
-            ):
-                raise ValueError(
-                    f"{where}: an attention mask of shape {tuple(attention_mask.shape)} for {n} "
-                    "windows; give one [1, positions, positions] mask per window, or none"
-                )
+            _check_mask(given, key, n, int(frames), where)
             positions = (int(frames) - 1) // 2 + 1
             table = np.column_stack([np.ones(n), np.full(n, positions)]).astype(np.int64)
-            masked = int(attention_mask is not None)
-            table = np.hstack([table, np.full((n, 1), masked)])
+            table = np.hstack([table, np.full((n, 1), int(given is not None))])
             table = np.hstack([table, shape_columns(tuple(input_features.shape[1:]), n)])
             row_bytes = input_features[0].numel() * input_features.element_size() if n else 0
             # the same names on every rank (the item table's columns): None without a mask
-            mask_dtype = attention_mask.dtype if attention_mask is not None else None
+            mask_dtype = given.dtype if given is not None else None
             dtypes = {"features": input_features.dtype, "mask": mask_dtype}
         except Exception as e:
             table, row_bytes, refusal, dtypes = None, 0, e, None
@@ -206,7 +225,7 @@ def _balance_padded(tower, inner, ctx, policy) -> torch.nn.Module:
         if route.src.size == 0:
             if self.equishard_joining:
                 return None
-            return inner(input_features, attention_mask, **kwargs)
+            return call(input_features, given, kwargs)
         _same_windows(route, where)
         shape = tuple(int(d) for d in route.table[0, 4 : 4 + int(route.table[0, 3])])
         if not len(input_features):  # a joining rank receives windows of the senders' shape
@@ -214,17 +233,17 @@ def _balance_padded(tower, inner, ctx, policy) -> torch.nn.Module:
         x = route.send(input_features, 0, "features")
         mask = None
         if route.table[: route.items, 2].any():  # a rank without a mask: every position counts
-            mask = attention_mask if attention_mask is not None else _open_mask(route, shape)
+            mask = given if given is not None else _open_mask(route, shape, key)
             mask = route.send(mask, 0, "mask")
         out, failure = run_received(
-            route, lambda: inner(x, mask, **{**kwargs, **route.settings}), self, phase="audio"
+            route, lambda: call(x, mask, {**kwargs, **route.settings}), self, phase="audio"
         )
         own = not self.equishard_joining
         return route_home(self, out, x, route, ctx["group"], own, failure)
 
     def join(self) -> torch.Tensor:
         empty = param_zeros(self, (0, int(self.config.num_mel_bins), 0))
-        return joined(self, empty, None, return_dict=True)
+        return joined(self, empty, return_dict=True)
 
     return install(tower, forward, join)
 
@@ -239,12 +258,15 @@ def _same_windows(route, where: str) -> None:
         )
 
 
-def _open_mask(route, shape) -> torch.Tensor:
-    """Masks for this rank's windows where it gave none: every position counts (True in a
-    boolean mask, 0 in an additive one), in the dtype the other ranks' masks have."""
+def _open_mask(route, shape, key: str) -> torch.Tensor:
+    """Masks for this rank's windows where it gave none, in the dtype the other ranks' masks
+    have: every frame counts (ones in a frame mask), every position attends (True in a
+    boolean attention mask, 0 in an additive one)."""
     n = int((route.src[: route.items] == route.rank).sum())
-    positions = (int(shape[-1]) - 1) // 2 + 1
     dtype = route.dtypes.get("mask", torch.bool)
+    if key != "attention_mask":
+        return torch.ones((n, int(shape[-1])), dtype=dtype)
+    positions = (int(shape[-1]) - 1) // 2 + 1
     if dtype == torch.bool:
         return torch.ones((n, 1, positions, positions), dtype=torch.bool)
     return torch.zeros((n, 1, positions, positions), dtype=dtype)
@@ -265,13 +287,14 @@ def balance_audio(
     takes = inspect.signature(inner).parameters
     ctx = {"group": group, "topology": topology, "policy": policy}
     cfg = getattr(tower, "config", None)
-    if "feature_lens" in takes and (
-        "aftercnn_lens" not in takes or getattr(cfg, "n_window_infer", None)
-    ):  # Qwen3-Omni: attention windows of n_window_infer frames across chunks
+    if getattr(cfg, "n_window_infer", None) or (
+        "feature_lens" in takes and "aftercnn_lens" not in takes
+    ):  # Qwen3-Omni, Qwen3-ASR: attention windows of n_window_infer frames across chunks
         raise ValueError(
-            f"{type(tower).__name__} takes packed recordings but runs attention windows other "
-            "than Qwen2.5-Omni's chunks (n_window_infer), whose cost and call equishard does "
-            "not model yet; balance the decoder only (balance_model(..., encoder=False))"
+            f"{type(tower).__name__} runs attention windows other than Qwen2.5-Omni's chunks "
+            "or whole padded windows (n_window_infer), whose cost, call and outputs "
+            "equishard does not model yet; balance the decoder only (balance_model(..., "
+            "encoder=False))"
         )
     if "feature_lens" in takes and hasattr(tower, "_get_feat_extract_output_lengths"):
         if not getattr(cfg, "n_window", None):
@@ -280,8 +303,9 @@ def balance_audio(
                 "(its chunk size), which its cost needs; balance the decoder only"
             )
         return _balance_packed(tower, inner, ctx, policy)
-    if "attention_mask" in takes and getattr(cfg, "num_mel_bins", None):
-        return _balance_padded(tower, inner, ctx, policy)
+    for key in ("attention_mask", "input_features_mask"):
+        if key in takes and getattr(cfg, "num_mel_bins", None):
+            return _balance_padded(tower, inner, ctx, policy, key)
     raise ValueError(
         f"{type(tower).__name__}: not a Whisper-style audio tower equishard knows (packed "
         "recordings with feature_lens, or padded windows with attention_mask); balance the "

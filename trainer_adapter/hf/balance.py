@@ -112,7 +112,8 @@ def balance_model(
     balance_patch_positions`) or tiles), DeepSeek-VL and its hybrid (both of its towers, the
     high-resolution SAM too). An ``.audio_tower`` is balanced beside them
     (:func:`~trainer_adapter.hf.audio.balance_audio`): Qwen2.5-Omni's thinker (audio and
-    vision towers both), Qwen2-Audio and Voxtral (audio only). Feed each rank one packed row
+    vision towers both), Qwen2-Audio, Voxtral and Audio Flamingo 3 (audio only). Feed each
+    rank one packed row
     (:func:`balance_decoder`'s convention). An encoder-decoder language model (Florence-2's
     BART) is refused with ``llm=True``.
 

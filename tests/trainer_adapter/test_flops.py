@@ -100,3 +100,45 @@ def test_the_lm_head_is_counted_at_the_target_positions_the_loss_runs_it_on():
     every = training_flops(CFG, lens)  # None: every token
     assert every - ours == 3 * 2 * CFG.llm_hidden * CFG.vocab_size * (sum(lens) - kept) > 0
     assert training_flops(CFG, lens, targets=0) < ours < every
+
+
+def test_audio_encoder_flops_equal_torchs_count():
+    """Chunked (every chunk whole, so the stem's batch has no padding to count) and padded
+    windows (the whole window runs, however short the recording)."""
+    from trainer_adapter.train.audio_encoder import AudioConfig, AudioEncoder
+    from trainer_adapter.train.flops import audio_forward_flops
+
+    for cfg, frames in (
+        (AudioConfig(mel=5, hidden=16, layers=2, heads=2, out_dim=24, n_window=4), [8, 16, 24]),
+        (
+            AudioConfig(
+                mel=5, hidden=16, layers=2, heads=2, out_dim=24, n_window=0, window_frames=32
+            ),
+            [3, 32, 17],
+        ),
+    ):
+        torch.manual_seed(0)
+        enc = AudioEncoder(cfg)
+        x = torch.randn(sum(frames), cfg.mel, requires_grad=True)
+        with FlopCounterMode(display=False) as fc:
+            enc(x, frames).sum().backward()
+        products, _ = _counted(fc)
+        seqs = [enc.sequences(f) for f in frames]
+        lens = [n for s in seqs for n in s]
+        attn = _attention(cfg.layers, cfg.hidden, lens, False)
+        assert 3 * audio_forward_flops(cfg, frames) - attn == products
+        model_cfg = VLMConfig(
+            vocab_size=300, patch_dim=12, merge=2, vit_hidden=32, vit_layers=1, vit_heads=2,
+            llm_hidden=24, llm_layers=1, llm_heads=2, audio=cfg,
+        )  # fmt: skip
+        assert training_flops(model_cfg, [], audio_frames=frames) == 3 * audio_forward_flops(
+            cfg, frames
+        )
+
+
+def test_recordings_for_a_model_without_an_audio_encoder_are_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="no audio encoder"):
+        training_flops(CFG, [4], audio_frames=[10])
+    assert training_flops(CFG, [4], audio_frames=[]) == training_flops(CFG, [4])

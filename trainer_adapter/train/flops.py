@@ -1,7 +1,8 @@
 """Model FLOPs of a training step, for throughput and MFU figures.
 
 Counted for the work the model must do on the real tokens (padding excluded): every matrix
-product of the encoder (patch embedding, blocks), the projector and the LLM (blocks; the LM head
+product of the encoders (patch embedding, blocks; the audio encoder's stem, blocks and
+projection), the projector and the LLM (blocks; the LM head
 at the positions it runs on, those with a target, where the loss picks them), and attention over
 each segment (an image unit in the encoder, a sample in the LLM; causal
 attention counts the half of the score matrix it computes). Training is three times the
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 
 from trainer_adapter.train.model import VLMConfig
 
-__all__ = ["block_forward_flops", "training_flops"]
+__all__ = ["audio_forward_flops", "block_forward_flops", "training_flops"]
 
 
 def block_forward_flops(
@@ -35,11 +36,13 @@ def training_flops(
     unit_patches: Sequence[int] = (),
     *,
     targets: int | None = None,
+    audio_frames: Sequence[int] = (),
 ) -> float:
-    """FLOPs of forward + backward over samples of ``llm_lens`` tokens and image units of
-    ``unit_patches`` encoder patches each. ``targets``: the positions the LM head runs on (the
-    trainer's loss runs it at the positions with a next-token target only: not at image
-    tokens, prompts or a sample's last token); None: every token."""
+    """FLOPs of forward + backward over samples of ``llm_lens`` tokens, image units of
+    ``unit_patches`` encoder patches each and recordings of ``audio_frames`` feature frames
+    each (the model's audio encoder: :func:`audio_forward_flops`). ``targets``: the positions
+    the LM head runs on (the trainer's loss runs it at the positions with a next-token target
+    only: not at image tokens, prompts or a sample's last token); None: every token."""
     t = float(sum(llm_lens))
     fwd = cfg.llm_layers * block_forward_flops(
         int(t), float(sum(n * n for n in llm_lens)), cfg.llm_hidden, cfg.mlp_ratio, causal=True
@@ -58,4 +61,30 @@ def training_flops(
         )
         m2 = cfg.merge * cfg.merge  # projector: merged patches to LLM width, then LLM width
         fwd += 2.0 * (cfg.vit_hidden * m2 + cfg.llm_hidden) * cfg.llm_hidden * (p / m2)
+    if len(audio_frames):
+        if cfg.audio is None:
+            raise ValueError("recordings given, but the model has no audio encoder")
+        fwd += audio_forward_flops(cfg.audio, audio_frames)
     return 3.0 * fwd
+
+
+def audio_forward_flops(audio, frames: Sequence[int]) -> float:
+    """Forward FLOPs of the audio encoder (:mod:`trainer_adapter.train.audio_encoder`) over
+    recordings of ``frames`` frames: its stem's two convolutions over the frames it runs (a
+    padded encoder: the whole window of every recording), its blocks over each attention
+    sequence (the chunks, or the window) and its projection of the output tokens."""
+    from dataprep.media_rules.whisper_audio import audio_tokens, chunk_positions
+
+    if audio.padded:
+        run = [audio.window_frames] * len(frames)
+        seqs = [(audio.window_frames - 1) // 2 + 1] * len(frames)
+    else:
+        run = list(frames)
+        seqs = [p for f in frames for p in chunk_positions(int(f), audio.n_window)]
+    h = audio.hidden
+    positions = float(sum(seqs))
+    out = 2.0 * audio.mel * 3 * h * float(sum(run)) + 2.0 * h * 3 * h * positions
+    out += audio.layers * block_forward_flops(
+        int(positions), float(sum(n * n for n in seqs)), h, audio.mlp_ratio, causal=False
+    )
+    return out + 2.0 * h * audio.out_dim * float(sum(audio_tokens(int(f)) for f in frames))

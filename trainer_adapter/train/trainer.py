@@ -328,7 +328,8 @@ class Trainer(PipelineSetup):
         llm_lens = route.table[rows, _LLM].tolist()
         # the LM head runs at the target positions only (the chunked loss picks them)
         targets = int(route.table[rows, _TGT].sum())
-        flops = training_flops(model.cfg, llm_lens, units, targets=targets)
+        heard = local.encoders["audio"].units[:, 0].tolist() if audio else []
+        flops = training_flops(model.cfg, llm_lens, units, targets=targets, audio_frames=heard)
         self._all_reduce_grads()
         dist.all_reduce(loss_sum)
         summary = route.summary()

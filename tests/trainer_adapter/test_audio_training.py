@@ -96,6 +96,7 @@ def _distributed(rank, world, layouts):
         else:
             batch = {**empty_batch(12, 7, torch.float32), **_no_audio()}
         out = trainer.forward_backward(batch)
+        timed = trainer.timer.collect()["phases"].get("audio", {"items": [], "padded": False})
         names = {id(p): n for n, p in trainer.model.named_parameters()}
         grads = {names[id(p)]: p.grad.detach().clone().numpy() for p in trainer.params}
         moved = out["route"]["bytes"].get("audio", {"intra_node": 0, "inter_node": 0})
@@ -104,6 +105,7 @@ def _distributed(rank, world, layouts):
                 "loss": out["loss"],
                 "grads": grads,
                 "audio_moved": moved["intra_node"] + moved["inter_node"],
+                "timed": timed,
             }
         )
     return results
@@ -154,3 +156,19 @@ def test_every_layout_equals_one_process(runs, layout):
     assert audio and all(np.abs(ref[n]).sum() > 0 for n in audio if "conv1.weight" in n)
     if layout[2] and layout[0] > 1:
         assert runs[world][0][k]["audio_moved"] > 0
+
+
+def test_the_audio_phase_is_timed_with_the_sequences_its_cost_prices(runs):
+    """The audio phase's timed items (what ``equishard calibrate`` fits) are the chunks the
+    encoder ran, the runtime cost's terms: over the ranks of a layout, every recording's
+    chunks once; not its frames."""
+    from dataprep.media_rules.whisper_audio import chunk_positions
+
+    want = sorted(
+        p for rank in LAYOUT for _, _, recs in rank for f in recs for p in chunk_positions(f, 8)
+    )
+    for world in (1, 2, 4):
+        k = next(i for i, x in enumerate(x for x in LAYOUTS if x[0] * x[1] == world) if x[1] == 1)
+        got = sorted(n for rank_results in runs[world] for n in rank_results[k]["timed"]["items"])
+        assert got == want
+        assert not any(r[k]["timed"]["padded"] for r in runs[world])

@@ -214,3 +214,69 @@ def test_phase_settings_refused(kw, message):
         audio_phase(**kw)
     audio_phase(n_window=0, window_frames=4)  # at the limit
     audio_phase(n_window=1)
+
+
+def test_each_kind_runs_the_sequences_prep_measures():
+    """Per unit, the sequences each kind's encoder runs, against prep's own rules for the
+    same recording (the cost table's ``audio_seq_lens``) and the ViT's patch grid."""
+    from dataprep.audio_header import AudioHeader
+    from dataprep.media_rules.registry import parse_audio_rule
+    from trainer_adapter.encoder_phases import VISION, audio_phase
+
+    assert VISION.sequences(np.array([[2, 3], [4, 4]])) == [(6,), (16,)]
+    for spec, phase in (
+        ("qwen2audio", audio_phase(n_window=0, window_frames=3000)),
+        ("qwen2_5_omni", audio_phase(n_window=100)),
+    ):
+        rule = parse_audio_rule(spec)
+        for seconds in (0.5, 2.0, 4.0, 29.9):
+            header = AudioHeader(
+                nbytes=1, sample_rate=16000, frames=round(seconds * 16000), channels=1,
+                format="FLAC",
+            )  # fmt: skip
+            frames = rule.frames(header)
+            assert phase.sequences(np.array([[frames]])) == [rule.cost(header).seq_lens]
+
+
+def test_features_sum_each_samples_units():
+    """(tokens, squared lengths, sequences) per sample, its units' in order; a sample with no
+    unit has none."""
+    from trainer_adapter.encoder_phases import audio_phase
+
+    phase = audio_phase(n_window=8)
+    tok, sq, n = phase.features(np.array([[20], [3], [16]]), np.array([2, 0, 1]))
+    # 20 frames: chunks of 16 and 4 -> 8 and 2 positions; 3 frames: 2; 16 frames: 8
+    np.testing.assert_array_equal(tok, [12, 0, 8])
+    np.testing.assert_array_equal(sq, [64 + 4 + 4, 0, 64])
+    np.testing.assert_array_equal(n, [3, 0, 1])
+
+
+def test_a_phase_is_an_immutable_hashable_value():
+    import dataclasses
+
+    from trainer_adapter.encoder_phases import VISION, audio_phase
+
+    assert hash(audio_phase(n_window=8)) == hash(audio_phase(n_window=8))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        VISION.width = 3  # type: ignore[misc]
+    assert not hasattr(VISION, "__dict__")  # slots: no attribute can be added either
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"kind": "frames"}, "kind must be one of"),
+        ({"cost": "video"}, "cost must be 'vision' or 'audio'"),
+        ({"width": 0}, "width"),
+        ({"width": 5}, "width"),
+    ],
+)
+def test_an_encoder_phase_refuses_what_it_cannot_run(kw, message):
+    import dataclasses
+
+    from trainer_adapter.encoder_phases import VISION
+
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(VISION, **kw)
+    dataclasses.replace(VISION, width=4)  # the widest unit row a phase takes
+    dataclasses.replace(VISION, width=1)

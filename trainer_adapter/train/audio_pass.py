@@ -33,7 +33,10 @@ def encode_audio(encoder, local, route, device, dtype, timer) -> AudioPass | Non
     if encoder is None or enc is None:
         return None
     lens = enc.units[:, 0].tolist()
-    with timer.phase("audio", items=lens):
+    # timed with the sequences it runs (the chunks, or each recording's whole window), the
+    # items the runtime prices: a calibration fitted to them prices what the plan balances
+    seqs = [n for f in lens for n in encoder.sequences(int(f))]
+    with timer.phase("audio", items=seqs, padded=encoder.cfg.padded):
         out = encoder(enc.payload.to(device, dtype), lens)
     leaf = out.detach().requires_grad_(out.requires_grad)
     t_x = time.perf_counter()

@@ -143,18 +143,29 @@ def output_route_back(out, sig, route: ItemRoute, rows: np.ndarray, anchor: torc
 
 
 def run_received(
-    route: ItemRoute, run: Callable[[], Any], module=None, phase: str = "vision"
+    route: ItemRoute,
+    run: Callable[[], Any],
+    module=None,
+    phase: str = "vision",
+    items=None,
+    padded: bool = False,
 ) -> tuple[Any, BaseException | None]:
     """``run()`` (the module on the items this rank received; None where it received none) and
     its error, caught: the rank takes it into :func:`output_agree`, where every rank raises it
     (:mod:`trainer_adapter.group_errors`) instead of waiting for this one. A ``module`` with an
     ``equishard_timer`` (:func:`~trainer_adapter.hf.balance.balance_model`'s ``timer``) has
-    the run timed as ``phase``, with the received items' lengths (column 0 of the table)."""
+    the run timed as ``phase``, with the received items' lengths (column 0 of the table), or
+    ``items`` (the sequences the module runs for them, ``padded`` where it pads them to the
+    longest: an audio tower's chunks or windows, the terms its cost prices)."""
     if not route.received.size:
         return None, None
     timer = getattr(module, "equishard_timer", None)
     timed = (
-        timer.phase(phase, items=route.table[route.received, 0].tolist())
+        timer.phase(
+            phase,
+            items=route.table[route.received, 0].tolist() if items is None else items,
+            padded=padded,
+        )
         if timer is not None
         else contextlib.nullcontext()
     )

@@ -132,14 +132,18 @@ def test_what_a_rank_cannot_move_is_refused_on_every_rank(case, message):
 
 def _costs(rank, world):
     from trainer_adapter.hf.audio import balance_audio
+    from trainer_adapter.phase_timer import PhaseTimer
 
     tower = build("qwen25omni").model.audio_tower
     balance_audio(tower)
+    tower.equishard_timer = PhaseTimer()
     frames = [[37, 50], [70, 16]][rank]
     x = torch.randn(16, sum(frames), dtype=torch.float64)
     tower(x, torch.tensor(frames), None)
     route = tower.last_route
-    return route.loads_before.tolist(), route.table[:, :3].tolist()
+    timed = tower.equishard_timer.collect()["phases"]["audio"]
+    received = route.table[route.received, 0].tolist()
+    return route.loads_before.tolist(), route.table[:, :3].tolist(), timed, received
 
 
 def test_the_runtime_cost_is_the_one_prep_plans_with():
@@ -164,8 +168,11 @@ def test_the_runtime_cost_is_the_one_prep_plans_with():
         return phase.alpha * sum(c) + phase.beta * sum(x * x for x in c) + phase.gamma * len(c)
 
     want = [cost(37) + cost(50), cost(70) + cost(16)]
-    for loads, table in got:
+    for loads, table, timed, received in got:
         np.testing.assert_allclose(loads, want, rtol=1e-12)
+        # timed with the chunks it ran, the cost's terms (equishard calibrate fits them)
+        assert timed["items"] == [p for f in received for p in chunk_positions(f, cfg.n_window)]
+        assert timed["padded"] is False
         rows = [
             [f, audio_tokens(f), sum(chunk_positions(f, cfg.n_window))] for f in (37, 50, 70, 16)
         ]

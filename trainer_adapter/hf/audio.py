@@ -148,7 +148,11 @@ def _balance_packed(tower, inner, ctx, policy) -> torch.nn.Module:
                 )
             return got
 
-        out, failure = run_received(route, run, self, phase="audio")
+        # timed with the chunks it runs (the cost's terms), not the frames
+        seqs = [
+            n for f in route.table[route.received, 0] for n in chunk_positions(int(f), n_window)
+        ]
+        out, failure = run_received(route, run, self, phase="audio", items=seqs)
         own = not self.equishard_joining
         return route_home(self, out, x, route, ctx["group"], own, failure, rows=1)
 
@@ -236,7 +240,12 @@ def _balance_padded(tower, inner, ctx, policy, key: str) -> torch.nn.Module:
             mask = given if given is not None else _open_mask(route, shape, key)
             mask = route.send(mask, 0, "mask")
         out, failure = run_received(
-            route, lambda: call(x, mask, {**kwargs, **route.settings}), self, phase="audio"
+            route,
+            lambda: call(x, mask, {**kwargs, **route.settings}),
+            self,
+            phase="audio",
+            items=route.table[route.received, 1].tolist(),  # each window's whole positions
+            padded=True,
         )
         own = not self.equishard_joining
         return route_home(self, out, x, route, ctx["group"], own, failure)

@@ -73,10 +73,15 @@ class EncoderPhase:
     def features(self, units: np.ndarray, count: np.ndarray) -> tuple[np.ndarray, ...]:
         """Per sample (``count`` units each, in order): (tokens, sum of squared sequence
         lengths, sequences), the terms of a phase cost."""
-        seqs = self.sequences(units)
-        per_unit = np.array(
-            [(sum(s), sum(x * x for x in s), len(s)) for s in seqs], dtype=np.float64
-        ).reshape(-1, 3)
+        if self.kind == "grid":  # one sequence a unit: vectorized (a step has many tiles)
+            units = np.asarray(units, dtype=np.int64).reshape(-1, self.width)
+            lens = (units[:, 0] * units[:, 1]).astype(np.float64)
+            per_unit = np.stack([lens, lens * lens, np.ones_like(lens)], axis=1)
+        else:
+            seqs = self.sequences(units)
+            per_unit = np.array(
+                [(sum(s), sum(x * x for x in s), len(s)) for s in seqs], dtype=np.float64
+            ).reshape(-1, 3)
         owner = np.repeat(np.arange(len(count)), np.asarray(count, dtype=np.int64))
         return tuple(
             np.bincount(owner, weights=per_unit[:, j], minlength=len(count)) for j in range(3)

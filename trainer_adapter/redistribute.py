@@ -34,7 +34,7 @@ import torch.distributed as dist
 from balancing import CostModel
 from balancing.post_balance import RUNTIME_METHODS
 from equishard.common.values import check_count, check_flag, check_real
-from trainer_adapter.encoder_phases import EncoderPhase
+from trainer_adapter.encoder_phases import VISION, EncoderPhase
 from trainer_adapter.exchange import gather_tables
 from trainer_adapter.phase_plan import phase_index as _phase_index
 from trainer_adapter.phase_plan import plan_phase as _plan_phase
@@ -116,9 +116,7 @@ def _phase_costs(table: np.ndarray, units: list[np.ndarray], policy: Redistribut
     vit = table[:, _VIT].astype(np.float64)
     if policy.cost == "tokens":
         return vit, llm
-    lens = np.concatenate([u[:, 0] * u[:, 1] for u in units]).astype(np.float64)
-    owner = np.repeat(np.arange(table.shape[0]), table[:, _UNITS])
-    sq = np.bincount(owner, weights=lens * lens, minlength=table.shape[0])
+    _, sq, _ = VISION.features(np.concatenate(units), table[:, _UNITS])
     cm = policy.cost_model
     return cm.vision.of(vit, sq, table[:, _UNITS]), cm.llm.of(llm, llm * llm, 1.0)
 

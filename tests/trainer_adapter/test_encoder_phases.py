@@ -280,3 +280,51 @@ def test_an_encoder_phase_refuses_what_it_cannot_run(kw, message):
         dataclasses.replace(VISION, **kw)
     dataclasses.replace(VISION, width=4)  # the widest unit row a phase takes
     dataclasses.replace(VISION, width=1)
+
+
+def test_a_kind_read_from_a_config_is_taken_by_value():
+    """A kind built at run time (read from a file: an equal string, not the same object)
+    selects the same sequences as the literal does."""
+    import dataclasses
+
+    from trainer_adapter.encoder_phases import audio_phase
+
+    read = "".join(["chu", "nks"])  # equal to "chunks", a string object of its own
+    phase = dataclasses.replace(audio_phase(n_window=8), kind=read)
+    assert phase.sequences(np.array([[20]])) == [(8, 2)]
+    padded = dataclasses.replace(
+        audio_phase(n_window=0, window_frames=32), kind="".join(["win", "dow"])
+    )
+    assert padded.sequences(np.array([[3]])) == [(16,)]
+    grid = dataclasses.replace(padded, kind="".join(["gr", "id"]), width=2)
+    assert grid.sequences(np.array([[3, 4]])) == [(12,)]
+
+
+def test_chunks_read_each_units_frames_from_its_first_column():
+    """A unit row may carry more than its frames (a phase of width 2): the frames are the
+    first column, whatever follows."""
+    import dataclasses
+
+    from trainer_adapter.encoder_phases import audio_phase
+
+    wide = dataclasses.replace(audio_phase(n_window=8), width=2)
+    assert wide.sequences(np.array([[20, 99], [3, 1]])) == [(8, 2), (2,)]
+    vision = dataclasses.replace(audio_phase(n_window=8), kind="grid", width=3)
+    assert vision.sequences(np.array([[2, 5, 7]])) == [(10,)]  # h x w, the third column aside
+
+
+def test_the_default_audio_phase_is_whispers_padded_window():
+    """``audio_phase()``: Qwen2-Audio's and Whisper's 30-second window, 1,500 positions a
+    recording, however short."""
+    from trainer_adapter.encoder_phases import audio_phase
+
+    phase = audio_phase()
+    assert (phase.kind, phase.n_window, phase.window_frames) == ("window", 0, 3000)
+    assert phase.sequences(np.array([[1], [3000]])) == [(1500,), (1500,)]
+
+
+def test_a_phase_is_built_by_keyword_only():
+    from trainer_adapter.encoder_phases import EncoderPhase
+
+    with pytest.raises(TypeError):
+        EncoderPhase("audio", "audio", "f", "r", "u", "c", "t", 1)  # type: ignore[misc]

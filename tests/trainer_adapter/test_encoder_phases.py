@@ -328,3 +328,39 @@ def test_a_phase_is_built_by_keyword_only():
 
     with pytest.raises(TypeError):
         EncoderPhase("audio", "audio", "f", "r", "u", "c", "t", 1)  # type: ignore[misc]
+
+
+def test_grid_features_are_each_units_patches():
+    """The vision phase's terms per sample, against a sum written out: h x w tokens a unit,
+    (h x w)^2 its square, one sequence a unit."""
+    from trainer_adapter.encoder_phases import VISION
+
+    units = np.array([[2, 3], [4, 4], [1, 7], [5, 2]])
+    count = np.array([1, 0, 3])
+    tok, sq, n = VISION.features(units, count)
+    np.testing.assert_array_equal(tok, [6, 0, 16 + 7 + 10])
+    np.testing.assert_array_equal(sq, [36, 0, 256 + 49 + 100])
+    np.testing.assert_array_equal(n, [1, 0, 3])
+
+
+@pytest.mark.parametrize("window", [4, 5, 32, 33, 3000, 3001])
+def test_a_window_runs_the_positions_of_the_stems_stride_two_convolution(window):
+    """Whole-window positions, odd windows too, against torch's own convolution of that
+    stride, kernel and padding (Whisper's second convolution)."""
+    from trainer_adapter.encoder_phases import audio_phase
+
+    conv = torch.nn.Conv1d(1, 1, kernel_size=3, stride=2, padding=1)
+    positions = conv(torch.zeros(1, 1, window)).shape[-1]
+    phase = audio_phase(n_window=0, window_frames=window)
+    assert phase.sequences(np.array([[1]])) == [(positions,)]
+
+
+def test_a_chunks_kind_read_from_a_config_still_needs_its_chunk_size():
+    import dataclasses
+
+    from trainer_adapter.encoder_phases import audio_phase
+
+    with pytest.raises(ValueError, match="n_window"):
+        dataclasses.replace(audio_phase(n_window=8), kind="".join(["chu", "nks"]), n_window=0)
+    with pytest.raises(ValueError, match="window_frames"):
+        dataclasses.replace(audio_phase(), kind="".join(["win", "dow"]), window_frames=3)

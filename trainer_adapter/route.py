@@ -179,12 +179,16 @@ class Route:
         """Image-token embeddings of this rank's encoder samples (global order, each sample's
         tokens in image order) -> those of its LLM samples, in the order their image tokens
         appear in ``input_ids``. Differentiable; every rank must call it (collective)."""
-        img = self.table[:, _IMG]
-        has = img > 0
+        return self._send_tokens(embeds, self.table[:, _IMG], self.vit_dest, "image_embeddings")
+
+    def _send_tokens(self, embeds, tokens: np.ndarray, dest: np.ndarray, name: str):
+        """Each sample's ``tokens`` output rows from its encoder rank ``dest`` to its LLM
+        rank (samples without any stay out), timed as ``name``."""
+        has = tokens > 0
         t0 = time.perf_counter()
-        at, to = np.where(has, self.vit_dest, -1), np.where(has, self.llm_dest, -1)
-        out = self.move(embeds, img, at, to, "image_embeddings")
-        self.seconds["image_embeddings"] = time.perf_counter() - t0
+        at, to = np.where(has, dest, -1), np.where(has, self.llm_dest, -1)
+        out = self.move(embeds, tokens, at, to, name)
+        self.seconds[name] = time.perf_counter() - t0
         return out
 
     def encoder_samples(self, name: str, rank: int | None = None) -> np.ndarray:
@@ -197,13 +201,7 @@ class Route:
         encoder's output tokens: those of this rank's encoder samples, global order -> those
         of its LLM samples, in the order their tokens appear). Differentiable; collective."""
         dest, _, _, col = self.encoders[name]
-        tokens = self.table[:, col]
-        has = tokens > 0
-        t0 = time.perf_counter()
-        at, to = np.where(has, dest, -1), np.where(has, self.llm_dest, -1)
-        out = self.move(embeds, tokens, at, to, f"{name}_embeddings")
-        self.seconds[f"{name}_embeddings"] = time.perf_counter() - t0
-        return out
+        return self._send_tokens(embeds, self.table[:, col], dest, f"{name}_embeddings")
 
     def to_source(self, values: torch.Tensor) -> torch.Tensor:
         """One row per LLM sample of this rank (global order) -> one row per sample this rank

@@ -61,6 +61,11 @@ class WhisperAudioRule(MediaRule):
                 f"{self.sampling_rate}, {self.hop_length}, {self.chunk_length}"
             )
 
+    @property
+    def window_frames(self) -> int:
+        """The frames of the padded window (``chunk_length`` seconds in hops)."""
+        return self.chunk_length * self.sampling_rate // self.hop_length
+
     def samples(self, header: AudioHeader) -> int:
         """The recording's length at the model's rate (:func:`~dataprep.media_rules.base.
         samples_at`)."""
@@ -73,10 +78,12 @@ class WhisperAudioRule(MediaRule):
         return -(-kept // self.hop_length)
 
     def cost(self, header: AudioHeader) -> MediaCost:
-        frames = self.frames(header)
+        return self.frame_cost(self.frames(header))
+
+    def frame_cost(self, frames: int) -> MediaCost:
+        """The cost of a recording of ``frames`` feature frames (the mask's)."""
         if self.n_window == 0:
-            window = self.chunk_length * self.sampling_rate // self.hop_length
-            return MediaCost((window // 2,), audio_tokens(frames))
+            return MediaCost((self.window_frames // 2,), audio_tokens(frames))
         return MediaCost(chunk_positions(frames, self.n_window), audio_tokens(frames))
 
     def spec(self) -> str:

@@ -13,6 +13,14 @@ per-sample lengths the runtime balancer needs; they equal the cost table's ``llm
 ``vit_tokens`` when the same tokenizer, template and policy are used. ``units_hw`` gives each
 encoder sequence's patch grid (rows, columns) and ``num_units`` how many belong to each sample,
 so a model can merge neighbouring patches (pixel shuffle) and the trainer can move samples.
+
+A collator of a generation whose recordings prep measured (``audio_rule``, a Whisper-style
+encoder's) also builds them: each recording's log-mel frames
+(:class:`~shards.read.audio_features.AudioFeatures`: the frames prep counted) side by side in
+``audio_features`` (``[frames, mel]``), ``audio_lens`` (each recording's frames, ``[n, 1]``),
+``audio_frames`` and ``num_audios`` per sample, and each ``<audio>`` becomes as many audio
+tokens (``audio_token_id``) as the encoder gives the LLM. Videos are refused: this collator
+would count them as text.
 """
 
 from __future__ import annotations
@@ -32,15 +40,16 @@ from dataprep.policies import (
     internvl_grid,
     parse_vision_policy,
 )
-from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
 from dataprep.setting_checks import check_family
 from equishard.common.local_files import regular_file
 from equishard.common.values import check_flag
-from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.columns import AUDIO_TOKENS, LLM_TOKENS, VIT_TOKENS
 
-__all__ = ["IMAGE_CONTEXT", "Collator", "normalize_patches"]
+__all__ = ["AUDIO_CONTEXT", "IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
 IMAGE_CONTEXT = "<IMG_CONTEXT>"
+AUDIO_CONTEXT = "<AUDIO_CONTEXT>"
 _MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
 _STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 
@@ -69,24 +78,24 @@ def normalize_patches(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> to
     return y.view(x.shape).to(dtype)
 
 
-def _refuse_media(sample) -> None:
-    """A sample with videos or recordings: this collator builds images and text only, and
-    would count its ``<video>``/``<audio>`` mark as text and drop the media (a sample counted
-    as something else than it is); refused, naming what to use."""
+def _refuse_media(sample, audio: bool) -> None:
+    """A sample with videos, or recordings without an audio rule: this collator would count
+    its ``<video>``/``<audio>`` mark as text and drop the media (a sample counted as something
+    else than it is); refused, naming what to use."""
     media = [
         f"{len(v)} {what}"
         for what, v in (
             ("video(s)", getattr(sample, "videos", ())),  # a sample object of the caller's
-            ("recording(s)", getattr(sample, "audios", ())),  # own may not carry media
-        )
+            ("recording(s)", () if audio else getattr(sample, "audios", ())),  # own may not
+        )  # carry media
         if v
     ]
     if media:
         raise ValueError(
             f"sample {sample.meta.get('sample_id')!r} has {' and '.join(media)}: equishard's own "
-            "collator (equishard train) builds images and text only, and would count the media "
-            "as text; train such a generation with a Hugging Face model "
-            "(trainer_adapter.HFPacker, balance_model), or prep without its videos and audio"
+            "collator (equishard train) builds images, text and the recordings of an audio "
+            "rule prep measured, and would count these as text; train such a generation with "
+            "a Hugging Face model (trainer_adapter.HFPacker, balance_model), or prep without them"
         )
 
 
@@ -98,6 +107,8 @@ class Collator:
     pixels: str = "normalized"  # or "uint8": raw pixel bytes, normalized later on the device
     # each sample's lengths against the costs prep recorded in it (meta["cost"]), where present
     check_costs: bool = True
+    audio_rule: str | None = None  # the Whisper-style rule prep measured recordings with
+    audio_mel: int = 128  # log-mel bins of the audio encoder (Qwen2-Audio's, Omni's: 128)
 
     @classmethod
     def from_generation(
@@ -109,11 +120,13 @@ class Collator:
         vision_policy: str | None = None,
         pixels: str = "normalized",
         check_costs: bool = True,
+        audio_mel: int = 128,
     ) -> Collator:
         """The collator of what a generation (a :class:`~shards.Manifest` or its path) was
         measured with: the tokenizer, template and vision policy prep recorded. Each may be
         given (a copy elsewhere, a model directory); one that differs from the recorded
-        setting is a :class:`~shards.read.prep_settings.SettingsMismatch` naming both."""
+        setting is a :class:`~shards.read.prep_settings.SettingsMismatch` naming both. Its
+        recordings are built with the audio rule prep recorded, where it measured any."""
         from shards.read.prep_settings import PrepSettings
         from shards.store.manifest import Manifest, open_generation
 
@@ -125,13 +138,18 @@ class Collator:
             vision_policy=rec.resolve_policy(vision_policy),
             pixels=pixels,
             check_costs=check_costs,
+            audio_rule=rec.resolve_audio_rule(),
+            audio_mel=audio_mel,
         )
 
-    def _check_cost(self, meta: dict, llm: int, vit: int) -> None:
+    def _check_cost(self, meta: dict, llm: int, vit: int, audio: int | None) -> None:
         cost = meta.get("cost")
         if not self.check_costs or not isinstance(cost, dict):
             return
-        for name, built in ((LLM_TOKENS, llm), (VIT_TOKENS, vit)):
+        built_ = [(LLM_TOKENS, llm), (VIT_TOKENS, vit)] + [(AUDIO_TOKENS, audio)] * (
+            audio is not None
+        )
+        for name, built in built_:
             if name in cost and int(cost[name]) != built:
                 raise ValueError(
                     f"sample {meta.get('sample_id')!r}: this collator makes {built} {name} of "
@@ -148,10 +166,13 @@ class Collator:
         from tokenizers import AddedToken, Tokenizer
 
         tok = Tokenizer.from_file(regular_file(self.tokenizer, "tokenizer.json"))
+        # the audio marks only where recordings are built: elsewhere "<audio>" is text, as
+        # prep counted it
+        audio = (AUDIO_PLACEHOLDER, AUDIO_CONTEXT) if self.audio_rule is not None else ()
         tok.add_special_tokens(
             [
                 AddedToken(t, special=True, normalized=False)
-                for t in (IMAGE_PLACEHOLDER, IMAGE_CONTEXT)
+                for t in (IMAGE_PLACEHOLDER, IMAGE_CONTEXT, *audio)
             ]
         )
         object.__setattr__(self, "_tok", tok)
@@ -168,6 +189,23 @@ class Collator:
         object.__setattr__(self, "_policy", policy)
         object.__setattr__(self, "image_token_id", tok.token_to_id(IMAGE_CONTEXT))
         object.__setattr__(self, "_placeholder_id", tok.token_to_id(IMAGE_PLACEHOLDER))
+        features = None
+        if self.audio_rule is not None:
+            from dataprep.media_rules import parse_audio_rule
+            from shards.read.audio_features import AudioFeatures
+
+            features = AudioFeatures(rule=parse_audio_rule(self.audio_rule), mel=self.audio_mel)
+        object.__setattr__(self, "_audio", features)
+        object.__setattr__(self, "_audio_mark", tok.token_to_id(AUDIO_PLACEHOLDER))
+        object.__setattr__(
+            self, "audio_token_id", tok.token_to_id(AUDIO_CONTEXT) if features else None
+        )
+
+    @property
+    def audio(self):
+        """The recordings' features (:class:`~shards.read.audio_features.AudioFeatures`: the
+        rule and the mel bins); None for a collator without an audio rule."""
+        return self._audio
 
     @property
     def vocab_size(self) -> int:
@@ -196,6 +234,24 @@ class Collator:
         hh, ww = pol.resized(w, h)
         return [_patches(img, (ww, hh), pol.patch_size, raw)]
 
+    def _marks(self, sample, enc, costs) -> tuple[dict, list[np.ndarray]]:
+        """Each placeholder token's (context token, tokens of each item in order), checked
+        against the sample's items; and its recordings' features."""
+        sid = sample.meta.get("sample_id")
+        marks = {self._placeholder_id: (self.image_token_id, [c.llm_tokens for c in costs])}
+        feats: list[np.ndarray] = []
+        if self._audio is not None:
+            from dataprep.media_rules.whisper_audio import audio_tokens
+
+            feats = [self._audio(b) for b in getattr(sample, "audios", ())]
+            marks[self._audio_mark] = (self.audio_token_id, [audio_tokens(len(f)) for f in feats])
+        for (pid, (_, counts)), mark in zip(marks.items(), ("<image>", "<audio>"), strict=False):
+            n_ph = enc.ids.count(pid)
+            if n_ph != len(counts):
+                what = "images" if mark == "<image>" else "recordings"
+                raise ValueError(f"sample {sid!r}: {n_ph} {mark} tokens for {len(counts)} {what}")
+        return marks, feats
+
     def __call__(self, samples: list) -> dict:
         ids: list[int] = []
         labels: list[int] = []
@@ -206,25 +262,25 @@ class Collator:
         llm_lens: list[int] = []
         units_hw: list[tuple[int, int]] = []
         num_units: list[int] = []
+        audio: list[np.ndarray] = []
+        num_audios: list[int] = []
+        audio_frames: list[int] = []
         for s in samples:
-            _refuse_media(s)
+            _refuse_media(s, self._audio is not None)
             text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
             enc = self._tok.encode(text, add_special_tokens=False)
             imgs = [decode_image(b) for b in s.images]
             costs = self._policy.sample_costs([im.size for im in imgs])
-            n_ph = enc.ids.count(self._placeholder_id)
-            if n_ph != len(imgs):
-                raise ValueError(
-                    f"sample {s.meta.get('sample_id')!r}: {n_ph} <image> tokens for {len(imgs)} images"
-                )
-            k = 0
+            marks, feats = self._marks(s, enc, costs)
+            taken = dict.fromkeys(marks, 0)
             sample_ids: list[int] = []
             sample_labels: list[int] = []
             for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
-                if tid == self._placeholder_id:
-                    sample_ids += [self.image_token_id] * costs[k].llm_tokens
-                    sample_labels += [-100] * costs[k].llm_tokens
-                    k += 1
+                if tid in marks:  # an image's or a recording's tokens, never a target
+                    token, counts = marks[tid]
+                    sample_ids += [token] * counts[taken[tid]]
+                    sample_labels += [-100] * counts[taken[tid]]
+                    taken[tid] += 1
                     continue
                 # a token holding any of an assistant's text is learnt: one that also carries
                 # the template's space or newline in front (" Mostly", "\nFour") included, or
@@ -245,10 +301,17 @@ class Collator:
                     n_vit += u.shape[0]
             vit_lens.append(n_vit)
             num_units.append(len(units_hw) - sum(num_units))
-            self._check_cost(s.meta, len(sample_ids), n_vit)
+            audio += feats
+            num_audios.append(len(feats))
+            audio_frames.append(sum(len(f) for f in feats))
+            heard = None
+            if self._audio is not None:  # the encoder's positions, as prep priced them
+                rule = self._audio.rule
+                heard = sum(sum(rule.frame_cost(len(f)).seq_lens) for f in feats)
+            self._check_cost(s.meta, len(sample_ids), n_vit, heard)
         patch_dim = 3 * self._policy.patch_size**2
         pcu = np.concatenate([[0], np.cumsum([u.shape[0] for u in units])]).astype(np.int32)
-        return {
+        out = {
             "input_ids": torch.tensor(ids, dtype=torch.long),
             "labels": torch.tensor(labels, dtype=torch.long),
             "position_ids": torch.tensor(positions, dtype=torch.long),
@@ -264,3 +327,13 @@ class Collator:
             "image_token_id": self.image_token_id,
             "sample_ids": [s.meta["sample_id"] for s in samples],
         }
+        if self._audio is not None:
+            frames = [len(f) for f in audio]
+            out["audio_features"] = torch.from_numpy(
+                np.concatenate(audio) if audio else np.zeros((0, self.audio_mel), np.float32)
+            )
+            out["audio_lens"] = torch.tensor(frames, dtype=torch.long).reshape(-1, 1)
+            out["num_audios"] = torch.tensor(num_audios, dtype=torch.long)
+            out["audio_frames"] = torch.tensor(audio_frames, dtype=torch.long)
+            out["audio_token_id"] = self.audio_token_id
+        return out

@@ -75,6 +75,8 @@ class PrepSettings:
     tokenizer: str | None = None
     tokenizer_sha256: str | None = None
     tokenizer_estimate: float | None = None  # chars per token, when prep estimated text tokens
+    audio_rule: dict | None = None  # the audio rule's recorded fields (``spec`` among them)
+    video_rule: dict | None = None
 
     @classmethod
     def from_manifest(cls, manifest) -> PrepSettings:
@@ -93,6 +95,14 @@ class PrepSettings:
             raise ValueError(f"{where}: vision_policy, template and tokenizer must be objects")
         _text(pol, "spec", f"{where} (vision_policy)")
         jinja = tmpl.get("kind") == "jinja"
+        media = {}
+        for key in ("audio_rule", "video_rule"):  # where prep measured recordings or videos
+            rule = prep.get(key)
+            if rule is not None:
+                if not isinstance(rule, dict):
+                    raise ValueError(f"{where}: {key} must be an object, got {rule!r:.80}")
+                _text(rule, "spec", f"{where} ({key})")
+                media[key] = rule
         tok_mode = tok.get("mode")
         if tok_mode not in ("tokenizer", "estimate"):
             raise ValueError(f"{where}: tokenizer mode must be tokenizer or estimate")
@@ -112,6 +122,7 @@ class PrepSettings:
                 tok, "sha256", f"{where} (tokenizer)", required=tok_mode == "tokenizer"
             ),
             tokenizer_estimate=None if tok_mode == "tokenizer" else _ratio(tok, where),
+            **media,
         )
 
     def tokenizer_spec(self) -> str:
@@ -191,5 +202,30 @@ class PrepSettings:
                 f"{self.vision_policy['spec']!r} (measured with it; differing: "
                 f"{', '.join(diff) or 'kind'}): images would become other token counts than "
                 "the plan balanced"
+            )
+        return spec
+
+    def resolve_audio_rule(self) -> str | None:
+        """The audio rule's spec prep measured the recordings with (None: it measured none);
+        the recorded fields must be the ones the spec gives, or the recorded rule is not one
+        this version builds the same features and counts with."""
+        from dataprep.media_rules import parse_audio_rule
+
+        if self.audio_rule is None:
+            return None
+        spec = self.audio_rule["spec"]
+        where = f"{self.where}: manifest prep settings (audio_rule)"
+        try:
+            have = json.loads(json.dumps(parse_audio_rule(spec).describe()))
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+        if have != self.audio_rule:
+            diff = sorted(
+                k for k in set(have) | set(self.audio_rule) if have.get(k) != self.audio_rule.get(k)
+            )
+            raise SettingsMismatch(
+                f"{where}: the recorded rule {spec!r} differs from what this version makes of "
+                f"it (differing: {', '.join(diff)}): its recordings' counts would not be the "
+                "ones measured; prep the generation again with this version"
             )
         return spec

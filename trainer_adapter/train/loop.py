@@ -31,6 +31,7 @@ from trainer_adapter.train.run_setup import (  # re-exported: what a run takes f
     plan_cost_note,
     set_recompute,
     target_share,
+    with_audio,
 )
 from trainer_adapter.train.trainer import Trainer, auto_mb_tokens, empty_batch
 
@@ -136,6 +137,7 @@ def run(cfg: TrainConfig) -> list[dict]:
         merge=merge_for_policy(collate._policy),
         max_positions=position_table_size(manifest),
     )
+    model_cfg = with_audio(model_cfg, collate)  # where prep measured recordings
     if rank == 0 and (note := plan_cost_note(manifest, model_cfg, cfg.calibration)):
         print(note, flush=True)
     rpn = cfg.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", cfg.world_size))
@@ -155,7 +157,10 @@ def run(cfg: TrainConfig) -> list[dict]:
             transform=collate,
         )
         batches = group_batches(ds, cfg.workers, cfg.loader_timeout)
-    empty = empty_batch(model_cfg.patch_dim, collate.image_token_id)
+    a = model_cfg.audio
+    empty = empty_batch(
+        model_cfg.patch_dim, collate.image_token_id, audio=a and (a.mel, collate.audio_token_id)
+    )
     first = next(batches) if stage == 0 else None
     set_recompute(cfg, trainer, first["samples"] if first is not None else empty, loads)
     log = open(cfg.log, "a") if cfg.log and rank == 0 else None  # noqa: SIM115
@@ -260,7 +265,8 @@ def run(cfg: TrainConfig) -> list[dict]:
             f"{rec['tokens_per_second']:,.0f} tok/s  {rec['tflops_per_rank']:.3g} TFLOP/s/rank  "
             + (f"peak {rec['peak_reserved'] / 2**30:.1f} GiB  " if rec["peak_reserved"] else "")
             + f"max/mean vision {_loads(lm, 'vision', r['methods'])}  "
-            f"llm {_loads(lm, 'llm', r['methods'])}  measured efficiency "
+            + (f"audio {_loads(lm, 'audio', r['methods'])}  " if "audio" in r["methods"] else "")
+            + f"llm {_loads(lm, 'llm', r['methods'])}  measured efficiency "
             f"{rec['step_report']['efficiency']:.3f}  moved intra "
             f"{_fmt_bytes(intra)} / inter {_fmt_bytes(inter)}"
             + (f"  bubble {' '.join(f'{b:.2f}' for b in bubbles.values())}" if bubbles else "")

@@ -1,6 +1,7 @@
 """What a training run takes from the generation it reads, before its first step: the collator
 of the settings prep recorded (:func:`build_collator`), the share of tokens with a target that
-the partition search times the LM head over (:func:`target_share`), the note when the plan was
+the partition search times the LM head over (:func:`target_share`), the audio encoder of its
+recordings (:func:`with_audio`), the note when the plan was
 balanced for another model's costs (:func:`plan_cost_note`), and adaptive recomputation sized
 for the generation's heaviest step (:func:`set_recompute`)."""
 
@@ -13,7 +14,14 @@ from trainer_adapter.train.config import TrainConfig
 from trainer_adapter.train.model import VLMConfig
 from trainer_adapter.train.trainer import Trainer
 
-__all__ = ["build_collator", "heaviest_ratio", "plan_cost_note", "set_recompute", "target_share"]
+__all__ = [
+    "build_collator",
+    "heaviest_ratio",
+    "plan_cost_note",
+    "set_recompute",
+    "target_share",
+    "with_audio",
+]
 
 
 def build_collator(cfg: TrainConfig, manifest):
@@ -29,6 +37,30 @@ def build_collator(cfg: TrainConfig, manifest):
         vision_policy=cfg.vision_policy,
         pixels="uint8",
     )
+
+
+def with_audio(model_cfg: VLMConfig, collate) -> VLMConfig:
+    """``model_cfg`` with the audio encoder of the generation's recordings, where prep measured
+    any: the rule's kind (``n_window``: chunks; 0: the padded window of ``window_frames``), the
+    collator's mel bins, the vision encoder's width and depth, the LLM's width out."""
+    from dataclasses import replace
+
+    from trainer_adapter.train.audio_encoder import AudioConfig
+
+    feats = collate.audio
+    if feats is None:
+        return model_cfg
+    rule = feats.rule
+    audio = AudioConfig(
+        mel=feats.mel,
+        hidden=model_cfg.vit_hidden,
+        layers=model_cfg.vit_layers,
+        heads=model_cfg.vit_heads,
+        out_dim=model_cfg.llm_hidden,
+        n_window=rule.n_window,
+        window_frames=rule.window_frames,
+    )
+    return replace(model_cfg, audio=audio)
 
 
 def heaviest_ratio(loads: dict | None, batch: dict) -> float:

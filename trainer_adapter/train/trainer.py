@@ -54,11 +54,25 @@ __all__ = ["Trainer", "auto_mb_tokens", "empty_batch"]
 _LLM, _TGT = 0, 4
 
 
-def empty_batch(patch_dim: int, image_token_id: int, patch_dtype=torch.uint8) -> dict:
+def empty_batch(
+    patch_dim: int, image_token_id: int, patch_dtype=torch.uint8, audio: tuple | None = None
+) -> dict:
     """A collated batch with no samples (ranks that read no data still join the collectives;
-    ``patch_dtype`` as the other ranks' collator gives, uint8 from ``build_collator``)."""
+    ``patch_dtype`` as the other ranks' collator gives, uint8 from ``build_collator``);
+    ``audio``: (mel bins, audio token id) of a model with an audio encoder, whose phase every
+    rank joins."""
     z = torch.zeros(0, dtype=torch.long)
+    heard = {}
+    if audio is not None:
+        heard = {
+            "audio_features": torch.zeros(0, audio[0]),
+            "audio_frames": z,
+            "audio_lens": torch.zeros(0, 1, dtype=torch.long),
+            "num_audios": z,
+            "audio_token_id": audio[1],
+        }
     return {
+        **heard,
         "input_ids": z,
         "labels": z,
         "position_ids": z,

@@ -1,0 +1,102 @@
+"""A recording's log-mel features as a Whisper-style processor makes them, for the collator of
+``equishard train``: the frames prep counted, no more, no fewer.
+
+The generation records the audio rule prep measured with (``whisper:sampling_rate=...,
+hop_length=...,chunk_length=...,n_window=...``, or ``qwen2audio`` and ``qwen2_5_omni`` by
+name). Its recording is decoded with libsndfile (:func:`~shards.read.media.decode_audio`), its
+channels averaged, resampled to the rule's rate by a polyphase filter (``ceil(frames * rate /
+its rate)`` samples, the length prep counted; ``scipy.signal.resample_poly``), cut at
+``chunk_length`` seconds, and turned into log-mel frames by transformers'
+``WhisperFeatureExtractor``, the feature extractor of Qwen2-Audio's and Qwen2.5-Omni's
+processors. The processor pads to the whole window; the frames inside the recording's mask are
+the same when the padding is shorter (a frame's window reaches ``n_fft / 2`` samples past its
+centre, and zeros follow in both), so only ``n_fft`` samples of zeros are added, up to the
+window: a 3-s clip under a 300-s rule costs 3 s of spectrogram, not 300. The frames kept are the mask's,
+``ceil(samples / hop_length)``, as the unpadded encoder takes them (the padded one pads them
+to its window itself).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dataprep.media_rules.whisper_audio import WhisperAudioRule
+from equishard.common.values import check_count
+
+__all__ = ["N_FFT", "AudioFeatures"]
+
+N_FFT = 400  # Whisper's window: 25 ms at 16 kHz, every Whisper-style processor's
+
+
+def _extractor(rule: WhisperAudioRule, mel: int):
+    try:
+        from transformers import WhisperFeatureExtractor
+    except ImportError:
+        raise ImportError(
+            "a generation with recordings needs transformers' WhisperFeatureExtractor (the "
+            "processors' own log-mel features) to train: pip install 'equishard[hf]'"
+        ) from None
+    return WhisperFeatureExtractor(
+        feature_size=mel,
+        sampling_rate=rule.sampling_rate,
+        hop_length=rule.hop_length,
+        chunk_length=rule.chunk_length,
+        n_fft=N_FFT,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class AudioFeatures:
+    """``rule``'s features of one recording with ``mel`` bins: ``[frames, mel]`` float32."""
+
+    rule: WhisperAudioRule
+    mel: int = 128
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rule, WhisperAudioRule):
+            raise ValueError(
+                f"audio rule {self.rule.spec()!r} is not a Whisper-style encoder's: equishard "
+                "train builds Whisper log-mel features only (rules whisper, qwen2audio, "
+                "qwen2_5_omni); train this generation with its model's own processor"
+            )
+        check_count("audio mel bins", self.mel, 1, 1024)
+        object.__setattr__(self, "_fe", _extractor(self.rule, self.mel))
+
+    def wave(self, data: bytes) -> np.ndarray:
+        """The recording at the rule's rate, channels averaged, cut at ``chunk_length`` s."""
+        from scipy.signal import resample_poly
+
+        from shards.read.media import decode_audio
+
+        wave, rate = decode_audio(data)
+        mono = wave.mean(axis=1, dtype=np.float64)
+        want = self.rule.sampling_rate
+        if rate != want:
+            g = math.gcd(want, rate)
+            mono = resample_poly(mono, want // g, rate // g)
+        return mono[: self.rule.chunk_length * want].astype(np.float32)
+
+    def frames(self, samples: int) -> int:
+        """The mask's frames of ``samples`` samples (prep's count)."""
+        return -(-samples // self.rule.hop_length)
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        wave = self.wave(data)
+        n = self.frames(len(wave))
+        if n == 0:
+            return np.zeros((0, self.mel), np.float32)
+        hop = self.rule.hop_length
+        out = self._fe(
+            wave,
+            sampling_rate=self.rule.sampling_rate,
+            padding="max_length",
+            # the whole window where the recording fills it (the processor's own array, its
+            # end reflected as the processor reflects it), else n_fft zeros past its last frame
+            max_length=min(n * hop + N_FFT, self.rule.chunk_length * self.rule.sampling_rate),
+            truncation=True,
+            return_tensors="np",
+        )["input_features"][0]
+        return np.ascontiguousarray(out[:, :n].T, dtype=np.float32)

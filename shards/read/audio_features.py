@@ -3,22 +3,22 @@
 
 The generation records the audio rule prep measured with (``whisper:sampling_rate=...,
 hop_length=...,chunk_length=...,n_window=...``, or ``qwen2audio`` and ``qwen2_5_omni`` by
-name). Its recording is decoded with libsndfile (:func:`~shards.read.media.decode_audio`), its
-channels averaged, resampled to the rule's rate by a polyphase filter (``ceil(frames * rate /
-its rate)`` samples, the length prep counted; ``scipy.signal.resample_poly``), cut at
-``chunk_length`` seconds, and turned into log-mel frames by transformers'
+name). Its recording is loaded as transformers' ``load_audio`` loads it (libsndfile, its
+channels averaged, resampled by soxr to ``ceil(frames * rate / its rate)`` samples: the length prep
+counted), cut at ``chunk_length`` seconds, and turned into log-mel frames by transformers'
 ``WhisperFeatureExtractor``, the feature extractor of Qwen2-Audio's and Qwen2.5-Omni's
-processors. The processor pads to the whole window; the frames inside the recording's mask are
-the same when the padding is shorter (a frame's window reaches ``n_fft / 2`` samples past its
-centre, and zeros follow in both), so only ``n_fft`` samples of zeros are added, up to the
-window: a 3-s clip under a 300-s rule costs 3 s of spectrogram, not 300. The frames kept are the mask's,
+processors: the processors' own steps.
+
+The processor pads to the whole window. The frames inside the recording's mask are the same
+with a shorter padding (a frame's window reaches ``n_fft / 2`` samples past its centre, and
+zeros follow in both), so only ``n_fft`` samples of zeros are added, up to the window: a 3-s
+clip under a 300-s rule costs 3 s of spectrogram, not 300. The frames kept are the mask's,
 ``ceil(samples / hop_length)``, as the unpadded encoder takes them (the padded one pads them
 to its window itself).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,9 +26,10 @@ import numpy as np
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
 from equishard.common.values import check_count
 
-__all__ = ["N_FFT", "AudioFeatures"]
+__all__ = ["MAX_MEL", "N_FFT", "AudioFeatures"]
 
 N_FFT = 400  # Whisper's window: 25 ms at 16 kHz, every Whisper-style processor's
+MAX_MEL = 1024  # log-mel bins of an audio encoder (Whisper's 80, Qwen2-Audio's 128)
 
 
 def _extractor(rule: WhisperAudioRule, mel: int):
@@ -62,22 +63,30 @@ class AudioFeatures:
                 "train builds Whisper log-mel features only (rules whisper, qwen2audio, "
                 "qwen2_5_omni); train this generation with its model's own processor"
             )
-        check_count("audio mel bins", self.mel, 1, 1024)
+        check_count("audio mel bins", self.mel, 1, MAX_MEL)
         object.__setattr__(self, "_fe", _extractor(self.rule, self.mel))
 
     def wave(self, data: bytes) -> np.ndarray:
-        """The recording at the rule's rate, channels averaged, cut at ``chunk_length`` s."""
-        from scipy.signal import resample_poly
-
+        """The recording at the rule's rate, channels averaged, cut at ``chunk_length`` s:
+        the steps of transformers' ``load_audio`` (libsndfile; soxr's high-quality resampler,
+        padded or cut to ``ceil(frames * rate / its rate)``), the processors' own loader."""
         from shards.read.media import decode_audio
 
         wave, rate = decode_audio(data)
-        mono = wave.mean(axis=1, dtype=np.float64)
+        mono = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
         want = self.rule.sampling_rate
         if rate != want:
-            g = math.gcd(want, rate)
-            mono = resample_poly(mono, want // g, rate // g)
-        return mono[: self.rule.chunk_length * want].astype(np.float32)
+            try:
+                import soxr
+            except ImportError:
+                raise ImportError(
+                    "recordings are resampled as the processors resample them, with soxr: "
+                    "pip install 'equishard[hf]'"
+                ) from None
+            n = -(-len(mono) * want // rate)
+            mono = soxr.resample(mono, rate, want, quality="soxr_hq")
+            mono = np.pad(mono, (0, max(0, n - len(mono))))[:n]
+        return np.ascontiguousarray(mono[: self.rule.chunk_length * want], dtype=np.float32)
 
     def frames(self, samples: int) -> int:
         """The mask's frames of ``samples`` samples (prep's count)."""

@@ -43,8 +43,9 @@ from dataprep.policies import (
 from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
 from dataprep.setting_checks import check_family
 from equishard.common.local_files import regular_file
-from equishard.common.values import check_flag
-from equishard.contracts.columns import AUDIO_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.common.values import check_count, check_flag
+from equishard.contracts.columns import AUDIO_SEQ_LENS, AUDIO_TOKENS, LLM_TOKENS, VIT_TOKENS
+from shards.read.audio_features import MAX_MEL, AudioFeatures
 
 __all__ = ["AUDIO_CONTEXT", "IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
@@ -142,25 +143,37 @@ class Collator:
             audio_mel=audio_mel,
         )
 
-    def _check_cost(self, meta: dict, llm: int, vit: int, audio: int | None) -> None:
+    def _check_cost(self, meta: dict, llm: int, vit: int, heard: list[int] | None) -> None:
+        """The sample's lengths against prep's: its LLM and ViT tokens, and with an audio rule
+        each encoder sequence of its recordings (``heard``: their chunks or windows)."""
         cost = meta.get("cost")
         if not self.check_costs or not isinstance(cost, dict):
             return
-        built_ = [(LLM_TOKENS, llm), (VIT_TOKENS, vit)] + [(AUDIO_TOKENS, audio)] * (
-            audio is not None
-        )
-        for name, built in built_:
-            if name in cost and int(cost[name]) != built:
+        built = [(LLM_TOKENS, llm), (VIT_TOKENS, vit)]
+        if heard is not None:  # the chunks' lengths: other chunks can sum to prep's positions
+            built += [(AUDIO_TOKENS, sum(heard)), (AUDIO_SEQ_LENS, heard)]
+        for name, have in built:
+            counted = cost.get(name)
+            if counted is None:
+                continue
+            if (list(counted) if isinstance(have, list) else int(counted)) != have:
+                shown = (
+                    f"{len(have)} audio sequences ({have[:4]}...) "
+                    if isinstance(have, list)
+                    else f"{have} {name} "
+                )
                 raise ValueError(
-                    f"sample {meta.get('sample_id')!r}: this collator makes {built} {name} of "
-                    f"it, prep counted {cost[name]}: its tokenizer, template "
-                    f"({self.template!r}) or vision policy ({self.vision_policy!r}) differ from "
-                    "prep's, so the plan balanced other lengths than the model sees; build it "
-                    "with Collator.from_generation (check_costs=False turns this check off)"
+                    f"sample {meta.get('sample_id')!r}: this collator makes {shown}of it, prep "
+                    f"counted {str(counted)[:40]}: its tokenizer, template ({self.template!r}), "
+                    f"vision policy ({self.vision_policy!r}) or audio rule "
+                    f"({self.audio_rule!r}) differ from prep's, so the plan balanced other "
+                    "lengths than the model sees; build it with Collator.from_generation "
+                    "(check_costs=False turns this check off)"
                 )
 
     def __post_init__(self) -> None:
         check_flag("check_costs", self.check_costs)
+        check_count("audio_mel", self.audio_mel, 1, MAX_MEL)
         if self.pixels not in ("normalized", "uint8"):
             raise ValueError(f"pixels must be 'normalized' or 'uint8', got {self.pixels!r}")
         from tokenizers import AddedToken, Tokenizer
@@ -192,7 +205,6 @@ class Collator:
         features = None
         if self.audio_rule is not None:
             from dataprep.media_rules import parse_audio_rule
-            from shards.read.audio_features import AudioFeatures
 
             features = AudioFeatures(rule=parse_audio_rule(self.audio_rule), mel=self.audio_mel)
         object.__setattr__(self, "_audio", features)
@@ -305,9 +317,9 @@ class Collator:
             num_audios.append(len(feats))
             audio_frames.append(sum(len(f) for f in feats))
             heard = None
-            if self._audio is not None:  # the encoder's positions, as prep priced them
+            if self._audio is not None:  # the encoder's sequences, as prep priced them
                 rule = self._audio.rule
-                heard = sum(sum(rule.frame_cost(len(f)).seq_lens) for f in feats)
+                heard = [n for f in feats for n in rule.frame_cost(len(f)).seq_lens]
             self._check_cost(s.meta, len(sample_ids), n_vit, heard)
         patch_dim = 3 * self._policy.patch_size**2
         pcu = np.concatenate([[0], np.cumsum([u.shape[0] for u in units])]).astype(np.int32)

@@ -159,3 +159,22 @@ def test_recompute_off_and_all_set_every_block(mode):
     pp = SimpleNamespace(model=model, stages=[SimpleNamespace(blocks=staged)])
     set_recompute(cfg, pp, {}, None)
     assert [b.recompute for b in vit + staged] == [mode == "all"] * 5
+
+
+def test_train_on_a_generation_with_recordings(tmp_path, tokenizer_path):
+    """A generation with recordings (Qwen2.5-Omni's kind of rule, 2-s window) trains under DP 1
+    x PP 2: the loop builds the audio encoder from the recorded rule, the second stage's empty
+    batch carries the audio keys (without them the audio phase's collectives fail), and each
+    step's log names the audio phase with the recordings it ran."""
+    from tests.shards.audio_generation import RULES, build_audio_generation
+
+    gen = build_audio_generation(tmp_path / "g", RULES["chunks"], tokenizer_path, dp=1)
+    log = tmp_path / "log.jsonl"
+    r = _equishard("train", "--shards", str(gen), "--nproc", "2", "--dp", "1", "--pp", "2",
+                   "--steps", "3", "--workers", "0", "--log", str(log))  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "audio " in r.stdout.splitlines()[-2]
+    recs = [json.loads(x) for x in log.read_text().splitlines()]
+    assert all("audio" in x["methods"] for x in recs)
+    ran = [x["phase_times"]["audio"] for x in recs if "audio" in x.get("phase_times", {})]
+    assert ran, recs[0].keys()

@@ -117,6 +117,23 @@ class InternVLVideoRule(MediaRule):
         shift = step / 2 if self.initial_shift else 0.0
         return math.ceil((total - shift) / step)  # torch.arange's length, in double precision
 
+    def frame_indices(self, total: int, video_fps: float) -> list[int]:
+        """Which of the video's ``total`` frames the loader hands the model, in order (as many
+        as :meth:`frames`): the model card's ``get_index`` (the middle of each of
+        ``num_frames`` segments over frames ``0..total-1``), or the video processor's
+        ``sample_frames`` (``arange(shift, total, total / n)`` truncated; every frame for
+        ``num_frames=0`` without ``fps``)."""
+        n = self.frames(total, video_fps)
+        if self.source == "internvl":
+            seg = (total - 1) / self.num_frames
+            return [int(seg / 2 + round(seg * i)) for i in range(n)]
+        asked = self.num_frames or (int(total / video_fps * self.fps) if self.fps else 0)
+        if not asked:
+            return list(range(total))
+        step = total / asked
+        shift = step / 2 if self.initial_shift else 0.0
+        return [int(shift + step * i) for i in range(n)]
+
     def tiles(self, width: int, height: int) -> int:
         """Tiles of one frame: ``dynamic_preprocess`` with ``max_tiles`` (a thumbnail beside a
         grid of several), one square for the transformers processor (its ``max_tiles`` is 1)."""

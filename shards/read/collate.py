@@ -3,24 +3,29 @@
 For every sample: the conversation is rendered with the chat template and tokenized with the
 real tokenizer; each ``<image>`` becomes as many image-context tokens as the vision policy gives
 that image; labels are the token ids inside assistant turns and -100 elsewhere. Images are decoded
-with Pillow and cut per the policy (InternVL tiles + thumbnail, a fixed square, or Qwen2-VL's
-smart resize) into patch vectors (3 x patch x patch values each, CLIP-normalized; with
-``pixels="uint8"`` the raw pixel bytes, a quarter of the bytes to move between ranks, normalized
-on the device by :func:`normalize_patches`). The group is
-packed: ``cu_seqlens`` delimit samples in ``input_ids``; ``patch_cu_seqlens`` delimit the
-encoder sequences (one per image or tile) in ``patches``. ``llm_lens`` and ``vit_lens`` are the
-per-sample lengths the runtime balancer needs; they equal the cost table's ``llm_tokens`` and
-``vit_tokens`` when the same tokenizer, template and policy are used. ``units_hw`` gives each
-encoder sequence's patch grid (rows, columns) and ``num_units`` how many belong to each sample,
-so a model can merge neighbouring patches (pixel shuffle) and the trainer can move samples.
+with Pillow and cut per the policy into patch vectors (:mod:`shards.read.image_units`; with
+``pixels="uint8"`` the raw pixel bytes, normalized on the device by :func:`normalize_patches`).
+The group is packed: ``cu_seqlens`` delimit samples in ``input_ids``; ``patch_cu_seqlens``
+delimit the encoder sequences (one per image or tile) in ``patches``, in the order their
+tokens stand. ``llm_lens`` and ``vit_lens`` are the per-sample lengths the runtime balancer
+needs; they equal the cost table's ``llm_tokens`` and ``vit_tokens`` (plus ``video_tokens``)
+when the same tokenizer, template, policy and rules are used. ``units_hw`` gives each encoder
+sequence's patch grid (rows, columns) and ``num_units`` how many belong to each sample, so a
+model can merge neighbouring patches (pixel shuffle) and the trainer can move samples.
 
-A collator of a generation whose recordings prep measured (``audio_rule``, a Whisper-style
-encoder's) also builds them: each recording's log-mel frames
-(:class:`~shards.read.audio_features.AudioFeatures`: the frames prep counted) side by side in
-``audio_features`` (``[frames, mel]``), ``audio_lens`` (each recording's frames, ``[n, 1]``),
-``audio_frames`` and ``num_audios`` per sample, and each ``<audio>`` becomes as many audio
-tokens (``audio_token_id``) as the encoder gives the LLM. Videos are refused: this collator
-would count them as text.
+A collator of a generation whose videos or recordings prep measured builds them as well:
+
+* videos (``video_rule``, InternVL's: :class:`~shards.read.video_frames.VideoFrames`): the
+  rule's frames, each tiled as an image and run by the same encoder; the rule's frame labels
+  (``Frame1: <img></img>``...) in front of the ``<video>`` mark, as prep counted them, and the
+  frames' tokens in its place;
+* recordings (``audio_rule``, a Whisper-style encoder's:
+  :class:`~shards.read.audio_features.AudioFeatures`): each recording's log-mel frames side by
+  side in ``audio_features`` (``[frames, mel]``), ``audio_lens`` (each one's frames, ``[n,
+  1]``), ``audio_frames`` and ``num_audios`` per sample, and each ``<audio>`` becomes as many
+  audio tokens (``audio_token_id``) as the encoder gives the LLM.
+
+Without a rule, a sample with videos or recordings is refused: it would be counted as text.
 """
 
 from __future__ import annotations
@@ -29,75 +34,69 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from PIL import Image
 
 from dataprep.chat_template import load_template
 from dataprep.image_orientation import decode_image
-from dataprep.policies import (
-    FixedPolicy,
-    InternVLPolicy,
-    Qwen2VLPolicy,
-    internvl_grid,
-    parse_vision_policy,
-)
-from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
+from dataprep.policies import FixedPolicy, InternVLPolicy, Qwen2VLPolicy, parse_vision_policy
+from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from dataprep.setting_checks import check_family
 from equishard.common.local_files import regular_file
 from equishard.common.values import check_count, check_flag
-from equishard.contracts.columns import AUDIO_SEQ_LENS, AUDIO_TOKENS, LLM_TOKENS, VIT_TOKENS
+from equishard.contracts.columns import (
+    AUDIO_SEQ_LENS,
+    AUDIO_TOKENS,
+    LLM_TOKENS,
+    VIDEO_SEQ_LENS,
+    VIDEO_TOKENS,
+    VIT_TOKENS,
+)
 from shards.read.audio_features import MAX_MEL, AudioFeatures
+from shards.read.image_units import image_units, normalize_patches
 
 __all__ = ["AUDIO_CONTEXT", "IMAGE_CONTEXT", "Collator", "normalize_patches"]
 
 IMAGE_CONTEXT = "<IMG_CONTEXT>"
 AUDIO_CONTEXT = "<AUDIO_CONTEXT>"
-_MEAN = np.array([0.48145466, 0.4578275, 0.40821073], dtype=np.float32)
-_STD = np.array([0.26862954, 0.26130258, 0.27577711], dtype=np.float32)
 
 
-def _patches(
-    img: Image.Image, size: tuple[int, int], p: int, raw: bool = False
-) -> tuple[np.ndarray, tuple[int, int]]:
-    """Resize to (width, height) and cut into row-major p x p patches -> ([n, 3*p*p], (rows, cols));
-    ``raw``: the uint8 pixels, else CLIP-normalized float32."""
-    a = np.asarray(img.resize(size, Image.Resampling.BICUBIC))
-    if not raw:
-        a = (a.astype(np.float32) / 255.0 - _MEAN) / _STD
-    h, w = size[1] // p, size[0] // p
-    return a.reshape(h, p, w, p, 3).transpose(0, 2, 1, 3, 4).reshape(h * w, p * p * 3), (h, w)
-
-
-def normalize_patches(x: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 patch rows ([n, p*p*3], channels last, as ``pixels="uint8"`` collates them) ->
-    CLIP-normalized rows in ``dtype``, computed where ``x`` is (float32, then cast); float rows
-    (already normalized) are only cast."""
-    if x.dtype != torch.uint8:
-        return x.to(dtype)
-    mean = torch.as_tensor(_MEAN, device=x.device)
-    std = torch.as_tensor(_STD, device=x.device)
-    y = (x.view(x.shape[0], x.shape[1] // 3, 3).to(torch.float32) / 255.0 - mean) / std
-    return y.view(x.shape).to(dtype)
-
-
-def _refuse_media(sample, audio: bool) -> None:
-    """A sample with videos, or recordings without an audio rule: this collator would count
-    its ``<video>``/``<audio>`` mark as text and drop the media (a sample counted as something
-    else than it is); refused, naming what to use."""
+def _refuse_media(sample, audio: bool, video: bool) -> None:
+    """A sample with videos or recordings this collator has no rule for: it would count the
+    ``<video>``/``<audio>`` mark as text and drop the media (a sample counted as something else
+    than it is); refused, naming what to use."""
     media = [
         f"{len(v)} {what}"
-        for what, v in (
-            ("video(s)", getattr(sample, "videos", ())),  # a sample object of the caller's
-            ("recording(s)", () if audio else getattr(sample, "audios", ())),  # own may not
+        for what, v, ruled in (
+            ("video(s)", getattr(sample, "videos", ()), video),  # a sample object of the
+            ("recording(s)", getattr(sample, "audios", ()), audio),  # caller's may not
         )  # carry media
-        if v
+        if v and not ruled
     ]
     if media:
         raise ValueError(
             f"sample {sample.meta.get('sample_id')!r} has {' and '.join(media)}: equishard's own "
-            "collator (equishard train) builds images, text and the recordings of an audio "
-            "rule prep measured, and would count these as text; train such a generation with "
-            "a Hugging Face model (trainer_adapter.HFPacker, balance_model), or prep without them"
+            "collator (equishard train) builds images, text, and the videos and recordings of "
+            "the rules prep measured (InternVL's video rule, Whisper-style audio rules), and "
+            "would count these as text; train such a generation with a Hugging Face model "
+            "(trainer_adapter.HFPacker, balance_model), or prep without them"
         )
+
+
+def _with_labels(text: str, spans: list, marks: list[tuple[str, str]]) -> tuple[str, list]:
+    """``text`` with each ``(mark, label)``'s label put in front of the next ``mark`` in order
+    (a video's frame labels before its ``<video>``, as prep counted them), the assistant
+    ``spans`` moved with the text behind each insertion."""
+    out, at, cuts = [], 0, []
+    for mark, label in marks:
+        k = text.index(mark, at)
+        out += [text[at:k], label, mark]
+        cuts.append((k, len(label)))
+        at = k + len(mark)
+    out.append(text[at:])
+    moved = [
+        (lo + sum(n for k, n in cuts if k <= lo), hi + sum(n for k, n in cuts if k < hi))
+        for lo, hi in spans
+    ]
+    return "".join(out), moved
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,6 +109,7 @@ class Collator:
     check_costs: bool = True
     audio_rule: str | None = None  # the Whisper-style rule prep measured recordings with
     audio_mel: int = 128  # log-mel bins of the audio encoder (Qwen2-Audio's, Omni's: 128)
+    video_rule: str | None = None  # the rule prep measured videos with (InternVL's)
 
     @classmethod
     def from_generation(
@@ -127,7 +127,7 @@ class Collator:
         measured with: the tokenizer, template and vision policy prep recorded. Each may be
         given (a copy elsewhere, a model directory); one that differs from the recorded
         setting is a :class:`~shards.read.prep_settings.SettingsMismatch` naming both. Its
-        recordings are built with the audio rule prep recorded, where it measured any."""
+        videos and recordings are built with the rules prep recorded, where it measured any."""
         from shards.read.prep_settings import PrepSettings
         from shards.store.manifest import Manifest, open_generation
 
@@ -139,36 +139,34 @@ class Collator:
             vision_policy=rec.resolve_policy(vision_policy),
             pixels=pixels,
             check_costs=check_costs,
-            audio_rule=rec.resolve_audio_rule(),
+            audio_rule=rec.resolve_rule("audio"),
             audio_mel=audio_mel,
+            video_rule=rec.resolve_rule("video"),
         )
 
-    def _check_cost(self, meta: dict, llm: int, vit: int, heard: list[int] | None) -> None:
-        """The sample's lengths against prep's: its LLM and ViT tokens, and with an audio rule
-        each encoder sequence of its recordings (``heard``: their chunks or windows)."""
+    def _check_cost(self, meta: dict, built: list) -> None:
+        """The sample's lengths (``built``: (column, count or list of sequence lengths))
+        against prep's: LLM and ViT tokens, and each encoder sequence of its videos and
+        recordings (other chunks can sum to prep's positions)."""
         cost = meta.get("cost")
         if not self.check_costs or not isinstance(cost, dict):
             return
-        built = [(LLM_TOKENS, llm), (VIT_TOKENS, vit)]
-        if heard is not None:  # the chunks' lengths: other chunks can sum to prep's positions
-            built += [(AUDIO_TOKENS, sum(heard)), (AUDIO_SEQ_LENS, heard)]
         for name, have in built:
             counted = cost.get(name)
             if counted is None:
                 continue
             if (list(counted) if isinstance(have, list) else int(counted)) != have:
                 shown = (
-                    f"{len(have)} audio sequences ({have[:4]}...) "
+                    f"{len(have)} {name} ({have[:4]}...) "
                     if isinstance(have, list)
                     else f"{have} {name} "
                 )
                 raise ValueError(
                     f"sample {meta.get('sample_id')!r}: this collator makes {shown}of it, prep "
                     f"counted {str(counted)[:40]}: its tokenizer, template ({self.template!r}), "
-                    f"vision policy ({self.vision_policy!r}) or audio rule "
-                    f"({self.audio_rule!r}) differ from prep's, so the plan balanced other "
-                    "lengths than the model sees; build it with Collator.from_generation "
-                    "(check_costs=False turns this check off)"
+                    f"vision policy ({self.vision_policy!r}) or media rules differ from "
+                    "prep's, so the plan balanced other lengths than the model sees; build it "
+                    "with Collator.from_generation (check_costs=False turns this check off)"
                 )
 
     def __post_init__(self) -> None:
@@ -179,13 +177,14 @@ class Collator:
         from tokenizers import AddedToken, Tokenizer
 
         tok = Tokenizer.from_file(regular_file(self.tokenizer, "tokenizer.json"))
-        # the audio marks only where recordings are built: elsewhere "<audio>" is text, as
-        # prep counted it
+        # a medium's marks only where it is built: elsewhere "<audio>" is text, as prep
+        # counted it
         audio = (AUDIO_PLACEHOLDER, AUDIO_CONTEXT) if self.audio_rule is not None else ()
+        video = (VIDEO_PLACEHOLDER,) if self.video_rule is not None else ()
         tok.add_special_tokens(
             [
                 AddedToken(t, special=True, normalized=False)
-                for t in (IMAGE_PLACEHOLDER, IMAGE_CONTEXT, *audio)
+                for t in (IMAGE_PLACEHOLDER, IMAGE_CONTEXT, *audio, *video)
             ]
         )
         object.__setattr__(self, "_tok", tok)
@@ -201,17 +200,27 @@ class Collator:
             )
         object.__setattr__(self, "_policy", policy)
         object.__setattr__(self, "image_token_id", tok.token_to_id(IMAGE_CONTEXT))
-        object.__setattr__(self, "_placeholder_id", tok.token_to_id(IMAGE_PLACEHOLDER))
-        features = None
+        features = frames = None
         if self.audio_rule is not None:
             from dataprep.media_rules import parse_audio_rule
 
             features = AudioFeatures(rule=parse_audio_rule(self.audio_rule), mel=self.audio_mel)
+        if self.video_rule is not None:
+            from dataprep.media_rules import parse_video_rule
+            from shards.read.video_frames import VideoFrames
+
+            frames = VideoFrames(rule=parse_video_rule(self.video_rule), policy=policy)
         object.__setattr__(self, "_audio", features)
-        object.__setattr__(self, "_audio_mark", tok.token_to_id(AUDIO_PLACEHOLDER))
+        object.__setattr__(self, "_video", frames)
         object.__setattr__(
             self, "audio_token_id", tok.token_to_id(AUDIO_CONTEXT) if features else None
         )
+        object.__setattr__(
+            self,
+            "_mark_ids",
+            {m: tok.token_to_id(m) for m in (IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER,
+                                             AUDIO_PLACEHOLDER)},
+        )  # fmt: skip
 
     @property
     def audio(self):
@@ -221,48 +230,80 @@ class Collator:
 
     @property
     def vocab_size(self) -> int:
-        """Token ids this collator can emit (the tokenizer's, with the image tokens added)."""
+        """Token ids this collator can emit (the tokenizer's, with the media tokens added)."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def _image_units(self, img: Image.Image) -> list[tuple[np.ndarray, tuple[int, int]]]:
-        """Encoder sequences (patch vectors, patch grid) of one image under the policy."""
-        pol, raw = self._policy, self.pixels == "uint8"
-        w, h = img.size
-        if isinstance(pol, FixedPolicy):
-            return [_patches(img, (pol.image_size, pol.image_size), pol.patch_size, raw)]
-        if isinstance(pol, InternVLPolicy):
-            cols, rows = internvl_grid(w, h, pol.min_tiles, pol.max_tiles, pol.tile_size)
-            s = pol.tile_size
-            big = img.resize((cols * s, rows * s), Image.Resampling.BICUBIC)
-            tiles = [
-                big.crop((c * s, r * s, (c + 1) * s, (r + 1) * s))
-                for r in range(rows)
-                for c in range(cols)
+    def _sample(self, s) -> dict:
+        """One sample's ids, labels, encoder units in the order their tokens stand, its
+        recordings' features and the lengths to check against prep's."""
+        sid = s.meta.get("sample_id")
+        _refuse_media(s, self._audio is not None, self._video is not None)
+        text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
+        raw = self.pixels == "uint8"
+        imgs = [decode_image(b) for b in s.images]
+        # each mark's items in order: (token, its count, its encoder units or None)
+        items = {
+            IMAGE_PLACEHOLDER: [
+                (self.image_token_id, c.llm_tokens, lambda im=im: image_units(self._policy, im, raw))
+                for im, c in zip(imgs, self._policy.sample_costs([im.size for im in imgs]),
+                                 strict=True)
             ]
-            if pol.thumbnail and len(tiles) != 1:
-                tiles.append(img)
-            return [_patches(t, (s, s), pol.patch_size, raw) for t in tiles]
-        assert isinstance(pol, Qwen2VLPolicy)
-        hh, ww = pol.resized(w, h)
-        return [_patches(img, (ww, hh), pol.patch_size, raw)]
-
-    def _marks(self, sample, enc, costs) -> tuple[dict, list[np.ndarray]]:
-        """Each placeholder token's (context token, tokens of each item in order), checked
-        against the sample's items; and its recordings' features."""
-        sid = sample.meta.get("sample_id")
-        marks = {self._placeholder_id: (self.image_token_id, [c.llm_tokens for c in costs])}
+        }  # fmt: skip
+        built: list = []  # each medium's (column, count or sequence lengths) to check
+        n_video = 0
+        if self._video is not None:
+            videos = [self._video(b, f"sample {sid!r} video {k}") for k, b in enumerate(s.videos)]
+            text, spans = _with_labels(
+                text, spans, [(VIDEO_PLACEHOLDER, c.text) for _, c in videos]
+            )
+            tiles = self._video.tiles
+            units = [
+                [u for f in frames for u in image_units(tiles, f, raw)] for frames, _ in videos
+            ]
+            items[VIDEO_PLACEHOLDER] = [
+                (self.image_token_id, c.llm_tokens, lambda us=us: us)
+                for us, (_, c) in zip(units, videos, strict=True)
+            ]
+            seen = [u.shape[0] for us in units for u, _ in us]
+            n_video = sum(seen)
+            built += [(VIDEO_TOKENS, n_video), (VIDEO_SEQ_LENS, seen)]
         feats: list[np.ndarray] = []
         if self._audio is not None:
             from dataprep.media_rules.whisper_audio import audio_tokens
 
-            feats = [self._audio(b) for b in getattr(sample, "audios", ())]
-            marks[self._audio_mark] = (self.audio_token_id, [audio_tokens(len(f)) for f in feats])
-        for (pid, (_, counts)), mark in zip(marks.items(), ("<image>", "<audio>"), strict=False):
-            n_ph = enc.ids.count(pid)
-            if n_ph != len(counts):
-                what = "images" if mark == "<image>" else "recordings"
-                raise ValueError(f"sample {sid!r}: {n_ph} {mark} tokens for {len(counts)} {what}")
-        return marks, feats
+            feats = [self._audio(b) for b in getattr(s, "audios", ())]
+            items[AUDIO_PLACEHOLDER] = [(self.audio_token_id, audio_tokens(len(f)), None)
+                                        for f in feats]  # fmt: skip
+            rule = self._audio.rule
+            heard = [n for f in feats for n in rule.frame_cost(len(f)).seq_lens]
+            built += [(AUDIO_TOKENS, sum(heard)), (AUDIO_SEQ_LENS, heard)]
+        enc = self._tok.encode(text, add_special_tokens=False)
+        by_id = {self._mark_ids[m]: (m, list(v)) for m, v in items.items()}
+        for pid, (mark, todo) in by_id.items():
+            if enc.ids.count(pid) != len(todo):
+                what = {"<image>": "images", "<video>": "videos", "<audio>": "recordings"}[mark]
+                raise ValueError(
+                    f"sample {sid!r}: {enc.ids.count(pid)} {mark} tokens for {len(todo)} {what}"
+                )
+        ids: list[int] = []
+        labels: list[int] = []
+        units: list[tuple[np.ndarray, tuple[int, int]]] = []
+        for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
+            if tid in by_id:  # an item's tokens, never a target; its units in this order
+                token, n, make = by_id[tid][1].pop(0)
+                ids += [token] * n
+                labels += [-100] * n
+                units += make() if make else []
+                continue
+            # a token holding any of an assistant's text is learnt: one that also carries
+            # the template's space or newline in front (" Mostly", "\nFour") included, or
+            # the answer's first word would never be a target
+            target = b > a and any(a < hi and b > lo for lo, hi in spans)
+            ids.append(tid)
+            labels.append(tid if target else -100)
+        n_vit = sum(u.shape[0] for u, _ in units)  # images' and frames' rows: one encoder
+        built = [(LLM_TOKENS, len(ids)), (VIT_TOKENS, n_vit - n_video), *built]
+        return {"ids": ids, "labels": labels, "units": units, "feats": feats, "built": built}
 
     def __call__(self, samples: list) -> dict:
         ids: list[int] = []
@@ -278,49 +319,20 @@ class Collator:
         num_audios: list[int] = []
         audio_frames: list[int] = []
         for s in samples:
-            _refuse_media(s, self._audio is not None)
-            text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
-            enc = self._tok.encode(text, add_special_tokens=False)
-            imgs = [decode_image(b) for b in s.images]
-            costs = self._policy.sample_costs([im.size for im in imgs])
-            marks, feats = self._marks(s, enc, costs)
-            taken = dict.fromkeys(marks, 0)
-            sample_ids: list[int] = []
-            sample_labels: list[int] = []
-            for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
-                if tid in marks:  # an image's or a recording's tokens, never a target
-                    token, counts = marks[tid]
-                    sample_ids += [token] * counts[taken[tid]]
-                    sample_labels += [-100] * counts[taken[tid]]
-                    taken[tid] += 1
-                    continue
-                # a token holding any of an assistant's text is learnt: one that also carries
-                # the template's space or newline in front (" Mostly", "\nFour") included, or
-                # the answer's first word would never be a target
-                target = b > a and any(a < hi and b > lo for lo, hi in spans)
-                sample_ids.append(tid)
-                sample_labels.append(tid if target else -100)
-            ids += sample_ids
-            labels += sample_labels
-            positions += range(len(sample_ids))
+            one = self._sample(s)
+            ids += one["ids"]
+            labels += one["labels"]
+            positions += range(len(one["ids"]))
             cu.append(len(ids))
-            llm_lens.append(len(sample_ids))
-            n_vit = 0
-            for im in imgs:
-                for u, hw in self._image_units(im):
-                    units.append(u)
-                    units_hw.append(hw)
-                    n_vit += u.shape[0]
-            vit_lens.append(n_vit)
-            num_units.append(len(units_hw) - sum(num_units))
-            audio += feats
-            num_audios.append(len(feats))
-            audio_frames.append(sum(len(f) for f in feats))
-            heard = None
-            if self._audio is not None:  # the encoder's sequences, as prep priced them
-                rule = self._audio.rule
-                heard = [n for f in feats for n in rule.frame_cost(len(f)).seq_lens]
-            self._check_cost(s.meta, len(sample_ids), n_vit, heard)
+            llm_lens.append(len(one["ids"]))
+            units += [u for u, _ in one["units"]]
+            units_hw += [hw for _, hw in one["units"]]
+            vit_lens.append(sum(u.shape[0] for u, _ in one["units"]))
+            num_units.append(len(one["units"]))
+            audio += one["feats"]
+            num_audios.append(len(one["feats"]))
+            audio_frames.append(sum(len(f) for f in one["feats"]))
+            self._check_cost(s.meta, one["built"])
         patch_dim = 3 * self._policy.patch_size**2
         pcu = np.concatenate([[0], np.cumsum([u.shape[0] for u in units])]).astype(np.int32)
         out = {

@@ -205,27 +205,27 @@ class PrepSettings:
             )
         return spec
 
-    def resolve_audio_rule(self) -> str | None:
-        """The audio rule's spec prep measured the recordings with (None: it measured none);
-        the recorded fields must be the ones the spec gives, or the recorded rule is not one
-        this version builds the same features and counts with."""
-        from dataprep.media_rules import parse_audio_rule
+    def resolve_rule(self, what: str) -> str | None:
+        """The spec of the ``audio`` or ``video`` rule prep measured those items with (None: it
+        measured none); the recorded fields must be the ones the spec gives, or the recorded
+        rule is not one this version builds the same inputs and counts with."""
+        from dataprep.media_rules import parse_audio_rule, parse_video_rule
 
-        if self.audio_rule is None:
+        recorded = self.audio_rule if what == "audio" else self.video_rule
+        if recorded is None:
             return None
-        spec = self.audio_rule["spec"]
-        where = f"{self.where}: manifest prep settings (audio_rule)"
+        spec = recorded["spec"]
+        where = f"{self.where}: manifest prep settings ({what}_rule)"
+        parse = parse_audio_rule if what == "audio" else parse_video_rule
         try:
-            have = json.loads(json.dumps(parse_audio_rule(spec).describe()))
+            have = json.loads(json.dumps(parse(spec).describe()))
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
-        if have != self.audio_rule:
-            diff = sorted(
-                k for k in set(have) | set(self.audio_rule) if have.get(k) != self.audio_rule.get(k)
-            )
+        if have != recorded:
+            diff = sorted(k for k in set(have) | set(recorded) if have.get(k) != recorded.get(k))
             raise SettingsMismatch(
                 f"{where}: the recorded rule {spec!r} differs from what this version makes of "
-                f"it (differing: {', '.join(diff)}): its recordings' counts would not be the "
-                "ones measured; prep the generation again with this version"
+                f"it (differing: {', '.join(diff)}): its {what} counts would not be the ones "
+                "measured; prep the generation again with this version"
             )
         return spec

@@ -397,16 +397,42 @@ def _video_entry(item: dict, truth: dict) -> dict:
     }
 
 
+def internvl_indices(item: dict) -> list | str:
+    """The frames InternVL's loaders hand the model: the model card's ``get_index``, or
+    ``InternVLVideoProcessor.sample_frames`` (every frame without num_frames and fps)."""
+    total, rate, opts = item["total"], item["fps"], item["opts"]
+    if opts.get("source", "internvl") == "internvl":
+        return _model_card_indices(total - 1, rate, opts.get("num_frames", 32))
+    from transformers.models.internvl.video_processing_internvl import InternVLVideoProcessor
+    from transformers.video_utils import VideoMetadata
+
+    if not opts.get("num_frames") and not opts.get("fps"):
+        return list(range(total))
+    proc = object.__new__(InternVLVideoProcessor)
+    proc.num_frames, proc.fps = None, None
+    proc.initial_shift = bool(opts.get("initial_shift", 1))
+    meta = VideoMetadata(total_num_frames=total, fps=rate)
+    try:
+        idx = InternVLVideoProcessor.sample_frames(
+            proc, meta, num_frames=opts.get("num_frames") or None, fps=opts.get("fps") or None
+        )
+    except (ValueError, ZeroDivisionError, RuntimeError) as exc:
+        return f"refused: {exc}"
+    return [int(i) for i in idx]
+
+
 def main() -> None:
     with open(sys.argv[1]) as f:
         request = json.load(f)
     _stub_torchvision()
-    result = {"videos": {}, "audios": {}, "synthetic": []}
+    result = {"videos": {}, "audios": {}, "synthetic": [], "indices": []}
     for item in request.get("videos", []):
         truth = decoded(item["path"])
         result["videos"][item["path"]] = {"truth": truth, **_video_entry(item, truth)}
     for item in request.get("synthetic", []):  # headers without files: a grid of metadata
         result["synthetic"].append(_video_entry(item, item["truth"]))
+    for item in request.get("indices", []):
+        result["indices"].append(internvl_indices(item))
     for item in request.get("audios", []):
         result["audios"][item["path"]] = {
             name: audio_reference(item["path"], *args) for name, args in item["settings"].items()

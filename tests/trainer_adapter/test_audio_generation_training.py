@@ -1,12 +1,13 @@
 """``equishard train`` on a real generation with images and recordings: every layout computes
 the single-process gradient, the audio encoder's included (#67, item 3).
 
-The generation (``tests.shards.audio_generation``) is prepped with a Whisper-style rule of each
+The generation (``tests.shards.media_generation``) is prepped with a Whisper-style rule of each
 kind: ``padded`` (Qwen2-Audio's, each recording run as the whole window) and ``chunks``
 (Qwen2.5-Omni's). The run takes its audio encoder from what prep recorded (``with_audio``: the
 rule's kind and window, the collator's mel bins), the collator builds the log-mel frames and the
 audio tokens, and the reference is computed here with no process group: the global batch through
-the model's modules in order, next-token targets inside each sample, a summed cross entropy over
+the model's modules in order (a video's frames
+through the vision encoder in the order their tokens stand), next-token targets inside each sample, a summed cross entropy over
 the global number of targets. Bugs named: an audio encoder of another kind or window than prep
 measured, recordings dropped or sent to another sample's slots when samples move, an audio
 gradient not reduced over the ranks, a rank without recordings (or a PP stage past the first)
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.dist_helper import run_ranks
-from tests.shards.audio_generation import RULES, build_audio_generation
+from tests.shards.media_generation import RULES, VIDEO_RULE, build_audio_generation
 
 GROUPS = [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
 SPLIT = [GROUPS[:4], GROUPS[4:]]  # uneven: one replica reads four groups, the other two
@@ -33,7 +34,10 @@ RTOL = 2e-5
 @pytest.fixture(scope="module", params=sorted(RULES))
 def audio_generation(request, tmp_path_factory, tokenizer_path):
     root = tmp_path_factory.mktemp(f"audiotrain-{request.param}")
-    return request.param, str(build_audio_generation(root, RULES[request.param], tokenizer_path))
+    # the chunked one also has InternVL's videos: images, videos and recordings in one run
+    video = VIDEO_RULE if request.param == "chunks" else None
+    gen = build_audio_generation(root, RULES[request.param], tokenizer_path, video_rule=video)
+    return request.param, str(gen)
 
 
 def _setup(gen):

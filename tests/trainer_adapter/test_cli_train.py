@@ -162,13 +162,15 @@ def test_recompute_off_and_all_set_every_block(mode):
 
 
 def test_train_on_a_generation_with_recordings(tmp_path, tokenizer_path):
-    """A generation with recordings (Qwen2.5-Omni's kind of rule, 2-s window) trains under DP 1
-    x PP 2: the loop builds the audio encoder from the recorded rule, the second stage's empty
+    """A generation with images, InternVL videos and recordings (Qwen2.5-Omni's kind of rule,
+    2-s window) trains under DP 1 x PP 2: the loop builds the audio encoder from the recorded rule, the second stage's empty
     batch carries the audio keys (without them the audio phase's collectives fail), and each
     step's log names the audio phase with the recordings it ran."""
-    from tests.shards.audio_generation import RULES, build_audio_generation
+    from tests.shards.media_generation import RULES, VIDEO_RULE, build_audio_generation
 
-    gen = build_audio_generation(tmp_path / "g", RULES["chunks"], tokenizer_path, dp=1)
+    gen = build_audio_generation(
+        tmp_path / "g", RULES["chunks"], tokenizer_path, dp=1, video_rule=VIDEO_RULE
+    )
     log = tmp_path / "log.jsonl"
     r = _equishard("train", "--shards", str(gen), "--nproc", "2", "--dp", "1", "--pp", "2",
                    "--steps", "3", "--workers", "0", "--log", str(log))  # fmt: skip

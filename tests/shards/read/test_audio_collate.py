@@ -24,7 +24,7 @@ import soundfile
 from dataprep.media_rules import parse_audio_rule
 from shards.read.audio_features import MAX_MEL, AudioFeatures
 from shards.read.collate import Collator
-from tests.shards.audio_generation import POLICY, RECORDINGS, RULES, build_audio_generation
+from tests.shards.media_generation import POLICY, RECORDINGS, RULES, build_audio_generation
 
 
 def _processor_features(data: bytes, chunk_length: int, mel: int = 128) -> np.ndarray:
@@ -54,7 +54,7 @@ def _wav(samples: int, rate: int = 16000, channels: int = 1, seed: int = 0) -> b
 
 @pytest.mark.parametrize("name", [r[0] for r in RECORDINGS])
 def test_features_are_the_processors_on_every_frame_of_the_mask(tmp_path, name):
-    from tests.shards.audio_generation import write_recordings
+    from tests.shards.media_generation import write_recordings
 
     write_recordings(tmp_path)
     data = (tmp_path / name).read_bytes()
@@ -272,7 +272,7 @@ def test_a_recorded_audio_rule_is_checked_where_it_enters(audio_gen, rule, error
         raw["prep"]["audio_rule"] = rule
     fake = SimpleNamespace(path=m.path, raw=raw)
     with pytest.raises(ValueError, match=error) as exc:
-        PrepSettings.from_manifest(fake).resolve_audio_rule()
+        PrepSettings.from_manifest(fake).resolve_rule("audio")
     assert str(m.path) in str(exc.value) and "\n" not in str(exc.value)
 
 
@@ -286,6 +286,6 @@ def test_a_generation_without_recordings_builds_none(audio_gen):
     raw = copy.deepcopy(m.raw)
     del raw["prep"]["audio_rule"]
     assert (
-        PrepSettings.from_manifest(SimpleNamespace(path=m.path, raw=raw)).resolve_audio_rule()
+        PrepSettings.from_manifest(SimpleNamespace(path=m.path, raw=raw)).resolve_rule("audio")
         is None
     )

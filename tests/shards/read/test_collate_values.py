@@ -192,7 +192,7 @@ def test_a_tokenizer_with_a_bos_and_a_new_image_token(tokenizer_path, tmp_path):
 
     path = _llama_like(tokenizer_path, tmp_path)
     col = Collator(tokenizer=path, vision_policy="qwen2vl", check_costs=False)
-    assert col._placeholder_id > 256
+    assert col._mark_ids["<image>"] > 256
     s = _sample("two", 2, sizes=((56, 56), (560, 280)))
     batch = col([s])
     ids = batch["input_ids"].tolist()

@@ -14,6 +14,7 @@ from PIL import Image
 
 from dataprep.policies import internvl_grid
 from shards.read.collate import Collator
+from shards.read.image_units import image_units
 
 
 def _painted(cols: int, rows: int, tile: int) -> Image.Image:
@@ -32,7 +33,7 @@ def test_internvl_tiles_reach_the_encoder_row_by_row(tokenizer_path, cols, rows)
     col = Collator(tokenizer=tokenizer_path, vision_policy=spec, pixels="uint8")
     img = _painted(cols, rows, tile)
     assert internvl_grid(img.width, img.height, 1, 6, tile) == (cols, rows)
-    units = col._image_units(img)
+    units = image_units(col._policy, img, raw=True)
     assert len(units) == cols * rows + (cols * rows != 1)  # the thumbnail last
     for i, (patches, hw) in enumerate(units[: cols * rows]):
         r, c = i // cols, i % cols  # dynamic_preprocess's order
@@ -44,7 +45,7 @@ def test_internvl_tiles_reach_the_encoder_row_by_row(tokenizer_path, cols, rows)
 
 def test_patches_of_a_non_square_tile_are_row_major():
     """A 2 x 3 patch image (each patch its own colour): patch k is row k // 3, column k % 3."""
-    from shards.read.collate import _patches
+    from shards.read.image_units import patches as _patches
 
     p = 4
     a = np.zeros((2 * p, 3 * p, 3), dtype=np.uint8)

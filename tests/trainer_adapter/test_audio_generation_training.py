@@ -1,17 +1,18 @@
-"""``equishard train`` on a real generation with images and recordings: every layout computes
-the single-process gradient, the audio encoder's included (#67, item 3).
+"""``equishard train`` on a real generation with images, videos and recordings: every layout
+computes the single-process gradient, the audio encoder's included (#67, item 3).
 
 The generation (``tests.shards.media_generation``) is prepped with a Whisper-style rule of each
-kind: ``padded`` (Qwen2-Audio's, each recording run as the whole window) and ``chunks``
-(Qwen2.5-Omni's). The run takes its audio encoder from what prep recorded (``with_audio``: the
-rule's kind and window, the collator's mel bins), the collator builds the log-mel frames and the
-audio tokens, and the reference is computed here with no process group: the global batch through
-the model's modules in order (a video's frames
-through the vision encoder in the order their tokens stand), next-token targets inside each sample, a summed cross entropy over
-the global number of targets. Bugs named: an audio encoder of another kind or window than prep
-measured, recordings dropped or sent to another sample's slots when samples move, an audio
-gradient not reduced over the ranks, a rank without recordings (or a PP stage past the first)
-not joining the audio phase, an empty batch without the audio keys.
+kind: ``padded`` (Qwen2-Audio's, each recording run as the whole window; Qwen2-VL images) and
+``chunks`` (Qwen2.5-Omni's; InternVL images and videos, each frame a tile of the vision
+encoder). The run takes its audio encoder from what prep recorded (``with_audio``: the rule's
+kind and window, the collator's mel bins), the collator builds the log-mel frames and the audio
+tokens, and the reference is computed here with no process group: the global batch through the
+model's modules in order (a video's frames through the vision encoder in the order their tokens
+stand), next-token targets inside each sample, a summed cross entropy over the global number of
+targets. Bugs named: an audio encoder of another kind or window than prep measured, recordings
+dropped or sent to another sample's slots when samples move, an audio gradient not reduced over
+the ranks, a rank without recordings (or a PP stage past the first) not joining the audio phase,
+an empty batch without the audio keys.
 """
 
 from __future__ import annotations

@@ -163,9 +163,9 @@ def test_recompute_off_and_all_set_every_block(mode):
 
 def test_train_on_a_generation_with_recordings(tmp_path, tokenizer_path):
     """A generation with images, InternVL videos and recordings (Qwen2.5-Omni's kind of rule,
-    2-s window) trains under DP 1 x PP 2: the loop builds the audio encoder from the recorded rule, the second stage's empty
-    batch carries the audio keys (without them the audio phase's collectives fail), and each
-    step's log names the audio phase with the recordings it ran."""
+    2-s window) trains under DP 1 x PP 2: the loop builds the audio encoder from the recorded
+    rule, the second stage's empty batch carries the audio keys (without them the audio phase's
+    collectives fail), and each step's log names the audio phase with the recordings it ran."""
     from tests.shards.media_generation import RULES, VIDEO_RULE, build_audio_generation
 
     gen = build_audio_generation(

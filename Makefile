@@ -33,7 +33,8 @@ NIGHT_BATCH ?= 4
 # `make shards ENGINE=ray`: prep and write on a local Ray cluster (same bytes as ENGINE=local)
 ENGINE ?= local
 # `make train`: a small generation written by `make shards` (56-px tiles so a CPU trains it in
-# seconds per step), then DP x PP training on it through torchrun
+# seconds per step; InternVL's videos as 4 frames of one tile, Qwen2.5-Omni's recordings in
+# 2-s chunks), then DP x PP training on it through torchrun
 TRAIN_OUT ?= build/train-demo
 TRAIN_ARGS ?= --nproc 4 --dp 2 --pp 2 --steps 6 --schedule 1f1b
 FAMILY ?= qwen2vl
@@ -110,7 +111,8 @@ shards: $(CORE_STAMP)
 
 train: $(STAMP)
 	$(MAKE) shards OUT=$(TRAIN_OUT) SAMPLES=96 DP=4 NODES=2 BATCH=3 MEDIA=0 \
-		POLICY="internvl:max_tiles=4,tile_size=56" \
+		POLICY="internvl:max_tiles=4,tile_size=56" MEDIA_DEMO=--media \
+		MEDIA_PREP="--video-rule internvl:num_frames=4,tile_size=56 --audio-rule qwen2_5_omni" \
 		PLAN_ARGS="--vit-hidden 32 --vit-layers 2 --llm-hidden 64 --llm-layers 4"
 	OMP_NUM_THREADS=1 $(BIN)/equishard train --shards $(TRAIN_OUT)/shards $(TRAIN_ARGS) \
 		--log $(TRAIN_OUT)/train.jsonl

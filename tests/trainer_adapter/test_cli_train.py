@@ -173,7 +173,7 @@ def test_train_on_a_generation_with_recordings(tmp_path, tokenizer_path):
     )
     log = tmp_path / "log.jsonl"
     r = _equishard("train", "--shards", str(gen), "--nproc", "2", "--dp", "1", "--pp", "2",
-                   "--steps", "3", "--workers", "0", "--log", str(log))  # fmt: skip
+                   "--steps", "2", "--workers", "0", "--log", str(log))  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
     assert "audio " in r.stdout.splitlines()[-2]
     recs = [json.loads(x) for x in log.read_text().splitlines()]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from dataprep.media_rules.whisper_audio import chunk_positions
+from trainer_adapter.encoder_phases import audio_phase
 from trainer_adapter.hf.packing import PACKING_KEYS, check_item_inputs
 from trainer_adapter.hf.rounds import install, joined, plan_round, shape_columns
 from trainer_adapter.item_outputs import param_zeros, route_home, run_received
@@ -98,14 +98,13 @@ def _balance_packed(tower, inner, ctx, policy) -> torch.nn.Module:
     n_window = int(tower.config.n_window)
     mel = int(tower.config.num_mel_bins)
 
+    chunked = audio_phase(n_window=n_window)  # the runtime core's chunk terms, one home
+
     def cost(table: np.ndarray) -> np.ndarray:
         if policy.cost != "modeled":
             return table[:, 2].astype(np.float64)  # the positions the encoder runs
-        chunks = [chunk_positions(int(f), n_window) for f in table[:, 0]]
-        tokens = np.array([sum(c) for c in chunks], dtype=np.float64)
-        squares = np.array([sum(x * x for x in c) for c in chunks], dtype=np.float64)
-        count = np.array([len(c) for c in chunks], dtype=np.float64)
-        return phase.of(tokens, squares, count)
+        # each recording its own item: positions, sum of squared chunks, chunks
+        return phase.of(*chunked.features(table[:, :1], np.ones(len(table), dtype=np.int64)))
 
     def forward(self, input_features=None, feature_lens=None, aftercnn_lens=None, **kwargs):
         if not self.equishard_joining and (input_features is None or input_features.numel() == 0):
@@ -119,7 +118,7 @@ def _balance_packed(tower, inner, ctx, policy) -> torch.nn.Module:
             frames = _frames(feature_lens, input_features, where)
             outs = _output_tokens(self, frames)
             table = np.column_stack(
-                [frames, outs, [sum(chunk_positions(int(f), n_window)) for f in frames]]
+                [frames, outs, [sum(c) for c in chunked.sequences(frames)]]
             ).reshape(-1, 3)
             table = np.hstack([table, shape_columns((int(input_features.shape[0]),), len(table))])
             row_bytes = input_features.shape[0] * input_features.element_size()
@@ -149,9 +148,7 @@ def _balance_packed(tower, inner, ctx, policy) -> torch.nn.Module:
             return got
 
         # timed with the chunks it runs (the cost's terms), not the frames
-        seqs = [
-            n for f in route.table[route.received, 0] for n in chunk_positions(int(f), n_window)
-        ]
+        seqs = [n for c in chunked.sequences(route.table[route.received, :1]) for n in c]
         out, failure = run_received(route, run, self, phase="audio", items=seqs)
         own = not self.equishard_joining
         return route_home(self, out, x, route, ctx["group"], own, failure, rows=1)

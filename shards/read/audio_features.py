@@ -73,7 +73,7 @@ class AudioFeatures:
         from shards.read.media import decode_audio
 
         wave, rate = decode_audio(data)
-        mono = wave.mean(axis=1) if wave.shape[1] > 1 else wave[:, 0]
+        mono = wave.mean(axis=1)  # one channel's mean is the channel itself, exactly
         want = self.rule.sampling_rate
         if rate != want:
             try:

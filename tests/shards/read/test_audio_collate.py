@@ -289,3 +289,60 @@ def test_a_generation_without_recordings_builds_none(audio_gen):
         PrepSettings.from_manifest(SimpleNamespace(path=m.path, raw=raw)).resolve_rule("audio")
         is None
     )
+
+
+@pytest.mark.parametrize("samples", [1, 2, 3, 5, 441])
+def test_a_recording_soxr_shortens_is_padded_to_the_length_prep_counted(samples):
+    """soxr gives fewer samples than ``ceil(frames * 16000 / 44100)`` for a few-sample
+    recording (1 -> 0, 3 -> 1): ``load_audio`` pads them back; so must the collator."""
+    from transformers.audio_utils import load_audio
+
+    data = _wav(samples, rate=44100)
+    af = AudioFeatures(rule=parse_audio_rule(RULES["padded"]))
+    ref = load_audio(
+        "data:audio/wav;base64," + __import__("base64").b64encode(data).decode(),
+        sampling_rate=16000,
+        backend="soundfile",
+    )
+    got = af.wave(data)
+    assert len(got) == len(ref) == -(-samples * 16000 // 44100)
+    np.testing.assert_array_equal(got, ref)
+    assert af(data).shape == (-(-len(ref) // 160), 128)
+
+
+def test_an_empty_recording_has_no_frames():
+    af = AudioFeatures(rule=parse_audio_rule(RULES["padded"]))
+    assert af(_wav(0)).shape == (0, 128)
+
+
+def test_a_short_clip_under_a_long_window_costs_its_own_length(monkeypatch):
+    """The extractor pads a 1-s clip under Qwen2.5-Omni's 300-s rule to its frames and n_fft,
+    not to the window (what the features equal either way: the speed is the point)."""
+    af = AudioFeatures(rule=parse_audio_rule("qwen2_5_omni"))
+    seen = []
+    real = type(af._fe).__call__
+    monkeypatch.setattr(
+        type(af._fe),
+        "__call__",
+        lambda fe, *a, **kw: seen.append(kw["max_length"]) or real(fe, *a, **kw),
+    )
+    assert af(_wav(16000)).shape == (100, 128)
+    assert seen == [100 * 160 + 400]
+    assert af(_wav(300 * 16000 + 5)).shape == (30000, 128)  # fills the window: the window
+    assert seen[-1] == 300 * 16000
+
+
+@pytest.mark.parametrize("mel", [0, MAX_MEL + 1])
+def test_the_feature_maker_checks_its_mel_bins(mel):
+    with pytest.raises(ValueError, match="audio mel bins"):
+        AudioFeatures(rule=parse_audio_rule(RULES["padded"]), mel=mel)
+
+
+@pytest.mark.parametrize("missing", ["transformers", "soxr"])
+def test_a_missing_library_names_the_extra(monkeypatch, missing):
+    import sys
+
+    rule = parse_audio_rule(RULES["padded"])
+    monkeypatch.setitem(sys.modules, missing, None)  # import raises ImportError
+    with pytest.raises(ImportError, match=r"pip install 'equishard\[hf\]'"):
+        AudioFeatures(rule=rule)(_wav(100, rate=8000))

@@ -189,3 +189,22 @@ def test_videos_without_a_rule_are_refused_naming_the_sample(video_gen, tokenize
     c = Collator(tokenizer=tokenizer_path, vision_policy=VIDEO_POLICY, audio_rule=RULES["chunks"])
     with pytest.raises(ValueError, match=r"sample 'v0' has 1 video\(s\)"):
         c([samples["v0"]])
+
+
+@pytest.mark.parametrize("max_tiles", [1, 2, 4, 6])
+@pytest.mark.parametrize(("w", "h"), [(56, 56), (96, 64), (200, 40), (40, 130), (57, 56)])
+def test_a_frame_is_cut_into_the_tiles_prep_counted(max_tiles, w, h):
+    """Each frame's tiles (``dynamic_preprocess``: a grid, and a thumbnail beside several)
+    are as many as the rule counts (``InternVLVideoRule.tiles``, checked against
+    GotOcr2's ``crop_to_patches`` in the media tests), each a 4 x 4 grid of patches."""
+    from PIL import Image
+
+    from dataprep.policies import parse_vision_policy
+    from shards.read.image_units import image_units
+    from shards.read.video_frames import VideoFrames
+
+    rule = parse_video_rule(f"internvl:num_frames=2,max_tiles={max_tiles},tile_size=56")
+    vf = VideoFrames(rule=rule, policy=parse_vision_policy(VIDEO_POLICY))
+    units = image_units(vf.tiles, Image.new("RGB", (w, h)), raw=True)
+    assert len(units) == rule.tiles(w, h)
+    assert all(hw == (4, 4) and u.shape == (16, 588) for u, hw in units)

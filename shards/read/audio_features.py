@@ -94,11 +94,9 @@ class AudioFeatures:
 
     def __call__(self, data: bytes) -> np.ndarray:
         wave = self.wave(data)
-        n = self.frames(len(wave))
-        if n == 0:
-            return np.zeros((0, self.mel), np.float32)
+        n = self.frames(len(wave))  # none for an empty recording: its padding's are cut away
         hop = self.rule.hop_length
-        out = self._fe(
+        (out,) = self._fe(
             wave,
             sampling_rate=self.rule.sampling_rate,
             padding="max_length",
@@ -107,5 +105,5 @@ class AudioFeatures:
             max_length=min(n * hop + N_FFT, self.rule.chunk_length * self.rule.sampling_rate),
             truncation=True,
             return_tensors="np",
-        )["input_features"][0]
+        )["input_features"]
         return np.ascontiguousarray(out[:, :n].T, dtype=np.float32)

@@ -291,13 +291,16 @@ def test_a_generation_without_recordings_builds_none(audio_gen):
     )
 
 
-@pytest.mark.parametrize("samples", [1, 2, 3, 5, 441])
-def test_a_recording_soxr_shortens_is_padded_to_the_length_prep_counted(samples):
+@pytest.mark.parametrize(
+    ("rate", "samples"), [(44100, 1), (44100, 2), (44100, 3), (44100, 5), (44100, 441),
+                          (11025, 3), (11025, 21), (48000, 7)]
+)  # fmt: skip
+def test_a_recording_soxr_shortens_is_padded_to_the_length_prep_counted(rate, samples):
     """soxr gives fewer samples than ``ceil(frames * 16000 / 44100)`` for a few-sample
     recording (1 -> 0, 3 -> 1): ``load_audio`` pads them back; so must the collator."""
     from transformers.audio_utils import load_audio
 
-    data = _wav(samples, rate=44100)
+    data = _wav(samples, rate=rate)
     af = AudioFeatures(rule=parse_audio_rule(RULES["padded"]))
     ref = load_audio(
         "data:audio/wav;base64," + __import__("base64").b64encode(data).decode(),
@@ -305,7 +308,7 @@ def test_a_recording_soxr_shortens_is_padded_to_the_length_prep_counted(samples)
         backend="soundfile",
     )
     got = af.wave(data)
-    assert len(got) == len(ref) == -(-samples * 16000 // 44100)
+    assert len(got) == len(ref) == -(-samples * 16000 // rate)
     np.testing.assert_array_equal(got, ref)
     assert af(data).shape == (-(-len(ref) // 160), 128)
 
@@ -332,10 +335,31 @@ def test_a_short_clip_under_a_long_window_costs_its_own_length(monkeypatch):
     assert seen[-1] == 300 * 16000
 
 
-@pytest.mark.parametrize("mel", [0, MAX_MEL + 1])
-def test_the_feature_maker_checks_its_mel_bins(mel):
-    with pytest.raises(ValueError, match="audio mel bins"):
-        AudioFeatures(rule=parse_audio_rule(RULES["padded"]), mel=mel)
+@pytest.mark.filterwarnings("ignore:At least one mel filter")  # 1,024 bins of 201 frequencies
+@pytest.mark.parametrize(("mel", "ok"), [(0, False), (1, True), (1024, True), (1025, False)])
+def test_the_feature_maker_checks_its_mel_bins(mel, ok):
+    """The documented limit, 1..1024 bins, at and past each end."""
+    assert MAX_MEL == 1024
+    rule = parse_audio_rule(RULES["padded"])
+    if ok:
+        assert AudioFeatures(rule=rule, mel=mel).mel == mel
+    else:
+        with pytest.raises(ValueError, match="audio mel bins"):
+            AudioFeatures(rule=rule, mel=mel)
+
+
+def test_the_feature_maker_is_a_frozen_keyword_config():
+    rule = parse_audio_rule(RULES["padded"])
+    with pytest.raises(TypeError):
+        AudioFeatures(rule, 128)  # the fields by name only
+    af = AudioFeatures(rule=rule)
+    with pytest.raises(AttributeError):
+        af.mel = 80
+
+
+def test_a_recording_past_the_window_is_cut_at_it():
+    af = AudioFeatures(rule=parse_audio_rule(RULES["padded"]))
+    assert len(af.wave(_wav(40000))) == 32000 and len(af.wave(_wav(8000, rate=8000))) == 16000
 
 
 @pytest.mark.parametrize("missing", ["transformers", "soxr"])

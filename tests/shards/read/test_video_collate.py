@@ -177,6 +177,9 @@ def test_a_frame_order_or_label_change_is_caught_by_preps_counts(video_gen, toke
         ("qwen2vl", "qwen2vl", "runs a video's frames as images"),
         (VIDEO_POLICY, "internvl:patch_size=28,tile_size=56", "14-px|28-px"),
         ("internvl:downsample_ratio=0.25,tile_size=56", VIDEO_RULE, "downsample_ratio"),
+        # the other way round: the policy's grid the finer one
+        ("internvl:patch_size=28,tile_size=56", VIDEO_RULE, "14-px"),
+        (VIDEO_POLICY, "internvl:downsample_ratio=0.25,tile_size=56", "shuffled by 0.25"),
     ],
 )
 def test_a_video_rule_the_encoder_cannot_take_is_refused(tokenizer_path, policy, rule, error):
@@ -208,3 +211,15 @@ def test_a_frame_is_cut_into_the_tiles_prep_counted(max_tiles, w, h):
     units = image_units(vf.tiles, Image.new("RGB", (w, h)), raw=True)
     assert len(units) == rule.tiles(w, h)
     assert all(hw == (4, 4) and u.shape == (16, 588) for u, hw in units)
+
+
+def test_the_frame_maker_is_a_frozen_keyword_config():
+    from dataprep.policies import parse_vision_policy
+    from shards.read.video_frames import VideoFrames
+
+    rule, pol = parse_video_rule(VIDEO_RULE), parse_vision_policy(VIDEO_POLICY)
+    with pytest.raises(TypeError):
+        VideoFrames(rule, pol)  # the fields by name only
+    vf = VideoFrames(rule=rule, policy=pol)
+    with pytest.raises(AttributeError):
+        vf.rule = rule

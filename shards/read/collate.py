@@ -241,10 +241,10 @@ class Collator:
         text, spans = self._tmpl.render_spans([tuple(t) for t in s.meta["turns"]])
         raw = self.pixels == "uint8"
         imgs = [decode_image(b) for b in s.images]
-        # each mark's items in order: (token, its count, its encoder units or None)
+        # each mark's items in order: (token, its count, its encoder units; none for audio)
         items = {
             IMAGE_PLACEHOLDER: [
-                (self.image_token_id, c.llm_tokens, lambda im=im: image_units(self._policy, im, raw))
+                (self.image_token_id, c.llm_tokens, image_units(self._policy, im, raw))
                 for im, c in zip(imgs, self._policy.sample_costs([im.size for im in imgs]),
                                  strict=True)
             ]
@@ -261,7 +261,7 @@ class Collator:
                 [u for f in frames for u in image_units(tiles, f, raw)] for frames, _ in videos
             ]
             items[VIDEO_PLACEHOLDER] = [
-                (self.image_token_id, c.llm_tokens, lambda us=us: us)
+                (self.image_token_id, c.llm_tokens, us)
                 for us, (_, c) in zip(units, videos, strict=True)
             ]
             seen = [u.shape[0] for us in units for u, _ in us]
@@ -272,7 +272,7 @@ class Collator:
             from dataprep.media_rules.whisper_audio import audio_tokens
 
             feats = [self._audio(b) for b in getattr(s, "audios", ())]
-            items[AUDIO_PLACEHOLDER] = [(self.audio_token_id, audio_tokens(len(f)), None)
+            items[AUDIO_PLACEHOLDER] = [(self.audio_token_id, audio_tokens(len(f)), [])
                                         for f in feats]  # fmt: skip
             rule = self._audio.rule
             heard = [n for f in feats for n in rule.frame_cost(len(f)).seq_lens]
@@ -290,10 +290,10 @@ class Collator:
         units: list[tuple[np.ndarray, tuple[int, int]]] = []
         for tid, (a, b) in zip(enc.ids, enc.offsets, strict=True):
             if tid in by_id:  # an item's tokens, never a target; its units in this order
-                token, n, make = by_id[tid][1].pop(0)
+                token, n, its_units = by_id[tid][1].pop(0)
                 ids += [token] * n
                 labels += [-100] * n
-                units += make() if make else []
+                units += its_units
                 continue
             # a token holding any of an assistant's text is learnt: one that also carries
             # the template's space or newline in front (" Mostly", "\nFour") included, or

@@ -50,6 +50,7 @@ FAMILY_MODULES = (
     "granite_docling",
     "idefics2",
     "deepseek_vl_hybrid",
+    "qwen2_5_omni",
 )
 
 FAMILIES: dict[str, FamilySpec] = {}  # packer family name -> its spec

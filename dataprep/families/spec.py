@@ -95,7 +95,10 @@ class PackerRules:
     (one multi-image sample); ``tiles``: ``[1, tiles, C, H, W]`` with a tile mask beside them;
     ``one_image_per_call``: each image processed alone, these keys joined (a call pads or counts
     its images together); ``beside``: what travels beside ``pixel_values``, joined along the
-    first dimension; ``per_token``: a per-token input besides the ids (image masks, experts)."""
+    first dimension; ``per_token``: a per-token input besides the ids (image masks, experts);
+    ``audio``: how its recordings' features reach the model (``packed``: each recording's
+    frames, ``[recordings, mel, longest]`` with ``feature_attention_mask``, the thinker packing
+    the masked frames side by side; empty: it takes no recordings)."""
 
     rope_positions: bool = False
     fixed_tokens: bool = False
@@ -105,6 +108,11 @@ class PackerRules:
     one_image_per_call: tuple[str, ...] = ()
     beside: tuple[str, ...] = ()
     per_token: str | None = None
+    audio: str = ""
+
+    def __post_init__(self) -> None:
+        if self.audio not in ("", "packed"):
+            raise ValueError(f"PackerRules.audio must be '' or 'packed', got {self.audio!r}")
 
 
 # (the policy field or a label, the processor's value read from the packer, [the policy's value])

@@ -47,6 +47,10 @@ the images. Per family:
   ``<image>`` tokens, each crop between fake tokens, as its processor joins and spaces them
   (:func:`~dataprep.policies.idefics2.idefics2_image_texts`); ``[1, crops, C, H, W]`` padded to
   the row's largest crop, with ``pixel_attention_mask``.
+* Qwen2.5-Omni's thinker: Qwen2-VL's images as ``<|IMAGE|>`` tokens, each recording's
+  ``<|AUDIO|>`` repeated once a token of its audio encoder; ``[4, 1, L]`` positions from the
+  thinker's ``get_rope_index`` (with each recording's frames); ``input_features`` and
+  ``feature_attention_mask`` (:mod:`~trainer_adapter.hf.audio_inputs`).
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -63,6 +67,7 @@ A rank without images gets ``pixel_values=None``:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -75,9 +80,10 @@ from dataprep.families.registry import family_spec
 from dataprep.families.spec import PackerRules
 from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
-from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
 from equishard.common.values import check_flag
 from equishard.contracts.columns import LLM_TOKENS
+from trainer_adapter.hf.audio_inputs import audio_features, check_processor_audio, pack_audio
 from trainer_adapter.hf.images import images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
@@ -98,7 +104,8 @@ class HFPacker:
     (DeepSeek-VL 1.3B) | janus (Janus, Janus-Pro) | ovis2 (Ovis2: ``Ovis2Processor``) | aria
     (Aria: ``AriaProcessor``) | granite_docling (Granite Docling) | idefics2 (Idefics2:
     ``Idefics2Processor``) | deepseek_vl_hybrid (DeepSeek-VL 7B: ``DeepseekVLHybridProcessor``,
-    its template named ``#images=deepseek_vl``). ``processor``:
+    its template named ``#images=deepseek_vl``) | qwen2_5_omni (Qwen2.5-Omni's thinker:
+    ``Qwen2_5OmniProcessor``, images and recordings). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).
@@ -114,7 +121,12 @@ class HFPacker:
     :meth:`from_generation` takes the template and checks the policy from the generation.
     ``images_kwargs``: the image settings your processor call passes (``processor(...,
     do_pan_and_scan=True)`` -> ``{"do_pan_and_scan": True}``); they and the processor's own
-    defaults go over the image processor's attributes, as in the processor's call."""
+    defaults go over the image processor's attributes, as in the processor's call.
+    ``audio_rule``: the Whisper-style audio rule prep measured the recordings with
+    (:meth:`from_generation` takes the generation's): a family that takes recordings loads each
+    one and makes its features as its processor's feature extractor does, whose settings are
+    checked against the rule (:mod:`~trainer_adapter.hf.audio_inputs`). A sample with videos, or
+    with recordings and no audio rule, is refused (their marks would be packed as text)."""
 
     family: str
     processor: object
@@ -123,7 +135,9 @@ class HFPacker:
     packing_kwargs: bool = False
     check_costs: bool | None = None
     images_kwargs: dict = field(default_factory=dict)
+    audio_rule: str | None = None
     _template: object = field(init=False, repr=False)
+    _audio: object = field(init=False, repr=False)
     _images_kw: dict = field(init=False, repr=False)
     _rules: PackerRules = field(init=False, repr=False)
 
@@ -140,6 +154,19 @@ class HFPacker:
             )
         self._images_kw = images_settings(self.processor, self.images_kwargs)
         self._template = load_template(self.template)
+        self._audio = None
+        if self.audio_rule is not None:
+            if not self._rules.audio:
+                raise ValueError(
+                    f"audio_rule {self.audio_rule!r}: the {self.family} family takes no "
+                    "recordings; families that do: "
+                    + ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
+                )
+            from dataprep.media_rules import parse_audio_rule
+
+            rule = parse_audio_rule(self.audio_rule)
+            self._audio = audio_features(self.processor, rule, self.family)  # Whisper-style only
+            check_processor_audio(self.processor, rule, self.family)
 
     def _setting(self, name: str):
         """An image setting as the image processor runs it: the call's, else its own."""
@@ -198,9 +225,11 @@ class HFPacker:
             )
         return mark
 
-    def sample(self, turns: list, image_bytes: list[bytes]) -> dict:
-        """One sample's ``input_ids``, ``labels``, ``positions`` and processed images."""
+    def sample(self, turns: list, image_bytes: list[bytes], audio_bytes: list[bytes] = ()) -> dict:
+        """One sample's ``input_ids``, ``labels``, ``positions``, processed images and
+        recordings' frames (``audio_frames``)."""
         images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
+        feats = [self._audio(b) for b in audio_bytes] if self._audio is not None else []
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
         given = [images] if self._rules.nested else images
         kw = dict(self._images_kw)
@@ -243,15 +272,7 @@ class HFPacker:
         if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
         mark = self._image_mark(text, len(texts))
-        pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
-        for k, part in enumerate(text.split(mark)):
-            pieces.append(part)
-            at += len(part)
-            if k < len(texts):
-                pieces.append(texts[k])
-                marks.append((at, len(texts[k]) - len(mark)))
-                at += len(mark)
-        expanded = "".join(pieces)
+        expanded, marks = self._expanded(text, mark, texts, feats)
 
         def moved(x: int) -> int:
             return x + sum(d for p, d in marks if p < x)
@@ -279,7 +300,14 @@ class HFPacker:
         if self.family == "ernie45vl":  # image tokens and their start / end go to vision experts
             types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])
             extra["moe_mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
-        if self._rules.rope_positions:
+        if self._rules.audio:  # Qwen2.5-Omni's thinker: recordings' frames in its positions
+            grid = processed.get("image_grid_thw")
+            lens = torch.tensor([len(f) for f in feats]) if feats else None
+            ones = torch.ones_like(ids)[None]
+            rope, _ = self.rope_index(ids[None], image_grid_thw=grid, attention_mask=ones,
+                                      audio_seqlens=lens)  # fmt: skip
+            positions = torch.cat([text_pos[None], rope], dim=0)
+        elif self._rules.rope_positions:
             grid = processed.get("image_grid_thw")
             rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
             positions = torch.cat([text_pos[None], rope], dim=0)
@@ -291,7 +319,35 @@ class HFPacker:
         processed.pop("grids", None)  # Ovis2's tile grids, in its text
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         processed.pop("tile_fine_mask", None)  # Granite Docling's: one for the row
+        if feats:
+            extra["audio_frames"] = feats
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
+
+    def _expanded(self, text: str, mark: str, texts: list[str], feats: list) -> tuple[str, list]:
+        """``text`` with each image's ``mark`` replaced by its text and each ``<audio>`` by its
+        recording's audio tokens, in the order they stand; and each replacement's ``(position
+        in text, length added)``, by which the trained spans move."""
+        from dataprep.media_rules.whisper_audio import audio_tokens
+
+        marks_of = {mark: iter(texts)}
+        if self._audio is not None:
+            found = text.count(AUDIO_PLACEHOLDER)
+            if found != len(feats):
+                raise ValueError(
+                    f"the {self.family} template wrote {found} recording mark(s) for "
+                    f"{len(feats)} recording(s)"
+                )
+            token = self.processor.audio_token
+            marks_of[AUDIO_PLACEHOLDER] = iter(token * audio_tokens(len(f)) for f in feats)
+        split = re.split("(" + "|".join(re.escape(m) for m in marks_of) + ")", text)
+        pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
+        for k, piece in enumerate(split):
+            new = next(marks_of[piece], None) if k % 2 else None  # odd: a mark
+            pieces.append(piece if new is None else new)  # a mark past its items stays text
+            if new is not None:
+                marks.append((at, len(new) - len(piece)))
+            at += len(piece)
+        return "".join(pieces), marks
 
     @classmethod
     def from_generation(
@@ -312,12 +368,23 @@ class HFPacker:
         one prep counted with (:mod:`~trainer_adapter.hf.tokenizer_check`; ``tokenizer`` names
         prep's file or model directory where the recorded path is not at hand); every sample's
         row is checked against prep's costs (``check_costs=False`` turns that off)."""
-        from shards.read.prep_settings import PrepSettings
+        from dataprep.media_rules import parse_audio_rule
+        from shards.read.prep_settings import PrepSettings, SettingsMismatch
         from shards.store.manifest import Manifest, open_generation
 
         m = generation if isinstance(generation, Manifest) else open_generation(generation)
         rec = PrepSettings.from_manifest(m)
         kwargs.setdefault("check_costs", True)
+        audio = rec.resolve_rule("audio")  # checked where it enters; None: no recordings
+        given = kwargs.get("audio_rule")
+        if given is not None and (
+            audio is None or parse_audio_rule(given) != parse_audio_rule(audio)
+        ):
+            raise SettingsMismatch(
+                f"audio_rule {kwargs['audio_rule']!r} given, but the generation's recordings "
+                f"were measured with {audio!r}: leave audio_rule out (the generation's is taken)"
+            )
+        kwargs["audio_rule"] = audio
         packer = cls(
             family=family, processor=processor, template=rec.resolve_template(template)[0], **kwargs
         )
@@ -325,6 +392,26 @@ class HFPacker:
         check_processor_policy(packer, rec.vision_policy)
         check_processor_tokenizer(processor, rec, tokenizer)
         return packer
+
+    def _refuse_media(self, sample) -> None:
+        """A sample with videos, or with recordings this packer has no audio rule for: their
+        marks would be packed as text and the media dropped (a sample built as something else
+        than prep measured); refused, naming what to use."""
+        videos = getattr(sample, "videos", ())
+        audios = getattr(sample, "audios", ()) if self._audio is None else ()
+        media = [f"{len(v)} {w}" for w, v in (("video(s)", videos), ("recording(s)", audios)) if v]
+        if media:
+            fix = (
+                "HFPacker builds no videos yet: prep without them"
+                if videos
+                else "give the packer the generation's audio rule (from_generation does); "
+                "families that take recordings: "
+                + ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
+            )
+            raise ValueError(
+                f"sample {sample.meta.get('sample_id', '?')!r} has {' and '.join(media)}, "
+                f"which this {self.family} packer would pack as text: {fix}"
+            )
 
     def _check_cost(self, meta: dict, built: int) -> None:
         cost = meta.get("cost")
@@ -347,8 +434,14 @@ class HFPacker:
             )
 
     def __call__(self, samples: list) -> dict:
-        """Samples with ``.meta["turns"]`` and ``.images`` (encoded bytes) -> the packed row."""
-        parts = [self.sample(s.meta["turns"], list(s.images)) for s in samples]
+        """Samples with ``.meta["turns"]``, ``.images`` and ``.audios`` (encoded bytes) -> the
+        packed row."""
+        for s in samples:
+            self._refuse_media(s)
+        parts = [
+            self.sample(s.meta["turns"], list(s.images), list(getattr(s, "audios", ())))
+            for s in samples
+        ]
         if self.check_costs is not False:
             for s, p in zip(samples, parts, strict=True):
                 self._check_cost(s.meta, len(p["input_ids"]))
@@ -366,6 +459,7 @@ class HFPacker:
         if key is not None:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
         batch |= pack_images(self.family, self._rules, parts, fine_route=self.fine_route)
+        batch |= pack_audio(parts)
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
             spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}

@@ -42,6 +42,7 @@ BALANCE ?= both
 PARALLEL ?= ddp
 HF_OUT ?= build/train-hf-$(FAMILY)
 HF_FALLBACK ?= --vision-policy internvl:max_tiles=4,tile_size=56
+HF_AUDIO := qwen2_5_omni
 # `make nightly-demo`: the demo set arriving over two days; day 1 through the full pipeline,
 # day 2 (new samples, 5 updates, 3 deletions) through `equishard rebalance`, then the report
 NIGHT_OUT ?= build/nightly
@@ -121,7 +122,8 @@ train: $(STAMP)
 
 # `make train-hf`: a tiny Hugging Face VLM (FAMILY=qwen2vl|qwen25vl|qwen3vl|glm4v|internvl|llava|
 # llava_next|llava_onevision|gemma3|gemma4|smolvlm|mistral3|aya_vision|ernie45vl|deepseek_vl|janus|
-# ovis2|aria|granite_docling|idefics2|deepseek_vl_hybrid)
+# ovis2|aria|granite_docling|idefics2|deepseek_vl_hybrid|qwen2_5_omni; the HF_AUDIO ones on the
+# demo with recordings, their audio towers balanced too)
 # trained on the demo generation in a plain DDP loop (PARALLEL=fsdp2: FSDP2's fully_shard), 4 CPU
 # ranks, with runtime balancing (BALANCE=off|encoder|llm|both). The demo set is prepped with the
 # family's tokenizer, template and vision policy (examples/train_hf_vlm.py --print-prep-args,
@@ -129,7 +131,8 @@ train: $(STAMP)
 # without prep settings would train on InternVL tiles, HF_FALLBACK, unchecked).
 train-hf: $(STAMP)
 	@test -f $(HF_OUT)/shards/CURRENT || { \
-	  $(BIN)/equishard demo $(HF_OUT)/raw --samples 96 --seed $(SEED) && \
+	  $(BIN)/equishard demo $(HF_OUT)/raw --samples 96 --seed $(SEED) \
+	    $(if $(filter $(FAMILY),$(HF_AUDIO)),--media) && \
 	  ARGS=$$(PYTHONPATH=. $(BIN)/python examples/train_hf_vlm.py --family $(FAMILY) \
 	    --tokenizer $(HF_OUT)/raw/tokenizer.json --print-prep-args $(HF_OUT)/model 2>/dev/null \
 	    || echo "--tokenizer $(HF_OUT)/raw/tokenizer.json $(HF_FALLBACK)") && \

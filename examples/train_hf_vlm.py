@@ -7,7 +7,8 @@ GPU: NCCL):
 
 ``--family`` qwen2vl | qwen25vl | qwen3vl | glm4v | internvl | llava | llava_next | llava_onevision | gemma3 |
 gemma4 | smolvlm | mistral3 | aya_vision | ernie45vl | deepseek_vl | deepseek_vl_hybrid | janus |
-ovis2 | aria | granite_docling | idefics2 builds a tiny model of that architecture from its
+ovis2 | aria | granite_docling | idefics2 | qwen2_5_omni (Qwen2.5-Omni's thinker: images and
+recordings, its audio tower balanced as a phase of its own) builds a tiny model of that architecture from its
 ``transformers`` config (random weights, nothing downloaded), the family's processor classes
 from config, and a local tokenizer (the given tokenizer.json with the family's special tokens).
 ``--balance`` off | encoder | llm | both. Each step logs, per rank, the encoder and LLM loads
@@ -76,6 +77,9 @@ SPECIALS = {
                         "<fake_token_around_image>", "<global-img>", "<image>",
                         *[f"<row_{r}_col_{c}>" for r in range(1, 17) for c in range(1, 17)]],
     "idefics2": ["<s>", "</s>", "<end_of_utterance>", "<fake_token_around_image>", "<image>"],
+    "qwen2_5_omni": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|vision_bos|>",
+                     "<|vision_eos|>", "<|IMAGE|>", "<|VIDEO|>", "<|AUDIO|>", "<|audio_bos|>",
+                     "<|audio_eos|>"],
 }  # fmt: skip
 FAMILIES = list(SPECIALS)
 # the chat template file (examples/chat_templates/) a family's model ships when it is another's
@@ -154,6 +158,13 @@ def model_dir(family: str, tokenizer: str, root: Path) -> Path:
             "eoi_token": "<end_of_image>",
             "image_token": "<image_soft_token>",
         }
+    if family == "qwen2_5_omni":  # its processor reads each medium's token by name
+        config["eos_token"], config["pad_token"] = "<|im_end|>", "<|endoftext|>"
+        config["extra_special_tokens"] = {
+            "image_token": "<|IMAGE|>", "audio_token": "<|AUDIO|>", "video_token": "<|VIDEO|>",
+            "vision_bos_token": "<|vision_bos|>", "vision_eos_token": "<|vision_eos|>",
+            "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>",
+        }  # fmt: skip
     if family == "gemma4":  # its processor reads the audio tokens too, images or not
         config["bos_token"], config["eos_token"] = "<bos>", "<eos>"
         config["extra_special_tokens"] = {
@@ -210,6 +221,7 @@ PREP_POLICY = {
     "qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",  # 56*56 .. 28*28*64
     "internvl": f"internvl:max_tiles=4,tile_size={TILE},patch_size=7",
     "qwen25vl": "qwen2vl:min_pixels=3136,max_pixels=50176",
+    "qwen2_5_omni": "qwen2vl:min_pixels=3136,max_pixels=50176",
     "qwen3vl": "qwen2vl:min_pixels=4096,max_pixels=65536,patch_size=16,merge_size=2",
     "glm4v": "glm4v:min_pixels=3136,max_pixels=100352",
     "gemma3": f"gemma3:image_size={TILE},patch_size=7,llm_tokens=16",
@@ -233,13 +245,22 @@ PREP_POLICY = {
 }
 
 
+# the audio rule that counts what a family's processor makes of a recording (its feature
+# extractor's frames and the tokens its tower gives them)
+PREP_AUDIO = {"qwen2_5_omni": "qwen2_5_omni"}
+
+
 def prep_args(family: str, tokenizer: str, root: Path) -> list[str]:
     """``equishard prep`` options that measure what this family's tiny model sees: its
-    tokenizer and chat template (written to ``root``) and its vision policy."""
+    tokenizer and chat template (written to ``root``), its vision policy and audio rule."""
     mdir = model_dir(family, tokenizer, root)
     template = template_arg(family, mdir)
+    audio = []
+    if family in PREP_AUDIO:  # the demo's videos (--media) are refused: no rule measures
+        # Qwen2.5-Omni's (frames interleaved with their soundtrack); 6 % of its samples
+        audio = ["--audio-rule", PREP_AUDIO[family], "--max-error-rate", "0.1"]
     return ["--tokenizer", str(mdir / "tokenizer.json"), "--template", template,
-            "--vision-policy", PREP_POLICY[family]]  # fmt: skip
+            "--vision-policy", PREP_POLICY[family], *audio]  # fmt: skip
 
 
 def measured_for(shards: str, family: str) -> bool:
@@ -301,6 +322,8 @@ def build(family: str, mdir: Path):
             **qwen_ids,
         )  # fmt: skip
         return proc, tf.Qwen2_5_VLForConditionalGeneration(cfg)
+    if family == "qwen2_5_omni":  # the thinker: Qwen2.5-VL's tower beside a Whisper-style one
+        return omni_thinker(tok, text)
     if family == "qwen3vl":  # 16-px patches; deepstack features into the first decoder layers
         from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -657,6 +680,39 @@ def build(family: str, mdir: Path):
     return proc, tf.LlavaForConditionalGeneration(cfg)
 
 
+def omni_thinker(tok, text: dict):
+    """Qwen2.5-Omni's processor (images and recordings: its video processor needs torchvision,
+    which has no CPU build for this torch on the registry) and a tiny thinker: Qwen2.5-VL's
+    tower, a Whisper-style audio tower over 128 mel bins in chunks of 2 * n_window frames."""
+    import transformers as tf
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    class Processor(tf.Qwen2_5OmniProcessor):
+        def check_argument_for_proper_class(self, name, arg):
+            if arg is None and name == "video_processor":
+                return None
+            return super().check_argument_for_proper_class(name, arg)
+
+    ip = Qwen2VLImageProcessorPil(min_pixels=56 * 56, max_pixels=28 * 28 * 64)
+    fe = tf.WhisperFeatureExtractor(feature_size=128, chunk_length=300)  # Qwen2.5-Omni's
+    proc = Processor(image_processor=ip, feature_extractor=fe, tokenizer=tok)
+    ids = tok.convert_tokens_to_ids
+    rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [4, 2, 2]}
+    cfg = tf.Qwen2_5OmniThinkerConfig(
+        text_config={**text, "rope_parameters": rope},
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
+                           out_hidden_size=64, window_size=56, fullatt_block_indexes=[1]),
+        audio_config=dict(d_model=32, encoder_layers=2, encoder_attention_heads=2,
+                          encoder_ffn_dim=64, output_dim=64, num_mel_bins=128,
+                          max_source_positions=1500, n_window=100),
+        image_token_index=ids("<|IMAGE|>"), video_token_index=ids("<|VIDEO|>"),
+        audio_token_index=ids("<|AUDIO|>"), audio_start_token_id=ids("<|audio_bos|>"),
+        audio_end_token_id=ids("<|audio_eos|>"),
+    )  # fmt: skip
+    cfg.vision_start_token_id = ids("<|vision_bos|>")  # read by its get_rope_index
+    return proc, tf.Qwen2_5OmniThinkerForConditionalGeneration(cfg)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -793,7 +849,8 @@ def main() -> None:
         rec = {"step": step, "rank": rank, "seconds": seconds, "loss": float(loss),
                "tokens": int(batch["input_ids"].shape[1])}  # fmt: skip
         rec["balance_seconds"] = 0.0  # gather + plan + forward exchanges
-        for name, mod in (("encoder", tower), ("llm", decoder)):
+        audio = getattr(inner, "audio_tower", None)  # Qwen2.5-Omni's: its own phase
+        for name, mod in (("encoder", tower), ("audio", audio), ("llm", decoder)):
             route = getattr(mod, "last_route", None)
             if route is not None:
                 rec["balance_seconds"] += sum(route.seconds.values())

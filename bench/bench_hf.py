@@ -309,9 +309,15 @@ def run() -> dict:
             "| --- | --- | ---: | ---: | ---: |",
         ]
         raw["overhead"] = {}
-        from trainer_adapter.hf.inputs import FAMILIES  # every family the example trains
+        import importlib.util
 
-        for family in FAMILIES:
+        from trainer_adapter.hf.inputs import FAMILIES  # the packer's families the example trains
+
+        path = HERE.parent / "examples" / "train_hf_vlm.py"
+        spec = importlib.util.spec_from_file_location("train_hf_vlm", path)
+        example = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(example)
+        for family in [f for f in FAMILIES if f in example.FAMILIES]:
             for balance in ("off", "encoder", "llm", "both"):
                 r = overhead(family, balance, gen, demo / "tokenizer.json")
                 raw["overhead"][f"{family}/{balance}"] = r

@@ -91,8 +91,13 @@ def _detect_family(source: str, where: str, path_text: str) -> str | None:
     several are, the source cannot tell and the user names the family."""
     found = [f for f, t in IMAGE_TOKENS.items() if t.marker in source and t.also in source]
     found = [f for f in found if IMAGE_TOKENS[f].also] or found
-    if not found:
-        return None
+    if not found:  # an audio-only family's (Qwen2-Audio's): its recording marker
+        only = [
+            f
+            for f, media in MEDIA_TOKENS.items()
+            if f not in IMAGE_TOKENS and "audio" in media and media["audio"].marker in source
+        ]
+        return only[0] if only else None
     # markers of different families in one source: the first family's, in the table's order
     marker = IMAGE_TOKENS[found[0]].marker
     same = [f for f in found if IMAGE_TOKENS[f].marker == marker]
@@ -242,7 +247,7 @@ class JinjaChatTemplate:
         # None: the template writes no image marker; text-only samples render, a sample with
         # images is refused with the fix (name the family)
         self.family = family
-        self.images = IMAGE_TOKENS[family] if family else None
+        self.images = IMAGE_TOKENS.get(family) if family else None  # None: audio only
         self._path_text = path_text
         self.limits = RenderLimits.from_env()
         if len(self.source) > self.limits.source_chars:
@@ -275,6 +280,13 @@ class JinjaChatTemplate:
 
     def _render_marked(self, turns: list[tuple[str, str]]) -> str:
         n_images = sum(text.count(IMAGE_PLACEHOLDER) for _, text in turns)
+        if n_images and self.images is None and self.family is not None:
+            raise SampleRejected(
+                "template_no_image_family",
+                f"the sample has {n_images} image(s) but chat template {self.origin} is the "
+                f"{self.family} family's, whose models take no images: prep images with their "
+                "model's template",
+            )
         if n_images and self.images is None:
             raise SampleRejected(
                 "template_no_image_family",

@@ -32,12 +32,18 @@ def _policy_name(spec: str) -> str:
 
 def _template_tokens(template) -> list[str]:
     """Strings the template writes that its model's tokenizer holds as single tokens: its
-    special-token variables, the image marker and its wrapper tokens, ``<|...|>`` literals."""
+    special-token variables, the image, video and recording markers and their wrapper tokens,
+    ``<|...|>`` literals."""
+    from dataprep.families.registry import MEDIA_TOKENS
+
     found = [t for t in getattr(template, "special_tokens", {}).values() if t]
     images = getattr(template, "images", None)
-    if images is not None:
-        found += [images.marker, *images.prefix.split(), *images.suffix.split()]
-    found += _SPECIAL_LITERAL.findall(getattr(template, "source", ""))
+    source = getattr(template, "source", "")
+    media = MEDIA_TOKENS.get(getattr(template, "family", None) or "", {})
+    written = [m for m in media.values() if m.marker in source]  # a family's: where it writes one
+    for marks in ([images] if images is not None else []) + written:
+        found += [marks.marker, *marks.prefix.split(), *marks.suffix.split()]
+    found += _SPECIAL_LITERAL.findall(source)
     return list(dict.fromkeys(t for t in found if t))
 
 
@@ -57,6 +63,8 @@ def check_family(template, template_spec: str, policy_spec: str) -> None:
     """Refuses a template whose image marker is another model family's than the vision
     policy's (prep and every consumer that renders with a template and counts images)."""
     family = getattr(template, "family", None)
+    if getattr(template, "images", None) is None:  # no image marker: it counts no images
+        return
     name = _policy_name(policy_spec)
     expected = POLICY_TEMPLATE_FAMILIES.get(name)
     if family is not None and expected is not None and family not in expected:

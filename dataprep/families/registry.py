@@ -51,6 +51,7 @@ FAMILY_MODULES = (
     "idefics2",
     "deepseek_vl_hybrid",
     "qwen2_5_omni",
+    "qwen2_audio",
 )
 
 FAMILIES: dict[str, FamilySpec] = {}  # packer family name -> its spec
@@ -91,7 +92,9 @@ def load(modules: tuple[str, ...] | None = None) -> None:
             if name in policies or name == "fixed":
                 raise ValueError(f"vision policy {name} is defined by two families")
             policies[name] = pol
-        known = tokens.setdefault(spec.template, spec.image_tokens)
+        known = spec.image_tokens
+        if known is not None:  # audio-only families write no image marker
+            known = tokens.setdefault(spec.template, spec.image_tokens)
         if known != spec.image_tokens:
             raise ValueError(
                 f"family {spec.name} writes template family {spec.template}'s marker as "

@@ -98,7 +98,9 @@ class PackerRules:
     first dimension; ``per_token``: a per-token input besides the ids (image masks, experts);
     ``audio``: how its recordings' features reach the model (``packed``: each recording's
     frames, ``[recordings, mel, longest]`` with ``feature_attention_mask``, the thinker packing
-    the masked frames side by side; empty: it takes no recordings)."""
+    the masked frames side by side; ``window``: every recording's whole window as the
+    processor pads it, ``[recordings, mel, window]`` with its frame mask, for a padded encoder
+    (Qwen2-Audio); empty: it takes no recordings)."""
 
     rope_positions: bool = False
     fixed_tokens: bool = False
@@ -111,8 +113,10 @@ class PackerRules:
     audio: str = ""
 
     def __post_init__(self) -> None:
-        if self.audio not in ("", "packed"):
-            raise ValueError(f"PackerRules.audio must be '' or 'packed', got {self.audio!r}")
+        if self.audio not in ("", "packed", "window"):
+            raise ValueError(
+                f"PackerRules.audio must be '', 'packed' or 'window', got {self.audio!r}"
+            )
 
 
 # (the policy field or a label, the processor's value read from the packer, [the policy's value])
@@ -125,16 +129,17 @@ class FamilySpec:
     covers, for the help texts; ``policies``: the vision-policy names that count its images (in
     order; ``fixed`` is ``fixed:S/P``), those it defines in ``policy_specs``; ``template``: the
     template image family whose marker its chat template writes (several families may share
-    one, with equal ``image_tokens``); ``processor_checks``: each setting the processor and the
-    generation's policy must agree on; ``packer``: how its rows are built; ``media_tokens``:
-    the markers its template writes for videos and recordings."""
+    one, with equal ``image_tokens``; None and no policies for a family whose models take no
+    images, whose template writes only its ``media_tokens``); ``processor_checks``: each
+    setting the processor and the generation's policy must agree on; ``packer``: how its rows
+    are built; ``media_tokens``: the markers its template writes for videos and recordings."""
 
     name: str
     models: str
     policies: tuple[str, ...]
     policy_specs: dict[str, PolicySpec] = field(default_factory=dict)
     template: str
-    image_tokens: ImageTokens
+    image_tokens: ImageTokens | None  # None: an audio-only family (no vision policy)
     processor_checks: tuple[ProcessorCheck, ...] = ()
     packer: PackerRules = PackerRules()
     # the marker its template writes for a video or a recording, as its processor expands it
@@ -156,8 +161,13 @@ class FamilySpec:
         unknown = sorted(set(self.policy_specs) - set(self.policies))
         if unknown:
             raise ValueError(f"family {self.name}: policy_specs {unknown} not in its policies")
-        if not self.policies:
-            raise ValueError(f"family {self.name}: no vision policy counts its images")
+        if (not self.policies) != (self.image_tokens is None):
+            raise ValueError(
+                f"family {self.name}: a family with an image marker needs a vision policy that "
+                "counts its images, and an audio-only one (image_tokens=None) has none"
+            )
+        if self.image_tokens is None and "audio" not in self.media_tokens:
+            raise ValueError(f"family {self.name}: no image marker and no audio marker")
         stray = sorted(set(self.video_policies) - set(self.policies))
         if stray or (self.video_policies and not self.video_rules):
             raise ValueError(

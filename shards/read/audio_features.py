@@ -92,18 +92,31 @@ class AudioFeatures:
         """The mask's frames of ``samples`` samples (prep's count)."""
         return -(-samples // self.rule.hop_length)
 
-    def __call__(self, data: bytes) -> np.ndarray:
-        wave = self.wave(data)
-        n = self.frames(len(wave))  # none for an empty recording: its padding's are cut away
-        hop = self.rule.hop_length
+    def _features(self, wave: np.ndarray, samples: int) -> np.ndarray:
+        """The extractor's ``[mel, frames]`` of ``wave`` padded with zeros to ``samples``."""
         (out,) = self._fe(
             wave,
             sampling_rate=self.rule.sampling_rate,
             padding="max_length",
-            # the whole window where the recording fills it (the processor's own array, its
-            # end reflected as the processor reflects it), else n_fft zeros past its last frame
-            max_length=min(n * hop + N_FFT, self.rule.chunk_length * self.rule.sampling_rate),
+            max_length=samples,
             truncation=True,
             return_tensors="np",
         )["input_features"]
+        return out
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        wave = self.wave(data)
+        n = self.frames(len(wave))  # none for an empty recording: its padding's are cut away
+        # the whole window where the recording fills it (the processor's own array, its end
+        # reflected as the processor reflects it), else n_fft zeros past its last frame
+        window = self.rule.chunk_length * self.rule.sampling_rate
+        out = self._features(wave, min(n * self.rule.hop_length + N_FFT, window))
         return np.ascontiguousarray(out[:, :n].T, dtype=np.float32)
+
+    def window(self, data: bytes) -> tuple[np.ndarray, int]:
+        """The recording's whole window as the processor pads it (``[window frames, mel]``:
+        the frames past the recording are the extractor's of its zeros, which a padded
+        encoder's convolutions read beside the last frames) and the mask's frames."""
+        wave = self.wave(data)
+        out = self._features(wave, self.rule.chunk_length * self.rule.sampling_rate)
+        return np.ascontiguousarray(out.T, dtype=np.float32), self.frames(len(wave))

@@ -105,14 +105,19 @@ def test_the_cli_summary_and_json_echo_the_settings_and_warnings(tmp_path, token
 
 
 def test_shipped_templates_are_all_checked_for_their_tokens():
-    """Every shipped template names at least its image marker among the tokens it writes."""
+    """Every shipped template names its image marker (an audio-only family's: its recording
+    marker) and its video and recording markers among the tokens it writes."""
     from dataprep.chat_template import load_template
+    from dataprep.families.registry import MEDIA_TOKENS
     from dataprep.setting_checks import _template_tokens
 
     for path in sorted(TEMPLATES.glob("*.jinja")):
         named = "#images=janus" if path.stem in ("janus", "deepseek_vl") else ""
         t = load_template(f"{path}{named}")
-        assert t.images.marker in _template_tokens(t), path.name
+        media = [m.marker for m in MEDIA_TOKENS.get(t.family, {}).values() if m.marker in t.source]
+        assert t.images is not None or media, path.name
+        for marker in ([t.images.marker] if t.images is not None else []) + media:
+            assert marker in _template_tokens(t), (path.name, marker)
 
 
 def test_the_collator_refuses_a_template_of_another_family_at_construction(

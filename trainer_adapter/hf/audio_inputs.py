@@ -18,6 +18,11 @@ How the row carries them (``PackerRules.audio``):
   (its ``get_audio_features``), so the padding never reaches its tower: the processor pads
   every recording to the whole 300-s window; the longest recording of the row is enough.
 
+* ``window`` (Qwen2-Audio: a padded encoder that takes the whole window): every recording's
+  window as the processor pads it (:meth:`~shards.read.audio_features.AudioFeatures.window`:
+  the frames of the zeros after the recording too, which its convolutions read beside the
+  last frames), ``[recordings, mel, window]``, with ``feature_attention_mask``.
+
 A row without recordings gets neither key.
 """
 
@@ -74,15 +79,17 @@ def audio_features(processor, rule, family: str) -> AudioFeatures:
 
 def pack_audio(parts: list[dict]) -> dict:
     """The row's audio inputs from its samples' recordings (each part's ``audio_frames``:
-    ``[frames, mel]`` arrays, in the order their tokens stand)."""
+    ``[frames, mel]`` arrays, in the order their tokens stand, and ``audio_lens``: each one's
+    mask frames; a whole window is longer than its mask)."""
     feats = [f for p in parts for f in p.get("audio_frames", ())]
+    lens = [n for p in parts for n in p.get("audio_lens", ())]
     if not feats:
         return {}
     longest = max(len(f) for f in feats)
     mel = feats[0].shape[1]
     x = np.zeros((len(feats), mel, longest), dtype=np.float32)
     mask = np.zeros((len(feats), longest), dtype=np.int64)
-    for i, f in enumerate(feats):
+    for i, (f, n) in enumerate(zip(feats, lens, strict=True)):
         x[i, :, : len(f)] = f.T
-        mask[i, : len(f)] = 1
+        mask[i, :n] = 1
     return {"input_features": torch.from_numpy(x), "feature_attention_mask": torch.from_numpy(mask)}

@@ -152,7 +152,9 @@ class HFPacker:
             raise ValueError(
                 f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
             )
-        self._images_kw = images_settings(self.processor, self.images_kwargs)
+        # an audio-only family's processor has no image processor
+        images = family_spec(self.family).image_tokens is not None
+        self._images_kw = images_settings(self.processor, self.images_kwargs) if images else {}
         self._template = load_template(self.template)
         self._audio = None
         if self.audio_rule is not None:
@@ -170,7 +172,8 @@ class HFPacker:
 
     def _setting(self, name: str):
         """An image setting as the image processor runs it: the call's, else its own."""
-        return self._images_kw.get(name, getattr(self.processor.image_processor, name, None))
+        ip = getattr(self.processor, "image_processor", None)  # none: an audio-only family
+        return self._images_kw.get(name, getattr(ip, name, None))
 
     @property
     def fine_route(self) -> bool:
@@ -229,7 +232,14 @@ class HFPacker:
         """One sample's ``input_ids``, ``labels``, ``positions``, processed images and
         recordings' frames (``audio_frames``)."""
         images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
-        feats = [self._audio(b) for b in audio_bytes] if self._audio is not None else []
+        if self._audio is None:
+            feats, lens = [], []
+        elif self._rules.audio == "window":  # the whole window, as the processor pads it
+            pairs = [self._audio.window(b) for b in audio_bytes]
+            feats, lens = [f for f, _ in pairs], [n for _, n in pairs]
+        else:
+            feats = [self._audio(b) for b in audio_bytes]
+            lens = [len(f) for f in feats]
         # LLaVA-OneVision: nested, so that a sample's several images are one multi-image sample
         given = [images] if self._rules.nested else images
         kw = dict(self._images_kw)
@@ -260,7 +270,11 @@ class HFPacker:
             processed = {}
         # the token repeated per image (Gemma 3's processor names its image start token so)
         tokenizer = self.processor.tokenizer
-        token = tokenizer.image_token if self.family == "gemma3" else self.processor.image_token
+        token = (
+            tokenizer.image_token
+            if self.family == "gemma3"
+            else getattr(self.processor, "image_token", None)  # None: an audio-only family's
+        )
         texts = self._image_texts(images, processed, token)
         if self.family == "llava_onevision" and images:
             # [images, tiles, C, H, W] -> every tile in order: one image is cut anyres, several
@@ -272,7 +286,7 @@ class HFPacker:
         if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
         mark = self._image_mark(text, len(texts))
-        expanded, marks = self._expanded(text, mark, texts, feats)
+        expanded, marks = self._expanded(text, mark, texts, lens)
 
         def moved(x: int) -> int:
             return x + sum(d for p, d in marks if p < x)
@@ -290,7 +304,7 @@ class HFPacker:
         if len(labels):
             labels[0] = -100  # never predict a sample's first token from the previous sample
         text_pos = torch.arange(len(ids))[None]
-        image_id = tokenizer.convert_tokens_to_ids(token)
+        image_id = tokenizer.convert_tokens_to_ids(token) if token is not None else None
         extra = {}
         if self.family == "gemma3":
             extra["token_type_ids"] = (ids == image_id).long()
@@ -300,12 +314,13 @@ class HFPacker:
         if self.family == "ernie45vl":  # image tokens and their start / end go to vision experts
             types = self.processor.create_moe_mm_token_type_ids(enc["input_ids"])
             extra["moe_mm_token_type_ids"] = torch.tensor(types, dtype=torch.long)
-        if self._rules.audio:  # Qwen2.5-Omni's thinker: recordings' frames in its positions
+        if self._rules.audio and self._rules.rope_positions:  # Qwen2.5-Omni's thinker: each
+            # recording's frames in its positions
             grid = processed.get("image_grid_thw")
-            lens = torch.tensor([len(f) for f in feats]) if feats else None
+            seqlens = torch.tensor(lens) if lens else None
             ones = torch.ones_like(ids)[None]
             rope, _ = self.rope_index(ids[None], image_grid_thw=grid, attention_mask=ones,
-                                      audio_seqlens=lens)  # fmt: skip
+                                      audio_seqlens=seqlens)  # fmt: skip
             positions = torch.cat([text_pos[None], rope], dim=0)
         elif self._rules.rope_positions:
             grid = processed.get("image_grid_thw")
@@ -320,10 +335,10 @@ class HFPacker:
         processed.pop("rows", None), processed.pop("cols", None)  # SmolVLM's, in its text
         processed.pop("tile_fine_mask", None)  # Granite Docling's: one for the row
         if feats:
-            extra["audio_frames"] = feats
+            extra["audio_frames"], extra["audio_lens"] = feats, lens
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
-    def _expanded(self, text: str, mark: str, texts: list[str], feats: list) -> tuple[str, list]:
+    def _expanded(self, text: str, mark: str, texts: list[str], lens: list) -> tuple[str, list]:
         """``text`` with each image's ``mark`` replaced by its text and each ``<audio>`` by its
         recording's audio tokens, in the order they stand; and each replacement's ``(position
         in text, length added)``, by which the trained spans move."""
@@ -332,13 +347,13 @@ class HFPacker:
         marks_of = {mark: iter(texts)}
         if self._audio is not None:
             found = text.count(AUDIO_PLACEHOLDER)
-            if found != len(feats):
+            if found != len(lens):
                 raise ValueError(
                     f"the {self.family} template wrote {found} recording mark(s) for "
-                    f"{len(feats)} recording(s)"
+                    f"{len(lens)} recording(s)"
                 )
             token = self.processor.audio_token
-            marks_of[AUDIO_PLACEHOLDER] = iter(token * audio_tokens(len(f)) for f in feats)
+            marks_of[AUDIO_PLACEHOLDER] = iter(token * audio_tokens(n) for n in lens)
         split = re.split("(" + "|".join(re.escape(m) for m in marks_of) + ")", text)
         pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
         for k, piece in enumerate(split):
@@ -389,7 +404,8 @@ class HFPacker:
             family=family, processor=processor, template=rec.resolve_template(template)[0], **kwargs
         )
         rec.resolve_policy()  # the recorded fields are its spec's
-        check_processor_policy(packer, rec.vision_policy)
+        if family_spec(family).policies:  # an audio-only family counts no images
+            check_processor_policy(packer, rec.vision_policy)
         check_processor_tokenizer(processor, rec, tokenizer)
         return packer
 
@@ -399,10 +415,17 @@ class HFPacker:
         than prep measured); refused, naming what to use."""
         videos = getattr(sample, "videos", ())
         audios = getattr(sample, "audios", ()) if self._audio is None else ()
-        media = [f"{len(v)} {w}" for w, v in (("video(s)", videos), ("recording(s)", audios)) if v]
+        images = sample.images if family_spec(self.family).image_tokens is None else ()
+        media = [
+            f"{len(v)} {w}"
+            for w, v in (("image(s)", images), ("video(s)", videos), ("recording(s)", audios))
+            if v
+        ]
         if media:
             fix = (
-                "HFPacker builds no videos yet: prep without them"
+                f"the {self.family} family's models take no images"
+                if images
+                else "HFPacker builds no videos yet: prep without them"
                 if videos
                 else "give the packer the generation's audio rule (from_generation does); "
                 "families that take recordings: "

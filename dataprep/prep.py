@@ -241,7 +241,9 @@ def run_prep(cfg: PrepConfig) -> PrepResult:
     for p in (out_path, err_path):
         remove_stale_temps(p)  # left by a killed run
     # the template, policy and tokenizer against each other, before anything is measured
-    warned = check_settings(cfg.template, cfg.vision_policy, cfg.tokenizer)
+    warned = check_settings(
+        cfg.template, cfg.vision_policy, cfg.tokenizer, cfg.video_rule, cfg.audio_rule
+    )
     check_cache_settings(cfg)  # a cache of other settings would lend its counts to this table
     units = scan_inputs(list(cfg.inputs), cfg.chunk_size)
     if cfg.num_shards > 1:

@@ -21,7 +21,13 @@ from pathlib import Path
 
 from dataprep.families.registry import POLICY_TEMPLATE_FAMILIES  # policy -> its templates
 
-__all__ = ["POLICY_TEMPLATE_FAMILIES", "check_family", "check_settings", "settings_summary"]
+__all__ = [
+    "POLICY_TEMPLATE_FAMILIES",
+    "check_family",
+    "check_rules",
+    "check_settings",
+    "settings_summary",
+]
 
 _SPECIAL_LITERAL = re.compile(r"<\|[A-Za-z0-9_]+\|>")
 
@@ -76,13 +82,54 @@ def check_family(template, template_spec: str, policy_spec: str) -> None:
         )
 
 
-def check_settings(template_spec: str, policy_spec: str, tokenizer: str | None) -> list[str]:
-    """Refuses (``ValueError``) a template and vision policy of different model families;
-    returns the warnings about the tokenizer and a forgotten ``--template``."""
+def check_rules(template, template_spec: str, rules: dict[str, str | None]) -> None:
+    """Refuses a video or audio rule (``rules``: modality -> spec) that is not the processor of
+    the model whose template writes that medium's marker: a rule some families name as their
+    processor's (``FamilySpec.video_rules`` / ``audio_rules``) beside another family's
+    template, or a rule none of the template's families name where they name theirs (Gemma 4's
+    recordings counted by a Whisper rule). Rules no family names (the Whisper-style ones, whose
+    features several processors make) go with any template that writes the marker."""
+    from dataprep.families.registry import FAMILIES
+
+    family = getattr(template, "family", None)
+    if family is None:
+        return
+    mine = [f for f in FAMILIES.values() if f.template == family]
+    for modality, spec in rules.items():
+        if not spec:
+            continue
+        name = spec.partition(":")[0]
+        owners = [f.name for f in FAMILIES.values() if name in getattr(f, f"{modality}_rules")]
+        theirs = sorted({r for f in mine for r in getattr(f, f"{modality}_rules")})
+        wrong = (owners and not {f.name for f in mine} & set(owners)) or (
+            theirs and name not in theirs
+        )
+        if wrong:
+            raise ValueError(
+                f"--{modality}-rule {name} measures "
+                f"{'the ' + ' and '.join(owners) + ' processor' if owners else 'Whisper-style features'}"
+                f", but template {template_spec} is the {family} family's"
+                f"{' (its ' + modality + ' rules: ' + ', '.join(theirs) + ')' if theirs else ''}:"
+                " one prep measures one model's inputs; use the rule and the template of the "
+                "model you train"
+            )
+
+
+def check_settings(
+    template_spec: str,
+    policy_spec: str,
+    tokenizer: str | None,
+    video_rule: str | None = None,
+    audio_rule: str | None = None,
+) -> list[str]:
+    """Refuses (``ValueError``) a template and vision policy of different model families, and
+    a video or audio rule of another model than the template's; returns the warnings about the
+    tokenizer and a forgotten ``--template``."""
     from dataprep.chat_template import BUILTIN_TEMPLATES, load_template
 
     template = load_template(template_spec)
     check_family(template, template_spec, policy_spec)
+    check_rules(template, template_spec, {"video": video_rule, "audio": audio_rule})
     warnings: list[str] = []
     if not tokenizer or tokenizer.startswith("estimate"):
         return warnings

@@ -118,5 +118,5 @@ class AudioFeatures:
         the frames past the recording are the extractor's of its zeros, which a padded
         encoder's convolutions read beside the last frames) and the mask's frames."""
         wave = self.wave(data)
-        out = self._features(wave, self.rule.chunk_length * self.rule.sampling_rate)
+        out = self._features(wave, self._fe.n_samples)  # chunk_length s at the rule's rate
         return np.ascontiguousarray(out.T, dtype=np.float32), self.frames(len(wave))

@@ -144,3 +144,43 @@ def test_tokenizer_takes_a_model_directory_as_template_does(tmp_path, tokenizer_
     empty.mkdir()
     with pytest.raises(ValueError, match=r"has no tokenizer\.json"):
         run(tmp_path / "c", [src], str(empty))
+
+
+@pytest.mark.parametrize(
+    "template, video, audio, refused",
+    [
+        # a rule a family names as its processor's, beside another family's template
+        ("qwen2_5_omni", "qwen2vl", None, "video-rule qwen2vl measures the qwen2vl processor"),
+        ("qwen2_audio", None, "gemma4", "audio-rule gemma4 measures the gemma4 processor"),
+        ("qwen2_5_omni", None, "gemma4", "template .* is the qwen2_5_omni family's"),
+        # a family that names its own rules, given another (Gemma 4's recordings as Whisper's)
+        ("gemma4", None, "qwen2audio", r"Whisper-style.*gemma4 family's \(its audio rules: gemma4"),
+        ("gemma4", "qwen2vl", None, "its video rules: gemma4"),
+        # each model's own: accepted
+        ("qwen2_5_omni", None, "qwen2_5_omni", None),
+        ("qwen2_audio", None, "qwen2audio", None),
+        ("qwen2_audio", None, "whisper:chunk_length=30,n_window=0", None),
+        ("gemma4", "gemma4", "gemma4", None),
+        ("qwen2vl", "qwen2vl", None, None),
+        ("qwen2vl", "qwen3vl", None, None),  # Qwen3-VL writes Qwen2-VL's markers
+        ("internvl", "internvl", None, None),
+    ],
+)
+def test_a_media_rule_of_another_model_than_the_template_is_refused(
+    template, video, audio, refused
+):
+    """One prep measures one model's inputs: a video or audio rule is refused beside the
+    template of a model whose processor it is not, before anything is measured. Bug caught:
+    Qwen2.5-Omni's template with Qwen2-VL's video rule (counted as Qwen2-VL's video tokens, a
+    video its processor makes otherwise), Qwen2-Audio's with Gemma 4's audio rule."""
+    from dataprep.chat_template import load_template
+    from dataprep.setting_checks import check_rules
+
+    spec = str(TEMPLATES / f"{template}.jinja")
+    t = load_template(spec)
+    rules = {"video": video, "audio": audio}
+    if refused is None:
+        check_rules(t, spec, rules)
+        return
+    with pytest.raises(ValueError, match=refused):
+        check_rules(t, spec, rules)

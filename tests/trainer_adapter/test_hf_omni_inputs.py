@@ -254,12 +254,12 @@ def _generation(root: str, tokenizer_path: str) -> tuple[str, str]:
     args = ["prep", str(demo / "omni.jsonl"), "--image-root", str(demo), "--no-progress"]
     args += ["--tokenizer", str(mdir / "tokenizer.json"), "--template", str(mdir)]
     args += ["--vision-policy", POLICY, "--audio-rule", "qwen2_5_omni", "-o", str(cost)]
-    args += ["--max-error-rate", "0.1", "--video-rule", "qwen2vl"]  # its videos: refused
+    args += ["--max-error-rate", "0.1"]  # its video: refused
     assert main(args) == 0
     import pyarrow.parquet as pq
 
     (error,) = pq.read_table(root / "cost.errors.parquet").to_pylist()
-    assert error["sample_id"] == "v0" and error["reason"] == "template_no_media_marker", error
+    assert error["sample_id"] == "v0" and error["reason"] == "unsupported_modality", error
     assert main(["balance", str(cost), "--dp", "2", "--target-batch", "3", "-o", str(plan)]) == 0
     assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
     return str(gen), str(mdir)

@@ -51,6 +51,9 @@ the images. Per family:
   ``<|AUDIO|>`` repeated once a token of its audio encoder; ``[4, 1, L]`` positions from the
   thinker's ``get_rope_index`` (with each recording's frames); ``input_features`` and
   ``feature_attention_mask`` (:mod:`~trainer_adapter.hf.audio_inputs`).
+* Qwen2-Audio (no images): ``Audio k:`` and each recording's ``<|AUDIO|>`` repeated as for
+  Qwen2.5-Omni; every recording's whole padded window, ``[n, mel, window]``, with
+  ``feature_attention_mask``; positions ``[1, L]``.
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -105,7 +108,8 @@ class HFPacker:
     (Aria: ``AriaProcessor``) | granite_docling (Granite Docling) | idefics2 (Idefics2:
     ``Idefics2Processor``) | deepseek_vl_hybrid (DeepSeek-VL 7B: ``DeepseekVLHybridProcessor``,
     its template named ``#images=deepseek_vl``) | qwen2_5_omni (Qwen2.5-Omni's thinker:
-    ``Qwen2_5OmniProcessor``, images and recordings). ``processor``:
+    ``Qwen2_5OmniProcessor``, images and recordings) | qwen2_audio (Qwen2-Audio:
+    ``Qwen2AudioProcessor``, recordings only, whole padded windows). ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).

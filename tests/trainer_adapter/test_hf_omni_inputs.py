@@ -229,6 +229,9 @@ def test_packer_equals_its_processor(tmp_path, tokenizer_path):
         assert torch.equal(got["positions"][0, 0], torch.arange(len(ids)))
         trained = proc.tokenizer.decode(got["input_ids"][got["labels"] != -100])
         assert trained == turns[1][1]  # the answer, no template text, no media tokens
+    one = packer([_Sample(records[1], demo)])  # a row of one recording
+    (n,) = one["feature_attention_mask"].sum(-1).tolist()
+    assert one["input_features"].shape == (1, MEL, n) and n > 0
     row = packer([_Sample(rec, demo) for rec in records[:4]])
     mask = row["feature_attention_mask"]
     assert row["input_features"].shape == (5, MEL, int(mask.sum(-1).max()))  # to the longest

@@ -34,9 +34,7 @@ import torch
 from shards.read.audio_features import N_FFT, AudioFeatures
 from shards.read.prep_settings import SettingsMismatch
 
-__all__ = ["AUDIO_KEYS", "audio_features", "check_processor_audio", "pack_audio"]
-
-AUDIO_KEYS = ("input_features", "feature_attention_mask")
+__all__ = ["audio_features", "check_processor_audio", "pack_audio"]
 
 
 def _extractor(processor, family: str):

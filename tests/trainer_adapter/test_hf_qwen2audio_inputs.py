@@ -162,6 +162,21 @@ def test_packer_equals_its_processor(tmp_path):
         trained = proc.tokenizer.decode(got["input_ids"][got["labels"] != -100])
         assert trained == turns[1][1]
     assert max(lens_seen) == 3000 and min(lens_seen) < 3000  # cut at, and inside, the window
+    # the window's own length, one hop below it and one sample past it (16 kHz: no resampling)
+    import soundfile
+
+    for samples, frames in ((480000, 3000), (480000 - 160, 2999), (480001, 3000)):
+        wave = np.sin(np.arange(samples) / 7.0).astype(np.float32) / 3
+        path = tmp_path / f"edge-{samples}.wav"
+        soundfile.write(path, wave, 16000, subtype="FLOAT")
+        turns = [("user", "<audio>\nAnd this?"), ("assistant", "A hum.")]
+        got = packer.sample(turns, [], [path.read_bytes()])
+        text = proc.apply_chat_template(_messages(turns), tokenize=False)
+        ref = proc(text=[text], audio=[load_audio(str(path), sampling_rate=16000)],
+                   return_tensors="pt")  # fmt: skip
+        assert got["audio_lens"] == [frames] == ref["feature_attention_mask"].sum(-1).tolist()
+        assert torch.equal(got["input_ids"], ref["input_ids"][0]), samples
+        np.testing.assert_array_equal(got["audio_frames"][0].T, ref["input_features"][0].numpy())
     row = packer([_Sample(rec, demo) for rec in records[:2]])
     assert row["input_features"].shape == (3, MEL, 3000)
     assert row["feature_attention_mask"].sum(-1).tolist() == lens_seen[:3]

@@ -89,7 +89,7 @@ def check_rules(template, template_spec: str, rules: dict[str, str | None]) -> N
     template, or a rule none of the template's families name where they name theirs (Gemma 4's
     recordings counted by a Whisper rule). Rules no family names (the Whisper-style ones, whose
     features several processors make) go with any template that writes the marker."""
-    from dataprep.families.registry import FAMILIES
+    from dataprep.families.registry import FAMILIES, rule_owners
 
     family = getattr(template, "family", None)
     if family is None:
@@ -99,7 +99,7 @@ def check_rules(template, template_spec: str, rules: dict[str, str | None]) -> N
         if not spec:
             continue
         name = spec.partition(":")[0]
-        owners = [f.name for f in FAMILIES.values() if name in getattr(f, f"{modality}_rules")]
+        owners = [f.name for f in rule_owners(modality, name)]
         theirs = sorted({r for f in mine for r in getattr(f, f"{modality}_rules")})
         wrong = (owners and not {f.name for f in mine} & set(owners)) or (
             theirs and name not in theirs

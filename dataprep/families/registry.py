@@ -27,6 +27,7 @@ __all__ = [
     "POLICY_TEMPLATE_FAMILIES",
     "family_spec",
     "load",
+    "rule_owners",
 ]
 
 FAMILY_MODULES = (
@@ -125,6 +126,12 @@ def load(modules: tuple[str, ...] | None = None) -> None:
     ):
         table.clear()
         table.update(content)
+
+
+def rule_owners(modality: str, name: str) -> list[FamilySpec]:
+    """The families that name the ``modality`` (``video`` / ``audio``) rule ``name`` as their
+    processor's (``FamilySpec.video_rules`` / ``audio_rules``); none for a shared rule."""
+    return [f for f in FAMILIES.values() if name in getattr(f, f"{modality}_rules")]
 
 
 def family_spec(name: str) -> FamilySpec:

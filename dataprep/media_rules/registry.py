@@ -179,14 +179,14 @@ def check_media_rules(video: str | None, audio: str | None, vision_policy: str) 
         parse_audio_rule(audio)
     if video:
         parse_video_rule(video)
-    from dataprep.families.registry import FAMILIES
+    from dataprep.families.registry import rule_owners
 
     policy = vision_policy.partition(":")[0]
     for spec, what in ((video, "video"), (audio, "audio")):
         if not spec:
             continue
         name = spec.partition(":")[0]
-        owners = [f for f in FAMILIES.values() if name in getattr(f, f"{what}_rules")]
+        owners = rule_owners(what, name)
         own = (f.video_policies or f.policies if what == "video" else f.policies for f in owners)
         policies = tuple(dict.fromkeys(p for ps in own for p in ps))
         if owners and policy not in policies:

@@ -26,7 +26,16 @@ import torch
 
 from equishard.cli import main
 from tests.dist_helper import run_ranks
-from tests.trainer_adapter.test_hf_omni_inputs import _files, _loss, _messages, _turns
+from tests.trainer_adapter.test_hf_omni_inputs import (
+    _files,
+    _flat_grads,
+    _loss,
+    _messages,
+    _packed,
+    _Sample,
+    _shares,
+    _turns,
+)
 
 tf = pytest.importorskip("transformers")
 
@@ -121,14 +130,6 @@ def dataset(root: Path) -> tuple[Path, list[dict]]:
     return demo, records
 
 
-class _Sample:
-    def __init__(self, rec: dict, demo: Path) -> None:
-        self.meta = {"turns": _turns(rec), "sample_id": rec["id"]}
-        self.images = [(demo / f).read_bytes() for f in _files(rec, "image")]
-        self.audios = [(demo / f).read_bytes() for f in _files(rec, "audio")]
-        self.videos = []
-
-
 def test_packer_equals_its_processor(tmp_path):
     from transformers.audio_utils import load_audio
 
@@ -203,34 +204,6 @@ def _generation(root: str) -> tuple[str, str]:
     assert main(["balance", str(cost), "--dp", "2", "--target-batch", "3", "-o", str(plan)]) == 0
     assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
     return str(gen), str(mdir)
-
-
-def _shares(gen: str) -> list[list]:
-    """Every sample, rank 0 holding every one with a recording (balancing must move them)."""
-    from shards import GroupDataset, RankInfo
-
-    every = [
-        s
-        for rank in range(2)
-        for group in GroupDataset(gen, RankInfo(rank=rank, world_size=2))
-        for s in group["samples"]
-    ]
-    return [[s for s in every if s.audios], [s for s in every if not s.audios]]
-
-
-def _packed(packer, samples) -> dict:
-    row = packer(samples)
-    if "input_features" in row:
-        row["input_features"] = row["input_features"].double()
-    return row
-
-
-def _flat_grads(m) -> np.ndarray:
-    params = dict(m.named_parameters())
-    return torch.cat(
-        [(params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])).reshape(-1)
-         for n in sorted(params)]
-    ).numpy()  # fmt: skip
 
 
 def rank_rows(rank, world, gen, mdir, mode):

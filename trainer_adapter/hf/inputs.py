@@ -98,6 +98,11 @@ __all__ = ["HFPacker"]
 FAMILIES = FAMILY_SPECS  # name -> FamilySpec, in the registry's order
 
 
+def _audio_families() -> str:
+    """The families whose rows take recordings, for messages (the registry's, as it is now)."""
+    return ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
+
+
 @dataclass(kw_only=True)
 class HFPacker:
     """``family``: qwen2vl (Qwen2-VL, Qwen2.5-VL) | qwen3vl (Qwen3-VL, Qwen3.5) | glm4v (GLM-4.1V,
@@ -144,6 +149,7 @@ class HFPacker:
     _audio: object = field(init=False, repr=False)
     _images_kw: dict = field(init=False, repr=False)
     _rules: PackerRules = field(init=False, repr=False)
+    _takes_images: bool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         check_flag("packing_kwargs", self.packing_kwargs)
@@ -151,22 +157,24 @@ class HFPacker:
             check_flag("check_costs (or None)", self.check_costs)
         if not isinstance(self.images_kwargs, dict):
             raise ValueError(f"images_kwargs must be a dict, got {self.images_kwargs!r}")
-        self._rules = family_spec(self.family).packer
+        spec = family_spec(self.family)
+        self._rules = spec.packer
+        self._takes_images = spec.image_tokens is not None  # an audio-only family's: none
         if self._rules.rope_positions and self.rope_index is None:
             raise ValueError(
                 f"{self.family} needs rope_index=model.model.get_rope_index (3-D positions)"
             )
         # an audio-only family's processor has no image processor
-        images = family_spec(self.family).image_tokens is not None
-        self._images_kw = images_settings(self.processor, self.images_kwargs) if images else {}
+        self._images_kw = (
+            images_settings(self.processor, self.images_kwargs) if self._takes_images else {}
+        )
         self._template = load_template(self.template)
         self._audio = None
         if self.audio_rule is not None:
             if not self._rules.audio:
                 raise ValueError(
                     f"audio_rule {self.audio_rule!r}: the {self.family} family takes no "
-                    "recordings; families that do: "
-                    + ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
+                    f"recordings; families that do: {_audio_families()}"
                 )
             from dataprep.media_rules import parse_audio_rule
 
@@ -419,7 +427,7 @@ class HFPacker:
         than prep measured); refused, naming what to use."""
         videos = getattr(sample, "videos", ())
         audios = getattr(sample, "audios", ()) if self._audio is None else ()
-        images = sample.images if family_spec(self.family).image_tokens is None else ()
+        images = sample.images if not self._takes_images else ()
         media = [
             f"{len(v)} {w}"
             for w, v in (("image(s)", images), ("video(s)", videos), ("recording(s)", audios))
@@ -432,8 +440,7 @@ class HFPacker:
                 else "HFPacker builds no videos yet: prep without them"
                 if videos
                 else "give the packer the generation's audio rule (from_generation does); "
-                "families that take recordings: "
-                + ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
+                f"families that take recordings: {_audio_families()}"
             )
             raise ValueError(
                 f"sample {sample.meta.get('sample_id', '?')!r} has {' and '.join(media)}, "

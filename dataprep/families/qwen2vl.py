@@ -1,6 +1,8 @@
 """Qwen2-VL and Qwen2.5-VL: smart resize to multiples of 28, 14-px patches merged 2x2, 3-D
 positions from the model's ``get_rope_index``."""
 
+from dataclasses import replace
+
 from dataprep.families.processor_settings import QWEN_CHECKS
 from dataprep.families.spec import FamilySpec, ImageTokens, PackerRules, policy
 from dataprep.policies.qwen2vl import QWEN2VL_RESIZE, Qwen2VLPolicy
@@ -26,7 +28,7 @@ SPEC = FamilySpec(
     template="qwen2vl",
     image_tokens=QWEN_IMAGE,
     processor_checks=QWEN_CHECKS,
-    packer=QWEN_PACKER,
+    packer=replace(QWEN_PACKER, videos=True),  # its videos built (hf.video_inputs)
     media_tokens={"video": QWEN_VIDEO},
     video_rules=("qwen2vl",),  # Qwen3-VL's video prompts carry timestamps: not this rule
 )

@@ -1,5 +1,7 @@
 """Qwen3-VL and Qwen3.5: Qwen2-VL's resize with 16-px patches (multiples of 32)."""
 
+from dataclasses import replace
+
 from dataprep.families.processor_settings import QWEN_CHECKS
 from dataprep.families.qwen2vl import QWEN_IMAGE, QWEN_OPTIONS, QWEN_PACKER, QWEN_VIDEO
 from dataprep.families.spec import FamilySpec, policy
@@ -21,7 +23,7 @@ SPEC = FamilySpec(
     template="qwen2vl",
     image_tokens=QWEN_IMAGE,
     processor_checks=QWEN_CHECKS,
-    packer=QWEN_PACKER,
+    packer=replace(QWEN_PACKER, videos=True),  # its videos built (hf.video_inputs)
     media_tokens={"video": QWEN_VIDEO},
     video_rules=("qwen3vl",),  # timestamps in the prompt, the template's wrapper collapsed
 )

@@ -100,7 +100,9 @@ class PackerRules:
     frames, ``[recordings, mel, longest]`` with ``feature_attention_mask``, the thinker packing
     the masked frames side by side; ``window``: every recording's whole window as the
     processor pads it, ``[recordings, mel, window]`` with its frame mask, for a padded encoder
-    (Qwen2-Audio); empty: it takes no recordings)."""
+    (Qwen2-Audio); empty: it takes no recordings); ``videos``: the packer builds its videos
+    (Qwen's temporal patches: ``pixel_values_videos`` with ``video_grid_thw``,
+    :mod:`~trainer_adapter.hf.video_inputs`)."""
 
     rope_positions: bool = False
     fixed_tokens: bool = False
@@ -111,6 +113,7 @@ class PackerRules:
     beside: tuple[str, ...] = ()
     per_token: str | None = None
     audio: str = ""
+    videos: bool = False
 
     def __post_init__(self) -> None:
         if self.audio not in ("", "packed", "window"):

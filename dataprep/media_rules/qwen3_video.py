@@ -151,14 +151,18 @@ class Qwen3VideoRule(MediaRule):
             n, height, width, factor, self.temporal_patch_size, self.min_pixels, budget, "Qwen3-VL"
         )
 
+    def timestamps(self, indices: list[int], video_fps: float) -> list[float]:
+        """Each temporal patch's time in the prompt: the mean time of its sampled frames (the
+        last repeated to fill a patch), as the processor's ``_calculate_timestamps``."""
+        tps = self.temporal_patch_size
+        idx = list(indices) + [indices[-1]] * (-len(indices) % tps)
+        times = [i / video_fps for i in idx]
+        return [(times[i] + times[i + tps - 1]) / 2 for i in range(0, len(times), tps)]
+
     def cost(self, header: VideoHeader) -> MediaCost:
         n = self.frames(header.frames, header.fps)
         h, w = self.frame_size(header.width, header.height, n)
-        tps = self.temporal_patch_size
-        idx = self.indices(header.frames, n)
-        idx += [idx[-1]] * (-len(idx) % tps)
-        times = [i / header.fps for i in idx]
-        stamps = [(times[i] + times[i + tps - 1]) / 2 for i in range(0, len(times), tps)]
+        stamps = self.timestamps(self.indices(header.frames, n), header.fps)
         per_t = (h // self.patch_size) * (w // self.patch_size)
         text = "".join(f"<{t:.1f} seconds>{START}{END}" for t in stamps)
         return MediaCost((per_t,) * len(stamps), len(stamps) * per_t // self.merge_size**2, text)

@@ -118,6 +118,19 @@ class QwenVideoRule(MediaRule):
         # torch.arange(0, total, total / n): its length is computed in double precision
         return math.ceil(total / (total / n))
 
+    def indices(self, total: int, n: int) -> list[int]:
+        """The ``n`` sampled frames' indices, as the source's sampler computes them (in torch's
+        float32): qwen-vl-utils' readers ``torch.linspace(0, total - 1, n).round()``, the
+        transformers ``sample_frames`` ``torch.arange(0, total, total / n).int()`` (``fps=0``:
+        every frame)."""
+        import torch
+
+        if self.source == "qwen-vl-utils":
+            return torch.linspace(0, total - 1, n).round().long().tolist()
+        if self.fps == 0:
+            return list(range(total))
+        return torch.arange(0, total, total / n).int().tolist()
+
     def frame_size(self, width: int, height: int, frames: int) -> tuple[int, int]:
         """(height, width) each of ``frames`` sampled frames is resized to."""
         factor = self.patch_size * self.merge_size

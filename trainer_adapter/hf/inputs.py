@@ -83,7 +83,7 @@ from dataprep.families.registry import family_spec
 from dataprep.families.spec import PackerRules
 from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
-from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER
+from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from equishard.common.values import check_flag
 from equishard.contracts.columns import LLM_TOKENS
 from trainer_adapter.hf.audio_inputs import audio_features, check_processor_audio, pack_audio
@@ -91,6 +91,7 @@ from trainer_adapter.hf.images import images_settings, pack_images
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
 from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
+from trainer_adapter.hf.video_inputs import END, START, QwenVideo, pack_videos
 
 __all__ = ["HFPacker"]
 
@@ -101,6 +102,11 @@ FAMILIES = FAMILY_SPECS  # name -> FamilySpec, in the registry's order
 def _audio_families() -> str:
     """The families whose rows take recordings, for messages (the registry's, as it is now)."""
     return ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
+
+
+def _video_families() -> str:
+    """The families whose videos the packer builds, for messages."""
+    return ", ".join(n for n, f in FAMILIES.items() if f.packer.videos)
 
 
 @dataclass(kw_only=True)
@@ -134,8 +140,13 @@ class HFPacker:
     ``audio_rule``: the Whisper-style audio rule prep measured the recordings with
     (:meth:`from_generation` takes the generation's): a family that takes recordings loads each
     one and makes its features as its processor's feature extractor does, whose settings are
-    checked against the rule (:mod:`~trainer_adapter.hf.audio_inputs`). A sample with videos, or
-    with recordings and no audio rule, is refused (their marks would be packed as text)."""
+    checked against the rule (:mod:`~trainer_adapter.hf.audio_inputs`). ``video_rule``: the
+    Qwen video rule prep measured the videos with (:meth:`from_generation` takes the
+    generation's): the Qwen2-VL, Qwen2.5-VL and Qwen3-VL families sample, resize and patch each
+    video's frames as their video processor does (:mod:`~trainer_adapter.hf.video_inputs`);
+    ``pixel_values_videos`` and ``video_grid_thw`` go with the row. A sample with videos and no
+    video rule, or with recordings and no audio rule, is refused (their marks would be packed
+    as text)."""
 
     family: str
     processor: object
@@ -145,8 +156,10 @@ class HFPacker:
     check_costs: bool | None = None
     images_kwargs: dict = field(default_factory=dict)
     audio_rule: str | None = None
+    video_rule: str | None = None
     _template: object = field(init=False, repr=False)
     _audio: object = field(init=False, repr=False)
+    _video: object = field(init=False, repr=False)
     _images_kw: dict = field(init=False, repr=False)
     _rules: PackerRules = field(init=False, repr=False)
     _takes_images: bool = field(init=False, repr=False)
@@ -181,6 +194,20 @@ class HFPacker:
             rule = parse_audio_rule(self.audio_rule)
             self._audio = audio_features(self.processor, rule, self.family)  # Whisper-style only
             check_processor_audio(self.processor, rule, self.family)
+        self._video = None
+        if self.video_rule is not None:
+            from dataprep.media_rules import parse_video_rule
+
+            rule = parse_video_rule(self.video_rule)
+            name = rule.spec().partition(":")[0]
+            if not self._rules.videos or name not in spec.video_rules:
+                raise ValueError(
+                    f"video_rule {self.video_rule!r}: HFPacker builds the {self.family} "
+                    f"family's videos with {' or '.join(spec.video_rules) or 'no rule'}"
+                    f"{'' if self._rules.videos else ' (none: it builds no videos)'}; "
+                    f"families whose videos it builds: {_video_families()}"
+                )
+            self._video = QwenVideo.of(self.processor, rule, self.family)
 
     def _setting(self, name: str):
         """An image setting as the image processor runs it: the call's, else its own."""
@@ -240,10 +267,18 @@ class HFPacker:
             )
         return mark
 
-    def sample(self, turns: list, image_bytes: list[bytes], audio_bytes: list[bytes] = ()) -> dict:
-        """One sample's ``input_ids``, ``labels``, ``positions``, processed images and
-        recordings' frames (``audio_frames``)."""
+    def sample(
+        self,
+        turns: list,
+        image_bytes: list[bytes],
+        audio_bytes: list[bytes] = (),
+        video_bytes: list[bytes] = (),
+    ) -> dict:
+        """One sample's ``input_ids``, ``labels``, ``positions``, processed images, recordings'
+        frames (``audio_frames``) and videos (``videos``: each one's patches and grid)."""
         images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
+        videos = [self._video(b, f"video {k}") for k, b in enumerate(video_bytes)] if (
+            self._video is not None) else []  # fmt: skip
         if self._audio is None:
             feats, lens = [], []
         elif self._rules.audio == "window":  # the whole window, as the processor pads it
@@ -298,7 +333,8 @@ class HFPacker:
         if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
         mark = self._image_mark(text, len(texts))
-        expanded, marks = self._expanded(text, mark, texts, lens)
+        video_texts = [self._video.text(v, self.processor.video_token) for v in videos]
+        expanded, marks = self._expanded(text, mark, texts, lens, video_texts)
 
         def moved(x: int) -> int:
             return x + sum(d for p, d in marks if p < x)
@@ -336,7 +372,14 @@ class HFPacker:
             positions = torch.cat([text_pos[None], rope], dim=0)
         elif self._rules.rope_positions:
             grid = processed.get("image_grid_thw")
-            rope, _ = self.rope_index(ids[None], (ids == image_id).int()[None], image_grid_thw=grid)
+            types = (ids == image_id).int()
+            kw = {}
+            if videos:  # videos' tokens are type 2; Qwen2.5-VL's time per temporal patch
+                types[ids == tokenizer.convert_tokens_to_ids(self.processor.video_token)] = 2
+                kw = pack_videos([{"videos": videos}])
+                kw.pop("pixel_values_videos")
+                kw["second_per_grid_ts"] = torch.tensor([v["seconds_per_grid"] for v in videos])
+            rope, _ = self.rope_index(ids[None], types[None], image_grid_thw=grid, **kw)
             positions = torch.cat([text_pos[None], rope], dim=0)
         else:
             positions = text_pos
@@ -348,15 +391,31 @@ class HFPacker:
         processed.pop("tile_fine_mask", None)  # Granite Docling's: one for the row
         if feats:
             extra["audio_frames"], extra["audio_lens"] = feats, lens
+        if videos:
+            extra["videos"] = videos
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
-    def _expanded(self, text: str, mark: str, texts: list[str], lens: list) -> tuple[str, list]:
-        """``text`` with each image's ``mark`` replaced by its text and each ``<audio>`` by its
-        recording's audio tokens, in the order they stand; and each replacement's ``(position
-        in text, length added)``, by which the trained spans move."""
+    def _expanded(
+        self, text: str, mark: str, texts: list[str], lens: list, video_texts: list[str] = ()
+    ) -> tuple[str, list]:
+        """``text`` with each image's ``mark`` replaced by its text, each ``<audio>`` by its
+        recording's audio tokens and each video's mark (Qwen3-VL's with the template's vision
+        start and end around it) by its text, in the order they stand; and each replacement's
+        ``(position in text, length added)``, by which the trained spans move."""
         from dataprep.media_rules.whisper_audio import audio_tokens
 
         marks_of = {mark: iter(texts)}
+        if self._video is not None:
+            vmark = VIDEO_PLACEHOLDER
+            if self._video.rule.collapses:  # Qwen3-VL: its text has its own start and end
+                vmark = START + VIDEO_PLACEHOLDER + END
+            found = text.count(vmark)
+            if found != len(video_texts):
+                raise ValueError(
+                    f"the {self.family} template wrote {found} video mark(s) {vmark!r} for "
+                    f"{len(video_texts)} video(s)"
+                )
+            marks_of[vmark] = iter(video_texts)
         if self._audio is not None:
             found = text.count(AUDIO_PLACEHOLDER)
             if found != len(lens):
@@ -395,7 +454,7 @@ class HFPacker:
         one prep counted with (:mod:`~trainer_adapter.hf.tokenizer_check`; ``tokenizer`` names
         prep's file or model directory where the recorded path is not at hand); every sample's
         row is checked against prep's costs (``check_costs=False`` turns that off)."""
-        from dataprep.media_rules import parse_audio_rule
+        from dataprep.media_rules import parse_audio_rule, parse_video_rule
         from shards.read.prep_settings import PrepSettings, SettingsMismatch
         from shards.store.manifest import Manifest, open_generation
 
@@ -412,6 +471,16 @@ class HFPacker:
                 f"were measured with {audio!r}: leave audio_rule out (the generation's is taken)"
             )
         kwargs["audio_rule"] = audio
+        video = rec.resolve_rule("video")
+        given = kwargs.get("video_rule")
+        if given is not None and (
+            video is None or parse_video_rule(given) != parse_video_rule(video)
+        ):
+            raise SettingsMismatch(
+                f"video_rule {given!r} given, but the generation's videos were measured with "
+                f"{video!r}: leave video_rule out (the generation's is taken)"
+            )
+        kwargs["video_rule"] = video
         packer = cls(
             family=family, processor=processor, template=rec.resolve_template(template)[0], **kwargs
         )
@@ -425,7 +494,7 @@ class HFPacker:
         """A sample with videos, or with recordings this packer has no audio rule for: their
         marks would be packed as text and the media dropped (a sample built as something else
         than prep measured); refused, naming what to use."""
-        videos = getattr(sample, "videos", ())
+        videos = getattr(sample, "videos", ()) if self._video is None else ()
         audios = getattr(sample, "audios", ()) if self._audio is None else ()
         images = sample.images if not self._takes_images else ()
         media = [
@@ -437,7 +506,12 @@ class HFPacker:
             fix = (
                 f"the {self.family} family's models take no images"
                 if images
-                else "HFPacker builds no videos yet: prep without them"
+                else (
+                    "give the packer the generation's video rule (from_generation does)"
+                    if self._rules.videos
+                    else f"HFPacker builds no videos of the {self.family} family: prep without them"
+                )
+                + f"; families whose videos it builds: {_video_families()}"
                 if videos
                 else "give the packer the generation's audio rule (from_generation does); "
                 f"families that take recordings: {_audio_families()}"
@@ -473,7 +547,12 @@ class HFPacker:
         for s in samples:
             self._refuse_media(s)
         parts = [
-            self.sample(s.meta["turns"], list(s.images), list(getattr(s, "audios", ())))
+            self.sample(
+                s.meta["turns"],
+                list(s.images),
+                list(getattr(s, "audios", ())),
+                list(getattr(s, "videos", ())),
+            )
             for s in samples
         ]
         if self.check_costs is not False:
@@ -494,6 +573,7 @@ class HFPacker:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
         batch |= pack_images(self.family, self._rules, parts, fine_route=self.fine_route)
         batch |= pack_audio(parts)
+        batch |= pack_videos(parts)
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
             spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}

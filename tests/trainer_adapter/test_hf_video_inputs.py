@@ -81,13 +81,16 @@ def _records(root: Path) -> list[dict]:
     ]
 
 
-def _processor(cls_name: str, model_dir: Path, rule):
-    """The model's processor as a CPU user loads it: no video processor (it needs torchvision)."""
+def _processor(cls_name: str, model_dir: Path, rule, policy: str | None = None):
+    """The model's processor as a CPU user loads it: no video processor (it needs
+    torchvision); ``policy``: its image processor's pixel bounds that vision policy's."""
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
     tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
     mean = [0.5] * 3 if "Qwen3" in cls_name else None  # Qwen3-VL's configs
     kw = {"image_mean": mean, "image_std": mean} if mean else {}
+    if policy:
+        kw |= {k: int(v) for k, v in (o.split("=") for o in policy.split(":")[1].split(","))}
     ip = Qwen2VLImageProcessorPil(patch_size=rule.patch_size, merge_size=2, **kw)
     cls = type(
         cls_name,
@@ -262,3 +265,307 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
         assert trained.endswith(rec["turns"][1][1] + "<|im_end|>") or trained == rec["turns"][1][1]
     if cls_name == "Qwen2_5_VLProcessor":  # the time per pair of frames moved the positions
         assert "second_per_grid_ts" in refs[0]
+
+
+POLICY = {"qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",
+          "qwen3vl": "qwen3vl:min_pixels=4096,max_pixels=65536"}  # fmt: skip
+RULE = {"qwen2vl": f"{QWEN2},source=transformers", "qwen3vl": f"{QWEN3},max_pixels=262144"}
+
+
+def _dataset(root: Path) -> Path:
+    """Twelve samples: a video, two videos, an image and a video, an image, text only; the
+    demo's images and real clips."""
+    from dataprep import make_demo
+    from dataprep.demo_media import write_videos
+
+    demo = root / "demo"
+    make_demo(demo, samples=4, seed=3, images=3)
+    clips = write_videos(demo, np.random.default_rng(4), 4)
+    images = sorted(str(p.relative_to(demo)) for p in (demo / "images").iterdir())
+    kinds = [(["<video>"], [], clips[:1]), (["<video>", "<video>"], [], clips[1:3]),
+             (["<image>", "<video>"], images[:1], clips[3:]), (["<image>"], images[1:2], []),
+             ([], [], [])]  # fmt: skip
+    rng = np.random.default_rng(0)
+    words = "the a car bird rain falls runs over road sky".split()
+    records = []
+    for i in range(12):
+        marks, imgs, vids = kinds[i % len(kinds)]
+        say = lambda n: " ".join(rng.choice(words, n))  # noqa: E731
+        rec = {"id": f"s{i}", "conversations": [
+            {"from": "human", "value": "".join(m + "\n" for m in marks) + say(4) + "?"},
+            {"from": "gpt", "value": say(int(rng.integers(3, 40))) + "."},
+        ]}  # fmt: skip
+        if imgs:
+            rec["image"] = imgs[0]
+        if vids:
+            rec["video"] = vids if len(vids) > 1 else vids[0]
+        records.append(rec)
+    (demo / "videos.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return demo
+
+
+def _generation(root: Path, family: str, tokenizer_path: str) -> tuple[str, Path]:
+    from equishard.cli import main
+
+    demo = _dataset(root)
+    mdir = make_model_dir(root, "qwen2vl", tokenizer_path)
+    cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
+    args = ["prep", str(demo / "videos.jsonl"), "--image-root", str(demo), "--no-progress"]
+    args += ["--tokenizer", str(mdir / "tokenizer.json"), "--template", str(mdir)]
+    args += ["--vision-policy", POLICY[family], "--video-rule", RULE[family], "-o", str(cost)]
+    assert main(args) == 0
+    assert main(["balance", str(cost), "--dp", "2", "--target-batch", "3", "-o", str(plan)]) == 0
+    assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    return str(gen), mdir
+
+
+def _shares(gen: str) -> list[list]:
+    """Every sample of the generation, rank 0 holding every one with a video."""
+    from shards import GroupDataset, RankInfo
+
+    every = [s for rank in range(2)
+             for group in GroupDataset(gen, RankInfo(rank=rank, world_size=2))
+             for s in group["samples"]]  # fmt: skip
+    return [[s for s in every if s.videos], [s for s in every if not s.videos]]
+
+
+@pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl"])
+def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path):
+    """From a generation: the packer takes the recorded video rule, and every row (images,
+    videos, Qwen3-VL's timestamps) is as long as prep counted (the packer checks each)."""
+    from dataprep.media_rules import parse_video_rule
+    from trainer_adapter.hf.inputs import HFPacker
+
+    gen, mdir = _generation(tmp_path, family, tokenizer_path)
+    cls_name = "Qwen3VLProcessor" if family == "qwen3vl" else "Qwen2VLProcessor"
+    rule = parse_video_rule(RULE[family])
+    proc = _processor(cls_name, mdir, rule, POLICY[family])
+    packer = HFPacker.from_generation(
+        gen, proc, family=family, rope_index=_rope_index(cls_name, proc.tokenizer)
+    )
+    assert parse_video_rule(packer.video_rule) == rule
+    shares = _shares(gen)
+    assert len(shares[0]) == 8 and len(shares[1]) == 4
+    row = packer(shares[0] + shares[1])  # raises on a row not as long as prep counted
+    assert len(row["video_grid_thw"]) == 11  # 3 samples of one, 3 of two, 2 after an image
+    per_token = row["pixel_values_videos"].shape[1]
+    assert per_token == 3 * 2 * rule.patch_size**2
+
+
+def _model(tok, family: str):
+    """A tiny double-precision Qwen2-VL / Qwen3-VL with the tokenizer's vision token ids."""
+    from tests.trainer_adapter.test_hf_inputs import _vision_token_ids
+
+    text = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192)  # fmt: skip
+    torch.manual_seed(0)
+    if family == "qwen3vl":
+        rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True}  # fmt: skip
+        cfg = tf.Qwen3VLConfig(
+            text_config={**text, "head_dim": 8, "rope_parameters": rope},
+            vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
+                               patch_size=16, out_hidden_size=32, num_position_embeddings=64,
+                               deepstack_visual_indexes=[0]),
+            **_vision_token_ids(tok),
+        )  # fmt: skip
+        return tf.Qwen3VLForConditionalGeneration(cfg).double()
+    cfg = tf.Qwen2VLConfig(
+        text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
+        vision_config=dict(depth=2, embed_dim=16, hidden_size=32, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2),
+        **_vision_token_ids(tok),
+    )  # fmt: skip
+    return tf.Qwen2VLForConditionalGeneration(cfg).double()
+
+
+def _setup(gen: str, mdir: str, family: str):
+    from dataprep.media_rules import parse_video_rule
+    from trainer_adapter.hf.inputs import HFPacker
+
+    cls_name = "Qwen3VLProcessor" if family == "qwen3vl" else "Qwen2VLProcessor"
+    proc = _processor(cls_name, Path(mdir), parse_video_rule(RULE[family]), POLICY[family])
+    model = _model(proc.tokenizer, family)
+    packer = HFPacker.from_generation(
+        gen, proc, family=family, rope_index=model.model.get_rope_index
+    )
+    return model, packer
+
+
+def _loss(model, packer, samples, n_targets=None):
+    row = packer(samples)
+    for k in ("pixel_values", "pixel_values_videos"):
+        if row.get(k) is not None:
+            row[k] = row[k].double()
+    labels = row.pop("labels")
+    logits = model(**row, use_cache=False).logits
+    n = n_targets if n_targets is not None else int((labels[..., 1:] != -100).sum())
+    loss = torch.nn.functional.cross_entropy(
+        logits[0, :-1].float(), labels[0, 1:], ignore_index=-100, reduction="sum"
+    )
+    return loss / n, row
+
+
+def _flat_grads(model) -> np.ndarray:
+    params = dict(model.named_parameters())
+    return torch.cat([(params[n].grad if params[n].grad is not None
+                       else torch.zeros_like(params[n])).reshape(-1)
+                      for n in sorted(params)]).numpy()  # fmt: skip
+
+
+def rank_rows(rank, world, gen, mdir, family, mode):
+    """This rank's share (rank 0: every sample with a video) packed from the generation, one
+    step with the tower and the LLM balanced (or not): the loss and gradient summed."""
+    import torch.distributed as dist
+
+    from trainer_adapter.hf.balance import balance_model, global_targets
+    from trainer_adapter.redistribute import RedistributePolicy
+
+    model, packer = _setup(gen, mdir, family)
+    samples = _shares(gen)[rank]
+    n = global_targets(packer(samples)["labels"])
+    balance_model(model, policy=RedistributePolicy(enabled=mode == "balanced"))
+    loss, row = _loss(model, packer, samples, n)
+    loss.backward()
+    dist.all_reduce(loss := loss.detach())
+    flat = torch.from_numpy(_flat_grads(model))
+    dist.all_reduce(flat)
+    visual = model.model.visual
+    return {"loss": float(loss), "grads": flat.numpy(), "videos": len(row.get(
+        "video_grid_thw", ())), "moved": visual.last_route.moved if mode == "balanced" else 0}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl"])
+def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
+    """On 2 gloo ranks, one holding every video: the loss and every gradient with the vision
+    tower (images and videos) and the LLM balanced equal those without balancing and those of
+    one process over all the rows; the balanced tower moved videos' frames to rank 1."""
+    from tests.dist_helper import run_ranks
+
+    gen, mdir = _generation(tmp_path, family, tokenizer_path)
+    runs = {m: run_ranks(rank_rows, 2, gen, str(mdir), family, m, timeout=300)
+            for m in ("balanced", "plain")}  # fmt: skip
+    model, packer = _setup(gen, str(mdir), family)
+    shares = _shares(gen)
+    loss, _ = _loss(model, packer, shares[0] + shares[1])
+    loss.backward()
+    ref = _flat_grads(model)
+    assert [r["videos"] for r in runs["plain"]] == [11, 0]
+    for mode, ranks in runs.items():
+        for r in ranks:
+            assert r["loss"] == pytest.approx(loss.item(), rel=1e-6), mode
+            np.testing.assert_allclose(r["grads"], ref, rtol=1e-5, atol=1e-9)
+    assert runs["balanced"][0]["moved"] > 0
+    patch = dict(model.named_parameters())["model.visual.patch_embed.proj.weight"].grad
+    assert patch is not None and patch.abs().sum() > 0
+
+
+def _qwen2(tmp_path, tokenizer_path, **kw):
+    from dataprep.media_rules import parse_video_rule
+
+    mdir = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)
+    return mdir, _processor("Qwen2VLProcessor", mdir, parse_video_rule(RULE["qwen2vl"]), **kw)
+
+
+@pytest.mark.parametrize(
+    "family, rule, message",
+    [
+        ("glm4v", "glm4v", r"builds the glm4v family's videos with glm4v \(none: it builds no"),
+        ("qwen2vl", "qwen3vl", r"builds the qwen2vl family's videos with qwen2vl;"),
+        ("qwen3vl", "qwen2vl", r"builds the qwen3vl family's videos with qwen3vl;"),
+        ("qwen2vl", "qwen2vl:fps=2,source=none", r"qwen video source must be one of"),
+    ],
+)
+def test_a_rule_the_packer_cannot_build_is_refused(family, rule, message, tmp_path,
+                                                    tokenizer_path):  # fmt: skip
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir, proc = _qwen2(tmp_path, tokenizer_path)
+    with pytest.raises(ValueError, match=message):
+        HFPacker(family=family, processor=proc, template=str(mdir), rope_index=print,
+                 video_rule=rule)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "owner, setting, value, named",
+    [
+        ("image", "patch_size", 16, r"Qwen2VLImageProcessorPil.patch_size is 16.*has 14"),
+        ("image", "temporal_patch_size", 1, r"temporal_patch_size is 1.*has 2"),
+        ("image", "merge_size", 1, r"merge_size is 1.*has 2"),
+        ("video", "min_frames", 1, r"min_frames is 1.*has 2"),
+        ("video", "min_frames", 3, r"min_frames is 3.*has 2"),
+        ("video", "max_frames", 767, r"max_frames is 767.*has 768"),
+        ("video", "max_frames", 769, r"max_frames is 769.*has 768"),
+        ("video", "shortest_edge", 3135, r"size\['shortest_edge'\] is 3135.*has 3136"),
+        ("video", "shortest_edge", 3137, r"size\['shortest_edge'\] is 3137.*has 3136"),
+        ("video", "longest_edge", 50175, r"size\['longest_edge'\] is 50175.*has 50176"),
+        ("video", "longest_edge", 50177, r"size\['longest_edge'\] is 50177.*has 50176"),
+        ("video", "min_frames", 2, None),  # the rule's own values: accepted
+    ],
+)
+def test_the_processor_is_checked_against_the_video_rule(owner, setting, value, named,
+                                                          tmp_path, tokenizer_path):  # fmt: skip
+    """Each setting that changes a video's patches, at, below and above the rule's value, on
+    the image processor (one tower) and on a video processor (a user's with torchvision)."""
+    from types import SimpleNamespace
+
+    from shards.read.prep_settings import SettingsMismatch
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir, proc = _qwen2(tmp_path, tokenizer_path)
+    if owner == "image":
+        setattr(proc.image_processor, setting, value)
+    else:
+        vp = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "min_frames": 2,
+              "max_frames": 768, "size": {"shortest_edge": 3136, "longest_edge": 50176},
+              "image_mean": proc.image_processor.image_mean, "image_std": [0.3] * 3,
+              "rescale_factor": 1 / 255, "do_rescale": True, "do_normalize": True}  # fmt: skip
+        if setting in vp["size"]:
+            vp["size"] = {**vp["size"], setting: value}
+        else:
+            vp[setting] = value
+        proc.video_processor = SimpleNamespace(**vp)
+    make = lambda: HFPacker(family="qwen2vl", processor=proc, template=str(mdir),  # noqa: E731
+                            rope_index=print, video_rule=RULE["qwen2vl"])  # fmt: skip
+    if named is None:
+        assert make()._video.std == (0.3, 0.3, 0.3)  # the video processor's scaling taken
+        return
+    with pytest.raises(SettingsMismatch, match=named):
+        make()
+
+
+def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
+    """A sample's videos without a video rule, a template that writes other marks than the
+    sample has videos, another rule than the generation's, an undecodable video: each
+    refused naming the sample and the fix, never packed as text."""
+    from types import SimpleNamespace
+
+    from shards.read.prep_settings import SettingsMismatch
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir, proc = _qwen2(tmp_path, tokenizer_path)
+    clip = (tmp_path / _videos(tmp_path)[0]).read_bytes()
+    turns = [("user", "<video>\nWhat?"), ("assistant", "Rain.")]
+    sample = SimpleNamespace(meta={"turns": turns, "sample_id": "v1"}, images=[], videos=[clip])
+    plain = HFPacker(family="qwen2vl", processor=proc, template=str(mdir), rope_index=print)
+    with pytest.raises(ValueError, match=r"sample 'v1' has 1 video\(s\).*video rule.*qwen2vl"):
+        plain([sample])
+    rope = _rope_index("Qwen2VLProcessor", proc.tokenizer)
+    packer = HFPacker(family="qwen2vl", processor=proc, template=str(mdir), rope_index=rope,
+                      video_rule=RULE["qwen2vl"])  # fmt: skip
+    assert len(packer([sample])["video_grid_thw"]) == 1
+    two = SimpleNamespace(meta={"turns": turns, "sample_id": "v2"}, images=[], videos=[clip] * 2)
+    with pytest.raises(ValueError, match=r"wrote 1 video mark\(s\) '<video>' for 2 video"):
+        packer([two])
+    cut = SimpleNamespace(meta={"turns": turns, "sample_id": "v3"}, images=[],
+                          videos=[clip[: len(clip) // 3]])  # fmt: skip
+    with pytest.raises(Exception, match=r"sample 'v3' video 0"):
+        packer([cut])
+    gen, _ = _generation(tmp_path / "gen", "qwen2vl", tokenizer_path)
+    proc = _processor("Qwen2VLProcessor", mdir, packer._video.rule, POLICY["qwen2vl"])
+    with pytest.raises(SettingsMismatch, match=r"video_rule 'qwen2vl' given.*leave video_rule"):
+        HFPacker.from_generation(gen, proc, family="qwen2vl", rope_index=rope,
+                                 video_rule="qwen2vl")  # fmt: skip
+    same = HFPacker.from_generation(gen, proc, family="qwen2vl", rope_index=rope,
+                                    video_rule=RULE["qwen2vl"])  # fmt: skip
+    assert same.video_rule == packer._video.rule.spec()

@@ -273,11 +273,15 @@ class HFPacker:
         image_bytes: list[bytes],
         audio_bytes: list[bytes] = (),
         video_bytes: list[bytes] = (),
+        *,
+        sample_id: str = "?",
     ) -> dict:
         """One sample's ``input_ids``, ``labels``, ``positions``, processed images, recordings'
-        frames (``audio_frames``) and videos (``videos``: each one's patches and grid)."""
+        frames (``audio_frames``) and videos (``videos``: each one's patches and grid);
+        ``sample_id`` names it in errors."""
         images = [decode_image(b) for b in image_bytes]  # EXIF orientation applied, as prep counts
-        videos = [self._video(b, f"video {k}") for k, b in enumerate(video_bytes)] if (
+        videos = [self._video(b, f"sample {sample_id!r} video {k}")
+                  for k, b in enumerate(video_bytes)] if (
             self._video is not None) else []  # fmt: skip
         if self._audio is None:
             feats, lens = [], []
@@ -552,6 +556,7 @@ class HFPacker:
                 list(s.images),
                 list(getattr(s, "audios", ())),
                 list(getattr(s, "videos", ())),
+                sample_id=s.meta.get("sample_id", "?"),
             )
             for s in samples
         ]

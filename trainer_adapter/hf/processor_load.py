@@ -6,8 +6,10 @@ includes a video processor, which needs torchvision; the README's CPU install (t
 CPU wheels) has none that works beside it, so the call fails before any image is seen
 ("Qwen2VLVideoProcessor requires the Torchvision library"). :func:`load_processor` builds the
 same processor class from the same files with its image processor and tokenizer (and any other
-non-video part) only: its image and text outputs are the full processor's. Training on video
-needs the full processor: ``video=True``, with a torchvision matching your torch installed.
+non-video part) only: its image and text outputs are the full processor's. ``HFPacker``
+builds the videos of Qwen2-VL, Qwen2.5-VL and Qwen3-VL without it
+(:mod:`~trainer_adapter.hf.video_inputs`); ``video=True`` loads the video processor too, with a
+torchvision matching your torch installed (the packer then checks it against the video rule).
 """
 
 from __future__ import annotations

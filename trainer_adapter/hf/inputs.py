@@ -70,7 +70,6 @@ A rank without images gets ``pixel_values=None``:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -82,31 +81,27 @@ from dataprep.families.registry import FAMILIES as FAMILY_SPECS
 from dataprep.families.registry import family_spec
 from dataprep.families.spec import PackerRules
 from dataprep.image_orientation import decode_image
-from dataprep.policies.idefics2 import idefics2_expansion, idefics2_image_texts
-from dataprep.records import AUDIO_PLACEHOLDER, IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
+from dataprep.policies.idefics2 import idefics2_image_texts
+from dataprep.records import IMAGE_PLACEHOLDER
 from equishard.common.values import check_flag
-from equishard.contracts.columns import LLM_TOKENS
 from trainer_adapter.hf.audio_inputs import audio_features, check_processor_audio, pack_audio
 from trainer_adapter.hf.images import images_settings, pack_images
+from trainer_adapter.hf.media_text import expand_marks, image_mark, image_texts
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
 from trainer_adapter.hf.policy_check import check_processor_policy
+from trainer_adapter.hf.sample_checks import (
+    audio_families,
+    check_cost,
+    refuse_media,
+    video_families,
+)
 from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
-from trainer_adapter.hf.video_inputs import END, START, QwenVideo, pack_videos
+from trainer_adapter.hf.video_inputs import QwenVideo, pack_videos
 
 __all__ = ["HFPacker"]
 
 # the families and how each one's rows are built: one spec per family (dataprep.families)
 FAMILIES = FAMILY_SPECS  # name -> FamilySpec, in the registry's order
-
-
-def _audio_families() -> str:
-    """The families whose rows take recordings, for messages (the registry's, as it is now)."""
-    return ", ".join(n for n, f in FAMILIES.items() if f.packer.audio)
-
-
-def _video_families() -> str:
-    """The families whose videos the packer builds, for messages."""
-    return ", ".join(n for n, f in FAMILIES.items() if f.packer.videos)
 
 
 @dataclass(kw_only=True)
@@ -187,7 +182,7 @@ class HFPacker:
             if not self._rules.audio:
                 raise ValueError(
                     f"audio_rule {self.audio_rule!r}: the {self.family} family takes no "
-                    f"recordings; families that do: {_audio_families()}"
+                    f"recordings; families that do: {audio_families()}"
                 )
             from dataprep.media_rules import parse_audio_rule
 
@@ -205,7 +200,7 @@ class HFPacker:
                     f"video_rule {self.video_rule!r}: HFPacker builds the {self.family} "
                     f"family's videos with {' or '.join(spec.video_rules) or 'no rule'}"
                     f"{'' if self._rules.videos else ' (none: it builds no videos)'}; "
-                    f"families whose videos it builds: {_video_families()}"
+                    f"families whose videos it builds: {video_families()}"
                 )
             self._video = QwenVideo.of(self.processor, rule, self.family)
 
@@ -218,54 +213,6 @@ class HFPacker:
     def fine_route(self) -> bool:
         """Granite Docling: its image processor sends the pages on the fine connector path."""
         return bool(self._setting("fine_route"))
-
-    def _image_texts(self, images: list, processed: dict, token: str) -> list[str]:
-        """What each image's placeholder becomes, as the family's processor writes it: its
-        image tokens (``token`` repeated), SmolVLM's with its tile markers around them."""
-        if not images:
-            return []
-        if self._rules.rope_positions:
-            merge = self.processor.image_processor.merge_size**2
-            return [token * (int(g.prod()) // merge) for g in processed["image_grid_thw"]]
-        if self.family == "idefics2":  # fake tokens around each crop's, joined in between
-            crops = 5 if self._setting("do_image_splitting") else 1
-            crop = token * self.processor.image_seq_len
-            return [idefics2_expansion(crop, crops)] * len(images)
-        if self._rules.spelled:  # the processor writes each image's (its tiles, crops)
-            return [
-                self.processor.replace_image_token(processed, image_idx=i)
-                for i in range(len(images))
-            ]
-        if self.family == "gemma4":  # its image processor counted each image's soft tokens
-            return [token * int(n) for n in processed["num_soft_tokens_per_image"]]
-        if self._rules.fixed_tokens:  # a fixed count (Janus's start / end: the template's)
-            return [token * self.processor.num_image_tokens] * len(images)
-        if self.family == "aria":  # each image's own crops, a fixed count each
-            per_crop = self.processor.size_conversion[int(processed["pixel_values"].shape[-1])]
-            return [token * (int(n) * per_crop) for n in processed["num_crops"]]
-        if self.family == "internvl":  # the template's <img></img> are already in the text
-            return [
-                token * (self.processor.image_seq_length * int(n)) for n in processed["num_patches"]
-            ]
-        sizes = [(im.height, im.width) for im in images]
-        mm = self.processor._get_num_multimodal_tokens(image_sizes=sizes, **self._images_kw)
-        return [token * n for n in mm["num_image_tokens"]]
-
-    def _image_mark(self, text: str, n_images: int) -> str:
-        """What each image's text replaces in the rendered text: its placeholder, or for Gemma 3
-        the placeholder with the template's image start and end around it (its processor
-        writes the whole block, pan-and-scan's sentence before it)."""
-        if self.family != "gemma3" or not n_images:
-            return IMAGE_PLACEHOLDER
-        soft = self.processor.tokenizer.image_token * self.processor.image_seq_length
-        mark = self.processor.full_image_sequence.replace(soft, IMAGE_PLACEHOLDER)
-        if text.count(mark) != n_images:
-            raise ValueError(
-                f"gemma3: the template wrote {text.count(mark)} of {n_images} image(s) as "
-                f"{mark!r}, the block Gemma3Processor replaces; give HFPacker Gemma 3's own "
-                "chat template (its <start_of_image> marker)"
-            )
-        return mark
 
     def sample(
         self,
@@ -326,7 +273,7 @@ class HFPacker:
             if self.family == "gemma3"
             else getattr(self.processor, "image_token", None)  # None: an audio-only family's
         )
-        texts = self._image_texts(images, processed, token)
+        texts = image_texts(self, images, processed, token)
         if self.family == "llava_onevision" and images:
             # [images, tiles, C, H, W] -> every tile in order: one image is cut anyres, several
             # are a tile each, so no padding is dropped; the model takes the 4-D form as is
@@ -336,9 +283,9 @@ class HFPacker:
         text, spans = self._template.render_spans([tuple(t) for t in turns])
         if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
-        mark = self._image_mark(text, len(texts))
+        mark = image_mark(self, text, len(texts))
         video_texts = [self._video.text(v, self.processor.video_token) for v in videos]
-        expanded, marks = self._expanded(text, mark, texts, lens, video_texts)
+        expanded, marks = expand_marks(self, text, mark, texts, lens, video_texts)
 
         def moved(x: int) -> int:
             return x + sum(d for p, d in marks if p < x)
@@ -399,46 +346,6 @@ class HFPacker:
             extra["videos"] = videos
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
-    def _expanded(
-        self, text: str, mark: str, texts: list[str], lens: list, video_texts: list[str] = ()
-    ) -> tuple[str, list]:
-        """``text`` with each image's ``mark`` replaced by its text, each ``<audio>`` by its
-        recording's audio tokens and each video's mark (Qwen3-VL's with the template's vision
-        start and end around it) by its text, in the order they stand; and each replacement's
-        ``(position in text, length added)``, by which the trained spans move."""
-        from dataprep.media_rules.whisper_audio import audio_tokens
-
-        marks_of = {mark: iter(texts)}
-        if self._video is not None:
-            vmark = VIDEO_PLACEHOLDER
-            if self._video.rule.collapses:  # Qwen3-VL: its text has its own start and end
-                vmark = START + VIDEO_PLACEHOLDER + END
-            found = text.count(vmark)
-            if found != len(video_texts):
-                raise ValueError(
-                    f"the {self.family} template wrote {found} video mark(s) {vmark!r} for "
-                    f"{len(video_texts)} video(s)"
-                )
-            marks_of[vmark] = iter(video_texts)
-        if self._audio is not None:
-            found = text.count(AUDIO_PLACEHOLDER)
-            if found != len(lens):
-                raise ValueError(
-                    f"the {self.family} template wrote {found} recording mark(s) for "
-                    f"{len(lens)} recording(s)"
-                )
-            token = self.processor.audio_token
-            marks_of[AUDIO_PLACEHOLDER] = iter(token * audio_tokens(n) for n in lens)
-        split = re.split("(" + "|".join(re.escape(m) for m in marks_of) + ")", text)
-        pieces, marks, at = [], [], 0  # marks: (placeholder position in text, length added)
-        for k, piece in enumerate(split):
-            new = next(marks_of[piece], None) if k % 2 else None  # odd: a mark
-            pieces.append(piece if new is None else new)  # a mark past its items stays text
-            if new is not None:
-                marks.append((at, len(new) - len(piece)))
-            at += len(piece)
-        return "".join(pieces), marks
-
     @classmethod
     def from_generation(
         cls,
@@ -494,62 +401,11 @@ class HFPacker:
         check_processor_tokenizer(processor, rec, tokenizer)
         return packer
 
-    def _refuse_media(self, sample) -> None:
-        """A sample with videos, or with recordings this packer has no audio rule for: their
-        marks would be packed as text and the media dropped (a sample built as something else
-        than prep measured); refused, naming what to use."""
-        videos = getattr(sample, "videos", ()) if self._video is None else ()
-        audios = getattr(sample, "audios", ()) if self._audio is None else ()
-        images = sample.images if not self._takes_images else ()
-        media = [
-            f"{len(v)} {w}"
-            for w, v in (("image(s)", images), ("video(s)", videos), ("recording(s)", audios))
-            if v
-        ]
-        if media:
-            fix = (
-                f"the {self.family} family's models take no images"
-                if images
-                else (
-                    "give the packer the generation's video rule (from_generation does)"
-                    if self._rules.videos
-                    else f"HFPacker builds no videos of the {self.family} family: prep without them"
-                )
-                + f"; families whose videos it builds: {_video_families()}"
-                if videos
-                else "give the packer the generation's audio rule (from_generation does); "
-                f"families that take recordings: {_audio_families()}"
-            )
-            raise ValueError(
-                f"sample {sample.meta.get('sample_id', '?')!r} has {' and '.join(media)}, "
-                f"which this {self.family} packer would pack as text: {fix}"
-            )
-
-    def _check_cost(self, meta: dict, built: int) -> None:
-        cost = meta.get("cost")
-        sid = meta.get("sample_id", "?")
-        if not isinstance(cost, dict) or LLM_TOKENS not in cost:
-            if self.check_costs is None:
-                return
-            raise ValueError(
-                f"sample {sid!r} has no prep costs (meta['cost']): check_costs needs samples "
-                "read from an equishard generation"
-            )
-        if int(cost[LLM_TOKENS]) != built:
-            raise ValueError(
-                f"sample {sid!r}: the {self.family} processor makes {built} LLM tokens of it, "
-                f"prep counted {cost['llm_tokens']}: prep's --vision-policy, --template or "
-                "--tokenizer differ from this processor (with this packer's images_kwargs "
-                f"{self.images_kwargs}), so the plan balanced other lengths than the model "
-                "sees; prep again with the model's own settings (check_costs=False turns this "
-                "check off)"
-            )
-
     def __call__(self, samples: list) -> dict:
         """Samples with ``.meta["turns"]``, ``.images`` and ``.audios`` (encoded bytes) -> the
         packed row."""
         for s in samples:
-            self._refuse_media(s)
+            refuse_media(self, s)
         parts = [
             self.sample(
                 s.meta["turns"],
@@ -562,7 +418,7 @@ class HFPacker:
         ]
         if self.check_costs is not False:
             for s, p in zip(samples, parts, strict=True):
-                self._check_cost(s.meta, len(p["input_ids"]))
+                check_cost(self, s.meta, len(p["input_ids"]))
         qwen = self._rules.rope_positions
         cat = lambda key, dim: torch.cat([p[key] for p in parts], dim=dim)  # noqa: E731
         empty_pos = torch.zeros((4, 1, 0) if qwen else (1, 0), dtype=torch.long)

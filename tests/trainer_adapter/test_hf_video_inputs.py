@@ -18,6 +18,8 @@ portrait) and frame rates, a sample with one video, with two, with an image befo
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -147,9 +149,36 @@ def _rope_index(cls_name: str, tok):
     return model(cfg).get_rope_index
 
 
-def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[dict]) -> list:
+def _cache_key(request: dict) -> str:
+    """What the reference's outputs depend on: the request with every file by its bytes' hash,
+    the reference's code and the transformers and torch versions."""
+    import hashlib
+
+    def digest(path: str) -> str:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+    cases = [
+        {
+            **c,
+            "videos": [digest(v) for v in c["videos"]],
+            "images": [digest(i) for i in c["images"]],
+        }
+        for c in request["cases"]
+    ]
+    model = Path(request["model"])
+    key = {**request, "cases": cases, "model": [digest(str(model / f)) for f in
+           ("tokenizer.json", "tokenizer_config.json")], "code": digest(
+           ROOT / "tests" / "trainer_adapter" / "video_reference.py"),
+           "versions": [tf.__version__, torch.__version__]}  # fmt: skip
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[dict],
+              cache: Path | None = None) -> list:  # fmt: skip
     """The processor's outputs for ``cases`` (text, video and image paths), from
-    :mod:`tests.trainer_adapter.video_reference`."""
+    :mod:`tests.trainer_adapter.video_reference`; ``cache``: a directory where they are kept
+    by what they depend on (the checkout's build/: a run of the mutation tool computes each
+    once)."""
     size = {"shortest_edge": rule.min_pixels}
     factor = rule.patch_size * rule.merge_size
     if rule.source == "transformers":
@@ -195,6 +224,9 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
         "cases": cases,
     }
     req, out = tmp_path / "request.json", tmp_path / "result.pt"
+    kept = cache / f"{_cache_key(request)}.pt" if cache is not None else None
+    if kept is not None and kept.exists():
+        return torch.load(kept)
     req.write_text(json.dumps(request))
     run = subprocess.run(
         [sys.executable, "-m", "tests.trainer_adapter.video_reference", str(req), str(out)],
@@ -204,6 +236,10 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-4000:]
+    if kept is not None:  # whole or not at all: a copy renamed into place
+        part = kept.with_suffix(f".part-{os.getpid()}")
+        shutil.copyfile(out, part)
+        os.replace(part, kept)
     return torch.load(out)
 
 
@@ -234,7 +270,9 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
         }
         for r in records
     ]
-    refs = reference(tmp_path, cls_name, rule, model_dir, cases)
+    cache = ROOT / "build" / "test-cache" / "video-reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    refs = reference(tmp_path, cls_name, rule, model_dir, cases, cache)
     tok = proc.tokenizer
     for rec, ref in zip(records, refs, strict=True):
         got = packer.sample(

@@ -53,6 +53,7 @@ FAMILY_MODULES = (
     "deepseek_vl_hybrid",
     "qwen2_5_omni",
     "qwen2_audio",
+    "audioflamingo3",
 )
 
 FAMILIES: dict[str, FamilySpec] = {}  # packer family name -> its spec

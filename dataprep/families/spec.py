@@ -100,9 +100,11 @@ class PackerRules:
     frames, ``[recordings, mel, longest]`` with ``feature_attention_mask``, the thinker packing
     the masked frames side by side; ``window``: every recording's whole window as the
     processor pads it, ``[recordings, mel, window]`` with its frame mask, for a padded encoder
-    (Qwen2-Audio); empty: it takes no recordings); ``videos``: the packer builds its videos
-    (Qwen's temporal patches: ``pixel_values_videos`` with ``video_grid_thw``,
-    :mod:`~trainer_adapter.hf.video_inputs`)."""
+    (Qwen2-Audio); ``windows``: every recording cut into whole windows, each padded as the
+    processor pads it, ``[windows, mel, window]`` (Audio Flamingo 3); empty: it takes no
+    recordings); ``audio_mask``: the name of the frame mask beside them; ``videos``: the
+    packer builds its videos (Qwen's temporal patches: ``pixel_values_videos`` with
+    ``video_grid_thw``, :mod:`~trainer_adapter.hf.video_inputs`)."""
 
     rope_positions: bool = False
     fixed_tokens: bool = False
@@ -113,12 +115,13 @@ class PackerRules:
     beside: tuple[str, ...] = ()
     per_token: str | None = None
     audio: str = ""
+    audio_mask: str = "feature_attention_mask"
     videos: bool = False
 
     def __post_init__(self) -> None:
-        if self.audio not in ("", "packed", "window"):
+        if self.audio not in ("", "packed", "window", "windows"):
             raise ValueError(
-                f"PackerRules.audio must be '', 'packed' or 'window', got {self.audio!r}"
+                f"PackerRules.audio must be '', 'packed', 'window' or 'windows', got {self.audio!r}"
             )
 
 

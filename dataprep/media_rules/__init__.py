@@ -23,6 +23,7 @@ from dataprep.media_rules.registry import (
 )
 from dataprep.media_rules.smolvlm_video import SmolVLMVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule, audio_tokens
+from dataprep.media_rules.whisper_windows import WhisperWindowsRule
 
 __all__ = [
     "AUDIO_RULES",
@@ -43,6 +44,7 @@ __all__ = [
     "QwenVideoRule",
     "SmolVLMVideoRule",
     "WhisperAudioRule",
+    "WhisperWindowsRule",
     "audio_tokens",
     "parse_audio_rule",
     "parse_video_rule",

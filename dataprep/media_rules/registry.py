@@ -22,6 +22,7 @@ from dataprep.media_rules.qwen3_video import Qwen3VideoRule
 from dataprep.media_rules.qwen_video import QwenVideoRule
 from dataprep.media_rules.smolvlm_video import SmolVLMVideoRule
 from dataprep.media_rules.whisper_audio import WhisperAudioRule
+from dataprep.media_rules.whisper_windows import WhisperWindowsRule
 
 __all__ = [
     "AUDIO_RULES",
@@ -115,6 +116,16 @@ AUDIO_RULES: dict[str, RuleSpec] = {
         WhisperAudioRule,
         {"chunk_length": 300, "n_window": 100},
         help="Qwen2.5-Omni: Whisper features to 300 s, the encoder in unpadded 2-s chunks",
+    ),
+    "whisper-windows": RuleSpec(
+        WhisperWindowsRule,
+        help="a padded Whisper-style encoder over several windows: sampling_rate, "
+        "hop_length, chunk_length (s), max_windows (the rest cut away)",
+    ),
+    "audioflamingo3": RuleSpec(
+        WhisperWindowsRule,
+        {"chunk_length": 30, "max_windows": 20},
+        help="Audio Flamingo 3: 30-s Whisper windows, at most 20 (600 s), each padded",
     ),
     "gemma4": RuleSpec(
         Gemma4AudioRule,

@@ -62,6 +62,11 @@ class WhisperAudioRule(MediaRule):
             )
 
     @property
+    def max_samples(self) -> int:
+        """The samples kept at most: one window of ``chunk_length`` seconds."""
+        return self.chunk_length * self.sampling_rate
+
+    @property
     def window_frames(self) -> int:
         """The frames of the padded window (``chunk_length`` seconds in hops)."""
         return self.chunk_length * self.sampling_rate // self.hop_length

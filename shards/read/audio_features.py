@@ -67,7 +67,8 @@ class AudioFeatures:
         object.__setattr__(self, "_fe", _extractor(self.rule, self.mel))
 
     def wave(self, data: bytes) -> np.ndarray:
-        """The recording at the rule's rate, channels averaged, cut at ``chunk_length`` s:
+        """The recording at the rule's rate, channels averaged, cut at ``chunk_length`` s (a
+        windows rule's: at ``max_windows`` windows):
         the steps of transformers' ``load_audio`` (libsndfile; soxr's high-quality resampler,
         padded or cut to ``ceil(frames * rate / its rate)``), the processors' own loader."""
         from shards.read.media import decode_audio
@@ -86,7 +87,7 @@ class AudioFeatures:
             n = -(-len(mono) * want // rate)
             mono = soxr.resample(mono, rate, want, quality="soxr_hq")
             mono = np.pad(mono, (0, max(0, n - len(mono))))[:n]
-        return np.ascontiguousarray(mono[: self.rule.chunk_length * want], dtype=np.float32)
+        return np.ascontiguousarray(mono[: self.rule.max_samples], dtype=np.float32)
 
     def frames(self, samples: int) -> int:
         """The mask's frames of ``samples`` samples (prep's count)."""
@@ -120,3 +121,17 @@ class AudioFeatures:
         wave = self.wave(data)
         out = self._features(wave, self._fe.n_samples)  # chunk_length s at the rule's rate
         return np.ascontiguousarray(out.T, dtype=np.float32), self.frames(len(wave))
+
+    def windows(self, data: bytes) -> list[tuple[np.ndarray, int]]:
+        """The recording cut into windows of ``chunk_length`` seconds (an empty one is one
+        window), each as the processor pads it (``[window frames, mel]``: a window's own
+        extractor call, as Audio Flamingo 3's processor makes one a window) with its mask's
+        frames."""
+        wave = self.wave(data)
+        size = self.rule.chunk_length * self.rule.sampling_rate
+        cuts = [wave[i : i + size] for i in range(0, len(wave), size)] or [wave]
+        out = []
+        for cut in cuts:
+            feats = self._features(cut, self._fe.n_samples)
+            out.append((np.ascontiguousarray(feats.T, dtype=np.float32), self.frames(len(cut))))
+        return out

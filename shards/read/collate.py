@@ -202,9 +202,17 @@ class Collator:
         object.__setattr__(self, "image_token_id", tok.token_to_id(IMAGE_CONTEXT))
         features = frames = None
         if self.audio_rule is not None:
-            from dataprep.media_rules import parse_audio_rule
+            from dataprep.media_rules import WhisperWindowsRule, parse_audio_rule
 
-            features = AudioFeatures(rule=parse_audio_rule(self.audio_rule), mel=self.audio_mel)
+            rule = parse_audio_rule(self.audio_rule)
+            if isinstance(rule, WhisperWindowsRule):
+                raise ValueError(
+                    f"audio rule {rule.spec()!r} cuts a recording into several padded windows "
+                    "(Audio Flamingo 3's): equishard train's audio encoder takes one window or "
+                    "unpadded chunks a recording; train this generation with its model "
+                    "(trainer_adapter.HFPacker, family audioflamingo3)"
+                )
+            features = AudioFeatures(rule=rule, mel=self.audio_mel)
         if self.video_rule is not None:
             from dataprep.media_rules import parse_video_rule
             from shards.read.video_frames import VideoFrames

@@ -1209,3 +1209,40 @@ def test_llava_next_video_frame_sizes_and_settings():
         LlavaNextVideoRule(8)
     with pytest.raises(SampleRejected, match="asked for 8"):
         LlavaNextVideoRule().cost(_video(7, 30.0))
+
+
+@pytest.mark.parametrize(
+    "kw, bad",
+    [
+        ({"max_windows": 0}, "max_windows must be within 1..1000, got 0"),
+        ({"max_windows": 1}, None),
+        ({"max_windows": 1000}, None),
+        ({"max_windows": 1001}, "max_windows must be within 1..1000, got 1001"),
+        ({"n_window": 1}, "pads every window"),
+    ],
+)
+def test_whisper_windows_rule_limits(kw, bad):
+    """Audio Flamingo 3's windows rule at, below and above its bound; padded windows only."""
+    from dataprep.media_rules import WhisperWindowsRule
+
+    if bad is None:
+        assert WhisperWindowsRule(**kw).max_windows == kw["max_windows"]
+        return
+    with pytest.raises(ValueError, match=bad):
+        WhisperWindowsRule(**kw)
+
+
+@pytest.mark.parametrize(
+    "seconds, windows, frames",
+    [(0, 1, 0), (1, 1, 100), (30, 1, 3000), (30.01, 2, 3001), (60, 2, 6000), (61, 2, 6000)],
+)
+def test_whisper_windows_rule_counts(seconds, windows, frames):
+    """Windows of 30 s, an empty recording one, cut at max_windows (2 here); every window's
+    encoder sequence the whole padded window; tokens of all the frames together."""
+    from dataprep.media_rules import parse_audio_rule
+
+    rule = parse_audio_rule("audioflamingo3:max_windows=2")
+    cost = rule.cost(_header(round(seconds * 16000), 16000))
+    assert cost.seq_lens == (1500,) * windows
+    assert cost.llm_tokens == audio_tokens(frames)
+    assert parse_audio_rule(rule.spec()) == rule  # the recorded spec parses to the same rule

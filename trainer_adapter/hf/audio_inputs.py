@@ -23,6 +23,13 @@ How the row carries them (``PackerRules.audio``):
   the frames of the zeros after the recording too, which its convolutions read beside the
   last frames), ``[recordings, mel, window]``, with ``feature_attention_mask``.
 
+* ``windows`` (Audio Flamingo 3: a padded encoder over several windows a recording): every
+  recording cut into windows of ``chunk_length`` seconds, at most the rule's ``max_windows``
+  (:meth:`~shards.read.audio_features.AudioFeatures.windows`), each window as the processor
+  pads it, ``[windows, mel, window]``, with ``input_features_mask`` (the family's
+  ``audio_mask``); a recording's tokens are those of all its windows' frames. The processor's
+  ``max_audio_len`` must be the rule's windows' length.
+
 A row without recordings gets neither key.
 """
 
@@ -58,6 +65,10 @@ def check_processor_audio(processor, rule, family: str) -> None:
         ("chunk_length", getattr(fe, "chunk_length", None), rule.chunk_length),
         ("n_fft", getattr(fe, "n_fft", None), N_FFT),
     )
+    windows = getattr(rule, "max_windows", None)
+    if windows is not None:  # Audio Flamingo 3's processor cuts at max_audio_len seconds
+        seconds = windows * rule.chunk_length
+        pairs += (("max_audio_len", getattr(processor, "max_audio_len", None), seconds),)
     diff = [
         f"{k} {have!r} (processor) vs {want!r} (prep)" for k, have, want in pairs if have != want
     ]
@@ -75,10 +86,10 @@ def audio_features(processor, rule, family: str) -> AudioFeatures:
     return AudioFeatures(rule=rule, mel=int(_extractor(processor, family).feature_size))
 
 
-def pack_audio(parts: list[dict]) -> dict:
+def pack_audio(parts: list[dict], mask: str = "feature_attention_mask") -> dict:
     """The row's audio inputs from its samples' recordings (each part's ``audio_frames``:
     ``[frames, mel]`` arrays, in the order their tokens stand, and ``audio_lens``: each one's
-    mask frames; a whole window is longer than its mask)."""
+    mask frames; a whole window is longer than its mask); ``mask``: the frame mask's name."""
     feats = [f for p in parts for f in p.get("audio_frames", ())]
     lens = [n for p in parts for n in p.get("audio_lens", ())]
     if not feats:
@@ -86,8 +97,8 @@ def pack_audio(parts: list[dict]) -> dict:
     longest = max(len(f) for f in feats)
     mel = feats[0].shape[1]
     x = np.zeros((len(feats), mel, longest), dtype=np.float32)
-    mask = np.zeros((len(feats), longest), dtype=np.int64)
+    name, mask = mask, np.zeros((len(feats), longest), dtype=np.int64)
     for i, (f, n) in enumerate(zip(feats, lens, strict=True)):
         x[i, :, : len(f)] = f.T
         mask[i, :n] = 1
-    return {"input_features": torch.from_numpy(x), "feature_attention_mask": torch.from_numpy(mask)}
+    return {"input_features": torch.from_numpy(x), name: torch.from_numpy(mask)}

@@ -184,9 +184,16 @@ class HFPacker:
                     f"audio_rule {self.audio_rule!r}: the {self.family} family takes no "
                     f"recordings; families that do: {audio_families()}"
                 )
-            from dataprep.media_rules import parse_audio_rule
+            from dataprep.media_rules import WhisperWindowsRule, parse_audio_rule
 
             rule = parse_audio_rule(self.audio_rule)
+            if isinstance(rule, WhisperWindowsRule) != (self._rules.audio == "windows"):
+                raise ValueError(
+                    f"audio_rule {self.audio_rule!r}: the {self.family} processor takes "
+                    + ("several padded windows a recording (--audio-rule audioflamingo3)"
+                       if self._rules.audio == "windows" else
+                       "one window or unpadded chunks a recording, not several windows")
+                )  # fmt: skip
             self._audio = audio_features(self.processor, rule, self.family)  # Whisper-style only
             check_processor_audio(self.processor, rule, self.family)
         self._video = None
@@ -230,11 +237,16 @@ class HFPacker:
         videos = [self._video(b, f"sample {sample_id!r} video {k}")
                   for k, b in enumerate(video_bytes)] if (
             self._video is not None) else []  # fmt: skip
+        recording_frames = None  # each recording's frames, where not one window's
         if self._audio is None:
             feats, lens = [], []
         elif self._rules.audio == "window":  # the whole window, as the processor pads it
             pairs = [self._audio.window(b) for b in audio_bytes]
             feats, lens = [f for f, _ in pairs], [n for _, n in pairs]
+        elif self._rules.audio == "windows":  # each recording's windows, each padded
+            cut = [self._audio.windows(b) for b in audio_bytes]
+            feats, lens = [f for w in cut for f, _ in w], [n for w in cut for _, n in w]
+            recording_frames = [sum(n for _, n in w) for w in cut]
         else:
             feats = [self._audio(b) for b in audio_bytes]
             lens = [len(f) for f in feats]
@@ -285,7 +297,8 @@ class HFPacker:
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
         mark = image_mark(self, text, len(texts))
         video_texts = [self._video.text(v, self.processor.video_token) for v in videos]
-        expanded, marks = expand_marks(self, text, mark, texts, lens, video_texts)
+        frames = lens if recording_frames is None else recording_frames
+        expanded, marks = expand_marks(self, text, mark, texts, frames, video_texts)
 
         def moved(x: int) -> int:
             return x + sum(d for p, d in marks if p < x)
@@ -433,7 +446,7 @@ class HFPacker:
         if key is not None:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
         batch |= pack_images(self.family, self._rules, parts, fine_route=self.fine_route)
-        batch |= pack_audio(parts)
+        batch |= pack_audio(parts, self._rules.audio_mask)
         batch |= pack_videos(parts)
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)

@@ -111,6 +111,9 @@ def test_mel_bins_at_their_limits(tokenizer_path, mel, ok):
 def test_a_rule_that_is_not_whispers_is_refused(tokenizer_path):
     with pytest.raises(ValueError, match="Whisper"):
         Collator(tokenizer=tokenizer_path, vision_policy=POLICY, audio_rule="gemma4")
+    # Audio Flamingo 3's several padded windows a recording: its HF model's, not this encoder's
+    with pytest.raises(ValueError, match=r"several padded windows.*audioflamingo3"):
+        Collator(tokenizer=tokenizer_path, vision_policy=POLICY, audio_rule="audioflamingo3")
 
 
 @pytest.fixture(scope="module", params=sorted(RULES))

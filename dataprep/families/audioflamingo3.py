@@ -19,4 +19,6 @@ SPEC = FamilySpec(
     image_tokens=None,
     packer=PackerRules(audio="windows", audio_mask="input_features_mask"),
     media_tokens={"audio": ImageTokens("<sound>")},
+    # its processor's windows: a one-window Whisper rule would count a long recording as cut
+    audio_rules=("audioflamingo3", "whisper-windows"),
 )

@@ -156,6 +156,14 @@ def test_tokenizer_takes_a_model_directory_as_template_does(tmp_path, tokenizer_
         # a family that names its own rules, given another (Gemma 4's recordings as Whisper's)
         ("gemma4", None, "qwen2audio", r"Whisper-style.*gemma4 family's \(its audio rules: gemma4"),
         ("gemma4", "qwen2vl", None, "its video rules: gemma4"),
+        # Audio Flamingo 3's windows, and one window for it (a long recording counted as cut)
+        ("qwen2_audio", None, "audioflamingo3", "measures the audioflamingo3 processor"),
+        ("qwen2_audio", None, "whisper-windows", "measures the audioflamingo3 processor"),
+        ("qwen2_5_omni", None, "audioflamingo3", "measures the audioflamingo3 processor"),
+        ("audioflamingo3", None, "qwen2audio", r"its audio rules: audioflamingo3, whisper-w"),
+        ("audioflamingo3", None, "whisper:chunk_length=30", r"its audio rules: audioflamingo3"),
+        ("audioflamingo3", None, "audioflamingo3", None),
+        ("audioflamingo3", None, "whisper-windows:max_windows=4", None),
         # each model's own: accepted
         ("qwen2_5_omni", None, "qwen2_5_omni", None),
         ("qwen2_audio", None, "qwen2audio", None),

@@ -54,6 +54,12 @@ the images. Per family:
 * Qwen2-Audio (no images): ``Audio k:`` and each recording's ``<|AUDIO|>`` repeated as for
   Qwen2.5-Omni; every recording's whole padded window, ``[n, mel, window]``, with
   ``feature_attention_mask``; positions ``[1, L]``.
+* Audio Flamingo 3 (no images): each recording's ``<sound>`` repeated once a token of all its
+  30-s windows' frames; every window whole, ``[windows, mel, window]``, with
+  ``input_features_mask``.
+* Qwen2-VL, Qwen2.5-VL, Qwen3-VL videos (a video rule): each video's patches and grid as its
+  video processor makes them, ``pixel_values_videos`` and ``video_grid_thw``, its tokens (and
+  Qwen3-VL's timestamps) in the text (:mod:`~trainer_adapter.hf.video_inputs`).
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -115,7 +121,9 @@ class HFPacker:
     ``Idefics2Processor``) | deepseek_vl_hybrid (DeepSeek-VL 7B: ``DeepseekVLHybridProcessor``,
     its template named ``#images=deepseek_vl``) | qwen2_5_omni (Qwen2.5-Omni's thinker:
     ``Qwen2_5OmniProcessor``, images and recordings) | qwen2_audio (Qwen2-Audio:
-    ``Qwen2AudioProcessor``, recordings only, whole padded windows). ``processor``:
+    ``Qwen2AudioProcessor``, recordings only, whole padded windows) | audioflamingo3 (Audio
+    Flamingo 3: ``AudioFlamingo3Processor``, recordings only, padded 30-s windows).
+    ``processor``:
     the model's HF processor (its ``tokenizer`` and ``image_processor`` are used). ``template``:
     the chat template spec prep used (a model directory or template file). ``rope_index``: the
     Qwen / GLM / ERNIE model's ``model.model.get_rope_index`` (needed for their 3-D positions).

@@ -248,6 +248,9 @@ PREP_POLICY = {
 # the audio rule that counts what a family's processor makes of a recording (its feature
 # extractor's frames and the tokens its tower gives them)
 PREP_AUDIO = {"qwen2_5_omni": "qwen2_5_omni"}
+# and the video rule of its video processor (Qwen2-VL's, with the pixel bounds its processor's
+# call passes it): the demo's videos (--media) train through the vision tower with the images
+PREP_VIDEO = {"qwen2_5_omni": "qwen2vl:source=transformers,min_pixels=100352,max_pixels=602112"}
 
 
 def prep_args(family: str, tokenizer: str, root: Path) -> list[str]:
@@ -256,9 +259,10 @@ def prep_args(family: str, tokenizer: str, root: Path) -> list[str]:
     mdir = model_dir(family, tokenizer, root)
     template = template_arg(family, mdir)
     audio = []
-    if family in PREP_AUDIO:  # the demo's videos (--media) are refused: no rule measures
-        # Qwen2.5-Omni's (frames interleaved with their soundtrack); 6 % of its samples
-        audio = ["--audio-rule", PREP_AUDIO[family], "--max-error-rate", "0.1"]
+    if family in PREP_AUDIO:
+        audio = ["--audio-rule", PREP_AUDIO[family]]
+    if family in PREP_VIDEO:
+        audio += ["--video-rule", PREP_VIDEO[family]]
     return ["--tokenizer", str(mdir / "tokenizer.json"), "--template", template,
             "--vision-policy", PREP_POLICY[family], *audio]  # fmt: skip
 
@@ -682,8 +686,9 @@ def build(family: str, mdir: Path):
 
 def omni_thinker(tok, text: dict):
     """Qwen2.5-Omni's processor (images and recordings: its video processor needs torchvision,
-    which has no CPU build for this torch on the registry) and a tiny thinker: Qwen2.5-VL's
-    tower, a Whisper-style audio tower over 128 mel bins in chunks of 2 * n_window frames."""
+    which has no CPU build for this torch on the registry; HFPacker builds the videos as it
+    does) and a tiny thinker: Qwen2.5-VL's tower (images and videos), a Whisper-style audio
+    tower over 128 mel bins in chunks of 2 * n_window frames."""
     import transformers as tf
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 

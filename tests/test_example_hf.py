@@ -298,32 +298,39 @@ def test_balance_off_logs_the_loads_balancing_would_have_evened(tmp_path):
 
 
 def test_train_hf_example_trains_audio_and_vision(tmp_path):
-    """Qwen2.5-Omni's thinker (``--family qwen2_5_omni``) on a generation with images and real
-    recordings, prepped with the example's settings (its template, the Qwen2-VL policy,
-    ``--audio-rule qwen2_5_omni``): every sample's row is checked against prep's count, the
-    vision tower, the audio tower and the LLM are each balanced as a phase of their own (their
-    loads logged), and the losses equal those of the same steps with balancing off (it moves
-    work, not results). Bugs caught: recordings not reaching the audio tower, an audio phase
-    not balanced, balancing that changes the loss."""
+    """Qwen2.5-Omni's thinker (``--family qwen2_5_omni``) on a generation with images, a video
+    and real recordings, prepped with the example's settings (its template, the Qwen2-VL
+    policy, ``--audio-rule qwen2_5_omni``, its video processor's ``--video-rule``): every
+    sample's row is checked against prep's count, the vision tower (images and the video), the
+    audio tower and the LLM are each balanced as a phase of their own (their loads logged),
+    and the losses equal those of the same steps with balancing off (it moves work, not
+    results). Bugs caught: recordings not reaching the audio tower, an audio phase not
+    balanced, a video packed as text, balancing that changes the loss."""
     pytest.importorskip("transformers")
     from tests.trainer_adapter.test_hf_omni_inputs import dataset
 
-    demo, _ = dataset(tmp_path, video=False)
+    demo, _ = dataset(tmp_path)  # its video last
     prep = EXAMPLE_MODULE.prep_args("qwen2_5_omni", str(demo / "tokenizer.json"), tmp_path / "m")
-    assert "--audio-rule" in prep
+    assert "--audio-rule" in prep and "--video-rule" in prep
     cost, plan, gen = tmp_path / "cost.parquet", tmp_path / "plan", tmp_path / "shards"
     args = ["prep", str(demo / "omni.jsonl"), "--image-root", str(demo), *prep, "--no-progress"]
     assert main([*args, "-o", str(cost)]) == 0
     assert main(["balance", str(cost), "--dp", "2", "--target-batch", "3", "-o", str(plan)]) == 0
     assert main(["write", str(plan), "--cost-table", str(cost), "--out", str(gen)]) == 0
+    from shards import GroupDataset, RankInfo
+
+    at = [k for r in range(2) for k, g in enumerate(GroupDataset(str(gen), RankInfo(
+        rank=r, world_size=2))) if any(s.videos for s in g["samples"])]  # fmt: skip
+    assert len(at) == 1  # prep measured the video: it is in the plan
+    steps = max(2, at[0] + 1)  # up to the video's step
     runs = {
-        b: _train(gen, demo, tmp_path / f"{b}.jsonl", "ddp", 2, family="qwen2_5_omni",
+        b: _train(gen, demo, tmp_path / f"{b}.jsonl", "ddp", steps, family="qwen2_5_omni",
                   torchrun=False, balance=b)
         for b in ("both", "off")
     }  # fmt: skip
     key = lambda r: (r["step"], r["rank"])  # noqa: E731
     both, off = (sorted(runs[b], key=key) for b in ("both", "off"))
-    assert [key(r) for r in both] == [(s, r) for s in range(2) for r in range(2)]
+    assert [key(r) for r in both] == [(s, r) for s in range(steps) for r in range(2)]
     for b, o in zip(both, off, strict=True):
         assert b["checked"] and o["checked"]
         assert b["loss"] == pytest.approx(o["loss"], rel=1e-5) and 0 < b["loss"] < 20

@@ -9,10 +9,14 @@ features' frames, halved by the stem and halved again by the pooling). The recor
 measured with a Whisper-style audio rule (``--audio-rule qwen2_5_omni``: features to 300 s,
 the encoder in 2-s chunks); the rule is not tied to this family (Qwen2-Audio's processor makes
 the same features to 30 s, equishard's own trainer takes either), so the packer checks the
-processor's feature extractor against the rule the generation recorded. Videos are not
-counted for it: its processor interleaves a video's frames with its soundtrack in 2-s chunks
-(``use_audio_in_video``), which no video rule here measures, so a sample with a video is
-refused in prep."""
+processor's feature extractor against the rule the generation recorded.
+
+Its videos are Qwen2-VL's (its video processor is ``Qwen2VLVideoProcessor``): measured with
+``--video-rule qwen2vl:source=transformers,...``, the template writing
+``<|vision_bos|><|VIDEO|><|vision_eos|>`` and the processor repeating ``<|VIDEO|>``
+``grid.prod() / merge^2`` times. That is the processor's default, a video's frames alone; with
+``load_audio_from_video`` (``use_audio_in_video``) it interleaves them with the video's
+soundtrack in 2-s chunks, which no rule here measures."""
 
 from dataprep.families.processor_settings import QWEN_CHECKS
 from dataprep.families.spec import FamilySpec, ImageTokens, PackerRules
@@ -24,6 +28,9 @@ SPEC = FamilySpec(
     template="qwen2_5_omni",
     image_tokens=ImageTokens("<|IMAGE|>"),
     processor_checks=QWEN_CHECKS,
-    packer=PackerRules(rope_positions=True, beside=("image_grid_thw",), audio="packed"),
-    media_tokens={"audio": ImageTokens("<|AUDIO|>")},
+    packer=PackerRules(
+        rope_positions=True, beside=("image_grid_thw",), audio="packed", videos=True
+    ),
+    media_tokens={"audio": ImageTokens("<|AUDIO|>"), "video": ImageTokens("<|VIDEO|>")},
+    video_rules=("qwen2vl",),  # its video processor's: frames alone, no soundtrack
 )

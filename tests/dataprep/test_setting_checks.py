@@ -150,7 +150,8 @@ def test_tokenizer_takes_a_model_directory_as_template_does(tmp_path, tokenizer_
     "template, video, audio, refused",
     [
         # a rule a family names as its processor's, beside another family's template
-        ("qwen2_5_omni", "qwen2vl", None, "video-rule qwen2vl measures the qwen2vl processor"),
+        ("qwen2_5_omni", "qwen3vl", None, "video-rule qwen3vl measures the qwen3vl processor"),
+        ("qwen2_5_omni", "internvl", None, "video-rule internvl measures the internvl process"),
         ("qwen2_audio", None, "gemma4", "audio-rule gemma4 measures the gemma4 processor"),
         ("qwen2_5_omni", None, "gemma4", "template .* is the qwen2_5_omni family's"),
         # a family that names its own rules, given another (Gemma 4's recordings as Whisper's)
@@ -166,6 +167,7 @@ def test_tokenizer_takes_a_model_directory_as_template_does(tmp_path, tokenizer_
         ("audioflamingo3", None, "whisper-windows:max_windows=4", None),
         # each model's own: accepted
         ("qwen2_5_omni", None, "qwen2_5_omni", None),
+        ("qwen2_5_omni", "qwen2vl", None, None),  # its video processor is Qwen2-VL's
         ("qwen2_audio", None, "qwen2audio", None),
         ("qwen2_audio", None, "whisper:chunk_length=30,n_window=0", None),
         ("gemma4", "gemma4", "gemma4", None),

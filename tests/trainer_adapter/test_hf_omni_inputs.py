@@ -426,7 +426,7 @@ def test_media_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     assert plain([_Sample(records[4], demo)])["pixel_values"] is not None  # an image: packed
     video = _Sample(records[5], demo)
     video.videos = [b"clip"]
-    with pytest.raises(ValueError, match=r"sample 's5' has 1 video\(s\).*no videos"):
+    with pytest.raises(ValueError, match=r"sample 's5' has 1 video\(s\).*video rule"):
         HFPacker(**kw, audio_rule="qwen2_5_omni")([video])
     with pytest.raises(ValueError, match=r"qwen2vl family takes no recordings.*qwen2_5_omni"):
         HFPacker(**{**kw, "family": "qwen2vl"}, audio_rule="qwen2_5_omni")

@@ -223,6 +223,12 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
         "patch": rule.patch_size,
         "cases": cases,
     }
+    return _run_reference(tmp_path, request, cache)
+
+
+def _run_reference(tmp_path: Path, request: dict, cache: Path | None) -> list:
+    """Run :mod:`tests.trainer_adapter.video_reference` on ``request`` (or take its kept
+    outputs from ``cache``)."""
     req, out = tmp_path / "request.json", tmp_path / "result.pt"
     kept = cache / f"{_cache_key(request)}.pt" if cache is not None else None
     if kept is not None and kept.exists():
@@ -607,3 +613,101 @@ def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     same = HFPacker.from_generation(gen, proc, family="qwen2vl", rope_index=rope,
                                     video_rule=RULE["qwen2vl"])  # fmt: skip
     assert same.video_rule == packer._video.rule.spec()
+
+
+@pytest.mark.parametrize("fps", [2.0, 1.5])
+def test_omni_videos_equal_its_processor(fps, tmp_path):
+    """Qwen2.5-Omni's thinker: a video's frames alone (its processor's default), the
+    ``<|VIDEO|>`` tokens, patches and grids equal ``Qwen2_5OmniProcessor``'s; positions equal
+    the thinker's ``get_rope_index`` with the processor's seconds per pair of frames (the fps
+    its call asks, not the sampled rate: ``fps=1.5`` moves them)."""
+    from dataprep.jinja_template import messages_from_turns
+    from dataprep.media_rules import parse_video_rule
+    from shards.read.prep_settings import SettingsMismatch
+    from tests.trainer_adapter.test_hf_omni_inputs import model_dir, processor, thinker
+    from trainer_adapter.hf.inputs import HFPacker
+
+    # the pixel bounds its processor's call passes its video processor (its class defaults)
+    spec = (
+        f"qwen2vl:min_frames=2,source=transformers,fps={fps:g},min_pixels=100352,max_pixels=602112"
+    )
+    rule = parse_video_rule(spec)
+    from importlib import resources
+
+    with resources.as_file(resources.files("dataprep") / "assets" / "demo_tokenizer.json") as p:
+        mdir = model_dir(tmp_path / "omni", str(p))
+    proc = processor(mdir)
+    model = thinker(proc.tokenizer)
+    packer = HFPacker(
+        family="qwen2_5_omni",
+        processor=proc,
+        template=str(mdir),
+        rope_index=model.model.get_rope_index,
+        video_rule=spec,
+    )
+    records = _records(tmp_path)
+    cases = [
+        {
+            "text": proc.apply_chat_template(messages_from_turns(r["turns"]), tokenize=False),
+            "videos": [str(tmp_path / v) for v in r["videos"]],
+            "images": [str(tmp_path / i) for i in r.get("images", ())],
+        }
+        for r in records
+    ]
+    video = {
+        "size": {"shortest_edge": rule.min_pixels, "longest_edge": rule.max_pixels},
+        "min_frames": rule.min_frames,
+        "cap_pixels_per_frame": False,
+    }
+    request = {
+        "model": str(mdir),
+        "processor": "Qwen2_5OmniProcessor",
+        "video": video,
+        "image": {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64},
+        "call": {"fps": fps, "do_sample_frames": True},
+        "utils": None,
+        "patch": 14,
+        "cases": cases,
+    }
+    cache = ROOT / "build" / "test-cache" / "video-reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    refs = _run_reference(tmp_path, request, cache)
+    for rec, ref in zip(records, refs, strict=True):
+        got = packer.sample(
+            rec["turns"],
+            [(tmp_path / i).read_bytes() for i in rec.get("images", ())],
+            video_bytes=[(tmp_path / v).read_bytes() for v in rec["videos"]],
+        )
+        ids = ref["input_ids"][0]
+        assert got["input_ids"].tolist() == ids.tolist()
+        assert torch.equal(
+            torch.cat([v["patches"] for v in got["videos"]]), ref["pixel_values_videos"]
+        )
+        seconds = ref["video_second_per_grid"].reshape(-1)
+        assert seconds.tolist() == pytest.approx([2 / fps] * len(rec["videos"]))
+        rope, _ = model.model.get_rope_index(
+            ids[None],
+            image_grid_thw=ref.get("image_grid_thw"),
+            video_grid_thw=ref["video_grid_thw"],
+            attention_mask=torch.ones_like(ids)[None],
+            second_per_grids=seconds,
+        )
+        assert torch.equal(got["positions"][1:], rope)
+    with pytest.raises(
+        SettingsMismatch, match=r"video size\['shortest_edge'\] is 100352.*has 3136"
+    ):
+        HFPacker(
+            family="qwen2_5_omni",
+            processor=proc,
+            template=str(mdir),
+            rope_index=model.model.get_rope_index,
+            video_rule=f"{QWEN2},source=transformers",
+        )
+    with pytest.raises(ValueError, match="measure its videos with source=transformers"):
+        HFPacker(
+            family="qwen2_5_omni",
+            processor=proc,
+            template=str(mdir),
+            rope_index=model.model.get_rope_index,
+            video_rule=f"{QWEN2},source=qwen-vl-utils",
+        )

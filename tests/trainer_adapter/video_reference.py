@@ -20,6 +20,9 @@ backend that decodes every frame with PyAV and takes its decord reader's frames
 (``torch.linspace(0, total - 1, n).round()``), then the processor with ``do_resize=False``
 and the metadata qwen-vl-utils returns. The stubs live in this process only.
 
+Qwen2.5-Omni's processor (``Qwen2_5OmniProcessor``) runs the same way, with a Whisper
+feature extractor beside (no recording is given) and a video's frames alone (its default).
+
 REQUEST: ``{"model": DIR, "processor": CLASS, "video": {kwargs of the video processor},
 "call": {kwargs of the processor call}, "utils": {qwen-vl-utils' element keys} or null,
 "patch": 14, "cases": [{"text": TEXT, "videos": [PATH, ...]}]}``. RESULT: a list, one dict a
@@ -172,9 +175,11 @@ def main() -> None:
                 )
             return load_video(url_or_urls, backend="pyav", sample_indices_fn=sample_indices_fn)
 
-    proc = getattr(tf, req["processor"])(
-        image_processor=image_proc, tokenizer=tok, video_processor=VideoProcessor(**req["video"])
-    )
+    parts = {"image_processor": image_proc, "tokenizer": tok,
+             "video_processor": VideoProcessor(**req["video"])}  # fmt: skip
+    if "Omni" in req["processor"]:  # its recordings' extractor (no recording is given here)
+        parts["feature_extractor"] = tf.WhisperFeatureExtractor(feature_size=16)
+    proc = getattr(tf, req["processor"])(**parts)
     out = []
     for case in req["cases"]:
         kw = dict(req["call"])
@@ -188,7 +193,8 @@ def main() -> None:
 
             kw["images"] = [load_image(p) for p in case["images"]]
         got = proc(text=[case["text"]], videos=videos, return_tensors="pt", **kw)
-        out.append({k: v for k, v in got.items() if isinstance(v, torch.Tensor)})
+        out.append({k: torch.as_tensor(v) for k, v in got.items()
+                    if isinstance(v, torch.Tensor) or k == "video_second_per_grid"})  # fmt: skip
     torch.save(out, result)
 
 

@@ -217,6 +217,12 @@ class HFPacker:
                     f"{'' if self._rules.videos else ' (none: it builds no videos)'}; "
                     f"families whose videos it builds: {video_families()}"
                 )
+            if self._rules.audio and rule.source != "transformers":  # Qwen2.5-Omni
+                raise ValueError(
+                    f"video_rule {self.video_rule!r}: Qwen2.5-Omni's processor samples and "
+                    "times a video with its own video processor: measure its videos with "
+                    "source=transformers"
+                )
             self._video = QwenVideo.of(self.processor, rule, self.family)
 
     def _setting(self, name: str):
@@ -339,8 +345,14 @@ class HFPacker:
             grid = processed.get("image_grid_thw")
             seqlens = torch.tensor(lens) if lens else None
             ones = torch.ones_like(ids)[None]
+            kw = {}
+            if videos:  # its processor times a video by the fps its call asks (2 by default)
+                rule = self._video.rule
+                kw["video_grid_thw"] = pack_videos([{"videos": videos}])["video_grid_thw"]
+                seconds = rule.temporal_patch_size / (rule.fps or 2.0)
+                kw["second_per_grids"] = torch.tensor([seconds] * len(videos))
             rope, _ = self.rope_index(ids[None], image_grid_thw=grid, attention_mask=ones,
-                                      audio_seqlens=seqlens)  # fmt: skip
+                                      audio_seqlens=seqlens, **kw)  # fmt: skip
             positions = torch.cat([text_pos[None], rope], dim=0)
         elif self._rules.rope_positions:
             grid = processed.get("image_grid_thw")

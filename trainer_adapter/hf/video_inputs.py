@@ -27,7 +27,9 @@ positions take each video's seconds per temporal patch (``second_per_grid_ts``:
 The mean and std are the video processor's, where the processor has one (it needs
 torchvision); else its image processor's, which the published Qwen2-VL, Qwen2.5-VL and Qwen3-VL
 configurations give the same values. The rule's patch, merge and temporal patch sizes are
-checked against the processor at construction (:func:`check_processor_video`).
+checked against the processor at construction (:func:`check_processor_video`), with the pixel
+bounds the processor's call passes its video processor (Qwen2.5-Omni's call gives a ``size`` of
+its own, 100,352..602,112 px, over the video processor's).
 """
 
 from __future__ import annotations
@@ -78,8 +80,12 @@ def check_processor_video(processor, rule, family: str) -> None:
                     "counted other patches than this processor makes; prep again with the "
                     "model's own settings"
                 )
-    size = getattr(vp, "size", None)
-    if vp is not None and rule.source == "transformers" and size is not None:
+    # the size the processor's call passes its video processor (Qwen2.5-Omni's class defaults
+    # its videos_kwargs), else the video processor's own
+    call = getattr(processor, "videos_kwargs", None)
+    size = call.get("size") if isinstance(call, dict) else None
+    size = size if size is not None else getattr(vp, "size", None)
+    if rule.source == "transformers" and size is not None:
         factor = rule.patch_size * rule.merge_size
         want = {"shortest_edge": rule.min_pixels,
                 "longest_edge": rule.max_pixels or 768 * factor * factor}  # fmt: skip
@@ -87,7 +93,7 @@ def check_processor_video(processor, rule, family: str) -> None:
             have = size.get(key) if isinstance(size, dict) else getattr(size, key, None)
             if have is not None and have != value:
                 raise SettingsMismatch(
-                    f"the {family} video processor's size[{key!r}] is {have}, the generation's "
+                    f"the {family} processor's video size[{key!r}] is {have}, the generation's "
                     f"video rule {rule.spec()!r} has {value}: prep again with the model's own "
                     "settings"
                 )

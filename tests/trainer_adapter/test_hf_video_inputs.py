@@ -711,3 +711,81 @@ def test_omni_videos_equal_its_processor(fps, tmp_path):
             rope_index=model.model.get_rope_index,
             video_rule=f"{QWEN2},source=qwen-vl-utils",
         )
+
+
+@pytest.mark.parametrize(
+    "source, size, min_frames, ok",
+    [
+        # the transformers source: the video processor's own bounds when the rule gives none
+        ("transformers", 768 * 28 * 28, 2, True),
+        ("transformers", 768 * 28 * 28 + 1, 2, False),
+        ("transformers", 768 * 28 * 28 - 1, 2, False),
+        ("transformers", 768 * 28 * 28, 3, False),
+        # qwen-vl-utils samples and sizes the frames itself: the video processor's frame
+        # bounds and size do not apply (it runs with do_resize=False, do_sample_frames=False)
+        ("qwen-vl-utils", 768 * 28 * 28 + 1, 3, True),
+    ],
+)
+def test_the_video_processor_bounds_that_apply_to_the_source(
+    source, size, min_frames, ok, tmp_path, tokenizer_path
+):
+    from types import SimpleNamespace
+
+    from shards.read.prep_settings import SettingsMismatch
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir, proc = _qwen2(tmp_path, tokenizer_path)
+    proc.video_processor = SimpleNamespace(
+        patch_size=14,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_frames=min_frames,
+        max_frames=768,
+        size={"shortest_edge": 3136, "longest_edge": size},
+        image_mean=[0.5] * 3,
+        image_std=[0.5] * 3,
+        rescale_factor=1 / 255,
+        do_rescale=True,
+        do_normalize=True,
+    )
+    spec = f"qwen2vl:min_pixels=3136,min_frames=2,source={source}"  # max_pixels 0: the source's
+
+    def make():
+        return HFPacker(family="qwen2vl", processor=proc, template=str(mdir),
+                        rope_index=print, video_rule=spec)  # fmt: skip
+
+    if ok:
+        assert make()._video.rule.source == source
+        return
+    with pytest.raises(SettingsMismatch):
+        make()
+
+
+def test_scaling_without_normalization_and_an_undecodable_video(
+    tmp_path, tokenizer_path, monkeypatch
+):
+    """A processor that rescales without normalizing (``rescale``: the frames times the
+    factor) or neither; a video whose header promises frames its stream does not decode is
+    refused naming the sample."""
+    from dataprep.media_rules import parse_video_rule
+    from trainer_adapter.hf.video_inputs import QwenVideo
+
+    rule = parse_video_rule(RULE["qwen2vl"])
+    frames = torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8)
+    kw = dict(rule=rule, mean=(0.5,) * 3, std=(0.5,) * 3, rescale_factor=1 / 255)
+    only = QwenVideo(**kw, do_rescale=True, do_normalize=False).scaled(frames)
+    assert torch.equal(only, frames.float() * (1 / 255))
+    none = QwenVideo(**kw, do_rescale=False, do_normalize=False).scaled(frames)
+    assert torch.equal(none, frames.float())
+    both = QwenVideo(**kw, do_rescale=True, do_normalize=True).scaled(frames)
+    assert torch.allclose(both, (frames.float() / 255 - 0.5) / 0.5, atol=1e-6)
+    import shards.read.media as media
+
+    def short(data, indices):
+        raise IndexError(f"the video has 3 frames, no {list(indices)[-1:]}")
+
+    monkeypatch.setattr(media, "decode_video", short)
+    clip = (tmp_path / _videos(tmp_path)[0]).read_bytes()
+    video = QwenVideo(**kw, do_rescale=True, do_normalize=True)
+    with pytest.raises(ValueError, match=r"sample 'v9' video 0: the video has 3 frames.*header"):
+        video(clip, "sample 'v9' video 0")

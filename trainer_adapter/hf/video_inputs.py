@@ -108,9 +108,9 @@ class QwenVideo:
     rule: object
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    rescale_factor: float = 1 / 255
-    do_rescale: bool = True
-    do_normalize: bool = True
+    rescale_factor: float
+    do_rescale: bool
+    do_normalize: bool
 
     @classmethod
     def of(cls, processor, rule, family: str) -> QwenVideo:

@@ -200,7 +200,8 @@ def check_media_rules(video: str | None, audio: str | None, vision_policy: str) 
         owners = rule_owners(what, name)
         own = (f.video_policies or f.policies if what == "video" else f.policies for f in owners)
         policies = tuple(dict.fromkeys(p for ps in own for p in ps))
-        if owners and policy not in policies:
+        # an audio-only family (no policy: its template refuses images) takes any policy
+        if owners and policies and policy not in policies:
             raise ValueError(
                 f"--{what}-rule {name} is the {what} processor of the models of vision policy "
                 f"{' or '.join(policies)}, but --vision-policy is {policy}: one prep measures one "

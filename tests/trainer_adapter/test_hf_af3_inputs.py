@@ -182,7 +182,9 @@ def _generation(root: str) -> tuple[str, str]:
     demo, _ = dataset(root)
     mdir = model_dir(root / "model")
     cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
-    args = ["prep", str(demo / "audio.jsonl"), "--image-root", str(demo), "--no-progress"]
+    one_cycle = (demo / "audio.jsonl").read_text().splitlines()[:7]  # every kind once
+    (demo / "gen.jsonl").write_text("\n".join(one_cycle) + "\n")
+    args = ["prep", str(demo / "gen.jsonl"), "--image-root", str(demo), "--no-progress"]
     args += ["--tokenizer", str(mdir / "tokenizer.json"), "--template", str(mdir)]
     args += ["--audio-rule", RULE, "-o", str(cost)]
     assert main(args) == 0
@@ -191,7 +193,9 @@ def _generation(root: str) -> tuple[str, str]:
     return str(gen), str(mdir)
 
 
-def rank_rows(rank, world, gen, mdir, mode):
+def rank_rows(rank, world, gen, mdir):
+    """This rank's share packed from the generation, one step balanced and one not (a fresh
+    model each, in one process): each one's loss and gradient summed over the ranks."""
     import torch.distributed as dist
 
     from trainer_adapter.hf.balance import balance_model, global_targets
@@ -199,38 +203,42 @@ def rank_rows(rank, world, gen, mdir, mode):
     from trainer_adapter.redistribute import RedistributePolicy
 
     proc = processor(Path(mdir))
-    m = model(proc.tokenizer)
     packer = HFPacker.from_generation(gen, proc, family="audioflamingo3")
     row = _packed(packer, _shares(gen)[rank])
-    balance_model(m, policy=RedistributePolicy(enabled=mode == "balanced"))
-    loss = _loss(m, row, global_targets(row["labels"]))
-    loss.backward()
-    dist.all_reduce(loss := loss.detach())
-    flat = torch.from_numpy(_flat_grads(m))
-    dist.all_reduce(flat)
-    return {
-        "loss": float(loss),
-        "grads": flat.numpy(),
-        "windows": len(row.get("input_features_mask", ())),
-        "moved": m.model.audio_tower.last_route.moved if mode == "balanced" else 0,
-    }
+    out = {}
+    for mode in ("balanced", "plain"):
+        m = model(proc.tokenizer)
+        balance_model(m, policy=RedistributePolicy(enabled=mode == "balanced"))
+        loss = _loss(m, dict(row), global_targets(row["labels"]))
+        loss.backward()
+        dist.all_reduce(loss := loss.detach())
+        flat = torch.from_numpy(_flat_grads(m))
+        dist.all_reduce(flat)
+        out[mode] = {
+            "loss": float(loss),
+            "grads": flat.numpy(),
+            "windows": len(row.get("input_features_mask", ())),
+            "moved": m.model.audio_tower.last_route.moved if mode == "balanced" else 0,
+        }
+    return out
 
 
 def test_generation_rows_are_prep_counts_and_balanced_equals_single_process(tmp_path):
     from trainer_adapter.hf.inputs import HFPacker
 
     gen, mdir = _generation(str(tmp_path))
-    runs = {m: run_ranks(rank_rows, 2, gen, mdir, m, timeout=300) for m in ("balanced", "plain")}
+    ranks = run_ranks(rank_rows, 2, gen, mdir, timeout=300)
+    runs = {m: [r[m] for r in ranks] for m in ("balanced", "plain")}
     proc = processor(Path(mdir))
     m = model(proc.tokenizer)
     packer = HFPacker.from_generation(gen, proc, family="audioflamingo3")  # checks every sample
     shares = _shares(gen)
-    assert len(shares[0]) + len(shares[1]) == 14
+    assert len(shares[0]) + len(shares[1]) == 7
     row = _packed(packer, shares[0] + shares[1])
     loss = _loss(m, row, int((row["labels"][..., 1:] != -100).sum()))
     loss.backward()
     ref = _flat_grads(m)
-    assert runs["plain"][1]["windows"] == 0 and runs["plain"][0]["windows"] > 12
+    assert [r["windows"] for r in runs["plain"]] == [10, 0]  # 2 + 1 + 2 + 1 + 2 + 2
     for mode, ranks in runs.items():
         for r in ranks:
             assert r["loss"] == pytest.approx(loss.item(), rel=1e-6), mode

@@ -457,26 +457,30 @@ def _flat_grads(model) -> np.ndarray:
                       for n in sorted(params)]).numpy()  # fmt: skip
 
 
-def rank_rows(rank, world, gen, mdir, family, mode):
+def rank_rows(rank, world, gen, mdir, family):
     """This rank's share (rank 0: every sample with a video) packed from the generation, one
-    step with the tower and the LLM balanced (or not): the loss and gradient summed."""
+    step with the tower and the LLM balanced, and one without (a fresh model each, in one
+    process): each one's loss and gradient summed over the ranks."""
     import torch.distributed as dist
 
     from trainer_adapter.hf.balance import balance_model, global_targets
     from trainer_adapter.redistribute import RedistributePolicy
 
-    model, packer = _setup(gen, mdir, family)
-    samples = _shares(gen)[rank]
-    n = global_targets(packer(samples)["labels"])
-    balance_model(model, policy=RedistributePolicy(enabled=mode == "balanced"))
-    loss, row = _loss(model, packer, samples, n)
-    loss.backward()
-    dist.all_reduce(loss := loss.detach())
-    flat = torch.from_numpy(_flat_grads(model))
-    dist.all_reduce(flat)
-    visual = model.model.visual
-    return {"loss": float(loss), "grads": flat.numpy(), "videos": len(row.get(
-        "video_grid_thw", ())), "moved": visual.last_route.moved if mode == "balanced" else 0}  # fmt: skip
+    out = {}
+    for mode in ("balanced", "plain"):
+        model, packer = _setup(gen, mdir, family)
+        samples = _shares(gen)[rank]
+        n = global_targets(packer(samples)["labels"])
+        balance_model(model, policy=RedistributePolicy(enabled=mode == "balanced"))
+        loss, row = _loss(model, packer, samples, n)
+        loss.backward()
+        dist.all_reduce(loss := loss.detach())
+        flat = torch.from_numpy(_flat_grads(model))
+        dist.all_reduce(flat)
+        moved = model.model.visual.last_route.moved if mode == "balanced" else 0
+        out[mode] = {"loss": float(loss), "grads": flat.numpy(), "moved": moved,
+                     "videos": len(row.get("video_grid_thw", ()))}  # fmt: skip
+    return out
 
 
 @pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl"])
@@ -487,8 +491,8 @@ def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
     from tests.dist_helper import run_ranks
 
     gen, mdir = _generation(tmp_path, family, tokenizer_path)
-    runs = {m: run_ranks(rank_rows, 2, gen, str(mdir), family, m, timeout=300)
-            for m in ("balanced", "plain")}  # fmt: skip
+    ranks = run_ranks(rank_rows, 2, gen, str(mdir), family, timeout=300)
+    runs = {m: [r[m] for r in ranks] for m in ("balanced", "plain")}
     model, packer = _setup(gen, str(mdir), family)
     shares = _shares(gen)
     loss, _ = _loss(model, packer, shares[0] + shares[1])

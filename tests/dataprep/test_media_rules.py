@@ -1233,16 +1233,27 @@ def test_whisper_windows_rule_limits(kw, bad):
 
 
 @pytest.mark.parametrize(
-    "seconds, windows, frames",
-    [(0, 1, 0), (1, 1, 100), (30, 1, 3000), (30.01, 2, 3001), (60, 2, 6000), (61, 2, 6000)],
+    "samples, windows, frames",
+    [
+        (0, 1, 0),
+        (16000, 1, 100),
+        (480000, 1, 3000),
+        (480160, 2, 3001),
+        (960000, 2, 6000),
+        (976000, 2, 6000),
+        (960, 1, 6),
+        (961, 1, 7),
+    ],
 )
-def test_whisper_windows_rule_counts(seconds, windows, frames):
+def test_whisper_windows_rule_counts(samples, windows, frames):
     """Windows of 30 s, an empty recording one, cut at max_windows (2 here); every window's
-    encoder sequence the whole padded window; tokens of all the frames together."""
+    encoder sequence the whole padded window; tokens of all the frames together (a frame of a
+    partial hop counted: 961 samples are 7 frames, whose tokens are one more than 6's)."""
     from dataprep.media_rules import parse_audio_rule
 
     rule = parse_audio_rule("audioflamingo3:max_windows=2")
-    cost = rule.cost(_header(round(seconds * 16000), 16000))
+    cost = rule.cost(_header(samples, 16000))
     assert cost.seq_lens == (1500,) * windows
     assert cost.llm_tokens == audio_tokens(frames)
+    assert audio_tokens(7) == audio_tokens(6) + 1  # so the partial hop's frame shows
     assert parse_audio_rule(rule.spec()) == rule  # the recorded spec parses to the same rule

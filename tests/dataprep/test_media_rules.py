@@ -1227,6 +1227,10 @@ def test_whisper_windows_rule_limits(kw, bad):
 
     if bad is None:
         assert WhisperWindowsRule(**kw).max_windows == kw["max_windows"]
+        # the default: AudioFlamingo3Processor's max_audio_len (600 s) in 30-s windows
+        assert WhisperWindowsRule().max_windows == 20
+        with pytest.raises(TypeError):
+            WhisperWindowsRule(16000)  # a field given positionally is refused
         return
     with pytest.raises(ValueError, match=bad):
         WhisperWindowsRule(**kw)
@@ -1255,5 +1259,6 @@ def test_whisper_windows_rule_counts(samples, windows, frames):
     cost = rule.cost(_header(samples, 16000))
     assert cost.seq_lens == (1500,) * windows
     assert cost.llm_tokens == audio_tokens(frames)
+    assert all(type(x) is int for x in (*cost.seq_lens, cost.llm_tokens))  # counts, not floats
     assert audio_tokens(7) == audio_tokens(6) + 1  # so the partial hop's frame shows
     assert parse_audio_rule(rule.spec()) == rule  # the recorded spec parses to the same rule

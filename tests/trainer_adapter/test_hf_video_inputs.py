@@ -783,6 +783,9 @@ def test_scaling_without_normalization_and_an_undecodable_video(
     assert torch.equal(none, frames.float())
     both = QwenVideo(**kw, do_rescale=True, do_normalize=True).scaled(frames)
     assert torch.allclose(both, (frames.float() / 255 - 0.5) / 0.5, atol=1e-6)
+    # another factor: the mean and std over it, not over its floor (1 / 0.003 is 333.3)
+    odd = QwenVideo(**{**kw, "rescale_factor": 0.003}, do_rescale=True, do_normalize=True)
+    assert torch.allclose(odd.scaled(frames), (frames.float() * 0.003 - 0.5) / 0.5, atol=1e-5)
     import shards.read.media as media
 
     def short(data, indices):

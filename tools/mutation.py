@@ -101,6 +101,9 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
         "PYTHONPATH": str(root),
         "PYTHONDONTWRITEBYTECODE": "1",
         "NUMBA_DISABLE_JIT": "1",
+        # tests whose references are slow to compute keep them here for the run's mutants
+        # (keyed by what they depend on; tests/trainer_adapter/test_hf_video_inputs.py)
+        "EQUISHARD_TEST_CACHE": str(root / "build" / "test-cache"),
     }
     # the baseline's own time sets each mutant's limit (a mutant that loops is a kill)
     t0 = time.perf_counter()

@@ -149,6 +149,18 @@ def _rope_index(cls_name: str, tok):
     return model(cfg).get_rope_index
 
 
+def _cache() -> Path | None:
+    """Where the references are kept between runs: ``EQUISHARD_TEST_CACHE`` (the mutation tool
+    sets it for its run's mutants: each reference computed once); none otherwise (a test run
+    computes them, about 150 MB it would otherwise leave behind)."""
+    where = os.environ.get("EQUISHARD_TEST_CACHE")
+    if not where:
+        return None
+    cache = Path(where) / "video-reference"
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
 def _cache_key(request: dict) -> str:
     """What the reference's outputs depend on: the request with every file by its bytes' hash,
     the reference's code and the transformers and torch versions."""
@@ -177,8 +189,7 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
               cache: Path | None = None) -> list:  # fmt: skip
     """The processor's outputs for ``cases`` (text, video and image paths), from
     :mod:`tests.trainer_adapter.video_reference`; ``cache``: a directory where they are kept
-    by what they depend on (the checkout's build/: a run of the mutation tool computes each
-    once)."""
+    by what they depend on (:func:`_cache`)."""
     size = {"shortest_edge": rule.min_pixels}
     factor = rule.patch_size * rule.merge_size
     if rule.source == "transformers":
@@ -276,9 +287,7 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
         }
         for r in records
     ]
-    cache = ROOT / "build" / "test-cache" / "video-reference"
-    cache.mkdir(parents=True, exist_ok=True)
-    refs = reference(tmp_path, cls_name, rule, model_dir, cases, cache)
+    refs = reference(tmp_path, cls_name, rule, model_dir, cases, _cache())
     tok = proc.tokenizer
     for rec, ref in zip(records, refs, strict=True):
         got = packer.sample(
@@ -673,9 +682,7 @@ def test_omni_videos_equal_its_processor(fps, tmp_path):
         "patch": 14,
         "cases": cases,
     }
-    cache = ROOT / "build" / "test-cache" / "video-reference"
-    cache.mkdir(parents=True, exist_ok=True)
-    refs = _run_reference(tmp_path, request, cache)
+    refs = _run_reference(tmp_path, request, _cache())
     for rec, ref in zip(records, refs, strict=True):
         got = packer.sample(
             rec["turns"],

@@ -803,3 +803,28 @@ def test_scaling_without_normalization_and_an_undecodable_video(
     video = QwenVideo(**kw, do_rescale=True, do_normalize=True)
     with pytest.raises(ValueError, match=r"sample 'v9' video 0: the video has 3 frames.*header"):
         video(clip, "sample 'v9' video 0")
+
+
+@pytest.mark.parametrize("tps", [1, 2, 3])
+def test_patches_fill_the_last_temporal_patch_as_prep_counts(tps):
+    """Every frame count, with temporal patches of 1, 2 and 3 frames: as many temporal patches
+    as prep's rule counts (``ceil(n / tps)``), the last filled with copies of the last frame;
+    the inputs are keyword-only."""
+    import dataclasses
+
+    from dataprep.media_rules import QwenVideoRule
+    from trainer_adapter.hf.video_inputs import QwenVideo
+
+    rule = QwenVideoRule(temporal_patch_size=tps, patch_size=2, merge_size=1)
+    video = QwenVideo(rule=rule, mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
+                      do_rescale=False, do_normalize=False)  # fmt: skip
+    for n in range(1, 8):
+        frames = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 2, 2)
+        patches, (t, gh, gw) = video.patches(frames)
+        assert t == -(-n // tps) and (gh, gw) == (1, 1)
+        # a patch's values are [C, tps, p, p]: its frames' indices, the last repeated
+        last = patches[-1].view(3, tps, 2, 2)[0, :, 0, 0].tolist()
+        assert last == [min(k, n - 1) for k in range((t - 1) * tps, t * tps)]
+    with pytest.raises(TypeError):
+        QwenVideo(rule, (0.0,) * 3, (1.0,) * 3, 1.0, False, False)
+    assert all(f.kw_only for f in dataclasses.fields(QwenVideo))

@@ -828,3 +828,27 @@ def test_patches_fill_the_last_temporal_patch_as_prep_counts(tps):
     with pytest.raises(TypeError):
         QwenVideo(rule, (0.0,) * 3, (1.0,) * 3, 1.0, False, False)
     assert all(f.kw_only for f in dataclasses.fields(QwenVideo))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        video.rule = None
+
+
+@pytest.mark.parametrize("merge", [1, 2, 3])
+def test_a_videos_tokens_are_the_ones_prep_counts(merge):
+    """The tokens the packer writes for a video equal prep's ``llm_tokens`` of its rule, for
+    merge sizes 1, 2 and 3 (every pair of frames' patches over ``merge^2``)."""
+    from dataprep.media_rules import QwenVideoRule
+    from dataprep.video_header import VideoHeader
+    from trainer_adapter.hf.video_inputs import QwenVideo
+
+    rule = QwenVideoRule(source="transformers", merge_size=merge, min_pixels=3136, min_frames=2,
+                         max_pixels=50176)  # fmt: skip
+    video = QwenVideo(rule=rule, mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
+                      do_rescale=False, do_normalize=False)  # fmt: skip
+    for frames, width, height in ((12, 160, 96), (31, 320, 240), (5, 128, 224)):
+        header = VideoHeader(nbytes=1, width=width, height=height, frames=frames, fps=8.0,
+                             duration=frames / 8.0, codec="h264", container="mp4")  # fmt: skip
+        n = rule.frames(frames, 8.0)
+        h, w = rule.frame_size(width, height, n)
+        grid = (-(-n // 2), h // 14, w // 14)
+        written = video.text({"grid": grid, "stamps": []}, "X").count("X")
+        assert written == rule.cost(header).llm_tokens

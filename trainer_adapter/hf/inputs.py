@@ -405,26 +405,17 @@ class HFPacker:
         m = generation if isinstance(generation, Manifest) else open_generation(generation)
         rec = PrepSettings.from_manifest(m)
         kwargs.setdefault("check_costs", True)
-        audio = rec.resolve_rule("audio")  # checked where it enters; None: no recordings
-        given = kwargs.get("audio_rule")
-        if given is not None and (
-            audio is None or parse_audio_rule(given) != parse_audio_rule(audio)
-        ):
-            raise SettingsMismatch(
-                f"audio_rule {kwargs['audio_rule']!r} given, but the generation's recordings "
-                f"were measured with {audio!r}: leave audio_rule out (the generation's is taken)"
-            )
-        kwargs["audio_rule"] = audio
-        video = rec.resolve_rule("video")
-        given = kwargs.get("video_rule")
-        if given is not None and (
-            video is None or parse_video_rule(given) != parse_video_rule(video)
-        ):
-            raise SettingsMismatch(
-                f"video_rule {given!r} given, but the generation's videos were measured with "
-                f"{video!r}: leave video_rule out (the generation's is taken)"
-            )
-        kwargs["video_rule"] = video
+        # each medium's recorded rule (checked where it enters; None: none measured) is taken;
+        # a differing rule given is refused, the same one by another name accepted
+        for what, parse, items in (("audio", parse_audio_rule, "recordings"),
+                                   ("video", parse_video_rule, "videos")):  # fmt: skip
+            recorded, given = rec.resolve_rule(what), kwargs.get(f"{what}_rule")
+            if given is not None and (recorded is None or parse(given) != parse(recorded)):
+                raise SettingsMismatch(
+                    f"{what}_rule {given!r} given, but the generation's {items} were measured "
+                    f"with {recorded!r}: leave {what}_rule out (the generation's is taken)"
+                )
+            kwargs[f"{what}_rule"] = recorded
         packer = cls(
             family=family, processor=processor, template=rec.resolve_template(template)[0], **kwargs
         )

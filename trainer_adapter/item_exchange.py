@@ -167,7 +167,8 @@ def plan_items(
     dtypes: dict[str, torch.dtype | None] | None = None,
 ) -> ItemRoute:
     """Gather every rank's item table (int64 ``[n_items, k]``), compute each item's cost with
-    ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (default: the cost), and
+    ``cost(table) -> float[N]`` and its bytes moved with ``volume`` (each rank's of its own items,
+    carried in the table; default: the cost), and
     plan the destination of every item. Same result on every rank; collective. A rank that
     cannot give its table passes its error as ``refusal``: every rank raises
     :class:`~trainer_adapter.group_errors.StepRefused` (named ``where``) with it.
@@ -199,7 +200,9 @@ def plan_items(
             refusal = ValueError(
                 f"the item table must be 2-D [items, columns], got {local_table.shape}"
             )
-        else:  # each item carries its rank's dtypes and settings' fingerprint: ranks agree
+        else:  # each item carries its bytes (from its own rank: a rank without items may
+            # not know a row's size), its rank's dtypes and settings' fingerprint: ranks agree
+            local_table = _with_volume(local_table, volume)
             codes = [_dtype_code(dt) for _, dt in sorted((dtypes or {}).items())]
             tag = [*codes, _fingerprint(settings)]
             local_table = np.hstack([local_table, np.tile(np.int64(tag), (len(local_table), 1))])
@@ -212,8 +215,10 @@ def plan_items(
     agreed_dtypes = _agree_dtypes(names, table[:, k - 1 - len(names) : k - 1], src, world, where)
     table = table[:, : k - 1 - len(names)]
     t1 = time.perf_counter()
+    if volume is not None:  # the senders' bytes (float64 bits), the same on every rank
+        table, vol = table[:, :-1], np.ascontiguousarray(table[:, -1]).view(np.float64)
     c = np.asarray(cost(table), dtype=np.float64)
-    vol = np.asarray(volume(table), dtype=np.float64) if volume is not None else c
+    vol = vol if volume is not None else c
     ranks = tuple(range(world))
     dest, method, before, planned = _plan_phase(c, src, ranks, topology, policy, vol)
     dest = np.asarray(dest, dtype=np.int64)
@@ -232,6 +237,17 @@ def plan_items(
         out.dest = np.concatenate([dest, to])
     out.seconds = {"gather": t1 - t0, "plan": time.perf_counter() - t1}
     return out
+
+
+def _with_volume(local_table: np.ndarray, volume) -> np.ndarray:
+    """This rank's item table with each item's bytes (``volume`` of its own items, as float64
+    bits) as a last column: the plan weighs every item by the bytes its own rank gives it,
+    not by what a rank without items (its placeholders' row size, 0 bytes) would make of it
+    (the node-wise placement by different weights on different ranks: plans that disagree)."""
+    if volume is None:
+        return local_table
+    vol = np.asarray(volume(local_table), dtype=np.float64).reshape(len(local_table))
+    return np.hstack([local_table, vol.view(np.int64)[:, None]])
 
 
 def idle_copies(

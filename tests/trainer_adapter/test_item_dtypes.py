@@ -168,3 +168,40 @@ def test_mixed_precision_with_an_empty_rank_as_without_balancing(family):
     assert loss == pytest.approx(loss0, rel=1e-4)
     assert np.abs(grads - grads0).max() <= 2e-2 * np.abs(grads0).max()
     assert np.abs(grads).sum() > 0
+
+
+def volume_rank(rank, world):
+    """Rank 0 brings items whose bytes are not their cost; rank 1 none. Each rank's
+    ``volume`` sizes a row from its own payload, as the balanced towers do: rank 1's
+    placeholder gives 0 bytes a row. Returns the plan this rank made."""
+    from trainer_adapter.item_exchange import plan_items
+    from trainer_adapter.redistribute import RedistributePolicy
+    from trainer_adapter.topology import Topology
+
+    # (cost, rows): two heavy items of few rows, the rest light with many
+    items = [(9, 1), (9, 1), (3, 40), (3, 40), (3, 40)] if rank == 0 else []
+    table = np.array(items, dtype=np.int64).reshape(-1, 2)
+    row_bytes = 16 if rank == 0 else 0  # a rank without rows cannot size one
+    route = plan_items(
+        table,
+        lambda t: t[:, 0].astype(float),
+        volume=lambda t: t[:, 1] * float(row_bytes),
+        topology=Topology(),
+        policy=RedistributePolicy(min_gain=0.0),
+    )
+    return {"dest": route.dest.tolist(), "moved": route.moved}
+
+
+def test_ranks_agree_on_the_plan_when_only_senders_know_the_bytes():
+    """Before, each rank weighed the node-wise placement by its own ``volume``: the rank
+    without items by 0 bytes, so the ranks placed the balanced bins on different ranks (the
+    GLM-4.1V video round: a rank ran rows it never received, a grid of garbage). Now each
+    item carries the bytes its own rank gives it: one plan on every rank, the heavy bytes
+    kept on the rank that holds them."""
+    runs = run_ranks(volume_rank, 2)
+    assert runs[0]["dest"] == runs[1]["dest"]
+    dest = np.array(runs[0]["dest"])
+    assert runs[0]["moved"] > 0 and set(dest.tolist()) == {0, 1}
+    rows = np.array([1, 1, 40, 40, 40])
+    kept = rows[dest == 0].sum()
+    assert kept >= rows[dest == 1].sum()  # the bin with more bytes stayed home

@@ -1,5 +1,7 @@
 """GLM-4.1V, GLM-4.5V and GLM-4.6V: Qwen2-VL-like resize, two frames per image."""
 
+from dataclasses import replace
+
 from dataprep.families.processor_settings import QWEN_CHECKS, image_setting
 from dataprep.families.qwen2vl import QWEN_OPTIONS, QWEN_PACKER
 from dataprep.families.spec import FamilySpec, ImageTokens, policy
@@ -20,7 +22,9 @@ SPEC = FamilySpec(
     template="glm4v",
     image_tokens=ImageTokens("<|image|>"),
     processor_checks=(*QWEN_CHECKS, ("temporal_patch_size", image_setting("temporal_patch_size"))),
-    packer=QWEN_PACKER,
+    # its videos built (hf.video_inputs), each pair among the images: its model takes both
+    # kinds' features at every <|image|> token
+    packer=replace(QWEN_PACKER, videos=True, videos_with_images=True),
     # <|begin_of_video|><|video|><|end_of_video|>: the processor expands <|video|> only
     media_tokens={"video": ImageTokens("<|video|>")},
     video_rules=("glm4v",),

@@ -104,7 +104,11 @@ class PackerRules:
     processor pads it, ``[windows, mel, window]`` (Audio Flamingo 3); empty: it takes no
     recordings); ``audio_mask``: the name of the frame mask beside them; ``videos``: the
     packer builds its videos (Qwen's temporal patches: ``pixel_values_videos`` with
-    ``video_grid_thw``, :mod:`~trainer_adapter.hf.video_inputs`)."""
+    ``video_grid_thw``, :mod:`~trainer_adapter.hf.video_inputs`); ``videos_with_images``: a
+    video's pairs of frames travel among the images instead (``pixel_values`` and
+    ``image_grid_thw``, one ``(1, h, w)`` a pair, in the order their tokens stand): GLM-4.1V's
+    model scatters its image features and its video features each over every ``<|image|>``
+    token, so a row with both would fail; its tower runs a pair as an image alike."""
 
     rope_positions: bool = False
     fixed_tokens: bool = False
@@ -117,8 +121,11 @@ class PackerRules:
     audio: str = ""
     audio_mask: str = "feature_attention_mask"
     videos: bool = False
+    videos_with_images: bool = False
 
     def __post_init__(self) -> None:
+        if self.videos_with_images and not self.videos:
+            raise ValueError("PackerRules.videos_with_images needs videos=True")
         if self.audio not in ("", "packed", "window", "windows"):
             raise ValueError(
                 f"PackerRules.audio must be '', 'packed', 'window' or 'windows', got {self.audio!r}"

@@ -80,23 +80,33 @@ class Glm4vVideoRule(MediaRule):
         out = list(dict.fromkeys(picked))
         return out + out[-1:] if len(out) % 2 else out
 
-    def cost(self, header: VideoHeader) -> MediaCost:
-        idx = self.indices(header.frames, header.fps)
-        h, w = glm4v_video_resize(
-            len(idx),
-            header.height,
-            header.width,
+    def frame_size(self, width: int, height: int, n: int) -> tuple[int, int]:
+        """(height, width) each of the ``n`` sampled frames is resized to: GLM's
+        ``smart_resize`` over the whole video's pixel budget."""
+        return glm4v_video_resize(
+            n,
+            height,
+            width,
             self.patch_size * self.merge_size,
             self.temporal_patch_size,
             self.min_pixels,
             self.max_pixels,
             "GLM-4.1V",
         )
-        grid_t = len(idx) // self.temporal_patch_size
+
+    def timestamps(self, indices: list[int], video_fps: float) -> list[int]:
+        """Each pair's time in the prompt: the whole second of its first frame, as
+        ``replace_video_token`` writes ``int(timestamps[::2][k])``."""
+        pairs = len(indices) // self.temporal_patch_size
+        return [int(i / video_fps) for i in indices[::2][:pairs]]
+
+    def cost(self, header: VideoHeader) -> MediaCost:
+        idx = self.indices(header.frames, header.fps)
+        h, w = self.frame_size(header.width, header.height, len(idx))
+        seconds = self.timestamps(idx, header.fps)
         per_t = (h // self.patch_size) * (w // self.patch_size)
-        seconds = [i / header.fps for i in idx][::2][:grid_t]
-        text = "".join(f"{START}{END}{int(s)}" for s in seconds)
-        return MediaCost((per_t,) * grid_t, grid_t * per_t // self.merge_size**2, text)
+        text = "".join(f"{START}{END}{s}" for s in seconds)
+        return MediaCost((per_t,) * len(seconds), len(seconds) * per_t // self.merge_size**2, text)
 
     def spec(self) -> str:
         return (

@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 from dataprep.families import registry
+from dataprep.families.spec import PackerRules
 from tests.dataprep.helpers import run, write_jsonl
 from tests.dataprep.test_jinja_template import conversations, reference_messages
 from tests.trainer_adapter.test_hf_inputs import _samples
@@ -211,3 +212,17 @@ def test_a_family_that_names_video_wrongly_is_refused(fields, match):
             image_tokens=ImageTokens("<image>"),
             **fields,
         )
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        ({"audio": "chunks"}, r"PackerRules.audio must be '', 'packed', 'window' or 'windows'"),
+        ({"videos_with_images": True}, r"videos_with_images needs videos=True"),
+    ],
+)
+def test_packer_rules_refuse_what_no_packer_builds(kw, message):
+    """A family's packer rules name a form the packer builds, or are refused at import."""
+    with pytest.raises(ValueError, match=message):
+        PackerRules(**kw)
+    assert PackerRules(videos=True, videos_with_images=True).videos_with_images

@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -51,6 +52,10 @@ CASES = {
         "qwen3vl",
         f"{QWEN3},source=qwen-vl-utils,max_pixels=65536,fps=1",
     ),
+    # GLM-4.1V: a budget that shrinks the longer clips; a longest duration shorter than most
+    # clips (frames spread over the whole video) at another rate
+    "glm4v": ("Glm4vProcessor", "glm4v", "glm4v:max_pixels=401408"),
+    "glm4v-long": ("Glm4vProcessor", "glm4v", "glm4v:max_pixels=301056,max_duration=3,fps=1.5"),
 }
 
 
@@ -86,6 +91,7 @@ def _records(root: Path) -> list[dict]:
 def _processor(cls_name: str, model_dir: Path, rule, policy: str | None = None):
     """The model's processor as a CPU user loads it: no video processor (it needs
     torchvision); ``policy``: its image processor's pixel bounds that vision policy's."""
+    from transformers.models.glm4v import Glm4vImageProcessorPil
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
     tok = tf.AutoTokenizer.from_pretrained(str(model_dir))
@@ -93,7 +99,10 @@ def _processor(cls_name: str, model_dir: Path, rule, policy: str | None = None):
     kw = {"image_mean": mean, "image_std": mean} if mean else {}
     if policy:
         kw |= {k: int(v) for k, v in (o.split("=") for o in policy.split(":")[1].split(","))}
-    ip = Qwen2VLImageProcessorPil(patch_size=rule.patch_size, merge_size=2, **kw)
+    images = Glm4vImageProcessorPil if "Glm4v" in cls_name else Qwen2VLImageProcessorPil
+    if policy and images is Glm4vImageProcessorPil:  # its bounds as its size
+        kw["size"] = {"shortest_edge": kw.pop("min_pixels"), "longest_edge": kw.pop("max_pixels")}
+    ip = images(patch_size=rule.patch_size, merge_size=2, **kw)
     cls = type(
         cls_name,
         (getattr(tf, cls_name),),
@@ -104,7 +113,11 @@ def _processor(cls_name: str, model_dir: Path, rule, policy: str | None = None):
 
 def _rope_index(cls_name: str, tok):
     """A tiny model's ``get_rope_index`` with the tokenizer's vision token ids."""
+    from tests.trainer_adapter.test_hf_inputs import _rope_index as glm_or_qwen
     from tests.trainer_adapter.test_hf_inputs import _vision_token_ids
+
+    if cls_name == "Glm4vProcessor":
+        return glm_or_qwen("glm4v", SimpleNamespace(tokenizer=tok))
 
     ids = _vision_token_ids(tok)
     text = dict(
@@ -190,20 +203,28 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
     """The processor's outputs for ``cases`` (text, video and image paths), from
     :mod:`tests.trainer_adapter.video_reference`; ``cache``: a directory where they are kept
     by what they depend on (:func:`_cache`)."""
+    from dataprep.media_rules import Glm4vVideoRule
+
+    glm = isinstance(rule, Glm4vVideoRule)
     size = {"shortest_edge": rule.min_pixels}
     factor = rule.patch_size * rule.merge_size
-    if rule.source == "transformers":
+    if glm or rule.source == "transformers":
         size["longest_edge"] = rule.max_pixels or 768 * factor * factor
     video = {
         "size": size,
         "patch_size": rule.patch_size,
         "merge_size": rule.merge_size,
         "temporal_patch_size": rule.temporal_patch_size,
-        "min_frames": rule.min_frames,
-        "max_frames": rule.max_frames,
-        "cap_pixels_per_frame": rule.cap_pixels_per_frame,
-        "max_video_tokens": rule.max_video_tokens,
     }
+    if glm:
+        video |= {"fps": rule.fps, "max_duration": rule.max_duration}
+    else:
+        video |= {
+            "min_frames": rule.min_frames,
+            "max_frames": rule.max_frames,
+            "cap_pixels_per_frame": rule.cap_pixels_per_frame,
+            "max_video_tokens": rule.max_video_tokens,
+        }
     if "Qwen3" in cls_name:
         video |= {"image_mean": [0.5] * 3, "image_std": [0.5] * 3}
     image = {
@@ -213,7 +234,7 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
     }
     utils = None
     call = {"fps": rule.fps, "do_sample_frames": True}
-    if rule.source == "qwen-vl-utils":
+    if not glm and rule.source == "qwen-vl-utils":
         utils = {
             "fps": rule.fps,
             "min_pixels": rule.min_pixels,
@@ -268,7 +289,10 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
 
     cls_name, family, spec = CASES[case]
     rule = parse_video_rule(spec)
-    model_dir = make_model_dir(tmp_path, "qwen2vl", tokenizer_path)  # Qwen's template, tokens
+    # Qwen's template and tokens (GLM's for GLM-4.1V)
+    model_dir = make_model_dir(
+        tmp_path, "glm4v" if family == "glm4v" else "qwen2vl", tokenizer_path
+    )
     proc = _processor(cls_name, model_dir, rule)
     rope_index = _rope_index(cls_name, proc.tokenizer)
     packer = HFPacker(
@@ -301,8 +325,15 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
         grid = torch.tensor([list(v["grid"]) for v in got["videos"]])
         assert torch.equal(grid, ref["video_grid_thw"])
         assert torch.equal(pix, ref["pixel_values_videos"])
-        if rec.get("images"):
-            assert torch.equal(got["pixel_values"], ref["pixel_values"])
+        images = ref["pixel_values"] if rec.get("images") else ref["pixel_values_videos"][:0]
+        if family == "glm4v":  # each pair among the images, in the order they stand (after)
+            t, h, w = ref["video_grid_thw"].T
+            pairs = torch.stack([torch.ones_like(t), h, w], 1).repeat_interleave(t, 0)
+            images = torch.cat([images, ref["pixel_values_videos"]])
+            have = ref.get("image_grid_thw", pairs[:0])
+            assert torch.equal(got["image_grid_thw"], torch.cat([have, pairs]))
+        if len(images):
+            assert torch.equal(got["pixel_values"], images)
         kw = {}
         if "second_per_grid_ts" in ref:
             kw["second_per_grid_ts"] = ref["second_per_grid_ts"]
@@ -321,8 +352,12 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
 
 
 POLICY = {"qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",
-          "qwen3vl": "qwen3vl:min_pixels=4096,max_pixels=65536"}  # fmt: skip
-RULE = {"qwen2vl": f"{QWEN2},source=transformers", "qwen3vl": f"{QWEN3},max_pixels=262144"}
+          "qwen3vl": "qwen3vl:min_pixels=4096,max_pixels=65536",
+          "glm4v": "glm4v:min_pixels=3136,max_pixels=50176"}  # fmt: skip
+RULE = {"qwen2vl": f"{QWEN2},source=transformers", "qwen3vl": f"{QWEN3},max_pixels=262144",
+        "glm4v": CASES["glm4v"][2]}  # fmt: skip
+PROCESSOR = {"qwen2vl": "Qwen2VLProcessor", "qwen3vl": "Qwen3VLProcessor",
+             "glm4v": "Glm4vProcessor"}  # fmt: skip
 
 
 def _dataset(root: Path) -> Path:
@@ -361,7 +396,7 @@ def _generation(root: Path, family: str, tokenizer_path: str) -> tuple[str, Path
     from equishard.cli import main
 
     demo = _dataset(root)
-    mdir = make_model_dir(root, "qwen2vl", tokenizer_path)
+    mdir = make_model_dir(root, "glm4v" if family == "glm4v" else "qwen2vl", tokenizer_path)
     cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
     args = ["prep", str(demo / "videos.jsonl"), "--image-root", str(demo), "--no-progress"]
     args += ["--tokenizer", str(mdir / "tokenizer.json"), "--template", str(mdir)]
@@ -382,7 +417,7 @@ def _shares(gen: str) -> list[list]:
     return [[s for s in every if s.videos], [s for s in every if not s.videos]]
 
 
-@pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl"])
+@pytest.mark.parametrize("family", list(RULE))
 def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path):
     """From a generation: the packer takes the recorded video rule, and every row (images,
     videos, Qwen3-VL's timestamps) is as long as prep counted (the packer checks each)."""
@@ -390,7 +425,7 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
     from trainer_adapter.hf.inputs import HFPacker
 
     gen, mdir = _generation(tmp_path, family, tokenizer_path)
-    cls_name = "Qwen3VLProcessor" if family == "qwen3vl" else "Qwen2VLProcessor"
+    cls_name = PROCESSOR[family]
     rule = parse_video_rule(RULE[family])
     proc = _processor(cls_name, mdir, rule, POLICY[family])
     packer = HFPacker.from_generation(
@@ -400,9 +435,25 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
     shares = _shares(gen)
     assert len(shares[0]) == 8 and len(shares[1]) == 4
     row = packer(shares[0] + shares[1])  # raises on a row not as long as prep counted
+    if family == "glm4v":  # the 11 videos' pairs among the 4 images, each its own grid
+        grids = row["image_grid_thw"]
+        assert "pixel_values_videos" not in row and (grids[:, 0] == 1).all()
+        assert len(grids) == 4 + sum(len(v) // 2 for s in shares[0] for v in _frames(s, rule))
+        patches = int(grids.prod(1).sum())
+        assert row["pixel_values"].shape == (patches, 3 * 2 * rule.patch_size**2)
+        assert int((row["input_ids"] == proc.image_token_id).sum()) == patches // 4
+        return
     assert len(row["video_grid_thw"]) == 11  # 3 samples of one, 3 of two, 2 after an image
     per_token = row["pixel_values_videos"].shape[1]
     assert per_token == 3 * 2 * rule.patch_size**2
+
+
+def _frames(sample, rule) -> list[list[int]]:
+    """The frames ``rule`` samples of each of the sample's videos."""
+    from dataprep.video_header import probe_video_bytes
+
+    heads = [probe_video_bytes(v, "v") for v in sample.videos]
+    return [rule.indices(h.frames, h.fps) for h in heads]
 
 
 def _model(tok, family: str):
@@ -423,6 +474,19 @@ def _model(tok, family: str):
             **_vision_token_ids(tok),
         )  # fmt: skip
         return tf.Qwen3VLForConditionalGeneration(cfg).double()
+    if family == "glm4v":
+        ids = tok.convert_tokens_to_ids
+        rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1],
+                "partial_rotary_factor": 1.0}  # fmt: skip
+        cfg = tf.Glm4vConfig(
+            text_config={**text, "rope_parameters": rope},
+            vision_config=dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2,
+                               image_size=28, patch_size=14, out_hidden_size=32),
+            image_token_id=ids("<|image|>"), video_token_id=ids("<|video|>"),
+            image_start_token_id=ids("<|begin_of_image|>"),
+            image_end_token_id=ids("<|end_of_image|>"),
+        )  # fmt: skip
+        return tf.Glm4vForConditionalGeneration(cfg).double()
     cfg = tf.Qwen2VLConfig(
         text_config={**text, "rope_scaling": {"type": "mrope", "mrope_section": [2, 1, 1]}},
         vision_config=dict(depth=2, embed_dim=16, hidden_size=32, num_heads=2, patch_size=14,
@@ -436,8 +500,7 @@ def _setup(gen: str, mdir: str, family: str):
     from dataprep.media_rules import parse_video_rule
     from trainer_adapter.hf.inputs import HFPacker
 
-    cls_name = "Qwen3VLProcessor" if family == "qwen3vl" else "Qwen2VLProcessor"
-    proc = _processor(cls_name, Path(mdir), parse_video_rule(RULE[family]), POLICY[family])
+    proc = _processor(PROCESSOR[family], Path(mdir), parse_video_rule(RULE[family]), POLICY[family])
     model = _model(proc.tokenizer, family)
     packer = HFPacker.from_generation(
         gen, proc, family=family, rope_index=model.model.get_rope_index
@@ -481,18 +544,18 @@ def rank_rows(rank, world, gen, mdir, family):
         samples = _shares(gen)[rank]
         n = global_targets(packer(samples)["labels"])
         balance_model(model, policy=RedistributePolicy(enabled=mode == "balanced"))
-        loss, row = _loss(model, packer, samples, n)
+        loss, _ = _loss(model, packer, samples, n)
         loss.backward()
         dist.all_reduce(loss := loss.detach())
         flat = torch.from_numpy(_flat_grads(model))
         dist.all_reduce(flat)
         moved = model.model.visual.last_route.moved if mode == "balanced" else 0
         out[mode] = {"loss": float(loss), "grads": flat.numpy(), "moved": moved,
-                     "videos": len(row.get("video_grid_thw", ()))}  # fmt: skip
+                     "videos": sum(len(s.videos) for s in samples)}  # fmt: skip
     return out
 
 
-@pytest.mark.parametrize("family", ["qwen2vl", "qwen3vl"])
+@pytest.mark.parametrize("family", list(RULE))
 def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
     """On 2 gloo ranks, one holding every video: the loss and every gradient with the vision
     tower (images and videos) and the LLM balanced equal those without balancing and those of
@@ -511,10 +574,25 @@ def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
     for mode, ranks in runs.items():
         for r in ranks:
             assert r["loss"] == pytest.approx(loss.item(), rel=1e-6), mode
-            np.testing.assert_allclose(r["grads"], ref, rtol=1e-5, atol=1e-9)
+            # (float32 cross-entropy: 1e-8 over gradients of ~1e-4)
+            np.testing.assert_allclose(r["grads"], ref, rtol=1e-5, atol=1e-8)
     assert runs["balanced"][0]["moved"] > 0
     patch = dict(model.named_parameters())["model.visual.patch_embed.proj.weight"].grad
     assert patch is not None and patch.abs().sum() > 0
+    if family == "glm4v":  # the pairs among the images: the model's own video path's loss
+        from trainer_adapter.hf.video_inputs import pack_videos
+
+        only = [s for s in shares[0] if not s.images]
+        merged, row = _loss(model, packer, only)
+        parts = [packer.sample(s.meta["turns"], [], video_bytes=list(s.videos)) for s in only]
+        row.pop("pixel_values"), row.pop("image_grid_thw")
+        row |= {k: v.double() if v.is_floating_point() else v
+                for k, v in pack_videos(parts).items()}  # fmt: skip
+        labels = torch.cat([p["labels"] for p in parts])[None]
+        logits = model(**row, use_cache=False).logits
+        own = torch.nn.functional.cross_entropy(logits[0, :-1].float(), labels[0, 1:],
+                                                ignore_index=-100, reduction="mean")  # fmt: skip
+        assert own.item() == pytest.approx(merged.item(), rel=1e-9)
 
 
 def _qwen2(tmp_path, tokenizer_path, **kw):
@@ -527,7 +605,8 @@ def _qwen2(tmp_path, tokenizer_path, **kw):
 @pytest.mark.parametrize(
     "family, rule, message",
     [
-        ("glm4v", "glm4v", r"builds the glm4v family's videos with glm4v \(none: it builds no"),
+        ("ernie45vl", "ernie45vl", r"builds the ernie45vl family's videos with ernie45vl \(none"),
+        ("glm4v", "qwen2vl", r"builds the glm4v family's videos with glm4v;"),
         ("qwen2vl", "qwen3vl", r"builds the qwen2vl family's videos with qwen2vl;"),
         ("qwen3vl", "qwen2vl", r"builds the qwen3vl family's videos with qwen3vl;"),
         ("qwen2vl", "qwen2vl:fps=2,source=none", r"qwen video source must be one of"),
@@ -589,6 +668,76 @@ def test_the_processor_is_checked_against_the_video_rule(owner, setting, value, 
         return
     with pytest.raises(SettingsMismatch, match=named):
         make()
+
+
+@pytest.mark.parametrize(
+    "setting, value, named",
+    [
+        ("fps", 1.5, r"Glm4vVideoProcessor.fps is 1.5.*has 2.0"),
+        ("fps", 2.5, r"fps is 2.5.*has 2.0"),
+        ("max_duration", 299, r"max_duration is 299.*has 300"),
+        ("max_duration", 301, r"max_duration is 301.*has 300"),
+        ("temporal_patch_size", 1, r"temporal_patch_size is 1.*has 2"),
+        ("shortest_edge", 3135, r"size\['shortest_edge'\] is 3135.*has 3136"),
+        ("shortest_edge", 3137, r"size\['shortest_edge'\] is 3137.*has 3136"),
+        ("longest_edge", 401407, r"size\['longest_edge'\] is 401407.*has 401408"),
+        ("longest_edge", 401409, r"size\['longest_edge'\] is 401409.*has 401408"),
+        ("fps", 2.0, None),  # the rule's own values: accepted
+    ],
+)
+def test_glm_video_processor_is_checked_against_its_rule(setting, value, named, tmp_path,
+                                                          tokenizer_path):  # fmt: skip
+    """GLM-4.1V: each video processor setting that changes a video's frames or sizes (its
+    rate, longest duration, pixel bounds, pairs), at, below and above the rule's value."""
+    from shards.read.prep_settings import SettingsMismatch
+    from trainer_adapter.hf.inputs import HFPacker
+
+    spec = "glm4v:min_pixels=3136,max_pixels=401408"
+    mdir = make_model_dir(tmp_path, "glm4v", tokenizer_path)
+    proc = _processor("Glm4vProcessor", mdir, parse_rule(spec))
+    vp = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "fps": 2.0,
+          "max_duration": 300, "size": {"shortest_edge": 3136, "longest_edge": 401408},
+          "image_mean": [0.4] * 3, "image_std": [0.3] * 3, "rescale_factor": 1 / 255,
+          "do_rescale": True, "do_normalize": True}  # fmt: skip
+    if setting in vp["size"]:
+        vp["size"] = {**vp["size"], setting: value}
+    else:
+        vp[setting] = value
+    proc.video_processor = type("Glm4vVideoProcessor", (SimpleNamespace,), {})(**vp)
+    make = lambda: HFPacker(family="glm4v", processor=proc, template=str(mdir),  # noqa: E731
+                            rope_index=print, video_rule=spec)  # fmt: skip
+    if named is None:
+        video = make()._video
+        assert video.std == (0.3,) * 3 and video.token == "<|image|>"
+        return
+    with pytest.raises(SettingsMismatch, match=named):
+        make()
+
+
+def parse_rule(spec: str):
+    from dataprep.media_rules import parse_video_rule
+
+    return parse_video_rule(spec)
+
+
+def test_pairs_stand_among_the_images_in_the_order_of_their_marks():
+    """GLM-4.1V's row form: a video before an image, an image between two videos; a mark
+    past its kind's items stays text (no block for it); each pair's grid ``(1, h, w)``."""
+    from trainer_adapter.hf.video_inputs import pairs_among_images
+
+    def block(tag, n):
+        return torch.full((n, 2), float(tag))
+
+    images = {"pixel_values": torch.cat([block(1, 4), block(2, 8)]),
+              "image_grid_thw": torch.tensor([[1, 2, 2], [1, 2, 4]])}  # fmt: skip
+    videos = [{"patches": block(7, 12), "grid": (3, 2, 2)},
+              {"patches": block(8, 4), "grid": (1, 2, 2)}]  # fmt: skip
+    out = pairs_among_images(images, videos, [True, False, True, False, True, False])
+    tags = out["pixel_values"][:, 0].tolist()
+    assert tags == [7.0] * 12 + [1.0] * 4 + [8.0] * 4 + [2.0] * 8
+    assert out["image_grid_thw"].tolist() == [[1, 2, 2]] * 3 + [[1, 2, 2], [1, 2, 2], [1, 2, 4]]
+    only = pairs_among_images({}, videos[:1], [True])  # a sample without images
+    assert only["image_grid_thw"].tolist() == [[1, 2, 2]] * 3 and len(only["pixel_values"]) == 12
 
 
 def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
@@ -783,7 +932,9 @@ def test_scaling_without_normalization_and_an_undecodable_video(
 
     rule = parse_video_rule(RULE["qwen2vl"])
     frames = torch.randint(0, 256, (2, 3, 28, 28), dtype=torch.uint8)
-    kw = dict(rule=rule, mean=(0.5,) * 3, std=(0.5,) * 3, rescale_factor=1 / 255)
+    kw = dict(
+        rule=rule, token="<|video_pad|>", mean=(0.5,) * 3, std=(0.5,) * 3, rescale_factor=1 / 255
+    )
     only = QwenVideo(**kw, do_rescale=True, do_normalize=False).scaled(frames)
     assert torch.equal(only, frames.float() * (1 / 255))
     none = QwenVideo(**kw, do_rescale=False, do_normalize=False).scaled(frames)
@@ -816,7 +967,7 @@ def test_patches_fill_the_last_temporal_patch_as_prep_counts(tps):
     from trainer_adapter.hf.video_inputs import QwenVideo
 
     rule = QwenVideoRule(temporal_patch_size=tps, patch_size=2, merge_size=1)
-    video = QwenVideo(rule=rule, mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
+    video = QwenVideo(rule=rule, token="X", mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
                       do_rescale=False, do_normalize=False)  # fmt: skip
     for n in range(1, 8):
         frames = torch.arange(n, dtype=torch.float32).view(n, 1, 1, 1).expand(n, 3, 2, 2)
@@ -826,7 +977,7 @@ def test_patches_fill_the_last_temporal_patch_as_prep_counts(tps):
         last = patches[-1].view(3, tps, 2, 2)[0, :, 0, 0].tolist()
         assert last == [min(k, n - 1) for k in range((t - 1) * tps, t * tps)]
     with pytest.raises(TypeError):
-        QwenVideo(rule, (0.0,) * 3, (1.0,) * 3, 1.0, False, False)
+        QwenVideo(rule, "X", (0.0,) * 3, (1.0,) * 3, 1.0, False, False)
     assert all(f.kw_only for f in dataclasses.fields(QwenVideo))
     with pytest.raises(dataclasses.FrozenInstanceError):
         video.rule = None
@@ -842,7 +993,7 @@ def test_a_videos_tokens_are_the_ones_prep_counts(merge):
 
     rule = QwenVideoRule(source="transformers", merge_size=merge, min_pixels=3136, min_frames=2,
                          max_pixels=50176)  # fmt: skip
-    video = QwenVideo(rule=rule, mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
+    video = QwenVideo(rule=rule, token="X", mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
                       do_rescale=False, do_normalize=False)  # fmt: skip
     for frames, width, height in ((12, 160, 96), (31, 320, 240), (5, 128, 224)):
         header = VideoHeader(nbytes=1, width=width, height=height, frames=frames, fps=8.0,
@@ -850,5 +1001,5 @@ def test_a_videos_tokens_are_the_ones_prep_counts(merge):
         n = rule.frames(frames, 8.0)
         h, w = rule.frame_size(width, height, n)
         grid = (-(-n // 2), h // 14, w // 14)
-        written = video.text({"grid": grid, "stamps": []}, "X").count("X")
+        written = video.text({"grid": grid, "stamps": []}).count("X")
         assert written == rule.cost(header).llm_tokens

@@ -1,12 +1,14 @@
-"""The Qwen video processors' own outputs, the reference of HFPacker's videos, in a process of
-their own.
+"""The Qwen and GLM video processors' own outputs, the reference of HFPacker's videos, in a process
+of their own.
 
     python -m tests.trainer_adapter.video_reference REQUEST.json RESULT.pt
 
 The transformers video processors import torchvision, which has no build for this CPU torch
-on the registry. Here the real ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` and the
-real processor (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``) run: the
-processor's call loads each video file (transformers' PyAV reader), samples its frames,
+on the registry. Here the real ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` /
+``Glm4vVideoProcessor`` and the real processor (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``,
+``Qwen3VLProcessor``, ``Glm4vProcessor``) run: the
+processor's call loads each video file (as its default reader, torchcodec, does: every
+index its sampler asks, repeated ones too), samples its frames,
 resizes, normalizes, patches and writes the prompt, as a user's would. Only torchvision is
 replaced, by stub modules (a package record so that transformers takes it as installed) whose
 two functions the processors call do what torchvision 0.28's code does on a CPU, read from its
@@ -127,6 +129,28 @@ def _decoded(path: str):
     return torch.from_numpy(np.stack(frames)).permute(0, 3, 1, 2).contiguous(), fps
 
 
+def _read(path: str, sample_indices_fn):
+    """A video's sampled frames and metadata as transformers' default reader gives them
+    (``read_video_torchcodec``, which has no build for this torch either): the frames at every
+    index the sampler asks, a repeated index's frame twice (torchcodec's ``get_frames_at``; GLM's
+    sampler repeats the last frame to an even count, and its processor resizes by the frames
+    it is given), over every frame PyAV decodes; the metadata as transformers' PyAV reader
+    gives it (the stream's frame count and average rate)."""
+    import av
+    from transformers.video_utils import VideoMetadata
+
+    with av.open(path) as c:
+        stream = c.streams.video[0]
+        total, fps = int(stream.frames), float(stream.average_rate)
+        height, width = stream.height, stream.width
+    meta = VideoMetadata(total_num_frames=total, fps=fps, duration=total / fps,
+                         video_backend="reference", height=height, width=width)  # fmt: skip
+    indices = sample_indices_fn(metadata=meta)
+    video, _ = _decoded(path)
+    meta.frames_indices = indices
+    return video[torch.as_tensor(indices)].permute(0, 2, 3, 1).numpy(), meta
+
+
 def _utils_videos(paths: list[str], ele: dict, patch: int):
     """qwen-vl-utils' ``fetch_video`` of each file through a PyAV reader with its decord
     reader's frames: the resized frames and the metadata it returns."""
@@ -157,23 +181,25 @@ def main() -> None:
     import transformers as tf
 
     tok = tf.AutoTokenizer.from_pretrained(req["model"])
-    image_proc = tf.Qwen2VLImageProcessorPil(**req.get("image", {}))
-    base = tf.Qwen3VLVideoProcessor if "Qwen3" in req["processor"] else tf.Qwen2VLVideoProcessor
+    if "Glm4v" in req["processor"]:
+        from transformers.models.glm4v import Glm4vImageProcessorPil
+
+        image_proc, base = Glm4vImageProcessorPil(**req.get("image", {})), tf.Glm4vVideoProcessor
+    else:
+        image_proc = tf.Qwen2VLImageProcessorPil(**req.get("image", {}))
+        base = tf.Qwen3VLVideoProcessor if "Qwen3" in req["processor"] else tf.Qwen2VLVideoProcessor
 
     class VideoProcessor(base):
-        """The processor's own, reading files with transformers' PyAV reader (its default
-        reader, torchcodec, has no build for this torch either)."""
+        """The processor's own, reading files as its default reader does (:func:`_read`)."""
 
         def fetch_videos(self, url_or_urls, sample_indices_fn=None):
-            from transformers.video_utils import load_video
-
             if isinstance(url_or_urls, list):
                 return list(
                     zip(
                         *[self.fetch_videos(u, sample_indices_fn) for u in url_or_urls], strict=True
                     )
                 )
-            return load_video(url_or_urls, backend="pyav", sample_indices_fn=sample_indices_fn)
+            return _read(url_or_urls, sample_indices_fn)
 
     parts = {"image_processor": image_proc, "tokenizer": tok,
              "video_processor": VideoProcessor(**req["video"])}  # fmt: skip

@@ -57,9 +57,10 @@ the images. Per family:
 * Audio Flamingo 3 (no images): each recording's ``<sound>`` repeated once a token of all its
   30-s windows' frames; every window whole, ``[windows, mel, window]``, with
   ``input_features_mask``.
-* Qwen2-VL, Qwen2.5-VL, Qwen3-VL videos (a video rule): each video's patches and grid as its
-  video processor makes them, ``pixel_values_videos`` and ``video_grid_thw``, its tokens (and
-  Qwen3-VL's timestamps) in the text (:mod:`~trainer_adapter.hf.video_inputs`).
+* Qwen2-VL, Qwen2.5-VL, Qwen3-VL, GLM-4.1V videos (a video rule): each video's patches and grid
+  as its video processor makes them, ``pixel_values_videos`` and ``video_grid_thw``, its tokens
+  (and Qwen3-VL's or GLM's timestamps) in the text (:mod:`~trainer_adapter.hf.video_inputs`);
+  GLM-4.1V's pairs of frames among the images (its model takes both at every ``<|image|>``).
 * Ovis2: its processor's ``replace_image_token`` (``<IMG_START>``, the thumbnail's atoms,
   ``<IMG_GRID>``, each grid tile's atoms between ``<IMG_COL>`` / ``<IMG_ROW>``, ``<IMG_END>``);
   every tile and thumbnail ``[tiles, C, H, W]``.
@@ -76,6 +77,7 @@ A rank without images gets ``pixel_values=None``:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -88,7 +90,7 @@ from dataprep.families.registry import family_spec
 from dataprep.families.spec import PackerRules
 from dataprep.image_orientation import decode_image
 from dataprep.policies.idefics2 import idefics2_image_texts
-from dataprep.records import IMAGE_PLACEHOLDER
+from dataprep.records import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from equishard.common.values import check_flag
 from trainer_adapter.hf.audio_inputs import audio_features, check_processor_audio, pack_audio
 from trainer_adapter.hf.images import images_settings, pack_images
@@ -102,7 +104,7 @@ from trainer_adapter.hf.sample_checks import (
     video_families,
 )
 from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
-from trainer_adapter.hf.video_inputs import QwenVideo, pack_videos
+from trainer_adapter.hf.video_inputs import QwenVideo, pack_videos, pairs_among_images
 
 __all__ = ["HFPacker"]
 
@@ -310,7 +312,7 @@ class HFPacker:
         if self.family == "idefics2":  # joined with a neighbouring image, spaced from text
             texts = idefics2_image_texts(text.split(IMAGE_PLACEHOLDER), texts)
         mark = image_mark(self, text, len(texts))
-        video_texts = [self._video.text(v, self.processor.video_token) for v in videos]
+        video_texts = [self._video.text(v) for v in videos]
         frames = lens if recording_frames is None else recording_frames
         expanded, marks = expand_marks(self, text, mark, texts, frames, video_texts)
 
@@ -356,13 +358,17 @@ class HFPacker:
             positions = torch.cat([text_pos[None], rope], dim=0)
         elif self._rules.rope_positions:
             grid = processed.get("image_grid_thw")
-            types = (ids == image_id).int()
+            if self.family == "glm4v":  # its image tokens inside a video's start / end: type 2
+                made = self.processor.create_mm_token_type_ids
+                types = torch.tensor(made([enc["input_ids"]])[0], dtype=torch.int)
+            else:
+                types = (ids == image_id).int()
             kw = {}
             if videos:  # videos' tokens are type 2; Qwen2.5-VL's time per temporal patch
-                types[ids == tokenizer.convert_tokens_to_ids(self.processor.video_token)] = 2
-                kw = pack_videos([{"videos": videos}])
-                kw.pop("pixel_values_videos")
-                kw["second_per_grid_ts"] = torch.tensor([v["seconds_per_grid"] for v in videos])
+                kw = {"video_grid_thw": pack_videos([{"videos": videos}])["video_grid_thw"]}
+                if self.family != "glm4v":
+                    types[ids == tokenizer.convert_tokens_to_ids(self.processor.video_token)] = 2
+                    kw["second_per_grid_ts"] = torch.tensor([v["seconds_per_grid"] for v in videos])
             rope, _ = self.rope_index(ids[None], types[None], image_grid_thw=grid, **kw)
             positions = torch.cat([text_pos[None], rope], dim=0)
         else:
@@ -377,6 +383,9 @@ class HFPacker:
             extra["audio_frames"], extra["audio_lens"] = feats, lens
         if videos:
             extra["videos"] = videos
+            if self._rules.videos_with_images:  # GLM-4.1V: the pairs among the images
+                found = re.findall(f"{re.escape(mark)}|{re.escape(VIDEO_PLACEHOLDER)}", text)
+                processed = pairs_among_images(processed, videos, [m != mark for m in found])
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
     @classmethod
@@ -458,7 +467,8 @@ class HFPacker:
             batch[key] = cat(key, 0)[None] if parts else torch.zeros_like(batch["input_ids"])
         batch |= pack_images(self.family, self._rules, parts, fine_route=self.fine_route)
         batch |= pack_audio(parts, self._rules.audio_mask)
-        batch |= pack_videos(parts)
+        if not self._rules.videos_with_images:  # else among the images (pairs_among_images)
+            batch |= pack_videos(parts)
         if self.packing_kwargs and parts:
             lengths = np.array([len(p["input_ids"]) for p in parts], dtype=np.int64)
             spec = {k: "int" if k.startswith("max") else "torch.int32" for k in PACKING_KEYS}

@@ -1,4 +1,5 @@
-"""A Qwen-family video's inputs, as its video processor makes them, from the frames prep counted.
+"""A Qwen- or GLM-family video's inputs, as its video processor makes them, from the frames prep
+counted.
 
 Qwen2-VL and Qwen2.5-VL (family ``qwen2vl``, rule ``qwen2vl``) and Qwen3-VL (``qwen3vl``) run a
 video through their vision tower as pairs of frames (temporal patches). For one video,
@@ -24,6 +25,12 @@ and end tokens, in place of the template's wrapper around the video's marker. Qw
 positions take each video's seconds per temporal patch (``second_per_grid_ts``:
 ``temporal_patch_size`` over the sampled frame rate).
 
+GLM-4.1V's video processor is Qwen2-VL's with its own sampling (by the second,
+:class:`~dataprep.media_rules.Glm4vVideoRule`), pixel budget over the whole video and text:
+each pair's ``<|image|>`` tokens between ``<|begin_of_image|>`` and ``<|end_of_image|>``, then
+the whole second of its first frame; its rows carry the pairs among the images
+(:func:`pairs_among_images`).
+
 The mean and std are the video processor's, where the processor has one (it needs
 torchvision); else its image processor's, which the published Qwen2-VL, Qwen2.5-VL and Qwen3-VL
 configurations give the same values. The rule's patch, merge and temporal patch sizes are
@@ -38,22 +45,30 @@ from dataclasses import dataclass
 
 import torch
 
-from dataprep.media_rules import Qwen3VideoRule, QwenVideoRule
+from dataprep.media_rules import Glm4vVideoRule, Qwen3VideoRule, QwenVideoRule
 from shards.read.prep_settings import SettingsMismatch
 
-__all__ = ["QwenVideo", "check_processor_video", "pack_videos"]
+__all__ = ["QwenVideo", "check_processor_video", "pack_videos", "pairs_among_images"]
 
 START, END = "<|vision_start|>", "<|vision_end|>"
+GLM_START, GLM_END = "<|begin_of_image|>", "<|end_of_image|>"  # around each pair's tokens
 
 
 def _video_rule(rule, family: str):
-    if not isinstance(rule, (QwenVideoRule, Qwen3VideoRule)):
+    if not isinstance(rule, (QwenVideoRule, Qwen3VideoRule, Glm4vVideoRule)):
         raise ValueError(
-            f"video rule {rule.spec()!r}: HFPacker builds the videos of Qwen2-VL, Qwen2.5-VL "
-            f"and Qwen3-VL (rules qwen2vl, qwen3vl) only, not the {family} family's: prep "
-            "without videos, or train them with equishard train where its rule is supported"
+            f"video rule {rule.spec()!r}: HFPacker builds the videos of Qwen2-VL, Qwen2.5-VL, "
+            f"Qwen3-VL and GLM-4.1V (rules qwen2vl, qwen3vl, glm4v) only, not the {family} "
+            "family's: prep without videos, or train them with equishard train where its rule "
+            "is supported"
         )
     return rule
+
+
+def _source(rule) -> str:
+    """Whose code samples and resizes the video: GLM's rule models its transformers video
+    processor only."""
+    return getattr(rule, "source", "transformers")
 
 
 def check_processor_video(processor, rule, family: str) -> None:
@@ -67,7 +82,9 @@ def check_processor_video(processor, rule, family: str) -> None:
     vp = getattr(processor, "video_processor", None)
     if vp is not None:
         names = ("patch_size", "merge_size", "temporal_patch_size")
-        if rule.source == "transformers":
+        if isinstance(rule, Glm4vVideoRule):
+            names += ("fps", "max_duration")
+        elif rule.source == "transformers":
             names += ("min_frames", "max_frames")
         checks.append((vp, names))
     for owner, names in checks:
@@ -85,7 +102,7 @@ def check_processor_video(processor, rule, family: str) -> None:
     call = getattr(processor, "videos_kwargs", None)
     size = call.get("size") if isinstance(call, dict) else None
     size = size if size is not None else getattr(vp, "size", None)
-    if rule.source == "transformers" and size is not None:
+    if _source(rule) == "transformers" and size is not None:
         factor = rule.patch_size * rule.merge_size
         want = {"shortest_edge": rule.min_pixels,
                 "longest_edge": rule.max_pixels or 768 * factor * factor}  # fmt: skip
@@ -106,6 +123,7 @@ class QwenVideo:
     :class:`~dataprep.media_rules.Qwen3VideoRule`)."""
 
     rule: object
+    token: str
     mean: tuple[float, ...]
     std: tuple[float, ...]
     rescale_factor: float
@@ -119,8 +137,10 @@ class QwenVideo:
         check_processor_video(processor, rule, family)
         vp = getattr(processor, "video_processor", None)
         src = vp if vp is not None else processor.image_processor
+        glm = isinstance(rule, Glm4vVideoRule)  # GLM's pairs are written with its image token
         return cls(
             rule=rule,
+            token=processor.image_token if glm else processor.video_token,
             mean=tuple(float(x) for x in src.image_mean),
             std=tuple(float(x) for x in src.image_std),
             rescale_factor=float(src.rescale_factor),
@@ -134,7 +154,7 @@ class QwenVideo:
         if tuple(frames.shape[-2:]) == tuple(size):
             return frames  # torchvision returns a frame of the size asked as it is
         kw = {"size": list(size), "mode": "bicubic", "align_corners": False, "antialias": True}
-        if self.rule.source == "transformers":  # torch's native uint8 kernel
+        if _source(self.rule) == "transformers":  # torch's native uint8 kernel
             return torch.nn.functional.interpolate(frames, **kw)
         out = torch.nn.functional.interpolate(frames.float(), **kw)  # qwen-vl-utils' v1 resize
         return out.clamp_(0, 255).round_().to(torch.uint8)
@@ -172,8 +192,10 @@ class QwenVideo:
 
         r = self.rule
         header = probe_video_bytes(data, where)
-        n = r.frames(header.frames, header.fps)
-        idx = r.indices(header.frames, n)
+        if isinstance(r, Glm4vVideoRule):  # by the second, up to its longest duration
+            idx = r.indices(header.frames, header.fps)
+        else:
+            idx = r.indices(header.frames, r.frames(header.frames, header.fps))
         try:
             decoded = decode_video(data, idx)
         except IndexError as exc:
@@ -185,7 +207,7 @@ class QwenVideo:
         size = r.frame_size(frames.shape[-1], frames.shape[-2], len(idx))
         patches, grid = self.patches(self.scaled(self.resized(frames, size)))
         sampled_fps = len(idx) / header.frames * header.fps
-        stamps = r.timestamps(idx, header.fps) if isinstance(r, Qwen3VideoRule) else []
+        stamps = r.timestamps(idx, header.fps) if hasattr(r, "timestamps") else []
         return {
             "patches": patches,
             "grid": grid,
@@ -194,14 +216,19 @@ class QwenVideo:
             "stamps": stamps,
         }
 
-    def text(self, video: dict, token: str) -> str:
-        """What the video's mark becomes in the prompt: its tokens, and for Qwen3-VL each
-        temporal patch's time and vision start and end around its tokens."""
+    def text(self, video: dict) -> str:
+        """What the video's mark becomes in the prompt: its tokens; for Qwen3-VL each temporal
+        patch's time and vision start and end around its tokens; for GLM-4.1V each pair's
+        image start and end around its tokens, then its whole second."""
         t, h, w = video["grid"]
         per_t = h * w // self.rule.merge_size**2
+        if isinstance(self.rule, Glm4vVideoRule):
+            return "".join(f"{GLM_START}{self.token * per_t}{GLM_END}{s}" for s in video["stamps"])
         if not video["stamps"]:
-            return token * (t * per_t)
-        return "".join(f"<{s:.1f} seconds>{START}{token * per_t}{END}" for s in video["stamps"])
+            return self.token * (t * per_t)
+        return "".join(
+            f"<{s:.1f} seconds>{START}{self.token * per_t}{END}" for s in video["stamps"]
+        )
 
 
 def pack_videos(parts: list[dict]) -> dict:
@@ -214,3 +241,26 @@ def pack_videos(parts: list[dict]) -> dict:
         "pixel_values_videos": torch.cat([v["patches"] for v in videos]),
         "video_grid_thw": torch.tensor([list(v["grid"]) for v in videos], dtype=torch.long),
     }
+
+
+def pairs_among_images(processed: dict, videos: list[dict], order: list[bool]) -> dict:
+    """``processed`` (a sample's images: ``pixel_values``, ``image_grid_thw``) with each video's
+    pairs of frames among them, in the order their tokens stand (``order``: per mark in the
+    text, True for a video's; a mark past its kind's items stays text), a pair's grid
+    ``(1, h, w)`` as GLM-4.1V's ``get_video_features`` hands its tower a video
+    (:class:`~dataprep.families.spec.PackerRules`' ``videos_with_images``)."""
+    grids = processed.get("image_grid_thw")
+    sizes = [int(g.prod()) for g in grids] if grids is not None else []
+    images = iter(zip(torch.split(processed["pixel_values"], sizes), sizes and grids.tolist(),
+                      strict=True)) if sizes else iter(())  # fmt: skip
+    own = iter(videos)
+    pix, grid = [], []
+    for is_video in order:
+        if is_video and (v := next(own, None)) is not None:
+            t, h, w = v["grid"]
+            pix.append(v["patches"])
+            grid += [[1, h, w]] * t
+        elif not is_video and (image := next(images, None)) is not None:
+            pix.append(image[0])
+            grid.append(image[1])
+    return {**processed, "pixel_values": torch.cat(pix), "image_grid_thw": torch.tensor(grid)}

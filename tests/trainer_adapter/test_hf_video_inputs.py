@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -198,11 +197,9 @@ def _cache_key(request: dict) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[dict],
-              cache: Path | None = None) -> list:  # fmt: skip
-    """The processor's outputs for ``cases`` (text, video and image paths), from
-    :mod:`tests.trainer_adapter.video_reference`; ``cache``: a directory where they are kept
-    by what they depend on (:func:`_cache`)."""
+def _request(cls_name: str, rule, model_dir: Path, cases: list[dict]) -> dict:
+    """The reference request of the processor's outputs for ``cases`` (text, video and image
+    paths), for :mod:`tests.trainer_adapter.video_reference`."""
     from dataprep.media_rules import Glm4vVideoRule
 
     glm = isinstance(rule, Glm4vVideoRule)
@@ -255,45 +252,120 @@ def reference(tmp_path: Path, cls_name: str, rule, model_dir: Path, cases: list[
         "patch": rule.patch_size,
         "cases": cases,
     }
-    return _run_reference(tmp_path, request, cache)
+    return request
 
 
-def _run_reference(tmp_path: Path, request: dict, cache: Path | None) -> list:
-    """Run :mod:`tests.trainer_adapter.video_reference` on ``request`` (or take its kept
-    outputs from ``cache``)."""
-    req, out = tmp_path / "request.json", tmp_path / "result.pt"
-    kept = cache / f"{_cache_key(request)}.pt" if cache is not None else None
-    if kept is not None and kept.exists():
-        return torch.load(kept)
-    req.write_text(json.dumps(request))
-    run = subprocess.run(
-        [sys.executable, "-m", "tests.trainer_adapter.video_reference", str(req), str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+def _run_references(root: Path, requests: list[dict], cache: Path | None) -> list[list]:
+    """Run :mod:`tests.trainer_adapter.video_reference` on ``requests``, in one process (or
+    take each one's kept outputs from ``cache``)."""
+    kept = [cache / f"{_cache_key(r)}.pt" if cache is not None else None for r in requests]
+    todo = [i for i, k in enumerate(kept) if k is None or not k.exists()]
+    got = {}
+    if todo:
+        req, out = root / "requests.json", root / "results.pt"
+        req.write_text(json.dumps([requests[i] for i in todo]))
+        run = subprocess.run(
+            [sys.executable, "-m", "tests.trainer_adapter.video_reference", str(req), str(out)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert run.returncode == 0, run.stderr[-4000:]
+        got = dict(zip(todo, torch.load(out), strict=True))
+        for i in todo:
+            if kept[i] is not None:  # whole or not at all: written aside, renamed into place
+                part = kept[i].with_suffix(f".part-{os.getpid()}")
+                torch.save(got[i], part)
+                os.replace(part, kept[i])
+    return [got[i] if i in got else torch.load(kept[i]) for i in range(len(requests))]
+
+
+OMNI_FPS = (2.0, 1.5)
+
+
+def _omni_spec(fps: float) -> str:
+    """Qwen2.5-Omni's rule: the pixel bounds its processor's call passes its video processor
+    (its class defaults)."""
+    return (
+        f"qwen2vl:min_frames=2,source=transformers,fps={fps:g},min_pixels=100352,max_pixels=602112"
     )
-    assert run.returncode == 0, run.stderr[-4000:]
-    if kept is not None:  # whole or not at all: a copy renamed into place
-        part = kept.with_suffix(f".part-{os.getpid()}")
-        shutil.copyfile(out, part)
-        os.replace(part, kept)
-    return torch.load(out)
+
+
+def _omni_request(root: Path, fps: float, records: list[dict]) -> tuple[dict, object, Path]:
+    from importlib import resources
+
+    from dataprep.media_rules import parse_video_rule
+    from tests.trainer_adapter.test_hf_omni_inputs import model_dir, processor
+
+    rule = parse_video_rule(_omni_spec(fps))
+    with resources.as_file(resources.files("dataprep") / "assets" / "demo_tokenizer.json") as p:
+        mdir = model_dir(root / f"omni-{fps:g}", str(p))
+    proc = processor(mdir)
+    video = {
+        "size": {"shortest_edge": rule.min_pixels, "longest_edge": rule.max_pixels},
+        "min_frames": rule.min_frames,
+        "cap_pixels_per_frame": False,
+    }
+    request = {
+        "model": str(mdir),
+        "processor": "Qwen2_5OmniProcessor",
+        "video": video,
+        "image": {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64},
+        "call": {"fps": fps, "do_sample_frames": True},
+        "utils": None,
+        "patch": 14,
+        "cases": _texts(proc, root, records),
+    }
+    return request, proc, mdir
+
+
+def _texts(proc, root: Path, records: list[dict]) -> list[dict]:
+    """Each record as the processor's call takes it: the template's text, its files."""
+    from dataprep.jinja_template import messages_from_turns
+
+    return [
+        {
+            "text": proc.apply_chat_template(messages_from_turns(r["turns"]), tokenize=False),
+            "videos": [str(root / v) for v in r["videos"]],
+            "images": [str(root / i) for i in r.get("images", ())],
+        }
+        for r in records
+    ]
+
+
+@pytest.fixture(scope="module")
+def processor_refs(tmp_path_factory, tokenizer_path):
+    """For every case (and Qwen2.5-Omni at each rate): the processor, its model directory and
+    the processor's outputs for the records, all from one reference process."""
+    from dataprep.media_rules import parse_video_rule
+
+    root = tmp_path_factory.mktemp("video-refs")
+    records = _records(root)
+    made, requests = {}, []
+    for case, (cls_name, family, spec) in CASES.items():
+        rule = parse_video_rule(spec)
+        # Qwen's template and tokens (GLM's for GLM-4.1V)
+        mdir = make_model_dir(root / case, "glm4v" if family == "glm4v" else "qwen2vl",
+                              tokenizer_path)  # fmt: skip
+        proc = _processor(cls_name, mdir, rule)
+        made[case] = (proc, mdir)
+        requests.append(_request(cls_name, rule, mdir, _texts(proc, root, records)))
+    for fps in OMNI_FPS:
+        request, proc, mdir = _omni_request(root, fps, records)
+        made[f"omni-{fps:g}"] = (proc, mdir)
+        requests.append(request)
+    refs = _run_references(root, requests, _cache())
+    return root, records, {k: (*m, r) for (k, m), r in zip(made.items(), refs, strict=True)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
-    from dataprep.jinja_template import messages_from_turns
-    from dataprep.media_rules import parse_video_rule
+def test_packer_videos_equal_the_processor(case, processor_refs):
     from trainer_adapter.hf.inputs import HFPacker
 
+    root, records, made = processor_refs
     cls_name, family, spec = CASES[case]
-    rule = parse_video_rule(spec)
-    # Qwen's template and tokens (GLM's for GLM-4.1V)
-    model_dir = make_model_dir(
-        tmp_path, "glm4v" if family == "glm4v" else "qwen2vl", tokenizer_path
-    )
-    proc = _processor(cls_name, model_dir, rule)
+    proc, model_dir, refs = made[case]
     rope_index = _rope_index(cls_name, proc.tokenizer)
     packer = HFPacker(
         family=family,
@@ -302,22 +374,12 @@ def test_packer_videos_equal_the_processor(case, tmp_path, tokenizer_path):
         rope_index=rope_index,
         video_rule=spec,
     )
-    records = _records(tmp_path)
-    cases = [
-        {
-            "text": proc.apply_chat_template(messages_from_turns(r["turns"]), tokenize=False),
-            "videos": [str(tmp_path / v) for v in r["videos"]],
-            "images": [str(tmp_path / i) for i in r.get("images", ())],
-        }
-        for r in records
-    ]
-    refs = reference(tmp_path, cls_name, rule, model_dir, cases, _cache())
     tok = proc.tokenizer
     for rec, ref in zip(records, refs, strict=True):
         got = packer.sample(
             rec["turns"],
-            [(tmp_path / i).read_bytes() for i in rec.get("images", ())],
-            video_bytes=[(tmp_path / v).read_bytes() for v in rec["videos"]],
+            [(root / i).read_bytes() for i in rec.get("images", ())],
+            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
         )
         ids = ref["input_ids"][0]
         assert got["input_ids"].tolist() == ids.tolist(), case
@@ -777,66 +839,31 @@ def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     assert same.video_rule == packer._video.rule.spec()
 
 
-@pytest.mark.parametrize("fps", [2.0, 1.5])
-def test_omni_videos_equal_its_processor(fps, tmp_path):
+@pytest.mark.parametrize("fps", OMNI_FPS)
+def test_omni_videos_equal_its_processor(fps, processor_refs):
     """Qwen2.5-Omni's thinker: a video's frames alone (its processor's default), the
     ``<|VIDEO|>`` tokens, patches and grids equal ``Qwen2_5OmniProcessor``'s; positions equal
     the thinker's ``get_rope_index`` with the processor's seconds per pair of frames (the fps
     its call asks, not the sampled rate: ``fps=1.5`` moves them)."""
-    from dataprep.jinja_template import messages_from_turns
-    from dataprep.media_rules import parse_video_rule
     from shards.read.prep_settings import SettingsMismatch
-    from tests.trainer_adapter.test_hf_omni_inputs import model_dir, processor, thinker
+    from tests.trainer_adapter.test_hf_omni_inputs import thinker
     from trainer_adapter.hf.inputs import HFPacker
 
-    # the pixel bounds its processor's call passes its video processor (its class defaults)
-    spec = (
-        f"qwen2vl:min_frames=2,source=transformers,fps={fps:g},min_pixels=100352,max_pixels=602112"
-    )
-    rule = parse_video_rule(spec)
-    from importlib import resources
-
-    with resources.as_file(resources.files("dataprep") / "assets" / "demo_tokenizer.json") as p:
-        mdir = model_dir(tmp_path / "omni", str(p))
-    proc = processor(mdir)
+    root, records, made = processor_refs
+    proc, mdir, refs = made[f"omni-{fps:g}"]
     model = thinker(proc.tokenizer)
     packer = HFPacker(
         family="qwen2_5_omni",
         processor=proc,
         template=str(mdir),
         rope_index=model.model.get_rope_index,
-        video_rule=spec,
+        video_rule=_omni_spec(fps),
     )
-    records = _records(tmp_path)
-    cases = [
-        {
-            "text": proc.apply_chat_template(messages_from_turns(r["turns"]), tokenize=False),
-            "videos": [str(tmp_path / v) for v in r["videos"]],
-            "images": [str(tmp_path / i) for i in r.get("images", ())],
-        }
-        for r in records
-    ]
-    video = {
-        "size": {"shortest_edge": rule.min_pixels, "longest_edge": rule.max_pixels},
-        "min_frames": rule.min_frames,
-        "cap_pixels_per_frame": False,
-    }
-    request = {
-        "model": str(mdir),
-        "processor": "Qwen2_5OmniProcessor",
-        "video": video,
-        "image": {"min_pixels": 56 * 56, "max_pixels": 28 * 28 * 64},
-        "call": {"fps": fps, "do_sample_frames": True},
-        "utils": None,
-        "patch": 14,
-        "cases": cases,
-    }
-    refs = _run_reference(tmp_path, request, _cache())
     for rec, ref in zip(records, refs, strict=True):
         got = packer.sample(
             rec["turns"],
-            [(tmp_path / i).read_bytes() for i in rec.get("images", ())],
-            video_bytes=[(tmp_path / v).read_bytes() for v in rec["videos"]],
+            [(root / i).read_bytes() for i in rec.get("images", ())],
+            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
         )
         ids = ref["input_ids"][0]
         assert got["input_ids"].tolist() == ids.tolist()

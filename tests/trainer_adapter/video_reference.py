@@ -1,7 +1,9 @@
 """The Qwen and GLM video processors' own outputs, the reference of HFPacker's videos, in a process
 of their own.
 
-    python -m tests.trainer_adapter.video_reference REQUEST.json RESULT.pt
+    python -m tests.trainer_adapter.video_reference REQUESTS.json RESULTS.pt
+
+(a list of requests, one process for all: transformers is imported once.)
 
 The transformers video processors import torchvision, which has no build for this CPU torch
 on the registry. Here the real ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` /
@@ -27,8 +29,8 @@ feature extractor beside (no recording is given) and a video's frames alone (its
 
 REQUEST: ``{"model": DIR, "processor": CLASS, "video": {kwargs of the video processor},
 "call": {kwargs of the processor call}, "utils": {qwen-vl-utils' element keys} or null,
-"patch": 14, "cases": [{"text": TEXT, "videos": [PATH, ...]}]}``. RESULT: a list, one dict a
-case: the processor's outputs as tensors.
+"patch": 14, "cases": [{"text": TEXT, "videos": [PATH, ...]}]}``. RESULTS: a list a request,
+of one dict a case: the processor's outputs as tensors.
 """
 
 from __future__ import annotations
@@ -176,8 +178,13 @@ def _utils_videos(paths: list[str], ele: dict, patch: int):
 
 def main() -> None:
     request, result = sys.argv[1], sys.argv[2]
-    req = json.loads(Path(request).read_text())
+    reqs = json.loads(Path(request).read_text())
     _stub_torchvision()
+    torch.save([_outputs(req) for req in reqs], result)
+
+
+def _outputs(req: dict) -> list[dict]:
+    """One request's outputs, a dict a case."""
     import transformers as tf
 
     tok = tf.AutoTokenizer.from_pretrained(req["model"])
@@ -221,7 +228,7 @@ def main() -> None:
         got = proc(text=[case["text"]], videos=videos, return_tensors="pt", **kw)
         out.append({k: torch.as_tensor(v) for k, v in got.items()
                     if isinstance(v, torch.Tensor) or k == "video_second_per_grid"})  # fmt: skip
-    torch.save(out, result)
+    return out
 
 
 if __name__ == "__main__":

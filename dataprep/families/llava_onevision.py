@@ -56,7 +56,8 @@ SPEC = FamilySpec(
         ("max_tiles", _max_tiles),
         ("tokens per tile", _tokens, lambda p: p.patches_per_tile),
     ),
-    packer=PackerRules(nested=True, spelled=True, beside=("image_sizes",)),
+    # its videos built (hf.frame_videos): each frame a tile of its tower
+    packer=PackerRules(nested=True, spelled=True, beside=("image_sizes",), videos=True),
     media_tokens={"video": ImageTokens("<video>")},  # the processor repeats it per token
     video_rules=("llava-onevision",),
 )

@@ -282,6 +282,30 @@ def _run_references(root: Path, requests: list[dict], cache: Path | None) -> lis
 
 
 OMNI_FPS = (2.0, 1.5)
+# LLaVA-OneVision / LLaVA-Video: its released 384-px SigLIP tiles, 8 and 4 frames a video
+ONEVISION = {"onevision-8": "llava-onevision:num_frames=8",
+             "onevision-4": "llava-onevision:num_frames=4"}  # fmt: skip
+
+
+def _onevision_request(rule, model_dir: Path, cases: list[dict]) -> dict:
+    """The request of ``LlavaOnevisionProcessor``'s outputs: the released models' settings
+    (as :func:`~tests.dataprep.test_jinja_template.processor_for` makes the processor), its
+    call sampling ``num_frames`` frames a video."""
+    return {
+        "model": str(model_dir),
+        "processor": "LlavaOnevisionProcessor",
+        "video": {"size": {"height": rule.image_size, "width": rule.image_size}},
+        "image": {},
+        "processor_kw": {
+            "num_image_tokens": (rule.image_size // rule.patch_size) ** 2,
+            "vision_feature_select_strategy": "full",
+            "vision_aspect_ratio": "anyres_max_9",
+        },
+        "call": {"num_frames": rule.num_frames, "do_sample_frames": True},
+        "utils": None,
+        "patch": rule.patch_size,
+        "cases": cases,
+    }
 
 
 def _omni_spec(fps: float) -> str:
@@ -351,6 +375,14 @@ def processor_refs(tmp_path_factory, tokenizer_path):
         proc = _processor(cls_name, mdir, rule)
         made[case] = (proc, mdir)
         requests.append(_request(cls_name, rule, mdir, _texts(proc, root, records)))
+    for case, spec in ONEVISION.items():
+        from tests.dataprep.test_jinja_template import processor_for
+
+        mdir = make_model_dir(root / case, "llava_onevision", tokenizer_path)
+        proc = processor_for("llava_onevision", mdir)
+        made[case] = (proc, mdir)
+        requests.append(_onevision_request(parse_video_rule(spec), mdir,
+                                           _texts(proc, root, records)))  # fmt: skip
     for fps in OMNI_FPS:
         request, proc, mdir = _omni_request(root, fps, records)
         made[f"omni-{fps:g}"] = (proc, mdir)
@@ -417,7 +449,11 @@ POLICY = {"qwen2vl": "qwen2vl:min_pixels=3136,max_pixels=50176",
           "qwen3vl": "qwen3vl:min_pixels=4096,max_pixels=65536",
           "glm4v": "glm4v:min_pixels=3136,max_pixels=50176"}  # fmt: skip
 RULE = {"qwen2vl": f"{QWEN2},source=transformers", "qwen3vl": f"{QWEN3},max_pixels=262144",
-        "glm4v": CASES["glm4v"][2]}  # fmt: skip
+        "glm4v": CASES["glm4v"][2],
+        "llava_onevision": "llava-onevision:num_frames=2,image_size=112"}  # fmt: skip
+# LLaVA-OneVision at a 112-px tile (8 x 8 patches), up to 2 x 2 tiles: rows short enough for
+# the tiny model's attention in double precision (the released 384-px tile is tested above)
+POLICY["llava_onevision"] = "llava-onevision:tile_size=112,max_grid=2,max_tiles=4"
 PROCESSOR = {"qwen2vl": "Qwen2VLProcessor", "qwen3vl": "Qwen3VLProcessor",
              "glm4v": "Glm4vProcessor"}  # fmt: skip
 
@@ -458,7 +494,8 @@ def _generation(root: Path, family: str, tokenizer_path: str) -> tuple[str, Path
     from equishard.cli import main
 
     demo = _dataset(root)
-    mdir = make_model_dir(root, "glm4v" if family == "glm4v" else "qwen2vl", tokenizer_path)
+    own = family in ("glm4v", "llava_onevision")  # its own template and tokens, else Qwen's
+    mdir = make_model_dir(root, family if own else "qwen2vl", tokenizer_path)
     cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
     args = ["prep", str(demo / "videos.jsonl"), "--image-root", str(demo), "--no-progress"]
     args += ["--tokenizer", str(mdir / "tokenizer.json"), "--template", str(mdir)]
@@ -487,12 +524,10 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
     from trainer_adapter.hf.inputs import HFPacker
 
     gen, mdir = _generation(tmp_path, family, tokenizer_path)
-    cls_name = PROCESSOR[family]
     rule = parse_video_rule(RULE[family])
-    proc = _processor(cls_name, mdir, rule, POLICY[family])
-    packer = HFPacker.from_generation(
-        gen, proc, family=family, rope_index=_rope_index(cls_name, proc.tokenizer)
-    )
+    proc = _family_processor(family, mdir)
+    rope = _rope_index(PROCESSOR[family], proc.tokenizer) if family in PROCESSOR else None
+    packer = HFPacker.from_generation(gen, proc, family=family, rope_index=rope)
     assert parse_video_rule(packer.video_rule) == rule
     shares = _shares(gen)
     assert len(shares[0]) == 8 and len(shares[1]) == 4
@@ -505,9 +540,42 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
         assert row["pixel_values"].shape == (patches, 3 * 2 * rule.patch_size**2)
         assert int((row["input_ids"] == proc.image_token_id).sum()) == patches // 4
         return
+    if family == "llava_onevision":  # [videos, frames, C, H, W], each frame a tile
+        side = rule.image_size
+        assert row["pixel_values_videos"].shape == (11, rule.num_frames, 3, side, side)
+        return
     assert len(row["video_grid_thw"]) == 11  # 3 samples of one, 3 of two, 2 after an image
     per_token = row["pixel_values_videos"].shape[1]
     assert per_token == 3 * 2 * rule.patch_size**2
+
+
+def _family_processor(family: str, mdir: Path):
+    """The family's processor as a CPU user loads it, with the generation's vision policy."""
+    if family == "llava_onevision":  # its 112-px tile (POLICY), as its processor takes it
+        from transformers import LlavaOnevisionProcessor
+        from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+
+        from dataprep.policies.anyres import square_grids
+
+        tok = tf.AutoTokenizer.from_pretrained(str(mdir))
+        pins = [list(g) for g in square_grids(112, 2)]
+        ip = LlavaOnevisionImageProcessorPil(size={"height": 112, "width": 112},
+                                             image_grid_pinpoints=pins)  # fmt: skip
+        cls = type("LlavaOnevisionProcessor", (LlavaOnevisionProcessor,),
+                   {"get_attributes": classmethod(lambda c: ["image_processor", "tokenizer"])})  # fmt: skip
+        return cls(image_processor=ip, tokenizer=tok, num_image_tokens=64,
+                   vision_feature_select_strategy="full", vision_aspect_ratio="anyres_max_4",
+                   chat_template=tok.chat_template)  # fmt: skip
+    from dataprep.media_rules import parse_video_rule
+
+    return _processor(PROCESSOR[family], Path(mdir), parse_video_rule(RULE[family]),
+                      POLICY[family])  # fmt: skip
+
+
+def _tower(model):
+    """The model's vision tower, which ``balance_model`` balances."""
+    inner = model.model
+    return getattr(inner, "visual", None) or inner.vision_tower
 
 
 def _frames(sample, rule) -> list[list[int]]:
@@ -536,6 +604,26 @@ def _model(tok, family: str):
             **_vision_token_ids(tok),
         )  # fmt: skip
         return tf.Qwen3VLForConditionalGeneration(cfg).double()
+    if family == "llava_onevision":  # a tiny SigLIP at the processor's 112-px tile
+        from dataprep.policies.anyres import square_grids
+
+        ids = tok.convert_tokens_to_ids
+        vision = dict(
+            model_type="siglip_vision_model",
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=112,
+            patch_size=14,
+        )
+        cfg = tf.LlavaOnevisionConfig(
+            vision_config=vision, text_config={**text, "model_type": "qwen2"},
+            image_grid_pinpoints=[list(g) for g in square_grids(112, 2)],
+            image_token_index=ids("<image>"), video_token_index=ids("<video>"),
+            vision_feature_layer=-1, vision_feature_select_strategy="full",
+        )  # fmt: skip
+        return tf.LlavaOnevisionForConditionalGeneration(cfg).double()
     if family == "glm4v":
         ids = tok.convert_tokens_to_ids
         rope = {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [2, 1, 1],
@@ -559,13 +647,12 @@ def _model(tok, family: str):
 
 
 def _setup(gen: str, mdir: str, family: str):
-    from dataprep.media_rules import parse_video_rule
     from trainer_adapter.hf.inputs import HFPacker
 
-    proc = _processor(PROCESSOR[family], Path(mdir), parse_video_rule(RULE[family]), POLICY[family])
+    proc = _family_processor(family, Path(mdir))
     model = _model(proc.tokenizer, family)
     packer = HFPacker.from_generation(
-        gen, proc, family=family, rope_index=model.model.get_rope_index
+        gen, proc, family=family, rope_index=getattr(model.model, "get_rope_index", None)
     )
     return model, packer
 
@@ -611,7 +698,7 @@ def rank_rows(rank, world, gen, mdir, family):
         dist.all_reduce(loss := loss.detach())
         flat = torch.from_numpy(_flat_grads(model))
         dist.all_reduce(flat)
-        moved = model.model.visual.last_route.moved if mode == "balanced" else 0
+        moved = _tower(model).last_route.moved if mode == "balanced" else 0
         out[mode] = {"loss": float(loss), "grads": flat.numpy(), "moved": moved,
                      "videos": sum(len(s.videos) for s in samples)}  # fmt: skip
     return out
@@ -639,7 +726,12 @@ def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
             # (float32 cross-entropy: 1e-8 over gradients of ~1e-4)
             np.testing.assert_allclose(r["grads"], ref, rtol=1e-5, atol=1e-8)
     assert runs["balanced"][0]["moved"] > 0
-    patch = dict(model.named_parameters())["model.visual.patch_embed.proj.weight"].grad
+    tower = _tower(model)
+    patch = dict(tower.named_parameters())[
+        "embeddings.patch_embedding.weight"
+        if family == "llava_onevision"
+        else "patch_embed.proj.weight"
+    ].grad
     assert patch is not None and patch.abs().sum() > 0
     if family == "glm4v":  # the pairs among the images: the model's own video path's loss
         from trainer_adapter.hf.video_inputs import pack_videos
@@ -837,6 +929,36 @@ def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     same = HFPacker.from_generation(gen, proc, family="qwen2vl", rope_index=rope,
                                     video_rule=RULE["qwen2vl"])  # fmt: skip
     assert same.video_rule == packer._video.rule.spec()
+
+
+@pytest.mark.parametrize("case", list(ONEVISION))
+def test_onevision_videos_equal_the_processor(case, processor_refs):
+    """LLaVA-OneVision: each video's frames (the sampler's, resized to the tile, normalized)
+    equal ``LlavaOnevisionVideoProcessor``'s ``pixel_values_videos`` exactly, the ids (its
+    ``<video>`` once a pooled patch, one newline) the processor's; images beside them as its
+    image processor makes them; labels the answer's tokens only."""
+    from trainer_adapter.hf.inputs import HFPacker
+
+    root, records, made = processor_refs
+    proc, mdir, refs = made[case]
+    packer = HFPacker(family="llava_onevision", processor=proc, template=str(mdir),
+                      video_rule=ONEVISION[case])  # fmt: skip
+    for rec, ref in zip(records, refs, strict=True):
+        got = packer.sample(
+            rec["turns"],
+            [(root / i).read_bytes() for i in rec.get("images", ())],
+            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
+        )
+        assert got["input_ids"].tolist() == ref["input_ids"][0].tolist(), case
+        frames = torch.stack([v["frames"] for v in got["videos"]])
+        assert frames.shape[1] == packer._video.rule.num_frames
+        assert torch.equal(frames, ref["pixel_values_videos"])
+        if rec.get("images"):
+            pix = ref["pixel_values"]
+            assert torch.equal(got["pixel_values"], pix.reshape(-1, *pix.shape[2:]))
+        trained = proc.tokenizer.decode(got["input_ids"][got["labels"] != -100])
+        assert trained.lstrip("\n").startswith(rec["turns"][1][1]), trained  # its first token
+        # may carry the template's newline before it
 
 
 @pytest.mark.parametrize("fps", OMNI_FPS)

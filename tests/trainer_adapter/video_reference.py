@@ -1,5 +1,5 @@
-"""The Qwen and GLM video processors' own outputs, the reference of HFPacker's videos, in a process
-of their own.
+"""The Qwen, GLM and LLaVA-OneVision video processors' own outputs, the reference of HFPacker's
+videos, in a process of their own.
 
     python -m tests.trainer_adapter.video_reference REQUESTS.json RESULTS.pt
 
@@ -7,8 +7,9 @@ of their own.
 
 The transformers video processors import torchvision, which has no build for this CPU torch
 on the registry. Here the real ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` /
-``Glm4vVideoProcessor`` and the real processor (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``,
-``Qwen3VLProcessor``, ``Glm4vProcessor``) run: the
+``Glm4vVideoProcessor`` / ``LlavaOnevisionVideoProcessor`` and the real processor
+(``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, ``Glm4vProcessor``,
+``LlavaOnevisionProcessor``) run: the
 processor's call loads each video file (as its default reader, torchcodec, does: every
 index its sampler asks, repeated ones too), samples its frames,
 resizes, normalizes, patches and writes the prompt, as a user's would. Only torchvision is
@@ -28,7 +29,8 @@ Qwen2.5-Omni's processor (``Qwen2_5OmniProcessor``) runs the same way, with a Wh
 feature extractor beside (no recording is given) and a video's frames alone (its default).
 
 REQUEST: ``{"model": DIR, "processor": CLASS, "video": {kwargs of the video processor},
-"call": {kwargs of the processor call}, "utils": {qwen-vl-utils' element keys} or null,
+"processor_kw": {kwargs of the processor}, "call": {kwargs of the processor call},
+"utils": {qwen-vl-utils' element keys} or null,
 "patch": 14, "cases": [{"text": TEXT, "videos": [PATH, ...]}]}``. RESULTS: a list a request,
 of one dict a case: the processor's outputs as tensors.
 """
@@ -192,6 +194,11 @@ def _outputs(req: dict) -> list[dict]:
         from transformers.models.glm4v import Glm4vImageProcessorPil
 
         image_proc, base = Glm4vImageProcessorPil(**req.get("image", {})), tf.Glm4vVideoProcessor
+    elif "LlavaOnevision" in req["processor"]:
+        from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
+
+        image_proc = LlavaOnevisionImageProcessorPil(**req.get("image", {}))
+        base = tf.LlavaOnevisionVideoProcessor
     else:
         image_proc = tf.Qwen2VLImageProcessorPil(**req.get("image", {}))
         base = tf.Qwen3VLVideoProcessor if "Qwen3" in req["processor"] else tf.Qwen2VLVideoProcessor
@@ -212,7 +219,7 @@ def _outputs(req: dict) -> list[dict]:
              "video_processor": VideoProcessor(**req["video"])}  # fmt: skip
     if "Omni" in req["processor"]:  # its recordings' extractor (no recording is given here)
         parts["feature_extractor"] = tf.WhisperFeatureExtractor(feature_size=16)
-    proc = getattr(tf, req["processor"])(**parts)
+    proc = getattr(tf, req["processor"])(**parts, **req.get("processor_kw", {}))
     out = []
     for case in req["cases"]:
         kw = dict(req["call"])

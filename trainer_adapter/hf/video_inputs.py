@@ -233,10 +233,20 @@ class QwenVideo:
 
 def pack_videos(parts: list[dict]) -> dict:
     """The row's video inputs from its samples' (``videos``: each video's dict): the patches of
-    every video in order, ``video_grid_thw``; none where the row has no video."""
+    every video in order, ``video_grid_thw``; a frame-tower family's (LLaVA-OneVision:
+    :mod:`~trainer_adapter.hf.frame_videos`) frames as ``[videos, frames, C, H, W]``; none
+    where the row has no video."""
     videos = [v for p in parts for v in p.get("videos", ())]
     if not videos:
         return {}
+    if "frames" in videos[0]:
+        counts = sorted({len(v["frames"]) for v in videos})
+        if len(counts) > 1:
+            raise ValueError(
+                f"the row's videos have {counts} frames: the model takes them as one "
+                "[videos, frames, C, H, W] tensor; measure every video with one num_frames"
+            )
+        return {"pixel_values_videos": torch.stack([v["frames"] for v in videos])}
     return {
         "pixel_values_videos": torch.cat([v["patches"] for v in videos]),
         "video_grid_thw": torch.tensor([list(v["grid"]) for v in videos], dtype=torch.long),

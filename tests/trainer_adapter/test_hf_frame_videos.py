@@ -1,0 +1,126 @@
+"""LLaVA-OneVision's video inputs (:mod:`trainer_adapter.hf.frame_videos`): the settings that
+change a video's frames or tokens checked against the processor at, below and above the
+rule's values; the rules and rows its model cannot take refused. (The frames and ids against
+the real ``LlavaOnevisionProcessor``, and the balanced parity, are in
+``test_hf_video_inputs.py``.)"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.dataprep.test_jinja_template import make_model_dir, processor_for
+
+pytest.importorskip("transformers")
+
+SPEC = "llava-onevision:num_frames=8"
+
+
+def _packer(tmp_path, tokenizer_path, spec=SPEC, **vp):
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir = make_model_dir(tmp_path, "llava_onevision", tokenizer_path)
+    proc = processor_for("llava_onevision", mdir)
+    if vp:
+        base = {"size": {"height": 384, "width": 384}, "num_frames": None,
+                "image_mean": [0.5] * 3, "image_std": [0.25] * 3, "rescale_factor": 1 / 255,
+                "do_rescale": True, "do_normalize": True}  # fmt: skip
+        proc.video_processor = type("LlavaOnevisionVideoProcessor", (SimpleNamespace,), {})(
+            **{**base, **vp}
+        )
+    return HFPacker(family="llava_onevision", processor=proc, template=str(mdir), video_rule=spec)
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (
+            "llava-onevision:num_frames=0,fps=1",
+            r"one \[videos, frames, C, H, W\] tensor.*num_frames",
+        ),
+        ("llava-onevision:num_frames=0", r"every video needs one frame count"),
+    ],
+)
+def test_a_rule_without_one_frame_count_is_refused(spec, message, tmp_path, tokenizer_path):
+    with pytest.raises(ValueError, match=message):
+        _packer(tmp_path, tokenizer_path, spec)
+
+
+@pytest.mark.parametrize(
+    "spec, bad",
+    [
+        ("llava-onevision:num_frames=8,image_size=384,patch_size=14", None),  # 27 a side: 729
+        (
+            "llava-onevision:num_frames=8,image_size=364,patch_size=14",
+            r"num_image_tokens is 729 \(27 patches a side\).*has 26",
+        ),
+        ("llava-onevision:num_frames=8,image_size=392,patch_size=14", r"has 28"),
+    ],
+)
+def test_the_tile_is_checked_against_the_processors_tokens(spec, bad, tmp_path, tokenizer_path):
+    """The rule's patches a side below, at and above the processor's ``num_image_tokens``."""
+    from shards.read.prep_settings import SettingsMismatch
+
+    if bad is None:
+        assert _packer(tmp_path, tokenizer_path, spec)._video.token == "<video>"
+        return
+    with pytest.raises(SettingsMismatch, match=bad):
+        _packer(tmp_path, tokenizer_path, spec)
+
+
+@pytest.mark.parametrize(
+    "setting, value, bad",
+    [
+        ("num_frames", 7, r"LlavaOnevisionVideoProcessor num_frames is 7.*has 8"),
+        ("num_frames", 9, r"num_frames is 9.*has 8"),
+        ("num_frames", 8, None),
+        ("height", 383, r"height is 383.*has 384"),
+        ("height", 385, r"height is 385.*has 384"),
+        ("width", 383, r"width is 383.*has 384"),
+        ("width", 384, None),
+    ],
+)
+def test_the_video_processor_is_checked_against_the_rule(setting, value, bad, tmp_path,
+                                                         tokenizer_path):  # fmt: skip
+    """A user's video processor (with torchvision): its frame count and size at, below and
+    above the rule's; where they agree its scaling is the one taken."""
+    from shards.read.prep_settings import SettingsMismatch
+
+    kw = ({"size": {"height": 384, "width": 384, setting: value}}
+          if setting in ("height", "width") else {setting: value})  # fmt: skip
+    if bad is None:
+        assert _packer(tmp_path, tokenizer_path, **kw)._video.std == (0.25,) * 3
+        return
+    with pytest.raises(SettingsMismatch, match=bad):
+        _packer(tmp_path, tokenizer_path, **kw)
+
+
+def test_a_row_of_videos_with_other_frame_counts_is_refused():
+    """The model takes a row's videos as one tensor: frames of one count stack, others are
+    refused naming the counts."""
+    from trainer_adapter.hf.video_inputs import pack_videos
+
+    v = lambda n: {"frames": torch.zeros(n, 3, 4, 4)}  # noqa: E731
+    row = pack_videos([{"videos": [v(2)]}, {"videos": [v(2)]}])
+    assert row["pixel_values_videos"].shape == (2, 2, 3, 4, 4)
+    with pytest.raises(ValueError, match=r"videos have \[2, 3\] frames.*one num_frames"):
+        pack_videos([{"videos": [v(2)]}, {"videos": [v(3)]}])
+
+
+def test_tokens_are_the_ones_prep_counts():
+    """The text a video of n frames becomes equals prep's ``llm_tokens`` for its rule, over
+    tiles with an odd and an even patch grid (pooling rounds up)."""
+    from dataprep.media_rules import OneVisionVideoRule
+    from dataprep.video_header import VideoHeader
+    from trainer_adapter.hf.frame_videos import OneVisionVideo
+
+    for size, patch in ((384, 14), (112, 14), (56, 14)):
+        rule = OneVisionVideoRule(num_frames=5, image_size=size, patch_size=patch)
+        video = OneVisionVideo(rule=rule, token="V", mean=(0.0,) * 3, std=(1.0,) * 3,
+                               rescale_factor=1.0, do_rescale=False, do_normalize=False)  # fmt: skip
+        header = VideoHeader(nbytes=1, width=64, height=48, frames=20, fps=10.0, duration=2.0,
+                             codec="h264", container="mp4")  # fmt: skip
+        written = video.text({"frames": torch.zeros(5, 3, size, size)}).count("V")
+        assert written == rule.cost(header).llm_tokens

@@ -1,0 +1,124 @@
+"""A LLaVA-OneVision / LLaVA-Video video's inputs, as its video processor makes them, from the
+frames prep counted.
+
+LLaVA-OneVision's vision tower runs each frame of a video as it runs an image's tile: for one
+video, :class:`OneVisionVideo` makes what ``LlavaOnevisionVideoProcessor`` gives the model,
+from the rule the generation recorded (:mod:`dataprep.media_rules.onevision_video`):
+
+1. the ``num_frames`` frames transformers' ``default_sample_indices_fn`` takes
+   (``arange(n) * total // n``), decoded with PyAV (:func:`~shards.read.media.decode_video`);
+2. each resized to ``image_size`` x ``image_size`` with torchvision's bicubic, antialiased
+   kernel on the uint8 frames (torch's native uint8 kernel), as the video processor resizes
+   them on a CPU, and scaled as its ``rescale_and_normalize`` fuses rescale and normalize
+   (shared with :class:`~trainer_adapter.hf.video_inputs.QwenVideo`);
+3. the row's ``pixel_values_videos``: ``[videos, frames, C, image_size, image_size]``.
+
+The video's text is ``<video>`` once a token: ``frames * ceil(side / 2)^2 + 1`` (each frame's
+patch grid pooled 2 x 2, one newline a video), as ``LlavaOnevisionProcessor`` writes it.
+
+The model takes a row's videos as one tensor, so they need one frame count: the rule must
+sample a fixed ``num_frames`` (a rule by rate, or every frame, is refused at construction).
+The rule's frame side and patch grid are checked against the processor's
+``num_image_tokens`` and, where the processor has a video processor, against its size and
+frame count; the mean and std are its video processor's, else its image processor's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dataprep.media_rules import OneVisionVideoRule
+from shards.read.prep_settings import SettingsMismatch
+from trainer_adapter.hf.video_inputs import QwenVideo
+
+__all__ = ["OneVisionVideo", "check_processor_frames"]
+
+
+def check_processor_frames(processor, rule: OneVisionVideoRule, family: str) -> None:
+    """A fixed frame count, and the rule's frame side and patches against the processor's
+    (``num_image_tokens``: the patches of a tile) and its video processor's size and frame
+    count where it has one. A difference is a
+    :class:`~shards.read.prep_settings.SettingsMismatch` naming both values."""
+    if not rule.num_frames:
+        raise ValueError(
+            f"video rule {rule.spec()!r}: the {family} model takes a row's videos as one "
+            "[videos, frames, C, H, W] tensor, so every video needs one frame count: measure "
+            "with num_frames (e.g. llava-onevision:num_frames=32), not a rate or every frame"
+        )
+    side = rule.image_size // rule.patch_size
+    tokens = getattr(processor, "num_image_tokens", None)
+    if tokens is not None and math.isqrt(int(tokens)) != side:
+        raise SettingsMismatch(
+            f"the {family} processor's num_image_tokens is {tokens} ({math.isqrt(int(tokens))} "
+            f"patches a side), the generation's video rule {rule.spec()!r} has {side} "
+            f"({rule.image_size} px / {rule.patch_size}): prep again with the model's own settings"
+        )
+    vp = getattr(processor, "video_processor", None)
+    if vp is None:
+        return
+    size = getattr(vp, "size", None)
+    have = {"height": _get(size, "height"), "width": _get(size, "width"),
+            "num_frames": getattr(vp, "num_frames", None)}  # fmt: skip
+    want = {"height": rule.image_size, "width": rule.image_size, "num_frames": rule.num_frames}
+    for key, value in have.items():
+        if value is not None and value != want[key]:
+            raise SettingsMismatch(
+                f"the {family} processor's {type(vp).__name__} {key} is {value}, the "
+                f"generation's video rule {rule.spec()!r} has {want[key]}: prep again with the "
+                "model's own settings"
+            )
+
+
+def _get(size, key: str):
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OneVisionVideo(QwenVideo):
+    """One video's frames and text, as ``processor``'s video processor makes them for ``rule``
+    (a :class:`~dataprep.media_rules.OneVisionVideoRule`); the resize and scaling are
+    :class:`~trainer_adapter.hf.video_inputs.QwenVideo`'s (its transformers source)."""
+
+    @classmethod
+    def of(cls, processor, rule, family: str) -> OneVisionVideo:
+        check_processor_frames(processor, rule, family)
+        vp = getattr(processor, "video_processor", None)
+        src = vp if vp is not None else processor.image_processor
+        return cls(
+            rule=rule,
+            token=processor.video_token,
+            mean=tuple(float(x) for x in src.image_mean),
+            std=tuple(float(x) for x in src.image_std),
+            rescale_factor=float(src.rescale_factor),
+            do_rescale=bool(src.do_rescale),
+            do_normalize=bool(src.do_normalize),
+        )
+
+    def __call__(self, data: bytes, where: str) -> dict:
+        """One video (its encoded bytes): ``frames`` ``[n, C, S, S]`` and ``indices``."""
+        from dataprep.video_header import probe_video_bytes
+        from shards.read.media import decode_video
+
+        r = self.rule
+        header = probe_video_bytes(data, where)
+        n = r.frames(header.frames, header.fps)
+        idx = (np.arange(n, dtype=np.int64) * header.frames // n).tolist()
+        try:
+            decoded = decode_video(data, idx)
+        except IndexError as exc:
+            raise ValueError(
+                f"{where}: {exc}, though its header says {header.frames}: the frames prep "
+                "counted cannot be decoded"
+            ) from None
+        frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
+        side = (r.image_size, r.image_size)
+        return {"frames": self.scaled(self.resized(frames, side)), "indices": idx}
+
+    def text(self, video: dict) -> str:
+        """``<video>`` once a token: each frame's pooled patches, one newline."""
+        pooled = math.ceil(self.rule.image_size // self.rule.patch_size / 2)
+        return self.token * (len(video["frames"]) * pooled * pooled + 1)

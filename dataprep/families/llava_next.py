@@ -45,7 +45,11 @@ SPEC = FamilySpec(
         ),
     ),
     # one image at a time: its processor pads a call's images to the most tiles
-    packer=PackerRules(one_image_per_call=("pixel_values", "image_sizes"), beside=("image_sizes",)),
+    packer=PackerRules(
+        one_image_per_call=("pixel_values", "image_sizes"),
+        beside=("image_sizes",),
+        videos=True,  # LLaVA-NeXT-Video's (hf.frame_videos): each frame a tile of its tower
+    ),
     # LLaVA-NeXT-Video: the same images; its template writes a video as <video>
     media_tokens={"video": ImageTokens("<video>")},
     video_rules=("llava-next-video",),

@@ -49,8 +49,12 @@ class LlavaNextVideoRule(MediaRule):
                 f"{self.image_size}"
             )
 
+    def frames(self, total: int, video_fps: float) -> int:
+        """The frames the processor keeps (``default_sample_indices_fn``)."""
+        return default_frames(total, video_fps, self.num_frames, self.fps)
+
     def cost(self, header: VideoHeader) -> MediaCost:
-        n = default_frames(header.frames, header.fps, self.num_frames, self.fps)
+        n = self.frames(header.frames, header.fps)
         side = self.image_size // self.patch_size
         return MediaCost((side * side,) * n, n * (side * side // 4))
 

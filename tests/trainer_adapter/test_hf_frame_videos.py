@@ -124,3 +124,74 @@ def test_tokens_are_the_ones_prep_counts():
                              codec="h264", container="mp4")  # fmt: skip
         written = video.text({"frames": torch.zeros(5, 3, size, size)}).count("V")
         assert written == rule.cost(header).llm_tokens
+
+
+NEXT = "llava-next-video:num_frames=8"
+
+
+def _next_packer(tmp_path, tokenizer_path, patch=14, **vp):
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir = make_model_dir(tmp_path, "llava_next", tokenizer_path)
+    proc = processor_for("llava_next", mdir)
+    proc.patch_size = patch
+    if vp:
+        base = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336},
+                "num_frames": None, "image_mean": [0.5] * 3, "image_std": [0.25] * 3,
+                "rescale_factor": 1 / 255, "do_rescale": True, "do_normalize": True}  # fmt: skip
+        proc.video_processor = type("LlavaNextVideoVideoProcessor", (SimpleNamespace,), {})(
+            **{**base, **vp}
+        )
+    return HFPacker(family="llava_next", processor=proc, template=str(mdir), video_rule=NEXT)
+
+
+@pytest.mark.parametrize(
+    "kw, bad",
+    [
+        ({"patch": 13}, r"LlavaNextProcessor patch_size is 13.*has 14"),
+        ({"patch": 15}, r"patch_size is 15.*has 14"),
+        ({"size": {"shortest_edge": 335}}, r"size\['shortest_edge'\] is 335.*has 336"),
+        ({"size": {"shortest_edge": 337}}, r"size\['shortest_edge'\] is 337.*has 336"),
+        ({"crop_size": {"height": 335, "width": 336}}, r"crop_size\['height'\] is 335"),
+        ({"crop_size": {"height": 336, "width": 337}}, r"crop_size\['width'\] is 337"),
+        ({"num_frames": 7}, r"num_frames is 7.*has 8"),
+        ({"num_frames": 9}, r"num_frames is 9.*has 8"),
+        ({"num_frames": 8}, None),
+    ],
+)
+def test_next_video_settings_are_checked_against_the_rule(kw, bad, tmp_path, tokenizer_path):
+    """LLaVA-NeXT-Video: the processor's patch size, its video processor's shortest side, crop
+    and frame count at, below and above the rule's; the marker prep counted (``<video>``) is
+    the token where the processor (LLaVA-NeXT's, images only) names none."""
+    from shards.read.prep_settings import SettingsMismatch
+
+    if bad is None:
+        video = _next_packer(tmp_path, tokenizer_path, **kw)._video
+        assert video.token == "<video>" and video.std == (0.25,) * 3
+        return
+    with pytest.raises(SettingsMismatch, match=bad):
+        _next_packer(tmp_path, tokenizer_path, **kw)
+
+
+@pytest.mark.parametrize("shape", [(48, 64), (64, 48), (50, 50)])
+def test_next_frames_are_cropped_from_the_centre_of_the_resized_frame(shape):
+    """Landscape, portrait and square frames: the shortest side resized to the tile, the
+    other by ``int(tile * long / short)``, the crop taken ``int(excess / 2)`` in; marked
+    pixels land where that arithmetic puts them."""
+    from dataprep.media_rules import LlavaNextVideoRule
+    from trainer_adapter.hf.frame_videos import NextVideo
+
+    rule = LlavaNextVideoRule(num_frames=1, image_size=32, patch_size=8)
+    video = NextVideo(rule=rule, token="V", mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
+                      do_rescale=False, do_normalize=False)  # fmt: skip
+    h, w = shape
+    frame = torch.arange(h * w, dtype=torch.float32).reshape(1, 1, h, w).expand(1, 3, h, w)
+    out = video.resized(frame.to(torch.uint8), (32, 32))
+    assert out.shape == (1, 3, 32, 32)
+    short, long = min(h, w), max(h, w)
+    big = (int(32 * long / short), 32) if w <= h else (32, int(32 * long / short))
+    full = torch.nn.functional.interpolate(frame.to(torch.uint8), size=list(big), mode="bicubic",
+                                           align_corners=False, antialias=True)  # fmt: skip
+    top, left = int((big[0] - 32) / 2.0), int((big[1] - 32) / 2.0)
+    assert torch.equal(out, full[..., top : top + 32, left : left + 32])
+    assert video.text({"frames": out}).count("V") == (32 // 8) ** 2 // 4

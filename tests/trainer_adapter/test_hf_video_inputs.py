@@ -287,6 +287,40 @@ ONEVISION = {"onevision-8": "llava-onevision:num_frames=8",
              "onevision-4": "llava-onevision:num_frames=4"}  # fmt: skip
 
 
+NEXT = {"next-video-8": "llava-next-video:num_frames=8"}  # the model cards' 8 frames
+
+
+def _next_video_dir(root: Path, tokenizer_path: str) -> Path:
+    """LLaVA-NeXT's tokenizer (with ``<video>``) and LLaVA-NeXT-Video's chat template."""
+    mdir = make_model_dir(root, "llava_next", tokenizer_path)
+    config = json.loads((mdir / "tokenizer_config.json").read_text())
+    config["chat_template"] = (ROOT / "examples" / "chat_templates" /
+                               "llava_next_video.jinja").read_text()  # fmt: skip
+    (mdir / "tokenizer_config.json").write_text(json.dumps(config))
+    return mdir
+
+
+def _next_request(rule, model_dir: Path, cases: list[dict]) -> dict:
+    """The request of ``LlavaNextVideoProcessor``'s outputs: llava-v1.6's image settings (CLIP
+    336/14), its video processor at the rule's tile, its call sampling ``num_frames``."""
+    tile = {"height": rule.image_size, "width": rule.image_size}
+    return {
+        "model": str(model_dir),
+        "processor": "LlavaNextVideoProcessor",
+        "video": {"size": {"shortest_edge": rule.image_size}, "crop_size": tile},
+        "image": {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}},
+        "processor_kw": {
+            "patch_size": rule.patch_size,
+            "vision_feature_select_strategy": "default",
+            "num_additional_image_tokens": 1,
+        },
+        "call": {"num_frames": rule.num_frames, "do_sample_frames": True},
+        "utils": None,
+        "patch": rule.patch_size,
+        "cases": cases,
+    }
+
+
 def _onevision_request(rule, model_dir: Path, cases: list[dict]) -> dict:
     """The request of ``LlavaOnevisionProcessor``'s outputs: the released models' settings
     (as :func:`~tests.dataprep.test_jinja_template.processor_for` makes the processor), its
@@ -383,6 +417,13 @@ def processor_refs(tmp_path_factory, tokenizer_path):
         made[case] = (proc, mdir)
         requests.append(_onevision_request(parse_video_rule(spec), mdir,
                                            _texts(proc, root, records)))  # fmt: skip
+    for case, spec in NEXT.items():
+        from tests.dataprep.test_jinja_template import processor_for
+
+        mdir = _next_video_dir(root / case, tokenizer_path)
+        proc = processor_for("llava_next", mdir)  # its images' processor: no torchvision
+        made[case] = (proc, mdir)
+        requests.append(_next_request(parse_video_rule(spec), mdir, _texts(proc, root, records)))
     for fps in OMNI_FPS:
         request, proc, mdir = _omni_request(root, fps, records)
         made[f"omni-{fps:g}"] = (proc, mdir)
@@ -454,6 +495,9 @@ RULE = {"qwen2vl": f"{QWEN2},source=transformers", "qwen3vl": f"{QWEN3},max_pixe
 # LLaVA-OneVision at a 112-px tile (8 x 8 patches), up to 2 x 2 tiles: rows short enough for
 # the tiny model's attention in double precision (the released 384-px tile is tested above)
 POLICY["llava_onevision"] = "llava-onevision:tile_size=112,max_grid=2,max_tiles=4"
+# LLaVA-NeXT-Video likewise at a 112-px tile, two grids
+RULE["llava_next"] = "llava-next-video:num_frames=2,image_size=112"
+POLICY["llava_next"] = "llava-next:tile_size=112,grids=1x2.2x1"
 PROCESSOR = {"qwen2vl": "Qwen2VLProcessor", "qwen3vl": "Qwen3VLProcessor",
              "glm4v": "Glm4vProcessor"}  # fmt: skip
 
@@ -496,6 +540,8 @@ def _generation(root: Path, family: str, tokenizer_path: str) -> tuple[str, Path
     demo = _dataset(root)
     own = family in ("glm4v", "llava_onevision")  # its own template and tokens, else Qwen's
     mdir = make_model_dir(root, family if own else "qwen2vl", tokenizer_path)
+    if family == "llava_next":
+        mdir = _next_video_dir(root, tokenizer_path)
     cost, plan, gen = root / "cost.parquet", root / "plan", root / "shards"
     args = ["prep", str(demo / "videos.jsonl"), "--image-root", str(demo), "--no-progress"]
     args += ["--tokenizer", str(mdir / "tokenizer.json"), "--template", str(mdir)]
@@ -540,7 +586,7 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
         assert row["pixel_values"].shape == (patches, 3 * 2 * rule.patch_size**2)
         assert int((row["input_ids"] == proc.image_token_id).sum()) == patches // 4
         return
-    if family == "llava_onevision":  # [videos, frames, C, H, W], each frame a tile
+    if family in ("llava_onevision", "llava_next"):  # [videos, frames, C, H, W]: frame tiles
         side = rule.image_size
         assert row["pixel_values_videos"].shape == (11, rule.num_frames, 3, side, side)
         return
@@ -551,6 +597,18 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
 
 def _family_processor(family: str, mdir: Path):
     """The family's processor as a CPU user loads it, with the generation's vision policy."""
+    if family == "llava_next":  # LLaVA-NeXT's image processor at the 112-px tile (POLICY)
+        from transformers import LlavaNextProcessor
+        from transformers.models.llava_next import LlavaNextImageProcessorPil
+
+        tok = tf.AutoTokenizer.from_pretrained(str(mdir))
+        ip = LlavaNextImageProcessorPil(size={"shortest_edge": 112},
+                                        crop_size={"height": 112, "width": 112},
+                                        image_grid_pinpoints=[[112, 224], [224, 112]])  # fmt: skip
+        return LlavaNextProcessor(image_processor=ip, tokenizer=tok, patch_size=14,
+                                  vision_feature_select_strategy="default",
+                                  num_additional_image_tokens=1,
+                                  chat_template=tok.chat_template)  # fmt: skip
     if family == "llava_onevision":  # its 112-px tile (POLICY), as its processor takes it
         from transformers import LlavaOnevisionProcessor
         from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
@@ -604,6 +662,18 @@ def _model(tok, family: str):
             **_vision_token_ids(tok),
         )  # fmt: skip
         return tf.Qwen3VLForConditionalGeneration(cfg).double()
+    if family == "llava_next":  # LLaVA-NeXT-Video: a tiny CLIP at the 112-px tile
+        ids = tok.convert_tokens_to_ids
+        vision = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=2, num_attention_heads=2, image_size=112, patch_size=14,
+                      projection_dim=16)  # fmt: skip
+        cfg = tf.LlavaNextVideoConfig(
+            vision_config=vision, text_config={**text, "model_type": "llama"},
+            image_grid_pinpoints=[[112, 224], [224, 112]],
+            image_token_index=ids("<image>"), video_token_index=ids("<video>"),
+            vision_feature_layer=-2, vision_feature_select_strategy="default",
+        )  # fmt: skip
+        return tf.LlavaNextVideoForConditionalGeneration(cfg).double()
     if family == "llava_onevision":  # a tiny SigLIP at the processor's 112-px tile
         from dataprep.policies.anyres import square_grids
 
@@ -729,7 +799,7 @@ def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
     tower = _tower(model)
     patch = dict(tower.named_parameters())[
         "embeddings.patch_embedding.weight"
-        if family == "llava_onevision"
+        if family in ("llava_onevision", "llava_next")
         else "patch_embed.proj.weight"
     ].grad
     assert patch is not None and patch.abs().sum() > 0
@@ -929,6 +999,35 @@ def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     same = HFPacker.from_generation(gen, proc, family="qwen2vl", rope_index=rope,
                                     video_rule=RULE["qwen2vl"])  # fmt: skip
     assert same.video_rule == packer._video.rule.spec()
+
+
+@pytest.mark.parametrize("case", list(NEXT))
+def test_next_videos_equal_the_processor(case, processor_refs):
+    """LLaVA-NeXT-Video: each video's frames (the sampler's, the shortest side resized to the
+    tile, centre-cropped, normalized) equal ``LlavaNextVideoVideoProcessor``'s
+    ``pixel_values_videos`` exactly, the ids (``<video>`` once a pooled patch) the
+    processor's; its images' tiles as its image processor makes them. The packer takes
+    LLaVA-NeXT's image processor alone (a CPU user's: the video processor needs torchvision)."""
+    from trainer_adapter.hf.inputs import HFPacker
+
+    root, records, made = processor_refs
+    proc, mdir, refs = made[case]
+    packer = HFPacker(family="llava_next", processor=proc, template=str(mdir),
+                      video_rule=NEXT[case])  # fmt: skip
+    for rec, ref in zip(records, refs, strict=True):
+        got = packer.sample(
+            rec["turns"],
+            [(root / i).read_bytes() for i in rec.get("images", ())],
+            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
+        )
+        assert got["input_ids"].tolist() == ref["input_ids"][0].tolist(), case
+        frames = torch.stack([v["frames"] for v in got["videos"]])
+        assert torch.equal(frames, ref["pixel_values_videos"])
+        if rec.get("images"):
+            pix = ref["pixel_values"]
+            assert torch.equal(got["pixel_values"], pix.reshape(-1, *pix.shape[2:]))
+        trained = proc.tokenizer.decode(got["input_ids"][got["labels"] != -100])
+        assert trained.strip().startswith(rec["turns"][1][1]), trained
 
 
 @pytest.mark.parametrize("case", list(ONEVISION))

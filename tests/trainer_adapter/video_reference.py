@@ -1,5 +1,5 @@
-"""The Qwen, GLM and LLaVA-OneVision video processors' own outputs, the reference of HFPacker's
-videos, in a process of their own.
+"""The Qwen, GLM, LLaVA-OneVision and LLaVA-NeXT-Video video processors' own outputs, the
+reference of HFPacker's videos, in a process of their own.
 
     python -m tests.trainer_adapter.video_reference REQUESTS.json RESULTS.pt
 
@@ -7,15 +7,17 @@ videos, in a process of their own.
 
 The transformers video processors import torchvision, which has no build for this CPU torch
 on the registry. Here the real ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` /
-``Glm4vVideoProcessor`` / ``LlavaOnevisionVideoProcessor`` and the real processor
+``Glm4vVideoProcessor`` / ``LlavaOnevisionVideoProcessor`` / ``LlavaNextVideoVideoProcessor``
+and the real processor
 (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, ``Glm4vProcessor``,
-``LlavaOnevisionProcessor``) run: the
+``LlavaOnevisionProcessor``, ``LlavaNextVideoProcessor``) run: the
 processor's call loads each video file (as its default reader, torchcodec, does: every
 index its sampler asks, repeated ones too), samples its frames,
 resizes, normalizes, patches and writes the prompt, as a user's would. Only torchvision is
 replaced, by stub modules (a package record so that transformers takes it as installed) whose
-two functions the processors call do what torchvision 0.28's code does on a CPU, read from its
-source: ``transforms.v2.functional.resize`` (``resize_image``: a tensor of the size asked is
+functions the processors call do what torchvision 0.28's code does on a CPU, read from its
+source: ``crop`` (LLaVA-NeXT-Video's centre crop, inside the frame: the slice),
+``transforms.v2.functional.resize`` (``resize_image``: a tensor of the size asked is
 returned as it is; uint8 with bicubic goes to torch's native uint8 ``interpolate``, antialiased,
 without corner alignment) and ``normalize`` (``normalize_image``: subtract the mean, divide by
 the std, per channel); ``transforms.functional.resize``, which qwen-vl-utils calls
@@ -101,6 +103,14 @@ def _normalize(image, mean, std, inplace=False):
     return image.div_(std)
 
 
+def _crop(image, top, left, height, width):
+    """torchvision 0.28 ``crop_image`` of a tensor inside its bounds: the slice (the video
+    processors crop a frame already resized past the crop)."""
+    h, w = image.shape[-2:]
+    assert top >= 0 and top + height <= h and left >= 0 and left + width <= w, (h, w)
+    return image[..., top : top + height, left : left + width]
+
+
 def _stub_torchvision() -> None:
     from tests.dataprep.media_reference import _stub_torchvision as stubs
 
@@ -117,6 +127,7 @@ def _stub_torchvision() -> None:
         sys.modules[name].InterpolationMode = InterpolationMode
     v2 = sys.modules["torchvision.transforms.v2.functional"]
     v2.resize, v2.normalize = _resize_v2, _normalize
+    v2.crop = _crop
     v2.grayscale_to_rgb = lambda x: x.expand(*x.shape[:-3], 3, *x.shape[-2:])
     sys.modules["torchvision.transforms.functional"].resize = _resize_v1
 
@@ -194,6 +205,11 @@ def _outputs(req: dict) -> list[dict]:
         from transformers.models.glm4v import Glm4vImageProcessorPil
 
         image_proc, base = Glm4vImageProcessorPil(**req.get("image", {})), tf.Glm4vVideoProcessor
+    elif "LlavaNextVideo" in req["processor"]:
+        from transformers.models.llava_next import LlavaNextImageProcessorPil
+
+        image_proc = LlavaNextImageProcessorPil(**req.get("image", {}))
+        base = tf.LlavaNextVideoVideoProcessor
     elif "LlavaOnevision" in req["processor"]:
         from transformers.models.llava_onevision import LlavaOnevisionImageProcessorPil
 

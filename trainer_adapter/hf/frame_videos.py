@@ -1,5 +1,5 @@
-"""A LLaVA-OneVision / LLaVA-Video video's inputs, as its video processor makes them, from the
-frames prep counted.
+"""A LLaVA-OneVision / LLaVA-Video or LLaVA-NeXT-Video video's inputs, as its video processor
+makes them, from the frames prep counted.
 
 LLaVA-OneVision's vision tower runs each frame of a video as it runs an image's tile: for one
 video, :class:`OneVisionVideo` makes what ``LlavaOnevisionVideoProcessor`` gives the model,
@@ -16,6 +16,12 @@ from the rule the generation recorded (:mod:`dataprep.media_rules.onevision_vide
 The video's text is ``<video>`` once a token: ``frames * ceil(side / 2)^2 + 1`` (each frame's
 patch grid pooled 2 x 2, one newline a video), as ``LlavaOnevisionProcessor`` writes it.
 
+LLaVA-NeXT-Video (:class:`NextVideo`, :mod:`dataprep.media_rules.llava_next_video`) resizes a
+frame's shortest side to ``image_size`` (the other by ``int(image_size * long / short)``) and
+center-crops it square (``int((side - image_size) / 2)`` from the top and left), as
+transformers' torchvision backend does; its text is ``<video>`` once a token, a frame's patches
+average-pooled 2 x 2 (``side^2 // 4``), no newline.
+
 The model takes a row's videos as one tensor, so they need one frame count: the rule must
 sample a fixed ``num_frames`` (a rule by rate, or every frame, is refused at construction).
 The rule's frame side and patch grid are checked against the processor's
@@ -31,11 +37,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dataprep.media_rules import OneVisionVideoRule
+from dataprep.media_rules import LlavaNextVideoRule, OneVisionVideoRule
 from shards.read.prep_settings import SettingsMismatch
 from trainer_adapter.hf.video_inputs import QwenVideo
 
-__all__ = ["OneVisionVideo", "check_processor_frames"]
+__all__ = ["NextVideo", "OneVisionVideo", "check_processor_frames"]
 
 
 def check_processor_frames(processor, rule: OneVisionVideoRule, family: str) -> None:
@@ -50,6 +56,9 @@ def check_processor_frames(processor, rule: OneVisionVideoRule, family: str) -> 
             "with num_frames (e.g. llava-onevision:num_frames=32), not a rate or every frame"
         )
     side = rule.image_size // rule.patch_size
+    if isinstance(rule, LlavaNextVideoRule):
+        _check_next(processor, rule, family)
+        return
     tokens = getattr(processor, "num_image_tokens", None)
     if tokens is not None and math.isqrt(int(tokens)) != side:
         raise SettingsMismatch(
@@ -73,6 +82,29 @@ def check_processor_frames(processor, rule: OneVisionVideoRule, family: str) -> 
             )
 
 
+def _check_next(processor, rule: LlavaNextVideoRule, family: str) -> None:
+    """LLaVA-NeXT-Video: the processor's patch size, its video processor's shortest side, crop
+    and frame count against the rule's."""
+    vp = getattr(processor, "video_processor", None)
+    have = [(processor, "patch_size", getattr(processor, "patch_size", None), rule.patch_size)]
+    if vp is not None:
+        crop = getattr(vp, "crop_size", None)
+        have += [
+            (vp, "size['shortest_edge']", _get(getattr(vp, "size", None), "shortest_edge"),
+             rule.image_size),
+            (vp, "crop_size['height']", _get(crop, "height"), rule.image_size),
+            (vp, "crop_size['width']", _get(crop, "width"), rule.image_size),
+            (vp, "num_frames", getattr(vp, "num_frames", None), rule.num_frames),
+        ]  # fmt: skip
+    for owner, key, value, want in have:
+        if value is not None and value != want:
+            raise SettingsMismatch(
+                f"the {family} processor's {type(owner).__name__} {key} is {value}, the "
+                f"generation's video rule {rule.spec()!r} has {want}: prep again with the "
+                "model's own settings"
+            )
+
+
 def _get(size, key: str):
     return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
 
@@ -88,9 +120,16 @@ class OneVisionVideo(QwenVideo):
         check_processor_frames(processor, rule, family)
         vp = getattr(processor, "video_processor", None)
         src = vp if vp is not None else processor.image_processor
+        from dataprep.families.registry import family_spec
+
+        # the processor's, else the marker prep counted (LLaVA-NeXT's image processor alone)
+        token = (
+            getattr(processor, "video_token", None)
+            or family_spec(family).media_tokens["video"].marker
+        )
         return cls(
             rule=rule,
-            token=processor.video_token,
+            token=token,
             mean=tuple(float(x) for x in src.image_mean),
             std=tuple(float(x) for x in src.image_std),
             rescale_factor=float(src.rescale_factor),
@@ -122,3 +161,25 @@ class OneVisionVideo(QwenVideo):
         """``<video>`` once a token: each frame's pooled patches, one newline."""
         pooled = math.ceil(self.rule.image_size // self.rule.patch_size / 2)
         return self.token * (len(video["frames"]) * pooled * pooled + 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NextVideo(OneVisionVideo):
+    """One LLaVA-NeXT-Video video's frames and text, as ``LlavaNextVideoVideoProcessor`` makes
+    them for ``rule`` (a :class:`~dataprep.media_rules.LlavaNextVideoRule`): each frame's
+    shortest side resized to the tile, then center-cropped square."""
+
+    def resized(self, frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+        """The shortest side to ``size`` (square), the other in proportion, then the centre."""
+        h, w = frames.shape[-2:]
+        s = size[0]
+        short, long = (w, h) if w <= h else (h, w)
+        new = (int(s * long / short), s) if w <= h else (s, int(s * long / short))
+        x = super().resized(frames, new)
+        top, left = int((new[0] - s) / 2.0), int((new[1] - s) / 2.0)
+        return x[..., top : top + s, left : left + s]
+
+    def text(self, video: dict) -> str:
+        """``<video>`` once a token: each frame's patches pooled 2 x 2."""
+        side = self.rule.image_size // self.rule.patch_size
+        return self.token * (len(video["frames"]) * (side * side // 4))

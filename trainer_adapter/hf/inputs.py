@@ -93,7 +93,7 @@ from dataprep.policies.idefics2 import idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from equishard.common.values import check_flag
 from trainer_adapter.hf.audio_inputs import audio_features, check_processor_audio, pack_audio
-from trainer_adapter.hf.frame_videos import OneVisionVideo
+from trainer_adapter.hf.frame_videos import NextVideo, OneVisionVideo
 from trainer_adapter.hf.images import images_settings, pack_images
 from trainer_adapter.hf.media_text import expand_marks, image_mark, image_texts
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
@@ -209,7 +209,11 @@ class HFPacker:
             check_processor_audio(self.processor, rule, self.family)
         self._video = None
         if self.video_rule is not None:
-            from dataprep.media_rules import OneVisionVideoRule, parse_video_rule
+            from dataprep.media_rules import (
+                LlavaNextVideoRule,
+                OneVisionVideoRule,
+                parse_video_rule,
+            )
 
             rule = parse_video_rule(self.video_rule)
             name = rule.spec().partition(":")[0]
@@ -228,6 +232,8 @@ class HFPacker:
                 )
             if isinstance(rule, OneVisionVideoRule):  # each frame a tile of its tower
                 self._video = OneVisionVideo.of(self.processor, rule, self.family)
+            elif isinstance(rule, LlavaNextVideoRule):
+                self._video = NextVideo.of(self.processor, rule, self.family)
             else:
                 self._video = QwenVideo.of(self.processor, rule, self.family)
 

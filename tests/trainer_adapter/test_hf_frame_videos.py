@@ -195,3 +195,71 @@ def test_next_frames_are_cropped_from_the_centre_of_the_resized_frame(shape):
     top, left = int((big[0] - 32) / 2.0), int((big[1] - 32) / 2.0)
     assert torch.equal(out, full[..., top : top + 32, left : left + 32])
     assert video.text({"frames": out}).count("V") == (32 // 8) ** 2 // 4
+
+
+INTERNVL = "internvl:source=transformers,num_frames=8"
+
+
+def _internvl_packer(tmp_path, tokenizer_path, spec=INTERNVL, seq=256, **vp):
+    from trainer_adapter.hf.inputs import HFPacker
+
+    mdir = make_model_dir(tmp_path, "internvl", tokenizer_path)
+    proc = processor_for("internvl", mdir)
+    proc.image_seq_length = seq
+    if vp:
+        base = {"size": {"height": 448, "width": 448}, "num_frames": None, "initial_shift": True,
+                "image_mean": [0.5] * 3, "image_std": [0.25] * 3, "rescale_factor": 1 / 255,
+                "do_rescale": True, "do_normalize": True}  # fmt: skip
+        proc.video_processor = type("InternVLVideoProcessor", (SimpleNamespace,), {})(
+            **{**base, **vp}
+        )
+    return HFPacker(family="internvl", processor=proc, template=str(mdir), video_rule=spec)
+
+
+@pytest.mark.parametrize(
+    "kw, bad",
+    [
+        ({"seq": 255}, r"InternVLProcessor image_seq_length is 255.*has 256"),
+        ({"seq": 257}, r"image_seq_length is 257.*has 256"),
+        ({"size": {"height": 447, "width": 448}}, r"size\['height'\] is 447.*has 448"),
+        ({"size": {"height": 448, "width": 449}}, r"size\['width'\] is 449.*has 448"),
+        ({"num_frames": 7}, r"num_frames is 7.*has 8"),
+        ({"num_frames": 9}, r"num_frames is 9.*has 8"),
+        ({"initial_shift": False}, r"initial_shift is False.*has True"),
+        ({"num_frames": 8}, None),
+    ],
+)
+def test_internvl_settings_are_checked_against_the_rule(kw, bad, tmp_path, tokenizer_path):
+    """InternVL: the processor's tokens a tile, its video processor's tile, frame count and
+    shift, at, below and above the rule's; where they agree its scaling is the one taken."""
+    from shards.read.prep_settings import SettingsMismatch
+
+    if bad is None:
+        video = _internvl_packer(tmp_path, tokenizer_path, **kw)._video
+        assert video.std == (0.25,) * 3 and video.tile_tokens == 256
+        return
+    with pytest.raises(SettingsMismatch, match=bad):
+        _internvl_packer(tmp_path, tokenizer_path, **kw)
+
+
+def test_internvl_videos_need_the_transformers_source(tmp_path, tokenizer_path):
+    """The model card's loader (PIL tiles of each frame) is not what the packer builds."""
+    with pytest.raises(ValueError, match=r"measure them with source=transformers"):
+        _internvl_packer(tmp_path, tokenizer_path, "internvl:source=internvl,num_frames=8")
+
+
+def test_internvl_frames_stand_among_the_tiles_in_the_order_of_their_marks():
+    """A video before an image, an image between two videos, marks past their items left as
+    text: the blocks in the order the marks stand, each image's tiles whole."""
+    from dataprep.media_rules import InternVLVideoRule
+    from trainer_adapter.hf.frame_videos import InternVLVideo
+
+    video = InternVLVideo(rule=InternVLVideoRule(source="transformers"), token="C", tile_tokens=2,
+                          mean=(0.0,) * 3, std=(1.0,) * 3, rescale_factor=1.0,
+                          do_rescale=False, do_normalize=False)  # fmt: skip
+    block = lambda tag, n: torch.full((n, 1, 1, 1), float(tag))  # noqa: E731
+    images = {"pixel_values": torch.cat([block(1, 3), block(2, 1)]), "num_patches": [3, 1]}
+    videos = [{"frames": block(7, 2)}, {"frames": block(8, 4)}]
+    out = video.among_images(images, videos, [True, False, True, False, True, False])
+    assert out["pixel_values"].flatten().tolist() == [7.0] * 2 + [1.0] * 3 + [8.0] * 4 + [2.0]
+    assert video.text({"frames": block(0, 2)}) == "Frame1: <img>CC</img>\nFrame2: <img>CC</img>"

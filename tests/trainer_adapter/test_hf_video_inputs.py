@@ -288,6 +288,34 @@ ONEVISION = {"onevision-8": "llava-onevision:num_frames=8",
 
 
 NEXT = {"next-video-8": "llava-next-video:num_frames=8"}  # the model cards' 8 frames
+# InternVL's -hf checkpoints: 8 frames from the middle of each step, or 6 from its start (not
+# by the second: its processor cannot stack a call's videos of other frame counts)
+INTERNVL = {"internvl-8": "internvl:source=transformers,num_frames=8",
+            "internvl-unshifted": "internvl:source=transformers,num_frames=6,initial_shift=0"}  # fmt: skip
+
+
+def _internvl_request(rule, model_dir: Path, cases: list[dict]) -> dict:
+    """The request of ``InternVLProcessor``'s outputs: its image processor as
+    :func:`~tests.dataprep.test_jinja_template.processor_for` makes it, its video processor at
+    the rule's tile and shift, its call sampling the rule's frames."""
+    call = {"do_sample_frames": True, "initial_shift": rule.initial_shift}
+    call |= {"num_frames": rule.num_frames} if rule.num_frames else {"fps": rule.fps}
+    return {
+        "model": str(model_dir),
+        "processor": "InternVLProcessor",
+        "video": {"size": {"height": rule.tile_size, "width": rule.tile_size}},
+        "image": {
+            "crop_to_patches": True,
+            "min_patches": 1,
+            "max_patches": 12,
+            "size": {"height": 448, "width": 448},
+        },
+        "processor_kw": {"image_seq_length": rule.tokens_per_tile},
+        "call": call,
+        "utils": None,
+        "patch": rule.patch_size,
+        "cases": cases,
+    }
 
 
 def _next_video_dir(root: Path, tokenizer_path: str) -> Path:
@@ -417,6 +445,14 @@ def processor_refs(tmp_path_factory, tokenizer_path):
         made[case] = (proc, mdir)
         requests.append(_onevision_request(parse_video_rule(spec), mdir,
                                            _texts(proc, root, records)))  # fmt: skip
+    for case, spec in INTERNVL.items():
+        from tests.dataprep.test_jinja_template import processor_for
+
+        mdir = make_model_dir(root / case, "internvl", tokenizer_path)
+        proc = processor_for("internvl", mdir)
+        made[case] = (proc, mdir)
+        requests.append(_internvl_request(parse_video_rule(spec), mdir,
+                                          _texts(proc, root, records)))  # fmt: skip
     for case, spec in NEXT.items():
         from tests.dataprep.test_jinja_template import processor_for
 
@@ -495,6 +531,9 @@ RULE = {"qwen2vl": f"{QWEN2},source=transformers", "qwen3vl": f"{QWEN3},max_pixe
 # LLaVA-OneVision at a 112-px tile (8 x 8 patches), up to 2 x 2 tiles: rows short enough for
 # the tiny model's attention in double precision (the released 384-px tile is tested above)
 POLICY["llava_onevision"] = "llava-onevision:tile_size=112,max_grid=2,max_tiles=4"
+# InternVL (-hf) at a 56-px tile (4 tokens a tile), up to 4 tiles an image, 2 frames a video
+RULE["internvl"] = "internvl:source=transformers,num_frames=2,tile_size=56"
+POLICY["internvl"] = "internvl:tile_size=56,max_tiles=4"
 # LLaVA-NeXT-Video likewise at a 112-px tile, two grids
 RULE["llava_next"] = "llava-next-video:num_frames=2,image_size=112"
 POLICY["llava_next"] = "llava-next:tile_size=112,grids=1x2.2x1"
@@ -538,7 +577,7 @@ def _generation(root: Path, family: str, tokenizer_path: str) -> tuple[str, Path
     from equishard.cli import main
 
     demo = _dataset(root)
-    own = family in ("glm4v", "llava_onevision")  # its own template and tokens, else Qwen's
+    own = family in ("glm4v", "llava_onevision", "internvl")  # its own template, else Qwen's
     mdir = make_model_dir(root, family if own else "qwen2vl", tokenizer_path)
     if family == "llava_next":
         mdir = _next_video_dir(root, tokenizer_path)
@@ -586,6 +625,13 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
         assert row["pixel_values"].shape == (patches, 3 * 2 * rule.patch_size**2)
         assert int((row["input_ids"] == proc.image_token_id).sum()) == patches // 4
         return
+    if family == "internvl":  # each frame a tile among the images' tiles
+        frames = sum(len(v) for s in shares[0] for v in _frames(s, rule))
+        tiles = row["pixel_values"]
+        assert "pixel_values_videos" not in row and tiles.shape[1:] == (3, 56, 56)
+        assert int((row["input_ids"] == proc.image_token_id).sum()) == 4 * len(tiles)
+        assert len(tiles) > frames
+        return
     if family in ("llava_onevision", "llava_next"):  # [videos, frames, C, H, W]: frame tiles
         side = rule.image_size
         assert row["pixel_values_videos"].shape == (11, rule.num_frames, 3, side, side)
@@ -597,6 +643,17 @@ def test_generation_rows_are_what_prep_counted(family, tmp_path, tokenizer_path)
 
 def _family_processor(family: str, mdir: Path):
     """The family's processor as a CPU user loads it, with the generation's vision policy."""
+    if family == "internvl":  # GOT-OCR2's tiler at the 56-px tile (POLICY)
+        from transformers import InternVLProcessor
+        from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+        tok = tf.AutoTokenizer.from_pretrained(str(mdir))
+        ip = GotOcr2ImageProcessorPil(crop_to_patches=True, min_patches=1, max_patches=4,
+                                      size={"height": 56, "width": 56})  # fmt: skip
+        cls = type("InternVLProcessor", (InternVLProcessor,),
+                   {"get_attributes": classmethod(lambda c: ["image_processor", "tokenizer"])})  # fmt: skip
+        return cls(image_processor=ip, tokenizer=tok, image_seq_length=4,
+                   chat_template=tok.chat_template)  # fmt: skip
     if family == "llava_next":  # LLaVA-NeXT's image processor at the 112-px tile (POLICY)
         from transformers import LlavaNextProcessor
         from transformers.models.llava_next import LlavaNextImageProcessorPil
@@ -641,7 +698,8 @@ def _frames(sample, rule) -> list[list[int]]:
     from dataprep.video_header import probe_video_bytes
 
     heads = [probe_video_bytes(v, "v") for v in sample.videos]
-    return [rule.indices(h.frames, h.fps) for h in heads]
+    pick = getattr(rule, "frame_indices", None) or rule.indices
+    return [pick(h.frames, h.fps) for h in heads]
 
 
 def _model(tok, family: str):
@@ -662,6 +720,15 @@ def _model(tok, family: str):
             **_vision_token_ids(tok),
         )  # fmt: skip
         return tf.Qwen3VLForConditionalGeneration(cfg).double()
+    if family == "internvl":  # a tiny InternViT at the 56-px tile, 4 tokens a tile
+        cfg = tf.InternVLConfig(
+            vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                               num_attention_heads=2, image_size=[56, 56], patch_size=[14, 14]),
+            text_config={**text, "model_type": "qwen2"},
+            image_token_id=tok.convert_tokens_to_ids("<IMG_CONTEXT>"), downsample_ratio=0.5,
+            vision_feature_layer=-1, vision_feature_select_strategy="default",
+        )  # fmt: skip
+        return tf.InternVLForConditionalGeneration(cfg).double()
     if family == "llava_next":  # LLaVA-NeXT-Video: a tiny CLIP at the 112-px tile
         ids = tok.convert_tokens_to_ids
         vision = dict(model_type="clip_vision_model", hidden_size=16, intermediate_size=32,
@@ -800,6 +867,8 @@ def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
     patch = dict(tower.named_parameters())[
         "embeddings.patch_embedding.weight"
         if family in ("llava_onevision", "llava_next")
+        else "embeddings.patch_embeddings.projection.weight"
+        if family == "internvl"
         else "patch_embed.proj.weight"
     ].grad
     assert patch is not None and patch.abs().sum() > 0
@@ -999,6 +1068,30 @@ def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     same = HFPacker.from_generation(gen, proc, family="qwen2vl", rope_index=rope,
                                     video_rule=RULE["qwen2vl"])  # fmt: skip
     assert same.video_rule == packer._video.rule.spec()
+
+
+@pytest.mark.parametrize("case", list(INTERNVL))
+def test_internvl_videos_equal_the_processor(case, processor_refs):
+    """InternVL (-hf): each video's frames (the sampler's, from the middle of each step or its
+    start, or by the second; resized to one tile, normalized) and the images' tiles, in the
+    order their marks stand, equal ``InternVLProcessor``'s merged ``pixel_values`` exactly;
+    the ids (``Frame{i}: <img>...</img>`` a frame) the processor's."""
+    from trainer_adapter.hf.inputs import HFPacker
+
+    root, records, made = processor_refs
+    proc, mdir, refs = made[case]
+    packer = HFPacker(family="internvl", processor=proc, template=str(mdir),
+                      video_rule=INTERNVL[case])  # fmt: skip
+    for rec, ref in zip(records, refs, strict=True):
+        got = packer.sample(
+            rec["turns"],
+            [(root / i).read_bytes() for i in rec.get("images", ())],
+            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
+        )
+        assert got["input_ids"].tolist() == ref["input_ids"][0].tolist(), case
+        assert torch.equal(got["pixel_values"], ref["pixel_values"])
+        trained = proc.tokenizer.decode(got["input_ids"][got["labels"] != -100])
+        assert trained.strip().startswith(rec["turns"][1][1]), trained
 
 
 @pytest.mark.parametrize("case", list(NEXT))

@@ -1,5 +1,5 @@
-"""The Qwen, GLM, LLaVA-OneVision and LLaVA-NeXT-Video video processors' own outputs, the
-reference of HFPacker's videos, in a process of their own.
+"""The Qwen, GLM, LLaVA-OneVision, LLaVA-NeXT-Video and InternVL video processors' own outputs,
+the reference of HFPacker's videos, in a process of their own.
 
     python -m tests.trainer_adapter.video_reference REQUESTS.json RESULTS.pt
 
@@ -7,10 +7,10 @@ reference of HFPacker's videos, in a process of their own.
 
 The transformers video processors import torchvision, which has no build for this CPU torch
 on the registry. Here the real ``Qwen2VLVideoProcessor`` / ``Qwen3VLVideoProcessor`` /
-``Glm4vVideoProcessor`` / ``LlavaOnevisionVideoProcessor`` / ``LlavaNextVideoVideoProcessor``
-and the real processor
+``Glm4vVideoProcessor`` / ``LlavaOnevisionVideoProcessor`` / ``LlavaNextVideoVideoProcessor`` /
+``InternVLVideoProcessor`` and the real processor
 (``Qwen2VLProcessor``, ``Qwen2_5_VLProcessor``, ``Qwen3VLProcessor``, ``Glm4vProcessor``,
-``LlavaOnevisionProcessor``, ``LlavaNextVideoProcessor``) run: the
+``LlavaOnevisionProcessor``, ``LlavaNextVideoProcessor``, ``InternVLProcessor``) run: the
 processor's call loads each video file (as its default reader, torchcodec, does: every
 index its sampler asks, repeated ones too), samples its frames,
 resizes, normalizes, patches and writes the prompt, as a user's would. Only torchvision is
@@ -205,6 +205,11 @@ def _outputs(req: dict) -> list[dict]:
         from transformers.models.glm4v import Glm4vImageProcessorPil
 
         image_proc, base = Glm4vImageProcessorPil(**req.get("image", {})), tf.Glm4vVideoProcessor
+    elif "InternVL" in req["processor"]:
+        from transformers.models.got_ocr2 import GotOcr2ImageProcessorPil
+
+        image_proc = GotOcr2ImageProcessorPil(**req.get("image", {}))
+        base = tf.InternVLVideoProcessor
     elif "LlavaNextVideo" in req["processor"]:
         from transformers.models.llava_next import LlavaNextImageProcessorPil
 

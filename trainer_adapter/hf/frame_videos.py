@@ -1,5 +1,6 @@
-"""A LLaVA-OneVision / LLaVA-Video or LLaVA-NeXT-Video video's inputs, as its video processor
-makes them, from the frames prep counted.
+"""A LLaVA-OneVision / LLaVA-Video, LLaVA-NeXT-Video or InternVL video's inputs, as its video
+processor makes them, from the frames prep counted: towers that run each frame as an image's
+tile.
 
 LLaVA-OneVision's vision tower runs each frame of a video as it runs an image's tile: for one
 video, :class:`OneVisionVideo` makes what ``LlavaOnevisionVideoProcessor`` gives the model,
@@ -22,7 +23,13 @@ center-crops it square (``int((side - image_size) / 2)`` from the top and left),
 transformers' torchvision backend does; its text is ``<video>`` once a token, a frame's patches
 average-pooled 2 x 2 (``side^2 // 4``), no newline.
 
-The model takes a row's videos as one tensor, so they need one frame count: the rule must
+InternVL's ``-hf`` checkpoints (:class:`InternVLVideo`, the rule's ``transformers`` source):
+``InternVLVideoProcessor``'s frames (``arange(shift, total, total / n)``), each resized to one
+tile; the prompt's ``Frame{i}: <img>`` + the tile's context tokens + ``</img>`` a frame, joined
+by newlines; the frames travel among the images' tiles in ``pixel_values``, in the order their
+marks stand, as ``InternVLProcessor`` merges them (the model takes only ``pixel_values``).
+
+The LLaVA models take a row's videos as one tensor, so they need one frame count: the rule must
 sample a fixed ``num_frames`` (a rule by rate, or every frame, is refused at construction).
 The rule's frame side and patch grid are checked against the processor's
 ``num_image_tokens`` and, where the processor has a video processor, against its size and
@@ -37,11 +44,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from dataprep.media_rules import LlavaNextVideoRule, OneVisionVideoRule
+from dataprep.media_rules import InternVLVideoRule, LlavaNextVideoRule, OneVisionVideoRule
 from shards.read.prep_settings import SettingsMismatch
 from trainer_adapter.hf.video_inputs import QwenVideo
 
-__all__ = ["NextVideo", "OneVisionVideo", "check_processor_frames"]
+__all__ = ["InternVLVideo", "NextVideo", "OneVisionVideo", "check_processor_frames"]
 
 
 def check_processor_frames(processor, rule: OneVisionVideoRule, family: str) -> None:
@@ -49,16 +56,19 @@ def check_processor_frames(processor, rule: OneVisionVideoRule, family: str) -> 
     (``num_image_tokens``: the patches of a tile) and its video processor's size and frame
     count where it has one. A difference is a
     :class:`~shards.read.prep_settings.SettingsMismatch` naming both values."""
-    if not rule.num_frames:
+    if not isinstance(rule, InternVLVideoRule) and not rule.num_frames:
         raise ValueError(
             f"video rule {rule.spec()!r}: the {family} model takes a row's videos as one "
             "[videos, frames, C, H, W] tensor, so every video needs one frame count: measure "
             "with num_frames (e.g. llava-onevision:num_frames=32), not a rate or every frame"
         )
-    side = rule.image_size // rule.patch_size
     if isinstance(rule, LlavaNextVideoRule):
         _check_next(processor, rule, family)
         return
+    if isinstance(rule, InternVLVideoRule):
+        _check_internvl(processor, rule, family)
+        return
+    side = rule.image_size // rule.patch_size
     tokens = getattr(processor, "num_image_tokens", None)
     if tokens is not None and math.isqrt(int(tokens)) != side:
         raise SettingsMismatch(
@@ -96,6 +106,35 @@ def _check_next(processor, rule: LlavaNextVideoRule, family: str) -> None:
             (vp, "crop_size['width']", _get(crop, "width"), rule.image_size),
             (vp, "num_frames", getattr(vp, "num_frames", None), rule.num_frames),
         ]  # fmt: skip
+    for owner, key, value, want in have:
+        if value is not None and value != want:
+            raise SettingsMismatch(
+                f"the {family} processor's {type(owner).__name__} {key} is {value}, the "
+                f"generation's video rule {rule.spec()!r} has {want}: prep again with the "
+                "model's own settings"
+            )
+
+
+def _check_internvl(processor, rule: InternVLVideoRule, family: str) -> None:
+    """InternVL: the transformers source (the model card's ``load_video`` tiles frames with PIL
+    and ``dynamic_preprocess``, which this does not model), the processor's tokens a tile, and
+    its video processor's tile size, frame count and shift."""
+    if rule.source != "transformers":
+        raise ValueError(
+            f"video rule {rule.spec()!r}: HFPacker builds InternVL's videos as its transformers "
+            "video processor does (the -hf checkpoints): measure them with source=transformers"
+        )
+    vp = getattr(processor, "video_processor", None)
+    size = getattr(vp, "size", None)
+    have = [(processor, "image_seq_length", getattr(processor, "image_seq_length", None),
+             rule.tokens_per_tile)]  # fmt: skip
+    if vp is not None:
+        have += [
+            (vp, "size['height']", _get(size, "height"), rule.tile_size),
+            (vp, "size['width']", _get(size, "width"), rule.tile_size),
+            (vp, "num_frames", getattr(vp, "num_frames", None), rule.num_frames or None),
+            (vp, "initial_shift", getattr(vp, "initial_shift", None), rule.initial_shift),
+        ]
     for owner, key, value, want in have:
         if value is not None and value != want:
             raise SettingsMismatch(
@@ -183,3 +222,66 @@ class NextVideo(OneVisionVideo):
         """``<video>`` once a token: each frame's patches pooled 2 x 2."""
         side = self.rule.image_size // self.rule.patch_size
         return self.token * (len(video["frames"]) * (side * side // 4))
+
+
+@dataclass(frozen=True, kw_only=True)
+class InternVLVideo(OneVisionVideo):
+    """One InternVL video's frames and text, as ``InternVLVideoProcessor`` and
+    ``InternVLProcessor`` make them for ``rule`` (an
+    :class:`~dataprep.media_rules.InternVLVideoRule`, source ``transformers``): each frame one
+    tile, ``tile_tokens`` context tokens (``token``) a frame."""
+
+    tile_tokens: int
+
+    @classmethod
+    def of(cls, processor, rule, family: str) -> InternVLVideo:
+        check_processor_frames(processor, rule, family)
+        vp = getattr(processor, "video_processor", None)
+        src = vp if vp is not None else processor.image_processor
+        return cls(
+            rule=rule,
+            token=processor.image_token,
+            tile_tokens=int(processor.image_seq_length),
+            mean=tuple(float(x) for x in src.image_mean),
+            std=tuple(float(x) for x in src.image_std),
+            rescale_factor=float(src.rescale_factor),
+            do_rescale=bool(src.do_rescale),
+            do_normalize=bool(src.do_normalize),
+        )
+
+    def __call__(self, data: bytes, where: str) -> dict:
+        """One video (its encoded bytes): ``frames`` ``[n, C, S, S]`` and ``indices``."""
+        from dataprep.video_header import probe_video_bytes
+        from shards.read.media import decode_video
+
+        header = probe_video_bytes(data, where)
+        idx = self.rule.frame_indices(header.frames, header.fps)
+        try:
+            decoded = decode_video(data, idx)
+        except IndexError as exc:
+            raise ValueError(
+                f"{where}: {exc}, though its header says {header.frames}: the frames prep "
+                "counted cannot be decoded"
+            ) from None
+        frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
+        side = (self.rule.tile_size, self.rule.tile_size)
+        return {"frames": self.scaled(self.resized(frames, side)), "indices": idx}
+
+    def text(self, video: dict) -> str:
+        """``Frame{i}: <img>`` + a tile's context tokens + ``</img>`` a frame, by newlines."""
+        tile = f"<img>{self.token * self.tile_tokens}</img>"
+        return "\n".join(f"Frame{i + 1}: {tile}" for i in range(len(video["frames"])))
+
+    def among_images(self, processed: dict, videos: list[dict], order: list[bool]) -> dict:
+        """``processed`` (a sample's images: ``pixel_values`` tiles, ``num_patches`` each) with
+        each video's frames among them, in the order their marks stand (``order``: True for
+        a video's; a mark past its kind's items stays text), as ``InternVLProcessor`` merges
+        them."""
+        sizes = [int(n) for n in processed.get("num_patches", ())]
+        images = iter(torch.split(processed["pixel_values"], sizes)) if sizes else iter(())
+        own, blocks = iter(videos), []
+        for is_video in order:
+            block = next(own, None) if is_video else next(images, None)
+            if block is not None:
+                blocks.append(block["frames"] if is_video else block)
+        return {**processed, "pixel_values": torch.cat(blocks)}

@@ -93,7 +93,7 @@ from dataprep.policies.idefics2 import idefics2_image_texts
 from dataprep.records import IMAGE_PLACEHOLDER, VIDEO_PLACEHOLDER
 from equishard.common.values import check_flag
 from trainer_adapter.hf.audio_inputs import audio_features, check_processor_audio, pack_audio
-from trainer_adapter.hf.frame_videos import NextVideo, OneVisionVideo
+from trainer_adapter.hf.frame_videos import InternVLVideo, NextVideo, OneVisionVideo
 from trainer_adapter.hf.images import images_settings, pack_images
 from trainer_adapter.hf.media_text import expand_marks, image_mark, image_texts
 from trainer_adapter.hf.packing import PACKING_KEYS, packing_kwargs
@@ -105,7 +105,7 @@ from trainer_adapter.hf.sample_checks import (
     video_families,
 )
 from trainer_adapter.hf.tokenizer_check import check_processor_tokenizer
-from trainer_adapter.hf.video_inputs import QwenVideo, pack_videos, pairs_among_images
+from trainer_adapter.hf.video_inputs import QwenVideo, pack_videos
 
 __all__ = ["HFPacker"]
 
@@ -210,6 +210,7 @@ class HFPacker:
         self._video = None
         if self.video_rule is not None:
             from dataprep.media_rules import (
+                InternVLVideoRule,
                 LlavaNextVideoRule,
                 OneVisionVideoRule,
                 parse_video_rule,
@@ -234,6 +235,8 @@ class HFPacker:
                 self._video = OneVisionVideo.of(self.processor, rule, self.family)
             elif isinstance(rule, LlavaNextVideoRule):
                 self._video = NextVideo.of(self.processor, rule, self.family)
+            elif isinstance(rule, InternVLVideoRule):  # its frames among the images' tiles
+                self._video = InternVLVideo.of(self.processor, rule, self.family)
             else:
                 self._video = QwenVideo.of(self.processor, rule, self.family)
 
@@ -383,6 +386,9 @@ class HFPacker:
             positions = torch.cat([text_pos[None], rope], dim=0)
         else:
             positions = text_pos
+        if videos and self._rules.videos_with_images:  # GLM's pairs, InternVL's frames
+            found = re.findall(f"{re.escape(mark)}|{re.escape(VIDEO_PLACEHOLDER)}", text)
+            processed = self._video.among_images(processed, videos, [m != mark for m in found])
         processed.pop("num_crops", None)  # Gemma 3's (0 without pan-and-scan), Aria's: in text
         processed.pop("num_soft_tokens_per_image", None)  # Gemma 4's, in its text
         processed.pop("num_patches", None)  # Aya Vision's tiles per image, in its text
@@ -393,9 +399,6 @@ class HFPacker:
             extra["audio_frames"], extra["audio_lens"] = feats, lens
         if videos:
             extra["videos"] = videos
-            if self._rules.videos_with_images:  # GLM-4.1V: the pairs among the images
-                found = re.findall(f"{re.escape(mark)}|{re.escape(VIDEO_PLACEHOLDER)}", text)
-                processed = pairs_among_images(processed, videos, [m != mark for m in found])
         return {"input_ids": ids, "labels": labels, "positions": positions, **extra, **processed}
 
     @classmethod

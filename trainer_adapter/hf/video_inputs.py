@@ -216,6 +216,11 @@ class QwenVideo:
             "stamps": stamps,
         }
 
+    def among_images(self, processed: dict, videos: list[dict], order: list[bool]) -> dict:
+        """GLM-4.1V: the sample's images with its videos' pairs among them
+        (:func:`pairs_among_images`)."""
+        return pairs_among_images(processed, videos, order)
+
     def text(self, video: dict) -> str:
         """What the video's mark becomes in the prompt: its tokens; for Qwen3-VL each temporal
         patch's time and vision start and end around its tokens; for GLM-4.1V each pair's

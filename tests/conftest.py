@@ -109,17 +109,23 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
 
 
-# the longest files (about a minute and a half or more each on 2 cores), first: make test gives
-# whole files to its workers in collection order, so one started last would run alone at the end
+# the longest files (45 s or more each on 2 cores, longest first, as a run's junit times gave
+# them on 2026-12-07), first: make test gives whole files to its workers in collection order, so
+# one started last would run alone at the end
 LONGEST_FIRST = (
     "test_example_hf.py",
-    "trainer_adapter/test_hf_tower_sweep.py",
     "trainer_adapter/test_hf_inputs.py",
+    "trainer_adapter/test_hf_video_inputs.py",
     "dataprep/test_jinja_template.py",
-    "test_docs.py",
-    "trainer_adapter/test_hf_parity.py",
-    "trainer_adapter/test_reference_gradients.py",
     "test_gpu_check.py",
+    "trainer_adapter/test_reference_gradients.py",
+    "trainer_adapter/test_hf_tower_sweep.py",
+    "shards/store/test_object_store.py",
+    "trainer_adapter/test_cli_train.py",
+    "test_docs.py",
+    "dataprep/test_media_counts.py",
+    "dataprep/test_vision_policy.py",
+    "trainer_adapter/test_hf_parity.py",
 )
 
 

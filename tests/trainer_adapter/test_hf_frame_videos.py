@@ -18,18 +18,22 @@ pytest.importorskip("transformers")
 SPEC = "llava-onevision:num_frames=8"
 
 
+def _video_processor(name: str, settings: dict, given: dict):
+    """A user's video processor (with torchvision) named ``name``: ``settings`` with the test's
+    ``given`` ones over them, and a scaling of its own (std 0.25) to see it taken."""
+    scaling = {"image_mean": [0.5] * 3, "image_std": [0.25] * 3, "rescale_factor": 1 / 255,
+               "do_rescale": True, "do_normalize": True}  # fmt: skip
+    return type(name, (SimpleNamespace,), {})(**{**scaling, **settings, **given})
+
+
 def _packer(tmp_path, tokenizer_path, spec=SPEC, **vp):
     from trainer_adapter.hf.inputs import HFPacker
 
     mdir = make_model_dir(tmp_path, "llava_onevision", tokenizer_path)
     proc = processor_for("llava_onevision", mdir)
     if vp:
-        base = {"size": {"height": 384, "width": 384}, "num_frames": None,
-                "image_mean": [0.5] * 3, "image_std": [0.25] * 3, "rescale_factor": 1 / 255,
-                "do_rescale": True, "do_normalize": True}  # fmt: skip
-        proc.video_processor = type("LlavaOnevisionVideoProcessor", (SimpleNamespace,), {})(
-            **{**base, **vp}
-        )
+        base = {"size": {"height": 384, "width": 384}, "num_frames": None}
+        proc.video_processor = _video_processor("LlavaOnevisionVideoProcessor", base, vp)
     return HFPacker(family="llava_onevision", processor=proc, template=str(mdir), video_rule=spec)
 
 
@@ -137,11 +141,8 @@ def _next_packer(tmp_path, tokenizer_path, patch=14, **vp):
     proc.patch_size = patch
     if vp:
         base = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336},
-                "num_frames": None, "image_mean": [0.5] * 3, "image_std": [0.25] * 3,
-                "rescale_factor": 1 / 255, "do_rescale": True, "do_normalize": True}  # fmt: skip
-        proc.video_processor = type("LlavaNextVideoVideoProcessor", (SimpleNamespace,), {})(
-            **{**base, **vp}
-        )
+                "num_frames": None}  # fmt: skip
+        proc.video_processor = _video_processor("LlavaNextVideoVideoProcessor", base, vp)
     return HFPacker(family="llava_next", processor=proc, template=str(mdir), video_rule=NEXT)
 
 
@@ -207,12 +208,8 @@ def _internvl_packer(tmp_path, tokenizer_path, spec=INTERNVL, seq=256, **vp):
     proc = processor_for("internvl", mdir)
     proc.image_seq_length = seq
     if vp:
-        base = {"size": {"height": 448, "width": 448}, "num_frames": None, "initial_shift": True,
-                "image_mean": [0.5] * 3, "image_std": [0.25] * 3, "rescale_factor": 1 / 255,
-                "do_rescale": True, "do_normalize": True}  # fmt: skip
-        proc.video_processor = type("InternVLVideoProcessor", (SimpleNamespace,), {})(
-            **{**base, **vp}
-        )
+        base = {"size": {"height": 448, "width": 448}, "num_frames": None, "initial_shift": True}
+        proc.video_processor = _video_processor("InternVLVideoProcessor", base, vp)
     return HFPacker(family="internvl", processor=proc, template=str(mdir), video_rule=spec)
 
 

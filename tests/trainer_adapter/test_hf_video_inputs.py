@@ -1070,24 +1070,30 @@ def test_videos_the_packer_cannot_build_are_refused(tmp_path, tokenizer_path):
     assert same.video_rule == packer._video.rule.spec()
 
 
-@pytest.mark.parametrize("case", list(INTERNVL))
-def test_internvl_videos_equal_the_processor(case, processor_refs):
-    """InternVL (-hf): each video's frames (the sampler's, from the middle of each step or its
-    start, or by the second; resized to one tile, normalized) and the images' tiles, in the
-    order their marks stand, equal ``InternVLProcessor``'s merged ``pixel_values`` exactly;
-    the ids (``Frame{i}: <img>...</img>`` a frame) the processor's."""
+def _tile_rows(processor_refs, case: str, family: str, specs: dict):
+    """Each record as the ``family`` packer builds it with the case's rule, beside the
+    processor's outputs for it: (record, reference, built, processor, packer)."""
     from trainer_adapter.hf.inputs import HFPacker
 
     root, records, made = processor_refs
     proc, mdir, refs = made[case]
-    packer = HFPacker(family="internvl", processor=proc, template=str(mdir),
-                      video_rule=INTERNVL[case])  # fmt: skip
+    packer = HFPacker(family=family, processor=proc, template=str(mdir), video_rule=specs[case])
     for rec, ref in zip(records, refs, strict=True):
         got = packer.sample(
             rec["turns"],
             [(root / i).read_bytes() for i in rec.get("images", ())],
             video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
         )
+        yield rec, ref, got, proc, packer
+
+
+@pytest.mark.parametrize("case", list(INTERNVL))
+def test_internvl_videos_equal_the_processor(case, processor_refs):
+    """InternVL (-hf): each video's frames (the sampler's, from the middle of each step or its
+    start, or by the second; resized to one tile, normalized) and the images' tiles, in the
+    order their marks stand, equal ``InternVLProcessor``'s merged ``pixel_values`` exactly;
+    the ids (``Frame{i}: <img>...</img>`` a frame) the processor's."""
+    for rec, ref, got, proc, _packer in _tile_rows(processor_refs, case, "internvl", INTERNVL):
         assert got["input_ids"].tolist() == ref["input_ids"][0].tolist(), case
         assert torch.equal(got["pixel_values"], ref["pixel_values"])
         trained = proc.tokenizer.decode(got["input_ids"][got["labels"] != -100])
@@ -1101,18 +1107,7 @@ def test_next_videos_equal_the_processor(case, processor_refs):
     ``pixel_values_videos`` exactly, the ids (``<video>`` once a pooled patch) the
     processor's; its images' tiles as its image processor makes them. The packer takes
     LLaVA-NeXT's image processor alone (a CPU user's: the video processor needs torchvision)."""
-    from trainer_adapter.hf.inputs import HFPacker
-
-    root, records, made = processor_refs
-    proc, mdir, refs = made[case]
-    packer = HFPacker(family="llava_next", processor=proc, template=str(mdir),
-                      video_rule=NEXT[case])  # fmt: skip
-    for rec, ref in zip(records, refs, strict=True):
-        got = packer.sample(
-            rec["turns"],
-            [(root / i).read_bytes() for i in rec.get("images", ())],
-            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
-        )
+    for rec, ref, got, proc, _packer in _tile_rows(processor_refs, case, "llava_next", NEXT):
         assert got["input_ids"].tolist() == ref["input_ids"][0].tolist(), case
         frames = torch.stack([v["frames"] for v in got["videos"]])
         assert torch.equal(frames, ref["pixel_values_videos"])
@@ -1129,18 +1124,9 @@ def test_onevision_videos_equal_the_processor(case, processor_refs):
     equal ``LlavaOnevisionVideoProcessor``'s ``pixel_values_videos`` exactly, the ids (its
     ``<video>`` once a pooled patch, one newline) the processor's; images beside them as its
     image processor makes them; labels the answer's tokens only."""
-    from trainer_adapter.hf.inputs import HFPacker
-
-    root, records, made = processor_refs
-    proc, mdir, refs = made[case]
-    packer = HFPacker(family="llava_onevision", processor=proc, template=str(mdir),
-                      video_rule=ONEVISION[case])  # fmt: skip
-    for rec, ref in zip(records, refs, strict=True):
-        got = packer.sample(
-            rec["turns"],
-            [(root / i).read_bytes() for i in rec.get("images", ())],
-            video_bytes=[(root / v).read_bytes() for v in rec["videos"]],
-        )
+    for rec, ref, got, proc, packer in _tile_rows(
+        processor_refs, case, "llava_onevision", ONEVISION
+    ):
         assert got["input_ids"].tolist() == ref["input_ids"][0].tolist(), case
         frames = torch.stack([v["frames"] for v in got["videos"]])
         assert frames.shape[1] == packer._video.rule.num_frames

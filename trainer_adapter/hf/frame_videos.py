@@ -46,7 +46,7 @@ import torch
 
 from dataprep.media_rules import InternVLVideoRule, LlavaNextVideoRule, OneVisionVideoRule
 from shards.read.prep_settings import SettingsMismatch
-from trainer_adapter.hf.video_inputs import QwenVideo
+from trainer_adapter.hf.video_inputs import QwenVideo, decoded_frames, scaling_of
 
 __all__ = ["InternVLVideo", "NextVideo", "OneVisionVideo", "check_processor_frames"]
 
@@ -156,45 +156,34 @@ class OneVisionVideo(QwenVideo):
 
     @classmethod
     def of(cls, processor, rule, family: str) -> OneVisionVideo:
-        check_processor_frames(processor, rule, family)
-        vp = getattr(processor, "video_processor", None)
-        src = vp if vp is not None else processor.image_processor
         from dataprep.families.registry import family_spec
 
+        check_processor_frames(processor, rule, family)
         # the processor's, else the marker prep counted (LLaVA-NeXT's image processor alone)
         token = (
             getattr(processor, "video_token", None)
             or family_spec(family).media_tokens["video"].marker
         )
-        return cls(
-            rule=rule,
-            token=token,
-            mean=tuple(float(x) for x in src.image_mean),
-            std=tuple(float(x) for x in src.image_std),
-            rescale_factor=float(src.rescale_factor),
-            do_rescale=bool(src.do_rescale),
-            do_normalize=bool(src.do_normalize),
-        )
+        return cls(rule=rule, token=token, **scaling_of(processor))
+
+    @property
+    def side(self) -> int:
+        """The square each frame becomes."""
+        return self.rule.image_size
+
+    def indices(self, header) -> list[int]:
+        """The frames transformers' ``default_sample_indices_fn`` takes."""
+        n = self.rule.frames(header.frames, header.fps)
+        return (np.arange(n, dtype=np.int64) * header.frames // n).tolist()
 
     def __call__(self, data: bytes, where: str) -> dict:
         """One video (its encoded bytes): ``frames`` ``[n, C, S, S]`` and ``indices``."""
         from dataprep.video_header import probe_video_bytes
-        from shards.read.media import decode_video
 
-        r = self.rule
         header = probe_video_bytes(data, where)
-        n = r.frames(header.frames, header.fps)
-        idx = (np.arange(n, dtype=np.int64) * header.frames // n).tolist()
-        try:
-            decoded = decode_video(data, idx)
-        except IndexError as exc:
-            raise ValueError(
-                f"{where}: {exc}, though its header says {header.frames}: the frames prep "
-                "counted cannot be decoded"
-            ) from None
-        frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
-        side = (r.image_size, r.image_size)
-        return {"frames": self.scaled(self.resized(frames, side)), "indices": idx}
+        idx = self.indices(header)
+        frames = decoded_frames(data, idx, header, where)
+        return {"frames": self.scaled(self.resized(frames, (self.side, self.side))), "indices": idx}
 
     def text(self, video: dict) -> str:
         """``<video>`` once a token: each frame's pooled patches, one newline."""
@@ -236,36 +225,16 @@ class InternVLVideo(OneVisionVideo):
     @classmethod
     def of(cls, processor, rule, family: str) -> InternVLVideo:
         check_processor_frames(processor, rule, family)
-        vp = getattr(processor, "video_processor", None)
-        src = vp if vp is not None else processor.image_processor
-        return cls(
-            rule=rule,
-            token=processor.image_token,
-            tile_tokens=int(processor.image_seq_length),
-            mean=tuple(float(x) for x in src.image_mean),
-            std=tuple(float(x) for x in src.image_std),
-            rescale_factor=float(src.rescale_factor),
-            do_rescale=bool(src.do_rescale),
-            do_normalize=bool(src.do_normalize),
-        )
+        return cls(rule=rule, token=processor.image_token,
+                   tile_tokens=int(processor.image_seq_length), **scaling_of(processor))  # fmt: skip
 
-    def __call__(self, data: bytes, where: str) -> dict:
-        """One video (its encoded bytes): ``frames`` ``[n, C, S, S]`` and ``indices``."""
-        from dataprep.video_header import probe_video_bytes
-        from shards.read.media import decode_video
+    @property
+    def side(self) -> int:
+        return self.rule.tile_size
 
-        header = probe_video_bytes(data, where)
-        idx = self.rule.frame_indices(header.frames, header.fps)
-        try:
-            decoded = decode_video(data, idx)
-        except IndexError as exc:
-            raise ValueError(
-                f"{where}: {exc}, though its header says {header.frames}: the frames prep "
-                "counted cannot be decoded"
-            ) from None
-        frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
-        side = (self.rule.tile_size, self.rule.tile_size)
-        return {"frames": self.scaled(self.resized(frames, side)), "indices": idx}
+    def indices(self, header) -> list[int]:
+        """``InternVLVideoProcessor.sample_frames``' frames (the rule's)."""
+        return self.rule.frame_indices(header.frames, header.fps)
 
     def text(self, video: dict) -> str:
         """``Frame{i}: <img>`` + a tile's context tokens + ``</img>`` a frame, by newlines."""

@@ -48,7 +48,14 @@ import torch
 from dataprep.media_rules import Glm4vVideoRule, Qwen3VideoRule, QwenVideoRule
 from shards.read.prep_settings import SettingsMismatch
 
-__all__ = ["QwenVideo", "check_processor_video", "pack_videos", "pairs_among_images"]
+__all__ = [
+    "QwenVideo",
+    "check_processor_video",
+    "decoded_frames",
+    "pack_videos",
+    "pairs_among_images",
+    "scaling_of",
+]
 
 START, END = "<|vision_start|>", "<|vision_end|>"
 GLM_START, GLM_END = "<|begin_of_image|>", "<|end_of_image|>"  # around each pair's tokens
@@ -116,6 +123,35 @@ def check_processor_video(processor, rule, family: str) -> None:
                 )
 
 
+def scaling_of(processor) -> dict:
+    """The ``rescale_and_normalize`` settings a video's frames get: the processor's video
+    processor's, else (no torchvision) its image processor's."""
+    vp = getattr(processor, "video_processor", None)
+    src = vp if vp is not None else processor.image_processor
+    return {
+        "mean": tuple(float(x) for x in src.image_mean),
+        "std": tuple(float(x) for x in src.image_std),
+        "rescale_factor": float(src.rescale_factor),
+        "do_rescale": bool(src.do_rescale),
+        "do_normalize": bool(src.do_normalize),
+    }
+
+
+def decoded_frames(data: bytes, idx: list[int], header, where: str) -> torch.Tensor:
+    """The video's frames ``idx`` as ``[n, C, H, W]`` uint8, decoded with PyAV; a video whose
+    stream holds fewer frames than its header promised is refused naming ``where``."""
+    from shards.read.media import decode_video
+
+    try:
+        decoded = decode_video(data, idx)
+    except IndexError as exc:
+        raise ValueError(
+            f"{where}: {exc}, though its header says {header.frames}: the frames prep "
+            "counted cannot be decoded"
+        ) from None
+    return torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
+
+
 @dataclass(frozen=True, kw_only=True)
 class QwenVideo:
     """One video's patches, grid and text, as ``processor``'s video processor makes them for
@@ -135,18 +171,9 @@ class QwenVideo:
         """The video inputs of ``processor`` (its video processor's scaling, else its image
         processor's) for ``rule``, checked against the processor."""
         check_processor_video(processor, rule, family)
-        vp = getattr(processor, "video_processor", None)
-        src = vp if vp is not None else processor.image_processor
         glm = isinstance(rule, Glm4vVideoRule)  # GLM's pairs are written with its image token
-        return cls(
-            rule=rule,
-            token=processor.image_token if glm else processor.video_token,
-            mean=tuple(float(x) for x in src.image_mean),
-            std=tuple(float(x) for x in src.image_std),
-            rescale_factor=float(src.rescale_factor),
-            do_rescale=bool(src.do_rescale),
-            do_normalize=bool(src.do_normalize),
-        )
+        token = processor.image_token if glm else processor.video_token
+        return cls(rule=rule, token=token, **scaling_of(processor))
 
     def resized(self, frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
         """``[n, C, H, W]`` uint8 frames resized to ``size`` as the rule's source resizes them
@@ -188,7 +215,6 @@ class QwenVideo:
         sampled frames), ``seconds_per_grid`` (seconds per temporal patch) and ``stamps``
         (Qwen3-VL's time of each temporal patch; empty for Qwen2-VL)."""
         from dataprep.video_header import probe_video_bytes
-        from shards.read.media import decode_video
 
         r = self.rule
         header = probe_video_bytes(data, where)
@@ -196,14 +222,7 @@ class QwenVideo:
             idx = r.indices(header.frames, header.fps)
         else:
             idx = r.indices(header.frames, r.frames(header.frames, header.fps))
-        try:
-            decoded = decode_video(data, idx)
-        except IndexError as exc:
-            raise ValueError(
-                f"{where}: {exc}, though its header says {header.frames}: the frames prep "
-                "counted cannot be decoded"
-            ) from None
-        frames = torch.from_numpy(decoded).permute(0, 3, 1, 2).contiguous()
+        frames = decoded_frames(data, idx, header, where)
         size = r.frame_size(frames.shape[-1], frames.shape[-2], len(idx))
         patches, grid = self.patches(self.scaled(self.resized(frames, size)))
         sampled_fps = len(idx) / header.frames * header.fps

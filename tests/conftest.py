@@ -143,6 +143,23 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=rank)  # stable: the order within a file and among the rest is kept
 
 
+@pytest.fixture(autouse=True)
+def _store_limits_stay_in_their_test():
+    """The CLI forwards ``--store-timeout`` / ``--store-retries`` to its workers through the
+    process environment: a test that runs ``main()`` in this process (a tight 0.25 s limit)
+    would leave them to whatever test this worker runs next (seen: an S3 publish failing its
+    isdir within 1 s). Each test gets the environment's values back afterwards."""
+    from shards.store.store_limits import RETRIES_ENV, TIMEOUT_ENV
+
+    kept = {k: os.environ.get(k) for k in (TIMEOUT_ENV, RETRIES_ENV)}
+    yield
+    for key, value in kept.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _machine() -> str:
     """The cores and memory the tests ran with, as this process sees them (a failing run on
     another machine is read with it: a CPU-time cap or a smaller memory shows here)."""

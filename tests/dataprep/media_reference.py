@@ -349,14 +349,22 @@ def internvl_video(truth: dict, opts: dict) -> list | str:
     return [n, tiles, text.replace("<IMG_CONTEXT>", "")]
 
 
+@functools.lru_cache(maxsize=1)
+def _loaded(path: str):
+    """One file's samples at 16 kHz by transformers' ``load_audio``: loaded once for all the
+    settings a request asks of it (the settings follow one another per file)."""
+    from transformers.audio_utils import load_audio
+
+    return load_audio(path, sampling_rate=16000, backend="soundfile")
+
+
 def audio_reference(path: str, chunk_length: int, n_window: int) -> dict:
     """The processor's counts for one file: its samples at 16 kHz, the feature frames of the
     mask, the LLM tokens (the processor's formula), the encoder windows."""
     import numpy as np
-    from transformers.audio_utils import load_audio
     from transformers.models.whisper.feature_extraction_whisper import WhisperFeatureExtractor
 
-    wave = load_audio(path, sampling_rate=16000, backend="soundfile")
+    wave = _loaded(path)
     fe = WhisperFeatureExtractor(feature_size=128, chunk_length=chunk_length)
     out = fe(
         [wave],

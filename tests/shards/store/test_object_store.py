@@ -19,6 +19,7 @@ from shards.read.verify import verify_generation
 from shards.store.manifest import ManifestError, open_generation
 from shards.store.object_store import publish_generation, read_remote_current
 from shards.write.writer import WriteConfig, write_generation
+from tests.shards.conftest import build_inputs
 from tests.shards.conftest import s3_env as _env
 from tests.shards.conftest import s3fs_of as _fs
 from tests.shards.night_helpers import _night
@@ -180,11 +181,14 @@ def _ids(ds) -> list[str]:
     return [x for b in ds for x in _ids_of(b)]
 
 
-def test_cli_write_verify_train_from_s3(s3, gen_inputs, bucket, tmp_path):
+def test_cli_write_verify_train_from_s3(s3, bucket, tmp_path):
     """The commands as users run them, credentials and endpoint from the environment: write to
     the bucket, verify, inspect and report it there, and train two steps reading it (2 gloo
-    ranks)."""
-    _, cost, plan = gen_inputs
+    ranks). Its samples are prepped as ``make train``'s are (one 56-px tile an image), so that
+    the steps take a second, not ten: the reads are what this test is about."""
+    _, cost, plan = build_inputs(
+        tmp_path / "in", samples=24, vision_policy="internvl:max_tiles=1,tile_size=56"
+    )
     env = _env(s3)
     run = [sys.executable, "-m", "equishard"]
     w = subprocess.run(

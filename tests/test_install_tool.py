@@ -33,6 +33,7 @@ global.find-links='/opt/wheels'
 def test_pip_settings_of_the_ci_machine_become_uv_options():
     args, env = install.uv_options(install.pip_settings(LISTING))
     assert args == [
+        "--extra-index-url", "https://pypi.org/simple",  # first: its platform wheels taken
         "--find-links", "/opt/wheels",
         "--constraint", "/etc/xdg/pip/constraints.txt",
         "--extra-index-url", "file:///opt/pypi/simple",
@@ -45,15 +46,33 @@ def test_pip_settings_of_the_ci_machine_become_uv_options():
 @pytest.mark.parametrize(
     "line, want",
     [
-        ("global.index-url='https://mirror/simple'", ["--index-url", "https://mirror/simple"]),
+        (
+            "global.index-url='https://mirror/simple'",
+            ["--extra-index-url", "https://mirror/simple", "--index-url", "https://mirror/simple"],
+        ),
         ("user.no-index='true'", ["--no-index"]),
-        ("user.no-index='false'", []),
-        ("site.timeout='60'", []),
+        ("user.no-index='false'", ["--extra-index-url", "https://pypi.org/simple"]),
+        ("site.timeout='60'", ["--extra-index-url", "https://pypi.org/simple"]),
     ],
 )
 def test_each_setting_uv_takes(line, want):
+    """pip's main index (PyPI unless set) is passed first: uv takes a version's files from the
+    first index that has it, and a mirror's pure wheel of soundfile (no libsndfile) failed
+    every test that read a recording."""
     args, _ = install.uv_options(install.pip_settings(line))
     assert args == [*want, "--index-strategy", "unsafe-best-match"]
+
+
+def test_builds_are_isolated_with_the_locks_setuptools():
+    """uv builds in environments of their own, pinned by the lock (a build in the environment
+    being installed can import a package half-written into it)."""
+    got = install.uv_build_args(
+        ["-c", "constraints.txt", "-e", ".[dev]", "--no-build-isolation", "--config-settings",
+         "editable_mode=compat"]
+    )  # fmt: skip
+    assert got == ["-c", "constraints.txt", "-e", ".[dev]", "--config-settings",
+                   "editable_mode=compat", "--build-constraints", "constraints.txt"]  # fmt: skip
+    assert install.uv_build_args(["-e", "."]) == ["-e", "."]
 
 
 @pytest.mark.parametrize(

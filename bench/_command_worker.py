@@ -52,18 +52,25 @@ print(first, time.perf_counter() - t0, os.times().system)
 
 
 def _timed(args: list[str], work: Path) -> dict:
-    """One fresh CLI process: its wall time and its own peak RSS."""
+    """One fresh CLI process: its wall time, its CPU time (user + system, its threads and
+    children included) and its own peak RSS."""
+    import resource
+
     log = work / "stderr.txt"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(log, "w") as err:
         cmd = [sys.executable, "-c", _SHIM, *args]
         code = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT).returncode
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     text = log.read_text()
     if code:
         raise SystemExit(f"equishard {args[0]} failed: {text[-2000:]}")
     kb = int(text.rsplit("VMHWM_KB", 1)[1].split()[0])
-    return {"seconds": round(seconds, 2), "peak_rss_mb": round(kb / 1024)}
+    return {"seconds": round(seconds, 2), "cpu_seconds": round(cpu, 2),
+            "peak_rss_mb": round(kb / 1024)}  # fmt: skip
 
 
 def main() -> None:

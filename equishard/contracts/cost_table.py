@@ -333,9 +333,13 @@ def _refuse(table: pa.Table, path: str | Path, rules: list[tuple[str, pa.Array]]
             )
 
 
+_MODALITIES = pa.array(["text", "image", "multi-image"])
+
+
 def _modality(num_images: pa.ChunkedArray) -> pa.Array:
     n = np.asarray(num_images.to_numpy(zero_copy_only=False))
-    return pa.array(np.where(n == 0, "text", np.where(n == 1, "image", "multi-image")))
+    # taken by index in arrow: a numpy array of strings cost a tenth of import-lengths' time
+    return _MODALITIES.take(pa.array(np.where(n == 0, 0, np.where(n == 1, 1, 2))))
 
 
 def conform_cost_table(

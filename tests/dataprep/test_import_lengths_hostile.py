@@ -178,3 +178,67 @@ def test_plausibility_limits_at_below_and_above_name_the_exact_value(tmp_path, k
     else:
         assert (res.n_written, res.n_rejected) == (1, 1)
         assert f"{key} {value} is above the plausible {value - 1}" in errs[0]["detail"]
+
+
+def _random_entries(rng, n: int) -> list:
+    """Entries around every limit: negative, zero, at and past the bounds, flags above tiles,
+    tokens short of the image tokens (256 a tile), and plain good ones."""
+    import dataprep.import_lengths as il
+
+    picks = [-1, 0, 1, 2, 7, il.MAX_TILES - 1, il.MAX_TILES, il.MAX_TILES + 1]
+    tokens = [-5, 0, 255, 256, 257, 3000, il.MAX_TOKENS, il.MAX_TOKENS + 1]
+    out = []
+    for _ in range(n):
+        vit = rng.choice(picks)
+        flags = rng.choice([-1, 0, 1, vit, vit + 1, max(vit - 1, 0)])
+        out.append({"vit_num": vit, "token_num": rng.choice(tokens) * max(flags, 1),
+                    "image_flags": flags})  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_columns_checked_at_once_equal_each_entry_checked_alone(tmp_path, monkeypatch, seed):
+    """A batch of plain integer entries is checked as whole columns (``_plausible``), its bad
+    rows then explained by ``_why_not``; the same file checked entry by entry (the batch path
+    off) gives the same table and the same errors rows. Bugs caught: a limit one off in the
+    column check (a row at a bound kept or refused unlike the entry check), a row the column
+    check keeps that the entry check refuses, errors rows out of their entries' order."""
+    import random
+
+    import dataprep.import_lengths as il
+
+    entries = _random_entries(random.Random(seed), 400)
+    src = tmp_path / "l.json"
+    src.write_text(json.dumps(entries))
+    cfg = lambda out: ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / out))  # noqa: E731
+    fast = import_lengths(cfg("fast.parquet"))
+    monkeypatch.setattr(il, "_int_columns", lambda values: None)  # entry by entry
+    slow = import_lengths(cfg("slow.parquet"))
+    assert (fast.n_written, fast.n_rejected) == (slow.n_written, slow.n_rejected)
+    assert 0 < fast.n_rejected < len(entries)
+    for name in ("fast.parquet", "slow.parquet"):
+        _check_table(tmp_path / name, fast.n_written)
+    assert pq.read_table(tmp_path / "fast.parquet").equals(pq.read_table(tmp_path / "slow.parquet"))
+    got, want = (pq.read_table(errors_path(tmp_path / n)).to_pylist()
+                 for n in ("fast.parquet", "slow.parquet"))  # fmt: skip
+    assert got == want
+    # and each entry's fate is what _why_not alone says of it
+    refused = {e["sample_id"] for e in got}
+    assert refused == {f"l:{k}" for k, e in enumerate(entries) if il._why_not(e, cfg("x.parquet"))}
+
+
+def test_a_batch_with_one_value_of_another_type_is_checked_entry_by_entry():
+    """``_int_columns`` gives whole int64 columns only where every value is an object whose
+    three lengths are JSON integers: a bool (JSON true, Python's 1), a float, a missing key, a
+    string, a non-object or an integer past int64 anywhere in the batch gives None."""
+    from dataprep.import_lengths import _int_columns
+
+    good = {"vit_num": 1, "token_num": 300, "image_flags": 1}
+    vit, tok, flags = _int_columns([good, {**good, "vit_num": 2}])
+    assert vit.dtype.name == "int64" and vit.tolist() == [1, 2] and tok.tolist() == [300, 300]
+    assert flags.tolist() == [1, 1]
+    for other in ({**good, "vit_num": True}, {**good, "token_num": 3.0}, {"vit_num": 1},
+                  {**good, "image_flags": "1"}, [1, 2, 3], "x", 5, None,
+                  {**good, "token_num": 2**63}):  # fmt: skip
+        assert _int_columns([good, other]) is None, other
+    assert _int_columns([{**good, "token_num": 2**63 - 1}]) is not None  # int64's largest

@@ -92,7 +92,7 @@ test-latest:
 	$(PYTHON) -m venv $(LATEST)
 	@# torch is held at the CPU 2.13.0 (an eager upgrade would take the newest, with CUDA wheels)
 	echo "torch==2.13.0" > $(LATEST)/hold.txt
-	$(LATEST)/bin/python -m pip install -c $(LATEST)/hold.txt --upgrade setuptools wheel torch
+	$(LATEST)/bin/python -m pip install -c $(LATEST)/hold.txt --upgrade setuptools wheel torch uv
 	$(LATEST)/bin/python -m pip install -c $(LATEST)/hold.txt --upgrade --upgrade-strategy eager \
 		-e ".[dev]" $(EDITABLE)
 	$(LATEST)/bin/python tools/lock.py diff $(LOCK)

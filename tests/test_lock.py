@@ -24,8 +24,9 @@ def test_every_package_equishard_dev_installs_is_pinned():
     missing = sorted(lock.closure() - set(pins))
     assert not missing, f"not pinned in constraints.txt: {missing}"
     assert pins["torch"] == "2.13.0"  # the CPU build the brief keeps
-    # the build backend is pinned too: installs run without build isolation
-    assert {"setuptools", "wheel"} <= set(pins)
+    # the build backend is pinned too (pip's installs build without isolation, uv's builds are
+    # constrained by the lock), and so is the installer itself (tools/install.py)
+    assert {"setuptools", "wheel", "uv"} <= set(pins)
 
 
 def test_the_closure_follows_extras_and_markers():

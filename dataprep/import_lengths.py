@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -246,10 +247,7 @@ def _list_entries(path: Path) -> Iterator[tuple[None, list]]:
                 # prefix parses as whole values only when the cut is between two of them)
                 cut = buf.rfind("},", pos)
                 if cut > pos:
-                    try:
-                        values = json.loads(f"[{buf[pos : cut + 1]}]")
-                    except (json.JSONDecodeError, RecursionError):
-                        values = None
+                    values = _window_values(buf[pos : cut + 1])
                     if values is not None:
                         yield None, values
                         pos = cut + 2
@@ -277,6 +275,37 @@ def _list_entries(path: Path) -> Iterator[tuple[None, list]]:
                     raise broken(f"expected ',' or ']', found {sep or 'the end'!r}")
         if skip():
             raise broken("there is more after the list's end")
+
+
+class _Fast(list):
+    """A window's values as orjson decoded them, with the window's text: orjson turns an
+    integer past 64 bits into a float where ``json`` keeps it exact, so a batch that is not
+    all plain integers is decoded again by ``json`` (:meth:`exact`) before its entries are
+    explained."""
+
+    def __init__(self, values: list, text: str) -> None:
+        super().__init__(values)
+        self.text = text
+
+    def exact(self) -> list:
+        try:
+            return json.loads(f"[{self.text}]")
+        except RecursionError:  # deeper than json goes (orjson takes 1024 levels)
+            return list(self)
+
+
+def _window_values(text: str) -> list | None:
+    """The values of ``text`` (a run of a JSON list's values, commas between them), or None
+    where it is not that: orjson first (about 1.6x json's speed), ``json`` where orjson refuses
+    (NaN, a lone surrogate: JSON that Python's json takes)."""
+    try:
+        return _Fast(orjson.loads(f"[{text}]"), text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(f"[{text}]")
+    except (json.JSONDecodeError, RecursionError):
+        return None
 
 
 def _short(exc: BaseException) -> str:
@@ -425,6 +454,8 @@ class _Sink:
             self.result.n_in += n
             index = np.arange(start, start + n, dtype=np.int64)
             cols = _int_columns(values)
+            if cols is None and isinstance(values, _Fast):
+                values = values.exact()
             if cols is not None:  # the batch's columns checked at once, the bad rows explained
                 ok = _plausible(*cols, self.cfg)
                 why = {int(k): _why_not(values[k], self.cfg) for k in np.flatnonzero(~ok)}

@@ -119,6 +119,10 @@ def test_a_streamed_file_gives_what_json_loads_gives(tmp_path, monkeypatch, form
     entries[9] = "not an object"
     entries[20] = {"vit_num": 1, "token_num": 700, "image_flags": 1, "pad": "x" * 50}
     entries[31] = [1, 2, {"deep": [3, 4]}]
+    # orjson makes this integer a float (json keeps it exact: its row names the exact value),
+    # and refuses NaN (json takes it): either way the window is decoded again by json
+    entries[40] = {"vit_num": 2**70 + 1, "token_num": 700, "image_flags": 0}
+    entries[50] = {"vit_num": float("nan"), "token_num": 700, "image_flags": 0}
     if form == "jsonl":
         text = "\n".join(json.dumps(e) for e in entries) + "\n"
     else:
@@ -132,14 +136,15 @@ def test_a_streamed_file_gives_what_json_loads_gives(tmp_path, monkeypatch, form
     monkeypatch.setattr(il, "_BATCH", 5)
     got = import_lengths(cfg("got.parquet"))
     assert (got.n_in, got.n_written, got.n_rejected) == (ref.n_in, ref.n_written, ref.n_rejected)
-    assert (got.n_in, got.n_rejected) == (57, 3)
+    assert (got.n_in, got.n_rejected) == (57, 5)
     for name in ("ref.parquet", "got.parquet"):
-        _check_table(tmp_path / name, 54)
+        _check_table(tmp_path / name, 52)
     assert pq.read_table(tmp_path / "got.parquet").equals(pq.read_table(tmp_path / "ref.parquet"))
     errs = [
         pq.read_table(errors_path(tmp_path / n)).to_pylist() for n in ("ref.parquet", "got.parquet")
     ]
     assert [e["detail"] for e in errs[1]] == [e["detail"] for e in errs[0]]
+    assert any(str(2**70 + 1) in e["detail"] for e in errs[1])  # exact, not 1.1805916e+21
 
 
 @pytest.mark.parametrize(
@@ -242,3 +247,37 @@ def test_a_batch_with_one_value_of_another_type_is_checked_entry_by_entry():
                   {**good, "token_num": 2**63}):  # fmt: skip
         assert _int_columns([good, other]) is None, other
     assert _int_columns([{**good, "token_num": 2**63 - 1}]) is not None  # int64's largest
+
+
+def test_integers_past_64_bits_keep_their_exact_value_in_a_streamed_window(tmp_path, monkeypatch):
+    """A streamed window is decoded by orjson, which turns an integer past 64 bits into a
+    float; such a window is decoded again by json, so the entry's row names the exact integer
+    (the same row the whole-file path writes). Bug caught: the float's rounded value printed
+    ("got 1.1805916207174113e+21"), or the entry refused as a float, not as too many tiles."""
+    import dataprep.import_lengths as il
+
+    big = 2**70 + 1
+    entries = [
+        {"vit_num": big if k % 3 == 0 else 1, "token_num": 700 + k, "image_flags": 0}
+        for k in range(30)
+    ]
+    src = tmp_path / "big.json"
+    src.write_text(json.dumps(entries))
+    cfg = lambda out: ImportLengthsConfig(inputs=(str(src),), output=str(tmp_path / out))  # noqa: E731
+    import_lengths(cfg("ref.parquet"))  # the whole file by json
+    decoded = []
+    real = il._window_values
+    monkeypatch.setattr(
+        il, "_window_values", lambda text: decoded.append(real(text)) or decoded[-1]
+    )
+    monkeypatch.setattr(il, "_STREAM_BYTES", 0)
+    monkeypatch.setattr(il, "_WINDOW", 4096)
+    got = import_lengths(cfg("got.parquet"))
+    assert got.n_rejected == 10
+    assert any(
+        isinstance(v, il._Fast) and any(isinstance(e["vit_num"], float) for e in v) for v in decoded
+    )  # fmt: skip  (orjson's float reached the check)
+    want, have = (pq.read_table(errors_path(tmp_path / n)).to_pylist()
+                  for n in ("ref.parquet", "got.parquet"))  # fmt: skip
+    assert [e["detail"] for e in have] == [e["detail"] for e in want]
+    assert all(f"vit_num {big} is above the plausible" in e["detail"] for e in have)

@@ -179,6 +179,7 @@ def _run_once(
         for p in procs:
             p.start()
         results, errors = {}, {}
+        hung: set[int] = set()  # past the deadline: stuck, never joined, killed at once
         deadline = time.monotonic() + timeout
         grace = min(GRACE_S, timeout)
         try:
@@ -187,10 +188,16 @@ def _run_once(
                     for r in pending:
                         if procs[r].is_alive():
                             os.kill(procs[r].pid, signal.SIGUSR1)
-                    time.sleep(2)
+                    until = time.monotonic() + 2  # their stacks written (at most 2 s)
+                    while time.monotonic() < until and not all(
+                        stacks[r].exists() and stacks[r].stat().st_size for r in pending
+                    ):
+                        time.sleep(0.05)
+                    time.sleep(0.1)  # the dump's last lines
                     what = "still running after another's error" if errors else "timed out"
                     for r in pending:
                         errors[r] = f"{what} after {timeout:.0f} s; its stack:\n{_stack(stacks[r])}"
+                    hung.update(pending)
                     break
                 # a rank that had ended before this wait and sends nothing in it never will
                 # (its result, if any, was in the pipe before it could exit)
@@ -212,8 +219,8 @@ def _run_once(
                     deadline = min(deadline, time.monotonic() + grace)
         finally:
             for r, p in enumerate(procs):
-                if r in results or r in errors:  # it has answered: let it end its group
-                    p.join(timeout=5)
+                if (r in results or r in errors) and r not in hung:  # it answered: let it
+                    p.join(timeout=5)  # end its group (a hung rank would only use up the 5 s)
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=5)

@@ -50,9 +50,9 @@ def test_pip_settings_of_the_ci_machine_become_uv_options():
             "global.index-url='https://mirror/simple'",
             ["--extra-index-url", "https://mirror/simple", "--index-url", "https://mirror/simple"],
         ),
-        ("user.no-index='true'", ["--no-index"]),
-        ("user.no-index='false'", ["--extra-index-url", "https://pypi.org/simple"]),
-        ("site.timeout='60'", ["--extra-index-url", "https://pypi.org/simple"]),
+        ("global.no-index='true'", ["--no-index"]),
+        ("global.no-index='false'", ["--extra-index-url", "https://pypi.org/simple"]),
+        ("global.timeout='60'", ["--extra-index-url", "https://pypi.org/simple"]),
     ],
 )
 def test_each_setting_uv_takes(line, want):
@@ -76,7 +76,7 @@ def test_builds_are_isolated_with_the_locks_setuptools():
 
 
 @pytest.mark.parametrize(
-    "line", ["global.trusted-host='mirror'", "global.proxy='http://p:3128'", "user.pre='1'"]
+    "line", ["global.trusted-host='mirror'", "global.proxy='http://p:3128'", "install.pre='1'"]
 )
 def test_a_setting_uv_cannot_take_leaves_the_install_to_pip(line, monkeypatch, tmp_path):
     reason = install.uv_options(install.pip_settings(LISTING + line))
@@ -129,3 +129,20 @@ def test_without_the_environments_own_uv_pip_installs(monkeypatch, tmp_path):
     calls = _patched(monkeypatch, tmp_path, LISTING, uv_rc=0, uv=False)
     assert install.main(["-e", "."]) == 0
     assert [c[1:4] for c in calls] == [["-m", "pip", "install"]]
+
+
+def test_a_key_takes_its_highest_sections_value_as_pip_does():
+    """pip reads a key from ``[global]``, then ``[install]``, then its ``PIP_*`` variable, each
+    over the one before; another command's section does not apply. Bug caught: every section's
+    value passed to uv (an index pip would not use, two ``--index-url``)."""
+    listing = """global.index-url='https://a/simple'
+:env:.index-url='https://c/simple'
+install.index-url='https://b/simple'
+install.find-links='/w'
+global.find-links='/v'
+freeze.exclude='x'
+"""
+    assert install.pip_settings(listing) == [
+        ("index-url", "https://c/simple"),
+        ("find-links", "/w"),
+    ]

@@ -31,29 +31,38 @@ PASSIVE = {"default-timeout", "timeout", "disable-pip-version-check", "progress-
            "no-cache-dir", "cache-dir", "quiet", "verbose", "root-user-action"}  # fmt: skip
 
 
+# the sections of pip's configuration that apply to an install, lowest precedence first: a
+# key's value is its highest section's (another command's section, [freeze], applies to none)
+SECTIONS = ("global", "install", ":env:")
+
+
 def pip_settings(listing: str) -> list[tuple[str, str]]:
-    """``pip config list``'s lines (``scope.key='value'``) as (key, value) pairs, in order."""
-    out = []
+    """``pip config list``'s lines (``section.key='value'``, ``:env:`` for a ``PIP_*``
+    variable) as the (key, value) pairs an install uses: each key once, with the value of its
+    highest-precedence section (a variable over ``[install]`` over ``[global]``), in the order
+    keys first appear."""
+    found: dict[str, tuple[int, str]] = {}
     for line in listing.splitlines():
         name, sep, value = line.partition("=")
         if not sep or "." not in name:
             continue
-        key = name.split(".", 1)[1].strip()
-        out.append((key, value.strip().strip("'\"")))
-    return out
+        section, key = (x.strip() for x in name.rsplit(".", 1))
+        if section not in SECTIONS:
+            continue
+        rank = SECTIONS.index(section)
+        if key not in found or rank >= found[key][0]:
+            found[key] = (rank, value.strip().strip("'\""))
+    return [(key, value) for key, (_, value) in found.items()]
 
 
 def uv_options(settings: list[tuple[str, str]]) -> tuple[list[str], dict[str, str]] | str:
     """uv's options and environment for pip's settings, or why uv cannot stand in for pip."""
     args: list[str] = []
     env: dict[str, str] = {}
-    seen = set()
     for key, value in settings:
         if key in OPTIONS:
             for item in value.split():
-                if (key, item) not in seen:
-                    seen.add((key, item))
-                    args += [OPTIONS[key], item]
+                args += [OPTIONS[key], item]
         elif key == "cert":
             env["SSL_CERT_FILE"] = value
         elif key == "no-index":

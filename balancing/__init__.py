@@ -2,6 +2,7 @@
 
 from balancing.auto_params import auto_isf_params
 from balancing.cost_model import CostModel, PhaseCost, sample_costs
+from balancing.first_call import prewarm
 from balancing.isf import Groups, ISFParams, isf_group
 from balancing.metrics import dist_ratio, efficiency, pad_ratio, step_dist_ratios
 from balancing.nodewise import NodewiseResult, locality_balance, nodewise_permutation, volume_matrix
@@ -40,6 +41,7 @@ __all__ = [
     "pad_ratio",
     "pipeline_times",
     "post_balance",
+    "prewarm",
     "sample_costs",
     "step_dist_ratios",
     "volume_matrix",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing import first_call
+from balancing import first_call, twins
 from balancing._kernels.partition import _nb_argsort_desc
 from balancing._kernels.placement import _nb_greedy_node_assign, _nb_local_first
 from balancing._kernels.refine import _nb_refine
@@ -168,7 +168,7 @@ def nodewise_permutation(
             node_of = np.empty(d, dtype=np.int64)
             _nb_greedy_node_assign(benefit, per_node, node_of)
         else:  # its exact twin while the kernels compile
-            node_of = first_call.greedy_node_assign(benefit, per_node)
+            node_of = twins.greedy_node_assign(benefit, per_node)
         method = "greedy"
     rank_of = np.empty(d, dtype=np.int64)
     for n in range(nodes):
@@ -217,7 +217,7 @@ def locality_balance(
     mean = x.sum() / d
     target = mean * (1.0 + tolerance)
     py = not first_call.kernels_ready()  # exact twins while the kernels compile
-    order = first_call.argsort_desc(x) if py else _nb_argsort_desc(x)
+    order = twins.argsort_desc(x) if py else _nb_argsort_desc(x)
     dest, loads = _local(x, order, src, d, per_node, target, target, py)
     if not x.size or loads.max() <= mean * (1.0 + max_loss):
         return PostBalance(dest=dest, loads=loads, method=LOCALITY)
@@ -238,8 +238,8 @@ def _local(x, order, src, d: int, per_node: int, keep: float, target: float, py:
     """Ranks keep their items up to ``keep``, the overflow goes inside the node first, then
     the refinement lowers the heaviest toward ``target``: (dest, loads)."""
     if py:
-        dest = first_call.local_first(x, order, src, d, per_node, keep)
-        return dest, first_call.refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
+        dest = twins.local_first(x, order, src, d, per_node, keep)
+        return dest, twins.refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)
     dest = np.empty(x.size, dtype=np.int64)
     _nb_local_first(x, order, src, d, per_node, keep, dest)
     return dest, _nb_refine(x, order, dest, d, target, 4 * d, 0.0, x, 0, True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from balancing import first_call
+from balancing import first_call, twins
 from balancing._kernels.partition import (
     _nb_argsort_desc,
     _nb_karmarkar_karp,
@@ -181,7 +181,7 @@ def _refined(s: _Step, dest: np.ndarray, chosen: str) -> PostBalance:
     if loads.max() > target:
         steps = s.max_swaps if s.max_swaps is not None else 4 * s.d
         moves = chosen != "kk_equal"  # equal counts stay equal: swaps only
-        refine = first_call.refine if s.py else _nb_refine
+        refine = twins.refine if s.py else _nb_refine
         loads = refine(
             s.x, s.order, dest, s.d, target, steps, s.cap, s.mem, s.max_count or 0, moves
         )
@@ -192,7 +192,7 @@ def _lpt(s: _Step) -> PostBalance:
     dest = np.zeros(s.x.size, dtype=np.int64)
     if s.max_count is None and s.cap == 0:
         if s.py:
-            dest[:] = first_call.lpt(s.x, s.order, s.d)
+            dest[:] = twins.lpt(s.x, s.order, s.d)
         else:
             _nb_lpt(s.x, s.order, s.d, dest)
     else:
@@ -213,7 +213,7 @@ def _karmarkar_karp(s: _Step, equal: bool) -> PostBalance:
     dest = np.zeros(s.x.size, dtype=np.int64)
     n, d = s.x.size, s.d
     if s.py and (equal or n * d <= 100_000):  # the twin's unequal KK is O(n d)
-        dest[:] = first_call.karmarkar_karp(s.x, s.order, d, equal)
+        dest[:] = twins.karmarkar_karp(s.x, s.order, d, equal)
     else:
         _nb_karmarkar_karp(s.x, s.order, d, equal, dest)
     return _refined(s, dest, chosen)
@@ -267,12 +267,12 @@ def _auto(s: _Step) -> PostBalance:
         return first
     dest = np.zeros(n, dtype=np.int64)  # equal-count KK, then refined with moves too
     if s.py:
-        dest[:] = first_call.karmarkar_karp(x, s.order, d, True)
+        dest[:] = twins.karmarkar_karp(x, s.order, d, True)
     else:
         _nb_karmarkar_karp(x, s.order, d, True, dest)
     steps = s.max_swaps if s.max_swaps is not None else 4 * d
     target = x.sum() / d * (1.0 + s.tolerance)
-    refine = first_call.refine if s.py else _nb_refine
+    refine = twins.refine if s.py else _nb_refine
     loads = refine(x, s.order, dest, d, target, steps, 0.0, x, 0, True)
     best = first
     if loads.max() < best.loads.max():
@@ -345,7 +345,7 @@ def post_balance(
     if max_count is not None and max_count * d < n:
         raise ValueError(f"{n} items cannot fit {d} batches of at most {max_count}")
     py = not first_call.kernels_ready()  # exact twins while the kernels compile
-    order = first_call.argsort_desc(x) if py else _nb_argsort_desc(x)
+    order = twins.argsort_desc(x) if py else _nb_argsort_desc(x)
     if n == 0:
         return PostBalance(dest=np.zeros(0, dtype=np.int64), loads=np.zeros(d), method=method)
     step = _Step(

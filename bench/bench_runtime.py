@@ -9,13 +9,8 @@ its median time, and ``locality_balance`` against ``post_balance`` at B >= 4 (ta
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -26,13 +21,7 @@ from bench._internvl import load_lengths
 GRID_D = (8, 64, 512, 2560)
 GRID_B = (1, 4, 16)
 PER_NODE = 8
-KK_MAX_ITEMS = 2048
-ENTRY_POINTS = (
-    "post_balance",
-    "locality_balance",
-    "nodewise_permutation",
-    "hf_plan_phase",
-)  # unequal KK takes seconds beyond this (d-wide merges per item)
+KK_MAX_ITEMS = 2048  # unequal KK takes seconds beyond this (d-wide merges per item)
 
 
 def _modeled(n: np.ndarray) -> np.ndarray:
@@ -92,23 +81,7 @@ def _cell(llm: np.ndarray, cost: str, d: int, b: int, rng) -> dict:
     return row
 
 
-def _first_calls() -> list[dict]:
-    """Each entry point's first call in a fresh process with an empty numba cache."""
-    rows = []
-    root = Path(__file__).resolve().parent.parent
-    for d, b in ((64, 4), (2560, 16)):
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "NUMBA_CACHE_DIR": cache, "PYTHONPATH": str(root)}
-            out = subprocess.run(
-                [sys.executable, str(root / "bench" / "_first_call_probe.py"), str(d), str(b)],
-                env=env, capture_output=True, text=True, check=True, timeout=1200,
-            )  # fmt: skip
-        rows.append({"d": d, "B": b, **json.loads(out.stdout.strip().splitlines()[-1])})
-    return rows
-
-
 def run() -> dict:
-    first = _first_calls()
     _, llm = load_lengths()
     post_balance(np.arange(1.0, 40.0), 4)  # compile outside the timings
     rng = np.random.default_rng(0)
@@ -156,38 +129,12 @@ def run() -> dict:
         "rank) and, at d = 2560, costs Alg. 3 over a d x d volume matrix (`its time`).",
         "",
     ]
-    lines += [
-        "### First call in a fresh process, empty numba cache",
-        "",
-        "| d x B | import | post_balance | locality_balance | nodewise_permutation | HF wrapper plan | "
-        "then kernels ready after | steady post_balance | target |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in first:
-        calls = [r[f"{k}_s"] for k in ENTRY_POINTS]
-        met = "met" if max(calls) <= 1.0 else "**not met**"
-        lines.append(
-            f"| {r['d']} x {r['B']} | {r['import_s']:.2f} s | "
-            + " | ".join(f"{c:.3f} s" for c in calls)
-            + f" | {r['compile_s']:.1f} s | {r['steady_post_balance_s'] * 1000:.2f} ms | {met} |"
-        )
-    lines += [
-        "",
-        "Target: every entry point's first call <= 1 s (issue 41). Until the kernels are compiled "
-        "(in a child process started once the first call returned, then loaded from numba's "
-        "cache; `balancing.first_call`) the entry points run exact pure-Python twins of them, so "
-        "the plan is the same to the bit on every rank, whichever path it took; `kernels ready "
-        "after` is how much longer the compile took after the four first calls. The later first "
-        "calls share the 2 cores with that compile. `import` includes torch "
-        "(`trainer_adapter`). The nodewise first call includes importing scipy.",
-        "",
-    ]
     for line in lines:
         print(line)
     return {
         "title": "Runtime balancing grid",
         "markdown": "\n".join(lines),
-        "raw": json.loads(json.dumps({"grid": rows, "first_call": first}, default=float)),
+        "raw": json.loads(json.dumps({"grid": rows}, default=float)),
     }
 
 

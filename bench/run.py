@@ -31,6 +31,7 @@ BENCHMARKS = {
     "nightly": "bench.bench_nightly",
     "hf": "bench.bench_hf",
     "runtime": "bench.bench_runtime",
+    "firstcall": "bench.bench_first_call",
     "scaleout": "bench.bench_scaleout",
     "media": "bench.bench_media",
     "phases": "bench.bench_phases",

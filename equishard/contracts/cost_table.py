@@ -4,6 +4,7 @@ errors table lives."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 from pathlib import Path
@@ -333,13 +334,16 @@ def _refuse(table: pa.Table, path: str | Path, rules: list[tuple[str, pa.Array]]
             )
 
 
-_MODALITIES = pa.array(["text", "image", "multi-image"])
+@functools.cache
+def _modalities() -> pa.Array:
+    # built on first use: pyarrow imports pandas to build any array (0.13 s of `import balancing`)
+    return pa.array(["text", "image", "multi-image"])
 
 
 def _modality(num_images: pa.ChunkedArray) -> pa.Array:
     n = np.asarray(num_images.to_numpy(zero_copy_only=False))
     # taken by index in arrow: a numpy array of strings cost a tenth of import-lengths' time
-    return _MODALITIES.take(pa.array(np.where(n == 0, 0, np.where(n == 1, 1, 2))))
+    return _modalities().take(pa.array(np.where(n == 0, 0, np.where(n == 1, 1, 2))))
 
 
 def conform_cost_table(

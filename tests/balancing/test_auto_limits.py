@@ -14,7 +14,7 @@ import importlib
 import numpy as np
 import pytest
 
-from balancing import first_call
+from balancing import twins
 from balancing.post_balance import AUTO_KK_WORK, AUTO_SECOND_OPINION, post_balance
 
 # the documented limits, written here apart from the module's constants (a changed constant
@@ -34,7 +34,7 @@ pb = importlib.import_module("balancing.post_balance")
 def kk_calls(monkeypatch) -> list[bool]:
     """The ``equal`` flag of every Karmarkar-Karp run, kernel or twin."""
     calls: list[bool] = []
-    kernel, twin = pb._nb_karmarkar_karp, first_call.karmarkar_karp
+    kernel, twin = pb._nb_karmarkar_karp, twins.karmarkar_karp
 
     def spy_kernel(x, order, d, equal, dest):
         calls.append(bool(equal))
@@ -45,7 +45,7 @@ def kk_calls(monkeypatch) -> list[bool]:
         return twin(x, order, d, equal)
 
     monkeypatch.setattr(pb, "_nb_karmarkar_karp", spy_kernel)
-    monkeypatch.setattr(first_call, "karmarkar_karp", spy_twin)
+    monkeypatch.setattr(twins, "karmarkar_karp", spy_twin)
     return calls
 
 

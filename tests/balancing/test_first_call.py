@@ -13,6 +13,7 @@ import pytest
 
 from balancing import _kernels as K
 from balancing import first_call as F
+from balancing import twins as T
 from balancing.nodewise import locality_balance, nodewise_permutation
 from balancing.post_balance import post_balance
 
@@ -40,7 +41,7 @@ def test_refine_twin_takes_the_kernels_steps(seed):
     target = x.sum() / d * (1.0 + [0.0, 1e-3, 0.05][seed % 3])
     moves = seed % 4 != 1
     got, want = bins.copy(), bins.copy()
-    loads = F.refine(x, order, got, d, target, 4 * d, cap, mem, max_count, moves)
+    loads = T.refine(x, order, got, d, target, 4 * d, cap, mem, max_count, moves)
     ref = K._nb_refine(x, order, want, d, target, 4 * d, cap, mem, max_count, moves)
     assert got.tolist() == want.tolist() and loads.tolist() == ref.tolist()
 
@@ -49,13 +50,13 @@ def test_refine_twin_takes_the_kernels_steps(seed):
 def test_partition_twins_equal_their_kernels(seed):
     rng, d, n, x = _case(seed)
     order = K._nb_argsort_desc(x)
-    assert F.argsort_desc(x).tolist() == order.tolist()
+    assert T.argsort_desc(x).tolist() == order.tolist()
     out = np.zeros(n, dtype=np.int64)
     K._nb_lpt(x, order, d, out)
-    assert F.lpt(x, order, d).tolist() == out.tolist()
+    assert T.lpt(x, order, d).tolist() == out.tolist()
     for equal in (True, False):
         K._nb_karmarkar_karp(x, order, d, equal, out)
-        assert F.karmarkar_karp(x, order, d, equal).tolist() == out.tolist()
+        assert T.karmarkar_karp(x, order, d, equal).tolist() == out.tolist()
     per = max(1, d // int(rng.integers(1, 5)))
     dd = per * max(1, d // per)
     src = rng.integers(0, dd, n)
@@ -63,7 +64,7 @@ def test_partition_twins_equal_their_kernels(seed):
     # it, where "stays under the target" (<=) and "below it" (<) part ways
     for target in (x.sum() / dd * 1.0001, float(np.round(x.sum() / dd)), float(np.median(x))):
         K._nb_local_first(x, order, src, dd, per, target, out)
-        assert F.local_first(x, order, src, dd, per, target).tolist() == out.tolist()
+        assert T.local_first(x, order, src, dd, per, target).tolist() == out.tolist()
     nodes = max(1, dd // per)
     benefit = rng.integers(0, 6, (nodes * per, nodes)).astype(np.float64)  # many ties
     # and mostly zeros, as when each batch holds items of a few nodes (the twin walks them apart)
@@ -71,7 +72,7 @@ def test_partition_twins_equal_their_kernels(seed):
     for b in (benefit, sparse, np.zeros_like(benefit)):
         node_of = np.empty(nodes * per, dtype=np.int64)
         K._nb_greedy_node_assign(b, per, node_of)
-        assert F.greedy_node_assign(b, per).tolist() == node_of.tolist()
+        assert T.greedy_node_assign(b, per).tolist() == node_of.tolist()
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -16,7 +16,7 @@ import threading
 import numpy as np
 import pytest
 
-from balancing import first_call
+from balancing import first_call, twins
 from balancing.post_balance import post_balance
 
 pb = importlib.import_module("balancing.post_balance")
@@ -74,7 +74,7 @@ def test_auto_keeps_lpt_within_a_nonzero_tolerance_without_a_second_opinion(monk
     within it, so no KK runs (not only when LPT is exact; a mean floored to 20 would not be)."""
     calls = []
     monkeypatch.setattr(pb, "_nb_karmarkar_karp", lambda *a: calls.append(a))
-    monkeypatch.setattr(first_call, "karmarkar_karp", lambda *a: calls.append(a))
+    monkeypatch.setattr(twins, "karmarkar_karp", lambda *a: calls.append(a))
     x = np.array([10.0, 10.0, 10.0, 11.0])  # LPT: 11 + 10 = 21 | 20; mean 20.5: 2.4 % above
     r = post_balance(x, 2, method="auto", tolerance=0.03)
     assert r.method == "lpt" and r.loads.max() == 21.0 and calls == []

@@ -35,6 +35,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from balancing.first_call import prewarm
 from equishard.common.values import check_flag
 from trainer_adapter.exchange import collective_device
 from trainer_adapter.hf.audio import balance_audio
@@ -167,6 +168,7 @@ def balance_model(
             "packed decoder row, not encoder and decoder sequences together; balance the "
             "vision tower only (balance_model(..., llm=False))"
         )
+    prewarm()  # the runtime kernels load (or start compiling) while the job sets up
     policy = policy or RedistributePolicy()
     for module in (tower, second, audio, decoder):
         if module is not None:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from balancing import CostModel
+from balancing.first_call import prewarm
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from shards.read.collate import normalize_patches
 from trainer_adapter.encoder_phases import audio_phase
@@ -112,6 +113,7 @@ class Trainer(PipelineSetup):
                 f"target_share must be in (0, 1] (the share of LLM tokens with a next-token "
                 f"target), got {target_share}"
             )
+        prewarm()  # the runtime kernels load (or start compiling) while the trainer builds
         self.cfg, self.mb_tokens = cfg, mb_tokens
         # the pipeline partition times the LM head and loss over this share of a row's tokens:
         # training runs them at the target positions only (image tokens and prompts have none)

@@ -133,7 +133,8 @@ _IN_PROCESS = threading.Event()  # the background thread compiles or loads in th
 def _compile_in_children() -> None:
     """Compile each group of kernels in a child process of its own, all at once (numba writes
     its cache; each group compiles on its own core where there are cores: the longest group,
-    ``post_balance``'s, sets the time instead of the sum)."""
+    ``post_balance``'s, sets the time instead of the sum). Meanwhile this process imports the
+    solver ``nodewise_permutation`` calls (0.5 s on 2 cores: its first call would pay it)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     children = []
     for group in range(GROUPS):
@@ -147,6 +148,7 @@ def _compile_in_children() -> None:
                     stderr=subprocess.DEVNULL,
                 )
             )
+    _import_solver()
     for child in children:
         try:
             child.wait(timeout=900)
@@ -253,18 +255,22 @@ def prewarm() -> None:
         atexit.register(prewarm_done, 600)  # no interpreter teardown under a kernel load
 
 
+def _import_solver() -> None:
+    """Import scipy's assignment solver (``nodewise_permutation``'s), a fork waiting for it."""
+    with _LOADING, contextlib.suppress(ImportError):
+        import scipy.optimize  # noqa: F401
+
+
 def _prewarm(mode: str) -> None:
-    with _LOADING:
-        with contextlib.suppress(ImportError):
-            import scipy.optimize  # noqa: F401  (nodewise_permutation's assignment solver)
-        if mode == "python" or _READY.is_set() or _FORKED_MID_COMPILE:
-            return
-        if _cached():
-            warm_up()
-            return
-    if mode == "auto":
+    fresh = not _READY.is_set() and not _FORKED_MID_COMPILE
+    if mode == "auto" and fresh and not _cached():
         _FIRST_DONE.set()  # no first call to wait for: the job is setting up
-        start_warming()
+        start_warming()  # its thread imports the solver while the children compile
+        return
+    _import_solver()
+    with _LOADING:
+        if mode != "python" and fresh and _cached():
+            warm_up()
 
 
 def prewarm_done(timeout: float | None = None) -> bool:

@@ -156,6 +156,30 @@ def test_every_public_name_resolves_to_its_module(pkg):
         assert getattr(mod, name) is getattr(importlib.import_module(where), name), name
 
 
+def test_balancing_names_resolve_and_the_runtime_balancer_loads_no_planner():
+    """``balancing`` imports its runtime balancer now and every other name on first use: each
+    name of ``__all__`` is the object of its module (``post_balance`` the function, even after
+    its submodule of the same name was imported again), and a training process that takes the
+    runtime names loads neither the offline planner nor pyarrow (0.09 s of its first plan)."""
+    code = (
+        "import sys, importlib, balancing\n"
+        "from balancing import post_balance, nodewise_permutation, locality_balance, prewarm\n"
+        "heavy = ['balancing.plan', 'balancing.cost_model', 'equishard.contracts.cost_table', "
+        "'pyarrow', 'pandas', 'scipy.optimize']\n"
+        "print([m for m in heavy if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+    import balancing
+
+    eager = set(balancing.__all__) - set(balancing._LAZY)
+    assert eager == {"METHODS", "MemoryCapError", "PostBalance", "batch_loads", "post_balance"}
+    for name in balancing.__all__:
+        where = balancing._LAZY.get(name, "balancing.post_balance")
+        assert getattr(balancing, name) is getattr(importlib.import_module(where), name), name
+    assert callable(balancing.post_balance) and balancing.post_balance.__name__ == "post_balance"
+
+
 def test_the_loader_imports_neither_the_writer_nor_the_prep_pipeline():
     """A training process that streams shards: importing the loader must not load the writer,
     the prep pipeline, numba or pyarrow's dataset layer (it took 0.7 s before the first sample)."""

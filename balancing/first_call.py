@@ -3,13 +3,14 @@
 With an empty numba cache (a fresh container, a read-only site-packages) the runtime kernels take
 many seconds to compile, and every rank of a training job would wait that long at its first step.
 So the first call starts compiling them in the background (:func:`start_warming`: child
-processes, one per group of kernels, compile into numba's cache once the first call has
-returned, then a thread loads them; :func:`prewarm` starts the same at a job's set-up, or loads
-cached kernels there; :func:`warm_up` at start-up, blocking) and, until they are ready, runs the
-exact pure-Python twins of :mod:`balancing.twins`: the same plan to the bit (the runtime plan
-must be the same on every rank, whichever path a rank took). Once the kernels are ready every
-call uses them. ``EQUISHARD_FIRST_CALL=kernels`` always runs the kernels (compiling in the
-caller); ``python`` always runs the twins.
+processes, one per group of kernels and one set per machine, compile into numba's cache once
+the first call has returned, then a thread loads them: :mod:`balancing.kernel_build`;
+:func:`prewarm` starts the same at a job's set-up, or loads cached kernels there;
+:func:`warm_up` at start-up, blocking) and, until they are ready, runs the exact pure-Python
+twins of :mod:`balancing.twins`: the same plan to the bit (the runtime plan must be the same on
+every rank, whichever path a rank took). Once the kernels are ready every call uses them.
+``EQUISHARD_FIRST_CALL=kernels`` always runs the kernels (compiling in the caller); ``python``
+always runs the twins.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ import atexit
 import contextlib
 import functools
 import os
-import subprocess
-import sys
 import threading
 
-import numpy as np
+from balancing import kernel_build
 
 __all__ = [
     "entry_point",
@@ -36,65 +35,6 @@ __all__ = [
 _READY = threading.Event()
 _STARTED = threading.Lock()
 _thread: threading.Thread | None = None
-
-
-def _kernel_group(group: int) -> None:
-    """Call one group of runtime kernels once on tiny inputs of the types the entry points pass
-    (a cache load when numba has them cached, else a compile). Group 0 is what ``post_balance``
-    runs at every size (the first plan of a step), 1 what it adds (capped LPT, Karmarkar-Karp),
-    2 the locality and node placement kernels and the microbatch ordering."""
-    from balancing import _kernels as K
-
-    x = np.array([5.0, 3.0, 3.0, 2.0, 1.0, 1.0])
-    d = 2
-    order = K._nb_argsort_desc(x)
-    dest = np.zeros(x.size, dtype=np.int64)
-    if group == 0:
-        K._nb_lpt(x, order, d, dest)
-        K._nb_refine(x, order, dest, d, 0.0, 4, 0.0, x, 0, True)
-    elif group == 1:
-        K._nb_lpt_capped(x, order, d, 0, 0.0, x, dest)
-        K._nb_karmarkar_karp(x, order, d, True, dest)
-    else:
-        K._nb_local_first(x, order, np.zeros(x.size, dtype=np.int64), d, 1, 7.5, dest)
-        K._nb_greedy_node_assign(np.zeros((d, d)), 1, np.empty(d, dtype=np.int64))
-        # the 1F1B microbatch ordering: no twins, every rank runs its kernels (so the stages of
-        # a pipeline order alike); compiled here so a trainer's first step does not wait for it
-        from balancing.reorder import inter_microbatch_reorder
-
-        inter_microbatch_reorder(x, 2)
-
-
-GROUPS = 3
-
-
-def _compile_all() -> None:
-    """Call every runtime kernel once (each group in turn)."""
-    for group in range(GROUPS):
-        _kernel_group(group)
-
-
-def _kernels() -> tuple:
-    from balancing import _kernels as K
-
-    return (
-        K._nb_argsort_desc,
-        K._nb_lpt,
-        K._nb_lpt_capped,
-        K._nb_karmarkar_karp,
-        K._nb_refine,
-        K._nb_local_first,
-        K._nb_greedy_node_assign,
-    )
-
-
-def _cached() -> bool:
-    """Whether numba's cache holds every runtime kernel already (an index file for each):
-    then the kernels load in about a second where they are first called, as before."""
-    try:
-        return all(os.path.exists(k._cache._cache_file._index_path) for k in _kernels())
-    except (AttributeError, OSError):  # another numba's internals: take the twins' path
-        return False
 
 
 def _mode() -> str:
@@ -123,38 +63,12 @@ def entry_point(fn):
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) every runtime kernel now, in this thread."""
-    _compile_all()
+    kernel_build.compile_all()
     _READY.set()
 
 
 _IN_PROCESS = threading.Event()  # the background thread compiles or loads in this process
-
-
-def _compile_in_children() -> None:
-    """Compile each group of kernels in a child process of its own, all at once (numba writes
-    its cache; each group compiles on its own core where there are cores: the longest group,
-    ``post_balance``'s, sets the time instead of the sum). Meanwhile this process imports the
-    solver ``nodewise_permutation`` calls (0.5 s on 2 cores: its first call would pay it)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    children = []
-    for group in range(GROUPS):
-        code = f"from balancing.first_call import _kernel_group; _kernel_group({group})"
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            children.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", code],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-            )
-    _import_solver()
-    for child in children:
-        try:
-            child.wait(timeout=900)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+_COMPILED_HERE = threading.Event()  # this process started the compiling children
 
 
 def _warm_in_background() -> None:
@@ -162,9 +76,15 @@ def _warm_in_background() -> None:
     interpreter lock for seconds at a time otherwise), then load the kernels from the cache
     here. Where the children cannot help (no writable cache), compile here."""
     _FIRST_DONE.wait(timeout=30)
-    _compile_in_children()
+    with kernel_build.machine_lock():  # the ranks of a machine: one compiles, the others wait
+        if not kernel_build.cached():
+            children = kernel_build.start_children()
+            _COMPILED_HERE.set()
+            _import_solver()  # while they compile (nodewise_permutation's first call pays it)
+            kernel_build.wait_for(children)
+    _import_solver()
     _IN_PROCESS.set()
-    if _cached():
+    if kernel_build.cached():
         with _LOADING:  # a fork waits for the load (see _before_fork)
             warm_up()
         return
@@ -263,13 +183,13 @@ def _import_solver() -> None:
 
 def _prewarm(mode: str) -> None:
     fresh = not _READY.is_set() and not _FORKED_MID_COMPILE
-    if mode == "auto" and fresh and not _cached():
+    if mode == "auto" and fresh and not kernel_build.cached():
         _FIRST_DONE.set()  # no first call to wait for: the job is setting up
         start_warming()  # its thread imports the solver while the children compile
         return
     _import_solver()
     with _LOADING:
-        if mode != "python" and fresh and _cached():
+        if mode != "python" and fresh and kernel_build.cached():
             warm_up()
 
 
@@ -288,7 +208,7 @@ def kernels_ready() -> bool:
     mode = _mode()
     if _READY.is_set() or (mode == "kernels" and not _FORKED_MID_COMPILE):
         return True
-    if mode == "auto" and not _FORKED_MID_COMPILE and _thread is None and _cached():
+    if mode == "auto" and not _FORKED_MID_COMPILE and _thread is None and kernel_build.cached():
         _READY.set()  # loaded on demand from the cache, no compile to wait for
         return True
     if mode == "auto" and not _FORKED_MID_COMPILE:

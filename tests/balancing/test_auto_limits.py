@@ -1,6 +1,8 @@
-"""``auto``'s two documented limits at, below and above them: the equal-count KK second opinion
-on steps of at most ``AUTO_SECOND_OPINION`` items, the unequal KK where items x batches is at
-most ``AUTO_KK_WORK``; and neither when LPT already meets the tolerance or a cap is set.
+"""``auto``'s three documented limits at, below and above them: the equal-count KK second
+opinion on steps of at most ``AUTO_SECOND_OPINION`` items, the unequal KK where items x batches
+is at most ``AUTO_KK_WORK``, neither where LPT's heaviest batch is within ``AUTO_ENOUGH`` of the
+lower bound (checked against brute force); and neither when LPT already meets the tolerance or
+a cap is set.
 
 Which methods ran is seen by spying on the KK kernel and its twin (the plan alone cannot show
 it: a second opinion that gains nothing keeps LPT's plan). Bugs these catch: either limit off
@@ -15,15 +17,21 @@ import numpy as np
 import pytest
 
 from balancing import twins
-from balancing.post_balance import AUTO_KK_WORK, AUTO_SECOND_OPINION, post_balance
+from balancing.post_balance import (
+    AUTO_ENOUGH,
+    AUTO_KK_WORK,
+    AUTO_SECOND_OPINION,
+    lower_bound,
+    post_balance,
+)
 
 # the documented limits, written here apart from the module's constants (a changed constant
 # must fail a test, not move the test along with it)
-ITEMS, WORK = 1024, 65_536
+ITEMS, WORK, ENOUGH = 1024, 65_536, 1e-3
 
 
 def test_the_limits_are_the_documented_ones():
-    assert (AUTO_SECOND_OPINION, AUTO_KK_WORK) == (ITEMS, WORK)
+    assert (AUTO_SECOND_OPINION, AUTO_KK_WORK, AUTO_ENOUGH) == (ITEMS, WORK, ENOUGH)
 
 
 # the module (balancing re-exports a function of the same name)
@@ -63,7 +71,11 @@ def _unbalanceable(n: int, seed: int = 0) -> np.ndarray:
     [(ITEMS - 1, True), (ITEMS, True), (ITEMS + 1, False)],
 )
 def test_the_second_opinion_runs_up_to_its_item_limit(kk_calls, n, second):
-    post_balance(_unbalanceable(n), 2, method="auto")
+    x = _kk_case(n, 64)
+    order = np.argsort(-x, kind="stable")
+    lpt = post_balance(x, 64, method="lpt").loads.max()
+    assert lpt > lower_bound(x, order, 64) * (1 + 2 * ENOUGH)  # the bound does not settle it
+    post_balance(x, 64, method="auto")
     assert (True in kk_calls) is second, kk_calls
 
 
@@ -74,6 +86,67 @@ def _kk_case(n: int, d: int) -> np.ndarray:
     if int(x.sum()) % d == 0:
         x[0] += 1
     return x
+
+
+@pytest.mark.parametrize(("where", "second"), [("below", True), ("at", False), ("above", False)])
+def test_no_second_opinion_where_lpt_is_within_enough_of_the_bound(
+    kk_calls, monkeypatch, where, second
+):
+    """A bound at which LPT's heaviest batch is exactly ``bound x (1 + AUTO_ENOUGH)`` (the
+    smallest such float), one float below it and above it: below, the second opinion runs; at
+    and above, LPT's plan is kept without one (no plan can be more even by more than
+    AUTO_ENOUGH). The bound is set through the module so the cases sit at the limit."""
+    x = _kk_case(200, 8)
+    top = post_balance(x, 8, method="lpt").loads.max()
+    at = top / (1 + ENOUGH)
+    while at * (1 + ENOUGH) < top:
+        at = np.nextafter(at, np.inf)
+    while np.nextafter(at, 0.0) * (1 + ENOUGH) >= top:
+        at = np.nextafter(at, 0.0)
+    bound = {"below": np.nextafter(at, 0.0), "at": at, "above": at * (1 + 1e-9)}[where]
+    monkeypatch.setattr(pb, "lower_bound", lambda *a: bound)
+    r = post_balance(x, 8, method="auto")
+    assert (True in kk_calls) is second, (where, kk_calls)
+    if not second:
+        assert r.method == "lpt"
+
+
+def _brute_force_best(x: list[float], d: int) -> float:
+    import itertools
+
+    best = float("inf")
+    for dest in itertools.product(range(d), repeat=len(x)):
+        loads = [0.0] * d
+        for v, b in zip(x, dest, strict=True):
+            loads[b] += v
+        best = min(best, max(loads))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_lower_bound_is_never_above_the_best_plan(seed):
+    """Brute force over every assignment (up to 3^8): the most even plan's heaviest batch is
+    never below ``lower_bound``; on steps where the pigeonhole term decides (few items a batch)
+    the bound is the optimum itself."""
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(1, 4))
+    n = int(rng.integers(1, 9))
+    x = np.round(np.exp(rng.normal(3, 1.0, n))) if seed % 2 else rng.integers(1, 5, n) * 1.0
+    lb = lower_bound(x, np.argsort(-x, kind="stable"), d)
+    best = _brute_force_best(x.tolist(), d)
+    assert lb <= best * (1 + 1e-12), (x.tolist(), d, lb, best)
+
+
+def test_the_lower_bound_is_tight_where_items_are_equal_or_one_dominates():
+    order = lambda x: np.argsort(-x, kind="stable")  # noqa: E731
+    x = np.full(9, 5.0)  # 9 equal items on 4 batches: one holds 3
+    assert lower_bound(x, order(x), 4) == 15.0 == _brute_force_best(x.tolist(), 4)
+    x = np.array([100.0, 1.0, 1.0, 1.0])  # the largest item alone
+    assert lower_bound(x, order(x), 2) == 100.0
+    x = np.array([3.0, 3.0, 2.0, 2.0, 2.0])  # the mean
+    assert lower_bound(x, order(x), 2) == 6.0 == _brute_force_best(x.tolist(), 2)
+    x = np.array([6.0, 5.0, 4.0])  # the two lightest of the three heaviest share a batch
+    assert lower_bound(x, order(x), 2) == 9.0 == _brute_force_best(x.tolist(), 2)
 
 
 @pytest.mark.parametrize(

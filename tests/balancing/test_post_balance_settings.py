@@ -138,10 +138,11 @@ def test_counts_below_zero_are_refused_by_name_and_zero_is_allowed(name):
         assert post_balance(x, 2, method="lpt").loads.tolist() == [6.0, 6.0]
 
 
-@pytest.mark.parametrize("seed", [3793, 11147, 11486])
+@pytest.mark.parametrize("seed", [27280])
 def test_autos_second_opinion_refines_with_the_default_budget_too(seed):
     """``auto``'s equal-count KK is refined with the same default budget, 4 x d moves, as
-    every method (steps found by search where the budget decides which plan auto keeps)."""
+    every method (a step found by search, 1 in 60,000 draws, where the budget decides which
+    plan auto keeps: most steps LPT settles within AUTO_ENOUGH of the lower bound)."""
     rng = np.random.default_rng(seed)
     d = int(rng.integers(2, 8))
     n = int(rng.integers(d, 20 * d))

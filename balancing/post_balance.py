@@ -12,8 +12,11 @@ Methods (``method=``):
 * ``padded_attention`` — padded attention blocks, then LPT (Alg. 5);
 * ``auto`` — ``lpt``; on steps of at most ``AUTO_SECOND_OPINION`` items that it leaves above
   the tolerance and more than ``AUTO_ENOUGH`` above a bound no plan can beat (:func:`lower_bound`),
-  also ``kk_equal`` refined with moves, and where items x batches is at most ``AUTO_KK_WORK``
-  the unequal ``kk`` (refined), keeping the most even;
+  also ``kk_equal`` refined with moves, the locality start (each item kept on its own batch
+  while that stays within the tolerance of the mean, in the order given: the ranks' items one
+  after another, ``n / d`` each; the rest onto the lightest) refined with moves, and where
+  items x batches is at most ``AUTO_KK_WORK`` the unequal ``kk`` (refined), keeping the most
+  even;
 * ``best`` — ``lpt`` and ``kk_equal``, keeping the better.
 
 ``lpt``, ``kk*``, ``auto`` and ``best`` are then refined: the heaviest batch moves one item to,
@@ -43,6 +46,7 @@ from balancing._kernels.partition import (
     _nb_padded_attention,
     _nb_padded_batches,
 )
+from balancing._kernels.placement import _nb_local_first
 from balancing._kernels.refine import _nb_refine
 from balancing.checks import finite_nonnegative, rank_count, ranks_in
 from equishard.common.errors import EquishardError
@@ -275,14 +279,16 @@ def lower_bound(x: np.ndarray, order: np.ndarray, d: int) -> float:
 
 def _auto(s: _Step) -> PostBalance:
     """``lpt``; on small steps it leaves above the tolerance and above the lower bound by more
-    than ``AUTO_ENOUGH``, also ``kk_equal`` refined with moves and (where small enough) ``kk``,
-    the most even kept."""
+    than ``AUTO_ENOUGH``, also ``kk_equal`` and the items' own batches, each refined with moves,
+    and (where small enough) ``kk``, the most even kept."""
     x, d, n = s.x, s.d, s.x.size
     first = _lpt(s)
     if n > AUTO_SECOND_OPINION or s.max_count is not None or s.cap > 0:
         return first
     top = first.loads.max()
     if top <= x.sum() / d * (1.0 + s.tolerance):
+        return first
+    if top <= x[s.order[0]] * (1.0 + AUTO_ENOUGH):  # the largest item alone: no need for more
         return first
     if top <= lower_bound(x, s.order, d) * (1.0 + AUTO_ENOUGH):
         return first
@@ -298,6 +304,16 @@ def _auto(s: _Step) -> PostBalance:
     best = first
     if loads.max() < best.loads.max():
         best = PostBalance(dest=dest, loads=loads, method="kk_equal + moves")
+    if best.loads.max() > target:  # the items kept where they are up to the mean, refined
+        src = (np.arange(n, dtype=np.int64) * d) // n  # the ranks' items one after another
+        if s.py:
+            home = twins.local_first(x, s.order, src, d, d, target)
+        else:
+            home = np.empty(n, dtype=np.int64)
+            _nb_local_first(x, s.order, src, d, d, target, home)
+        loads = refine(x, s.order, home, d, target, steps, 0.0, x, 0, True)
+        if loads.max() < best.loads.max():
+            best = PostBalance(dest=home, loads=loads, method="home + moves")
     if n * d <= AUTO_KK_WORK and best.loads.max() > target:
         kk = _karmarkar_karp(s, equal=False)
         if kk.loads.max() < best.loads.max():

@@ -5,7 +5,8 @@ and the processor's prompt rules by hand.
 Bugs these catch: a side exactly at ``longest_edge`` shrunk (``>=`` for ``>``), a square image
 taking the portrait branch, a side raised to ``shortest_edge`` only below it by one, a limit
 of 1 taken as 0, fake tokens in a row not joined (or three joined into one), a space put
-before ``<`` or whitespace, an image right after another keeping its opening fake token."""
+before ``<`` or whitespace, an image right after another keeping its opening fake token, the
+space decided by the text's last character, a default that is not the processor's."""
 
 from __future__ import annotations
 
@@ -32,9 +33,15 @@ def test_the_resize_around_both_edges_equals_the_processors(shortest, longest):
     from transformers.image_utils import SizeDict
 
     size = SizeDict(shortest_edge=shortest, longest_edge=longest)
+    # beside a side at longest_edge, the other sides whose float round trip through the aspect
+    # ratio truncates (980 / (980 / 387) -> 386): there a side at the edge shrunk instead of
+    # kept (>= for >) changes the result; elsewhere it is the identity
+    between = range(shortest + 1, longest)
+    trunc = [s for s in between if int(longest / (longest / s)) != s][:2]  # landscape
+    trunc += [s for s in between if int(longest * (s / longest)) != s][:2]  # portrait
     sides = sorted(
         {1, 2, 3, *(shortest + e for e in (-1, 0, 1)), *(longest + e for e in (-1, 0, 1))}
-        | {2 * longest, 2 * longest + 1, 5 * longest + 3}
+        | {2 * longest, 2 * longest + 1, 5 * longest + 3, *trunc}
     )
     wrong = []
     for h, w in itertools.product(sides, repeat=2):
@@ -92,6 +99,30 @@ def test_the_prompt_rules_by_hand():
     # text between them: each keeps its own; the first is followed by text, so a space
     assert idefics2_image_texts(["", "and", ""], [a, b]) == [a + " ", b]
     assert idefics2_image_texts(["", " <", ""], [a, b]) == [a, b]
+
+
+def test_the_defaults_are_the_image_processors():
+    """The policy's edges and splitting default to what ``Idefics2ImageProcessor`` does when
+    built without settings (378 / 980, no splitting); the 14-pixel patches and 64 tokens an
+    image are the released checkpoints' (their configuration classes default otherwise)."""
+    proc = hf.Idefics2ImageProcessorPil()
+    p = Idefics2Policy()
+    got = (p.shortest_edge, p.longest_edge, p.split)
+    assert got == (proc.size.shortest_edge, proc.size.longest_edge, proc.do_image_splitting)
+    assert (p.patch_size, p.tokens_per_image) == (14, 64)
+
+
+def test_the_image_texts_read_the_first_character_after_and_need_one_part_more():
+    """The space after an image's closing fake token depends on the first character of the
+    text after it (the processor's ``(?=[^\\s<])``), not on the last; the text around n
+    markers is n + 1 parts, anything else is a caller's error."""
+    a = idefics2_expansion("A", 1)
+    assert idefics2_image_texts(["", "x<"], [a]) == [a + " "]
+    assert idefics2_image_texts(["", "<x"], [a]) == [a]
+    assert Idefics2Policy().prompt(FAKE + "x<") == FAKE + " x<"
+    for parts in (["x"], ["x", "y", "z"]):
+        with pytest.raises(AssertionError):
+            idefics2_image_texts(parts, [a])
 
 
 def test_the_spec_names_every_setting():

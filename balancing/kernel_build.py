@@ -11,14 +11,14 @@ cache's index files) and then load what it built: a node of 8 ranks compiles onc
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
+
+from equishard.common.file_lock import flock_within
 
 __all__ = ["GROUPS", "cached", "compile_all", "kernel_group", "machine_lock", "start_children"]
 
@@ -137,17 +137,8 @@ def machine_lock(wait_s: float = LOCK_WAIT_S):
             fd = None
     try:
         if fd is not None:
-            deadline = time.monotonic() + wait_s
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.1)
-                except OSError:
-                    break
+            with contextlib.suppress(OSError):  # no locks on this file system: go on without
+                flock_within(fd, wait_s, poll_s=0.1)  # not taken in time: go on without it
         yield
     finally:
         if fd is not None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from pathlib import Path
 
+from equishard.common.file_lock import flock_within
 from equishard.contracts.generation_names import valid_generation_name
 from shards.errors import WriteError
 from shards.store.manifest import ManifestError, load_manifest
@@ -78,26 +78,17 @@ def refuse_moved(where: str, started: str | None, now: str, generation: str) -> 
 def current_lock(root: Path):
     """Hold ``root/.current.lock`` (an ``flock``; the file is opened without following a
     symlink, so nobody can point it elsewhere); ``WriteError`` after a minute's wait."""
-    import fcntl
-
     path = root / CURRENT_LOCK
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise WriteError(f"{path}: cannot open the CURRENT lock ({exc.strerror})") from None
     try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise WriteError(
-                        f"{path}: held by another process for over {LOCK_WAIT_S:.0f} s; "
-                        "find it (fuser) or remove the file if no equishard runs there"
-                    ) from None
-                time.sleep(0.05)
+        if not flock_within(fd, LOCK_WAIT_S):
+            raise WriteError(
+                f"{path}: held by another process for over {LOCK_WAIT_S:.0f} s; "
+                "find it (fuser) or remove the file if no equishard runs there"
+            )
         yield read_current(root)
     finally:
         os.close(fd)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from equishard.common import file_lock
 from shards.errors import WriteError
 from shards.nightly.rebalance import run_rebalance
 from shards.store import current_guard
@@ -221,7 +222,7 @@ def test_the_current_lock_waits_for_a_brief_holder_and_fails_only_after_its_wait
         if sum(waits) >= 0.3 and "held" in holder:
             holder.pop("held").close()
 
-    monkeypatch.setattr(current_guard.time, "sleep", sleep)
+    monkeypatch.setattr(file_lock.time, "sleep", sleep)  # the wait current_lock takes
     lock = root / current_guard.CURRENT_LOCK
     lock.unlink(missing_ok=True)
     holder["held"] = try_lock(lock)

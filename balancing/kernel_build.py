@@ -30,8 +30,9 @@ LOCK_WAIT_S = 900.0  # a holder that never lets go: compile anyway after this
 def kernel_group(group: int) -> None:
     """Call one group of runtime kernels once on tiny inputs of the types the entry points pass
     (a cache load when numba has them cached, else a compile). Group 0 is what ``post_balance``
-    runs at every size (the first plan of a step), 1 what it adds (capped LPT, Karmarkar-Karp),
-    2 the locality and node placement kernels and the microbatch ordering."""
+    runs at every size (the first plan of a step), 1 what it adds (capped LPT, Karmarkar-Karp,
+    ``auto``'s second opinions), 2 the locality and node placement kernels and the microbatch
+    ordering."""
     from balancing import _kernels as K
 
     x = np.array([5.0, 3.0, 3.0, 2.0, 1.0, 1.0])
@@ -44,6 +45,8 @@ def kernel_group(group: int) -> None:
     elif group == 1:
         K._nb_lpt_capped(x, order, d, 0, 0.0, x, dest)
         K._nb_karmarkar_karp(x, order, d, True, dest)
+        K._nb_lower_bound(x, order, d)
+        K._nb_second_opinion(x, order, d, 0.0, 4, True, 7.5, dest)
     else:
         K._nb_local_first(x, order, np.zeros(x.size, dtype=np.int64), d, 1, 7.5, dest)
         K._nb_greedy_node_assign(np.zeros((d, d)), 1, np.empty(d, dtype=np.int64))
@@ -69,6 +72,8 @@ def kernels() -> tuple:
         K._nb_lpt,
         K._nb_lpt_capped,
         K._nb_karmarkar_karp,
+        K._nb_lower_bound,
+        K._nb_second_opinion,
         K._nb_refine,
         K._nb_local_first,
         K._nb_greedy_node_assign,

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from balancing import first_call, twins
+from balancing._kernels.auto import HOME, KEPT, KK, KK_EQUAL, _nb_lower_bound, _nb_second_opinion
 from balancing._kernels.partition import (
     _nb_argsort_desc,
     _nb_karmarkar_karp,
@@ -46,7 +47,6 @@ from balancing._kernels.partition import (
     _nb_padded_attention,
     _nb_padded_batches,
 )
-from balancing._kernels.placement import _nb_local_first
 from balancing._kernels.refine import _nb_refine
 from balancing.checks import finite_nonnegative, rank_count, ranks_in
 from equishard.common.errors import EquishardError
@@ -73,6 +73,8 @@ AUTO_KK_WORK = 65_536
 # ... and neither where LPT's heaviest batch is within this of the lower bound: no method can
 # then be more even by more than this (0.1 %); at 16 samples a rank LPT ends 1e-5 above it
 AUTO_ENOUGH = 1e-3
+# the method a second opinion's plan reports (balancing._kernels.auto's codes)
+OPINIONS = {KK_EQUAL: "kk_equal + moves", HOME: "home + moves", KK: "kk"}
 
 
 class MemoryCapError(EquishardError, ValueError):
@@ -267,58 +269,35 @@ def _best(s: _Step) -> PostBalance:
 def lower_bound(x: np.ndarray, order: np.ndarray, d: int) -> float:
     """A load no plan's heaviest of ``d`` batches is below: the mean, the largest item, and for
     each k the k + 1 lightest of the k * d + 1 heaviest items (k + 1 of them share a batch).
-    ``order``: the items heaviest first."""
-    xs = x[order]
-    lb = max(float(xs.sum()) / d, float(xs[0])) if xs.size else 0.0
-    k = np.arange(1, (xs.size - 1) // d + 1)
-    if k.size:
-        cs = np.concatenate(([0.0], np.cumsum(xs)))
-        lb = max(lb, float((cs[k * d + 1] - cs[k * d - k]).max()))
-    return lb
+    ``order``: the items heaviest first. The kernel, or its exact twin while it compiles."""
+    if first_call.kernels_ready():
+        return float(_nb_lower_bound(x, order, d))
+    return twins.lower_bound(x, order, d)
 
 
 def _auto(s: _Step) -> PostBalance:
     """``lpt``; on small steps it leaves above the tolerance and above the lower bound by more
-    than ``AUTO_ENOUGH``, also ``kk_equal`` and the items' own batches, each refined with moves,
-    and (where small enough) ``kk``, the most even kept."""
+    than ``AUTO_ENOUGH``, also ``kk_equal``, the items' own batches and (where small enough)
+    ``kk``, each refined with moves, the most even kept (``balancing._kernels.auto``)."""
     x, d, n = s.x, s.d, s.x.size
     first = _lpt(s)
     if n > AUTO_SECOND_OPINION or s.max_count is not None or s.cap > 0:
         return first
     top = first.loads.max()
-    if top <= x.sum() / d * (1.0 + s.tolerance):
+    target = x.sum() / d * (1.0 + s.tolerance)
+    if top <= target:
         return first
     if top <= x[s.order[0]] * (1.0 + AUTO_ENOUGH):  # the largest item alone: no need for more
         return first
     if top <= lower_bound(x, s.order, d) * (1.0 + AUTO_ENOUGH):
         return first
-    dest = np.zeros(n, dtype=np.int64)  # equal-count KK, then refined with moves too
-    if s.py:
-        dest[:] = twins.karmarkar_karp(x, s.order, d, True)
-    else:
-        _nb_karmarkar_karp(x, s.order, d, True, dest)
     steps = s.max_swaps if s.max_swaps is not None else 4 * d
-    target = x.sum() / d * (1.0 + s.tolerance)
-    refine = twins.refine if s.py else _nb_refine
-    loads = refine(x, s.order, dest, d, target, steps, 0.0, x, 0, True)
-    best = first
-    if loads.max() < best.loads.max():
-        best = PostBalance(dest=dest, loads=loads, method="kk_equal + moves")
-    if best.loads.max() > target:  # the items kept where they are up to the mean, refined
-        src = (np.arange(n, dtype=np.int64) * d) // n  # the ranks' items one after another
-        if s.py:
-            home = twins.local_first(x, s.order, src, d, d, target)
-        else:
-            home = np.empty(n, dtype=np.int64)
-            _nb_local_first(x, s.order, src, d, d, target, home)
-        loads = refine(x, s.order, home, d, target, steps, 0.0, x, 0, True)
-        if loads.max() < best.loads.max():
-            best = PostBalance(dest=home, loads=loads, method="home + moves")
-    if n * d <= AUTO_KK_WORK and best.loads.max() > target:
-        kk = _karmarkar_karp(s, equal=False)
-        if kk.loads.max() < best.loads.max():
-            best = kk
-    return best
+    second = twins.second_opinion if s.py else _nb_second_opinion
+    dest = np.zeros(n, dtype=np.int64)
+    code, loads, _ = second(x, s.order, d, target, steps, n * d <= AUTO_KK_WORK, top, dest)
+    if code == KEPT:
+        return first
+    return PostBalance(dest=dest, loads=loads, method=OPINIONS[code])
 
 
 # each method by name: what post_balance(method=NAME) runs (the module docstring says how)

@@ -12,7 +12,16 @@ import numpy as np
 
 from balancing import _reference as R
 
-__all__ = ["argsort_desc", "greedy_node_assign", "karmarkar_karp", "local_first", "lpt", "refine"]
+__all__ = [
+    "argsort_desc",
+    "greedy_node_assign",
+    "karmarkar_karp",
+    "local_first",
+    "lower_bound",
+    "lpt",
+    "refine",
+    "second_opinion",
+]
 
 
 def argsort_desc(x: np.ndarray) -> np.ndarray:
@@ -213,6 +222,47 @@ def refine(x, order, bins, d, target, max_steps, cap, cap_lengths, max_count, mo
                     val[rank[i]] = loads[c] - xs[i]
     bins[:] = b_of
     return np.array(loads)
+
+
+def lower_bound(x: np.ndarray, order: np.ndarray, d: int) -> float:
+    """``_nb_lower_bound``: the mean, the largest item, and for each k the k + 1 lightest of the
+    k * d + 1 heaviest items; every sum heaviest first, one item after another (``cumsum``)."""
+    xs = x[order]
+    if not xs.size:
+        return 0.0
+    cs = np.concatenate(([0.0], np.cumsum(xs)))
+    lb = max(float(cs[-1]) / d, float(xs[0]))
+    k = np.arange(1, (xs.size - 1) // d + 1)
+    if k.size:
+        lb = max(lb, float((cs[k * d + 1] - cs[k * d - k]).max()))
+    return lb
+
+
+def second_opinion(x, order, d, target, steps, kk, top, dest) -> tuple[int, np.ndarray, int]:
+    """``_nb_second_opinion``: equal-count KK, the items kept home up to the mean, unequal KK
+    (``kk``), each refined with moves and tried while the best so far is above ``target``; the
+    first strictly more even than ``top`` wins. ``(code, loads, tried)``, the plan in ``dest``."""
+    from balancing._kernels.auto import HOME, KEPT, KK, KK_EQUAL
+
+    n = x.size
+    code, tried, best = KEPT, 0, np.empty(0)
+    opinions = [KK_EQUAL, HOME, KK] if kk else [KK_EQUAL, HOME]
+    for k, opinion in enumerate(opinions):
+        if k and top <= target:
+            break
+        if opinion == HOME:
+            src = (np.arange(n, dtype=np.int64) * d) // n  # the ranks' items one after another
+            cand = local_first(x, order, src, d, d, target)
+        else:
+            cand = karmarkar_karp(x, order, d, opinion == KK_EQUAL)
+        loads = np.bincount(cand, weights=x, minlength=d)
+        if opinion != KK or loads.max() > target:
+            loads = refine(x, order, cand, d, target, steps, 0.0, x, 0, True)
+        tried |= 1 << opinion
+        if loads.max() < top:
+            code, best, top = opinion, loads, loads.max()
+            dest[:] = cand
+    return code, best, tried
 
 
 def greedy_node_assign(benefit: np.ndarray, per_node: int) -> np.ndarray:

@@ -1,16 +1,17 @@
 """numba kernels of the balancing stage, one module per algorithm: :mod:`.isf` (offline ISF
 grouping), :mod:`.tables` (per-sample and per-group tables of a plan), :mod:`.heap` (the indexed
 heap the runtime kernels share), :mod:`.partition` (runtime partition of one step over ranks),
-:mod:`.refine` (move and swap refinement), :mod:`.step_refine` (a step's groups evened in every
-phase), :mod:`.sparse_steps` (a phase cleared out of the steps that hold only a little of
-it), :mod:`.placement` (groups onto nodes and ranks, node-wise assignment) and :mod:`.schedule`
-(the 1F1B timeline).
+:mod:`.refine` (move and swap refinement), :mod:`.auto` (``auto``'s second opinions on a small
+step), :mod:`.step_refine` (a step's groups evened in every phase), :mod:`.sparse_steps` (a
+phase cleared out of the steps that hold only a little of it), :mod:`.placement` (groups onto
+nodes and ranks, node-wise assignment) and :mod:`.schedule` (the 1F1B timeline).
 
 Each kernel has a plain-Python twin in ``balancing._reference`` and a test that both agree over
 many seeds. Kernels take and return numpy arrays only; randomness is drawn by the caller, so a
 kernel is a pure function of its inputs.
 """
 
+from balancing._kernels.auto import _nb_lower_bound, _nb_second_opinion
 from balancing._kernels.heap import (
     _ih_fix,
     _ih_heapify,
@@ -27,6 +28,8 @@ from balancing._kernels.isf import (
     _round_two,
 )
 from balancing._kernels.partition import (
+    INSERTION_MAX,
+    _descending,
     _nb_argsort_desc,
     _nb_karmarkar_karp,
     _nb_lpt,
@@ -34,6 +37,7 @@ from balancing._kernels.partition import (
     _nb_lpt_quadratic,
     _nb_padded_attention,
     _nb_padded_batches,
+    _order_desc,
 )
 from balancing._kernels.placement import (
     _nb_greedy_node_assign,
@@ -86,6 +90,7 @@ from balancing._kernels.tables import (
 )
 
 __all__ = [
+    "INSERTION_MAX",
     "STAT_COUNT",
     "STAT_MAX_T",
     "STAT_MAX_V",
@@ -95,6 +100,7 @@ __all__ = [
     "STAT_SUM_VC",
     "_add_to_stats",
     "_close",
+    "_descending",
     "_fix_bin",
     "_ih_fix",
     "_ih_heapify",
@@ -117,6 +123,7 @@ __all__ = [
     "_nb_isf_round",
     "_nb_karmarkar_karp",
     "_nb_local_first",
+    "_nb_lower_bound",
     "_nb_lpt",
     "_nb_lpt_capped",
     "_nb_lpt_quadratic",
@@ -129,8 +136,10 @@ __all__ = [
     "_nb_refine_step",
     "_nb_refine_steps",
     "_nb_sample_costs",
+    "_nb_second_opinion",
     "_nb_stats_pad_ratios",
     "_nb_swap_descent",
+    "_order_desc",
     "_pair_step",
     "_reaches",
     "_receiver",

@@ -9,6 +9,8 @@ from numba import njit
 
 from balancing._kernels.heap import _ih_fix, _ih_heapify, _ih_init, _ih_swap
 
+INSERTION_MAX = 16  # _order_desc sorts by insertion up to this many values
+
 
 @njit(cache=True)
 def _nb_argsort_desc(x):
@@ -207,6 +209,32 @@ def _nb_padded_attention(lengths, order, d, bound, bins_out):
 
 
 @njit(cache=True)
+def _order_desc(v, o):
+    """Write to ``o`` the indices ordering ``v`` heaviest first, ties by index: what
+    ``np.argsort(-v, kind="mergesort")`` gives, by insertion where ``v`` is short (no array
+    allocated: Karmarkar-Karp's merges on few ranks were mostly allocation)."""
+    d = v.shape[0]
+    if d > INSERTION_MAX:
+        o[:] = np.argsort(-v, kind="mergesort")
+        return
+    for j in range(d):
+        k = j
+        while k > 0 and v[o[k - 1]] < v[j]:  # stable: j goes after every equal one
+            o[k] = o[k - 1]
+            k -= 1
+        o[k] = j
+
+
+@njit(cache=True)
+def _descending(v):
+    """Whether ``v`` is non-increasing (a NaN anywhere: no)."""
+    for j in range(v.shape[0] - 1):  # noqa: SIM110 (a loop numba compiles; no generator)
+        if not v[j] >= v[j + 1]:
+            return False
+    return True
+
+
+@njit(cache=True)
 def _nb_karmarkar_karp(lengths, order, d, equal_count, bins_out):
     """Karmarkar-Karp largest differencing for d-way partitioning.
 
@@ -236,6 +264,8 @@ def _nb_karmarkar_karp(lengths, order, d, equal_count, bins_out):
         tail[s, j] = i
     for s in range(p):
         sums_s = sums[s]
+        if _descending(sums_s):  # as ``order`` gives it (heaviest first): the sort is a no-op
+            continue
         o = np.argsort(-sums_s, kind="mergesort")  # keep each solution sorted descending
         sums[s] = sums_s[o]
         h = head[s].copy()
@@ -251,6 +281,10 @@ def _nb_karmarkar_karp(lengths, order, d, equal_count, bins_out):
         keys[s] = -(sums[s, 0] - sums[s, d - 1])
     _ih_heapify(keys, vals, pos, p)
     size = p
+    new = np.empty(d)  # one merge's sums, heads, tails and their order, reused by every merge
+    nh = np.empty(d, dtype=np.int64)
+    nt = np.empty(d, dtype=np.int64)
+    o = np.empty(d, dtype=np.int64)
     while size > 1:
         a = vals[0]
         size -= 1
@@ -258,9 +292,6 @@ def _nb_karmarkar_karp(lengths, order, d, equal_count, bins_out):
         _ih_fix(keys, vals, pos, 0, size)
         b = vals[0]
         # merge b into a: a's heaviest with b's lightest
-        new = np.empty(d)
-        nh = np.empty(d, dtype=np.int64)
-        nt = np.empty(d, dtype=np.int64)
         for j in range(d):
             jb = d - 1 - j
             new[j] = sums[a, j] + sums[b, jb]
@@ -272,7 +303,7 @@ def _nb_karmarkar_karp(lengths, order, d, equal_count, bins_out):
             else:
                 nxt[ta] = hb
                 nh[j], nt[j] = ha, tb
-        o = np.argsort(-new, kind="mergesort")
+        _order_desc(new, o)
         for j in range(d):
             sums[b, j] = new[o[j]]
             head[b, j] = nh[o[j]]

@@ -4,8 +4,9 @@ is at most ``AUTO_KK_WORK``, neither where LPT's heaviest batch is within ``AUTO
 lower bound (checked against brute force); and neither when LPT already meets the tolerance or
 a cap is set.
 
-Which methods ran is seen by spying on the KK kernel and its twin (the plan alone cannot show
-it: a second opinion that gains nothing keeps LPT's plan). Bugs these catch: either limit off
+Which methods ran is seen by spying on the second opinions' kernel and its twin (the bits of
+what they tried; the plan alone cannot show it: a second opinion that gains nothing keeps LPT's
+plan). Bugs these catch: either limit off
 by one or by any amount, the second opinion run on steps LPT already balanced, or under a
 cap."""
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from balancing import twins
+from balancing._kernels.auto import KK, KK_EQUAL
 from balancing.post_balance import (
     AUTO_ENOUGH,
     AUTO_KK_WORK,
@@ -40,20 +42,18 @@ pb = importlib.import_module("balancing.post_balance")
 
 @pytest.fixture
 def kk_calls(monkeypatch) -> list[bool]:
-    """The ``equal`` flag of every Karmarkar-Karp run, kernel or twin."""
+    """The ``equal`` flag of every Karmarkar-Karp run among the second opinions, kernel or
+    twin (as the ``tried`` bits they return say)."""
     calls: list[bool] = []
-    kernel, twin = pb._nb_karmarkar_karp, twins.karmarkar_karp
+    kernel, twin = pb._nb_second_opinion, twins.second_opinion
 
-    def spy_kernel(x, order, d, equal, dest):
-        calls.append(bool(equal))
-        return kernel(x, order, d, equal, dest)
+    def seen(got):
+        tried = got[2]
+        calls.extend(e for e, code in ((True, KK_EQUAL), (False, KK)) if tried & (1 << code))
+        return got
 
-    def spy_twin(x, order, d, equal):
-        calls.append(bool(equal))
-        return twin(x, order, d, equal)
-
-    monkeypatch.setattr(pb, "_nb_karmarkar_karp", spy_kernel)
-    monkeypatch.setattr(twins, "karmarkar_karp", spy_twin)
+    monkeypatch.setattr(pb, "_nb_second_opinion", lambda *a: seen(kernel(*a)))
+    monkeypatch.setattr(twins, "second_opinion", lambda *a: seen(twin(*a)))
     return calls
 
 

@@ -75,6 +75,45 @@ def test_partition_twins_equal_their_kernels(seed):
         assert T.greedy_node_assign(b, per).tolist() == node_of.tolist()
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_second_opinion_twins_equal_their_kernels(seed):
+    """``auto``'s bound and second opinions: the same bound to the bit (both sum heaviest
+    first), the same winner, plan, loads and opinions tried, at the tolerance's target and at
+    targets the opinions meet early (the later ones then do not run), with and without the
+    unequal KK, and against a ``top`` that none beats (the plan is left as it was)."""
+    _, d, n, x = _case(seed)
+    order = K._nb_argsort_desc(x)
+    assert T.lower_bound(x, order, d) == K._nb_lower_bound(x, order, d)
+    top = float(np.bincount(T.lpt(x, order, d), weights=x, minlength=d).max())
+    codes = set()
+    for target in (x.sum() / d * (1 + 2e-5), x.sum() / d * 1.05, float(x.max()) * 1.5):
+        for kk in (True, False):
+            for against in (top, 0.0):
+                got, want = np.full(n, -1), np.full(n, -1)
+                code, loads, tried = T.second_opinion(x, order, d, target, 4 * d, kk, against, got)
+                ref = K._nb_second_opinion(x, order, d, target, 4 * d, kk, against, want)
+                assert (code, loads.tolist(), tried) == (ref[0], ref[1].tolist(), ref[2])
+                assert got.tolist() == want.tolist()
+                codes.add(code)
+    assert 0 in codes  # against 0.0: none beats it, dest untouched
+
+
+def test_the_second_opinions_cover_every_winner():
+    """Over the seeds above, each opinion wins somewhere, and each is skipped somewhere (the
+    agreement test would otherwise leave a branch unchecked)."""
+    wins, skipped = set(), set()
+    for seed in range(60):
+        _, d, n, x = _case(seed)
+        order = K._nb_argsort_desc(x)
+        top = float(np.bincount(T.lpt(x, order, d), weights=x, minlength=d).max())
+        for target in (x.sum() / d * (1 + 2e-5), x.sum() / d * 1.05):
+            dest = np.zeros(n, dtype=np.int64)
+            code, _, tried = K._nb_second_opinion(x, order, d, target, 4 * d, True, top, dest)
+            wins.add(code)
+            skipped |= {c for c in (2, 3) if not tried & (1 << c)}
+    assert wins == {0, 1, 2, 3} and skipped == {2, 3}
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_every_entry_point_gives_the_same_plan_in_both_modes(seed, monkeypatch):
     rng, d, n, x = _case(seed)
@@ -103,6 +142,7 @@ def test_a_bad_mode_is_refused(monkeypatch):
 
 
 KERNEL_MODULES = [
+    "balancing._kernels.auto",
     "balancing._kernels.heap",
     "balancing._kernels.isf",
     "balancing._kernels.partition",

@@ -196,6 +196,43 @@ def test_karmarkar_karp(seed, equal):
     assert dict(enumerate(out.tolist())) == R.karmarkar_karp(x.tolist(), order.tolist(), d, equal)
 
 
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("equal", [False, True])
+def test_karmarkar_karp_in_an_order_that_is_not_heaviest_first(seed, equal):
+    """The kernel skips sorting a starting solution that is already heaviest first (what a
+    descending ``order`` gives, ties included); one that is not is sorted as the reference sorts
+    it: an order that is not descending (any permutation) gives the reference's partition."""
+    rng = np.random.default_rng(1000 + seed)
+    n, d = int(rng.integers(2, 60)), int(rng.integers(2, 9))
+    x = rng.integers(1, 50, n).astype(np.float64)
+    x[rng.integers(0, n)] = 0.0  # an empty item among the others (a tie with the padding)
+    order = rng.permutation(n).astype(np.int64)
+    out = np.empty(n, dtype=np.int64)
+    K._nb_karmarkar_karp(x, order, d, equal, out)
+    assert dict(enumerate(out.tolist())) == R.karmarkar_karp(x.tolist(), order.tolist(), d, equal)
+
+
+@pytest.mark.parametrize("d", [1, 2, K.INSERTION_MAX - 1, K.INSERTION_MAX, K.INSERTION_MAX + 1, 64])
+def test_order_desc_is_a_stable_descending_argsort(d):
+    """Karmarkar-Karp's merge order, by insertion up to ``INSERTION_MAX`` values and by numpy
+    above: numpy's stable argsort of the negated values (ties by index), at the limit, one
+    below and one above, with many ties and with zeros (an empty subset's sum)."""
+    rng = np.random.default_rng(d)
+    for _ in range(20):
+        v = rng.integers(0, 4, d).astype(np.float64)
+        o = np.empty(d, dtype=np.int64)
+        K._order_desc(v, o)
+        assert o.tolist() == np.argsort(-v, kind="stable").tolist(), v
+
+
+def test_descending_is_non_increasing_and_refuses_nan():
+    assert K._descending(np.array([3.0, 3.0, 2.0, 0.0]))
+    assert K._descending(np.array([1.0])) and K._descending(np.empty(0))
+    assert not K._descending(np.array([3.0, 2.0, 2.5]))
+    assert not K._descending(np.array([0.0, 1.0]))
+    assert not K._descending(np.array([3.0, np.nan, 1.0]))
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_padded_batches(seed):
     rng = np.random.default_rng(seed)

@@ -73,8 +73,8 @@ def test_auto_keeps_lpt_within_a_nonzero_tolerance_without_a_second_opinion(monk
     """LPT's heaviest batch 2.4 % above the mean (20.5: not a whole number), tolerance 3 %:
     within it, so no KK runs (not only when LPT is exact; a mean floored to 20 would not be)."""
     calls = []
-    monkeypatch.setattr(pb, "_nb_karmarkar_karp", lambda *a: calls.append(a))
-    monkeypatch.setattr(twins, "karmarkar_karp", lambda *a: calls.append(a))
+    monkeypatch.setattr(pb, "_nb_second_opinion", lambda *a: calls.append(a))
+    monkeypatch.setattr(twins, "second_opinion", lambda *a: calls.append(a))
     x = np.array([10.0, 10.0, 10.0, 11.0])  # LPT: 11 + 10 = 21 | 20; mean 20.5: 2.4 % above
     r = post_balance(x, 2, method="auto", tolerance=0.03)
     assert r.method == "lpt" and r.loads.max() == 21.0 and calls == []

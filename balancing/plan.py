@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from balancing._kernels.tables import STAT_COUNT, STAT_SUM_V, _nb_counting_argsort
@@ -41,6 +42,7 @@ from balancing.plan_quality import (
     random_batching_metrics,
     step_loads_of,
 )
+from balancing.plan_rows import DICTIONARY_COLUMNS, PlanRows
 from balancing.steps import assign_steps
 from equishard.common.durable import durable_replace
 from equishard.common.options import option
@@ -218,10 +220,32 @@ class BalanceConfig:
         return self.nodes, self.gpus_per_node
 
 
-@dataclass(slots=True)
 class BalanceResult:
-    plan: pa.Table
-    report: dict
+    """A plan and its report. The plan's table (``plan``) is made when first asked for, from
+    its rows' groups (:class:`~balancing.plan_rows.PlanRows`); :func:`write_plan` writes it a
+    slice at a time without it. Give ``plan`` (a made table) or ``rows``."""
+
+    __slots__ = ("_plan", "report", "rows")
+
+    def __init__(
+        self, *, report: dict, plan: pa.Table | None = None, rows: PlanRows | None = None
+    ) -> None:
+        if (plan is None) == (rows is None):
+            raise ValueError("give a BalanceResult its plan or its rows, one of them")
+        self._plan, self.rows, self.report = plan, rows, report
+
+    @property
+    def plan(self) -> pa.Table:
+        if self._plan is None:
+            self._plan = self.rows.table()
+        return self._plan
+
+    def column_max(self, name: str):
+        """A per-group column's largest value over the plan's rows (None: no rows), without
+        making the table."""
+        if self.rows is not None and self._plan is None:
+            return self.rows.column_max(name)
+        return pc.max(self._plan.column(name)).as_py()
 
 
 def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
@@ -234,11 +258,16 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     nodes, per = cfg.topology
     d = nodes * per
     sl = sample_loads(table, cfg.cost_model)
-    table, loads = sl.table, sl.loads
+    loads = sl.loads
     v = sl.tokens(VIT_TOKENS)
     t = sl.tokens(LLM_TOKENS)
     extra = sl.extra_tokens()  # the other encoders' tokens (audio); None for vision + LLM
-    others = sl.others
+    others, extra_pairs, has_media = sl.others, sl.extra_keys, sl.has_media
+    # of the table only the sample ids are read again: its other columns (the ViT sequence
+    # lists the largest) are not held through the build where the caller lets go of it too
+    ids = sl.table.column("sample_id")
+    del table, sl
+    pa.default_memory_pool().release_unused()  # arrow's allocator keeps freed pages otherwise
     # ISF groups by tokens; a sample of no tokens at all (a table of zeros, imported or made by
     # hand) still counts as one, so such samples spread by count instead of piling into one group
     t_group = np.maximum(t, 1)
@@ -250,15 +279,15 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     pool.shutdown(wait=False)  # the job runs on; the pool takes no other
 
     t1 = time.perf_counter()
-    if (cfg.q_a is not None) != bool(sl.others) and cfg.q_v is not None:
+    if (cfg.q_a is not None) != bool(others) and cfg.q_v is not None:
         raise ValueError(
             "the cost table has recordings: give --audio-tokens-per-group (--q-a) with the other "
             "caps"
-            if sl.others
+            if others
             else "--audio-tokens-per-group (--q-a) is given but the cost table has no audio phase"
         )
     if cfg.q_v is not None:
-        q_e = (cfg.q_a,) if sl.others else ()
+        q_e = (cfg.q_a,) if others else ()
         params = ISFParams(
             q_v=cfg.q_v,
             q_t=cfg.q_t,
@@ -287,7 +316,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
 
     t1 = time.perf_counter()
     # a step's groups are refined where ISF and the step sort leave large items uneven
-    refine = cfg.refine_steps == "on" or (cfg.refine_steps == "auto" and sl.has_media)
+    refine = cfg.refine_steps == "on" or (cfg.refine_steps == "auto" and has_media)
     a = assign_steps(
         groups.group_of,
         groups.n_groups,
@@ -295,7 +324,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         nodes=nodes,
         gpus_per_node=per,
         rng=rng,
-        extra=sl.extra_keys,
+        extra=extra_pairs,
         caps=params.caps if refine else None,
     )
     flags = np.concatenate(
@@ -310,7 +339,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     gsum = {k: stats[:, col] for col, k in enumerate(PHASES, start=STAT_SUM_V)}
     gsize = stats[:, STAT_COUNT].astype(np.int64)
     step_loads = step_loads_of(stats, a.step, rank, a.n_steps, d)
-    extra_keys = [k for pair in sl.extra_keys for k in pair]
+    extra_keys = [k for pair in extra_pairs for k in pair]
     step_loads.update(extra_step_loads(a.group_of, loads, extra_keys, a.step, rank, a.n_steps, d))
     gextra = {k: np.bincount(a.group_of, weights=loads[k], minlength=n_total) for k in extra_keys}
     pads = pad_ratios(stats)
@@ -333,7 +362,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         timings["llm_only"] = time.perf_counter() - t1
     # the per-sample loads are done with: their 400 MB at 10M rows are not held while the plan's
     # columns are made (the command's peak)
-    del loads, v, t, t_group, extra, sl
+    del loads, v, t, t_group, extra
     sample_flag = flags[groups.group_of]  # each sample's ISF group's kind (before the last step)
     kept_per_round = groups.kept_per_round
     del groups  # its sample -> group column too (80 MB)
@@ -341,10 +370,9 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
     order = _nb_counting_argsort(slot[a.group_of], a.n_steps * d)
     g = a.group_of[order]
-    sample_ids = table.column("sample_id").take(pa.array(order))
-    del order  # before the columns are made: the command's peak memory is there
-    # per-group columns in their final types first, then one gather per column
-    per_group = {
+    sample_ids = ids.take(pa.array(order))
+    del order
+    per_group = {  # each in its final type; every row repeats its group's (PlanRows)
         "step": a.step,
         "node": a.node.astype(np.int32),
         "local_rank": a.local_rank.astype(np.int32),
@@ -360,26 +388,15 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             for k, x in gextra.items()
         },
     }
-    # ``g`` is one run per (step, rank) slot: repeat each group's values over its run
-    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))) if n else np.zeros(0, int)
-    runs, counts = g[starts], np.diff(np.append(starts, n))
-    cols = {"group_id": g, **{k: np.repeat(x[runs], counts) for k, x in per_group.items()}}
-    cols["group_flag"] = pa.DictionaryArray.from_arrays(
-        pa.array(cols["group_flag"], pa.int8()), pa.array(FLAG_NAMES)
-    ).cast(pa.string())
-    plan = pa.table({"sample_id": sample_ids, **cols}, schema=plan_schema(others))
+    rows = PlanRows(sample_ids, g, per_group, plan_schema(others))
     nonempty = gsize > 0  # dissolved groups and empty last-step slots hold no samples
     flag_counts = np.bincount(flags[nonempty], minlength=len(FLAG_NAMES))
-    oversize_ids = (
-        table.column("sample_id")
-        .take(pa.array(np.flatnonzero(sample_flag == FLAG_OVERSIZE)[:20]))
-        .to_pylist()
-    )
+    oversize_ids = ids.take(pa.array(np.flatnonzero(sample_flag == FLAG_OVERSIZE)[:20])).to_pylist()
     last = a.last_step_groups
     report = {
         "counts": {
             "in": n,
-            "out": plan.num_rows,
+            "out": rows.num_rows,
             "groups": int(nonempty.sum()),
             "steps": int(a.n_steps),
             "groups_by_flag": {
@@ -427,7 +444,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         "seconds": {k: round(x, 4) for k, x in timings.items()},
     }
     assert report["counts"]["in"] == report["counts"]["out"]
-    return BalanceResult(plan=plan, report=report)
+    return BalanceResult(rows=rows, report=report)
 
 
 def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
@@ -435,9 +452,10 @@ def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
     out = Path(plan_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{PLAN_PARQUET}.tmp-{os.getpid()}"
-    # dictionaries for the few-valued columns only: the per-group ones repeat in runs, which
-    # plain encoding and compression take faster (at 10M rows 1.4 s, was 1.8 s; ~4 % larger)
-    pq.write_table(result.plan, tmp, use_dictionary=["group_flag", "node", "local_rank", "rank"])
+    if result.rows is not None and result._plan is None:  # a slice of rows at a time
+        result.rows.write(tmp)
+    else:
+        pq.write_table(result.plan, tmp, use_dictionary=DICTIONARY_COLUMNS)
     durable_replace(tmp, out / PLAN_PARQUET)
     tmp = out / f".{PLAN_REPORT}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(result.report, indent=2) + "\n")

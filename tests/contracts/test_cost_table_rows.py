@@ -85,3 +85,33 @@ def test_balance_exits_2_naming_the_row(tmp_path, capsys):
     assert main(["balance", path, "-o", str(tmp_path / "plan"), "--dp", "2"]) == 2
     err = capsys.readouterr().err
     assert "vit_tokens is not the sum of vit_seq_lens" in err and "'tiles'" in err
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_sums_are_checked_a_slice_of_rows_at_a_time(monkeypatch, rows, chunks):
+    """The sums are taken ``SUM_ROWS`` rows at a time (3 here): a table of fewer rows, exactly
+    as many, one more and more than two slices, in one chunk or several (a slice crossing
+    chunks, and chunks that are slices of a larger list array), with missing lists and counts,
+    gives each row's verdict as a plain sum over Python lists does."""
+    import itertools
+
+    import numpy as np
+
+    from equishard.contracts import cost_table as ct
+
+    monkeypatch.setattr(ct, "SUM_ROWS", 3)
+    rng = np.random.default_rng(rows * 10 + chunks)
+    lists = [[int(v) for v in rng.integers(0, 5, rng.integers(0, 4))] for _ in range(rows)]
+    tokens = [sum(x) + (i % 3 == 1) for i, x in enumerate(lists)]  # the middle of each three
+    lists[rows // 2] = None  # a missing list: its sum is 0 here, as in the check
+    tokens[-1] = None  # a missing count is never "not the sum"
+    want = [t is not None and t != sum(x or []) for x, t in zip(lists, tokens, strict=True)]
+    whole = pa.array([[9, 9], *lists, [9]], pa.list_(pa.int32())).slice(1, rows)  # a slice
+    cuts = np.linspace(0, rows, chunks + 1).astype(int)
+    seq = pa.chunked_array(
+        [whole.slice(a, b - a) for a, b in itertools.pairwise(cuts)],
+        pa.list_(pa.int32()),
+    )
+    got = ct._sums_differ(seq, pa.chunked_array([pa.array(tokens, pa.int64())]))
+    assert got.tolist() == want

@@ -128,11 +128,14 @@ def isf_group(
     biggest = max(max(int(c.max()) for c in columns), int(q.max())) if n else 0
     load = np.int32 if biggest < 2**31 else np.int64  # half the memory traffic at 10M rows
     rec = np.dtype([("i", np.int64), ("l", load, (k,))])
-    cur, nxt = np.empty(remaining.size, dtype=rec), np.empty(remaining.size, dtype=rec)
+    # one array of records: a round moves the samples it leaves to the front of the same array
+    # (a sample is written at or before the place it was read from, after that place was read)
+    cur = np.empty(remaining.size, dtype=rec)
     cur["i"] = remaining
     for j, c in enumerate(columns):
         cur["l"][:, j] = c[remaining]
     m = remaining.size
+    del remaining  # the records hold it (8 bytes a sample through every round otherwise)
     for _ in range(params.rounds):
         if m == 0:
             break
@@ -140,11 +143,10 @@ def isf_group(
         rng.shuffle(order)  # the permutation ``rng.permutation(remaining)`` would draw
         g = _nb_isf_round(order["l"], q, qf, group_end, kept)
         n_kept, m = _nb_apply_round(
-            order["i"], order["l"], group_end, kept, g, ng, group_of, nxt["i"], nxt["l"]
+            order["i"], order["l"], group_end, kept, g, ng, group_of, order["i"], order["l"]
         )
         kept_per_round.append(int(n_kept))
         ng += int(n_kept)
-        cur, nxt = nxt, cur
     remaining = cur["i"][:m]
     flags = [np.full(ng, FLAG_ISF, dtype=np.int8)]
     if remaining.size:

@@ -159,7 +159,8 @@ def _nb_best_fit(order, loads, q, window, group_of):
 @njit(cache=True)
 def _nb_apply_round(oi, lo, group_end, kept, g, base, group_of, ri, rl):
     """Give kept groups of a round ids ``base, base+1, ...`` (``group_of[oi[k]]``); copy the
-    other samples (index ``oi``, loads ``lo``) to ``ri``/``rl`` in order.
+    other samples (index ``oi``, loads ``lo``) to ``ri``/``rl`` in order (``ri``/``rl`` may be
+    ``oi``/``lo`` themselves: each is written at or before the place it is read from).
     Returns (kept groups, samples in rest)."""
     k = lo.shape[1]
     start = 0

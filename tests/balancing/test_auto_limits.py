@@ -147,6 +147,38 @@ def test_the_lower_bound_is_tight_where_items_are_equal_or_one_dominates():
     assert lower_bound(x, order(x), 2) == 6.0 == _brute_force_best(x.tolist(), 2)
     x = np.array([6.0, 5.0, 4.0])  # the two lightest of the three heaviest share a batch
     assert lower_bound(x, order(x), 2) == 9.0 == _brute_force_best(x.tolist(), 2)
+    # an odd number of batches (k * d odd: the k * d + 1 heaviest are not one fewer or more)
+    x = np.full(4, 10.0)  # 4 items on 3 batches: two share one
+    assert lower_bound(x, order(x), 3) == 20.0 == _brute_force_best(x.tolist(), 3)
+    x = np.array([10.0, 10.0, 10.0, 10.0, 10.0, 9.0, 1.0])  # 7 on 5: the 9 shares with a 10
+    assert lower_bound(x, order(x), 5) == 19.0 == _brute_force_best(x.tolist(), 5)
+
+
+def test_the_lower_bound_of_no_items_is_zero_in_the_kernel_and_its_twin():
+    from balancing import _kernels as K
+
+    empty = np.zeros(0)
+    assert K._nb_lower_bound(empty, np.zeros(0, np.int64), 3) == 0.0
+    assert twins.lower_bound(empty, np.zeros(0, np.int64), 3) == 0.0
+    assert lower_bound(empty, np.zeros(0, np.int64), 3) == 0.0
+
+
+@pytest.mark.parametrize("which", ["kernel", "twin"])
+def test_no_later_opinion_runs_once_the_best_is_at_the_target(which):
+    """The home start and unequal KK run only while the best so far is above the target: with
+    the caller's plan exactly at it, equal KK runs and nothing after it; one float above it,
+    every opinion runs (a target below any plan's heaviest batch: none of them wins)."""
+    from balancing import _kernels as K
+
+    x = np.array([5.0, 4.0, 3.0, 3.0, 3.0, 2.0])  # 20 on 2 batches: no batch below 10
+    order, d, target = np.argsort(-x, kind="stable"), 2, 9.0
+    second = K._nb_second_opinion if which == "kernel" else twins.second_opinion
+    every = (1 << 1) | (1 << 2) | (1 << 3)
+    for top, want in ((target, 1 << 1), (np.nextafter(target, np.inf), every)):
+        dest = np.zeros(x.size, dtype=np.int64)
+        code, _, tried = second(x, order, d, target, 8, True, top, dest)
+        assert (code, tried) == (0, want), (top, tried)
+        assert not dest.any()  # no opinion won: the plan is left as it was
 
 
 @pytest.mark.parametrize(

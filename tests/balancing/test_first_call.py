@@ -75,7 +75,9 @@ def test_partition_twins_equal_their_kernels(seed):
         assert T.greedy_node_assign(b, per).tolist() == node_of.tolist()
 
 
-@pytest.mark.parametrize("seed", range(60))
+# 815, 911, 1265: unequal KK wins after a refinement that moves an item (a count cap in its
+# refinement would change the plan; found by search over 3,000 seeds)
+@pytest.mark.parametrize("seed", [*range(60), 815, 911, 1265])
 def test_second_opinion_twins_equal_their_kernels(seed):
     """``auto``'s bound and second opinions: the same bound to the bit (both sum heaviest
     first), the same winner, plan, loads and opinions tried, at the tolerance's target and at

@@ -69,6 +69,11 @@ def test_isf_round(seed, phases):
     assert nk == sum(ref_kept) and ri[:nr].tolist() == ref_rest
     assert rl[:nr].tolist() == loads[ref_rest].tolist()
     assert {i: int(group_of[i]) for i in np.flatnonzero(group_of >= 0)} == ref_groups
+    # in place, as isf_group runs it (the rest moved to the front of the same arrays)
+    oi, lo, again = order.copy(), loads[order].copy(), np.full(n, -1, dtype=np.int64)
+    assert K._nb_apply_round(oi, lo, ends, kept, g, 7, again, oi, lo) == (nk, nr)
+    assert oi[:nr].tolist() == ref_rest and lo[:nr].tolist() == loads[ref_rest].tolist()
+    assert again.tolist() == group_of.tolist()
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -94,6 +94,9 @@ class Groups:
         return int(self.flags.shape[0])
 
 
+FILL_ROWS = 1 << 20  # records filled at a time (a column's gather is 8 bytes a sample)
+
+
 def isf_group(
     v: np.ndarray,
     t: np.ndarray,
@@ -132,8 +135,10 @@ def isf_group(
     # (a sample is written at or before the place it was read from, after that place was read)
     cur = np.empty(remaining.size, dtype=rec)
     cur["i"] = remaining
-    for j, c in enumerate(columns):
-        cur["l"][:, j] = c[remaining]
+    for start in range(0, remaining.size, FILL_ROWS):  # no whole-column gather at once
+        part = remaining[start : start + FILL_ROWS]
+        for j, c in enumerate(columns):
+            cur["l"][start : start + part.size, j] = c[part]
     m = remaining.size
     del remaining  # the records hold it (8 bytes a sample through every round otherwise)
     for _ in range(params.rounds):

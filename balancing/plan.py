@@ -55,6 +55,7 @@ from equishard.contracts.columns import (
     LLM_TOKENS,
     VIT_TOKENS,
 )
+from equishard.contracts.phases import ENCODER_PHASES
 from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA, plan_schema
 
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
@@ -257,6 +258,11 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         raise ValueError("the cost table has no rows: nothing to balance")
     nodes, per = cfg.topology
     d = nodes * per
+    # what balancing reads of a row: its id, every encoder phase's columns and its LLM tokens
+    # (a table's sources, text counts and own columns are not held while the loads are made)
+    read = {"sample_id", LLM_TOKENS, *(c for p in ENCODER_PHASES for c in p.columns)}
+    table = table.select([c for c in table.column_names if c in read])
+    pa.default_memory_pool().release_unused()
     sl = sample_loads(table, cfg.cost_model)
     loads = sl.loads
     v = sl.tokens(VIT_TOKENS)

@@ -50,6 +50,26 @@ def test_isf_puts_every_sample_in_one_group_and_respects_caps(seed, n):
     assert set(np.unique(g.flags)) <= {FLAG_ISF, FLAG_LEFTOVER, FLAG_OVERSIZE}
 
 
+@pytest.mark.parametrize("fill", ["n - 1", "n", "n + 1", "1", "7"])
+def test_isf_fills_its_records_a_slice_at_a_time_with_the_same_groups(monkeypatch, fill):
+    """The records are filled ``FILL_ROWS`` samples at a time: slices ending one before the
+    last sample, at it and after it, of one sample and of a few give the groups filling them at
+    once gives (an oversize sample among them: the filled samples are the others)."""
+    import balancing.isf as isf
+
+    rng = np.random.default_rng(11)
+    n = 101
+    v = rng.integers(0, 6, n) * 1024
+    t = rng.integers(30, 3000, n)
+    t[5] = 6000  # oversize: not among the records
+    p = ISFParams(q_v=12 * 1024, q_t=5000, qf_v=11 * 1024, qf_t=4700, rounds=5)
+    want = isf_group(v, t, p, np.random.default_rng(3))
+    monkeypatch.setattr(isf, "FILL_ROWS", eval(fill, {"n": n - 1}))  # n - 1 records
+    got = isf_group(v, t, p, np.random.default_rng(3))
+    assert got.group_of.tolist() == want.group_of.tolist()
+    assert got.flags.tolist() == want.flags.tolist()
+
+
 def test_leftovers_are_packed_largest_first_into_the_fewest_groups():
     """What ISF leaves over is best-fit packed largest first. Hand-worked: loads 6, 6, 4, 4
     under a cap of 10 fit in 2 groups (6+4 twice, the optimum); smallest first would open 3

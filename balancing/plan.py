@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -277,12 +278,8 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     # ISF groups by tokens; a sample of no tokens at all (a table of zeros, imported or made by
     # hand) still counts as one, so such samples spread by count instead of piling into one group
     t_group = np.maximum(t, 1)
+    del t
     timings["costs"] = time.perf_counter() - t0
-    # the report's random-batching baseline reads only the loads: on another core (its kernel
-    # releases the GIL) while ISF groups and the steps are assigned
-    pool = ThreadPoolExecutor(1, thread_name_prefix="equishard-random-baseline")
-    random_job = pool.submit(random_batching_metrics, loads, cfg.target_batch, cfg.seed, d)
-    pool.shutdown(wait=False)  # the job runs on; the pool takes no other
 
     t1 = time.perf_counter()
     if (cfg.q_a is not None) != bool(others) and cfg.q_v is not None:
@@ -318,7 +315,16 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     t1 = time.perf_counter()
     rng = np.random.default_rng(cfg.seed)
     groups = isf_group(v, t_group, params, rng, extra=extra)
+    del v, extra  # read by ISF alone (the loads hold what the rest reads)
+    if not others:
+        del t_group  # read again only by the LLM-only ablation of a table with recordings
     timings["isf"] = time.perf_counter() - t1
+    # the report's random-batching baseline reads only the loads: on another core (its kernel
+    # releases the GIL) while the steps are assigned; not beside ISF, whose records with its
+    # permutation and batch table were the command's peak memory
+    pool = ThreadPoolExecutor(1, thread_name_prefix="equishard-random-baseline")
+    random_job = pool.submit(random_batching_metrics, loads, cfg.target_batch, cfg.seed, d)
+    pool.shutdown(wait=False)  # the job runs on; the pool takes no other
 
     t1 = time.perf_counter()
     # a step's groups are refined where ISF and the step sort leave large items uneven
@@ -337,6 +343,10 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         [groups.flags, np.full(a.last_step_groups.size, FLAG_LAST_STEP, dtype=np.int8)]
     )
     rank = a.node * per + a.local_rank
+    # each sample's ISF group's kind (before the last step)
+    sample_flag = groups.flags[groups.group_of]
+    kept_per_round = groups.kept_per_round
+    del groups  # its sample -> group column too (80 MB at 10M rows), before the metrics
     timings["steps"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
@@ -366,12 +376,10 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
             gpus_per_node=per,
         )
         timings["llm_only"] = time.perf_counter() - t1
-    # the per-sample loads are done with: their 400 MB at 10M rows are not held while the plan's
-    # columns are made (the command's peak)
-    del loads, v, t, t_group, extra
-    sample_flag = flags[groups.group_of]  # each sample's ISF group's kind (before the last step)
-    kept_per_round = groups.kept_per_round
-    del groups  # its sample -> group column too (80 MB)
+        del t_group
+    # the per-sample loads are done with: their 320 MB at 10M rows are not held while the plan's
+    # rows are made
+    del loads
 
     slot = a.step * d + rank  # (step, rank) of each group; a stable sort keeps input order inside
     order = _nb_counting_argsort(slot[a.group_of], a.n_steps * d)
@@ -453,15 +461,26 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     return BalanceResult(rows=rows, report=report)
 
 
-def write_plan(result: BalanceResult, plan_dir: str | Path) -> None:
-    """Write ``plan.parquet`` and ``report.json`` into ``plan_dir``, each by an atomic rename."""
+def write_plan(
+    result: BalanceResult, plan_dir: str | Path, *, before_publish: Callable[[], None] | None = None
+) -> None:
+    """Write ``plan.parquet`` and ``report.json`` into ``plan_dir``, each by an atomic rename.
+    ``before_publish``: called once the plan is written and before anything is renamed into
+    place; what it raises leaves ``plan_dir`` as it was (the CLI's repeated-id check, run on
+    the other core while the plan is written)."""
     out = Path(plan_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{PLAN_PARQUET}.tmp-{os.getpid()}"
-    if result.rows is not None and result._plan is None:  # a slice of rows at a time
-        result.rows.write(tmp)
-    else:
-        pq.write_table(result.plan, tmp, use_dictionary=DICTIONARY_COLUMNS)
+    try:
+        if result.rows is not None and result._plan is None:  # a slice of rows at a time
+            result.rows.write(tmp)
+        else:
+            pq.write_table(result.plan, tmp, use_dictionary=DICTIONARY_COLUMNS)
+        if before_publish is not None:
+            before_publish()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     durable_replace(tmp, out / PLAN_PARQUET)
     tmp = out / f".{PLAN_REPORT}.tmp-{os.getpid()}"
     tmp.write_text(json.dumps(result.report, indent=2) + "\n")

@@ -2,11 +2,11 @@
 rows resampled from the real data, each a fresh ``equishard`` process, timed from outside
 (wall), with its own peak RSS.
 
-    python bench/_command_worker.py N WORK_DIR
+    python bench/_command_worker.py N WORK_DIR [balance]
 
 prints one JSON line: ``balance`` (DP 64 on 8 nodes, reading the cost table and writing the
 plan) and ``import_lengths`` (a JSON list of N OmniBal/InternVL entries), each with seconds and
-peak RSS (the process's own VmHWM)."""
+peak RSS (the process's own VmHWM); with ``balance``, that command alone."""
 
 import json
 import subprocess
@@ -81,6 +81,9 @@ def main() -> None:
     plan = work / "plan"
     balance = _timed(["balance", str(cost), "--dp", "64", "--nodes", "8", "-o", str(plan)], work)
     cost.unlink()
+    if sys.argv[3:] == ["balance"]:  # the balance command alone (the peak's growth with rows)
+        print(json.dumps({"rows": n, "balance": balance}))
+        return
     # this machine's price of fresh memory: a fresh process touching as many bytes as the
     # balance command's peak, once (pages never used by it) and again (pages it already has)
     touch = subprocess.run(

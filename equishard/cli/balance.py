@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from balancing.cost_model import CostModelOptions
     from balancing.plan import BalanceConfig, build_plan, write_plan
     from balancing.row_memory import RowMemory
-    from equishard.cli._common import check_output_dir, fail
+    from equishard.cli._common import check_output_dir, fail, os_failure
     from equishard.common.options import config_kwargs
     from equishard.contracts.columns import GROUP_LLM_TOKENS
     from equishard.contracts.cost_table import (
@@ -171,20 +171,25 @@ def run(args: argparse.Namespace) -> int:
         table = fold_shared_towers(table)  # video frames the vision tower runs: its load
         check_balanced(encoder_phases(table.column_names), args.cost_table)
         # every rule the balancer's counts depend on first; the repeated-id check (most of the
-        # checking at 10M rows) on the other core while the plan is built, before it is written
-        with ThreadPoolExecutor(1) as pool:
-            ids = table.select(["sample_id"])  # all the check reads
-            ids_checked = pool.submit(check_repeated_ids, ids, args.cost_table)
-            validate_cost_table(table, args.cost_table, repeated_ids=False)
-            # the plan is built holding only what it reads of the table: this frame lets go
-            # (its ViT sequence lists, sources and counts: ~0.5 GB at 10M rows)
-            held = [table]
-            del table, ids
-            result = build_plan(held.pop(), cfg)
-            ids_checked.result()
+        # checking at 10M rows, and its hash table 8 bytes a slot) later, on the other core
+        # while the plan is written, and before the plan is published
+        validate_cost_table(table, args.cost_table, repeated_ids=False)
+        ids = table.select(["sample_id"])  # all that check reads (the plan holds them too)
+        # the plan is built holding only what it reads of the table: this frame lets go
+        # (its ViT sequence lists, sources and counts: ~0.5 GB at 10M rows)
+        held = [table]
+        del table
+        result = build_plan(held.pop(), cfg)
     except (ValueError, OSError) as exc:
         return fail(str(exc))
-    write_plan(result, args.output)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            ids_checked = pool.submit(check_repeated_ids, ids, args.cost_table)
+            write_plan(result, args.output, before_publish=ids_checked.result)
+    except ValueError as exc:  # a repeated id: nothing published
+        return fail(str(exc))
+    except OSError as exc:  # a full disk, a directory taken away: a failed run
+        return fail(f"{args.output}: {os_failure(exc, 'writing the plan')}", 1)
     largest = result.column_max(GROUP_LLM_TOKENS) or 0
     warning = memory.warning(int(largest))
     if args.json:  # report.json with the shape every command's --json has in front

@@ -320,8 +320,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         del t_group  # read again only by the LLM-only ablation of a table with recordings
     timings["isf"] = time.perf_counter() - t1
     # the report's random-batching baseline reads only the loads: on another core (its kernel
-    # releases the GIL) while the steps are assigned; not beside ISF, whose records with its
-    # permutation and batch table were the command's peak memory
+    # releases the GIL) while the steps are assigned (beside ISF's records it was the peak)
     pool = ThreadPoolExecutor(1, thread_name_prefix="equishard-random-baseline")
     random_job = pool.submit(random_batching_metrics, loads, cfg.target_batch, cfg.seed, d)
     pool.shutdown(wait=False)  # the job runs on; the pool takes no other

@@ -180,14 +180,22 @@ def random_batching_metrics(
     b = max(1, round(min(target_batch, n)))  # at most the whole table
     perm = np.random.default_rng(seed + 1).permutation(n)
     stats = _nb_block_stats(perm, b, *(loads[k] for k in PHASES))
+    extra = {  # the phases beyond the stats table's (audio)
+        k: np.bincount(np.arange(n) // b, weights=loads[k][perm])
+        for _, tokens, cost in _shown(loads)
+        for k in (tokens, cost)
+        if k not in PHASES
+    }
+    # each let go once read: the baseline runs beside the build (at 30M rows 1 GB at once)
+    del perm
     r_steps = stats.shape[0] // d
+    pads = pad_ratios(stats)
     batches = {k: np.ascontiguousarray(stats[:, col]) for col, k in enumerate(PHASES, STAT_SUM_V)}
-    for _, tokens, cost in _shown(loads):  # the phases beyond the stats table's (audio)
-        for k in (x for x in (tokens, cost) if x not in PHASES):
-            batches[k] = np.bincount(np.arange(n) // b, weights=loads[k][perm])
+    del stats
+    batches.update(extra)
     random_loads = {}
     for k, per_batch in batches.items():  # rows of D: reductions run fast
         random_loads[k] = (
             per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
         )
-    return metrics_of(random_loads, pad_ratios(stats))
+    return metrics_of(random_loads, pads)

@@ -144,16 +144,17 @@ def _scale(lines: list[str], raw: dict) -> None:
     lines += [
         "",
         "Time in process is the median of three builds in one process; peak RSS includes the "
-        "input table itself. The report's random-batching baseline runs on the second core "
-        "while ISF groups (its kernel releases the GIL), and the per-sample loads, ISF's "
-        "sample-to-group column and the sort order are let go before the plan's columns are "
-        "made. What limits the 10M case: ISF's ten Fisher-Yates shuffles of the remaining "
-        "(index, loads) records (37.6M records in all at 10M rows, about 2 s of random memory "
-        "access: a cache-friendlier shuffle would draw another permutation, so another plan, "
-        "for the same seed), the first touch of freshly allocated pages on this VM (the plan's "
-        "eleven per-sample columns: ~1.5 s), and the sorts of the step assignment. The command "
-        "adds reading the table (~1.2 s), the repeated-id check (1.25 s, on the second core "
-        "beside the build) and writing plan.parquet (~1.4 s).",
+        "input table itself (here the caller keeps it; the command does not). The report's "
+        "random-batching baseline runs on the second core while the steps are assigned (its "
+        "kernel releases the GIL), and the plan's per-sample columns are made when the table "
+        "is asked for (the command writes them a million rows at a time instead). What limits "
+        "the 10M case: ISF's ten Fisher-Yates shuffles of the remaining (index, loads) records "
+        "(37.6M records in all at 10M rows, about 2 s of random memory access: a "
+        "cache-friendlier shuffle would draw another permutation, so another plan, for the "
+        "same seed), the first touch of freshly allocated pages on this VM, and the sorts of "
+        "the step assignment. The command adds reading the table (~1.2 s), the repeated-id "
+        "check (1.25 s, on the second core while the plan is written) and writing plan.parquet "
+        "(~1.4 s).",
         "",
     ]
     with tempfile.TemporaryDirectory(prefix="equishard-bench-") as work:
@@ -205,10 +206,12 @@ def _scale(lines: list[str], raw: dict) -> None:
             f"{tch['first']:.1f} s the first time ({tch['sys_seconds']:.1f} s of it in the "
             f"kernel, faulting the pages in) and {tch['again']:.2f} s again in the same process. "
             "The VM backs a page only when it is first touched (0.2-0.3 s per GB on bare metal), "
-            "so a command that peaks at 2.5 GiB pays it once per run, while the in-process build "
-            "above (median of three, the later ones on pages already backed) does not. The "
-            "command's own work is the in-process build plus reading (~1.2 s) and writing "
-            "(~1.5 s); 8 s here would need a peak well under 1 GB (a streamed plan).",
+            "so a command pays it once per run, while the in-process build above (median of "
+            "three, the later ones on pages already backed) does not. The command's own work is "
+            "the in-process build plus reading (~1.2 s) and writing (~1.5 s); 8 s here would "
+            "need a peak well under 1 GB. Since 2026-12-07 the plan is written a million rows "
+            "at a time and the table's unread columns are let go (2.40 GiB before; the wall is "
+            "within this VM's spread between runs, 12-16 s).",
             "",
         ]
     _one_machine(lines, raw, b)
@@ -251,12 +254,13 @@ def _one_machine(lines: list[str], raw: dict, at_10m: dict) -> None:
         "plan's per-sample columns are made a million rows at a time as plan.parquet is written "
         "(`balancing.plan_rows`), the table's columns the plan does not read are let go before "
         "the build (the command passes its table on; arrow's pool returns the pages), the cost "
-        "table's sum check runs a million rows at a time, and ISF moves the samples a round "
-        "leaves within one array of records. What the peak holds now, a sample at a time: the "
-        "four float64 loads the build and its metrics read (32 bytes), the vision and LLM token "
-        "columns (16), the sample ids (~14), ISF's records (16), its sample-to-group and "
-        "group-end columns (16), the random-batching baseline's permutation and batch table on "
-        "the second core (~24), and the step assignment's sort keys.",
+        "table's sum check runs a million rows at a time, ISF moves the samples a round "
+        "leaves within one array of records, the random-batching baseline lets go of its "
+        "permutation and batch table once read and runs beside the step assignment, and the "
+        "repeated-id check (its hash table) runs while the plan is written. The peak is now "
+        "while the steps are assigned: the four float64 loads (32 bytes a sample), the sample "
+        "ids (~14), the assignment's keys and group columns, and the baseline's permutation and "
+        "batch table on the second core.",
         "",
     ]
 

@@ -17,7 +17,9 @@ import numpy as np
 
 from balancing.isf import ISFParams, isf_group
 
-__all__ = ["auto_isf_params"]
+__all__ = ["SAMPLE_SIZE", "auto_isf_params", "sample_rows"]
+
+SAMPLE_SIZE = 20_000  # rows whose loads choose the caps
 
 
 def _granularity(x: np.ndarray) -> int:
@@ -59,6 +61,15 @@ def _params(
     )
 
 
+def sample_rows(n: int, seed: int, sample_size: int = SAMPLE_SIZE) -> np.ndarray:
+    """The rows (sorted) of ``n`` whose loads choose the caps: all where at most
+    ``sample_size``, else a seeded subsample of that many (a plan over partitions gathers the
+    same rows, so its caps are those of the whole table's plan)."""
+    if n <= sample_size:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, sample_size, replace=False))
+
+
 def auto_isf_params(
     v: np.ndarray,
     t: np.ndarray,
@@ -68,7 +79,7 @@ def auto_isf_params(
     seed: int = 0,
     slack: float = 0.05,
     rounds: int = 10,
-    sample_size: int = 20_000,
+    sample_size: int = SAMPLE_SIZE,
     tolerance: float = 0.01,
     max_trials: int = 8,
 ) -> ISFParams:
@@ -84,9 +95,8 @@ def auto_isf_params(
         raise ValueError("cannot choose caps for an empty cost table")
     if extra is not None:
         extra = np.asarray(extra, dtype=np.int64).reshape(v.size, -1)
-    rng = np.random.default_rng(seed)
     if v.size > sample_size:
-        pick = np.sort(rng.choice(v.size, sample_size, replace=False))
+        pick = sample_rows(v.size, seed, sample_size)
         v, t = v[pick], t[pick]
         extra = extra[pick] if extra is not None else None
     mv = max(float(v.mean()), 1.0)

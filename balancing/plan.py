@@ -28,7 +28,6 @@ from balancing.cost_model import CostModel
 from balancing.isf import (
     FLAG_LAST_STEP,
     FLAG_LEFTOVER,
-    FLAG_NAMES,
     FLAG_OVERSIZE,
     ISFParams,
     isf_group,
@@ -43,6 +42,7 @@ from balancing.plan_quality import (
     random_batching_metrics,
     step_loads_of,
 )
+from balancing.plan_report import plan_report
 from balancing.plan_rows import DICTIONARY_COLUMNS, PlanRows
 from balancing.steps import assign_steps
 from equishard.common.durable import durable_replace
@@ -62,7 +62,6 @@ from equishard.contracts.plan import PLAN_PARQUET, PLAN_REPORT, PLAN_SCHEMA, pla
 __all__ = ["PLAN_SCHEMA", "BalanceConfig", "BalanceResult", "build_plan", "write_plan"]
 
 REFINE_STEPS = ("auto", "on", "off")
-CAP_NAME = {"audio": "a"}  # an encoder phase's letter in the caps' names (q_a, qf_a)
 MAX_ROUNDS = 1000  # ISF rounds; each is a full pass over the samples still ungrouped
 
 
@@ -250,6 +249,42 @@ class BalanceResult:
         return pc.max(self._plan.column(name)).as_py()
 
 
+def isf_params(
+    cfg: BalanceConfig, others: tuple, v: np.ndarray, t_group: np.ndarray, extra
+) -> ISFParams:
+    """ISF's caps and targets: the configuration's, else chosen from the samples' vision
+    tokens ``v``, LLM tokens ``t_group`` and other encoders' tokens ``extra`` (all of a table's,
+    or the same subsample of them ``auto_isf_params`` draws); ``others``: the table's encoder
+    phases beside the vision tower."""
+    if (cfg.q_a is not None) != bool(others) and cfg.q_v is not None:
+        raise ValueError(
+            "the cost table has recordings: give --audio-tokens-per-group (--q-a) with the other "
+            "caps"
+            if others
+            else "--audio-tokens-per-group (--q-a) is given but the cost table has no audio phase"
+        )
+    if cfg.q_v is not None:
+        q_e = (cfg.q_a,) if others else ()
+        return ISFParams(
+            q_v=cfg.q_v,
+            q_t=cfg.q_t,
+            qf_v=max(1, int(cfg.q_v * (1 - cfg.slack))),
+            qf_t=max(1, int(cfg.q_t * (1 - cfg.slack))),
+            rounds=cfg.rounds,
+            q_e=q_e,
+            qf_e=tuple(max(1, int(q * (1 - cfg.slack))) for q in q_e),
+        )
+    return auto_isf_params(
+        v,
+        t_group,
+        extra=extra,
+        target_batch=cfg.target_batch,
+        seed=cfg.seed,
+        slack=cfg.slack,
+        rounds=cfg.rounds,
+    )
+
+
 def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     """Group, assign and place every sample of a cost table; nothing is dropped."""
     timings = {}
@@ -282,34 +317,7 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
     timings["costs"] = time.perf_counter() - t0
 
     t1 = time.perf_counter()
-    if (cfg.q_a is not None) != bool(others) and cfg.q_v is not None:
-        raise ValueError(
-            "the cost table has recordings: give --audio-tokens-per-group (--q-a) with the other "
-            "caps"
-            if others
-            else "--audio-tokens-per-group (--q-a) is given but the cost table has no audio phase"
-        )
-    if cfg.q_v is not None:
-        q_e = (cfg.q_a,) if others else ()
-        params = ISFParams(
-            q_v=cfg.q_v,
-            q_t=cfg.q_t,
-            qf_v=max(1, int(cfg.q_v * (1 - cfg.slack))),
-            qf_t=max(1, int(cfg.q_t * (1 - cfg.slack))),
-            rounds=cfg.rounds,
-            q_e=q_e,
-            qf_e=tuple(max(1, int(q * (1 - cfg.slack))) for q in q_e),
-        )
-    else:
-        params = auto_isf_params(
-            v,
-            t_group,
-            extra=extra,
-            target_batch=cfg.target_batch,
-            seed=cfg.seed,
-            slack=cfg.slack,
-            rounds=cfg.rounds,
-        )
+    params = isf_params(cfg, others, v, t_group, extra)
     timings["params"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
@@ -402,60 +410,27 @@ def build_plan(table: pa.Table, cfg: BalanceConfig) -> BalanceResult:
         },
     }
     rows = PlanRows(sample_ids, g, per_group, plan_schema(others))
-    nonempty = gsize > 0  # dissolved groups and empty last-step slots hold no samples
-    flag_counts = np.bincount(flags[nonempty], minlength=len(FLAG_NAMES))
-    oversize_ids = ids.take(pa.array(np.flatnonzero(sample_flag == FLAG_OVERSIZE)[:20])).to_pylist()
-    last = a.last_step_groups
-    report = {
-        "counts": {
-            "in": n,
-            "out": rows.num_rows,
-            "groups": int(nonempty.sum()),
-            "steps": int(a.n_steps),
-            "groups_by_flag": {
-                name: int(c) for name, c in zip(FLAG_NAMES, flag_counts, strict=True)
-            },
-            "oversize_samples": int((sample_flag == FLAG_OVERSIZE).sum()),
-            "oversize_sample_ids": oversize_ids,
-            "leftover_samples": int((sample_flag == FLAG_LEFTOVER).sum()),
-            "avg_group_size": round(n / max(int(nonempty.sum()), 1), 4),
-        },
-        "last_step": {
-            "short": bool(last.size),
-            "how": (
-                "the groups left after full steps were dissolved and their samples LPT-packed into "
-                "one group per rank; no sample repeats"
-                if last.size
-                else "group count is a multiple of DP"
-            ),
-            "samples": int(gsize[last].sum()) if last.size else 0,
-            "empty_ranks": int((gsize[last] == 0).sum()) if last.size else 0,
-        },
-        "parameters": {
-            "dp": d,
-            "nodes": nodes,
-            "gpus_per_node": per,
-            "target_batch": cfg.target_batch,
-            "seed": cfg.seed,
-            "refine_steps": cfg.refine_steps,
-            "steps_refined": bool(refine),
-            "isf": {
-                "q_v": params.q_v,
-                "q_t": params.q_t,
-                "qf_v": params.qf_v,
-                "qf_t": params.qf_t,
-                **{f"q_{CAP_NAME[p.name]}": q for p, q in zip(others, params.q_e, strict=True)},
-                **{f"qf_{CAP_NAME[p.name]}": q for p, q in zip(others, params.qf_e, strict=True)},
-                "rounds": params.rounds,
-                "slack": cfg.slack,
-                "auto": cfg.q_v is None,
-                "kept_per_round": kept_per_round,
-            },
-            "cost_model": cfg.cost_model.describe(),
-        },
-        **plan_quality(step_loads, pads, n_full, nodes, random, llm_only),
-        "seconds": {k: round(x, 4) for k, x in timings.items()},
-    }
+    report = plan_report(
+        cfg=cfg,
+        params=params,
+        others=others,
+        topology=(nodes, per),
+        n_in=n,
+        n_out=rows.num_rows,
+        gsize=gsize,
+        flags=flags,
+        n_steps=a.n_steps,
+        last=a.last_step_groups,
+        oversize=(
+            int((sample_flag == FLAG_OVERSIZE).sum()),
+            ids.take(pa.array(np.flatnonzero(sample_flag == FLAG_OVERSIZE)[:20])).to_pylist(),
+        ),
+        leftover_samples=int((sample_flag == FLAG_LEFTOVER).sum()),
+        refine=refine,
+        kept_per_round=kept_per_round,
+        quality=plan_quality(step_loads, pads, n_full, nodes, random, llm_only),
+        timings=timings,
+    )
     assert report["counts"]["in"] == report["counts"]["out"]
     return BalanceResult(rows=rows, report=report)
 

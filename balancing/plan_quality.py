@@ -31,7 +31,10 @@ __all__ = [
     "metrics_of",
     "pad_ratios",
     "plan_quality",
+    "random_batch_size",
+    "random_batches",
     "random_batching_metrics",
+    "random_metrics",
     "step_loads_of",
 ]
 
@@ -177,8 +180,24 @@ def random_batching_metrics(
     sampler), the baseline every report compares against. Batch k holds the samples
     ``perm[k*B:(k+1)*B]`` of a seeded permutation."""
     n = loads[VIT_TOKENS].size
-    b = max(1, round(min(target_batch, n)))  # at most the whole table
-    perm = np.random.default_rng(seed + 1).permutation(n)
+    b = random_batch_size(target_batch, n)
+    stats, extra = random_batches(loads, b, np.random.default_rng(seed + 1))
+    return random_metrics(stats, extra, d)
+
+
+def random_batch_size(target_batch: float, n: int) -> int:
+    """B of the random-batching baseline: the target batch rounded, at most the ``n`` samples."""
+    return max(1, round(min(target_batch, n)))
+
+
+def random_batches(
+    loads: dict[str, np.ndarray], b: int, rng: np.random.Generator
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Random batches of ``b`` of the samples of ``loads`` (a permutation by ``rng``; the last
+    batch may be short): their statistics (``group_stats``' columns) and each other phase's
+    (audio) per-batch sums."""
+    n = loads[VIT_TOKENS].size
+    perm = rng.permutation(n)
     stats = _nb_block_stats(perm, b, *(loads[k] for k in PHASES))
     extra = {  # the phases beyond the stats table's (audio)
         k: np.bincount(np.arange(n) // b, weights=loads[k][perm])
@@ -186,11 +205,17 @@ def random_batching_metrics(
         for k in (tokens, cost)
         if k not in PHASES
     }
-    # each let go once read: the baseline runs beside the build (at 30M rows 1 GB at once)
-    del perm
+    return stats, extra
+
+
+def random_metrics(stats: np.ndarray, extra: dict[str, np.ndarray], d: int) -> dict:
+    """The baseline's metrics from its batches (:func:`random_batches`): D batches a step, in
+    order; the batches that fill no whole step left out (all of them in one step where fewer
+    than D)."""
     r_steps = stats.shape[0] // d
     pads = pad_ratios(stats)
     batches = {k: np.ascontiguousarray(stats[:, col]) for col, k in enumerate(PHASES, STAT_SUM_V)}
+    # each let go once read: the baseline runs beside the build (at 30M rows 1 GB at once)
     del stats
     batches.update(extra)
     random_loads = {}

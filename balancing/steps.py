@@ -28,7 +28,17 @@ from balancing._kernels.step_refine import _nb_refine_steps
 from balancing._kernels.tables import _nb_counting_argsort
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 
-__all__ = ["StepAssignment", "assign_steps", "clear_sparse_steps", "per_sample", "refine_steps"]
+__all__ = [
+    "StepAssignment",
+    "assign_steps",
+    "clear_sparse_steps",
+    "last_step_bins",
+    "order_steps",
+    "per_sample",
+    "place_steps",
+    "refine_steps",
+    "steps_of",
+]
 
 COARSE_LEVELS = 16  # sort levels of an encoder phase's load beside the vision tower
 MAX_MOVES = 4096  # moves per step; a step converges in far fewer (one per sample, about)
@@ -122,6 +132,66 @@ def clear_sparse_steps(
     return out
 
 
+def order_steps(
+    gv: np.ndarray, gt: np.ndarray, gct: np.ndarray, ge: list[np.ndarray], d: int, rng
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The full steps from the groups' sums (vision tokens ``gv``, LLM tokens ``gt``, modeled LLM
+    cost ``gct``, each other encoder's tokens ``ge``): ``step_of`` (groups + D slots, -1 where
+    in no step yet), the groups left over (``rest``, fewer than D) and the number of full
+    steps. Groups sort by the other encoders' loads in coarse levels, then ``gv``, ``gt``,
+    ``gct`` (stable: ties keep group order); runs of D form the steps, shuffled by ``rng``."""
+    n_groups = gv.shape[0]
+    order = np.lexsort((gct, gt, gv, *[coarse(x) for x in ge[::-1]]))
+    n_full = n_groups // d
+    full = order[: n_full * d].reshape(n_full, d)
+    step_of = np.full(n_groups + d, -1, dtype=np.int64)
+    perm = rng.permutation(n_full)
+    step_of[full[perm].ravel()] = np.repeat(np.arange(n_full), d)
+    return step_of, order[n_full * d :], n_full
+
+
+def last_step_bins(
+    members: np.ndarray, costs: list[np.ndarray], means: list[float], d: int
+) -> np.ndarray:
+    """The final step's group (0..D-1) of each sample of the dissolved groups: LPT by their
+    modeled costs, each phase's ``costs`` over its mean over all samples (``means``), heaviest
+    first, ties by ``members`` (the samples' indices in the table)."""
+    w = np.zeros(members.size)
+    for c, m in zip(costs, means, strict=True):
+        w = w + c / max(m, 1e-12)
+    order_m = np.lexsort((members, -w))
+    bins = np.empty(members.size, dtype=np.int64)
+    _nb_lpt_capped(w, order_m, d, 0, 0.0, w, bins)
+    return bins
+
+
+def steps_of(step_of: np.ndarray, n_steps: int, d: int) -> np.ndarray:
+    """[steps, D]: each step's groups (groups in no step left out), in group order."""
+    placed = np.flatnonzero(step_of >= 0)
+    return placed[_nb_counting_argsort(step_of[placed], n_steps)].reshape(n_steps, d)
+
+
+def place_steps(
+    sums: list[np.ndarray], by_step: np.ndarray, *, nodes: int, gpus_per_node: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(node, local rank) of every group (-1: in no step): each step's groups placed so that
+    every node's load is even in every phase; ``sums``: each phase's per-group tokens (normalized
+    here so that all phases weigh alike)."""
+    n_steps, d = by_step.shape
+    placing = np.empty((n_steps, d, len(sums)))
+    for j, x in enumerate(sums):
+        placing[:, :, j] = x[by_step] / max(x.mean(), 1e-12)
+    node_s = np.empty((n_steps, d), dtype=np.int64)
+    local_s = np.empty((n_steps, d), dtype=np.int64)
+    _nb_place_on_nodes(placing, nodes, gpus_per_node, node_s, local_s)
+    total = sums[0].shape[0]
+    node = np.full(total, -1, dtype=np.int64)
+    local = np.full(total, -1, dtype=np.int64)
+    node[by_step.ravel()] = node_s.ravel()
+    local[by_step.ravel()] = local_s.ravel()
+    return node, local
+
+
 def assign_steps(
     group_of: np.ndarray,
     n_groups: int,
@@ -145,53 +215,38 @@ def assign_steps(
     gt = _group_sums(group_of, loads[LLM_TOKENS], n_groups)
     gct = _group_sums(group_of, loads["llm_cost"], n_groups)
     ge = [_group_sums(group_of, loads[tokens], n_groups) for tokens, _ in extra]
-    # stable: ties keep group order; another encoder's load first, in coarse levels
-    order = np.lexsort((gct, gt, gv, *[coarse(x) for x in ge[::-1]]))
-    n_full = n_groups // d
-    full = order[: n_full * d].reshape(n_full, d)
-    rest = order[n_full * d :]
+    step_of, rest, n_steps = order_steps(gv, gt, gct, ge, d, rng)
     group_of = group_of.copy()
-    step_of = np.full(n_groups + d, -1, dtype=np.int64)
-    perm = rng.permutation(n_full)
-    step_of[full[perm].ravel()] = np.repeat(np.arange(n_full), d)
-    n_steps = n_full
     last = np.empty(0, dtype=np.int64)
     if rest.size:
         # Dissolve the remaining groups; LPT their samples over D new groups (the final step).
         dissolved = np.zeros(n_groups, dtype=np.bool_)
         dissolved[rest] = True
         members = np.flatnonzero(dissolved[group_of])
-        w = loads["vit_cost"][members] / max(loads["vit_cost"].mean(), 1e-12)
-        for _, cost in extra:
-            w = w + loads[cost][members] / max(loads[cost].mean(), 1e-12)
-        w = w + loads["llm_cost"][members] / max(loads["llm_cost"].mean(), 1e-12)
-        order_m = np.lexsort((members, -w))
-        bins = np.empty(members.size, dtype=np.int64)
-        _nb_lpt_capped(w, order_m, d, 0, 0.0, w, bins)
+        costs = ("vit_cost", *(cost for _, cost in extra), "llm_cost")
+        bins = last_step_bins(
+            members,
+            [loads[k][members] for k in costs],
+            [loads[k].mean() for k in costs],
+            d,
+        )
         last = n_groups + np.arange(d)
         group_of[members] = last[bins]
         step_of[last] = n_steps
         n_steps += 1
     total = n_groups + (d if rest.size else 0)
-    # Loads per (step, slot, phase) for node placement, normalized so all phases weigh alike.
-    placed = np.flatnonzero(step_of[:total] >= 0)
-    by_step = placed[_nb_counting_argsort(step_of[placed], n_steps)].reshape(n_steps, d)
+    by_step = steps_of(step_of[:total], n_steps, d)
     keys = (VIT_TOKENS, *(tokens for tokens, _ in extra), LLM_TOKENS)
     if caps is not None:
         x = per_sample([loads[k] for k in keys])
         group_of = refine_steps(group_of, step_of, by_step, x, caps)
         group_of = clear_sparse_steps(group_of, by_step, x, caps, total)
-    placing = np.empty((n_steps, d, len(keys)))
-    for j, key in enumerate(keys):
-        sums = _group_sums(group_of, loads[key], total)
-        placing[:, :, j] = sums[by_step] / max(sums.mean(), 1e-12)
-    node_s = np.empty((n_steps, d), dtype=np.int64)
-    local_s = np.empty((n_steps, d), dtype=np.int64)
-    _nb_place_on_nodes(placing, nodes, gpus_per_node, node_s, local_s)
-    node = np.full(total, -1, dtype=np.int64)
-    local = np.full(total, -1, dtype=np.int64)
-    node[by_step.ravel()] = node_s.ravel()
-    local[by_step.ravel()] = local_s.ravel()
+    node, local = place_steps(
+        [_group_sums(group_of, loads[key], total) for key in keys],
+        by_step,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+    )
     return StepAssignment(
         group_of=group_of,
         step=step_of[:total],

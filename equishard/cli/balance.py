@@ -31,6 +31,7 @@ examples:
   equishard balance build/cost.parquet --dp 8 -o build/plan
   equishard balance cost.parquet --dp 64 --nodes 8 --gpus-per-node 8 --target-batch 4 --seed 1 -o plan
   equishard balance cost.parquet --dp 8 --llm-hidden 8192 --llm-layers 80 -o plan
+  equishard balance cost.parquet --dp 512 --nodes 64 --engine ray --partitions 32 -o plan
 """
 
 
@@ -57,6 +58,9 @@ def add_parser(sub: argparse._SubParsersAction, name: str) -> None:
         help="directory for plan.parquet and report.json",
     )
     add_options(p, BalanceConfig)  # declared on its fields, as the cost model's below
+    from balancing.parts import BalanceEngine
+
+    add_options(p.add_argument_group("where the plan is made"), BalanceEngine)
     g = p.add_argument_group("modeled cost (alpha*tokens + beta*sum(len^2) per phase)")
     add_options(g, CostModelOptions)
     add_options(p.add_argument_group("row memory (the largest group's logits)"), RowMemory)
@@ -137,14 +141,55 @@ def print_report(report: dict, plan_dir: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from concurrent.futures import ThreadPoolExecutor
-
     from balancing.cost_model import CostModelOptions
-    from balancing.plan import BalanceConfig, build_plan, write_plan
+    from balancing.parts import BalanceEngine
+    from balancing.plan import BalanceConfig
     from balancing.row_memory import RowMemory
-    from equishard.cli._common import check_output_dir, fail, os_failure
+    from equishard.cli._common import check_output_dir, fail
     from equishard.common.options import config_kwargs
     from equishard.contracts.columns import GROUP_LLM_TOKENS
+
+    try:
+        model = CostModelOptions(**config_kwargs(CostModelOptions, args)).build()
+        cfg = BalanceConfig(**config_kwargs(BalanceConfig, args), cost_model=model)
+        memory = RowMemory(**config_kwargs(RowMemory, args))
+        engine = BalanceEngine(**config_kwargs(BalanceEngine, args))
+        check_output_dir(args.output)
+        for name in (PLAN_PARQUET, PLAN_REPORT):  # written there: never over the input
+            out = Path(args.output) / name
+            if out.is_file() and os.path.samefile(out, args.cost_table):
+                raise ValueError(
+                    f"{args.cost_table} is the plan's own {out}: balance would replace its cost "
+                    "table with the plan; give another -o directory"
+                )
+    except (ValueError, OSError) as exc:
+        return fail(str(exc))
+    if engine.partitioned:
+        code, result = _partitioned(args, cfg, engine)
+    else:
+        code, result = _whole(args, cfg)
+    if result is None:
+        return code
+    largest = result.column_max(GROUP_LLM_TOKENS) or 0
+    warning = memory.warning(int(largest))
+    if args.json:  # report.json with the shape every command's --json has in front
+        r = result.report
+        counts = {**r["counts"], "rejected": 0}  # balance drops nothing: in == out
+        warnings = {"warnings": [warning]} if warning else {}
+        print(json.dumps({"command": "balance", "status": "ok", **r, "counts": counts, **warnings}))
+    else:
+        print_report(result.report, args.output)
+    if warning:
+        print(f"equishard balance: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _whole(args: argparse.Namespace, cfg):
+    """(exit code, the plan or None) of a plan made whole in this process."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from balancing.plan import build_plan, write_plan
+    from equishard.cli._common import fail, os_failure
     from equishard.contracts.cost_table import (
         check_repeated_ids,
         read_cost_table,
@@ -155,17 +200,6 @@ def run(args: argparse.Namespace) -> int:
     from equishard.contracts.shared_tower import fold_shared_towers
 
     try:
-        model = CostModelOptions(**config_kwargs(CostModelOptions, args)).build()
-        cfg = BalanceConfig(**config_kwargs(BalanceConfig, args), cost_model=model)
-        memory = RowMemory(**config_kwargs(RowMemory, args))
-        check_output_dir(args.output)
-        for name in (PLAN_PARQUET, PLAN_REPORT):  # written there: never over the input
-            out = Path(args.output) / name
-            if out.is_file() and os.path.samefile(out, args.cost_table):
-                raise ValueError(
-                    f"{args.cost_table} is the plan's own {out}: balance would replace its cost "
-                    "table with the plan; give another -o directory"
-                )
         table = read_cost_table(args.cost_table, required_only=True, validate=False)
         table_phases(table, args.cost_table)  # the columns agree with the recorded phases
         table = fold_shared_towers(table)  # video frames the vision tower runs: its load
@@ -181,24 +215,54 @@ def run(args: argparse.Namespace) -> int:
         del table
         result = build_plan(held.pop(), cfg)
     except (ValueError, OSError) as exc:
-        return fail(str(exc))
+        return fail(str(exc)), None
     try:
         with ThreadPoolExecutor(1) as pool:
             ids_checked = pool.submit(check_repeated_ids, ids, args.cost_table)
             write_plan(result, args.output, before_publish=ids_checked.result)
     except ValueError as exc:  # a repeated id: nothing published
-        return fail(str(exc))
+        return fail(str(exc)), None
     except OSError as exc:  # a full disk, a directory taken away: a failed run
-        return fail(f"{args.output}: {os_failure(exc, 'writing the plan')}", 1)
-    largest = result.column_max(GROUP_LLM_TOKENS) or 0
-    warning = memory.warning(int(largest))
-    if args.json:  # report.json with the shape every command's --json has in front
-        r = result.report
-        counts = {**r["counts"], "rejected": 0}  # balance drops nothing: in == out
-        warnings = {"warnings": [warning]} if warning else {}
-        print(json.dumps({"command": "balance", "status": "ok", **r, "counts": counts, **warnings}))
-    else:
-        print_report(result.report, args.output)
-    if warning:
-        print(f"equishard balance: warning: {warning}", file=sys.stderr)
-    return 0
+        return fail(f"{args.output}: {os_failure(exc, 'writing the plan')}", 1), None
+    return 0, result
+
+
+def _partitioned(args: argparse.Namespace, cfg, engine):
+    """(exit code, the plan or None) of a plan over partitions (:mod:`balancing.partitioned`):
+    the workers check the ids across partitions before anything is published."""
+    from balancing.partitioned import build_partitioned_plan
+    from balancing.parts import open_parts, repeated_ids_message
+    from balancing.plan import write_plan
+    from equishard.cli._common import fail, os_failure
+    from equishard.contracts.cost_table import cost_table_rows
+
+    path = args.cost_table
+
+    def ids_checked() -> None:
+        message = repeated_ids_message(path, parts.repeated_ids())
+        if message:
+            raise ValueError(message)
+
+    try:
+        n = cost_table_rows(path)
+        if n == 0:
+            raise ValueError(f"{path}: the cost table has no rows: nothing to balance")
+        parts, bounds = open_parts(engine, path, n, cfg.cost_model)
+    except (ValueError, OSError, ImportError) as exc:
+        return fail(str(exc)), None
+    with parts:
+        try:
+            result = build_partitioned_plan(path, cfg, parts, bounds)
+        except (ValueError, OSError) as exc:
+            return fail(str(exc)), None
+        except RuntimeError as exc:  # a worker died or hung: a failed run
+            return fail(str(exc), 1), None
+        try:
+            write_plan(result, args.output, before_publish=ids_checked)
+        except ValueError as exc:  # a repeated id: nothing published
+            return fail(str(exc)), None
+        except RuntimeError as exc:
+            return fail(str(exc), 1), None
+        except OSError as exc:
+            return fail(f"{args.output}: {os_failure(exc, 'writing the plan')}", 1), None
+    return 0, result

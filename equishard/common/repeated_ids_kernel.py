@@ -12,7 +12,44 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["nb_repeated"]
+__all__ = ["id_hash_reference", "nb_id_hashes", "nb_repeated"]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash(data, a, b):
+    """FNV-1a of ``data[a:b]``, then a 64-bit finalizer (ids that differ in one digit land far
+    apart); :func:`id_hash_reference` is its twin."""
+    h = np.uint64(14695981039346656037)
+    for k in range(a, b):
+        h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def nb_id_hashes(offsets, data):
+    """Every row's hash of its bytes ``data[offsets[i]:offsets[i + 1]]`` (a plan over
+    partitions sends each id to the worker its hash names, which finds the repeats among
+    them)."""
+    n = offsets.shape[0] - 1
+    out = np.empty(n, np.uint64)
+    for i in range(n):
+        out[i] = _hash(data, offsets[i], offsets[i + 1])
+    return out
+
+
+def id_hash_reference(value: bytes) -> int:
+    """:func:`nb_id_hashes`' hash of one id's bytes in plain Python."""
+    m = (1 << 64) - 1
+    h = 14695981039346656037
+    for byte in value:
+        h = ((h ^ byte) * 1099511628211) & m
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & m
+    h ^= h >> 33
+    return h
 
 
 @njit(cache=True, nogil=True)  # nogil: balance runs it beside the build, in a thread
@@ -28,12 +65,7 @@ def nb_repeated(offsets, data, valid, table, tags):
         if not valid[i]:
             continue
         a, b = offsets[i], offsets[i + 1]
-        h = np.uint64(14695981039346656037)
-        for k in range(a, b):
-            h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
-        h ^= h >> np.uint64(33)  # finalizer: ids that differ in one digit land far apart
-        h *= np.uint64(0xFF51AFD7ED558CCD)
-        h ^= h >> np.uint64(33)
+        h = _hash(data, a, b)
         slot = h & mask
         tag = np.uint32(h >> np.uint64(32))
         while True:

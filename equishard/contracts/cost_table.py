@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from equishard.common.errors import describe
 from equishard.common.local_files import regular_file
 from equishard.common.repeated_ids import repeated_mask
+from equishard.common.values import check_count
 from equishard.contracts.columns import (
     IMAGE_HEIGHTS,
     IMAGE_WIDTHS,
@@ -423,3 +424,46 @@ def read_cost_table(
     if validate:
         validate_cost_table(table, path)
     return table
+
+
+def cost_table_rows(path: str | Path) -> int:
+    """The number of rows of a cost table, from its footer (nothing else read)."""
+    with _parquet_errors(path):
+        return pq.read_metadata(regular_file(path, "table")).num_rows
+
+
+def read_cost_rows(
+    path: str | Path, start: int, stop: int, *, batch_rows: int = 1 << 16
+) -> pa.Table:
+    """Rows ``start`` to ``stop`` of a cost table, balancing's columns only (as
+    ``read_cost_table(required_only=True, validate=False)`` reads them), holding at most one
+    batch of ``batch_rows`` beyond them: only the row groups they overlap are decoded, a batch at
+    a time (a worker of a plan over partitions reads its share of one file this way)."""
+    check_count("batch_rows", batch_rows, 1)
+    with _parquet_errors(path):
+        file = pq.ParquetFile(regular_file(path, "table"))
+        n = file.metadata.num_rows
+        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start <= stop <= n):
+            raise ValueError(f"{path}: rows {start!r}..{stop!r} are not within its {n} rows")
+        wanted = {*REQUIRED_COLUMNS, *(c for p in ENCODER_PHASES for c in p.columns)}
+        names = [c for c in file.schema_arrow.names if c in wanted]
+        schema = file.schema_arrow
+        schema = pa.schema([schema.field(c) for c in names], metadata=schema.metadata)
+        ends = np.cumsum([file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)])
+        first = int(np.searchsorted(ends, start, side="right"))
+        last = int(np.searchsorted(ends, stop, side="left"))
+        groups = list(range(first, min(last + 1, file.num_row_groups)))
+        pos = int(ends[first - 1]) if first else 0
+        kept = []
+        if start < stop:
+            for batch in file.iter_batches(batch_rows, row_groups=groups, columns=names):
+                a, b = max(start, pos), min(stop, pos + batch.num_rows)
+                if a < b:
+                    kept.append(batch.slice(a - pos, b - a))
+                pos += batch.num_rows
+                if pos >= stop:
+                    break
+        raw = pa.Table.from_batches(kept, schema=schema)
+    if raw.num_rows != stop - start:
+        raise ValueError(f"{path}: rows {start}..{stop} read as {raw.num_rows} rows: truncated?")
+    return conform_cost_table(raw, path, required_only=True)

@@ -57,16 +57,7 @@ from equishard.contracts.columns import (
 )
 from equishard.contracts.plan import plan_schema
 
-__all__ = ["PartRows", "build_partitioned_plan", "partition_bounds"]
-
-
-def partition_bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    """Rows (start, stop) of each of ``parts`` partitions of ``n`` rows: as equal as can be, in
-    table order."""
-    if not 1 <= parts <= max(n, 1):
-        raise ValueError(f"cannot cut {n} rows into {parts} partitions: give 1..{max(n, 1)}")
-    cuts = [n * i // parts for i in range(parts + 1)]
-    return list(itertools.pairwise(cuts))
+__all__ = ["PartRows", "build_partitioned_plan"]
 
 
 def _segments(x: np.ndarray, edges: list[int]) -> list[np.ndarray]:

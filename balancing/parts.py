@@ -7,6 +7,7 @@ repeated-id check across workers.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -31,6 +32,7 @@ __all__ = [
     "Parts",
     "RayParts",
     "open_parts",
+    "partition_bounds",
     "repeated_ids_message",
 ]
 
@@ -79,10 +81,17 @@ class BalanceEngine:
         return self.engine == "ray" or self.partitions is not None
 
 
+def partition_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """Rows (start, stop) of each of ``parts`` partitions of ``n`` rows: as equal as can be, in
+    table order."""
+    if not 1 <= parts <= max(n, 1):
+        raise ValueError(f"cannot cut {n} rows into {parts} partitions: give 1..{max(n, 1)}")
+    cuts = [n * i // parts for i in range(parts + 1)]
+    return list(itertools.pairwise(cuts))
+
+
 def open_parts(engine: BalanceEngine, path: str, n: int, cost_model: CostModel):
     """(the workers, their partitions' row bounds) of a plan of the ``n`` rows at ``path``."""
-    from balancing.partitioned import partition_bounds
-
     if engine.engine == "local":
         bounds = partition_bounds(n, min(engine.partitions, max(n, 1)))
         return LocalParts(path, bounds, cost_model), bounds

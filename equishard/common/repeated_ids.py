@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 __all__ = [
     "SMALL",
+    "id_hash_reference",
     "repeated_mask",
     "repeated_mask_arrow",
     "repeated_mask_numba",
@@ -80,6 +81,18 @@ def repeated_mask_arrow(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
     counts = pc.value_counts(ids)
     dup = counts.filter(pc.greater(counts.field("counts"), 1)).field("values").drop_null()
     return np.asarray(pc.fill_null(pc.is_in(ids, value_set=dup), False), dtype=bool)
+
+
+def id_hash_reference(value: bytes) -> int:
+    """``repeated_ids_kernel.nb_id_hashes``' hash of one id's bytes in plain Python."""
+    m = (1 << 64) - 1
+    h = 14695981039346656037
+    for byte in value:
+        h = ((h ^ byte) * 1099511628211) & m
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & m
+    h ^= h >> 33
+    return h
 
 
 def repeated_reference(ids: list[str | None]) -> np.ndarray:

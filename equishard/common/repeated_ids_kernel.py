@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["id_hash_reference", "nb_id_hashes", "nb_repeated"]
+__all__ = ["nb_id_hashes", "nb_repeated"]
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _hash(data, a, b):
     """FNV-1a of ``data[a:b]``, then a 64-bit finalizer (ids that differ in one digit land far
-    apart); :func:`id_hash_reference` is its twin."""
+    apart); ``repeated_ids.id_hash_reference`` is its twin."""
     h = np.uint64(14695981039346656037)
     for k in range(a, b):
         h = (h ^ np.uint64(data[k])) * np.uint64(1099511628211)
@@ -38,18 +38,6 @@ def nb_id_hashes(offsets, data):
     for i in range(n):
         out[i] = _hash(data, offsets[i], offsets[i + 1])
     return out
-
-
-def id_hash_reference(value: bytes) -> int:
-    """:func:`nb_id_hashes`' hash of one id's bytes in plain Python."""
-    m = (1 << 64) - 1
-    h = 14695981039346656037
-    for byte in value:
-        h = ((h ^ byte) * 1099511628211) & m
-    h ^= h >> 33
-    h = (h * 0xFF51AFD7ED558CCD) & m
-    h ^= h >> 33
-    return h
 
 
 @njit(cache=True, nogil=True)  # nogil: balance runs it beside the build, in a thread

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from balancing.isf import isf_group
 from balancing.loads import sample_loads
-from balancing.partitioned import build_partitioned_plan, partition_bounds
-from balancing.parts import BalanceEngine, LocalParts
+from balancing.partitioned import build_partitioned_plan
+from balancing.parts import BalanceEngine, LocalParts, partition_bounds
 from balancing.plan import BalanceConfig, build_plan, isf_params
 from balancing.steps import assign_steps
 from bench._internvl import resampled

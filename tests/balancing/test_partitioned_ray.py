@@ -13,8 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from balancing.cost_model import CostModel
-from balancing.partitioned import partition_bounds
-from balancing.parts import RayParts
+from balancing.parts import RayParts, partition_bounds
 from bench._internvl import resampled
 from equishard.common.ray_engine import RayOptions
 

@@ -116,3 +116,26 @@ def test_small_columns_skip_numba_and_large_ones_take_the_kernel(monkeypatch):
     monkeypatch.setattr(rid, "SMALL", 40)
     rid.repeated_mask(ids)
     assert took == ["arrow", "numba"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet="ab1é\x00", max_size=12), max_size=40), st.integers(0, 3))
+def test_the_id_hash_kernel_equals_its_twin(ids, start):
+    """The hash a plan over partitions sends each id by (``nb_id_hashes``) against the FNV-1a +
+    finalizer in plain Python, on a sliced column (its offsets not from 0)."""
+    from equishard.common.repeated_ids import _buffers, id_hash_reference
+    from equishard.common.repeated_ids_kernel import nb_id_hashes
+
+    arr = pa.array(["pad"] * start + ids, pa.string()).slice(start)
+    offsets, data, _ = _buffers(arr)
+    want = [id_hash_reference(x.encode()) for x in ids]
+    assert nb_id_hashes(offsets, data).tolist() == want
+    # known values: FNV-1a of "" is its offset basis, run through the finalizer
+    assert id_hash_reference(b"") == _finalized(14695981039346656037)
+
+
+def _finalized(h: int) -> int:
+    m = (1 << 64) - 1
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & m
+    return h ^ (h >> 33)

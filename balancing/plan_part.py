@@ -27,13 +27,14 @@ from balancing.plan_quality import group_stats, random_batches
 from equishard.common.repeated_ids import _buffers, _one_array, repeated_mask
 from equishard.common.repeated_ids_kernel import nb_id_hashes
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
-from equishard.contracts.cost_table import read_cost_rows, table_phases, validate_cost_table
+from equishard.contracts.cost_table import iter_cost_rows, table_phases, validate_cost_table
 from equishard.contracts.phases import check_balanced, encoder_phases
 from equishard.contracts.shared_tower import fold_shared_towers
 
-__all__ = ["OVERSIZE_IDS", "PlanPart"]
+__all__ = ["LOAD_ROWS", "OVERSIZE_IDS", "PlanPart"]
 
 OVERSIZE_IDS = 20  # oversize samples a report names
+LOAD_ROWS = 1 << 18  # rows read, checked and costed at a time
 
 
 class PlanPart:
@@ -42,27 +43,41 @@ class PlanPart:
 
     def __init__(self, path: str, index: int, start: int, stop: int, cost_model: CostModel) -> None:
         self.path, self.index, self.start, self.stop = path, index, start, stop
-        self.where = f"{path} (rows {start}..{stop - 1})"
         self.cost_model = cost_model
 
     def load(self) -> dict:
-        """Read and check the rows; their loads. The partition's row count, its encoder
-        phases' names, whether it holds media, and each load's sum (the last step weighs its
-        samples by the means over all partitions)."""
-        table = read_cost_rows(self.path, self.start, self.stop)
-        table_phases(table, self.path)
-        table = fold_shared_towers(table)
-        check_balanced(encoder_phases(table.column_names), self.where)
-        validate_cost_table(table, self.where, repeated_ids=False)
-        sl = sample_loads(table, self.cost_model, self.where)
-        self.loads = sl.loads
-        self.ids = _one_array(sl.table.column("sample_id"))
-        self.v = sl.tokens(VIT_TOKENS)
-        self.t_group = np.maximum(sl.tokens(LLM_TOKENS), 1)  # as build_plan groups
+        """Read and check the rows, :data:`LOAD_ROWS` at a time (a chunk's columns are let go
+        once its loads are made); their loads. The partition's row count, its encoder phases'
+        names, whether it holds media, and each load's sum (the last step weighs its samples by
+        the means over all partitions)."""
+        loads: dict[str, list[np.ndarray]] = {}
+        ids, v, t = [], [], []
+        others, media = (), False
+        at = self.start
+        for table in iter_cost_rows(self.path, self.start, self.stop, chunk_rows=LOAD_ROWS):
+            where = f"{self.path} (rows {at}..{at + table.num_rows - 1})"
+            at += table.num_rows
+            table_phases(table, self.path)
+            table = fold_shared_towers(table)
+            check_balanced(encoder_phases(table.column_names), where)
+            validate_cost_table(table, where, repeated_ids=False)
+            sl = sample_loads(table, self.cost_model, where)
+            others, media = sl.others, sl.has_media
+            for k, x in sl.loads.items():
+                loads.setdefault(k, []).append(x)
+            ids.append(_one_array(sl.table.column("sample_id")))
+            v.append(sl.tokens(VIT_TOKENS))
+            t.append(np.maximum(sl.tokens(LLM_TOKENS), 1))  # as build_plan groups
+            del table, sl
+        self.loads = {k: np.concatenate(x) for k, x in loads.items()}
+        self.ids = pa.concat_arrays(ids) if len(ids) > 1 else ids[0]
+        self.v, self.t_group = np.concatenate(v), np.concatenate(t)
+        del loads, ids, v, t
+        pa.default_memory_pool().release_unused()  # arrow's allocator keeps freed pages
         return {
             "rows": self.stop - self.start,
-            "others": [p.name for p in sl.others],
-            "has_media": sl.has_media,
+            "others": [p.name for p in others],
+            "has_media": media,
             "sums": {k: float(x.sum()) for k, x in self.loads.items()},
         }
 

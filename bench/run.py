@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE.parent))
 BENCHMARKS = {
     "prep": "bench.bench_prep",
     "balance": "bench.bench_balance",
+    "balance_ray": "bench.bench_balance_ray",
     "shards": "bench.bench_shards",
     "train": "bench.bench_train",
     "pipeline": "bench.bench_pipeline",

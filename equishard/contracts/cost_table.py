@@ -436,10 +436,27 @@ def read_cost_rows(
     path: str | Path, start: int, stop: int, *, batch_rows: int = 1 << 16
 ) -> pa.Table:
     """Rows ``start`` to ``stop`` of a cost table, balancing's columns only (as
-    ``read_cost_table(required_only=True, validate=False)`` reads them), holding at most one
-    batch of ``batch_rows`` beyond them: only the row groups they overlap are decoded, a batch at
-    a time (a worker of a plan over partitions reads its share of one file this way)."""
+    ``read_cost_table(required_only=True, validate=False)`` reads them): see
+    :func:`iter_cost_rows`."""
+    chunks = list(iter_cost_rows(path, start, stop, batch_rows=batch_rows))
+    return pa.concat_tables(chunks) if len(chunks) > 1 else chunks[0]
+
+
+def iter_cost_rows(
+    path: str | Path,
+    start: int,
+    stop: int,
+    *,
+    chunk_rows: int | None = None,
+    batch_rows: int = 1 << 16,
+):
+    """Rows ``start`` to ``stop`` of a cost table in tables of ``chunk_rows`` (the last may be
+    shorter; None: one table; no rows: one empty table), balancing's columns only, each
+    conformed (:func:`conform_cost_table`). Only the row groups the rows overlap are decoded, a
+    batch of ``batch_rows`` at a time, so a reader holds one chunk and one batch beyond what it
+    keeps (a worker of a plan over partitions reads its share of one file this way)."""
     check_count("batch_rows", batch_rows, 1)
+    check_count("chunk_rows", chunk_rows, 1, none=True)
     with _parquet_errors(path):
         file = pq.ParquetFile(regular_file(path, "table"))
         n = file.metadata.num_rows
@@ -453,17 +470,35 @@ def read_cost_rows(
         first = int(np.searchsorted(ends, start, side="right"))
         last = int(np.searchsorted(ends, stop, side="left"))
         groups = list(range(first, min(last + 1, file.num_row_groups)))
-        pos = int(ends[first - 1]) if first else 0
-        kept = []
-        if start < stop:
-            for batch in file.iter_batches(batch_rows, row_groups=groups, columns=names):
-                a, b = max(start, pos), min(stop, pos + batch.num_rows)
-                if a < b:
-                    kept.append(batch.slice(a - pos, b - a))
-                pos += batch.num_rows
-                if pos >= stop:
-                    break
-        raw = pa.Table.from_batches(kept, schema=schema)
-    if raw.num_rows != stop - start:
-        raise ValueError(f"{path}: rows {start}..{stop} read as {raw.num_rows} rows: truncated?")
+        batches = file.iter_batches(batch_rows, row_groups=groups, columns=names)
+    pos = int(ends[first - 1]) if first else 0
+    want = chunk_rows or max(stop - start, 1)
+    kept: list[pa.RecordBatch] = []
+    held = 0
+    at = start  # the first row of the chunk being gathered
+    while start < stop and pos < stop:
+        with _parquet_errors(path):
+            batch = next(batches, None)
+        if batch is None:
+            break
+        a, b = max(start, pos), min(stop, pos + batch.num_rows)
+        pos += batch.num_rows
+        while a < b:  # a batch may close a chunk and open the next
+            take = min(b - a, want - held)
+            kept.append(batch.slice(a - (pos - batch.num_rows), take))
+            held, a = held + take, a + take
+            if held == want:
+                yield _chunk(path, kept, schema, at, at + held)
+                kept, at, held = [], at + held, 0
+    if held or start == stop:
+        yield _chunk(path, kept, schema, at, at + held)
+        at += held
+    if at != stop:
+        raise ValueError(f"{path}: rows {at}..{stop - 1} could not be read: truncated?")
+
+
+def _chunk(path, kept, schema, a: int, b: int) -> pa.Table:
+    raw = pa.Table.from_batches(kept, schema=schema)
+    if raw.num_rows != b - a:
+        raise ValueError(f"{path}: rows {a}..{b} read as {raw.num_rows} rows: truncated?")
     return conform_cost_table(raw, path, required_only=True)

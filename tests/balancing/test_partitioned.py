@@ -309,3 +309,49 @@ def test_the_command_over_partitions_writes_a_plan_write_takes(tmp_path, capsys)
     from shards.write.plan_input import read_plan
 
     read_plan(out, read_cost_table(path, validate=False), path)  # what write checks of a plan
+
+
+@pytest.mark.parametrize("chunk", [1, 99, 100, 101, 250, None])
+def test_a_worker_reads_its_rows_in_chunks_of_the_size_asked(tmp_path, chunk):
+    """Chunks of ``chunk_rows`` (the last shorter) that put together are the rows, across
+    row-group (64) and batch (7) edges; rows 17..217 of 300."""
+    from equishard.contracts.cost_table import iter_cost_rows
+
+    path = _write(tmp_path, resampled(300, seed=6), 64)
+    table = read_cost_table(path, validate=False)
+    got = list(iter_cost_rows(path, 17, 217, chunk_rows=chunk, batch_rows=7))
+    sizes = [t.num_rows for t in got]
+    want = [chunk] * (200 // chunk) + ([200 % chunk] if 200 % chunk else []) if chunk else [200]
+    assert sizes == want
+    joined = pa.concat_tables(got)
+    assert joined.equals(table.select(joined.column_names).slice(17, 200))
+    assert [t.num_rows for t in iter_cost_rows(path, 5, 5, chunk_rows=chunk)] == [0]
+    with pytest.raises(ValueError, match="chunk_rows"):
+        list(iter_cost_rows(path, 0, 10, chunk_rows=0))
+
+
+def test_the_plan_is_the_same_whatever_a_worker_reads_at_a_time(tmp_path, monkeypatch):
+    import balancing.plan_part as plan_part
+
+    path = _write(tmp_path, resampled(2000, seed=8), 300)
+    cfg = BalanceConfig(dp=4, seed=1, **OFF)
+    _, once = _plan(path, cfg, 3)
+    for rows in (1, 299, 667):  # a worker holds 666 or 667 rows
+        monkeypatch.setattr(plan_part, "LOAD_ROWS", rows)
+        assert _plan(path, cfg, 3)[1].equals(once)
+
+
+def test_a_file_shorter_than_its_footer_says_is_named(tmp_path, monkeypatch):
+    """Row groups that yield fewer rows than the footer counts (a file cut or rewritten under
+    the reader): the rows missing are named, nothing is planned from the rest."""
+    from equishard.contracts import cost_table
+
+    path = _write(tmp_path, resampled(100, seed=0), 40)
+    real = pq.ParquetFile.iter_batches
+
+    def short(self, *a, **kw):
+        yield next(real(self, *a, **kw)).slice(0, 60)  # and nothing after it
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", short)
+    with pytest.raises(ValueError, match=r"cost\.parquet: rows 60\.\.99 could not be read"):
+        list(cost_table.iter_cost_rows(path, 0, 100))

@@ -34,7 +34,7 @@ from equishard.contracts.shared_tower import fold_shared_towers
 __all__ = ["LOAD_ROWS", "OVERSIZE_IDS", "PlanPart"]
 
 OVERSIZE_IDS = 20  # oversize samples a report names
-LOAD_ROWS = 1 << 18  # rows read, checked and costed at a time
+LOAD_ROWS = 1 << 16  # rows read, checked and costed at a time
 
 
 class PlanPart:
@@ -50,13 +50,17 @@ class PlanPart:
         once its loads are made); their loads. The partition's row count, its encoder phases'
         names, whether it holds media, and each load's sum (the last step weighs its samples by
         the means over all partitions)."""
-        loads: dict[str, list[np.ndarray]] = {}
-        ids, v, t = [], [], []
+        n = self.stop - self.start
+        # filled chunk by chunk in place: concatenating chunks would hold every array twice
+        self.loads: dict[str, np.ndarray] = {}
+        self.v = np.empty(n, dtype=np.int64)
+        self.t_group = np.empty(n, dtype=np.int64)
+        ids = []
         others, media = (), False
-        at = self.start
+        at = 0
         for table in iter_cost_rows(self.path, self.start, self.stop, chunk_rows=LOAD_ROWS):
-            where = f"{self.path} (rows {at}..{at + table.num_rows - 1})"
-            at += table.num_rows
+            b = at + table.num_rows
+            where = f"{self.path} (rows {self.start + at}..{self.start + b - 1})"
             table_phases(table, self.path)
             table = fold_shared_towers(table)
             check_balanced(encoder_phases(table.column_names), where)
@@ -64,15 +68,18 @@ class PlanPart:
             sl = sample_loads(table, self.cost_model, where)
             others, media = sl.others, sl.has_media
             for k, x in sl.loads.items():
-                loads.setdefault(k, []).append(x)
+                if k not in self.loads:
+                    if at:  # a phase the first chunk did not have: not one table
+                        raise ValueError(f"{where}: its columns differ from the rows before")
+                    self.loads[k] = np.empty(n, dtype=np.float64)
+                self.loads[k][at:b] = x
             ids.append(_one_array(sl.table.column("sample_id")))
-            v.append(sl.tokens(VIT_TOKENS))
-            t.append(np.maximum(sl.tokens(LLM_TOKENS), 1))  # as build_plan groups
+            self.v[at:b] = sl.tokens(VIT_TOKENS)
+            self.t_group[at:b] = np.maximum(sl.tokens(LLM_TOKENS), 1)  # as build_plan groups
+            at = b
             del table, sl
-        self.loads = {k: np.concatenate(x) for k, x in loads.items()}
         self.ids = pa.concat_arrays(ids) if len(ids) > 1 else ids[0]
-        self.v, self.t_group = np.concatenate(v), np.concatenate(t)
-        del loads, ids, v, t
+        del ids
         pa.default_memory_pool().release_unused()  # arrow's allocator keeps freed pages
         return {
             "rows": self.stop - self.start,

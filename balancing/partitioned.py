@@ -43,7 +43,7 @@ from balancing.plan_quality import (
     pad_ratios,
     plan_quality,
     random_batch_size,
-    random_metrics,
+    random_metrics_of_summaries,
     step_loads_of,
 )
 from balancing.plan_report import plan_report
@@ -109,9 +109,7 @@ def build_partitioned_plan(
 
     t1 = time.perf_counter()
     batch = random_batch_size(cfg.target_batch, n)
-    groups = parts.call(
-        "group", [(params, cfg.seed, batch, i == n_parts - 1) for i in range(n_parts)]
-    )
+    groups = parts.call("group", [(params, cfg.seed, batch, d)] * n_parts)
     timings["isf"] = time.perf_counter() - t1
 
     t1 = time.perf_counter()
@@ -128,7 +126,7 @@ def build_partitioned_plan(
     oversize_ids = pa.chunked_array([g["oversize"][1] for g in groups]).to_pylist()[:20]
     oversize = (sum(g["oversize"][0] for g in groups), oversize_ids)
     leftover = sum(g["leftover_samples"] for g in groups)
-    random = random_metrics(np.concatenate([g.pop("random") for g in groups]), {}, d)
+    random = random_metrics_of_summaries([g["random"] for g in groups], d)
     del groups
 
     rng = np.random.default_rng(cfg.seed)

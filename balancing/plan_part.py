@@ -23,7 +23,7 @@ from balancing._kernels.tables import _nb_counting_argsort
 from balancing.cost_model import CostModel
 from balancing.isf import FLAG_LEFTOVER, FLAG_OVERSIZE, ISFParams, isf_group
 from balancing.loads import sample_loads
-from balancing.plan_quality import group_stats, random_batches
+from balancing.plan_quality import group_stats, random_batches, random_summary
 from equishard.common.repeated_ids import _buffers, _one_array, repeated_mask
 from equishard.common.repeated_ids_kernel import nb_id_hashes
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
@@ -92,11 +92,11 @@ class PlanPart:
         """Vision and LLM tokens (as ISF groups them) at the partition's ``rows``."""
         return self.v[rows], self.t_group[rows]
 
-    def group(self, params: ISFParams, seed: int, batch: int, last: bool) -> dict:
+    def group(self, params: ISFParams, seed: int, batch: int, d: int) -> dict:
         """ISF over the partition's samples (seeded by ``seed`` and the partition's index), and
-        its random batches of ``batch`` (a short one only where ``last``, as one table has one
-        at its end): each group's statistics and flag, the samples each kind of group holds,
-        the first oversize ids; the batches' statistics."""
+        its random batches of ``batch`` in steps of ``d``: each group's statistics and flag,
+        the samples each kind of group holds, the first oversize ids; the random batches'
+        summary (``plan_quality.random_summary``)."""
         rng = np.random.default_rng([seed, self.index])
         groups = isf_group(self.v, self.t_group, params, rng)
         del self.v, self.t_group
@@ -105,16 +105,13 @@ class PlanPart:
         flag = groups.flags[groups.group_of]
         oversize = np.flatnonzero(flag == FLAG_OVERSIZE)
         stats, _ = random_batches(self.loads, batch, np.random.default_rng([seed + 1, self.index]))
-        n = self.stop - self.start
-        if n % batch and not last:
-            stats = stats[:-1]  # a partition's short batch: none but the table's last
         return {
             "stats": group_stats(self.group_of, self.loads, groups.n_groups),
             "flags": groups.flags,
             "kept_per_round": groups.kept_per_round,
             "oversize": (int(oversize.size), self.ids.take(pa.array(oversize[:OVERSIZE_IDS]))),
             "leftover_samples": int((flag == FLAG_LEFTOVER).sum()),
-            "random": stats,
+            "random": random_summary(stats, d),
         }
 
     def dissolve(self, offset: int, dissolved: np.ndarray) -> dict:

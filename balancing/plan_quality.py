@@ -13,12 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from balancing._kernels.tables import (
+    STAT_MAX_T,
+    STAT_MAX_V,
     STAT_SUM_V,
     _nb_block_stats,
     _nb_group_stats,
     _nb_stats_pad_ratios,
 )
-from balancing.metrics import dist_ratio, efficiency
+from balancing.metrics import dist_ratio, efficiency, step_dist_ratios
 from equishard.contracts.columns import LLM_TOKENS, VIT_TOKENS
 from equishard.contracts.phases import REPORTED as REPORTED_PHASES
 
@@ -35,6 +37,8 @@ __all__ = [
     "random_batches",
     "random_batching_metrics",
     "random_metrics",
+    "random_metrics_of_summaries",
+    "random_summary",
     "step_loads_of",
 ]
 
@@ -224,3 +228,49 @@ def random_metrics(stats: np.ndarray, extra: dict[str, np.ndarray], d: int) -> d
             per_batch[: r_steps * d].reshape(r_steps, d) if r_steps else per_batch[None, :d]
         )
     return metrics_of(random_loads, pads)
+
+
+def random_summary(stats: np.ndarray, d: int) -> dict:
+    """One partition's random batches (:func:`random_batches`' statistics, in order) summed for
+    :func:`random_metrics_of_summaries`: its whole steps of D batches (batches that fill no
+    whole step of the partition are left out of the steps, not of the pad ratios), each
+    phase's sums over them of the steps' dist ratios, mean loads and largest loads, the pad
+    ratios' sums and counts; ``short``: the batches themselves where they fill no step."""
+    steps = stats.shape[0] // d
+    pv, pt = _nb_stats_pad_ratios(stats)
+    nv, nt = int((stats[:, STAT_MAX_V] > 0).sum()), int((stats[:, STAT_MAX_T] > 0).sum())
+    phases = {}
+    for col, k in enumerate(PHASES, STAT_SUM_V):
+        x = stats[: steps * d, col].reshape(steps, d)
+        phases[k] = (
+            float(step_dist_ratios(x).sum()),
+            float(x.mean(axis=1).sum()),
+            float(x.max(axis=1).sum()) if steps else 0.0,
+        )
+    return {
+        "steps": steps,
+        "phases": phases,
+        "pads": {"pad_ratio_vit": (pv * nv, nv), "pad_ratio_llm": (pt * nt, nt)},
+        "short": None if steps else stats,
+    }
+
+
+def random_metrics_of_summaries(summaries: list[dict], d: int) -> dict:
+    """The random-batching baseline's metrics (as :func:`random_metrics` names and rounds
+    them) over the whole steps of every partition (:func:`random_summary`): the mean step dist
+    ratio, mean over largest load summed over steps, the mean pad ratio over batches. Where no
+    partition fills a step, its batches form one short step (as one table's do)."""
+    steps = sum(s["steps"] for s in summaries)
+    if steps == 0:
+        return random_metrics(np.concatenate([s["short"] for s in summaries]), {}, d)
+    out = {}
+    for k in ("pad_ratio_vit", "pad_ratio_llm"):
+        total = sum(s["pads"][k][0] for s in summaries)
+        out[k] = total / max(sum(s["pads"][k][1] for s in summaries), 1)
+    sums = {k: np.sum([s["phases"][k] for s in summaries], axis=0) for k in PHASES}
+    for name, tokens, cost in _shown(sums):
+        for key, suffix in ((tokens, ""), (cost, "_cost")):
+            ratios, means, maxes = sums[key]
+            out[f"dist_ratio_{name}{suffix}"] = ratios / steps
+            out[f"efficiency_{name}{suffix}"] = means / maxes if maxes > 0 else 1.0
+    return {k: round(float(v), 6) for k, v in out.items()}

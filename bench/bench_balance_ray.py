@@ -79,11 +79,13 @@ def run() -> dict:
         f"The same plan.parquet bytes in both runs (same table, seed and partitions): "
         f"{met(same)} (sha256 {runs[0]['sha256'][:16]}...).",
         "",
-        "Each worker reads its rows a quarter-million at a time (the row groups they overlap, a "
-        "batch at a time), keeps their ids, loads and tokens (~70 bytes a row), groups them with "
-        "ISF and answers the driver; the driver holds numbers per group (statistics, placement, "
-        "the plan's group columns; ~2.5M groups at 10M rows) and writes the plan a slice of "
-        "steps at a time. A worker's floor -- a Ray worker process with pyarrow, numpy and the "
+        "Each worker reads, checks and costs its rows 65,536 at a time (the row groups they "
+        "overlap, a batch at a time) into arrays filled in place, keeps their ids, loads and "
+        "tokens (~70 bytes a row), groups them with ISF, sums its random-batching baseline "
+        "into per-step figures and answers the driver; the driver holds numbers per group "
+        "(statistics, placement, the plan's group columns: ~2.5M groups at 10M rows, about 60 "
+        "bytes each, and Ray's shared-memory copies of the workers' answers) and writes the "
+        "plan a slice of steps at a time. A worker's floor -- a Ray worker process with pyarrow, numpy and the "
         "loaded numba kernels -- is itself about a quarter of the whole command's peak at 10M "
         "rows, so the per-worker target is met only past that: by its rows' share (above the "
         "floor), or on more rows a worker. The plan differs from the whole one only in which "

@@ -355,3 +355,44 @@ def test_a_file_shorter_than_its_footer_says_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(pq.ParquetFile, "iter_batches", short)
     with pytest.raises(ValueError, match=r"cost\.parquet: rows 60\.\.99 could not be read"):
         list(cost_table.iter_cost_rows(path, 0, 100))
+
+
+def test_one_partitions_random_baseline_is_the_whole_plans(tmp_path):
+    """Over one partition the worker's seed is the whole plan's (numpy's seed sequence of
+    [seed + 1, 0] is that of seed + 1): the same batches, so the same baseline, each figure
+    summed from per-step sums rather than from the [steps, D] table."""
+    path = _write(tmp_path, resampled(5000, seed=2), 700)
+    for dp, batch in ((8, 4.0), (6, 3.0), (64, 40.0)):  # 64 x 40 > 5000: one short step
+        cfg = BalanceConfig(dp=dp, target_batch=batch, seed=4, **OFF)
+        whole = build_plan(read_cost_table(path, required_only=True, validate=False), cfg)
+        parted, _ = _plan(path, cfg, 1)
+        a, b = whole.report["metrics"]["random"], parted.report["metrics"]["random"]
+        assert a.keys() == b.keys()
+        for k in a:
+            assert b[k] == pytest.approx(a[k], abs=2e-6), (dp, k)
+
+
+def test_the_random_baseline_over_partitions_is_each_partitions_whole_steps(tmp_path):
+    """Reference: each partition's seeded permutation cut into batches of B, its whole steps of
+    D batches stacked over the partitions, measured as one [steps, D] table."""
+    from balancing.plan_quality import PHASES, metrics_of, pad_ratios, random_batches
+
+    n, parts, dp = 3000, 3, 8
+    path = _write(tmp_path, resampled(n, seed=3), 400)
+    cfg = BalanceConfig(dp=dp, seed=7, **OFF)
+    parted, _ = _plan(path, cfg, parts)
+    table = read_cost_table(path, required_only=True, validate=False)
+    loads = sample_loads(table, cfg.cost_model).loads
+    steps, every = [], []
+    for i, (a, b) in enumerate(partition_bounds(n, parts)):
+        rng = np.random.default_rng([cfg.seed + 1, i])
+        stats, _ = random_batches({k: x[a:b] for k, x in loads.items()}, 4, rng)
+        every.append(stats)
+        whole = stats.shape[0] // dp * dp
+        steps.append(stats[:whole])
+    steps = np.concatenate(steps)
+    table_of = {k: steps[:, 1 + j].reshape(-1, dp) for j, k in enumerate(PHASES)}
+    want = metrics_of(table_of, pad_ratios(np.concatenate(every)))
+    got = parted.report["metrics"]["random"]
+    for k in want:
+        assert got[k] == pytest.approx(want[k], abs=2e-6), k

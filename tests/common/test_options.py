@@ -102,6 +102,7 @@ def test_a_commands_options_are_its_configurations_fields(command):
     command's own (``--json``, ``--no-progress``, the store limits, balance's input and output,
     train's ``--nproc``) is a field's declaration."""
     from balancing.cost_model import CostModelOptions
+    from balancing.parts import BalanceEngine
     from balancing.plan import BalanceConfig
     from balancing.row_memory import RowMemory
     from dataprep.import_lengths import ImportLengthsConfig
@@ -117,7 +118,7 @@ def test_a_commands_options_are_its_configurations_fields(command):
         "import-lengths": [ImportLengthsConfig],
         "prep": [PrepConfig],
         "rebalance": [RebalanceConfig],
-        "balance": [BalanceConfig, CostModelOptions, RowMemory],
+        "balance": [BalanceConfig, CostModelOptions, RowMemory, BalanceEngine],
         "train": [TrainConfig],
     }[command]
     sub = build_parser(command)._subparsers._group_actions[0].choices[command]

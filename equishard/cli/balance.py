@@ -107,6 +107,9 @@ def print_report(report: dict, plan_dir: str) -> None:
         f"{isf['qf_v']}{audio_t}, {isf['qf_t']}; "
         f"{'chosen from the data' if isf['auto'] else 'given'})"
     )
+    engine = p.get("engine")
+    if engine:
+        print(f"  made over {engine['partitions']} partitions of the table (ISF within each)")
     ls = report["last_step"]
     if ls["short"]:
         print(

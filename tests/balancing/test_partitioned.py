@@ -296,6 +296,8 @@ def test_the_command_over_partitions_writes_a_plan_write_takes(tmp_path, capsys)
     path = _write(tmp_path, resampled(500, seed=4), 100)
     out = tmp_path / "plan"
     args = [path, "--dp", "4", "--nodes", "2", "--partitions", "3", "--refine-steps", "off"]
+    assert _cli([*args, "-o", str(tmp_path / "shown")]) == 0
+    assert "made over 3 partitions of the table" in capsys.readouterr().out
     assert _cli([*args, "-o", str(out), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["counts"] == {**report["counts"], "in": 500, "out": 500, "rejected": 0}

@@ -69,3 +69,18 @@ def test_a_worker_that_dies_fails_the_plan(cluster, tmp_path):
         ray.kill(parts.actors[1])
         with pytest.raises(RuntimeError, match="a worker of balance --engine ray died"):
             parts.call("peak", [()] * 3)
+
+
+def test_the_partitions_default_to_the_clusters_cpus_and_never_pass_the_rows(cluster, tmp_path):
+    from balancing.parts import BalanceEngine, LocalParts, open_parts
+
+    path = tmp_path / "cost.parquet"
+    pq.write_table(resampled(5, seed=0), path)
+    parts, bounds = open_parts(
+        BalanceEngine(engine="ray", ray_address=cluster), str(path), 5, CostModel()
+    )
+    with parts:
+        assert len(parts) == 2 and bounds == [(0, 2), (2, 5)]  # the cluster's 2 CPUs
+    parts, bounds = open_parts(BalanceEngine(partitions=9), str(path), 5, CostModel())
+    with parts:
+        assert isinstance(parts, LocalParts) and len(bounds) == 5  # one row each at most

@@ -277,3 +277,40 @@ def test_refined_steps_keep_their_samples_and_caps_and_even_every_phase(seed, st
         mine = np.flatnonzero(np.isin(refined.group_of, g))
         slot = np.searchsorted(g, refined.group_of[mine])
         assert K._nb_refine_step(x[mine], slot, g.size, caps, 1 << 20) == 0, s
+
+
+@pytest.mark.parametrize("distinct", [15, 16, 17])
+def test_coarse_default_keeps_sixteen_values_and_bins_seventeen(distinct):
+    """The default ``COARSE_LEVELS`` (16) at, below and above: a load of at most 16 distinct
+    values (padded windows) is its own sort key, one of 17 is binned (into at most 16 levels)."""
+    from balancing.steps import COARSE_LEVELS, coarse
+
+    assert COARSE_LEVELS == 16
+    x = np.arange(distinct, dtype=np.float64) * 1500.0
+    got = coarse(x)
+    if distinct <= 16:
+        np.testing.assert_array_equal(got, x)
+    else:
+        assert np.unique(got).size <= 16 and got.max() == 15
+
+
+def test_the_step_helpers_refuse_what_they_cannot_mean():
+    """``place_steps`` takes its layout by keyword (a positional 8, 1 would swap nodes and
+    ranks unseen); ``last_step_bins`` takes one mean per phase's costs (a missing mean would
+    weigh a phase in raw units)."""
+    from balancing.steps import last_step_bins, place_steps
+
+    sums = [np.ones(4), np.ones(4)]
+    by_step = np.arange(4).reshape(1, 4)
+    with pytest.raises(TypeError):
+        place_steps(sums, by_step, 2, 2)
+    node, local = place_steps(sums, by_step, nodes=2, gpus_per_node=2)
+    assert sorted(zip(node.tolist(), local.tolist(), strict=True)) == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    members = np.arange(3)
+    with pytest.raises(ValueError):
+        last_step_bins(members, [np.ones(3), np.ones(3)], [1.0], 2)

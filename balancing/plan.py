@@ -241,6 +241,14 @@ class BalanceResult:
             self._plan = self.rows.table()
         return self._plan
 
+    def write_parquet(self, path: str | Path) -> None:
+        """The plan's rows as a Parquet file at ``path``: from its rows a slice at a time where
+        its table was not made, else from the table (the same rows and encodings)."""
+        if self.rows is not None and self._plan is None:
+            self.rows.write(path)
+        else:
+            pq.write_table(self.plan, path, use_dictionary=DICTIONARY_COLUMNS)
+
     def column_max(self, name: str):
         """A per-group column's largest value over the plan's rows (None: no rows), without
         making the table."""
@@ -446,10 +454,7 @@ def write_plan(
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f".{PLAN_PARQUET}.tmp-{os.getpid()}"
     try:
-        if result.rows is not None and result._plan is None:  # a slice of rows at a time
-            result.rows.write(tmp)
-        else:
-            pq.write_table(result.plan, tmp, use_dictionary=DICTIONARY_COLUMNS)
+        result.write_parquet(tmp)
         if before_publish is not None:
             before_publish()
     except BaseException:

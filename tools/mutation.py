@@ -13,7 +13,10 @@ test fails. Survivors are listed with their diff; each must be killed by a new t
 
 Numba kernels run as plain Python here (``NUMBA_DISABLE_JIT=1``): the same code, so the same
 mutants, without recompiling every kernel per mutant; the kernels' agreement with their numba
-builds is the suite's own job (tests/balancing/test_kernels_vs_reference.py).
+builds is the suite's own job (tests/balancing/test_kernels_vs_reference.py). A module that holds
+no kernel and whose tests run the kernels on real sizes (the plan over partitions) says
+``jit = true`` in its entry: its tests run compiled, the kernels built once by the baseline run
+and loaded from their cache by every mutant (a mutant there never touches a kernel's source).
 """
 
 from __future__ import annotations
@@ -100,7 +103,7 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
         **os.environ,
         "PYTHONPATH": str(root),
         "PYTHONDONTWRITEBYTECODE": "1",
-        "NUMBA_DISABLE_JIT": "1",
+        "NUMBA_DISABLE_JIT": "0" if spec.get("jit") else "1",
         # tests whose references are slow to compute keep them here for the run's mutants
         # (keyed by what they depend on; tests/trainer_adapter/test_hf_video_inputs.py)
         "EQUISHARD_TEST_CACHE": str(root / "build" / "test-cache"),

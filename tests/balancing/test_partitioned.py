@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -398,3 +399,114 @@ def test_the_random_baseline_over_partitions_is_each_partitions_whole_steps(tmp_
     got = parted.report["metrics"]["random"]
     for k in want:
         assert got[k] == pytest.approx(want[k], abs=2e-6), k
+
+
+def test_oversize_samples_over_partitions_are_counted_and_named_as_isf_flags_them(tmp_path):
+    """Samples past a cap get groups of their own in the partition that holds them: the
+    report counts them and names the first 20 in table order (reference: ISF run per partition
+    with the report's caps)."""
+    rng = np.random.default_rng(0)
+    n = 400
+    llm = rng.integers(100, 900, n)
+    big = rng.choice(n, 30, replace=False)
+    llm[big] = 60_000  # far past any cap chosen from the rest
+    table = pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(n)],
+            "source": ["t"] * n,
+            "num_images": pa.array(np.ones(n, np.int32)),
+            "vit_tokens": np.full(n, 1024),
+            "vit_seq_lens": pa.array([[1024]] * n, pa.list_(pa.int32())),
+            "llm_tokens": llm,
+            "text_tokens": np.full(n, 50),
+        }
+    )
+    path = _write(tmp_path, table)
+    cfg = BalanceConfig(dp=4, **OFF)
+    result, _ = _plan(path, cfg, 3)
+    c = result.report["counts"]
+    isf = result.report["parameters"]["isf"]
+    params = isf_params(
+        BalanceConfig(dp=4, q_v=isf["q_v"], q_t=isf["q_t"], slack=0.05, **OFF), (), None, None, None
+    )
+    flagged = []
+    for i, (a, b) in enumerate(partition_bounds(n, 3)):
+        g = isf_group(np.full(b - a, 1024), np.maximum(llm[a:b], 1), params,
+                      np.random.default_rng([cfg.seed, i]))  # fmt: skip
+        flagged += (a + np.flatnonzero(g.flags[g.group_of] == 2)).tolist()
+    assert c["oversize_samples"] == len(flagged) == 30
+    assert c["oversize_sample_ids"] == [f"s{i}" for i in sorted(flagged)[:20]]
+
+
+def test_a_later_chunks_bad_row_is_named_with_its_chunks_rows(tmp_path, monkeypatch):
+    import balancing.plan_part as plan_part
+
+    monkeypatch.setattr(plan_part, "LOAD_ROWS", 8)
+    table = resampled(90, seed=0)
+    llm = table.column("llm_tokens").to_numpy().copy()
+    llm[70] = -5  # partition 3 holds rows 60..89, its second chunk 68..75
+    table = table.set_column(
+        table.schema.get_field_index("llm_tokens"), "llm_tokens", pa.array(llm)
+    )
+    path = _write(tmp_path, table)
+    with pytest.raises(ValueError, match=r"cost\.parquet \(rows 68\.\.75\).*llm_tokens"):
+        _plan(path, BalanceConfig(dp=2, **OFF), 3)
+
+
+def test_ties_in_the_last_step_are_broken_by_the_rows_place_in_the_table(tmp_path):
+    """Every sample alike: the last step's LPT meets only ties, broken by each sample's row in
+    the whole table (a worker sending its rows' partition-local numbers would pack them
+    otherwise); checked against the one-process step assignment."""
+    n = 203
+    table = pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(n)],
+            "source": ["t"] * n,
+            "num_images": pa.array(np.ones(n, np.int32)),
+            "vit_tokens": np.full(n, 1024),
+            "vit_seq_lens": pa.array([[1024]] * n, pa.list_(pa.int32())),
+            "llm_tokens": np.full(n, 700),
+            "text_tokens": np.full(n, 50),
+        }
+    )
+    _check_against_reference(tmp_path, table, 3, 2, 16, 0)
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_each_id_goes_to_the_worker_its_hash_names(tmp_path, parts):
+    from equishard.common.repeated_ids import id_hash_reference
+
+    path = _write(tmp_path, resampled(500, seed=1))
+    bounds = partition_bounds(500, parts)
+    with LocalParts(path, bounds, BalanceConfig(dp=2).cost_model) as workers:
+        workers.call("load", [()] * parts)
+        for worker in workers.parts:
+            buckets = worker.id_buckets(parts)
+            assert len(buckets) == parts
+            sent = [x for b in buckets for x in b.to_pylist()]
+            assert sorted(sent) == sorted(worker.ids.to_pylist())  # each id once
+            for j, b in enumerate(buckets):
+                assert all(id_hash_reference(x.encode()) % parts == j for x in b.to_pylist())
+        assert workers.repeated_ids() == [[]] * parts
+        peak = workers.parts[0].peak()
+        rss = int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) * 1024
+        assert rss <= peak < 1 << 40  # bytes: at least what this process holds now
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_at_most_five_repeated_ids_are_named_per_worker(tmp_path, capsys, parts):
+    table = resampled(80, seed=0)
+    ids = table.column("sample_id").to_pylist()
+    for k in range(7):
+        ids[40 + k] = ids[k]  # seven ids repeated
+    table = table.set_column(0, "sample_id", pa.array(ids))
+    path = _write(tmp_path, table)
+    bounds = partition_bounds(80, parts)
+    with LocalParts(path, bounds, BalanceConfig(dp=2).cost_model) as workers:
+        workers.call("load", [()] * parts)
+        found = workers.repeated_ids()
+    assert all(len(f) == min(5, len(f)) for f in found) and sum(map(len, found)) >= 5
+    named = {x for f in found for x in f}
+    assert named <= set(ids[:7])
+    if parts == 1:
+        assert len(found[0]) == 5

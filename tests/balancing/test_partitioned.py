@@ -401,7 +401,7 @@ def test_the_random_baseline_over_partitions_is_each_partitions_whole_steps(tmp_
         assert got[k] == pytest.approx(want[k], abs=2e-6), k
 
 
-def test_oversize_samples_over_partitions_are_counted_and_named_as_isf_flags_them(tmp_path):
+def test_oversize_and_leftover_samples_over_partitions_are_counted_as_isf_flags_them(tmp_path):
     """Samples past a cap get groups of their own in the partition that holds them: the
     report counts them and names the first 20 in table order (reference: ISF run per partition
     with the report's caps)."""
@@ -429,12 +429,14 @@ def test_oversize_samples_over_partitions_are_counted_and_named_as_isf_flags_the
     params = isf_params(
         BalanceConfig(dp=4, q_v=isf["q_v"], q_t=isf["q_t"], slack=0.05, **OFF), (), None, None, None
     )
-    flagged = []
+    flagged, leftover = [], 0
     for i, (a, b) in enumerate(partition_bounds(n, 3)):
         g = isf_group(np.full(b - a, 1024), np.maximum(llm[a:b], 1), params,
                       np.random.default_rng([cfg.seed, i]))  # fmt: skip
         flagged += (a + np.flatnonzero(g.flags[g.group_of] == 2)).tolist()
+        leftover += int((g.flags[g.group_of] == 1).sum())
     assert c["oversize_samples"] == len(flagged) == 30
+    assert c["leftover_samples"] == leftover > 0  # ISF's flag 1: packed best-fit after its rounds
     assert c["oversize_sample_ids"] == [f"s{i}" for i in sorted(flagged)[:20]]
 
 

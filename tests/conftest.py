@@ -45,6 +45,20 @@ def write_image(
     return path
 
 
+def local_ray_cluster():
+    """A local Ray cluster of 2 CPUs for a test module (yield from it in a module fixture): its
+    address while the module runs, then shut down, the environment as it was (ray.init sets
+    RAY_* and PYTHONBREAKPOINT for the processes to come)."""
+    import ray
+
+    env = dict(os.environ)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+    os.environ.clear()
+    os.environ.update(env)
+
+
 @pytest.fixture(scope="session")
 def tokenizer_path() -> str:
     with resources.as_file(resources.files("dataprep") / "assets" / "demo_tokenizer.json") as p:

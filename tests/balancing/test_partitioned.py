@@ -48,6 +48,22 @@ def _plan(path, cfg, parts):
         return result, result.rows.table()
 
 
+def _tiles_table(tiles, llm, text) -> pa.Table:
+    """A cost table of 1,024-token tiles per sample (``tiles``), LLM and text tokens given."""
+    n = len(tiles)
+    return pa.table(
+        {
+            "sample_id": [f"s{i}" for i in range(n)],
+            "source": ["t"] * n,
+            "num_images": pa.array(np.minimum(tiles, 1), pa.int32()),
+            "vit_tokens": np.asarray(tiles) * 1024,
+            "vit_seq_lens": pa.array([[1024] * int(k) for k in tiles], pa.list_(pa.int32())),
+            "llm_tokens": np.asarray(llm),
+            "text_tokens": np.asarray(text),
+        }
+    )
+
+
 OFF = {"refine_steps": "off"}
 
 
@@ -147,17 +163,11 @@ def test_a_long_last_step_is_packed_as_the_one_process_plan_packs_it(tmp_path, s
     rng = np.random.default_rng(seed)
     n = 180 + seed
     tiles = rng.integers(0, 7, n)  # vision and LLM loads independent: their weights matter
-    table = pa.table(
-        {
-            "sample_id": [f"s{i}" for i in range(n)],
-            "source": ["t"] * n,
-            "num_images": pa.array(np.minimum(tiles, 1), pa.int32()),
-            "vit_tokens": tiles * 1024,
-            "vit_seq_lens": pa.array([[1024] * int(k) for k in tiles], pa.list_(pa.int32())),
-            # a few samples of no LLM tokens and of one: ISF counts each as one token
-            "llm_tokens": np.concatenate(([0] * 5, [1] * 5, rng.integers(50, 6000, n - 10))),
-            "text_tokens": np.concatenate(([0] * 10, rng.integers(30, 50, n - 10))),
-        }
+    table = _tiles_table(
+        tiles,
+        # a few samples of no LLM tokens and of one: ISF counts each as one token
+        np.concatenate(([0] * 5, [1] * 5, rng.integers(50, 6000, n - 10))),
+        np.concatenate(([0] * 10, rng.integers(30, 50, n - 10))),
     )
     _check_against_reference(tmp_path, table, 4, 4, 8, seed)
 
@@ -262,7 +272,13 @@ def test_a_table_with_an_audio_phase_or_steps_to_refine_is_refused(tmp_path):
         _plan(plain, BalanceConfig(dp=4, refine_steps="on"), 2)
 
 
-def test_a_bad_row_is_named_with_its_partitions_rows(tmp_path):
+@pytest.mark.parametrize(("load_rows", "rows"), [(None, "60..89"), (8, "68..75")])
+def test_a_bad_row_is_named_with_the_rows_read_with_it(tmp_path, monkeypatch, load_rows, rows):
+    """Partition 3 of 90 rows holds rows 60..89; read 8 at a time, row 70 is in 68..75."""
+    import balancing.plan_part as plan_part
+
+    if load_rows:
+        monkeypatch.setattr(plan_part, "LOAD_ROWS", load_rows)
     table = resampled(90, seed=0)
     llm = table.column("llm_tokens").to_numpy().copy()
     llm[70] = -5
@@ -270,7 +286,7 @@ def test_a_bad_row_is_named_with_its_partitions_rows(tmp_path):
         table.schema.get_field_index("llm_tokens"), "llm_tokens", pa.array(llm)
     )
     path = _write(tmp_path, table)
-    with pytest.raises(ValueError, match=r"cost\.parquet \(rows 60\.\.89\).*llm_tokens"):
+    with pytest.raises(ValueError, match=rf"cost\.parquet \(rows {rows}\).*llm_tokens"):
         _plan(path, BalanceConfig(dp=2, **OFF), 3)
 
 
@@ -411,17 +427,7 @@ def test_oversize_and_leftover_samples_over_partitions_are_counted_as_isf_flags_
     llm = rng.integers(100, 900, n)
     big = rng.choice(n, 30, replace=False)
     llm[big] = 60_000  # far past any cap chosen from the rest
-    table = pa.table(
-        {
-            "sample_id": [f"s{i}" for i in range(n)],
-            "source": ["t"] * n,
-            "num_images": pa.array(np.ones(n, np.int32)),
-            "vit_tokens": np.full(n, 1024),
-            "vit_seq_lens": pa.array([[1024]] * n, pa.list_(pa.int32())),
-            "llm_tokens": llm,
-            "text_tokens": np.full(n, 50),
-        }
-    )
+    table = _tiles_table(np.ones(n, np.int64), llm, np.full(n, 50))
     path = _write(tmp_path, table)
     cfg = BalanceConfig(dp=4, **OFF)
     result, _ = _plan(path, cfg, 3)
@@ -441,37 +447,12 @@ def test_oversize_and_leftover_samples_over_partitions_are_counted_as_isf_flags_
     assert c["oversize_sample_ids"] == [f"s{i}" for i in sorted(flagged)[:20]]
 
 
-def test_a_later_chunks_bad_row_is_named_with_its_chunks_rows(tmp_path, monkeypatch):
-    import balancing.plan_part as plan_part
-
-    monkeypatch.setattr(plan_part, "LOAD_ROWS", 8)
-    table = resampled(90, seed=0)
-    llm = table.column("llm_tokens").to_numpy().copy()
-    llm[70] = -5  # partition 3 holds rows 60..89, its second chunk 68..75
-    table = table.set_column(
-        table.schema.get_field_index("llm_tokens"), "llm_tokens", pa.array(llm)
-    )
-    path = _write(tmp_path, table)
-    with pytest.raises(ValueError, match=r"cost\.parquet \(rows 68\.\.75\).*llm_tokens"):
-        _plan(path, BalanceConfig(dp=2, **OFF), 3)
-
-
 def test_ties_in_the_last_step_are_broken_by_the_rows_place_in_the_table(tmp_path):
     """Every sample alike: the last step's LPT meets only ties, broken by each sample's row in
     the whole table (a worker sending its rows' partition-local numbers would pack them
     otherwise); checked against the one-process step assignment."""
     n = 203
-    table = pa.table(
-        {
-            "sample_id": [f"s{i}" for i in range(n)],
-            "source": ["t"] * n,
-            "num_images": pa.array(np.ones(n, np.int32)),
-            "vit_tokens": np.full(n, 1024),
-            "vit_seq_lens": pa.array([[1024]] * n, pa.list_(pa.int32())),
-            "llm_tokens": np.full(n, 700),
-            "text_tokens": np.full(n, 50),
-        }
-    )
+    table = _tiles_table(np.ones(n, np.int64), np.full(n, 700), np.full(n, 50))
     _check_against_reference(tmp_path, table, 3, 2, 16, 0)
 
 

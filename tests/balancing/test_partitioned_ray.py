@@ -6,8 +6,6 @@ worker its own ids only, a dead actor's call waited on forever or reported as a 
 
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,15 +17,12 @@ from equishard.common.ray_engine import RayOptions
 
 ray = pytest.importorskip("ray")
 
+from tests.conftest import local_ray_cluster  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def cluster():
-    env = dict(os.environ)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    os.environ.clear()  # ray.init sets RAY_* and PYTHONBREAKPOINT for the processes to come
-    os.environ.update(env)
+    yield from local_ray_cluster()
 
 
 def _balance(*args) -> int:

@@ -26,15 +26,12 @@ from tests.shards.night_helpers import _night
 
 ray = pytest.importorskip("ray")
 
+from tests.conftest import local_ray_cluster  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def cluster():
-    env = dict(os.environ)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
-    os.environ.clear()  # ray.init sets RAY_* and PYTHONBREAKPOINT for the processes to come
-    os.environ.update(env)
+    yield from local_ray_cluster()
 
 
 def _same_tree(a: Path, b: Path) -> None:

@@ -84,15 +84,17 @@ def build_partitioned_plan(
     others = sorted({name for x in info for name in x["others"]})
     if others:
         raise ValueError(
-            f"{path}: the table has an audio phase ({', '.join(others)}); --engine ray balances "
-            "tables of images, videos and text: balance it with --engine local"
+            f"{path}: the table has an audio phase ({', '.join(others)}); a plan over "
+            "partitions (--partitions, --engine ray) balances tables of images, videos and "
+            "text: balance it with --engine local and no --partitions"
         )
     has_media = any(x["has_media"] for x in info)
     if cfg.refine_steps == "on" or (cfg.refine_steps == "auto" and has_media):
         raise ValueError(
-            f"{path}: --engine ray does not refine steps (--refine-steps {cfg.refine_steps}"
+            f"{path}: a plan over partitions (--partitions, --engine ray) does not refine "
+            f"steps (--refine-steps {cfg.refine_steps}"
             f"{', a table with videos' if has_media else ''}); give --refine-steps off, or "
-            "balance with --engine local"
+            "balance with --engine local and no --partitions"
         )
     sums = {k: sum(x["sums"][k] for x in info) for k in info[0]["sums"]}
     timings["costs"] = time.perf_counter() - t0
@@ -184,7 +186,10 @@ def build_partitioned_plan(
     slot = np.where(step >= 0, step * d + rank, -1)
     parts.call(
         "order",
-        [(slot[offsets[i] : offsets[i + 1]], slot[n_groups:], n_groups) for i in range(n_parts)],
+        [
+            (slot[offsets[i] : offsets[i + 1]], slot[n_groups:], n_groups, n_steps * d)
+            for i in range(n_parts)
+        ],
     )
     slot_rows = np.zeros(n_steps * d, dtype=np.int64)
     slot_rows[slot[step >= 0]] = gsize[step >= 0]

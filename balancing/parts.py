@@ -20,8 +20,8 @@ from equishard.common.ray_engine import (
     RAY_ADDRESS_OPTION,
     TASK_TIMEOUT_OPTION,
     RayOptions,
-    _cause,
     init_ray,
+    task_cause,
 )
 from equishard.common.values import check_count, check_task_timeout
 
@@ -184,7 +184,7 @@ class RayParts(Parts):
         try:
             return ray.get(refs, timeout=self.opts.task_timeout)
         except ray.exceptions.RayTaskError as exc:
-            raise _cause(exc) from None
+            raise task_cause(exc) from None
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
                 f"a worker of balance --engine ray made no progress for "

@@ -133,15 +133,16 @@ class PlanPart:
         self.group_of[self.members] = groups
         del self.members, self.loads
 
-    def order(self, slots: np.ndarray, last_slots: np.ndarray, first_last: int) -> None:
+    def order(
+        self, slots: np.ndarray, last_slots: np.ndarray, first_last: int, n_slots: int
+    ) -> None:
         """Sort the partition's rows by their group's slot (step x D + rank), stably: ``slots``
         of its own groups, ``last_slots`` of the last step's groups (ids from
-        ``first_last``)."""
+        ``first_last``), every slot below ``n_slots`` (the plan's steps x D)."""
         own = self.group_of < first_last
         slot = np.empty(self.group_of.size, dtype=np.int64)
         slot[own] = slots[self.group_of[own] - self.offset]
         slot[~own] = last_slots[self.group_of[~own] - first_last]
-        n_slots = int(max(slots.max(initial=-1), last_slots.max(initial=-1))) + 1
         self.row_order = _nb_counting_argsort(slot, n_slots)
         self.row_slot = slot[self.row_order]
 

@@ -33,6 +33,7 @@ __all__ = [
     "RayOptions",
     "init_ray",
     "ordered_map",
+    "task_cause",
 ]
 
 ENGINES = ("local", "ray")
@@ -100,7 +101,7 @@ def init_ray(opts: RayOptions):
     return ray
 
 
-def _cause(exc: BaseException) -> BaseException:
+def task_cause(exc: BaseException) -> BaseException:
     """The task's own exception inside Ray's wrapper (``RayTaskError``), else ``exc``."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
@@ -154,7 +155,7 @@ def ordered_map(
                 continue
             except ray.exceptions.RayTaskError as exc:
                 pending.popleft()
-                raise _cause(exc) from None
+                raise task_cause(exc) from None
             except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as exc:
                 pending.popleft()
                 raise RuntimeError(

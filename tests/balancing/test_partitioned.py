@@ -253,7 +253,11 @@ def pc_max(plan: pa.Table) -> int:
 
 def test_a_table_with_an_audio_phase_or_steps_to_refine_is_refused(tmp_path):
     audio = _write(tmp_path, mixed_cost_table(300, seed=0), name="audio.parquet")
-    with pytest.raises(ValueError, match=r"audio\.parquet: the table has an audio phase"):
+    with pytest.raises(
+        ValueError,
+        match=r"audio\.parquet: the table has an audio phase \(audio\); a plan over "
+        r"partitions.*no --partitions",
+    ):
         _plan(audio, BalanceConfig(dp=4, **OFF), 2)
     t = mixed_cost_table(300, seed=0, mix={"image": 0.7, "audio": 0.0, "video": 0.3})
     meta = json.loads(t.schema.metadata[b"equishard.cost_table"])
@@ -263,12 +267,18 @@ def test_a_table_with_an_audio_phase_or_steps_to_refine_is_refused(tmp_path):
     )
     video = _write(tmp_path, t, name="video.parquet")
     for refine in ("auto", "on"):
-        with pytest.raises(ValueError, match=r"video\.parquet: --engine ray does not refine"):
+        with pytest.raises(
+            ValueError,
+            match=r"video\.parquet: a plan over partitions \(--partitions, --engine ray\) does not refine",
+        ):
             _plan(video, BalanceConfig(dp=4, refine_steps=refine), 2)
     _, plan = _plan(video, BalanceConfig(dp=4, **OFF), 2)
     assert plan.num_rows == 300
     plain = _write(tmp_path, resampled(100), name="plain.parquet")
-    with pytest.raises(ValueError, match=r"plain\.parquet: --engine ray does not refine"):
+    with pytest.raises(
+        ValueError,
+        match=r"plain\.parquet: a plan over partitions \(--partitions, --engine ray\) does not refine",
+    ):
         _plan(plain, BalanceConfig(dp=4, refine_steps="on"), 2)
 
 

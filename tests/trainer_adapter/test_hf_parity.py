@@ -1027,13 +1027,9 @@ def rank_main(
     loss = _step(model, batch, n)
     dist.all_reduce(loss)
     grads = _grads(model)
-    names = sorted(n for n, _ in model.named_parameters())
-    flat = torch.cat(
-        [
-            grads.get(k, torch.zeros_like(dict(model.named_parameters())[k])).reshape(-1)
-            for k in names
-        ]
-    )
+    params = dict(model.named_parameters())
+    names = sorted(params)
+    flat = torch.cat([grads.get(k, torch.zeros_like(params[k])).reshape(-1) for k in names])
     dist.all_reduce(flat)
     inner = getattr(model, "model", model)  # Llama 4: no inner model
     tower = getattr(inner, "visual", None) or getattr(inner, "vision_tower", None)

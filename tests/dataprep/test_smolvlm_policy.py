@@ -4,7 +4,7 @@ the prompt text of a split image by hand, the spec, and tile counts at the tile 
 Bugs these catch: a tile equal to the patch refused (or one under it taken), a limit of 1 taken
 as 0, the rows' and columns' markers transposed or numbered from 0, a newline missing after a
 row or before the global tile, a spec that drops a setting, an image exactly one tile wide cut
-in two."""
+in two, a side past the processors' 4096-px cap kept (or a cap of another size)."""
 
 from __future__ import annotations
 
@@ -131,3 +131,26 @@ def test_a_longest_edge_that_is_no_multiple_of_the_tile_equals_the_image_process
         if len(policy.image_cost(w, h).vit_seq_lens) != out["pixel_values"].shape[1]:
             wrong.append(((w, h), "tiles"))
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("longest", [4095, 4096, 4097, 6000])
+def test_no_side_past_4096_equals_the_image_processor(longest):
+    """The 4096-px cap on either side (the image processors' ``MAX_IMAGE_SIZE``) at, below and
+    above it, landscape and portrait, the other side from the aspect ratio: a longest edge of
+    4097 or 6000 px is cut back to 4 tiles of 1024 px, not 5 or 6."""
+    from PIL import Image
+
+    transformers = pytest.importorskip("transformers")
+    ip = transformers.models.smolvlm.SmolVLMImageProcessorPil(
+        size={"longest_edge": longest}, max_image_size={"longest_edge": 1024}
+    )
+    policy = SmolVLMPolicy(longest_edge=longest, tile=1024, patch_size=16, tokens_per_tile=64)
+    wrong = []
+    for w, h in [(800, 10), (10, 800)]:  # thin: the arrays stay small
+        out = ip(images=[[Image.new("RGB", (w, h))]], return_row_col_info=True, return_tensors="np")
+        want = (int(out["rows"][0][0]), int(out["cols"][0][0]))
+        got = smolvlm_grid(w, h, longest, 1024)
+        if got != want or len(policy.image_cost(w, h).vit_seq_lens) != out["pixel_values"].shape[1]:
+            wrong.append(((w, h), want, got))
+    assert not wrong, wrong
+    assert smolvlm_grid(800, 10, longest, 1024) == (1, 4)  # 4096 px wide at most

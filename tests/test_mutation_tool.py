@@ -133,3 +133,46 @@ def test_an_equivalent_by_source_holds_when_the_line_moves_and_names_one_mutant_
     bare = {"operator": "op", "occurrence": 1, "line": 2, "nth": 1}
     assert mutation._is_equivalent("m.py", bare, eq, ["", "x = a | b | c"]) == "why"
     assert mutation._is_equivalent("m.py", bare, eq, ["", "x = a | b | d"]) is None
+
+
+def test_a_stopped_run_resumes_from_its_scratch_copy(tmp_path, monkeypatch):
+    """--resume DIR: cosmic-ray's exec runs again in the stopped run's copy with the run's own
+    environment, and the results are those of the whole session (the earlier ones kept), written
+    as a run writes them; a folder that is no run's copy is refused."""
+    import json
+
+    import pytest
+
+    with pytest.raises(SystemExit, match=r"no mutation-run\.json here"):
+        mutation.resume(tmp_path)
+    module = "dataprep/policies/smolvlm.py"
+    root = tmp_path / "run"
+    (root / "dataprep" / "policies").mkdir(parents=True)
+    (root / module).write_text("a = 1\nb = a + 2\n")
+    env = {k: f"<{k}>" for k in mutation.RUN_ENV}
+    record = {"module": module, "tests": ["t.py"], "baseline_s": 3.5, "source_sha256": "abc",
+              "annotations": 4, "survivors_only": False, "env": env}  # fmt: skip
+    (root / mutation.RUN_RECORD).write_text(json.dumps(record))
+
+    def item(line, outcome):
+        m = {"operator_name": "core/Op", "occurrence": 0, "start_pos": [line, 0]}
+        return json.dumps([{"mutations": [m]}, outcome and {"test_outcome": outcome}])
+
+    calls = []
+
+    def fake_cr(args, cwd, env_):
+        calls.append((args[0], cwd, {k: env_[k] for k in mutation.RUN_ENV}))
+        out = "\n".join([item(1, "killed"), item(2, "survived"), item(2, None)])
+        return mutation.subprocess.CompletedProcess(args, 0, out if args[0] == "dump" else "", "")
+
+    monkeypatch.setattr(mutation, "_cr", fake_cr)
+    monkeypatch.setattr(mutation, "RESULTS", tmp_path / "results")
+    res = mutation.resume(root)
+    assert [c[0] for c in calls] == ["exec", "dump"] and all(c[1] == root for c in calls)
+    assert all(c[2] == env for c in calls)
+    assert [(it["line"], it["outcome"]) for it in res["items"]] == [(1, "killed"), (2, "survived")]
+    assert res["items"][1]["text"] == "b = a + 2"
+    assert (res["baseline_s"], res["annotations"], res["tests"]) == (3.5, 4, ["t.py"])
+    saved = json.loads((tmp_path / "results" / "dataprep__policies__smolvlm.py.json").read_text())
+    assert saved["source_sha256"] == "abc" and len(saved["items"]) == 2
+    assert not root.exists()  # the scratch copy removed once its results are kept

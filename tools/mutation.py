@@ -2,6 +2,7 @@
 
     make mutation MODULE=shards/store/current_guard.py       # or: python tools/mutation.py MODULE
     python tools/mutation.py --list                     # the modules and their tests
+    python tools/mutation.py --resume /tmp/equishard-cosmic-XXXX  # finish a run that stopped
 
 cosmic-ray plants every mutation its operators make in ``MODULE`` (comparisons, arithmetic,
 boolean and unary operators, numbers, ``break``/``continue``, exception handlers, decorators
@@ -125,6 +126,44 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
     if r.returncode != 0:
         raise SystemExit(f"cosmic-ray init failed:\n{r.stderr[-3000:]}")
     skipped = _skip_annotations(root / "session.sqlite", root / module, keep)
+    record = {
+        "module": module,
+        "tests": tests,
+        "baseline_s": round(took, 1),
+        "source_sha256": digest,
+        "annotations": skipped,
+        "survivors_only": survivors_only,
+        "env": {k: env[k] for k in RUN_ENV},
+    }
+    (root / RUN_RECORD).write_text(json.dumps(record))
+    print(f"{module}: mutants running in {root} (resume there with --resume {root})", flush=True)
+    return _finish(root, record)
+
+
+RUN_RECORD = "mutation-run.json"  # in the scratch copy: what --resume needs
+RUN_ENV = ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE", "NUMBA_DISABLE_JIT", "EQUISHARD_TEST_CACHE")
+
+
+def resume(root: Path) -> dict:
+    """Run the mutants a stopped run left (its scratch copy ``root``, kept as it stopped:
+    cosmic-ray's session records every result as it comes) and finish it as :func:`run`."""
+    path = Path(root) / RUN_RECORD
+    if not path.is_file():
+        raise SystemExit(f"{root}: no {RUN_RECORD} here: not the scratch copy of a mutation run")
+    record = json.loads(path.read_text())
+    if record["module"] not in modules():
+        raise SystemExit(f"{root}: {record['module']} is not in tests/mutation/modules.toml")
+    return _finish(Path(root), record)
+
+
+def _finish(root: Path, record: dict) -> dict:
+    """cosmic-ray's exec over the session's pending mutants, then its results as :func:`run`
+    returns them (the scratch copy removed)."""
+    module, survivors_only = record["module"], record["survivors_only"]
+    digest, skipped = record["source_sha256"], record["annotations"]
+    env = {**os.environ, **record["env"]}
+    last = previous(module) if survivors_only else None
+    keep = {_key(it) for it in last["items"] if it["outcome"] == "survived"} if last else None
     r = _cr(["exec", "cr.toml", "session.sqlite"], root, env)
     if r.returncode != 0:
         raise SystemExit(f"cosmic-ray exec failed:\n{r.stderr[-3000:]}")
@@ -169,8 +208,8 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
     )
     return {
         "module": module,
-        "tests": tests,
-        "baseline_s": round(took, 1),
+        "tests": record["tests"],
+        "baseline_s": record["baseline_s"],
         "items": items,
         "annotations": skipped,
     }
@@ -415,6 +454,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="run only the last run's survivors again (the module's source unchanged since)",
     )
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        metavar="DIR",
+        help="finish a stopped run: its scratch copy, as the run printed it",
+    )
     a = ap.parse_args(argv)
     if a.report:
         write_report()
@@ -423,6 +468,11 @@ def main(argv=None) -> int:
         for name, spec in modules().items():
             print(f"{name}: {' '.join(spec['tests'])}")
         return 0
+    if a.resume:
+        s = summarize(resume(a.resume))
+        write_report(s)
+        print(render(s))
+        return 0 if s["score"] >= TARGET else 1
     if a.module not in modules():
         print(f"{a.module}: not in tests/mutation/modules.toml; add it with its tests")
         return 2

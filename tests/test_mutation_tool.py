@@ -136,9 +136,12 @@ def test_an_equivalent_by_source_holds_when_the_line_moves_and_names_one_mutant_
 
 
 def test_a_stopped_run_resumes_from_its_scratch_copy(tmp_path, monkeypatch):
-    """--resume DIR: cosmic-ray's exec runs again in the stopped run's copy with the run's own
-    environment, and the results are those of the whole session (the earlier ones kept), written
-    as a run writes them; a folder that is no run's copy is refused."""
+    """--resume DIR: the module's measured source is put back (a run stopped mid-mutant leaves
+    the mutant in the file), cosmic-ray's exec runs again in the stopped run's copy with the
+    run's own environment, and the results are those of the whole session (the earlier ones
+    kept), written as a run writes them; a folder that is no run's copy, or a record whose
+    source is not the measured one, is refused."""
+    import hashlib
     import json
 
     import pytest
@@ -148,10 +151,15 @@ def test_a_stopped_run_resumes_from_its_scratch_copy(tmp_path, monkeypatch):
     module = "dataprep/policies/smolvlm.py"
     root = tmp_path / "run"
     (root / "dataprep" / "policies").mkdir(parents=True)
-    (root / module).write_text("a = 1\nb = a + 2\n")
+    source = "a = 1\nb = a + 2\n"
+    (root / module).write_text(source.replace("+", "-"))  # stopped with a mutant in place
     env = {k: f"<{k}>" for k in mutation.RUN_ENV}
-    record = {"module": module, "tests": ["t.py"], "baseline_s": 3.5, "source_sha256": "abc",
-              "annotations": 4, "survivors_only": False, "env": env}  # fmt: skip
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    record = {"module": module, "tests": ["t.py"], "baseline_s": 3.5, "source_sha256": digest,
+              "source": source, "annotations": 4, "survivors_only": False, "env": env}  # fmt: skip
+    (root / mutation.RUN_RECORD).write_text(json.dumps(record | {"source": "a = 2\n"}))
+    with pytest.raises(SystemExit, match="not the one measured"):
+        mutation.resume(root)
     (root / mutation.RUN_RECORD).write_text(json.dumps(record))
 
     def item(line, outcome):
@@ -162,6 +170,7 @@ def test_a_stopped_run_resumes_from_its_scratch_copy(tmp_path, monkeypatch):
 
     def fake_cr(args, cwd, env_):
         calls.append((args[0], cwd, {k: env_[k] for k in mutation.RUN_ENV}))
+        assert (cwd / module).read_text() == source  # the measured source, not the mutant
         out = "\n".join([item(1, "killed"), item(2, "survived"), item(2, None)])
         return mutation.subprocess.CompletedProcess(args, 0, out if args[0] == "dump" else "", "")
 
@@ -174,5 +183,5 @@ def test_a_stopped_run_resumes_from_its_scratch_copy(tmp_path, monkeypatch):
     assert res["items"][1]["text"] == "b = a + 2"
     assert (res["baseline_s"], res["annotations"], res["tests"]) == (3.5, 4, ["t.py"])
     saved = json.loads((tmp_path / "results" / "dataprep__policies__smolvlm.py.json").read_text())
-    assert saved["source_sha256"] == "abc" and len(saved["items"]) == 2
+    assert saved["source_sha256"] == digest and len(saved["items"]) == 2
     assert not root.exists()  # the scratch copy removed once its results are kept

@@ -23,6 +23,7 @@ and loaded from their cache by every mutant (a mutant there never touches a kern
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -131,6 +132,7 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
         "tests": tests,
         "baseline_s": round(took, 1),
         "source_sha256": digest,
+        "source": (root / module).read_text(),  # a run stopped mid-mutant leaves it mutated
         "annotations": skipped,
         "survivors_only": survivors_only,
         "env": {k: env[k] for k in RUN_ENV},
@@ -151,8 +153,14 @@ def resume(root: Path) -> dict:
     if not path.is_file():
         raise SystemExit(f"{root}: no {RUN_RECORD} here: not the scratch copy of a mutation run")
     record = json.loads(path.read_text())
-    if record["module"] not in modules():
-        raise SystemExit(f"{root}: {record['module']} is not in tests/mutation/modules.toml")
+    module = record["module"]
+    if module not in modules():
+        raise SystemExit(f"{root}: {module} is not in tests/mutation/modules.toml")
+    source = record["source"].encode()
+    if hashlib.sha256(source).hexdigest() != record["source_sha256"]:
+        raise SystemExit(f"{path}: the recorded source of {module} is not the one measured")
+    # the mutant that ran when the run stopped is still in the file: the measured source back
+    (Path(root) / module).write_bytes(source)
     return _finish(Path(root), record)
 
 

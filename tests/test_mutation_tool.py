@@ -147,7 +147,7 @@ def test_a_stopped_run_resumes_from_its_scratch_copy(tmp_path, monkeypatch):
     import pytest
 
     with pytest.raises(SystemExit, match=r"no mutation-run\.json here"):
-        mutation.resume(tmp_path)
+        mutation.main(["--resume", str(tmp_path)])  # the command line's way in, no module named
     module = "dataprep/policies/smolvlm.py"
     root = tmp_path / "run"
     (root / "dataprep" / "policies").mkdir(parents=True)

@@ -472,15 +472,15 @@ def main(argv=None) -> int:
     if a.report:
         write_report()
         return 0
-    if a.list or not a.module:
-        for name, spec in modules().items():
-            print(f"{name}: {' '.join(spec['tests'])}")
-        return 0
     if a.resume:
         s = summarize(resume(a.resume))
         write_report(s)
         print(render(s))
         return 0 if s["score"] >= TARGET else 1
+    if a.list or not a.module:
+        for name, spec in modules().items():
+            print(f"{name}: {' '.join(spec['tests'])}")
+        return 0
     if a.module not in modules():
         print(f"{a.module}: not in tests/mutation/modules.toml; add it with its tests")
         return 2

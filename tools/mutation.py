@@ -386,7 +386,9 @@ _HEAD = """# Mutation testing
 Measured with cosmic-ray (`make mutation MODULE=path/to/module.py`, `tools/mutation.py`): each
 mutant its operators make in the module, run against the module's tests
 (`tests/mutation/modules.toml`). Equivalent mutants are listed with their reason in
-`tests/mutation/equivalent.toml`. One section per module, rewritten when it is run again.
+`tests/mutation/equivalent.toml`. One section per module, rewritten when it is run again. A run
+that stopped (a session's end) is finished with `python tools/mutation.py --resume DIR`, its
+scratch copy as the run printed it.
 """
 
 

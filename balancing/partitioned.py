@@ -183,15 +183,15 @@ def build_partitioned_plan(
         GROUP_LLM_COST: np.ascontiguousarray(stats[:, STAT_SUM_TC]),
     }
     del stats
-    slot = np.where(step >= 0, step * d + rank, -1)
+    slot, n_slots = np.where(step >= 0, step * d + rank, -1), n_steps * d
     parts.call(
         "order",
         [
-            (slot[offsets[i] : offsets[i + 1]], slot[n_groups:], n_groups, n_steps * d)
+            (slot[offsets[i] : offsets[i + 1]], slot[n_groups:], n_groups, n_slots)
             for i in range(n_parts)
         ],
     )
-    slot_rows = np.zeros(n_steps * d, dtype=np.int64)
+    slot_rows = np.zeros(n_slots, dtype=np.int64)
     slot_rows[slot[step >= 0]] = gsize[step >= 0]
     rows = PartRows(parts, per_group, plan_schema(()), slot_rows)
     timings["metrics"] = time.perf_counter() - t1

@@ -72,8 +72,6 @@ RESULTS = CONFIG / "results"
 
 
 def _source_digest(module: str, root: Path = REPO) -> str:
-    import hashlib
-
     return hashlib.sha256((root / module).read_bytes()).hexdigest()
 
 
@@ -87,6 +85,11 @@ def previous(module: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _survivors(last: dict) -> set[tuple]:
+    """The keys of the mutants ``last`` (a run's results) left alive."""
+    return {_key(it) for it in last["items"] if it["outcome"] == "survived"}
+
+
 def run(module: str, timeout: float | None = None, survivors_only: bool = False) -> dict:
     spec = modules()[module]
     keep = None
@@ -97,7 +100,7 @@ def run(module: str, timeout: float | None = None, survivors_only: bool = False)
                 f"{module}: --survivors needs a last run of this very source "
                 "(tests/mutation/results/); the module changed since, run it whole"
             )
-        keep = {_key(it) for it in last["items"] if it["outcome"] == "survived"}
+        keep = _survivors(last)
     tests = spec["tests"]
     root = _scratch("equishard-cosmic-")  # the planted-bug sweep's scratch copy
     digest = _source_digest(module, root)  # the source measured (the checkout may move on)
@@ -169,9 +172,9 @@ def _finish(root: Path, record: dict) -> dict:
     returns them (the scratch copy removed)."""
     module, survivors_only = record["module"], record["survivors_only"]
     digest, skipped = record["source_sha256"], record["annotations"]
-    env = {**os.environ, **record["env"]}
+    env = {**os.environ, **{k: str(record["env"][k]) for k in RUN_ENV}}  # only the run's own
     last = previous(module) if survivors_only else None
-    keep = {_key(it) for it in last["items"] if it["outcome"] == "survived"} if last else None
+    keep = _survivors(last) if last else None
     r = _cr(["exec", "cr.toml", "session.sqlite"], root, env)
     if r.returncode != 0:
         raise SystemExit(f"cosmic-ray exec failed:\n{r.stderr[-3000:]}")
@@ -475,18 +478,17 @@ def main(argv=None) -> int:
         write_report()
         return 0
     if a.resume:
-        s = summarize(resume(a.resume))
-        write_report(s)
-        print(render(s))
-        return 0 if s["score"] >= TARGET else 1
-    if a.list or not a.module:
+        res = resume(a.resume)
+    elif a.list or not a.module:
         for name, spec in modules().items():
             print(f"{name}: {' '.join(spec['tests'])}")
         return 0
-    if a.module not in modules():
+    elif a.module not in modules():
         print(f"{a.module}: not in tests/mutation/modules.toml; add it with its tests")
         return 2
-    s = summarize(run(a.module, a.timeout, a.survivors))
+    else:
+        res = run(a.module, a.timeout, a.survivors)
+    s = summarize(res)
     write_report(s)
     print(render(s))
     return 0 if s["score"] >= TARGET else 1

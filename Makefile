@@ -49,7 +49,7 @@ NIGHT_OUT ?= build/nightly
 # `make gpu-smoke`: about ten minutes on a machine with one CUDA GPU (docs/training/equishard-train.md, "On a GPU")
 GPU_OUT ?= build/gpu-smoke
 
-.PHONY: install test-latest lock mutation shards train train-hf nightly-demo gpu-smoke gpu-check test test-all bench lint docs docs-check clean
+.PHONY: install test-latest lock mutation shards train train-hf nightly-demo gpu-smoke gpu-check test test-slow test-all bench lint docs docs-check clean
 
 LOCK   := constraints.txt
 # every install takes the lock's versions; setuptools comes from the lock too (no build
@@ -191,6 +191,11 @@ gpu-check:
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -n $(TEST_WORKERS) --dist loadfile
+
+# the members of the family sweeps and the long checks make test leaves out (tests/sweeps.py);
+# CI runs make test, then this
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m "slow" -n $(TEST_WORKERS) --dist loadfile
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile

@@ -104,23 +104,39 @@ def usable_cores() -> int:
     return cores()
 
 
-def worker_threads() -> int:
+def _processes_sharing_cores(config=None) -> int:
+    """How many pytest processes share the cores: in an xdist worker, their count; in the
+    process that starts them (``-n N``), N; else one."""
+    if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+        return max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    n = getattr(getattr(config, "option", None), "numprocesses", None)
+    return n if isinstance(n, int) and n > 0 else 1
+
+
+def worker_threads(config=None) -> int:
     """torch's compute threads for this pytest process: the usable cores shared among
     pytest-xdist's workers (``make test`` runs one per core), at least one."""
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, usable_cores() // max(1, workers))
+    return max(1, usable_cores() // _processes_sharing_cores(config))
 
 
 def pytest_configure(config):
     """torch takes a thread per core the host has; in a container with fewer cores (a CPU-time
     cap on a large host), or beside other test workers, the surplus threads only contend (a
-    kernel of many small parallel regions crawls): cut to this process's share of the cores."""
+    kernel of many small parallel regions crawls): cut to this process's share of the cores.
+    The process that starts xdist's workers sets their share before it starts them (they
+    inherit its environment: set to its own share, 2 threads for each of 2 workers on 2 cores,
+    two tests' torch kernels ran up to 9x slower side by side)."""
+    threads = worker_threads(config)
     if "torch" in sys.modules:
         import torch
 
-        torch.set_num_threads(min(torch.get_num_threads(), worker_threads()))
-    else:  # read by torch when a test first imports it (a second of import spared here)
-        os.environ.setdefault("OMP_NUM_THREADS", str(worker_threads()))
+        torch.set_num_threads(min(torch.get_num_threads(), threads))
+    elif "PYTEST_XDIST_WORKER" not in os.environ and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # read by torch when a test imports it
+        os.environ[THREADS_SET_HERE] = "1"  # (a value set outside the run is kept)
+
+
+THREADS_SET_HERE = "EQUISHARD_TEST_THREADS_SET"
 
 
 # the longest files (45 s or more each on 2 cores, longest first, as a run's junit times gave

@@ -154,3 +154,18 @@ def test_a_group_that_fails_to_form_before_the_test_ran_is_formed_again_once(mon
     with pytest.raises(AssertionError, match="planted"):
         helper.run_ranks(_threads, 2)
     assert len(calls) == 1  # the test's own error: no second run
+
+
+def test_a_test_workers_torch_takes_its_share_of_the_cores(pytestconfig):
+    """Bug: the process that starts xdist's workers set OMP_NUM_THREADS to its own share (all
+    cores) before starting them, and they inherit its environment: 2 threads in each of 2
+    workers on 2 cores, two tests' torch kernels side by side ran up to 9x slower. Each worker
+    takes the cores over the workers (in a single process: all of them)."""
+    import torch
+
+    from tests.conftest import THREADS_SET_HERE, usable_cores
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if THREADS_SET_HERE not in os.environ:
+        pytest.skip("OMP_NUM_THREADS was set outside the run: it is kept")
+    assert torch.get_num_threads() == max(1, usable_cores() // workers)

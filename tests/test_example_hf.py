@@ -19,6 +19,7 @@ import pytest
 
 from equishard.cli import main
 from tests.shards.conftest import build_inputs
+from tests.sweeps import sweep
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_hf_vlm.py"
 
@@ -195,30 +196,37 @@ def test_train_hf_example_runs_under_torchrun(tmp_path):
     assert len(set(ddp)) == steps  # the weights changed between steps
 
 
+# make test: SmolVLM's and Granite Docling's tiles (Granite Docling is in no other sweep's make
+# test members; the example's default family runs in test_train_hf_example_runs_under_torchrun);
+# the rest in make test-slow
 @pytest.mark.parametrize(
     "family",
-    [
-        "internvl",
-        "qwen25vl",
-        "llava",
-        "qwen3vl",
-        "glm4v",
-        "llava_next",
-        "llava_onevision",
-        "gemma3",
-        "gemma4",
-        "smolvlm",
-        "mistral3",
-        "aya_vision",
-        "ernie45vl",
-        "deepseek_vl",
-        "janus",
-        "ovis2",
-        "aria",
-        "granite_docling",
-        "idefics2",
-        "deepseek_vl_hybrid",
-    ],
+    sweep(
+        "the HF example trains",
+        [
+            "internvl",
+            "qwen25vl",
+            "llava",
+            "qwen3vl",
+            "glm4v",
+            "llava_next",
+            "llava_onevision",
+            "gemma3",
+            "gemma4",
+            "smolvlm",
+            "mistral3",
+            "aya_vision",
+            "ernie45vl",
+            "deepseek_vl",
+            "janus",
+            "ovis2",
+            "aria",
+            "granite_docling",
+            "idefics2",
+            "deepseek_vl_hybrid",
+        ],
+        fast=("smolvlm", "granite_docling"),
+    ),
 )
 def test_train_hf_example_trains_more_families(tmp_path, family):
     """Qwen3-VL (16-px patches, deepstack features, its processor), LLaVA-OneVision (anyres
@@ -261,6 +269,9 @@ def test_train_hf_example_trains_more_families(tmp_path, family):
             assert r[f"{name}_max_over_mean_planned"] == r[f"{name}_max_over_mean_after"]
 
 
+# make test-slow (CI): a second run of the example with balancing off; make test runs it on
+# (test_train_hf_example_runs_under_torchrun)
+@pytest.mark.slow
 def test_balance_off_logs_the_loads_balancing_would_have_evened(tmp_path):
     """``--balance off`` logs the loads its steps had, and what balancing would have made of
     them (a dry run of the plan that moves nothing): checked against a balanced run of the same

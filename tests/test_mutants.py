@@ -82,6 +82,8 @@ def test_the_sweep_counts_a_failing_test_as_caught_and_a_broken_import_as_nothin
     assert verdicts["syntax"].startswith("BROKEN") and verdicts["import"].startswith("BROKEN")
 
 
+# make test-slow (CI): the planted-bug tool's numba path; make test checks every mutant applies
+@pytest.mark.slow
 def test_a_mutated_numba_helper_is_seen_by_the_kernels_that_inline_it(tmp_path):
     """A cached numba kernel is checked against its own file only: after an unmutated run has
     filled the caches, a bug planted in a helper that another module's kernel inlines ran from

@@ -28,6 +28,7 @@ from dataprep.records import normalize_record
 from shards.read.collate import Collator
 from tests.conftest import write_image
 from tests.dataprep.helpers import run, write_jsonl
+from tests.sweeps import sweep
 
 transformers = pytest.importorskip("transformers")
 
@@ -812,7 +813,16 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "qwen2vl-real-vocab", *VARIANTS])
+# make test: one of each kind of template and processor (Qwen's, the fixed square, anyres tiles,
+# crops padded to a square, Idefics2's pixel masks, two towers); the rest in make test-slow
+@pytest.mark.parametrize(
+    "family",
+    sweep(
+        "chat template and processor counts",
+        [*FAMILIES, "qwen2vl-real-vocab", *VARIANTS],
+        fast=("qwen2vl", "llava_onevision", "mistral3", "aria", "idefics2", "deepseek_vl_hybrid"),
+    ),
+)
 def test_counts_equal_apply_chat_template_and_processor(family, tmp_path, tokenizer_path):
     real_vocab = family == "qwen2vl-real-vocab"
     if real_vocab:

@@ -78,6 +78,9 @@ def test_train_rejects_a_layout_that_does_not_add_up(train_generation):
     assert r.returncode != 0 and f"--nproc {n}: equishard train starts every rank" in r.stderr
 
 
+# make test-slow (CI): a second torchrun launch for one flag; make test launches one
+# (test_train_runs_through_torchrun) and checks recomputation in process (test_recompute.py)
+@pytest.mark.slow
 def test_recompute_flag_reaches_the_ranks(train_generation):
     """--recompute adaptive measures GPU memory: on a CPU the ranks refuse it by name."""
     r = _equishard(

@@ -21,6 +21,7 @@ from tests.dataprep.test_jinja_template import (
     reference_messages,
     template_spec,
 )
+from tests.sweeps import sweep
 
 pytest.importorskip("transformers")
 
@@ -122,7 +123,14 @@ MASKED = {
 }
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, *VARIANTS])
+@pytest.mark.parametrize(
+    "family",
+    sweep(
+        "packer equals the processor",
+        [*FAMILIES, *VARIANTS],
+        fast=("internvl", "llava_next", "gemma3-pan-and-scan", "glm4v", "ernie45vl", "janus"),
+    ),
+)
 def test_packer_matches_the_processor(family, tmp_path, tokenizer_path):
     from transformers.image_utils import load_image
 
@@ -458,7 +466,14 @@ REFUSED_AT_ONCE = {
 }
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, *VARIANTS])
+@pytest.mark.parametrize(
+    "family",
+    sweep(
+        "packer checks prep's costs end to end",
+        [*FAMILIES, *VARIANTS],
+        fast=("ovis2", "gemma4", "llava", "deepseek_vl", "gemma3", "aya_vision"),
+    ),
+)
 def test_packer_checks_prep_costs_end_to_end(family, tmp_path, tokenizer_path):
     """The whole path: prep with the model's template and vision policy, plan, write, read with
     the loader; with ``check_costs`` every sample's packed length equals the cost prep measured

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.dist_helper import run_ranks
+from tests.sweeps import sweep
 
 transformers = pytest.importorskip("transformers")
 
@@ -1264,6 +1265,7 @@ SHIFTED = (
     "gemma4",
     "granite_docling_fine",
 )  # the empty rank is rank 0 (Gemma 4: its rank of one short text sample)
+SHIFTED_FAST = ("internvl", "qwen2vl", "smolvlm", "gemma4")  # make test's; the rest in test-slow
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm", "idefics2")
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")
@@ -1353,7 +1355,16 @@ def _equal_to_reference(runs, family, layout=None, packing=False):
     return per_param
 
 
-@pytest.mark.parametrize("family", list(LAYOUTS))
+# make test launches the families the scenarios below need (one launch serves all of a family's
+# tests) and Qwen2-VL's; the other architectures' launches are in make test-slow
+@pytest.mark.parametrize(
+    "family",
+    sweep(
+        "balanced equals unbalanced equals one process",
+        LAYOUTS,
+        fast={"qwen2vl", *SHIFTED_FAST, *NO_IMAGE, *PACKING, *VIDEOS, *CHECKPOINTING, *MOE},
+    ),
+)
 def test_balanced_equals_unbalanced_equals_single_process(family):
     balanced, plain = scenarios(family)["balanced"], scenarios(family)["plain"]
     per_param = _equal_to_reference(balanced + plain, family)
@@ -1369,7 +1380,7 @@ def test_balanced_equals_unbalanced_equals_single_process(family):
     assert max(after) < max(before)
 
 
-@pytest.mark.parametrize("family", SHIFTED)
+@pytest.mark.parametrize("family", sweep("the empty rank is rank 0", SHIFTED, fast=SHIFTED_FAST))
 def test_empty_rank_zero_receives_images(family):
     """The empty rank is rank 0 (the first whose outputs the others read the structure from)
     and receives images it never asked the tower for: the balanced step still equals one

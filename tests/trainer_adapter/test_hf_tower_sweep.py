@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from tests.dist_helper import run_ranks
+from tests.sweeps import sweep
 
 pytest.importorskip("transformers")
 
@@ -323,7 +324,26 @@ CASES = {"uneven": (3, 1), "empty_rank": (2, 0)}
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("model_type", TOWERS)
+@pytest.mark.parametrize(
+    "model_type",
+    # make test: Qwen-style patch rows (dense, MoE), square crops, tiles, OPT and Kosmos
+    # wrappers, Pixtral's own sizes; the rest in make test-slow
+    sweep(
+        "a balanced tower equals the tower alone",
+        TOWERS,
+        fast=(
+            "qwen2_vl",
+            "glm4v_moe",
+            "llava",
+            "internvl",
+            "idefics3",
+            "blip-2",
+            "kosmos-2",
+            "mistral3",
+            "molmo2",
+        ),
+    ),
+)
 def test_balanced_tower_equals_the_tower_alone(model_type, case):
     _require(model_type)
     for rank, result in enumerate(runs(model_type)):
@@ -450,7 +470,14 @@ def decoder_runs(model_type: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("case", list(DECODER_CASES))
-@pytest.mark.parametrize("model_type", DECODERS)
+@pytest.mark.parametrize(
+    "model_type",
+    sweep(
+        "a balanced decoder equals the decoder alone",
+        DECODERS,
+        fast=("qwen3_vl", "gemma3", "cohere2_vision", "llava", "smolvlm"),
+    ),
+)
 def test_balanced_decoder_equals_the_decoder_alone(model_type, case):
     _require(model_type)
     for rank, result in enumerate(decoder_runs(model_type)):

@@ -29,6 +29,7 @@ import pytest
 import torch
 
 from tests.dataprep.test_jinja_template import make_model_dir, write_image
+from tests.sweeps import sweep
 
 tf = pytest.importorskip("transformers")
 pytest.importorskip("av")
@@ -841,7 +842,10 @@ def rank_rows(rank, world, gen, mdir, family):
     return out
 
 
-@pytest.mark.parametrize("family", list(RULE))
+@pytest.mark.parametrize(
+    "family",  # make test: Qwen's patch rows and frames as tiles; the rest in make test-slow
+    sweep("balanced videos equal one process", RULE, fast=("qwen2vl", "internvl")),
+)
 def test_balanced_videos_equal_one_process(family, tmp_path, tokenizer_path):
     """On 2 gloo ranks, one holding every video: the loss and every gradient with the vision
     tower (images and videos) and the LLM balanced equal those without balancing and those of

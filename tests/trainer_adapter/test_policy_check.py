@@ -20,6 +20,7 @@ from tests.dataprep.test_jinja_template import (
     processor_for,
     template_spec,
 )
+from tests.sweeps import sweep
 
 pytest.importorskip("transformers")
 
@@ -168,7 +169,22 @@ def _outputs(processor, family, records, root, call) -> list:
 
 
 @pytest.mark.parametrize(
-    "family, change, names, call", CHANGED, ids=[f"{c[0]}-{c[2].split()[0]}" for c in CHANGED]
+    "family, change, names, call",
+    sweep(
+        "a processor with one setting changed",
+        CHANGED,
+        ids=[f"{c[0]}-{c[2].split()[0]}" for c in CHANGED],
+        # a pixel bound, a grid, a crop count, an edge, a token count, a split switch
+        fast=(
+            "qwen2vl-max_pixels",
+            "llava_onevision-max_grid",
+            "gemma3-max_crops",
+            "idefics2-shortest_edge",
+            "internvl-tokens",
+            "smolvlm-split",
+            "aria-split",
+        ),
+    ),
 )
 def test_a_processor_with_one_setting_changed_is_refused(
     family, change, names, call, tmp_path, tokenizer_path

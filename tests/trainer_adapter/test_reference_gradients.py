@@ -233,6 +233,9 @@ def _trajectory(rank, world, gen, layouts):
     return runs
 
 
+# make test-slow (CI): ten optimizer steps of every layout; make test checks one step's gradients
+# (test_every_layout_gives_the_single_process_gradient)
+@pytest.mark.slow
 def test_pipelined_updates_follow_the_flat_run_over_ten_steps(train_generation):
     """Per-parameter update direction of every step under each schedule against pp = 1."""
     gen = str(train_generation)

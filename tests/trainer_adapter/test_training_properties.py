@@ -232,6 +232,9 @@ def _one_step_each_method(rank, world, gen):
     return out
 
 
+# make test-slow (CI): every balancing method through the pipelined trainer; make test trains
+# with the default one (test_training.py)
+@pytest.mark.slow
 def test_every_method_trains_under_pp_within_the_memory_cap(train_generation):
     got = run_ranks(_one_step_each_method, 4, str(train_generation), timeout=480)[0]
     losses = {round(v["loss"], 4) for v in got.values()}

@@ -57,6 +57,8 @@ def test_mutant_applies_and_names_existing_tests(m):
             )
 
 
+# make test-slow (CI): the planted-bug sweep's own run; make test checks every mutant applies
+@pytest.mark.slow
 def test_the_sweep_counts_a_failing_test_as_caught_and_a_broken_import_as_nothing(tmp_path):
     """A tiny project run through the sweep's own test runner: a behaviour change its test sees
     is caught, an untested one is missed, and planted code that cannot import is reported

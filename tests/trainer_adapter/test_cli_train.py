@@ -164,6 +164,10 @@ def test_recompute_off_and_all_set_every_block(mode):
     assert [b.recompute for b in vit + staged] == [mode == "all"] * 5
 
 
+# make test-slow (CI): a second torchrun launch, with recordings; make test launches one
+# (test_train_runs_through_torchrun) and trains every DP x PP layout with the audio encoder in
+# process (test_audio_training.py)
+@pytest.mark.slow
 def test_train_on_a_generation_with_recordings(tmp_path, tokenizer_path):
     """A generation with images, InternVL videos and recordings (Qwen2.5-Omni's kind of rule,
     2-s window) trains under DP 1 x PP 2: the loop builds the audio encoder from the recorded

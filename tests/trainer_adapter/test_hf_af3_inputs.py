@@ -223,6 +223,9 @@ def rank_rows(rank, world, gen, mdir):
     return out
 
 
+# make test-slow (CI): the priciest of the audio families' end-to-end runs; make test runs
+# Qwen2-Audio's and Qwen2.5-Omni's, and AF3's packer and processor checks here
+@pytest.mark.slow
 def test_generation_rows_are_prep_counts_and_balanced_equals_single_process(tmp_path):
     from trainer_adapter.hf.inputs import HFPacker
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from tests.dist_helper import run_ranks
+from tests.sweeps import sweep
 
 transformers = pytest.importorskip("transformers")
 
@@ -65,6 +66,9 @@ LAYOUTS = {
     "audioflamingo3": AUDIO_LAYOUT,
 }
 PADDED = ("qwen2audio", "voxtral", "audioflamingo3")
+# one launch serves a family's tests: make test launches an unpadded and a padded encoder
+# (Qwen2-Audio's runs end to end in make test: test_hf_qwen2audio_inputs.py)
+SWEPT = sweep("every audio phase balanced", LAYOUTS, fast=("qwen25omni", "audioflamingo3"))
 # one recording and two samples over 4 ranks: ranks 2 and 3 hold nothing (FSDP2: copies)
 SPARSE = {
     "qwen25omni": [[(5, (1, 8, 12), 37, 7)], [(3, None, None, 2)], [], []],
@@ -322,7 +326,7 @@ def _sizes(family: str) -> list[int]:
     return [p.numel() for _, p in sorted(model.named_parameters())]
 
 
-@pytest.mark.parametrize("family", list(LAYOUTS))
+@pytest.mark.parametrize("family", SWEPT)
 def test_every_phase_balanced_equals_unbalanced_equals_single_process(family):
     balanced, plain = scenarios(family)["balanced"], scenarios(family)["plain"]
     per_param = _equal_to_reference(balanced + plain, family, LAYOUTS[family])
@@ -343,14 +347,14 @@ def test_a_step_without_any_recording():
     assert runs[0]["audio_moved"] == 0 and runs[0]["vision_moved"] > 0
 
 
-@pytest.mark.parametrize("family", list(LAYOUTS))
+@pytest.mark.parametrize("family", SWEPT)
 def test_every_phase_balanced_under_fsdp2_per_block(family):
     runs = scenarios(family)["fsdp"]
     _equal_to_reference(runs, family, LAYOUTS[family])
     assert runs[0]["audio_moved"] > 0
 
 
-@pytest.mark.parametrize("family", list(LAYOUTS))
+@pytest.mark.parametrize("family", SWEPT)
 def test_idle_ranks_run_copies_of_a_recording_under_fsdp2(family):
     """One recording over 4 ranks sharded per block: the ranks the plan gives none run a copy
     of it (its results dropped) so that every rank joins the audio tower's all-gathers, balanced

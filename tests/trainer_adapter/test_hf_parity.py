@@ -1267,6 +1267,7 @@ SHIFTED = (
 )  # the empty rank is rank 0 (Gemma 4: its rank of one short text sample)
 SHIFTED_FAST = ("internvl", "qwen2vl", "smolvlm", "gemma4")  # make test's; the rest in test-slow
 NO_IMAGE = ("qwen3vl", "internvl", "llava_onevision", "smolvlm", "idefics2")
+NO_IMAGE_FAST = ("qwen3vl", "internvl", "smolvlm")  # make test's; the rest in test-slow
 NO_IMAGE_LAYOUT = [TEXT_ONLY, [], TEXT_ONLY[:1], TEXT_ONLY[1:]]
 PACKING = ("qwen3vl", "gemma3")
 # HF's activation checkpointing (what every large run turns on): reentrant or not
@@ -1362,7 +1363,7 @@ def _equal_to_reference(runs, family, layout=None, packing=False):
     sweep(
         "balanced equals unbalanced equals one process",
         LAYOUTS,
-        fast={"qwen2vl", *SHIFTED_FAST, *NO_IMAGE, *PACKING, *VIDEOS, *CHECKPOINTING, *MOE},
+        fast={"qwen2vl", *SHIFTED_FAST, *NO_IMAGE_FAST, *PACKING, *VIDEOS, *CHECKPOINTING, *MOE},
     ),
 )
 def test_balanced_equals_unbalanced_equals_single_process(family):
@@ -1390,7 +1391,7 @@ def test_empty_rank_zero_receives_images(family):
     assert runs[0]["moved"][0] > 0
 
 
-@pytest.mark.parametrize("family", NO_IMAGE)
+@pytest.mark.parametrize("family", sweep("a step without any image", NO_IMAGE, fast=NO_IMAGE_FAST))
 def test_step_without_any_image(family):
     """No rank has an image this step (HF never calls the tower): every rank joins the tower's
     exchange with nothing, nobody hangs, and the step equals one process's."""

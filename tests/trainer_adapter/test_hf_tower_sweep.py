@@ -326,8 +326,8 @@ CASES = {"uneven": (3, 1), "empty_rank": (2, 0)}
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize(
     "model_type",
-    # make test: Qwen-style patch rows (dense, MoE), square crops, tiles, OPT and Kosmos
-    # wrappers, Pixtral's own sizes; the rest in make test-slow
+    # make test: Qwen-style patch rows (dense, MoE), square crops, tiles, Kosmos's wrapper,
+    # Pixtral's own sizes; the rest in make test-slow
     sweep(
         "a balanced tower equals the tower alone",
         TOWERS,
@@ -337,7 +337,6 @@ CASES = {"uneven": (3, 1), "empty_rank": (2, 0)}
             "llava",
             "internvl",
             "idefics3",
-            "blip-2",
             "kosmos-2",
             "mistral3",
             "molmo2",

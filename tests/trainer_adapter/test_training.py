@@ -115,7 +115,8 @@ def _train(rank, world, cfg_kw, log):
     return recs
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+# make test: 1F1B (the default); GPipe's run in make test-slow (CI)
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
 def test_dp2_pp2_trains_and_sees_every_sample_once(train_generation, tmp_path, schedule):
     from shards import open_generation
 
